@@ -1,0 +1,33 @@
+"""engram: serve the on-disk n-gram memory (Engram) of DeepSeek V4.1-class models.
+
+The public API, re-exported here:
+
+- :class:`Layout` -- primes, offsets and multipliers of the hashed tables (SPEC §2)
+- :func:`build_token_map` -- the compressed token map (SPEC §3)
+- :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
+- errors: :class:`EngramError` and its kinds
+"""
+
+from .errors import (
+    ArgumentError,
+    DecodeError,
+    EngramError,
+    FormatError,
+    HistoryError,
+    LayoutError,
+    RowRangeError,
+    TableIOError,
+    TokenError,
+)
+from .hashing import DEAD, Hasher, History
+from .layout import Layout
+from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError",
+    "RowRangeError", "TableIOError", "TokenError",
+    "DEAD", "Hasher", "History", "Layout",
+    "build_token_map", "default_tokenizer_json", "load_tokenizer",
+]

@@ -1,0 +1,161 @@
+"""The n-gram hash: token ids -> global row ids of every Engram layer (SPEC §4).
+
+:class:`Hasher` binds a :class:`~engram.layout.Layout` (and optionally a token
+map); :class:`History` is the per-sequence state.  ``hash`` handles a prompt or
+any chunk of it, ``step`` one decode token without allocating.  The loops are
+Cython (``engram/_native/hashing.pyx``) and run without the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ._native.hashing import HashKernel, History
+from .errors import ArgumentError, HistoryError, TokenError
+from .layout import Layout
+
+__all__ = ["Hasher", "History", "DEAD"]
+
+#: Compressed id of a missing or masked token.
+DEAD = -1
+
+
+class Hasher:
+    """Hash token ids into row ids for every Engram layer of ``layout``.
+
+    Parameters
+    ----------
+    layout : Layout
+        The layout (primes, offsets, multipliers, pad id).
+    token_map : array_like of int, optional
+        int32 ``[vocab]`` token id -> compressed id (SPEC §3).  ``None`` means
+        the ids given to :meth:`hash` and :meth:`step` are already compressed.
+
+    Raises
+    ------
+    TokenError
+        ``token_map`` is not 1-D or holds entries outside
+        ``[0, layout.compressed_vocab_size)``.
+    """
+
+    def __init__(self, layout: Layout, token_map: Optional[np.ndarray] = None):
+        if not isinstance(layout, Layout):
+            raise ArgumentError(f"layout must be an engram.Layout, got {type(layout).__name__}")
+        self.layout = layout
+        tm = None
+        if token_map is not None:
+            tm = np.asarray(token_map)
+            if tm.ndim != 1 or tm.dtype.kind not in "iu" or tm.size == 0:
+                raise TokenError(f"token_map must be a non-empty 1-D integer array, got {tm.dtype} {tm.shape}")
+            bad = np.flatnonzero((tm < 0) | (tm >= layout.compressed_vocab_size))
+            if bad.size:
+                i = int(bad[0])
+                raise TokenError(
+                    f"token_map[{i}] = {int(tm[i])} is outside the compressed vocabulary "
+                    f"[0, {layout.compressed_vocab_size})")
+            tm = tm.astype(np.int32)
+        self.token_map = tm
+        self._kernel = HashKernel(layout.primes, layout.offsets, layout.multipliers, layout.heads,
+                                  layout.max_ngram, layout.compressed_vocab_size, layout.pad_id, tm)
+        #: ``(layers, columns)``: shape of one token's row ids.
+        self.step_shape = (layout.layers, layout.columns)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of valid input ids: the token map's length, or the compressed size."""
+        return int(self.token_map.shape[0]) if self.token_map is not None else self.layout.compressed_vocab_size
+
+    def new_history(self) -> History:
+        """A fresh history (all DEAD) of the right length for this layout."""
+        return History(n=self.layout.max_ngram - 1)
+
+    def hash(self, tokens, mask=None, history: Optional[History] = None) -> np.ndarray:
+        """Row ids of every token, layer and column.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape ``[T]``
+            Token ids in ``[0, vocab_size)``.
+        mask : array_like of bool, shape ``[T]``, optional
+            True where the position is text; False (padding, image) makes the
+            token DEAD for the hash.  Masked positions still get rows (their pad
+            n-grams); the consumer must not add them (SPEC §4).
+        history : History, optional
+            State before ``tokens``; advanced past them on success.  ``None``
+            hashes from a fresh state and keeps nothing.
+
+        Returns
+        -------
+        numpy.ndarray
+            uint32 ``[T, layers, columns]`` global row ids within each layer's
+            table (``[T, 2, 24]`` for V4.1 Flash).
+
+        Raises
+        ------
+        TokenError
+            A token is negative, not an integer, or ``>= vocab_size`` (the message
+            names its position); ``mask`` has the wrong length.
+        HistoryError
+            ``history`` does not fit this layout.
+        On any error neither ``history`` nor any output is changed.
+        """
+        tok = np.asarray(tokens)
+        if tok.ndim != 1:
+            raise TokenError(f"tokens must be 1-D, got shape {tok.shape}")
+        if tok.size and tok.dtype.kind not in "iu":
+            raise TokenError(f"tokens must be integers, got dtype {tok.dtype}")
+        if tok.dtype.kind == "u" and tok.size and int(tok.max()) > np.iinfo(np.int64).max:
+            i = int(np.argmax(tok))
+            raise TokenError(f"token {int(tok[i])} at position {i} is outside the vocabulary [0, {self.vocab_size})")
+        tok = np.ascontiguousarray(tok, dtype=np.int64)
+        T = tok.shape[0]
+        mk = None
+        if mask is not None:
+            mk = np.asarray(mask)
+            if mk.shape != (T,):
+                raise TokenError(f"mask must have shape ({T},) like tokens, got {mk.shape}")
+            mk = np.ascontiguousarray(mk != 0, dtype=np.uint8)
+        if history is None:
+            history = self.new_history()
+        elif not isinstance(history, History):
+            raise HistoryError(f"history must be an engram.History, got {type(history).__name__}")
+        else:
+            j = self._kernel.check_history(history)
+            if j != -1:
+                raise HistoryError(self._kernel._history_message(history, j))
+        out = np.empty((T, self.layout.layers, self.layout.columns), dtype=np.uint32)
+        bad = self._kernel.hash_into(tok, mk, history, out)
+        if bad >= 0:
+            raise TokenError(
+                f"token {int(tok[bad])} at position {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return out
+
+    def step(self, token: int, history: History, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Row ids of one decode token; advances ``history``.
+
+        Parameters
+        ----------
+        token : int
+            Token id in ``[0, vocab_size)``.
+        history : History
+            The sequence state, advanced past ``token`` on success.
+        out : numpy.ndarray, optional
+            uint32 ``[layers, columns]``, C-contiguous and writable.  Passing it
+            makes the call allocation-free (the decode fast path).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``out`` (or a new uint32 ``[layers, columns]`` array).
+
+        Raises
+        ------
+        TokenError, HistoryError, ArgumentError
+            Invalid token, history from another layout, or a wrong ``out``;
+            nothing is changed then.
+        """
+        if out is None:
+            out = np.empty(self.step_shape, dtype=np.uint32)
+        return self._kernel.step(token, history, out)
