@@ -16,6 +16,8 @@ every path against a NumPy twin that uses ``%``.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
+from cython.parallel cimport prange
+cimport openmp
 cimport numpy as cnp
 import numpy as np
 
@@ -26,6 +28,9 @@ from engram.errors import ArgumentError, HistoryError, TokenError
 DEF MAX_TAIL = 15
 DEF MAX_COLS = 1024
 DEF FAST_MOD_MIN_PRIME = 8192
+# Batches of at least this many tokens are split across threads (OpenMP, where built).
+DEF PARALLEL_MIN_TOKENS = 4096
+DEF PARALLEL_CHUNK = 2048
 
 cdef int32_t DEAD = -1
 
@@ -184,6 +189,7 @@ cdef class HashKernel:
     cdef object _tmap_ref
     cdef Consts k
     cdef public bint simd
+    cdef public int threads
 
     def __cinit__(self, primes, offsets, multipliers, int heads, int max_ngram,
                   int compressed_vocab_size, int pad_id, token_map=None):
@@ -227,6 +233,7 @@ cdef class HashKernel:
         self.k.inv = self.inv
         # The AVX-512 batch path covers 8 heads with reciprocal modulo on CPUs that have it.
         self.simd = _CPU_AVX512 and self.fast and self.H == 8
+        self.threads = max(1, min(openmp.omp_get_num_procs(), 8))
         self.tmap = NULL
         self.vocab = 0
         self._tmap_ref = None
@@ -247,6 +254,21 @@ cdef class HashKernel:
     def fast_mod(self):
         """bool: whether the reciprocal modulo is in use (every prime >= 8192)."""
         return bool(self.fast)
+
+    cdef void _hash_range(self, const int32_t* ext, Py_ssize_t start, Py_ssize_t stop,
+                          uint32_t* o) noexcept nogil:
+        """Hash tokens ``start..stop`` of the extended id array into their rows of ``o``."""
+        cdef Py_ssize_t t, stride = self.L * self.C
+        cdef int j, nt = self.N - 1
+        cdef int32_t win[MAX_TAIL + 1]
+        if self.simd:
+            engram_hash_batch_avx512(self.L, self.N, self.mults, self.primes, self.inv, self.offsets,
+                                     self.pad, ext + start, stop - start, o + start * stride)
+            return
+        for t in range(start, stop):
+            for j in range(nt + 1):
+                win[j] = ext[t + nt - j]
+            hash_token(&self.k, win, o + t * stride)
 
     cdef Py_ssize_t _compress(self, const int64_t* tok, const uint8_t* mask, Py_ssize_t T,
                               int32_t* cur) noexcept nogil:
@@ -294,8 +316,8 @@ cdef class HashKernel:
         cdef const uint8_t* mk = NULL
         cdef uint32_t* o = <uint32_t*>cnp.PyArray_DATA(out)
         cdef int32_t* ext
-        cdef int32_t win[MAX_TAIL + 1]
-        cdef Py_ssize_t t, bad
+        cdef Py_ssize_t t, bad, c, nchunks
+        cdef int nthreads
         cdef int j, nt = self.N - 1
         cdef Py_ssize_t stride = self.L * self.C
         if mask is not None:
@@ -312,14 +334,10 @@ cdef class HashKernel:
                 if bad < 0:
                     for j in range(nt):
                         ext[nt - 1 - j] = hist._ids[j]
-                    if self.simd:
-                        engram_hash_batch_avx512(self.L, self.N, self.mults, self.primes, self.inv,
-                                                 self.offsets, self.pad, ext, T, o)
-                    else:
-                        for t in range(T):
-                            for j in range(nt + 1):
-                                win[j] = ext[t + nt - j]
-                            hash_token(&self.k, win, o + t * stride)
+                    nchunks = (T + PARALLEL_CHUNK - 1) // PARALLEL_CHUNK
+                    nthreads = self.threads if T >= PARALLEL_MIN_TOKENS else 1
+                    for c in prange(nchunks, num_threads=nthreads, schedule="static"):
+                        self._hash_range(ext, c * PARALLEL_CHUNK, min(T, (c + 1) * PARALLEL_CHUNK), o)
                     for j in range(nt):
                         hist._ids[j] = ext[T + nt - 1 - j]
         finally:
