@@ -22,6 +22,26 @@ __all__ = ["Hasher", "History", "DEAD"]
 DEAD = -1
 
 
+def _as_token_array(tokens, vocab_size: int) -> np.ndarray:
+    """``tokens`` as a 1-D integer array; ``TokenError`` naming the first bad position."""
+    tok = np.asarray(tokens) if not isinstance(tokens, np.ndarray) else tokens
+    if tok.ndim != 1:
+        raise TokenError(f"tokens must be 1-D, got shape {tok.shape}")
+    if tok.size and tok.dtype.kind not in "iu":
+        if not isinstance(tokens, np.ndarray):
+            # A list holding ids beyond int64 becomes float or object: name the culprit.
+            for i, v in enumerate(tokens):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                    raise TokenError(f"token {v!r} at position {i} is not an integer id")
+                if not 0 <= int(v) < vocab_size:
+                    raise TokenError(f"token {int(v)} at position {i} is outside the vocabulary [0, {vocab_size})")
+        raise TokenError(f"tokens must be integers, got dtype {tok.dtype}")
+    if tok.dtype.kind == "u" and tok.size and int(tok.max()) > np.iinfo(np.int64).max:
+        i = int(np.argmax(tok))
+        raise TokenError(f"token {int(tok[i])} at position {i} is outside the vocabulary [0, {vocab_size})")
+    return tok
+
+
 class Hasher:
     """Hash token ids into row ids for every Engram layer of ``layout``.
 
@@ -101,14 +121,7 @@ class Hasher:
             ``history`` does not fit this layout.
         On any error neither ``history`` nor any output is changed.
         """
-        tok = np.asarray(tokens)
-        if tok.ndim != 1:
-            raise TokenError(f"tokens must be 1-D, got shape {tok.shape}")
-        if tok.size and tok.dtype.kind not in "iu":
-            raise TokenError(f"tokens must be integers, got dtype {tok.dtype}")
-        if tok.dtype.kind == "u" and tok.size and int(tok.max()) > np.iinfo(np.int64).max:
-            i = int(np.argmax(tok))
-            raise TokenError(f"token {int(tok[i])} at position {i} is outside the vocabulary [0, {self.vocab_size})")
+        tok = _as_token_array(tokens, self.vocab_size)
         tok = np.ascontiguousarray(tok, dtype=np.int64)
         T = tok.shape[0]
         mk = None

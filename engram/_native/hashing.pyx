@@ -371,9 +371,10 @@ cdef class HashKernel:
         if j != -1:
             raise HistoryError(self._history_message(hist, j))
         if (cnp.PyArray_TYPE(out) != cnp.NPY_UINT32 or not cnp.PyArray_IS_C_CONTIGUOUS(out)
-                or cnp.PyArray_SIZE(out) != self.L * self.C or not cnp.PyArray_ISWRITEABLE(out)):
+                or cnp.PyArray_NDIM(out) != 2 or cnp.PyArray_DIM(out, 0) != self.L
+                or cnp.PyArray_DIM(out, 1) != self.C or not cnp.PyArray_ISWRITEABLE(out)):
             raise ArgumentError(
-                f"out must be a writable C-contiguous uint32 array of {self.L}x{self.C} elements, "
+                f"out must be a writable C-contiguous uint32 array of shape ({self.L}, {self.C}), "
                 f"got {(<object>out).dtype} shape {(<object>out).shape}")
         win[0] = cur
         for j in range(self.N - 1):

@@ -1,0 +1,41 @@
+"""Shared fixtures: the V4.1 layout and the real token map, built once per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # tests/reference.py: NumPy twins of the kernels
+
+SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def layout():
+    from engram import Layout
+
+    return Layout.deepseek_v41_flash()
+
+
+@pytest.fixture(scope="session")
+def token_map():
+    from engram import build_token_map
+
+    return build_token_map()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from engram import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared corpora not found at {SHARED_DATA}")
+    return SHARED_DATA
