@@ -5,6 +5,7 @@ The public API, re-exported here:
 - :class:`Layout` -- primes, offsets and multipliers of the hashed tables (SPEC §2)
 - :func:`build_token_map` -- the compressed token map (SPEC §3)
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
+- :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
 - errors: :class:`EngramError` and its kinds
 """
 
@@ -19,6 +20,7 @@ from .errors import (
     TableIOError,
     TokenError,
 )
+from .codec import decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .layout import Layout
 from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
@@ -30,4 +32,5 @@ __all__ = [
     "RowRangeError", "TableIOError", "TokenError",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
+    "decode_rows", "encode_rows",
 ]
