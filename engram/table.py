@@ -31,7 +31,7 @@ import numpy as np
 from ._native import reader as _reader
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
 
-__all__ = ["Table", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES"]
+__all__ = ["Table", "TableGroup", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES"]
 
 #: Bytes of one encoded row and values it decodes to (SPEC §5).
 ROW_BYTES = 264
@@ -164,6 +164,47 @@ def _open_uncached(path: str, direct: Union[bool, str], block_size: Optional[int
     return fd, False, 1
 
 
+def _start_backend(reader, backend: str, readers: int, path: str) -> tuple[str, Optional[str]]:
+    """Start the pool or ring of ``reader``: returns (backend in use, fallback reason or None)."""
+    if backend == "serial":
+        return "serial", None
+    order = AUTO_ORDER if backend == "auto" else (backend,)
+    reasons = []
+    for name in order:
+        err = reader.start_ring(readers) if name == "io_uring" else reader.start_pool(readers)
+        if err == 0:
+            return name, ("; ".join(reasons) or None)
+        why = f"{name} could not start: {os.strerror(err)}"
+        if backend != "auto":
+            raise TableIOError(f"{path}: {why}", errno_=err)
+        reasons.append(why)
+    raise TableIOError(f"{path}: no read backend could start ({'; '.join(reasons)})")
+
+
+def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
+    """``ids`` as a uint32 array of ``ndim`` dims (strides kept when already uint32).
+
+    ``describe(row, where)`` gives the message of a ``RowRangeError`` for an id
+    that is negative or beyond uint32; the per-table bound is checked in C.
+    """
+    a = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if a.ndim != ndim or (width is not None and a.shape[1] != width):
+        want = f"[T, {width}]" if width is not None else f"{ndim}-D"
+        raise ArgumentError(f"row ids must have shape {want}, got {a.shape}")
+    if a.size and a.dtype.kind not in "iu":
+        raise ArgumentError(f"row ids must be integers, got dtype {a.dtype}")
+    if a.dtype != np.uint32:
+        if a.size:
+            bad = (a < 0) | (a > np.iinfo(np.uint32).max)
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise RowRangeError(describe(int(a[where]), where))
+        a = a.astype(np.uint32)
+    elif any(s % 4 for s in a.strides):
+        a = np.ascontiguousarray(a)
+    return a
+
+
 def _failure_to_error(f, paths, rows, two_d: bool, seg_cols: int = 0, names=None) -> Exception:
     """The public error for a ``ReadFailure`` of a reader over the tables ``paths``."""
     kind, a, b, c, d = f.args
@@ -187,7 +228,43 @@ def _failure_to_error(f, paths, rows, two_d: bool, seg_cols: int = 0, names=None
                         row=a, offset=b, errno_=d)
 
 
-class Table:
+class _RowReads:
+    """Read machinery shared by :class:`Table` and :class:`TableGroup` (staging, stats, errors)."""
+
+    @staticmethod
+    def _check_out(out, shape) -> None:
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise ArgumentError(f"out must be a writable C-contiguous float32 array of shape {shape}, got {got}")
+
+    def _read(self, ids: np.ndarray, target: np.ndarray, caller_out: Optional[np.ndarray],
+              seg_cols: Optional[int] = None) -> None:
+        """Read ``ids`` into ``target``; a caller's multi-chunk ``out`` is staged so
+        that a failure leaves it untouched.  Shared by :class:`TableGroup`."""
+        staged = caller_out is not None and ids.size > _reader.CHUNK_REQUESTS
+        dest = np.empty_like(target) if staged else target
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._reader is None:
+                raise TableIOError(f"{self.path}: closed")
+            try:
+                req, dist, nreads, nbytes, conc, n_serial, n_conc = self._reader.read(
+                    ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols or ids.shape[1])
+            except _reader.ReadFailure as f:
+                raise self._error(f, ids) from None
+        if staged:
+            np.copyto(target, dest)
+        backend = self.backend if n_conc else "serial"
+        if n_conc and n_serial:
+            backend += "+serial"
+        st = ReadStats(rows_requested=req, rows_distinct=dist, reads=nreads, bytes_read=nbytes,
+                       wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1)
+        self.last_stats = st
+        self.stats.add(st)
+
+
+class Table(_RowReads):
     """One Engram table inside a model file, read uncached.
 
     Parameters
@@ -255,33 +332,12 @@ class Table:
                     f"{self.path}: table of {self.rows} rows at offset {self.offset} ends at byte {end}, "
                     f"past the end of the file ({size} bytes)", offset=end)
             self._reader = _reader.RowReader([(fd, self.offset, self.rows)], self.alignment, not self.direct)
-            self.backend = self._start_backend(backend)
+            self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
             raise
         self.last_stats = ReadStats()
         self.stats = ReadStats()
-
-    # ---------------------------------------------------------------- set-up
-    def _start_backend(self, backend: str) -> str:
-        if backend == "serial":
-            return "serial"
-        order = AUTO_ORDER if backend == "auto" else (backend,)
-        reasons = []
-        for name in order:
-            if name == "io_uring":
-                err = self._reader.start_ring(self.readers)
-            else:
-                err = self._reader.start_pool(self.readers)
-            if err == 0:
-                if reasons:
-                    self.fallback = "; ".join(reasons)
-                return name
-            why = f"{name} could not start: {os.strerror(err)}"
-            if backend != "auto":
-                raise TableIOError(f"{self.path}: {why}", errno_=err)
-            reasons.append(why)
-        raise TableIOError(f"{self.path}: no read backend could start ({'; '.join(reasons)})")
 
     # ----------------------------------------------------------------- reads
     def read_rows(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -353,55 +409,11 @@ class Table:
         return res
 
     def _ids(self, ids, ndim: int) -> np.ndarray:
-        a = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
-        if a.ndim != ndim:
-            raise ArgumentError(f"row ids must be {ndim}-D, got shape {a.shape}")
-        if a.size and a.dtype.kind not in "iu":
-            raise ArgumentError(f"row ids must be integers, got dtype {a.dtype}")
-        if a.dtype != np.uint32:
-            if a.size:
-                lo, hi = a.min(), a.max()
-                if lo < 0 or hi >= self.rows:
-                    bad = np.argwhere((a < 0) | (a >= self.rows))[0]
-                    raise RowRangeError(self._range_message(int(a[tuple(bad)]), bad))
-            a = a.astype(np.uint32)
-        elif any(s % 4 for s in a.strides):
-            a = np.ascontiguousarray(a)
-        return a
+        return _row_ids(ids, ndim, None, self._range_message)
 
     def _range_message(self, row: int, where) -> str:
-        pos = ", ".join(f"{n} {int(i)}" for n, i in zip(("token", "column"), where)) if len(where) == 2 \
-            else f"position {int(where[0])}"
+        pos = f"token {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where[0]}"
         return f"{self.path}: row id {row} at {pos} is outside the table [0, {self.rows})"
-
-    @staticmethod
-    def _check_out(out, shape) -> None:
-        if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape \
-                or not out.flags.c_contiguous or not out.flags.writeable:
-            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise ArgumentError(f"out must be a writable C-contiguous float32 array of shape {shape}, got {got}")
-
-    def _read(self, ids: np.ndarray, target: np.ndarray, caller_out: Optional[np.ndarray]) -> None:
-        staged = caller_out is not None and ids.size > _reader.CHUNK_REQUESTS
-        dest = np.empty_like(target) if staged else target
-        t0 = time.perf_counter()
-        with self._lock:
-            if self._reader is None:
-                raise TableIOError(f"{self.path}: table is closed")
-            try:
-                req, dist, nreads, nbytes, conc, n_serial, n_conc = self._reader.read(
-                    ids, dest, self.threshold, _BACKEND_CODES[self.backend], ids.shape[1])
-            except _reader.ReadFailure as f:
-                raise self._error(f, ids) from None
-        if staged:
-            np.copyto(target, dest)
-        backend = self.backend if n_conc else "serial"
-        if n_conc and n_serial:
-            backend += "+serial"
-        st = ReadStats(rows_requested=req, rows_distinct=dist, reads=nreads, bytes_read=nbytes,
-                       wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1)
-        self.last_stats = st
-        self.stats.add(st)
 
     def _error(self, f, ids) -> Exception:
         return _failure_to_error(f, [self.path], [self.rows], ids.shape[1] > 1)
@@ -443,3 +455,127 @@ class Table:
         return (f"Table({self.path!r}, offset={self.offset}, rows={self.rows}, backend={self.backend!r}, "
                 f"readers={self.readers}, threshold={self.threshold}, direct={self.direct}, "
                 f"alignment={self.alignment})")
+
+
+class TableGroup(_RowReads):
+    """Several tables read as one batch: a decode step's rows of every Engram layer (SPEC §8).
+
+    Column ``c`` of a batch reads from ``tables[c // columns]``, so the 48 rows
+    of a V4.1 decode step (24 per layer) go out as one concurrent batch.  The
+    group opens no descriptor: it reads through the tables' own, and has its
+    own readers (pool threads or ring), so it must not outlive them.
+
+    Parameters
+    ----------
+    tables : sequence of Table
+        Open tables, all direct or all buffered (up to 16).
+    columns : int
+        Columns per table in a batch (24 for V4.1).
+    backend, readers, threshold
+        As for :class:`Table`; default those of the first table.
+
+    Raises
+    ------
+    ArgumentError
+        No tables, closed tables, or a mix of direct and buffered descriptors.
+    TableIOError
+        The requested backend cannot start.
+    """
+
+    def __init__(self, tables, columns: int = 24, *, backend: Optional[str] = None,
+                 readers: Optional[int] = None, threshold: Optional[int] = None):
+        tables = list(tables)
+        if not tables or not all(isinstance(t, Table) for t in tables):
+            raise ArgumentError("TableGroup needs one or more engram.Table objects")
+        if any(t.closed for t in tables):
+            raise ArgumentError("TableGroup: a table is closed")
+        if len({t.direct for t in tables}) != 1:
+            raise ArgumentError("TableGroup: tables mix O_DIRECT and buffered descriptors")
+        if isinstance(columns, bool) or not isinstance(columns, (int, np.integer)) or columns < 1:
+            raise ArgumentError(f"columns must be a positive integer, got {columns!r}")
+        first = tables[0]
+        self.tables = tables
+        self.columns = int(columns)
+        self.readers = int(readers if readers is not None else first.readers)
+        self.threshold = int(threshold if threshold is not None else first.threshold)
+        if self.readers < 1 or self.threshold < 0:
+            raise ArgumentError("readers must be >= 1 and threshold >= 0")
+        self.fallback: Optional[str] = None
+        self._lock = threading.Lock()
+        self.path = ", ".join(sorted({t.path for t in tables}))
+        self._reader = _reader.RowReader([(t._fd, t.offset, t.rows) for t in tables],
+                                         max(t.alignment for t in tables), not first.direct)
+        backend = backend or ("auto" if first.fallback else first.backend)
+        try:
+            self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
+        except BaseException:
+            self._reader.close()
+            self._reader = None
+            raise
+        self.last_stats = ReadStats()
+        self.stats = ReadStats()
+
+    def read_batch(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows of every table for a batch of tokens.
+
+        Parameters
+        ----------
+        ids : array_like of int, shape ``[T, len(tables) * columns]``
+            Row ids, table after table (e.g. a hasher output ``[T, 2, 24]``
+            reshaped to ``[T, 48]``).
+        out : numpy.ndarray, optional
+            float32 ``[T, len(tables) * columns, 256]``, C-contiguous, writable.
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 ``[T, len(tables) * columns, 256]`` holding bf16 values.
+
+        Raises
+        ------
+        RowRangeError, TableIOError, DecodeError, ArgumentError
+            As :meth:`Table.read_batch`, naming the table's file; ``out`` is
+            left untouched on every error.
+        """
+        width = len(self.tables) * self.columns
+        a = _row_ids(ids, 2, width, self._range_message)
+        shape = (a.shape[0], width, ROW_VALUES)
+        if out is not None:
+            self._check_out(out, shape)
+            self._read(a, out, out, self.columns)
+            return out
+        res = np.empty(shape, np.float32)
+        self._read(a, res, None, self.columns)
+        return res
+
+    def _error(self, f, ids) -> Exception:
+        return _failure_to_error(f, [t.path for t in self.tables], [t.rows for t in self.tables], True,
+                                 self.columns, [f"table {i}" for i in range(len(self.tables))])
+
+    def _range_message(self, row: int, where) -> str:
+        t = self.tables[where[1] // self.columns]
+        return (f"{t.path} (table {where[1] // self.columns}): row id {row} at token {where[0]}, "
+                f"column {where[1]} is outside the table [0, {t.rows})")
+
+    @property
+    def closed(self) -> bool:
+        return self._reader is None
+
+    def close(self) -> None:
+        """Stop this group's readers (the tables stay open)."""
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    def __enter__(self) -> "TableGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
