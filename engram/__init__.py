@@ -6,6 +6,7 @@ The public API, re-exported here:
 - :func:`build_token_map` -- the compressed token map (SPEC §3)
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
 - :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
+- :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6)
 - errors: :class:`EngramError` and its kinds
 """
 
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .codec import decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
+from .gguf_file import EngramLayer, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model
 from .layout import Layout
 from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
 
@@ -33,4 +35,5 @@ __all__ = [
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
     "decode_rows", "encode_rows",
+    "read_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
 ]

@@ -114,6 +114,129 @@ def _add_hash(sub) -> None:
     p.set_defaults(func=_cmd_hash)
 
 
+# ------------------------------------------------------------------ inspect
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _cmd_inspect(args) -> int:
+    from .gguf_file import read_model
+
+    info = read_model(args.model[0] if len(args.model) == 1 else args.model)
+    if args.json:
+        _print_json(info.to_dict())
+        return 0
+    lay = info.layout
+    print(f"model         {info.paths[0]}" + (f"  ({len(info.paths)} shards)" if len(info.paths) > 1 else ""))
+    for p, size in zip(info.paths, info.file_sizes):
+        print(f"  file        {p}  {size:,} bytes ({_fmt_bytes(size)})")
+    print(f"format        GGUF v{info.version}, architecture {info.architecture}, alignment {info.alignment}")
+    print(f"encoding      {info.encoding}")
+    print(f"layers        {list(lay.layer_ids)}: {lay.columns} columns ({lay.max_ngram - 1} orders x "
+          f"{lay.heads} heads), rows {[int(r) for r in lay.rows]}")
+    print(f"vocabulary    {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
+          f"pad id {lay.pad_id}")
+    print(f"gate eps      {info.eps:g}")
+    for li, lid in enumerate(lay.layer_ids):
+        print(f"  layer {lid:>3}   primes {int(lay.primes[li, 0]):,} .. {int(lay.primes[li, -1]):,}  "
+              f"multipliers {[int(m) for m in lay.multipliers[li]]}")
+    print("tensors")
+    width = max(len(n) for n in info.tensors)
+    for t in sorted(info.tensors.values(), key=lambda t: (t.shard, t.offset)):
+        shape = "[" + ", ".join(str(d) for d in t.gguf_shape) + "]"
+        print(f"  {t.name:<{width}}  {t.ggml_type.name:<4} {shape:<18} shard {t.shard}  offset {t.offset:>16,}  "
+              f"{_fmt_bytes(t.nbytes):>10}")
+    print("tables")
+    for lid, tab in info.tables.items():
+        print(f"  layer {lid:>3}   {tab.path.name}  offset {tab.offset:,}  rows {tab.rows:,} x {tab.row_bytes} B"
+              f"  = {_fmt_bytes(tab.nbytes)}  end {tab.end:,}")
+    return 0
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="layout, tensors and table offsets of a model file (headers only)",
+                       description="Read the GGUF headers of a model (never its tables) and print the Engram "
+                                   "layout, every tensor with type/shape/offset/size, and the table offsets.")
+    p.add_argument("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_inspect)
+
+
+# -------------------------------------------------------------------- synth
+def _cmd_synth(args) -> int:
+    import os
+    import time
+
+    from . import synth
+    from .errors import ArgumentError
+    from .tokenmap import load_tokenizer
+
+    trace = None
+    if args.trace_text is not None:
+        with open(args.trace_text, encoding="utf-8") as f:
+            text = f.read()
+        if args.trace_chars:
+            text = text[: args.trace_chars]
+        trace = np.array(load_tokenizer().encode(text, add_special_tokens=False).ids, dtype=np.int64)
+    elif args.trace_tokens is not None:
+        trace = _read_tokens_file(args.trace_tokens)
+    if args.scale is None and not args.full_size:
+        raise ArgumentError("give --scale S or --full-size")
+    t0 = time.perf_counter()
+    paths = synth.build_model(
+        args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
+        eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
+        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync)
+    dt = time.perf_counter() - t0
+    files = []
+    for p in paths:
+        st = os.stat(p)
+        files.append({"path": str(p), "size": st.st_size, "allocated": st.st_blocks * 512})
+    allocated = sum(f["allocated"] for f in files)
+    rec = {"files": files, "seconds": dt, "written_MBps": allocated / dt / 1e6 if dt > 0 else None,
+           "trace_tokens": None if trace is None else int(trace.shape[0])}
+    if args.json:
+        _print_json(rec)
+    else:
+        for f in files:
+            print(f"wrote {f['path']}  {f['size']:,} bytes ({_fmt_bytes(f['size'])}), "
+                  f"{_fmt_bytes(f['allocated'])} on disk")
+        print(f"{dt:.2f} s, {rec['written_MBps']:.0f} MB/s on disk")
+    return 0
+
+
+def _add_synth(sub) -> None:
+    p = sub.add_parser("synth", help="write a synthetic model in the real Engram GGUF format",
+                       description="Write a DeepSeek V4.1 Flash-format model (GGUF v3, all Engram keys, real token "
+                                   "map, engram_kv + norms, tables last) with deterministic rows. --scale shrinks "
+                                   "the tables; --full-size keeps the released layout with sparse tables, writing "
+                                   "only the rows a trace reads.")
+    p.add_argument("out", help="output .gguf (shards become OUT-0000k-of-0000N.gguf)")
+    p.add_argument("--scale", type=float, help="bucket-size scale of the layout, e.g. 0.001 (~101 MB a table)")
+    p.add_argument("--full-size", action="store_true",
+                   help="released layout (~94 GiB a table, sparse, tables at the released offsets)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace-text", metavar="FILE", help="text whose tokens' rows are written (sparse tables)")
+    src.add_argument("--trace-tokens", metavar="FILE", help="token ids (integers or .npy) whose rows are written")
+    p.add_argument("--trace-chars", type=int, default=0, help="use only the first N characters of --trace-text")
+    p.add_argument("--fill", choices=("all", "trace", "none"),
+                   help="table rows to write (default: trace with a trace, else all)")
+    p.add_argument("--shards", type=int, default=1, help="number of files of a split set (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="content seed (default 0)")
+    p.add_argument("--eps", type=float, default=1e-6, help="gate epsilon stored in the file (default 1e-6)")
+    p.add_argument("--no-projections", action="store_true", help="leave engram_kv and the norms as zero holes")
+    p.add_argument("--optional-keys", action="store_true",
+                   help="also write offsets, head_count, key_length and max_ngram_size")
+    p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_synth)
+
+
 # ---------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

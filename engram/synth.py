@@ -1,0 +1,717 @@
+"""Build model files in the real Engram GGUF format at any scale (SPEC §2, §5, §6).
+
+A synthetic model has everything a reader of the released DeepSeek V4.1 Flash
+file relies on: GGUF v3, ``general.architecture = "deepseek41"``,
+``general.alignment = 16384``, every Engram metadata key of SPEC §6 with its
+exact type, the real compressed token map, ``engram_kv`` and both norms per
+Engram layer at their real shapes, and the tables last.  Only the bucket size
+per n-gram order changes with ``scale`` (``16,000,000 * scale``), so tables of
+a few MB or of the full 94 GiB can be built.
+
+Content is deterministic and random-access:
+
+- Table rows (:func:`rows_at`, :func:`table_rows`): row ``r`` of layer ``L``
+  depends only on ``(seed, L, r)``.  Its 256 E4M3 codes are a window of a
+  fixed pool of E4M3 codes of normal samples (standard deviation 160 code
+  units, so a 32-value block spans most of the E4M3 range, as the encoder of
+  SPEC §5 leaves it); the window start and the 8 E8M0 scale bytes (114..121,
+  values with standard deviation ~0.02..2.5) come from a SplitMix64 hash of the
+  row id.  No NaN code (``0x7F``/``0xFF``) and no NaN scale (255) ever occur.
+- ``engram_kv`` (:func:`engram_kv`): float16 rows drawn the same way from a pool
+  of ``normal * 0.02``.  Norm weights (:func:`norm_weight`): ``1 + 0.05 * normal``.
+
+Tables are written in bounded chunks (64 MiB by default) by a producer thread
+and a writer, at about disk speed (``benchmarks/bench_synth.py`` measures the
+ratio to ``dd``).  With ``full_size=True`` the real V4.1 layout is used, the
+tables are sparse extents (holes) and only the rows a token trace hashes to are
+written, so real row ids and file offsets beyond 2**33 are exercised with a few
+MB of disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from .errors import ArgumentError
+from .gguf_file import ARCHITECTURE, ENCODING, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, ROW_BYTES, ROW_VALUES
+from .layout import Layout
+
+__all__ = [
+    "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
+    "TensorSpec", "ModelPlan", "rows_at", "table_rows", "engram_kv", "norm_weight",
+    "plan_model", "write_model", "build_model", "shard_names",
+]
+
+#: Standard deviation of the normal samples behind the E4M3 codes, in code units.
+CODE_SIGMA = 160.0
+#: E8M0 scale bytes of synthetic rows lie in ``[SCALE_MIN, SCALE_MAX]``.
+SCALE_MIN = 114
+SCALE_MAX = SCALE_MIN + 7
+#: Standard deviation of ``engram_kv`` weights.
+KV_SIGMA = 0.02
+#: Standard deviation of the norm weights around 1.
+NORM_SIGMA = 0.05
+#: Byte offset of layer 1's table in the released 365.7 GB file (SPEC §6); full-size
+#: synthetic files put their first table there too (behind a hole).
+REAL_TABLE_OFFSET = 162_955_640_832
+#: Bytes generated and written per chunk.
+DEFAULT_CHUNK_BYTES = 64 << 20
+#: Name of the hole-filled tensor that stands in for the rest of the model's weights.
+LEAD_TENSOR = "synth.lead.weight"
+
+_POOL_BITS = 22
+_KV_WIDTH = 24 * ROW_VALUES                 # 6144: columns x values per row (V4.1 Flash)
+_KV_ROWS = (HC_STREAMS + 1) * HIDDEN_SIZE   # 25600: 4 keys + 1 value
+_M64 = (1 << 64) - 1
+
+_TAG_TABLE = 0x7AB1E
+_TAG_KV = 0x4B56
+_TAG_POOL = 0xE4
+_TAG_KV_POOL = 0xF16
+
+
+# ===================================================================== content
+def _mix_int(x: int) -> int:
+    """SplitMix64 finalizer on a Python int (mod 2**64)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finalizer on a uint64 array (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key(seed: int, layer_id: int, tag: int) -> int:
+    return _mix_int(_mix_int(_mix_int(int(seed) & _M64) ^ int(layer_id)) ^ tag)
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
+        raise ArgumentError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _code_pool(seed: int) -> np.ndarray:
+    """uint8 ``[2**22 + 264]``: E4M3 codes of ``normal * CODE_SIGMA`` clipped to +-448."""
+    import ml_dtypes
+
+    rng = np.random.default_rng([seed & _M64, _TAG_POOL])
+    x = rng.standard_normal((1 << _POOL_BITS) + ROW_BYTES, dtype=np.float32) * np.float32(CODE_SIGMA)
+    np.clip(x, -448.0, 448.0, out=x)
+    codes = x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    codes.setflags(write=False)
+    return codes
+
+
+@functools.lru_cache(maxsize=4)
+def _kv_pool(seed: int) -> np.ndarray:
+    """float16 ``[2**22 + 6144]``: ``normal * KV_SIGMA``."""
+    rng = np.random.default_rng([seed & _M64, _TAG_KV_POOL])
+    x = (rng.standard_normal((1 << _POOL_BITS) + _KV_WIDTH, dtype=np.float32) * np.float32(KV_SIGMA))
+    pool = x.astype(np.float16)
+    pool.setflags(write=False)
+    return pool
+
+
+def rows_at(layer_id: int, row_ids, seed: int = 0) -> np.ndarray:
+    """The raw bytes of table rows ``row_ids`` of layer ``layer_id`` (SPEC §5 encoding).
+
+    Parameters
+    ----------
+    layer_id : int
+        Decoder layer of the table (1 or 14 for V4.1 Flash).
+    row_ids : array_like of int, shape ``[n]``
+        Row ids, any order, repeats allowed; each in ``[0, 2**64)``.  Content does
+        not depend on the table size, so the same id gives the same bytes at
+        every ``scale``.
+    seed : int
+        Model seed.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 ``[n, 264]``: 256 E4M3 codes then 8 E8M0 scale bytes per row.
+    """
+    seed = _check_seed(seed)
+    r = np.asarray(row_ids)
+    if r.ndim != 1 or (r.size and r.dtype.kind not in "iu"):
+        raise ArgumentError(f"row_ids must be a 1-D integer array, got {r.dtype} {r.shape}")
+    if r.dtype.kind == "i" and r.size and int(r.min()) < 0:
+        raise ArgumentError(f"row_ids must be >= 0, got {int(r.min())}")
+    h = _mix(r.astype(np.uint64) + np.uint64(_key(seed, layer_id, _TAG_TABLE)))
+    windows = np.lib.stride_tricks.sliding_window_view(_code_pool(seed), ROW_BYTES)
+    out = windows[(h >> np.uint64(64 - _POOL_BITS)).astype(np.intp)]  # one gather of 264 bytes a row
+    scales = _mix(h).astype("<u8", copy=False).view(np.uint8).reshape(-1, ROW_BYTES - ROW_VALUES) & np.uint8(7)
+    out[:, ROW_VALUES:] = scales + np.uint8(SCALE_MIN)
+    return out
+
+
+def table_rows(layer_id: int, start: int, stop: int, seed: int = 0) -> np.ndarray:
+    """Raw bytes of rows ``[start, stop)`` of layer ``layer_id``'s table: uint8 ``[stop - start, 264]``.
+
+    These are exactly the bytes a synthetic model built with ``seed`` holds at
+    ``table.offset + row * 264`` (where rows were written).
+    """
+    if not 0 <= int(start) <= int(stop):
+        raise ArgumentError(f"need 0 <= start <= stop, got start={start} stop={stop}")
+    return rows_at(layer_id, np.arange(int(start), int(stop), dtype=np.uint64), seed)
+
+
+def engram_kv(layer_id: int, seed: int = 0, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+    """Rows ``[start, stop)`` of layer ``layer_id``'s ``engram_kv`` weight.
+
+    Returns
+    -------
+    numpy.ndarray
+        float16 ``[stop - start, 6144]`` (the full tensor is ``(25600, 6144)``,
+        numpy order; GGUF shape ``[6144, 25600]``), values ``normal * 0.02``.
+    """
+    seed = _check_seed(seed)
+    stop = _KV_ROWS if stop is None else int(stop)
+    if not 0 <= start <= stop <= _KV_ROWS:
+        raise ArgumentError(f"engram_kv rows [{start}, {stop}) outside [0, {_KV_ROWS})")
+    h = _mix(np.arange(start, stop, dtype=np.uint64) + np.uint64(_key(seed, layer_id, _TAG_KV)))
+    windows = np.lib.stride_tricks.sliding_window_view(_kv_pool(seed), _KV_WIDTH)
+    return windows[(h >> np.uint64(64 - _POOL_BITS)).astype(np.intp)]
+
+
+def norm_weight(layer_id: int, which: str, seed: int = 0) -> np.ndarray:
+    """``engram_q_norm`` (``which="q"``) or ``engram_k_norm`` (``"k"``) of a layer.
+
+    Returns float32 ``(4, 5120)`` (GGUF shape ``[5120, 4]``), ``1 + 0.05 * normal``.
+    """
+    seed = _check_seed(seed)
+    if which not in ("q", "k"):
+        raise ArgumentError(f"which must be 'q' or 'k', got {which!r}")
+    rng = np.random.default_rng([seed, int(layer_id), 1 if which == "q" else 2])
+    return (1.0 + NORM_SIGMA * rng.standard_normal((HC_STREAMS, HIDDEN_SIZE))).astype(np.float32)
+
+
+# ===================================================================== plan
+@dataclass
+class TensorSpec:
+    """One tensor of a planned model.
+
+    ``shape`` is the numpy shape (GGUF dimensions reversed); ``kind`` is
+    ``"table"``, ``"kv"``, ``"q_norm"``, ``"k_norm"`` or ``"lead"`` (a hole
+    standing in for the rest of the model's weights); ``shard`` the 0-based
+    shard that holds it.
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    ggml_type: GGMLQuantizationType
+    kind: str
+    layer_id: int = -1
+    shard: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        block, size = GGML_QUANT_SIZES[self.ggml_type]
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n // block * size
+
+
+@dataclass
+class ModelPlan:
+    """Everything :func:`write_model` writes: metadata entries in order and tensors.
+
+    ``metadata`` maps key -> ``(value, GGUFValueType, element type or None)``;
+    arrays are lists.  Edit it (or ``tensors``) before writing to produce
+    variants, e.g. malformed files for tests.
+    """
+
+    layout: Layout
+    token_map: np.ndarray
+    seed: int
+    alignment: int
+    metadata: Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]]
+    tensors: List[TensorSpec]
+    shards: int = 1
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def _assign_shards(tensors: List[TensorSpec], shards: int) -> None:
+    """Metadata and projections first, tables last; tables get shards of their own when possible."""
+    tables = [t for t in tensors if t.kind in ("table", "lead")]
+    others = [t for t in tensors if t.kind not in ("table", "lead")]
+    n_tables = len([t for t in tables if t.kind == "table"])
+    max_shards = len(others) + n_tables
+    if not 1 <= shards <= max_shards:
+        raise ArgumentError(f"shards must be in [1, {max_shards}] for this model, got {shards}")
+    if shards == 1:
+        return
+    table_shards = min(shards - 1, n_tables)
+    other_shards = shards - table_shards
+    for i, t in enumerate(others):
+        t.shard = i * other_shards // len(others)
+    k = 0
+    for t in tables:  # a lead hole goes with the table after it
+        t.shard = other_shards + k * table_shards // n_tables
+        if t.kind == "table":
+            k += 1
+
+
+def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards: int = 1, seed: int = 0,
+               eps: float = 1e-6, token_map: Optional[np.ndarray] = None, optional_keys: bool = False,
+               table_offset: Optional[int] = None, layout: Optional[Layout] = None) -> ModelPlan:
+    """Plan a synthetic V4.1 Flash model (metadata and tensors), without writing anything.
+
+    Parameters
+    ----------
+    scale : float
+        Bucket-size scale: ``Layout.deepseek_v41_flash(scale)`` (SPEC §2).
+    full_size : bool
+        Use the released layout (``scale`` must be None or 1); the first table is
+        placed at :data:`REAL_TABLE_OFFSET` unless ``table_offset`` says otherwise.
+    shards : int
+        Number of files; >1 writes ``NAME-0000k-of-0000N.gguf`` with ``split.*`` keys.
+    seed : int
+        Content seed (tables, projections, norms).
+    eps : float
+        ``deepseek41.attention.layer_norm_rms_epsilon`` (float32).
+    token_map : numpy.ndarray, optional
+        int ``[vocab]``; default :func:`engram.build_token_map` (about a second).
+    optional_keys : bool
+        Also write ``offsets``, ``head_count``, ``key_length`` and ``max_ngram_size``.
+    table_offset : int, optional
+        Absolute offset of the first table in its file; reached with a hole-filled
+        leading tensor (:data:`LEAD_TENSOR`).  Default: the real offset for
+        ``full_size``, none otherwise.
+    layout : Layout, optional
+        Use this layout instead (overrides ``scale``/``full_size``).
+
+    Raises
+    ------
+    ArgumentError
+        Missing or contradicting scale, bad shard count, seed or epsilon.
+    """
+    seed = _check_seed(seed)
+    if layout is None:
+        if full_size:
+            if scale not in (None, 1, 1.0):
+                raise ArgumentError(f"full_size=True uses the released layout; scale={scale} contradicts it")
+            layout = Layout.deepseek_v41_flash(1.0)
+            if table_offset is None:
+                table_offset = REAL_TABLE_OFFSET
+        else:
+            if scale is None:
+                raise ArgumentError("give scale= (e.g. 0.001) or full_size=True")
+            if not (isinstance(scale, (int, float)) and 0 < scale <= 1.0):
+                raise ArgumentError(f"scale must be in (0, 1], got {scale!r}")
+            layout = Layout.deepseek_v41_flash(scale)
+    if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise ArgumentError(f"eps must be in (0, 1), got {eps!r}")
+    if token_map is None:
+        from .tokenmap import build_token_map
+
+        token_map = build_token_map()
+    token_map = np.asarray(token_map)
+    if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
+        raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
+    L, C = layout.layers, layout.columns
+    arch = ARCHITECTURE
+    p = f"{arch}.engram."
+    U32, U64, ARR = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.ARRAY
+    md: Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]] = {
+        "general.architecture": (arch, GGUFValueType.STRING, None),
+        "general.type": ("model", GGUFValueType.STRING, None),
+        "general.name": ("DeepSeek V4.1 Flash Engram (synthetic)", GGUFValueType.STRING, None),
+        "general.alignment": (MODEL_ALIGNMENT, U32, None),
+        f"{arch}.attention.layer_norm_rms_epsilon": (float(eps), GGUFValueType.FLOAT32, None),
+        p + "encoding": (ENCODING, GGUFValueType.STRING, None),
+        p + "layer_ids": ([int(x) for x in layout.layer_ids], ARR, U32),
+        p + "rows": ([int(x) for x in layout.rows], ARR, U32),
+        p + "compressed_vocab_size": (layout.compressed_vocab_size, U32, None),
+        p + "pad_id": (layout.pad_id, U32, None),
+        p + "token_map": (token_map.astype(np.int64).tolist(), ARR, U32),
+        p + "primes": (layout.primes.astype(np.int64).reshape(-1).tolist(), ARR, U32),
+        p + "multipliers": ([int(x) for x in layout.multipliers.reshape(-1)], ARR, U64),
+    }
+    if optional_keys:
+        md[p + "offsets"] = (layout.offsets.astype(np.int64).reshape(-1).tolist(), ARR, U32)
+        md[p + "head_count"] = (layout.heads, U32, None)
+        md[p + "key_length"] = (ROW_VALUES, U32, None)
+        md[p + "max_ngram_size"] = (layout.max_ngram, U32, None)
+    md["engram.synth.seed"] = (seed, U64, None)
+    md["engram.synth.scale"] = (1.0 if full_size else float(scale if scale is not None else 0.0),
+                                GGUFValueType.FLOAT64, None)
+    F16, F32, I8 = GGMLQuantizationType.F16, GGMLQuantizationType.F32, GGMLQuantizationType.I8
+    tensors: List[TensorSpec] = []
+    for lid in layout.layer_ids:
+        tensors.append(TensorSpec(f"blk.{lid}.engram_kv.weight", (_KV_ROWS, C * ROW_VALUES), F16, "kv", lid))
+        tensors.append(TensorSpec(f"blk.{lid}.engram_q_norm.weight", (HC_STREAMS, HIDDEN_SIZE), F32, "q_norm", lid))
+        tensors.append(TensorSpec(f"blk.{lid}.engram_k_norm.weight", (HC_STREAMS, HIDDEN_SIZE), F32, "k_norm", lid))
+    lead_at = len(tensors)
+    for li, lid in enumerate(layout.layer_ids):
+        tensors.append(TensorSpec(f"blk.{lid}.engram_embd.weight", (int(layout.rows[li]), ROW_BYTES), I8,
+                                  "table", lid))
+    plan = ModelPlan(layout, token_map, seed, MODEL_ALIGNMENT, md, tensors, shards)
+    if table_offset is not None:
+        tensors.insert(lead_at, TensorSpec(LEAD_TENSOR, (0,), I8, "lead"))
+    _assign_shards(tensors, shards)
+    if table_offset is not None:
+        _place_first_table(plan, int(table_offset))
+    return plan
+
+
+# ===================================================================== layout of the files
+def _kv_nbytes(key: str, value, vtype: GGUFValueType, sub: Optional[GGUFValueType]) -> int:
+    sizes = {GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1, GGUFValueType.UINT16: 2,
+             GGUFValueType.INT16: 2, GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
+             GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8}
+
+    def val(v, t) -> int:
+        if t in sizes:
+            return sizes[t]
+        if t == GGUFValueType.STRING:
+            return 8 + len(v.encode("utf-8") if isinstance(v, str) else v)
+        raise ArgumentError(f"{key}: cannot size value type {t!r}")
+
+    n = 8 + len(key.encode("utf-8")) + 4
+    if vtype == GGUFValueType.ARRAY:
+        return n + 4 + 8 + sum(val(v, sub) for v in value)
+    return n + val(value, vtype)
+
+
+def _split_metadata(plan: ModelPlan) -> List[Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]]]:
+    """Metadata per shard as the GGUF writer lays it out (split keys appended, llama.cpp convention)."""
+    per = [dict(plan.metadata)] + [{} for _ in range(plan.shards - 1)]
+    if plan.shards > 1:
+        for i, md in enumerate(per):
+            md["split.no"] = (i, GGUFValueType.UINT16, None)
+            md["split.count"] = (plan.shards, GGUFValueType.UINT16, None)
+            md["split.tensors.count"] = (len(plan.tensors), GGUFValueType.INT32, None)
+            if i > 0 and "general.alignment" in plan.metadata:
+                md["general.alignment"] = plan.metadata["general.alignment"]
+    return per
+
+
+class _ShardWriter(GGUFWriter):
+    """``GGUFWriter`` that also states ``general.alignment`` in every later shard.
+
+    ``gguf-split`` puts only the ``split.*`` keys in later shards, so their data
+    is aligned to the GGUF default of 32; ``GGUFWriter`` pads every shard to its
+    custom alignment but records it in the first shard only, which readers
+    would then place 16384-aligned data at 32-byte boundaries.  Stating the key
+    in each shard keeps every table 16384-aligned and every reader in agreement.
+    """
+
+    def add_shard_kv_data(self) -> None:
+        super().add_shard_kv_data()
+        first = self.kv_data[0].get("general.alignment")
+        if first is not None:
+            for kv in self.kv_data[1:]:
+                kv["general.alignment"] = first
+
+
+def _data_starts(plan: ModelPlan) -> List[int]:
+    """Absolute offset of each shard's data section (header bytes padded to the alignment)."""
+    out = []
+    for s, md in enumerate(_split_metadata(plan)):
+        n = 24 + sum(_kv_nbytes(k, *v) for k, v in md.items())
+        for t in plan.tensors:
+            if t.shard == s:
+                n += 8 + len(t.name.encode("utf-8")) + 4 + 8 * len(t.shape) + 4 + 8
+        out.append(_pad(n, plan.alignment))
+    return out
+
+
+def _pad(x: int, n: int) -> int:
+    return ((x + n - 1) // n) * n
+
+
+def _tensor_offsets(plan: ModelPlan) -> Dict[str, Tuple[int, int]]:
+    """name -> (shard, absolute offset) of every tensor's data."""
+    starts = _data_starts(plan)
+    pos = list(starts)
+    out = {}
+    for t in plan.tensors:
+        out[t.name] = (t.shard, pos[t.shard])
+        pos[t.shard] += _pad(t.nbytes, plan.alignment)
+    return out
+
+
+def _place_first_table(plan: ModelPlan, table_offset: int) -> None:
+    lead = plan.tensor(LEAD_TENSOR)
+    first = next(t for t in plan.tensors if t.kind == "table")
+    lead.shape = (0,)
+    _, at = _tensor_offsets(plan)[first.name]
+    gap = table_offset - at
+    if gap < 0 or gap % plan.alignment:
+        raise ArgumentError(f"table_offset={table_offset} cannot be reached: the first table would start at "
+                            f"{at}, and the gap must be a non-negative multiple of {plan.alignment}")
+    if gap == 0:
+        plan.tensors.remove(lead)
+        _, at = _tensor_offsets(plan)[first.name]
+        if at != table_offset:
+            raise ArgumentError(f"table_offset={table_offset} cannot be reached (the first table starts at {at})")
+    else:
+        lead.shape = (gap,)
+
+
+def shard_names(path: Union[str, os.PathLike], shards: int) -> List[Path]:
+    """File names of a model written to ``path`` in ``shards`` files (``gguf``'s split naming)."""
+    p = Path(path)
+    if shards == 1:
+        return [p]
+    return [p.with_name(f"{p.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
+
+
+# ===================================================================== writing
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    mv = memoryview(data).cast("B")
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done:], offset + done)
+
+
+def _stream(fd: int, offset: int, total_rows: int, row_nbytes: int, make, chunk_bytes: int, bar) -> None:
+    """Write rows ``[0, total_rows)`` produced by ``make(start, stop)``; the next chunk is
+    generated in a second thread while the current one is written."""
+    per = max(1, chunk_bytes // row_nbytes)
+    if total_rows == 0:
+        return
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        fut = ex.submit(make, 0, min(per, total_rows))
+        start = 0
+        while start < total_rows:
+            stop = min(start + per, total_rows)
+            arr = fut.result()
+            if stop < total_rows:
+                fut = ex.submit(make, stop, min(stop + per, total_rows))
+            _pwrite_all(fd, np.ascontiguousarray(arr), offset + start * row_nbytes)
+            if bar is not None:
+                bar.update(arr.nbytes)
+            start = stop
+
+
+def _write_rows_sparse(fd: int, offset: int, layer_id: int, rows: np.ndarray, seed: int, chunk_bytes: int,
+                       bar) -> None:
+    """Write the given (sorted, unique) rows at their places; coalesce consecutive rows."""
+    per = max(1, chunk_bytes // ROW_BYTES)
+    for i in range(0, rows.shape[0], per):
+        part = rows[i:i + per]
+        data = rows_at(layer_id, part, seed)
+        breaks = np.flatnonzero(np.diff(part.astype(np.int64)) != 1) + 1
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [part.shape[0]]))
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            _pwrite_all(fd, data[a:b], offset + int(part[a]) * ROW_BYTES)
+        if bar is not None:
+            bar.update(data.nbytes)
+
+
+def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
+    from .hashing import Hasher
+
+    tokens = np.asarray(trace)
+    rows = Hasher(plan.layout, plan.token_map).hash(tokens)  # uint32 [T, L, C]
+    return {lid: np.unique(rows[:, li, :]).astype(np.uint64) for li, lid in enumerate(plan.layout.layer_ids)}
+
+
+def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "all", trace=None,
+                projections: bool = True, progress: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                sync: bool = False) -> List[Path]:
+    """Write ``plan`` as a GGUF model (one file, or a split set) and return the paths written.
+
+    Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
+    files are then sized to their full extent (holes) and the tensor data is
+    written in place.
+
+    Parameters
+    ----------
+    plan : ModelPlan
+        From :func:`plan_model` (possibly edited).
+    path : path
+        Output file; with ``plan.shards > 1`` the shards are named
+        ``STEM-0000k-of-0000N.gguf`` beside it.
+    fill : {"all", "trace", "none"}
+        Table rows to write: every row, only the rows ``trace`` hashes to (the
+        rest stay holes that read as zeros), or none.
+    trace : array_like of int, optional
+        Token ids (raw, mapped through ``plan.token_map``), required for ``"trace"``.
+    projections : bool
+        Write ``engram_kv`` and the norms (False leaves them as zero holes).
+    progress : bool
+        Show a tqdm progress bar.
+    chunk_bytes : int
+        Bytes generated and written at a time (memory stays near 3x this).
+    sync : bool
+        ``fsync`` each file before returning.
+
+    Raises
+    ------
+    ArgumentError
+        Bad ``fill``/``trace``/``chunk_bytes``, or not enough free disk space for
+        the bytes that would be written (checked before anything is created).
+    """
+    if fill not in ("all", "trace", "none"):
+        raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
+    if fill == "trace" and trace is None:
+        raise ArgumentError("fill='trace' needs trace= (token ids)")
+    if not isinstance(chunk_bytes, int) or chunk_bytes < ROW_BYTES:
+        raise ArgumentError(f"chunk_bytes must be an int >= {ROW_BYTES}, got {chunk_bytes!r}")
+    path = Path(path)
+    names = shard_names(path, plan.shards)
+    counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
+    if any(c == 0 for c in counts):
+        raise ArgumentError(f"every shard needs at least one tensor; tensors per shard: {counts}")
+    trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
+
+    # bytes that will really be written, checked against free space first
+    need = 0
+    for t in plan.tensors:
+        if t.kind == "table":
+            if fill == "all":
+                need += t.nbytes
+            elif fill == "trace":
+                need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
+        elif t.kind != "lead" and projections:
+            need += t.nbytes
+    need += len(plan.token_map) * 4 + (1 << 20) * plan.shards
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if need + (512 << 20) > free:
+        raise ArgumentError(f"writing {path.name} needs {need / 2**30:.1f} GiB of disk, only {free / 2**30:.1f} GiB "
+                            f"free in {path.parent}" + (" (full-size tables: use fill='trace' with a trace, or "
+                                                        "fill='none')" if fill == "all" else ""))
+
+    offsets = _tensor_offsets(plan)
+    sizes = [start for start in _data_starts(plan)]
+    for t in plan.tensors:
+        sizes[t.shard] = max(sizes[t.shard], offsets[t.name][1] + _pad(t.nbytes, plan.alignment))
+
+    w = _ShardWriter(path, plan.metadata.get("general.architecture", (ARCHITECTURE,))[0])
+    w.kv_data[0].clear()
+    w.data_alignment = plan.alignment
+    for key, (value, vtype, sub) in plan.metadata.items():
+        w.add_key_value(key, value, vtype, sub)
+    for s in range(plan.shards):
+        if s > 0:
+            w.tensors.append({})
+        for t in plan.tensors:
+            if t.shard == s:
+                w.add_tensor_info(t.name, t.shape, np.dtype(np.int8), t.nbytes, raw_dtype=t.ggml_type)
+    try:
+        w.write_header_to_file(path)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        header_ends = [f.tell() for f in w.fout]
+    finally:
+        w.close()
+    for s, (end, start) in enumerate(zip(header_ends, _data_starts(plan))):
+        if _pad(end, plan.alignment) != start:  # pragma: no cover - guards the size computation above
+            raise RuntimeError(f"shard {s}: header ends at {end}, expected data at {start}")
+
+    total = 0
+    for t in plan.tensors:
+        if t.kind == "table":
+            total += t.nbytes if fill == "all" else (trace_rows[t.layer_id].shape[0] * ROW_BYTES
+                                                      if fill == "trace" else 0)
+        elif t.kind != "lead" and projections:
+            total += t.nbytes
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
+    try:
+        for s, name in enumerate(names):
+            fd = os.open(name, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, sizes[s])
+                for t in plan.tensors:
+                    if t.shard != s:
+                        continue
+                    at = offsets[t.name][1]
+                    seed, lid = plan.seed, t.layer_id
+                    if t.kind == "table":
+                        if fill == "all":
+                            _stream(fd, at, t.shape[0], ROW_BYTES,
+                                    lambda a, b, lid=lid: table_rows(lid, a, b, seed), chunk_bytes, bar)
+                        elif fill == "trace":
+                            rows = trace_rows[lid]
+                            rows = rows[rows < np.uint64(t.shape[0])]
+                            _write_rows_sparse(fd, at, lid, rows, seed, chunk_bytes, bar)
+                    elif t.kind == "kv" and projections:
+                        _stream(fd, at, t.shape[0], t.nbytes // t.shape[0],
+                                lambda a, b, lid=lid: engram_kv(lid, seed, a, b), chunk_bytes, bar)
+                    elif t.kind in ("q_norm", "k_norm") and projections:
+                        arr = norm_weight(lid, t.kind[0], seed)
+                        _pwrite_all(fd, arr, at)
+                        if bar is not None:
+                            bar.update(arr.nbytes)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+    finally:
+        if bar is not None:
+            bar.close()
+    return names
+
+
+def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None, full_size: bool = False,
+                trace=None, shards: int = 1, seed: int = 0, eps: float = 1e-6, progress: bool = True,
+                fill: Optional[str] = None, projections: bool = True, optional_keys: bool = False,
+                token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False) -> List[Path]:
+    """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
+
+    Parameters
+    ----------
+    path : path
+        Output ``.gguf``; shards are named ``STEM-0000k-of-0000N.gguf``.
+    scale : float
+        Bucket-size scale of ``Layout.deepseek_v41_flash`` (e.g. 0.001 gives
+        ~384k-row tables of ~101 MB each).
+    full_size : bool
+        The released layout (rows ``[384006168, 384016682]``, ~94 GiB a table) with
+        sparse tables placed at the released offsets (first at 162,955,640,832);
+        needs ``trace`` (or ``fill="none"``).
+    trace : array_like of int, optional
+        Token ids; with it only the rows they hash to are written (``fill="trace"``).
+    shards, seed, eps, optional_keys, token_map, table_offset :
+        See :func:`plan_model`.
+    fill, projections, progress, chunk_bytes, sync :
+        See :func:`write_model`; ``fill`` defaults to ``"trace"`` with a trace,
+        else ``"all"``.
+
+    Raises
+    ------
+    ArgumentError
+        Contradicting arguments or too little disk space.
+    """
+    if fill is None:
+        fill = "trace" if trace is not None else "all"
+    if full_size and fill == "all":
+        raise ArgumentError("full_size=True writes only the rows a trace reads: pass trace= (token ids) "
+                            "or fill='none'")
+    plan = plan_model(scale=scale, full_size=full_size, shards=shards, seed=seed, eps=eps, token_map=token_map,
+                      optional_keys=optional_keys, table_offset=table_offset)
+    return write_model(plan, path, fill=fill, trace=trace, projections=projections, progress=progress,
+                       chunk_bytes=chunk_bytes, sync=sync)

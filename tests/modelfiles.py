@@ -1,0 +1,82 @@
+"""Model files for the GGUF tests: the real token map (built once), synthetic models, header patches.
+
+Header-only models are written with ``fill="none", projections=False``: every
+tensor extent exists but is a hole, so a file of the real shape costs a few
+hundred KB of disk and ~0.1 s.  Patched copies keep the header bytes and
+recreate the holes with ``truncate`` (never copying the extents).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from engram import build_token_map, synth
+from engram.gguf_file import read_model
+
+#: Layout scale of the small test models: ~195k rows (~50 MB) a table.
+SCALE = 0.0005
+
+
+@functools.lru_cache(maxsize=1)
+def token_map() -> np.ndarray:
+    """The real compressed token map of the DeepSeek V4 tokenizer (built once per process)."""
+    tm = build_token_map()
+    tm.setflags(write=False)
+    return tm
+
+
+def plan(**kw) -> synth.ModelPlan:
+    """A plan of a small V4.1 Flash model with the real token map."""
+    if not kw.get("full_size"):
+        kw.setdefault("scale", SCALE)
+    return synth.plan_model(token_map=token_map(), **kw)
+
+
+def write_header_only(p: synth.ModelPlan, path) -> List[Path]:
+    """Write ``p`` with all tensor extents left as holes."""
+    return synth.write_model(p, path, fill="none", projections=False, progress=False)
+
+
+def clone_patched(src, dst, patch: Callable[[bytearray], None], size: Optional[int] = None,
+                  header_len: Optional[int] = None) -> Path:
+    """Copy ``src``'s header into ``dst``, apply ``patch`` to it, and size ``dst`` like ``src`` (holes)."""
+    src, dst = Path(src), Path(dst)
+    n = header_len if header_len is not None else read_model([src]).data_offsets[0]
+    with open(src, "rb") as f:
+        head = bytearray(f.read(n))
+    patch(head)
+    with open(dst, "wb") as f:
+        f.write(head)
+        f.truncate(os.stat(src).st_size if size is None else size)
+    return dst
+
+
+def _gguf_string(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_value_at(head: bytes, key: str) -> int:
+    """Offset of the value type (u32) that follows metadata key ``key`` in a header."""
+    pat = _gguf_string(key)
+    i = head.find(pat)
+    assert i >= 0, key
+    return i + len(pat)
+
+
+def tensor_info_at(head: bytes, name: str) -> int:
+    """Offset of ``n_dims`` (u32) that follows tensor name ``name`` in a header."""
+    pat = _gguf_string(name)
+    i = head.rfind(pat)
+    assert i >= 0, name
+    return i + len(pat)
+
+
+def put(head: bytearray, offset: int, fmt: str, value) -> None:
+    struct.pack_into(fmt, head, offset, value)
