@@ -116,6 +116,8 @@ def find_bad_row(const uint8_t[:, ::1] raw):
 
 def first_bad_column(const uint8_t[::1] row):
     """First bad column (0..255) of one 264-byte row, or -1 (the rule of ``check_row``)."""
+    if row.shape[0] != ROW_BYTES:
+        raise ArgumentError(f"a row has {ROW_BYTES} bytes, got {row.shape[0]}")
     return check_row(&row[0])
 
 
@@ -142,3 +144,14 @@ def decode_rows_into(const uint8_t[:, ::1] raw, float[:, ::1] out):
                 lo = c * PARALLEL_CHUNK
                 hi = min(n, lo + PARALLEL_CHUNK)
                 engram_codec_decode_rows(path, r + lo * 264, hi - lo, o + lo * 256)
+
+
+def decode_row_into(const uint8_t[::1] row, float[::1] out):
+    """Decode one 264-byte row into float32 ``out[0:256]`` through the C interface ``decode_row``.
+
+    No check of the values (call ``first_bad_column`` first).
+    """
+    if row.shape[0] != ROW_BYTES or out.shape[0] != ROW_VALUES:
+        raise ArgumentError(f"need a {ROW_BYTES}-byte row and {ROW_VALUES} outputs, "
+                            f"got {row.shape[0]} and {out.shape[0]}")
+    decode_row(&row[0], &out[0])

@@ -74,15 +74,14 @@ ENGRAM_INLINE uint32_t engram_codec_mag_bits(uint32_t mag) {
  * float32 (>= 2^-9 * 2^-117), so the product is an exponent add and bf16 rounding
  * changes nothing (4 significant bits).  Integer operations only. */
 ENGRAM_INLINE void engram_codec_block_normal(const uint8_t *restrict c, uint32_t s, float *restrict o) {
-    uint32_t w[ENGRAM_CODEC_BLOCK];
     const uint32_t add = (s - 127u) << 23;
     for (int j = 0; j < ENGRAM_CODEC_BLOCK; j++) {
         uint32_t code = c[j];
         uint32_t mag = code & 0x7Fu;
         uint32_t nz = 0u - (uint32_t)(mag != 0u);
-        w[j] = ((engram_codec_mag_bits(mag) + add) & nz) | ((code & 0x80u) << 24);
+        uint32_t r = ((engram_codec_mag_bits(mag) + add) & nz) | ((code & 0x80u) << 24);
+        memcpy(o + j, &r, 4);
     }
-    memcpy(o, w, sizeof(w));
 }
 
 /* Block with scale byte s <= 9: results below 2^-126 are float32 subnormals.
@@ -92,7 +91,6 @@ ENGRAM_INLINE void engram_codec_block_normal(const uint8_t *restrict c, uint32_t
  * RNE to an integer by adding and subtracting 1.5 * 2^23.  Normal results are
  * exponent adds as above. */
 ENGRAM_INLINE void engram_codec_block_small(const uint8_t *restrict c, uint32_t s, float *restrict o) {
-    uint32_t w[ENGRAM_CODEC_BLOCK];
     const uint32_t add = (s - 127u) << 23;
     engram_f32u f;
     f.u = (s + 6u + 127u) << 23;                         /* 2^(s+6) */
@@ -105,9 +103,9 @@ ENGRAM_INLINE void engram_codec_block_small(const uint8_t *restrict c, uint32_t 
         float y = v.f * f.f;
         y = (y + 12582912.0f) - 12582912.0f;
         uint32_t sub = ((uint32_t)(int32_t)y) << 16;
-        w[j] = (((v.u + add) & is_norm) | (sub & ~is_norm)) | ((code & 0x80u) << 24);
+        uint32_t r = (((v.u + add) & is_norm) | (sub & ~is_norm)) | ((code & 0x80u) << 24);
+        memcpy(o + j, &r, 4);
     }
-    memcpy(o, w, sizeof(w));
 }
 
 ENGRAM_INLINE void engram_codec_decode_row_body(const uint8_t *restrict raw, float *restrict out) {
