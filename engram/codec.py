@@ -22,7 +22,7 @@ from ._native import codec as _native
 from .errors import ArgumentError, DecodeError
 
 __all__ = [
-    "ENCODING", "ROW_BYTES", "ROW_VALUES", "BLOCK", "ZERO_BLOCK_SCALE",
+    "ENCODING", "ROW_BYTES", "ROW_VALUES", "BLOCK", "ZERO_BLOCK_SCALE", "ENCODE_LIMIT",
     "decode_rows", "encode_rows", "bf16_round", "decode_path",
 ]
 
@@ -38,7 +38,9 @@ BLOCK = 32
 #: SPEC §5 rule "smallest s with amax / 2^(s-127) <= 448" yields for amax = 0.
 ZERO_BLOCK_SCALE = 0
 
-_E4M3_MAX = 448.0
+#: Magnitudes from this one up (248 * 2^120, about 3.2965e38) round to 2^128 at the largest
+#: scale and cannot be encoded; :func:`encode_rows` refuses them.
+ENCODE_LIMIT = float(248 * 2.0**120)
 _ENCODE_CHUNK = 1 << 15  # rows per chunk of encode_rows (bounds temporaries to ~100 MB)
 
 
@@ -164,6 +166,8 @@ def encode_rows(x: np.ndarray) -> np.ndarray:
     ``x / 2^(s-127)`` (exact) is rounded to E4M3 with round-to-nearest-even by
     ``ml_dtypes.float8_e4m3fn``; it never exceeds 448, so nothing saturates.
     ``decode_rows(encode_rows(x))`` is the bf16 rounding of that quantization.
+    Values with ``|x| >= ENCODE_LIMIT`` (248 * 2^120, near the float32 maximum)
+    would round to 2^128, which decodes to infinity, so they are refused.
 
     Parameters
     ----------
@@ -178,8 +182,9 @@ def encode_rows(x: np.ndarray) -> np.ndarray:
     Raises
     ------
     ArgumentError
-        ``x`` is not a float32 ``[n, 256]`` array, or holds a NaN or infinity
-        (the message names its row and column).
+        ``x`` is not a float32 ``[n, 256]`` array, or holds a NaN, an infinity or
+        a magnitude ``>= ENCODE_LIMIT`` (the message names the first such row and
+        column).
     """
     if not isinstance(x, np.ndarray):
         raise ArgumentError(f"x must be a numpy float32 array [n, {ROW_VALUES}], got {type(x).__name__}")
@@ -206,4 +211,10 @@ def encode_rows(x: np.ndarray) -> np.ndarray:
         q = (xb * inv[:, :, None]).astype(ml_dtypes.float8_e4m3fn)
         out[lo:hi, :ROW_VALUES] = q.reshape(hi - lo, ROW_VALUES).view(np.uint8)
         out[lo:hi, ROW_VALUES:] = s
+        bad = _native.find_bad_row(out[lo:hi])
+        if bad >= 0:
+            c = _native.first_bad_column(out[lo + bad])
+            raise ArgumentError(
+                f"x[{lo + bad}, {c}] = {xc[bad, c]} rounds to 2^128 in E4M3 * E8M0 and would decode to "
+                f"infinity; magnitudes must stay below {ENCODE_LIMIT:.6g} (248 * 2^120)")
     return out
