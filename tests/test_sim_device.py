@@ -1,0 +1,248 @@
+"""sim.device: device models, presets, persistence, and queueing checks with closed-form answers."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+
+import numpy as np
+import pytest
+
+from engram.errors import ArgumentError, FormatError
+from sim.device import (Device, EmpiricalDevice, LatencyDist, ParametricSSD, load_device, poisson_load, preset,
+                        preset_names, summarize_boxes, time_average)
+from sim.trace import shared_data_dir
+
+US = 1e-6
+VM_JSONL = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"
+needs_vm = pytest.mark.skipif(not VM_JSONL.is_file(), reason="shared device file not present")
+
+
+def batch_means(x: np.ndarray, batches: int = 20):
+    """Mean and its standard error by the method of batch means (correlated queueing output)."""
+    m = x[: x.size // batches * batches].reshape(batches, -1).mean(axis=1)
+    return float(x.mean()), float(m.std(ddof=1) / math.sqrt(batches))
+
+
+def erlang_c_wait(c: int, lam: float, mu: float) -> float:
+    """M/M/c mean time in queue (Erlang C)."""
+    a = lam / mu
+    rho = a / c
+    head = sum(a**k / math.factorial(k) for k in range(c))
+    tail = a**c / math.factorial(c) / (1 - rho)
+    return tail / (head + tail) / (c * mu - lam)
+
+
+def finite_source_latency(k: int, c: int, think: float, service: float) -> float:
+    """Closed loop of k readers: delay `think`, then c exponential servers (M/M/c//k); mean cycle = k / X."""
+    lam, mu = 1 / think, 1 / service
+    p = []
+    for n in range(k + 1):
+        w = math.comb(k, n) * (lam / mu) ** n
+        w *= 1.0 if n <= c else math.factorial(n) / (math.factorial(c) * c ** (n - c))
+        p.append(w)
+    p = np.asarray(p) / sum(p)
+    X = float(sum(p[n] * min(n, c) * mu for n in range(k + 1)))
+    return k / X
+
+
+def list_schedule_twin(x: np.ndarray, k: int) -> float:
+    """Makespan of reads with latencies x taken in order by k readers (heap of reader free times)."""
+    free = [0.0] * k
+    for v in x:
+        t = heapq.heappop(free)
+        heapq.heappush(free, t + v)
+    return max(free)
+
+
+# ----------------------------------------------------------------------- presets
+def test_seed_preset_is_the_spec_figures():
+    d = preset("seed-apple-m3-ultra")
+    assert "SPEC §8" in d.source and d.name == "seed-apple-m3-ultra"
+    assert d.mean_latency(1) == pytest.approx(107.9 * US, rel=1e-12)
+    assert d.mean_latency(16) == pytest.approx(16 * 12.8 * US, rel=1e-12)
+    serial, _ = d.batch_samples(48, 1)
+    conc, _ = d.batch_samples(48, 16)
+    # SPEC §8: serial 5.177 ms a batch, 16 readers 0.614 ms a batch.
+    assert serial[0] == pytest.approx(5.177e-3, rel=1e-3)
+    assert conc[0] == pytest.approx(0.614e-3, rel=1e-3)
+    assert conc[0] / 48 == pytest.approx(12.8 * US, rel=1e-12)
+    # Interpolated between the two measured depths, saturated above.
+    assert d.mean_latency(1) < d.mean_latency(4) < d.mean_latency(16)
+    assert d.iops(64) == pytest.approx(d.iops(16))
+
+
+@needs_vm
+def test_vm_virtio_preset_reads_the_shared_file():
+    d = preset("vm-virtio-16core-4k")
+    recs = [json.loads(x) for x in VM_JSONL.read_text().splitlines() if x.strip()]
+    assert d.depths() == [r["qd"] for r in recs]
+    for r in recs:
+        lat = d.latency(r["qd"])
+        # Little's law on the closed-loop benchmark: mean latency = qd / IOPS.
+        assert lat.mean == pytest.approx(r["qd"] / r["iops"], rel=1e-9)
+        for p in (50, 95, 99):
+            assert lat.percentile(p) == pytest.approx(r[f"p{p}_us"] * US, rel=1e-9)
+    assert d.peak_iops() == pytest.approx(max(r["iops"] for r in recs), rel=1e-9)
+    # Between measured depths the mean grows monotonically; above 256 the device is saturated.
+    means = [d.mean_latency(q) for q in range(1, 300)]
+    assert all(b >= a for a, b in zip(means, means[1:]))
+    assert d.mean_latency(512) == pytest.approx(2 * d.mean_latency(256))
+
+
+def test_preset_names_and_errors(tmp_path):
+    assert set(preset_names()) == {"seed-apple-m3-ultra", "vm-virtio-16core-4k"}
+    with pytest.raises(ArgumentError, match="unknown device preset"):
+        preset("nope")
+    with pytest.raises(ArgumentError, match="unknown device"):
+        load_device("nope")
+    with pytest.raises(ArgumentError, match="missing 'iops'"):
+        load_device("ssd:qd1_us=80,parallelism=4")
+    with pytest.raises(ArgumentError, match="unknown key"):
+        load_device("ssd:qd1_us=80,iops=1e5,parallelism=4,foo=1")
+    with pytest.raises(ArgumentError, match="below the channel service time"):
+        ParametricSSD(10 * US, 1e5, 4)  # 4 channels at 1e5 IOPS need 40 us per read
+    bad = tmp_path / "d.json"
+    bad.write_text("{")
+    with pytest.raises(FormatError, match="not JSON"):
+        load_device(str(bad))
+    bad.write_text('{"kind": "tape"}')
+    with pytest.raises(FormatError, match="unknown kind"):
+        load_device(str(bad))
+    bad = tmp_path / "d.jsonl"
+    bad.write_text('{"qd": 1, "iops": 1000}\n{"iops": 5}\n')
+    with pytest.raises(FormatError, match="record 1 has no 'qd'"):
+        load_device(str(bad))
+    bad.write_text('{"qd": 1, "p50_us": 30, "p99_us": 20}\n')
+    with pytest.raises(FormatError, match="p99"):
+        load_device(str(bad))
+
+
+# --------------------------------------------------------------- distributions
+def test_latency_from_percentiles_passes_through_them_and_matches_the_mean():
+    pct = {50: 30.5 * US, 95: 39.5 * US, 99: 56.5 * US}
+    d = LatencyDist.from_percentiles(pct, mean=31.93 * US)
+    for p, v in pct.items():
+        assert d.percentile(p) == pytest.approx(v, rel=1e-12)
+    assert d.mean == pytest.approx(31.93 * US, rel=1e-12)
+    x = d.sample(np.random.default_rng(1), 200_000)
+    assert x.mean() == pytest.approx(d.mean, rel=3e-3)
+    assert np.percentile(x, 95) == pytest.approx(39.5 * US, rel=1e-2)
+    # A mean below the median moves the lower end, never below zero.
+    d2 = LatencyDist.from_percentiles({50: 100 * US, 99: 110 * US}, mean=60 * US)
+    assert d2.q[0] >= 0 and d2.mean >= 0
+
+
+def test_device_json_roundtrip(tmp_path):
+    rng = np.random.default_rng(3)
+    samples = {1: rng.gamma(20, 5 * US, 5000), 8: rng.gamma(20, 20 * US, 5000)}
+    d = EmpiricalDevice.from_table(samples, name="bench", source="test samples")
+    for q, x in samples.items():
+        for p in (0, 25, 50, 75, 100):  # knots of the 257-point quantile function
+            assert d.latency(q).percentile(p) == pytest.approx(np.percentile(x, p), rel=1e-12)
+        assert d.latency(q).percentile(90) == pytest.approx(np.percentile(x, 90), rel=2e-3)
+        assert d.latency(q).mean == pytest.approx(x.mean(), rel=2e-3)
+    back = load_device(str(d.save(tmp_path / "d.json")))
+    assert isinstance(back, EmpiricalDevice) and back.name == "bench" and back.source == "test samples"
+    for q in (1, 2, 3, 8, 20):
+        assert np.allclose(back.latency(q).quantile(np.linspace(0, 1, 33)),
+                           d.latency(q).quantile(np.linspace(0, 1, 33)), rtol=1e-9, atol=0)
+    s = ParametricSSD(80 * US, 5e5, 32, 0.3)
+    back = load_device(str(s.save(tmp_path / "s.json")))
+    assert isinstance(back, ParametricSSD) and back.to_dict() == s.to_dict()
+
+
+def test_measurement_records_as_the_engine_reports_them():
+    # Calibration input: rows read per second and latency percentiles per queue depth.
+    recs = [{"qd": 1, "rows_per_s": 10_000, "p50_us": 95, "p99_us": 150},
+            {"qd": 4, "rows_per_s": 30_000, "p50_us": 120, "p99_us": 260},
+            {"qd": 16, "mean_us": 300.0}]
+    d = EmpiricalDevice.from_measurements(recs)
+    assert d.mean_latency(1) == pytest.approx(1e-4)
+    assert d.mean_latency(4) == pytest.approx(4 / 30_000)
+    assert d.latency(16).is_point and d.mean_latency(16) == pytest.approx(300 * US)
+    assert Device.from_dict(d.to_dict()).mean_latency(4) == pytest.approx(d.mean_latency(4))
+
+
+def test_batch_samples_is_list_scheduling():
+    d = EmpiricalDevice.from_table({4: np.random.default_rng(0).exponential(100 * US, 4000)})
+    for n, k in ((5, 1), (7, 4), (48, 16), (48, 3), (250, 16)):
+        t, a = d.batch_samples(n, k, qd=4, size=64, rng=np.random.default_rng(n))
+        x = d.latency(4).sample(np.random.default_rng(n), (64, n))
+        assert np.allclose(a, x.sum(axis=1))
+        assert np.allclose(t, [list_schedule_twin(row, k) for row in x])
+
+
+def test_long_batches_use_an_accurate_end_effect():
+    d = EmpiricalDevice.from_table({16: np.random.default_rng(0).gamma(4, 40 * US, 4000)})
+    d.EXACT_BATCH_LIMIT = 10**9
+    d.END_WAVES = 10**9
+    exact, _ = d.batch_samples(1200, 16, size=600, rng=np.random.default_rng(1))
+    d.EXACT_BATCH_LIMIT, d.END_WAVES = 0, 16
+    approx, _ = d.batch_samples(1200, 16, size=4000, rng=np.random.default_rng(2))
+    se = math.hypot(exact.std() / math.sqrt(600), approx.std() / math.sqrt(4000))
+    assert abs(exact.mean() - approx.mean()) < 4 * se
+    assert approx.std() == pytest.approx(exact.std(), rel=0.15)
+
+
+# ----------------------------------------------------------- queueing checks
+def test_mmc_waiting_time_is_erlang_c():
+    c, s = 4, 100 * US
+    dev = ParametricSSD(s, c / s, c, service_cv=1.0)  # no fixed delay: an M/M/4 queue
+    assert dev.delay == 0.0
+    lam = 0.75 * c / s
+    r = poisson_load(dev, lam, 60_000, seed=7)
+    wq = erlang_c_wait(c, lam, 1 / s)
+    m, se = batch_means(r.waits)
+    assert abs(m - wq) < 4 * se, (m, wq, se)
+    m, se = batch_means(r.latencies)
+    assert abs(m - (wq + s)) < 4 * se
+
+
+def test_one_reader_fixed_service_is_pollaczek_khinchine():
+    s = 50 * US
+    dev = ParametricSSD(s, 1 / s, 1, service_cv=0.0)  # M/D/1
+    lam = 0.6 / s
+    r = poisson_load(dev, lam, 60_000, seed=11)
+    rho = lam * s
+    m, se = batch_means(r.waits)
+    assert abs(m - rho * s / (2 * (1 - rho))) < 4 * se
+    assert r.busy_fraction == pytest.approx(rho, abs=0.02)
+
+
+def test_littles_law_on_the_device_queue():
+    c, s = 3, 80 * US
+    dev = ParametricSSD(s + 20 * US, c / s, c, service_cv=0.5)  # 20 us fixed delay in front of 3 channels
+    lam = 0.7 * c / s
+    n = 60_000
+    r = poisson_load(dev, lam, n, seed=5)
+    # L (time average of the device's own counter) = lambda (the arrival rate) x W (mean per-read latency).
+    lw = lam * float(r.latencies.mean())
+    assert r.mean_queue_depth == pytest.approx(lw, rel=4 / math.sqrt(n) + 0.01)
+    assert r.mean_queue_depth != pytest.approx(lw, rel=1e-9)  # measured apart, not an identity
+
+
+def test_closed_loop_characterisation_is_the_finite_source_queue():
+    dev = ParametricSSD(60 * US, 4 / (50 * US), 4, service_cv=1.0)  # 10 us delay, 4 channels of 50 us
+    for k in (1, 3, 8, 16):
+        x = dev.closed_loop(k, reads=60_000)
+        m, se = batch_means(x)
+        assert abs(m - finite_source_latency(k, 4, 10 * US, 50 * US)) < 4 * se + 1e-9
+    # Fixed service below the channel count: every read takes d + s.
+    fixed = ParametricSSD(60 * US, 4 / (50 * US), 4, service_cv=0.0)
+    assert fixed.latency(3).is_point and fixed.mean_latency(3) == pytest.approx(60 * US)
+    # Saturated: throughput reaches the IOPS ceiling.
+    assert fixed.iops(64) == pytest.approx(fixed.peak_iops(), rel=0.01)
+
+
+def test_summaries_of_activity():
+    start = np.array([0.0, 1.0, 1.5])
+    end = np.array([2.0, 3.0, 1.75])
+    lv = np.array([1.0, 2.0, 1.0])
+    s = summarize_boxes(start, end, lv, 4.0, bins=4)
+    assert s["busy_fraction"] == pytest.approx(3 / 4)
+    assert s["mean_queue_depth"] == pytest.approx((2 + 4 + 0.25) / 4)
+    assert s["timeline"]["queue_depth"] == pytest.approx([1, 3.25, 2, 0])
+    assert s["max_queue_depth"] == 4
+    assert time_average([(0.0, 1), (1.0, 3), (2.0, 0)], 4.0) == pytest.approx(1.0)
