@@ -64,18 +64,22 @@ MODEL_ALIGNMENT = 16384
 
 # ---------------------------------------------------------------- limits
 #: Sane limits on header counts, checked before any allocation.  Real models
-#: stay far below them (V4.1 Flash: ~40 keys, ~1,500 tensors, 129,280-entry arrays).
+#: stay far below them (V4.1 Flash: ~40 keys, ~1,500 tensors, 129,280-entry arrays,
+#: chat templates of a few KB).
 MAX_KV = 1 << 20
 MAX_TENSORS = 1 << 20
 MAX_KEY_BYTES = 1 << 16
 MAX_NAME_BYTES = 1 << 16
-MAX_STRING_BYTES = 1 << 24
+MAX_STRING_BYTES = 1 << 20
 MAX_ARRAY_ELEMENTS = 1 << 26
 MAX_ARRAY_DEPTH = 4
 MAX_DIMS = 4  # GGML_MAX_DIMS
-#: Numeric arrays up to this many elements are kept in :attr:`KeyValue.value`;
-#: longer ones (and arrays of strings or arrays) are skipped and only counted.
-KEEP_ARRAY_ELEMENTS = 1 << 22
+#: Numeric arrays up to this many elements are kept in :attr:`KeyValue.value`
+#: while parsing; longer ones are only located (:attr:`KeyValue.data_offset`) and
+#: read on demand, with a per-key limit, when the Engram metadata needs them.
+INLINE_ARRAY_ELEMENTS = 1024
+#: Longest token map read (entries); 4x the largest vocabulary in use today.
+MAX_TOKEN_MAP = 1 << 20
 MAX_ALIGNMENT = 1 << 30
 
 _READ_BLOCK = 1 << 16
@@ -118,10 +122,12 @@ class KeyValue:
     """One metadata entry of a GGUF header.
 
     ``value`` is a Python scalar or ``str`` for scalar types, a read-only numpy
-    array for numeric arrays of at most :data:`KEEP_ARRAY_ELEMENTS` elements, and
-    ``None`` for arrays that were skipped (arrays of strings, nested arrays,
-    longer arrays); ``count`` is the array length (``None`` for scalars).
-    ``offset`` is the byte offset of the entry (its key) in ``path``.
+    array for numeric arrays of at most :data:`INLINE_ARRAY_ELEMENTS` elements
+    (or longer ones the Engram metadata needed, such as the token map), and
+    ``None`` for arrays only located (other long numeric arrays, arrays of
+    strings, nested arrays); ``count`` is the array length (``None`` for
+    scalars).  ``offset`` is the byte offset of the entry (its key) in ``path``;
+    ``data_offset`` that of a numeric array's first element (-1 otherwise).
     """
 
     key: str
@@ -131,6 +137,7 @@ class KeyValue:
     path: Path
     subtype: Optional[GGUFValueType] = None
     count: Optional[int] = None
+    data_offset: int = -1
 
     def describe_type(self) -> str:
         if self.type == GGUFValueType.ARRAY:
@@ -484,16 +491,16 @@ def _value_type(cur: _Cursor, raw: int, what: str, at: int) -> GGUFValueType:
 
 
 def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0):
-    """Read (or skip) one value; returns ``(value, subtype, count)``."""
+    """Read (or skip) one value; returns ``(value, subtype, count, data_offset)``."""
     fmt = _SCALAR.get(vtype)
     if fmt is not None:
         raw = cur.take(np.dtype(fmt).itemsize, key)
         v = np.frombuffer(raw, dtype=fmt)[0]
         if vtype == GGUFValueType.BOOL:
-            return bool(v), None, None
-        return (float(v) if vtype in _FLOAT_TYPES else int(v)), None, None
+            return bool(v), None, None, -1
+        return (float(v) if vtype in _FLOAT_TYPES else int(v)), None, None, -1
     if vtype == GGUFValueType.STRING:
-        return cur.string(key, MAX_STRING_BYTES), None, None
+        return cur.string(key, MAX_STRING_BYTES), None, None, -1
     if vtype == GGUFValueType.ARRAY:
         if depth >= MAX_ARRAY_DEPTH:
             raise cur.fail(f"{key}: arrays nested deeper than {MAX_ARRAY_DEPTH}")
@@ -511,22 +518,41 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0):
                            f"bytes, only {left} left in the file", at)
         if fmt is not None:
             nbytes = count * np.dtype(fmt).itemsize
-            if count <= KEEP_ARRAY_ELEMENTS:
-                arr = np.frombuffer(cur.take(nbytes, key), dtype=fmt)
-                if sub == GGUFValueType.BOOL:
-                    arr = arr.astype(bool)
-                arr.setflags(write=False)
-                return arr, sub, count
+            at = cur.pos
+            if count <= INLINE_ARRAY_ELEMENTS:
+                arr = _as_array(cur.take(nbytes, key), fmt, sub)
+                return arr, sub, count, at
             cur.skip(nbytes, key)
-            return None, sub, count
+            return None, sub, count, at
         if sub == GGUFValueType.STRING:
             for i in range(count):
                 cur.skip_string(f"{key}[{i}]", MAX_STRING_BYTES)
-            return None, sub, count
+            return None, sub, count, -1
         for i in range(count):  # nested arrays: walk and drop
             _read_value(cur, sub, f"{key}[{i}]", depth + 1)
-        return None, sub, count
+        return None, sub, count, -1
     raise cur.fail(f"{key}: unknown value type {vtype}")  # pragma: no cover - GGUFValueType is closed
+
+
+def _as_array(raw: bytes, fmt: str, sub: GGUFValueType) -> np.ndarray:
+    arr = np.frombuffer(raw, dtype=fmt)
+    if sub == GGUFValueType.BOOL:
+        arr = arr.astype(bool)
+    arr.setflags(write=False)
+    return arr
+
+
+def _load_array(kv: KeyValue) -> np.ndarray:
+    """Read a numeric array that parsing only located (bounds were checked then)."""
+    fmt = _SCALAR[kv.subtype]
+    n = kv.count * np.dtype(fmt).itemsize
+    fd = os.open(kv.path, os.O_RDONLY)
+    try:
+        cur = _Cursor(fd, os.fstat(fd).st_size, kv.path)
+        cur.pos = kv.data_offset
+        return _as_array(cur.take(n, kv.key), fmt, kv.subtype)
+    finally:
+        os.close(fd)
 
 
 def _parse_header(path: Path) -> _Header:
@@ -566,8 +592,8 @@ def _parse_header(path: Path) -> _Header:
                 raise cur.fail(f"duplicate metadata key {key!r} (first at byte offset {kv[key].offset})", at)
             t_at = cur.pos
             vtype = _value_type(cur, cur.u32(f"{key} type"), key, t_at)
-            value, sub, count = _read_value(cur, vtype, key)
-            kv[key] = KeyValue(key, vtype, value, at, path, sub, count)
+            value, sub, count, data_at = _read_value(cur, vtype, key)
+            kv[key] = KeyValue(key, vtype, value, at, path, sub, count, data_at)
         alignment = GGUF_DEFAULT_ALIGNMENT
         if "general.alignment" in kv:
             a = kv["general.alignment"]
@@ -743,15 +769,20 @@ class _Meta:
         return float(kv.value)
 
     def int_array(self, key: str, required: bool = True, length: Optional[int] = None,
-                  max_len: int = KEEP_ARRAY_ELEMENTS) -> Optional[np.ndarray]:
+                  max_len: int = INLINE_ARRAY_ELEMENTS) -> Optional[np.ndarray]:
         kv = self.get(key, required)
         if kv is None:
             return None
         if kv.type != GGUFValueType.ARRAY or kv.subtype not in _INT_TYPES:
             raise self.err(key, f"has type {kv.describe_type()}, expected an integer array")
-        if kv.value is None or kv.count > max_len:
+        if kv.count > max_len:
             raise self.err(key, f"array of {kv.count} entries is longer than the limit of {max_len}")
+        if length is not None and kv.count != length:
+            raise self.err(key, f"has {kv.count} entries, expected {length}")
         arr = kv.value
+        if arr is None:
+            arr = _load_array(kv)
+            self.kv[key] = KeyValue(kv.key, kv.type, arr, kv.offset, kv.path, kv.subtype, kv.count, kv.data_offset)
         if length is not None and arr.shape[0] != length:
             raise self.err(key, f"has {arr.shape[0]} entries, expected {length}")
         if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
@@ -793,17 +824,17 @@ def _engram_metadata(h: _Header):
     heads_v = 8 if heads is None else heads
     ngram_v = 4 if max_ngram is None else max_ngram
     cols = (ngram_v - 1) * heads_v
-    layer_ids = m.int_array(p + "layer_ids", max_len=4096)
+    layer_ids = m.int_array(p + "layer_ids", max_len=1024)
     n_layers = int(layer_ids.shape[0])
     if n_layers == 0:
         raise m.err(p + "layer_ids", "is empty")
-    primes = m.int_array(p + "primes", max_len=1 << 20)
+    primes = m.int_array(p + "primes", max_len=1 << 16)
     if primes.shape[0] != n_layers * cols:
         from_ = "".join(f", {p}{k} = {v}" for k, v in (("head_count", heads), ("max_ngram_size", max_ngram))
                         if v is not None)
         raise m.err(p + "primes", f"has {primes.shape[0]} entries, expected {n_layers} layers x {cols} columns "
                                   f"= {n_layers * cols} (heads {heads_v}, max n-gram {ngram_v}{from_})")
-    mults = m.int_array(p + "multipliers", max_len=1 << 20)
+    mults = m.int_array(p + "multipliers", max_len=1 << 16)
     if mults.shape[0] != n_layers * ngram_v:
         raise m.err(p + "multipliers", f"has {mults.shape[0]} entries, expected {n_layers} layers x "
                                        f"{ngram_v} lookbacks = {n_layers * ngram_v}")
@@ -825,7 +856,7 @@ def _engram_metadata(h: _Header):
         if int(rows[li]) != int(layout.rows[li]):
             raise m.err(p + "rows", f"layer {lid} has {int(rows[li])} rows but its primes sum to "
                                     f"{int(layout.rows[li])}")
-    offsets = m.int_array(p + "offsets", required=False, length=n_layers * cols)
+    offsets = m.int_array(p + "offsets", required=False, length=n_layers * cols, max_len=1 << 16)
     if offsets is not None:
         o = offsets.astype(np.uint64).reshape(n_layers, cols)
         bad = np.argwhere(o != layout.offsets)
@@ -833,10 +864,10 @@ def _engram_metadata(h: _Header):
             li, c = (int(x) for x in bad[0])
             raise m.err(p + "offsets", f"layer {layout.layer_ids[li]} column {c} starts at row {int(o[li, c])}, "
                                        f"but the primes put it at {int(layout.offsets[li, c])}")
-    tm = m.int_array(p + "token_map", max_len=1 << 24)
+    tm = m.int_array(p + "token_map", max_len=MAX_TOKEN_MAP)
     if tm.shape[0] == 0:
         raise m.err(p + "token_map", "is empty")
-    over = np.flatnonzero(tm.astype(np.uint64) >= np.uint64(cvs))  # negatives were rejected above
+    over = np.flatnonzero(tm >= cvs)  # negatives were rejected above
     if over.size:
         i = int(over[0])
         raise m.err(p + "token_map", f"entry [{i}] = {int(tm[i])} is outside the compressed vocabulary "
