@@ -158,7 +158,7 @@ ENGRAM_CODEC_DEFINE(portable, )
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ENGRAM_CODEC_HAVE_X86 1
 ENGRAM_CODEC_DEFINE(avx2, __attribute__((target("avx2"))))
-ENGRAM_CODEC_DEFINE(avx512, __attribute__((target("avx512f,avx512bw,avx512vl,prefer-vector-width=512"))))
+ENGRAM_CODEC_DEFINE(avx512, __attribute__((target("avx512f,avx512bw,avx512vl"))))
 
 static int engram_codec_cpu_path(void) {
     __builtin_cpu_init();
