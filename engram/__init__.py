@@ -7,6 +7,8 @@ The public API, re-exported here:
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
 - :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6)
+- :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
+- :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
 - errors: :class:`EngramError` and its kinds
 """
 
@@ -25,6 +27,9 @@ from .codec import decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .gguf_file import EngramLayer, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model
 from .layout import Layout
+from .table import ReadStats, Table, TableGroup, available_backends
+from .model import EngramModel, LayerWeights, Session
+from .prefetch import PrefetchCancelled, Prefetcher
 from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
 
 __version__ = "0.1.0"
@@ -35,5 +40,7 @@ __all__ = [
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
     "decode_rows", "encode_rows",
+    "Table", "TableGroup", "ReadStats", "available_backends",
+    "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
     "read_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
 ]

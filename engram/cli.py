@@ -237,6 +237,87 @@ def _add_synth(sub) -> None:
     p.set_defaults(func=_cmd_synth)
 
 
+# -------------------------------------------------------------------- lookup
+def _cmd_lookup(args) -> int:
+    import time
+
+    from .model import EngramModel
+    from .tokenmap import load_tokenizer
+
+    model = EngramModel.open(args.model, backend=args.backend, readers=args.readers, threshold=args.threshold)
+    tok = None
+    if args.text is not None:
+        tok = load_tokenizer(args.tokenizer)
+        ids = np.array(tok.encode(args.text, add_special_tokens=False).ids, dtype=np.int64)
+    else:
+        ids = _read_tokens_file(args.tokens)
+    lids = model.layer_ids
+    streams = 4
+    # The real residual comes from the model's own layers, which this tool does not run:
+    # gates are computed against a seeded bf16-valued random residual.
+    rng = np.random.default_rng(args.residual_seed)
+    records = []
+    with model.session() as s:
+        for t, token in enumerate(ids.tolist()):
+            t0 = time.perf_counter()
+            rows = s.step(token)
+            read_s = time.perf_counter() - t0
+            row_ids = s.last_row_ids
+            rec = {"position": t, "token": int(token), "read_ms": read_s * 1e3,
+                   "backend": s.last_stats.backend, "rows_distinct": s.last_stats.rows_distinct,
+                   "layers": {}}
+            if tok is not None:
+                rec["text"] = tok.decode([int(token)])
+            for li, lid in enumerate(lids):
+                entry = {"row_ids": row_ids[li].tolist()}
+                if not args.no_gates:
+                    from .codec import bf16_round
+
+                    w = model.weights(lid)
+                    width = w.q_norm.shape[1]
+                    residual = bf16_round(rng.standard_normal((1, streams, width)).astype(np.float32))
+                    gates = np.zeros((1, streams), np.float32)
+                    t1 = time.perf_counter()
+                    s.apply(lid, residual, rows[lid][None], gates_out=gates)
+                    entry["gates"] = [float(g) for g in gates[0]]
+                    entry["mix_ms"] = (time.perf_counter() - t1) * 1e3
+                rec["layers"][str(lid)] = entry
+            records.append(rec)
+    if args.json:
+        _print_json({"model": str(model.info.path), "layer_ids": list(lids), "tokens": records})
+        return 0
+    for rec in records:
+        head = f"[{rec['position']:>4}] token {rec['token']:>6}"
+        if "text" in rec:
+            head += f" {rec['text']!r:<14}"
+        print(f"{head} read {rec['read_ms']:7.3f} ms ({rec['backend']}, {rec['rows_distinct']} rows)")
+        for lid, e in rec["layers"].items():
+            ids_s = " ".join(str(r) for r in e["row_ids"][:4]) + " ..."
+            gates = "" if "gates" not in e else "  gates " + " ".join(f"{g:.4f}" for g in e["gates"])
+            print(f"       layer {lid:>2}: rows {ids_s}{gates}")
+    return 0
+
+
+def _add_lookup(sub) -> None:
+    p = sub.add_parser("lookup", help="per token: row ids, read timings and gates of a model",
+                       description="Hash a text (or token file) with a model's layout, read each decode step's "
+                                   "rows from its tables and mix them through the gate. Gates are computed "
+                                   "against a seeded random residual, since this tool does not run the model's "
+                                   "other layers.")
+    p.add_argument("model", help="model .gguf (or one shard of a split set)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to tokenize with the DeepSeek V4 tokenizer")
+    src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)")
+    p.add_argument("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial"))
+    p.add_argument("--readers", type=int, default=16, help="pread readers or io_uring depth (default 16)")
+    p.add_argument("--threshold", type=int, default=8, help="distinct rows for a concurrent read (default 8)")
+    p.add_argument("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)")
+    p.add_argument("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_lookup)
+
+
 # ---------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

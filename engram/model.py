@@ -1,0 +1,316 @@
+"""What an inference engine calls: a model with its Engram tables, and per-sequence sessions.
+
+:meth:`EngramModel.open` reads the headers of a model file (or split set), the
+layout, token map and gate epsilon, and (on first use) the projection and gate
+weights.  :meth:`EngramModel.session` gives a :class:`Session` with its own
+descriptors and hash history (SPEC §8: tensor-parallel ranks and concurrent
+decode sessions each read their own rows).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import ArgumentError, EngramError, HistoryError
+from .gguf_file import ModelInfo, read_model
+from .hashing import Hasher, History
+from .prefetch import Prefetcher
+from .table import ReadStats, Table, TableGroup
+
+__all__ = ["EngramModel", "Session", "LayerWeights"]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """Projection and gate weights of one Engram layer (SPEC §6–§7).
+
+    Attributes
+    ----------
+    kv : numpy.ndarray
+        float32 ``[25600, 6144]``: ``engram_kv`` converted once from F16.
+    q_norm, k_norm : numpy.ndarray
+        float32 ``[4, 5120]``: RMSNorm weights of the residual streams and keys.
+    """
+
+    kv: np.ndarray
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+
+
+class EngramModel:
+    """The Engram part of one model: layout, token map, tables, weights.
+
+    Use :meth:`open`.  Thread-safe: sessions may be created and used from many
+    threads (each session itself is used by one thread at a time).
+    """
+
+    def __init__(self, info: ModelInfo, *, backend: str = "auto", readers: int = 16, threshold: int = 8,
+                 direct: Union[bool, str] = "auto"):
+        self.info = info
+        self.layout = info.layout
+        self.layer_ids = tuple(info.layout.layer_ids)
+        self.token_map = info.token_map
+        self.eps = float(info.eps)
+        self.hasher = Hasher(info.layout, info.token_map)
+        self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct)
+        self._weights: Dict[int, LayerWeights] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *, backend: str = "auto",
+             readers: int = 16, threshold: int = 8, direct: Union[bool, str] = "auto") -> "EngramModel":
+        """Open a model file, one shard of a split set, or a list of shards.
+
+        Only headers are read here (:func:`engram.read_model`); weights load on
+        first use (:meth:`weights`), tables are read row by row by sessions.
+        ``backend``, ``readers``, ``threshold`` and ``direct`` are the defaults
+        of the sessions' tables (see :class:`engram.Table`).
+
+        Raises
+        ------
+        FormatError
+            The file breaks the format of SPEC §6.
+        TableIOError
+            A file cannot be read.
+        """
+        return cls(read_model(path), backend=backend, readers=readers, threshold=threshold, direct=direct)
+
+    def weights(self, layer_id: int) -> LayerWeights:
+        """Weights of ``layer_id``, read and converted to float32 on first use (~630 MB per layer).
+
+        Raises
+        ------
+        ArgumentError
+            ``layer_id`` has no Engram table.
+        FormatError, TableIOError
+            The tensors cannot be read.
+        """
+        layer_id = int(layer_id)
+        if layer_id not in self.info.layers:
+            raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {list(self.layer_ids)})")
+        w = self._weights.get(layer_id)
+        if w is not None:
+            return w
+        with self._lock:
+            w = self._weights.get(layer_id)
+            if w is None:
+                from .mixer import kv_weights
+
+                layer = self.info.layers[layer_id]
+                kv = kv_weights(self.info.read_tensor(layer.kv.name, max_bytes=1 << 31))
+                qn = np.ascontiguousarray(self.info.read_tensor(layer.q_norm.name), dtype=np.float32)
+                kn = np.ascontiguousarray(self.info.read_tensor(layer.k_norm.name), dtype=np.float32)
+                for a in (kv, qn, kn):
+                    a.setflags(write=False)
+                w = LayerWeights(kv, qn, kn)
+                self._weights[layer_id] = w
+        return w
+
+    def session(self, **overrides) -> "Session":
+        """A new decode session with its own descriptors and a fresh history.
+
+        Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct``.
+        """
+        unknown = set(overrides) - set(self.defaults)
+        if unknown:
+            raise ArgumentError(f"unknown session options: {sorted(unknown)}")
+        return Session(self, **{**self.defaults, **overrides})
+
+    def __repr__(self) -> str:
+        return f"EngramModel({str(self.info.path)!r}, layers={list(self.layer_ids)})"
+
+
+class Session:
+    """One sequence: its own table descriptors and hash history.
+
+    Use from one thread at a time; different sessions are independent.
+
+    Attributes
+    ----------
+    model : EngramModel
+    history : History
+        The hash state (the last 3 compressed ids).
+    tables : dict[int, Table]
+        Layer id -> this session's table.
+    last_stats : ReadStats
+        Statistics of the last :meth:`step` read.
+    last_row_ids : numpy.ndarray
+        uint32 ``[layers, 24]``: row ids of the last :meth:`step`.
+    """
+
+    def __init__(self, model: EngramModel, *, backend: str, readers: int, threshold: int,
+                 direct: Union[bool, str]):
+        self.model = model
+        self.history = model.hasher.new_history()
+        self.tables: Dict[int, Table] = {}
+        self._prefetchers: List[Prefetcher] = []
+        try:
+            for lid in model.layer_ids:
+                loc = model.info.tables[lid]
+                self.tables[lid] = Table(loc.path, loc.offset, loc.rows, backend=backend, readers=readers,
+                                         threshold=threshold, direct=direct)
+            self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns)
+        except BaseException:
+            self.close()
+            raise
+        self._ids = np.empty(model.hasher.step_shape, np.uint32)
+        self.last_stats = ReadStats()
+        self.last_row_ids = np.zeros(model.hasher.step_shape, np.uint32)
+
+    # ---------------------------------------------------------------- decode
+    def step(self, token_id: int) -> Dict[int, np.ndarray]:
+        """Rows of one decode token for every Engram layer.
+
+        Hashes ``token_id`` with the session's history and reads the 48 rows of
+        both tables as one concurrent batch.
+
+        Returns
+        -------
+        dict[int, numpy.ndarray]
+            Layer id -> float32 ``[24, 256]`` (bf16 values).
+
+        Raises
+        ------
+        TokenError
+            Invalid token id.
+        RowRangeError, TableIOError, DecodeError
+            The read failed; the history is then left as it was, so the step
+            can be retried.
+        """
+        before = self.history.copy()
+        ids = self.model.hasher.step(token_id, self.history, self._ids)
+        L, C = ids.shape
+        try:
+            rows = self._group.read_batch(ids.reshape(1, L * C))
+        except BaseException:
+            self.history = before
+            raise
+        self.last_stats = self._group.last_stats
+        self.last_row_ids = ids.copy()
+        return {lid: rows[0, i * C:(i + 1) * C] for i, lid in enumerate(self.model.layer_ids)}
+
+    def step_rows(self, token_id: int) -> np.ndarray:
+        """Row ids of one decode token without reading: uint32 ``[layers, 24]`` (advances the history)."""
+        return self.model.hasher.step(token_id, self.history).copy()
+
+    # --------------------------------------------------------------- prefill
+    def prefill(self, token_ids, mask=None, *, chunk_tokens: int = 2048,
+                second_table_layer: int = 2) -> Prefetcher:
+        """Stream the rows of a prompt in the background.
+
+        Every row id is hashed up front (the history advances past the
+        prompt); a reader thread then reads table after table in chunks of
+        ``chunk_tokens`` tokens, the second table starting once the engine
+        reaches decoder layer ``second_table_layer`` (SPEC §8).
+
+        Parameters
+        ----------
+        token_ids : array_like of int, shape ``[T]``
+        mask : array_like of bool, shape ``[T]``, optional
+            False at positions that are not text (their rows are still read;
+            pass the same mask to :meth:`apply`).
+
+        Returns
+        -------
+        Prefetcher
+            ``wait(layer, upto)``, ``rows(layer, start, stop)``, ``progress``,
+            ``cancel()``.  Memory: 24 KiB per token per layer.
+
+        Raises
+        ------
+        TokenError, HistoryError
+            As :meth:`engram.Hasher.hash` (nothing is read then).
+        """
+        row_ids = self.model.hasher.hash(token_ids, mask, self.history)
+        p = Prefetcher([self.tables[lid] for lid in self.model.layer_ids], self.model.layer_ids, row_ids,
+                       chunk_tokens=chunk_tokens, second_table_layer=second_table_layer)
+        self._prefetchers = [q for q in self._prefetchers if not q.done] + [p]
+        return p
+
+    # ----------------------------------------------------------------- mixing
+    def apply(self, layer_id: int, residual: np.ndarray, rows: np.ndarray, mask=None,
+              gates_out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Project ``rows`` and add them into ``residual`` through the gate (SPEC §7).
+
+        Parameters
+        ----------
+        layer_id : int
+        residual : numpy.ndarray
+            float32 ``[T, 4, 5120]`` (bf16 values), updated in place.
+        rows : numpy.ndarray
+            float32 ``[T, 24, 256]`` (from :meth:`step` or a prefetcher).
+        mask : array_like of bool, shape ``[T]``, optional
+            False positions are left untouched.
+        gates_out : numpy.ndarray, optional
+            float32 ``[T, 4]`` receiving the gates.
+
+        Returns
+        -------
+        numpy.ndarray
+            The projected keys and value, float32 ``[T, 5, 5120]``.
+
+        Raises
+        ------
+        ArgumentError
+            Shapes or dtypes do not fit; ``residual`` is then untouched.
+        """
+        from .mixer import gated_add, project
+
+        w = self.model.weights(layer_id)
+        kv = project(rows, w.kv)
+        gated_add(residual, kv, w.q_norm, w.k_norm, self.model.eps, mask=mask, gates_out=gates_out)
+        return kv
+
+    # ------------------------------------------------------------ checkpoint
+    def snapshot(self) -> History:
+        """The hash state (3 ids): restoring it resumes the sequence exactly."""
+        return self.history.copy()
+
+    def restore(self, history: History) -> None:
+        """Continue from a snapshot.
+
+        Raises
+        ------
+        HistoryError
+            The snapshot does not fit this model's layout.
+        """
+        if not isinstance(history, History):
+            raise HistoryError(f"restore needs an engram.History, got {type(history).__name__}")
+        j = self.model.hasher._kernel.check_history(history)
+        if j != -1:
+            raise HistoryError(self.model.hasher._kernel._history_message(history, j))
+        self.history = history.copy()
+
+    # -------------------------------------------------------------- lifetime
+    @property
+    def closed(self) -> bool:
+        return not self.tables
+
+    def close(self) -> None:
+        """Cancel running prefetches, stop the readers, close the descriptors (idempotent)."""
+        for p in getattr(self, "_prefetchers", []):
+            p.cancel()
+        self._prefetchers = []
+        group = getattr(self, "_group", None)
+        if group is not None:
+            group.close()
+        for t in getattr(self, "tables", {}).values():
+            t.close()
+        self.tables = {}
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

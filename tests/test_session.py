@@ -1,0 +1,213 @@
+"""Model and session API: decode steps, prefill prefetch, snapshots, concurrency (SPEC §7–§8)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from engram import ArgumentError, EngramModel, Hasher, History, HistoryError, TableIOError, TokenError, decode_rows
+from engram import synth
+from engram.prefetch import PrefetchCancelled
+from modelfiles import SCALE, token_map as _token_map
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return EngramModel.open(model_path, readers=8)
+
+
+@pytest.fixture(scope="module")
+def text_ids(tokenizer, shared_data):
+    text = (shared_data / "promessi_sposi.txt").read_text(encoding="utf-8")[5000:9000]
+    return np.array(tokenizer.encode(text, add_special_tokens=False).ids[:600])
+
+
+def expected_rows(model, row_ids: np.ndarray, seed=3) -> dict:
+    """Decoded rows straight from the synthetic content: {layer_id: [T, 24, 256]}."""
+    out = {}
+    for li, lid in enumerate(model.layer_ids):
+        ids = row_ids[:, li, :]
+        raw = synth.rows_at(lid, ids.reshape(-1), seed=seed)
+        out[lid] = decode_rows(raw).reshape(ids.shape[0], ids.shape[1], 256)
+    return out
+
+
+def test_open_reads_layout(model):
+    assert model.layer_ids == (1, 14)
+    assert model.layout.columns == 24 and model.eps > 0
+    assert np.array_equal(model.token_map, _token_map())
+
+
+def test_step_equals_hash_and_decode(model, text_ids):
+    ids = text_ids[:200]
+    ref_ids = Hasher(model.layout, model.token_map).hash(ids)
+    ref = expected_rows(model, ref_ids)
+    with model.session() as s:
+        for t, tok in enumerate(ids):
+            rows = s.step(int(tok))
+            assert np.array_equal(s.last_row_ids, ref_ids[t])
+            for lid in model.layer_ids:
+                assert rows[lid].shape == (24, 256) and rows[lid].dtype == np.float32
+                assert np.array_equal(rows[lid], ref[lid][t]), (t, lid)
+        assert s.last_stats.rows_requested == 48
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 2048])
+def test_prefill_equals_steps(model, text_ids, chunk):
+    ids = text_ids[:300]
+    with model.session() as a, model.session() as b:
+        p = a.prefill(ids, chunk_tokens=chunk)
+        stepped = [b.step(int(t)) for t in ids]
+        for lid in model.layer_ids:
+            got = p.rows(lid, 0, len(ids), timeout=60)
+            assert np.array_equal(got, np.stack([r[lid] for r in stepped]))
+            assert not got.flags.writeable
+        assert p.progress == {1: 300, 14: 300}
+        assert a.history == b.history
+        half = p.rows(1, 100, 150)
+        assert half.shape == (50, 24, 256)
+
+
+def test_prefill_second_table_waits_for_layer(model, text_ids):
+    with model.session() as s:
+        p = s.prefill(text_ids[:100], second_table_layer=5)
+        p.wait(1, 100, timeout=60)
+        assert p.progress[14] == 0  # the engine has not reached layer 5
+        p.enter_layer(5)
+        p.wait(14, 100, timeout=60)
+        assert p.progress == {1: 100, 14: 100}
+
+
+def test_prefill_mask(model, text_ids):
+    ids = text_ids[:50]
+    mask = np.ones(50, bool)
+    mask[10:20] = False
+    with model.session() as s:
+        p = s.prefill(ids, mask)
+        p.wait(14, timeout=60)
+        ref_ids = Hasher(model.layout, model.token_map).hash(ids, mask)
+        assert np.array_equal(p.row_ids, ref_ids)
+        ref = expected_rows(model, ref_ids)
+        assert np.array_equal(p.rows(14), ref[14])
+
+
+def test_truncated_table_surfaces_from_wait(model_path, tmp_path, text_ids):
+    import shutil
+
+    path = tmp_path / "trunc.gguf"
+    shutil.copyfile(model_path, path)
+    m = EngramModel.open(path)
+    with m.session() as s:
+        loc = m.info.tables[1]
+        os.truncate(path, loc.offset + 1000 * 264)  # after open: the reads come up short
+        p = s.prefill(text_ids[:400], chunk_tokens=64)
+        with pytest.raises(TableIOError, match="short read"):
+            p.wait(1, 400, timeout=60)
+        with pytest.raises(TableIOError):
+            p.rows(14, timeout=60)
+
+
+def test_cancel_and_close_during_prefetch(model, text_ids):
+    s = model.session()
+    p = s.prefill(np.resize(text_ids, 20_000), chunk_tokens=256)
+    p.cancel()
+    with pytest.raises(PrefetchCancelled):
+        p.wait(14, 20_000, timeout=60)
+    assert p.done
+    p2 = s.prefill(np.resize(text_ids, 20_000), chunk_tokens=256)
+    s.close()  # cancels p2 and joins its reader; no deadlock
+    assert p2.done
+    with pytest.raises(PrefetchCancelled):
+        p2.wait(1, 20_000, timeout=60)
+    with pytest.raises(TableIOError, match="closed"):
+        s.step(5)
+
+
+def test_prefetch_argument_errors(model, text_ids):
+    with model.session() as s:
+        with pytest.raises(ArgumentError, match="chunk_tokens"):
+            s.prefill(text_ids[:10], chunk_tokens=0)
+        p = s.prefill(text_ids[:10])
+        with pytest.raises(ArgumentError, match="layer 2 has no Engram table"):
+            p.wait(2)
+        with pytest.raises(ArgumentError, match="upto"):
+            p.wait(1, 11)
+        with pytest.raises(ArgumentError):
+            p.rows(1, 5, 3)
+        with pytest.raises(TokenError):
+            s.prefill([1, -4])
+
+
+def test_snapshot_restore(model, text_ids):
+    with model.session() as a:
+        for t in text_ids[:20]:
+            a.step(int(t))
+        snap = a.snapshot()
+        nxt = [a.step(int(t)) for t in text_ids[20:30]]
+        a.restore(snap)
+        again = [a.step(int(t)) for t in text_ids[20:30]]
+        for x, y in zip(nxt, again):
+            assert all(np.array_equal(x[l], y[l]) for l in model.layer_ids)
+        # a snapshot is just the last 3 ids: a new session restored from it matches
+        with model.session() as b:
+            b.restore(snap)
+            assert np.array_equal(b.step(int(text_ids[20]))[14], nxt[0][14])
+        with pytest.raises(HistoryError):
+            a.restore(History([1, 2]))
+        with pytest.raises(HistoryError):
+            a.restore((1, 2, 3))
+
+
+def test_invalid_token_keeps_history(model):
+    with model.session() as s:
+        s.step(100)
+        before = s.snapshot()
+        with pytest.raises(TokenError):
+            s.step(10**9)
+        assert s.history == before
+
+
+def test_sessions_in_threads_equal_serial(model, text_ids):
+    n_sessions, steps = 6, 60
+    seqs = [np.roll(text_ids, 17 * i)[:steps] for i in range(n_sessions)]
+    serial = []
+    for seq in seqs:
+        with model.session() as s:
+            serial.append([s.step(int(t)) for t in seq])
+    results = [None] * n_sessions
+    errors = []
+
+    def run(i):
+        try:
+            with model.session() as s:
+                results[i] = [s.step(int(t)) for t in seqs[i]]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_sessions)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for i in range(n_sessions):
+        for a, b in zip(serial[i], results[i]):
+            assert all(np.array_equal(a[l], b[l]) for l in model.layer_ids)
+
+
+def test_session_options(model):
+    with pytest.raises(ArgumentError, match="unknown session options"):
+        model.session(readerz=3)
+    with model.session(backend="serial", readers=1) as s:
+        s.step(5)
+        assert s.last_stats.backend == "serial"
