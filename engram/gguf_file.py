@@ -865,8 +865,9 @@ def _engram_metadata(h: _Header):
             raise m.err(p + "offsets", f"layer {layout.layer_ids[li]} column {c} starts at row {int(o[li, c])}, "
                                        f"but the primes put it at {int(layout.offsets[li, c])}")
     tm = m.int_array(p + "token_map", max_len=MAX_TOKEN_MAP)
-    if tm.shape[0] == 0:
-        raise m.err(p + "token_map", "is empty")
+    if tm.shape[0] < cvs:
+        raise m.err(p + "token_map", f"has {tm.shape[0]} entries, fewer than {p}compressed_vocab_size = {cvs} "
+                                     f"(every compressed id is the image of some token id, SPEC §3)")
     over = np.flatnonzero(tm >= cvs)  # negatives were rejected above
     if over.size:
         i = int(over[0])

@@ -150,6 +150,8 @@ PLAN_CASES = {
     "missing gate epsilon": (_drop_key("deepseek41.attention.layer_norm_rms_epsilon"),
                              ["deepseek41.attention.layer_norm_rms_epsilon", "missing"], {}),
     "missing token map": (_drop_key(P + "token_map"), [P + "token_map", "missing"], {}),
+    "token map shorter than the compressed vocabulary": (_set(P + "token_map", list(range(1000)), ARR, U32),
+                                                         [P + "token_map", "1000 entries", "99092"], {}),
     "token map length contradicts vocab_size": (_set("deepseek41.vocab_size", 129000, U32),
                                                 [P + "token_map", "vocab_size = 129000"], {}),
     "table of the wrong type": (_tensor("blk.1.engram_embd.weight", ggml_type=GGMLQuantizationType.F16),
