@@ -12,7 +12,7 @@ Kinds of device:
 :class:`EmpiricalDevice`
     a table ``{queue depth: latency distribution}`` from measurements (samples,
     or a mean and percentiles); between measured depths the quantile functions
-    are interpolated in ``log2(qd)``, above the deepest one the device is taken
+    are interpolated linearly in ``qd``, above the deepest one the device is taken
     as saturated (constant IOPS, latency growing with ``qd``).  Saved and loaded
     as JSON; also read from the JSONL microbenchmark format of
     ``../shared/data/devices/*.jsonl``.
@@ -31,7 +31,9 @@ Two ways to simulate reads on a device, used by :mod:`sim.decode` and
 
 - fast: a whole batch of ``n`` reads issued ``k`` at a time is one service
   event whose duration is drawn from :meth:`Device.batch_samples` (list
-  scheduling of ``n`` latencies drawn at the queue depth in force);
+  scheduling of ``n`` latencies); batches of several clients stretch while
+  they overlap, by the device's latency at their joint queue depth
+  (:class:`FastDevice`);
 - exact: every read is its own simpy event (:meth:`Device.exact`); kept to
   validate the fast mode and for the queueing checks (:func:`poisson_load`).
 """
@@ -338,7 +340,8 @@ def summarize_boxes(start: np.ndarray, end: np.ndarray, level: np.ndarray, t_end
     t = np.concatenate([s, e])
     dl = np.concatenate([lv, -lv])
     dc = np.concatenate([np.ones(s.size), -np.ones(s.size)])
-    order = np.argsort(t, kind="stable")
+    # At equal times ends go first, so a read handing its slot to the next is not counted twice.
+    order = np.lexsort((np.concatenate([np.ones(s.size), np.zeros(s.size)]), t))
     t, dl, dc = t[order], dl[order], dc[order]
     lvl = np.cumsum(dl)
     cnt = np.cumsum(dc)
@@ -461,9 +464,9 @@ class Device:
         return ExactDevice(self, env, rng, recorder)
 
     def fast(self, rng: np.random.Generator, recorder: Optional[Recorder] = None,
-             samples: int = 2048) -> "FastDevice":
-        """The batch-as-one-event model of this device."""
-        return FastDevice(self, rng, recorder, samples)
+             samples: int = 2048, env=None) -> "FastDevice":
+        """The batch-as-one-event model of this device (``env`` needed for shared use)."""
+        return FastDevice(self, rng, recorder, samples, env)
 
     # ------------------------------------------------------------ persistence
     def to_dict(self) -> dict:
@@ -524,8 +527,9 @@ class EmpiricalDevice(Device):
         Label and provenance of the measurements.
 
     Between measured depths the quantile functions are mixed with weight
-    linear in ``log2(qd)``; below the shallowest the shallowest is used; above
-    the deepest (``Q``) the device is saturated: latency ``L_Q * qd / Q``.
+    linear in ``qd`` (exact for the mean of a saturated device, where latency
+    is ``qd / IOPS``); below the shallowest the shallowest is used; above the
+    deepest (``Q``) the device is saturated: latency ``L_Q * qd / Q``.
 
     Raises
     ------
@@ -567,8 +571,7 @@ class EmpiricalDevice(Device):
         else:
             i = int(np.searchsorted(qs, qd))
             q0, q1 = qs[i - 1], qs[i]
-            w = (math.log2(qd) - math.log2(q0)) / (math.log2(q1) - math.log2(q0))
-            d = self.measured[q0].mix(self.measured[q1], w)
+            d = self.measured[q0].mix(self.measured[q1], (qd - q0) / (q1 - q0))
         self._cache[qd] = d
         return d
 
@@ -690,7 +693,8 @@ class ParametricSSD(Device):
     order.  With ``d = 0`` and ``service_cv = 1`` this is the M/M/c queue.
 
     :meth:`latency` characterises the model the way a microbenchmark would: a
-    closed loop of ``qd`` readers, simulated once per depth and cached.
+    closed loop of ``qd`` readers, simulated once per depth (1 to 4 and powers
+    of two; depths between are interpolated like a measured table) and cached.
 
     Raises
     ------
@@ -743,8 +747,11 @@ class ParametricSSD(Device):
         if got is None:
             if self.service_cv == 0 and qd <= self.parallelism:
                 got = LatencyDist.point(self.delay + self.service, self.source)
-            else:
+            elif qd & (qd - 1) == 0 or qd <= 4:
                 got = LatencyDist.from_samples(self.closed_loop(qd), knots=513, source=self.source)
+            else:  # between powers of two: quantile mixing linear in qd, like a measured table
+                q0 = 1 << (qd.bit_length() - 1)
+                got = self.latency(q0).mix(self.latency(2 * q0), (qd - q0) / q0)
             self._cache[qd] = got
         return got
 
@@ -818,54 +825,144 @@ class ParametricSSD(Device):
 # =====================================================================================
 # simulation models of a device
 # =====================================================================================
+class _Batch:
+    __slots__ = ("n", "k", "keff", "alone", "area", "left", "rate", "start", "event")
+
+
 class FastDevice:
     """Batches as single service events (the fast mode).
 
-    :meth:`issue` returns the duration of a batch of ``n`` reads issued ``k``
-    at a time at simulated time ``now``; the latencies are drawn at queue depth
-    ``k + (reads other batches keep in flight at now)``.  Service times come
-    from a cache of :meth:`Device.batch_samples` per ``(n, k, qd)``.
+    A batch of ``n`` reads issued ``k`` at a time first gets its duration
+    alone on the device, ``T``, drawn from :meth:`Device.batch_samples` at
+    queue depth ``k`` (cached per ``(n, k)``), with ``A`` the sum of its read
+    latencies; ``A / T`` is the number of reads it keeps in flight on average.
+
+    - :meth:`issue` (one client, nothing else on the device): the batch takes ``T``.
+    - :meth:`submit` (several clients): a fluid model of contention.  All
+      reads see one queue depth, ``Q`` = the active batches' average reads in
+      flight (``sum A / T``); a batch's remaining work drains at the rate
+      ``L(k) / L(max(k, Q))`` (``L`` the mean latency at a depth, linear between
+      integers), so together the batches complete ``Q / L(Q)`` reads a second
+      as Little's law on the device says.  Every start and end re-plans the
+      next completion.  Alone, a batch takes exactly ``T``.
     """
 
     def __init__(self, device: Device, rng: np.random.Generator, recorder: Optional[Recorder] = None,
-                 samples: int = 2048):
-        self.device, self.rng, self.rec, self.samples = device, rng, recorder, samples
-        self._active: list = []  # heap of (end time, k)
-        self.in_flight = 0
+                 samples: int = 2048, env=None):
+        self.device, self.rng, self.rec, self.samples, self.env = device, rng, recorder, samples, env
         self._cache: dict = {}
-        self._idx = np.empty(0, dtype=np.int64)
-        self._ii = 0
+        self._mean: dict = {}
+        self._u: list = []
+        self._ui = 0
+        self._batches: list = []
+        self._t_last = 0.0
+        self._version = 0
 
-    def _pick(self, m: int) -> int:
-        if m == 1:
-            return 0
-        if self._ii >= self._idx.size:
-            self._idx = self.rng.integers(0, 1 << 30, size=65536)
-            self._ii = 0
-        v = int(self._idx[self._ii]) % m
-        self._ii += 1
+    def _uniform(self) -> float:
+        if self._ui >= len(self._u):
+            self._u = self.rng.random(65536).tolist()
+            self._ui = 0
+        v = self._u[self._ui]
+        self._ui += 1
         return v
 
-    def issue(self, now: float, n: int, k: int) -> float:
-        """Duration (seconds) of a batch of ``n >= 1`` reads with ``k`` readers issued at ``now``."""
-        act = self._active
-        while act and act[0][0] <= now:
-            self.in_flight -= heapq.heappop(act)[1]
-        k = k if k < n else n
-        qd = k + self.in_flight
-        key = (n, k, qd)
+    def _draw(self, n: int, k: int):
+        key = (n, k)
         got = self._cache.get(key)
         if got is None:
-            t, a = self.device.batch_samples(n, k, qd, self.samples, self.rng)
+            t, a = self.device.batch_samples(n, k, k, self.samples, self.rng)
             got = (t.tolist(), a.tolist())
             self._cache[key] = got
-        i = self._pick(len(got[0]))
-        dt, area = got[0][i], got[1][i]
-        heapq.heappush(act, (now + dt, k))
-        self.in_flight += k
+        times, areas = got
+        i = 0 if len(times) == 1 else int(self._uniform() * len(times))
+        return times[i], areas[i]
+
+    def _lmean(self, qd: float) -> float:
+        lo = int(qd)
+        w = qd - lo
+        m0 = self._mean.get(lo)
+        if m0 is None:
+            m0 = self._mean[lo] = self.device.mean_latency(lo)
+        if w < 1e-12:
+            return m0
+        m1 = self._mean.get(lo + 1)
+        if m1 is None:
+            m1 = self._mean[lo + 1] = self.device.mean_latency(lo + 1)
+        return m0 + w * (m1 - m0)
+
+    @property
+    def in_flight(self) -> float:
+        """Average reads in flight of the active batches (shared mode)."""
+        return sum(b.keff for b in self._batches)
+
+    # ------------------------------------------------------------ one client
+    def issue(self, now: float, n: int, k: int) -> float:
+        """Duration (seconds) of a batch of ``n >= 1`` reads with ``k`` readers, alone on the device."""
+        k = k if k < n else n
+        dt, area = self._draw(n, k)
         if self.rec is not None:
             self.rec.box(now, now + dt, area / dt if dt > 0 else 0.0, n, area)
         return dt
+
+    # ------------------------------------------------------------ shared
+    def submit(self, n: int, k: int):
+        """A simpy event that succeeds when a batch of ``n >= 1`` reads with ``k`` readers completes."""
+        env = self.env
+        now = env.now
+        self._advance(now)
+        k = k if k < n else n
+        dt, area = self._draw(n, k)
+        b = _Batch()
+        b.n, b.k, b.alone, b.area, b.left, b.rate, b.start = n, k, dt, area, dt, 1.0, now
+        b.keff = area / dt if dt > 0 else float(k)
+        b.event = env.event()
+        self._batches.append(b)
+        self._plan(now)
+        return b.event
+
+    def _advance(self, now: float) -> None:
+        dt = now - self._t_last
+        if dt > 0:
+            for b in self._batches:
+                b.left -= dt * b.rate
+        self._t_last = now
+
+    def _plan(self, now: float) -> None:
+        bs = self._batches
+        self._version += 1
+        if not bs:
+            return
+        total = 0.0
+        for b in bs:
+            total += b.keff
+        t_first = float("inf")
+        for b in bs:
+            b.rate = 1.0 if total <= b.k else self._lmean(b.k) / self._lmean(total)
+            t = b.left / b.rate if b.left > 0 else 0.0
+            if t < t_first:
+                t_first = t
+        v = self._version
+        ev = self.env.timeout(t_first)
+        ev.callbacks.append(lambda _e, v=v: self._fire(v))
+
+    def _fire(self, v: int) -> None:
+        if v != self._version:
+            return
+        now = self.env.now
+        self._advance(now)
+        keep = []
+        for b in self._batches:
+            if b.left <= 1e-9 * b.alone + 1e-15:
+                dur = now - b.start
+                if self.rec is not None:
+                    # Latencies stretch with the batch: their sum scales by dur / alone.
+                    area = b.area * (dur / b.alone) if b.alone > 0 else 0.0
+                    self.rec.box(b.start, now, b.keff, b.n, area)
+                b.event.succeed(dur)
+            else:
+                keep.append(b)
+        self._batches = keep
+        self._plan(now)
 
 
 class ExactDevice:
