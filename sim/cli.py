@@ -1,0 +1,309 @@
+"""``engram sim ...``: the simulator on the command line.
+
+``engram sim trace``    build a trace from real text, save it, print its reuse statistics
+``engram sim decode``   predict decode tokens/s for a device, a read policy and a compute time
+``engram sim prefill``  predict prefill time and stalls of one prompt
+``engram sim device``   show (or save) a device model's latency and IOPS by queue depth
+
+Every subcommand takes ``--json`` for machine-readable output.  The module only
+imports argparse at load time, so registering the command costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["register"]
+
+_DEFAULT_DEVICE = "seed-apple-m3-ultra"
+
+
+def _print_json(obj) -> None:
+    import numpy as np
+
+    def default(o):
+        if isinstance(o, np.integer):
+            return int(o)
+        if isinstance(o, np.floating):
+            return float(o)
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+    json.dump(obj, sys.stdout, indent=2, default=default)
+    sys.stdout.write("\n")
+
+
+def _ints(text: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _trace(args):
+    from .trace import CODE_SOURCE, load_trace
+
+    return load_trace(args.trace or CODE_SOURCE, limit=args.limit)
+
+
+def _add_trace_source(p, default_help: str) -> None:
+    p.add_argument("--trace", metavar="SOURCE",
+                   help="trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, text:TEXT, tokens:FILE, "
+                        f"or a .jsonl/.npz/.npy/text file (default {default_help})")
+    p.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
+
+
+def _add_policy(p, threshold: int = 8) -> None:
+    g = p.add_argument_group("read policy (SPEC §8)")
+    g.add_argument("--threshold", type=int, default=threshold,
+                   help=f"read concurrently from this many distinct rows a batch (default {threshold})")
+    g.add_argument("--backend", choices=("pread", "io_uring"), default="pread",
+                   help="concurrent reads by a pread pool or an io_uring ring (default pread)")
+    g.add_argument("--readers", type=int, default=16, help="pread pool size (default 16)")
+    g.add_argument("--ring-depth", type=int, default=64, help="io_uring queue depth (default 64)")
+    g.add_argument("--batch-overhead-us", type=float, default=0.0,
+                   help="microseconds added to every concurrent batch (default 0)")
+
+
+def _add_common(p) -> None:
+    p.add_argument("--device", default=_DEFAULT_DEVICE,
+                   help="device: a preset (seed-apple-m3-ultra, vm-virtio-16core-4k), "
+                        "ssd:qd1_us=..,iops=..,parallelism=..[,cv=..], or a .json/.jsonl file "
+                        f"(default {_DEFAULT_DEVICE})")
+    p.add_argument("--compute-dist", default="constant",
+                   choices=("constant", "normal", "lognormal", "gamma", "exponential"),
+                   help="distribution of compute time (default constant)")
+    p.add_argument("--compute-cv", type=float, default=0.0, help="coefficient of variation of compute (default 0)")
+    p.add_argument("--layers", type=int, default=43, help="decoder layers compute spreads over (default 43)")
+    p.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                   help="fast: a batch of reads is one event; exact: every read is an event (default fast)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--bins", type=int, default=100, help="bins of the queue-depth timeline (default 100)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _policy(args, **extra):
+    from .decode import Policy
+
+    return Policy(threshold=args.threshold, backend=args.backend, readers=args.readers, ring_depth=args.ring_depth,
+                  batch_overhead=args.batch_overhead_us * 1e-6, **extra)
+
+
+# ----------------------------------------------------------------------- trace
+def _cmd_trace(args) -> int:
+    from .trace import CODE_SOURCE, load_trace, reuse_stats
+
+    tr = load_trace(args.source or CODE_SOURCE, limit=args.limit)
+    out = None
+    if args.out:
+        out = str(tr.save(args.out))
+    stats = reuse_stats(tr, args.lru or (), per_sequence=not args.one_session)
+    if args.json:
+        d = stats.to_dict()
+        d["saved"] = out
+        d["shape"] = list(tr.rows.shape)
+        _print_json(d)
+        return 0
+    print(f"trace     {tr.source}: {tr.steps} tokens, {stats.sequences} sequence(s), rows {list(tr.rows.shape)}")
+    if out:
+        print(f"saved     {out}")
+    print(f"reuse     {stats.reuse_rate:.4f} of {stats.reads} row reads repeat an earlier (layer, row) "
+          f"of the session")
+    print("by order  " + "  ".join(f"{o}-gram {r:.4f}" for o, r in stats.by_order.items()))
+    print("by layer  " + "  ".join(f"layer {lid} {r:.4f}" for lid, r in stats.by_layer.items()))
+    for c, r in stats.lru.items():
+        print(f"LRU       {c} rows: hit rate {r:.4f}")
+    return 0
+
+
+def _add_trace(sub) -> None:
+    p = sub.add_parser("trace", help="build a trace from real text, save it, print reuse statistics",
+                       description="Tokenize real text with the DeepSeek V4 tokenizer, hash it under the V4.1 "
+                                   "layout into row ids per step [T, 2, 24], optionally save them (.npz), and "
+                                   "print how often row reads repeat (by n-gram order and layer) and LRU hit rates.")
+    p.add_argument("source", nargs="?",
+                   help="trace source (default stdlib:asyncio/base_events.py): stdlib:PATH, package:PKG/PATH, "
+                        "shared:FILE, text:TEXT, tokens:FILE, or a .jsonl/.npz/.npy/text file")
+    p.add_argument("--limit", type=int, help="keep the first N tokens")
+    p.add_argument("--out", help="save the trace to this .npz file")
+    p.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated")
+    p.add_argument("--one-session", action="store_true",
+                   help="treat all sequences of the trace as one session (default: each is its own)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_trace)
+
+
+# ---------------------------------------------------------------------- decode
+def _compute(args, mean: float):
+    from .decode import Compute
+
+    return Compute(mean, args.compute_dist, args.compute_cv, (), args.layers)
+
+
+def _cmd_decode(args) -> int:
+    from engram.errors import ArgumentError
+
+    from .decode import SEED_REFERENCE, Policy, fit_compute, simulate_decode
+    from .device import load_device
+
+    tr = _trace(args)
+    dev = load_device(args.device)
+    policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers)
+    fitted = None
+    if args.compute_ms is not None:
+        compute_s = args.compute_ms * 1e-3
+    else:
+        target = args.fit_tokens_per_s or SEED_REFERENCE["serial_tokens_per_s"]
+        fit_thr = args.fit_threshold if args.fit_threshold is not None else SEED_REFERENCE["serial_threshold"]
+        fit_policy = Policy(threshold=fit_thr, backend=policy.backend, readers=policy.readers,
+                            ring_depth=policy.ring_depth, batch_overhead=policy.batch_overhead)
+        compute_s = fit_compute(target, tr, dev, fit_policy, steps=args.steps, mode=args.mode, seed=args.seed)
+        fitted = {"tokens_per_s": target, "threshold": fit_thr, "compute_ms": compute_s * 1e3}
+    if args.sessions < 1:
+        raise ArgumentError(f"--sessions must be >= 1, got {args.sessions}")
+    r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
+                        mode=args.mode, seed=args.seed, start_spread=args.start_spread_ms * 1e-3, bins=args.bins,
+                        progress=not args.no_progress)
+    if args.json:
+        d = r.to_dict()
+        d["fitted_compute"] = fitted
+        _print_json(d)
+        return 0
+    if fitted:
+        print(f"compute   fitted {fitted['compute_ms']:.4f} ms a step so that threshold {fitted['threshold']} "
+              f"gives {fitted['tokens_per_s']} tokens/s")
+    print(r.summary())
+    return 0
+
+
+def _add_decode(sub) -> None:
+    p = sub.add_parser("decode", help="predict decode tokens/s (simpy model)",
+                       description="Replay real token traces through a device model and a read policy and "
+                                   "predict decode tokens/s, step latency percentiles and device utilisation "
+                                   "(SPEC §9). Without --compute-ms the compute time is fitted so that "
+                                   "--fit-threshold (default 256) gives --fit-tokens-per-s (default 19.16): "
+                                   "with the default device that is the SPEC §8 reference run.")
+    _add_trace_source(p, "stdlib:asyncio/base_events.py")
+    _add_common(p)
+    _add_policy(p)
+    g = p.add_argument_group("decode")
+    g.add_argument("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)")
+    g.add_argument("--steps", type=int, help="steps per session (default: the trace length; wraps around)")
+    g.add_argument("--start-spread-ms", type=float, default=0.0,
+                   help="session i starts at i x SPREAD / sessions ms (default 0: all together)")
+    g.add_argument("--cache-rows", type=int, default=0, help="per-session LRU row cache in rows (default 0)")
+    g.add_argument("--overlap-layers", type=int, default=0,
+                   help="layers of compute before the second table's rows are needed (default 0: none)")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--compute-ms", type=float, help="mean compute time of a step, ms")
+    c.add_argument("--fit-tokens-per-s", type=float,
+                   help="fit the compute time so that --fit-threshold gives this rate (default 19.16)")
+    g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_decode)
+
+
+# --------------------------------------------------------------------- prefill
+def _cmd_prefill(args) -> int:
+    from engram.errors import ArgumentError
+
+    from .prefill import simulate_prefill
+    from .device import load_device
+
+    if args.compute_tokens_per_s is not None:
+        if args.compute_tokens_per_s <= 0:
+            raise ArgumentError(f"--compute-tokens-per-s must be > 0, got {args.compute_tokens_per_s}")
+        per_token = 1.0 / args.compute_tokens_per_s
+    else:
+        per_token = args.compute_us_per_token * 1e-6
+    if args.trace is None:
+        args.trace = "shared:agent_prompt_long.txt"
+    tr = _trace(args)
+    r = simulate_prefill(tr, load_device(args.device), _policy(args), _compute(args, per_token),
+                         chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
+                         mode=args.mode, seed=args.seed, bins=args.bins, progress=not args.no_progress)
+    if args.json:
+        _print_json(r.to_dict())
+    else:
+        print(r.summary())
+    return 0
+
+
+def _add_prefill(sub) -> None:
+    p = sub.add_parser("prefill", help="predict prefill time and stalls of one prompt",
+                       description="A prompt's rows are hashed, then streamed by one background reader per "
+                                   "table in chunks; compute runs layer by layer and waits at an Engram layer "
+                                   "until its chunk is read (SPEC §8). Predicts prefill time and stalls.")
+    _add_trace_source(p, "shared:agent_prompt_long.txt")
+    _add_common(p)
+    _add_policy(p)
+    g = p.add_argument_group("prefill")
+    c = g.add_mutually_exclusive_group(required=True)
+    c.add_argument("--compute-tokens-per-s", type=float, help="prefill speed of compute alone, tokens/s")
+    c.add_argument("--compute-us-per-token", type=float, help="compute per token through all layers, us")
+    g.add_argument("--chunk", type=int, default=2048, help="tokens per reader chunk (default 2048)")
+    g.add_argument("--ubatch", type=int, help="tokens per compute micro-batch (default: --chunk)")
+    g.add_argument("--second-start-layer", type=int, default=2,
+                   help="layer at which the second table's reader starts (default 2)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_prefill)
+
+
+# ---------------------------------------------------------------------- device
+def _cmd_device(args) -> int:
+    from .device import load_device, preset_names
+
+    if args.name is None:
+        names = preset_names()
+        if args.json:
+            _print_json({"presets": names})
+        else:
+            print("presets: " + ", ".join(names))
+            print("also: ssd:qd1_us=..,iops=..,parallelism=..[,cv=..], a saved .json device, a .jsonl microbenchmark")
+        return 0
+    dev = load_device(args.name)
+    saved = str(dev.save(args.save)) if args.save else None
+    info = dev.describe()
+    if args.qd:
+        info["table"] = dev.table(args.qd)
+    if args.json:
+        info["saved"] = saved
+        _print_json(info)
+        return 0
+    print(f"device  {info['name']} ({info['kind']})")
+    print(f"source  {info['source']}")
+    print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}")
+    for r in info["table"]:
+        print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}")
+    if saved:
+        print(f"saved   {saved}")
+    return 0
+
+
+def _add_device(sub) -> None:
+    p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
+                       description="Print a device model's per-read latency and IOPS at each queue depth; "
+                                   "with no name, list the presets.")
+    p.add_argument("name", nargs="?", help="preset, ssd:..., or a .json/.jsonl file")
+    p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
+    p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_device)
+
+
+# -------------------------------------------------------------------- register
+def register(subparsers) -> None:
+    """Add the ``sim`` command (with ``trace``, ``decode``, ``prefill``, ``device``) to ``engram``'s subparsers."""
+    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions",
+                              description="A simpy model of Engram row reads (SPEC §9): build traces from real "
+                                          "text, predict decode tokens/s and prefill stalls for a device model "
+                                          "and a read policy.")
+    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    sub.required = True
+    _add_trace(sub)
+    _add_decode(sub)
+    _add_prefill(sub)
+    _add_device(sub)
