@@ -9,6 +9,7 @@ The public API, re-exported here:
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6)
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
+- :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
 - errors: :class:`EngramError` and its kinds
 """
 
@@ -27,6 +28,7 @@ from .codec import decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .gguf_file import EngramLayer, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model
 from .layout import Layout
+from .mixer import gated_add, kv_weights, project
 from .table import ReadStats, Table, TableGroup, available_backends
 from .model import EngramModel, LayerWeights, Session
 from .prefetch import PrefetchCancelled, Prefetcher
@@ -40,6 +42,7 @@ __all__ = [
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
     "decode_rows", "encode_rows",
+    "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
     "read_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
