@@ -129,3 +129,124 @@ def encode_rows_reference(x):
     scale = s.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     dec = (q.astype(np.float32) * scale[:, :, None]).astype(ml_dtypes.bfloat16).astype(np.float32)
     return rows, dec.reshape(n, 256)
+
+
+# --------------------------------------------------------------------------- gated add (SPEC §7)
+
+GATE_LANES = 16  # partial sums of the kernel's float64 reductions (engram/_native/gate.pyx)
+
+
+def bf16_round_nan_reference(values):
+    """The SPEC §5 bf16 rounding on the float32 bits, NaN kept a quiet NaN (the gate kernel's rule)."""
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    r = np.where(nan, bits | 0x00400000, bits + 0x7FFF + ((bits >> 16) & 1))
+    return ((r & 0xFFFF0000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def lane_sum_reference(terms, lanes=GATE_LANES):
+    """float64 sum over the last axis as the kernel does it: element ``i`` into partial
+    sum ``i % lanes`` in increasing ``i``, then ``p[j] += p[j + n]`` for n = lanes/2 .. 1."""
+    terms = np.asarray(terms, dtype=np.float64)
+    W = terms.shape[-1]
+    acc = np.zeros(terms.shape[:-1] + (lanes,), dtype=np.float64)
+    full = W // lanes * lanes
+    for i0 in range(0, full, lanes):
+        acc += terms[..., i0:i0 + lanes]
+    acc[..., : W - full] += terms[..., full:]
+    n = lanes // 2
+    while n:
+        acc = acc[..., :n] + acc[..., n:2 * n]
+        n //= 2
+    return acc[..., 0]
+
+
+def _c_exp(y):
+    """C ``exp`` through ``math.exp`` (the same library call), with overflow giving inf as in C."""
+    import math
+
+    try:
+        return math.exp(y)
+    except OverflowError:
+        return math.inf
+
+
+def gated_add_twin(residual, kv, q_w, k_w, eps, mask=None):
+    """SPEC §7 gated add with the kernel's documented precision, bit for bit.
+
+    float64 lane sums of ``(h*k)*(q_w*k_w)``, ``h^2``, ``k^2``; the gate in float64
+    (``math.sqrt``/``math.exp``: the C library's, as the kernel calls them); then
+    ``bf16(h + float32(gate) * v)`` in float32.  Returns (new residual float32
+    [T, S, W], gates float32 [T, S] with 0 at masked tokens); inputs untouched.
+    """
+    import math
+
+    h = np.array(residual, dtype=np.float32)
+    kv = np.asarray(kv, dtype=np.float32)
+    T, S, W = h.shape
+    k = bf16_round_nan_reference(kv[:, :S])
+    v = bf16_round_nan_reference(kv[:, S])
+    h64 = h.astype(np.float64)
+    k64 = k.astype(np.float64)
+    w = np.asarray(q_w, dtype=np.float32).astype(np.float64) * np.asarray(k_w, dtype=np.float32).astype(np.float64)
+    with np.errstate(all="ignore"):
+        dot = lane_sum_reference((h64 * k64) * w[None])
+        shh = lane_sum_reference(h64 * h64)
+        skk = lane_sum_reference(k64 * k64)
+        width = float(W)
+        scaled = dot * (1.0 / np.sqrt(shh / width + eps))
+        scaled = scaled * (1.0 / np.sqrt(skk / width + eps))
+        scaled = scaled * (1.0 / np.sqrt(width))
+        dot = np.where(dot != 0.0, scaled, dot)
+        a = np.abs(dot)
+        a = np.where(a < 1e-6, 1e-6, a)
+        x = np.copysign(np.sqrt(a), dot)
+        gate = np.array([1.0 / (1.0 + _c_exp(-xi)) for xi in x.ravel()], dtype=np.float64).reshape(x.shape)
+        g32 = gate.astype(np.float32)
+        out = bf16_round_nan_reference(h + g32[:, :, None] * v[:, None, :])
+    if mask is not None:
+        keep = ~np.asarray(mask, dtype=bool)
+        out[keep] = h[keep]
+        g32[keep] = 0.0
+    return out, g32
+
+
+def bf16_round_float64_reference(x):
+    """float64 -> nearest bfloat16 value (ties to even), exactly (no float32 step), as float64.
+
+    Quantum ``2^(max(e, -125) - 8)`` for ``x = m 2^e`` (``0.5 <= |m| < 1``); values that
+    round to ``2^128`` or beyond become infinities; NaN stays NaN.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(x)
+        q = np.ldexp(1.0, np.maximum(e, -125) - 8)
+        r = np.rint(x / q) * q
+        r = np.where(np.abs(r) >= 2.0**128, np.copysign(np.inf, x), r)
+        return np.where(np.isfinite(x), r, x)
+
+
+def gated_add_float64(residual, kv, q_w, k_w, eps, mask=None):
+    """SPEC §7 read literally, everything in float64 (NumPy's own sums and means).
+
+    Returns (exact result float64 [T, S, W] before the final rounding, gates float64
+    [T, S]); k and v are the bf16 roundings of the keys and value.  Masked tokens keep
+    ``h`` and gate 0.
+    """
+    h = np.asarray(residual, dtype=np.float32).astype(np.float64)
+    kv = np.asarray(kv, dtype=np.float32)
+    S = h.shape[1]
+    k = bf16_round_nan_reference(kv[:, :S]).astype(np.float64)
+    v = bf16_round_nan_reference(kv[:, S]).astype(np.float64)
+    w = np.asarray(q_w, dtype=np.float64) * np.asarray(k_w, dtype=np.float64)
+    W = h.shape[2]
+    with np.errstate(all="ignore"):
+        dot = np.einsum("tsi,si,tsi->ts", h, w, k)
+        dot = dot / np.sqrt(np.mean(h * h, axis=2) + eps) / np.sqrt(np.mean(k * k, axis=2) + eps) / np.sqrt(W)
+        gate = 1.0 / (1.0 + np.exp(-np.copysign(np.sqrt(np.maximum(np.abs(dot), 1e-6)), dot)))
+        out = h + gate[:, :, None] * v[:, None, :]
+    if mask is not None:
+        keep = ~np.asarray(mask, dtype=bool)
+        out[keep] = h[keep]
+        gate[keep] = 0.0
+    return out, gate
