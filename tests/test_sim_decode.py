@@ -110,7 +110,7 @@ def test_fast_mode_agrees_with_per_read_mode(code, sessions):
 def test_fast_mode_agrees_with_per_read_mode_on_a_parametric_ssd(code):
     dev = ParametricSSD(60 * US, 4e5, 16, service_cv=0.5)
     args = dict(policy=Policy(threshold=8, backend="io_uring", ring_depth=32), compute=Compute(5e-4),
-                sessions=2, steps=1500, seed=1)
+                sessions=2, steps=1000, seed=1)
     f = simulate_decode(code, dev, mode="fast", **args)
     e = simulate_decode(code, dev, mode="exact", **args)
     assert f.tokens_per_s == pytest.approx(e.tokens_per_s, rel=0.03)
