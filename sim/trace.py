@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
+from tqdm import tqdm
 
 from engram import Hasher, Layout, build_token_map, load_tokenizer
 from engram.errors import ArgumentError, FormatError, TokenError
@@ -516,14 +517,19 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True) -> np.ndarr
         hits = np.zeros(seg.size, dtype=bool)
         cache: OrderedDict = OrderedDict()
         move, pop = cache.move_to_end, cache.popitem
-        for i, key in enumerate(seg.tolist()):
-            if key in cache:
-                move(key)
-                hits[i] = True
-            else:
-                cache[key] = None
-                if len(cache) > capacity:
-                    pop(last=False)
+        keys_list = seg.tolist()
+        step = 1 << 18
+        with tqdm(total=len(keys_list), unit="read", desc="LRU", delay=2.0, leave=False) as bar:
+            for lo in range(0, len(keys_list), step):
+                for i, key in enumerate(keys_list[lo:lo + step], lo):
+                    if key in cache:
+                        move(key)
+                        hits[i] = True
+                    else:
+                        cache[key] = None
+                        if len(cache) > capacity:
+                            pop(last=False)
+                bar.update(min(step, len(keys_list) - lo))
         out[a:b] = hits.reshape(b - a, trace.layers, trace.columns)
     return out
 
