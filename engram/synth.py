@@ -30,7 +30,10 @@ MB of disk.
 
 from __future__ import annotations
 
+import errno
 import functools
+import math
+import mmap
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -489,24 +492,78 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         done += os.pwrite(fd, mv[done:], offset + done)
 
 
-def _stream(fd: int, offset: int, total_rows: int, row_nbytes: int, make, chunk_bytes: int, bar) -> None:
-    """Write rows ``[0, total_rows)`` produced by ``make(start, stop)``; the next chunk is
-    generated in a second thread while the current one is written."""
-    per = max(1, chunk_bytes // row_nbytes)
+#: Block size for ``O_DIRECT`` writes (offsets, lengths and buffers aligned to it).
+DIRECT_ALIGN = 4096
+
+
+def _open_direct(name) -> Optional[int]:
+    """A write descriptor that bypasses the page cache, or None where ``O_DIRECT`` is refused."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(name, os.O_WRONLY | flag)
+    except OSError:
+        return None
+
+
+def _stream(fd: int, dfd: Optional[int], offset: int, total_rows: int, row_nbytes: int, make, chunk_bytes: int,
+            room: int, bar) -> None:
+    """Write rows ``[0, total_rows)`` produced by ``make(start, stop)`` at ``offset``.
+
+    The next chunk is generated in a second thread while the current one is
+    written.  With a direct descriptor ``dfd`` (and ``offset`` aligned, and
+    ``room`` bytes of extent covering the data rounded up to :data:`DIRECT_ALIGN`),
+    chunks are copied into two page-aligned buffers and written with ``O_DIRECT``:
+    no page-cache copy, no dirty pages to flush, memory bounded by the buffers.
+    The last chunk is padded with zeros into the tensor's alignment padding.
+    Where a direct write is refused the rest goes through ``fd``.
+    """
     if total_rows == 0:
         return
+    total = total_rows * row_nbytes
+    direct = (dfd is not None and offset % DIRECT_ALIGN == 0
+              and _pad(total, DIRECT_ALIGN) <= room)
+    per = max(1, chunk_bytes // row_nbytes)
+    bufs = []
+    if direct:
+        unit = DIRECT_ALIGN // math.gcd(row_nbytes, DIRECT_ALIGN)  # rows per aligned run
+        per = max(unit, per // unit * unit)
+        bufs = [mmap.mmap(-1, _pad(per * row_nbytes, DIRECT_ALIGN)) for _ in range(2)]
+
+    def produce(a: int, b: int, k: int):
+        arr = np.ascontiguousarray(make(a, b))
+        if not direct:
+            return arr, arr.nbytes
+        raw = arr.reshape(-1).view(np.uint8)
+        dst = np.frombuffer(bufs[k], dtype=np.uint8)
+        dst[:raw.shape[0]] = raw
+        end = _pad(raw.shape[0], DIRECT_ALIGN)
+        dst[raw.shape[0]:end] = 0
+        return memoryview(bufs[k])[:end], raw.shape[0]
+
     with ThreadPoolExecutor(max_workers=1) as ex:
-        fut = ex.submit(make, 0, min(per, total_rows))
-        start = 0
+        fut = ex.submit(produce, 0, min(per, total_rows), 0)
+        start, k = 0, 0
         while start < total_rows:
             stop = min(start + per, total_rows)
-            arr = fut.result()
+            data, nbytes = fut.result()
             if stop < total_rows:
-                fut = ex.submit(make, stop, min(stop + per, total_rows))
-            _pwrite_all(fd, np.ascontiguousarray(arr), offset + start * row_nbytes)
+                fut = ex.submit(produce, stop, min(stop + per, total_rows), 1 - k)
+            at = offset + start * row_nbytes
+            if direct:
+                try:
+                    _pwrite_all(dfd, data, at)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    direct = False  # the file system takes O_DIRECT opens but not such writes
+                    _pwrite_all(fd, memoryview(data).cast("B")[:nbytes], at)
+            else:  # (a chunk made for a direct write before the switch is written the same way)
+                _pwrite_all(fd, memoryview(data).cast("B")[:nbytes], at)
             if bar is not None:
-                bar.update(arr.nbytes)
-            start = stop
+                bar.update(nbytes)
+            start, k = stop, 1 - k
 
 
 def _write_rows_sparse(fd: int, offset: int, layer_id: int, rows: np.ndarray, seed: int, chunk_bytes: int,
@@ -535,7 +592,7 @@ def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
 
 def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "all", trace=None,
                 projections: bool = True, progress: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                sync: bool = False) -> List[Path]:
+                sync: bool = False, direct_io: bool = True) -> List[Path]:
     """Write ``plan`` as a GGUF model (one file, or a split set) and return the paths written.
 
     Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
@@ -562,6 +619,9 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
         Bytes generated and written at a time (memory stays near 3x this).
     sync : bool
         ``fsync`` each file before returning.
+    direct_io : bool
+        Stream tables and ``engram_kv`` with ``O_DIRECT`` where the file system
+        allows it (falls back to buffered writes); False always writes buffered.
 
     Raises
     ------
@@ -642,6 +702,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     try:
         for s, name in enumerate(names):
             fd = os.open(name, os.O_WRONLY)
+            dfd = _open_direct(name) if direct_io else None
             try:
                 os.ftruncate(fd, sizes[s])
                 for t in plan.tensors:
@@ -651,15 +712,17 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
                     seed, lid = plan.seed, t.layer_id
                     if t.kind == "table":
                         if fill == "all":
-                            _stream(fd, at, t.shape[0], ROW_BYTES,
-                                    lambda a, b, lid=lid: table_rows(lid, a, b, seed), chunk_bytes, bar)
+                            _stream(fd, dfd, at, t.shape[0], ROW_BYTES,
+                                    lambda a, b, lid=lid: table_rows(lid, a, b, seed), chunk_bytes,
+                                    _pad(t.nbytes, plan.alignment), bar)
                         elif fill == "trace":
                             rows = trace_rows[lid]
                             rows = rows[rows < np.uint64(t.shape[0])]
                             _write_rows_sparse(fd, at, lid, rows, seed, chunk_bytes, bar)
                     elif t.kind == "kv" and projections:
-                        _stream(fd, at, t.shape[0], t.nbytes // t.shape[0],
-                                lambda a, b, lid=lid: engram_kv(lid, seed, a, b), chunk_bytes, bar)
+                        _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
+                                lambda a, b, lid=lid: engram_kv(lid, seed, a, b), chunk_bytes,
+                                _pad(t.nbytes, plan.alignment), bar)
                     elif t.kind in ("q_norm", "k_norm") and projections:
                         arr = norm_weight(lid, t.kind[0], seed)
                         _pwrite_all(fd, arr, at)
@@ -669,6 +732,8 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
                     os.fsync(fd)
             finally:
                 os.close(fd)
+                if dfd is not None:
+                    os.close(dfd)
     finally:
         if bar is not None:
             bar.close()

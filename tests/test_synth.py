@@ -3,6 +3,7 @@ to finite, trained-looking values; full-size sparse models with real row ids and
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -195,11 +196,29 @@ def test_small_trace_model_and_cli(tmp_path, text_tokens, capsys, monkeypatch):
     assert e.value.code == 0
 
 
-def test_full_tables_stream_in_chunks(tmp_path):
-    """fill='all' with tiny chunks: every row of both tables equals table_rows (many chunk boundaries)."""
+@pytest.mark.parametrize("where", ["direct", "buffered", "direct refused"])
+def test_full_tables_stream_in_chunks(tmp_path, where, monkeypatch):
+    """fill='all' with tiny chunks: every row of both tables equals table_rows (many chunk boundaries),
+    written with O_DIRECT, buffered, or buffered after the file system refuses a direct write (EINVAL,
+    as some network file systems do; simulated, since the local ones here accept O_DIRECT)."""
+    opened = []
+    real_open, real_write = synth._open_direct, synth._pwrite_all
+    monkeypatch.setattr(synth, "_open_direct", lambda name: opened.append(real_open(name)) or opened[-1])
+    if where == "direct refused":
+        def refuse(fd, data, offset):
+            if fd in opened:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            real_write(fd, data, offset)
+        monkeypatch.setattr(synth, "_pwrite_all", refuse)
     p = plan(scale=0.0001, seed=9)
     (path,) = synth.write_model(p, tmp_path / "all.gguf", fill="all", projections=False, progress=False,
-                                chunk_bytes=100_000)
+                                chunk_bytes=100_000, direct_io=where != "buffered")
+    _check_all_rows(path)
+    assert len(opened) == (0 if where == "buffered" else 1)
+    assert all(fd is not None for fd in opened)
+
+
+def _check_all_rows(path):
     info = read_model(path)
     with open(path, "rb") as f:
         for lid, tab in info.tables.items():
