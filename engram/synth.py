@@ -20,9 +20,10 @@ Content is deterministic and random-access:
 - ``engram_kv`` (:func:`engram_kv`): float16 rows drawn the same way from a pool
   of ``normal * 0.02``.  Norm weights (:func:`norm_weight`): ``1 + 0.05 * normal``.
 
-Tables are written in bounded chunks (64 MiB by default) by a producer thread
-and a writer, at about disk speed (``benchmarks/bench_synth.py`` measures the
-ratio to ``dd``).  With ``full_size=True`` the real V4.1 layout is used, the
+Tables are written in bounded chunks (64 MiB by default): a producer thread
+generates the next chunk while the current one is written with ``O_DIRECT``
+from page-aligned buffers (buffered where the file system refuses it), at about
+disk speed (``benchmarks/bench_synth.py`` measures the ratio to ``dd``).  With ``full_size=True`` the real V4.1 layout is used, the
 tables are sparse extents (holes) and only the rows a token trace hashes to are
 written, so real row ids and file offsets beyond 2**33 are exercised with a few
 MB of disk.
@@ -73,6 +74,7 @@ LEAD_TENSOR = "synth.lead.weight"
 
 _POOL_BITS = 22
 _KV_WIDTH = 24 * ROW_VALUES                 # 6144: columns x values per row (V4.1 Flash)
+_KV_MAX_WIDTH = 1 << 16
 _KV_ROWS = (HC_STREAMS + 1) * HIDDEN_SIZE   # 25600: 4 keys + 1 value
 _M64 = (1 << 64) - 1
 
@@ -124,9 +126,9 @@ def _code_pool(seed: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def _kv_pool(seed: int) -> np.ndarray:
-    """float16 ``[2**22 + 6144]``: ``normal * KV_SIGMA``."""
+    """float16 ``[2**22 + 2**16]``: ``normal * KV_SIGMA``."""
     rng = np.random.default_rng([seed & _M64, _TAG_KV_POOL])
-    x = (rng.standard_normal((1 << _POOL_BITS) + _KV_WIDTH, dtype=np.float32) * np.float32(KV_SIGMA))
+    x = (rng.standard_normal((1 << _POOL_BITS) + _KV_MAX_WIDTH, dtype=np.float32) * np.float32(KV_SIGMA))
     pool = x.astype(np.float16)
     pool.setflags(write=False)
     return pool
@@ -176,21 +178,25 @@ def table_rows(layer_id: int, start: int, stop: int, seed: int = 0) -> np.ndarra
     return rows_at(layer_id, np.arange(int(start), int(stop), dtype=np.uint64), seed)
 
 
-def engram_kv(layer_id: int, seed: int = 0, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+def engram_kv(layer_id: int, seed: int = 0, start: int = 0, stop: Optional[int] = None,
+              width: int = _KV_WIDTH) -> np.ndarray:
     """Rows ``[start, stop)`` of layer ``layer_id``'s ``engram_kv`` weight.
 
     Returns
     -------
     numpy.ndarray
-        float16 ``[stop - start, 6144]`` (the full tensor is ``(25600, 6144)``,
+        float16 ``[stop - start, width]`` (the full V4.1 tensor is ``(25600, 6144)``,
         numpy order; GGUF shape ``[6144, 25600]``), values ``normal * 0.02``.
+        ``width`` is columns x 256 of the layout (6144 for V4.1 Flash).
     """
     seed = _check_seed(seed)
     stop = _KV_ROWS if stop is None else int(stop)
     if not 0 <= start <= stop <= _KV_ROWS:
         raise ArgumentError(f"engram_kv rows [{start}, {stop}) outside [0, {_KV_ROWS})")
+    if not 1 <= width <= _KV_MAX_WIDTH:
+        raise ArgumentError(f"engram_kv width must be in [1, {_KV_MAX_WIDTH}], got {width}")
     h = _mix(np.arange(start, stop, dtype=np.uint64) + np.uint64(_key(seed, layer_id, _TAG_KV)))
-    windows = np.lib.stride_tricks.sliding_window_view(_kv_pool(seed), _KV_WIDTH)
+    windows = np.lib.stride_tricks.sliding_window_view(_kv_pool(seed), width)
     return windows[(h >> np.uint64(64 - _POOL_BITS)).astype(np.intp)]
 
 
@@ -721,7 +727,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
                             _write_rows_sparse(fd, at, lid, rows, seed, chunk_bytes, bar)
                     elif t.kind == "kv" and projections:
                         _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
-                                lambda a, b, lid=lid: engram_kv(lid, seed, a, b), chunk_bytes,
+                                lambda a, b, lid=lid, w=t.shape[1]: engram_kv(lid, seed, a, b, w), chunk_bytes,
                                 _pad(t.nbytes, plan.alignment), bar)
                     elif t.kind in ("q_norm", "k_norm") and projections:
                         arr = norm_weight(lid, t.kind[0], seed)
