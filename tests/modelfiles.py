@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import struct
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -55,28 +54,3 @@ def clone_patched(src, dst, patch: Callable[[bytearray], None], size: Optional[i
         f.write(head)
         f.truncate(os.stat(src).st_size if size is None else size)
     return dst
-
-
-def _gguf_string(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
-
-
-def kv_value_at(head: bytes, key: str) -> int:
-    """Offset of the value type (u32) that follows metadata key ``key`` in a header."""
-    pat = _gguf_string(key)
-    i = head.find(pat)
-    assert i >= 0, key
-    return i + len(pat)
-
-
-def tensor_info_at(head: bytes, name: str) -> int:
-    """Offset of ``n_dims`` (u32) that follows tensor name ``name`` in a header."""
-    pat = _gguf_string(name)
-    i = head.rfind(pat)
-    assert i >= 0, name
-    return i + len(pat)
-
-
-def put(head: bytearray, offset: int, fmt: str, value) -> None:
-    struct.pack_into(fmt, head, offset, value)

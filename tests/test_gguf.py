@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 import engram
-from engram import ArgumentError, FormatError, Layout, read_model, synth
+from engram import ArgumentError, Layout, read_model, synth
 from engram import gguf_file
 
 from modelfiles import SCALE, plan, token_map, write_header_only

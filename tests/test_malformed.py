@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import tracemalloc
-from pathlib import Path
 
-import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 from hypothesis import HealthCheck, given, settings
