@@ -25,10 +25,11 @@ NumPy twin ``tests/reference.py::gated_add_twin`` reproduces bit for bit):
 
 So the gates match an exact evaluation to float32 rounding (about 3e-8), and the
 outputs are the bf16 rounding of the float64 result except (a) where that result
-lies within a few float32 ulps of a bf16 rounding midpoint (near-ties, about one
-value in 10^4 for random data; they then differ by one bf16 ulp) and (b) where
-``h`` and ``gate * v`` nearly cancel, as the float32 product carries a relative
-error up to 2^-23 of ``|gate * v|``.
+lies within a few float32 ulps of a bf16 rounding midpoint (near-ties: they then
+differ by one bf16 ulp; about 2 values in 10^5 for random data), (b) where ``h``
+and ``gate * v`` nearly cancel, as the float32 product carries an error up to
+2^-23 of ``|gate * v|``, and (c) where the gate is below 2^-126 (``|dot|`` above
+about 7600, only with very large norm weights) and so a float32 subnormal.
 """
 
 from __future__ import annotations
