@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-from .errors import ArgumentError, FormatError, LayoutError
+from .errors import ArgumentError, FormatError, LayoutError, TableIOError
 from .layout import Layout
 
 __all__ = [
@@ -114,6 +115,29 @@ _pread = os.pread
 
 def _pad(x: int, n: int) -> int:
     return ((x + n - 1) // n) * n
+
+
+def _open_regular(path: Path) -> int:
+    """Open ``path`` read-only; it must be a regular file.
+
+    ``O_NONBLOCK`` keeps the open itself from waiting for a writer when the
+    path is a FIFO; it is cleared again once the file is known to be regular.
+    Raises ``OSError`` from the open, ``FormatError`` for a directory, FIFO,
+    device or socket.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
+            raise FormatError(f"{path}: is {kind}; a model is a regular .gguf file")
+        if getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # ================================================================ results
@@ -338,8 +362,6 @@ class ModelInfo:
         TableIOError
             The read came back short.
         """
-        from .errors import TableIOError
-
         loc = self.tensors.get(name)
         if loc is None:
             raise ArgumentError(f"no tensor {name!r} in {self.path}")
@@ -351,11 +373,18 @@ class ModelInfo:
             raise ArgumentError(f"{name}: {loc.nbytes} bytes exceeds max_bytes={max_bytes}")
         out = np.empty(loc.shape, dtype=loc.dtype)
         buf = memoryview(out.reshape(-1).view(np.uint8))
-        fd = os.open(loc.path, os.O_RDONLY)
+        try:
+            fd = _open_regular(loc.path)
+        except OSError as exc:
+            raise TableIOError(f"{loc.path}: cannot open to read {name}: {exc.strerror}", errno_=exc.errno) from None
         try:
             done = 0
             while done < loc.nbytes:
-                n = os.preadv(fd, [buf[done:]], loc.offset + done)
+                try:
+                    n = os.preadv(fd, [buf[done:]], loc.offset + done)
+                except OSError as exc:
+                    raise TableIOError(f"{loc.path}: reading {name} at offset {loc.offset + done} failed: "
+                                       f"{exc.strerror}", offset=loc.offset + done, errno_=exc.errno) from None
                 if n <= 0:
                     raise TableIOError(f"{loc.path}: short read of {name} at offset {loc.offset + done}",
                                        offset=loc.offset + done)
@@ -422,7 +451,11 @@ class _Cursor:
         parts = []
         got = 0
         while got < n:
-            b = _pread(self.fd, n - got, offset + got)
+            try:
+                b = _pread(self.fd, n - got, offset + got)
+            except OSError as exc:
+                raise TableIOError(f"{self.path}: reading {what} at byte offset {offset + got} failed: "
+                                   f"{exc.strerror}", offset=offset + got, errno_=exc.errno) from None
             if not b:
                 raise self.fail(f"truncated file while reading {what}", offset + got)
             parts.append(b)
@@ -546,7 +579,10 @@ def _load_array(kv: KeyValue) -> np.ndarray:
     """Read a numeric array that parsing only located (bounds were checked then)."""
     fmt = _SCALAR[kv.subtype]
     n = kv.count * np.dtype(fmt).itemsize
-    fd = os.open(kv.path, os.O_RDONLY)
+    try:
+        fd = _open_regular(kv.path)
+    except OSError as exc:
+        raise TableIOError(f"{kv.path}: cannot open to read {kv.key}: {exc.strerror}", errno_=exc.errno) from None
     try:
         cur = _Cursor(fd, os.fstat(fd).st_size, kv.path)
         cur.pos = kv.data_offset
@@ -557,7 +593,7 @@ def _load_array(kv: KeyValue) -> np.ndarray:
 
 def _parse_header(path: Path) -> _Header:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_regular(path)
     except FileNotFoundError:
         raise FormatError(f"{path}: no such model file") from None
     except OSError as exc:
@@ -961,12 +997,20 @@ def read_model(path: Union[PathLike, Sequence[PathLike]]) -> ModelInfo:
         entries outside the compressed vocabulary; a missing Engram tensor or one
         of the wrong type or shape (``engram_embd`` I8 ``[264, rows]``,
         ``engram_kv`` F16 ``[6144, 25600]``, norms F32 ``[5120, 4]``, GGUF order);
-        tensor data misaligned, overlapping, or past the end of its file.
+        tensor data misaligned, overlapping, or past the end of its file; a
+        path that is a directory, FIFO or device rather than a regular file.
+    TableIOError
+        Reading a header failed (``EIO`` and the like; names file and offset).
+    ArgumentError
+        ``path`` is neither a path nor a sequence of paths.
     """
     if isinstance(path, (str, os.PathLike)):
         paths = shard_paths(path)
         from_names = len(paths) > 1
     else:
+        if isinstance(path, bytes) or not isinstance(path, Sequence) \
+                or not all(isinstance(p, (str, os.PathLike)) for p in path):
+            raise ArgumentError(f"read_model: expected a path or a sequence of paths, got {path!r:.200}")
         paths = [Path(p) for p in path]
         from_names = False
         if not paths:
