@@ -32,7 +32,8 @@ for bit):
   bf16 rounding keeps a NaN a (quiet) NaN instead of letting the carry of the
   SPEC §5 rule turn it into an infinity or -0.
 
-The loops run without the GIL; tokens are split across OpenMP threads when a
+The loops run without the GIL; tokens are shared out to OpenMP threads (dynamic
+schedule, two tokens at a time: a core busy with other work takes fewer) when a
 call holds at least ``PARALLEL_MIN_VALUES`` residual values.  The arithmetic is
 compiled three times (baseline x86-64, AVX2, AVX-512F; one portable copy on other
 CPUs) and chosen at run time; every path gives the same bits.
@@ -289,7 +290,7 @@ def gated_add_into(float[:, :, ::1] residual, const float[:, :, ::1] kv,
                     continue
                 _token(path, res + t * S * W, kvp + t * (S + 1) * W, w, S, W, eps, gp + t * S)
         else:
-            for t in prange(T, num_threads=nthreads, schedule="static"):
+            for t in prange(T, num_threads=nthreads, schedule="dynamic", chunksize=2):
                 if masked and mp[t] == 0:
                     for s in range(S):
                         gp[t * S + s] = 0.0
