@@ -200,13 +200,16 @@ class Session:
 
     # --------------------------------------------------------------- prefill
     def prefill(self, token_ids, mask=None, *, chunk_tokens: int = 2048,
-                second_table_layer: int = 2) -> Prefetcher:
+                second_table_layer: int = 2, order: str = "chunk") -> Prefetcher:
         """Stream the rows of a prompt in the background.
 
         Every row id is hashed up front (the history advances past the
-        prompt); a reader thread then reads table after table in chunks of
-        ``chunk_tokens`` tokens, the second table starting once the engine
-        reaches decoder layer ``second_table_layer`` (SPEC §8).
+        prompt); a reader thread then reads chunks of ``chunk_tokens`` tokens,
+        the second table starting once the engine reaches decoder layer
+        ``second_table_layer`` (SPEC §8).  ``order`` is ``"chunk"`` (chunk k of
+        every table before chunk k+1: engines that run all layers per
+        micro-batch) or ``"table"`` (first table whole, then the second:
+        engines that run one layer over the whole prompt).
 
         Parameters
         ----------
@@ -228,7 +231,7 @@ class Session:
         """
         row_ids = self.model.hasher.hash(token_ids, mask, self.history)
         p = Prefetcher([self.tables[lid] for lid in self.model.layer_ids], self.model.layer_ids, row_ids,
-                       chunk_tokens=chunk_tokens, second_table_layer=second_table_layer)
+                       chunk_tokens=chunk_tokens, second_table_layer=second_table_layer, order=order)
         self._prefetchers = [q for q in self._prefetchers if not q.done] + [p]
         return p
 

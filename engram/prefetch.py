@@ -1,13 +1,20 @@
 """Background prefill reader (SPEC §8).
 
 Every row of the prompt is hashed up front; a background thread then reads
-them table after table in chunks of 2048 tokens and publishes, per layer, how
-many tokens are ready.  The inference engine asks only for what the layer it
-is computing needs (:meth:`Prefetcher.wait`), so the reads hide behind the
-compute of earlier layers.  As in the reference engine the first table's read
-starts at once (before layer 0) and the second's when the engine reaches
-decoder layer ``second_table_layer`` (2 by default), so the two reads do not
-compete for the device while the first table is still needed soon.
+them in chunks of 2048 tokens and publishes, per layer, how many tokens are
+ready.  The inference engine asks only for what the layer it is computing
+needs (:meth:`Prefetcher.wait`), so the reads hide behind the compute of
+earlier layers.  As in the reference engine the first table's read starts at
+once (before layer 0) and the second's when the engine reaches decoder layer
+``second_table_layer`` (2 by default).
+
+Read order: ``order="chunk"`` (default) reads chunk 0 of every open table,
+then chunk 1, ..., which suits engines that run all layers on one micro-batch
+of the prompt before the next (llama.cpp-style ubatches): each micro-batch's
+rows of both tables arrive together.  ``order="table"`` reads the first table
+whole before the second, for engines that run one layer over the whole prompt
+at a time.  While the second table is still gated, the reader goes on with
+the first.
 """
 
 from __future__ import annotations
@@ -47,12 +54,16 @@ class Prefetcher:
     """
 
     def __init__(self, tables: Sequence, layer_ids: Sequence[int], row_ids: np.ndarray, *,
-                 chunk_tokens: int = 2048, second_table_layer: int = 2, name: str = "engram-prefill"):
+                 chunk_tokens: int = 2048, second_table_layer: int = 2, order: str = "chunk",
+                 name: str = "engram-prefill"):
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
             raise ArgumentError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
         if isinstance(second_table_layer, bool) or not isinstance(second_table_layer, (int, np.integer)) \
                 or second_table_layer < 0:
             raise ArgumentError(f"second_table_layer must be an integer >= 0, got {second_table_layer!r}")
+        if order not in ("chunk", "table"):
+            raise ArgumentError(f"order must be 'chunk' or 'table', got {order!r}")
+        self.order = order
         self.layer_ids = tuple(int(x) for x in layer_ids)
         self.row_ids = row_ids
         self.tokens = int(row_ids.shape[0])
@@ -73,24 +84,40 @@ class Prefetcher:
         self._thread.start()
 
     # ------------------------------------------------------------ reader
+    def _next_task(self) -> Optional[int]:
+        """Table index to read a chunk of next (under the lock), None when all is read.
+
+        Waits while every unfinished table is still gated.
+        """
+        while True:
+            if self._cancelled:
+                return None
+            todo = [li for li in range(len(self.layer_ids)) if self._ready[li] < self.tokens]
+            if not todo:
+                return None
+            open_ = [li for li in todo if self._engine_layer >= self._start_at[li]]
+            if self.order == "table":
+                open_ = open_[:1] if open_ and open_[0] == todo[0] else []
+            if open_:
+                # chunk order: the table that is furthest behind; ties go to the earlier layer
+                return min(open_, key=lambda li: (self._ready[li], li))
+            self._cond.wait()
+
     def _run(self) -> None:
         try:
-            for li in range(len(self.layer_ids)):
+            while True:
                 with self._cond:
-                    while not self._cancelled and self._engine_layer < self._start_at[li]:
-                        self._cond.wait()
-                    if self._cancelled:
-                        return
+                    li = self._next_task()
+                if li is None:
+                    return
+                start = self._ready[li]
+                stop = min(self.tokens, start + self.chunk_tokens)
                 table = self._tables[li]
-                for start in range(0, self.tokens, self.chunk_tokens):
-                    if self._cancelled:
-                        return
-                    stop = min(self.tokens, start + self.chunk_tokens)
-                    table.read_batch(self.row_ids[start:stop, li, :], out=self._buffers[li][start:stop])
-                    self.stats.add(table.last_stats)
-                    with self._cond:
-                        self._ready[li] = stop  # published only once the chunk is complete
-                        self._cond.notify_all()
+                table.read_batch(self.row_ids[start:stop, li, :], out=self._buffers[li][start:stop])
+                self.stats.add(table.last_stats)
+                with self._cond:
+                    self._ready[li] = stop  # published only once the chunk is complete
+                    self._cond.notify_all()
         except BaseException as exc:  # surfaced by wait(); the thread never dies silently
             with self._cond:
                 self._error = exc

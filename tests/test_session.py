@@ -62,11 +62,11 @@ def test_step_equals_hash_and_decode(model, text_ids):
         assert s.last_stats.rows_requested == 48
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 2048])
-def test_prefill_equals_steps(model, text_ids, chunk):
+@pytest.mark.parametrize("chunk, order", [(1, "chunk"), (7, "table"), (64, "chunk"), (2048, "table")])
+def test_prefill_equals_steps(model, text_ids, chunk, order):
     ids = text_ids[:300]
     with model.session() as a, model.session() as b:
-        p = a.prefill(ids, chunk_tokens=chunk)
+        p = a.prefill(ids, chunk_tokens=chunk, order=order)
         stepped = [b.step(int(t)) for t in ids]
         for lid in model.layer_ids:
             got = p.rows(lid, 0, len(ids), timeout=60)
@@ -78,14 +78,31 @@ def test_prefill_equals_steps(model, text_ids, chunk):
         assert half.shape == (50, 24, 256)
 
 
-def test_prefill_second_table_waits_for_layer(model, text_ids):
+@pytest.mark.parametrize("order", ["chunk", "table"])
+def test_prefill_second_table_waits_for_layer(model, text_ids, order):
     with model.session() as s:
-        p = s.prefill(text_ids[:100], second_table_layer=5)
-        p.wait(1, 100, timeout=60)
+        p = s.prefill(text_ids[:100], second_table_layer=5, chunk_tokens=16, order=order)
+        p.wait(1, 100, timeout=60)  # the first table goes on while the second is gated
         assert p.progress[14] == 0  # the engine has not reached layer 5
         p.enter_layer(5)
         p.wait(14, 100, timeout=60)
         assert p.progress == {1: 100, 14: 100}
+
+
+def test_prefill_chunk_order_interleaves(model, text_ids):
+    """Chunk order: once both tables are open, neither runs more than a chunk ahead."""
+    with model.session() as s:
+        p = s.prefill(text_ids[:600], chunk_tokens=32, second_table_layer=0)
+        p.enter_layer(0)
+        seen = []
+        for _ in range(100_000):
+            pr = p.progress
+            seen.append(pr[1] - pr[14])
+            if p.done:
+                break
+        p.wait(14, timeout=60)
+        # one chunk apart, plus one chunk the first table may have read before the gate opened
+        assert max(seen) <= 64 and min(seen) >= -32
 
 
 def test_prefill_mask(model, text_ids):
@@ -211,3 +228,32 @@ def test_session_options(model):
     with model.session(backend="serial", readers=1) as s:
         s.step(5)
         assert s.last_stats.backend == "serial"
+
+
+def test_apply_projects_and_gates(model, text_ids):
+    from engram.codec import bf16_round
+    from engram.mixer import gated_add, project
+
+    w = model.weights(14)
+    assert w.kv.shape == (25600, 6144) and w.kv.dtype == np.float32
+    assert w.q_norm.shape == (4, 5120) and w.k_norm.shape == (4, 5120)
+    raw = model.info.read_tensor(model.info.layers[14].kv.name, max_bytes=1 << 31)
+    assert np.array_equal(w.kv, raw.astype(np.float32))
+    assert model.weights(14) is w  # converted once
+    with model.session() as s:
+        rows = np.stack([s.step(int(t))[14] for t in text_ids[:3]])
+        rng = np.random.default_rng(0)
+        residual = bf16_round(rng.standard_normal((3, 4, 5120)).astype(np.float32))
+        expect = residual.copy()
+        original = residual.copy()
+        kv_ref = (rows.reshape(3, 6144).astype(np.float64) @ raw.astype(np.float64).T).reshape(3, 5, 5120)
+        gates = np.zeros((3, 4), np.float32)
+        mask = np.array([True, False, True])
+        kv = s.apply(14, residual, rows, mask=mask, gates_out=gates)
+        np.testing.assert_allclose(kv, kv_ref, rtol=1e-4, atol=1e-5)
+        gated_add(expect, project(rows, w.kv), w.q_norm, w.k_norm, model.eps, mask=mask)
+        assert np.array_equal(residual, expect)
+        assert np.array_equal(residual[1], original[1]) and not np.array_equal(residual[0], original[0])
+        assert np.all((gates[[0, 2]] > 0) & (gates[[0, 2]] < 1)) and np.all(gates[1] == 0)
+        with pytest.raises(ArgumentError):
+            s.apply(2, residual, rows)
