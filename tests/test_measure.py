@@ -1,0 +1,229 @@
+"""sim.measure: compute specs, configurations and grids, the real decode loop, microbenchmarks, the whole run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
+from modelfiles import SCALE, token_map as _token_map
+from sim.measure import (DEFAULT_TRACES, MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, compute_microbench,
+                         decode_run, default_grid, ensure_model, fio_microbench, grid, hash_microbench,
+                         io_microbench, load_json, measure, quick_grid, trace_label)
+from sim.trace import CODE_SOURCE, load_trace
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("measure") / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=5)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return EngramModel.open(model_path)
+
+
+# ------------------------------------------------------------------ compute specs
+@pytest.mark.parametrize("text, label, mixer, extra", [
+    ("none", "none", False, ()),
+    ("mixer", "mixer", True, ()),
+    ("spin:2", "spin:2", False, (("spin", 2.0),)),
+    ("spin:2.50", "spin:2.5", False, (("spin", 2.5),)),
+    (" mixer + sleep:1 ", "mixer+sleep:1", True, (("sleep", 1.0),)),
+    ("blas:3+spin:0.5", "blas:3+spin:0.5", False, (("blas", 3), ("spin", 0.5))),
+])
+def test_compute_spec_parse(text, label, mixer, extra):
+    c = ComputeSpec.parse(text)
+    assert (c.mixer, c.extra, c.label) == (mixer, extra, label)
+    assert ComputeSpec.parse(c.label) == c
+
+
+@pytest.mark.parametrize("bad", ["", "gpu:3", "spin", "spin:x", "spin:-1", "blas:1.5", "spin:nan"])
+def test_compute_spec_rejects(bad):
+    with pytest.raises(ArgumentError):
+        ComputeSpec.parse(bad)
+
+
+def test_compute_runners_do_their_work():
+    rows = {1: np.zeros((24, 256), np.float32)}
+    for spec, at_least in (("spin:3", 3e-3), ("sleep:2", 2e-3), ("spin:1+sleep:1", 2e-3)):
+        run = ComputeSpec.parse(spec).runner()
+        t0 = time.perf_counter()
+        run(rows)
+        assert time.perf_counter() - t0 >= at_least, spec
+    assert ComputeSpec.parse("none").runner()(rows) is None
+    ComputeSpec.parse("blas:2").runner()(rows)
+    with pytest.raises(ArgumentError, match="mixer"):
+        ComputeSpec.parse("mixer").runner()
+
+
+# ------------------------------------------------------------- configurations
+def test_run_config_key_parse_and_dict():
+    c = RunConfig(CODE_SOURCE, 8, "io_uring", 16, "spin:2.0", 120)
+    assert c.compute == "spin:2" and not c.serial
+    assert c.key == "base_events/t8/io_uring/r16/spin:2/120"
+    assert RunConfig.parse(f"{CODE_SOURCE}/8/io_uring/16/spin:2/120") == c
+    assert RunConfig.parse("shared:prompts.jsonl/256/pread/4", steps=77) == \
+        RunConfig("shared:prompts.jsonl", 256, "pread", 4, "none", 77)
+    assert RunConfig.parse("shared:x.txt/8/pread/4/mixer") == RunConfig("shared:x.txt", 8, "pread", 4, "mixer", 300)
+    assert RunConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert RunConfig(CODE_SOURCE, 49, "pread", 4).serial and not RunConfig(CODE_SOURCE, 48, "pread", 4).serial
+    for bad in ("a/b", "x/8/nvme/4", "x/eight/pread/4", "x/8/pread/4/none/many"):
+        with pytest.raises(ArgumentError):
+            RunConfig.parse(bad)
+    with pytest.raises(ArgumentError):
+        RunConfig(CODE_SOURCE, 8, "aio", 4)
+    with pytest.raises(ArgumentError):
+        RunConfig(CODE_SOURCE, 0, "pread", 4)
+    with pytest.raises(FormatError):
+        RunConfig.from_dict({"trace": "x"})
+    assert trace_label("shared:promessi_sposi.txt") == "promessi_sposi"
+    assert trace_label("stdlib:asyncio/base_events.py") == "base_events"
+
+
+def test_grid_drops_duplicate_serial_configurations():
+    g = grid(["a.txt", "b.txt"], [8, 256], ["pread", "io_uring"], [4, 16], ["none", "spin:2"], 50,
+             {"spin:2": 20})
+    # per trace and compute: 2 backends x 2 readers concurrent + 1 serial
+    assert len(g) == 2 * 2 * 5 == len({c.key for c in g})
+    serial = [c for c in g if c.serial]
+    assert len(serial) == 4 and all(c.backend == "pread" and c.readers == 4 for c in serial)
+    assert {c.steps for c in g if c.compute == "spin:2"} == {20} and {c.steps for c in g if c.compute == "none"} == {50}
+
+
+def test_default_grid_covers_the_axes():
+    g = default_grid()
+    assert len(g) == 42 >= 24 and len({c.key for c in g}) == 42
+    assert {c.trace for c in g} == set(DEFAULT_TRACES)
+    assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
+    assert {c.readers for c in g if not c.serial} == {4, 16}
+    assert {c.compute for c in g} == {"none", "spin:2", "mixer"}
+    assert sum(c.compute == "mixer" for c in g) == 2
+    assert len(quick_grid()) == 6
+
+
+# ------------------------------------------------------------------ decode loop
+@pytest.mark.parametrize("threshold, backend", [(8, "pread"), (8, "io_uring"), (256, "pread")])
+def test_decode_run_reads_the_trace_rows(model, threshold, backend):
+    from engram import available_backends
+
+    if backend not in available_backends():
+        pytest.skip(f"{backend} not built")
+    tr = load_trace(CODE_SOURCE, limit=70, layout=model.layout)
+    cfg = RunConfig(CODE_SOURCE, threshold, backend, 4, "spin:0.2", 60)
+    r = decode_run(model, tr, cfg, warmup=5)
+    assert r["rows_match"] and r["steps"] == 60
+    for k in ("step_us", "read_us", "compute_us"):
+        assert len(r[k]) == 60
+    step, read, comp = (np.array(r[k]) for k in ("step_us", "read_us", "compute_us"))
+    assert np.all(read + comp <= step + 0.05) and np.all(comp >= 200)
+    assert r["tokens_per_s"] == pytest.approx(60 / r["wall_s"])
+    assert 60 / r["tokens_per_s"] >= step.sum() * 1e-6
+    assert r["concurrent_steps"] == (60 if threshold == 8 else 0)
+    assert 40 <= r["rows_distinct_mean"] <= 48
+    assert r["step_ms"]["p50"] == pytest.approx(np.median(step) / 1e3, rel=1e-3)
+
+
+def test_decode_run_restarts_history_per_sequence(model, shared_data):
+    tr = load_trace("shared:prompts.jsonl", limit=130, layout=model.layout)
+    assert tr.starts.size > 3
+    # the trace's rows are those of a fresh history at every prompt
+    h = Hasher(model.layout, model.token_map)
+    a, b = int(tr.starts[1]), int(tr.starts[2])
+    assert np.array_equal(tr.rows[a:b], h.hash(tr.tokens[a:b]))
+    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 120), warmup=4)
+    assert r["rows_match"]
+
+
+def test_decode_run_needs_enough_tokens(model):
+    tr = load_trace(CODE_SOURCE, limit=20, layout=model.layout)
+    with pytest.raises(ArgumentError, match="20 tokens"):
+        decode_run(model, tr, RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30))
+
+
+# --------------------------------------------------------------- microbenchmarks
+def test_io_microbench_records(model):
+    recs = io_microbench(model.info, backends=("pread",), depths=(1, 4), batches=6, big_seconds=0.01,
+                         single_rows=10, seed=1)
+    kinds = [(r["backend"], r["qd"], r["batch_rows"]) for r in recs]
+    assert kinds == [("serial", 1, 48), ("serial", 1, 1), ("pread", 4, 48), ("pread", 4, 4096 // 48 * 48)]
+    s48, one, b48, big = recs
+    assert len(s48["batch_us"]) == 6 and s48["rows"] == 288 and 6 * 48 >= s48["reads"] >= 6 * 40
+    assert len(one["batch_us"]) == 10 and all(x > 0 for x in one["batch_us"])
+    assert big["batches"] >= 2 and big["reads_per_s"] == pytest.approx(big["reads"] / big["wall_s"])
+    assert all(r["kind"] == "io" and r["tool"] == "engine" for r in recs)
+    # deterministic rows: the same seed reads the same rows (same read counts)
+    again = io_microbench(model.info, backends=("pread",), depths=(4,), batches=6, big_seconds=0.0, seed=1,
+                          single_rows=1)
+    assert again[0]["reads"] == s48["reads"]
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio not installed")
+def test_fio_microbench(model):
+    (r,) = fio_microbench(model.info, [2], seconds=0.15)
+    assert r["tool"] == "fio" and r["qd"] == 2 and r["iops"] > 0 and r["mean_us"] > 0
+    assert "--direct=1" in r["cmd"] and "--iodepth=2" in r["cmd"]
+    assert r["p1_us"] <= r["p50_us"] <= r["p99_us"]
+
+
+def test_compute_and_hash_microbench(model):
+    recs = compute_microbench(model, ["none", "spin:0.5", "spin:0.50"], samples=8)
+    assert [r["compute"] for r in recs] == ["none", "spin:0.5"]
+    assert len(recs[1]["samples_us"]) == 8 and min(recs[1]["samples_us"]) >= 500
+    h = hash_microbench(model, samples=50)
+    assert h["kind"] == "hash" and len(h["samples_us"]) == 50 and 0 < np.median(h["samples_us"]) < 1000
+
+
+# ------------------------------------------------------------------ whole runs
+def test_measure_writes_both_documents(model_path, tmp_path):
+    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 25), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 25)]
+    res = measure(model_path, cfgs, tmp_path, rounds=2, depths=(1, 4), fio=False, io_batches=4, big_seconds=0.01,
+                  single_rows=5, compute_samples=5, warmup=3, progress=False)
+    assert res["runs_done"] == 4 and res["configs"] == 2
+    micro = load_json(tmp_path / "microbench.json", "microbench")
+    runs = load_json(tmp_path / "runs.json", "decode_runs")
+    assert micro["schema"] == MICRO_SCHEMA and runs["schema"] == RUNS_SCHEMA
+    assert {r["kind"] for r in micro["records"]} == {"io", "compute", "hash"}
+    assert sorted({r["round"] for r in micro["records"]}) == [0, 1]
+    assert not any("step_us" in r for r in micro["records"])
+    assert [c["key"] for c in runs["configs"]] == [c.key for c in cfgs]
+    assert sorted((r["config"], r["round"]) for r in runs["runs"]) == sorted(
+        (c.key, k) for c in cfgs for k in (0, 1))
+    assert all(r["rows_match"] for r in runs["runs"])
+    assert (tmp_path / runs["traces"][CODE_SOURCE]).is_file()
+    assert runs["file"]["path"] == str(model_path.resolve()) and len(runs["file"]["tables"]) == 2
+    with pytest.raises(FormatError, match="decode_runs"):
+        load_json(tmp_path / "microbench.json", "decode_runs")
+    only = measure(model_path, cfgs[:1], tmp_path / "m", rounds=1, depths=(2,), decode=False, fio=False,
+                   io_batches=2, big_seconds=0.0, single_rows=2, compute_samples=2, progress=False)
+    assert only["runs"] is None and not (tmp_path / "m" / "runs.json").exists()
+    with pytest.raises(ArgumentError):
+        measure(model_path, [], tmp_path / "e", progress=False)
+
+
+def test_ensure_model(model_path, tmp_path):
+    assert ensure_model(model_path, SCALE) == model_path
+    with pytest.raises(ArgumentError, match="scale"):
+        ensure_model(model_path, 0.001)
+    with pytest.raises(ArgumentError, match="no model file"):
+        ensure_model(tmp_path / "none.gguf", SCALE, build=False)
+
+
+@pytest.mark.heavy
+def test_decode_run_with_the_mixer(tmp_path):
+    path = tmp_path / "mixer.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=2)
+    m = EngramModel.open(path)
+    for lid in m.layer_ids:
+        m.weights(lid)
+    tr = load_trace(CODE_SOURCE, limit=20, layout=m.layout)
+    r = decode_run(m, tr, RunConfig(CODE_SOURCE, 8, "pread", 4, "mixer", 12), warmup=2)
+    assert r["rows_match"] and min(r["compute_us"]) > 1000
+    (rec,) = compute_microbench(m, ["mixer"], mixer_samples=3)
+    assert len(rec["samples_us"]) == 3 and min(rec["samples_us"]) > 1000
