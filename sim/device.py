@@ -55,6 +55,7 @@ from engram.errors import ArgumentError, FormatError
 __all__ = [
     "Device",
     "EmpiricalDevice",
+    "MeasuredBatchDevice",
     "LatencyDist",
     "ParametricSSD",
     "PoissonLoadResult",
@@ -490,6 +491,8 @@ class Device:
         kind = d.get("kind")
         if kind == "empirical":
             return EmpiricalDevice.from_dict(d)
+        if kind == "measured_batch":
+            return MeasuredBatchDevice.from_dict(d)
         if kind == "parametric_ssd":
             try:
                 return ParametricSSD(float(d["qd1_latency_us"]) * US, float(d["iops"]), int(d["parallelism"]),
@@ -497,7 +500,7 @@ class Device:
                                      source=d.get("source", ""))
             except KeyError as exc:
                 raise FormatError(f"parametric_ssd device: missing field {exc}") from None
-        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical' or 'parametric_ssd')")
+        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or 'parametric_ssd')")
 
     def table(self, depths: Optional[Sequence[int]] = None) -> list:
         """Rows ``{qd, mean_us, p50_us, p99_us, iops}`` for display."""
@@ -676,6 +679,123 @@ class EmpiricalDevice(Device):
 
     def __repr__(self) -> str:
         return f"EmpiricalDevice({self.name!r}, depths={self._qs})"
+
+
+# =====================================================================================
+# measured batches
+# =====================================================================================
+class MeasuredBatchDevice(EmpiricalDevice):
+    """An :class:`EmpiricalDevice` plus the measured service time of whole batches.
+
+    Built from a reader's own microbenchmark (:mod:`sim.calibrate`): the time
+    of a batch of ``n`` reads issued by ``k`` readers, measured as one
+    distribution per ``(n, k)``.  A short burst of reads need not behave like
+    ``n`` independent draws of the steady-state latency at depth ``k``: slow
+    periods of a shared device hit all reads in flight together, and a burst
+    can run faster than the sustained rate.  The measured batch time holds
+    both, and everything the reader does per batch (waking threads,
+    submitting a ring, sorting, decoding).
+
+    :meth:`batch_samples` draws from the measured batch of the nearest size
+    ``n0`` at ``k`` readers (quantile functions mixed linearly in ``k``
+    between measured reader counts; the nearest count outside them), times
+    ``ceil(n / k) / ceil(n0 / k)`` (waves of reads) when ``n != n0``.  A batch
+    asked at a deeper queue than its own readers (other clients in flight)
+    and the per-read (exact) model use the per-read table.
+
+    Parameters
+    ----------
+    table : mapping int -> LatencyDist
+        Latency of one read by queue depth (as :class:`EmpiricalDevice`).
+    batches : mapping (int, int) -> LatencyDist
+        ``(n, k)`` -> duration (seconds) of a batch of ``n`` reads on ``k`` readers.
+    name, source : str
+
+    Raises
+    ------
+    ArgumentError
+        An empty table or batch table, or ``n``/``k`` below 1.
+    """
+
+    def __init__(self, table: Mapping[int, LatencyDist], batches: Mapping[tuple, LatencyDist],
+                 name: str = "measured-batch", source: str = ""):
+        super().__init__(table, name, source)
+        if not batches:
+            raise ArgumentError("MeasuredBatchDevice: empty batch table")
+        self.batches = {}
+        for key, d in sorted(batches.items()):
+            n, k = int(key[0]), int(key[1])
+            if n < 1 or k < 1:
+                raise ArgumentError(f"MeasuredBatchDevice: batch ({n}, {k}) needs n >= 1 reads and k >= 1 readers")
+            if not isinstance(d, LatencyDist):
+                raise ArgumentError(f"MeasuredBatchDevice: batch ({n}, {k}) is {type(d).__name__}, not LatencyDist")
+            self.batches[(n, k)] = d
+        self._bcache: dict = {}
+
+    def batch_dist(self, n: int, k: int) -> LatencyDist:
+        """Distribution of the duration of ``n`` reads on ``k`` readers, alone on the device."""
+        key = (int(n), int(k))
+        got = self._bcache.get(key)
+        if got is not None:
+            return got
+        n, k = key
+        sizes = sorted({b for b, _ in self.batches})
+        n0 = min(sizes, key=lambda b: (abs(b - n), b))
+        ks = sorted(r for b, r in self.batches if b == n0)
+        if k <= ks[0]:
+            d, kk = self.batches[(n0, ks[0])], ks[0]
+        elif k >= ks[-1]:
+            d, kk = self.batches[(n0, ks[-1])], ks[-1]
+        else:
+            i = int(np.searchsorted(ks, k))
+            k0, k1 = ks[i - 1], ks[i]
+            d = self.batches[(n0, k0)] if k == k0 else \
+                self.batches[(n0, k0)].mix(self.batches[(n0, k1)], (k - k0) / (k1 - k0))
+            kk = k
+        if n != n0:
+            d = d.scaled(math.ceil(n / kk) / math.ceil(n0 / kk))
+        self._bcache[key] = d
+        return d
+
+    def batch_samples(self, n: int, k: int, qd: Optional[int] = None, size: int = 2048,
+                      rng: Optional[np.random.Generator] = None):
+        """Service times of a batch of ``n`` reads on ``k`` readers: the measured batch (see the class).
+
+        Returns ``(times, areas)`` as :meth:`Device.batch_samples`; the area
+        (summed read latency) is taken as ``min(n, k)`` readers busy for the
+        whole batch.  With ``qd`` deeper than ``min(n, k)`` the per-read model
+        is used.
+        """
+        if n < 1 or k < 1:
+            raise ArgumentError(f"batch_samples: need n >= 1 reads and k >= 1 readers, got n={n}, k={k}")
+        kk = min(k, n)
+        if qd is not None and int(qd) > kk:
+            return super().batch_samples(n, k, qd, size, rng)
+        d = self.batch_dist(n, k)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        t = np.array([float(d.q[0])]) if d.is_point else d.sample(rng, size)
+        return t, t * kk
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["kind"] = "measured_batch"
+        d["batches"] = [{"n": n, "k": k, "dist": b.to_dict()} for (n, k), b in self.batches.items()]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "MeasuredBatchDevice":
+        base = EmpiricalDevice.from_dict(d)
+        try:
+            batches = {(int(b["n"]), int(b["k"])): LatencyDist.from_dict(b["dist"]) for b in d["batches"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"measured_batch device: bad 'batches' ({exc})") from None
+        try:
+            return cls(base.measured, batches, base.name, base.source)
+        except ArgumentError as exc:
+            raise FormatError(f"measured_batch device: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"MeasuredBatchDevice({self.name!r}, depths={self._qs}, batches={sorted(self.batches)})"
 
 
 # =====================================================================================

@@ -1,0 +1,477 @@
+"""Calibration: the simulator's device and compute models fitted from microbenchmarks only (SPEC §9).
+
+Input: a ``microbench.json`` document of :mod:`sim.measure` (the engine's own
+reads by queue depth, fio, the compute and hash microbenchmarks).  Decode runs
+are refused (:func:`calibrate` raises on a decode-run document or record), so
+the cross-check (:mod:`sim.crosscheck`) predicts runs the calibration never saw.
+
+The fitted model, per read backend ``b`` (``pread``, ``io_uring``), is a
+:class:`~sim.device.MeasuredBatchDevice`:
+
+batch service time by readers (what a decode step's read costs)
+    the distribution of the time of a 48-row batch (24 random rows of each
+    table, one decode step's worth) read with ``readers = k`` (= ring depth),
+    per measured ``k``, and of a 48-row batch read serially (``k = 1``: a
+    batch below the threshold is read serially whatever the backend).  It
+    holds the device and everything the engine does per batch; other batch
+    sizes scale by waves of reads, other reader counts interpolate.
+read latency by queue depth (for other clients in flight and per-read simulation)
+    mean at depth ``k >= 2``: ``k / reads_per_s`` of the engine's large
+    batches at ``readers = k`` (Little's law on a closed loop of ``k``
+    readers); at depth 1, a serial 48-row batch's mean / 48.  Shape: fio's
+    completion-latency quantile function at the nearest measured depth,
+    scaled to the engine's mean; without fio, the engine's single-row serial
+    read times.
+
+compute
+    per compute spec, the measured times of one step's compute, resampled
+    (:meth:`sim.decode.Compute.empirical`).
+hash
+    the mean time of the hash part of a step (:meth:`engram.Session.step_rows`).
+
+The ``fit`` diagnostics compare, per backend and depth, the measured 48-row
+batch with the makespan of 48 independent reads drawn from the per-read
+model (``overhead_raw_us`` = the difference): the gap shows why the batch
+is modelled as measured.
+
+JSON schema of ``calibration.json``::
+
+    {"schema": "engram.calibration/1", "kind": "calibration", "date": ISO-8601,
+     "machine": {...}, "file": {...},                     # from the microbenchmark document
+     "source": {"path", "sha256", "schema", "date", "records": n},
+     "devices": {"pread": MeasuredBatchDevice.to_dict(), "io_uring": ...},
+     "fio_device": EmpiricalDevice.to_dict() or null,
+     "compute": {"none": {"samples_us": [...], "mean_us", "p50_us", "p95_us"}, "mixer": {...}, ...},
+     "hash_us": x,
+     "fit": [{"backend", "qd", "engine_mean_us", "fio_mean_us", "engine_over_fio",
+              "batch48_mean_us", "batch48_p50_us", "device_batch48_mean_us", "device_batch48_p50_us",
+              "overhead_raw_us", "batches"}, ...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from .decode import Compute, Policy
+from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
+from .measure import MICRO_SCHEMA, RUNS_SCHEMA, STEP_ROWS, ComputeSpec, load_json
+
+__all__ = ["CALIBRATION_SCHEMA", "Calibration", "calibrate", "calibrate_file"]
+
+CALIBRATION_SCHEMA = "engram.calibration/1"
+US = 1e-6
+
+#: Record kinds a calibration accepts: microbenchmarks only.
+MICRO_KINDS = ("io", "compute", "hash")
+#: Fields that only decode runs carry; a record holding any of them is refused.
+RUN_FIELDS = ("step_us", "tokens_per_s", "step_ms", "config")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# =====================================================================================
+# the calibration
+# =====================================================================================
+@dataclass
+class Calibration:
+    """Device, compute and hash models of one machine and model file.
+
+    Attributes
+    ----------
+    devices : dict[str, MeasuredBatchDevice]
+        Backend (``pread``, ``io_uring``) -> batch service times by readers and
+        read latency by queue depth.
+    compute : dict[str, Compute]
+        Compute label (:class:`sim.measure.ComputeSpec`) -> step compute model.
+    hash_s : float
+        Seconds of the hash part of a step.
+    fio_device : EmpiricalDevice or None
+        The raw device as fio sees it (for reference; not used in predictions).
+    fit : list of dict
+        Diagnostics per backend and depth (see the module docstring).
+    machine, file, source : dict
+        Where the microbenchmarks ran and what they read.
+    date : str
+        Date of the microbenchmarks.
+    """
+
+    devices: Dict[str, MeasuredBatchDevice]
+    compute: Dict[str, Compute]
+    hash_s: float
+    fio_device: Optional[EmpiricalDevice] = None
+    fit: List[dict] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    file: dict = field(default_factory=dict)
+    source: dict = field(default_factory=dict)
+    date: str = ""
+
+    # ------------------------------------------------------------------ queries
+    def device(self, backend: str) -> MeasuredBatchDevice:
+        """The device model of ``backend``.
+
+        Raises
+        ------
+        ArgumentError
+            No microbenchmark of that backend.
+        """
+        try:
+            return self.devices[backend]
+        except KeyError:
+            raise ArgumentError(f"calibration has no device for backend {backend!r} "
+                                f"(has {sorted(self.devices)})") from None
+
+    def policy(self, threshold: int, backend: str, readers: int) -> Policy:
+        """The simulator's :class:`~sim.decode.Policy` for an engine configuration (ring depth = readers;
+        no batch overhead: the measured batch times hold it)."""
+        self.device(backend)
+        return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers))
+
+    def compute_model(self, spec: str) -> Compute:
+        """The compute model of a compute spec.
+
+        Raises
+        ------
+        ArgumentError
+            The spec was not microbenchmarked (names it).
+        """
+        label = ComputeSpec.parse(spec).label
+        try:
+            return self.compute[label]
+        except KeyError:
+            raise ArgumentError(f"calibration has no compute microbenchmark for {label!r} "
+                                f"(has {sorted(self.compute)}); measure it with engram measure") from None
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        comp = {}
+        for label, c in self.compute.items():
+            s = np.asarray(c.samples, dtype=np.float64)
+            comp[label] = {"samples_us": [round(float(x) / US, 2) for x in s], "mean_us": float(s.mean()) / US,
+                           "p50_us": float(np.median(s)) / US, "p95_us": float(np.percentile(s, 95)) / US}
+        return {
+            "schema": CALIBRATION_SCHEMA, "kind": "calibration", "date": self.date, "machine": self.machine,
+            "file": self.file, "source": self.source,
+            "devices": {b: d.to_dict() for b, d in self.devices.items()},
+            "fio_device": self.fio_device.to_dict() if self.fio_device is not None else None,
+            "compute": comp, "hash_us": self.hash_s / US, "fit": self.fit,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Calibration":
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        FormatError
+            Not a calibration document, or a field is missing or malformed (names it).
+        """
+        if d.get("kind") != "calibration" or d.get("schema") != CALIBRATION_SCHEMA:
+            raise FormatError(f"not a calibration document (kind {d.get('kind')!r}, schema {d.get('schema')!r})")
+        try:
+            devices = {b: MeasuredBatchDevice.from_dict(v) for b, v in d["devices"].items()}
+            fio = EmpiricalDevice.from_dict(d["fio_device"]) if d.get("fio_device") else None
+            comp = {label: Compute.empirical([float(x) * US for x in v["samples_us"]])
+                    for label, v in d["compute"].items()}
+            return cls(devices, comp, float(d["hash_us"]) * US, fio, list(d.get("fit", [])),
+                       dict(d.get("machine", {})), dict(d.get("file", {})), dict(d.get("source", {})),
+                       str(d.get("date", "")))
+        except KeyError as exc:
+            raise FormatError(f"calibration: missing field {exc}") from None
+        except (TypeError, ValueError, ArgumentError) as exc:
+            raise FormatError(f"calibration: malformed ({exc})") from None
+
+    def save(self, path: Union[str, os.PathLike]) -> Path:
+        """Write :meth:`to_dict` as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "Calibration":
+        """Read a calibration file.
+
+        Raises
+        ------
+        FormatError
+            Unreadable or not a calibration file.
+        """
+        d = load_json(path)
+        try:
+            return cls.from_dict(d)
+        except FormatError as exc:
+            raise FormatError(f"{path}: {exc}") from None
+
+    def summary(self) -> str:
+        lines = [f"calibration  {self.date}  machine {self.machine.get('cpu', '?')} x{self.machine.get('cores', '?')}",
+                 f"file         {self.file.get('path', '?')}",
+                 f"source       {self.source.get('path', '?')} ({self.source.get('records', '?')} records)",
+                 f"hash         {self.hash_s / US:.2f} us a step",
+                 "per backend and depth: mean read latency (engine, fio), 48-row batch mean and p50 (measured), "
+                 "makespan of 48 independent reads of the per-read model",
+                 f"{'backend':>9} {'qd':>4} {'engine us':>10} {'fio us':>9} {'eng/fio':>8} {'48-row us':>10} "
+                 f"{'p50 us':>9} {'per-read':>9}"]
+        for r in self.fit:
+            fio = r.get("fio_mean_us")
+            ratio = r.get("engine_over_fio")
+            lines.append(f"{r['backend']:>9} {r['qd']:>4} {r['engine_mean_us']:>10.1f} "
+                         f"{(f'{fio:.1f}' if fio else '-'):>9} {(f'{ratio:.2f}' if ratio else '-'):>8} "
+                         f"{r['batch48_mean_us']:>10.1f} {r['batch48_p50_us']:>9.1f} "
+                         f"{r['device_batch48_mean_us']:>9.1f}")
+        for label, c in self.compute.items():
+            lines.append(f"compute      {label}: mean {c.mean * 1e3:.4f} ms, cv {c.cv:.3f} ({len(c.samples)} samples)")
+        return "\n".join(lines)
+
+
+# =====================================================================================
+# fitting
+# =====================================================================================
+def _check_microbench(doc: Mapping) -> List[dict]:
+    """The records of a microbenchmark document; refuses decode runs."""
+    if not isinstance(doc, Mapping):
+        raise ArgumentError("calibrate needs a microbenchmark document (a dict)")
+    if doc.get("kind") == "decode_runs" or doc.get("schema") == RUNS_SCHEMA or "runs" in doc:
+        raise ArgumentError("calibration uses microbenchmarks only: refusing a decode-run document")
+    if doc.get("kind") != "microbench" or doc.get("schema") != MICRO_SCHEMA:
+        raise ArgumentError(f"calibrate needs a {MICRO_SCHEMA!r} document, got kind {doc.get('kind')!r}, "
+                            f"schema {doc.get('schema')!r}")
+    recs = doc.get("records")
+    if not isinstance(recs, list) or not recs:
+        raise ArgumentError("microbenchmark document has no records")
+    for i, r in enumerate(recs):
+        if not isinstance(r, Mapping):
+            raise ArgumentError(f"microbenchmark record {i} is not an object")
+        bad = [f for f in RUN_FIELDS if f in r]
+        if bad or r.get("kind") not in MICRO_KINDS:
+            raise ArgumentError(f"calibration uses microbenchmarks only: record {i} (kind {r.get('kind')!r}"
+                                f"{', fields ' + ', '.join(bad) if bad else ''}) is not a microbenchmark")
+    return list(recs)
+
+
+def _fio_shapes(fio: Sequence[Mapping]) -> Dict[int, tuple]:
+    """qd -> (u, q / mean): fio's completion-latency quantile function at each depth, normalised to mean 1.
+
+    Percentiles of the rounds are averaged (medians); the ends are the 1st
+    percentile and a linear extrapolation past the 99.9th.
+    """
+    by_qd: Dict[int, List[Mapping]] = {}
+    for r in fio:
+        by_qd.setdefault(int(r["qd"]), []).append(r)
+    out = {}
+    for qd, rs in sorted(by_qd.items()):
+        keys = sorted({k for r in rs for k in r if k.startswith("p") and k.endswith("_us")},
+                      key=lambda k: float(k[1:-3]))
+        ps = [float(k[1:-3]) for k in keys]
+        vs = [float(np.median([r[k] for r in rs if k in r])) for k in keys]
+        if len(ps) < 2:
+            continue
+        vs = list(np.maximum.accumulate(vs))
+        u = [0.0] + [p / 100 for p in ps] + [1.0]
+        slope = (vs[-1] - vs[-2]) / ((ps[-1] - ps[-2]) / 100)
+        q = [vs[0]] + vs + [vs[-1] + slope * (1 - ps[-1] / 100)]
+        u, q = np.asarray(u), np.asarray(q)
+        keep = np.concatenate([[True], np.diff(u) > 0])
+        u, q = u[keep], q[keep]
+        mean = float(np.sum(np.diff(u) * (q[1:] + q[:-1]) / 2))
+        out[qd] = (u, q / mean)
+    return out
+
+
+def _shape_dist(shape: tuple, mean: float, source: str) -> LatencyDist:
+    u, q = shape
+    return LatencyDist(u, q * mean, source)
+
+
+def _dist_from_samples(x: np.ndarray, source: str) -> LatencyDist:
+    """The empirical distribution of ``x`` (seconds) as a quantile function whose mean is the sample mean.
+
+    :meth:`LatencyDist.from_samples` interpolates between order statistics,
+    which gives the extremes half weight; with a heavy tail the mean would
+    come out low, so the quantiles are scaled by ``sample mean / mean``.
+    """
+    d = LatencyDist.from_samples(x, source=source)
+    return d if d.is_point or d.mean <= 0 else LatencyDist(d.u, d.q * (float(np.mean(x)) / d.mean), source)
+
+
+def _sample_shape(samples_s: np.ndarray) -> tuple:
+    d = LatencyDist.from_samples(samples_s, knots=129)
+    return d.u, d.q / d.mean
+
+
+def _nearest(shapes: Mapping[int, tuple], qd: int) -> tuple:
+    return shapes[min(shapes, key=lambda k: (abs(k - qd), k))]
+
+
+def _batch_stats(device: Device, n: int, k: int, seed: int) -> tuple:
+    """(mean, p50) seconds of the device's makespan of ``n`` reads on ``k`` readers."""
+    t, _ = device.batch_samples(n, min(k, n), size=8192, rng=np.random.default_rng(seed))
+    return float(t.mean()), float(np.median(t))
+
+
+def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) -> Calibration:
+    """Fit the device, compute and hash models from a microbenchmark document.
+
+    Parameters
+    ----------
+    doc : mapping
+        A ``microbench.json`` document of :func:`sim.measure.measure`
+        (schema ``engram.microbench/1``), e.g. ``load_json(path)``.
+    source : mapping, optional
+        Provenance stored in the calibration (path, sha256).
+    seed : int
+        Seed of the device makespan sampling (the fit is deterministic).
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    ArgumentError
+        ``doc`` is a decode-run document or holds any record that is not a
+        microbenchmark (kinds ``io``, ``compute``, ``hash``): the calibration
+        never reads decode runs.  Also: no serial or concurrent engine records.
+    """
+    recs = _check_microbench(doc)
+    engine = [r for r in recs if r["kind"] == "io" and r.get("tool") == "engine"]
+    fio = [r for r in recs if r["kind"] == "io" and r.get("tool") == "fio"]
+    serial48 = [r for r in engine if r["backend"] == "serial" and r["batch_rows"] == STEP_ROWS]
+    single = [r for r in engine if r["backend"] == "serial" and r["batch_rows"] == 1]
+    if not serial48:
+        raise ArgumentError("microbenchmarks hold no serial 48-row batches")
+    batch48_serial = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in serial48]) * US
+    qd1_mean = float(batch48_serial.mean()) / STEP_ROWS
+
+    fio_shapes = _fio_shapes(fio) if fio else {}
+    if fio_shapes:
+        shape_src = "fio completion-latency quantiles at the nearest measured depth, scaled to the engine's mean"
+    elif single:
+        shape_src = "the engine's single-row serial read times (normalised), at every depth"
+        one = _sample_shape(np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in single]) * US)
+        fio_shapes = {}
+    else:
+        shape_src = "no distribution measured: every read takes the mean"
+        one = None
+
+    def shape_at(qd: int):
+        if fio_shapes:
+            return _nearest(fio_shapes, qd)
+        return one
+
+    def dist(mean: float, qd: int, src: str) -> LatencyDist:
+        s = shape_at(qd)
+        return LatencyDist.point(mean, src) if s is None else _shape_dist(s, mean, src)
+
+    backends = sorted({r["backend"] for r in engine if r["backend"] != "serial"})
+    if not backends:
+        raise ArgumentError("microbenchmarks hold no concurrent (pread / io_uring) reads")
+    machine = dict(doc.get("machine", {}))
+    fio_mean: Dict[int, float] = {}
+    for r in fio:
+        fio_mean.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
+    fio_mean = {q: float(np.mean(v)) for q, v in fio_mean.items()}
+    serial_dist = _dist_from_samples(batch48_serial, "serial 48-row batches")
+
+    devices: Dict[str, MeasuredBatchDevice] = {}
+    fit: List[dict] = []
+    for be in backends:
+        big: Dict[int, List[Mapping]] = {}
+        small: Dict[int, List[np.ndarray]] = {}
+        for r in engine:
+            if r["backend"] != be:
+                continue
+            if r["batch_rows"] == STEP_ROWS:
+                small.setdefault(int(r["qd"]), []).append(np.asarray(r["batch_us"], dtype=np.float64) * US)
+            else:
+                big.setdefault(int(r["qd"]), []).append(r)
+        if not small:
+            raise ArgumentError(f"microbenchmarks hold no 48-row batches of backend {be!r}")
+        src = (f"engine reads ({be}), {machine.get('cpu', 'this machine')}: 48-row batches of random rows timed "
+               f"at readers = k (k = 1: serial); read latency at depth k = k / reads per second of large batches "
+               f"at readers = k, depth 1 = serial 48-row batch / 48, shape: {shape_src}")
+        table = {1: dist(qd1_mean, 1, src)}
+        for k, rs in sorted(big.items()):
+            reads = sum(int(r["reads"]) for r in rs)
+            wall = sum(float(r["wall_s"]) for r in rs)
+            if reads and wall > 0:
+                table[k] = dist(k * wall / reads, k, src)
+        per_read = EmpiricalDevice(table, name=f"engine-{be}-per-read", source=src)
+        batches = {(STEP_ROWS, 1): serial_dist}
+        for k, arrs in sorted(small.items()):
+            x = np.concatenate(arrs)
+            batches[(STEP_ROWS, k)] = _dist_from_samples(x, f"{be} 48-row batches, readers {k}")
+            m_dev, p50_dev = _batch_stats(per_read, STEP_ROWS, k, seed + k)
+            lat = per_read.latency(k)
+            fm = fio_mean.get(k)
+            fit.append({"backend": be, "qd": k, "engine_mean_us": lat.mean / US,
+                        "fio_mean_us": fm / US if fm else None,
+                        "engine_over_fio": (lat.mean / fm) if fm else None,
+                        "batch48_mean_us": float(x.mean()) / US, "batch48_p50_us": float(np.median(x)) / US,
+                        "device_batch48_mean_us": m_dev / US, "device_batch48_p50_us": p50_dev / US,
+                        "overhead_raw_us": (float(x.mean()) - m_dev) / US, "batches": int(x.size)})
+        devices[be] = MeasuredBatchDevice(table, batches, name=f"engine-{be}", source=src)
+    m1, p1 = _batch_stats(EmpiricalDevice(devices[backends[0]].measured), STEP_ROWS, 1, seed)
+    fit.insert(0, {"backend": "serial", "qd": 1, "engine_mean_us": qd1_mean / US,
+                   "fio_mean_us": fio_mean[1] / US if fio_mean.get(1) else None,
+                   "engine_over_fio": qd1_mean / fio_mean[1] if fio_mean.get(1) else None,
+                   "batch48_mean_us": float(batch48_serial.mean()) / US,
+                   "batch48_p50_us": float(np.median(batch48_serial)) / US,
+                   "device_batch48_mean_us": m1 / US, "device_batch48_p50_us": p1 / US,
+                   "overhead_raw_us": (float(batch48_serial.mean()) - m1) / US, "batches": int(batch48_serial.size)})
+
+    fio_dev = None
+    if fio_shapes:
+        fio_dev = EmpiricalDevice({q: _shape_dist(fio_shapes[q], fio_mean[q], "fio") for q in fio_shapes
+                                   if q in fio_mean}, name="fio-randread-4k",
+                                  source="fio random 4 KiB reads, --direct=1, io_uring engine, by iodepth")
+
+    comp_samples: Dict[str, List[float]] = {}
+    for r in recs:
+        if r["kind"] == "compute":
+            comp_samples.setdefault(ComputeSpec.parse(r["compute"]).label, []).extend(
+                float(x) * US for x in r["samples_us"])
+    compute = {label: Compute.empirical(s) for label, s in comp_samples.items() if s}
+    hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
+    hash_s = float(np.mean(hs)) if hs else 0.0
+
+    src = dict(source or {})
+    src.setdefault("schema", doc.get("schema"))
+    src.setdefault("date", doc.get("date"))
+    src["records"] = len(recs)
+    # The date is that of the measurements: the fit is a pure function of the document.
+    return Calibration(devices, compute, hash_s, fio_dev, fit, machine, dict(doc.get("file", {})), src,
+                       str(doc.get("date", "")))
+
+
+def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
+                   seed: int = 0) -> Calibration:
+    """Calibrate from a ``microbench.json`` file (and only that file); save to ``out`` when given.
+
+    Raises
+    ------
+    FormatError
+        The file cannot be read as JSON.
+    ArgumentError
+        It is not a microbenchmark document (see :func:`calibrate`).
+    """
+    path = Path(microbench)
+    doc = load_json(path)
+    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": _sha256(path)}, seed=seed)
+    if out is not None:
+        cal.save(out)
+    return cal

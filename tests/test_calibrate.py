@@ -1,0 +1,286 @@
+"""sim.calibrate: fits from hand-made microbenchmarks (known answers), the batch device, persistence, and the
+pin that the calibration never reads decode runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from engram import ArgumentError, FormatError, synth
+from modelfiles import SCALE, token_map as _token_map
+from sim.calibrate import CALIBRATION_SCHEMA, Calibration, calibrate, calibrate_file
+from sim.decode import Compute
+from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
+from sim.measure import MICRO_SCHEMA, RunConfig, load_json, measure
+from sim.trace import CODE_SOURCE
+
+US = 1e-6
+
+
+def micro_doc(fio: bool = True) -> dict:
+    """A microbenchmark document with round figures: every fitted value has a known answer."""
+    recs = [
+        # serial 48-row batches: mean 4800 us -> 100 us a read at qd 1
+        {"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 48, "round": 0,
+         "batch_us": [4000.0, 4800.0, 5600.0], "rows": 144, "reads": 144},
+        {"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 1, "round": 0,
+         "batch_us": [80.0, 90.0, 100.0, 130.0], "rows": 4, "reads": 4},
+    ]
+    for be, scale in (("pread", 1.0), ("io_uring", 0.8)):
+        for k, batch in ((4, 1200.0), (16, 600.0)):
+            recs.append({"kind": "io", "tool": "engine", "backend": be, "qd": k, "batch_rows": 48, "round": 0,
+                         "batch_us": [batch * scale * f for f in (0.9, 1.0, 1.1, 1.0)], "rows": 192, "reads": 192})
+            # k / (reads / wall): 4 / 40000 = 100 us; 16 / 64000 = 250 us (pread)
+            rate = {4: 40000.0, 16: 64000.0}[k] / scale
+            recs.append({"kind": "io", "tool": "engine", "backend": be, "qd": k, "batch_rows": 4080, "round": 0,
+                         "batches": 10, "rows": 40800, "reads": 40800, "wall_s": 40800 / rate,
+                         "reads_per_s": rate})
+    if fio:
+        for qd, mean in ((1, 90.0), (4, 110.0), (16, 240.0)):
+            recs.append({"kind": "io", "tool": "fio", "qd": qd, "round": 0, "iops": qd / (mean * US),
+                         "mean_us": mean, "p1_us": 0.5 * mean, "p50_us": 0.9 * mean, "p90_us": 1.3 * mean,
+                         "p99_us": 3 * mean, "p99.9_us": 6 * mean, "cmd": "fio ..."})
+    recs += [{"kind": "compute", "compute": "none", "round": 0, "samples_us": [1.0, 1.0, 2.0]},
+             {"kind": "compute", "compute": "spin:2", "round": 0, "samples_us": [2000.0, 2010.0, 2020.0]},
+             {"kind": "hash", "round": 0, "samples_us": [2.0, 3.0, 4.0]}]
+    return {"schema": MICRO_SCHEMA, "kind": "microbench", "date": "2026-11-29T12:00:00+00:00",
+            "machine": {"cpu": "test cpu", "cores": 2}, "file": {"path": "/x.gguf"}, "records": recs}
+
+
+# --------------------------------------------------------------- known answers
+def test_fit_known_answers():
+    cal = calibrate(micro_doc())
+    assert set(cal.devices) == {"pread", "io_uring"}
+    dev = cal.device("pread")
+    assert isinstance(dev, MeasuredBatchDevice)
+    # read latency by queue depth: qd 1 = serial batch mean / 48; qd k = k * wall / reads (Little's law)
+    assert dev.mean_latency(1) == pytest.approx(100 * US)
+    assert dev.mean_latency(4) == pytest.approx(100 * US)
+    assert dev.mean_latency(16) == pytest.approx(250 * US)
+    assert cal.device("io_uring").mean_latency(16) == pytest.approx(200 * US)
+    # the shape is fio's at the nearest depth, scaled to the engine's mean: p50 / mean kept
+    fio_ratio = cal.fio_device.latency(16).percentile(50) / cal.fio_device.latency(16).mean
+    assert dev.latency(16).percentile(50) / dev.latency(16).mean == pytest.approx(fio_ratio)
+    assert cal.fio_device.mean_latency(4) == pytest.approx(110 * US)
+    # batch service times: the measured 48-row batches
+    assert dev.batch_dist(48, 4).mean == pytest.approx(1200 * US)
+    assert dev.batch_dist(48, 16).percentile(50) == pytest.approx(600 * US)
+    assert dev.batch_dist(48, 1).mean == pytest.approx(4800 * US)
+    assert cal.device("io_uring").batch_dist(48, 4).mean == pytest.approx(960 * US)
+    # compute and hash
+    assert cal.compute["spin:2"].mean == pytest.approx(2010 * US)
+    assert cal.compute_model("spin:2.0") is cal.compute["spin:2"]
+    assert cal.compute["none"].mean == pytest.approx(4 / 3 * US)
+    assert cal.hash_s == pytest.approx(3 * US)
+    # diagnostics: 48 reads of 100 us on 4 readers (point-free fio shape) vs the measured 1200 us
+    row = next(r for r in cal.fit if r["backend"] == "pread" and r["qd"] == 4)
+    assert row["batch48_mean_us"] == pytest.approx(1200) and row["engine_mean_us"] == pytest.approx(100)
+    assert row["fio_mean_us"] == pytest.approx(110) and row["engine_over_fio"] == pytest.approx(100 / 110)
+    assert row["overhead_raw_us"] == pytest.approx(row["batch48_mean_us"] - row["device_batch48_mean_us"])
+    assert cal.fit[0]["backend"] == "serial" and cal.fit[0]["batch48_mean_us"] == pytest.approx(4800)
+    assert cal.date == "2026-11-29T12:00:00+00:00" and cal.machine["cpu"] == "test cpu"
+    pol = cal.policy(8, "io_uring", 16)
+    assert (pol.threshold, pol.backend, pol.readers, pol.ring_depth, pol.batch_overhead) == (8, "io_uring", 16, 16, 0)
+    with pytest.raises(ArgumentError, match="mixer"):
+        cal.compute_model("mixer")
+    with pytest.raises(ArgumentError, match="backend"):
+        cal.device("aio")
+
+
+def test_fit_without_fio_uses_single_row_shape():
+    cal = calibrate(micro_doc(fio=False))
+    assert cal.fio_device is None
+    one = np.array([80.0, 90.0, 100.0, 130.0])
+    d = cal.device("pread").latency(16)
+    assert d.mean == pytest.approx(250 * US)
+    # the normalised quantile function of the single-row reads, scaled to the engine's mean
+    assert d.q[-1] / d.q[0] == pytest.approx(one.max() / one.min())
+    assert np.allclose(d.q / d.q[0], np.quantile(one, np.linspace(0, 1, 4)) / one.min())
+
+
+def test_fit_is_a_function_of_the_document():
+    a = calibrate(micro_doc()).to_dict()
+    assert calibrate(micro_doc()).to_dict() == a
+    doc = micro_doc()
+    doc["records"][2]["batch_us"][0] *= 2
+    assert calibrate(doc).to_dict() != a
+
+
+# ------------------------------------------------------------- refusing runs
+def test_calibrate_refuses_decode_runs():
+    runs = {"schema": "engram.decode-runs/1", "kind": "decode_runs", "configs": [], "runs": [{"config": "x"}]}
+    with pytest.raises(ArgumentError, match="microbenchmarks only"):
+        calibrate(runs)
+    for bad in ({"kind": "decode", "steps": 3}, {"kind": "io", "tool": "engine", "tokens_per_s": 3.0},
+                {"kind": "compute", "compute": "none", "samples_us": [1.0], "step_us": [1.0]}):
+        doc = micro_doc()
+        doc["records"].append(bad)
+        with pytest.raises(ArgumentError, match="microbenchmarks only"):
+            calibrate(doc)
+    doc = micro_doc()
+    doc["runs"] = []
+    with pytest.raises(ArgumentError, match="decode-run"):
+        calibrate(doc)
+    with pytest.raises(ArgumentError):
+        calibrate({"schema": MICRO_SCHEMA, "kind": "microbench", "records": []})
+    doc = micro_doc()
+    doc["records"] = [r for r in doc["records"] if r.get("backend") != "serial"]
+    with pytest.raises(ArgumentError, match="serial"):
+        calibrate(doc)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A small real measurement: microbenchmarks and decode runs side by side in one directory."""
+    d = tmp_path_factory.mktemp("cal")
+    path = d / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=7)
+    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 30)]
+    measure(path, cfgs, d, rounds=2, depths=(1, 4), fio=False, io_batches=6, big_seconds=0.01, single_rows=8,
+            compute_samples=6, warmup=3, progress=False)
+    return d
+
+
+def test_calibration_never_reads_the_decode_runs(measured, tmp_path):
+    """The pin: removing or corrupting the decode runs (and their traces) leaves the calibration unchanged."""
+    micro = measured / "microbench.json"
+    before = calibrate_file(micro, tmp_path / "a.json").to_dict()
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads(json.dumps(before))
+    runs = measured / "runs.json"
+    saved = runs.read_bytes()
+    try:
+        runs.write_text("{ this is not JSON")
+        for f in (measured / "traces").iterdir():
+            f.write_bytes(b"\0" * 10)
+        assert calibrate_file(micro).to_dict() == before
+        runs.unlink()
+        assert calibrate_file(micro).to_dict() == before
+    finally:
+        runs.write_bytes(saved)
+    with pytest.raises(ArgumentError, match="microbenchmarks only"):
+        calibrate_file(runs)
+    assert before["source"]["path"] == str(micro.resolve()) and len(before["source"]["sha256"]) == 64
+
+
+def test_calibration_of_a_real_measurement(measured):
+    cal = calibrate_file(measured / "microbench.json")
+    doc = load_json(measured / "microbench.json")
+    serial = [x for r in doc["records"] if r["kind"] == "io" and r["backend"] == "serial"
+              and r["batch_rows"] == 48 for x in r["batch_us"]]
+    assert cal.device("pread").mean_latency(1) == pytest.approx(np.mean(serial) / 48 * US)
+    big = [r for r in doc["records"] if r["kind"] == "io" and r.get("backend") == "pread" and r["batch_rows"] > 48]
+    assert cal.device("pread").mean_latency(4) == pytest.approx(
+        4 * sum(r["wall_s"] for r in big) / sum(r["reads"] for r in big))
+    b48 = [x for r in doc["records"] if r["kind"] == "io" and r.get("backend") == "pread"
+           and r["batch_rows"] == 48 for x in r["batch_us"]]
+    assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(np.mean(b48) * US, rel=1e-6)
+    assert set(cal.compute) == {"none"} and cal.hash_s > 0
+
+
+# ------------------------------------------------------------------ persistence
+def assert_close(a, b, path="") -> None:
+    """Equal structure and strings, numbers equal to 1e-9 relative (JSON keeps microseconds)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+def test_calibration_round_trip(tmp_path):
+    cal = calibrate(micro_doc())
+    path = cal.save(tmp_path / "c.json")
+    d = json.loads(path.read_text())
+    assert d["schema"] == CALIBRATION_SCHEMA and {"machine", "file", "date", "devices", "compute"} <= set(d)
+    back = Calibration.load(path)
+    assert_close(back.to_dict(), cal.to_dict())
+    for be in ("pread", "io_uring"):
+        for k in (1, 4, 16):
+            assert back.device(be).batch_dist(48, k).mean == pytest.approx(cal.device(be).batch_dist(48, k).mean)
+            assert back.device(be).mean_latency(k) == pytest.approx(cal.device(be).mean_latency(k))
+    # the device of a calibration is a device file for `engram sim decode --device`
+    dev_path = tmp_path / "dev.json"
+    dev_path.write_text(json.dumps(d["devices"]["pread"]))
+    dev = load_device(dev_path)
+    assert isinstance(dev, MeasuredBatchDevice) and dev.batch_dist(48, 16).mean == pytest.approx(600 * US)
+    bad = dict(d, kind="microbench")
+    with pytest.raises(FormatError):
+        Calibration.from_dict(bad)
+    broken = copy.deepcopy(d)
+    del broken["hash_us"]
+    with pytest.raises(FormatError, match="hash_us"):
+        Calibration.from_dict(broken)
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(FormatError):
+        Calibration.load(tmp_path / "x.json")
+
+
+# -------------------------------------------------------- measured-batch device
+def batch_device() -> MeasuredBatchDevice:
+    rng = np.random.default_rng(0)
+    table = {1: LatencyDist.point(100 * US), 16: LatencyDist.point(400 * US)}
+    batches = {(48, 1): LatencyDist.from_samples(rng.normal(4800, 100, 500) * US),
+               (48, 4): LatencyDist.point(1200 * US), (48, 16): LatencyDist.point(600 * US)}
+    return MeasuredBatchDevice(table, batches, name="t")
+
+
+def test_batch_device_draws_measured_batches():
+    dev = batch_device()
+    t, a = dev.batch_samples(48, 16, 16, size=100, rng=np.random.default_rng(1))
+    assert t.tolist() == [600 * US] and a.tolist() == [600 * US * 16]
+    t, _ = dev.batch_samples(48, 1, size=4000, rng=np.random.default_rng(1))
+    assert t.mean() == pytest.approx(4800 * US, rel=0.01)
+    # readers between measured counts: quantiles mixed linearly in k
+    assert dev.batch_dist(48, 10).mean == pytest.approx((1200 + (600 - 1200) * 6 / 12) * US)
+    # outside the measured counts: the nearest
+    assert dev.batch_dist(48, 64).mean == pytest.approx(600 * US)
+    s = dev.batch_dist(48, 1).mean
+    assert dev.batch_dist(48, 2).mean == pytest.approx(s + (1200 * US - s) / 3)
+    # other batch sizes scale by waves of reads: 24 reads on 4 readers = 6 waves of the measured 12
+    assert dev.batch_dist(24, 4).mean == pytest.approx(600 * US)
+    assert dev.batch_dist(47, 16).mean == pytest.approx(600 * US)
+    assert dev.batch_dist(47, 1).mean == pytest.approx(4800 * US * 47 / 48, rel=0.01)
+    # deeper than its own readers (other clients in flight): the per-read model
+    t, _ = dev.batch_samples(16, 16, 32)
+    assert t[0] == pytest.approx(EmpiricalDevice(dev.measured).batch_samples(16, 16, 32)[0][0])
+
+
+def test_batch_device_in_the_simulator():
+    from sim.decode import Policy, simulate_decode
+    from sim.trace import load_trace
+
+    tr = load_trace(CODE_SOURCE, limit=100)
+    r = simulate_decode(tr, batch_device(), Policy(threshold=8, readers=16), Compute(1e-3), steps=100)
+    # almost every step reads 48 distinct rows on 16 readers: 0.6 ms + 1 ms
+    assert 1 / r.tokens_per_s == pytest.approx(1.6e-3, rel=0.01)
+    r = simulate_decode(tr, batch_device(), Policy(threshold=256, readers=16), Compute(1e-3), steps=100)
+    assert 1 / r.tokens_per_s == pytest.approx(5.8e-3, rel=0.02)
+
+
+def test_batch_device_serialization_and_errors():
+    dev = batch_device()
+    back = Device.from_dict(json.loads(json.dumps(dev.to_dict())))
+    assert isinstance(back, MeasuredBatchDevice) and back.batches.keys() == dev.batches.keys()
+    assert back.batch_dist(48, 10).mean == pytest.approx(dev.batch_dist(48, 10).mean)
+    with pytest.raises(ArgumentError):
+        MeasuredBatchDevice({1: LatencyDist.point(1e-4)}, {})
+    with pytest.raises(ArgumentError):
+        MeasuredBatchDevice({1: LatencyDist.point(1e-4)}, {(0, 4): LatencyDist.point(1e-3)})
+    d = dev.to_dict()
+    d["batches"] = [{"n": 48}]
+    with pytest.raises(FormatError, match="batches"):
+        Device.from_dict(d)
+    with pytest.raises(ArgumentError):
+        dev.batch_samples(0, 4)
+    assert math.isfinite(dev.peak_iops())
