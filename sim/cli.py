@@ -4,6 +4,9 @@
 ``engram sim decode``   predict decode tokens/s for a device, a read policy and a compute time
 ``engram sim prefill``  predict prefill time and stalls of one prompt
 ``engram sim device``   show (or save) a device model's latency and IOPS by queue depth
+``engram measure``      measured decode runs of the real engine and its microbenchmarks
+``engram calibrate``    fit the device and compute models from the microbenchmarks only
+``engram crosscheck``   predicted vs measured decode runs, with the error table
 
 Every subcommand takes ``--json`` for machine-readable output.  The module only
 imports argparse at load time, so registering the command costs nothing.
@@ -294,9 +297,206 @@ def _add_device(sub) -> None:
     p.set_defaults(func=_cmd_device)
 
 
+# --------------------------------------------------------------------- measure
+def _strs(text: str) -> list:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _cmd_measure(args) -> int:
+    from pathlib import Path
+
+    from engram.errors import ArgumentError
+
+    from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, RunConfig, default_grid, ensure_model, grid,
+                          measure, quick_grid)
+
+    work = Path(args.workdir)
+    scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
+    axes = (args.traces, args.thresholds, args.backends, args.readers, args.computes)
+    if any(a is not None for a in axes):
+        configs = grid(args.traces or list(DEFAULT_TRACES), args.thresholds or [8, 256],
+                       args.backends or ["pread", "io_uring"], args.readers or [4, 16], args.computes or ["none"],
+                       args.steps or (60 if args.quick else 300))
+    elif args.quick:
+        configs = quick_grid(args.steps or 60)
+    elif args.config:
+        configs = []
+    else:
+        configs = default_grid(args.steps or 300, args.mixer_steps)
+    configs += [RunConfig.parse(t, args.steps or (60 if args.quick else 300)) for t in args.config or ()]
+    seen, uniq = set(), []
+    for c in configs:
+        if c.key not in seen:
+            seen.add(c.key)
+            uniq.append(c)
+    configs = uniq
+    for be in args.backends or ():
+        if be not in ("pread", "io_uring"):
+            raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
+    need_mixer = any(c.compute.startswith("mixer") for c in configs)
+    model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
+    ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,
+                 projections=need_mixer or not args.quick)
+    q = args.quick
+    depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
+    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 3), depths=depths,
+                  micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
+                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 60),
+                  big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
+                  compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
+                  progress=not args.no_progress)
+    res["model"] = str(model)
+    if args.json:
+        _print_json(res)
+        return 0
+    print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
+          f"(model {model})")
+    for k in ("microbench", "runs"):
+        if res[k]:
+            print(f"wrote     {res[k]}")
+    if res["runs"]:
+        from .measure import load_json
+
+        doc = load_json(res["runs"], "decode_runs")
+        by = {}
+        for r in doc["runs"]:
+            by.setdefault(r["config"], []).append(r)
+        import numpy as np
+
+        print(f"{'configuration':<58} {'tokens/s':>9} {'spread':>7} {'p50 ms':>8} {'p95 ms':>8}")
+        for key, rs in by.items():
+            t = np.array([r["tokens_per_s"] for r in rs])
+            sp = (t.max() - t.min()) / np.median(t) if t.size > 1 else 0.0
+            print(f"{key:<58} {np.median(t):>9.1f} {sp * 100:>6.1f}% "
+                  f"{np.median([r['step_ms']['p50'] for r in rs]):>8.3f} "
+                  f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f}")
+    return 0
+
+
+def _add_measure(sub) -> None:
+    p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
+                       description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
+                                   "file in the real format -> decode -> projection + gated add as the step's "
+                                   "compute) over real traces, for a grid of thresholds x readers x backends x "
+                                   "traces x compute, recording per step the read, compute and step time; and the "
+                                   "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
+                                   "by iodepth when installed, the step's compute, the hash). Writes "
+                                   "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
+                                   "other layers do not exist here: add an emulated load per step with a compute "
+                                   "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
+                                   "join with +). Default grid: 4 traces (Italian novel, agent prompt, 100 short "
+                                   "prompts, Python source) x {serial (threshold 256), threshold 8 x pread/io_uring "
+                                   "x 4/16 readers} x compute {none, spin:2}, plus the mixer on the novel: 42 "
+                                   "configurations, 3 interleaved rounds.")
+    p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
+    g = p.add_argument_group("model file")
+    g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
+    g.add_argument("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
+                                               "--quick 0.001)")
+    g.add_argument("--no-build", action="store_true", help="fail instead of building a missing model file")
+    g = p.add_argument_group("grid (any axis given replaces the default grid by the product of the axes)")
+    g.add_argument("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)")
+    g.add_argument("--thresholds", type=_ints, help="thresholds (default 8,256)")
+    g.add_argument("--backends", type=_strs, help="pread and/or io_uring (default both)")
+    g.add_argument("--readers", type=_ints, help="readers = ring depths (default 4,16)")
+    g.add_argument("--computes", type=_strs, help="compute specs (default none)")
+    g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
+                   help="an extra configuration (repeatable)")
+    g.add_argument("--steps", type=int, help="decode steps per run (default 300; --quick 60)")
+    g.add_argument("--mixer-steps", type=int, default=40, help="steps of the default grid's mixer runs (default 40)")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 3; --quick 2)")
+    g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
+    g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 60)")
+    g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
+    g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
+    g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")
+    g.add_argument("--quick", action="store_true",
+                   help="small and fast: 6 configurations x 60 steps, 2 rounds, depths 1,4,16, short "
+                        "microbenchmarks, a scale-0.001 model")
+    g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_measure)
+
+
+# ------------------------------------------------------------------- calibrate
+def _cmd_calibrate(args) -> int:
+    from pathlib import Path
+
+    from .calibrate import calibrate_file
+
+    work = Path(args.workdir)
+    micro = Path(args.microbench) if args.microbench else work / "microbench.json"
+    out = Path(args.out) if args.out else work / "calibration.json"
+    cal = calibrate_file(micro, out, seed=args.seed)
+    if args.json:
+        d = cal.to_dict()
+        d["saved"] = str(out)
+        _print_json(d)
+        return 0
+    print(cal.summary())
+    print(f"saved        {out}")
+    return 0
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's device and compute models from microbenchmarks",
+                       description="Fit the device model (per backend: 48-row batch service time by readers, read "
+                                   "latency by queue depth) and the compute model (measured step compute, "
+                                   "resampled) from WORKDIR/microbench.json only; decode runs are refused. "
+                                   "Writes WORKDIR/calibration.json (machine, file, date, fitted parameters).")
+    p.add_argument("workdir", help="directory of engram measure's results")
+    p.add_argument("--microbench", help="microbenchmark file (default WORKDIR/microbench.json)")
+    p.add_argument("--out", help="calibration file (default WORKDIR/calibration.json)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the diagnostic makespan sampling (default 0)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+# ------------------------------------------------------------------ crosscheck
+def _cmd_crosscheck(args) -> int:
+    from pathlib import Path
+
+    from .crosscheck import crosscheck_files, markdown_table
+
+    work = Path(args.workdir)
+    cal = Path(args.calibration) if args.calibration else work / "calibration.json"
+    runs = Path(args.runs) if args.runs else work / "runs.json"
+    out = Path(args.out) if args.out else work / "crosscheck.json"
+    res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=not args.no_progress)
+    if args.json:
+        res["saved"] = str(out)
+        _print_json(res)
+    else:
+        print(markdown_table(res))
+        print(f"\nsaved {out}")
+    return 1 if args.strict and not res["summary"]["passed"] else 0
+
+
+def _add_crosscheck(sub) -> None:
+    p = sub.add_parser("crosscheck", help="predict every measured run with the calibrated simulator; error table",
+                       description="Replay each measured configuration's trace through the simulator with the "
+                                   "calibrated device and compute models, and compare predicted with measured "
+                                   "tokens/s and step p50/p95 (medians over repeats), next to the spread of the "
+                                   "repeats. Targets: tokens/s median |error| <= 5%, max <= 10%; step p50 max "
+                                   "|error| <= 10%. Writes WORKDIR/crosscheck.json.")
+    p.add_argument("workdir", help="directory of engram measure's and engram calibrate's results")
+    p.add_argument("--calibration", help="calibration file (default WORKDIR/calibration.json)")
+    p.add_argument("--runs", help="decode runs file (default WORKDIR/runs.json)")
+    p.add_argument("--out", help="output file (default WORKDIR/crosscheck.json)")
+    p.add_argument("--sim-steps", type=int, help="simulated steps per configuration (default max(steps, 2000))")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_crosscheck)
+
+
 # -------------------------------------------------------------------- register
 def register(subparsers) -> None:
-    """Add the ``sim`` command (with ``trace``, ``decode``, ``prefill``, ``device``) to ``engram``'s subparsers."""
+    """Add the ``sim`` command (with ``trace``, ``decode``, ``prefill``, ``device``) and the top-level
+    ``measure``, ``calibrate`` and ``crosscheck`` commands to ``engram``'s subparsers."""
     p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions",
                               description="A simpy model of Engram row reads (SPEC §9): build traces from real "
                                           "text, predict decode tokens/s and prefill stalls for a device model "
@@ -307,3 +507,6 @@ def register(subparsers) -> None:
     _add_decode(sub)
     _add_prefill(sub)
     _add_device(sub)
+    _add_measure(subparsers)
+    _add_calibrate(subparsers)
+    _add_crosscheck(subparsers)
