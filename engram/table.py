@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno as _errno
 import mmap
 import os
+import stat
 import sys
 import threading
 import time
@@ -39,6 +40,11 @@ ROW_VALUES = 256
 
 _BACKEND_CODES = {"serial": _reader.BACKEND_SERIAL, "pread": _reader.BACKEND_PREAD,
                   "io_uring": _reader.BACKEND_URING}
+
+#: Most readers (pool threads or ring entries) a table or group may ask for.
+MAX_READERS = 4096
+#: Largest alignment of direct reads (``block_size``).
+MAX_BLOCK_SIZE = 1 << 20
 
 #: Backend chosen by ``backend="auto"`` when several are built; set from the
 #: measurements in benchmarks/BENCHMARKS.md (storage engine section).
@@ -120,15 +126,33 @@ def _logical_block_size(fd: int) -> int:
     return 4096
 
 
+def _regular(fd: int, path: str) -> int:
+    """``fd`` back in blocking mode if it is a regular file; else close it and raise ``TableIOError``."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
+            raise TableIOError(f"{path}: is {kind}; a table lives in a regular file", errno_=_errno.EINVAL)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _open_uncached(path: str, direct: Union[bool, str], block_size: Optional[int]) -> tuple[int, bool, int]:
     """Open ``path`` read-only without caching: returns (fd, direct?, alignment)."""
     if direct not in (True, False, "auto"):
         raise ArgumentError(f"direct must be True, False or 'auto', got {direct!r}")
     o_direct = getattr(os, "O_DIRECT", 0)
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; cleared by _regular() on a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
     if direct is not False and o_direct:
         try:
-            fd = os.open(path, flags | o_direct)
+            fd = _regular(os.open(path, flags | o_direct), path)
+        except TableIOError:
+            raise
         except FileNotFoundError:
             raise TableIOError(f"{path}: no such file", errno_=_errno.ENOENT) from None
         except OSError as exc:
@@ -151,7 +175,9 @@ def _open_uncached(path: str, direct: Union[bool, str], block_size: Optional[int
     elif direct is True:
         raise TableIOError(f"{path}: O_DIRECT is not available on {sys.platform}")
     try:
-        fd = os.open(path, flags)
+        fd = _regular(os.open(path, flags), path)
+    except TableIOError:
+        raise
     except OSError as exc:
         raise TableIOError(f"{path}: cannot open: {exc.strerror}", errno_=exc.errno) from None
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
@@ -187,7 +213,13 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     ``describe(row, where)`` gives the message of a ``RowRangeError`` for an id
     that is negative or beyond uint32; the per-table bound is checked in C.
     """
-    a = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if isinstance(ids, np.ndarray):
+        a = ids
+    else:
+        try:
+            a = np.asarray(ids)
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(f"row ids must be an integer array, got {type(ids).__name__} ({exc})") from None
     if a.ndim != ndim or (width is not None and a.shape[1] != width):
         want = f"[T, {width}]" if width is not None else f"{ndim}-D"
         raise ArgumentError(f"row ids must have shape {want}, got {a.shape}")
@@ -203,6 +235,14 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     elif any(s % 4 for s in a.strides):
         a = np.ascontiguousarray(a)
     return a
+
+
+def _new_reader(segments, alignment: int, dontneed: bool, path: str):
+    """A native reader; its limits (16 tables, offsets below 2**44) become ``ArgumentError``."""
+    try:
+        return _reader.RowReader(segments, alignment, dontneed)
+    except ValueError as exc:
+        raise ArgumentError(f"{path}: {exc}; the reader addresses offsets below 2**44") from None
 
 
 def _failure_to_error(f, paths, rows, two_d: bool, seg_cols: int = 0, names=None) -> Exception:
@@ -250,7 +290,7 @@ class _RowReads:
                 raise TableIOError(f"{self.path}: closed")
             try:
                 req, dist, nreads, nbytes, conc, n_serial, n_conc = self._reader.read(
-                    ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols or ids.shape[1])
+                    ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols or max(1, ids.shape[1]))
             except _reader.ReadFailure as f:
                 raise self._error(f, ids) from None
         if staged:
@@ -281,7 +321,7 @@ class Table(_RowReads):
         :attr:`fallback`).  ``serial`` never reads concurrently.
     readers : int
         pread readers (persistent threads, the caller being one) or io_uring
-        ring depth: the queue depth of a concurrent batch.
+        ring depth: the queue depth of a concurrent batch.  At most :data:`MAX_READERS`.
     threshold : int
         Batches with at least this many distinct rows are read concurrently;
         smaller ones serially (the reference engine uses 8, SPEC §8).
@@ -294,8 +334,9 @@ class Table(_RowReads):
     Raises
     ------
     TableIOError
-        The file cannot be opened, is shorter than ``offset + rows * 264``, or
-        the requested backend cannot start.
+        The file cannot be opened, is not a regular file (a directory, FIFO or
+        device), is shorter than ``offset + rows * 264``, or the requested
+        backend cannot start.
     ArgumentError
         Invalid parameters.
     """
@@ -303,17 +344,23 @@ class Table(_RowReads):
     def __init__(self, path: Union[str, os.PathLike], offset: int, rows: int, *, backend: str = "auto",
                  readers: int = 16, threshold: int = 8, direct: Union[bool, str] = "auto",
                  block_size: Optional[int] = None):
-        self.path = os.fspath(path)
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise ArgumentError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
         for name, v, lo in (("offset", offset, 0), ("rows", rows, 1), ("readers", readers, 1),
                             ("threshold", threshold, 0)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ArgumentError(f"{name} must be an integer >= {lo}, got {v!r}")
         if rows > 2**32:
             raise ArgumentError(f"rows must fit uint32 row ids, got {rows}")
+        if readers > MAX_READERS:
+            raise ArgumentError(f"readers must be at most {MAX_READERS}, got {readers}")
         if backend not in ("auto", "io_uring", "pread", "serial"):
             raise ArgumentError(f"backend must be 'auto', 'io_uring', 'pread' or 'serial', got {backend!r}")
-        if block_size is not None and (block_size < 512 or block_size & (block_size - 1)):
-            raise ArgumentError(f"block_size must be a power of two >= 512, got {block_size}")
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))
+                                       or not 512 <= block_size <= MAX_BLOCK_SIZE or block_size & (block_size - 1)):
+            raise ArgumentError(f"block_size must be a power of two in [512, {MAX_BLOCK_SIZE}], got {block_size!r}")
         self.offset = int(offset)
         self.rows = int(rows)
         self.readers = int(readers)
@@ -331,7 +378,7 @@ class Table(_RowReads):
                 raise TableIOError(
                     f"{self.path}: table of {self.rows} rows at offset {self.offset} ends at byte {end}, "
                     f"past the end of the file ({size} bytes)", offset=end)
-            self._reader = _reader.RowReader([(fd, self.offset, self.rows)], self.alignment, not self.direct)
+            self._reader = _new_reader([(fd, self.offset, self.rows)], self.alignment, not self.direct, self.path)
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
@@ -493,18 +540,27 @@ class TableGroup(_RowReads):
             raise ArgumentError("TableGroup: tables mix O_DIRECT and buffered descriptors")
         if isinstance(columns, bool) or not isinstance(columns, (int, np.integer)) or columns < 1:
             raise ArgumentError(f"columns must be a positive integer, got {columns!r}")
+        if len(tables) > _reader.MAX_SEGMENTS:
+            raise ArgumentError(f"TableGroup reads at most {_reader.MAX_SEGMENTS} tables as one batch, "
+                                f"got {len(tables)}")
+        if backend is not None and backend not in ("auto", "io_uring", "pread", "serial"):
+            raise ArgumentError(f"backend must be 'auto', 'io_uring', 'pread' or 'serial', got {backend!r}")
+        for name, v in (("readers", readers), ("threshold", threshold)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise ArgumentError(f"{name} must be an integer, got {v!r}")
         first = tables[0]
         self.tables = tables
         self.columns = int(columns)
         self.readers = int(readers if readers is not None else first.readers)
         self.threshold = int(threshold if threshold is not None else first.threshold)
-        if self.readers < 1 or self.threshold < 0:
-            raise ArgumentError("readers must be >= 1 and threshold >= 0")
+        if not 1 <= self.readers <= MAX_READERS or self.threshold < 0:
+            raise ArgumentError(f"readers must be in [1, {MAX_READERS}] and threshold >= 0, "
+                                f"got {self.readers} and {self.threshold}")
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
         self.path = ", ".join(sorted({t.path for t in tables}))
-        self._reader = _reader.RowReader([(t._fd, t.offset, t.rows) for t in tables],
-                                         max(t.alignment for t in tables), not first.direct)
+        self._reader = _new_reader([(t._fd, t.offset, t.rows) for t in tables],
+                                   max(t.alignment for t in tables), not first.direct, self.path)
         backend = backend or ("auto" if first.fallback else first.backend)
         try:
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
@@ -539,6 +595,9 @@ class TableGroup(_RowReads):
         """
         width = len(self.tables) * self.columns
         a = _row_ids(ids, 2, width, self._range_message)
+        for i, t in enumerate(self.tables):
+            if t.closed:  # its descriptor is gone (and its number may already name another file)
+                raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
         shape = (a.shape[0], width, ROW_VALUES)
         if out is not None:
             self._check_out(out, shape)
