@@ -100,7 +100,8 @@ class Hasher:
             Token ids in ``[0, vocab_size)``.
         mask : array_like of bool, shape ``[T]``, optional
             True where the position is text; False (padding, image) makes the
-            token DEAD for the hash.  Masked positions still get rows (their pad
+            token DEAD for the hash.  Integer 0/1 masks (an attention mask) are
+            accepted too.  Masked positions still get rows (their pad
             n-grams); the consumer must not add them (SPEC §4).
         history : History, optional
             State before ``tokens``; advanced past them on success.  ``None``
@@ -116,7 +117,8 @@ class Hasher:
         ------
         TokenError
             A token is negative, not an integer, or ``>= vocab_size`` (the message
-            names its position); ``mask`` has the wrong length.
+            names its position); ``mask`` has the wrong length, or holds values
+            other than True/False (0/1).
         HistoryError
             ``history`` does not fit this layout.
         On any error neither ``history`` nor any output is changed.
@@ -129,6 +131,13 @@ class Hasher:
             mk = np.asarray(mask)
             if mk.shape != (T,):
                 raise TokenError(f"mask must have shape ({T},) like tokens, got {mk.shape}")
+            if mk.dtype != np.bool_:
+                if mk.size and mk.dtype.kind not in "iu":
+                    raise TokenError(f"mask must be bool (or integer 0/1), got dtype {mk.dtype}")
+                bad = np.flatnonzero((mk != 0) & (mk != 1))
+                if bad.size:
+                    i = int(bad[0])
+                    raise TokenError(f"mask[{i}] = {mk[i]!r}; a mask holds True/False (or 1/0)")
             mk = np.ascontiguousarray(mk != 0, dtype=np.uint8)
         if history is None:
             history = self.new_history()
@@ -171,4 +180,9 @@ class Hasher:
         """
         if out is None:
             out = np.empty(self.step_shape, dtype=np.uint32)
+        elif not isinstance(out, np.ndarray):
+            raise ArgumentError(f"out must be a numpy uint32 array of shape {self.step_shape}, "
+                                f"got {type(out).__name__}")
+        if not isinstance(history, History):
+            raise HistoryError(f"history must be an engram.History, got {type(history).__name__}")
         return self._kernel.step(token, history, out)

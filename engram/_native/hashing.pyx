@@ -23,7 +23,9 @@ import numpy as np
 
 cnp.import_array()
 
-from engram.errors import ArgumentError, HistoryError, TokenError
+from operator import index as _index
+
+from engram.errors import ArgumentError, HistoryError, LayoutError, TokenError
 
 DEF MAX_TAIL = 15
 DEF MAX_COLS = 1024
@@ -55,7 +57,8 @@ cdef class History:
     Raises
     ------
     HistoryError
-        ``ids`` has the wrong length, or an id below -1.
+        ``ids`` is not a sequence of integers, has the wrong length, or holds
+        an id below -1.
     """
 
     cdef int32_t _ids[MAX_TAIL]
@@ -70,7 +73,12 @@ cdef class History:
             for i in range(MAX_TAIL):
                 self._ids[i] = DEAD
             return
-        vals = [int(x) for x in ids]
+        try:
+            vals = [_index(x) for x in ids]
+            if any(isinstance(x, (bool, np.bool_)) for x in ids):
+                raise TypeError("bool")
+        except TypeError:
+            raise HistoryError(f"History: ids must be a sequence of integer compressed ids, got {ids!r:.200}") from None
         if len(vals) < 1 or len(vals) > MAX_TAIL:
             raise HistoryError(f"History: length must be in [1, {MAX_TAIL}], got {len(vals)}")
         for i, v in enumerate(vals):
@@ -201,8 +209,12 @@ cdef class HashKernel:
         self.C = P.shape[1]
         self.N = max_ngram
         self.H = heads
-        if self.C != (max_ngram - 1) * heads or self.C > MAX_COLS or max_ngram - 1 > MAX_TAIL:
-            raise ValueError("HashKernel: inconsistent layout shape")
+        if self.C != (max_ngram - 1) * heads:
+            raise LayoutError(f"hash kernel: {self.C} columns do not match (max_ngram - 1) x heads = "
+                              f"{(max_ngram - 1) * heads}")
+        if self.C > MAX_COLS or max_ngram - 1 > MAX_TAIL:
+            raise LayoutError(f"the hash kernel serves at most max_ngram {MAX_TAIL + 1} and {MAX_COLS} columns a "
+                              f"layer; this layout has max_ngram {max_ngram} and {self.C} columns")
         self.pad = pad_id
         self.cvs = compressed_vocab_size
         n = self.L * self.C
@@ -355,6 +367,8 @@ cdef class HashKernel:
         cdef int32_t cur
         cdef int j
         cdef int32_t win[MAX_TAIL + 1]
+        if type(token) is not int and (isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer))):
+            raise TokenError(f"token {token!r} is not an integer token id")
         try:
             v = token
         except (OverflowError, TypeError):
