@@ -8,6 +8,8 @@ multiplier per lookback position.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -250,15 +252,39 @@ class Layout:
         LayoutError
             On non-positive sizes or any invariant broken by the result.
         """
+        for name, v in (("heads", heads), ("max_ngram", max_ngram), ("compressed_vocab_size", compressed_vocab_size),
+                        ("pad_id", pad_id), ("seed", seed)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise LayoutError(f"{name}: expected an integer, got {v!r}")
+        if heads < 1:
+            raise LayoutError(f"heads: must be >= 1, got {heads}")
+        if max_ngram < 2:
+            raise LayoutError(f"max_ngram: must be >= 2, got {max_ngram}")
+        if seed < 0:
+            raise LayoutError(f"seed: must be >= 0, got {seed}")
+        try:
+            layer_ids = [operator.index(x) for x in layer_ids]
+        except TypeError:
+            raise LayoutError(f"layer_ids: expected a sequence of integers, got {layer_ids!r:.200}") from None
+        if any(x < 0 for x in layer_ids):
+            raise LayoutError(f"layer_ids: negative layer id in {layer_ids}")
         orders = max_ngram - 1
-        if isinstance(vocab_per_ngram, (int, np.integer)):
-            sizes = [int(vocab_per_ngram)] * orders
-        else:
-            sizes = [int(v) for v in vocab_per_ngram]
+        try:
+            if isinstance(vocab_per_ngram, (int, np.integer)):
+                sizes = [operator.index(vocab_per_ngram)] * orders
+            else:
+                sizes = [operator.index(v) for v in vocab_per_ngram]
+        except TypeError:
+            raise LayoutError(f"vocab_per_ngram: expected an integer or a sequence of integers, "
+                              f"got {vocab_per_ngram!r:.200}") from None
         if len(sizes) != orders:
             raise LayoutError(f"vocab_per_ngram: expected {orders} sizes (orders 2..{max_ngram}), got {len(sizes)}")
         if any(s < 1 for s in sizes):
             raise LayoutError(f"vocab_per_ngram: sizes must be >= 1, got {sizes}")
+        if any(s > MAX_ROWS for s in sizes):
+            # every prime of the order exceeds the size, so the rows could not fit uint32 row ids
+            raise LayoutError(f"vocab_per_ngram: sizes must be at most {MAX_ROWS} (rows are uint32 row ids), "
+                              f"got {sizes}")
         if compressed_vocab_size < 1:
             raise LayoutError(f"compressed_vocab_size: must be >= 1, got {compressed_vocab_size}")
         seen: set[int] = set()
@@ -293,7 +319,16 @@ class Layout:
 
         ``scale`` shrinks the per-order bucket size (``16,000,000 * scale``) for
         test tables of any size; every other constant stays real.
+
+        Raises
+        ------
+        LayoutError
+            ``scale`` is not a finite number > 0, or makes the tables too large
+            for uint32 row ids.
         """
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(scale)) or scale <= 0:
+            raise LayoutError(f"scale: must be a finite number > 0, got {scale!r}")
         size = max(2, int(round(16_000_000 * scale)))
         return cls.derive(size, (1, 14), heads=8, max_ngram=4,
                           compressed_vocab_size=99_092, pad_id=2, seed=0)
