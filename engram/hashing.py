@@ -137,7 +137,7 @@ class Hasher:
                 bad = np.flatnonzero((mk != 0) & (mk != 1))
                 if bad.size:
                     i = int(bad[0])
-                    raise TokenError(f"mask[{i}] = {mk[i]!r}; a mask holds True/False (or 1/0)")
+                    raise TokenError(f"mask[{i}] = {mk[i].item()!r}; a mask holds True/False (or 1/0)")
             mk = np.ascontiguousarray(mk != 0, dtype=np.uint8)
         if history is None:
             history = self.new_history()
