@@ -64,16 +64,41 @@ def _add_info(sub) -> None:
 
 
 # --------------------------------------------------------------------- hash
+def _read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of a file the user named; ``ArgumentError`` when it cannot be read."""
+    from .errors import ArgumentError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise ArgumentError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(f"{path}: the {what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def _read_tokens_file(path: str) -> np.ndarray:
     """Token ids from a file: whitespace/comma separated integers, or a .npy array."""
+    from .errors import ArgumentError
+
     if path.endswith(".npy"):
-        return np.load(path)
-    with open(path, encoding="utf-8") as f:
-        text = f.read().replace(",", " ")
+        try:
+            return np.load(path, allow_pickle=False)
+        except OSError as exc:
+            raise ArgumentError(f"{path}: cannot read the token file: {exc.strerror or exc}") from None
+        except ValueError as exc:  # not an .npy file, or an object array
+            raise ArgumentError(f"{path}: not a numpy .npy array of token ids ({exc})") from None
+    text = _read_text_file(path, "token file").replace(",", " ")
     try:
-        return np.array([int(x) for x in text.split()], dtype=np.int64)
+        vals = [int(x) for x in text.split()]
     except ValueError as exc:
-        raise EngramError(f"{path}: token files hold integers ({exc})") from None
+        raise ArgumentError(f"{path}: token files hold integers ({exc})") from None
+    for i, v in enumerate(vals):
+        if not 0 <= v < 2**63:
+            from .errors import TokenError
+
+            raise TokenError(f"{path}: token {v} at position {i} is not a token id (ids are >= 0)")
+    return np.array(vals, dtype=np.int64)
 
 
 def _cmd_hash(args) -> int:
@@ -178,8 +203,7 @@ def _cmd_synth(args) -> int:
 
     trace = None
     if args.trace_text is not None:
-        with open(args.trace_text, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_text_file(args.trace_text, "trace text")
         if args.trace_chars:
             text = text[: args.trace_chars]
         trace = np.array(load_tokenizer().encode(text, add_special_tokens=False).ids, dtype=np.int64)
