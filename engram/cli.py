@@ -97,7 +97,7 @@ def _read_tokens_file(path: str) -> np.ndarray:
         if not 0 <= v < 2**63:
             from .errors import TokenError
 
-            raise TokenError(f"{path}: token {v} at position {i} is not a token id (ids are >= 0)")
+            raise TokenError(f"{path}: token {v} at position {i} is outside any vocabulary")
     return np.array(vals, dtype=np.int64)
 
 
