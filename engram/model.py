@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import ArgumentError, EngramError, HistoryError
+from .errors import ArgumentError, EngramError, HistoryError, TableIOError
 from .gguf_file import ModelInfo, read_model
 from .hashing import Hasher, History
 from .prefetch import Prefetcher
@@ -228,7 +228,11 @@ class Session:
         ------
         TokenError, HistoryError
             As :meth:`engram.Hasher.hash` (nothing is read then).
+        TableIOError
+            The session is closed (the history is left as it was).
         """
+        if self.closed:
+            raise TableIOError("prefill: the session is closed")
         row_ids = self.model.hasher.hash(token_ids, mask, self.history)
         p = Prefetcher([self.tables[lid] for lid in self.model.layer_ids], self.model.layer_ids, row_ids,
                        chunk_tokens=chunk_tokens, second_table_layer=second_table_layer, order=order)
