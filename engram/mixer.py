@@ -193,7 +193,8 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
     ``sigmoid(1e-3)``) even with ``eps = 0``.  Non-finite inputs are not
     rejected: a NaN or infinity in ``h`` or ``k`` makes that stream's gate and
     outputs NaN, one in ``v`` the matching outputs non-finite; sums past the
-    bf16 range become +-inf.  Nothing raises for values.
+    bf16 range become +-inf.  Nothing raises for values.  Runs without the GIL on the
+    calling thread (``engram._native.gate.set_threads`` enables OpenMP for large calls).
 
     Parameters
     ----------

@@ -32,9 +32,12 @@ for bit):
   bf16 rounding keeps a NaN a (quiet) NaN instead of letting the carry of the
   SPEC §5 rule turn it into an infinity or -0.
 
-The loops run without the GIL; tokens are shared out to OpenMP threads (dynamic
-schedule, two tokens at a time: a core busy with other work takes fewer) when a
-call holds at least ``PARALLEL_MIN_VALUES`` residual values.  The arithmetic is
+The loops run without the GIL, on the calling thread by default: the add is
+memory-bound (about 260 KB of traffic a token) and tiny next to the projection, and
+on a 2-core machine shared with other work OpenMP threads made it slower (up to 10x
+at 64 tokens).  ``set_threads(n)`` shares tokens out to ``n`` OpenMP threads (dynamic
+schedule, two tokens at a time) for calls of at least ``PARALLEL_MIN_VALUES``
+residual values; the bits do not depend on it.  The arithmetic is
 compiled three times (baseline x86-64, AVX2, AVX-512F; one portable copy on other
 CPUs) and chosen at run time; every path gives the same bits.
 
@@ -43,7 +46,6 @@ Arguments are checked by the Python caller (:func:`engram.mixer.gated_add`).
 
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
-cimport openmp
 
 from engram.errors import ArgumentError
 
@@ -178,7 +180,7 @@ _NAMES = {EG_PORTABLE: "portable", EG_AVX2: "avx2", EG_AVX512: "avx512"}
 
 cdef int _CPU_PATH = eg_cpu_path()
 cdef int _PATH = _CPU_PATH
-cdef int _THREADS = max(1, min(openmp.omp_get_num_procs(), 8))
+cdef int _THREADS = 1
 
 #: Partial sums of the float64 reductions (part of the precision contract).
 LANES = EG_LANES
@@ -216,7 +218,7 @@ def set_path(name):
 
 
 def get_threads():
-    """Threads used by calls of at least ``PARALLEL_MIN_VALUES`` residual values."""
+    """Threads used by calls of at least ``PARALLEL_MIN_VALUES`` residual values (default 1)."""
     return _THREADS
 
 
