@@ -32,10 +32,11 @@ for bit):
   bf16 rounding keeps a NaN a (quiet) NaN instead of letting the carry of the
   SPEC §5 rule turn it into an infinity or -0.
 
-The loops run without the GIL, on the calling thread by default: the add is
-memory-bound (about 260 KB of traffic a token) and tiny next to the projection, and
-on a 2-core machine shared with other work OpenMP threads made it slower (up to 10x
-at 64 tokens).  ``set_threads(n)`` shares tokens out to ``n`` OpenMP threads (dynamic
+The loops run without the GIL, on the calling thread by default: the add is tiny
+next to the projection, and while two OpenMP threads ran it 1.9x faster on an idle
+2-core machine, they made it up to 10x slower (at 64 tokens) when other processes
+kept the cores busy, as an inference engine's own threads would.  Callers may also
+split tokens over their own threads.  ``set_threads(n)`` shares tokens out to ``n`` OpenMP threads (dynamic
 schedule, two tokens at a time) for calls of at least ``PARALLEL_MIN_VALUES``
 residual values; the bits do not depend on it.  The arithmetic is
 compiled three times (baseline x86-64, AVX2, AVX-512F; one portable copy on other
