@@ -38,22 +38,25 @@ def _json_default(o):
 def _cmd_info(args) -> int:
     from . import __version__
     from ._native import hashing
+    from .codec import decode_path
+    from .mixer import gate_path
+    from .table import AUTO_ORDER, available_backends
 
+    backends = list(available_backends())
     info = {
         "version": __version__,
-        "hash_simd": "avx512" if hashing._CPU_AVX512_PUBLIC() else "scalar",
+        "hash_kernel": "avx512" if hashing._CPU_AVX512_PUBLIC() else "scalar",
+        "decode_kernel": decode_path(),
+        "gate_kernel": gate_path(),
+        "read_backends": backends,
+        "auto_backend": next(b for b in AUTO_ORDER if b in backends),
+        "o_direct": hasattr(os, "O_DIRECT"),
     }
-    try:
-        from . import table  # noqa: F401
-
-        info["read_backends"] = list(table.available_backends())
-    except ImportError:
-        info["read_backends"] = []
     if args.json:
         _print_json(info)
     else:
         for k, v in info.items():
-            print(f"{k:>14}: {v if not isinstance(v, list) else ', '.join(v) or '-'}")
+            print(f"{k:>14}: {', '.join(v) if isinstance(v, list) else v}")
     return 0
 
 
