@@ -15,6 +15,12 @@ batch service time by readers (what a decode step's read costs)
     batch below the threshold is read serially whatever the backend).  It
     holds the device and everything the engine does per batch; other batch
     sizes scale by waves of reads, other reader counts interpolate.
+batch service time with think time (per compute spec)
+    the same, measured with a compute spec run on each batch's rows before
+    the next batch (a closed loop with think time: an idle or busy gap
+    changes what the next batch costs on a shared virtual disk).  A
+    configuration with that compute uses these batches where measured, the
+    back-to-back ones elsewhere (:meth:`Calibration.device`).
 read latency by queue depth (for other clients in flight and per-read simulation)
     mean at depth ``k >= 2``: ``k / reads_per_s`` of the engine's large
     batches at ``readers = k`` (Little's law on a closed loop of ``k``
@@ -40,12 +46,15 @@ JSON schema of ``calibration.json``::
      "machine": {...}, "file": {...},                     # from the microbenchmark document
      "source": {"path", "sha256", "schema", "date", "records": n},
      "devices": {"pread": MeasuredBatchDevice.to_dict(), "io_uring": ...},
+     "think_devices": {"spin:2": {"pread": MeasuredBatchDevice.to_dict(), ...}, ...},
      "fio_device": EmpiricalDevice.to_dict() or null,
      "compute": {"none": {"samples_us": [...], "mean_us", "p50_us", "p95_us"}, "mixer": {...}, ...},
      "hash_us": x,
      "fit": [{"backend", "qd", "engine_mean_us", "fio_mean_us", "engine_over_fio",
               "batch48_mean_us", "batch48_p50_us", "device_batch48_mean_us", "device_batch48_p50_us",
-              "overhead_raw_us", "batches"}, ...]}
+              "overhead_raw_us", "batches"}, ...],
+     "think_fit": [{"think", "backend", "qd", "batch48_mean_us", "batch48_p50_us", "think_mean_us",
+                    "back_to_back_mean_us", "batches"}, ...]}
 """
 
 from __future__ import annotations
@@ -104,6 +113,11 @@ class Calibration:
         The raw device as fio sees it (for reference; not used in predictions).
     fit : list of dict
         Diagnostics per backend and depth (see the module docstring).
+    think_devices : dict[str, dict[str, MeasuredBatchDevice]]
+        Compute label -> backend -> the device with the batches measured with
+        that compute as think time (where measured).
+    think_fit : list of dict
+        Think-time batches against back-to-back ones, per compute, backend and readers.
     machine, file, source : dict
         Where the microbenchmarks ran and what they read.
     date : str
@@ -115,14 +129,17 @@ class Calibration:
     hash_s: float
     fio_device: Optional[EmpiricalDevice] = None
     fit: List[dict] = field(default_factory=list)
+    think_devices: Dict[str, Dict[str, MeasuredBatchDevice]] = field(default_factory=dict)
+    think_fit: List[dict] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     file: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     date: str = ""
 
     # ------------------------------------------------------------------ queries
-    def device(self, backend: str) -> MeasuredBatchDevice:
-        """The device model of ``backend``.
+    def device(self, backend: str, compute: str = "none") -> MeasuredBatchDevice:
+        """The device model of ``backend`` for steps whose compute is ``compute``: the batches measured
+        with that compute as think time where there are any, else back to back.
 
         Raises
         ------
@@ -130,10 +147,12 @@ class Calibration:
             No microbenchmark of that backend.
         """
         try:
-            return self.devices[backend]
+            base = self.devices[backend]
         except KeyError:
             raise ArgumentError(f"calibration has no device for backend {backend!r} "
                                 f"(has {sorted(self.devices)})") from None
+        label = ComputeSpec.parse(compute).label
+        return self.think_devices.get(label, {}).get(backend, base)
 
     def policy(self, threshold: int, backend: str, readers: int) -> Policy:
         """The simulator's :class:`~sim.decode.Policy` for an engine configuration (ring depth = readers;
@@ -167,8 +186,10 @@ class Calibration:
             "schema": CALIBRATION_SCHEMA, "kind": "calibration", "date": self.date, "machine": self.machine,
             "file": self.file, "source": self.source,
             "devices": {b: d.to_dict() for b, d in self.devices.items()},
+            "think_devices": {label: {b: d.to_dict() for b, d in devs.items()}
+                              for label, devs in self.think_devices.items()},
             "fio_device": self.fio_device.to_dict() if self.fio_device is not None else None,
-            "compute": comp, "hash_us": self.hash_s / US, "fit": self.fit,
+            "compute": comp, "hash_us": self.hash_s / US, "fit": self.fit, "think_fit": self.think_fit,
         }
 
     @classmethod
@@ -187,9 +208,11 @@ class Calibration:
             fio = EmpiricalDevice.from_dict(d["fio_device"]) if d.get("fio_device") else None
             comp = {label: Compute.empirical([float(x) * US for x in v["samples_us"]])
                     for label, v in d["compute"].items()}
-            return cls(devices, comp, float(d["hash_us"]) * US, fio, list(d.get("fit", [])),
-                       dict(d.get("machine", {})), dict(d.get("file", {})), dict(d.get("source", {})),
-                       str(d.get("date", "")))
+            think = {label: {b: MeasuredBatchDevice.from_dict(v) for b, v in devs.items()}
+                     for label, devs in d.get("think_devices", {}).items()}
+            return cls(devices, comp, float(d["hash_us"]) * US, fio, list(d.get("fit", [])), think,
+                       list(d.get("think_fit", [])), dict(d.get("machine", {})), dict(d.get("file", {})),
+                       dict(d.get("source", {})), str(d.get("date", "")))
         except KeyError as exc:
             raise FormatError(f"calibration: missing field {exc}") from None
         except (TypeError, ValueError, ArgumentError) as exc:
@@ -233,6 +256,11 @@ class Calibration:
                          f"{(f'{fio:.1f}' if fio else '-'):>9} {(f'{ratio:.2f}' if ratio else '-'):>8} "
                          f"{r['batch48_mean_us']:>10.1f} {r['batch48_p50_us']:>9.1f} "
                          f"{r['device_batch48_mean_us']:>9.1f}")
+        for r in self.think_fit:
+            b2b = r.get("back_to_back_mean_us")
+            lines.append(f"think        {r['think']} between {r['backend']} x{r['qd']} batches: 48-row mean "
+                         f"{r['batch48_mean_us']:.1f} us, p50 {r['batch48_p50_us']:.1f} us"
+                         + (f" (back to back {b2b:.1f} us)" if b2b else ""))
         for label, c in self.compute.items():
             lines.append(f"compute      {label}: mean {c.mean * 1e3:.4f} ms, cv {c.cv:.3f} ({len(c.samples)} samples)")
         return "\n".join(lines)
@@ -348,7 +376,9 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
         never reads decode runs.  Also: no serial or concurrent engine records.
     """
     recs = _check_microbench(doc)
-    engine = [r for r in recs if r["kind"] == "io" and r.get("tool") == "engine"]
+    engine_all = [r for r in recs if r["kind"] == "io" and r.get("tool") == "engine"]
+    engine = [r for r in engine_all if not r.get("think")]
+    think_recs = [r for r in engine_all if r.get("think")]
     fio = [r for r in recs if r["kind"] == "io" and r.get("tool") == "fio"]
     serial48 = [r for r in engine if r["backend"] == "serial" and r["batch_rows"] == STEP_ROWS]
     single = [r for r in engine if r["backend"] == "serial" and r["batch_rows"] == 1]
@@ -434,6 +464,42 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
                    "device_batch48_mean_us": m1 / US, "device_batch48_p50_us": p1 / US,
                    "overhead_raw_us": (float(batch48_serial.mean()) - m1) / US, "batches": int(batch48_serial.size)})
 
+    # think time: per compute, the batches measured with it between batches replace the back-to-back ones
+    think_devices: Dict[str, Dict[str, MeasuredBatchDevice]] = {}
+    think_fit: List[dict] = []
+    groups: Dict[tuple, List[Mapping]] = {}
+    for r in think_recs:
+        if r["batch_rows"] != STEP_ROWS:
+            continue
+        groups.setdefault((ComputeSpec.parse(r["think"]).label, r["backend"], int(r["qd"])), []).append(r)
+    for label in sorted({g[0] for g in groups}):
+        for be in backends:
+            batches = dict(devices[be].batches)
+            used = False
+            for (lab, b, k), rs in groups.items():
+                if lab != label or b not in (be, "serial"):
+                    continue
+                key = (STEP_ROWS, 1 if b == "serial" else k)
+                x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs]) * US
+                batches[key] = _dist_from_samples(x, f"{b} 48-row batches, readers {key[1]}, think time {label}")
+                used = True
+            if used:
+                base = devices[be]
+                think_devices.setdefault(label, {})[be] = MeasuredBatchDevice(
+                    base.measured, batches, name=f"engine-{be}-think-{label}",
+                    source=base.source + f"; 48-row batches with {label} between batches where measured")
+        for (lab, b, k), rs in sorted(groups.items()):
+            if lab != label:
+                continue
+            x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs])
+            th = np.concatenate([np.asarray(r.get("think_us", []), dtype=np.float64) for r in rs])
+            ref = devices[backends[0] if b == "serial" else b].batches.get((STEP_ROWS, 1 if b == "serial" else k))
+            think_fit.append({"think": label, "backend": b, "qd": k, "batch48_mean_us": float(x.mean()),
+                              "batch48_p50_us": float(np.median(x)),
+                              "think_mean_us": float(th.mean()) if th.size else None,
+                              "back_to_back_mean_us": ref.mean / US if ref is not None else None,
+                              "batches": int(x.size)})
+
     fio_dev = None
     if fio_shapes:
         fio_dev = EmpiricalDevice({q: _shape_dist(fio_shapes[q], fio_mean[q], "fio") for q in fio_shapes
@@ -454,8 +520,8 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
     src.setdefault("date", doc.get("date"))
     src["records"] = len(recs)
     # The date is that of the measurements: the fit is a pure function of the document.
-    return Calibration(devices, compute, hash_s, fio_dev, fit, machine, dict(doc.get("file", {})), src,
-                       str(doc.get("date", "")))
+    return Calibration(devices, compute, hash_s, fio_dev, fit, think_devices, think_fit, machine,
+                       dict(doc.get("file", {})), src, str(doc.get("date", "")))
 
 
 def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,

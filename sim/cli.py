@@ -384,10 +384,11 @@ def _add_measure(sub) -> None:
                                    "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
                                    "other layers do not exist here: add an emulated load per step with a compute "
                                    "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
-                                   "join with +). Default grid: 4 traces (Italian novel, agent prompt, 100 short "
-                                   "prompts, Python source) x {serial (threshold 256), threshold 8 x pread/io_uring "
-                                   "x 4/16 readers} x compute {none, spin:2}, plus the mixer on the novel: 42 "
-                                   "configurations, 3 interleaved rounds.")
+                                   "join with +). Default grid: the Italian novel, the agent prompt and Python "
+                                   "source x {serial (threshold 256), threshold 8 x pread/io_uring x 4/16 readers} "
+                                   "x compute {none, spin:2}; the 100 short prompts serial and io_uring x 16; the "
+                                   "mixer on the novel, serial and io_uring x 16: 34 configurations, 3 interleaved "
+                                   "rounds, every run on its own stretch of its trace.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")

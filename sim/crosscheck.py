@@ -32,7 +32,7 @@ JSON schema of ``crosscheck.json``::
                "measured": {"tokens_per_s", "tokens_per_s_runs": [...], "step_p50_ms", "step_p95_ms",
                             "step_mean_ms", "read_mean_ms", "compute_mean_ms", "cdf_ms": [...]},
                "predicted": {"tokens_per_s", "step_p50_ms", "step_p95_ms", "step_mean_ms", "read_mean_ms",
-                             "compute_mean_ms", "cdf_ms": [...]},
+                             "compute_mean_ms", "device", "cdf_ms": [...]},
                "error": {"tokens_per_s", "step_p50", "step_p95", "step_mean"},
                "spread": {"tokens_per_s", "tokens_per_s_cv", "step_p50"}, "within_spread": bool}],
      "cdf_percentiles": [1, 2, 5, 10, ..., 99]}
@@ -64,8 +64,8 @@ TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_
 CDF_PERCENTILES = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99)
 
 
-def predict(cal: Calibration, config: RunConfig, trace: Trace, *, sim_steps: Optional[int] = None,
-            seed: int = 0) -> dict:
+def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Optional[Sequence[int]] = None,
+            sim_steps: Optional[int] = None, seed: int = 0) -> dict:
     """Predict one configuration with the calibrated simulator.
 
     Parameters
@@ -73,35 +73,45 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, sim_steps: Opt
     cal : Calibration
     config : RunConfig
     trace : Trace
-        The trace of the runs (its first ``config.steps`` steps are replayed,
-        wrapping around up to ``sim_steps``).
+        The trace the runs read.
+    starts : sequence of int, optional
+        First trace step of each run (``config.steps`` steps each); the
+        simulator replays these stretches one after the other, wrapping
+        around up to ``sim_steps``.  Default: the first ``config.steps`` steps.
     sim_steps : int, optional
-        Simulated steps (default ``max(config.steps, 2000)``: the expectation
-        rather than one noisy sample).
+        Simulated steps (default ``max(replayed steps, 2000)``: the
+        expectation rather than one noisy sample).
     seed : int
 
     Returns
     -------
     dict
         ``tokens_per_s``, ``step_p50_ms``, ``step_p95_ms``, ``step_mean_ms``, ``read_mean_ms``
-        (wait for rows + hash), ``compute_mean_ms``, ``cdf_ms``.
+        (wait for rows + hash), ``compute_mean_ms``, ``device`` (its name), ``cdf_ms``.
 
     Raises
     ------
     ArgumentError
-        The calibration lacks the backend or the compute spec of ``config``.
+        The calibration lacks the backend or the compute spec of ``config``,
+        or a stretch lies outside the trace.
     """
-    tr = trace.head(config.steps)
-    steps = int(sim_steps) if sim_steps else max(config.steps, 2000)
+    n = config.steps
+    starts = [0] if starts is None else [int(x) for x in starts]
+    if not starts or min(starts) < 0 or max(starts) + n > trace.steps:
+        raise ArgumentError(f"stretches {starts} of {n} steps do not fit the trace ({trace.steps} steps)")
+    rows = np.concatenate([trace.rows[a:a + n] for a in starts])
+    toks = np.concatenate([trace.tokens[a:a + n] for a in starts])
+    tr = Trace(rows, toks, np.zeros(1, dtype=np.int64), trace.layer_ids, trace.heads, trace.source)
+    steps = int(sim_steps) if sim_steps else max(tr.steps, 2000)
     pol = cal.policy(config.threshold, config.backend, config.readers)
     comp = cal.compute_model(config.compute)
-    r = simulate_decode(tr, cal.device(config.backend), pol, comp, sessions=1, steps=steps, mode="fast",
-                        seed=seed, hash_time=cal.hash_s)
+    dev = cal.device(config.backend, config.compute)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
             "read_mean_ms": r.stall_ms["mean"] + cal.hash_s * 1e3, "compute_mean_ms": comp.mean * 1e3,
-            "cdf_ms": [float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)]}
+            "device": dev.name, "cdf_ms": [float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)]}
 
 
 def _spread(x: np.ndarray) -> float:
@@ -130,7 +140,8 @@ def _measured(runs: Sequence[Mapping]) -> dict:
     }
 
 
-def _load_traces(runs_doc: Mapping, runs_path: Optional[Path], configs: Sequence[RunConfig]) -> Dict[str, Trace]:
+def _load_traces(runs_doc: Mapping, runs_path: Optional[Path], configs: Sequence[RunConfig],
+                 need: Mapping[str, int]) -> Dict[str, Trace]:
     out: Dict[str, Trace] = {}
     files = runs_doc.get("traces") or {}
     for spec in dict.fromkeys(c.trace for c in configs):
@@ -144,8 +155,7 @@ def _load_traces(runs_doc: Mapping, runs_path: Optional[Path], configs: Sequence
         path = (runs_doc.get("file") or {}).get("path")
         if not path or not Path(path).is_file():
             raise FormatError(f"trace {spec!r}: no saved trace beside the runs and no model file to rebuild it")
-        need = max(c.steps for c in configs if c.trace == spec)
-        out[spec] = load_trace(spec, limit=need, layout=read_model(path).layout)
+        out[spec] = load_trace(spec, limit=need[spec], layout=read_model(path).layout)
     return out
 
 
@@ -189,14 +199,19 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     if not configs:
         raise ArgumentError("the runs document holds no runs")
     rp = Path(runs_path) if runs_path is not None else None
-    traces = _load_traces(runs_doc, rp, configs)
+    need: Dict[str, int] = {}
+    for c in configs:
+        end = max(int(r.get("start", 0)) + c.steps for r in by_key[c.key])
+        need[c.trace] = max(need.get(c.trace, 0), end)
+    traces = _load_traces(runs_doc, rp, configs, need)
 
     from tqdm import tqdm
 
     rows = []
     for c in tqdm(configs, desc="crosscheck", unit="config", disable=not progress, leave=False):
         m = _measured(by_key[c.key])
-        p = predict(cal, c, traces[c.trace], sim_steps=sim_steps, seed=seed)
+        p = predict(cal, c, traces[c.trace], starts=[int(r.get("start", 0)) for r in by_key[c.key]],
+                    sim_steps=sim_steps, seed=seed)
         spread = m.pop("_spread")
         lo, hi = m.pop("_min_max")
         err = {"tokens_per_s": p["tokens_per_s"] / m["tokens_per_s"] - 1,

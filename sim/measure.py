@@ -9,20 +9,26 @@ checked against (:mod:`sim.crosscheck`):
       of uniformly random rows of both tables, 48 rows a batch (a decode step's
       size) and large batches (steady state), at ``readers`` = ring depth = the
       queue depth, per backend; 48-row batches and single rows read serially;
+    - the same 48-row batches with a compute spec of the grid run on each
+      batch's rows before the next batch (think time), at the readers (or
+      serially) as the configurations with that compute use them;
     - ``fio`` random 4 KiB reads with ``--direct=1`` by queue depth (when fio is
       installed);
     - the compute of a step (projection + gated add of every Engram layer for
       one token, and/or the emulated extra compute) on rows read at random;
     - the hash part of a step (:meth:`engram.Session.step_rows`).
 ``runs.json`` (:func:`decode_run`)
-    the real decode loop over a real trace: per step ``session.step(token)``
+    the real decode loop over a stretch of a real trace: per step ``session.step(token)``
     (hash, one concurrent batch of 48 rows over both tables, decode), then the
     step's compute, each timed with ``time.perf_counter``; tokens/s over the
     wall time of the loop.  A grid of configurations (trace x threshold x
     backend x readers x compute) is run in ``rounds`` rounds; each round runs
     every microbenchmark task and every configuration once, all in one seeded
     shuffled order (so repeats are interleaved, and the microbenchmarks and
-    the runs sample the same stretches of a shared machine's load).
+    the runs sample the same stretches of a shared machine's load).  Every run
+    reads its own stretch of its trace (:func:`segments`): no run re-reads the
+    rows of another, which a virtual disk's host cache would serve faster than
+    the fresh random rows of the microbenchmarks.
 
 The rest of the model's layers (attention, experts) does not exist here: the
 step's compute is the Engram projection and gated add (``mixer``), optionally
@@ -44,6 +50,9 @@ JSON schema (all times in microseconds unless named otherwise)
         "batches": n, "rows": n, "reads": n, "wall_s": s, "reads_per_s": x},     # large batches
        {"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 1, "round": r,
         "batch_us": [single-row read times]},
+       {"kind": "io", "tool": "engine", "backend": "serial"|"pread"|"io_uring", "qd": k, "batch_rows": 48,
+        "think": "spin:2"|"mixer"|..., "round": r, "batch_us": [...], "think_us": [...]},  # compute between
+                                                                                         # batches
        {"kind": "io", "tool": "fio", "qd": k, "round": r, "iops": x, "mean_us": m,
         "pNN_us": ..., "cmd": "fio ..."},
        {"kind": "compute", "compute": "mixer"|"spin:2"|..., "round": r, "samples_us": [...]},
@@ -54,7 +63,9 @@ JSON schema (all times in microseconds unless named otherwise)
     {"schema": "engram.decode-runs/1", "kind": "decode_runs", "date", "machine", "file", "params",
      "configs": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute",
                   "steps", "serial"}],
-     "runs": [{"config": key, "round": r, "order": i, "steps": n, "wall_s": s, "tokens_per_s": x,
+     "traces": {trace: "traces/NAME.npz"},                  # the traces the runs read (Trace.save)
+     "runs": [{"config": key, "round": r, "order": i, "start": first trace step, "steps": n, "wall_s": s,
+               "tokens_per_s": x,
                "step_ms": {mean, p50, p90, p95, p99, max}, "read_ms": {...}, "compute_ms": {...},
                "concurrent_steps": n, "rows_distinct_mean": x, "rows_match": bool,
                "step_us": [...], "read_us": [...], "compute_us": [...]}]}
@@ -89,6 +100,8 @@ __all__ = [
     "RunConfig",
     "compute_microbench",
     "decode_run",
+    "segments",
+    "trace_tokens_needed",
     "default_grid",
     "ensure_model",
     "fio_microbench",
@@ -381,15 +394,21 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
     return out
 
 
-def default_grid(steps: int = 300, mixer_steps: int = 40) -> List[RunConfig]:
-    """The default measured grid: 42 configurations.
+def default_grid(steps: int = 300, mixer_steps: int = 40, prompt_steps: int = 240) -> List[RunConfig]:
+    """The default measured grid: 34 configurations.
 
-    Four traces (:data:`DEFAULT_TRACES`) x {serial (threshold 256), threshold 8
-    with pread or io_uring at 4 or 16 readers} x compute {none, spin:2}, plus
-    the real Engram mixer as compute on the novel, serial and io_uring x 16.
+    The Italian novel, the agent prompt and Python source (:data:`DEFAULT_TRACES`
+    without the prompts) x {serial (threshold 256), threshold 8 with pread or
+    io_uring at 4 or 16 readers} x compute {none, spin:2}; the 100 short
+    prompts (1,467 tokens: enough for two configurations of fresh rows) serial
+    and io_uring x 16 without compute; the real Engram mixer as compute on the
+    novel, serial and io_uring x 16.
     """
-    out = grid(DEFAULT_TRACES, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps)
-    out += [RunConfig(DEFAULT_TRACES[0], 256, "pread", 4, "mixer", mixer_steps),
+    texts = tuple(t for t in DEFAULT_TRACES if not t.endswith(".jsonl"))
+    out = grid(texts, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps)
+    out += [RunConfig("shared:prompts.jsonl", 256, "pread", 4, "none", prompt_steps),
+            RunConfig("shared:prompts.jsonl", 8, "io_uring", 16, "none", prompt_steps),
+            RunConfig(DEFAULT_TRACES[0], 256, "pread", 4, "mixer", mixer_steps),
             RunConfig(DEFAULT_TRACES[0], 8, "io_uring", 16, "mixer", mixer_steps)]
     return out
 
@@ -619,6 +638,39 @@ def _io_depth(tables, rng: np.random.Generator, backend: str, k: int, batches: i
     return out
 
 
+def _io_think(tables, rng: np.random.Generator, backend: str, k: int, batches: int, run, think: str,
+              layer_ids: Sequence[int], round_: int) -> dict:
+    """48-row batches at ``readers = k`` (``backend="serial"``: read serially) with the compute ``run`` on each
+    batch's rows between batches (the think time of a closed loop): the batch times and the think times."""
+    from engram import TableGroup
+
+    rows = [t.rows for t in tables]
+    clock = time.perf_counter
+    dest = np.empty((1, STEP_ROWS, 256), np.float32)
+    C = STEP_ROWS // len(layer_ids)
+    got = {lid: dest[0, j * C:(j + 1) * C] for j, lid in enumerate(layer_ids)}
+    serial = backend == "serial"
+    with TableGroup(tables, C, backend=backend, readers=1 if serial else int(k),
+                    threshold=1 << 30 if serial else 1) as g:
+        g.read_batch(_random_ids(rng, rows, 1, C), out=dest)
+        run(got)
+        ts = np.empty(batches)
+        th = np.empty(batches)
+        nreads = 0
+        for i in range(batches):
+            ids = _random_ids(rng, rows, 1, C)
+            t0 = clock()
+            g.read_batch(ids, out=dest)
+            t1 = clock()
+            run(got)
+            th[i] = clock() - t1
+            ts[i] = t1 - t0
+            nreads += g.last_stats.reads
+    return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k), "batch_rows": STEP_ROWS,
+            "think": think, "round": round_, "batch_us": _us_list(ts), "think_us": _us_list(th),
+            "rows": batches * STEP_ROWS, "reads": nreads}
+
+
 def io_microbench(info, *, backends: Sequence[str] = ("pread", "io_uring"),
                   depths: Sequence[int] = DEFAULT_DEPTHS, batches: int = 60, big_seconds: float = 0.2,
                   single_rows: int = 200, seed: int = 0, round_: int = 0, progress=None) -> List[dict]:
@@ -766,16 +818,19 @@ def hash_microbench(model, samples: int = 2000, seed: int = 0, round_: int = 0) 
 # =====================================================================================
 # decode runs
 # =====================================================================================
-def decode_run(model, trace: Trace, config: RunConfig, *, warmup: int = 8, residual_seed: int = 0) -> dict:
-    """Run the real decode loop of ``config`` over the first ``config.steps`` tokens of ``trace``.
+def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
+               residual_seed: int = 0) -> dict:
+    """Run the real decode loop of ``config`` over ``config.steps`` tokens of ``trace`` from step ``start``.
 
     Each step: ``session.step(token)`` (hash + one batch of the 48 rows of both
     tables + decode; its time is the read time), then the step's compute
     (:class:`ComputeSpec`); the step time runs from before the read to after
-    the compute.  A new sequence of the trace restarts the hash history.
-    ``warmup`` steps on the trace's last tokens precede the timed loop (then
-    the history is reset).  The row ids of every step are checked against the
-    trace (``rows_match``).
+    the compute.  The loop continues the text: the up to 3 tokens of the
+    sequence before ``start`` are replayed into the hash history first
+    (hashing only, no reads: SPEC §4), and a new sequence of the trace
+    restarts the history, so every step's row ids equal the trace's (checked:
+    ``rows_match``).  ``warmup`` steps on random token ids (random rows) wake
+    the readers before the timed loop.
 
     Returns
     -------
@@ -785,16 +840,21 @@ def decode_run(model, trace: Trace, config: RunConfig, *, warmup: int = 8, resid
     Raises
     ------
     ArgumentError
-        The trace has fewer tokens than ``config.steps``.
+        The trace has fewer than ``start + config.steps`` tokens.
     TableIOError, DecodeError
         A read failed.
     """
     n = config.steps
-    if trace.steps < n:
-        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs {n}")
+    start = int(start)
+    if start < 0 or trace.steps < start + n:
+        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
+                            f"{n} from step {start}")
     spec = ComputeSpec.parse(config.compute)
-    tokens = trace.tokens[:n].tolist()
-    starts = set(int(s) for s in trace.starts if 0 < s < n)
+    tokens = trace.tokens[start:start + n].tolist()
+    seq_starts = trace.starts
+    starts = set(int(x) - start for x in seq_starts if start < x < start + n)
+    first = int(seq_starts[seq_starts <= start].max())
+    history = trace.tokens[max(first, start - 3):start].tolist()
     read_s = np.empty(n)
     comp_s = np.empty(n)
     step_s = np.empty(n)
@@ -802,12 +862,15 @@ def decode_run(model, trace: Trace, config: RunConfig, *, warmup: int = 8, resid
     concurrent = 0
     match = True
     clock = time.perf_counter
+    rng = np.random.default_rng([residual_seed, start, 6])
     with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
         run = spec.runner(model, s, residual_seed)
-        for tok in trace.tokens[-warmup:].tolist() if warmup else ():
-            run(s.step(int(tok)))
+        for tok in rng.integers(0, len(model.token_map), warmup).tolist():
+            run(s.step(tok))
         s.restore(model.hasher.new_history())
-        step, want = s.step, trace.rows
+        for tok in history:
+            s.step_rows(int(tok))
+        step, want = s.step, trace.rows[start:start + n]
         t_begin = clock()
         for i in range(n):
             if i in starts:
@@ -827,10 +890,37 @@ def decode_run(model, trace: Trace, config: RunConfig, *, warmup: int = 8, resid
             if match and not np.array_equal(s.last_row_ids, want[i]):
                 match = False
         wall = clock() - t_begin
-    return {"steps": n, "wall_s": wall, "tokens_per_s": n / wall, "step_ms": _pct_ms(step_s),
+    return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall, "step_ms": _pct_ms(step_s),
             "read_ms": _pct_ms(read_s), "compute_ms": _pct_ms(comp_s), "concurrent_steps": concurrent,
             "rows_distinct_mean": float(distinct.mean()), "rows_match": match,
             "step_us": _us_list(step_s), "read_us": _us_list(read_s), "compute_us": _us_list(comp_s)}
+
+
+def segments(configs: Sequence[RunConfig], rounds: int) -> Dict[tuple, int]:
+    """First trace step of each run: ``{(config index, round): start}``.
+
+    The runs of one trace read consecutive, disjoint stretches of it (round
+    after round, configuration after configuration), so no run re-reads rows
+    an earlier run read: a shared device's caches (a virtual disk's host page
+    cache) would make repeated rows faster than the fresh random rows of the
+    microbenchmarks.  Only a trace's own repeats (SPEC §8: 22.5% of reads)
+    stay.  :func:`trace_tokens_needed` gives the length each trace needs.
+    """
+    out, nxt = {}, {}
+    for r in range(rounds):
+        for i, c in enumerate(configs):
+            s = nxt.get(c.trace, 0)
+            out[(i, r)] = s
+            nxt[c.trace] = s + c.steps
+    return out
+
+
+def trace_tokens_needed(configs: Sequence[RunConfig], rounds: int) -> Dict[str, int]:
+    """Tokens each trace source needs for :func:`segments`: ``{trace: sum of steps x rounds}``."""
+    need: Dict[str, int] = {}
+    for c in configs:
+        need[c.trace] = need.get(c.trace, 0) + c.steps * rounds
+    return need
 
 
 # =====================================================================================
@@ -890,13 +980,14 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     need_mixer = any(ComputeSpec.parse(c).mixer for c in computes)
 
     traces: Dict[str, Trace] = {}
+    starts: Dict[tuple, int] = {}
     if decode:
-        for spec in dict.fromkeys(c.trace for c in configs):
-            need = max(c.steps for c in configs if c.trace == spec) + warmup
+        for spec, need in trace_tokens_needed(configs, rounds).items():
             traces[spec] = load_trace(spec, limit=need, layout=model.layout)
             if traces[spec].steps < need:
-                raise ArgumentError(f"trace {spec!r} has {traces[spec].steps} tokens; its configurations need "
-                                    f"{need - warmup} steps + {warmup} warm-up")
+                raise ArgumentError(f"trace {spec!r} has {traces[spec].steps} tokens; its runs need {need} "
+                                    f"(each run reads its own stretch: fewer steps, rounds or configurations)")
+        starts = segments(configs, rounds)
     if need_mixer:
         for lid in model.layer_ids:
             model.weights(lid)
@@ -932,6 +1023,12 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         if fio and shutil.which("fio"):
             tasks += [("fio", k) for k in depths]
         tasks += [("compute", c) for c in computes]
+        # Think time: each compute between 48-row batches, at the readers its configurations use.
+        think = {}
+        for c in configs:
+            if c.compute != "none":
+                think[(c.compute, "serial" if c.serial else c.backend, 1 if c.serial else c.readers)] = True
+        tasks += [("think", be, k, label) for (label, be, k) in think]
         tasks.append(("hash",))
     if decode:
         tasks += [("decode", i) for i in range(len(configs))]
@@ -955,6 +1052,14 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
                     micro_doc["records"] += _io_depth(tables, rng, task[1], task[2], io_batches, big_seconds, r)
                 elif kind == "fio":
                     micro_doc["records"] += fio_microbench(info, [task[1]], fio_seconds, round_=r)
+                elif kind == "think":
+                    _, be, k, label = task
+                    spec = ComputeSpec.parse(label)
+                    rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k])
+                    with model.session(backend="serial", threshold=1 << 30) as ms:
+                        run = spec.runner(model, ms, residual_seed=seed)
+                        micro_doc["records"].append(_io_think(tables, rng, be, k, mixer_samples if spec.mixer
+                                                              else io_batches, run, label, model.layer_ids, r))
                 elif kind == "compute":
                     micro_doc["records"] += compute_microbench(model, [task[1]], samples=compute_samples,
                                                                mixer_samples=mixer_samples, seed=seed, round_=r)
@@ -962,7 +1067,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
                     micro_doc["records"].append(hash_microbench(model, seed=seed, round_=r))
                 else:
                     c = configs[task[1]]
-                    rec = decode_run(model, traces[c.trace], c, warmup=warmup, residual_seed=seed)
+                    rec = decode_run(model, traces[c.trace], c, start=starts[(task[1], r)], warmup=warmup,
+                                     residual_seed=seed)
                     runs_doc["runs"].append({"config": c.key, "round": r, "order": pos, **rec})
                 bar.update(1)
             if micro:

@@ -44,6 +44,11 @@ def micro_doc(fio: bool = True) -> dict:
             recs.append({"kind": "io", "tool": "fio", "qd": qd, "round": 0, "iops": qd / (mean * US),
                          "mean_us": mean, "p1_us": 0.5 * mean, "p50_us": 0.9 * mean, "p90_us": 1.3 * mean,
                          "p99_us": 3 * mean, "p99.9_us": 6 * mean, "cmd": "fio ..."})
+    # think time: spin:2 between serial batches and between pread x 4 batches
+    recs += [{"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 48, "think": "spin:2",
+              "round": 0, "batch_us": [5000.0, 5200.0], "think_us": [2000.0, 2000.0], "rows": 96, "reads": 96},
+             {"kind": "io", "tool": "engine", "backend": "pread", "qd": 4, "batch_rows": 48, "think": "spin:2.0",
+              "round": 0, "batch_us": [1500.0, 1500.0], "think_us": [2000.0, 2000.0], "rows": 96, "reads": 96}]
     recs += [{"kind": "compute", "compute": "none", "round": 0, "samples_us": [1.0, 1.0, 2.0]},
              {"kind": "compute", "compute": "spin:2", "round": 0, "samples_us": [2000.0, 2010.0, 2020.0]},
              {"kind": "hash", "round": 0, "samples_us": [2.0, 3.0, 4.0]}]
@@ -83,6 +88,19 @@ def test_fit_known_answers():
     assert row["overhead_raw_us"] == pytest.approx(row["batch48_mean_us"] - row["device_batch48_mean_us"])
     assert cal.fit[0]["backend"] == "serial" and cal.fit[0]["batch48_mean_us"] == pytest.approx(4800)
     assert cal.date == "2026-11-29T12:00:00+00:00" and cal.machine["cpu"] == "test cpu"
+    # think time: the batches measured with spin:2 between them, back-to-back ones elsewhere
+    think = cal.device("pread", "spin:2")
+    assert think is not dev and think.batch_dist(48, 4).mean == pytest.approx(1500 * US)
+    assert think.batch_dist(48, 1).mean == pytest.approx(5100 * US)
+    assert think.batch_dist(48, 16).mean == pytest.approx(600 * US)
+    assert think.mean_latency(16) == dev.mean_latency(16)
+    assert cal.device("io_uring", "spin:2").batch_dist(48, 1).mean == pytest.approx(5100 * US)
+    assert cal.device("io_uring", "spin:2").batch_dist(48, 4).mean == pytest.approx(960 * US)
+    assert cal.device("pread", "none") is dev and cal.device("pread", "blas:3") is dev
+    tf = {(r["backend"], r["qd"]): r for r in cal.think_fit}
+    assert tf[("pread", 4)]["batch48_mean_us"] == pytest.approx(1500)
+    assert tf[("pread", 4)]["back_to_back_mean_us"] == pytest.approx(1200)
+    assert tf[("serial", 1)]["think_mean_us"] == pytest.approx(2000) and tf[("serial", 1)]["think"] == "spin:2"
     pol = cal.policy(8, "io_uring", 16)
     assert (pol.threshold, pol.backend, pol.readers, pol.ring_depth, pol.batch_overhead) == (8, "io_uring", 16, 16, 0)
     with pytest.raises(ArgumentError, match="mixer"):
@@ -209,6 +227,8 @@ def test_calibration_round_trip(tmp_path):
         for k in (1, 4, 16):
             assert back.device(be).batch_dist(48, k).mean == pytest.approx(cal.device(be).batch_dist(48, k).mean)
             assert back.device(be).mean_latency(k) == pytest.approx(cal.device(be).mean_latency(k))
+            assert back.device(be, "spin:2").batch_dist(48, k).mean == pytest.approx(
+                cal.device(be, "spin:2").batch_dist(48, k).mean)
     # the device of a calibration is a device file for `engram sim decode --device`
     dev_path = tmp_path / "dev.json"
     dev_path.write_text(json.dumps(d["devices"]["pread"]))

@@ -40,6 +40,13 @@ def expected_step(trace, steps: int, batch_us, k: int) -> float:
     return float(np.mean(batch)) + 1e-3 + 2 * US
 
 
+def _shift(trace, a: int):
+    """The trace from step ``a`` on."""
+    from sim.trace import Trace
+
+    return Trace(trace.rows[a:], trace.tokens[a:], np.zeros(1, dtype=np.int64), trace.layer_ids, trace.heads)
+
+
 @pytest.mark.parametrize("threshold, readers, batch_us, k", [(8, 16, 600, 16), (8, 4, 1200, 4), (256, 4, 4800, 1)])
 def test_predict_known_answers(threshold, readers, batch_us, k):
     tr = load_trace(CODE_SOURCE, limit=200)
@@ -54,6 +61,15 @@ def test_predict_known_answers(threshold, readers, batch_us, k):
     # wrapping the trace keeps the answer (no row cache)
     p2 = predict(point_calibration(), cfg, load_trace(CODE_SOURCE, limit=250), sim_steps=600)
     assert 1 / p2["tokens_per_s"] == pytest.approx(step, rel=1e-9)
+    # several stretches are replayed one after the other
+    long = load_trace(CODE_SOURCE, limit=700)
+    p3 = predict(point_calibration(), RunConfig(CODE_SOURCE, threshold, "pread", readers, "spin:1", 100), long,
+                 starts=[0, 100, 500], sim_steps=300)
+    want = np.mean([expected_step(_shift(long, a), 100, batch_us, k)
+                    for a in (0, 100, 500)])
+    assert 1 / p3["tokens_per_s"] == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ArgumentError, match="do not fit"):
+        predict(point_calibration(), cfg, long, starts=[600])
 
 
 def test_predict_needs_a_calibrated_compute():
@@ -95,6 +111,8 @@ def test_crosscheck_table(measured):
         assert row["within_spread"] == (tps.min() <= p["tokens_per_s"] <= tps.max())
         assert p["tokens_per_s"] > 0 and m["rows_match"]
         assert len(m["cdf_ms"]) == len(p["cdf_ms"]) == len(CDF_PERCENTILES)
+        # steps with compute between reads use the batches measured with that compute as think time
+        assert ("think-spin:0.5" in p["device"]) == (row["compute"] == "spin:0.5")
     errs = np.abs([r["error"]["tokens_per_s"] for r in res["rows"]])
     s = res["summary"]
     assert s["tokens_per_s"]["median_abs_error"] == pytest.approx(np.median(errs))

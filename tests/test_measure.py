@@ -13,7 +13,7 @@ from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
 from modelfiles import SCALE, token_map as _token_map
 from sim.measure import (DEFAULT_TRACES, MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, compute_microbench,
                          decode_run, default_grid, ensure_model, fio_microbench, grid, hash_microbench,
-                         io_microbench, load_json, measure, quick_grid, trace_label)
+                         io_microbench, load_json, measure, quick_grid, segments, trace_label, trace_tokens_needed)
 from sim.trace import CODE_SOURCE, load_trace
 
 
@@ -99,13 +99,30 @@ def test_grid_drops_duplicate_serial_configurations():
 
 def test_default_grid_covers_the_axes():
     g = default_grid()
-    assert len(g) == 42 >= 24 and len({c.key for c in g}) == 42
+    assert len(g) == 34 >= 24 and len({c.key for c in g}) == 34
     assert {c.trace for c in g} == set(DEFAULT_TRACES)
     assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
     assert {c.readers for c in g if not c.serial} == {4, 16}
     assert {c.compute for c in g} == {"none", "spin:2", "mixer"}
     assert sum(c.compute == "mixer" for c in g) == 2
+    assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [240, 240]
     assert len(quick_grid()) == 6
+
+
+def test_default_grid_fits_its_traces(layout):
+    """Every run of the default grid (3 rounds) reads its own stretch: each trace is long enough."""
+    need = trace_tokens_needed(default_grid(), 3)
+    assert need["shared:prompts.jsonl"] == 1440 and need[CODE_SOURCE] == 10 * 300 * 3
+    for spec, n in need.items():
+        assert load_trace(spec, limit=n, layout=layout).steps == n, spec
+
+
+def test_segments_are_disjoint():
+    cfgs = [RunConfig("a.txt", 8, "pread", 4, "none", 10), RunConfig("b.txt", 8, "pread", 4, "none", 7),
+            RunConfig("a.txt", 256, "pread", 4, "none", 5)]
+    seg = segments(cfgs, 2)
+    assert seg == {(0, 0): 0, (1, 0): 0, (2, 0): 10, (0, 1): 15, (1, 1): 7, (2, 1): 25}
+    assert trace_tokens_needed(cfgs, 2) == {"a.txt": 30, "b.txt": 14}
 
 
 # ------------------------------------------------------------------ decode loop
@@ -138,12 +155,25 @@ def test_decode_run_restarts_history_per_sequence(model, shared_data):
     a, b = int(tr.starts[1]), int(tr.starts[2])
     assert np.array_equal(tr.rows[a:b], h.hash(tr.tokens[a:b]))
     r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 120), warmup=4)
-    assert r["rows_match"]
+    assert r["rows_match"] and r["start"] == 0
+    # a stretch starting inside a prompt replays the prompt's last tokens first
+    inside = int(tr.starts[3]) + 2
+    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 20), start=inside, warmup=0)
+    assert r["rows_match"] and r["start"] == inside
+
+
+def test_decode_run_continues_the_text(model):
+    tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
+    for start in (1, 2, 3, 77, 150):
+        r = decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50), start=start, warmup=1)
+        assert r["rows_match"] and r["steps"] == 50, start
+    with pytest.raises(ArgumentError, match="from step 151"):
+        decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50), start=151)
 
 
 def test_decode_run_needs_enough_tokens(model):
     tr = load_trace(CODE_SOURCE, limit=20, layout=model.layout)
-    with pytest.raises(ArgumentError, match="20 tokens"):
+    with pytest.raises(ArgumentError, match="has 20 tokens"):
         decode_run(model, tr, RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30))
 
 
@@ -182,7 +212,7 @@ def test_compute_and_hash_microbench(model):
 
 # ------------------------------------------------------------------ whole runs
 def test_measure_writes_both_documents(model_path, tmp_path):
-    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 25), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 25)]
+    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "spin:0.2", 25), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 25)]
     res = measure(model_path, cfgs, tmp_path, rounds=2, depths=(1, 4), fio=False, io_batches=4, big_seconds=0.01,
                   single_rows=5, compute_samples=5, warmup=3, progress=False)
     assert res["runs_done"] == 4 and res["configs"] == 2
@@ -192,10 +222,16 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert {r["kind"] for r in micro["records"]} == {"io", "compute", "hash"}
     assert sorted({r["round"] for r in micro["records"]}) == [0, 1]
     assert not any("step_us" in r for r in micro["records"])
+    assert {r["compute"] for r in micro["records"] if r["kind"] == "compute"} == {"spin:0.2", "none"}
     assert [c["key"] for c in runs["configs"]] == [c.key for c in cfgs]
     assert sorted((r["config"], r["round"]) for r in runs["runs"]) == sorted(
         (c.key, k) for c in cfgs for k in (0, 1))
     assert all(r["rows_match"] for r in runs["runs"])
+    # every run read its own stretch of the trace
+    assert sorted(r["start"] for r in runs["runs"]) == [0, 25, 50, 75]
+    think = [r for r in micro["records"] if r.get("think")]
+    assert [(r["think"], r["backend"], r["qd"]) for r in think] == [("spin:0.2", "pread", 4)] * 2
+    assert len(think[0]["batch_us"]) == 4 and min(think[0]["think_us"]) >= 200
     assert (tmp_path / runs["traces"][CODE_SOURCE]).is_file()
     assert runs["file"]["path"] == str(model_path.resolve()) and len(runs["file"]["tables"]) == 2
     with pytest.raises(FormatError, match="decode_runs"):
