@@ -219,6 +219,54 @@ def test_absurd_counts_allocate_nothing(seed_header, tmp_path):
             _tick("gguf absurd counts")
 
 
+RSS_CHILD = r'''
+import json, os, resource, struct, sys
+from engram import FormatError
+from engram.gguf_file import read_kv, read_model
+src, size, fields, nhead = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+with open(src, "rb") as f:
+    head = f.read(nhead)
+path = src + ".absurd"
+read_model(src)  # the valid model once: imports and caches warm
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+n = 0
+for off, fmt in fields:
+    for v in ((2**32 - 1,) if fmt == "<I" else (2**64 - 1, 2**63, 2**32, 2**26 + 1)):
+        h = bytearray(head)
+        struct.pack_into(fmt, h, off, v)
+        with open(path, "wb") as f:
+            f.write(h)
+            f.truncate(size)
+        for fn in (read_kv, read_model):
+            try:
+                fn(path)
+            except FormatError:
+                pass
+        n += 1
+print(json.dumps({"base_kib": base, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "n": n}))
+'''
+
+
+def test_absurd_counts_leave_rss_flat(seed_header, tmp_path):
+    """The same absurd counts in a fresh process: its peak RSS stays where a valid parse left it."""
+    import json
+
+    from faults import run_child
+
+    head, size, info = seed_header
+    src = tmp_path / "h.gguf"
+    src.write_bytes(head)
+    with open(src, "r+b") as f:
+        f.truncate(size)
+    fields = _count_fields(info)
+    code = RSS_CHILD.replace("sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])",
+                             f"{str(src)!r}, {size}, json.loads({json.dumps(json.dumps(fields))}), {len(head)}")
+    res = run_child(code)
+    assert res["n"] >= len(fields)
+    assert res["peak_kib"] - res["base_kib"] < 16 * 1024, res
+    ITERATIONS["gguf absurd counts (RSS child)"] = res["n"]
+
+
 # ====================================================================== hash entry points
 _DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float32,
            np.float64, np.bool_]
@@ -383,9 +431,18 @@ def test_read_any_ids(fuzz_table, ids, out):
 def test_atheris_bounded_run(seed_header, tmp_path):
     """Coverage-guided byte mutation of the three targets of ``tests/fuzz_atheris.py`` for a
     bounded time; any finding (exception, crash, timeout, memory) fails with libFuzzer's report."""
+    _atheris(seed_header, tmp_path, int(os.environ.get("ENGRAM_ATHERIS_SECONDS", "8")), "atheris")
+
+
+@pytest.mark.heavy
+def test_atheris_long_run(seed_header, tmp_path):
+    """The same, for 60 s (``-m heavy``)."""
+    _atheris(seed_header, tmp_path, 60, "atheris (heavy)")
+
+
+def _atheris(seed_header, tmp_path, seconds: int, label: str) -> None:
     if importlib.util.find_spec("atheris") is None:
         pytest.skip("atheris is not installed (pip install atheris)")
-    seconds = int(os.environ.get("ENGRAM_ATHERIS_SECONDS", "8"))
     head, _, _ = seed_header
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -402,5 +459,5 @@ def test_atheris_bounded_run(seed_header, tmp_path):
     assert m, log[-3000:]
     runs = int(m.group(1))
     assert runs > 100
-    ITERATIONS["atheris runs"] = runs
-    ITERATIONS["atheris seconds"] = f"{m.group(2)} s"
+    ITERATIONS[f"{label} runs"] = runs
+    ITERATIONS[f"{label} seconds"] = f"{m.group(2)} s"
