@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from engram import EngramModel, Hasher, Table, TableGroup, TableIOError, decode_rows, synth
+from engram._native.reader import MAX_SPAN_BYTES
 from engram.prefetch import PrefetchCancelled
 from engram.table import ROW_BYTES, available_backends
 from faults import (SHIM_EINTR, SHIM_EIO, SHIM_EOF, SHIM_SHORT, FaultMount, build_shim, fd_count,
@@ -319,8 +320,8 @@ def test_fuse_eio_names_row_and_offset(fuse, table_dir, backend):
                 t.read_batch(ids, out=out)
             e = ei.value
             assert e.errno_ == errno.EIO and e.offset == OFFSET + e.row * ROW_BYTES
-            # the named row is one whose aligned span touches the failing range
-            assert abs(e.row - 2505) * ROW_BYTES < 3 * t.alignment + ROW_BYTES
+            # the named row is the first of the failing read, a span of at most MAX_SPAN_BYTES
+            assert abs(e.row - 2505) * ROW_BYTES < MAX_SPAN_BYTES + ROW_BYTES
             assert np.all(out == 4.0)
             far = ids % 2000
             assert np.array_equal(t.read_batch(far, out=out), ref[far])  # the rest of the device works
