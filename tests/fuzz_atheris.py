@@ -30,7 +30,8 @@ with atheris.instrument_imports(include=["engram"]):
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import decode_rows_reference, hash_reference  # noqa: E402
 
-_DIR = tempfile.mkdtemp(prefix="engram-atheris-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+#: Where fuzzed GGUF files are written (the test passes its temporary directory).
+_DIR = os.environ.get("ENGRAM_FUZZ_DIR") or tempfile.mkdtemp(prefix="engram-atheris-")
 _PATH = os.path.join(_DIR, "fuzz.gguf")
 #: Apparent size of fuzzed files (sparse): room for the tensors a mutated header declares.
 _FILE_SIZE = 1 << 31

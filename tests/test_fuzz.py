@@ -449,7 +449,7 @@ def _atheris(seed_header, tmp_path, seconds: int, label: str) -> None:
     (corpus / "gguf").write_bytes(b"\x00" + head)
     (corpus / "rows").write_bytes(b"\x01" + rows_raw(3, seed=1).tobytes())
     (corpus / "hash").write_bytes(b"\x02" + bytes(range(64)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent)]), ENGRAM_FUZZ_DIR=str(tmp_path))
     cmd = [sys.executable, str(TESTS / "fuzz_atheris.py"), str(corpus), f"-max_total_time={seconds}",
            "-timeout=20", "-rss_limit_mb=1536", f"-max_len={len(head) + 1024}", f"-artifact_prefix={tmp_path}/"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, env=env, cwd=tmp_path)
