@@ -254,7 +254,7 @@ print(json.dumps(res))
 
 def test_pread_faults_through_shim(tmp_path):
     try:
-        lib = build_shim()
+        lib = build_shim(tmp_path)
     except RuntimeError as exc:
         pytest.skip(str(exc))
     res = run_child(SHIM_CHILD, preload=lib, env={"T_PATH": str(tmp_path / "t-shim.bin"),

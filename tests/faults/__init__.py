@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -57,17 +56,17 @@ def rss_bytes() -> int:
 _SHIM_CACHE: dict = {}
 
 
-def build_shim() -> Path:
-    """Compile ``shim.c`` once per process; returns the shared library's path.
+def build_shim(outdir) -> Path:
+    """Compile ``shim.c`` into ``outdir`` (once per directory); returns the shared library's path.
 
     Raises ``RuntimeError`` (with the compiler's output) when no C compiler works.
     """
-    if "path" in _SHIM_CACHE:
-        return _SHIM_CACHE["path"]
+    out = Path(outdir) / "libengramfault.so"
+    if _SHIM_CACHE.get("path") == out and out.exists():
+        return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    out = Path(tempfile.mkdtemp(prefix="engram-shim-")) / "libengramfault.so"
     r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(HERE / "shim.c"), "-ldl"],
                        capture_output=True, text=True)
     if r.returncode != 0:
