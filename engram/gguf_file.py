@@ -117,6 +117,15 @@ def _pad(x: int, n: int) -> int:
     return ((x + n - 1) // n) * n
 
 
+def _close(fd: int) -> None:
+    """Close ``fd``, dropping an error from close(2) (EIO, ENOTCONN from a FUSE server that is
+    gone): Linux releases the descriptor anyway, and the caller's own error must not be masked."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def _open_regular(path: Path) -> int:
     """Open ``path`` read-only; it must be a regular file.
 
@@ -135,7 +144,7 @@ def _open_regular(path: Path) -> int:
         if getattr(os, "O_NONBLOCK", 0):
             os.set_blocking(fd, True)
     except BaseException:
-        os.close(fd)
+        _close(fd)
         raise
     return fd
 
@@ -390,7 +399,7 @@ class ModelInfo:
                                        offset=loc.offset + done)
                 done += n
         finally:
-            os.close(fd)
+            _close(fd)
         return out
 
     def to_dict(self) -> dict:
@@ -588,7 +597,7 @@ def _load_array(kv: KeyValue) -> np.ndarray:
         cur.pos = kv.data_offset
         return _as_array(cur.take(n, kv.key), fmt, kv.subtype)
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def _parse_header(path: Path) -> _Header:
@@ -673,7 +682,7 @@ def _parse_header(path: Path) -> _Header:
         data_offset = _pad(cur.pos, alignment)
         return _Header(path, size, version, kv, tensors, alignment, data_offset)
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def read_kv(path: PathLike) -> Dict[str, KeyValue]:

@@ -126,6 +126,15 @@ def _logical_block_size(fd: int) -> int:
     return 4096
 
 
+def _close(fd: int) -> None:
+    """Close ``fd``; an error from close(2) (EIO, or ENOTCONN once a FUSE server is gone) is
+    dropped: Linux releases the descriptor anyway, and retrying could close another file."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def _regular(fd: int, path: str) -> int:
     """``fd`` back in blocking mode if it is a regular file; else close it and raise ``TableIOError``."""
     try:
@@ -136,7 +145,7 @@ def _regular(fd: int, path: str) -> int:
             raise TableIOError(f"{path}: is {kind}; a table lives in a regular file", errno_=_errno.EINVAL)
         os.set_blocking(fd, True)
     except BaseException:
-        os.close(fd)
+        _close(fd)
         raise
     return fd
 
@@ -166,7 +175,7 @@ def _open_uncached(path: str, direct: Union[bool, str], block_size: Optional[int
                 os.preadv(fd, [memoryview(buf)[:align]], 0)
                 return fd, True, align
             except OSError as exc:
-                os.close(fd)
+                _close(fd)
                 if direct is True or exc.errno != _errno.EINVAL:
                     raise TableIOError(f"{path}: O_DIRECT read refused: {exc.strerror}", offset=0,
                                        errno_=exc.errno) from None
@@ -480,8 +489,8 @@ class Table(_RowReads):
                 self._reader.close()
                 self._reader = None
             if getattr(self, "_fd", -1) >= 0:
-                os.close(self._fd)
-                self._fd = -1
+                fd, self._fd = self._fd, -1
+                _close(fd)
         finally:
             if lock is not None:
                 lock.release()
