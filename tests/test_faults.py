@@ -350,6 +350,36 @@ def test_fuse_short_reads_and_eintr_are_exact(fuse, table_dir, mode, every):
     assert n >= 100
 
 
+def test_fuse_device_gone_mid_session(tmp_path, table_dir):
+    """The file system process dies under open tables (the device is gone): every backend
+    reports TableIOError (ENOTCONN) at once instead of hanging, and closes cleanly."""
+    why = fuse_unavailable()
+    if why:
+        pytest.skip(f"FUSE fault file system unavailable: {why}")
+    root, _, ref = table_dir
+    ids = np.random.default_rng(8).integers(0, N, (20, 24))
+    with no_leaks():
+        with FaultMount(root, tmp_path / "mnt", tmp_path) as m:
+            tables = [Table(m.path("t.bin"), OFFSET, N, backend=b, readers=4, threshold=2) for b in BACKENDS]
+            try:
+                for t in tables:
+                    assert np.array_equal(t.read_batch(ids), ref[ids])
+                m.proc.kill()
+                m.proc.wait(timeout=10)
+                _count("fuse daemon killed", 1)
+                for t in tables:
+                    out = np.full((20, 24, 256), 6.0, np.float32)
+                    t0 = time.monotonic()
+                    with pytest.raises(TableIOError) as ei:
+                        t.read_batch(ids, out=out)
+                    assert time.monotonic() - t0 < 10
+                    assert ei.value.errno_ in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO), ei.value
+                    assert np.all(out == 6.0)
+            finally:
+                for t in tables:
+                    t.close()
+
+
 @pytest.fixture(scope="module")
 def fuse_model(tmp_path_factory):
     """A small model on its own fault mount."""
