@@ -468,6 +468,48 @@ def test_fuse_slow_device_cancel_and_close_mid_flight(fuse_model, text_ids):
     assert n >= 10
 
 
+def test_close_while_other_threads_step(tmp_path, text_ids):
+    """A server cancelling requests: sessions closed from another thread while their decode
+    threads step.  Each step either returns the exact rows or raises TableIOError ("closed");
+    nothing hangs, crashes or leaks."""
+    path = _build_model(tmp_path / "race.gguf")
+    model = EngramModel.open(path)
+    ids = text_ids[:300]
+    ref = _expected(model, Hasher(model.layout, model.token_map).hash(ids))
+    outcomes = {"rows": 0, "closed": 0}
+    errors = []
+    with no_leaks():
+        for round_ in range(8):
+            sessions = [model.session(readers=4) for _ in range(4)]
+
+            def run(s):
+                try:
+                    for t, tok in enumerate(ids):
+                        try:
+                            rows = s.step(int(tok))
+                        except TableIOError as exc:
+                            assert "closed" in str(exc), exc
+                            outcomes["closed"] += 1
+                            return
+                        assert all(np.array_equal(rows[lid], ref[lid][t]) for lid in model.layer_ids), t
+                        outcomes["rows"] += 1
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=run, args=(s,)) for s in sessions]
+            for th in threads:
+                th.start()
+            time.sleep(0.005 * (round_ + 1))
+            for s in sessions:
+                s.close()
+            for th in threads:
+                th.join(30)
+                assert not th.is_alive(), "a stepping thread hung after close()"
+    assert not errors, errors[:3]
+    assert outcomes["closed"] > 0 and outcomes["rows"] > 0, outcomes
+    _count("sessions closed mid-step", outcomes["closed"])
+
+
 # ====================================================================== signals
 @contextlib.contextmanager
 def signal_storm(interval_s: float = 0.0002):
