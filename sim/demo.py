@@ -1,0 +1,399 @@
+"""The main job: ``engram demo`` (``make demo``) runs the whole mission on this machine and writes a report.
+
+Steps (each prints a line with its wall time; long ones show a progress bar):
+
+1. **traces** -- real text through the DeepSeek V4 tokenizer and the V4.1 hash,
+   from text that ships with Python (standard-library source code and the
+   English language reference of ``pydoc``), or the user's own ``--text`` files;
+2. **model** -- a model file in the real GGUF format: the DeepSeek V4.1 Flash
+   layout at a reduced scale (default 0.02: two tables of 7.68 M rows, 4.4 GiB
+   with the projections), built once in the work folder and reused;
+3. **lookups** -- a decode session over the first tokens: hash, one concurrent
+   read of 48 rows, decode (checked against the generator's bytes), projection
+   and gated add into a seeded random residual for both Engram layers;
+4. **measure** -- the real decode loop over the traces for a grid of
+   thresholds, readers, backends and computes, with the microbenchmarks, in
+   interleaved rounds (:func:`sim.measure.measure`);
+5. **calibrate** -- the simulator's device and compute models from the
+   microbenchmarks only (:func:`sim.calibrate.calibrate_file`);
+6. **crosscheck** -- every measured configuration predicted and compared
+   (:func:`sim.crosscheck.crosscheck_files`);
+7. **sweep** -- the small what-if study :data:`DEMO_STUDY` (this machine next to
+   the reference SSD, by readers, threshold and row cache), in local processes;
+8. **report** -- :func:`sim.report.build_report` into ``reports/demo/``.
+
+``quick=True`` shrinks every step (a 0.001-scale model, short runs) for smoke
+tests: a minute or so instead of about ten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+__all__ = ["DEMO_STUDY", "demo_grid", "run_demo"]
+
+#: The demo's what-if study (identical to ``studies/demo.toml``).
+DEMO_STUDY = """\
+# The small study of `make demo`: this machine's calibrated device next to the
+# SPEC §8 reference SSD, by readers, threshold and row cache, with the SPEC §8
+# reference compute per step.  "calibrated" is the device that `engram
+# calibrate` fitted for each point's backend, so run it with a calibration:
+#
+#   engram sim sweep studies/demo.toml --calibration WORKDIR/calibration.json
+
+[study]
+name = "demo"
+description = "This machine (calibrated) vs the reference SSD: readers x threshold x row cache"
+seed = 0
+
+[fixed]
+trace = "stdlib:asyncio/base_events.py"
+trace_limit = 1000
+steps = 1000
+compute = "reference"
+
+[[grid]]
+device = ["calibrated"]
+backend = ["pread", "io_uring"]
+threshold = [8, 256]
+readers = [1, 2, 4, 8, 16]
+cache_rows = [0, 4096]
+
+[[grid]]
+device = ["seed-apple-m3-ultra"]
+threshold = [8, 256]
+readers = [1, 2, 4, 8, 16]
+cache_rows = [0, 4096]
+
+[[plot]]
+x = "readers"
+y = "session_tokens_per_s"
+series = ["device", "backend", "threshold"]
+where = { cache_rows = 0 }
+logx = true
+title = "Decode tokens/s by readers: this machine vs the reference SSD"
+
+[[plot]]
+x = "readers"
+y = "session_tokens_per_s"
+series = ["device", "backend", "cache_rows"]
+where = { threshold = 8 }
+logx = true
+title = "What a 4096-row cache buys at threshold 8"
+"""
+
+DEFAULT_OUT = "reports/demo"
+DEFAULT_WORKDIR = "work/demo"
+
+
+class _Steps:
+    """Numbered step lines with wall times."""
+
+    def __init__(self, total: int, progress: bool):
+        self.total, self.n, self.progress = total, 0, progress
+        self.t0 = time.perf_counter()
+        self.log: List[Dict[str, Any]] = []
+        self._start = None
+        self._name = ""
+
+    def begin(self, name: str, what: str) -> None:
+        self.n += 1
+        self._name, self._start = name, time.perf_counter()
+        if self.progress:
+            print(f"[{self.n}/{self.total}] {name}: {what}", flush=True)
+
+    def end(self, result: str = "") -> None:
+        dt = time.perf_counter() - self._start
+        self.log.append({"name": self._name, "seconds": round(dt, 2)})
+        if self.progress:
+            total = time.perf_counter() - self.t0
+            print(f"      done in {dt:.1f} s (total {total / 60:.1f} min){'; ' + result if result else ''}",
+                  flush=True)
+
+
+def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
+              mixer_steps: int = 30) -> list:
+    """The measured configurations of the demo (:class:`sim.measure.RunConfig`).
+
+    On the main trace: serial (thresholds 256 and 49) and concurrent
+    (thresholds 48 and 8) reads with 16 pread readers; pread and io_uring at
+    1, 2, 4, 8, 16 and 32 readers; an emulated 2 ms compute and the real
+    Engram mixer, serial and io_uring x 16.  On every other trace: serial,
+    pread x 16 and io_uring x 16.  ``quick``: 4 configurations on the main
+    trace and 2 on each other one.
+    """
+    from .measure import RunConfig
+
+    out: list = []
+
+    def add(trace, thr, be, k, comp="none", n=steps):
+        c = RunConfig(trace, thr, be, k, comp, n)
+        if c.key not in {x.key for x in out}:
+            out.append(c)
+
+    if quick:
+        add(main, 256, "pread", 4)
+        add(main, 8, "pread", 4)
+        add(main, 8, "io_uring", 4)
+        add(main, 8, "pread", 16)
+        for t in others:
+            add(t, 256, "pread", 4)
+            add(t, 8, "io_uring", 4)
+        return out
+    add(main, 256, "pread", 16)
+    add(main, 49, "pread", 16)
+    add(main, 48, "pread", 16)
+    add(main, 8, "pread", 16)
+    for be in ("pread", "io_uring"):
+        for k in (1, 2, 4, 8, 16, 32):
+            add(main, 8, be, k)
+    add(main, 256, "pread", 16, "spin:2")
+    add(main, 8, "io_uring", 16, "spin:2")
+    add(main, 256, "pread", 16, "mixer", mixer_steps)
+    add(main, 8, "io_uring", 16, "mixer", mixer_steps)
+    for t in others:
+        add(t, 256, "pread", 16)
+        add(t, 8, "pread", 16)
+        add(t, 8, "io_uring", 16)
+    return out
+
+
+def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
+    """A decode session over the first ``n`` tokens of ``trace``: rows (verified), read times, gates."""
+    import numpy as np
+
+    from engram import EngramModel, decode_rows, load_tokenizer, synth
+    from engram.codec import bf16_round
+
+    model = EngramModel.open(model_path)
+    tok = load_tokenizer()
+    rng = np.random.default_rng(seed)
+    for lid in model.layer_ids:
+        model.weights(lid)
+    records, ok, read_ms, mix_ms = [], True, [], []
+    tokens = trace.tokens[:n].tolist()
+    with model.session() as s:
+        for pos, t in enumerate(tokens):
+            t0 = time.perf_counter()
+            rows = s.step(int(t))
+            read_ms.append((time.perf_counter() - t0) * 1e3)
+            ids = s.last_row_ids
+            gates = []
+            t1 = time.perf_counter()
+            for li, lid in enumerate(model.layer_ids):
+                want = decode_rows(synth.rows_at(lid, ids[li].astype(np.uint64), seed=0))
+                ok = ok and bool(np.array_equal(want, rows[lid]))
+                width = model.weights(lid).q_norm.shape[1]
+                residual = bf16_round(rng.standard_normal((1, 4, width)).astype(np.float32))
+                g = np.zeros((1, 4), np.float32)
+                s.apply(lid, residual, rows[lid][None], gates_out=g)
+                gates.append([float(x) for x in g[0]])
+            mix_ms.append((time.perf_counter() - t1) * 1e3)
+            records.append({"position": pos, "token": int(t), "text": tok.decode([int(t)]),
+                            "rows": [int(x) for x in ids[0][:6]], "read_ms": read_ms[-1],
+                            "backend": s.last_stats.backend, "gates": gates})
+    return {"source": trace.source, "tokens": len(tokens), "rows_verified": ok, "records": records,
+            "read_ms_mean": float(np.mean(read_ms)), "mix_ms_mean": float(np.mean(mix_ms))}
+
+
+def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, os.PathLike] = DEFAULT_WORKDIR,
+             scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
+             steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
+             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True,
+             progress: bool = True) -> Path:
+    """Run the main job and return the path of the report (``OUT/report.md``).
+
+    Parameters
+    ----------
+    out : path
+        Report folder (default ``reports/demo``).
+    workdir : path
+        Work folder: the model file (reused when it has the layout of
+        ``scale``), traces, measurements, calibration, cross-check, sweep table.
+    scale : float, optional
+        Layout scale of the model file (default 0.02: 4.4 GiB; ``quick``: 0.001).
+    texts : sequence of str, optional
+        The user's own text files (or any trace source spec) instead of the
+        built-in standard-library texts.
+    quick : bool
+        Small and fast (smoke tests): a tiny model, a few short runs.
+    steps, rounds : int, optional
+        Decode steps per measured run (default 300; quick 40) and interleaved
+        rounds (default 3; quick 2).
+    jobs : int, optional
+        Local processes of the sweep and the report's simulations (default: CPU count).
+    lookups : int, optional
+        Tokens of the lookup step (default 16; quick 4).
+    html_page : bool
+        Also write ``report.html``.
+    fio : bool
+        Run fio's microbenchmarks when fio is installed.
+    progress : bool
+        Step lines and progress bars.
+
+    Raises
+    ------
+    ArgumentError
+        A text too short for the measured runs, too little disk space, a bad argument.
+    """
+    from engram import Layout
+    from engram.errors import ArgumentError
+
+    from .calibrate import calibrate_file
+    from .crosscheck import crosscheck_files
+    from .measure import DEFAULT_SCALE, ensure_model, measure, trace_tokens_needed
+    from .report import build_report, default_traces
+    from .sweep import Study, run_study
+    from .trace import load_trace, reuse_stats
+
+    out, work = Path(out), Path(workdir)
+    scale = float(scale) if scale is not None else (0.001 if quick else DEFAULT_SCALE)
+    steps = int(steps) if steps else (40 if quick else 300)
+    rounds = int(rounds) if rounds else (2 if quick else 3)
+    n_lookups = int(lookups) if lookups is not None else (4 if quick else 16)
+    if steps < 10 or rounds < 1 or n_lookups < 1:
+        raise ArgumentError(f"need steps >= 10, rounds >= 1 and lookups >= 1; got {steps}, {rounds}, {n_lookups}")
+    work.mkdir(parents=True, exist_ok=True)
+    st = _Steps(8, progress)
+    t_start = time.perf_counter()
+    if progress:
+        print(f"engram demo: work folder {work}, report folder {out}", flush=True)
+
+    # 1. traces ------------------------------------------------------------------
+    lay = Layout.deepseek_v41_flash(scale=scale)
+    specs = list(texts) if texts else default_traces()
+    st.begin("traces", "real text -> DeepSeek V4 tokenizer -> V4.1 hash: " + ", ".join(specs))
+    full = {spec: load_trace(spec, layout=lay) for spec in specs}
+    main = max(specs, key=lambda s: full[s].steps)
+    others = [s for s in specs if s != main]
+    configs = demo_grid(main, others, steps, quick)
+    need = trace_tokens_needed(configs, rounds)
+    for spec, n in need.items():
+        if full[spec].steps < n:
+            raise ArgumentError(f"text {spec!r} has {full[spec].steps} tokens; the demo's runs on it need {n} "
+                                f"({rounds} rounds, each run its own stretch): give a longer text, or fewer "
+                                f"--steps/--rounds")
+    trace_info = []
+    for spec in specs:
+        rs = reuse_stats(full[spec].head(2000))
+        trace_info.append({"label": spec.split("/")[-1], "source": spec,
+                           "tokens": min(full[spec].steps, need.get(spec, 0)), "tokens_in_text": full[spec].steps,
+                           "reuse_rate": rs.reuse_rate})
+    st.end("; ".join(f"{t['label']}: {t['tokens_in_text']:,} tokens, {t['reuse_rate'] * 100:.1f}% of row reads "
+                     f"repeat (first 2000)" for t in trace_info))
+
+    # 2. model -------------------------------------------------------------------
+    table_bytes = int(sum(int(r) for r in lay.rows)) * 264
+    path = work / f"model-s{scale:g}.gguf"
+    reuse = path.exists()
+    st.begin("model", f"{'reuse' if reuse else 'build'} {path} (V4.1 Flash layout at scale {scale:g}: "
+                      f"{', '.join(f'{int(r):,}' for r in lay.rows)} rows, {table_bytes / 2**30:.2f} GiB of tables "
+                      f"+ 0.59 GiB of projections)")
+    t0 = time.perf_counter()
+    ensure_model(path, scale, progress=progress)
+    build_s = None if reuse else time.perf_counter() - t0
+    size = path.stat().st_size
+    st.end(f"{size / 2**30:.2f} GiB")
+
+    # 3. lookups and gated adds --------------------------------------------------
+    st.begin("lookups", f"decode session over the first {n_lookups} tokens of {main}: rows read, verified, "
+                        f"projected and gate-added (both Engram layers)")
+    lk = _lookups(path, full[main], n_lookups)
+    st.end(f"rows {'verified' if lk['rows_verified'] else 'MISMATCH'}, read {lk['read_ms_mean']:.3f} ms, "
+           f"projection + gated add {lk['mix_ms_mean']:.1f} ms a token")
+    if not lk["rows_verified"]:
+        raise ArgumentError(f"{path}: rows read differ from the generator's (a model file from another seed?); "
+                            "delete it and run again")
+
+    # 4. measure -----------------------------------------------------------------
+    st.begin("measure", f"{len(configs)} configurations x {rounds} rounds of {steps} decode steps, and the "
+                        f"microbenchmarks, interleaved")
+    res = measure(path, configs, work, rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32],
+                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 60,
+                  big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
+                  compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10,
+                  warmup=3 if quick else 8, progress=progress)
+    st.end(f"{res['runs_done']} runs")
+
+    # 5. calibrate ---------------------------------------------------------------
+    st.begin("calibrate", "device and compute models from the microbenchmarks only")
+    cal = calibrate_file(work / "microbench.json", work / "calibration.json")
+    st.end(f"backends {', '.join(sorted(cal.devices))}; computes {', '.join(sorted(cal.compute))}")
+
+    # 6. cross-check -------------------------------------------------------------
+    st.begin("crosscheck", "every measured configuration predicted by the calibrated simulator")
+    xc = crosscheck_files(work / "calibration.json", work / "runs.json", work / "crosscheck.json",
+                          sim_steps=400 if quick else None, progress=progress)
+    s = xc["summary"]
+    st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
+           f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
+           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%")
+
+    # 7. sweep -------------------------------------------------------------------
+    study = Study.loads(DEMO_STUDY, source="sim.demo.DEMO_STUDY")
+    if quick:
+        study.fixed.update(steps=200, trace_limit=200)
+        for g in study.grids:
+            g.update(readers=[1, 16], cache_rows=[0])
+    sweep_path = work / "sweep-demo.csv"
+    st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
+    sw = run_study(study, jobs=jobs, calibration=work / "calibration.json", progress=progress, out=sweep_path)
+    st.end(f"{sw.runner}, table {sweep_path}")
+
+    # 8. report ------------------------------------------------------------------
+    st.begin("report", f"figures and tables into {out}")
+    demo_doc = {"kind": "demo", "model": {"path": str(path), "bytes": size, "scale": scale,
+                                          "rows": [int(r) for r in lay.rows], "table_bytes": table_bytes,
+                                          "build_s": build_s},
+                "traces": trace_info, "lookups": lk, "steps": st.log,
+                "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}
+    (work / "demo.json").write_text(json.dumps(demo_doc, indent=1))
+    md = build_report(out, workdir=work, sweeps=[sweep_path], html_page=html_page, quick=quick, jobs=jobs,
+                      title="Engram on this machine: measured, predicted and what-if (engram demo)",
+                      progress=progress)
+    st.end()
+    demo_doc["steps"] = st.log
+    (work / "demo.json").write_text(json.dumps(demo_doc, indent=1))
+    if progress:
+        total = time.perf_counter() - t_start
+        print(f"engram demo: finished in {total / 60:.1f} min", flush=True)
+    return md
+
+
+def _cmd_demo(args) -> int:
+    md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
+                  steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
+                  fio=not args.no_fio, progress=not args.no_progress)
+    html_path = md.with_suffix(".html")
+    print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
+    return 0
+
+
+def add_demo_command(subparsers) -> None:
+    """Add ``engram demo``."""
+    p = subparsers.add_parser("demo", help="the main job: build, trace, look up, measure, calibrate, cross-check, "
+                                           "sweep, report",
+                              description="Run the whole mission on this machine: build a model file in the real "
+                                          "format (V4.1 Flash layout at a reduced scale), make traces from real "
+                                          "text that ships with Python (or --text), run lookups and gated adds, "
+                                          "the measured decode runs, the calibration, the cross-check and a small "
+                                          "sweep, and write the report (default reports/demo/). About 10 minutes "
+                                          "on 2 cores; the model file is reused on later runs.")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
+    p.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                   help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
+    p.add_argument("--text", action="append", metavar="FILE",
+                   help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable")
+    p.add_argument("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)")
+    p.add_argument("--steps", type=int, help="decode steps per measured run (default 300; --quick 40)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 3; --quick 2)")
+    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about a minute)")
+    p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
+    p.add_argument("--no-html", action="store_true", help="Markdown report only")
+    p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
+    p.set_defaults(func=_cmd_demo)

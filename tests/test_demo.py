@@ -1,0 +1,103 @@
+"""The main job: ``engram demo`` end to end (a quick run by default; the full run is marked heavy)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from engram import Layout
+from engram.cli import main
+from sim.demo import demo_grid, run_demo
+from sim.measure import RunConfig
+
+FIGURES = ("seed_reproduction", "predicted_vs_measured", "threshold", "readers", "devices", "step_cdf", "cache",
+           "reuse", "capacity", "sweep_demo_0", "sweep_demo_1")
+SECTIONS = ("Headline figures", "Seed reproduction", "The run", "Predicted vs measured", "Tokens/s by threshold",
+            "Tokens/s by readers", "Step-latency CDFs", "Reuse and row caches", "Capacity", "Study: demo",
+            "Inputs, calibration and tables")
+
+
+def check_report(md: Path) -> str:
+    """Every section and figure of the demo's report, each with its numbers."""
+    text = md.read_text()
+    for head in SECTIONS:
+        assert f"## {head}" in text, head
+    for name in FIGURES:
+        png = md.parent / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figures/{name}.png" in text, name
+        with open(md.parent / "data" / f"{name}.csv") as f:
+            assert len(list(csv.reader(f))) >= 2, name
+    for name in ("calibration.json", "crosscheck.json", "demo.json", "runs_summary.csv", "sweep-demo.csv"):
+        assert (md.parent / "inputs" / name).is_file(), name
+    assert (md.with_suffix(".html")).is_file()
+    return text
+
+
+def test_demo_grid():
+    main_t, other = "stdlib:pydoc_data/topics.py", "stdlib:asyncio/base_events.py"
+    g = demo_grid(main_t, [other], 200)
+    assert all(isinstance(c, RunConfig) for c in g) and len({c.key for c in g}) == len(g) == 22
+    on_main = [c for c in g if c.trace == main_t]
+    assert sorted({c.threshold for c in on_main}) == [8, 48, 49, 256]
+    for be in ("pread", "io_uring"):
+        assert sorted(c.readers for c in on_main if c.backend == be and c.threshold == 8 and c.compute == "none") \
+            == ([1, 2, 4, 8, 16, 32])
+    assert {c.compute for c in on_main} == {"none", "spin:2", "mixer"}
+    assert [c.steps for c in on_main if c.compute == "mixer"] == [30, 30]
+    assert sorted((c.threshold, c.backend) for c in g if c.trace == other) == [(8, "io_uring"), (8, "pread"),
+                                                                               (256, "pread")]
+    q = demo_grid(main_t, [other], 40, quick=True)
+    assert len(q) == 6 and all(c.steps == 40 for c in q)
+
+
+def test_quick_demo(tmp_path, capsys):
+    work, out = tmp_path / "work", tmp_path / "report"
+    t0 = time.perf_counter()
+    assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--jobs", "1", "--no-fio",
+                 "--workdir", str(work), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"report: {out / 'report.md'}" in printed  # says where the report is
+    for step in ("[1/8] traces", "[2/8] model", "[3/8] lookups", "[4/8] measure", "[5/8] calibrate",
+                 "[6/8] crosscheck", "[7/8] sweep", "[8/8] report"):
+        assert step in printed, step
+    text = check_report(out / "report.md")
+    demo = json.loads((work / "demo.json").read_text())
+    assert demo["lookups"]["rows_verified"] and demo["lookups"]["tokens"] == 4
+    assert all(0 < g < 1 for r in demo["lookups"]["records"] for layer in r["gates"] for g in layer)
+    assert [s["name"] for s in demo["steps"]] == ["traces", "model", "lookups", "measure", "calibrate",
+                                                  "crosscheck", "sweep", "report"]
+    assert demo["model"]["rows"] == [int(r) for r in Layout.deepseek_v41_flash(scale=0.0005).rows]
+    assert demo["model"]["build_s"] > 0
+    runs = json.loads((work / "runs.json").read_text())
+    assert len(runs["configs"]) == 6 and all(r["rows_match"] for r in runs["runs"])
+    assert "rows were identical" in text.replace("Rows read from the file were identical", "rows were identical")
+    # a second run reuses the model file
+    assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--rounds", "1", "--jobs", "1", "--no-fio",
+                 "--no-html", "--no-progress", "--workdir", str(work), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((work / "demo.json").read_text())["model"]["build_s"] is None
+    assert time.perf_counter() - t0 < 300
+
+
+def test_demo_refuses_a_short_text(tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words of text.")
+    assert main(["demo", "--quick", "--text", str(short), "--workdir", str(tmp_path / "w"),
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "short.txt" in err and "tokens" in err
+    assert not list((tmp_path / "w").glob("*.gguf"))  # nothing was built
+
+
+@pytest.mark.heavy
+def test_full_demo(tmp_path):
+    """`make demo` as shipped: the default scale, grid and report, within about 15 minutes on 2 cores."""
+    t0 = time.perf_counter()
+    md = run_demo(tmp_path / "report", workdir=tmp_path / "work")
+    assert time.perf_counter() - t0 < 20 * 60
+    check_report(md)
+    xc = json.loads((tmp_path / "work" / "crosscheck.json").read_text())
+    assert xc["summary"]["configurations"] == 22 and xc["summary"]["rows_match"]
