@@ -7,6 +7,10 @@
 ``engram measure``      measured decode runs of the real engine and its microbenchmarks
 ``engram calibrate``    fit the device and compute models from the microbenchmarks only
 ``engram crosscheck``   predicted vs measured decode runs, with the error table
+``engram sim sweep``    a what-if study (TOML grid) in local processes or on a Dask cluster
+``engram report``       the plotted report (Markdown, PNG figures, HTML)
+``engram demo``         the main job: model file, traces, lookups, measurements, calibration,
+                        cross-check, a sweep and the report
 
 Every subcommand takes ``--json`` for machine-readable output.  The module only
 imports argparse at load time, so registering the command costs nothing.
@@ -511,3 +515,10 @@ def register(subparsers) -> None:
     _add_measure(subparsers)
     _add_calibrate(subparsers)
     _add_crosscheck(subparsers)
+    from .sweep import add_sweep_command
+    from .report import add_report_command
+    from .demo import add_demo_command
+
+    add_sweep_command(sub)
+    add_report_command(subparsers)
+    add_demo_command(subparsers)
