@@ -20,7 +20,7 @@ from .errors import ArgumentError, EngramError, HistoryError, TableIOError
 from .gguf_file import ModelInfo, read_model
 from .hashing import Hasher, History
 from .prefetch import Prefetcher
-from .table import ReadStats, Table, TableGroup
+from .table import Closing, ReadStats, Table, TableGroup
 
 __all__ = ["EngramModel", "Session", "LayerWeights"]
 
@@ -125,7 +125,7 @@ class EngramModel:
         return f"EngramModel({str(self.info.path)!r}, layers={list(self.layer_ids)})"
 
 
-class Session:
+class Session(Closing):
     """One sequence: its own table descriptors and hash history.
 
     Use from one thread at a time; different sessions are independent.
@@ -310,14 +310,3 @@ class Session:
             t.close()
         self.tables = {}
 
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -277,7 +277,26 @@ def _failure_to_error(f, paths, rows, two_d: bool, seg_cols: int = 0, names=None
                         row=a, offset=b, errno_=d)
 
 
-class _RowReads:
+class Closing:
+    """Context-manager protocol for objects with an idempotent ``close()``; closes on collection too."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _RowReads(Closing):
     """Read machinery shared by :class:`Table` and :class:`TableGroup` (staging, stats, errors)."""
 
     @staticmethod
@@ -495,17 +514,6 @@ class Table(_RowReads):
             if lock is not None:
                 lock.release()
 
-    def __enter__(self) -> "Table":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (f"Table({self.path!r}, offset={self.offset}, rows={self.rows}, backend={self.backend!r}, "
@@ -636,14 +644,3 @@ class TableGroup(_RowReads):
                 self._reader.close()
                 self._reader = None
 
-    def __enter__(self) -> "TableGroup":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
