@@ -266,8 +266,11 @@ class Session(Closing):
         ArgumentError
             Shapes or dtypes do not fit; ``residual`` is then untouched.
         """
-        from .mixer import gated_add, project
+        from .mixer import _need_array, gated_add, project
 
+        # cheap checks first: a wrong array must not cost a load of the weights (~630 MB)
+        _need_array("residual", residual, np.float32, 3)
+        _need_array("rows", rows, np.float32, 3)
         w = self.model.weights(layer_id)
         kv = project(rows, w.kv)
         gated_add(residual, kv, w.q_norm, w.k_norm, self.model.eps, mask=mask, gates_out=gates_out)
