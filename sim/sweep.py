@@ -546,12 +546,19 @@ class SweepResult:
 
 def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, calibration=None,
                jobs: Optional[int] = None, scheduler: Optional[str] = None, progress: bool = True,
-               desc: str = "sweep") -> Tuple[List[Dict[str, Any]], str]:
+               desc: str = "sweep", connect_timeout: float = 30.0) -> Tuple[List[Dict[str, Any]], str]:
     """Simulate ``points`` (complete axis dicts, see :meth:`Study.points`); return ``(rows, runner)``.
 
     ``jobs`` local processes (default: the CPU count; 1 runs in this process),
-    or the Dask cluster at ``scheduler`` (``tcp://host:port``) when given.
-    Rows come back in point order whatever the runner.
+    or the Dask cluster at ``scheduler`` (``tcp://host:port``) when given
+    (``connect_timeout`` seconds to reach it).  Rows come back in point order
+    whatever the runner.
+
+    Raises
+    ------
+    ArgumentError
+        Bad points, an unreachable scheduler, or a device, trace or calibration
+        that cannot be loaded.
     """
     pts = [dict(p) for p in points]
     if not pts:
@@ -569,9 +576,15 @@ def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, cali
     rows: List[Optional[Dict[str, Any]]] = [None] * len(pts)
     try:
         if scheduler:
-            from dask.distributed import Client, as_completed
-
-            with Client(scheduler, timeout="30s") as client:
+            try:
+                from dask.distributed import Client, as_completed
+            except ModuleNotFoundError:
+                raise ArgumentError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from None
+            try:
+                client = Client(scheduler, timeout=f"{connect_timeout}s")
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise ArgumentError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") from None
+            with client:
                 ctx_f = client.scatter(ctx, broadcast=True)
                 futs = [client.submit(_dask_task, i, p, s, ctx_f, pure=False) for i, (p, s) in
                         enumerate(zip(pts, seeds))]
@@ -609,7 +622,7 @@ def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, cali
 
 def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = None, scheduler: Optional[str] = None,
               calibration: Union[str, os.PathLike, None] = None, progress: bool = True,
-              out: Union[str, os.PathLike, None] = None) -> SweepResult:
+              out: Union[str, os.PathLike, None] = None, connect_timeout: float = 30.0) -> SweepResult:
     """Run every point of a study.
 
     Parameters
@@ -621,6 +634,8 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     scheduler : str, optional
         Address of a running Dask scheduler (``tcp://host:port``); the points
         then run on that cluster (``dask.distributed``).
+    connect_timeout : float
+        Seconds to reach the scheduler.
     calibration : path, optional
         Calibration file for ``calibrated`` devices and computes (overrides the study's).
     progress : bool
@@ -643,7 +658,7 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     cal = Path(calibration) if calibration else study.calibration
     t0 = time.perf_counter()
     rows, runner = run_points(study.points(), study.seed, calibration=cal, jobs=jobs, scheduler=scheduler,
-                              progress=progress, desc=f"sweep {study.name}")
+                              progress=progress, desc=f"sweep {study.name}", connect_timeout=connect_timeout)
     res = SweepResult(study, rows, time.perf_counter() - t0, runner)
     if out is not None:
         res.write(out)

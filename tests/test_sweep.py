@@ -131,6 +131,12 @@ def test_table_round_trip(tmp_path):
         assert pyarrow.__version__ and read_table(write_table(rows, tmp_path / "t.parquet"))[0] == rows
 
 
+def test_unreachable_scheduler_is_an_argument_error():
+    pytest.importorskip("dask.distributed")
+    with pytest.raises(ArgumentError, match="cannot reach the Dask scheduler"):
+        run_study(small_study(), scheduler="tcp://127.0.0.1:9", progress=False, connect_timeout=1)
+
+
 def test_calibrated_device_needs_a_calibration():
     s = Study.from_dict({"fixed": {"device": "calibrated", "steps": 10, "trace_limit": 50}})
     with pytest.raises(ArgumentError, match="needs a calibration"):
