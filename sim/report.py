@@ -1003,9 +1003,14 @@ def _section_capacity(doc: Doc, out: _Out, inp: _Inputs, ref_compute, *, target:
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, compute="", compute_ms=comp_ms, threshold=8,
                 readers=16, start_spread_ms=comp_ms)
-    points = [dict(base, device=spec, backend=be, sessions=int(s)) for _, spec, be in devices for s in sessions]
-    # the report's traces may not be loadable by name (e.g. a saved .npz): keep the spec, resolve by run_points
-    rows, _ = run_points(points, 0, calibration=inp.cal_path, jobs=jobs, progress=progress, desc="capacity")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # the trace as loaded here (its source may be a file that is gone), handed over as a saved trace
+        saved = str(tr.save(Path(tmp) / "capacity-trace.npz"))
+        points = [dict(base, trace=saved, device=spec, backend=be, sessions=int(s))
+                  for _, spec, be in devices for s in sessions]
+        rows, _ = run_points(points, 0, calibration=inp.cal_path, jobs=jobs, progress=progress, desc="capacity")
     doc.h(1, "Capacity: concurrent sessions a device sustains")
     doc.p(f"S sessions decode at once on one device (threshold 8, 16 readers, trace {_label(trace_spec)}); each "
           f"session has its own compute of {comp_ms:.1f} ms a step "
