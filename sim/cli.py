@@ -348,13 +348,15 @@ def _cmd_measure(args) -> int:
                   fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 60),
                   big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
                   compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress,
+                  max_background_cpu=None if (args.no_wait or q) else args.max_background,
+                  max_background_iops=args.max_background_iops, wait_budget=args.wait_budget)
     res["model"] = str(model)
     if args.json:
         _print_json(res)
         return 0
     print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
-          f"(model {model})")
+          f"({res['waited_s']:.1f} s waiting for a quiet machine; model {model})")
     for k in ("microbench", "runs"):
         if res[k]:
             print(f"wrote     {res[k]}")
@@ -416,9 +418,17 @@ def _add_measure(sub) -> None:
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")
+    g.add_argument("--max-background", type=float, default=0.25, metavar="SHARE",
+                   help="wait before each task until other processes use at most this share of all CPUs (and "
+                        "--max-background-iops), and redo a task when they used more during it (default 0.25)")
+    g.add_argument("--max-background-iops", type=float, default=200.0,
+                   help="disk requests a second by others on the model's device tolerated (default 200)")
+    g.add_argument("--wait-budget", type=float, default=600.0,
+                   help="seconds of waiting for a quiet machine in all, then measure regardless (default 600)")
+    g.add_argument("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)")
     g.add_argument("--quick", action="store_true",
                    help="small and fast: 6 configurations x 60 steps, 2 rounds, depths 1,4,16, short "
-                        "microbenchmarks, a scale-0.001 model")
+                        "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
     g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")

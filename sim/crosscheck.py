@@ -30,7 +30,8 @@ JSON schema of ``crosscheck.json``::
      "rows": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute", "steps", "serial",
                "repeats": n,
                "measured": {"tokens_per_s", "tokens_per_s_runs": [...], "step_p50_ms", "step_p95_ms",
-                            "step_mean_ms", "read_mean_ms", "compute_mean_ms", "cdf_ms": [...]},
+                            "step_mean_ms", "read_mean_ms", "compute_mean_ms", "rows_match",
+                            "background_cpu", "background_disk_iops", "cdf_ms": [...]},
                "predicted": {"tokens_per_s", "step_p50_ms", "step_p95_ms", "step_mean_ms", "read_mean_ms",
                              "compute_mean_ms", "device", "cdf_ms": [...]},
                "error": {"tokens_per_s", "step_p50", "step_p95", "step_mean"},
@@ -114,6 +115,11 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
             "device": dev.name, "cdf_ms": [float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)]}
 
 
+def _median_of(xs) -> Optional[float]:
+    xs = [float(x) for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
 def _spread(x: np.ndarray) -> float:
     med = float(np.median(x))
     return float((x.max() - x.min()) / med) if x.size > 1 and med > 0 else 0.0
@@ -132,6 +138,8 @@ def _measured(runs: Sequence[Mapping]) -> dict:
         "read_mean_ms": float(np.median([r["read_ms"]["mean"] for r in runs])),
         "compute_mean_ms": float(np.median([r["compute_ms"]["mean"] for r in runs])),
         "rows_match": all(bool(r.get("rows_match", True)) for r in runs),
+        "background_cpu": _median_of([(r.get("background") or {}).get("cpu") for r in runs]),
+        "background_disk_iops": _median_of([(r.get("background") or {}).get("disk_iops") for r in runs]),
         "cdf_ms": [float(x) for x in np.percentile(allsteps, CDF_PERCENTILES)] if allsteps.size else [],
         "_spread": {"tokens_per_s": _spread(tps),
                     "tokens_per_s_cv": float(tps.std() / tps.mean()) if tps.size > 1 else 0.0,
@@ -234,6 +242,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                "spread": {"tokens_per_s_median": float(np.median(sp_t)), "tokens_per_s_max": float(sp_t.max()),
                           "step_p50_median": float(np.median(sp_p)), "step_p50_max": float(sp_p.max())},
                "within_spread": int(sum(r["within_spread"] for r in rows)),
+               "background_cpu_median": _median_of([r["measured"]["background_cpu"] for r in rows]),
                "rows_match": all(r["measured"]["rows_match"] for r in rows)}
     ok = {"tokens_per_s_median_abs": summary["tokens_per_s"]["median_abs_error"] <= targets["tokens_per_s_median_abs"],
           "tokens_per_s_max_abs": summary["tokens_per_s"]["max_abs_error"] <= targets["tokens_per_s_max_abs"],
@@ -301,6 +310,9 @@ def markdown_table(res: Mapping) -> str:
         f"Spread of repeated runs ((max - min) / median): tokens/s median {s['spread']['tokens_per_s_median'] * 100:.2f}%, "
         f"max {s['spread']['tokens_per_s_max'] * 100:.2f}%; step p50 median {s['spread']['step_p50_median'] * 100:.2f}%, "
         f"max {s['spread']['step_p50_max'] * 100:.2f}%. Prediction inside the measured range: "
-        f"{s['within_spread']} of {s['configurations']}. {'PASS' if s['passed'] else 'FAIL'}.",
+        f"{s['within_spread']} of {s['configurations']}."
+        + (f" Other processes used a median {s['background_cpu_median'] * 100:.1f}% of the CPUs during the runs."
+           if s.get("background_cpu_median") is not None else "")
+        + f" {'PASS' if s['passed'] else 'FAIL'}.",
     ]
     return "\n".join(lines)

@@ -57,6 +57,8 @@ JSON schema (all times in microseconds unless named otherwise)
         "pNN_us": ..., "cmd": "fio ..."},
        {"kind": "compute", "compute": "mixer"|"spin:2"|..., "round": r, "samples_us": [...]},
        {"kind": "hash", "round": r, "samples_us": [...]}]}
+    # every record also has "background": {"cpu": share of all CPUs used by other processes,
+    #   "steal", "disk_iops": other requests a second on the model's device, "seconds", "attempt"}
 
 ``runs.json``::
 
@@ -67,7 +69,8 @@ JSON schema (all times in microseconds unless named otherwise)
      "runs": [{"config": key, "round": r, "order": i, "start": first trace step, "steps": n, "wall_s": s,
                "tokens_per_s": x,
                "step_ms": {mean, p50, p90, p95, p99, max}, "read_ms": {...}, "compute_ms": {...},
-               "concurrent_steps": n, "rows_distinct_mean": x, "rows_match": bool,
+               "concurrent_steps": n, "rows_distinct_mean": x, "reads": n, "rows_match": bool,
+               "background": {"cpu", "steal", "disk_iops", "seconds", "attempt"},
                "step_us": [...], "read_us": [...], "compute_us": [...]}]}
 """
 
@@ -99,6 +102,7 @@ __all__ = [
     "ComputeSpec",
     "RunConfig",
     "compute_microbench",
+    "Background",
     "decode_run",
     "segments",
     "trace_tokens_needed",
@@ -859,7 +863,7 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
     comp_s = np.empty(n)
     step_s = np.empty(n)
     distinct = np.empty(n, np.int64)
-    concurrent = 0
+    concurrent = nreads = 0
     match = True
     clock = time.perf_counter
     rng = np.random.default_rng([residual_seed, start, 6])
@@ -885,6 +889,7 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
             step_s[i] = t2 - t0
             st = s.last_stats
             distinct[i] = st.rows_distinct
+            nreads += st.reads
             if st.backend != "serial":
                 concurrent += 1
             if match and not np.array_equal(s.last_row_ids, want[i]):
@@ -892,7 +897,7 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
         wall = clock() - t_begin
     return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall, "step_ms": _pct_ms(step_s),
             "read_ms": _pct_ms(read_s), "compute_ms": _pct_ms(comp_s), "concurrent_steps": concurrent,
-            "rows_distinct_mean": float(distinct.mean()), "rows_match": match,
+            "rows_distinct_mean": float(distinct.mean()), "reads": nreads, "rows_match": match,
             "step_us": _us_list(step_s), "read_us": _us_list(read_s), "compute_us": _us_list(comp_s)}
 
 
@@ -924,6 +929,98 @@ def trace_tokens_needed(configs: Sequence[RunConfig], rounds: int) -> Dict[str, 
 
 
 # =====================================================================================
+# background load of a shared machine
+# =====================================================================================
+def _proc_cpu() -> Optional[tuple]:
+    """(busy, steal, total) jiffies of all CPUs from ``/proc/stat`` (busy = user + nice + system)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = v[7] if len(v) > 7 else 0
+    return v[0] + v[1] + v[2], steal, sum(v[:8])
+
+
+def _proc_disk(dev: Optional[tuple]) -> Optional[tuple]:
+    """(reads, writes) completed on block device ``(major, minor)`` from ``/proc/diskstats``."""
+    if dev is None:
+        return None
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                p = line.split()
+                if len(p) > 7 and int(p[0]) == dev[0] and int(p[1]) == dev[1]:
+                    return int(p[3]), int(p[7])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class Background:
+    """What other processes do to the machine while we measure: their CPU use and disk requests.
+
+    ``start()`` then ``stop(our_reads)`` over a stretch of time gives
+    ``{"cpu": share of all CPUs busy outside this process (user + system),
+    "steal": share stolen by the hypervisor, "disk_iops": reads and writes per
+    second on the model file's device beyond ``our_reads``, "seconds"}``.
+    Our own CPU time (every thread, and child processes such as fio) comes
+    from :func:`os.times`; kernel work done for our reads that is not charged
+    to us (interrupts) is excluded by counting only user + nice + system.
+
+    Parameters
+    ----------
+    path : path
+        A file on the device to watch (the model file).
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        try:
+            st = os.stat(path)
+            self.dev = (os.major(st.st_dev), os.minor(st.st_dev))
+        except OSError:
+            self.dev = None
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.ncpu = os.cpu_count() or 1
+        self._s = None
+
+    def start(self) -> None:
+        t = os.times()
+        self._s = (time.perf_counter(), _proc_cpu(), t.user + t.system + t.children_user + t.children_system,
+                   _proc_disk(self.dev))
+
+    def stop(self, our_reads: Optional[int] = None) -> dict:
+        t1 = time.perf_counter()
+        t = os.times()
+        mine1 = t.user + t.system + t.children_user + t.children_system
+        cpu1, disk1 = _proc_cpu(), _proc_disk(self.dev)
+        t0, cpu0, mine0, disk0 = self._s
+        dt = max(t1 - t0, 1e-6)
+        out = {"seconds": dt, "cpu": None, "steal": None, "disk_iops": None}
+        if cpu0 and cpu1:
+            busy = (cpu1[0] - cpu0[0]) / self.hz
+            out["cpu"] = max(0.0, busy - (mine1 - mine0)) / (dt * self.ncpu)
+            total = max(cpu1[2] - cpu0[2], 1)
+            out["steal"] = (cpu1[1] - cpu0[1]) / total
+        if disk0 and disk1:
+            n = (disk1[0] - disk0[0]) + (disk1[1] - disk0[1]) - (our_reads or 0)
+            out["disk_iops"] = max(0.0, n) / dt
+        return out
+
+    def sample(self, seconds: float = 0.5) -> dict:
+        """Background over the next ``seconds`` (this process idle)."""
+        self.start()
+        time.sleep(seconds)
+        return self.stop(0)
+
+
+def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
+    if not bg:
+        return True
+    return (bg["cpu"] is None or bg["cpu"] <= max_cpu) and (bg["disk_iops"] is None or bg["disk_iops"] <= max_iops)
+
+
+# =====================================================================================
 # the whole measurement
 # =====================================================================================
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
@@ -931,6 +1028,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
             io_batches: int = 60, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
+            max_background_cpu: Optional[float] = None, max_background_iops: float = 200.0,
+            quiet_wait: float = 60.0, redo: int = 2, wait_budget: float = 600.0,
             micro_name: str = "microbench.json", runs_name: str = "runs.json") -> dict:
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 
@@ -943,11 +1042,19 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     round, so an interrupted run keeps what it measured), and the runs' traces
     to ``out_dir/traces/*.npz``.
 
+    Every record carries the background load of other processes while it ran
+    (:class:`Background`).  With ``max_background_cpu`` set (a share of all
+    CPUs, e.g. 0.25) a task waits up to ``quiet_wait`` seconds for a quiet
+    machine (others below ``max_background_cpu`` and ``max_background_iops``
+    disk requests a second over 0.5 s) and is run again (up to ``redo``
+    times) when others were busy during it; waiting stops after
+    ``wait_budget`` seconds in all.
+
     Returns
     -------
     dict
         ``{"microbench": path or None, "runs": path or None, "configs": n, "runs_done": n,
-        "seconds": wall}``.
+        "seconds": wall, "waited_s": seconds spent waiting for a quiet machine}``.
 
     Raises
     ------
@@ -995,7 +1102,9 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     params = {"rounds": rounds, "depths": depths, "backends": list(backends), "fio": fio,
               "fio_seconds": fio_seconds, "io_batches": io_batches, "big_seconds": big_seconds,
               "single_rows": single_rows, "compute_samples": compute_samples, "mixer_samples": mixer_samples,
-              "warmup": warmup, "seed": seed}
+              "warmup": warmup, "seed": seed, "max_background_cpu": max_background_cpu,
+              "max_background_iops": max_background_iops, "quiet_wait": quiet_wait, "redo": redo,
+              "wait_budget": wait_budget}
     micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", "date": _now(), "machine": machine_info(),
                  "file": file_info, "params": params, "records": []}
     runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", "date": _now(), "machine": machine_info(),
@@ -1036,45 +1145,83 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     from tqdm import tqdm
 
     tables = _open_tables(info) if micro else []
+
+    def _run_task(task: tuple, r: int, pos: int) -> tuple:
+        """Run one task: ``(document list to extend, records, our device reads or None)``."""
+        kind = task[0]
+        bar.set_postfix_str(f"round {r}: {configs[task[1]].key if kind == 'decode' else ' '.join(map(str, task))}")
+        if kind == "serial":
+            recs = _io_serial(tables, np.random.default_rng([seed, r, 1]), io_batches, single_rows, r)
+        elif kind == "depth":
+            rng = np.random.default_rng([seed, r, 2, _BACKEND_TAG[task[1]], task[2]])
+            recs = _io_depth(tables, rng, task[1], task[2], io_batches, big_seconds, r)
+        elif kind == "fio":
+            recs = fio_microbench(info, [task[1]], fio_seconds, round_=r)
+        elif kind == "think":
+            _, be, k, label = task
+            spec = ComputeSpec.parse(label)
+            rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k])
+            with model.session(backend="serial", threshold=1 << 30) as ms:
+                run = spec.runner(model, ms, residual_seed=seed)
+                recs = [_io_think(tables, rng, be, k, mixer_samples if spec.mixer else io_batches, run, label,
+                                  model.layer_ids, r)]
+        elif kind == "compute":
+            recs = compute_microbench(model, [task[1]], samples=compute_samples, mixer_samples=mixer_samples,
+                                      seed=seed, round_=r)
+            return micro_doc["records"], recs, None
+        elif kind == "hash":
+            return micro_doc["records"], [hash_microbench(model, seed=seed, round_=r)], 0
+        else:
+            c = configs[task[1]]
+            rec = decode_run(model, traces[c.trace], c, start=starts[(task[1], r)], warmup=warmup,
+                             residual_seed=seed)
+            return runs_doc["runs"], [{"config": c.key, "round": r, "order": pos, **rec}], rec["reads"]
+        return micro_doc["records"], recs, sum(int(x.get("reads", 0)) + int(x.get("ios", 0)) for x in recs)
+
+    bg = Background(model_path)
+    guard = max_background_cpu is not None
+    waited = [0.0]
+    deadline = time.perf_counter() + wait_budget
+
+    def _wait_quiet() -> None:
+        t_end = min(time.perf_counter() + quiet_wait, deadline)
+        while time.perf_counter() < t_end:
+            if _quiet(bg.sample(0.5), max_background_cpu, max_background_iops):
+                return
+            bar.set_postfix_str("waiting for a quiet machine")
+
+    def _attempt(task: tuple, r: int, pos: int) -> None:
+        for attempt in range(redo + 1):
+            if guard:
+                t0 = time.perf_counter()
+                _wait_quiet()
+                waited[0] += time.perf_counter() - t0
+            bg.start()
+            target, recs, ours = _retry(lambda: _run_task(task, r, pos))
+            got = bg.stop(ours)
+            if ours is None:
+                got["disk_iops"] = None
+            got["attempt"] = attempt
+            for x in recs:
+                x["background"] = got
+            if not guard or _quiet(got, max_background_cpu, max_background_iops) or attempt == redo \
+                    or time.perf_counter() > deadline:
+                target.extend(recs)
+                return
+
     bar = tqdm(total=rounds * len(tasks), unit="task", desc="measure", disable=not progress, leave=False)
     try:
         for r in range(rounds):
             order = np.random.default_rng([seed, r, 5]).permutation(len(tasks))
             for pos, ti in enumerate(order):
-                task = tasks[int(ti)]
-                kind = task[0]
-                bar.set_postfix_str(f"round {r}: {configs[task[1]].key if kind == 'decode' else ' '.join(map(str, task))}")
-                if kind == "serial":
-                    micro_doc["records"] += _io_serial(tables, np.random.default_rng([seed, r, 1]), io_batches,
-                                                       single_rows, r)
-                elif kind == "depth":
-                    rng = np.random.default_rng([seed, r, 2, _BACKEND_TAG[task[1]], task[2]])
-                    micro_doc["records"] += _io_depth(tables, rng, task[1], task[2], io_batches, big_seconds, r)
-                elif kind == "fio":
-                    micro_doc["records"] += fio_microbench(info, [task[1]], fio_seconds, round_=r)
-                elif kind == "think":
-                    _, be, k, label = task
-                    spec = ComputeSpec.parse(label)
-                    rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k])
-                    with model.session(backend="serial", threshold=1 << 30) as ms:
-                        run = spec.runner(model, ms, residual_seed=seed)
-                        micro_doc["records"].append(_io_think(tables, rng, be, k, mixer_samples if spec.mixer
-                                                              else io_batches, run, label, model.layer_ids, r))
-                elif kind == "compute":
-                    micro_doc["records"] += compute_microbench(model, [task[1]], samples=compute_samples,
-                                                               mixer_samples=mixer_samples, seed=seed, round_=r)
-                elif kind == "hash":
-                    micro_doc["records"].append(hash_microbench(model, seed=seed, round_=r))
-                else:
-                    c = configs[task[1]]
-                    rec = decode_run(model, traces[c.trace], c, start=starts[(task[1], r)], warmup=warmup,
-                                     residual_seed=seed)
-                    runs_doc["runs"].append({"config": c.key, "round": r, "order": pos, **rec})
+                _attempt(tasks[int(ti)], r, pos)
                 bar.update(1)
             if micro:
+                micro_doc["waited_s"] = waited[0]
                 _write_json(micro_path, micro_doc)
             if decode:
                 runs_doc["machine"]["loadavg_end"] = machine_info().get("loadavg")
+                runs_doc["waited_s"] = waited[0]
                 _write_json(runs_path, runs_doc)
     finally:
         bar.close()
@@ -1082,4 +1229,18 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             t.close()
     return {"microbench": str(micro_path) if micro_path else None, "runs": str(runs_path) if runs_path else None,
             "configs": len(configs) if decode else 0, "runs_done": len(runs_doc["runs"]),
-            "seconds": time.perf_counter() - t_start}
+            "seconds": time.perf_counter() - t_start, "waited_s": waited[0]}
+
+
+def _retry(fn, attempts: int = 4, wait: float = 1.0):
+    """Run ``fn``; a read backend that cannot start for a moment (``EPERM``/``EAGAIN``/``ENOMEM`` from
+    ``io_uring_setup`` while the machine is busy) is retried ``attempts - 1`` times, ``wait`` seconds apart."""
+    from engram.errors import TableIOError
+
+    for i in range(attempts):
+        try:
+            return fn()
+        except TableIOError as exc:
+            if i == attempts - 1 or "could not start" not in str(exc):
+                raise
+            time.sleep(wait)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -241,6 +242,41 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert only["runs"] is None and not (tmp_path / "m" / "runs.json").exists()
     with pytest.raises(ArgumentError):
         measure(model_path, [], tmp_path / "e", progress=False)
+
+
+def test_background_sees_other_processes_not_ours(model_path):
+    import subprocess
+    import sys
+
+    from sim.measure import Background, _quiet
+
+    bg = Background(model_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 5\nwhile time.time() < t: pass"])
+    try:
+        time.sleep(0.2)
+        got = bg.sample(0.6)
+    finally:
+        child.kill()
+        child.wait()
+    # one busy process of ours-not: about one core of the machine's
+    assert got["cpu"] >= 0.6 / (os.cpu_count() or 1) and got["seconds"] >= 0.6
+    assert not _quiet(got, 0.25 / (os.cpu_count() or 1), 1e9)
+    assert _quiet({"cpu": 0.1, "disk_iops": 50.0}, 0.25, 200) and not _quiet({"cpu": 0.1, "disk_iops": 500.0}, 0.25, 200)
+    assert _quiet(None, 0.0, 0.0) and _quiet({"cpu": None, "disk_iops": None}, 0.0, 0.0)
+
+
+def test_measure_waits_for_and_records_the_background(model_path, tmp_path):
+    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 20)]
+    res = measure(model_path, cfgs, tmp_path, rounds=1, depths=(2,), fio=False, io_batches=3, big_seconds=0.0,
+                  single_rows=2, compute_samples=2, warmup=1, progress=False, max_background_cpu=1.0,
+                  max_background_iops=1e9, quiet_wait=2.0, redo=1, wait_budget=10.0)
+    assert 0 <= res["waited_s"] <= 12
+    runs = load_json(tmp_path / "runs.json")
+    (run,) = runs["runs"]
+    assert run["background"]["attempt"] == 0 and run["background"]["cpu"] >= 0
+    assert run["reads"] >= 20 * 40 and runs["params"]["max_background_cpu"] == 1.0
+    micro = load_json(tmp_path / "microbench.json")
+    assert all("background" in r for r in micro["records"])
 
 
 def test_ensure_model(model_path, tmp_path):
