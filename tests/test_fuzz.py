@@ -38,6 +38,7 @@ TESTS = Path(__file__).resolve().parent
 EXAMPLES = {"gguf_scratch": 200, "gguf_counts": 200, "hash": 300, "step": 200, "decode": 200, "read": 100}
 ITERATIONS: dict = {}
 ALLOC_LIMIT = 8 << 20  # bytes a rejected header may make us allocate (the largest legal string is 1 MiB)
+ATHERIS_AS_LIMIT = 3 << 30  # address space of the atheris child (Python, numpy and the engine need ~1 GiB)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -450,9 +451,19 @@ def _atheris(seed_header, tmp_path, seconds: int, label: str) -> None:
     (corpus / "rows").write_bytes(b"\x01" + rows_raw(3, seed=1).tobytes())
     (corpus / "hash").write_bytes(b"\x02" + bytes(range(64)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent)]), ENGRAM_FUZZ_DIR=str(tmp_path))
+    # libFuzzer's -rss_limit_mb reads ru_maxrss, which a child inherits from this (possibly large)
+    # test process; the child's address space is capped instead, so that an allocation driven by
+    # a header count fails with MemoryError, which atheris reports as a finding.
     cmd = [sys.executable, str(TESTS / "fuzz_atheris.py"), str(corpus), f"-max_total_time={seconds}",
-           "-timeout=20", "-rss_limit_mb=1536", f"-max_len={len(head) + 1024}", f"-artifact_prefix={tmp_path}/"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, env=env, cwd=tmp_path)
+           "-timeout=20", "-rss_limit_mb=0", f"-max_len={len(head) + 1024}", f"-artifact_prefix={tmp_path}/"]
+
+    def cap_memory():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (ATHERIS_AS_LIMIT, ATHERIS_AS_LIMIT))
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, env=env, cwd=tmp_path,
+                       preexec_fn=cap_memory)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-6000:]
     m = re.search(r"Done (\d+) runs in (\d+) second", log)
