@@ -30,7 +30,8 @@ read latency by queue depth (for other clients in flight and per-read simulation
     read times.
 
 compute
-    per compute spec, the measured times of one step's compute, resampled
+    per compute spec, the measured times of one step's compute (the compute
+    microbenchmark and the think times of the think-time batches), resampled
     (:meth:`sim.decode.Compute.empirical`).
 hash
     the mean time of the hash part of a step (:meth:`engram.Session.step_rows`).
@@ -511,6 +512,9 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
         if r["kind"] == "compute":
             comp_samples.setdefault(ComputeSpec.parse(r["compute"]).label, []).extend(
                 float(x) * US for x in r["samples_us"])
+    for r in think_recs:  # the think times are the same compute, timed between batches
+        comp_samples.setdefault(ComputeSpec.parse(r["think"]).label, []).extend(
+            float(x) * US for x in r.get("think_us", ()))
     compute = {label: Compute.empirical(s) for label, s in comp_samples.items() if s}
     hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
     hash_s = float(np.mean(hs)) if hs else 0.0

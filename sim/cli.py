@@ -320,14 +320,14 @@ def _cmd_measure(args) -> int:
     if any(a is not None for a in axes):
         configs = grid(args.traces or list(DEFAULT_TRACES), args.thresholds or [8, 256],
                        args.backends or ["pread", "io_uring"], args.readers or [4, 16], args.computes or ["none"],
-                       args.steps or (60 if args.quick else 300))
+                       args.steps or (60 if args.quick else 200))
     elif args.quick:
         configs = quick_grid(args.steps or 60)
     elif args.config:
         configs = []
     else:
-        configs = default_grid(args.steps or 300, args.mixer_steps)
-    configs += [RunConfig.parse(t, args.steps or (60 if args.quick else 300)) for t in args.config or ()]
+        configs = default_grid(args.steps or 200, args.mixer_steps)
+    configs += [RunConfig.parse(t, args.steps or (60 if args.quick else 200)) for t in args.config or ()]
     seen, uniq = set(), []
     for c in configs:
         if c.key not in seen:
@@ -343,7 +343,7 @@ def _cmd_measure(args) -> int:
                  projections=need_mixer or not args.quick)
     q = args.quick
     depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
-    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 3), depths=depths,
+    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 5), depths=depths,
                   micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
                   fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 60),
                   big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
@@ -393,7 +393,7 @@ def _add_measure(sub) -> None:
                                    "join with +). Default grid: the Italian novel, the agent prompt and Python "
                                    "source x {serial (threshold 256), threshold 8 x pread/io_uring x 4/16 readers} "
                                    "x compute {none, spin:2}; the 100 short prompts serial and io_uring x 16; the "
-                                   "mixer on the novel, serial and io_uring x 16: 34 configurations, 3 interleaved "
+                                   "mixer on the novel, serial and io_uring x 16: 34 configurations, 5 interleaved "
                                    "rounds, every run on its own stretch of its trace.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
@@ -409,10 +409,10 @@ def _add_measure(sub) -> None:
     g.add_argument("--computes", type=_strs, help="compute specs (default none)")
     g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
                    help="an extra configuration (repeatable)")
-    g.add_argument("--steps", type=int, help="decode steps per run (default 300; --quick 60)")
-    g.add_argument("--mixer-steps", type=int, default=40, help="steps of the default grid's mixer runs (default 40)")
+    g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
+    g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
     g = p.add_argument_group("measurement")
-    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 3; --quick 2)")
+    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 5; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
     g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 60)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
@@ -421,10 +421,10 @@ def _add_measure(sub) -> None:
     g.add_argument("--max-background", type=float, default=0.25, metavar="SHARE",
                    help="wait before each task until other processes use at most this share of all CPUs (and "
                         "--max-background-iops), and redo a task when they used more during it (default 0.25)")
-    g.add_argument("--max-background-iops", type=float, default=200.0,
-                   help="disk requests a second by others on the model's device tolerated (default 200)")
-    g.add_argument("--wait-budget", type=float, default=600.0,
-                   help="seconds of waiting for a quiet machine in all, then measure regardless (default 600)")
+    g.add_argument("--max-background-iops", type=float, default=1000.0,
+                   help="disk requests a second by others on the model's device tolerated (default 1000)")
+    g.add_argument("--wait-budget", type=float, default=120.0,
+                   help="seconds of waiting for a quiet machine in all, then measure regardless (default 120)")
     g.add_argument("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)")
     g.add_argument("--quick", action="store_true",
                    help="small and fast: 6 configurations x 60 steps, 2 rounds, depths 1,4,16, short "

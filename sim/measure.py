@@ -398,15 +398,15 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
     return out
 
 
-def default_grid(steps: int = 300, mixer_steps: int = 40, prompt_steps: int = 240) -> List[RunConfig]:
+def default_grid(steps: int = 200, mixer_steps: int = 30, prompt_steps: int = 140) -> List[RunConfig]:
     """The default measured grid: 34 configurations.
 
     The Italian novel, the agent prompt and Python source (:data:`DEFAULT_TRACES`
     without the prompts) x {serial (threshold 256), threshold 8 with pread or
     io_uring at 4 or 16 readers} x compute {none, spin:2}; the 100 short
-    prompts (1,467 tokens: enough for two configurations of fresh rows) serial
-    and io_uring x 16 without compute; the real Engram mixer as compute on the
-    novel, serial and io_uring x 16.
+    prompts (1,467 tokens: enough fresh rows for two configurations over 5
+    rounds) serial and io_uring x 16 without compute; the real Engram mixer as
+    compute on the novel, serial and io_uring x 16.
     """
     texts = tuple(t for t in DEFAULT_TRACES if not t.endswith(".jsonl"))
     out = grid(texts, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps)
@@ -1024,12 +1024,12 @@ def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
 # the whole measurement
 # =====================================================================================
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
-            rounds: int = 3, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
+            rounds: int = 5, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
             io_batches: int = 60, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
-            max_background_cpu: Optional[float] = None, max_background_iops: float = 200.0,
-            quiet_wait: float = 60.0, redo: int = 2, wait_budget: float = 600.0,
+            max_background_cpu: Optional[float] = None, max_background_iops: float = 1000.0,
+            quiet_wait: float = 20.0, redo: int = 1, wait_budget: float = 120.0,
             micro_name: str = "microbench.json", runs_name: str = "runs.json") -> dict:
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 
