@@ -326,7 +326,7 @@ def _cmd_measure(args) -> int:
     elif args.config:
         configs = []
     else:
-        configs = default_grid(args.steps or 200, args.mixer_steps)
+        configs = default_grid(args.steps or 200, args.io_steps, args.mixer_steps)
     configs += [RunConfig.parse(t, args.steps or (60 if args.quick else 200)) for t in args.config or ()]
     seen, uniq = set(), []
     for c in configs:
@@ -345,7 +345,7 @@ def _cmd_measure(args) -> int:
     depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
     res = measure(model, configs, work, rounds=args.rounds or (2 if q else 5), depths=depths,
                   micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
-                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 60),
+                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 100),
                   big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
                   compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
                   progress=not args.no_progress,
@@ -392,7 +392,7 @@ def _add_measure(sub) -> None:
                                    "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
                                    "join with +). Default grid: the Italian novel, the agent prompt and Python "
                                    "source x {serial (threshold 256), threshold 8 x pread/io_uring x 4/16 readers} "
-                                   "x compute {none, spin:2}; the 100 short prompts serial and io_uring x 16; the "
+                                   "x compute {none (400 steps), spin:2 (200 steps)}; the 100 short prompts serial and io_uring x 16; the "
                                    "mixer on the novel, serial and io_uring x 16: 34 configurations, 5 interleaved "
                                    "rounds, every run on its own stretch of its trace.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
@@ -410,11 +410,13 @@ def _add_measure(sub) -> None:
     g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
                    help="an extra configuration (repeatable)")
     g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
+    g.add_argument("--io-steps", type=int, default=400,
+                   help="steps of the default grid's runs without compute (default 400)")
     g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
     g = p.add_argument_group("measurement")
     g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 5; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
-    g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 60)")
+    g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 100)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

@@ -398,18 +398,21 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
     return out
 
 
-def default_grid(steps: int = 200, mixer_steps: int = 30, prompt_steps: int = 140) -> List[RunConfig]:
+def default_grid(steps: int = 200, io_steps: int = 400, mixer_steps: int = 30,
+                 prompt_steps: int = 140) -> List[RunConfig]:
     """The default measured grid: 34 configurations.
 
     The Italian novel, the agent prompt and Python source (:data:`DEFAULT_TRACES`
     without the prompts) x {serial (threshold 256), threshold 8 with pread or
-    io_uring at 4 or 16 readers} x compute {none, spin:2}; the 100 short
-    prompts (1,467 tokens: enough fresh rows for two configurations over 5
-    rounds) serial and io_uring x 16 without compute; the real Engram mixer as
-    compute on the novel, serial and io_uring x 16.
+    io_uring at 4 or 16 readers} x compute {none (``io_steps`` steps: a read
+    alone takes about a millisecond, so these runs get more steps to span a
+    comparable time), spin:2 (``steps``)}; the 100 short prompts (1,467
+    tokens: enough fresh rows for two configurations over 5 rounds) serial and
+    io_uring x 16 without compute; the real Engram mixer as compute on the
+    novel, serial and io_uring x 16.
     """
     texts = tuple(t for t in DEFAULT_TRACES if not t.endswith(".jsonl"))
-    out = grid(texts, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps)
+    out = grid(texts, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps, {"none": io_steps})
     out += [RunConfig("shared:prompts.jsonl", 256, "pread", 4, "none", prompt_steps),
             RunConfig("shared:prompts.jsonl", 8, "io_uring", 16, "none", prompt_steps),
             RunConfig(DEFAULT_TRACES[0], 256, "pread", 4, "mixer", mixer_steps),
@@ -1026,7 +1029,7 @@ def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
             rounds: int = 5, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
-            io_batches: int = 60, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
+            io_batches: int = 100, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
             max_background_cpu: Optional[float] = None, max_background_iops: float = 1000.0,
             quiet_wait: float = 20.0, redo: int = 1, wait_budget: float = 120.0,

@@ -108,13 +108,15 @@ def test_default_grid_covers_the_axes():
     assert sum(c.compute == "mixer" for c in g) == 2
     assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [140, 140]
     assert [c.steps for c in g if c.compute == "mixer"] == [30, 30]
+    assert {c.steps for c in g if c.compute == "none" and not c.trace.endswith(".jsonl")} == {400}
+    assert {c.steps for c in g if c.compute == "spin:2"} == {200}
     assert len(quick_grid()) == 6
 
 
 def test_default_grid_fits_its_traces(layout):
     """Every run of the default grid (5 rounds) reads its own stretch: each trace is long enough."""
     need = trace_tokens_needed(default_grid(), 5)
-    assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 10 * 200 * 5
+    assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 5 * 5 * (400 + 200)
     for spec, n in need.items():
         assert load_trace(spec, limit=n, layout=layout).steps == n, spec
 
