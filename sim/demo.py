@@ -204,7 +204,7 @@ def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
 def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, os.PathLike] = DEFAULT_WORKDIR,
              scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
              steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
-             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True,
+             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = True,
              progress: bool = True) -> Path:
     """Run the main job and return the path of the report (``OUT/report.md``).
 
@@ -223,8 +223,8 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     quick : bool
         Small and fast (smoke tests): a tiny model, a few short runs.
     steps, rounds : int, optional
-        Decode steps per measured run (default 300; quick 40) and interleaved
-        rounds (default 3; quick 2).
+        Decode steps per measured run (default 200; quick 40) and interleaved
+        rounds (default 5; quick 2).
     jobs : int, optional
         Local processes of the sweep and the report's simulations (default: CPU count).
     lookups : int, optional
@@ -233,6 +233,10 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         Also write ``report.html``.
     fio : bool
         Run fio's microbenchmarks when fio is installed.
+    wait : bool
+        Let each measurement wait for a quiet machine (other processes below a
+        quarter of the CPUs and 1000 disk requests a second; at most 2 minutes
+        in all) and redo one that others disturbed; ``quick`` never waits.
     progress : bool
         Step lines and progress bars.
 
@@ -253,8 +257,8 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
 
     out, work = Path(out), Path(workdir)
     scale = float(scale) if scale is not None else (0.001 if quick else DEFAULT_SCALE)
-    steps = int(steps) if steps else (40 if quick else 300)
-    rounds = int(rounds) if rounds else (2 if quick else 3)
+    steps = int(steps) if steps else (40 if quick else 200)
+    rounds = int(rounds) if rounds else (2 if quick else 5)
     n_lookups = int(lookups) if lookups is not None else (4 if quick else 16)
     if steps < 10 or rounds < 1 or n_lookups < 1:
         raise ArgumentError(f"need steps >= 10, rounds >= 1 and lookups >= 1; got {steps}, {rounds}, {n_lookups}")
@@ -314,11 +318,12 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     st.begin("measure", f"{len(configs)} configurations x {rounds} rounds of {steps} decode steps, and the "
                         f"microbenchmarks, interleaved")
     res = measure(path, configs, work, rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32],
-                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 60,
+                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 100,
                   big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
                   compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10,
-                  warmup=3 if quick else 8, progress=progress)
-    st.end(f"{res['runs_done']} runs")
+                  warmup=3 if quick else 8, progress=progress,
+                  max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
+    st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine")
 
     # 5. calibrate ---------------------------------------------------------------
     st.begin("calibrate", "device and compute models from the microbenchmarks only")
@@ -368,7 +373,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
 def _cmd_demo(args) -> int:
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
-                  fio=not args.no_fio, progress=not args.no_progress)
+                  fio=not args.no_fio, wait=not args.no_wait, progress=not args.no_progress)
     html_path = md.with_suffix(".html")
     print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
     return 0
@@ -391,11 +396,13 @@ def add_demo_command(subparsers) -> None:
     p.add_argument("--text", action="append", metavar="FILE",
                    help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable")
     p.add_argument("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)")
-    p.add_argument("--steps", type=int, help="decode steps per measured run (default 300; --quick 40)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 3; --quick 2)")
+    p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
     p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about 20 seconds)")
     p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
+    p.add_argument("--no-wait", action="store_true",
+                   help="never wait for a quiet machine before a measurement (default: wait up to 2 minutes in all)")
     p.add_argument("--no-html", action="store_true", help="Markdown report only")
     p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
     p.set_defaults(func=_cmd_demo)
