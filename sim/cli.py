@@ -343,7 +343,7 @@ def _cmd_measure(args) -> int:
                  projections=need_mixer or not args.quick)
     q = args.quick
     depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
-    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 5), depths=depths,
+    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 7), depths=depths,
                   micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
                   fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 100),
                   big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
@@ -390,11 +390,12 @@ def _add_measure(sub) -> None:
                                    "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
                                    "other layers do not exist here: add an emulated load per step with a compute "
                                    "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
-                                   "join with +). Default grid: the Italian novel, the agent prompt and Python "
-                                   "source x {serial (threshold 256), threshold 8 x pread/io_uring x 4/16 readers} "
-                                   "x compute {none (400 steps), spin:2 (200 steps)}; the 100 short prompts serial and io_uring x 16; the "
-                                   "mixer on the novel, serial and io_uring x 16: 34 configurations, 5 interleaved "
-                                   "rounds, every run on its own stretch of its trace.")
+                                   "join with +). Default grid (29 configurations): compute spin:2 on the "
+                                   "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
+                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (600 steps) on the "
+                                   "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
+                                   "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
+                                   "x 16. 7 interleaved rounds, every run on its own stretch of its trace.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
@@ -410,11 +411,11 @@ def _add_measure(sub) -> None:
     g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
                    help="an extra configuration (repeatable)")
     g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
-    g.add_argument("--io-steps", type=int, default=400,
-                   help="steps of the default grid's runs without compute (default 400)")
+    g.add_argument("--io-steps", type=int, default=600,
+                   help="steps of the default grid's runs without compute (default 600)")
     g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
     g = p.add_argument_group("measurement")
-    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 5; --quick 2)")
+    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
     g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 100)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")

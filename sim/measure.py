@@ -96,6 +96,7 @@ from .trace import CODE_SOURCE, Trace, load_trace
 
 __all__ = [
     "DEFAULT_TRACES",
+    "DEFAULT_POLICIES",
     "DEFAULT_SCALE",
     "MICRO_SCHEMA",
     "RUNS_SCHEMA",
@@ -398,25 +399,40 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
     return out
 
 
-def default_grid(steps: int = 200, io_steps: int = 400, mixer_steps: int = 30,
-                 prompt_steps: int = 140) -> List[RunConfig]:
-    """The default measured grid: 34 configurations.
+#: Read policies of the default grid: serial (threshold 256), threshold 8 with pread or io_uring x 4 or 16.
+DEFAULT_POLICIES = ((256, "pread", 4), (8, "pread", 4), (8, "pread", 16), (8, "io_uring", 4), (8, "io_uring", 16))
 
-    The Italian novel, the agent prompt and Python source (:data:`DEFAULT_TRACES`
-    without the prompts) x {serial (threshold 256), threshold 8 with pread or
-    io_uring at 4 or 16 readers} x compute {none (``io_steps`` steps: a read
-    alone takes about a millisecond, so these runs get more steps to span a
-    comparable time), spin:2 (``steps``)}; the 100 short prompts (1,467
-    tokens: enough fresh rows for two configurations over 5 rounds) serial and
-    io_uring x 16 without compute; the real Engram mixer as compute on the
-    novel, serial and io_uring x 16.
+
+def default_grid(steps: int = 200, io_steps: int = 600, mixer_steps: int = 30,
+                 prompt_steps: int = 100) -> List[RunConfig]:
+    """The default measured grid: 29 configurations.
+
+    - compute ``spin:2`` (a step's other work as a 2 ms busy wait, about the
+      read time: reads are 35-65% of a step), ``steps`` steps: the Italian
+      novel, the agent prompt and Python source x the 5 policies of
+      :data:`DEFAULT_POLICIES` (15);
+    - no compute (a step is its read: the device's noise is all of it, so
+      these runs are longer, ``io_steps`` steps): the novel and the agent
+      prompt x the 5 policies (10);
+    - ``spin:2`` on the 100 short prompts (1,467 tokens: enough fresh rows for
+      two configurations of ``prompt_steps`` over 7 rounds), serial and
+      io_uring x 16 (2);
+    - the real Engram projection + gated add (``mixer``) on the novel, serial
+      and io_uring x 16, ``mixer_steps`` steps (2).
     """
-    texts = tuple(t for t in DEFAULT_TRACES if not t.endswith(".jsonl"))
-    out = grid(texts, (8, 256), ("pread", "io_uring"), (4, 16), ("none", "spin:2"), steps, {"none": io_steps})
-    out += [RunConfig("shared:prompts.jsonl", 256, "pread", 4, "none", prompt_steps),
-            RunConfig("shared:prompts.jsonl", 8, "io_uring", 16, "none", prompt_steps),
-            RunConfig(DEFAULT_TRACES[0], 256, "pread", 4, "mixer", mixer_steps),
-            RunConfig(DEFAULT_TRACES[0], 8, "io_uring", 16, "mixer", mixer_steps)]
+    def policies(trace, compute, n):
+        return [RunConfig(trace, t, b, k, compute, n) for t, b, k in DEFAULT_POLICIES]
+
+    novel, agent, prompts = DEFAULT_TRACES[0], DEFAULT_TRACES[1], DEFAULT_TRACES[2]
+    out = []
+    for tr in (novel, agent, CODE_SOURCE):
+        out += policies(tr, "spin:2", steps)
+    for tr in (novel, agent):
+        out += policies(tr, "none", io_steps)
+    out += [RunConfig(prompts, 256, "pread", 4, "spin:2", prompt_steps),
+            RunConfig(prompts, 8, "io_uring", 16, "spin:2", prompt_steps),
+            RunConfig(novel, 256, "pread", 4, "mixer", mixer_steps),
+            RunConfig(novel, 8, "io_uring", 16, "mixer", mixer_steps)]
     return out
 
 
@@ -604,6 +620,30 @@ def _io_serial(tables, rng: np.random.Generator, batches: int, single_rows: int,
     out.append({"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 1,
                 "round": round_, "batch_us": _us_list(ts), "rows": single_rows, "reads": single_rows})
     return out
+
+
+def _io_batches(tables, rng: np.random.Generator, backend: str, k: int, batches: int, round_: int,
+                chunk: int) -> dict:
+    """One more chunk of ``batches`` 48-row batches at ``readers = k`` (``backend="serial"``: serially)."""
+    from engram import TableGroup
+
+    rows = [t.rows for t in tables]
+    clock = time.perf_counter
+    dest = np.empty((1, STEP_ROWS, 256), np.float32)
+    serial = backend == "serial"
+    with TableGroup(tables, 24, backend=backend, readers=1 if serial else int(k),
+                    threshold=1 << 30 if serial else 1) as g:
+        g.read_batch(_random_ids(rng, rows, 1), out=dest)
+        ts = np.empty(batches)
+        nreads = 0
+        for i in range(batches):
+            ids = _random_ids(rng, rows, 1)
+            t0 = clock()
+            g.read_batch(ids, out=dest)
+            ts[i] = clock() - t0
+            nreads += g.last_stats.reads
+    return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k), "batch_rows": STEP_ROWS,
+            "round": round_, "chunk": chunk, "batch_us": _us_list(ts), "rows": batches * STEP_ROWS, "reads": nreads}
 
 
 def _io_depth(tables, rng: np.random.Generator, backend: str, k: int, batches: int, big_seconds: float,
@@ -1027,9 +1067,9 @@ def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
 # the whole measurement
 # =====================================================================================
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
-            rounds: int = 5, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
+            rounds: int = 7, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
-            io_batches: int = 100, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
+            fio_rounds: int = 2, io_batches: int = 100, io_chunks: int = 4, think_chunks: int = 2, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
             max_background_cpu: Optional[float] = None, max_background_iops: float = 1000.0,
             quiet_wait: float = 20.0, redo: int = 1, wait_budget: float = 120.0,
@@ -1037,8 +1077,11 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 
     ``rounds`` rounds; each round runs every microbenchmark task (serial
-    reads; each backend x depth; fio at each depth; each compute spec; the
-    hash) and every configuration once, all in one order shuffled with
+    reads; each backend x depth, with ``io_chunks`` chunks of ``io_batches``
+    48-row batches where configurations without compute read them; fio at
+    each depth in the first ``fio_rounds`` rounds; each compute spec; each
+    compute as think time, ``think_chunks`` chunks; the hash) and every
+    configuration once, all in one order shuffled with
     ``seed`` and the round number, so that the microbenchmarks and the runs
     sample the same stretches of a shared machine's load.  Results go to
     ``out_dir/microbench.json`` and ``out_dir/runs.json`` (written after every
@@ -1103,7 +1146,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             model.weights(lid)
 
     params = {"rounds": rounds, "depths": depths, "backends": list(backends), "fio": fio,
-              "fio_seconds": fio_seconds, "io_batches": io_batches, "big_seconds": big_seconds,
+              "fio_seconds": fio_seconds, "fio_rounds": fio_rounds, "io_batches": io_batches,
+              "io_chunks": io_chunks, "think_chunks": think_chunks, "big_seconds": big_seconds,
               "single_rows": single_rows, "compute_samples": compute_samples, "mixer_samples": mixer_samples,
               "warmup": warmup, "seed": seed, "max_background_cpu": max_background_cpu,
               "max_background_iops": max_background_iops, "quiet_wait": quiet_wait, "redo": redo,
@@ -1135,12 +1179,17 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         if fio and shutil.which("fio"):
             tasks += [("fio", k) for k in depths]
         tasks += [("compute", c) for c in computes]
+        # More chunks of 48-row batches where configurations without compute read them, spread over the round.
+        used = dict.fromkeys(("serial", 1) if c.serial else (c.backend, c.readers) for c in configs
+                             if c.compute == "none")
+        tasks += [("batches", be, k, j) for (be, k) in used for j in range(1, io_chunks)]
         # Think time: each compute between 48-row batches, at the readers its configurations use.
         think = {}
         for c in configs:
             if c.compute != "none":
                 think[(c.compute, "serial" if c.serial else c.backend, 1 if c.serial else c.readers)] = True
-        tasks += [("think", be, k, label) for (label, be, k) in think]
+        tasks += [("think", be, k, label, j) for (label, be, k) in think
+                  for j in range(1 if ComputeSpec.parse(label).mixer else think_chunks)]
         tasks.append(("hash",))
     if decode:
         tasks += [("decode", i) for i in range(len(configs))]
@@ -1158,16 +1207,23 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         elif kind == "depth":
             rng = np.random.default_rng([seed, r, 2, _BACKEND_TAG[task[1]], task[2]])
             recs = _io_depth(tables, rng, task[1], task[2], io_batches, big_seconds, r)
+        elif kind == "batches":
+            _, be, k, j = task
+            rng = np.random.default_rng([seed, r, 8, _BACKEND_TAG.get(be, 0), k, j])
+            recs = [_io_batches(tables, rng, be, k, io_batches, r, j)]
         elif kind == "fio":
+            if r >= fio_rounds:
+                return micro_doc["records"], [], 0
             recs = fio_microbench(info, [task[1]], fio_seconds, round_=r)
         elif kind == "think":
-            _, be, k, label = task
+            _, be, k, label, j = task
             spec = ComputeSpec.parse(label)
-            rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k])
+            rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k, j])
             with model.session(backend="serial", threshold=1 << 30) as ms:
                 run = spec.runner(model, ms, residual_seed=seed)
                 recs = [_io_think(tables, rng, be, k, mixer_samples if spec.mixer else io_batches, run, label,
                                   model.layer_ids, r)]
+                recs[0]["chunk"] = j
         elif kind == "compute":
             recs = compute_microbench(model, [task[1]], samples=compute_samples, mixer_samples=mixer_samples,
                                       seed=seed, round_=r)

@@ -100,23 +100,22 @@ def test_grid_drops_duplicate_serial_configurations():
 
 def test_default_grid_covers_the_axes():
     g = default_grid()
-    assert len(g) == 34 >= 24 and len({c.key for c in g}) == 34
+    assert len(g) == 29 >= 24 and len({c.key for c in g}) == 29
     assert {c.trace for c in g} == set(DEFAULT_TRACES)
     assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
     assert {c.readers for c in g if not c.serial} == {4, 16}
-    assert {c.compute for c in g} == {"none", "spin:2", "mixer"}
-    assert sum(c.compute == "mixer" for c in g) == 2
-    assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [140, 140]
+    assert {c.compute: sum(x.compute == c.compute for x in g) for c in g} == {"spin:2": 17, "none": 10, "mixer": 2}
+    assert {c.steps for c in g if c.compute == "none"} == {600}
+    assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [100, 100]
     assert [c.steps for c in g if c.compute == "mixer"] == [30, 30]
-    assert {c.steps for c in g if c.compute == "none" and not c.trace.endswith(".jsonl")} == {400}
-    assert {c.steps for c in g if c.compute == "spin:2"} == {200}
     assert len(quick_grid()) == 6
 
 
 def test_default_grid_fits_its_traces(layout):
-    """Every run of the default grid (5 rounds) reads its own stretch: each trace is long enough."""
-    need = trace_tokens_needed(default_grid(), 5)
-    assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 5 * 5 * (400 + 200)
+    """Every run of the default grid (7 rounds) reads its own stretch: each trace is long enough."""
+    need = trace_tokens_needed(default_grid(), 7)
+    assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 5 * 7 * 200
+    assert need["shared:agent_prompt_long.txt"] == 5 * 7 * (600 + 200)
     for spec, n in need.items():
         assert load_trace(spec, limit=n, layout=layout).steps == n, spec
 
@@ -234,7 +233,12 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     # every run read its own stretch of the trace
     assert sorted(r["start"] for r in runs["runs"]) == [0, 25, 50, 75]
     think = [r for r in micro["records"] if r.get("think")]
-    assert [(r["think"], r["backend"], r["qd"]) for r in think] == [("spin:0.2", "pread", 4)] * 2
+    # two chunks a round of the compute between batches; four chunks of serial batches (read by the serial run)
+    assert [(r["think"], r["backend"], r["qd"]) for r in think] == [("spin:0.2", "pread", 4)] * 4
+    serial48 = [r for r in micro["records"] if r.get("backend") == "serial" and r.get("batch_rows") == 48
+                and not r.get("think")]
+    assert len(serial48) == 8 and sorted(r.get("chunk", 0) for r in serial48) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert not any(r.get("backend") == "pread" and r.get("chunk") for r in micro["records"] if not r.get("think"))
     assert len(think[0]["batch_us"]) == 4 and min(think[0]["think_us"]) >= 200
     assert (tmp_path / runs["traces"][CODE_SOURCE]).is_file()
     assert runs["file"]["path"] == str(model_path.resolve()) and len(runs["file"]["tables"]) == 2
