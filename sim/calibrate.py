@@ -33,6 +33,11 @@ compute
     per compute spec, the measured times of one step's compute (the compute
     microbenchmark and the think times of the think-time batches), resampled
     (:meth:`sim.decode.Compute.empirical`).
+
+Each batch and compute distribution keeps the shape of all its samples and
+is scaled to the mean of a typical measurement window: the median over the
+windows (records) of their means, the statistic the cross-check takes of
+repeated runs (``windows="pooled"``: the mean of all samples).
 hash
     the mean time of the hash part of a step (:meth:`engram.Session.step_rows`).
 
@@ -181,7 +186,7 @@ class Calibration:
         comp = {}
         for label, c in self.compute.items():
             s = np.asarray(c.samples, dtype=np.float64)
-            comp[label] = {"samples_us": [round(float(x) / US, 2) for x in s], "mean_us": float(s.mean()) / US,
+            comp[label] = {"samples_us": [float(x) / US for x in s], "mean_us": float(s.mean()) / US,
                            "p50_us": float(np.median(s)) / US, "p95_us": float(np.percentile(s, 95)) / US}
         return {
             "schema": CALIBRATION_SCHEMA, "kind": "calibration", "date": self.date, "machine": self.machine,
@@ -326,15 +331,36 @@ def _shape_dist(shape: tuple, mean: float, source: str) -> LatencyDist:
     return LatencyDist(u, q * mean, source)
 
 
-def _dist_from_samples(x: np.ndarray, source: str) -> LatencyDist:
-    """The empirical distribution of ``x`` (seconds) as a quantile function whose mean is the sample mean.
+def _dist_from_samples(x: np.ndarray, source: str, mean: Optional[float] = None) -> LatencyDist:
+    """The empirical distribution of ``x`` (seconds) as a quantile function whose mean is ``mean``
+    (default the sample mean).
 
     :meth:`LatencyDist.from_samples` interpolates between order statistics,
     which gives the extremes half weight; with a heavy tail the mean would
-    come out low, so the quantiles are scaled by ``sample mean / mean``.
+    come out low, so the quantiles are scaled to the wanted mean.
     """
     d = LatencyDist.from_samples(x, source=source)
-    return d if d.is_point or d.mean <= 0 else LatencyDist(d.u, d.q * (float(np.mean(x)) / d.mean), source)
+    want = float(np.mean(x)) if mean is None else float(mean)
+    return d if d.is_point or d.mean <= 0 else LatencyDist(d.u, d.q * (want / d.mean), source)
+
+
+#: Window statistics :func:`calibrate` accepts.
+WINDOWS = ("median", "pooled")
+
+
+def _windowed(arrays: Sequence[np.ndarray], windows: str) -> tuple:
+    """(pooled samples, mean to fit) of samples measured in several windows (one array per record).
+
+    ``"median"``: the median over windows of the window means, when there are
+    3 or more windows (the typical window, the statistic the cross-check
+    takes of repeated runs: a window disturbed by other work on a shared
+    machine moves it less); ``"pooled"``: the mean of all samples.
+    """
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays if len(a)]
+    x = np.concatenate(arrays) if arrays else np.zeros(0)
+    if windows == "median" and len(arrays) >= 3:
+        return x, float(np.median([a.mean() for a in arrays]))
+    return x, float(x.mean()) if x.size else 0.0
 
 
 def _sample_shape(samples_s: np.ndarray) -> tuple:
@@ -352,7 +378,8 @@ def _batch_stats(device: Device, n: int, k: int, seed: int) -> tuple:
     return float(t.mean()), float(np.median(t))
 
 
-def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) -> Calibration:
+def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
+              windows: str = "median") -> Calibration:
     """Fit the device, compute and hash models from a microbenchmark document.
 
     Parameters
@@ -364,6 +391,11 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
         Provenance stored in the calibration (path, sha256).
     seed : int
         Seed of the device makespan sampling (the fit is deterministic).
+    windows : {"median", "pooled"}
+        The mean a batch or compute distribution is fitted to: the median
+        over the measurement windows (records: chunks, rounds) of their
+        means, the typical window (default), or the mean of all samples
+        pooled.  The shape is always that of all samples pooled.
 
     Returns
     -------
@@ -385,8 +417,10 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
     single = [r for r in engine if r["backend"] == "serial" and r["batch_rows"] == 1]
     if not serial48:
         raise ArgumentError("microbenchmarks hold no serial 48-row batches")
-    batch48_serial = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in serial48]) * US
-    qd1_mean = float(batch48_serial.mean()) / STEP_ROWS
+    if windows not in WINDOWS:
+        raise ArgumentError(f"windows must be one of {WINDOWS}, got {windows!r}")
+    batch48_serial, serial_mean = _windowed([np.asarray(r["batch_us"]) * US for r in serial48], windows)
+    qd1_mean = serial_mean / STEP_ROWS
 
     fio_shapes = _fio_shapes(fio) if fio else {}
     if fio_shapes:
@@ -416,7 +450,7 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
     for r in fio:
         fio_mean.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
     fio_mean = {q: float(np.mean(v)) for q, v in fio_mean.items()}
-    serial_dist = _dist_from_samples(batch48_serial, "serial 48-row batches")
+    serial_dist = _dist_from_samples(batch48_serial, "serial 48-row batches", serial_mean)
 
     devices: Dict[str, MeasuredBatchDevice] = {}
     fit: List[dict] = []
@@ -444,26 +478,28 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
         per_read = EmpiricalDevice(table, name=f"engine-{be}-per-read", source=src)
         batches = {(STEP_ROWS, 1): serial_dist}
         for k, arrs in sorted(small.items()):
-            x = np.concatenate(arrs)
-            batches[(STEP_ROWS, k)] = _dist_from_samples(x, f"{be} 48-row batches, readers {k}")
+            x, target = _windowed(arrs, windows)
+            batches[(STEP_ROWS, k)] = _dist_from_samples(x, f"{be} 48-row batches, readers {k}", target)
             m_dev, p50_dev = _batch_stats(per_read, STEP_ROWS, k, seed + k)
             lat = per_read.latency(k)
             fm = fio_mean.get(k)
             fit.append({"backend": be, "qd": k, "engine_mean_us": lat.mean / US,
                         "fio_mean_us": fm / US if fm else None,
                         "engine_over_fio": (lat.mean / fm) if fm else None,
-                        "batch48_mean_us": float(x.mean()) / US, "batch48_p50_us": float(np.median(x)) / US,
+                        "batch48_mean_us": target / US, "batch48_p50_us": float(np.median(x)) / US,
+                        "batch48_pooled_mean_us": float(x.mean()) / US,
                         "device_batch48_mean_us": m_dev / US, "device_batch48_p50_us": p50_dev / US,
-                        "overhead_raw_us": (float(x.mean()) - m_dev) / US, "batches": int(x.size)})
+                        "overhead_raw_us": (target - m_dev) / US, "batches": int(x.size)})
         devices[be] = MeasuredBatchDevice(table, batches, name=f"engine-{be}", source=src)
     m1, p1 = _batch_stats(EmpiricalDevice(devices[backends[0]].measured), STEP_ROWS, 1, seed)
     fit.insert(0, {"backend": "serial", "qd": 1, "engine_mean_us": qd1_mean / US,
                    "fio_mean_us": fio_mean[1] / US if fio_mean.get(1) else None,
                    "engine_over_fio": qd1_mean / fio_mean[1] if fio_mean.get(1) else None,
-                   "batch48_mean_us": float(batch48_serial.mean()) / US,
+                   "batch48_mean_us": serial_mean / US,
                    "batch48_p50_us": float(np.median(batch48_serial)) / US,
+                   "batch48_pooled_mean_us": float(batch48_serial.mean()) / US,
                    "device_batch48_mean_us": m1 / US, "device_batch48_p50_us": p1 / US,
-                   "overhead_raw_us": (float(batch48_serial.mean()) - m1) / US, "batches": int(batch48_serial.size)})
+                   "overhead_raw_us": (serial_mean - m1) / US, "batches": int(batch48_serial.size)})
 
     # think time: per compute, the batches measured with it between batches replace the back-to-back ones
     think_devices: Dict[str, Dict[str, MeasuredBatchDevice]] = {}
@@ -481,8 +517,9 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
                 if lab != label or b not in (be, "serial"):
                     continue
                 key = (STEP_ROWS, 1 if b == "serial" else k)
-                x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs]) * US
-                batches[key] = _dist_from_samples(x, f"{b} 48-row batches, readers {key[1]}, think time {label}")
+                x, target = _windowed([np.asarray(r["batch_us"]) * US for r in rs], windows)
+                batches[key] = _dist_from_samples(x, f"{b} 48-row batches, readers {key[1]}, think time {label}",
+                                                  target)
                 used = True
             if used:
                 base = devices[be]
@@ -492,10 +529,10 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
         for (lab, b, k), rs in sorted(groups.items()):
             if lab != label:
                 continue
-            x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs])
+            x, target = _windowed([np.asarray(r["batch_us"]) for r in rs], windows)
             th = np.concatenate([np.asarray(r.get("think_us", []), dtype=np.float64) for r in rs])
             ref = devices[backends[0] if b == "serial" else b].batches.get((STEP_ROWS, 1 if b == "serial" else k))
-            think_fit.append({"think": label, "backend": b, "qd": k, "batch48_mean_us": float(x.mean()),
+            think_fit.append({"think": label, "backend": b, "qd": k, "batch48_mean_us": target,
                               "batch48_p50_us": float(np.median(x)),
                               "think_mean_us": float(th.mean()) if th.size else None,
                               "back_to_back_mean_us": ref.mean / US if ref is not None else None,
@@ -507,15 +544,19 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
                                    if q in fio_mean}, name="fio-randread-4k",
                                   source="fio random 4 KiB reads, --direct=1, io_uring engine, by iodepth")
 
-    comp_samples: Dict[str, List[float]] = {}
+    comp_windows: Dict[str, List[np.ndarray]] = {}
     for r in recs:
         if r["kind"] == "compute":
-            comp_samples.setdefault(ComputeSpec.parse(r["compute"]).label, []).extend(
-                float(x) * US for x in r["samples_us"])
+            comp_windows.setdefault(ComputeSpec.parse(r["compute"]).label, []).append(
+                np.asarray(r["samples_us"], dtype=np.float64) * US)
     for r in think_recs:  # the think times are the same compute, timed between batches
-        comp_samples.setdefault(ComputeSpec.parse(r["think"]).label, []).extend(
-            float(x) * US for x in r.get("think_us", ()))
-    compute = {label: Compute.empirical(s) for label, s in comp_samples.items() if s}
+        comp_windows.setdefault(ComputeSpec.parse(r["think"]).label, []).append(
+            np.asarray(r.get("think_us", ()), dtype=np.float64) * US)
+    compute = {}
+    for label, arrs in comp_windows.items():
+        x, target = _windowed(arrs, windows)
+        if x.size:
+            compute[label] = Compute.empirical(x * (target / x.mean()) if x.mean() > 0 else x)
     hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
     hash_s = float(np.mean(hs)) if hs else 0.0
 
@@ -523,13 +564,14 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0) 
     src.setdefault("schema", doc.get("schema"))
     src.setdefault("date", doc.get("date"))
     src["records"] = len(recs)
+    src["windows"] = windows
     # The date is that of the measurements: the fit is a pure function of the document.
     return Calibration(devices, compute, hash_s, fio_dev, fit, think_devices, think_fit, machine,
                        dict(doc.get("file", {})), src, str(doc.get("date", "")))
 
 
 def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
-                   seed: int = 0) -> Calibration:
+                   seed: int = 0, windows: str = "median") -> Calibration:
     """Calibrate from a ``microbench.json`` file (and only that file); save to ``out`` when given.
 
     Raises
@@ -541,7 +583,8 @@ def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str,
     """
     path = Path(microbench)
     doc = load_json(path)
-    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": _sha256(path)}, seed=seed)
+    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": _sha256(path)}, seed=seed,
+                    windows=windows)
     if out is not None:
         cal.save(out)
     return cal

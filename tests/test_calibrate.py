@@ -77,8 +77,11 @@ def test_fit_known_answers():
     assert dev.batch_dist(48, 1).mean == pytest.approx(4800 * US)
     assert cal.device("io_uring").batch_dist(48, 4).mean == pytest.approx(960 * US)
     # compute and hash
-    # compute: the compute microbenchmark and the think times of the think-time batches
-    assert cal.compute["spin:2"].mean == pytest.approx((2000 + 2010 + 2020 + 4 * 2000) / 7 * US)
+    # compute: the compute microbenchmark and the think times of the think-time batches, three windows with
+    # means 2010, 2000, 2000 us: their median (pooled: the mean of all 7 samples)
+    assert cal.compute["spin:2"].mean == pytest.approx(2000 * US)
+    pooled = calibrate(micro_doc(), windows="pooled")
+    assert pooled.compute["spin:2"].mean == pytest.approx((2000 + 2010 + 2020 + 4 * 2000) / 7 * US)
     assert cal.compute_model("spin:2.0") is cal.compute["spin:2"]
     assert cal.compute["none"].mean == pytest.approx(4 / 3 * US)
     assert cal.hash_s == pytest.approx(3 * US)
@@ -108,6 +111,24 @@ def test_fit_known_answers():
         cal.compute_model("mixer")
     with pytest.raises(ArgumentError, match="backend"):
         cal.device("aio")
+
+
+def test_typical_window():
+    """A window disturbed by other work moves the fitted mean less than the pooled mean; the shape is all samples'."""
+    doc = micro_doc()
+    serial = doc["records"][0]
+    doc["records"][1:1] = [dict(serial, batch_us=[4800.0] * 3), dict(serial, batch_us=[48000.0] * 3)]
+    cal = calibrate(doc)
+    # window means 4800, 4800, 48000: median 4800
+    assert cal.device("pread").batch_dist(48, 1).mean == pytest.approx(4800 * US)
+    assert cal.device("pread").mean_latency(1) == pytest.approx(100 * US)
+    pooled = calibrate(doc, windows="pooled")
+    assert pooled.device("pread").batch_dist(48, 1).mean == pytest.approx((4800 * 6 + 48000 * 3) / 9 * US)
+    d = cal.device("pread").batch_dist(48, 1)
+    assert d.q[-1] / d.q[0] == pytest.approx(48000 / 4000)
+    assert cal.source["windows"] == "median" and pooled.source["windows"] == "pooled"
+    with pytest.raises(ArgumentError, match="windows"):
+        calibrate(doc, windows="mean")
 
 
 def test_fit_without_fio_uses_single_row_shape():
@@ -188,15 +209,19 @@ def test_calibration_never_reads_the_decode_runs(measured, tmp_path):
 def test_calibration_of_a_real_measurement(measured):
     cal = calibrate_file(measured / "microbench.json")
     doc = load_json(measured / "microbench.json")
-    serial = [x for r in doc["records"] if r["kind"] == "io" and r["backend"] == "serial"
-              and r["batch_rows"] == 48 for x in r["batch_us"]]
-    assert cal.device("pread").mean_latency(1) == pytest.approx(np.mean(serial) / 48 * US)
-    big = [r for r in doc["records"] if r["kind"] == "io" and r.get("backend") == "pread" and r["batch_rows"] > 48]
+    io = [r for r in doc["records"] if r["kind"] == "io" and not r.get("think")]
+    serial = [r["batch_us"] for r in io if r["backend"] == "serial" and r["batch_rows"] == 48]
+    assert len(serial) == 2 * 4  # 2 rounds x 4 chunks (the serial run has no compute)
+    typical = np.median([np.mean(w) for w in serial])
+    assert cal.device("pread").mean_latency(1) == pytest.approx(typical / 48 * US)
+    big = [r for r in io if r.get("backend") == "pread" and r["batch_rows"] > 48]
     assert cal.device("pread").mean_latency(4) == pytest.approx(
         4 * sum(r["wall_s"] for r in big) / sum(r["reads"] for r in big))
-    b48 = [x for r in doc["records"] if r["kind"] == "io" and r.get("backend") == "pread"
-           and r["batch_rows"] == 48 for x in r["batch_us"]]
-    assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(np.mean(b48) * US, rel=1e-6)
+    b48 = [r["batch_us"] for r in io if r.get("backend") == "pread" and r["batch_rows"] == 48]
+    assert len(b48) == 2 * 4
+    assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(np.median([np.mean(w) for w in b48]) * US)
+    pooled = calibrate_file(measured / "microbench.json", windows="pooled")
+    assert pooled.device("pread").batch_dist(48, 4).mean == pytest.approx(np.mean(np.concatenate(b48)) * US)
     assert set(cal.compute) == {"none"} and cal.hash_s > 0
 
 
