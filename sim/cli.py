@@ -345,8 +345,9 @@ def _cmd_measure(args) -> int:
     depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
     res = measure(model, configs, work, rounds=args.rounds or (2 if q else 7), depths=depths,
                   micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
-                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 100),
-                  big_seconds=0.05 if q else 0.2, single_rows=50 if q else 200,
+                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 150),
+                  io_chunks=args.io_chunks or (2 if q else 8),
+                  big_seconds=0.05 if q else 0.1, single_rows=50 if q else 200,
                   compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
                   progress=not args.no_progress,
                   max_background_cpu=None if (args.no_wait or q) else args.max_background,
@@ -392,7 +393,7 @@ def _add_measure(sub) -> None:
                                    "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
                                    "join with +). Default grid (29 configurations): compute spin:2 on the "
                                    "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
-                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (600 steps) on the "
+                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
                                    "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
                                    "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
                                    "x 16. 7 interleaved rounds, every run on its own stretch of its trace.")
@@ -411,13 +412,15 @@ def _add_measure(sub) -> None:
     g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
                    help="an extra configuration (repeatable)")
     g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
-    g.add_argument("--io-steps", type=int, default=600,
-                   help="steps of the default grid's runs without compute (default 600)")
+    g.add_argument("--io-steps", type=int, default=800,
+                   help="steps of the default grid's runs without compute (default 800)")
     g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
     g = p.add_argument_group("measurement")
     g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
-    g.add_argument("--io-batches", type=int, help="48-row batches per depth and round (default 100)")
+    g.add_argument("--io-batches", type=int, help="48-row batches per microbenchmark chunk (default 150)")
+    g.add_argument("--io-chunks", type=int,
+                   help="chunks a round of 48-row batches where runs without compute read (default 8; --quick 2)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

@@ -403,7 +403,7 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
 DEFAULT_POLICIES = ((256, "pread", 4), (8, "pread", 4), (8, "pread", 16), (8, "io_uring", 4), (8, "io_uring", 16))
 
 
-def default_grid(steps: int = 200, io_steps: int = 600, mixer_steps: int = 30,
+def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
                  prompt_steps: int = 100) -> List[RunConfig]:
     """The default measured grid: 29 configurations.
 
@@ -1069,7 +1069,8 @@ def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
             rounds: int = 7, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
-            fio_rounds: int = 2, io_batches: int = 100, io_chunks: int = 4, think_chunks: int = 2, big_seconds: float = 0.2, single_rows: int = 200, compute_samples: int = 100,
+            fio_rounds: int = 2, io_batches: int = 150, io_chunks: int = 8, think_chunks: int = 2,
+            big_seconds: float = 0.1, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
             max_background_cpu: Optional[float] = None, max_background_iops: float = 1000.0,
             quiet_wait: float = 20.0, redo: int = 1, wait_budget: float = 120.0,

@@ -180,8 +180,8 @@ def measured(tmp_path_factory):
     path = d / "m.gguf"
     synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=7)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 30)]
-    measure(path, cfgs, d, rounds=2, depths=(1, 4), fio=False, io_batches=6, big_seconds=0.01, single_rows=8,
-            compute_samples=6, warmup=3, progress=False)
+    measure(path, cfgs, d, rounds=2, depths=(1, 4), fio=False, io_batches=6, io_chunks=4, big_seconds=0.01,
+            single_rows=8, compute_samples=6, warmup=3, progress=False)
     return d
 
 

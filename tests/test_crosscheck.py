@@ -86,8 +86,8 @@ def measured(tmp_path_factory):
     synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=9)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 40), RunConfig(CODE_SOURCE, 8, "io_uring", 4, "spin:0.5", 40),
             RunConfig("shared:promessi_sposi.txt", 256, "pread", 4, "none", 40)]
-    measure(path, cfgs, d, rounds=3, depths=(1, 4), fio=False, io_batches=8, big_seconds=0.01, single_rows=8,
-            compute_samples=10, warmup=3, progress=False)
+    measure(path, cfgs, d, rounds=3, depths=(1, 4), fio=False, io_batches=8, io_chunks=2, big_seconds=0.01,
+            single_rows=8, compute_samples=10, warmup=3, progress=False)
     calibrate_file(d / "microbench.json", d / "calibration.json")
     return d
 
@@ -161,7 +161,8 @@ def test_commands(capsys, measured, tmp_path):
     assert main(["measure", str(work), "--model", model, "--scale", str(SCALE), "--traces", CODE_SOURCE,
                  "--thresholds", "8,256", "--backends", "pread", "--readers", "4", "--computes", "none",
                  "--config", f"{CODE_SOURCE}/8/pread/4/spin:0.3/20", "--steps", "20", "--rounds", "2",
-                 "--depths", "1,4", "--no-fio", "--io-batches", "4", "--json", "--no-progress"]) == 0
+                 "--depths", "1,4", "--no-fio", "--io-batches", "4", "--io-chunks", "2", "--no-wait",
+                 "--json", "--no-progress"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["configs"] == 3 and d["runs_done"] == 6 and d["model"] == model
     assert main(["calibrate", str(work), "--json"]) == 0

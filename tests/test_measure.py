@@ -105,7 +105,7 @@ def test_default_grid_covers_the_axes():
     assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
     assert {c.readers for c in g if not c.serial} == {4, 16}
     assert {c.compute: sum(x.compute == c.compute for x in g) for c in g} == {"spin:2": 17, "none": 10, "mixer": 2}
-    assert {c.steps for c in g if c.compute == "none"} == {600}
+    assert {c.steps for c in g if c.compute == "none"} == {800}
     assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [100, 100]
     assert [c.steps for c in g if c.compute == "mixer"] == [30, 30]
     assert len(quick_grid()) == 6
@@ -115,7 +115,7 @@ def test_default_grid_fits_its_traces(layout):
     """Every run of the default grid (7 rounds) reads its own stretch: each trace is long enough."""
     need = trace_tokens_needed(default_grid(), 7)
     assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 5 * 7 * 200
-    assert need["shared:agent_prompt_long.txt"] == 5 * 7 * (600 + 200)
+    assert need["shared:agent_prompt_long.txt"] == 5 * 7 * (800 + 200)
     for spec, n in need.items():
         assert load_trace(spec, limit=n, layout=layout).steps == n, spec
 
@@ -216,8 +216,8 @@ def test_compute_and_hash_microbench(model):
 # ------------------------------------------------------------------ whole runs
 def test_measure_writes_both_documents(model_path, tmp_path):
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "spin:0.2", 25), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 25)]
-    res = measure(model_path, cfgs, tmp_path, rounds=2, depths=(1, 4), fio=False, io_batches=4, big_seconds=0.01,
-                  single_rows=5, compute_samples=5, warmup=3, progress=False)
+    res = measure(model_path, cfgs, tmp_path, rounds=2, depths=(1, 4), fio=False, io_batches=4, io_chunks=4,
+                  big_seconds=0.01, single_rows=5, compute_samples=5, warmup=3, progress=False)
     assert res["runs_done"] == 4 and res["configs"] == 2
     micro = load_json(tmp_path / "microbench.json", "microbench")
     runs = load_json(tmp_path / "runs.json", "decode_runs")
@@ -276,8 +276,8 @@ def test_measure_waits_for_and_records_the_background(model_path, tmp_path):
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 20)]
     res = measure(model_path, cfgs, tmp_path, rounds=1, depths=(2,), fio=False, io_batches=3, big_seconds=0.0,
                   single_rows=2, compute_samples=2, warmup=1, progress=False, max_background_cpu=1.0,
-                  max_background_iops=1e9, quiet_wait=2.0, redo=1, wait_budget=10.0)
-    assert 0 <= res["waited_s"] <= 12
+                  max_background_iops=1e9, quiet_wait=1.0, redo=1, wait_budget=3.0)
+    assert 0 <= res["waited_s"] <= 5
     runs = load_json(tmp_path / "runs.json")
     (run,) = runs["runs"]
     assert run["background"]["attempt"] == 0 and run["background"]["cpu"] >= 0
