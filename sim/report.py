@@ -897,6 +897,16 @@ def _section_crosscheck(doc: Doc, out: _Out, inp: _Inputs) -> None:
           f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
           f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
           f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+    bg = [r["background"] for r in (inp.runs or {}).get("runs", []) if isinstance(r.get("background"), dict)]
+    if bg:
+        cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100
+        io = np.array([float(b.get("disk_iops", 0.0)) for b in bg])
+        waited = (inp.runs or {}).get("waited_s")
+        doc.p(f"Other processes while the runs were measured: CPU median {np.median(cpu):.0f}% of the machine "
+              f"(max {cpu.max():.0f}%), disk requests median {np.median(io):.0f}/s (max {io.max():.0f}/s)"
+              + (f"; {waited:.0f} s were spent waiting for a quiet machine" if waited else "")
+              + ". A shared machine's load widens the spread of the repeats and moves the microbenchmarks the "
+                "calibration is fitted from.")
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
     rows = xc["rows"]
     m = np.array([r["measured"]["tokens_per_s"] for r in rows])
