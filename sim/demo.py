@@ -318,7 +318,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     st.begin("measure", f"{len(configs)} configurations x {rounds} rounds of {steps} decode steps, and the "
                         f"microbenchmarks, interleaved")
     res = measure(path, configs, work, rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32],
-                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 100,
+                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 25, io_chunks=1 if quick else 4,
                   big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
                   compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10,
                   warmup=3 if quick else 8, progress=progress,
