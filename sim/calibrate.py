@@ -34,10 +34,13 @@ compute
     microbenchmark and the think times of the think-time batches), resampled
     (:meth:`sim.decode.Compute.empirical`).
 
-Each batch and compute distribution keeps the shape of all its samples and
-is scaled to the mean of a typical measurement window: the median over the
-windows (records) of their means, the statistic the cross-check takes of
-repeated runs (``windows="pooled"``: the mean of all samples).
+Each batch and compute distribution describes a typical measurement window
+(a record: one chunk of batches, one round of compute samples): its mean is
+the median over windows of their means, its shape the variation within
+windows.  That is the statistic the cross-check takes of repeated runs (the
+median over runs of each run's figures); on a shared machine the speed of a
+virtual disk moves between windows, and a disturbed window moves this little
+(``windows="pooled"``: all samples as they are).
 hash
     the mean time of the hash part of a step (:meth:`engram.Session.step_rows`).
 
@@ -349,17 +352,21 @@ WINDOWS = ("median", "pooled")
 
 
 def _windowed(arrays: Sequence[np.ndarray], windows: str) -> tuple:
-    """(pooled samples, mean to fit) of samples measured in several windows (one array per record).
+    """(samples, mean to fit) of samples measured in several windows (one array per record).
 
-    ``"median"``: the median over windows of the window means, when there are
-    3 or more windows (the typical window, the statistic the cross-check
-    takes of repeated runs: a window disturbed by other work on a shared
-    machine moves it less); ``"pooled"``: the mean of all samples.
+    ``"median"`` (with 3 or more windows): the typical window.  Its mean is the
+    median over windows of the window means; its shape is the variation
+    within windows (each window's samples divided by the window's mean,
+    pooled), without the variation between windows.  This is the statistic
+    the cross-check takes of repeated runs (the median over runs of each
+    run's figures), and a window disturbed by other work on a shared machine
+    moves it little.  ``"pooled"``: all samples and their mean.
     """
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays if len(a)]
     x = np.concatenate(arrays) if arrays else np.zeros(0)
-    if windows == "median" and len(arrays) >= 3:
-        return x, float(np.median([a.mean() for a in arrays]))
+    if windows == "median" and len(arrays) >= 3 and all(a.mean() > 0 for a in arrays):
+        target = float(np.median([a.mean() for a in arrays]))
+        return np.concatenate([a / a.mean() for a in arrays]) * target, target
     return x, float(x.mean()) if x.size else 0.0
 
 
@@ -392,10 +399,10 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
     seed : int
         Seed of the device makespan sampling (the fit is deterministic).
     windows : {"median", "pooled"}
-        The mean a batch or compute distribution is fitted to: the median
-        over the measurement windows (records: chunks, rounds) of their
-        means, the typical window (default), or the mean of all samples
-        pooled.  The shape is always that of all samples pooled.
+        ``"median"`` (default): each batch and compute distribution is that
+        of a typical measurement window (records: chunks, rounds), mean the
+        median of the window means, shape the variation within windows;
+        ``"pooled"``: all samples pooled.
 
     Returns
     -------
