@@ -1069,7 +1069,8 @@ def _quiet(bg: Optional[dict], max_cpu: float, max_iops: float) -> bool:
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike], *,
             rounds: int = 7, depths: Sequence[int] = DEFAULT_DEPTHS, backends: Optional[Sequence[str]] = None,
             micro: bool = True, decode: bool = True, fio: bool = True, fio_seconds: float = 0.5,
-            fio_rounds: int = 2, io_batches: int = 150, io_chunks: int = 8, think_chunks: int = 2,
+            fio_rounds: int = 2, io_batches: int = 150, io_chunks: int = 8, depth_batches: int = 60,
+            think_batches: int = 100, think_chunks: int = 2,
             big_seconds: float = 0.1, single_rows: int = 200, compute_samples: int = 100,
             mixer_samples: int = 15, warmup: int = 8, seed: int = 0, progress: bool = True,
             max_background_cpu: Optional[float] = None, max_background_iops: float = 1000.0,
@@ -1078,10 +1079,11 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 
     ``rounds`` rounds; each round runs every microbenchmark task (serial
-    reads; each backend x depth, with ``io_chunks`` chunks of ``io_batches``
-    48-row batches where configurations without compute read them; fio at
-    each depth in the first ``fio_rounds`` rounds; each compute spec; each
-    compute as think time, ``think_chunks`` chunks; the hash) and every
+    reads; each backend x depth, ``depth_batches`` 48-row batches, or
+    ``io_chunks`` chunks of ``io_batches`` where configurations without
+    compute read them; fio at each depth in the first ``fio_rounds`` rounds;
+    each compute spec; each compute as think time, ``think_chunks`` chunks of
+    ``think_batches``; the hash) and every
     configuration once, all in one order shuffled with
     ``seed`` and the round number, so that the microbenchmarks and the runs
     sample the same stretches of a shared machine's load.  Results go to
@@ -1148,7 +1150,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
 
     params = {"rounds": rounds, "depths": depths, "backends": list(backends), "fio": fio,
               "fio_seconds": fio_seconds, "fio_rounds": fio_rounds, "io_batches": io_batches,
-              "io_chunks": io_chunks, "think_chunks": think_chunks, "big_seconds": big_seconds,
+              "io_chunks": io_chunks, "depth_batches": depth_batches, "think_batches": think_batches,
+              "think_chunks": think_chunks, "big_seconds": big_seconds,
               "single_rows": single_rows, "compute_samples": compute_samples, "mixer_samples": mixer_samples,
               "warmup": warmup, "seed": seed, "max_background_cpu": max_background_cpu,
               "max_background_iops": max_background_iops, "quiet_wait": quiet_wait, "redo": redo,
@@ -1207,7 +1210,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             recs = _io_serial(tables, np.random.default_rng([seed, r, 1]), io_batches, single_rows, r)
         elif kind == "depth":
             rng = np.random.default_rng([seed, r, 2, _BACKEND_TAG[task[1]], task[2]])
-            recs = _io_depth(tables, rng, task[1], task[2], io_batches, big_seconds, r)
+            n = io_batches if (task[1], task[2]) in used else depth_batches
+            recs = _io_depth(tables, rng, task[1], task[2], n, big_seconds, r)
         elif kind == "batches":
             _, be, k, j = task
             rng = np.random.default_rng([seed, r, 8, _BACKEND_TAG.get(be, 0), k, j])
@@ -1222,7 +1226,7 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             rng = np.random.default_rng([seed, r, 7, _BACKEND_TAG.get(be, 0), k, j])
             with model.session(backend="serial", threshold=1 << 30) as ms:
                 run = spec.runner(model, ms, residual_seed=seed)
-                recs = [_io_think(tables, rng, be, k, mixer_samples if spec.mixer else io_batches, run, label,
+                recs = [_io_think(tables, rng, be, k, mixer_samples if spec.mixer else think_batches, run, label,
                                   model.layer_ids, r)]
                 recs[0]["chunk"] = j
         elif kind == "compute":
