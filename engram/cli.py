@@ -19,12 +19,14 @@ import numpy as np
 from .errors import EngramError
 
 
-def _print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=_json_default)
+def print_json(obj) -> None:
+    """Write ``obj`` as indented JSON to stdout (NumPy scalars and arrays allowed)."""
+    json.dump(obj, sys.stdout, indent=2, default=json_default)
     sys.stdout.write("\n")
 
 
-def _json_default(o):
+def json_default(o):
+    """``json`` fallback for NumPy integers, floats and arrays."""
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):
@@ -53,7 +55,7 @@ def _cmd_info(args) -> int:
         "o_direct": hasattr(os, "O_DIRECT"),
     }
     if args.json:
-        _print_json(info)
+        print_json(info)
     else:
         for k, v in info.items():
             print(f"{k:>14}: {', '.join(v) if isinstance(v, list) else v}")
@@ -123,7 +125,7 @@ def _cmd_hash(args) -> int:
         hasher = Hasher(layout, build_token_map(args.tokenizer))
     rows = hasher.hash(ids)
     if args.json:
-        _print_json({"layer_ids": list(layout.layer_ids), "tokens": ids.tolist(), "rows": rows.tolist()})
+        print_json({"layer_ids": list(layout.layer_ids), "tokens": ids.tolist(), "rows": rows.tolist()})
     else:
         for t, tid in enumerate(ids.tolist()):
             for li, lid in enumerate(layout.layer_ids):
@@ -157,7 +159,7 @@ def _cmd_inspect(args) -> int:
 
     info = read_model(args.model[0] if len(args.model) == 1 else args.model)
     if args.json:
-        _print_json(info.to_dict())
+        print_json(info.to_dict())
         return 0
     lay = info.layout
     print(f"model         {info.paths[0]}" + (f"  ({len(info.paths)} shards)" if len(info.paths) > 1 else ""))
@@ -228,7 +230,7 @@ def _cmd_synth(args) -> int:
     rec = {"files": files, "seconds": dt, "written_MBps": allocated / dt / 1e6 if dt > 0 else None,
            "trace_tokens": None if trace is None else int(trace.shape[0])}
     if args.json:
-        _print_json(rec)
+        print_json(rec)
     else:
         for f in files:
             print(f"wrote {f['path']}  {f['size']:,} bytes ({_fmt_bytes(f['size'])}), "
@@ -312,7 +314,7 @@ def _cmd_lookup(args) -> int:
                 rec["layers"][str(lid)] = entry
             records.append(rec)
     if args.json:
-        _print_json({"model": str(model.info.path), "layer_ids": list(lids), "tokens": records})
+        print_json({"model": str(model.info.path), "layer_ids": list(lids), "tokens": records})
         return 0
     for rec in records:
         head = f"[{rec['position']:>4}] token {rec['token']:>6}"

@@ -28,19 +28,9 @@ _DEFAULT_DEVICE = "seed-apple-m3-ultra"
 
 
 def _print_json(obj) -> None:
-    import numpy as np
+    from engram.cli import print_json
 
-    def default(o):
-        if isinstance(o, np.integer):
-            return int(o)
-        if isinstance(o, np.floating):
-            return float(o)
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-    json.dump(obj, sys.stdout, indent=2, default=default)
-    sys.stdout.write("\n")
+    print_json(obj)
 
 
 def _ints(text: str) -> list:

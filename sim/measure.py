@@ -90,6 +90,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 import numpy as np
 
+from engram.cli import json_default
 from engram.errors import ArgumentError, FormatError
 
 from .trace import CODE_SOURCE, Trace, load_trace
@@ -547,19 +548,9 @@ def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict
 def _write_json(path: Path, obj) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    tmp.write_text(json.dumps(obj, indent=1, default=json_default))
     os.replace(tmp, path)
     return path
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def _us_list(seconds: np.ndarray) -> list:
