@@ -25,8 +25,10 @@ JSON schema of ``crosscheck.json``::
      "machine": {...}, "sim": {"steps", "seed", "mode": "fast"},
      "targets": {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10},
      "summary": {"configurations", "tokens_per_s": {"median_abs_error", "max_abs_error", "mean_error"},
-                 "step_p50": {...}, "step_p95": {...}, "spread": {"tokens_per_s_median", "tokens_per_s_max",
-                 "step_p50_median", "step_p50_max"}, "within_spread": n, "pass": {...}, "passed": bool},
+                 "step_p50": {...}, "step_p95": {...}, "step_mean": {...},
+                 "spread": {"tokens_per_s_median", "tokens_per_s_max", "tokens_per_s_cv_median",
+                 "step_p50_median", "step_p50_max"}, "within_spread": n, "background_cpu_median",
+                 "rows_match": bool, "pass": {...}, "passed": bool},
      "rows": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute", "steps", "serial",
                "repeats": n,
                "measured": {"tokens_per_s", "tokens_per_s_runs": [...], "step_p50_ms", "step_p95_ms",
@@ -240,6 +242,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                "tokens_per_s": stats("tokens_per_s"), "step_p50": stats("step_p50"),
                "step_p95": stats("step_p95"), "step_mean": stats("step_mean"),
                "spread": {"tokens_per_s_median": float(np.median(sp_t)), "tokens_per_s_max": float(sp_t.max()),
+                          "tokens_per_s_cv_median": float(np.median([r["spread"]["tokens_per_s_cv"] for r in rows])),
                           "step_p50_median": float(np.median(sp_p)), "step_p50_max": float(sp_p.max())},
                "within_spread": int(sum(r["within_spread"] for r in rows)),
                "background_cpu_median": _median_of([r["measured"]["background_cpu"] for r in rows]),
@@ -308,7 +311,9 @@ def markdown_table(res: Mapping) -> str:
         f"(target <= {t['step_p50_max_abs'] * 100:g}%); step p95: median |error| "
         f"{s['step_p95']['median_abs_error'] * 100:.2f}%, max {s['step_p95']['max_abs_error'] * 100:.2f}%.",
         f"Spread of repeated runs ((max - min) / median): tokens/s median {s['spread']['tokens_per_s_median'] * 100:.2f}%, "
-        f"max {s['spread']['tokens_per_s_max'] * 100:.2f}%; step p50 median {s['spread']['step_p50_median'] * 100:.2f}%, "
+        f"max {s['spread']['tokens_per_s_max'] * 100:.2f}% (coefficient of variation: median "
+        f"{s['spread'].get('tokens_per_s_cv_median', 0) * 100:.2f}%); step p50 median "
+        f"{s['spread']['step_p50_median'] * 100:.2f}%, "
         f"max {s['spread']['step_p50_max'] * 100:.2f}%. Prediction inside the measured range: "
         f"{s['within_spread']} of {s['configurations']}."
         + (f" Other processes used a median {s['background_cpu_median'] * 100:.1f}% of the CPUs during the runs."

@@ -217,7 +217,7 @@ def test_compute_and_hash_microbench(model):
 def test_measure_writes_both_documents(model_path, tmp_path):
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "spin:0.2", 25), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 25)]
     res = measure(model_path, cfgs, tmp_path, rounds=2, depths=(1, 4), fio=False, io_batches=4, io_chunks=4,
-                  big_seconds=0.01, single_rows=5, compute_samples=5, warmup=3, progress=False)
+                  think_batches=4, big_seconds=0.01, single_rows=5, compute_samples=5, warmup=3, progress=False)
     assert res["runs_done"] == 4 and res["configs"] == 2
     micro = load_json(tmp_path / "microbench.json", "microbench")
     runs = load_json(tmp_path / "runs.json", "decode_runs")
