@@ -310,7 +310,8 @@ def markdown_table(res: Mapping) -> str:
         f"{s['step_p50']['median_abs_error'] * 100:.2f}%, max {s['step_p50']['max_abs_error'] * 100:.2f}% "
         f"(target <= {t['step_p50_max_abs'] * 100:g}%); step p95: median |error| "
         f"{s['step_p95']['median_abs_error'] * 100:.2f}%, max {s['step_p95']['max_abs_error'] * 100:.2f}%.",
-        f"Spread of repeated runs ((max - min) / median): tokens/s median {s['spread']['tokens_per_s_median'] * 100:.2f}%, "
+        "Spread of repeated runs ((max - min) / median): tokens/s median "
+        f"{s['spread']['tokens_per_s_median'] * 100:.2f}%, "
         f"max {s['spread']['tokens_per_s_max'] * 100:.2f}% (coefficient of variation: median "
         f"{s['spread'].get('tokens_per_s_cv_median', 0) * 100:.2f}%); step p50 median "
         f"{s['spread']['step_p50_median'] * 100:.2f}%, "

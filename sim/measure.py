@@ -82,11 +82,10 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -375,7 +374,8 @@ class RunConfig:
 
 
 def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[str], readers: Sequence[int],
-         computes: Sequence[str], steps: int = 300, compute_steps: Optional[Mapping[str, int]] = None) -> List[RunConfig]:
+         computes: Sequence[str], steps: int = 300,
+         compute_steps: Optional[Mapping[str, int]] = None) -> List[RunConfig]:
     """The product of the axes, without duplicates.
 
     A serial configuration (threshold above 48 rows a step) does not depend
