@@ -575,6 +575,21 @@ def _open_tables(info, backend: str = "serial"):
                   threshold=1 << 30) for l in sorted(info.tables)]
 
 
+def _time_batches(group, rng, rows, batches: int, dest: np.ndarray):
+    """One warm-up read, then ``batches`` timed reads of random 48-row steps: (seconds [n], reads)."""
+    clock = time.perf_counter
+    group.read_batch(_random_ids(rng, rows, 1), out=dest)
+    ts = np.empty(batches)
+    nreads = 0
+    for i in range(batches):
+        ids = _random_ids(rng, rows, 1)
+        t0 = clock()
+        group.read_batch(ids, out=dest)
+        ts[i] = clock() - t0
+        nreads += group.last_stats.reads
+    return ts, nreads
+
+
 def _random_ids(rng: np.random.Generator, rows: Sequence[int], tokens: int, columns: int = 24) -> np.ndarray:
     """uint32 ``[tokens, len(rows) * columns]``: uniform random row ids of each table, table after table."""
     return np.concatenate([rng.integers(0, r, (tokens, columns), dtype=np.uint32) for r in rows], axis=1)
@@ -589,15 +604,7 @@ def _io_serial(tables, rng: np.random.Generator, batches: int, single_rows: int,
     dest = np.empty((1, STEP_ROWS, 256), np.float32)
     out = []
     with TableGroup(tables, 24, backend="serial", readers=1, threshold=1 << 30) as g:
-        g.read_batch(_random_ids(rng, rows, 1), out=dest)
-        ts = np.empty(batches)
-        nreads = 0
-        for i in range(batches):
-            ids = _random_ids(rng, rows, 1)
-            t0 = clock()
-            g.read_batch(ids, out=dest)
-            ts[i] = clock() - t0
-            nreads += g.last_stats.reads
+        ts, nreads = _time_batches(g, rng, rows, batches, dest)
         out.append({"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": STEP_ROWS,
                     "round": round_, "batch_us": _us_list(ts), "rows": batches * STEP_ROWS, "reads": nreads})
     t = tables[0]
@@ -619,20 +626,11 @@ def _io_batches(tables, rng: np.random.Generator, backend: str, k: int, batches:
     from engram import TableGroup
 
     rows = [t.rows for t in tables]
-    clock = time.perf_counter
     dest = np.empty((1, STEP_ROWS, 256), np.float32)
     serial = backend == "serial"
     with TableGroup(tables, 24, backend=backend, readers=1 if serial else int(k),
                     threshold=1 << 30 if serial else 1) as g:
-        g.read_batch(_random_ids(rng, rows, 1), out=dest)
-        ts = np.empty(batches)
-        nreads = 0
-        for i in range(batches):
-            ids = _random_ids(rng, rows, 1)
-            t0 = clock()
-            g.read_batch(ids, out=dest)
-            ts[i] = clock() - t0
-            nreads += g.last_stats.reads
+        ts, nreads = _time_batches(g, rng, rows, batches, dest)
     return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k), "batch_rows": STEP_ROWS,
             "round": round_, "chunk": chunk, "batch_us": _us_list(ts), "rows": batches * STEP_ROWS, "reads": nreads}
 
