@@ -52,6 +52,32 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
+
+def read_jsonl(path: Union[str, os.PathLike], what: str) -> list:
+    """``(line number, object)`` of every non-empty line of a JSONL file.
+
+    Raises
+    ------
+    FormatError
+        The file cannot be read, or a line is not a JSON object (names the line).
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise FormatError(f"{path}: line {lineno}: expected a JSON object")
+        out.append((lineno, obj))
+    return out
+
 __all__ = [
     "Device",
     "EmpiricalDevice",
@@ -642,21 +668,7 @@ class EmpiricalDevice(Device):
             Unreadable file or a bad line (names the line).
         """
         path = Path(path)
-        recs = []
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot read device file ({exc.strerror})") from None
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise FormatError(f"{path}: line {lineno}: expected a JSON object")
-            recs.append(obj)
+        recs = [obj for _, obj in read_jsonl(path, "device file")]
         return cls.from_measurements(recs, name or path.stem,
                                      source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)")
 

@@ -332,22 +332,13 @@ def read_prompts(path: Union[str, os.PathLike]) -> list[tuple[str, str]]:
     FormatError
         A non-empty line is not a JSON object with a string ``prompt`` (names the line).
     """
+    from .device import read_jsonl
+
     out = []
-    try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot open prompts file ({exc.strerror})") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise FormatError(f"{path}: line {lineno}: expected an object with a string 'prompt'")
-            out.append((str(obj.get("id", f"line{lineno}")), obj["prompt"]))
+    for lineno, obj in read_jsonl(path, "prompts file"):
+        if not isinstance(obj.get("prompt"), str):
+            raise FormatError(f"{path}: line {lineno}: expected an object with a string 'prompt'")
+        out.append((str(obj.get("id", f"line{lineno}")), obj["prompt"]))
     return out
 
 
