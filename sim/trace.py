@@ -31,7 +31,6 @@ layer, and the hit rate of a least-recently-used row cache of a given size.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sysconfig
 from collections import OrderedDict
