@@ -9,19 +9,16 @@ and takes ``%`` per head, as DeepSeek's Engram demo does (tests/reference.py).
 from __future__ import annotations
 
 import argparse
-import sys
 import timeit
-from pathlib import Path
 
 import numpy as np
 
 from .common import real_text, time_best
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def main(argv=None) -> dict:
-    from reference import hash_official_numpy
+    from tests.reference import hash_official_numpy
 
     from engram import Hasher, History, Layout, build_token_map, load_tokenizer
 

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from .common import time_best
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 S, W, COLUMNS, WIDTH = 4, 5120, 24, 256
 
@@ -62,7 +59,7 @@ def blas_info() -> dict:
 
 
 def layer_inputs(rng, T):
-    from reference import bf16_round_nan_reference
+    from tests.reference import bf16_round_nan_reference
 
     h = bf16_round_nan_reference(rng.standard_normal((T, S, W), dtype=np.float32))
     kv = rng.standard_normal((T, S + 1, W), dtype=np.float32)
@@ -73,7 +70,7 @@ def layer_inputs(rng, T):
 
 
 def bench_gate(rng, tokens, rounds):
-    from reference import bf16_round_float64_reference, gated_add_float64, gated_add_twin
+    from tests.reference import bf16_round_float64_reference, gated_add_float64, gated_add_twin
 
     from engram import gated_add
     from engram._native import gate as native

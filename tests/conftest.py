@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # tests/reference.py: NumPy twins of the kernels
 
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"
 

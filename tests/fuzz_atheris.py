@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the GGUF header reader and the hash/decode entry points (atheris).
 
-Run by ``tests/test_fuzz.py`` for a bounded time (``python tests/fuzz_atheris.py CORPUS
+Run by ``tests/engram/test_fuzz.py`` for a bounded time (``python -m tests.fuzz_atheris CORPUS
 -max_total_time=S ...``, libFuzzer options).  The first input byte picks the target:
 
 - 0: the rest is a GGUF file: ``read_kv`` and ``read_model`` may only raise FormatError;
@@ -27,8 +27,7 @@ with atheris.instrument_imports(include=["engram"]):
     from engram import DecodeError, FormatError, Hasher, History, HistoryError, Layout, TokenError, decode_rows
     from engram.gguf_file import read_kv, read_model
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import decode_rows_reference, hash_reference  # noqa: E402
+from tests.reference import decode_rows_reference, hash_reference  # noqa: E402
 
 #: Where fuzzed GGUF files are written (the test passes its temporary directory).
 _DIR = os.environ.get("ENGRAM_FUZZ_DIR") or tempfile.mkdtemp(prefix="engram-atheris-")

@@ -93,14 +93,14 @@ def preloaded_shim():
 
 
 def run_child(code: str, *, preload: Optional[Path] = None, timeout: float = 120.0, env: Optional[dict] = None):
-    """Run ``code`` in a child Python (``tests/`` on its path, ``preload`` in ``LD_PRELOAD``).
+    """Run ``code`` in a child Python (the repository on its path, ``preload`` in ``LD_PRELOAD``).
 
     The child prints one JSON document as its last line of output; returns it.
     A child that crashes, hangs past ``timeout`` or prints no JSON fails the
     calling test with its output.
     """
     e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent)] + [p for p in [e.get("PYTHONPATH")] if p])
+    e["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent)] + [p for p in [e.get("PYTHONPATH")] if p])
     if preload is not None:
         e["LD_PRELOAD"] = str(preload)
     e.update(env or {})
@@ -131,7 +131,7 @@ def fuse_unavailable() -> Optional[str]:
 
 
 class FaultMount:
-    """A :mod:`faults.fusefs` mount of ``root`` at ``mountpoint`` (both directories).
+    """A :mod:`tests.faults.fusefs` mount of ``root`` at ``mountpoint`` (both directories).
 
     Use as a context manager; it unmounts and stops the file system process on
     exit, even when the test failed (lazy unmount if descriptors are still open).
@@ -149,11 +149,11 @@ class FaultMount:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.set_rules([])
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(TESTS)] + [p for p in [env.get("PYTHONPATH")] if p])
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
         env.pop("LD_PRELOAD", None)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "faults.fusefs", str(self.root), str(self.mountpoint), str(self.control),
+                [sys.executable, "-m", "tests.faults.fusefs", str(self.root), str(self.mountpoint), str(self.control),
                  str(self.stats_path)], stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 20
         while not os.path.ismount(self.mountpoint):
@@ -170,7 +170,7 @@ class FaultMount:
         return self.mountpoint / name
 
     def set_rules(self, rules) -> None:
-        """Replace the fault rules (see :mod:`faults.fusefs`); takes effect at the next read."""
+        """Replace the fault rules (see :mod:`tests.faults.fusefs`); takes effect at the next read."""
         tmp = self.control.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rules": list(rules)}))
         os.replace(tmp, self.control)

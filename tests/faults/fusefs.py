@@ -1,6 +1,6 @@
 """A FUSE file system that serves a directory read-only and injects faults into reads.
 
-Run as a separate process (``python -m faults.fusefs ROOT MOUNTPOINT CONTROL STATS``);
+Run as a separate process (``python -m tests.faults.fusefs ROOT MOUNTPOINT CONTROL STATS``);
 :class:`faults.FaultMount` starts, waits for and unmounts it.  Every file of ROOT
 appears under MOUNTPOINT, opened with ``direct_io`` so that each read of the
 engine reaches this process (no page cache in between, short replies reach

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from engram import ArgumentError, DecodeError, RowRangeError, TableIOError
 from engram.codec import decode_rows
 from engram.table import ROW_BYTES, Table, available_backends
-from tablefiles import rows_raw, write_table
+from tests.tablefiles import rows_raw, write_table
 
 BACKENDS = available_backends()
 N = 20_000

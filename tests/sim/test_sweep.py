@@ -13,7 +13,7 @@ from engram.cli import main
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
 from sim.sweep import AXES, METRICS, Study, point_seed, read_table, run_points, run_study, write_table
 
-STUDIES = Path(__file__).resolve().parent.parent / "studies"
+STUDIES = Path(__file__).resolve().parents[2] / "studies"
 US = 1e-6
 
 

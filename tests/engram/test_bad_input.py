@@ -25,8 +25,8 @@ from engram import (ArgumentError, DecodeError, EngramError, EngramModel, Format
                     HistoryError, Layout, LayoutError, RowRangeError, Table, TableGroup, TableIOError, TokenError,
                     decode_rows, encode_rows, gated_add, project, read_model, synth)
 from engram.cli import main as cli_main
-from modelfiles import clone_patched, plan, token_map as _token_map, write_header_only
-from tablefiles import rows_raw, write_table
+from tests.modelfiles import clone_patched, plan, token_map as _token_map, write_header_only
+from tests.tablefiles import rows_raw, write_table
 
 P = "deepseek41.engram."
 N = 400

@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 from engram import (ArgumentError, DecodeError, FormatError, Hasher, History, HistoryError, Layout, RowRangeError,
                     Table, TokenError, decode_rows, synth)
 from engram.gguf_file import read_kv, read_model
-from reference import decode_rows_reference, hash_reference
-from tablefiles import rows_raw, write_table
+from tests.reference import decode_rows_reference, hash_reference
+from tests.tablefiles import rows_raw, write_table
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 #: Examples run per hypothesis test (the counts recorded in the README).
 EXAMPLES = {"gguf_scratch": 200, "gguf_counts": 200, "hash": 300, "step": 200, "decode": 200, "read": 100}
 ITERATIONS: dict = {}
@@ -257,7 +257,7 @@ def test_absurd_counts_leave_rss_flat(seed_header, tmp_path):
     """The same absurd counts in a fresh process: its peak RSS stays where a valid parse left it."""
     import json
 
-    from faults import run_child
+    from tests.faults import run_child
 
     head, size, info = seed_header
     src = tmp_path / "h.gguf"
@@ -455,11 +455,11 @@ def _atheris(seed_header, tmp_path, seconds: int, label: str) -> None:
     (corpus / "gguf").write_bytes(b"\x00" + head)
     (corpus / "rows").write_bytes(b"\x01" + rows_raw(3, seed=1).tobytes())
     (corpus / "hash").write_bytes(b"\x02" + bytes(range(64)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent)]), ENGRAM_FUZZ_DIR=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent), ENGRAM_FUZZ_DIR=str(tmp_path))
     # libFuzzer's -rss_limit_mb reads ru_maxrss, which a child inherits from this (possibly large)
     # test process; the child's address space is capped instead, so that an allocation driven by
     # a header count fails with MemoryError, which atheris reports as a finding.
-    cmd = [sys.executable, str(TESTS / "fuzz_atheris.py"), str(corpus), f"-max_total_time={seconds}",
+    cmd = [sys.executable, "-m", "tests.fuzz_atheris", str(corpus), f"-max_total_time={seconds}",
            "-timeout=20", "-rss_limit_mb=0", f"-max_len={len(head) + 1024}", f"-artifact_prefix={tmp_path}/"]
 
     def cap_memory():

@@ -36,10 +36,10 @@ from engram import EngramModel, Hasher, Table, TableGroup, TableIOError, decode_
 from engram._native.reader import MAX_SPAN_BYTES
 from engram.prefetch import PrefetchCancelled
 from engram.table import ROW_BYTES, available_backends
-from faults import (SHIM_EINTR, SHIM_EIO, SHIM_EOF, SHIM_SHORT, FaultMount, build_shim, fd_count,
+from tests.faults import (SHIM_EINTR, SHIM_EIO, SHIM_EOF, SHIM_SHORT, FaultMount, build_shim, fd_count,
                     fuse_unavailable, run_child, thread_count)
-from modelfiles import token_map as _token_map
-from tablefiles import rows_raw, write_table
+from tests.modelfiles import token_map as _token_map
+from tests.tablefiles import rows_raw, write_table
 
 BACKENDS = available_backends()
 N = 6000
@@ -184,8 +184,8 @@ SHIM_CHILD = r'''
 import json, os, numpy as np
 from engram import Table, TableIOError, read_model
 from engram.codec import decode_rows
-from faults import preloaded_shim, fd_count, thread_count
-from tablefiles import rows_raw, write_table
+from tests.faults import preloaded_shim, fd_count, thread_count
+from tests.tablefiles import rows_raw, write_table
 
 shim = preloaded_shim()
 path, N, OFF = os.environ["T_PATH"], 3000, 4096 + 100
@@ -225,7 +225,7 @@ for mode, name in ((1, "eio"), (2, "eintr"), (3, "short"), (4, "eof")):
 res["leaks"] = [fd_count() - fds0, thread_count() - thr0]
 # EIO while reading a model header and a weight tensor
 from engram import synth
-from modelfiles import token_map
+from tests.modelfiles import token_map
 mpath = os.environ["M_PATH"]
 synth.build_model(mpath, scale=0.0001, token_map=token_map(), progress=False, projections=False)
 info = read_model(mpath)
@@ -664,8 +664,8 @@ THREADS_CHILD = r'''
 import json, os, resource, numpy as np
 from engram import Table, TableIOError
 from engram.codec import decode_rows
-from faults import thread_count, fd_count
-from tablefiles import rows_raw, write_table
+from tests.faults import thread_count, fd_count
+from tests.tablefiles import rows_raw, write_table
 path = os.environ["T_PATH"]
 raw = rows_raw(500, seed=9)
 write_table(path, raw, 0)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
-from modelfiles import SCALE, token_map as _token_map
+from tests.modelfiles import SCALE, token_map as _token_map
 from sim.measure import (DEFAULT_TRACES, MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, compute_microbench,
                          decode_run, default_grid, ensure_model, fio_microbench, grid, hash_microbench,
                          io_microbench, load_json, measure, quick_grid, segments, trace_label, trace_tokens_needed)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from engram import FormatError, read_model, synth
 from engram import gguf_file
 
-from modelfiles import clone_patched, plan, write_header_only
+from tests.modelfiles import clone_patched, plan, write_header_only
 
 P = "deepseek41.engram."
 U32, U64, I32, F32, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.INT32,

@@ -19,7 +19,7 @@ import engram
 from engram import ArgumentError, decode_rows, encode_rows
 from engram import mixer
 from engram._native import gate as native
-from reference import (bf16_round_float64_reference, bf16_round_nan_reference, gated_add_float64,
+from tests.reference import (bf16_round_float64_reference, bf16_round_nan_reference, gated_add_float64,
                        gated_add_twin, lane_sum_reference)
 
 PATHS = native.paths()

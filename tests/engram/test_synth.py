@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from engram import ArgumentError, Hasher, Layout, load_tokenizer, read_model, synth
 
-from modelfiles import SCALE, plan, token_map
+from tests.modelfiles import SCALE, plan, token_map
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def _decode(raw: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram import ArgumentError, Hasher, History, HistoryError, Layout, TokenError
-from reference import hash_official_numpy, hash_reference
+from tests.reference import hash_official_numpy, hash_reference
 
 KAT_SEQ = [0, 1, 17, 99091, 2, 5000]
 

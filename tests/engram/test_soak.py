@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from engram import EngramModel, Hasher, decode_rows, synth
-from faults import fd_count, rss_bytes, thread_count
-from modelfiles import token_map as _token_map
+from tests.faults import fd_count, rss_bytes, thread_count
+from tests.modelfiles import token_map as _token_map
 
 SESSIONS = 16
 SEED = 11

@@ -11,7 +11,7 @@ import engram
 from engram import ArgumentError, DecodeError
 from engram._native import codec as native
 from engram.codec import ZERO_BLOCK_SCALE, bf16_round, decode_rows, encode_rows
-from reference import (bf16_bits_round_reference, decode_rows_reference, e4m3_reference,
+from tests.reference import (bf16_bits_round_reference, decode_rows_reference, e4m3_reference,
                        encode_rows_reference)
 
 PATHS = native.paths()

@@ -19,7 +19,7 @@ import engram
 from engram import ArgumentError, Layout, read_model, synth
 from engram import gguf_file
 
-from modelfiles import SCALE, plan, token_map, write_header_only
+from tests.modelfiles import SCALE, plan, token_map, write_header_only
 
 SEED = 3
 P = "deepseek41.engram."

@@ -11,7 +11,7 @@ import pytest
 from engram import ArgumentError, EngramModel, Hasher, History, HistoryError, TableIOError, TokenError, decode_rows
 from engram import synth
 from engram.prefetch import PrefetchCancelled
-from modelfiles import SCALE, token_map as _token_map
+from tests.modelfiles import SCALE, token_map as _token_map
 
 
 @pytest.fixture(scope="module")

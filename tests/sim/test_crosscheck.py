@@ -10,7 +10,7 @@ import pytest
 
 from engram import ArgumentError, synth
 from engram.cli import main
-from modelfiles import SCALE, token_map as _token_map
+from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from sim.crosscheck import CDF_PERCENTILES, TARGETS, crosscheck, crosscheck_files, markdown_table, predict
 from sim.decode import Compute

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError, FormatError, synth
-from modelfiles import SCALE, token_map as _token_map
+from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import CALIBRATION_SCHEMA, Calibration, calibrate, calibrate_file
 from sim.decode import Compute
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
