@@ -1,18 +1,30 @@
 """The ``engram`` command.
 
-Engine commands live here; the simulator's commands (``sim``, ``measure``,
-``calibrate``, ``crosscheck``, ``report``, ``demo``) are registered by
-``sim.cli.register`` when the ``sim`` package is importable, so the engine
-itself never needs the simulator's dependencies.
+Engine commands (``info``, ``hash``, ``inspect``, ``synth``, ``lookup``) live
+here.  Other packages add commands through entry points of the group
+``engram.commands`` (:data:`PLUGIN_GROUP`), the way numcodecs finds codecs:
+an entry point ``NAME = module:function`` names a top-level command, and
+``function(subparsers)`` adds it.  The simulator registers ``sim``,
+``measure``, ``calibrate``, ``crosscheck``, ``report`` and ``demo`` that way
+(``setup.cfg``), so the engine never imports it.
+
+Plugins load lazily: reading the entry points imports nothing, ``engram
+--help`` lists plugin commands by name, and only the plugin of the command
+being run is imported.  A plugin that fails to load breaks only its own
+command, which then exits 2 and says why on stderr.
+
+:func:`print_json` and :func:`json_default` are shared with plugins, so every
+command's ``--json`` output looks alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -348,32 +360,84 @@ def _add_lookup(sub) -> None:
     p.set_defaults(func=_cmd_lookup)
 
 
+# ------------------------------------------------------------------- plugins
+#: Entry-point group of commands added to ``engram`` by other packages.
+PLUGIN_GROUP = "engram.commands"
+
+#: The engine's own commands; a plugin cannot replace them.
+ENGINE_COMMANDS = ("info", "hash", "inspect", "synth", "lookup")
+
+
+def plugin_commands() -> Dict[str, importlib.metadata.EntryPoint]:
+    """Commands other packages add: entry-point name -> entry point, in the order found.
+
+    Reading the entry points imports nothing.  Names of engine commands are
+    ignored; of several entry points with one name, the first found wins.
+    """
+    eps = importlib.metadata.entry_points()
+    group = eps.select(group=PLUGIN_GROUP) if hasattr(eps, "select") else eps.get(PLUGIN_GROUP, ())
+    out: Dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in group:
+        if ep.name not in ENGINE_COMMANDS:
+            out.setdefault(ep.name, ep)
+    return out
+
+
+def _command_of(argv: Sequence[str]) -> Optional[str]:
+    """The command word of ``argv``: its first argument that is not an option (``engram`` takes only -h)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _add_plugin(sub, name: str, ep: importlib.metadata.EntryPoint) -> None:
+    """Load entry point ``ep`` and let it add command ``name``; on failure add a command that says why."""
+    try:
+        ep.load()(sub)
+        if name not in sub.choices:
+            raise LookupError(f"{ep.value} did not add a command named {name!r}")
+    except Exception as exc:  # a broken plugin must not take the engine's commands down
+        why = f"{type(exc).__name__}: {exc}"
+        p = sub.add_parser(name, help=f"unavailable: {why}", add_help=False, prefix_chars="\0")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda args: _plugin_failed(name, ep, why))
+
+
+def _plugin_failed(name: str, ep: importlib.metadata.EntryPoint, why: str) -> int:
+    print(f"engram {name}: error: the command could not be loaded from {ep.value} ({why})", file=sys.stderr)
+    return 2
+
+
+def _add_plugin_stub(sub, name: str, ep: importlib.metadata.EntryPoint) -> None:
+    """List plugin command ``name`` without importing it (its options: ``engram NAME --help``)."""
+    sub.add_parser(name, help=f"from the {ep.module.partition('.')[0]} package: engram {name} --help")
+
+
 # ---------------------------------------------------------------------- main
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The ``engram`` parser for the command line ``argv`` (default ``sys.argv[1:]``).
+
+    Engine commands are always complete; of the plugin commands only the one
+    ``argv`` runs is loaded, the others are listed by name.
+    """
     parser = argparse.ArgumentParser(
         prog="engram",
         description="Serve and simulate the on-disk n-gram memory (Engram) of DeepSeek V4.1-class models.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    _add_info(sub)
-    _add_hash(sub)
-    for name in ("inspect", "synth", "lookup"):
-        adder = globals().get(f"_add_{name}")
-        if adder is not None:
-            adder(sub)
-    try:
-        from sim.cli import register
-    except ImportError:
-        register = None
-    if register is not None:
-        register(sub)
+    for add in (_add_info, _add_hash, _add_inspect, _add_synth, _add_lookup):
+        add(sub)
+    wanted = _command_of(sys.argv[1:] if argv is None else argv)
+    for name, ep in plugin_commands().items():
+        if name == wanted:
+            _add_plugin(sub, name, ep)
+        else:
+            _add_plugin_stub(sub, name, ep)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except EngramError as exc:

@@ -22,7 +22,12 @@ import argparse
 import json
 import sys
 
-__all__ = ["register"]
+from .demo import add_demo_command
+from .report import add_report_command
+from .sweep import add_sweep_command
+
+__all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
+           "add_report_command", "add_sim_command", "register"]
 
 _DEFAULT_DEVICE = "seed-apple-m3-ultra"
 
@@ -505,9 +510,8 @@ def _add_crosscheck(sub) -> None:
 
 
 # -------------------------------------------------------------------- register
-def register(subparsers) -> None:
-    """Add the ``sim`` command (with ``trace``, ``decode``, ``prefill``, ``device``) and the top-level
-    ``measure``, ``calibrate`` and ``crosscheck`` commands to ``engram``'s subparsers."""
+def add_sim_command(subparsers) -> None:
+    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device`` and ``sweep``."""
     p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions",
                               description="A simpy model of Engram row reads (SPEC §9): build traces from real "
                                           "text, predict decode tokens/s and prefill stalls for a device model "
@@ -518,13 +522,30 @@ def register(subparsers) -> None:
     _add_decode(sub)
     _add_prefill(sub)
     _add_device(sub)
-    _add_measure(subparsers)
-    _add_calibrate(subparsers)
-    _add_crosscheck(subparsers)
-    from .sweep import add_sweep_command
-    from .report import add_report_command
-    from .demo import add_demo_command
-
     add_sweep_command(sub)
+
+
+def add_measure_command(subparsers) -> None:
+    """Add ``engram measure``."""
+    _add_measure(subparsers)
+
+
+def add_calibrate_command(subparsers) -> None:
+    """Add ``engram calibrate``."""
+    _add_calibrate(subparsers)
+
+
+def add_crosscheck_command(subparsers) -> None:
+    """Add ``engram crosscheck``."""
+    _add_crosscheck(subparsers)
+
+
+def register(subparsers) -> None:
+    """Add every simulator command to ``engram``'s subparsers (the entry points of ``setup.cfg`` add them
+    one at a time)."""
+    add_sim_command(subparsers)
+    add_measure_command(subparsers)
+    add_calibrate_command(subparsers)
+    add_crosscheck_command(subparsers)
     add_report_command(subparsers)
     add_demo_command(subparsers)
