@@ -38,7 +38,9 @@ def print_json(obj) -> None:
 
 
 def json_default(o):
-    """``json`` fallback for NumPy integers, floats and arrays."""
+    """``json`` fallback for NumPy integers, floats and arrays, and paths (as strings)."""
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):

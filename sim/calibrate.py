@@ -68,8 +68,6 @@ JSON schema of ``calibration.json``::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +79,8 @@ from engram.errors import ArgumentError, FormatError
 
 from .decode import Compute, Policy
 from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
-from .measure import MICRO_SCHEMA, RUNS_SCHEMA, STEP_ROWS, ComputeSpec, load_json
+from .io import load_json, sha256_file, write_json
+from .measure import MICRO_SCHEMA, RUNS_SCHEMA, STEP_ROWS, ComputeSpec
 
 __all__ = ["CALIBRATION_SCHEMA", "Calibration", "calibrate", "calibrate_file"]
 
@@ -92,14 +91,6 @@ US = 1e-6
 MICRO_KINDS = ("io", "compute", "hash")
 #: Fields that only decode runs carry; a record holding any of them is refused.
 RUN_FIELDS = ("step_us", "tokens_per_s", "step_ms", "config")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # =====================================================================================
@@ -229,10 +220,7 @@ class Calibration:
 
     def save(self, path: Union[str, os.PathLike]) -> Path:
         """Write :meth:`to_dict` as JSON."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "Calibration":
@@ -590,7 +578,7 @@ def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str,
     """
     path = Path(microbench)
     doc = load_json(path)
-    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": _sha256(path)}, seed=seed,
+    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": sha256_file(path)}, seed=seed,
                     windows=windows)
     if out is not None:
         cal.save(out)

@@ -23,6 +23,7 @@ import json
 import sys
 
 from .demo import add_demo_command
+from .io import load_json
 from .report import add_report_command
 from .sweep import add_sweep_command
 
@@ -357,8 +358,6 @@ def _cmd_measure(args) -> int:
         if res[k]:
             print(f"wrote     {res[k]}")
     if res["runs"]:
-        from .measure import load_json
-
         doc = load_json(res["runs"], "decode_runs")
         by = {}
         for r in doc["runs"]:

@@ -43,7 +43,6 @@ JSON schema of ``crosscheck.json``::
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -52,9 +51,10 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from .calibrate import Calibration, _sha256
+from .calibrate import Calibration
 from .decode import simulate_decode
-from .measure import RUNS_SCHEMA, RunConfig, load_json
+from .io import load_json, now_iso, sha256_file, write_json
+from .measure import RUNS_SCHEMA, RunConfig
 from .trace import Trace, load_trace
 
 __all__ = ["CROSSCHECK_SCHEMA", "TARGETS", "CDF_PERCENTILES", "crosscheck", "crosscheck_files", "markdown_table",
@@ -254,7 +254,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     summary["passed"] = all(ok.values())
     return {
         "schema": CROSSCHECK_SCHEMA, "kind": "crosscheck",
-        "date": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "date": now_iso(),
         "calibration": {"date": cal.date, "source": cal.source}, "runs": {"date": runs_doc.get("date")},
         "machine": runs_doc.get("machine", {}),
         "sim": {"steps": sim_steps, "seed": seed, "mode": "fast"},
@@ -265,18 +265,14 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
 def crosscheck_files(calibration: Union[str, os.PathLike], runs: Union[str, os.PathLike],
                      out: Optional[Union[str, os.PathLike]] = None, **kw) -> dict:
     """:func:`crosscheck` from a calibration file and a ``runs.json`` file; written to ``out`` when given."""
-    import json
-
     cal_path, runs_path = Path(calibration), Path(runs)
     cal = Calibration.load(cal_path)
     doc = load_json(runs_path, "decode_runs")
     res = crosscheck(cal, doc, runs_path=runs_path, **kw)
-    res["calibration"].update(path=str(cal_path.resolve()), sha256=_sha256(cal_path))
-    res["runs"].update(path=str(runs_path.resolve()), sha256=_sha256(runs_path))
+    res["calibration"].update(path=str(cal_path.resolve()), sha256=sha256_file(cal_path))
+    res["runs"].update(path=str(runs_path.resolve()), sha256=sha256_file(runs_path))
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1))
+        write_json(out, res)
     return res
 
 

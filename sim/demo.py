@@ -29,11 +29,12 @@ every step (a 0.001-scale model, short runs) for smoke tests: about 20 seconds.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
+
+from .io import write_json
 
 __all__ = ["DEMO_STUDY", "demo_grid", "run_demo"]
 
@@ -357,13 +358,13 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                                           "build_s": build_s},
                 "traces": trace_info, "lookups": lk, "steps": st.log,
                 "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}
-    (work / "demo.json").write_text(json.dumps(demo_doc, indent=1))
+    write_json(work / "demo.json", demo_doc)
     md = build_report(out, workdir=work, sweeps=[sweep_path], html_page=html_page, quick=quick, jobs=jobs,
                       title="Engram on this machine: measured, predicted and what-if (engram demo)",
                       progress=progress)
     st.end()
     demo_doc["steps"] = st.log
-    (work / "demo.json").write_text(json.dumps(demo_doc, indent=1))
+    write_json(work / "demo.json", demo_doc)
     if progress:
         total = time.perf_counter() - t_start
         print(f"engram demo: finished in {total / 60:.1f} min", flush=True)

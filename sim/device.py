@@ -41,7 +41,6 @@ Two ways to simulate reads on a device, used by :mod:`sim.decode` and
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -52,31 +51,8 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
+from .io import load_json, read_jsonl, shared_data_dir, write_json
 
-def read_jsonl(path: Union[str, os.PathLike], what: str) -> list:
-    """``(line number, object)`` of every non-empty line of a JSONL file.
-
-    Raises
-    ------
-    FormatError
-        The file cannot be read, or a line is not a JSON object (names the line).
-    """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read {what} ({exc.strerror})") from None
-    out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise FormatError(f"{path}: line {lineno}: expected a JSON object")
-        out.append((lineno, obj))
-    return out
 
 __all__ = [
     "Device",
@@ -501,9 +477,7 @@ class Device:
 
     def save(self, path: Union[str, os.PathLike]) -> Path:
         """Write :meth:`to_dict` as JSON."""
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @staticmethod
     def from_dict(d: Mapping) -> "Device":
@@ -1298,8 +1272,6 @@ def _seed_device() -> EmpiricalDevice:
 
 
 def _vm_virtio() -> EmpiricalDevice:
-    from .trace import shared_data_dir
-
     path = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"
     if not path.is_file():
         raise ArgumentError(f"device preset 'vm-virtio-16core-4k': no file {path}")
@@ -1359,14 +1331,6 @@ def load_device(spec: Union[str, os.PathLike, Device]) -> Device:
     if path.suffix == ".jsonl":
         return EmpiricalDevice.from_jsonl(path)
     if path.suffix == ".json":
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot read device file ({exc.strerror})") from None
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: not JSON ({exc.msg})") from None
-        if not isinstance(d, dict):
-            raise FormatError(f"{path}: expected a JSON object")
-        return Device.from_dict(d)
+        return Device.from_dict(load_json(path))
     raise ArgumentError(f"unknown device {s!r}: give a preset ({', '.join(_PRESETS)}), "
                         "ssd:qd1_us=..,iops=..,parallelism=.., or a .json/.jsonl file")

@@ -76,7 +76,6 @@ JSON schema (all times in microseconds unless named otherwise)
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import platform
@@ -89,9 +88,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from engram.cli import json_default
 from engram.errors import ArgumentError, FormatError
 
+from .io import load_json, now_iso, write_json
 from .trace import CODE_SOURCE, Trace, load_trace
 
 __all__ = [
@@ -486,10 +485,6 @@ def _file_info(info) -> dict:
                        for l, t in sorted(info.tables.items())]}
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-
-
 def ensure_model(path: Union[str, os.PathLike], scale: float = DEFAULT_SCALE, *, build: bool = True,
                  progress: bool = True, **build_kw) -> Path:
     """The model file at ``path``, built with :func:`engram.synth.build_model` when missing.
@@ -520,36 +515,6 @@ def ensure_model(path: Union[str, os.PathLike], scale: float = DEFAULT_SCALE, *,
         raise ArgumentError(f"{path}: no model file (build one with engram synth, or drop --no-build)")
     path.parent.mkdir(parents=True, exist_ok=True)
     build_model(path, scale=scale, progress=progress, **build_kw)
-    return path
-
-
-def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict:
-    """Read a JSON document written by this package; with ``kind``, insist on its ``"kind"``.
-
-    Raises
-    ------
-    FormatError
-        Unreadable, not JSON, not an object, or of another kind (names the file).
-    """
-    path = Path(path)
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise FormatError(f"{path}: expected a JSON object")
-    if kind is not None and d.get("kind") != kind:
-        raise FormatError(f"{path}: expected a {kind!r} document, got kind {d.get('kind')!r}")
-    return d
-
-
-def _write_json(path: Path, obj) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=json_default))
-    os.replace(tmp, path)
     return path
 
 
@@ -1145,9 +1110,9 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
               "warmup": warmup, "seed": seed, "max_background_cpu": max_background_cpu,
               "max_background_iops": max_background_iops, "quiet_wait": quiet_wait, "redo": redo,
               "wait_budget": wait_budget}
-    micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", "date": _now(), "machine": machine_info(),
+    micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", "date": now_iso(), "machine": machine_info(),
                  "file": file_info, "params": params, "records": []}
-    runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", "date": _now(), "machine": machine_info(),
+    runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", "date": now_iso(), "machine": machine_info(),
                 "file": file_info, "params": params, "configs": [c.to_dict() for c in configs], "runs": []}
     micro_path = out_dir / micro_name if micro else None
     runs_path = out_dir / runs_name if decode else None
@@ -1271,11 +1236,11 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
                 bar.update(1)
             if micro:
                 micro_doc["waited_s"] = waited[0]
-                _write_json(micro_path, micro_doc)
+                write_json(micro_path, micro_doc)
             if decode:
                 runs_doc["machine"]["loadavg_end"] = machine_info().get("loadavg")
                 runs_doc["waited_s"] = waited[0]
-                _write_json(runs_path, runs_doc)
+                write_json(runs_path, runs_doc)
     finally:
         bar.close()
         for t in tables:

@@ -32,7 +32,6 @@ bytes.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import html
 import json
 import os
@@ -45,6 +44,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
+
+from .io import load_json, now_iso, sha256_file, write_json
 
 __all__ = [
     "CAPACITY_SESSIONS",
@@ -327,7 +328,6 @@ class _Inputs:
 
 def _load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick: bool, progress: bool,
                  say: Callable[[str], None]) -> _Inputs:
-    from .measure import load_json
     from .trace import Trace, load_trace
 
     inp = _Inputs(workdir=workdir)
@@ -1233,8 +1233,6 @@ def _section_run(doc: Doc, inp: _Inputs) -> None:
 
 
 def _section_inputs(doc: Doc, out: _Out, inp: _Inputs, sweeps: Sequence[Path]) -> None:
-    from .calibrate import _sha256
-
     doc.h(1, "Inputs, calibration and tables")
     if inp.cal is not None:
         c = inp.cal
@@ -1260,7 +1258,7 @@ def _section_inputs(doc: Doc, out: _Out, inp: _Inputs, sweeps: Sequence[Path]) -
         out.csv("calibration_fit", list(c.fit[0].keys()) if c.fit else [], [list(f.values()) for f in c.fit])
         shutil.copyfile(inp.cal_path, out.root / "inputs" / "calibration.json")
     if inp.xc:
-        (out.root / "inputs" / "crosscheck.json").write_text(json.dumps(inp.xc, indent=1))
+        write_json(out.root / "inputs" / "crosscheck.json", inp.xc)
     if inp.runs:
         rows = [[r["config"], r["round"], r["order"], r["steps"], r["tokens_per_s"], r["step_ms"]["p50"],
                  r["step_ms"]["p95"], r["read_ms"]["mean"], r["compute_ms"]["mean"], r.get("rows_match")]
@@ -1269,15 +1267,15 @@ def _section_inputs(doc: Doc, out: _Out, inp: _Inputs, sweeps: Sequence[Path]) -
                          "read_mean_ms", "compute_mean_ms", "rows_match"], rows)
         shutil.copyfile(out.root / "data" / "runs.csv", out.root / "inputs" / "runs_summary.csv")
     if inp.demo:
-        (out.root / "inputs" / "demo.json").write_text(json.dumps(inp.demo, indent=1))
+        write_json(out.root / "inputs" / "demo.json", inp.demo)
     files = []
     if inp.workdir is not None:
         for name in ("microbench.json", "runs.json", "calibration.json", "crosscheck.json", "demo.json"):
             p = inp.workdir / name
             if p.is_file():
-                files.append([f"`{p}`", f"{p.stat().st_size:,}", _sha256(p)[:16]])
+                files.append([f"`{p}`", f"{p.stat().st_size:,}", sha256_file(p)[:16]])
     for p in sweeps:
-        files.append([f"`{p}`", f"{p.stat().st_size:,}", _sha256(p)[:16]])
+        files.append([f"`{p}`", f"{p.stat().st_size:,}", sha256_file(p)[:16]])
     if files:
         doc.p("Input files (sha256 prefix); copies or summaries of them are in `inputs/`:")
         doc.table(["file", "bytes", "sha256"], files)
@@ -1347,7 +1345,7 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     if quick and sessions == CAPACITY_SESSIONS:
         sessions = (1, 4, 16, 64)
     doc = Doc(title or "Engram decode: measured, predicted and what-if")
-    now = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    now = now_iso()
     intro = (f"Generated {now} by `engram report`"
              + (f" from the measurements in `{wd}`" if wd else " (no measurements: predictions on device presets)")
              + (f" and {len(sweep_paths)} sweep table(s)" if sweep_paths else "") + ".")

@@ -72,6 +72,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
+from .io import write_json
+
 __all__ = [
     "AXES",
     "METRICS",
@@ -540,7 +542,7 @@ class SweepResult:
     def write(self, path: Union[str, os.PathLike]) -> Path:
         """Write the table (``.csv`` or ``.parquet``) and ``PATH.meta.json`` beside it; return the table's path."""
         path = write_table(self.rows, path, self.columns)
-        Path(str(path) + ".meta.json").write_text(json.dumps(self.meta(), indent=1, default=str))
+        write_json(str(path) + ".meta.json", self.meta())
         return path
 
 

@@ -44,6 +44,8 @@ from tqdm import tqdm
 from engram import Hasher, Layout, build_token_map, load_tokenizer
 from engram.errors import ArgumentError, FormatError, TokenError
 
+from .io import read_jsonl, shared_data_dir
+
 __all__ = [
     "CODE_SOURCE",
     "ReuseStats",
@@ -55,20 +57,10 @@ __all__ = [
     "repeat_mask",
     "resolve_source",
     "reuse_stats",
-    "shared_data_dir",
 ]
 
 #: The built-in source-code trace: a large, plain module of the standard library.
 CODE_SOURCE = "stdlib:asyncio/base_events.py"
-
-_ROOT = Path(__file__).resolve().parent.parent
-
-
-def shared_data_dir() -> Path:
-    """``<repo>/../shared/data`` (or ``$ENGRAM_SHARED_DATA``): the shared real corpora."""
-    env = os.environ.get("ENGRAM_SHARED_DATA")
-    return Path(env) if env else _ROOT.parent / "shared" / "data"
-
 
 def builtin_sources() -> dict[str, str]:
     """Named trace sources available on this machine, with a one-line description each."""
@@ -331,8 +323,6 @@ def read_prompts(path: Union[str, os.PathLike]) -> list[tuple[str, str]]:
     FormatError
         A non-empty line is not a JSON object with a string ``prompt`` (names the line).
     """
-    from .device import read_jsonl
-
     out = []
     for lineno, obj in read_jsonl(path, "prompts file"):
         if not isinstance(obj.get("prompt"), str):

@@ -1,0 +1,107 @@
+"""Documents in and out: JSON and JSONL reading, one atomic JSON writer, file hashes, timestamps, shared data.
+
+Every JSON document the simulator writes (``microbench.json``, ``runs.json``,
+``calibration.json``, ``crosscheck.json``, ``demo.json``, saved devices, sweep
+metadata) goes through :func:`write_json`, and every one it reads through
+:func:`load_json` or :func:`read_jsonl`, so a reader meets one set of errors:
+:class:`engram.FormatError` naming the file (and the line of a JSONL file).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
+
+from engram.cli import json_default
+from engram.errors import FormatError
+
+__all__ = ["load_json", "now_iso", "read_jsonl", "sha256_file", "shared_data_dir", "write_json"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path:
+    """``<repo>/../shared/data`` (or ``$ENGRAM_SHARED_DATA``): the shared real corpora and device files."""
+    env = os.environ.get("ENGRAM_SHARED_DATA")
+    return Path(env) if env else _ROOT.parent / "shared" / "data"
+
+
+def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict:
+    """Read a JSON document; with ``kind``, insist on its ``"kind"`` field.
+
+    Raises
+    ------
+    FormatError
+        Unreadable, not JSON, not an object, or of another kind (names the file).
+    """
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise FormatError(f"{path}: expected a JSON object")
+    if kind is not None and d.get("kind") != kind:
+        raise FormatError(f"{path}: expected a {kind!r} document, got kind {d.get('kind')!r}")
+    return d
+
+
+def read_jsonl(path: Union[str, os.PathLike], what: str) -> List[Tuple[int, dict]]:
+    """``(line number, object)`` of every non-empty line of a JSONL file (``what`` names it in errors).
+
+    Raises
+    ------
+    FormatError
+        The file cannot be read, or a line is not a JSON object (names the line).
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise FormatError(f"{path}: line {lineno}: expected a JSON object")
+        out.append((lineno, obj))
+    return out
+
+
+def write_json(path: Union[str, os.PathLike], obj) -> Path:
+    """Write ``obj`` as indented JSON (NumPy scalars and arrays allowed), atomically; return the path.
+
+    The document goes to ``PATH.tmp`` first and replaces ``PATH`` in one
+    rename, so a reader (or an interrupted run) never sees half a file.
+    Missing parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def sha256_file(path: Union[str, os.PathLike]) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def now_iso() -> str:
+    """The local time with its UTC offset, ISO 8601 to the second: the date stamp of every document."""
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
