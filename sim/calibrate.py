@@ -49,21 +49,7 @@ batch with the makespan of 48 independent reads drawn from the per-read
 model (``overhead_raw_us`` = the difference): the gap shows why the batch
 is modelled as measured.
 
-JSON schema of ``calibration.json``::
-
-    {"schema": "engram.calibration/1", "kind": "calibration", "date": ISO-8601,
-     "machine": {...}, "file": {...},                     # from the microbenchmark document
-     "source": {"path", "sha256", "schema", "date", "records": n},
-     "devices": {"pread": MeasuredBatchDevice.to_dict(), "io_uring": ...},
-     "think_devices": {"spin:2": {"pread": MeasuredBatchDevice.to_dict(), ...}, ...},
-     "fio_device": EmpiricalDevice.to_dict() or null,
-     "compute": {"none": {"samples_us": [...], "mean_us", "p50_us", "p95_us"}, "mixer": {...}, ...},
-     "hash_us": x,
-     "fit": [{"backend", "qd", "engine_mean_us", "fio_mean_us", "engine_over_fio",
-              "batch48_mean_us", "batch48_p50_us", "device_batch48_mean_us", "device_batch48_p50_us",
-              "overhead_raw_us", "batches"}, ...],
-     "think_fit": [{"think", "backend", "qd", "batch48_mean_us", "batch48_p50_us", "think_mean_us",
-                    "back_to_back_mean_us", "batches"}, ...]}
+The layout of ``calibration.json`` is in :mod:`sim.schema`.
 """
 
 from __future__ import annotations
@@ -77,20 +63,12 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from .decode import Compute, Policy
 from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
-from .measure import MICRO_SCHEMA, RUNS_SCHEMA, STEP_ROWS, ComputeSpec
+from .params import Compute, Policy
+from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench
 
-__all__ = ["CALIBRATION_SCHEMA", "Calibration", "calibrate", "calibrate_file"]
-
-CALIBRATION_SCHEMA = "engram.calibration/1"
-US = 1e-6
-
-#: Record kinds a calibration accepts: microbenchmarks only.
-MICRO_KINDS = ("io", "compute", "hash")
-#: Fields that only decode runs carry; a record holding any of them is refused.
-RUN_FIELDS = ("step_us", "tokens_per_s", "step_ms", "config")
+__all__ = ["Calibration", "calibrate", "calibrate_file"]
 
 
 # =====================================================================================
@@ -266,28 +244,6 @@ class Calibration:
 # =====================================================================================
 # fitting
 # =====================================================================================
-def _check_microbench(doc: Mapping) -> List[dict]:
-    """The records of a microbenchmark document; refuses decode runs."""
-    if not isinstance(doc, Mapping):
-        raise ArgumentError("calibrate needs a microbenchmark document (a dict)")
-    if doc.get("kind") == "decode_runs" or doc.get("schema") == RUNS_SCHEMA or "runs" in doc:
-        raise ArgumentError("calibration uses microbenchmarks only: refusing a decode-run document")
-    if doc.get("kind") != "microbench" or doc.get("schema") != MICRO_SCHEMA:
-        raise ArgumentError(f"calibrate needs a {MICRO_SCHEMA!r} document, got kind {doc.get('kind')!r}, "
-                            f"schema {doc.get('schema')!r}")
-    recs = doc.get("records")
-    if not isinstance(recs, list) or not recs:
-        raise ArgumentError("microbenchmark document has no records")
-    for i, r in enumerate(recs):
-        if not isinstance(r, Mapping):
-            raise ArgumentError(f"microbenchmark record {i} is not an object")
-        bad = [f for f in RUN_FIELDS if f in r]
-        if bad or r.get("kind") not in MICRO_KINDS:
-            raise ArgumentError(f"calibration uses microbenchmarks only: record {i} (kind {r.get('kind')!r}"
-                                f"{', fields ' + ', '.join(bad) if bad else ''}) is not a microbenchmark")
-    return list(recs)
-
-
 def _fio_shapes(fio: Sequence[Mapping]) -> Dict[int, tuple]:
     """qd -> (u, q / mean): fio's completion-latency quantile function at each depth, normalised to mean 1.
 
@@ -403,7 +359,7 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         microbenchmark (kinds ``io``, ``compute``, ``hash``): the calibration
         never reads decode runs.  Also: no serial or concurrent engine records.
     """
-    recs = _check_microbench(doc)
+    recs = check_microbench(doc)
     engine_all = [r for r in recs if r["kind"] == "io" and r.get("tool") == "engine"]
     engine = [r for r in engine_all if not r.get("think")]
     think_recs = [r for r in engine_all if r.get("think")]

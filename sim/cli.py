@@ -24,6 +24,7 @@ import sys
 
 from .demo import add_demo_command
 from .io import load_json
+from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD
 from .report import add_report_command
 from .sweep import add_sweep_command
 
@@ -59,14 +60,15 @@ def _add_trace_source(p, default_help: str) -> None:
     p.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
 
 
-def _add_policy(p, threshold: int = 8) -> None:
+def _add_policy(p) -> None:
     g = p.add_argument_group("read policy (SPEC §8)")
-    g.add_argument("--threshold", type=int, default=threshold,
-                   help=f"read concurrently from this many distinct rows a batch (default {threshold})")
-    g.add_argument("--backend", choices=("pread", "io_uring"), default="pread",
+    g.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
+                   help=f"read concurrently from this many distinct rows a batch (default {DEFAULT_THRESHOLD})")
+    g.add_argument("--backend", choices=BACKENDS, default="pread",
                    help="concurrent reads by a pread pool or an io_uring ring (default pread)")
-    g.add_argument("--readers", type=int, default=16, help="pread pool size (default 16)")
-    g.add_argument("--ring-depth", type=int, default=64, help="io_uring queue depth (default 64)")
+    g.add_argument("--readers", type=int, default=DEFAULT_READERS, help=f"pread pool size (default {DEFAULT_READERS})")
+    g.add_argument("--ring-depth", type=int, default=DEFAULT_RING_DEPTH,
+                   help=f"io_uring queue depth (default {DEFAULT_RING_DEPTH})")
     g.add_argument("--batch-overhead-us", type=float, default=0.0,
                    help="microseconds added to every concurrent batch (default 0)")
 
@@ -80,7 +82,8 @@ def _add_common(p) -> None:
                    choices=("constant", "normal", "lognormal", "gamma", "exponential"),
                    help="distribution of compute time (default constant)")
     p.add_argument("--compute-cv", type=float, default=0.0, help="coefficient of variation of compute (default 0)")
-    p.add_argument("--layers", type=int, default=43, help="decoder layers compute spreads over (default 43)")
+    p.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
+                   help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: a batch of reads is one event; exact: every read is an event (default fast)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -307,8 +310,8 @@ def _cmd_measure(args) -> int:
 
     from engram.errors import ArgumentError
 
-    from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, RunConfig, default_grid, ensure_model, grid,
-                          measure, quick_grid)
+    from .measure import DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, ensure_model, grid, measure, quick_grid
+    from .schema import RunConfig
 
     work = Path(args.workdir)
     scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)

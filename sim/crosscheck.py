@@ -18,27 +18,7 @@ Definitions
 - spread: ``(max - min) / median`` of the repeats' tokens/s (and of their step
   p50); ``cv`` the coefficient of variation of the repeats' tokens/s.
 
-JSON schema of ``crosscheck.json``::
-
-    {"schema": "engram.crosscheck/1", "kind": "crosscheck", "date": ISO-8601,
-     "calibration": {"path", "sha256", "date", "source"}, "runs": {"path", "sha256", "date"},
-     "machine": {...}, "sim": {"steps", "seed", "mode": "fast"},
-     "targets": {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10},
-     "summary": {"configurations", "tokens_per_s": {"median_abs_error", "max_abs_error", "mean_error"},
-                 "step_p50": {...}, "step_p95": {...}, "step_mean": {...},
-                 "spread": {"tokens_per_s_median", "tokens_per_s_max", "tokens_per_s_cv_median",
-                 "step_p50_median", "step_p50_max"}, "within_spread": n, "background_cpu_median",
-                 "rows_match": bool, "pass": {...}, "passed": bool},
-     "rows": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute", "steps", "serial",
-               "repeats": n,
-               "measured": {"tokens_per_s", "tokens_per_s_runs": [...], "step_p50_ms", "step_p95_ms",
-                            "step_mean_ms", "read_mean_ms", "compute_mean_ms", "rows_match",
-                            "background_cpu", "background_disk_iops", "cdf_ms": [...]},
-               "predicted": {"tokens_per_s", "step_p50_ms", "step_p95_ms", "step_mean_ms", "read_mean_ms",
-                             "compute_mean_ms", "device", "cdf_ms": [...]},
-               "error": {"tokens_per_s", "step_p50", "step_p95", "step_mean"},
-               "spread": {"tokens_per_s", "tokens_per_s_cv", "step_p50"}, "within_spread": bool}],
-     "cdf_percentiles": [1, 2, 5, 10, ..., 99]}
+The layout of ``crosscheck.json`` is in :mod:`sim.schema`.
 """
 
 from __future__ import annotations
@@ -54,13 +34,11 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration
 from .decode import simulate_decode
 from .io import load_json, now_iso, sha256_file, write_json
-from .measure import RUNS_SCHEMA, RunConfig
+from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
 
-__all__ = ["CROSSCHECK_SCHEMA", "TARGETS", "CDF_PERCENTILES", "crosscheck", "crosscheck_files", "markdown_table",
-           "predict"]
+__all__ = ["TARGETS", "CDF_PERCENTILES", "crosscheck", "crosscheck_files", "markdown_table", "predict"]
 
-CROSSCHECK_SCHEMA = "engram.crosscheck/1"
 #: Acceptance targets of the cross-check (relative errors).
 TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
 #: Percentiles of the step-latency CDFs kept for plotting.
@@ -197,9 +175,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     ArgumentError
         Not a decode-run document, or a run names an unknown configuration.
     """
-    if runs_doc.get("kind") != "decode_runs" or runs_doc.get("schema") != RUNS_SCHEMA:
-        raise ArgumentError(f"crosscheck needs a {RUNS_SCHEMA!r} document, got kind {runs_doc.get('kind')!r}")
-    configs = [RunConfig.from_dict(d) for d in runs_doc.get("configs", [])]
+    configs = check_runs(runs_doc)
     by_key: Dict[str, List[Mapping]] = {c.key: [] for c in configs}
     for r in runs_doc.get("runs", []):
         if r.get("config") not in by_key:

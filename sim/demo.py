@@ -128,7 +128,7 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
     pread x 16 and io_uring x 16.  ``quick``: 4 configurations on the main
     trace and 2 on each other one.
     """
-    from .measure import RunConfig
+    from .schema import RunConfig
 
     out: list = []
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from .decode import Compute, Policy
 from .device import Device, Recorder, load_device, summarize_boxes
+from .params import Compute, Policy
 from .trace import Trace, load_trace
 
 __all__ = ["PrefillResult", "simulate_prefill"]

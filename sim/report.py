@@ -373,7 +373,7 @@ def _load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick
 
 
 def _label(spec: str) -> str:
-    from .measure import trace_label
+    from .schema import trace_label
 
     return trace_label(spec)
 
@@ -786,7 +786,7 @@ def _section_cache(doc: Doc, out: _Out, inp: _Inputs, ref_compute, quick: bool) 
 def _section_cdf(doc: Doc, out: _Out, inp: _Inputs, ref_compute, quick: bool) -> None:
     from .decode import Compute
     from .device import preset
-    from .measure import RunConfig
+    from .schema import RunConfig
     from .trace import Trace
 
     plt = _plt()

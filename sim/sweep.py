@@ -73,6 +73,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from engram.errors import ArgumentError, FormatError
 
 from .io import write_json
+from .params import DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD
 
 __all__ = [
     "AXES",
@@ -91,9 +92,9 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "device": (str, "seed-apple-m3-ultra", "device"),
     "trace": (str, "stdlib:asyncio/base_events.py", "trace"),
     "trace_limit": (int, 2000, "trace tokens"),
-    "threshold": (int, 8, "threshold (distinct rows)"),
+    "threshold": (int, DEFAULT_THRESHOLD, "threshold (distinct rows)"),
     "backend": (str, "pread", "backend"),
-    "readers": (int, 16, "readers / ring depth"),
+    "readers": (int, DEFAULT_READERS, "readers / ring depth"),
     "cache_rows": (int, 0, "row cache per session (rows)"),
     "overlap_layers": (int, 0, "overlap (layers)"),
     "batch_overhead_us": (float, 0.0, "batch overhead (us)"),
@@ -104,7 +105,7 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "compute_ms": (float, 0.0, "compute per step (ms)"),
     "compute_dist": (str, "constant", "compute distribution"),
     "compute_cv": (float, 0.0, "compute CV"),
-    "layers": (int, 43, "decoder layers"),
+    "layers": (int, DEFAULT_LAYERS, "decoder layers"),
     "hash_us": (float, 0.0, "hash time (us)"),
     "mode": (str, "fast", "simulation mode"),
     "repeat": (int, 0, "replicate"),

@@ -12,10 +12,12 @@ import pytest
 
 from engram import ArgumentError, FormatError, synth
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.calibrate import CALIBRATION_SCHEMA, Calibration, calibrate, calibrate_file
-from sim.decode import Compute
+from sim.calibrate import Calibration, calibrate, calibrate_file
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
-from sim.measure import MICRO_SCHEMA, RunConfig, load_json, measure
+from sim.io import load_json
+from sim.measure import measure
+from sim.params import Compute
+from sim.schema import CALIBRATION_SCHEMA, MICRO_SCHEMA, RunConfig
 from sim.trace import CODE_SOURCE
 
 US = 1e-6

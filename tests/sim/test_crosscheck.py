@@ -13,9 +13,11 @@ from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from sim.crosscheck import CDF_PERCENTILES, TARGETS, crosscheck, crosscheck_files, markdown_table, predict
-from sim.decode import Compute
 from sim.device import LatencyDist, MeasuredBatchDevice
-from sim.measure import RunConfig, load_json, measure
+from sim.io import load_json
+from sim.measure import measure
+from sim.params import Compute
+from sim.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
 
 US = 1e-6

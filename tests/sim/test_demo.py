@@ -12,7 +12,7 @@ import pytest
 from engram import Layout
 from engram.cli import main
 from sim.demo import demo_grid, run_demo
-from sim.measure import RunConfig
+from sim.schema import RunConfig
 
 FIGURES = ("seed_reproduction", "predicted_vs_measured", "threshold", "readers", "devices", "step_cdf", "cache",
            "reuse", "capacity", "sweep_demo_0", "sweep_demo_1")

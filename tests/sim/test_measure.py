@@ -12,9 +12,11 @@ import pytest
 
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.measure import (DEFAULT_TRACES, MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, compute_microbench,
-                         decode_run, default_grid, ensure_model, fio_microbench, grid, hash_microbench,
-                         io_microbench, load_json, measure, quick_grid, segments, trace_label, trace_tokens_needed)
+from sim.io import load_json
+from sim.measure import (DEFAULT_TRACES, Background, compute_microbench, compute_runner, decode_run, default_grid,
+                         ensure_model, fio_microbench, grid, hash_microbench, io_microbench, is_quiet, measure,
+                         quick_grid, segments, trace_tokens_needed)
+from sim.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from sim.trace import CODE_SOURCE, load_trace
 
 
@@ -54,14 +56,14 @@ def test_compute_spec_rejects(bad):
 def test_compute_runners_do_their_work():
     rows = {1: np.zeros((24, 256), np.float32)}
     for spec, at_least in (("spin:3", 3e-3), ("sleep:2", 2e-3), ("spin:1+sleep:1", 2e-3)):
-        run = ComputeSpec.parse(spec).runner()
+        run = compute_runner(ComputeSpec.parse(spec))
         t0 = time.perf_counter()
         run(rows)
         assert time.perf_counter() - t0 >= at_least, spec
-    assert ComputeSpec.parse("none").runner()(rows) is None
-    ComputeSpec.parse("blas:2").runner()(rows)
+    assert compute_runner("none")(rows) is None
+    compute_runner(ComputeSpec.parse("blas:2"))(rows)
     with pytest.raises(ArgumentError, match="mixer"):
-        ComputeSpec.parse("mixer").runner()
+        compute_runner("mixer")
 
 
 # ------------------------------------------------------------- configurations
@@ -255,8 +257,6 @@ def test_background_sees_other_processes_not_ours(model_path):
     import subprocess
     import sys
 
-    from sim.measure import Background, _quiet
-
     bg = Background(model_path)
     child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 5\nwhile time.time() < t: pass"])
     try:
@@ -267,10 +267,10 @@ def test_background_sees_other_processes_not_ours(model_path):
         child.wait()
     # one busy process of ours-not: about one core of the machine's
     assert got["cpu"] >= 0.6 / (os.cpu_count() or 1) and got["seconds"] >= 0.6
-    assert not _quiet(got, 0.25 / (os.cpu_count() or 1), 1e9)
-    assert _quiet({"cpu": 0.1, "disk_iops": 50.0}, 0.25, 200)
-    assert not _quiet({"cpu": 0.1, "disk_iops": 500.0}, 0.25, 200)
-    assert _quiet(None, 0.0, 0.0) and _quiet({"cpu": None, "disk_iops": None}, 0.0, 0.0)
+    assert not is_quiet(got, 0.25 / (os.cpu_count() or 1), 1e9)
+    assert is_quiet({"cpu": 0.1, "disk_iops": 50.0}, 0.25, 200)
+    assert not is_quiet({"cpu": 0.1, "disk_iops": 500.0}, 0.25, 200)
+    assert is_quiet(None, 0.0, 0.0) and is_quiet({"cpu": None, "disk_iops": None}, 0.0, 0.0)
 
 
 def test_measure_waits_for_and_records_the_background(model_path, tmp_path):

@@ -1,0 +1,69 @@
+"""Measured runs of the real engine: decode loops over real traces, and microbenchmarks (SPEC §8, §9).
+
+Two kinds of measurement, written to two separate documents (their layout:
+:mod:`sim.schema`) so that the calibration (:mod:`sim.calibrate`) can be
+shown never to read the runs it is checked against (:mod:`sim.crosscheck`);
+nothing in the simulator imports this package.
+
+- :mod:`~sim.measure.configs` -- the measured grid (trace x threshold x backend x readers x compute);
+- :mod:`~sim.measure.compute` -- a step's compute: the Engram mixer and emulated loads;
+- :mod:`~sim.measure.microbench` -- ``microbench.json``: the engine's reads by queue depth, fio, compute, hash;
+- :mod:`~sim.measure.runs` -- ``runs.json``: the real decode loop over a stretch of a real trace;
+- :mod:`~sim.measure.environment` -- the machine and the model file;
+- :mod:`~sim.measure.background` -- the load of other processes, and waiting for a quiet machine;
+- :mod:`~sim.measure.settings`, :mod:`~sim.measure.tasks`, :mod:`~sim.measure.run` -- the whole
+  measurement: typed tasks in interleaved, shuffled rounds.
+
+The rest of the model's layers (attention, experts) does not exist here: the
+step's compute is the Engram projection and gated add (``mixer``), optionally
+plus an emulated load (``spin:MS`` busy-waits, ``sleep:MS`` sleeps, ``blas:N``
+runs N fixed 256x256 float32 matrix products), or nothing (``none``: the step
+is the read alone).  Compute specs combine with ``+`` (``mixer+spin:5``).
+"""
+
+from __future__ import annotations
+
+from .. import io as _io
+from .. import schema as _schema
+from ..deprecation import moved
+from .background import Background, QuietGuard, is_quiet
+from .compute import compute_runner
+from .configs import DEFAULT_DEPTHS, DEFAULT_POLICIES, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, grid, quick_grid
+from .environment import ensure_model, file_info, machine_info
+from .microbench import FIO_PERCENTILES, compute_microbench, fio_microbench, hash_microbench, io_microbench
+from .run import measure
+from .runs import decode_run, segments, trace_tokens_needed
+from .settings import Settings
+
+__all__ = [
+    "DEFAULT_DEPTHS",
+    "DEFAULT_POLICIES",
+    "DEFAULT_SCALE",
+    "DEFAULT_TRACES",
+    "FIO_PERCENTILES",
+    "Background",
+    "QuietGuard",
+    "Settings",
+    "compute_microbench",
+    "compute_runner",
+    "decode_run",
+    "default_grid",
+    "ensure_model",
+    "file_info",
+    "fio_microbench",
+    "grid",
+    "hash_microbench",
+    "io_microbench",
+    "is_quiet",
+    "machine_info",
+    "measure",
+    "quick_grid",
+    "segments",
+    "trace_tokens_needed",
+]
+
+__getattr__ = moved(__name__, {
+    "load_json": (_io.load_json, "sim.io"),
+    **{name: (getattr(_schema, name), "sim.schema")
+       for name in ("MICRO_SCHEMA", "RUNS_SCHEMA", "STEP_ROWS", "US", "ComputeSpec", "RunConfig", "trace_label")},
+})

@@ -1,0 +1,121 @@
+"""How much to measure: rounds, queue depths, batch counts, and how quiet the machine must be."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional, Sequence, Tuple
+
+from engram.errors import ArgumentError
+
+from ..params import BACKENDS
+from ..schema import RunConfig
+from .configs import DEFAULT_DEPTHS
+
+__all__ = ["Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of one measurement (:func:`sim.measure.measure`); written to both documents as ``params``.
+
+    Attributes
+    ----------
+    rounds : int
+        Interleaved rounds: every task runs once a round, in an order shuffled with ``seed`` and the round.
+    depths : sequence of int
+        Queue depths of the I/O microbenchmarks (readers = ring depth = depth; 1 is serial).
+    backends : sequence of str, optional
+        Backends of the I/O microbenchmarks (default: those of the configurations, else both).
+    micro, decode : bool
+        Run the microbenchmarks, the decode runs.
+    fio : bool
+        Run fio at each depth (when installed), in the first ``fio_rounds`` rounds, ``fio_seconds`` each.
+    io_batches : int
+        48-row batches of the serial microbenchmark, and of a chunk where configurations without compute read.
+    io_chunks : int
+        Chunks a round of 48-row batches at the readers that configurations without compute use.
+    depth_batches : int
+        48-row batches at the other depths.
+    think_batches, think_chunks : int
+        48-row batches (``mixer_samples`` for the mixer) of a chunk with a compute between batches, and chunks a
+        round.
+    big_seconds : float
+        Seconds of large batches at each depth (steady-state reads/s).
+    single_rows : int
+        Single-row serial reads.
+    compute_samples, mixer_samples : int
+        Timed calls of each compute spec (``mixer_samples`` when it holds the mixer).
+    warmup : int
+        Steps on random tokens before each decode run.
+    seed : int
+        Seed of row ids, orders and residuals.
+    max_background_cpu, max_background_iops, quiet_wait, redo, wait_budget
+        Waiting for a quiet machine (:class:`sim.measure.background.QuietGuard`): none when
+        ``max_background_cpu`` is ``None``.
+    """
+
+    rounds: int = 7
+    depths: Sequence[int] = DEFAULT_DEPTHS
+    backends: Optional[Sequence[str]] = None
+    micro: bool = True
+    decode: bool = True
+    fio: bool = True
+    fio_seconds: float = 0.5
+    fio_rounds: int = 2
+    io_batches: int = 150
+    io_chunks: int = 8
+    depth_batches: int = 60
+    think_batches: int = 100
+    think_chunks: int = 2
+    big_seconds: float = 0.1
+    single_rows: int = 200
+    compute_samples: int = 100
+    mixer_samples: int = 15
+    warmup: int = 8
+    seed: int = 0
+    max_background_cpu: Optional[float] = None
+    max_background_iops: float = 1000.0
+    quiet_wait: float = 20.0
+    redo: int = 1
+    wait_budget: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ArgumentError(f"rounds must be >= 1, got {self.rounds}")
+        if not (self.micro or self.decode):
+            raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
+
+    def resolved_backends(self, configs: Sequence[RunConfig]) -> Tuple[str, ...]:
+        """The backends to microbenchmark.
+
+        Raises
+        ------
+        ArgumentError
+            A backend other than ``pread`` and ``io_uring``.
+        """
+        backends = tuple(self.backends or sorted({c.backend for c in configs}) or BACKENDS)
+        for be in backends:
+            if be not in BACKENDS:
+                raise ArgumentError(f"backend must be 'pread' or 'io_uring', got {be!r}")
+        return backends
+
+    def resolved_depths(self) -> list:
+        """The queue depths, sorted, without repeats.
+
+        Raises
+        ------
+        ArgumentError
+            No depth, or one below 1.
+        """
+        depths = sorted({int(k) for k in self.depths})
+        if not depths or depths[0] < 1:
+            raise ArgumentError(f"depths must be integers >= 1, got {depths}")
+        return depths
+
+    def params(self, configs: Sequence[RunConfig]) -> dict:
+        """The ``params`` of the documents: every setting but ``micro`` and ``decode``, depths and backends
+        resolved."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("micro", "decode")}
+        out["depths"] = self.resolved_depths()
+        out["backends"] = list(self.resolved_backends(configs))
+        return out

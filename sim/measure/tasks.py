@@ -1,0 +1,247 @@
+"""The tasks of a measurement: each microbenchmark and each decode run is one typed task.
+
+:func:`plan_tasks` lists a round's tasks; :func:`sim.measure.measure` runs
+every round's tasks in a shuffled order.  A task's :meth:`Task.run` returns
+its records and the device requests it made itself (``None`` when unknown),
+so the background load of other processes can be told apart from ours.
+Each task seeds its random row ids from the measurement seed, the round and
+its own fields, so a task reads the same rows whatever the order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from engram.errors import TableIOError
+
+from ..schema import ComputeSpec, RunConfig
+from ..trace import Trace
+from .compute import compute_runner
+from .microbench import (BACKEND_TAG, compute_microbench, fio_microbench, hash_microbench, io_batches, io_depth,
+                         io_serial, io_think)
+from .runs import decode_run
+from .settings import Settings
+
+__all__ = ["BatchChunk", "ComputeTimes", "Context", "DecodeRun", "DepthReads", "FioReads", "HashTimes",
+           "SerialReads", "Task", "ThinkBatches", "plan_tasks", "retry_busy"]
+
+#: What a task returns: its records, and the device requests it made (``None``: unknown).
+Outcome = Tuple[List[dict], Optional[int]]
+
+
+@dataclass
+class Context:
+    """What the tasks of one measurement share: the model (an :class:`engram.EngramModel`), its tables opened
+    for the microbenchmarks, the configurations, their traces and the first step of each run."""
+
+    model: object
+    settings: Settings
+    configs: Sequence[RunConfig]
+    tables: list
+    traces: Dict[str, Trace]
+    starts: Dict[tuple, int]
+
+
+def _ours(recs: Sequence[dict]) -> int:
+    """Device requests of our own in I/O records (engine reads, fio I/Os)."""
+    return sum(int(x.get("reads", 0)) + int(x.get("ios", 0)) for x in recs)
+
+
+class Task:
+    """One unit of a round.  ``document`` is where its records go: ``"micro"`` or ``"runs"``."""
+
+    document = "micro"
+
+    def describe(self, ctx: Context) -> str:
+        """A few words for the progress bar."""
+        raise NotImplementedError
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        """Run in round ``round_`` as the ``order``-th task of the round."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SerialReads(Task):
+    """48-row batches and single rows read serially."""
+
+    def describe(self, ctx: Context) -> str:
+        return "serial"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        recs = io_serial(ctx.tables, np.random.default_rng([s.seed, round_, 1]), s.io_batches, s.single_rows, round_)
+        return recs, _ours(recs)
+
+
+@dataclass(frozen=True)
+class DepthReads(Task):
+    """``batches`` 48-row batches and large batches at ``readers`` of ``backend``."""
+
+    backend: str
+    readers: int
+    batches: int
+
+    def describe(self, ctx: Context) -> str:
+        return f"depth {self.backend} {self.readers}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        rng = np.random.default_rng([s.seed, round_, 2, BACKEND_TAG[self.backend], self.readers])
+        recs = io_depth(ctx.tables, rng, self.backend, self.readers, self.batches, s.big_seconds, round_)
+        return recs, _ours(recs)
+
+
+@dataclass(frozen=True)
+class BatchChunk(Task):
+    """One more chunk of 48-row batches at ``readers`` of ``backend`` (``"serial"``: read serially)."""
+
+    backend: str
+    readers: int
+    chunk: int
+
+    def describe(self, ctx: Context) -> str:
+        return f"batches {self.backend} {self.readers} {self.chunk}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        rng = np.random.default_rng([s.seed, round_, 8, BACKEND_TAG.get(self.backend, 0), self.readers, self.chunk])
+        recs = [io_batches(ctx.tables, rng, self.backend, self.readers, s.io_batches, round_, self.chunk)]
+        return recs, _ours(recs)
+
+
+@dataclass(frozen=True)
+class FioReads(Task):
+    """fio random reads at queue depth ``depth`` (in the first ``fio_rounds`` rounds only)."""
+
+    depth: int
+
+    def describe(self, ctx: Context) -> str:
+        return f"fio {self.depth}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        if round_ >= s.fio_rounds:
+            return [], 0
+        recs = fio_microbench(ctx.model.info, [self.depth], s.fio_seconds, round_=round_)
+        return recs, _ours(recs)
+
+
+@dataclass(frozen=True)
+class ThinkBatches(Task):
+    """48-row batches at ``readers`` of ``backend`` with the compute ``compute`` between batches."""
+
+    backend: str
+    readers: int
+    compute: str
+    chunk: int
+
+    def describe(self, ctx: Context) -> str:
+        return f"think {self.backend} {self.readers} {self.compute} {self.chunk}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s, model = ctx.settings, ctx.model
+        spec = ComputeSpec.parse(self.compute)
+        rng = np.random.default_rng([s.seed, round_, 7, BACKEND_TAG.get(self.backend, 0), self.readers, self.chunk])
+        with model.session(backend="serial") as session:
+            run = compute_runner(spec, model, session, residual_seed=s.seed)
+            rec = io_think(ctx.tables, rng, self.backend, self.readers, s.mixer_samples if spec.mixer else
+                           s.think_batches, run, self.compute, model.layer_ids, round_)
+        rec["chunk"] = self.chunk
+        return [rec], _ours([rec])
+
+
+@dataclass(frozen=True)
+class ComputeTimes(Task):
+    """The compute ``compute`` timed on one step's rows."""
+
+    compute: str
+
+    def describe(self, ctx: Context) -> str:
+        return f"compute {self.compute}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        recs = compute_microbench(ctx.model, [self.compute], samples=s.compute_samples,
+                                  mixer_samples=s.mixer_samples, seed=s.seed, round_=round_)
+        return recs, None
+
+
+@dataclass(frozen=True)
+class HashTimes(Task):
+    """The hash part of a step, timed."""
+
+    def describe(self, ctx: Context) -> str:
+        return "hash"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        return [hash_microbench(ctx.model, seed=ctx.settings.seed, round_=round_)], 0
+
+
+@dataclass(frozen=True)
+class DecodeRun(Task):
+    """The decode run of configuration ``index`` on its stretch of the trace for this round."""
+
+    index: int
+    document = "runs"
+
+    def describe(self, ctx: Context) -> str:
+        return ctx.configs[self.index].key
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        c, s = ctx.configs[self.index], ctx.settings
+        rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=ctx.starts[(self.index, round_)], warmup=s.warmup,
+                         residual_seed=s.seed)
+        return [{"config": c.key, "round": round_, "order": order, **rec}], rec["reads"]
+
+
+def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Sequence[str], depths: Sequence[int],
+               computes: Sequence[str], fio_installed: bool) -> List[Task]:
+    """The tasks of one round, in a fixed order (each round shuffles them).
+
+    Microbenchmarks: serial reads; each backend x depth >= 2 (``io_batches``
+    batches where configurations without compute read, ``depth_batches``
+    elsewhere); fio at each depth; each compute; more chunks of batches
+    where configurations without compute read; each compute as think time
+    at the readers its configurations use; the hash.  Then one decode run
+    per configuration.
+    """
+    s = settings
+    tasks: List[Task] = []
+    if s.micro:
+        # Where configurations without compute read: more 48-row batches there, spread over the round.
+        used = dict.fromkeys(("serial", 1) if c.serial else (c.backend, c.readers) for c in configs
+                             if c.compute == "none")
+        tasks.append(SerialReads())
+        tasks += [DepthReads(be, k, s.io_batches if (be, k) in used else s.depth_batches)
+                  for be in backends for k in depths if k >= 2]
+        if s.fio and fio_installed:
+            tasks += [FioReads(k) for k in depths]
+        tasks += [ComputeTimes(c) for c in computes]
+        tasks += [BatchChunk(be, k, j) for (be, k) in used for j in range(1, s.io_chunks)]
+        # Think time: each compute between 48-row batches, at the readers its configurations use.
+        think = dict.fromkeys((c.compute, "serial" if c.serial else c.backend, 1 if c.serial else c.readers)
+                              for c in configs if c.compute != "none")
+        tasks += [ThinkBatches(be, k, label, j) for (label, be, k) in think
+                  for j in range(1 if ComputeSpec.parse(label).mixer else s.think_chunks)]
+        tasks.append(HashTimes())
+    if s.decode:
+        tasks += [DecodeRun(i) for i in range(len(configs))]
+    return tasks
+
+
+def retry_busy(fn: Callable[[], Outcome], attempts: int = 4, wait: float = 1.0) -> Outcome:
+    """Run ``fn``; a read backend that cannot start for a moment (``EPERM``/``EAGAIN``/``ENOMEM`` from
+    ``io_uring_setup`` while the machine is busy) is retried ``attempts - 1`` times, ``wait`` seconds apart."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except TableIOError as exc:
+            if i == attempts - 1 or "could not start" not in str(exc):
+                raise
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
