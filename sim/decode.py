@@ -33,13 +33,13 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from .device import Device, Recorder, load_device, summarize_boxes
+from .device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes
 from .params import Compute, Policy
+from .schema import percentiles_ms as _percentiles_ms
 from .trace import CODE_SOURCE, Trace, load_trace, lru_hits
 
 __all__ = [
     "DecodeResult",
-    "SEED_REFERENCE",
     "fit_compute",
     "percentiles_ms",
     "seed_reproduction",
@@ -47,27 +47,13 @@ __all__ = [
     "simulate_decode",
 ]
 
-#: SPEC §8 reference run: 48 rows a step on the Apple M3 Ultra SSD.
-SEED_REFERENCE = {
-    "device": "seed-apple-m3-ultra",
-    "rows_per_step": 48,
-    "readers": 16,
-    "serial_threshold": 256,
-    "serial_tokens_per_s": 19.16,
-    "concurrent_threshold": 8,
-    "concurrent_tokens_per_s": 21.06,
-}
 
 # =====================================================================================
 # results
 # =====================================================================================
 def percentiles_ms(x: np.ndarray) -> dict:
     """``{mean, p50, p90, p99, p999, max}`` of seconds, in milliseconds."""
-    if x.size == 0:
-        return {k: 0.0 for k in ("mean", "p50", "p90", "p99", "p999", "max")}
-    p = np.percentile(x, [50, 90, 99, 99.9])
-    return {"mean": float(x.mean()) * 1e3, "p50": float(p[0]) * 1e3, "p90": float(p[1]) * 1e3,
-            "p99": float(p[2]) * 1e3, "p999": float(p[3]) * 1e3, "max": float(x.max()) * 1e3}
+    return _percentiles_ms(x, (50, 90, 99, 99.9))
 
 
 @dataclass

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from engram.errors import ArgumentError
-from sim.decode import SEED_REFERENCE, Compute, Policy, fit_compute, seed_reproduction, simulate_decode
-from sim.device import ParametricSSD, preset
-from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats, shared_data_dir
+from sim.decode import fit_compute, seed_reproduction, simulate_decode
+from sim.device import SEED_REFERENCE, ParametricSSD, preset
+from sim.io import shared_data_dir
+from sim.params import Compute, Policy
+from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats
 
 US = 1e-6
 needs_vm = pytest.mark.skipif(not (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file(),

@@ -12,7 +12,7 @@ import pytest
 from engram.errors import ArgumentError, FormatError
 from sim.device import (Device, EmpiricalDevice, LatencyDist, ParametricSSD, load_device, poisson_load, preset,
                         preset_names, summarize_boxes, time_average)
-from sim.trace import shared_data_dir
+from sim.io import shared_data_dir
 
 US = 1e-6
 VM_JSONL = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"

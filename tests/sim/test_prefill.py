@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from engram.errors import ArgumentError
-from sim.decode import Compute, Policy
+from sim.io import shared_data_dir
+from sim.params import Compute, Policy
 from sim.prefill import simulate_prefill
-from sim.trace import CODE_SOURCE, Trace, load_trace, shared_data_dir
+from sim.trace import CODE_SOURCE, Trace, load_trace
 
 US = 1e-6
 QD16 = 16 * 12.8 * US  # seed device: per-read latency with 16 readers

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from engram import Hasher, Layout, build_token_map, load_tokenizer
 from engram.errors import ArgumentError, EngramError, FormatError
+from sim.io import shared_data_dir
 from sim.trace import (CODE_SOURCE, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
-                       resolve_source, reuse_stats, shared_data_dir)
+                       resolve_source, reuse_stats)
 
 LAYOUT = Layout.deepseek_v41_flash()
 

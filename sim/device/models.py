@@ -1,0 +1,590 @@
+"""Device models: how long row reads take at each queue depth (SPEC §8, §9).
+
+A device model answers one question for the simulator: when ``qd`` reads are
+outstanding on the device, how long does one of them take?  The answer is a
+distribution, :class:`~sim.device.latency.LatencyDist` (seconds), for every
+queue depth.  It is the same quantity a closed-loop microbenchmark measures
+(``qd`` threads each issuing one random read after the other): latency
+percentiles, and by Little's law the mean latency ``qd / IOPS``.
+
+Kinds of device:
+
+:class:`EmpiricalDevice`
+    a table ``{queue depth: latency distribution}`` from measurements (samples,
+    or a mean and percentiles); between measured depths the quantile functions
+    are interpolated linearly in ``qd``, above the deepest one the device is taken
+    as saturated (constant IOPS, latency growing with ``qd``).  Saved and loaded
+    as JSON; also read from the JSONL microbenchmark format of
+    ``../shared/data/devices/*.jsonl``.
+:class:`ParametricSSD`
+    an SSD described by its QD1 latency, IOPS ceiling and internal parallelism:
+    ``parallelism`` channels each serving one read for ``s = parallelism / iops``
+    seconds (fixed, exponential or gamma with a given coefficient of variation),
+    behind a fixed pipelined latency ``d = qd1_latency - s``.
+:class:`MeasuredBatchDevice`
+    an :class:`EmpiricalDevice` plus the measured service time of whole
+    batches (the calibration's model of this machine).
+
+Every model also simulates itself (:meth:`Device.fast`, :meth:`Device.exact`:
+:mod:`sim.device.engines`).  The four classes are one idea -- a device's
+latency by queue depth -- and :meth:`Device.from_dict` rebuilds any of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from ..io import read_jsonl, write_json
+from ..schema import US
+from .engines import ChannelExactDevice, ExactDevice, FastDevice
+from .latency import LatencyDist, list_schedule
+from .recorder import Recorder
+
+__all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD"]
+
+
+class Device:
+    """A device model: the latency of one read at each queue depth, and batch service times.
+
+    Subclasses implement :meth:`latency` and :meth:`to_dict`; the exact per-read
+    model defaults to "each read's latency is drawn at the queue depth in force
+    when it is issued" and is overridden by devices with an internal queue.
+
+    Attributes
+    ----------
+    name : str
+    source : str
+        Where the figures come from (a measurement, a document, parameters).
+    """
+
+    name: str = "device"
+    source: str = ""
+    #: Batches up to this many reads are always simulated read by read (see :meth:`batch_samples`).
+    EXACT_BATCH_LIMIT = 256
+
+    # ---------------------------------------------------------------- model
+    def latency(self, qd: int) -> LatencyDist:
+        """Latency distribution of one read when ``qd >= 1`` reads are outstanding."""
+        raise NotImplementedError
+
+    def mean_latency(self, qd: int) -> float:
+        """Mean latency (seconds) at queue depth ``qd``."""
+        return self.latency(qd).mean
+
+    def iops(self, qd: int) -> float:
+        """Reads per second at queue depth ``qd`` (Little's law: ``qd / mean latency``)."""
+        return qd / self.mean_latency(qd)
+
+    def peak_iops(self) -> float:
+        """Highest IOPS over the queue depths the model describes."""
+        return max(self.iops(q) for q in self.depths())
+
+    def depths(self) -> list:
+        """Queue depths the model is defined from (measured or characterised)."""
+        return [1, 2, 4, 8, 16, 32, 64]
+
+    def batch_samples(self, n: int, k: int, qd: Optional[int] = None, size: int = 2048,
+                      rng: Optional[np.random.Generator] = None):
+        """Service times of a batch of ``n`` reads issued ``k`` at a time.
+
+        ``k`` readers each take the next read as soon as their previous one
+        completes (list scheduling); every latency is drawn at queue depth
+        ``qd`` (default ``min(n, k)``: the batch alone on the device).
+
+        Returns
+        -------
+        (times, areas) : tuple of numpy.ndarray
+            float64 ``[size]`` (or ``[1]`` for a point distribution): the batch's
+            duration and the sum of its ``n`` read latencies (seconds).  Up to
+            ``END_WAVES * k`` reads (or :attr:`EXACT_BATCH_LIMIT`) the list
+            schedule is simulated read by read; longer batches take the sum of
+            latencies from its normal approximation plus the end effect
+            (makespan minus sum / k) simulated once for ``END_WAVES * k`` reads.
+        """
+        if n < 1 or k < 1:
+            raise ArgumentError(f"batch_samples: need n >= 1 reads and k >= 1 readers, got n={n}, k={k}")
+        k = min(k, n)
+        qd = k if qd is None else max(1, int(qd))
+        dist = self.latency(qd)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        if dist.is_point:
+            v = float(dist.q[0])
+            return np.array([math.ceil(n / k) * v]), np.array([n * v])
+        if n > max(self.EXACT_BATCH_LIMIT, self.END_WAVES * k):
+            end = self._end_effect(dist, k, size, rng)
+            areas = np.maximum(rng.normal(n * dist.mean, math.sqrt(n) * dist.std, size), 0.0)
+            return areas / k + end, areas
+        x = dist.sample(rng, (size, n))
+        return list_schedule(x, k), x.sum(axis=1)
+
+    #: Batches longer than this many waves use the end-effect approximation.
+    END_WAVES = 16
+
+    def _end_effect(self, dist: "LatencyDist", k: int, size: int, rng: np.random.Generator) -> np.ndarray:
+        x = dist.sample(rng, (size, self.END_WAVES * k))
+        return list_schedule(x, k) - x.sum(axis=1) / k
+
+    # ------------------------------------------------------------ simulation
+    def exact(self, env, rng: np.random.Generator, recorder: Optional[Recorder] = None) -> "ExactDevice":
+        """The per-read simpy model of this device in ``env``."""
+        return ExactDevice(self, env, rng, recorder)
+
+    def fast(self, rng: np.random.Generator, recorder: Optional[Recorder] = None,
+             samples: int = 2048, env=None) -> "FastDevice":
+        """The batch-as-one-event model of this device (``env`` needed for shared use)."""
+        return FastDevice(self, rng, recorder, samples, env)
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def save(self, path: Union[str, os.PathLike]) -> Path:
+        """Write :meth:`to_dict` as JSON."""
+        return write_json(path, self.to_dict())
+
+    @staticmethod
+    def from_dict(d: Mapping) -> "Device":
+        """Rebuild a device from :meth:`to_dict` output.
+
+        Raises
+        ------
+        FormatError
+            Unknown ``kind`` or missing fields (names them).
+        """
+        kind = d.get("kind")
+        if kind == "empirical":
+            return EmpiricalDevice.from_dict(d)
+        if kind == "measured_batch":
+            return MeasuredBatchDevice.from_dict(d)
+        if kind == "parametric_ssd":
+            try:
+                return ParametricSSD(float(d["qd1_latency_us"]) * US, float(d["iops"]), int(d["parallelism"]),
+                                     float(d.get("service_cv", 0.5)), name=d.get("name"),
+                                     source=d.get("source", ""))
+            except KeyError as exc:
+                raise FormatError(f"parametric_ssd device: missing field {exc}") from None
+        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or 'parametric_ssd')")
+
+    def table(self, depths: Optional[Sequence[int]] = None) -> list:
+        """Rows ``{qd, mean_us, p50_us, p99_us, iops}`` for display."""
+        out = []
+        for q in depths or self.depths():
+            d = self.latency(q)
+            out.append({"qd": int(q), "mean_us": d.mean / US, "p50_us": d.percentile(50) / US,
+                        "p99_us": d.percentile(99) / US, "iops": q / d.mean})
+        return out
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": type(self).__name__, "source": self.source,
+                "peak_iops": self.peak_iops(), "table": self.table()}
+
+
+class EmpiricalDevice(Device):
+    """A device measured at some queue depths: ``{qd: LatencyDist}``.
+
+    Parameters
+    ----------
+    table : mapping int -> LatencyDist
+        Latency distribution of one read at each measured queue depth (>= 1).
+    name, source : str
+        Label and provenance of the measurements.
+
+    Between measured depths the quantile functions are mixed with weight
+    linear in ``qd`` (exact for the mean of a saturated device, where latency
+    is ``qd / IOPS``); below the shallowest the shallowest is used; above the
+    deepest (``Q``) the device is saturated: latency ``L_Q * qd / Q``.
+
+    Raises
+    ------
+    ArgumentError
+        An empty table or a queue depth below 1.
+    """
+
+    def __init__(self, table: Mapping[int, LatencyDist], name: str = "empirical", source: str = ""):
+        if not table:
+            raise ArgumentError("EmpiricalDevice: empty table")
+        items = sorted((int(q), d) for q, d in table.items())
+        for q, d in items:
+            if q < 1:
+                raise ArgumentError(f"EmpiricalDevice: queue depth {q} < 1")
+            if not isinstance(d, LatencyDist):
+                raise ArgumentError(f"EmpiricalDevice: entry for qd {q} is {type(d).__name__}, not LatencyDist")
+        self.measured = dict(items)
+        self._qs = [q for q, _ in items]
+        self.name, self.source = name, source
+        self._cache: dict = {}
+
+    def depths(self) -> list:
+        return list(self._qs)
+
+    def latency(self, qd: int) -> LatencyDist:
+        qd = int(qd)
+        if qd < 1:
+            raise ArgumentError(f"latency: queue depth must be >= 1, got {qd}")
+        got = self._cache.get(qd)
+        if got is not None:
+            return got
+        qs = self._qs
+        if qd in self.measured:
+            d = self.measured[qd]
+        elif qd < qs[0]:
+            d = self.measured[qs[0]]
+        elif qd > qs[-1]:
+            d = self.measured[qs[-1]].scaled(qd / qs[-1])
+        else:
+            i = int(np.searchsorted(qs, qd))
+            q0, q1 = qs[i - 1], qs[i]
+            d = self.measured[q0].mix(self.measured[q1], (qd - q0) / (q1 - q0))
+        self._cache[qd] = d
+        return d
+
+    # ------------------------------------------------------------ builders
+    @classmethod
+    def from_table(cls, table: Mapping[int, object], name: str = "empirical", source: str = "") -> "EmpiricalDevice":
+        """From ``{qd: value}`` where value is a :class:`LatencyDist`, an array of latency samples
+        (seconds), or a dict accepted by :meth:`LatencyDist.from_dict` (microseconds:
+        ``{"mean_us", "p50_us", "p99_us", ...}`` or ``{"samples_us": [...]}``)."""
+        out = {}
+        for q, v in table.items():
+            if isinstance(v, LatencyDist):
+                out[int(q)] = v
+            elif isinstance(v, Mapping):
+                out[int(q)] = LatencyDist.from_dict(v)
+            else:
+                out[int(q)] = LatencyDist.from_samples(v)
+        return cls(out, name, source)
+
+    @classmethod
+    def from_measurements(cls, records: Sequence[Mapping], name: str = "measured", source: str = "") -> "EmpiricalDevice":
+        """From microbenchmark records, one per queue depth.
+
+        Each record has ``qd`` and any of: ``iops`` or ``rows_per_s`` (mean
+        latency = ``qd / iops``), ``mean_us``, percentiles ``pNN_us``,
+        ``samples_us``.  This is the format of ``../shared/data/devices/*.jsonl``
+        and of the engine's microbenchmarks.
+
+        Raises
+        ------
+        FormatError
+            A record without ``qd`` or without any latency figure (names the record).
+        """
+        table = {}
+        for i, r in enumerate(records):
+            if "qd" not in r:
+                raise FormatError(f"{name}: record {i} has no 'qd'")
+            q = int(r["qd"])
+            d = {k: v for k, v in r.items() if k.startswith("p") and k.endswith("_us")}
+            rate = r.get("iops", r.get("rows_per_s"))
+            if "mean_us" in r:
+                d["mean_us"] = r["mean_us"]
+            elif rate:
+                d["mean_us"] = q / float(rate) / US
+            if "samples_us" in r:
+                d = {"samples_us": r["samples_us"]}
+            if not d:
+                raise FormatError(f"{name}: record {i} (qd {q}) has no latency figure")
+            try:
+                table[q] = LatencyDist.from_dict(d)
+            except FormatError as exc:
+                raise FormatError(f"{name}: record {i} (qd {q}): {exc}") from None
+        if not table:
+            raise FormatError(f"{name}: no records")
+        return cls(table, name, source)
+
+    @classmethod
+    def from_jsonl(cls, path: Union[str, os.PathLike], name: Optional[str] = None,
+                   source: Optional[str] = None) -> "EmpiricalDevice":
+        """Read a JSONL microbenchmark file (``{"qd", "iops", "p50_us", "p95_us", "p99_us", ...}`` a line).
+
+        Raises
+        ------
+        FormatError
+            Unreadable file or a bad line (names the line).
+        """
+        path = Path(path)
+        recs = [obj for _, obj in read_jsonl(path, "device file")]
+        return cls.from_measurements(recs, name or path.stem,
+                                     source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)")
+
+    def to_dict(self) -> dict:
+        return {"kind": "empirical", "name": self.name, "source": self.source,
+                "table": {str(q): d.to_dict() for q, d in self.measured.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "EmpiricalDevice":
+        if "table" not in d or not isinstance(d["table"], Mapping):
+            raise FormatError("empirical device: missing 'table'")
+        try:
+            table = {int(q): LatencyDist.from_dict(v) for q, v in d["table"].items()}
+        except ValueError as exc:
+            raise FormatError(f"empirical device: bad queue depth ({exc})") from None
+        try:
+            return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")))
+        except ArgumentError as exc:
+            raise FormatError(f"empirical device: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"EmpiricalDevice({self.name!r}, depths={self._qs})"
+
+
+class MeasuredBatchDevice(EmpiricalDevice):
+    """An :class:`EmpiricalDevice` plus the measured service time of whole batches.
+
+    Built from a reader's own microbenchmark (:mod:`sim.calibrate`): the time
+    of a batch of ``n`` reads issued by ``k`` readers, measured as one
+    distribution per ``(n, k)``.  A short burst of reads need not behave like
+    ``n`` independent draws of the steady-state latency at depth ``k``: slow
+    periods of a shared device hit all reads in flight together, and a burst
+    can run faster than the sustained rate.  The measured batch time holds
+    both, and everything the reader does per batch (waking threads,
+    submitting a ring, sorting, decoding).
+
+    :meth:`batch_samples` draws from the measured batch of the nearest size
+    ``n0`` at ``k`` readers (quantile functions mixed linearly in ``k``
+    between measured reader counts; the nearest count outside them), times
+    ``ceil(n / k) / ceil(n0 / k)`` (waves of reads) when ``n != n0``.  A batch
+    asked at a deeper queue than its own readers (other clients in flight)
+    and the per-read (exact) model use the per-read table.
+
+    Parameters
+    ----------
+    table : mapping int -> LatencyDist
+        Latency of one read by queue depth (as :class:`EmpiricalDevice`).
+    batches : mapping (int, int) -> LatencyDist
+        ``(n, k)`` -> duration (seconds) of a batch of ``n`` reads on ``k`` readers.
+    name, source : str
+
+    Raises
+    ------
+    ArgumentError
+        An empty table or batch table, or ``n``/``k`` below 1.
+    """
+
+    def __init__(self, table: Mapping[int, LatencyDist], batches: Mapping[tuple, LatencyDist],
+                 name: str = "measured-batch", source: str = ""):
+        super().__init__(table, name, source)
+        if not batches:
+            raise ArgumentError("MeasuredBatchDevice: empty batch table")
+        self.batches = {}
+        for key, d in sorted(batches.items()):
+            n, k = int(key[0]), int(key[1])
+            if n < 1 or k < 1:
+                raise ArgumentError(f"MeasuredBatchDevice: batch ({n}, {k}) needs n >= 1 reads and k >= 1 readers")
+            if not isinstance(d, LatencyDist):
+                raise ArgumentError(f"MeasuredBatchDevice: batch ({n}, {k}) is {type(d).__name__}, not LatencyDist")
+            self.batches[(n, k)] = d
+        self._bcache: dict = {}
+
+    def batch_dist(self, n: int, k: int) -> LatencyDist:
+        """Distribution of the duration of ``n`` reads on ``k`` readers, alone on the device."""
+        key = (int(n), int(k))
+        got = self._bcache.get(key)
+        if got is not None:
+            return got
+        n, k = key
+        sizes = sorted({b for b, _ in self.batches})
+        n0 = min(sizes, key=lambda b: (abs(b - n), b))
+        ks = sorted(r for b, r in self.batches if b == n0)
+        if k <= ks[0]:
+            d, kk = self.batches[(n0, ks[0])], ks[0]
+        elif k >= ks[-1]:
+            d, kk = self.batches[(n0, ks[-1])], ks[-1]
+        else:
+            i = int(np.searchsorted(ks, k))
+            k0, k1 = ks[i - 1], ks[i]
+            d = self.batches[(n0, k0)] if k == k0 else \
+                self.batches[(n0, k0)].mix(self.batches[(n0, k1)], (k - k0) / (k1 - k0))
+            kk = k
+        if n != n0:
+            d = d.scaled(math.ceil(n / kk) / math.ceil(n0 / kk))
+        self._bcache[key] = d
+        return d
+
+    def batch_samples(self, n: int, k: int, qd: Optional[int] = None, size: int = 2048,
+                      rng: Optional[np.random.Generator] = None):
+        """Service times of a batch of ``n`` reads on ``k`` readers: the measured batch (see the class).
+
+        Returns ``(times, areas)`` as :meth:`Device.batch_samples`; the area
+        (summed read latency) is taken as ``min(n, k)`` readers busy for the
+        whole batch.  With ``qd`` deeper than ``min(n, k)`` the per-read model
+        is used.
+        """
+        if n < 1 or k < 1:
+            raise ArgumentError(f"batch_samples: need n >= 1 reads and k >= 1 readers, got n={n}, k={k}")
+        kk = min(k, n)
+        if qd is not None and int(qd) > kk:
+            return super().batch_samples(n, k, qd, size, rng)
+        d = self.batch_dist(n, k)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        t = np.array([float(d.q[0])]) if d.is_point else d.sample(rng, size)
+        return t, t * kk
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["kind"] = "measured_batch"
+        d["batches"] = [{"n": n, "k": k, "dist": b.to_dict()} for (n, k), b in self.batches.items()]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "MeasuredBatchDevice":
+        base = EmpiricalDevice.from_dict(d)
+        try:
+            batches = {(int(b["n"]), int(b["k"])): LatencyDist.from_dict(b["dist"]) for b in d["batches"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"measured_batch device: bad 'batches' ({exc})") from None
+        try:
+            return cls(base.measured, batches, base.name, base.source)
+        except ArgumentError as exc:
+            raise FormatError(f"measured_batch device: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"MeasuredBatchDevice({self.name!r}, depths={self._qs}, batches={sorted(self.batches)})"
+
+
+class ParametricSSD(Device):
+    """An SSD from three figures: QD1 latency, IOPS ceiling, internal parallelism.
+
+    ``parallelism`` channels each serve one read at a time for ``s =
+    parallelism / iops`` seconds on average (gamma distributed with
+    coefficient of variation ``service_cv``: 0 fixed, 1 exponential; the
+    default 0.5 is an assumption, not a measurement); every
+    read also spends a fixed, pipelined ``d = qd1_latency - s`` seconds
+    (controller, bus, system call).  Reads wait for a free channel in FIFO
+    order.  With ``d = 0`` and ``service_cv = 1`` this is the M/M/c queue.
+
+    :meth:`latency` characterises the model the way a microbenchmark would: a
+    closed loop of ``qd`` readers, simulated once per depth (1 to 4 and powers
+    of two; depths between are interpolated like a measured table) and cached.
+
+    Raises
+    ------
+    ArgumentError
+        Non-positive figures, or ``qd1_latency < parallelism / iops`` (the
+        ceiling cannot be reached with that QD1 latency).
+    """
+
+    def __init__(self, qd1_latency: float, iops: float, parallelism: int, service_cv: float = 0.5,
+                 name: Optional[str] = None, source: str = "", characterize_reads: int = 20000):
+        if not (qd1_latency > 0 and iops > 0 and parallelism >= 1 and service_cv >= 0):
+            raise ArgumentError(f"ParametricSSD: need qd1_latency > 0, iops > 0, parallelism >= 1, "
+                                f"service_cv >= 0; got {qd1_latency}, {iops}, {parallelism}, {service_cv}")
+        s = parallelism / iops
+        if qd1_latency < s * (1 - 1e-9):
+            raise ArgumentError(f"ParametricSSD: qd1_latency {qd1_latency / US:.3f} us is below the channel "
+                                f"service time parallelism/iops = {s / US:.3f} us")
+        self.qd1_latency, self.iops_max, self.parallelism = float(qd1_latency), float(iops), int(parallelism)
+        self.service_cv = float(service_cv)
+        self.service = s
+        self.delay = max(0.0, qd1_latency - s)
+        self.name = name or (f"ssd-qd1-{qd1_latency / US:g}us-{iops:g}iops-p{parallelism}")
+        self.source = source or "parametric model (QD1 latency, IOPS ceiling, internal parallelism)"
+        self.characterize_reads = int(characterize_reads)
+        self._cache: dict = {}
+
+    def sample_service(self, rng: np.random.Generator, size) -> np.ndarray:
+        """Channel service times (seconds), mean ``parallelism / iops``."""
+        cv = self.service_cv
+        if cv == 0:
+            return np.full(size, self.service)
+        shape = 1.0 / (cv * cv)
+        return rng.gamma(shape, self.service / shape, size)
+
+    def depths(self) -> list:
+        out, q = [], 1
+        while q < 4 * self.parallelism or q <= 64:
+            out.append(q)
+            q *= 2
+        return out
+
+    def peak_iops(self) -> float:
+        return self.iops_max
+
+    def latency(self, qd: int) -> LatencyDist:
+        qd = int(qd)
+        if qd < 1:
+            raise ArgumentError(f"latency: queue depth must be >= 1, got {qd}")
+        got = self._cache.get(qd)
+        if got is None:
+            if self.service_cv == 0 and qd <= self.parallelism:
+                got = LatencyDist.point(self.delay + self.service, self.source)
+            elif qd & (qd - 1) == 0 or qd <= 4:
+                got = LatencyDist.from_samples(self.closed_loop(qd), knots=513, source=self.source)
+            else:  # between powers of two: quantile mixing linear in qd, like a measured table
+                q0 = 1 << (qd.bit_length() - 1)
+                got = self.latency(q0).mix(self.latency(2 * q0), (qd - q0) / q0)
+            self._cache[qd] = got
+        return got
+
+    def closed_loop(self, qd: int, reads: Optional[int] = None, seed: int = 12345) -> np.ndarray:
+        """Latencies (seconds) of a closed loop of ``qd`` readers on this device, after warm-up.
+
+        An event loop of its own (no simpy): reads leave the fixed delay stage
+        and join a FIFO queue of ``parallelism`` channels.
+        """
+        reads = reads or max(self.characterize_reads, 200 * qd)
+        warm = max(reads // 10, 10 * qd)
+        rng = np.random.default_rng(seed + qd)
+        svc = self.sample_service(rng, reads + warm + qd).tolist()
+        si = 0
+        d, P = self.delay, self.parallelism
+        events = [(d, i, 0.0) for i in range(qd)]  # (time leaving the delay stage, id, issue time)
+        heapq.heapify(events)
+        free_at = [0.0] * P  # min-heap of channel free times
+        out = []
+        # FIFO in order of arrival at the channel queue = order of delay exit (heap order).
+        while len(out) < reads + warm:
+            t_arr, rid, t_issue = heapq.heappop(events)
+            t_free = heapq.heappop(free_at)
+            t_start = t_arr if t_arr > t_free else t_free
+            t_done = t_start + svc[si]
+            si += 1
+            heapq.heappush(free_at, t_done)
+            out.append(t_done - t_issue)
+            heapq.heappush(events, (t_done + d, rid, t_done))
+        return np.asarray(out[warm:])
+
+    def exact(self, env, rng: np.random.Generator, recorder: Optional[Recorder] = None) -> "ExactDevice":
+        return ChannelExactDevice(self, env, rng, recorder)
+
+    def to_dict(self) -> dict:
+        return {"kind": "parametric_ssd", "name": self.name, "source": self.source,
+                "qd1_latency_us": self.qd1_latency / US, "iops": self.iops_max,
+                "parallelism": self.parallelism, "service_cv": self.service_cv}
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "ParametricSSD":
+        """From ``"ssd:qd1_us=80,iops=500000,parallelism=32[,cv=0.5]"``.
+
+        Raises
+        ------
+        ArgumentError
+            Unknown or missing keys (names them).
+        """
+        body = spec.split(":", 1)[1] if ":" in spec else spec
+        kv = {}
+        for part in filter(None, body.split(",")):
+            k, _, v = part.partition("=")
+            try:
+                kv[k.strip()] = float(v)
+            except ValueError:
+                raise ArgumentError(f"device spec {spec!r}: {k}={v!r} is not a number") from None
+        unknown = set(kv) - {"qd1_us", "iops", "parallelism", "cv"}
+        if unknown:
+            raise ArgumentError(f"device spec {spec!r}: unknown key {sorted(unknown)[0]!r} "
+                                "(use qd1_us, iops, parallelism, cv)")
+        missing = {"qd1_us", "iops", "parallelism"} - set(kv)
+        if missing:
+            raise ArgumentError(f"device spec {spec!r}: missing {sorted(missing)[0]!r}")
+        return cls(kv["qd1_us"] * US, kv["iops"], int(kv["parallelism"]), kv.get("cv", 0.5))
+
+    def __repr__(self) -> str:
+        return (f"ParametricSSD(qd1={self.qd1_latency / US:g} us, iops={self.iops_max:g}, "
+                f"parallelism={self.parallelism}, cv={self.service_cv:g})")
