@@ -19,25 +19,20 @@ imports argparse at load time, so registering the command costs nothing.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from pathlib import Path
+
+from engram.cli import print_json
 
 from .demo import add_demo_command
 from .io import load_json
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD
 from .report import add_report_command
-from .sweep import add_sweep_command
+from .sweep import run_study
 
 __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
            "add_report_command", "add_sim_command", "register"]
 
 _DEFAULT_DEVICE = "seed-apple-m3-ultra"
-
-
-def _print_json(obj) -> None:
-    from engram.cli import print_json
-
-    print_json(obj)
 
 
 def _ints(text: str) -> list:
@@ -111,7 +106,7 @@ def _cmd_trace(args) -> int:
         d = stats.to_dict()
         d["saved"] = out
         d["shape"] = list(tr.rows.shape)
-        _print_json(d)
+        print_json(d)
         return 0
     print(f"trace     {tr.source}: {tr.steps} tokens, {stats.sequences} sequence(s), rows {list(tr.rows.shape)}")
     if out:
@@ -176,7 +171,7 @@ def _cmd_decode(args) -> int:
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted
-        _print_json(d)
+        print_json(d)
         return 0
     if fitted:
         print(f"compute   fitted {fitted['compute_ms']:.4f} ms a step so that threshold {fitted['threshold']} "
@@ -232,7 +227,7 @@ def _cmd_prefill(args) -> int:
                          chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
                          mode=args.mode, seed=args.seed, bins=args.bins, progress=not args.no_progress)
     if args.json:
-        _print_json(r.to_dict())
+        print_json(r.to_dict())
     else:
         print(r.summary())
     return 0
@@ -265,7 +260,7 @@ def _cmd_device(args) -> int:
     if args.name is None:
         names = preset_names()
         if args.json:
-            _print_json({"presets": names})
+            print_json({"presets": names})
         else:
             print("presets: " + ", ".join(names))
             print("also: ssd:qd1_us=..,iops=..,parallelism=..[,cv=..], a saved .json device, a .jsonl microbenchmark")
@@ -277,7 +272,7 @@ def _cmd_device(args) -> int:
         info["table"] = dev.table(args.qd)
     if args.json:
         info["saved"] = saved
-        _print_json(info)
+        print_json(info)
         return 0
     print(f"device  {info['name']} ({info['kind']})")
     print(f"source  {info['source']}")
@@ -353,7 +348,7 @@ def _cmd_measure(args) -> int:
                   max_background_iops=args.max_background_iops, wait_budget=args.wait_budget)
     res["model"] = str(model)
     if args.json:
-        _print_json(res)
+        print_json(res)
         return 0
     print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
           f"({res['waited_s']:.1f} s waiting for a quiet machine; model {model})")
@@ -451,7 +446,7 @@ def _cmd_calibrate(args) -> int:
     if args.json:
         d = cal.to_dict()
         d["saved"] = str(out)
-        _print_json(d)
+        print_json(d)
         return 0
     print(cal.summary())
     print(f"saved        {out}")
@@ -485,7 +480,7 @@ def _cmd_crosscheck(args) -> int:
     res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=not args.no_progress)
     if args.json:
         res["saved"] = str(out)
-        _print_json(res)
+        print_json(res)
     else:
         print(markdown_table(res))
         print(f"\nsaved {out}")
@@ -511,6 +506,46 @@ def _add_crosscheck(sub) -> None:
     p.set_defaults(func=_cmd_crosscheck)
 
 
+# ----------------------------------------------------------------------- sweep
+def _cmd_sweep(args) -> int:
+    res = run_study(args.study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                    progress=not args.no_progress)
+    out = Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
+    path = res.write(out)
+    if args.json:
+        print_json({"table": str(path), "meta": str(path) + ".meta.json", "points": len(res.rows),
+                    "seconds": res.seconds, "runner": res.runner, "axes": res.study.axes()})
+        return 0
+    axes = res.study.axes()
+    print(f"study     {res.study.name}: {len(res.rows)} points over {', '.join(axes) or 'no varying axis'}")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}")
+    best = max(res.rows, key=lambda r: r["session_tokens_per_s"])
+    print("best      " + ", ".join(f"{a}={best[a]}" for a in axes) +
+          f": {best['session_tokens_per_s']:.2f} tokens/s per session")
+    print(f"wrote     {path} (+ .meta.json); plot it with: engram report --sweep {path}")
+    return 0
+
+
+def _add_sweep(sub) -> None:
+    """Add ``sweep`` to the ``engram sim`` subcommands."""
+    p = sub.add_parser("sweep", help="run a what-if study (a TOML grid) locally or on a Dask cluster",
+                       description="Run every point of a study file (a grid over device, policy, cache, "
+                                   "sessions, compute and trace; see studies/*.toml) through the decode "
+                                   "simulator, in parallel local processes or on a running Dask cluster, and "
+                                   "write one row per point (CSV, or Parquet with pyarrow). Each point's seed "
+                                   "derives from the study seed and the point, so every runner gives the same "
+                                   "table.")
+    p.add_argument("study", help="study TOML file")
+    p.add_argument("--out", help="results table, .csv or .parquet (default STUDY.csv in the current directory)")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
+    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_sweep)
+
+
 # -------------------------------------------------------------------- register
 def add_sim_command(subparsers) -> None:
     """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device`` and ``sweep``."""
@@ -524,7 +559,7 @@ def add_sim_command(subparsers) -> None:
     _add_decode(sub)
     _add_prefill(sub)
     _add_device(sub)
-    add_sweep_command(sub)
+    _add_sweep(sub)
 
 
 def add_measure_command(subparsers) -> None:

@@ -1,0 +1,365 @@
+"""A what-if study: a grid over the simulator's inputs, read from a TOML file, and the seed of each point.
+
+A study is a grid over the simulator's inputs -- device, read policy, row
+cache, concurrent sessions, compute and trace -- run with
+:func:`sim.decode.simulate_decode` at every point (:mod:`sim.sweep.runner`).
+
+Study file
+----------
+::
+
+    [study]
+    name = "threshold-readers"          # label of the study and of its results
+    description = "Which threshold and reader count to ship"
+    seed = 0                            # every point's seed derives from it and the point
+    calibration = "calibration.json"    # optional: for device/compute "calibrated:..."
+                                        # (relative to the study file)
+
+    [fixed]                             # values shared by every point (any axis)
+    trace = "stdlib:asyncio/base_events.py"
+    steps = 1000
+
+    [grid]                              # the product of these lists
+    device = ["seed-apple-m3-ultra", "ssd:qd1_us=80,iops=400000,parallelism=32"]
+    threshold = [8, 256]
+    readers = [1, 2, 4, 8, 16, 32]
+
+    [[plot]]                            # figures of `engram report --sweep` (optional)
+    x = "readers"
+    y = "session_tokens_per_s"
+    series = ["device", "threshold"]
+    logx = true
+
+``[[grid]]`` (an array of tables) gives a union of several grids, each merged
+over ``[fixed]``.  Axes (see :data:`AXES` for defaults and units): ``device``
+(preset, ``ssd:...``, ``.json``/``.jsonl`` file, ``calibrated`` -- this
+machine's calibrated device of the point's ``backend`` -- or
+``calibrated:BACKEND``), ``trace`` and ``trace_limit`` (source spec of
+:func:`sim.trace.load_trace`, tokens), ``threshold``, ``backend``, ``readers``
+(pread readers or io_uring ring depth, as in the engine), ``cache_rows``,
+``overlap_layers``, ``batch_overhead_us``, ``sessions``, ``steps``,
+``start_spread_ms``, ``compute`` (``""``: ``compute_ms`` with
+``compute_dist``/``compute_cv``; ``"reference"``: the SPEC §8 compute fitted so
+threshold 256 gives 19.16 tokens/s on the reference device;
+``"calibrated:LABEL"``: a measured compute of the calibration), ``compute_ms``,
+``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``mode`` and
+``repeat`` (a replicate index: it only changes the seed).
+
+Reproducibility
+---------------
+A point's seed is a hash of the study seed and the point's values
+(:func:`point_seed`), never of the worker, the order or the runner, so the same
+study gives the same table locally and on any cluster.
+"""
+
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from engram.errors import ArgumentError, FormatError
+
+from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD
+
+try:
+    import tomllib  # Python >= 3.11
+except ModuleNotFoundError:  # pragma: no cover - older Pythons
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+__all__ = ["AXES", "METRICS", "Study", "check_point", "point_seed"]
+
+#: Axes of a study: name -> (type, default, label with unit).
+AXES: Dict[str, Tuple[type, Any, str]] = {
+    "device": (str, "seed-apple-m3-ultra", "device"),
+    "trace": (str, "stdlib:asyncio/base_events.py", "trace"),
+    "trace_limit": (int, 2000, "trace tokens"),
+    "threshold": (int, DEFAULT_THRESHOLD, "threshold (distinct rows)"),
+    "backend": (str, "pread", "backend"),
+    "readers": (int, DEFAULT_READERS, "readers / ring depth"),
+    "cache_rows": (int, 0, "row cache per session (rows)"),
+    "overlap_layers": (int, 0, "overlap (layers)"),
+    "batch_overhead_us": (float, 0.0, "batch overhead (us)"),
+    "sessions": (int, 1, "concurrent sessions"),
+    "steps": (int, 1000, "steps per session"),
+    "start_spread_ms": (float, 0.0, "start spread (ms)"),
+    "compute": (str, "", "compute model"),
+    "compute_ms": (float, 0.0, "compute per step (ms)"),
+    "compute_dist": (str, "constant", "compute distribution"),
+    "compute_cv": (float, 0.0, "compute CV"),
+    "layers": (int, DEFAULT_LAYERS, "decoder layers"),
+    "hash_us": (float, 0.0, "hash time (us)"),
+    "mode": (str, "fast", "simulation mode"),
+    "repeat": (int, 0, "replicate"),
+}
+
+#: Result columns of every point: name -> label with unit.
+METRICS: Dict[str, str] = {
+    "tokens_per_s": "tokens/s, all sessions",
+    "session_tokens_per_s": "tokens/s per session (mean)",
+    "session_tokens_per_s_min": "tokens/s of the slowest session",
+    "step_mean_ms": "step latency, mean (ms)",
+    "step_p50_ms": "step latency, p50 (ms)",
+    "step_p90_ms": "step latency, p90 (ms)",
+    "step_p99_ms": "step latency, p99 (ms)",
+    "stall_mean_ms": "wait for rows per step, mean (ms)",
+    "compute_mean_ms": "compute per step, mean (ms)",
+    "reads_per_step": "device reads per step and session",
+    "cache_hit_rate": "row cache hit rate",
+    "device_busy": "device busy fraction",
+    "mean_queue_depth": "mean device queue depth",
+    "reads_per_s": "device reads/s",
+    "iops_utilization": "reads/s over peak IOPS",
+}
+
+_STUDY_KEYS = {"name", "description", "seed", "calibration"}
+_PLOT_KEYS = {"x", "y", "series", "facet", "where", "logx", "logy", "title", "kind", "target", "ylabel"}
+
+
+def point_seed(study_seed: int, params: Mapping[str, Any]) -> int:
+    """The seed of one grid point: a hash of the study seed and the point's values.
+
+    ``params`` maps axis names to values; the seed is the first 63 bits of the
+    SHA-256 of their canonical JSON (sorted keys), so it depends on nothing but
+    the study and the point.
+    """
+    blob = json.dumps({"study_seed": int(study_seed), **{k: params[k] for k in sorted(params)}},
+                      sort_keys=True, separators=(",", ":"), default=str)
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "little") >> 1
+
+
+def _tomllib():
+    if tomllib is None:  # pragma: no cover - older Pythons without tomli
+        raise ArgumentError("reading a study needs Python >= 3.11 or the 'tomli' package")
+    return tomllib
+
+
+def _load_toml(path: Path) -> dict:
+    tomllib = _tomllib()
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read study ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FormatError(f"{path}: not TOML ({exc})") from None
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """A study value checked against its axis type (ints accepted for floats)."""
+    typ = AXES[name][0]
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ArgumentError(f"{where}: {name} = {value!r} must be {typ.__name__}")
+    if typ is float and not math.isfinite(value):
+        raise ArgumentError(f"{where}: {name} = {value!r} must be finite")
+    return value
+
+
+@dataclass
+class Study:
+    """A grid of simulator runs.
+
+    Attributes
+    ----------
+    name, description : str
+    seed : int
+        Study seed; each point's seed is :func:`point_seed` of it and the point.
+    fixed : dict
+        Axis -> value shared by every point.
+    grids : list of dict
+        Axis -> list of values; the points are the union of each grid's product.
+    plots : list of dict
+        Figure specifications for :mod:`sim.report` (``x``, ``y``, ``series``, ``facet``,
+        ``where``, ``logx``, ``logy``, ``title``, ``kind`` = ``"line"`` or ``"capacity"``,
+        ``target``).
+    calibration : Path or None
+        Calibration file for ``calibrated`` devices and computes.
+    source : str
+        Where the study came from (a path, or ``"<dict>"``).
+    """
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    fixed: Dict[str, Any] = field(default_factory=dict)
+    grids: List[Dict[str, list]] = field(default_factory=list)
+    plots: List[dict] = field(default_factory=list)
+    calibration: Optional[Path] = None
+    source: str = "<dict>"
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, d: Mapping, base_dir: Union[str, os.PathLike, None] = None, source: str = "<dict>") -> "Study":
+        """A study from a parsed TOML document (see the module docstring).
+
+        Raises
+        ------
+        ArgumentError
+            Unknown sections or axes, values of the wrong type, empty grids (names them).
+        """
+        where = source
+        unknown = set(d) - {"study", "fixed", "grid", "plot"}
+        if unknown:
+            raise ArgumentError(f"{where}: unknown section {sorted(unknown)[0]!r} (study, fixed, grid, plot)")
+        head = dict(d.get("study", {}))
+        bad = set(head) - _STUDY_KEYS
+        if bad:
+            raise ArgumentError(f"{where}: [study] has unknown key {sorted(bad)[0]!r} "
+                                f"({', '.join(sorted(_STUDY_KEYS))})")
+        name = head.get("name") or (Path(source).stem if source != "<dict>" else "study")
+        seed = head.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ArgumentError(f"{where}: [study] seed = {seed!r} must be an integer >= 0")
+        fixed = {}
+        for k, v in dict(d.get("fixed", {})).items():
+            if k not in AXES:
+                raise ArgumentError(f"{where}: [fixed] has unknown axis {k!r} (axes: {', '.join(AXES)})")
+            fixed[k] = _coerce(k, v, f"{where}: [fixed]")
+        raw_grids = d.get("grid", [{}])
+        if isinstance(raw_grids, Mapping):
+            raw_grids = [raw_grids]
+        grids = []
+        for gi, g in enumerate(raw_grids):
+            gw = f"{where}: grid {gi}"
+            out = {}
+            for k, vals in dict(g).items():
+                if k not in AXES:
+                    raise ArgumentError(f"{gw}: unknown axis {k!r} (axes: {', '.join(AXES)})")
+                if not isinstance(vals, list):
+                    vals = [vals]
+                if not vals:
+                    raise ArgumentError(f"{gw}: axis {k!r} has no values")
+                out[k] = [_coerce(k, v, gw) for v in vals]
+            grids.append(out)
+        plots = []
+        for pi, p in enumerate(d.get("plot", [])):
+            bad = set(p) - _PLOT_KEYS
+            if bad:
+                raise ArgumentError(f"{where}: plot {pi} has unknown key {sorted(bad)[0]!r}")
+            if "x" not in p:
+                raise ArgumentError(f"{where}: plot {pi} needs x = AXIS")
+            for key in ("x", "facet"):
+                if key in p and p[key] not in AXES:
+                    raise ArgumentError(f"{where}: plot {pi}: {key} = {p[key]!r} is not an axis")
+            series = p.get("series", [])
+            p = dict(p, series=[series] if isinstance(series, str) else list(series))
+            for s in p["series"]:
+                if s not in AXES:
+                    raise ArgumentError(f"{where}: plot {pi}: series {s!r} is not an axis")
+            if p.get("y", "session_tokens_per_s") not in METRICS:
+                raise ArgumentError(f"{where}: plot {pi}: y = {p['y']!r} is not a result column "
+                                    f"({', '.join(METRICS)})")
+            plots.append(p)
+        cal = head.get("calibration")
+        if cal is not None:
+            cal = Path(cal)
+            if not cal.is_absolute() and base_dir is not None:
+                cal = Path(base_dir) / cal
+        study = cls(str(name), str(head.get("description", "")), int(seed), fixed, grids, plots, cal, source)
+        study.points()  # validates the values
+        return study
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "Study":
+        """Read a study TOML file.
+
+        Raises
+        ------
+        FormatError
+            Unreadable or not TOML.
+        ArgumentError
+            Not a valid study (names the key).
+        """
+        path = Path(path)
+        return cls.from_dict(_load_toml(path), base_dir=path.parent, source=str(path))
+
+    @classmethod
+    def loads(cls, text: str, base_dir: Union[str, os.PathLike, None] = None, source: str = "<text>") -> "Study":
+        """A study from TOML text (relative paths are taken from ``base_dir``).
+
+        Raises
+        ------
+        FormatError
+            Not TOML.
+        ArgumentError
+            Not a valid study.
+        """
+        tomllib = _tomllib()
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise FormatError(f"{source}: not TOML ({exc})") from None
+        return cls.from_dict(d, base_dir=base_dir, source=source)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "seed": self.seed, "fixed": self.fixed,
+                "grids": self.grids, "plots": self.plots,
+                "calibration": str(self.calibration) if self.calibration else None, "source": self.source}
+
+    # -------------------------------------------------------------- points
+    def axes(self) -> List[str]:
+        """Axes that take more than one value over the study, in :data:`AXES` order."""
+        vals: Dict[str, set] = {}
+        for p in self.points():
+            for k, v in p.items():
+                vals.setdefault(k, set()).add(v)
+        return [k for k in AXES if len(vals.get(k, ())) > 1]
+
+    def points(self) -> List[Dict[str, Any]]:
+        """Every point: axis -> value (all axes, defaults filled in), without duplicates, in grid order.
+
+        Raises
+        ------
+        ArgumentError
+            A value outside its range (names the axis and value).
+        """
+        out, seen = [], set()
+        for g in self.grids or [{}]:
+            names = list(g)
+            for combo in itertools.product(*(g[n] for n in names)):
+                p = {k: default for k, (_, default, _) in AXES.items()}
+                p.update(self.fixed)
+                p.update(zip(names, combo))
+                check_point(p, self.source)
+                key = json.dumps(p, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(p)
+        return out
+
+
+def check_point(p: Mapping[str, Any], where: str) -> None:
+    """Check a complete point's values against their ranges.
+
+    Raises
+    ------
+    ArgumentError
+        A value outside its range (names ``where``, the axis and the value).
+    """
+    for name in ("threshold", "readers", "sessions", "steps", "trace_limit", "layers"):
+        if p[name] < 1:
+            raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 1")
+    for name in ("cache_rows", "overlap_layers", "batch_overhead_us", "start_spread_ms", "compute_ms",
+                 "compute_cv", "hash_us", "repeat"):
+        if p[name] < 0:
+            raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
+    if p["backend"] not in BACKENDS:
+        raise ArgumentError(f"{where}: backend = {p['backend']!r} must be 'pread' or 'io_uring'")
+    if p["mode"] not in ("fast", "exact"):
+        raise ArgumentError(f"{where}: mode = {p['mode']!r} must be 'fast' or 'exact'")
+    if p["compute_dist"] not in COMPUTE_DISTS:
+        raise ArgumentError(f"{where}: compute_dist = {p['compute_dist']!r} is not a distribution")
+    c = p["compute"]
+    if c not in ("", "reference") and not c.startswith("calibrated:"):
+        raise ArgumentError(f"{where}: compute = {c!r} must be '', 'reference' or 'calibrated:LABEL'")
