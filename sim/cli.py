@@ -23,10 +23,10 @@ from pathlib import Path
 
 from engram.cli import print_json
 
-from .demo import add_demo_command
+from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from .io import load_json
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD
-from .report import add_report_command
+from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
 from .sweep import run_study
 
 __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
@@ -544,6 +544,92 @@ def _add_sweep(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_sweep)
+
+
+# ---------------------------------------------------------------------- report
+def _cmd_report(args) -> int:
+    md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
+                      html_page=not args.no_html, target=args.target, compute_ms=args.compute_ms,
+                      sessions=args.sessions or CAPACITY_SESSIONS, quick=args.quick, jobs=args.jobs,
+                      title=args.title, progress=not args.no_progress and not args.json)
+    figs = sorted(p.name for p in (md.parent / "figures").glob("*.png"))
+    if args.json:
+        print_json({"report": str(md), "html": str(md.with_suffix(".html")) if not args.no_html else None,
+                    "figures": figs})
+    else:
+        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')})"))
+        print(f"figures   {len(figs)} in {md.parent / 'figures'}; their numbers in {md.parent / 'data'}")
+    return 0
+
+
+def add_report_command(subparsers) -> None:
+    """Add ``engram report``."""
+    p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
+                              description="Write a report folder (report.md, report.html, figures/*.png, "
+                                          "data/*.csv, inputs/): the SPEC §8 seed reproduction, tokens/s by "
+                                          "threshold, readers and row-cache size, step-latency CDFs, predicted vs "
+                                          "measured with the error band, capacity (sessions a device sustains at "
+                                          "a target tokens/s), and the figures of sweep tables. Give a folder of "
+                                          "engram measure / calibrate (/ crosscheck) results for this machine's "
+                                          "figures; without one, the figures use the device presets.")
+    p.add_argument("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
+                                              "crosscheck.json)")
+    p.add_argument("--out", default="reports/latest", help="report folder (default reports/latest)")
+    p.add_argument("--sweep", action="append", metavar="TABLE", help="sweep table to plot (repeatable)")
+    p.add_argument("--trace", action="append", metavar="SOURCE",
+                   help="trace source of the what-if curves (repeatable; default: the measured traces, else "
+                        "Python source and prose from the standard library)")
+    p.add_argument("--target", type=float, default=CAPACITY_TARGET,
+                   help=f"tokens/s per session of the capacity figure (default {CAPACITY_TARGET:g})")
+    p.add_argument("--compute-ms", type=float,
+                   help="compute per step of the capacity figure, ms (default: the SPEC §8 reference, ~47 ms)")
+    p.add_argument("--sessions", type=_ints, help="session counts of the capacity figure (default 1,2,4,...,128)")
+    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+    p.add_argument("--title", help="report title")
+    p.add_argument("--quick", action="store_true", help="shorter simulations, fewer points")
+    p.add_argument("--no-html", action="store_true", help="Markdown only")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_report)
+
+
+# ------------------------------------------------------------------------ demo
+def _cmd_demo(args) -> int:
+    md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
+                  steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
+                  fio=not args.no_fio, wait=not args.no_wait, progress=not args.no_progress)
+    html_path = md.with_suffix(".html")
+    print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
+    return 0
+
+
+def add_demo_command(subparsers) -> None:
+    """Add ``engram demo``."""
+    p = subparsers.add_parser("demo", help="the main job: build, trace, look up, measure, calibrate, cross-check, "
+                                           "sweep, report",
+                              description="Run the whole mission on this machine: build a model file in the real "
+                                          "format (V4.1 Flash layout at a reduced scale), make traces from real "
+                                          "text that ships with Python (or --text), run lookups and gated adds, "
+                                          "the measured decode runs, the calibration, the cross-check and a small "
+                                          "sweep, and write the report (default reports/demo/). About 3 minutes "
+                                          "on 2 cores with an SSD; the 4.4 GiB model file is written once and "
+                                          "reused on later runs.")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
+    p.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                   help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
+    p.add_argument("--text", action="append", metavar="FILE",
+                   help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable")
+    p.add_argument("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)")
+    p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
+    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about 20 seconds)")
+    p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
+    p.add_argument("--no-wait", action="store_true",
+                   help="never wait for a quiet machine before a measurement (default: wait up to 2 minutes in all)")
+    p.add_argument("--no-html", action="store_true", help="Markdown report only")
+    p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
+    p.set_defaults(func=_cmd_demo)
 
 
 # -------------------------------------------------------------------- register

@@ -13,7 +13,7 @@ import pytest
 
 from engram import ArgumentError
 from engram.cli import main
-from sim.report import Doc, _Out, build_report, capacity_of, default_traces
+from sim.report import Doc, ReportFolder, build_report, capacity_of, default_traces, pyplot
 from sim.sweep import Study, run_study
 
 PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "capacity")
@@ -52,10 +52,8 @@ def test_capacity_of():
 
 
 def test_unreadable_figures_are_refused(tmp_path):
-    from sim.report import _plt
-
-    plt = _plt()
-    out = _Out(tmp_path)
+    plt = pyplot()
+    out = ReportFolder(tmp_path)
     fig, ax = plt.subplots()
     ax.plot([1, 2], [1, 2], label="a")
     ax.plot([1, 2], [2, 1], label="b")

@@ -1,0 +1,336 @@
+"""The report's predicted figures: each draws the data of :mod:`sim.report.whatif` and writes its section.
+
+Seed reproduction, tokens/s by threshold and by readers, the device models,
+row caches and reuse, step-latency CDFs, capacity.  Nothing here simulates:
+every number comes in computed, and the CSV rows beside each figure are the
+ones it was drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+
+from ..device import SEED_REFERENCE
+from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
+from ..schema import trace_label
+from .document import Doc
+from .plots import ReportFolder, cache_axis, colors, pyplot
+from .whatif import CacheData, CapacityData, CdfData, ReadersData, ThresholdData, capacity_of, gain_points
+
+__all__ = ["cache_section", "capacity_section", "cdf_section", "devices_figure", "readers_section", "seed_section",
+           "threshold_section"]
+
+_ENGRAM_ONLY = "Engram reads only, no model compute"
+
+
+def _policy_label(threshold: int) -> str:
+    return f"threshold {threshold}" if threshold <= SEED_REFERENCE["rows_per_step"] else f"serial ({threshold})"
+
+
+def seed_section(doc: Doc, out: ReportFolder, r: dict) -> None:
+    """The SPEC §8 seed reproduction ``r`` (:func:`sim.decode.seed_reproduction`): reference and simulator."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    groups = ["serial reads\n(threshold 256)", "concurrent reads\n(threshold 8, 16 readers)"]
+    ref = [SEED_REFERENCE["serial_tokens_per_s"], SEED_REFERENCE["concurrent_tokens_per_s"]]
+    sim = [r["serial_tokens_per_s"], r["predicted_tokens_per_s"]]
+    x = np.arange(2)
+    b1 = ax.bar(x - 0.18, ref, 0.36, label="reference engine, measured (SPEC §8)", color="#4C72B0")
+    b2 = ax.bar(x + 0.18, sim, 0.36, label="simulator (serial: fitted; concurrent: predicted)", color="#DD8452")
+    for bars in (b1, b2):
+        for bar in bars:
+            ax.annotate(f"{bar.get_height():.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, groups)
+    ax.set_ylabel("decode tokens/s (one session)")
+    ax.set_xlabel("read policy (48 rows a step, Apple M3 Ultra SSD)")
+    ax.set_ylim(0, max(ref + sim) * 1.18)
+    ax.legend(loc="lower right")
+    rel = out.save(fig, "seed_reproduction", "SPEC §8 seed reproduction: threshold 256 -> 8")
+    data = out.csv("seed_reproduction", ["policy", "reference_tokens_per_s", "simulated_tokens_per_s", "compute_ms"],
+                   [["serial (threshold 256)", ref[0], sim[0], r["compute_ms"]],
+                    ["concurrent (threshold 8, 16 readers)", ref[1], sim[1], r["compute_ms"]]])
+    doc.h(1, "Seed reproduction (SPEC §8, §9)")
+    doc.p(f"The reference engine decoded at {ref[0]} tokens/s reading its 48 rows a step serially and at "
+          f"{ref[1]} tokens/s reading them with 16 readers (serial {SEED_REFERENCE['serial_us_per_row']} us a row, "
+          f"concurrent {SEED_REFERENCE['concurrent_us_per_row']} us a row on "
+          f"an Apple M3 Ultra SSD). The simulator's compute per step is fitted so that threshold 256 gives "
+          f"{ref[0]} tokens/s ({r['compute_ms']:.2f} ms a step); with nothing else changed it predicts "
+          f"**{r['predicted_tokens_per_s']:.2f} tokens/s** for threshold 8 ({r['error'] * 100:+.2f}% from "
+          f"{ref[1]}; speed-up {r['speedup'] * 100:+.1f}% vs the reference's {r['reference_speedup'] * 100:+.1f}%).")
+    out.add(doc, rel, data, "Seed reproduction: reference figures of SPEC §8 and the simulator's, tokens/s.")
+
+
+def _measured_points(ax, meas: Sequence[dict], x_key: str, **style) -> None:
+    """Measured points: the median of the repeats, bars from the slowest to the fastest."""
+    m = [r["measured"] for r in meas]
+    ax.errorbar([r[x_key] for r in meas], [v["tokens_per_s"] for v in m],
+                yerr=[[v["tokens_per_s"] - min(v["tokens_per_s_runs"]) for v in m],
+                      [max(v["tokens_per_s_runs"]) - v["tokens_per_s"] for v in m]], capsize=3, **style)
+
+
+def threshold_section(doc: Doc, out: ReportFolder, d: ThresholdData, ref_compute) -> None:
+    """Tokens/s by threshold (:func:`sim.report.whatif.threshold_data`)."""
+    plt = pyplot()
+    have_cal = bool(d.backend)
+    fig, axes = plt.subplots(1, 2 if have_cal else 1, figsize=(13 if have_cal else 7, 4.8), squeeze=False)
+    axes = axes[0]
+    doc.h(1, "Tokens/s by threshold")
+    doc.p("A batch with at least `threshold` distinct rows is read concurrently, smaller ones serially (SPEC §8). "
+          "A decode step reads 48 distinct rows (24 columns of two tables, each column its own row range), so "
+          "without a cache every threshold up to 48 reads concurrently and every threshold above reads serially: "
+          "the curve is a step at 48. With a row cache a step reads only its misses, fewer than 48, and the "
+          "threshold decides how many steps still read concurrently.")
+    thr = d.thresholds
+    if have_cal:
+        ax = axes[0]
+        cycle = colors()
+        for ti, spec, ys, meas in d.machine:
+            c = cycle[ti % len(cycle)]
+            ax.plot(thr, ys, "-", color=c, label=f"{trace_label(spec)}: predicted")
+            if meas:
+                _measured_points(ax, meas, "threshold", fmt="o", color=c,
+                                 label=f"{trace_label(spec)}: measured (median, min-max of repeats)")
+        ax.axvline(48.5, color="gray", ls=":", lw=1)
+        ax.annotate("48 rows a step", (48.5, ax.get_ylim()[1]), fontsize=8, ha="right", va="top", color="gray",
+                    xytext=(-3, -3), textcoords="offset points")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("threshold (distinct rows for a concurrent read, log scale)")
+        ax.set_ylabel("decode tokens/s (one session)")
+        ax.set_title(f"This machine ({d.backend}, {d.readers} readers; {_ENGRAM_ONLY})")
+        ax.legend(loc="best")
+    ax = axes[-1]
+    for (cache, ys), ls in zip(d.reference, ("-", "--")):
+        ax.plot(thr, ys, ls, marker=".", label=f"{'no row cache' if not cache else f'{cache}-row LRU cache'}")
+    ax.axvline(48.5, color="gray", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("threshold (distinct rows for a concurrent read, log scale)")
+    ax.set_ylabel("decode tokens/s (one session)")
+    ax.set_title(f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), {DEFAULT_READERS} "
+                 f"readers, {trace_label(d.reference_trace.source)}", fontsize=10)
+    ax.legend(loc="best")
+    rel = out.save(fig, "threshold", "Decode tokens/s by read threshold")
+    data = out.csv("threshold", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "kind",
+                                 "tokens_per_s", "min", "max"], d.rows)
+    out.add(doc, rel, data, "Tokens/s by threshold: predicted lines, measured points (median of the repeats, bars "
+                            "from the slowest to the fastest repeat).")
+
+
+def readers_section(doc: Doc, out: ReportFolder, d: ReadersData, ref_compute) -> None:
+    """Tokens/s by readers (:func:`sim.report.whatif.readers_data`)."""
+    plt = pyplot()
+    have_cal = d.main is not None
+    doc.h(1, "Tokens/s by readers (queue depth)")
+    doc.p("With threshold 8 a step's 48 rows are read by `readers` pread threads or an io_uring ring of that "
+          "depth: the queue depth of the batch. More readers cut a step's read time until the device saturates "
+          "or the per-batch cost of waking the readers dominates.")
+    fig, axes = plt.subplots(1, 2 if have_cal else 1, figsize=(13 if have_cal else 7, 4.8), squeeze=False)
+    axes = axes[0]
+    if have_cal:
+        ax = axes[0]
+        backend_colors = {"pread": "#4C72B0", "io_uring": "#DD8452"}
+        for be, ys, meas in d.machine:
+            ax.plot(d.readers, ys, "-", color=backend_colors[be], label=f"{be}: predicted")
+            if meas:
+                _measured_points(ax, meas, "readers", fmt="o", color=backend_colors[be], label=f"{be}: measured")
+        if d.serial is not None:
+            y, yp = d.serial
+            ax.axhline(y, color="gray", ls="--", lw=1.2, label=f"serial (threshold 256): measured {y:.0f}")
+            ax.axhline(yp, color="gray", ls=":", lw=1.2, label=f"serial: predicted {yp:.0f}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("readers = io_uring ring depth = queue depth of a batch (log scale)")
+        ax.set_ylabel("decode tokens/s (one session)")
+        ax.set_title(f"This machine, {trace_label(d.main)} ({_ENGRAM_ONLY})")
+        ax.legend(loc="best")
+    ax = axes[-1]
+    for name, ys, serial in d.presets:
+        ax.plot(d.readers, ys, "-o", ms=4, label=f"{name} (threshold {DEFAULT_THRESHOLD})")
+        ax.axhline(serial, ls=":", lw=1, color=ax.lines[-1].get_color(), label=f"{name}: serial")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("readers = queue depth of a batch (log scale)")
+    ax.set_ylabel("decode tokens/s (one session)")
+    ax.set_title(f"Device presets, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), predicted", fontsize=10)
+    ax.legend(loc="best")
+    rel = out.save(fig, "readers", "Decode tokens/s by readers (queue depth)")
+    data = out.csv("readers", ["device", "trace", "backend", "readers", "threshold", "kind", "tokens_per_s", "min",
+                               "max"], d.rows)
+    out.add(doc, rel, data, "Tokens/s by readers: predicted lines, measured points with the min-max of repeats; "
+                            "horizontal lines: serial reads.")
+
+
+def devices_figure(doc: Doc, out: ReportFolder, curves: List[tuple], rows: List[list]) -> None:
+    """Read latency and IOPS by queue depth of each device model (:func:`sim.report.whatif.device_curves`)."""
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.6))
+    for name, qs, lat, iops in curves:
+        a1.plot(qs, lat, "-o", ms=3, label=name)
+        a2.plot(qs, iops, "-o", ms=3, label=name)
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("queue depth (reads in flight)")
+        a.legend(loc="best")
+    a1.set_ylabel("mean latency of one read (us)")
+    a1.set_title("Read latency by queue depth")
+    a2.set_ylabel("reads per second (IOPS)")
+    a2.set_title("Throughput by queue depth (Little's law: depth / mean latency)")
+    rel = out.save(fig, "devices", "Device models: read latency and IOPS by queue depth")
+    data = out.csv("devices", ["device", "queue_depth", "mean_latency_us", "iops"], rows)
+    out.add(doc, rel, data, "The device models behind the predictions: this machine's as calibrated from the "
+                            "engine's own reads (and fio's, for reference), and the presets.")
+
+
+def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
+    """Reuse, row caches and what they buy (:func:`sim.report.whatif.cache_data`): two figures."""
+    plt = pyplot()
+    doc.h(1, "Reuse and row caches")
+    doc.p("The engine never caches the table (SPEC §8: the win is concurrency, not caching). How much would a "
+          "per-session LRU row cache buy? The share of row reads that repeat an earlier row of the session is "
+          "the most any cache can serve:")
+    doc.table(["trace", "tokens", "row reads", "repeat an earlier row", "2-gram", "3-gram", "4-gram"],
+              [[trace_label(s), st.tokens, st.reads, f"{st.reuse_rate * 100:.1f}%",
+                *[f"{st.by_order.get(o, 0) * 100:.1f}%" for o in (2, 3, 4)]] for s, st in d.reuse.items()])
+    ncol = 1 + len(d.panels)
+    fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 4.6))
+    ax = axes[0]
+    sized = [c for c in d.sizes if c > 0]
+    for spec, hr in d.hit_rates.items():
+        rate = d.reuse[spec].reuse_rate
+        line, = ax.plot(sized, [h * 100 for h in hr], "-o", ms=4, label=f"{trace_label(spec)}: LRU hit rate")
+        ax.axhline(rate * 100, color=line.get_color(), ls=":", lw=1,
+                   label=f"{trace_label(spec)}: reuse rate {rate * 100:.1f}% (unbounded cache)")
+    cache_axis(ax, sized)
+    ax.set_xlabel("cache size per session (rows of 264 B, log scale)")
+    ax.set_ylabel("row reads served by the cache (%)")
+    first = next(iter(d.reuse.values()))
+    ax.set_title(f"Hit rate by cache size ({first.tokens} tokens)")
+    ax.legend(loc="best")
+    for pi, (name, title) in enumerate(d.panels):
+        ax = axes[1 + pi]
+        for cname, spec, thr, ys in d.curves:
+            if cname == name:
+                ax.plot(cache_axis(ax, d.sizes), ys, "-" if thr == DEFAULT_THRESHOLD else "--", marker="o", ms=3,
+                        label=f"{trace_label(spec)}, {_policy_label(thr)}")
+        ax.set_xlabel("cache size per session (rows of 264 B, log scale)")
+        ax.set_ylabel("decode tokens/s (one session)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(loc="best")
+    rel = out.save(fig, "cache", "What a row cache buys: hit rate and tokens/s by cache size")
+    data = out.csv("cache", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "cache_hit_rate",
+                             "tokens_per_s"], d.rows)
+    out.csv("cache_hit_rate", ["trace", "cache_rows", "lru_hit_rate", "reuse_rate"], d.hit_rows)
+    out.add(doc, rel, data, "Row cache per session: LRU hit rate (dotted: the reuse rate, the limit of an "
+                            "unbounded cache) and predicted tokens/s by cache size, threshold 8 (16 readers) and "
+                            "serial.")
+    # tokens/s against the reuse actually served
+    fig, axes2 = plt.subplots(1, len(d.panels), figsize=(6.5 * len(d.panels), 4.6), squeeze=False)
+    for pi, (name, title) in enumerate(d.panels):
+        ax = axes2[0][pi]
+        for spec in d.reuse:
+            for thr, mk in ((DEFAULT_THRESHOLD, "o"), (256, "s")):
+                sel = gain_points(d, name, spec, thr)
+                if not sel:
+                    continue
+                base = sel[0][4]
+                ax.plot([p[3] * 100 for p in sel], [(p[4] / base - 1) * 100 for p in sel], "-" + mk, ms=4,
+                        label=f"{trace_label(spec)}, {_policy_label(thr)}")
+        ax.set_xlabel("row reads served by the cache (%)")
+        ax.set_ylabel("tokens/s gain over no cache (%)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(loc="best")
+    rel = out.save(fig, "reuse", "Tokens/s gain by reuse served from a row cache")
+    data = out.csv("reuse", ["device", "trace", "threshold", "cache_hit_rate", "tokens_per_s", "gain"], d.gain_rows)
+    out.add(doc, rel, data, "Tokens/s gain against the share of reads a cache serves (points: the cache sizes "
+                            "above). Serial reads gain in proportion; concurrent reads gain less, since fewer rows "
+                            "still take a round of reads.")
+
+
+def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
+    """Step-latency CDFs (:func:`sim.report.whatif.cdf_data`): measured vs predicted, or predicted only."""
+    plt = pyplot()
+    doc.h(1, "Step-latency CDFs")
+    if d.picked:
+        doc.p("Distribution of the time of a decode step (hash + read of 48 rows + the step's compute), measured "
+              "(every step of every repeat) and predicted by the calibrated simulator for the same configuration.")
+        n = d.picked
+        cols = 2 if n > 1 else 1
+        fig, axes = plt.subplots((n + 1) // 2, cols, figsize=(6.5 * cols, 4.0 * ((n + 1) // 2)), squeeze=False)
+        for i, row, cfg, meas, pred, runs in d.measured:
+            ax = axes[i // cols][i % cols]
+            ym = np.arange(1, meas.size + 1) / meas.size
+            yp = np.arange(1, pred.size + 1) / pred.size
+            ax.plot(meas, ym, "-", lw=1.8, label=f"measured ({runs} runs x {cfg.steps} steps)")
+            ax.plot(pred, yp, "--", lw=1.8, label=f"predicted ({pred.size} simulated steps)")
+            ax.set_xscale("log")
+            ax.set_xlabel("step latency (ms, log scale)")
+            ax.set_ylabel("fraction of steps")
+            pol = "serial" if cfg.serial else f"{cfg.backend} x{cfg.readers}"
+            ax.set_title(f"{trace_label(cfg.trace)}, {pol}, compute {cfg.compute}", fontsize=10)
+            ax.legend(loc="lower right")
+        for j in range(n, ((n + 1) // 2) * cols):
+            axes[j // cols][j % cols].set_visible(False)
+        rel = out.save(fig, "step_cdf", "Step-latency CDFs: measured vs predicted")
+        data = out.csv("step_cdf", ["config", "percentile", "measured_ms", "predicted_ms"], d.rows)
+        out.add(doc, rel, data, "Cumulative distribution of step latency, measured (solid) and predicted (dashed).")
+        return
+    doc.p("No measured runs were given: predicted step-latency distributions on the reference SSD with the SPEC §8 "
+          "compute, serial vs concurrent reads.")
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for lab, x in d.predicted:
+        ax.plot(x, np.arange(1, x.size + 1) / x.size, label=lab)
+    ax.set_xlabel("step latency (ms)")
+    ax.set_ylabel("fraction of steps")
+    ax.legend(loc="lower right")
+    rel = out.save(fig, "step_cdf", "Step-latency CDFs on the reference SSD (predicted)")
+    data = out.csv("step_cdf", ["config", "percentile", "predicted_ms", ""], d.rows)
+    out.add(doc, rel, data, "Predicted step-latency CDFs (compute gamma-distributed, CV 0.05).")
+
+
+def capacity_section(doc: Doc, out: ReportFolder, d: CapacityData, *, target: float, given_compute: bool) -> list:
+    """Capacity (:func:`sim.report.whatif.capacity_data`): sessions each device sustains at ``target`` tokens/s
+    per session; returns the table's rows ``[device, capacity, tokens/s alone, busy, reads/s]``."""
+    plt = pyplot()
+    comp_ms = d.compute_ms
+    doc.h(1, "Capacity: concurrent sessions a device sustains")
+    doc.p(f"S sessions decode at once on one device (threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers, "
+          f"trace {trace_label(d.trace)}); each "
+          f"session has its own compute of {comp_ms:.1f} ms a step "
+          f"({'the SPEC §8 reference compute' if not given_compute else 'given'}), so only the reads contend; "
+          f"session starts are spread over one step. A device sustains S sessions when every session still "
+          f"decodes at >= **{target:g} tokens/s**.")
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    table, rows_csv = [], []
+    for label, spec, be, rs in d.devices:
+        cap, bound = capacity_of(rs, target)
+        xs = [r["sessions"] for r in rs]
+        ys = [r["session_tokens_per_s_min"] for r in rs]
+        line, = ax.plot(xs, ys, "-o", ms=4, label=f"{label}: {'>= ' if bound else ''}{cap} sessions")
+        if cap:
+            capr = next(r for r in rs if r["sessions"] == cap)
+            ax.plot([cap], [capr["session_tokens_per_s_min"]], "*", ms=14, color=line.get_color(),
+                    markeredgecolor="k")
+        one = next(r for r in rs if r["sessions"] == min(xs))
+        at = next((r for r in rs if r["sessions"] == cap), None)
+        table.append([label, f"{'>= ' if bound else ''}{cap}", one["session_tokens_per_s"],
+                      at["device_busy"] if at else float("nan"), at["reads_per_s"] if at else float("nan")])
+        rows_csv += [[label, r["sessions"], r["session_tokens_per_s"], r["session_tokens_per_s_min"],
+                      r["tokens_per_s"], r["device_busy"], r["mean_queue_depth"], r["reads_per_s"], r["step_p99_ms"]]
+                     for r in rs]
+    ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target:g} tokens/s per session")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent sessions on the device (log scale)")
+    ax.set_ylabel("tokens/s of the slowest session")
+    ax.set_title(f"threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers, compute {comp_ms:.1f} ms a step; "
+                 f"star: the capacity", fontsize=10)
+    ax.legend(loc="lower left")
+    rel = out.save(fig, "capacity", f"Capacity: sessions a device sustains at {target:g} tokens/s each")
+    data = out.csv("capacity", ["device", "sessions", "session_tokens_per_s", "session_tokens_per_s_min",
+                                "tokens_per_s_all", "device_busy", "mean_queue_depth", "reads_per_s", "step_p99_ms"],
+                   rows_csv)
+    out.add(doc, rel, data, f"Tokens/s of the slowest session by concurrent sessions; the legend gives each "
+                            f"device's capacity at {target:g} tokens/s per session.")
+    doc.table(["device", f"sessions at >= {target:g} tokens/s", "tokens/s, one session",
+               "device busy at capacity", "reads/s at capacity"], table)
+    return table

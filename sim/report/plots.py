@@ -1,0 +1,122 @@
+"""Drawing: matplotlib on the Agg backend with the report's style, and the folder figures are saved to.
+
+The one module of ``sim`` that imports matplotlib (inside functions: it is
+an optional, heavy package).  :meth:`ReportFolder.save` refuses a figure a
+reader could not read: an axes without labels, or several labelled series
+and no legend.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from .document import Doc
+
+__all__ = ["ReportFolder", "cache_axis", "colors", "plain_log_ticks", "pyplot"]
+
+
+_STYLE_SET = False
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, with the report's style."""
+    global _STYLE_SET
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    if not _STYLE_SET:
+        plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
+                             "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
+                             "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 12,
+                             "axes.spines.top": False, "axes.spines.right": False})
+        _STYLE_SET = True
+    return plt
+
+
+def plain_log_ticks(ax) -> None:
+    """Plain numbers (1, 2, 4, ..., 1,024; 200, 300) on log axes instead of powers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), FixedLocator):
+            continue  # linear, or ticks placed and labelled by hand
+        base = getattr(axis.get_transform(), "base", 10)
+        if base == 2:
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        else:
+            axis.set_major_formatter(LogFormatter(base=base, labelOnlyBase=False))
+            axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False))
+
+
+def cache_axis(ax, sizes: Sequence[int]) -> List[float]:
+    """A log-2 cache-size axis whose leftmost tick, "none", stands for no cache; returns the x positions."""
+    nz = [c for c in sizes if c > 0]
+    none_at = (min(nz) / 4) if nz else 1.0
+    xs = [none_at if c == 0 else float(c) for c in sizes]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, ["none" if c == 0 else f"{c:,}" for c in sizes])
+    from matplotlib.ticker import NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    return xs
+
+
+class ReportFolder:
+    """The report folder: ``figures/`` (PNG), ``data/`` (the numbers of each figure, CSV) and ``inputs/``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        for sub in ("figures", "data", "inputs"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        self.figures: List[Tuple[str, str, str]] = []  # (figure, data, title)
+
+    def save(self, fig, name: str, title: str) -> str:
+        """Save ``fig`` as ``figures/NAME.png`` with ``title``; every visible axes must be readable.
+
+        Raises
+        ------
+        RuntimeError
+            An axes without x or y label, or with several labelled lines but no legend.
+        """
+        for ax in fig.axes:
+            plain_log_ticks(ax)
+            if not ax.get_visible():
+                continue
+            if not ax.get_xlabel() or not ax.get_ylabel():
+                raise RuntimeError(f"figure {name}: an axes lacks an axis label")
+            labelled = [h for h in ax.get_legend_handles_labels()[1] if not h.startswith("_")]
+            if len(labelled) > 1 and ax.get_legend() is None and not fig.legends:
+                raise RuntimeError(f"figure {name}: an axes with {len(labelled)} labelled series has no legend")
+        fig.suptitle(title, fontweight="bold")
+        fig.tight_layout()
+        rel = f"figures/{name}.png"
+        fig.savefig(self.root / rel, bbox_inches="tight", pad_inches=0.15)
+        pyplot().close(fig)
+        return rel
+
+    def csv(self, name: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+        """Write ``data/NAME.csv`` (floats at full precision); return its path relative to the folder."""
+        rel = f"data/{name}.csv"
+        with open(self.root / rel, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            for r in rows:
+                w.writerow([repr(float(v)) if isinstance(v, (float, np.floating)) else v for v in r])
+        return rel
+
+    def add(self, doc: Doc, fig_rel: str, data_rel: str, caption: str) -> None:
+        """Put a saved figure and its data into ``doc`` with ``caption``."""
+        self.figures.append((fig_rel, data_rel, caption))
+        doc.figure(fig_rel, caption, data_rel)
+
+
+def colors() -> List[str]:
+    """The colours of the style's cycle, in order."""
+    return pyplot().rcParams["axes.prop_cycle"].by_key()["color"]

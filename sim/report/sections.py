@@ -1,0 +1,342 @@
+"""The report's sections on measurements and studies: predicted vs measured, sweep studies, the run, inputs.
+
+They draw what the documents hold (the cross-check, sweep tables,
+``demo.json``, the calibration) and never simulate.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from engram.errors import ArgumentError
+
+from ..crosscheck import markdown_table
+from ..io import sha256_file, write_json
+from ..sweep import AXES, METRICS, read_table
+from .document import Doc, anchor
+from .inputs import Inputs, device_label
+from .plots import ReportFolder, pyplot
+from .whatif import CAPACITY_TARGET, capacity_of
+
+__all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
+
+
+def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
+    """Predicted vs measured: the cross-check's figure and table (or a note that there is none)."""
+    plt = pyplot()
+    xc = inp.xc
+    doc.h(1, "Predicted vs measured")
+    if not xc:
+        doc.p("No cross-check: run `engram measure`, `engram calibrate` and `engram crosscheck` on a folder and "
+              "pass it to `engram report`.")
+        return
+    s, t = xc["summary"], xc["targets"]
+    doc.p(f"Every measured configuration predicted by the simulator calibrated from microbenchmarks only (the "
+          f"calibration never saw a decode run). tokens/s: median |error| "
+          f"**{s['tokens_per_s']['median_abs_error'] * 100:.1f}%** "
+          f"(target <= {t['tokens_per_s_median_abs'] * 100:g}%), "
+          f"max {s['tokens_per_s']['max_abs_error'] * 100:.1f}% (target <= {t['tokens_per_s_max_abs'] * 100:g}%); "
+          f"step p50 max |error| {s['step_p50']['max_abs_error'] * 100:.1f}% (target <= "
+          f"{t['step_p50_max_abs'] * 100:g}%). The spread of repeated measurements of one configuration "
+          f"((max - min) / median) has median {s['spread']['tokens_per_s_median'] * 100:.1f}% and max "
+          f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
+          f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
+          f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+    bg = [r["background"] for r in (inp.runs or {}).get("runs", []) if isinstance(r.get("background"), dict)]
+    if bg:
+        cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100
+        io = np.array([float(b.get("disk_iops", 0.0)) for b in bg])
+        waited = (inp.runs or {}).get("waited_s")
+        doc.p(f"Other processes while the runs were measured: CPU median {np.median(cpu):.0f}% of the machine "
+              f"(max {cpu.max():.0f}%), disk requests median {np.median(io):.0f}/s (max {io.max():.0f}/s)"
+              + (f"; {waited:.0f} s were spent waiting for a quiet machine" if waited else "")
+              + ". A shared machine's load widens the spread of the repeats and moves the microbenchmarks the "
+                "calibration is fitted from.")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
+    rows = xc["rows"]
+    m = np.array([r["measured"]["tokens_per_s"] for r in rows])
+    p = np.array([r["predicted"]["tokens_per_s"] for r in rows])
+    lo = np.array([min(r["measured"]["tokens_per_s_runs"]) for r in rows])
+    hi = np.array([max(r["measured"]["tokens_per_s_runs"]) for r in rows])
+    lim = (min(m.min(), p.min(), lo.min()) * 0.8, max(m.max(), p.max(), hi.max()) * 1.25)
+    xs = np.geomspace(*lim, 50)
+    ax.fill_between(xs, xs * (1 - t["tokens_per_s_median_abs"]), xs * (1 + t["tokens_per_s_median_abs"]),
+                    color="green", alpha=0.15, label=f"+-{t['tokens_per_s_median_abs'] * 100:g}% band")
+    ax.plot(xs, xs * (1 + t["tokens_per_s_max_abs"]), "g:", lw=1, label=f"+-{t['tokens_per_s_max_abs'] * 100:g}%")
+    ax.plot(xs, xs * (1 - t["tokens_per_s_max_abs"]), "g:", lw=1)
+    ax.plot(xs, xs, "k-", lw=0.8, label="predicted = measured")
+    kinds = {}
+    for r in rows:
+        kinds.setdefault("serial" if r["serial"] else r["backend"], []).append(r)
+    markers = {"serial": "s", "pread": "o", "io_uring": "^"}
+    for kind, rs in kinds.items():
+        idx = [rows.index(r) for r in rs]
+        ax.errorbar(m[idx], p[idx], xerr=[m[idx] - lo[idx], hi[idx] - m[idx]], fmt=markers.get(kind, "o"), ms=5,
+                    capsize=2, label=f"{kind} ({len(rs)} configurations)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("measured tokens/s (median of repeats; bars: min-max)")
+    ax.set_ylabel("predicted tokens/s")
+    ax.set_title("Every measured configuration")
+    ax.legend(loc="upper left")
+    err = np.array([r["error"]["tokens_per_s"] for r in rows]) * 100
+    spr = np.array([r["spread"]["tokens_per_s"] for r in rows]) * 100
+    order = np.argsort(err)
+    y = np.arange(len(rows))
+    ax2.barh(y, err[order], color=["#4C72B0" if abs(e) <= t["tokens_per_s_max_abs"] * 100 else "#C44E52"
+                                   for e in err[order]], label="prediction error")
+    ax2.errorbar(np.zeros(len(rows)), y, xerr=spr[order] / 2, fmt="none", ecolor="gray", capsize=2,
+                 label="half the spread of repeats")
+    ax2.axvspan(-t["tokens_per_s_median_abs"] * 100, t["tokens_per_s_median_abs"] * 100, color="green", alpha=0.12)
+    ax2.set_yticks(y, [_short_key(rows[i]) for i in order], fontsize=7)
+    ax2.set_xlabel("tokens/s error: predicted / measured - 1 (%)")
+    ax2.set_ylabel("configuration (trace, reads, compute)")
+    ax2.set_title("Error by configuration")
+    ax2.legend(loc="lower right")
+    rel = out.save(fig, "predicted_vs_measured", "Predicted vs measured decode tokens/s, with the error band")
+    data = out.csv("predicted_vs_measured",
+                   ["config", "trace", "threshold", "backend", "readers", "compute", "steps", "repeats",
+                    "measured_tokens_per_s", "measured_min", "measured_max", "predicted_tokens_per_s", "error",
+                    "spread", "measured_step_p50_ms", "predicted_step_p50_ms", "measured_step_p95_ms",
+                    "predicted_step_p95_ms"],
+                   [[r["key"], r["trace_label"], r["threshold"], r["backend"], r["readers"], r["compute"], r["steps"],
+                     r["repeats"], r["measured"]["tokens_per_s"], min(r["measured"]["tokens_per_s_runs"]),
+                     max(r["measured"]["tokens_per_s_runs"]), r["predicted"]["tokens_per_s"],
+                     r["error"]["tokens_per_s"], r["spread"]["tokens_per_s"], r["measured"]["step_p50_ms"],
+                     r["predicted"]["step_p50_ms"], r["measured"]["step_p95_ms"], r["predicted"]["step_p95_ms"]]
+                    for r in rows])
+    out.add(doc, rel, data, "Left: predicted against measured tokens/s (log-log) with the +-5% band. Right: the "
+                            "error of each configuration, next to half the spread of its repeats.")
+    doc.p("The cross-check table (medians over the repeats; spread: (max - min) / median of the repeats' "
+          "tokens/s; error: predicted / measured - 1):")
+
+    def pct(x: float) -> str:
+        return f"{x * 100:+.1f}%"
+
+    doc.table(["trace", "threshold", "reads", "readers", "compute", "steps x repeats", "tokens/s measured",
+               "spread", "predicted", "error", "step p50 ms measured", "predicted", "error",
+               "step p95 ms measured", "predicted", "error"],
+              [[r["trace_label"], r["threshold"], "serial" if r["serial"] else r["backend"],
+                "-" if r["serial"] else r["readers"], r["compute"], f"{r['steps']} x{r['repeats']}",
+                r["measured"]["tokens_per_s"], f"{r['spread']['tokens_per_s'] * 100:.1f}%",
+                r["predicted"]["tokens_per_s"], pct(r["error"]["tokens_per_s"]), r["measured"]["step_p50_ms"],
+                r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
+                r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
+    doc.p(markdown_table(xc).split("\n\n", 1)[1].replace("\n", " "))
+
+
+def _short_key(r: Mapping) -> str:
+    pol = "serial" if r["serial"] else f"{r['backend']} x{r['readers']}"
+    return f"{r['trace_label'][:14]} {pol} {r['compute']}"
+
+
+def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> None:
+    """One section per sweep table: what the study varied and held, and its figures (its own ``[[plot]]``
+    specifications, or one chosen from its axes)."""
+    for si, path in enumerate(sweeps):
+        rows, meta = read_table(path)
+        if not rows:
+            continue
+        study = meta.get("study", {})
+        name = study.get("name") or path.stem
+        axes = meta.get("axes") or [a for a in AXES if a in rows[0] and len({r[a] for r in rows}) > 1]
+        doc.h(1, f"Study: {name}")
+        if study.get("description"):
+            doc.p(study["description"])
+        doc.p(f"{len(rows)} points over {', '.join(f'`{a}`' for a in axes) or 'no varying axis'}"
+              + (f"; ran in {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
+              + f". Table: `inputs/{path.name}`.")
+        shutil.copyfile(path, out.root / "inputs" / path.name)
+        if Path(str(path) + ".meta.json").is_file():
+            shutil.copyfile(str(path) + ".meta.json", out.root / "inputs" / (path.name + ".meta.json"))
+        fixed = {a: rows[0][a] for a in AXES if a in rows[0] and a not in axes}
+        doc.p("Fixed: " + ", ".join(f"{a} = `{v}`" for a, v in fixed.items() if v not in ("", None)))
+        plots = study.get("plots") or [_default_plot(axes, rows)]
+        for pi, spec in enumerate(plots):
+            rel, data, cap = _plot_sweep(out, rows, spec, axes, f"sweep_{anchor(name)}_{pi}", name)
+            out.add(doc, rel, data, cap)
+
+
+def _default_plot(axes: Sequence[str], rows: Sequence[Mapping]) -> dict:
+    numeric = [a for a in axes if all(isinstance(r[a], (int, float)) for r in rows)]
+    prefer = ["sessions", "readers", "cache_rows", "threshold", "compute_ms", "overlap_layers"]
+    x = next((a for a in prefer if a in numeric), numeric[0] if numeric else (axes[0] if axes else "device"))
+    return {"x": x, "y": "session_tokens_per_s", "series": [a for a in axes if a != x][:2],
+            "logx": x in ("sessions", "readers", "cache_rows", "threshold")}
+
+
+def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes: Sequence[str], name: str,
+                study: str) -> Tuple[str, str, str]:
+    plt = pyplot()
+    x, y = spec["x"], spec.get("y", "session_tokens_per_s")
+    series = list(spec.get("series", []))
+    facet = spec.get("facet")
+    where = spec.get("where", {}) or {}
+    sel = [r for r in rows if all(r.get(k) == v or (isinstance(v, list) and r.get(k) in v) for k, v in where.items())]
+    if not sel:
+        raise ArgumentError(f"sweep plot {name}: no row matches where = {where}")
+    averaged = [a for a in axes if a not in (x, facet, *series) and a not in where]
+    facets = list(dict.fromkeys(r[facet] for r in sel)) if facet else [None]
+    cols = min(3, len(facets))
+    nrows = -(-len(facets) // cols)
+    n_series = len(set(tuple(r[s] for s in series) for r in sel))
+    outside = facet is not None or n_series > 4  # one legend for the figure, at its right
+    fig, axs = plt.subplots(nrows, cols, figsize=(5.6 * cols + (0.6 if outside else 2.4), 4.4 * nrows),
+                            squeeze=False)
+    cat = not all(isinstance(r[x], (int, float)) for r in sel)
+    xcats = list(dict.fromkeys(r[x] for r in sel)) if cat else []
+    data_rows = []
+    for fi, fv in enumerate(facets):
+        ax = axs[fi // cols][fi % cols]
+        part = [r for r in sel if facet is None or r[facet] == fv]
+        keys = list(dict.fromkeys(tuple(r[s] for s in series) for r in part))
+        for key in keys:
+            pts = [r for r in part if tuple(r[s] for s in series) == key]
+            xs = sorted(set(r[x] for r in pts), key=(xcats.index if cat else float))
+            ym, ylo, yhi = [], [], []
+            for xv in xs:
+                v = np.array([r[y] for r in pts if r[x] == xv], dtype=float)
+                ym.append(v.mean())
+                ylo.append(v.min())
+                yhi.append(v.max())
+                data_rows.append([fv if facet else "", *key, xv, v.mean(), v.min(), v.max(), v.size])
+            xp = [xcats.index(v) for v in xs] if cat else xs
+            lab = ", ".join(f"{s}={device_label(v) if s == 'device' else v}" for s, v in zip(series, key)) or y
+            line, = ax.plot(xp, ym, "-o", ms=4, label=lab)
+            if any(h > l for h, l in zip(yhi, ylo)):
+                ax.fill_between(xp, ylo, yhi, color=line.get_color(), alpha=0.15)
+        if spec.get("kind") == "capacity":
+            tgt = float(spec.get("target", CAPACITY_TARGET))
+            ax.axhline(tgt, color="k", ls="--", lw=1, label=f"target {tgt:g}")
+            for key in keys:
+                pts = [r for r in part if tuple(r[s] for s in series) == key]
+                cap, bound = capacity_of(pts, tgt, y)
+                if cap:
+                    r = next(r for r in pts if r["sessions"] == cap)
+                    ax.plot([cap], [r[y]], "*", ms=13, color="gold", markeredgecolor="k")
+                    ax.annotate(f"{'>=' if bound else ''}{cap}", (cap, r[y]), xytext=(4, 6),
+                                textcoords="offset points", fontsize=8)
+        if cat:
+            ax.set_xticks(range(len(xcats)), [device_label(str(c)) for c in xcats], rotation=20, ha="right")
+        elif spec.get("logx"):
+            ax.set_xscale("log", base=2)
+        if spec.get("logy"):
+            ax.set_yscale("log")
+        ax.set_xlabel(AXES.get(x, (None, None, x))[2] + (" (log scale)" if spec.get("logx") and not cat else ""))
+        ax.set_ylabel(spec.get("ylabel") or METRICS.get(y, y))
+        if facet:
+            ax.set_title(f"{facet} = {device_label(fv) if facet == 'device' else fv}", fontsize=10)
+        if not outside:
+            ax.legend(loc="best")
+    for j in range(len(facets), nrows * cols):
+        axs[j // cols][j % cols].set_visible(False)
+    if outside:
+        seen: Dict[str, Any] = {}
+        for ax in fig.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+        fig.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=8)
+    title = spec.get("title") or f"{study}: {METRICS.get(y, y)} by {AXES.get(x, (0, 0, x))[2]}"
+    rel = out.save(fig, name, title)
+    data = out.csv(name, [facet or "facet", *series, x, f"{y}_mean", f"{y}_min", f"{y}_max", "points"], data_rows)
+    cap = f"Study {study}: {METRICS.get(y, y)} by {x}" + (f", one line per {', '.join(series)}" if series else "")
+    if where:
+        cap += f"; only {', '.join(f'{k} = {v}' for k, v in where.items())}"
+    if averaged:
+        cap += f"; mean over {', '.join(averaged)} (band: min-max)"
+    return rel, data, cap + "."
+
+
+def run_section(doc: Doc, inp: Inputs) -> None:
+    """The run of ``engram demo`` (``demo.json``): model file, traces, lookups, steps; nothing without it."""
+    d = inp.demo
+    if not d:
+        return
+    doc.h(1, "The run")
+    m = d.get("model", {})
+    if m:
+        doc.p(f"Model file `{m.get('path')}`: {m.get('bytes', 0) / 2**30:.2f} GiB in the real GGUF format "
+              f"(DeepSeek V4.1 Flash layout at scale {m.get('scale')}: tables of "
+              f"{', '.join(f'{r:,}' for r in m.get('rows', []))} "
+              f"rows, {m.get('table_bytes', 0) / 2**30:.2f} GiB of tables)"
+              + (f", built in {m['build_s']:.1f} s." if m.get("build_s") else ", reused."))
+    tr = d.get("traces", [])
+    if tr:
+        doc.p("Traces: real text through the DeepSeek V4 tokenizer and the V4.1 hash.")
+        doc.table(["trace", "source", "tokens used", "reuse rate"],
+                  [[t["label"], t["source"], t["tokens"], f"{t['reuse_rate'] * 100:.1f}%"] for t in tr])
+    lk = d.get("lookups")
+    if lk:
+        doc.p(f"Lookups and gated adds: {lk['tokens']} tokens of `{lk['source']}` decoded through a session "
+              f"(hash, one concurrent read of 48 rows, decode), then projected and gate-added into a seeded "
+              f"random residual for both Engram layers (SPEC §7). Rows read from the file were "
+              f"{'identical to' if lk.get('rows_verified') else 'NOT identical to'} the generator's bytes decoded "
+              f"independently. Read time mean {lk['read_ms_mean']:.3f} ms, projection + gated add mean "
+              f"{lk['mix_ms_mean']:.1f} ms a token.")
+        doc.table(["position", "token", "text", "layer 1 rows (first 3)", "read ms", "gates layer 1",
+                   "gates layer 14"],
+                  [[r["position"], r["token"], repr(r["text"]), " ".join(str(x) for x in r["rows"][:3]),
+                    r["read_ms"], " ".join(f"{g:.3f}" for g in r["gates"][0]),
+                    " ".join(f"{g:.3f}" for g in r["gates"][-1])] for r in lk["records"][:12]])
+    st = d.get("steps", [])
+    if st:
+        doc.p("Steps of the run and their wall time:")
+        doc.table(["step", "seconds"], [[s["name"], s["seconds"]] for s in st])
+
+
+def inputs_section(doc: Doc, out: ReportFolder, inp: Inputs, sweeps: Sequence[Path]) -> None:
+    """The calibration's tables, copies of the inputs, their hashes, and every figure with its data."""
+    doc.h(1, "Inputs, calibration and tables")
+    if inp.cal is not None:
+        c = inp.cal
+        doc.p(f"Calibration of {inp.machine_name()} from `{c.source.get('path', '?')}` "
+              f"({c.source.get('records', '?')} microbenchmark records, {c.date}); it reads microbenchmarks only. "
+              f"Hash: {c.hash_s * 1e6:.2f} us a step. Per backend and depth: the engine's mean read latency, fio's, "
+              f"the measured 48-row batch (what a decode step's read costs) and the makespan of 48 independent "
+              f"reads drawn from the per-read model:")
+        doc.table(["backend", "depth", "engine us", "fio us", "48-row batch mean us", "48-row batch p50 us",
+                   "48 independent reads us", "batches"],
+                  [[f["backend"], f["qd"], f["engine_mean_us"], f.get("fio_mean_us"), f["batch48_mean_us"],
+                    f["batch48_p50_us"], f["device_batch48_mean_us"], f["batches"]] for f in c.fit])
+        think_fit = getattr(c, "think_fit", None) or []
+        if think_fit:
+            doc.p("48-row batches measured with a step's compute between batches (think time), used for the "
+                  "configurations with that compute, next to the same batches back to back:")
+            doc.table(["compute between batches", "backend", "readers", "48-row batch mean us", "p50 us",
+                       "back to back mean us", "batches"],
+                      [[f["think"], f["backend"], f["qd"], f["batch48_mean_us"], f["batch48_p50_us"],
+                        f.get("back_to_back_mean_us"), f["batches"]] for f in think_fit])
+        doc.table(["compute", "mean ms", "CV", "samples"],
+                  [[label, m.mean * 1e3, m.cv, len(m.samples)] for label, m in c.compute.items()])
+        out.csv("calibration_fit", list(c.fit[0].keys()) if c.fit else [], [list(f.values()) for f in c.fit])
+        shutil.copyfile(inp.cal_path, out.root / "inputs" / "calibration.json")
+    if inp.xc:
+        write_json(out.root / "inputs" / "crosscheck.json", inp.xc)
+    if inp.runs:
+        rows = [[r["config"], r["round"], r["order"], r["steps"], r["tokens_per_s"], r["step_ms"]["p50"],
+                 r["step_ms"]["p95"], r["read_ms"]["mean"], r["compute_ms"]["mean"], r.get("rows_match")]
+                for r in inp.runs["runs"]]
+        out.csv("runs", ["config", "round", "order", "steps", "tokens_per_s", "step_p50_ms", "step_p95_ms",
+                         "read_mean_ms", "compute_mean_ms", "rows_match"], rows)
+        shutil.copyfile(out.root / "data" / "runs.csv", out.root / "inputs" / "runs_summary.csv")
+    if inp.demo:
+        write_json(out.root / "inputs" / "demo.json", inp.demo)
+    files = []
+    if inp.workdir is not None:
+        for name in ("microbench.json", "runs.json", "calibration.json", "crosscheck.json", "demo.json"):
+            p = inp.workdir / name
+            if p.is_file():
+                files.append([f"`{p}`", f"{p.stat().st_size:,}", sha256_file(p)[:16]])
+    for p in sweeps:
+        files.append([f"`{p}`", f"{p.stat().st_size:,}", sha256_file(p)[:16]])
+    if files:
+        doc.p("Input files (sha256 prefix); copies or summaries of them are in `inputs/`:")
+        doc.table(["file", "bytes", "sha256"], files)
+    doc.p("Every figure and the table of numbers it plots:")
+    doc.table(["figure", "data"], [[f"[{Path(f).name}]({f})", f"[{Path(d).name}]({d})"] for f, d, _ in out.figures])

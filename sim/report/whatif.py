@@ -1,0 +1,421 @@
+"""The numbers behind the report's figures: every simulation the report runs, and the rows of its data tables.
+
+Each function here computes one figure's data -- predicted curves, the
+measured points they are compared with (from the cross-check), and the CSV
+rows of ``data/NAME.csv`` -- and draws nothing; :mod:`sim.report.sections`
+draws them and never simulates.  All simulations are seeded: the same
+inputs give the same numbers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from engram.errors import ArgumentError
+
+from ..decode import seed_reproduction, simulate_decode
+from ..device import SEED_REFERENCE, preset, preset_names
+from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
+from ..schema import RunConfig, trace_label
+from ..sweep import AXES, run_points
+from ..trace import Trace, lru_hit_rate, reuse_stats
+from .inputs import Inputs
+
+__all__ = ["CACHE_ROWS", "CAPACITY_SESSIONS", "CAPACITY_TARGET", "READERS", "SIM_STEPS", "THRESHOLDS",
+           "capacity_of", "simulate"]
+
+#: Target tokens/s per session of the capacity figure.
+CAPACITY_TARGET = 20.0
+#: Concurrent sessions tried for the capacity figure.
+CAPACITY_SESSIONS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+#: Thresholds of the threshold figure (a decode step reads 48 distinct rows).
+THRESHOLDS = (1, 2, 4, 8, 16, 24, 32, 40, 44, 46, 47, 48, 49, 52, 64, 128, 256)
+#: Reader counts (= ring depths) of the readers figure.
+READERS = (1, 2, 4, 8, 16, 32, 64)
+#: Row-cache sizes of the cache figures, rows.
+CACHE_ROWS = (0, 64, 256, 1024, 4096, 16384, 65536)
+#: Steps per simulated curve point.
+SIM_STEPS = 2000
+
+#: The reference device of the what-if panels.
+SEED_DEVICE = SEED_REFERENCE["device"]
+
+
+def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, seed: int = 0, hash_time: float = 0.0,
+             sessions: int = 1, start_spread: float = 0.0):
+    """One decode simulation as the report runs them (fast mode, a coarse timeline)."""
+    return simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode="fast", seed=seed,
+                           hash_time=hash_time, start_spread=start_spread, bins=4)
+
+
+def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:
+    """The engine's policy for ``threshold``, ``backend`` and ``readers`` (ring depth = readers)."""
+    return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers),
+                  cache_rows=int(cache_rows))
+
+
+def seed_figures() -> Tuple[dict, Compute]:
+    """The SPEC §8 seed reproduction (:func:`sim.decode.seed_reproduction`) and its fitted compute per step."""
+    r = seed_reproduction()
+    return r, Compute(r["compute_ms"] * 1e-3)
+
+
+def _steps(quick: bool) -> int:
+    return 400 if quick else SIM_STEPS
+
+
+def _measured_range(row: Mapping) -> Tuple[float, float]:
+    runs = row["measured"]["tokens_per_s_runs"]
+    return min(runs), max(runs)
+
+
+# ------------------------------------------------------------------- threshold
+@dataclass
+class ThresholdData:
+    """Tokens/s by threshold: this machine's lines (``(colour index, trace, predicted, measured rows)``) at
+    ``backend`` x ``readers``, and the reference SSD's (``(cache rows, predicted)``) on ``reference_trace``."""
+
+    thresholds: Sequence[int]
+    backend: str = ""
+    readers: int = 0
+    machine: List[tuple] = field(default_factory=list)
+    reference: List[tuple] = field(default_factory=list)
+    reference_trace: Optional[Trace] = None
+    rows: List[list] = field(default_factory=list)
+
+
+def threshold_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ThresholdData:
+    """Predicted tokens/s by threshold on this machine (when calibrated, with the measured points of the
+    configuration measured at most thresholds) and on the reference SSD without and with a row cache."""
+    steps = _steps(quick)
+    d = ThresholdData(THRESHOLDS if not quick else (4, 8, 32, 47, 48, 49, 64, 256))
+    if inp.cal is not None:
+        main = inp.main_trace()
+        xc = [r for r in inp.xc_rows() if r["compute"] == "none"]
+        pairs: Dict[tuple, set] = {}
+        for r in xc:
+            if not r["serial"] and r["trace"] == main:
+                pairs.setdefault((r["backend"], r["readers"]), set()).add(r["threshold"])
+        if pairs:
+            be, k = max(pairs, key=lambda p: (len(pairs[p]), p[1], p[0] == "pread"))
+        else:
+            be, k = inp.backends()[0], DEFAULT_READERS
+        d.backend, d.readers = be, k
+        comp = inp.cal.compute_model("none")
+        traces = [main] if main else list(inp.traces)
+        traces += [t for t in inp.traces if t not in traces][:2]
+        for ti, spec in enumerate(traces):
+            if spec not in inp.traces and spec not in inp.run_traces:
+                continue
+            tr = inp.machine_trace(spec)
+            ys = []
+            for t in d.thresholds:
+                r = simulate(tr, inp.cal.device(be), policy(t, be, k), comp, steps=steps, hash_time=inp.cal.hash_s)
+                ys.append(r.tokens_per_s)
+                d.rows.append(["this machine", trace_label(spec), be, k, t, 0, "predicted", r.tokens_per_s, "", ""])
+            meas = [r for r in xc if r["trace"] == spec and (r["serial"] or (r["backend"], r["readers"]) == (be, k))]
+            for r in meas:
+                d.rows.append(["this machine", trace_label(spec), r["backend"], r["readers"], r["threshold"], 0,
+                               "measured", r["measured"]["tokens_per_s"], *_measured_range(r)])
+            d.machine.append((ti, spec, ys, meas))
+    seed = preset(SEED_DEVICE)
+    tr = d.reference_trace = next(iter(inp.traces.values()))
+    for cache in (0, 4096):
+        ys = []
+        for t in d.thresholds:
+            r = simulate(tr, seed, policy(t, "pread", DEFAULT_READERS, cache), ref_compute, steps=steps)
+            ys.append(r.tokens_per_s)
+            d.rows.append([SEED_DEVICE, tr.source, "pread", DEFAULT_READERS, t, cache, "predicted", r.tokens_per_s,
+                           "", ""])
+        d.reference.append((cache, ys))
+    return d
+
+
+# --------------------------------------------------------------------- readers
+@dataclass
+class ReadersData:
+    """Tokens/s by readers: this machine's lines per backend (``(backend, predicted, measured rows)``) on
+    ``main``, its serial lines (measured, predicted), and each preset's (``(name, predicted, serial)``)."""
+
+    readers: Sequence[int]
+    main: Optional[str] = None
+    machine: List[tuple] = field(default_factory=list)
+    serial: Optional[Tuple[float, float]] = None
+    presets: List[tuple] = field(default_factory=list)
+    preset_trace: Optional[Trace] = None
+    rows: List[list] = field(default_factory=list)
+
+
+def readers_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ReadersData:
+    """Predicted tokens/s by readers at the default threshold: this machine's backends (with the measured
+    points) and every device preset, next to their serial reads."""
+    steps = _steps(quick)
+    d = ReadersData(READERS if not quick else (1, 4, 16))
+    thr = DEFAULT_THRESHOLD
+    if inp.cal is not None:
+        main = d.main = inp.main_trace() or next(iter(inp.traces))
+        tr = inp.machine_trace(main)
+        comp = inp.cal.compute_model("none")
+        xc = [r for r in inp.xc_rows() if r["compute"] == "none" and r["trace"] == main]
+        for be in inp.backends():
+            ys = []
+            for k in d.readers:
+                r = simulate(tr, inp.cal.device(be), policy(thr, be, k), comp, steps=steps, hash_time=inp.cal.hash_s)
+                ys.append(r.tokens_per_s)
+                d.rows.append(["this machine", trace_label(main), be, k, thr, "predicted", r.tokens_per_s, "", ""])
+            meas = sorted((r for r in xc if not r["serial"] and r["backend"] == be), key=lambda r: r["readers"])
+            for r in meas:
+                d.rows.append(["this machine", trace_label(main), be, r["readers"], r["threshold"], "measured",
+                               r["measured"]["tokens_per_s"], *_measured_range(r)])
+            d.machine.append((be, ys, meas))
+        ser = [r for r in xc if r["serial"]]
+        if ser:
+            y = float(np.median([r["measured"]["tokens_per_s"] for r in ser]))
+            yp = float(np.median([r["predicted"]["tokens_per_s"] for r in ser]))
+            d.serial = (y, yp)
+            d.rows.append(["this machine", trace_label(main), "serial", 1, 256, "measured", y, "", ""])
+            d.rows.append(["this machine", trace_label(main), "serial", 1, 256, "predicted", yp, "", ""])
+    tr = d.preset_trace = next(iter(inp.traces.values()))
+    for name in preset_names():
+        try:
+            dev = preset(name)
+        except ArgumentError:
+            continue
+        ys = []
+        for k in d.readers:
+            r = simulate(tr, dev, policy(thr, "pread", k), ref_compute, steps=steps)
+            ys.append(r.tokens_per_s)
+            d.rows.append([name, trace_label(tr.source), "any", k, thr, "predicted", r.tokens_per_s, "", ""])
+        r = simulate(tr, dev, policy(256, "pread", 1), ref_compute, steps=steps)
+        d.rows.append([name, trace_label(tr.source), "serial", 1, 256, "predicted", r.tokens_per_s, "", ""])
+        d.presets.append((name, ys, r.tokens_per_s))
+    return d
+
+
+def device_curves(inp: Inputs) -> Tuple[List[tuple], List[list]]:
+    """Mean read latency and IOPS by queue depth of every device model behind the predictions:
+    ``([(name, depths, latency us, IOPS)], csv rows)``."""
+    devs: List[Tuple[str, Any]] = []
+    if inp.cal is not None:
+        devs += [(f"this machine, engine {be}", inp.cal.devices[be]) for be in inp.backends()]
+        if inp.cal.fio_device is not None:
+            devs.append(("this machine, fio 4 KiB", inp.cal.fio_device))
+    for n in preset_names():
+        try:
+            devs.append((n, preset(n)))
+        except ArgumentError:
+            continue
+    curves, rows = [], []
+    for name, dev in devs:
+        qs = [q for q in dev.depths() if q <= 256]
+        lat = [dev.mean_latency(q) * 1e6 for q in qs]
+        iops = [q / (v * 1e-6) for q, v in zip(qs, lat)]
+        curves.append((name, qs, lat, iops))
+        rows += [[name, q, v, i] for q, v, i in zip(qs, lat, iops)]
+    return curves, rows
+
+
+# ----------------------------------------------------------------------- cache
+@dataclass
+class CacheData:
+    """Row caches: each trace's reuse statistics and LRU hit rates by cache size, and per device panel
+    (``(name, title)``) tokens/s by cache size for thresholds 8 and 256 (``(panel, trace, threshold, hit rate,
+    tokens/s)`` points)."""
+
+    sizes: Sequence[int]
+    reuse: Dict[str, Any] = field(default_factory=dict)
+    hit_rates: Dict[str, List[float]] = field(default_factory=dict)
+    panels: List[Tuple[str, str]] = field(default_factory=list)
+    curves: List[tuple] = field(default_factory=list)
+    points: List[tuple] = field(default_factory=list)
+    rows: List[list] = field(default_factory=list)
+    hit_rows: List[list] = field(default_factory=list)
+    gain_rows: List[list] = field(default_factory=list)
+
+
+def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
+    """Reuse, LRU hit rates and predicted tokens/s by per-session row-cache size, on this machine (when
+    calibrated) and on the reference SSD."""
+    steps = _steps(quick)
+    d = CacheData(CACHE_ROWS if not quick else (0, 256, 4096))
+    for spec, tr in inp.traces.items():
+        d.reuse[spec] = reuse_stats(tr)
+    sized = [c for c in d.sizes if c > 0]
+    for spec, tr in inp.traces.items():
+        d.hit_rates[spec] = [lru_hit_rate(tr, c) for c in sized]
+        d.hit_rows += [[trace_label(spec), c, h, d.reuse[spec].reuse_rate] for c, h in zip(sized, d.hit_rates[spec])]
+    panels = []
+    if inp.cal is not None:
+        be = inp.backends()[0]
+        panels.append(("this machine", inp.cal.device(be), inp.cal.compute_model("none"), inp.cal.hash_s, be,
+                       f"This machine ({be}, Engram reads only)"))
+    panels.append((SEED_DEVICE, preset(SEED_DEVICE), ref_compute, 0.0, "pread",
+                   f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms)"))
+    k = DEFAULT_READERS
+    for name, dev, comp, hs, be, title in panels:
+        d.panels.append((name, title))
+        for spec, tr in inp.traces.items():
+            for thr in (DEFAULT_THRESHOLD, 256):
+                ys = []
+                for c in d.sizes:
+                    r = simulate(tr, dev, policy(thr, be, k, c), comp, steps=min(steps, tr.steps), hash_time=hs)
+                    ys.append(r.tokens_per_s)
+                    d.rows.append([name, trace_label(spec), be, k, thr, c, r.cache_hit_rate, r.tokens_per_s])
+                    d.points.append((name, spec, thr, r.cache_hit_rate, r.tokens_per_s))
+                d.curves.append((name, spec, thr, ys))
+    for name, _title in d.panels:
+        for spec in inp.traces:
+            for thr in (DEFAULT_THRESHOLD, 256):
+                sel = gain_points(d, name, spec, thr)
+                if sel:
+                    base = sel[0][4]
+                    d.gain_rows += [[name, trace_label(spec), thr, p[3], p[4], p[4] / base - 1] for p in sel]
+    return d
+
+
+def gain_points(d: CacheData, name: str, spec: str, threshold: int) -> List[tuple]:
+    """The points of one panel, trace and threshold, by increasing cache hit rate."""
+    return sorted((p for p in d.points if p[0] == name and p[1] == spec and p[2] == threshold), key=lambda p: p[3])
+
+
+# ------------------------------------------------------------------------- CDF
+@dataclass
+class CdfData:
+    """Step-latency CDFs: with measurements, ``(panel, cross-check row, configuration, measured ms, predicted ms,
+    runs)`` for each of the ``picked`` configurations whose trace was saved; without, ``(label, predicted ms)``
+    on the reference SSD."""
+
+    measured: List[tuple] = field(default_factory=list)
+    picked: int = 0
+    predicted: List[tuple] = field(default_factory=list)
+    rows: List[list] = field(default_factory=list)
+
+
+def _pick_cdf_rows(inp: Inputs) -> List[dict]:
+    """Up to four measured configurations: serial, pread near 4 readers, io_uring at most readers, one with
+    compute, one on another trace (on the main trace where possible)."""
+    xc = inp.xc_rows()
+    main = inp.main_trace()
+    pick: List[dict] = []
+
+    def add(cands):
+        for r in cands:
+            if r not in pick:
+                pick.append(r)
+                return
+
+    base = [r for r in xc if r["trace"] == main and r["compute"] == "none"] or xc
+    add([r for r in base if r["serial"]])
+    add(sorted((r for r in base if not r["serial"] and r["backend"] == "pread"),
+               key=lambda r: (abs(r["readers"] - 4), r["readers"])))
+    add(sorted((r for r in base if not r["serial"] and r["backend"] == "io_uring"), key=lambda r: -r["readers"]))
+    add(sorted((r for r in xc if r["compute"] != "none"), key=lambda r: (r["serial"], r["compute"] == "mixer")))
+    add([r for r in xc if r["trace"] != main])
+    add(base)
+    return pick[:4]
+
+
+def cdf_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CdfData:
+    """Step-latency distributions: measured against predicted for up to four measured configurations, or,
+    without measurements, predicted on the reference SSD for serial and concurrent reads."""
+    d = CdfData()
+    if inp.cal is not None and inp.runs is not None and inp.xc_rows():
+        pick = _pick_cdf_rows(inp)
+        d.picked = len(pick)
+        runs_by: Dict[str, List[dict]] = {}
+        for r in inp.runs["runs"]:
+            runs_by.setdefault(r["config"], []).append(r)
+        for i, row in enumerate(pick):
+            meas = np.sort(np.concatenate([np.asarray(r["step_us"], float) for r in runs_by[row["key"]]])) / 1e3
+            cfg = RunConfig.from_dict(row)
+            tr = inp.run_traces.get(cfg.trace)
+            if tr is None:
+                continue
+            # the stretches of the trace the runs read, one after the other (as the cross-check replays them)
+            starts = [int(r.get("start", 0)) for r in runs_by[row["key"]]]
+            tr = Trace(np.concatenate([tr.rows[a:a + cfg.steps] for a in starts]),
+                       np.concatenate([tr.tokens[a:a + cfg.steps] for a in starts]), np.zeros(1, np.int64),
+                       tr.layer_ids, tr.heads, tr.source)
+            steps = 500 if quick else max(tr.steps, SIM_STEPS)
+            r = simulate(tr, inp.cal.device(cfg.backend, cfg.compute), policy(cfg.threshold, cfg.backend, cfg.readers),
+                         inp.cal.compute_model(cfg.compute), steps=steps, hash_time=inp.cal.hash_s)
+            pred = np.sort(r.step_latencies.reshape(-1)) * 1e3
+            d.measured.append((i, row, cfg, meas, pred, len(runs_by[row["key"]])))
+            for p in (1, 5, 10, 25, 50, 75, 90, 95, 99):
+                d.rows.append([row["key"], p, float(np.percentile(meas, p)), float(np.percentile(pred, p))])
+        return d
+    tr = next(iter(inp.traces.values()))
+    dev = preset(SEED_DEVICE)
+    comp = Compute(ref_compute.mean, "gamma", 0.05)
+    for thr, k, lab in ((256, DEFAULT_READERS, "serial (threshold 256)"), (8, 4, "threshold 8, 4 readers"),
+                        (8, DEFAULT_READERS, "threshold 8, 16 readers")):
+        r = simulate(tr, dev, policy(thr, "pread", k), comp, steps=_steps(quick))
+        x = np.sort(r.step_latencies.reshape(-1)) * 1e3
+        d.predicted.append((lab, x))
+        d.rows += [[lab, p, float(np.percentile(x, p)), ""] for p in (1, 5, 10, 25, 50, 75, 90, 95, 99)]
+    return d
+
+
+# -------------------------------------------------------------------- capacity
+def capacity_of(rows: Sequence[Mapping], target: float, y: str = "session_tokens_per_s_min") -> Tuple[int, bool]:
+    """Largest session count whose sessions all reach ``target`` tokens/s, and whether it is only a lower bound.
+
+    ``rows`` are sweep rows of one device (``sessions`` and ``y``).  Counting
+    from one session up, the first count below the target ends the search;
+    the capacity is the last count before it (0 when one session misses the
+    target).  The bound flag is true when every count met the target.
+    """
+    cap = 0
+    for r in sorted(rows, key=lambda r: r["sessions"]):
+        if r[y] >= target:
+            cap = int(r["sessions"])
+        else:
+            return cap, False
+    return cap, True
+
+
+@dataclass
+class CapacityData:
+    """Capacity: per device ``(label, spec, backend, sweep rows)``, the trace, the compute per step (ms)."""
+
+    trace: str
+    compute_ms: float
+    devices: List[tuple] = field(default_factory=list)
+
+
+def capacity_data(inp: Inputs, ref_compute: Compute, *, compute_ms: Optional[float], sessions: Sequence[int],
+                  quick: bool, jobs: Optional[int], progress: bool) -> CapacityData:
+    """Simulated sessions sharing each device (this machine's calibrated backends and every preset) at the
+    default threshold and readers, each with its own compute, starts spread over one step."""
+    comp_ms = float(compute_ms) if compute_ms is not None else ref_compute.mean * 1e3
+    trace_spec = next(iter(inp.traces))
+    steps = 150 if quick else 300
+    devices: List[Tuple[str, str, str]] = []  # (label, device spec, backend)
+    if inp.cal is not None and inp.cal_path is not None:
+        for be in inp.backends():
+            devices.append((f"this machine ({be})", "calibrated", be))
+    for n in preset_names():
+        try:
+            preset(n)
+        except ArgumentError:
+            continue
+        devices.append((n, n, "pread"))
+    tr = inp.traces[trace_spec]
+    base = {k: v[1] for k, v in AXES.items()}
+    base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, compute="", compute_ms=comp_ms,
+                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=comp_ms)
+    with tempfile.TemporaryDirectory() as tmp:
+        # the trace as loaded here (its source may be a file that is gone), handed over as a saved trace
+        saved = str(tr.save(Path(tmp) / "capacity-trace.npz"))
+        points = [dict(base, trace=saved, device=spec, backend=be, sessions=int(s))
+                  for _, spec, be in devices for s in sessions]
+        rows, _ = run_points(points, 0, calibration=inp.cal_path, jobs=jobs, progress=progress, desc="capacity")
+    d = CapacityData(trace_spec, comp_ms)
+    for label, spec, be in devices:
+        d.devices.append((label, spec, be, [r for r in rows if r["device"] == spec and r["backend"] == be]))
+    return d
