@@ -1,41 +1,63 @@
-"""sim: a simpy model of Engram row reads that predicts decode tokens/s (SPEC §9).
+"""sim: a simpy model of Engram row reads that predicts decode tokens/s (SPEC §9), and the measurements
+of the real engine it is calibrated from and checked against.
 
+Read top-down; each stage imports only the stages above it:
+
+- :mod:`sim.io`, :mod:`sim.schema` -- documents in and out, their layouts and checks
+- :mod:`sim.params` -- the read policy and the compute of a step (and the defaults)
 - :mod:`sim.trace` -- traces from real text (row ids per step) and their reuse statistics
 - :mod:`sim.device` -- device models: read latency by queue depth (measured, presets, parametric SSD)
-- :mod:`sim.decode` -- sessions x decode steps on a shared device
-- :mod:`sim.prefill` -- one prompt's rows streamed in chunks behind the layers' compute
-- :mod:`sim.cli` -- ``engram sim ...``
+- :mod:`sim.decode`, :mod:`sim.prefill` -- the simpy models: sessions x decode steps; one prompt's prefill
+- :mod:`sim.measure` -- the real engine timed (writes documents; nothing in the simulator imports it)
+- :mod:`sim.calibrate` -- microbenchmark documents -> device and compute models
+- :mod:`sim.crosscheck` -- predicted vs measured decode runs
+- :mod:`sim.sweep` -- what-if studies (TOML grids) in local processes or on a Dask cluster
+- :mod:`sim.report` -- the plotted report
+- :mod:`sim.demo`, :mod:`sim.cli` -- the main job, and every command (``engram sim ...``, ``engram measure``, ...)
 
-``sim`` imports ``engram``; ``engram`` never imports ``sim``.  The names below
-are loaded on first use, so ``import sim`` stays cheap.
+``sim`` imports ``engram``; ``engram`` never imports ``sim``.  The names
+below are the simulator's public API.
 """
 
 from __future__ import annotations
 
-import importlib
+from .decode import DecodeResult, fit_compute, seed_reproduction, simulate_decode
+from .device import (SEED_REFERENCE, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
+                     load_device, poisson_load, preset, preset_names)
+from .io import shared_data_dir
+from .params import Compute, Policy
+from .prefill import PrefillResult, simulate_prefill
+from .trace import (CODE_SOURCE, ReuseStats, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
+                    resolve_source, reuse_stats)
 
-_EXPORTS = {
-    "trace": ("CODE_SOURCE", "ReuseStats", "Trace", "builtin_sources", "load_trace", "lru_hit_rate", "lru_hits",
-              "repeat_mask", "resolve_source", "reuse_stats", "shared_data_dir"),
-    "device": ("Device", "EmpiricalDevice", "LatencyDist", "ParametricSSD", "PoissonLoadResult", "load_device",
-               "poisson_load", "preset", "preset_names"),
-    "decode": ("Compute", "DecodeResult", "Policy", "SEED_REFERENCE", "fit_compute", "seed_reproduction",
-               "simulate_decode"),
-    "prefill": ("PrefillResult", "simulate_prefill"),
-}
-_WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'sim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{mod}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "CODE_SOURCE",
+    "SEED_REFERENCE",
+    "Compute",
+    "DecodeResult",
+    "Device",
+    "EmpiricalDevice",
+    "LatencyDist",
+    "ParametricSSD",
+    "Policy",
+    "PoissonLoadResult",
+    "PrefillResult",
+    "ReuseStats",
+    "Trace",
+    "builtin_sources",
+    "fit_compute",
+    "load_device",
+    "load_trace",
+    "lru_hit_rate",
+    "lru_hits",
+    "poisson_load",
+    "preset",
+    "preset_names",
+    "repeat_mask",
+    "resolve_source",
+    "reuse_stats",
+    "seed_reproduction",
+    "shared_data_dir",
+    "simulate_decode",
+    "simulate_prefill",
+]

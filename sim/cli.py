@@ -12,8 +12,11 @@
 ``engram demo``         the main job: model file, traces, lookups, measurements, calibration,
                         cross-check, a sweep and the report
 
-Every subcommand takes ``--json`` for machine-readable output.  The module only
-imports argparse at load time, so registering the command costs nothing.
+Every command's argparse is here, and only here.  ``setup.cfg`` registers one
+``add_*_command`` function per top-level command as an entry point of the
+group ``engram.commands``; ``engram`` loads the one it runs
+(:mod:`engram.cli`).  Every subcommand takes ``--json`` for machine-readable
+output.
 """
 
 from __future__ import annotations
@@ -21,13 +24,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engram.cli import print_json
+import numpy as np
 
+from engram.cli import print_json
+from engram.errors import ArgumentError
+
+from .calibrate import calibrate_file
+from .crosscheck import crosscheck_files, markdown_table
+from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
+from .device import SEED_REFERENCE, load_device, preset_names
 from .io import load_json
-from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD
+from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, ensure_model, grid, measure,
+                      quick_grid)
+from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
+from .prefill import simulate_prefill
 from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
+from .schema import RunConfig
 from .sweep import run_study
+from .trace import CODE_SOURCE, load_trace, reuse_stats
 
 __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
            "add_report_command", "add_sim_command", "register"]
@@ -43,8 +58,6 @@ def _ints(text: str) -> list:
 
 
 def _trace(args):
-    from .trace import CODE_SOURCE, load_trace
-
     return load_trace(args.trace or CODE_SOURCE, limit=args.limit)
 
 
@@ -87,16 +100,12 @@ def _add_common(p) -> None:
 
 
 def _policy(args, **extra):
-    from .decode import Policy
-
     return Policy(threshold=args.threshold, backend=args.backend, readers=args.readers, ring_depth=args.ring_depth,
                   batch_overhead=args.batch_overhead_us * 1e-6, **extra)
 
 
 # ----------------------------------------------------------------------- trace
 def _cmd_trace(args) -> int:
-    from .trace import CODE_SOURCE, load_trace, reuse_stats
-
     tr = load_trace(args.source or CODE_SOURCE, limit=args.limit)
     out = None
     if args.out:
@@ -139,17 +148,10 @@ def _add_trace(sub) -> None:
 
 # ---------------------------------------------------------------------- decode
 def _compute(args, mean: float):
-    from .decode import Compute
-
     return Compute(mean, args.compute_dist, args.compute_cv, (), args.layers)
 
 
 def _cmd_decode(args) -> int:
-    from engram.errors import ArgumentError
-
-    from .decode import SEED_REFERENCE, Policy, fit_compute, simulate_decode
-    from .device import load_device
-
     tr = _trace(args)
     dev = load_device(args.device)
     policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers)
@@ -209,11 +211,6 @@ def _add_decode(sub) -> None:
 
 # --------------------------------------------------------------------- prefill
 def _cmd_prefill(args) -> int:
-    from engram.errors import ArgumentError
-
-    from .prefill import simulate_prefill
-    from .device import load_device
-
     if args.compute_tokens_per_s is not None:
         if args.compute_tokens_per_s <= 0:
             raise ArgumentError(f"--compute-tokens-per-s must be > 0, got {args.compute_tokens_per_s}")
@@ -255,8 +252,6 @@ def _add_prefill(sub) -> None:
 
 # ---------------------------------------------------------------------- device
 def _cmd_device(args) -> int:
-    from .device import load_device, preset_names
-
     if args.name is None:
         names = preset_names()
         if args.json:
@@ -301,13 +296,6 @@ def _strs(text: str) -> list:
 
 
 def _cmd_measure(args) -> int:
-    from pathlib import Path
-
-    from engram.errors import ArgumentError
-
-    from .measure import DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, ensure_model, grid, measure, quick_grid
-    from .schema import RunConfig
-
     work = Path(args.workdir)
     scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
     axes = (args.traces, args.thresholds, args.backends, args.readers, args.computes)
@@ -360,8 +348,6 @@ def _cmd_measure(args) -> int:
         by = {}
         for r in doc["runs"]:
             by.setdefault(r["config"], []).append(r)
-        import numpy as np
-
         print(f"{'configuration':<58} {'tokens/s':>9} {'spread':>7} {'p50 ms':>8} {'p95 ms':>8}")
         for key, rs in by.items():
             t = np.array([r["tokens_per_s"] for r in rs])
@@ -435,10 +421,6 @@ def _add_measure(sub) -> None:
 
 # ------------------------------------------------------------------- calibrate
 def _cmd_calibrate(args) -> int:
-    from pathlib import Path
-
-    from .calibrate import calibrate_file
-
     work = Path(args.workdir)
     micro = Path(args.microbench) if args.microbench else work / "microbench.json"
     out = Path(args.out) if args.out else work / "calibration.json"
@@ -469,10 +451,6 @@ def _add_calibrate(sub) -> None:
 
 # ------------------------------------------------------------------ crosscheck
 def _cmd_crosscheck(args) -> int:
-    from pathlib import Path
-
-    from .crosscheck import crosscheck_files, markdown_table
-
     work = Path(args.workdir)
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
     runs = Path(args.runs) if args.runs else work / "runs.json"

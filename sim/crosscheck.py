@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
+from tqdm import tqdm
 
+from engram import read_model
 from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration
@@ -138,8 +140,6 @@ def _load_traces(runs_doc: Mapping, runs_path: Optional[Path], configs: Sequence
             out[spec] = Trace.load(runs_path.parent / rel)
             continue
         # Fall back to rebuilding the trace under the model file's layout.
-        from engram import read_model
-
         path = (runs_doc.get("file") or {}).get("path")
         if not path or not Path(path).is_file():
             raise FormatError(f"trace {spec!r}: no saved trace beside the runs and no model file to rebuild it")
@@ -190,8 +190,6 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         end = max(int(r.get("start", 0)) + c.steps for r in by_key[c.key])
         need[c.trace] = max(need.get(c.trace, 0), end)
     traces = _load_traces(runs_doc, rp, configs, need)
-
-    from tqdm import tqdm
 
     rows = []
     for c in tqdm(configs, desc="crosscheck", unit="config", disable=not progress, leave=False):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import numpy as np
+from tqdm import tqdm
 
 from engram.errors import ArgumentError
 
@@ -370,8 +371,6 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
 
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=sessions * steps, unit="step", delay=2.0, desc=f"decode ({mode})", leave=False)
     tick = bar.update if bar is not None else None
 

@@ -34,7 +34,20 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+import numpy as np
+
+from engram import EngramModel, Layout, decode_rows, load_tokenizer, synth
+from engram.codec import ROW_BYTES, bf16_round
+from engram.errors import ArgumentError
+
+from .calibrate import calibrate_file
+from .crosscheck import crosscheck_files
 from .io import write_json
+from .measure import DEFAULT_SCALE, ensure_model, measure, trace_tokens_needed
+from .report import build_report, default_traces
+from .schema import RunConfig
+from .sweep import Study, run_study
+from .trace import load_trace, reuse_stats
 
 __all__ = ["DEMO_STUDY", "demo_grid", "run_demo"]
 
@@ -128,8 +141,6 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
     pread x 16 and io_uring x 16.  ``quick``: 4 configurations on the main
     trace and 2 on each other one.
     """
-    from .schema import RunConfig
-
     out: list = []
 
     def add(trace, thr, be, k, comp="none", n=steps):
@@ -166,11 +177,6 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
 
 def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
     """A decode session over the first ``n`` tokens of ``trace``: rows (verified), read times, gates."""
-    import numpy as np
-
-    from engram import EngramModel, decode_rows, load_tokenizer, synth
-    from engram.codec import bf16_round
-
     model = EngramModel.open(model_path)
     tok = load_tokenizer()
     rng = np.random.default_rng(seed)
@@ -246,16 +252,6 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     ArgumentError
         A text too short for the measured runs, too little disk space, a bad argument.
     """
-    from engram import Layout
-    from engram.errors import ArgumentError
-
-    from .calibrate import calibrate_file
-    from .crosscheck import crosscheck_files
-    from .measure import DEFAULT_SCALE, ensure_model, measure, trace_tokens_needed
-    from .report import build_report, default_traces
-    from .sweep import Study, run_study
-    from .trace import load_trace, reuse_stats
-
     out, work = Path(out), Path(workdir)
     scale = float(scale) if scale is not None else (0.001 if quick else DEFAULT_SCALE)
     steps = int(steps) if steps else (40 if quick else 200)
@@ -293,7 +289,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                      f"repeat (first 2000)" for t in trace_info))
 
     # 2. model -------------------------------------------------------------------
-    table_bytes = int(sum(int(r) for r in lay.rows)) * 264
+    table_bytes = int(sum(int(r) for r in lay.rows)) * ROW_BYTES
     path = work / f"model-s{scale:g}.gguf"
     reuse = path.exists()
     st.begin("model", f"{'reuse' if reuse else 'build'} {path} (V4.1 Flash layout at scale {scale:g}: "

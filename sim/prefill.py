@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import numpy as np
+from tqdm import tqdm
 
 from engram.errors import ArgumentError
 
@@ -227,8 +228,6 @@ def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], polic
     comp_total = [hash_time * N]
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=nub, unit="ubatch", delay=2.0, desc=f"prefill ({mode})", leave=False)
     layer_of = {lid: j for j, lid in enumerate(engram_layers)}
 

@@ -31,6 +31,7 @@ layer, and the hit rate of a least-recently-used row cache of a given size.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sysconfig
 from collections import OrderedDict
@@ -374,8 +375,6 @@ def resolve_source(spec: str) -> tuple[str, Path | str]:
     if spec.startswith("stdlib:"):
         path = Path(sysconfig.get_paths()["stdlib"]) / spec[7:]
     elif spec.startswith("package:"):
-        import importlib.util
-
         rel = spec[8:]
         top, _, rest = rel.partition("/")
         found = importlib.util.find_spec(top)

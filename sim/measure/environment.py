@@ -15,6 +15,11 @@ from engram.synth import build_model
 
 from .configs import DEFAULT_SCALE
 
+try:  # optional: names the BLAS library and its threads
+    from threadpoolctl import threadpool_info
+except ImportError:  # pragma: no cover
+    threadpool_info = None
+
 __all__ = ["ensure_model", "file_info", "machine_info"]
 
 
@@ -37,12 +42,12 @@ def machine_info() -> dict:
     info = {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "memory_bytes": mem,
             "system": platform.system(), "kernel": platform.release(), "python": platform.python_version(),
             "numpy": np.__version__, "hostname": platform.node()}
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["blas"] = [{k: d.get(k) for k in ("internal_api", "version", "num_threads")} for d in threadpool_info()]
-    except Exception:  # pragma: no cover - optional
-        pass
+    if threadpool_info is not None:
+        try:
+            info["blas"] = [{k: d.get(k) for k in ("internal_api", "version", "num_threads")}
+                            for d in threadpool_info()]
+        except Exception:  # pragma: no cover - a BLAS it cannot read
+            pass
     try:
         info["loadavg"] = list(os.getloadavg())
     except OSError:  # pragma: no cover
