@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 
-SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+#: The shared real corpora: ``$ENGRAM_SHARED_DATA``, else ``<repo>/../shared/data`` (as ``sim.io.shared_data_dir``).
+SHARED_DATA = Path(os.environ.get("ENGRAM_SHARED_DATA") or TESTS.parent.parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")
