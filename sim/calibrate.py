@@ -329,6 +329,141 @@ def _batch_stats(device: Device, n: int, k: int, seed: int) -> tuple:
     return float(t.mean()), float(np.median(t))
 
 
+class _Shapes:
+    """The shape of one read's latency at a queue depth: fio's completion-latency quantile function at the
+    nearest measured depth, else the engine's single-row serial reads at every depth, else none (a point)."""
+
+    def __init__(self, fio: Sequence[Mapping], single: Sequence[Mapping]):
+        self.fio = _fio_shapes(fio) if fio else {}
+        self.one = None
+        if self.fio:
+            self.source = "fio completion-latency quantiles at the nearest measured depth, scaled to the engine's mean"
+        elif single:
+            self.source = "the engine's single-row serial read times (normalised), at every depth"
+            self.one = _sample_shape(np.concatenate([np.asarray(r["batch_us"], dtype=np.float64)
+                                                     for r in single]) * US)
+        else:
+            self.source = "no distribution measured: every read takes the mean"
+
+    def dist(self, mean: float, qd: int, src: str) -> LatencyDist:
+        """The distribution of mean ``mean`` (seconds) at depth ``qd``."""
+        s = _nearest(self.fio, qd) if self.fio else self.one
+        return LatencyDist.point(mean, src) if s is None else _shape_dist(s, mean, src)
+
+
+def _fit_row(backend: str, qd: int, per_read_mean: float, fio_mean: Optional[float], x: np.ndarray, target: float,
+             device_mean: float, device_p50: float) -> dict:
+    """Diagnostics of one backend and depth: measured 48-row batches against the per-read model's."""
+    return {"backend": backend, "qd": qd, "engine_mean_us": per_read_mean / US,
+            "fio_mean_us": fio_mean / US if fio_mean else None,
+            "engine_over_fio": (per_read_mean / fio_mean) if fio_mean else None,
+            "batch48_mean_us": target / US, "batch48_p50_us": float(np.median(x)) / US,
+            "batch48_pooled_mean_us": float(x.mean()) / US,
+            "device_batch48_mean_us": device_mean / US, "device_batch48_p50_us": device_p50 / US,
+            "overhead_raw_us": (target - device_mean) / US, "batches": int(x.size)}
+
+
+def _backend_device(be: str, engine: Sequence[Mapping], shapes: _Shapes, qd1_mean: float, serial: LatencyDist,
+                    fio_mean: Mapping[int, float], cpu: str, windows: str, seed: int) -> tuple:
+    """The device of backend ``be`` (per-read table by depth, measured 48-row batches by readers) and its
+    diagnostics rows.
+
+    Raises
+    ------
+    ArgumentError
+        No 48-row batches of the backend.
+    """
+    big: Dict[int, List[Mapping]] = {}
+    small: Dict[int, List[np.ndarray]] = {}
+    for r in engine:
+        if r["backend"] != be:
+            continue
+        if r["batch_rows"] == STEP_ROWS:
+            small.setdefault(int(r["qd"]), []).append(np.asarray(r["batch_us"], dtype=np.float64) * US)
+        else:
+            big.setdefault(int(r["qd"]), []).append(r)
+    if not small:
+        raise ArgumentError(f"microbenchmarks hold no 48-row batches of backend {be!r}")
+    src = (f"engine reads ({be}), {cpu}: 48-row batches of random rows timed "
+           f"at readers = k (k = 1: serial); read latency at depth k = k / reads per second of large batches "
+           f"at readers = k, depth 1 = serial 48-row batch / 48, shape: {shapes.source}")
+    table = {1: shapes.dist(qd1_mean, 1, src)}
+    for k, rs in sorted(big.items()):
+        reads = sum(int(r["reads"]) for r in rs)
+        wall = sum(float(r["wall_s"]) for r in rs)
+        if reads and wall > 0:
+            table[k] = shapes.dist(k * wall / reads, k, src)
+    per_read = EmpiricalDevice(table, name=f"engine-{be}-per-read", source=src)
+    batches = {(STEP_ROWS, 1): serial}
+    fit = []
+    for k, arrs in sorted(small.items()):
+        x, target = _windowed(arrs, windows)
+        batches[(STEP_ROWS, k)] = _dist_from_samples(x, f"{be} 48-row batches, readers {k}", target)
+        m_dev, p50_dev = _batch_stats(per_read, STEP_ROWS, k, seed + k)
+        fit.append(_fit_row(be, k, per_read.latency(k).mean, fio_mean.get(k), x, target, m_dev, p50_dev))
+    return MeasuredBatchDevice(table, batches, name=f"engine-{be}", source=src), fit
+
+
+def _think_devices(think_recs: Sequence[Mapping], devices: Mapping[str, MeasuredBatchDevice],
+                   backends: Sequence[str], windows: str) -> tuple:
+    """Per compute, the devices whose 48-row batches were measured with that compute between batches (replacing
+    the back-to-back ones where measured), and the think-time diagnostics."""
+    think_devices: Dict[str, Dict[str, MeasuredBatchDevice]] = {}
+    think_fit: List[dict] = []
+    groups: Dict[tuple, List[Mapping]] = {}
+    for r in think_recs:
+        if r["batch_rows"] != STEP_ROWS:
+            continue
+        groups.setdefault((ComputeSpec.parse(r["think"]).label, r["backend"], int(r["qd"])), []).append(r)
+    for label in sorted({g[0] for g in groups}):
+        for be in backends:
+            batches = dict(devices[be].batches)
+            used = False
+            for (lab, b, k), rs in groups.items():
+                if lab != label or b not in (be, "serial"):
+                    continue
+                key = (STEP_ROWS, 1 if b == "serial" else k)
+                x, target = _windowed([np.asarray(r["batch_us"]) * US for r in rs], windows)
+                batches[key] = _dist_from_samples(x, f"{b} 48-row batches, readers {key[1]}, think time {label}",
+                                                  target)
+                used = True
+            if used:
+                base = devices[be]
+                think_devices.setdefault(label, {})[be] = MeasuredBatchDevice(
+                    base.measured, batches, name=f"engine-{be}-think-{label}",
+                    source=base.source + f"; 48-row batches with {label} between batches where measured")
+        for (lab, b, k), rs in sorted(groups.items()):
+            if lab != label:
+                continue
+            x, target = _windowed([np.asarray(r["batch_us"]) for r in rs], windows)
+            th = np.concatenate([np.asarray(r.get("think_us", []), dtype=np.float64) for r in rs])
+            ref = devices[backends[0] if b == "serial" else b].batches.get((STEP_ROWS, 1 if b == "serial" else k))
+            think_fit.append({"think": label, "backend": b, "qd": k, "batch48_mean_us": target,
+                              "batch48_p50_us": float(np.median(x)),
+                              "think_mean_us": float(th.mean()) if th.size else None,
+                              "back_to_back_mean_us": ref.mean / US if ref is not None else None,
+                              "batches": int(x.size)})
+    return think_devices, think_fit
+
+
+def _compute_models(recs: Sequence[Mapping], think_recs: Sequence[Mapping], windows: str) -> Dict[str, Compute]:
+    """Per compute label, the measured step compute (the compute microbenchmark and the think times)."""
+    comp_windows: Dict[str, List[np.ndarray]] = {}
+    for r in recs:
+        if r["kind"] == "compute":
+            comp_windows.setdefault(ComputeSpec.parse(r["compute"]).label, []).append(
+                np.asarray(r["samples_us"], dtype=np.float64) * US)
+    for r in think_recs:  # the think times are the same compute, timed between batches
+        comp_windows.setdefault(ComputeSpec.parse(r["think"]).label, []).append(
+            np.asarray(r.get("think_us", ()), dtype=np.float64) * US)
+    compute = {}
+    for label, arrs in comp_windows.items():
+        x, target = _windowed(arrs, windows)
+        if x.size:
+            compute[label] = Compute.empirical(x * (target / x.mean()) if x.mean() > 0 else x)
+    return compute
+
+
 def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
               windows: str = "median") -> Calibration:
     """Fit the device, compute and hash models from a microbenchmark document.
@@ -372,142 +507,32 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         raise ArgumentError(f"windows must be one of {WINDOWS}, got {windows!r}")
     batch48_serial, serial_mean = _windowed([np.asarray(r["batch_us"]) * US for r in serial48], windows)
     qd1_mean = serial_mean / STEP_ROWS
-
-    fio_shapes = _fio_shapes(fio) if fio else {}
-    if fio_shapes:
-        shape_src = "fio completion-latency quantiles at the nearest measured depth, scaled to the engine's mean"
-    elif single:
-        shape_src = "the engine's single-row serial read times (normalised), at every depth"
-        one = _sample_shape(np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in single]) * US)
-        fio_shapes = {}
-    else:
-        shape_src = "no distribution measured: every read takes the mean"
-        one = None
-
-    def shape_at(qd: int):
-        if fio_shapes:
-            return _nearest(fio_shapes, qd)
-        return one
-
-    def dist(mean: float, qd: int, src: str) -> LatencyDist:
-        s = shape_at(qd)
-        return LatencyDist.point(mean, src) if s is None else _shape_dist(s, mean, src)
-
+    shapes = _Shapes(fio, single)
     backends = sorted({r["backend"] for r in engine if r["backend"] != "serial"})
     if not backends:
         raise ArgumentError("microbenchmarks hold no concurrent (pread / io_uring) reads")
     machine = dict(doc.get("machine", {}))
-    fio_mean: Dict[int, float] = {}
+    fio_samples: Dict[int, List[float]] = {}
     for r in fio:
-        fio_mean.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
-    fio_mean = {q: float(np.mean(v)) for q, v in fio_mean.items()}
+        fio_samples.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
+    fio_mean = {q: float(np.mean(v)) for q, v in fio_samples.items()}
     serial_dist = _dist_from_samples(batch48_serial, "serial 48-row batches", serial_mean)
 
     devices: Dict[str, MeasuredBatchDevice] = {}
     fit: List[dict] = []
     for be in backends:
-        big: Dict[int, List[Mapping]] = {}
-        small: Dict[int, List[np.ndarray]] = {}
-        for r in engine:
-            if r["backend"] != be:
-                continue
-            if r["batch_rows"] == STEP_ROWS:
-                small.setdefault(int(r["qd"]), []).append(np.asarray(r["batch_us"], dtype=np.float64) * US)
-            else:
-                big.setdefault(int(r["qd"]), []).append(r)
-        if not small:
-            raise ArgumentError(f"microbenchmarks hold no 48-row batches of backend {be!r}")
-        src = (f"engine reads ({be}), {machine.get('cpu', 'this machine')}: 48-row batches of random rows timed "
-               f"at readers = k (k = 1: serial); read latency at depth k = k / reads per second of large batches "
-               f"at readers = k, depth 1 = serial 48-row batch / 48, shape: {shape_src}")
-        table = {1: dist(qd1_mean, 1, src)}
-        for k, rs in sorted(big.items()):
-            reads = sum(int(r["reads"]) for r in rs)
-            wall = sum(float(r["wall_s"]) for r in rs)
-            if reads and wall > 0:
-                table[k] = dist(k * wall / reads, k, src)
-        per_read = EmpiricalDevice(table, name=f"engine-{be}-per-read", source=src)
-        batches = {(STEP_ROWS, 1): serial_dist}
-        for k, arrs in sorted(small.items()):
-            x, target = _windowed(arrs, windows)
-            batches[(STEP_ROWS, k)] = _dist_from_samples(x, f"{be} 48-row batches, readers {k}", target)
-            m_dev, p50_dev = _batch_stats(per_read, STEP_ROWS, k, seed + k)
-            lat = per_read.latency(k)
-            fm = fio_mean.get(k)
-            fit.append({"backend": be, "qd": k, "engine_mean_us": lat.mean / US,
-                        "fio_mean_us": fm / US if fm else None,
-                        "engine_over_fio": (lat.mean / fm) if fm else None,
-                        "batch48_mean_us": target / US, "batch48_p50_us": float(np.median(x)) / US,
-                        "batch48_pooled_mean_us": float(x.mean()) / US,
-                        "device_batch48_mean_us": m_dev / US, "device_batch48_p50_us": p50_dev / US,
-                        "overhead_raw_us": (target - m_dev) / US, "batches": int(x.size)})
-        devices[be] = MeasuredBatchDevice(table, batches, name=f"engine-{be}", source=src)
+        devices[be], rows = _backend_device(be, engine, shapes, qd1_mean, serial_dist, fio_mean,
+                                            machine.get("cpu", "this machine"), windows, seed)
+        fit += rows
     m1, p1 = _batch_stats(EmpiricalDevice(devices[backends[0]].measured), STEP_ROWS, 1, seed)
-    fit.insert(0, {"backend": "serial", "qd": 1, "engine_mean_us": qd1_mean / US,
-                   "fio_mean_us": fio_mean[1] / US if fio_mean.get(1) else None,
-                   "engine_over_fio": qd1_mean / fio_mean[1] if fio_mean.get(1) else None,
-                   "batch48_mean_us": serial_mean / US,
-                   "batch48_p50_us": float(np.median(batch48_serial)) / US,
-                   "batch48_pooled_mean_us": float(batch48_serial.mean()) / US,
-                   "device_batch48_mean_us": m1 / US, "device_batch48_p50_us": p1 / US,
-                   "overhead_raw_us": (serial_mean - m1) / US, "batches": int(batch48_serial.size)})
-
-    # think time: per compute, the batches measured with it between batches replace the back-to-back ones
-    think_devices: Dict[str, Dict[str, MeasuredBatchDevice]] = {}
-    think_fit: List[dict] = []
-    groups: Dict[tuple, List[Mapping]] = {}
-    for r in think_recs:
-        if r["batch_rows"] != STEP_ROWS:
-            continue
-        groups.setdefault((ComputeSpec.parse(r["think"]).label, r["backend"], int(r["qd"])), []).append(r)
-    for label in sorted({g[0] for g in groups}):
-        for be in backends:
-            batches = dict(devices[be].batches)
-            used = False
-            for (lab, b, k), rs in groups.items():
-                if lab != label or b not in (be, "serial"):
-                    continue
-                key = (STEP_ROWS, 1 if b == "serial" else k)
-                x, target = _windowed([np.asarray(r["batch_us"]) * US for r in rs], windows)
-                batches[key] = _dist_from_samples(x, f"{b} 48-row batches, readers {key[1]}, think time {label}",
-                                                  target)
-                used = True
-            if used:
-                base = devices[be]
-                think_devices.setdefault(label, {})[be] = MeasuredBatchDevice(
-                    base.measured, batches, name=f"engine-{be}-think-{label}",
-                    source=base.source + f"; 48-row batches with {label} between batches where measured")
-        for (lab, b, k), rs in sorted(groups.items()):
-            if lab != label:
-                continue
-            x, target = _windowed([np.asarray(r["batch_us"]) for r in rs], windows)
-            th = np.concatenate([np.asarray(r.get("think_us", []), dtype=np.float64) for r in rs])
-            ref = devices[backends[0] if b == "serial" else b].batches.get((STEP_ROWS, 1 if b == "serial" else k))
-            think_fit.append({"think": label, "backend": b, "qd": k, "batch48_mean_us": target,
-                              "batch48_p50_us": float(np.median(x)),
-                              "think_mean_us": float(th.mean()) if th.size else None,
-                              "back_to_back_mean_us": ref.mean / US if ref is not None else None,
-                              "batches": int(x.size)})
+    fit.insert(0, _fit_row("serial", 1, qd1_mean, fio_mean.get(1), batch48_serial, serial_mean, m1, p1))
+    think_devices, think_fit = _think_devices(think_recs, devices, backends, windows)
 
     fio_dev = None
-    if fio_shapes:
-        fio_dev = EmpiricalDevice({q: _shape_dist(fio_shapes[q], fio_mean[q], "fio") for q in fio_shapes
+    if shapes.fio:
+        fio_dev = EmpiricalDevice({q: _shape_dist(shapes.fio[q], fio_mean[q], "fio") for q in shapes.fio
                                    if q in fio_mean}, name="fio-randread-4k",
                                   source="fio random 4 KiB reads, --direct=1, io_uring engine, by iodepth")
-
-    comp_windows: Dict[str, List[np.ndarray]] = {}
-    for r in recs:
-        if r["kind"] == "compute":
-            comp_windows.setdefault(ComputeSpec.parse(r["compute"]).label, []).append(
-                np.asarray(r["samples_us"], dtype=np.float64) * US)
-    for r in think_recs:  # the think times are the same compute, timed between batches
-        comp_windows.setdefault(ComputeSpec.parse(r["think"]).label, []).append(
-            np.asarray(r.get("think_us", ()), dtype=np.float64) * US)
-    compute = {}
-    for label, arrs in comp_windows.items():
-        x, target = _windowed(arrs, windows)
-        if x.size:
-            compute[label] = Compute.empirical(x * (target / x.mean()) if x.mean() > 0 else x)
     hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
     hash_s = float(np.mean(hs)) if hs else 0.0
 
@@ -517,8 +542,8 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
     src["records"] = len(recs)
     src["windows"] = windows
     # The date is that of the measurements: the fit is a pure function of the document.
-    return Calibration(devices, compute, hash_s, fio_dev, fit, think_devices, think_fit, machine,
-                       dict(doc.get("file", {})), src, str(doc.get("date", "")))
+    return Calibration(devices, _compute_models(recs, think_recs, windows), hash_s, fio_dev, fit, think_devices,
+                       think_fit, machine, dict(doc.get("file", {})), src, str(doc.get("date", "")))
 
 
 def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
