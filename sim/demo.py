@@ -43,13 +43,13 @@ from engram.errors import ArgumentError
 from .calibrate import calibrate_file
 from .crosscheck import crosscheck_files
 from .io import write_json
-from .measure import DEFAULT_SCALE, ensure_model, measure, trace_tokens_needed
+from .measure import DEFAULT_SCALE, Settings, ensure_model, measure, trace_tokens_needed
 from .report import build_report, default_traces
 from .schema import RunConfig
 from .sweep import Study, run_study
 from .trace import load_trace, reuse_stats
 
-__all__ = ["DEMO_STUDY", "demo_grid", "run_demo"]
+__all__ = ["DEMO_STUDY", "demo_grid", "demo_study", "measure_settings", "run_demo"]
 
 #: The demo's what-if study (identical to ``studies/demo.toml``).
 DEMO_STUDY = """\
@@ -175,6 +175,51 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
     return out
 
 
+def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool = True) -> Settings:
+    """The demo's measurement: short microbenchmarks; ``quick`` shorter still, never waiting for a quiet machine."""
+    return Settings(rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32], fio=fio and not quick,
+                    fio_seconds=0.3, io_batches=10 if quick else 25, io_chunks=1 if quick else 4,
+                    big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
+                    compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10, warmup=3 if quick else 8,
+                    max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
+
+
+def demo_study(quick: bool) -> Study:
+    """:data:`DEMO_STUDY`; ``quick`` keeps 200 steps, readers 1 and 16, no row cache."""
+    study = Study.loads(DEMO_STUDY, source="sim.demo.DEMO_STUDY")
+    if quick:
+        study.fixed.update(steps=200, trace_limit=200)
+        for g in study.grids:
+            g.update(readers=[1, 16], cache_rows=[0])
+    return study
+
+
+def _traces(specs: Sequence[str], lay, steps: int, rounds: int, quick: bool) -> tuple:
+    """The demo's traces under ``lay``: (trace by spec, the longest one's spec, the measured configurations,
+    one summary per trace).
+
+    Raises
+    ------
+    ArgumentError
+        A text too short for its measured runs.
+    """
+    full = {spec: load_trace(spec, layout=lay) for spec in specs}
+    main = max(specs, key=lambda s: full[s].steps)
+    configs = demo_grid(main, [s for s in specs if s != main], steps, quick)
+    need = trace_tokens_needed(configs, rounds)
+    for spec, n in need.items():
+        if full[spec].steps < n:
+            raise ArgumentError(f"text {spec!r} has {full[spec].steps} tokens; the demo's runs on it need {n} "
+                                f"({rounds} rounds, each run its own stretch): give a longer text, or fewer "
+                                f"--steps/--rounds")
+    info = []
+    for spec in specs:
+        rs = reuse_stats(full[spec].head(2000))
+        info.append({"label": spec.split("/")[-1], "source": spec, "tokens": min(full[spec].steps, need.get(spec, 0)),
+                     "tokens_in_text": full[spec].steps, "reuse_rate": rs.reuse_rate})
+    return full, main, configs, info
+
+
 def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
     """A decode session over the first ``n`` tokens of ``trace``: rows (verified), read times, gates."""
     model = EngramModel.open(model_path)
@@ -269,22 +314,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     lay = Layout.deepseek_v41_flash(scale=scale)
     specs = list(texts) if texts else default_traces()
     st.begin("traces", "real text -> DeepSeek V4 tokenizer -> V4.1 hash: " + ", ".join(specs))
-    full = {spec: load_trace(spec, layout=lay) for spec in specs}
-    main = max(specs, key=lambda s: full[s].steps)
-    others = [s for s in specs if s != main]
-    configs = demo_grid(main, others, steps, quick)
-    need = trace_tokens_needed(configs, rounds)
-    for spec, n in need.items():
-        if full[spec].steps < n:
-            raise ArgumentError(f"text {spec!r} has {full[spec].steps} tokens; the demo's runs on it need {n} "
-                                f"({rounds} rounds, each run its own stretch): give a longer text, or fewer "
-                                f"--steps/--rounds")
-    trace_info = []
-    for spec in specs:
-        rs = reuse_stats(full[spec].head(2000))
-        trace_info.append({"label": spec.split("/")[-1], "source": spec,
-                           "tokens": min(full[spec].steps, need.get(spec, 0)), "tokens_in_text": full[spec].steps,
-                           "reuse_rate": rs.reuse_rate})
+    full, main, configs, trace_info = _traces(specs, lay, steps, rounds, quick)
     st.end("; ".join(f"{t['label']}: {t['tokens_in_text']:,} tokens, {t['reuse_rate'] * 100:.1f}% of row reads "
                      f"repeat (first 2000)" for t in trace_info))
 
@@ -314,12 +344,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     # 4. measure -----------------------------------------------------------------
     st.begin("measure", f"{len(configs)} configurations x {rounds} rounds of {steps} decode steps, and the "
                         f"microbenchmarks, interleaved")
-    res = measure(path, configs, work, rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32],
-                  fio=fio and not quick, fio_seconds=0.3, io_batches=10 if quick else 25, io_chunks=1 if quick else 4,
-                  big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
-                  compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10,
-                  warmup=3 if quick else 8, progress=progress,
-                  max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
+    res = measure(path, configs, work, measure_settings(rounds, quick, fio=fio, wait=wait), progress=progress)
     st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine")
 
     # 5. calibrate ---------------------------------------------------------------
@@ -337,11 +362,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
            f"{s['spread']['tokens_per_s_median'] * 100:.1f}%")
 
     # 7. sweep -------------------------------------------------------------------
-    study = Study.loads(DEMO_STUDY, source="sim.demo.DEMO_STUDY")
-    if quick:
-        study.fixed.update(steps=200, trace_limit=200)
-        for g in study.grids:
-            g.update(readers=[1, 16], cache_rows=[0])
+    study = demo_study(quick)
     sweep_path = work / "sweep-demo.csv"
     st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
     sw = run_study(study, jobs=jobs, calibration=work / "calibration.json", progress=progress, out=sweep_path)
