@@ -35,8 +35,8 @@ from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from .device import SEED_REFERENCE, load_device, preset_names
 from .io import load_json
-from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, ensure_model, grid, measure,
-                      quick_grid)
+from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, default_grid, ensure_model, grid,
+                      measure, quick_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
 from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
@@ -295,45 +295,55 @@ def _strs(text: str) -> list:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _cmd_measure(args) -> int:
-    work = Path(args.workdir)
-    scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
+def _measure_configs(args) -> list:
+    """The configurations of ``engram measure``: the product of the axes given, else the quick or default grid,
+    plus every ``--config``, without repeats."""
+    steps = args.steps or (60 if args.quick else 200)
     axes = (args.traces, args.thresholds, args.backends, args.readers, args.computes)
     if any(a is not None for a in axes):
         configs = grid(args.traces or list(DEFAULT_TRACES), args.thresholds or [8, 256],
-                       args.backends or ["pread", "io_uring"], args.readers or [4, 16], args.computes or ["none"],
-                       args.steps or (60 if args.quick else 200))
+                       args.backends or list(BACKENDS), args.readers or [4, 16], args.computes or ["none"], steps)
     elif args.quick:
         configs = quick_grid(args.steps or 60)
     elif args.config:
         configs = []
     else:
         configs = default_grid(args.steps or 200, args.io_steps, args.mixer_steps)
-    configs += [RunConfig.parse(t, args.steps or (60 if args.quick else 200)) for t in args.config or ()]
-    seen, uniq = set(), []
+    configs += [RunConfig.parse(t, steps) for t in args.config or ()]
+    for be in args.backends or ():
+        if be not in BACKENDS:
+            raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
+    seen, unique = set(), []
     for c in configs:
         if c.key not in seen:
             seen.add(c.key)
-            uniq.append(c)
-    configs = uniq
-    for be in args.backends or ():
-        if be not in ("pread", "io_uring"):
-            raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
+            unique.append(c)
+    return unique
+
+
+def _measure_settings(args) -> Settings:
+    """The settings of ``engram measure`` (``--quick``: short microbenchmarks, no waiting)."""
+    q = args.quick
+    return Settings(rounds=args.rounds or (2 if q else 7),
+                    depths=args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS)),
+                    micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
+                    fio_seconds=args.fio_seconds or (0.2 if q else 0.5),
+                    io_batches=args.io_batches or (20 if q else 150), io_chunks=args.io_chunks or (2 if q else 8),
+                    big_seconds=0.05 if q else 0.1, single_rows=50 if q else 200,
+                    compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
+                    max_background_cpu=None if (args.no_wait or q) else args.max_background,
+                    max_background_iops=args.max_background_iops, wait_budget=args.wait_budget)
+
+
+def _cmd_measure(args) -> int:
+    work = Path(args.workdir)
+    scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
+    configs = _measure_configs(args)
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
     ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,
                  projections=need_mixer or not args.quick)
-    q = args.quick
-    depths = args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS))
-    res = measure(model, configs, work, rounds=args.rounds or (2 if q else 7), depths=depths,
-                  micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
-                  fio_seconds=args.fio_seconds or (0.2 if q else 0.5), io_batches=args.io_batches or (20 if q else 150),
-                  io_chunks=args.io_chunks or (2 if q else 8),
-                  big_seconds=0.05 if q else 0.1, single_rows=50 if q else 200,
-                  compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
-                  progress=not args.no_progress,
-                  max_background_cpu=None if (args.no_wait or q) else args.max_background,
-                  max_background_iops=args.max_background_iops, wait_budget=args.wait_budget)
+    res = measure(model, configs, work, _measure_settings(args), progress=not args.no_progress)
     res["model"] = str(model)
     if args.json:
         print_json(res)

@@ -101,8 +101,9 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
             if match and not np.array_equal(s.last_row_ids, want[i]):
                 match = False
         wall = clock() - t_begin
-    return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall, "step_ms": percentiles_ms(step_s, _PCT),
-            "read_ms": percentiles_ms(read_s, _PCT), "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": concurrent,
+    return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall,
+            "step_ms": percentiles_ms(step_s, _PCT), "read_ms": percentiles_ms(read_s, _PCT),
+            "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": concurrent,
             "rows_distinct_mean": float(distinct.mean()), "reads": nreads, "rows_match": match,
             "step_us": us_list(step_s), "read_us": us_list(read_s), "compute_us": us_list(comp_s)}
 

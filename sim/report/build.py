@@ -144,7 +144,8 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
 
     # headline figures, placed after the introduction
     head = [f"Seed reproduction: threshold 8 predicted at {seed['predicted_tokens_per_s']:.2f} tokens/s vs "
-            f"{SEED_REFERENCE['concurrent_tokens_per_s']} measured by the reference engine ({seed['error'] * 100:+.2f}%)."]
+            f"{SEED_REFERENCE['concurrent_tokens_per_s']} measured by the reference engine "
+            f"({seed['error'] * 100:+.2f}%)."]
     if inp.xc:
         s = inp.xc["summary"]
         head.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
