@@ -18,6 +18,7 @@ rewrites the diagram in ARCHITECTURE.md from the imports.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Dict, List, NamedTuple, Set
 
 import pytest
 
+import engram.cli
 from engram.cli import plugin_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +228,19 @@ def test_simulator_commands_are_plugins():
     eps = plugin_commands()
     assert {"sim", "measure", "calibrate", "crosscheck", "report", "demo"} <= set(eps)
     assert all(ep.module == "sim.cli" for name, ep in eps.items() if name in ("sim", "report", "demo"))
+
+
+def test_a_broken_plugin_breaks_only_its_command(monkeypatch, capsys):
+    broken = importlib.metadata.EntryPoint("broken", "no_such_package_xyz.cli:add", "engram.commands")
+    monkeypatch.setattr(engram.cli, "plugin_commands", lambda: {"broken": broken})
+    with pytest.raises(SystemExit):
+        engram.cli.main(["--help"])
+    assert "broken" in capsys.readouterr().out
+    assert engram.cli.main(["info", "--json"]) == 0
+    capsys.readouterr()
+    assert engram.cli.main(["broken", "--any", "args"]) == 2
+    err = capsys.readouterr().err
+    assert "could not be loaded from no_such_package_xyz.cli:add" in err and "No module named" in err
 
 
 def test_no_import_cycles():
