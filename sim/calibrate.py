@@ -32,7 +32,7 @@ read latency by queue depth (for other clients in flight and per-read simulation
 compute
     per compute spec, the measured times of one step's compute (the compute
     microbenchmark and the think times of the think-time batches), resampled
-    (:meth:`sim.decode.Compute.empirical`).
+    (:meth:`sim.params.Compute.empirical`).
 
 Each batch and compute distribution describes a typical measurement window
 (a record: one chunk of batches, one round of compute samples): its mean is
@@ -84,7 +84,7 @@ class Calibration:
         Backend (``pread``, ``io_uring``) -> batch service times by readers and
         read latency by queue depth.
     compute : dict[str, Compute]
-        Compute label (:class:`sim.measure.ComputeSpec`) -> step compute model.
+        Compute label (:class:`sim.schema.ComputeSpec`) -> step compute model.
     hash_s : float
         Seconds of the hash part of a step.
     fio_device : EmpiricalDevice or None
@@ -133,7 +133,7 @@ class Calibration:
         return self.think_devices.get(label, {}).get(backend, base)
 
     def policy(self, threshold: int, backend: str, readers: int) -> Policy:
-        """The simulator's :class:`~sim.decode.Policy` for an engine configuration (ring depth = readers;
+        """The simulator's :class:`~sim.params.Policy` for an engine configuration (ring depth = readers;
         no batch overhead: the measured batch times hold it)."""
         self.device(backend)
         return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers))

@@ -168,7 +168,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     Returns
     -------
     dict
-        The ``crosscheck.json`` document (see the module docstring).
+        The ``crosscheck.json`` document (layout: :mod:`sim.schema`).
 
     Raises
     ------

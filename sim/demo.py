@@ -132,7 +132,7 @@ class _Steps:
 
 def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
               mixer_steps: int = 30) -> list:
-    """The measured configurations of the demo (:class:`sim.measure.RunConfig`).
+    """The measured configurations of the demo (:class:`sim.schema.RunConfig`).
 
     On the main trace: serial (thresholds 256 and 49) and concurrent
     (thresholds 48 and 8) reads with 16 pread readers; pread and io_uring at
