@@ -1,0 +1,32 @@
+"""Token traces: the row ids each decode step reads, and how they repeat (SPEC §4, §8, §9).
+
+- :mod:`~sim.trace.tokens` -- the real tokenizer and compressed token map, built once;
+- :mod:`~sim.trace.sources` -- source specs (``stdlib:``, ``shared:``, ``text:``, ``tokens:``, paths);
+- :mod:`~sim.trace.base` -- :class:`Trace`: row ids ``uint32 [T, layers, columns]`` from token ids;
+- :mod:`~sim.trace.load` -- :func:`load_trace`: any source spec made into a trace;
+- :mod:`~sim.trace.reuse` -- reuse statistics: the share of row reads that repeat, LRU row caches.
+
+Every name below is importable as ``from sim.trace import NAME``.
+"""
+
+from __future__ import annotations
+
+from .base import Trace
+from .load import load_trace
+from .reuse import ReuseStats, lru_hit_rate, lru_hits, repeat_mask, reuse_stats
+from .sources import CODE_SOURCE, builtin_sources, read_prompts, read_token_file, resolve_source
+
+__all__ = [
+    "CODE_SOURCE",
+    "ReuseStats",
+    "Trace",
+    "builtin_sources",
+    "load_trace",
+    "lru_hit_rate",
+    "lru_hits",
+    "read_prompts",
+    "read_token_file",
+    "repeat_mask",
+    "resolve_source",
+    "reuse_stats",
+]

@@ -1,0 +1,55 @@
+"""``load_trace``: any source spec (text, prompts, tokens, a saved trace) made into a :class:`Trace`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from engram import Layout
+from engram.errors import ArgumentError, FormatError
+
+from .base import Trace
+from .sources import read_token_file, resolve_source
+
+__all__ = ["load_trace"]
+
+
+def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layout] = None,
+               tokenizer_json: Optional[str] = None) -> Trace:
+    """Build (or load) the trace named by ``spec`` (see :func:`resolve_source`).
+
+    Parameters
+    ----------
+    spec : str
+        A source spec: ``stdlib:...``, ``package:...``, ``shared:...``,
+        ``text:...``, ``tokens:PATH`` or a path (``.jsonl``, ``.npz``, ``.npy``, text).
+    limit : int, optional
+        Keep only the first ``limit`` tokens.
+    layout : Layout, optional
+        Default ``Layout.deepseek_v41_flash()`` (ignored for saved ``.npz`` traces).
+
+    Raises
+    ------
+    ArgumentError, FormatError, TokenError
+        Unknown source, unreadable file, or token ids outside the vocabulary.
+    """
+    if limit is not None and limit < 1:
+        raise ArgumentError(f"limit must be >= 1, got {limit}")
+    kind, what = resolve_source(spec)
+    if kind == "text":
+        return Trace.from_text(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source="text")
+    if kind == "textfile":
+        try:
+            text = Path(what).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FormatError(f"{what}: cannot read as UTF-8 text ({exc})") from None
+        return Trace.from_text(text, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)
+    if kind == "prompts":
+        return Trace.from_prompts(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)
+    if kind == "tokens":
+        ids = read_token_file(what)
+        if limit is not None:
+            ids = ids[:limit]
+        return Trace.from_tokens(ids, layout=layout, tokenizer_json=tokenizer_json, source=spec)
+    tr = Trace.load(what)
+    return tr if limit is None else tr.head(limit)

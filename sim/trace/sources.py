@@ -1,0 +1,141 @@
+"""Where a trace's text comes from: source specs resolved to files, prompt and token files read.
+
+Sources are named by a short spec (see :func:`resolve_source`):
+
+``stdlib:asyncio/base_events.py``
+    a source file of Python's standard library (always present, no download);
+``package:numpy/linalg/_linalg.py``
+    a file inside an installed package;
+``shared:promessi_sposi.txt``, ``shared:prompts.jsonl``
+    the project's shared corpora in ``<repo>/../shared/data`` (or
+    ``$ENGRAM_SHARED_DATA``);
+``text:...``
+    the literal text after the colon;
+``tokens:PATH``
+    token ids (whitespace/comma separated integers, or a ``.npy`` array);
+a path
+    ``.jsonl`` (prompts: one ``{"id", "prompt"}`` object a line), ``.npz`` (a
+    saved trace), ``.npy`` (token ids), anything else is read as UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sysconfig
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from ..io import read_jsonl, shared_data_dir
+
+__all__ = ["CODE_SOURCE", "builtin_sources", "read_prompts", "read_token_file", "resolve_source"]
+
+#: The built-in source-code trace: a large, plain module of the standard library.
+CODE_SOURCE = "stdlib:asyncio/base_events.py"
+
+
+def builtin_sources() -> dict[str, str]:
+    """Named trace sources available on this machine, with a one-line description each."""
+    out = {
+        CODE_SOURCE: "Python standard library source (asyncio event loop), present with every Python",
+        "stdlib:inspect.py": "Python standard library source (inspect module)",
+    }
+    data = shared_data_dir()
+    for name, what in (("promessi_sposi.txt", "Italian novel, public domain"),
+                       ("prompts.jsonl", "100 short prompts, one sequence each"),
+                       ("agent_prompt_long.txt", "long system prompt of a coding agent (~37k tokens)")):
+        if (data / name).is_file():
+            out[f"shared:{name}"] = what
+    return out
+
+
+def read_prompts(path: Union[str, os.PathLike]) -> list[tuple[str, str]]:
+    """``(id, prompt)`` pairs of a JSONL prompts file, in file order.
+
+    Raises
+    ------
+    FormatError
+        A non-empty line is not a JSON object with a string ``prompt`` (names the line).
+    """
+    out = []
+    for lineno, obj in read_jsonl(path, "prompts file"):
+        if not isinstance(obj.get("prompt"), str):
+            raise FormatError(f"{path}: line {lineno}: expected an object with a string 'prompt'")
+        out.append((str(obj.get("id", f"line{lineno}")), obj["prompt"]))
+    return out
+
+
+def read_token_file(path: Union[str, os.PathLike]) -> np.ndarray:
+    """Token ids from a ``.npy`` array or a text file of integers (whitespace or comma separated).
+
+    Raises
+    ------
+    FormatError
+        The file cannot be read or holds something other than integers (names the item).
+    """
+    p = Path(path)
+    try:
+        if p.suffix == ".npy":
+            arr = np.load(p, allow_pickle=False)
+            if arr.dtype.kind not in "iu":
+                raise FormatError(f"{p}: token array must hold integers, got {arr.dtype}")
+            return arr.reshape(-1).astype(np.int64)
+        items = p.read_text(encoding="utf-8").replace(",", " ").split()
+    except OSError as exc:
+        raise FormatError(f"{p}: cannot read token file ({exc.strerror})") from None
+    out = np.empty(len(items), dtype=np.int64)
+    for i, s in enumerate(items):
+        try:
+            out[i] = int(s)
+        except ValueError:
+            raise FormatError(f"{p}: item {i} ({s[:20]!r}) is not an integer token id") from None
+    return out
+
+
+def resolve_source(spec: str) -> tuple[str, Path | str]:
+    """Resolve a source spec to ``(kind, what)``.
+
+    ``kind`` is one of ``"text"`` (``what`` is the text itself), ``"textfile"``,
+    ``"prompts"``, ``"tokens"``, ``"trace"`` (``what`` is a path).
+
+    Raises
+    ------
+    ArgumentError
+        Unknown prefix, or the named file does not exist (names it).
+    """
+    if spec.startswith("text:"):
+        return "text", spec[5:]
+    if spec.startswith("stdlib:"):
+        path = Path(sysconfig.get_paths()["stdlib"]) / spec[7:]
+    elif spec.startswith("package:"):
+        rel = spec[8:]
+        top, _, rest = rel.partition("/")
+        found = importlib.util.find_spec(top)
+        if found is None or not found.submodule_search_locations:
+            raise ArgumentError(f"source {spec!r}: no installed package {top!r}")
+        path = Path(list(found.submodule_search_locations)[0]) / rest
+    elif spec.startswith("shared:"):
+        path = shared_data_dir() / spec[7:]
+    elif spec.startswith("tokens:"):
+        path = Path(spec[7:])
+        if not path.is_file():
+            raise ArgumentError(f"source {spec!r}: no file {path}")
+        return "tokens", path
+    elif spec.startswith("file:"):
+        path = Path(spec[5:])
+    else:
+        path = Path(spec)
+    if not path.is_file():
+        raise ArgumentError(f"source {spec!r}: no file {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return "prompts", path
+    if suffix == ".npz":
+        return "trace", path
+    if suffix == ".npy":
+        return "tokens", path
+    return "textfile", path
