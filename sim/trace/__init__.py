@@ -4,7 +4,8 @@
 - :mod:`~sim.trace.sources` -- source specs (``stdlib:``, ``shared:``, ``text:``, ``tokens:``, paths);
 - :mod:`~sim.trace.base` -- :class:`Trace`: row ids ``uint32 [T, layers, columns]`` from token ids;
 - :mod:`~sim.trace.load` -- :func:`load_trace`: any source spec made into a trace;
-- :mod:`~sim.trace.reuse` -- reuse statistics: the share of row reads that repeat, LRU row caches.
+- :mod:`~sim.trace.reuse` -- reuse statistics: the share of row reads that repeat, LRU row caches;
+- :mod:`~sim.trace.wrap` -- whether a run of sessions x steps reads past the end of its trace.
 
 Every name below is importable as ``from sim.trace import NAME``.
 """
@@ -15,11 +16,13 @@ from .base import Trace
 from .load import load_trace
 from .reuse import ReuseStats, lru_hit_rate, lru_hits, repeat_mask, reuse_stats
 from .sources import CODE_SOURCE, builtin_sources, read_prompts, read_token_file, resolve_source
+from .wrap import WrapInfo, session_offsets, wrap_info
 
 __all__ = [
     "CODE_SOURCE",
     "ReuseStats",
     "Trace",
+    "WrapInfo",
     "builtin_sources",
     "load_trace",
     "lru_hit_rate",
@@ -29,4 +32,6 @@ __all__ = [
     "repeat_mask",
     "resolve_source",
     "reuse_stats",
+    "session_offsets",
+    "wrap_info",
 ]

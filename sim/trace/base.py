@@ -22,6 +22,7 @@ from engram.errors import ArgumentError, FormatError, TokenError
 
 from .sources import read_prompts
 from .tokens import encode_text, tokenizer_and_map
+from .wrap import WrapInfo, wrap_info
 
 __all__ = ["Trace", "default_layout"]
 
@@ -107,6 +108,23 @@ class Trace:
             seq[self.starts[1:]] = 1
             seq = np.cumsum(seq)
         return seq
+
+    def wraps(self, steps: int, sessions: int = 1) -> WrapInfo:
+        """Whether ``sessions`` sessions of ``steps`` steps each read past the end of this trace.
+
+        Sessions start where :func:`sim.decode.session_reads` starts them
+        (:func:`sim.trace.wrap.session_offsets`); see :class:`~sim.trace.wrap.WrapInfo`
+        (``.wraps``: a session replays its own steps; ``.overlaps``: sessions read
+        the same steps; ``.warning()``: the sentence to print).
+
+        Raises
+        ------
+        ArgumentError
+            The trace has no steps, or ``steps`` or ``sessions`` is below 1.
+        """
+        if self.steps == 0:
+            raise ArgumentError("the trace has no steps")
+        return wrap_info(self.steps, steps, sessions)
 
     def head(self, n: int) -> "Trace":
         """The first ``n`` steps (all of them when ``n >= T``)."""
