@@ -10,6 +10,7 @@ from engram.errors import ArgumentError, FormatError
 
 from .base import Trace
 from .sources import read_token_file, resolve_source
+from .synth import synthesize_spec
 
 __all__ = ["load_trace"]
 
@@ -22,9 +23,11 @@ def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layou
     ----------
     spec : str
         A source spec: ``stdlib:...``, ``package:...``, ``shared:...``,
-        ``text:...``, ``tokens:PATH`` or a path (``.jsonl``, ``.npz``, ``.npy``, text).
+        ``text:...``, ``tokens:PATH``, ``synth:reuse=R,...`` or a path (``.jsonl``,
+        ``.npz``, ``.npy``, text).
     limit : int, optional
-        Keep only the first ``limit`` tokens.
+        Keep only the first ``limit`` tokens (a synthetic trace is made that long,
+        so that it still hits its reuse rate).
     layout : Layout, optional
         Default ``Layout.deepseek_v41_flash()`` (ignored for saved ``.npz`` traces).
 
@@ -36,6 +39,8 @@ def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layou
     if limit is not None and limit < 1:
         raise ArgumentError(f"limit must be >= 1, got {limit}")
     kind, what = resolve_source(spec)
+    if kind == "synth":
+        return synthesize_spec(str(what), limit=limit, layout=layout, tokenizer_json=tokenizer_json)
     if kind == "text":
         return Trace.from_text(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source="text")
     if kind == "textfile":

@@ -13,6 +13,8 @@ Sources are named by a short spec (see :func:`resolve_source`):
     the literal text after the colon;
 ``tokens:PATH``
     token ids (whitespace/comma separated integers, or a ``.npy`` array);
+``synth:reuse=0.225,zipf=1.1,tokens=2000,seed=0,profile=code``
+    a synthetic trace with a target reuse rate (:mod:`sim.trace.synth`);
 a path
     ``.jsonl`` (prompts: one ``{"id", "prompt"}`` object a line), ``.npz`` (a
     saved trace), ``.npy`` (token ids), anything else is read as UTF-8 text.
@@ -32,10 +34,13 @@ from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl, shared_data_dir
 
-__all__ = ["CODE_SOURCE", "builtin_sources", "read_prompts", "read_token_file", "resolve_source"]
+__all__ = ["CODE_SOURCE", "SYNTH_PREFIX", "builtin_sources", "read_prompts", "read_token_file", "resolve_source"]
 
 #: The built-in source-code trace: a large, plain module of the standard library.
 CODE_SOURCE = "stdlib:asyncio/base_events.py"
+
+#: Prefix of a synthetic trace's source spec (``synth:reuse=0.225,...``, :mod:`sim.trace.synth`).
+SYNTH_PREFIX = "synth:"
 
 
 def builtin_sources() -> dict[str, str]:
@@ -50,6 +55,8 @@ def builtin_sources() -> dict[str, str]:
                        ("agent_prompt_long.txt", "long system prompt of a coding agent (~37k tokens)")):
         if (data / name).is_file():
             out[f"shared:{name}"] = what
+    out[f"{SYNTH_PREFIX}reuse=0.225"] = ("synthetic trace with a target reuse rate, shaped like coding context "
+                                         "(also zipf=, tokens=, seed=, profile=code|prose)")
     return out
 
 
@@ -99,8 +106,9 @@ def read_token_file(path: Union[str, os.PathLike]) -> np.ndarray:
 def resolve_source(spec: str) -> tuple[str, Path | str]:
     """Resolve a source spec to ``(kind, what)``.
 
-    ``kind`` is one of ``"text"`` (``what`` is the text itself), ``"textfile"``,
-    ``"prompts"``, ``"tokens"``, ``"trace"`` (``what`` is a path).
+    ``kind`` is one of ``"text"`` (``what`` is the text itself), ``"synth"``
+    (``what`` is the spec itself), ``"textfile"``, ``"prompts"``, ``"tokens"``,
+    ``"trace"`` (``what`` is a path).
 
     Raises
     ------
@@ -109,6 +117,8 @@ def resolve_source(spec: str) -> tuple[str, Path | str]:
     """
     if spec.startswith("text:"):
         return "text", spec[5:]
+    if spec.startswith(SYNTH_PREFIX):
+        return "synth", spec
     if spec.startswith("stdlib:"):
         path = Path(sysconfig.get_paths()["stdlib"]) / spec[7:]
     elif spec.startswith("package:"):
