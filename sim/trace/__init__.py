@@ -7,7 +7,8 @@
 - :mod:`~sim.trace.reuse` -- reuse statistics: the share of row reads that repeat, LRU row caches;
 - :mod:`~sim.trace.wrap` -- whether a run of sessions x steps reads past the end of its trace;
 - :mod:`~sim.trace.shape` -- the per-order reuse shape of real text (measured profiles);
-- :mod:`~sim.trace.synth` -- synthetic traces with a target reuse rate and Zipf skew.
+- :mod:`~sim.trace.synth` -- synthetic traces with a target reuse rate and Zipf skew;
+- :mod:`~sim.trace.iolog` -- the engine's reads of a trace as an I/O log that ``fio --read_iolog`` replays.
 
 Every name below is importable as ``from sim.trace import NAME``.
 """
