@@ -30,7 +30,7 @@ from ..io import write_json
 from ..params import Compute, Policy
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
-from .study import AXES, METRICS, Study, check_point, point_seed
+from .study import AXES, METRICS, Study, check_point, point_seed, point_trace
 from .table import write_table
 
 __all__ = ["SweepResult", "run_points", "run_study"]
@@ -89,7 +89,7 @@ def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -
         elif spec.startswith("calibrated:"):
             computes[spec] = need_cal(f"compute {spec!r}").compute_model(spec.split(":", 1)[1])
     traces: Dict[Tuple[str, int], Any] = {}
-    for spec, limit in dict.fromkeys((p["trace"], p["trace_limit"]) for p in points):
+    for spec, limit in dict.fromkeys((point_trace(p), p["trace_limit"]) for p in points):
         traces[(spec, limit)] = load_trace(spec, limit=limit)
     return _Context(traces, devices, computes)
 
@@ -100,7 +100,7 @@ def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -
 def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> Dict[str, Any]:
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
-    trace = ctx.traces[(p["trace"], p["trace_limit"])]
+    trace = ctx.traces[(point_trace(p), p["trace_limit"])]
     device = ctx.devices[_device_key(p)]
     policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"], ring_depth=p["readers"],
                     cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],

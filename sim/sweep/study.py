@@ -42,8 +42,10 @@ machine's calibrated device of the point's ``backend`` -- or
 ``compute_dist``/``compute_cv``; ``"reference"``: the SPEC §8 compute fitted so
 threshold 256 gives 19.16 tokens/s on the reference device;
 ``"calibrated:LABEL"``: a measured compute of the calibration), ``compute_ms``,
-``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``mode`` and
-``repeat`` (a replicate index: it only changes the seed).
+``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``mode``,
+``repeat`` (a replicate index: it only changes the seeds), ``reuse`` (a target
+reuse rate: the point's trace becomes the synthetic trace of that rate,
+:func:`point_trace`) and ``zipf`` (its Zipf skew).
 
 Reproducibility
 ---------------
@@ -67,6 +69,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from engram.errors import ArgumentError, FormatError
 
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD
+from ..trace import SYNTH_PREFIX, SynthSpec
 
 try:
     import tomllib  # Python >= 3.11
@@ -76,7 +79,7 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["AXES", "METRICS", "Study", "check_point", "point_seed"]
+__all__ = ["AXES", "METRICS", "Study", "check_point", "point_seed", "point_trace"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -100,6 +103,8 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "hash_us": (float, 0.0, "hash time (us)"),
     "mode": (str, "fast", "simulation mode"),
     "repeat": (int, 0, "replicate"),
+    "reuse": (float, None, "reuse rate (synthetic trace)"),
+    "zipf": (float, None, "Zipf skew of repeats (synthetic trace)"),
 }
 
 #: Result columns of every point: name -> label with unit.
@@ -339,6 +344,18 @@ class Study:
         return out
 
 
+def point_trace(p: Mapping[str, Any]) -> str:
+    """The trace source a point simulates: its ``trace``; with ``reuse`` set, the synthetic trace of that rate
+    (``synth:reuse=R``, ``zipf=Z`` from the ``zipf`` axis, seed ``repeat``; a ``synth:`` trace keeps its other
+    parameters, e.g. ``profile=prose``), ``trace_limit`` tokens long (:mod:`sim.trace.synth`)."""
+    r = p.get("reuse")
+    if r is None:
+        return p["trace"]
+    base = SynthSpec.parse(p["trace"]) if p["trace"].startswith(SYNTH_PREFIX) else SynthSpec(float(r))
+    z = p.get("zipf") if p.get("zipf") is not None else base.zipf
+    return SynthSpec(float(r), z, base.tokens, base.seed + int(p.get("repeat", 0)), base.profile).spec()
+
+
 def check_point(p: Mapping[str, Any], where: str) -> None:
     """Check a complete point's values against their ranges.
 
@@ -363,3 +380,7 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
     c = p["compute"]
     if c not in ("", "reference") and not c.startswith("calibrated:"):
         raise ArgumentError(f"{where}: compute = {c!r} must be '', 'reference' or 'calibrated:LABEL'")
+    if p["reuse"] is not None and not 0.0 <= p["reuse"] < 1.0:
+        raise ArgumentError(f"{where}: reuse = {p['reuse']} must be in [0, 1)")
+    if p["zipf"] is not None and (p["reuse"] is None or p["zipf"] < 0):
+        raise ArgumentError(f"{where}: zipf = {p['zipf']} needs reuse = RATE and must be >= 0")
