@@ -209,7 +209,8 @@ def _cmd_trace_profile(args) -> int:
         print_json(prof.to_dict())
         return 0
     print(f"profile   {prof.source}: {prof.windows} window(s) of {prof.window} tokens")
-    print(f"reuse     {prof.reuse_rate:.4f}; by order " + "  ".join(f"{o}-gram {r:.4f}" for o, r in prof.by_order.items()))
+    print(f"reuse     {prof.reuse_rate:.4f}; by order "
+          + "  ".join(f"{o}-gram {r:.4f}" for o, r in prof.by_order.items()))
     print("levels    share " + "  ".join(f"{i + 1}: {x:.4f}" for i, x in enumerate(prof.level_distribution())))
     for i, row in enumerate(prof.transitions):
         print(f"          from level {i + 1} to 1..4: " + "  ".join(f"{x:.4f}" for x in row))

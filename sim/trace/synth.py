@@ -59,7 +59,6 @@ The result is reproducible: one ``seed`` drives every draw.  Its source spec
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
@@ -340,55 +339,82 @@ def _levels_choice(p_row: np.ndarray, deficit: np.ndarray, allowed: np.ndarray, 
     return int(rng.choice(LEVELS, p=w / w.sum()))
 
 
-def _generate(n: int, level_share: np.ndarray, profile: ReuseProfile, zipf: float, corpus, pad: int,
-              seed: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Token ids ``[n]`` and their match levels ``[n]`` (see the module docstring, steps 2 and 3)."""
-    rng = np.random.default_rng(seed)
-    p = _tilt(np.asarray(profile.transitions), level_share)
-    s = _Stream(n, pad, zipf, profile.min_distance, rng)
-    vocab = _Vocab(corpus[0], corpus[1], pad, rng)
-    rates = np.cumsum(level_share[::-1])[::-1][1:]  # per-order targets: share of tokens at level >= order
-    reached = np.zeros(LEVELS - 1)                    # tokens so far whose n-gram of order 2, 3, 4 repeats
-    levels = np.zeros(n, dtype=np.int8)
-    cur, ptr, plan = 0, None, None   # 0-based level of the last token; copy source; level decided for this token
-    for t in range(n):
+class _Generator:
+    """The level and token of every step (see the module docstring, steps 2 and 3).
+
+    State: the stream, the per-order counts ``reached`` against the targets
+    ``rates``, the level of the last token ``cur`` (0-based), the copy source
+    ``ptr`` of the last token, and ``plan``: the level of this token when the
+    last one (a new 2-gram) already decided it.
+    """
+
+    def __init__(self, n: int, level_share: np.ndarray, profile: ReuseProfile, zipf: float, corpus, pad: int,
+                 seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.p = _tilt(np.asarray(profile.transitions), level_share)
+        self.stream = _Stream(n, pad, zipf, profile.min_distance, self.rng)
+        self.vocab = _Vocab(corpus[0], corpus[1], pad, self.rng)
+        self.n = n
+        self.rates = np.cumsum(level_share[::-1])[::-1][1:]  # share of tokens whose 2-, 3-, 4-gram repeats
+        self.reached = np.zeros(LEVELS - 1)
+        self.levels = np.zeros(n, dtype=np.int8)
+        self.cur, self.ptr, self.plan = 0, None, None
+
+    def _choose(self, t: int, ctx) -> Tuple[int, Optional[int]]:
+        """This token's level (0-based) and, for a switch, the position to copy."""
+        if self.plan is not None:
+            lv, self.plan = self.plan, None
+            return lv, None
+        allowed = np.zeros(LEVELS)
+        allowed[:min(self.cur + 2, LEVELS)] = 1.0
+        while True:
+            lv = _levels_choice(self.p[self.cur], self.rates * (t + 1) - self.reached, allowed, self.rng)
+            if lv == 0 or (lv == min(self.cur + 1, LEVELS - 1) and self.ptr is not None):
+                return lv, None
+            if lv < LEVELS - 1:
+                q = self.stream.switch(t, lv + 1, ctx)
+                if q is not None:
+                    return lv, q
+            allowed[lv] = 0.0
+
+    def _new_two_gram(self, t: int, ctx) -> Optional[int]:
+        """For a level-1 token: decide the next token's level now, and when it starts a run of repeats,
+        return the anchor to copy here (else ``None``: a fresh token)."""
+        nxt = _levels_choice(self.p[0], self.rates * (t + 2) - self.reached, np.array([1.0, 1.0, 0.0, 0.0]),
+                             self.rng)
+        q = self.stream.anchor(t, ctx) if nxt == 1 and t + 1 < self.n else None
+        self.plan = 1 if q is not None else 0
+        return q
+
+    def step(self, t: int) -> None:
+        s = self.stream
         ctx = s.context(t)
-        q = None
-        if plan is not None:
-            lv, plan = plan, None
-        else:
-            allowed = np.zeros(LEVELS)
-            allowed[:min(cur + 2, LEVELS)] = 1.0
-            while True:
-                lv = _levels_choice(p[cur], rates * (t + 1) - reached, allowed, rng)
-                if lv == 0 or (lv == min(cur + 1, LEVELS - 1) and ptr is not None):
-                    break
-                if lv < LEVELS - 1:
-                    q = s.switch(t, lv + 1, ctx)
-                    if q is not None:
-                        break
-                allowed[lv] = 0.0
+        lv, q = self._choose(t, ctx)
         if lv == 0:
-            # decide now whether the next token starts a run: it then needs this one to be an anchor
-            nxt = _levels_choice(p[0], rates * (t + 2) - reached, np.array([1.0, 1.0, 0.0, 0.0]), rng)
-            if nxt == 1 and t + 1 < n:
-                q = s.anchor(t, ctx)
-            plan = 1 if q is not None else 0
+            q = self._new_two_gram(t, ctx)
         elif q is None:
-            q = ptr + 1
+            q = self.ptr + 1   # continue the copy: one level up, or staying at 4
         if q is None:
-            token, x = vocab.draw(s.succ[0].get(ctx[2:], {}))
-            ptr = None
+            token, x = self.vocab.draw(s.succ[0].get(ctx[2:], {}))
+            self.ptr = None
         else:
-            token, x, ptr = int(s.tok[q]), s.cid[q], q
+            token, x, self.ptr = int(s.tok[q]), s.cid[q], q
         got = s.level(x, ctx)
         if got != lv + 1:  # cannot happen: every choice above gives exactly its level
             raise AssertionError(f"synthetic token at {t} has match level {got}, expected {lv + 1}")
         s.push(t, token, x, ctx)
-        reached[:got - 1] += 1
-        levels[t] = got
-        cur = got - 1
-    return s.tok, levels
+        self.reached[:got - 1] += 1
+        self.levels[t] = got
+        self.cur = got - 1
+
+
+def _generate(n: int, level_share: np.ndarray, profile: ReuseProfile, zipf: float, corpus, pad: int,
+              seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Token ids ``[n]`` and their match levels ``[n]``."""
+    g = _Generator(n, level_share, profile, zipf, corpus, pad, seed)
+    for t in range(n):
+        g.step(t)
+    return g.stream.tok, g.levels
 
 
 # ===================================================================== public

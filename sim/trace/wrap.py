@@ -111,7 +111,8 @@ class WrapInfo:
         if self.warning():
             return self.warning()
         distinct = ", sessions read distinct steps" if self.sessions > 1 else ""
-        return f"{self.sessions} session(s) x {self.steps} steps on a trace of {self.trace_steps} steps: no wrap{distinct}"
+        return (f"{self.sessions} session(s) x {self.steps} steps on a trace of {self.trace_steps} steps: "
+                f"no wrap{distinct}")
 
     def to_dict(self) -> dict:
         d = asdict(self)

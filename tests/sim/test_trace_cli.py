@@ -90,12 +90,15 @@ def test_iolog(capsys, tmp_path):
     assert "replay    fio " in capsys.readouterr().out
 
 
+IOLOG = ["sim", "trace", "iolog", "synth:reuse=0.2,tokens=50", "--out", "x.iolog"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sim", "trace", "synth", "--reuse", "1.5"], "reuse = 1.5"),
     (["sim", "trace", "synth", "--reuse", "0.99", "--tokens", "100"], "above what 100 tokens can reach"),
     (["sim", "trace", "synth:reuse=0.2,bogus=1"], "bogus=1"),
-    (["sim", "trace", "iolog", "synth:reuse=0.2,tokens=50", "--out", "x.iolog", "--block-size", "auto"], "needs --model"),
-    (["sim", "trace", "iolog", "synth:reuse=0.2,tokens=50", "--out", "x.iolog", "--block-size", "1000"], "power of two"),
+    (IOLOG + ["--block-size", "auto"], "needs --model"),
+    (IOLOG + ["--block-size", "1000"], "power of two"),
     (["sim", "trace", "--limit", "50", "--steps", "0"], "steps must be >= 1"),
 ])
 def test_bad_input_is_an_error_exit(capsys, tmp_path, monkeypatch, argv, message):
