@@ -46,6 +46,7 @@ from .sweep import run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
 from .trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables
+from .trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from .trace.synth import DEFAULT_TOKENS
 
 __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
@@ -307,8 +308,8 @@ def _add_trace(sub) -> None:
                                               f"code {PROFILES['code'].zipf:g}, prose {PROFILES['prose'].zipf:g})")
     s.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"steps (default {DEFAULT_TOKENS})")
     s.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    s.add_argument("--profile", choices=sorted(PROFILES), default="code",
-                   help="per-order shape: code (coding-agent context) or prose (a novel) (default code)")
+    s.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+                   help=f"per-order shape: code (coding-agent context) or prose (a novel) (default {DEFAULT_PROFILE})")
     s.add_argument("--out", help="save the trace to this .npz file")
     s.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated")
     s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -318,7 +319,7 @@ def _add_trace(sub) -> None:
                         description="Measure a trace's reuse profile on windows of --window tokens: reuse by n-gram "
                                     "order, the match-level transition law, the copy-distance law.")
     s.add_argument("source", help=_SOURCE_HELP)
-    s.add_argument("--window", type=int, default=2000, help="tokens per window (default 2000)")
+    s.add_argument("--window", type=int, default=PROFILE_WINDOW, help=f"tokens per window (default {PROFILE_WINDOW})")
     s.add_argument("--limit", type=int, help="keep the first N tokens")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_cmd_trace_profile)

@@ -46,7 +46,7 @@ from engram.errors import ArgumentError
 from .base import Trace
 from .reuse import repeat_mask
 
-__all__ = ["LEVELS", "PROFILES", "DEFAULT_PROFILE", "ReuseProfile", "match_levels", "measure_profile",
+__all__ = ["LEVELS", "PROFILES", "PROFILE_WINDOW", "DEFAULT_PROFILE", "ReuseProfile", "match_levels", "measure_profile",
            "order_targets", "profile_named"]
 
 #: Match levels of a token: 1 (new 2-gram), 2, 3, 4 (its 4-gram repeats), for the n-gram orders 2..4 of V4.1.

@@ -464,8 +464,9 @@ def synthesize(reuse: float, *, zipf: Optional[float] = None, tokens: int = DEFA
     ----------
     reuse : float
         Target reuse rate in ``[0, 1)``: the share of row reads that repeat an
-        earlier ``(layer, row)`` of the trace (one session).  Hit within a
-        quarter point at the full V4.1 layout (within a point is the promise).
+        earlier ``(layer, row)`` of the trace (one session).  Hit within half a
+        point at the full V4.1 layout and 2000 tokens (within a point is the
+        promise; a small layout's hash collisions set a floor).
     zipf : float, optional
         Exponent of the copy-distance law, ``P(d) ~ d**-zipf``; default the
         profile's measured one (``code``: 1.13, ``prose``: 0.77).

@@ -15,6 +15,7 @@ from engram import Hasher, Layout
 from engram.errors import ArgumentError
 from sim.trace import (PROFILES, SynthSpec, Trace, load_trace, lru_hit_rate, max_reuse, measure_profile,
                        order_targets, reuse_stats, synthesize)
+from sim.trace import synth as synth_module
 from sim.trace.shape import match_levels
 
 LAYOUT = Layout.deepseek_v41_flash()
@@ -173,6 +174,19 @@ def test_spec_parsing():
                      ("synth:reuse=0.2,seed=-1", "seed = -1"), ("synth:reuse=0.2,zipf=-1", "zipf = -1")):
         with pytest.raises(ArgumentError, match=msg):
             load_trace(bad)
+
+
+def test_without_the_shared_corpora_fresh_tokens_come_from_the_python_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("ENGRAM_SHARED_DATA", str(tmp_path / "absent"))
+    synth_module._corpus.cache_clear()
+    try:
+        tr = synthesize(0.3, tokens=1000, seed=1)
+        ids, _, used = synth_module._corpus(PROFILES["code"].source, None)
+        assert used == "stdlib:asyncio/base_events.py"
+        assert set(tr.tokens.tolist()) <= set(ids.tolist())
+        assert abs(reuse_stats(tr).reuse_rate - 0.3) <= 0.01
+    finally:
+        synth_module._corpus.cache_clear()
 
 
 def test_unreachable_rate_is_refused():
