@@ -5,7 +5,8 @@ Read top-down; each stage imports only the stages above it:
 
 - :mod:`sim.io`, :mod:`sim.schema` -- documents in and out, their layouts and checks
 - :mod:`sim.params` -- the read policy and the compute of a step (and the defaults)
-- :mod:`sim.trace` -- traces from real text (row ids per step) and their reuse statistics
+- :mod:`sim.trace` -- traces from real text or synthetic ones of any reuse rate (row ids per step), their reuse
+  statistics, and their reads as fio I/O logs
 - :mod:`sim.device` -- device models: read latency by queue depth (measured, presets, parametric SSD)
 - :mod:`sim.decode`, :mod:`sim.prefill` -- the simpy models: sessions x decode steps; one prompt's prefill
 - :mod:`sim.measure` -- the real engine timed (writes documents; nothing in the simulator imports it)
