@@ -135,9 +135,11 @@ def point_seed(study_seed: int, params: Mapping[str, Any]) -> int:
 
     ``params`` maps axis names to values; the seed is the first 63 bits of the
     SHA-256 of their canonical JSON (sorted keys), so it depends on nothing but
-    the study and the point.
+    the study and the point.  Axes left unset (``None``) do not enter the hash,
+    so adding an axis with an unset default keeps the seeds of existing studies.
     """
-    blob = json.dumps({"study_seed": int(study_seed), **{k: params[k] for k in sorted(params)}},
+    blob = json.dumps({"study_seed": int(study_seed),
+                       **{k: params[k] for k in sorted(params) if params[k] is not None}},
                       sort_keys=True, separators=(",", ":"), default=str)
     return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "little") >> 1
 
