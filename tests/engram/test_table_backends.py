@@ -23,7 +23,7 @@ import pytest
 
 from engram._native import reader as _reader
 from engram.backends import available_backends, probe_backends, ring_build, usable_backends
-from tests.faults import build_shim, run_child
+from tests.faults import SHIM_RING_EINVAL, build_shim, run_child
 
 NATIVE = Path(_reader.__file__).resolve().parent
 RING_BUILT = "io_uring" in available_backends()
@@ -140,7 +140,7 @@ ref = decode_rows(raw)
 ids = np.random.default_rng(1).integers(0, 3000, (50, 24))
 res = {}
 if os.environ["WHEN"] == "open":
-    shim.engram_fault_set(5, b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
+    shim.engram_fault_set(int(os.environ["MODE"]), b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
     with Table(path, 4196, 3000, readers=8, threshold=2) as t:
         res["auto"] = [t.backend, t.fallback, bool(np.array_equal(t.read_batch(ids), ref[ids])),
                        t.last_stats.backend]
@@ -156,7 +156,7 @@ else:
     b = Table(path, 4196, 3000, readers=8, threshold=2)
     x = Table(path, 4196, 3000, backend="io_uring", readers=8, threshold=2)
     res["before"] = [a.backend, b.backend, x.backend, ring_verdict().usable]
-    shim.engram_fault_set(5, b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
+    shim.engram_fault_set(int(os.environ["MODE"]), b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
     out = np.full(ids.shape + (256,), 3.0, np.float32)
     a.read_batch(ids, out=out)                               # fails on the ring, re-read on the pool
     res["first"] = [bool(np.array_equal(out, ref[ids])), a.backend, a.last_stats.backend, a.fallback]
@@ -180,7 +180,8 @@ def _ring_child(tmp_path, when):
         lib = build_shim(tmp_path)
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    return run_child(RING_CHILD, preload=lib, env={"T_PATH": str(tmp_path / "t-ring.bin"), "WHEN": when})
+    return run_child(RING_CHILD, preload=lib, env={"T_PATH": str(tmp_path / "t-ring.bin"), "WHEN": when,
+                                                            "MODE": str(SHIM_RING_EINVAL)})
 
 
 @needs_ring

@@ -1,10 +1,10 @@
 """Fault injection for the reliability tests.
 
 - :func:`build_shim`: compiles ``shim.c`` (an ``LD_PRELOAD`` library that makes
-  ``pread`` fail with EIO or EINTR, return short or end early) with the system
-  C compiler; :func:`run_child` runs Python code in a child process with it
-  preloaded.  io_uring reads bypass libc, so the shim covers the ``serial`` and
-  ``pread`` backends only.
+  ``pread``/``preadv2`` fail with EIO or EINTR, return short or end early, and
+  io_uring reads complete with -EINVAL, by wrapping the ``syscall()`` through
+  which the engine enters its ring) with the system C compiler; :func:`run_child`
+  runs Python code in a child process with it preloaded.
 - :class:`FaultMount`: a FUSE file system (``fusefs.py``, its own process) that
   serves a directory read-only and injects EIO, EINTR, short reads and delays
   into reads of chosen byte ranges.  The faults come back through the kernel,
@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 
 #: Fault modes of the shim (``engram_fault_set``).
-SHIM_EIO, SHIM_EINTR, SHIM_SHORT, SHIM_EOF = 1, 2, 3, 4
+SHIM_EIO, SHIM_EINTR, SHIM_SHORT, SHIM_EOF, SHIM_RING_EINVAL = 1, 2, 3, 4, 5
 
 
 # ---------------------------------------------------------------- backends
