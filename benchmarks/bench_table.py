@@ -1,18 +1,23 @@
 """Storage engine vs the device limit (fio) and vs simpler readers, on one multi-GiB model file.
 
-Part 1, prefill-size batches: fio random 4 KiB ``O_DIRECT`` reads of the first
-table's extent at queue depth 1, 16 and 64 (io_uring engine, one job), then
-this engine's rows/s on batches of 2048 x 24 uniformly random rows of the same
-table with ``readers`` (pread pool) or ring depth (io_uring) equal to that
-queue depth.  Ratio = engine rows/s / fio IOPS.
+Part 1, prefill-size batches: fio random ``O_DIRECT`` reads of the first
+table's extent at queue depth 1, 16 and 64 (io_uring engine, one job), of
+4 KiB (the usual device limit) and of the device's logical block (what the
+engine reads for most rows: 512 B here), then this engine's rows/s on batches
+of 2048 x 24 uniformly random rows of the same table with ``readers`` (pread
+pool) or ring depth (io_uring) equal to that queue depth.  Ratio = engine
+rows/s / fio IOPS.  The four measurements of a depth run in interleaved rounds
+(the order rotating), medians over the rounds, since a shared virtual disk
+drifts from one few-second window to the next.
 
 Part 2, decode-size batches: the 48 row ids (24 per table) of each decode step
 of a real text trace (Italian novel, DeepSeek V4 tokenizer, the model's own
 layout), read as one batch of both tables: p50 step time of the engine's
 concurrent read vs the same rows read serially, and vs a plain Python reader
 (``os.preadv`` into aligned buffers on a ThreadPoolExecutor, then
-``decode_rows``).
+``decode_rows``); the device floor is 48 reads at the best IOPS fio reached.
 
+Backends that do not start here (``engram info``) are left out and named.
 The model file is built once with ``engram.synth.build_model`` (default
 ``--scale 0.02``: two tables of 7.68 M rows, 2.03 GB each) and kept under
 benchmarks/results/.
@@ -55,13 +60,15 @@ def _drop_cache(path: Path) -> None:
         os.close(fd)
 
 
-def fio_randread(path: Path, offset: int, size: int, qd: int, seconds: float) -> dict:
-    """fio: random 4 KiB O_DIRECT reads of [offset, offset+size) at queue depth ``qd``."""
-    cmd = ["fio", "--name=engram-randread", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
+def fio_randread(path: Path, offset: int, size: int, qd: int, seconds: float, bs: int = 4096) -> dict:
+    """fio: random ``bs``-byte O_DIRECT reads of [offset, offset+size) at queue depth ``qd``."""
+    cmd = ["fio", "--name=engram-randread", f"--filename={path}", "--rw=randread", f"--bs={bs}", "--direct=1",
            "--ioengine=io_uring", f"--iodepth={qd}", f"--offset={offset // 4096 * 4096}",
            f"--size={size // 4096 * 4096}", f"--runtime={seconds}", "--time_based", "--randrepeat=0",
            "--norandommap", "--output-format=json"]
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"fio failed (exit {res.returncode}, qd {qd}, bs {bs}): {res.stderr.strip()}")
     job = json.loads(res.stdout)["jobs"][0]["read"]
     return {"iops": job["iops"], "p50_us": job["clat_ns"]["percentile"]["50.000000"] / 1000, "cmd": " ".join(cmd)}
 
@@ -82,7 +89,34 @@ def engine_prefill(table_args, backend: str, qd: int, seconds: float, seed: int)
             reads += t.last_stats.reads
         wall = time.perf_counter() - t0
         used = t.backend
+    if used != backend:
+        raise RuntimeError(f"asked for {backend}, read with {used}")
     return {"rows_per_s": n / wall, "reads_per_s": reads / wall, "backend": used}
+
+
+def prefill_depth(t0, qd: int, backends, rounds: int, seconds: float, block: int) -> dict:
+    """fio (4 KiB and ``block`` bytes) and each engine backend at queue depth ``qd``: interleaved
+    rounds with the order rotating; medians and ratios to fio."""
+    names = ["fio_4k", f"fio_{block}"] + list(backends)
+    runs = {n: [] for n in names}
+    cmds = {}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name.startswith("fio_"):
+                bs = 4096 if name == "fio_4k" else block
+                f = fio_randread(t0.path, t0.offset, t0.rows * 264, qd, seconds, bs)
+                runs[name].append(f["iops"])
+                cmds[name] = f["cmd"]
+            else:
+                e = engine_prefill((str(t0.path), t0.offset, t0.rows), name, qd, seconds, seed=qd * 100 + r)
+                runs[name].append(e["rows_per_s"])
+    row = {"qd": qd, "runs": runs, "fio_cmds": cmds}
+    for name in names:
+        row[name] = statistics.median(runs[name])
+    for b in backends:
+        row[f"{b}_vs_fio_4k"] = row[b] / row["fio_4k"]
+        row[f"{b}_vs_fio_{block}"] = row[b] / row[f"fio_{block}"]
+    return row
 
 
 def python_reader(fd: int, offsets: np.ndarray, pool: ThreadPoolExecutor, bufs, align: int) -> np.ndarray:
@@ -105,6 +139,8 @@ def python_reader(fd: int, offsets: np.ndarray, pool: ThreadPoolExecutor, bufs, 
 
 def main(argv=None) -> dict:
     from engram import Hasher, Table, TableGroup, build_token_map, load_tokenizer
+    from engram.backends import probe_backends
+    from engram.uncached import logical_block_size
 
     p = argparse.ArgumentParser(prog="bench_table")
     p.add_argument("--model", type=Path, default=RESULTS / "bench-model.gguf")
@@ -125,28 +161,23 @@ def main(argv=None) -> dict:
     print(f"   model {args.model} ({os.path.getsize(args.model) / 2**30:.2f} GiB), table {lid0}: "
           f"{t0.rows} rows, {size_gib:.2f} GiB at offset {t0.offset}")
     _drop_cache(args.model)
-    from engram.table import available_backends
-
-    backends = [b for b in ("pread", "io_uring") if b in available_backends()]
-    # Interleaved rounds (fio, then each backend) at each depth; medians, since a
-    # shared virtual disk drifts by +-15% from one few-second window to the next.
+    status = probe_backends()
+    backends = [b for b in ("pread", "io_uring") if status[b].usable]
+    left_out = {b: status[b].reason for b in ("pread", "io_uring") if not status[b].usable}
+    for b, why in left_out.items():
+        print(f"   {b} left out: {why}")
+    fd = os.open(args.model, os.O_RDONLY)
+    try:
+        block = logical_block_size(fd)
+    finally:
+        os.close(fd)
     prefill = []
     for qd in [int(x) for x in args.depths.split(",")]:
-        fio_runs, eng_runs = [], {b: [] for b in backends}
-        for r in range(args.rounds):
-            fio = fio_randread(args.model, t0.offset, t0.rows * 264, qd, args.seconds)
-            fio_runs.append(fio["iops"])
-            for b in backends:
-                e = engine_prefill((str(t0.path), t0.offset, t0.rows), b, qd, args.seconds, seed=qd * 100 + r)
-                eng_runs[b].append(e["rows_per_s"])
-        row = {"qd": qd, "fio_iops": statistics.median(fio_runs), "fio_runs": fio_runs, "fio_cmd": fio["cmd"]}
-        for b in backends:
-            row[f"{b}_rows_per_s"] = statistics.median(eng_runs[b])
-            row[f"{b}_runs"] = eng_runs[b]
-            row[f"{b}_ratio"] = row[f"{b}_rows_per_s"] / row["fio_iops"]
+        row = prefill_depth(t0, qd, backends, args.rounds, args.seconds, block)
         prefill.append(row)
-        print(f"   QD {qd:3d}: fio {row['fio_iops']:9.0f} IOPS | " + " | ".join(
-            f"{b} {row[f'{b}_rows_per_s']:9.0f} rows/s ({row[f'{b}_ratio'] * 100:5.1f}%)" for b in backends))
+        print(f"   QD {qd:3d}: fio 4k {row['fio_4k']:9.0f} IOPS, fio {block} B {row[f'fio_{block}']:9.0f} IOPS | " +
+              " | ".join(f"{b} {row[b]:9.0f} rows/s ({row[f'{b}_vs_fio_4k'] * 100:5.1f}% / "
+                         f"{row[f'{b}_vs_fio_{block}'] * 100:5.1f}%)" for b in backends))
 
     # Decode-size batches from a real text trace.
     tmap = build_token_map()
@@ -154,7 +185,6 @@ def main(argv=None) -> dict:
     trace = Hasher(info.layout, tmap).hash(ids)  # [T, 2, 24]
     steps = trace[:, :2, :].reshape(len(ids), 48)
     decode = {}
-    ref = None
     for name, backend, readers in [("serial", "serial", 1)] + [(b, b, 48) for b in backends]:
         with Table(t0.path, t0.offset, t0.rows, backend=backend, readers=readers) as ta, \
                 Table(t1.path, t1.offset, t1.rows, backend=backend, readers=readers) as tb, \
@@ -167,8 +197,6 @@ def main(argv=None) -> dict:
                 times.append(time.perf_counter() - t)
             decode[name] = {"p50_ms": statistics.median(times) * 1e3,
                             "mean_ms": statistics.fmean(times) * 1e3}
-            if ref is None:
-                ref = out.copy()
     # plain Python reader on the same rows (O_DIRECT descriptor, aligned buffers)
     fd = os.open(t0.path, os.O_RDONLY | os.O_DIRECT)
     try:
@@ -191,11 +219,15 @@ def main(argv=None) -> dict:
         print(f"   {b}: {decode['serial']['p50_ms'] / decode[b]['p50_ms']:.1f}x faster than serial, "
               f"{decode['python_threadpool16']['p50_ms'] / decode[b]['p50_ms']:.1f}x faster than Python threads")
     # The device bounds a 48-row step: it cannot finish before 48 reads at the best IOPS fio saw.
-    peak = max(r["fio_iops"] for r in prefill)
+    peak = max(max(r["fio_4k"], r[f"fio_{block}"]) for r in prefill)
     floor_ms = 48 / peak * 1e3
     decode["device_floor_ms"] = floor_ms
     decode["max_ratio_vs_serial"] = decode["serial"]["p50_ms"] / floor_ms
+    for b in backends:
+        decode[f"{b}_vs_floor"] = decode[b]["p50_ms"] / floor_ms
     print(f"   device floor for 48 reads at {peak:.0f} IOPS: {floor_ms:.3f} ms, so at most "
-          f"{decode['max_ratio_vs_serial']:.1f}x over serial on this device")
-    return {"model": str(args.model), "table_rows": t0.rows, "table_gib": size_gib, "prefill": prefill,
-            "decode": decode, "steps": len(steps)}
+          f"{decode['max_ratio_vs_serial']:.1f}x over serial on this device; " +
+          ", ".join(f"{b} step = {decode[f'{b}_vs_floor']:.2f}x the floor" for b in backends))
+    return {"model": str(args.model), "table_rows": t0.rows, "table_gib": size_gib, "logical_block": block,
+            "prefill": prefill, "decode": decode, "steps": len(steps), "left_out": left_out,
+            "load_avg": os.getloadavg()}

@@ -54,30 +54,43 @@ def json_default(o):
 def _cmd_info(args) -> int:
     from . import __version__
     from ._native import hashing
+    from .backends import auto_backend, available_backends, probe_backends, ring_build
     from .codec import decode_path
     from .mixer import gate_path
-    from .table import AUTO_ORDER, available_backends
 
-    backends = list(available_backends())
+    status = probe_backends(refresh=True, warn=False)  # live: what starts and reads on this machine now
+    auto, why = auto_backend()
+    ring = status["io_uring"]
     info = {
         "version": __version__,
         "hash_kernel": "avx512" if hashing._CPU_AVX512_PUBLIC() else "scalar",
         "decode_kernel": decode_path(),
         "gate_kernel": gate_path(),
-        "read_backends": backends,
-        "auto_backend": next(b for b in AUTO_ORDER if b in backends),
+        "read_backends": list(available_backends()),
+        "io_uring_build": ring_build(),
+        "io_uring": "starts and reads" if ring.usable else ring.reason,
+        "usable_backends": [n for n, st in status.items() if st.usable],
+        "auto_backend": auto,
+        "auto_reason": why,
         "o_direct": hasattr(os, "O_DIRECT"),
     }
     if args.json:
+        info["backends"] = {n: st.to_dict() for n, st in status.items()}
         print_json(info)
     else:
         for k, v in info.items():
-            print(f"{k:>14}: {', '.join(v) if isinstance(v, list) else v}")
+            if v is None:
+                continue
+            print(f"{k:>15}: {', '.join(v) if isinstance(v, list) else v}")
     return 0
 
 
 def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="version, built kernels and read backends")
+    p = sub.add_parser("info", help="version, built kernels, read backends and the one auto uses here",
+                       description="Version, kernels in use, and the read backends: built, usable on this "
+                                   "machine now (each proved live with a real read: the io_uring ring may be "
+                                   "refused by the kernel, kernel.io_uring_disabled, seccomp or "
+                                   "ENGRAM_DISABLE_IO_URING), and the one backend=\"auto\" uses, with the reason.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_info)
 

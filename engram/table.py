@@ -1,62 +1,60 @@
 """One on-disk Engram table, read without caching (SPEC §8).
 
-:class:`Table` opens its own read-only descriptor on the model file: Linux
-``O_DIRECT`` with aligned bounce buffers sized to the device's logical block;
-where ``O_DIRECT`` is refused (tmpfs, some network file systems)
-``posix_fadvise(RANDOM)`` and ``DONTNEED`` on every span read; macOS
-``F_NOCACHE`` and ``F_RDAHEAD 0``.  The table is never mapped.
+:class:`Table` opens its own read-only descriptor on the model file
+(:mod:`engram.uncached`: Linux ``O_DIRECT`` with aligned bounce buffers sized
+to the device's logical block; where ``O_DIRECT`` is refused a buffered
+descriptor that keeps the page cache flat; macOS ``F_NOCACHE`` and
+``F_RDAHEAD 0``).  The table is never mapped.
 
 Batched reads sort the requests by row id, read each distinct row once (rows
 sharing or touching a block in one read), copy duplicates, and restore token
 order.  Request storage is bounded: 2048 tokens x 24 requests at a time,
 whatever the batch size.  A batch with at least ``threshold`` distinct rows is
-read concurrently (a persistent pool of pread readers, or an io_uring ring
-when liburing was present at build time), smaller batches serially.  The GIL
-is released while reading and decoding.
+read concurrently (a persistent pool of pread readers, or an io_uring ring),
+smaller batches serially; ``backend="serial"`` never reads concurrently.  The
+GIL is released while reading and decoding.  Which backends start on this
+machine, and the process's fallback from the ring, live in
+:mod:`engram.backends`.
 """
 
 from __future__ import annotations
 
 import errno as _errno
-import mmap
 import os
-import stat
-import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Union
 
 import numpy as np
 
+from . import backends as _backends
 from ._native import reader as _reader
+from .backends import AUTO_ORDER, available_backends
+from .codec import ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
+from .uncached import close_quietly, open_uncached
 
-__all__ = ["Table", "TableGroup", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES"]
+__all__ = ["Table", "TableGroup", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES",
+           "DEFAULT_READERS", "DEFAULT_THRESHOLD", "BACKENDS", "AUTO_ORDER"]
 
-#: Bytes of one encoded row and values it decodes to (SPEC §5).
-ROW_BYTES = 264
-ROW_VALUES = 256
-
+#: Read backends a table can be asked for (``serial``: never concurrent, whatever the threshold).
+BACKENDS = ("auto", "io_uring", "pread", "serial")
 _BACKEND_CODES = {"serial": _reader.BACKEND_SERIAL, "pread": _reader.BACKEND_PREAD,
                   "io_uring": _reader.BACKEND_URING}
+
+#: Default readers (pool threads or ring depth) of a table, and the default threshold (distinct
+#: rows from which a batch is read concurrently; 8 as in the reference engine, SPEC §8).  Set from
+#: benchmarks/BENCHMARKS.md, "Storage engine (bench_table)": 8 makes a decode step's 48 rows
+#: concurrent; 16 readers reach the device on prefill batches, a decode step is at its best with
+#: at least 48.
+DEFAULT_READERS = 16
+DEFAULT_THRESHOLD = 8
 
 #: Most readers (pool threads or ring entries) a table or group may ask for.
 MAX_READERS = 4096
 #: Largest alignment of direct reads (``block_size``).
 MAX_BLOCK_SIZE = 1 << 20
-
-#: Backend chosen by ``backend="auto"`` when several are built; set from the
-#: measurements in benchmarks/BENCHMARKS.md (storage engine section).
-AUTO_ORDER = ("io_uring", "pread")
-
-
-def available_backends() -> tuple[str, ...]:
-    """Read backends compiled into this build: ``serial``, ``pread`` and, with liburing, ``io_uring``."""
-    out = ["serial", "pread"]
-    if _reader.HAVE_URING:
-        out.append("io_uring")
-    return tuple(out)
 
 
 @dataclass
@@ -77,7 +75,8 @@ class ReadStats:
         Wall time in seconds, from the call to the published output.
     backend : str
         ``serial``, ``pread`` or ``io_uring``; ``+serial`` is appended when some
-        chunks of the call were small enough to be read serially.
+        chunks of the call were small enough to be read serially.  After a
+        fallback from the ring this says ``pread``.
     concurrency : int
         Readers or ring depth used (1 for serial reads).
     calls : int
@@ -109,111 +108,54 @@ class ReadStats:
         return asdict(self)
 
 
-def _logical_block_size(fd: int) -> int:
-    """Logical block size of the device holding ``fd`` (Linux sysfs), else 4096."""
-    try:
-        st = os.fstat(fd)
-        maj, mnr = os.major(st.st_dev), os.minor(st.st_dev)
-        base = f"/sys/dev/block/{maj}:{mnr}"
-        for p in (f"{base}/queue/logical_block_size", f"{base}/../queue/logical_block_size"):
-            if os.path.exists(p):
-                with open(p) as f:
-                    v = int(f.read().strip())
-                if v >= 512 and v & (v - 1) == 0:
-                    return v
-    except (OSError, ValueError):
-        pass
-    return 4096
+def _start_pool(reader, readers: int, path: str, why: Optional[str] = None) -> tuple:
+    err = reader.start_pool(readers)
+    if err:
+        pool = f"pread could not start: {os.strerror(err)}"
+        raise TableIOError(f"{path}: {why + '; ' if why else ''}{pool}", errno_=err)
+    return "pread", why
 
 
-def _close(fd: int) -> None:
-    """Close ``fd``; an error from close(2) (EIO, or ENOTCONN once a FUSE server is gone) is
-    dropped: Linux releases the descriptor anyway, and retrying could close another file."""
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+def _start_ring(reader, backend: str, readers: int, path: str) -> tuple:
+    """Start and, unless the process has proved it already, prove the ring.
+
+    Returns ("io_uring", None), or ("pread", why) for ``auto`` when the ring
+    cannot be used; raises ``TableIOError`` naming io_uring and the errno for
+    an explicit ``io_uring``.
+    """
+    verdict = _backends.ring_verdict()
+    if backend == "auto" and verdict is not None and not verdict.usable:
+        return _start_pool(reader, readers, path, verdict.reason)
+    err = reader.start_ring(readers)
+    if err:
+        why = _backends.start_failure(err)
+        if backend != "auto":
+            raise TableIOError(f"{path}: {why}", errno_=err)
+        if err in _backends.KERNEL_REFUSALS:
+            _backends.refuse_ring(why, err)
+        else:  # a shortage in this table (descriptors, memory): the next table may start one
+            _backends.warn_once(("ring start", err), "%s: %s; this table reads with the pread pool", path, why)
+        return _start_pool(reader, readers, path, why)
+    if verdict is None or not verdict.usable:
+        ok, why, eno = _backends.prove_ring(reader)
+        if ok is False:
+            reader.stop_ring()
+            if backend != "auto":
+                raise TableIOError(f"{path}: {why}", errno_=eno)
+            _backends.refuse_ring(why, eno)
+            return _start_pool(reader, readers, path, _backends.ring_verdict().reason)
+        if ok:
+            _backends.accept_ring()
+    return "io_uring", None
 
 
-def _regular(fd: int, path: str) -> int:
-    """``fd`` back in blocking mode if it is a regular file; else close it and raise ``TableIOError``."""
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
-            raise TableIOError(f"{path}: is {kind}; a table lives in a regular file", errno_=_errno.EINVAL)
-        os.set_blocking(fd, True)
-    except BaseException:
-        _close(fd)
-        raise
-    return fd
-
-
-def _open_uncached(path: str, direct: Union[bool, str], block_size: Optional[int]) -> tuple[int, bool, int]:
-    """Open ``path`` read-only without caching: returns (fd, direct?, alignment)."""
-    if direct not in (True, False, "auto"):
-        raise ArgumentError(f"direct must be True, False or 'auto', got {direct!r}")
-    o_direct = getattr(os, "O_DIRECT", 0)
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; cleared by _regular() on a regular file.
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-    if direct is not False and o_direct:
-        try:
-            fd = _regular(os.open(path, flags | o_direct), path)
-        except TableIOError:
-            raise
-        except FileNotFoundError:
-            raise TableIOError(f"{path}: no such file", errno_=_errno.ENOENT) from None
-        except OSError as exc:
-            if direct is True or exc.errno not in (_errno.EINVAL, _errno.EOPNOTSUPP):
-                raise TableIOError(f"{path}: cannot open with O_DIRECT: {exc.strerror}", errno_=exc.errno) from None
-        else:
-            align = block_size or _logical_block_size(fd)
-            # Some file systems accept the flag at open and refuse the read: probe one block.
-            buf = mmap.mmap(-1, max(align, mmap.PAGESIZE))
-            try:
-                os.preadv(fd, [memoryview(buf)[:align]], 0)
-                return fd, True, align
-            except OSError as exc:
-                _close(fd)
-                if direct is True or exc.errno != _errno.EINVAL:
-                    raise TableIOError(f"{path}: O_DIRECT read refused: {exc.strerror}", offset=0,
-                                       errno_=exc.errno) from None
-            finally:
-                buf.close()
-    elif direct is True:
-        raise TableIOError(f"{path}: O_DIRECT is not available on {sys.platform}")
-    try:
-        fd = _regular(os.open(path, flags), path)
-    except TableIOError:
-        raise
-    except OSError as exc:
-        raise TableIOError(f"{path}: cannot open: {exc.strerror}", errno_=exc.errno) from None
-    if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_NOCACHE, 1)
-        fcntl.fcntl(fd, getattr(fcntl, "F_RDAHEAD", 45), 0)
-    elif hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    return fd, False, 1
-
-
-def _start_backend(reader, backend: str, readers: int, path: str) -> tuple[str, Optional[str]]:
+def _start_backend(reader, backend: str, readers: int, path: str) -> tuple:
     """Start the pool or ring of ``reader``: returns (backend in use, fallback reason or None)."""
     if backend == "serial":
         return "serial", None
-    order = AUTO_ORDER if backend == "auto" else (backend,)
-    reasons = []
-    for name in order:
-        err = reader.start_ring(readers) if name == "io_uring" else reader.start_pool(readers)
-        if err == 0:
-            return name, ("; ".join(reasons) or None)
-        why = f"{name} could not start: {os.strerror(err)}"
-        if backend != "auto":
-            raise TableIOError(f"{path}: {why}", errno_=err)
-        reasons.append(why)
-    raise TableIOError(f"{path}: no read backend could start ({'; '.join(reasons)})")
+    if backend == "pread":
+        return _start_pool(reader, readers, path)
+    return _start_ring(reader, backend, readers, path)
 
 
 def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
@@ -246,35 +188,49 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     return a
 
 
-def _new_reader(segments, alignment: int, dontneed: bool, path: str):
+def _new_reader(segments, alignment: int, drop_bytes: int, read_flags: int, path: str):
     """A native reader; its limits (16 tables, offsets below 2**44) become ``ArgumentError``."""
     try:
-        return _reader.RowReader(segments, alignment, dontneed)
+        return _reader.RowReader(segments, alignment, drop_bytes, read_flags)
     except ValueError as exc:
         raise ArgumentError(f"{path}: {exc}; the reader addresses offsets below 2**44") from None
 
 
-def _failure_to_error(f, paths, rows, two_d: bool, seg_cols: int = 0, names=None) -> Exception:
-    """The public error for a ``ReadFailure`` of a reader over the tables ``paths``."""
-    kind, a, b, c, d = f.args
-    if kind == "range":
-        seg = c // seg_cols if seg_cols else 0
-        where = f"token {b}, column {c}" if two_d else f"position {b}"
-        table = f" ({names[seg]})" if names else ""
-        return RowRangeError(f"{paths[seg]}{table}: row id {a} at {where} is outside the table [0, {rows[seg]})")
-    table = f" ({names[c]})" if names else ""
-    if kind == "decode":
+def _failure_to_error(f, paths, rows, two_d: bool, names=None) -> Exception:
+    """The public error for a ``ReadFailure`` ``f`` of a reader over the tables ``paths``.
+
+    ``rows``: rows of each table; ``two_d``: the caller passed ``[T, C]`` ids
+    (positions are "token, column") rather than ``[n]``; ``names``: labels of
+    the tables in a group.
+    """
+    seg = f.segment
+    table = f" ({names[seg]})" if names else ""
+    if f.kind == "range":
+        where = f"token {f.token}, column {f.column}" if two_d else f"position {f.token}"
+        return RowRangeError(f"{paths[seg]}{table}: row id {f.row} at {where} is outside the table [0, {rows[seg]})")
+    if f.kind == "decode":
         return DecodeError(
-            f"{paths[c]}{table}: row {a} (file offset {b}) column {d} does not decode to a finite value "
-            f"(NaN code, NaN scale or overflow)", row=a, column=d)
-    if kind == "short":
+            f"{paths[seg]}{table}: row {f.row} (file offset {f.offset}) column {f.value_column} does not decode "
+            f"to a finite value (NaN code, NaN scale or overflow)", row=f.row, column=f.value_column)
+    if f.kind == "short":
         return TableIOError(
-            f"{paths[c]}{table}: short read: row {a} at file offset {b} lies past the data the device "
-            f"returned (file truncated?)", row=a, offset=b, errno_=_errno.EIO)
-    if kind == "ring":
-        return TableIOError(f"{paths[0]}: io_uring failed: {os.strerror(d)}", errno_=d)
-    return TableIOError(f"{paths[c]}{table}: reading row {a} at file offset {b} failed: {os.strerror(d)}",
-                        row=a, offset=b, errno_=d)
+            f"{paths[seg]}{table}: short read: row {f.row} at file offset {f.offset} lies past the data the "
+            f"device returned (file truncated?)", row=f.row, offset=f.offset, errno_=_errno.EIO)
+    if f.kind == "ring":
+        return TableIOError(f"{', '.join(sorted(set(paths)))}: {_backends.read_failure(f)}", errno_=f.errno)
+    return TableIOError(f"{paths[seg]}{table}: reading row {f.row} at file offset {f.offset} through {f.backend} "
+                        f"failed: {os.strerror(f.errno)}", row=f.row, offset=f.offset, errno_=f.errno)
+
+
+def _check_policy(backend: str, readers, threshold) -> None:
+    """``ArgumentError`` unless backend, readers and threshold form a read policy."""
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    for name, v, lo in (("readers", readers, 1), ("threshold", threshold, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ArgumentError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if readers > MAX_READERS:
+        raise ArgumentError(f"readers must be at most {MAX_READERS}, got {readers}")
 
 
 class Closing:
@@ -312,17 +268,21 @@ class _RowReads(Closing):
         that a failure leaves it untouched.  Shared by :class:`TableGroup`."""
         staged = caller_out is not None and ids.size > _reader.CHUNK_REQUESTS
         dest = np.empty_like(target) if staged else target
+        seg_cols = seg_cols or max(1, ids.shape[1])
         t0 = time.perf_counter()
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
+            self._follow_verdict()
             try:
-                req, dist, nreads, nbytes, conc, n_serial, n_conc = self._reader.read(
-                    ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols or max(1, ids.shape[1]))
+                res = self._reader.read(ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols)
             except _reader.ReadFailure as f:
-                raise self._error(f, ids) from None
+                if not self._ring_at_fault(f):
+                    raise self._error(f, ids) from None
+                res = self._reread_on_pool(f, ids, dest, seg_cols)
         if staged:
             np.copyto(target, dest)
+        req, dist, nreads, nbytes, conc, n_serial, n_conc = res
         backend = self.backend if n_conc else "serial"
         if n_conc and n_serial:
             backend += "+serial"
@@ -330,6 +290,41 @@ class _RowReads(Closing):
                        wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1)
         self.last_stats = st
         self.stats.add(st)
+
+    # ------------------------------------------------- fallback from the ring (auto)
+    def _follow_verdict(self) -> None:
+        """``auto`` on the ring while the process has refused it since: move to the pool."""
+        if self.requested_backend != "auto" or self.backend != "io_uring":
+            return
+        v = _backends.ring_verdict()
+        if v is not None and not v.usable:
+            self._to_pool(v.reason)
+
+    def _ring_at_fault(self, f) -> bool:
+        """A failure of the ring in ``auto`` mode that the pool may not share (not the device's error)."""
+        return (self.requested_backend == "auto" and f.backend == "io_uring"
+                and (f.kind == "ring" or (f.kind == "io" and f.errno not in _backends.DEVICE_ERRNOS)))
+
+    def _reread_on_pool(self, f, ids, dest, seg_cols):
+        """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
+        the ring is refused for the process (one warning) and this reader stays on the pool;
+        when the pool fails too, its error is raised and the ring keeps its standing."""
+        if self._reader.start_pool(self.readers):
+            raise self._error(f, ids) from None
+        try:
+            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols)
+        except _reader.ReadFailure as g:
+            raise self._error(g, ids) from None
+        verdict = _backends.refuse_ring(f"{_backends.read_failure(f)} (a batch of {self.path}, re-read "
+                                        f"on the pread pool)", f.errno)
+        self._to_pool(verdict.reason)
+        return res
+
+    def _to_pool(self, reason: str) -> None:
+        if self._reader.start_pool(self.readers) == 0:
+            self._reader.stop_ring()
+            self.backend = "pread"
+            self.fallback = reason
 
 
 class Table(_RowReads):
@@ -344,9 +339,12 @@ class Table(_RowReads):
     rows : int
         Rows of the table (``Layout.rows``); ids must lie in ``[0, rows)``.
     backend : {"auto", "io_uring", "pread", "serial"}
-        Concurrent read backend.  ``auto`` takes io_uring when it was built and
-        its ring starts, else the pread pool (the reason is kept in
-        :attr:`fallback`).  ``serial`` never reads concurrently.
+        Concurrent read backend.  ``auto`` takes the io_uring ring where it
+        starts and reads (proved once per process with a real read of this
+        table), else the pread pool, and moves to the pool for good when a
+        batch fails on the ring but reads on the pool (see
+        :mod:`engram.backends`); :attr:`fallback` says why.  An explicit
+        ``io_uring`` raises instead.  ``serial`` never reads concurrently.
     readers : int
         pread readers (persistent threads, the caller being one) or io_uring
         ring depth: the queue depth of a concurrent batch.  At most :data:`MAX_READERS`.
@@ -354,38 +352,54 @@ class Table(_RowReads):
         Batches with at least this many distinct rows are read concurrently;
         smaller ones serially (the reference engine uses 8, SPEC §8).
     direct : True, False or "auto"
-        ``O_DIRECT`` required, never, or when the file system accepts it
-        (else ``posix_fadvise`` RANDOM + DONTNEED).
+        ``O_DIRECT`` required, never, or where the file system accepts it
+        (else a buffered descriptor that keeps the cache flat, see
+        :mod:`engram.uncached`; :attr:`direct_fallback` says why).
     block_size : int, optional
         Alignment of direct reads; default the device's logical block size.
+        With ``direct="auto"``, a ``block_size`` that ends without ``O_DIRECT``
+        warns (``RuntimeWarning``).
+
+    Attributes
+    ----------
+    backend : str
+        The backend in use: ``io_uring``, ``pread`` or ``serial``.
+    requested_backend : str
+        The backend asked for (``auto`` may move from the ring to the pool).
+    fallback : str or None
+        Why ``auto`` does not use the ring.
+    direct : bool
+        ``O_DIRECT`` in use.
+    direct_fallback : str or None
+        Why ``O_DIRECT`` is off although it was tried.
+    alignment : int
+        Alignment of reads (bytes; 1 when buffered).
+    drop_bytes : int
+        Buffered fallback: unit of the pages dropped after each read (0 with ``O_DIRECT``).
 
     Raises
     ------
     TableIOError
         The file cannot be opened, is not a regular file (a directory, FIFO or
         device), is shorter than ``offset + rows * 264``, or the requested
-        backend cannot start.
+        backend cannot start or read (naming the backend and errno).
     ArgumentError
         Invalid parameters.
     """
 
     def __init__(self, path: Union[str, os.PathLike], offset: int, rows: int, *, backend: str = "auto",
-                 readers: int = 16, threshold: int = 8, direct: Union[bool, str] = "auto",
-                 block_size: Optional[int] = None):
+                 readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
+                 direct: Union[bool, str] = "auto", block_size: Optional[int] = None):
         try:
             self.path = os.fspath(path)
         except TypeError:
             raise ArgumentError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
-        for name, v, lo in (("offset", offset, 0), ("rows", rows, 1), ("readers", readers, 1),
-                            ("threshold", threshold, 0)):
+        _check_policy(backend, readers, threshold)
+        for name, v, lo in (("offset", offset, 0), ("rows", rows, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ArgumentError(f"{name} must be an integer >= {lo}, got {v!r}")
         if rows > 2**32:
             raise ArgumentError(f"rows must fit uint32 row ids, got {rows}")
-        if readers > MAX_READERS:
-            raise ArgumentError(f"readers must be at most {MAX_READERS}, got {readers}")
-        if backend not in ("auto", "io_uring", "pread", "serial"):
-            raise ArgumentError(f"backend must be 'auto', 'io_uring', 'pread' or 'serial', got {backend!r}")
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))
                                        or not 512 <= block_size <= MAX_BLOCK_SIZE or block_size & (block_size - 1)):
             raise ArgumentError(f"block_size must be a power of two in [512, {MAX_BLOCK_SIZE}], got {block_size!r}")
@@ -393,20 +407,24 @@ class Table(_RowReads):
         self.rows = int(rows)
         self.readers = int(readers)
         self.threshold = int(threshold)
+        self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
         self._reader = None
         self._fd = -1
-        fd, self.direct, self.alignment = _open_uncached(self.path, direct, block_size)
-        self._fd = fd
+        f = open_uncached(self.path, direct, block_size, probe_at=self.offset + self.rows // 2 * ROW_BYTES)
+        self._fd = f.fd
+        self.direct, self.alignment, self.drop_bytes = f.direct, f.alignment, f.drop_bytes
+        self.direct_fallback = f.direct_fallback
         try:
-            size = os.fstat(fd).st_size
+            size = os.fstat(f.fd).st_size
             end = self.offset + self.rows * ROW_BYTES
             if size < end:
                 raise TableIOError(
                     f"{self.path}: table of {self.rows} rows at offset {self.offset} ends at byte {end}, "
                     f"past the end of the file ({size} bytes)", offset=end)
-            self._reader = _new_reader([(fd, self.offset, self.rows)], self.alignment, not self.direct, self.path)
+            self._reader = _new_reader([(f.fd, self.offset, self.rows)], f.alignment, f.drop_bytes, f.read_flags,
+                                       self.path)
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
@@ -509,7 +527,7 @@ class Table(_RowReads):
                 self._reader = None
             if getattr(self, "_fd", -1) >= 0:
                 fd, self._fd = self._fd, -1
-                _close(fd)
+                close_quietly(fd)
         finally:
             if lock is not None:
                 lock.release()
@@ -536,7 +554,8 @@ class TableGroup(_RowReads):
     columns : int
         Columns per table in a batch (24 for V4.1).
     backend, readers, threshold
-        As for :class:`Table`; default those of the first table.
+        As for :class:`Table`; default those of the first table (its
+        ``requested_backend``: a group of ``auto`` tables is ``auto`` too).
 
     Raises
     ------
@@ -560,25 +579,23 @@ class TableGroup(_RowReads):
         if len(tables) > _reader.MAX_SEGMENTS:
             raise ArgumentError(f"TableGroup reads at most {_reader.MAX_SEGMENTS} tables as one batch, "
                                 f"got {len(tables)}")
-        if backend is not None and backend not in ("auto", "io_uring", "pread", "serial"):
-            raise ArgumentError(f"backend must be 'auto', 'io_uring', 'pread' or 'serial', got {backend!r}")
-        for name, v in (("readers", readers), ("threshold", threshold)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-                raise ArgumentError(f"{name} must be an integer, got {v!r}")
         first = tables[0]
+        backend = backend if backend is not None else first.requested_backend
+        readers = readers if readers is not None else first.readers
+        threshold = threshold if threshold is not None else first.threshold
+        _check_policy(backend, readers, threshold)
         self.tables = tables
         self.columns = int(columns)
-        self.readers = int(readers if readers is not None else first.readers)
-        self.threshold = int(threshold if threshold is not None else first.threshold)
-        if not 1 <= self.readers <= MAX_READERS or self.threshold < 0:
-            raise ArgumentError(f"readers must be in [1, {MAX_READERS}] and threshold >= 0, "
-                                f"got {self.readers} and {self.threshold}")
+        self.readers = int(readers)
+        self.threshold = int(threshold)
+        self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
         self.path = ", ".join(sorted({t.path for t in tables}))
-        self._reader = _new_reader([(t._fd, t.offset, t.rows) for t in tables],
-                                   max(t.alignment for t in tables), not first.direct, self.path)
-        backend = backend or ("auto" if first.fallback else first.backend)
+        flags = {t._reader.read_flags for t in tables}
+        self._reader = _new_reader([(t._fd, t.offset, t.rows) for t in tables], max(t.alignment for t in tables),
+                                   max(t.drop_bytes for t in tables), flags.pop() if len(flags) == 1 else 0,
+                                   self.path)
         try:
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
@@ -626,7 +643,7 @@ class TableGroup(_RowReads):
 
     def _error(self, f, ids) -> Exception:
         return _failure_to_error(f, [t.path for t in self.tables], [t.rows for t in self.tables], True,
-                                 self.columns, [f"table {i}" for i in range(len(self.tables))])
+                                 [f"table {i}" for i in range(len(self.tables))])
 
     def _range_message(self, row: int, where) -> str:
         t = self.tables[where[1] // self.columns]

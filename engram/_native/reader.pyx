@@ -6,16 +6,17 @@ A reader serves one or more *segments* (a table: descriptor, byte offset of
 row 0, rows); column ``c`` of a batch reads from segment ``c // seg_cols``, so
 one decode step's 48 rows of two tables go out as one concurrent batch.
 ``RowReader.read`` takes row ids ``[T, C]`` (any strides) and fills
-``out[T, C, 256]``: it sorts the requests of up to ``CHUNK_REQUESTS`` ids at a
-time by row, reads each distinct row once (rows sharing or touching a block
-go in one aligned read), checks every row, and only then decodes into the
-output, copying duplicates.  The reads run serially, on a persistent pool of
-pread threads or on an io_uring ring (``readers.h``); the GIL is released
-throughout.  Descriptors are opened by the Python caller.
+``out[T, C, 256]`` in named steps, per chunk of up to ``CHUNK_REQUESTS`` ids:
+sort the requests by row, keep the distinct rows, plan aligned spans (rows
+sharing or touching a block go in one read), read the spans, check every row,
+and only then publish (decode into the output, copying duplicates).  The reads
+run serially, on a persistent pool of pread threads or on an io_uring ring
+(``readers.h``); the GIL is released throughout.  Descriptors are opened by
+the Python caller.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport malloc, free, realloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
 cimport numpy as cnp
@@ -28,6 +29,11 @@ cnp.import_array()
 cdef extern from "readers.h" nogil:
     int ENGRAM_ESHORT
     int ENGRAM_HAVE_URING
+    int ENGRAM_HAVE_FADVISE
+    int ENGRAM_HAVE_PREADV2
+    int RWF_DONTCACHE
+    const char* ENGRAM_URING_BUILD
+    int ENGRAM_URING_HEADERS
     ctypedef struct engram_req:
         int fd
         uint64_t span_off
@@ -40,7 +46,8 @@ cdef extern from "readers.h" nogil:
         uint64_t offset
         int64_t got
     ctypedef struct engram_job:
-        int fadvise_dontneed
+        uint64_t drop_granule
+        int rw_flags
         uint32_t row_bytes
         const engram_req* reqs
         int64_t nreq
@@ -54,54 +61,102 @@ cdef extern from "readers.h" nogil:
     engram_pool* engram_pool_create(int readers, size_t buf_bytes, size_t align, int* err)
     int engram_pool_run(engram_pool* p, const engram_job* job, engram_ioerr* e)
     void engram_pool_destroy(engram_pool* p)
-    engram_ring* engram_ring_create(int depth, size_t buf_bytes, size_t align, int* err)
+    engram_ring* engram_ring_create(int depth, size_t buf_bytes, size_t align, unsigned flags, int* err)
     int engram_ring_run(engram_ring* g, const engram_job* job, engram_ioerr* e)
     void engram_ring_destroy(engram_ring* g)
     int posix_memalign(void** p, size_t align, size_t size)
 
-#: Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
-CHUNK_REQUESTS = 2048 * 24
-cdef Py_ssize_t _CHUNK = 2048 * 24
+# A request key packs (segment, file offset, position in the chunk): 4 + 44 + 16 bits.
+cdef enum:
+    SEG_BITS = 4
+    OFF_BITS = 44
+    POS_BITS = 16
+    # Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
+    CHUNK = 2048 * 24
 
+# Read paths of a chunk.
+cdef enum Path:
+    SERIAL = 0
+    PREAD = 1
+    URING = 2
+
+#: Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
+CHUNK_REQUESTS = CHUNK
 #: Largest span merged into one read (rows sharing or touching blocks).
 MAX_SPAN_BYTES = 16384
+#: Most segments one reader serves, and the largest file offset it addresses.
+MAX_SEGMENTS = 1 << SEG_BITS
+MAX_FILE_OFFSET = 2 ** <object>OFF_BITS
 
+BACKEND_SERIAL = SERIAL
+BACKEND_PREAD = PREAD
+BACKEND_URING = URING
+_PATH_NAMES = {SERIAL: "serial", PREAD: "pread", URING: "io_uring"}
+
+#: The io_uring ring is compiled in (raw system calls; whether it starts is a run-time matter).
 HAVE_URING = bool(ENGRAM_HAVE_URING)
-
-cdef enum:
-    _SERIAL = 0
-    _PREAD = 1
-    _URING = 2
-
-BACKEND_SERIAL = _SERIAL
-BACKEND_PREAD = _PREAD
-BACKEND_URING = _URING
+#: How the ring was built: "system calls", or "not built: <why>".
+URING_BUILD = ENGRAM_URING_BUILD.decode()
+#: LINUX_VERSION_CODE of the <linux/io_uring.h> it was built against (0 when not built).
+URING_HEADERS = ENGRAM_URING_HEADERS
+#: posix_fadvise exists on this platform (not on macOS).
+HAVE_FADVISE = bool(ENGRAM_HAVE_FADVISE)
+#: preadv2 read flags exist on this platform (Linux).
+HAVE_PREADV2 = bool(ENGRAM_HAVE_PREADV2)
+#: The uapi value of RWF_DONTCACHE (0 where the platform has none).
+RWF_DONTCACHE_FLAG = RWF_DONTCACHE
 
 
 class ReadFailure(Exception):
-    """Raised by ``RowReader.read``; ``table.py`` turns it into the public errors.
+    """Raised by ``RowReader.read``; ``engram/table.py`` turns it into the public errors.
 
-    ``args`` = (kind, a, b, c, d): "range" (row, token, column, 0), "decode"
-    (row, file offset, segment, column), "short" (row, file offset, segment, 0),
-    "io" (row, file offset, segment, errno), "ring" (0, 0, 0, errno).
+    Attributes (keyword-only at construction, so a wrong call fails where it is made):
+
+    kind : {"range", "decode", "short", "io", "ring"}
+        ``range``: an id outside its table (``row`` = the id, ``token``, ``column``,
+        ``segment``), raised before any I/O.  ``decode``: a row that does not decode
+        (``row``, ``offset``, ``segment``, ``value_column`` = the first bad value of the
+        row).  ``short``: a read ended before the row's last byte (``row``, ``offset``,
+        ``segment``).  ``io``: a read failed with ``errno`` (``row``, ``offset``,
+        ``segment``).  ``ring``: io_uring itself failed (``errno``): io_uring_enter, or
+        a ring that could not restart.
+    backend : {"serial", "pread", "io_uring"}
+        The read path that failed (``range`` and ``decode``: the one in use).
     """
 
+    KINDS = ("range", "decode", "short", "io", "ring")
 
-# A request key packs (segment, file offset, position): 4 + 44 + 16 bits.
-DEF SEG_BITS = 4
-DEF OFF_BITS = 44
-DEF POS_BITS = 16
-#: Most segments one reader serves, and the largest file offset it addresses.
-MAX_SEGMENTS = 1 << SEG_BITS
-MAX_FILE_OFFSET = 1 << OFF_BITS
+    def __init__(self, kind, *, row=-1, token=-1, column=-1, segment=0, offset=-1, errno=0, value_column=-1,
+                 backend="serial"):
+        if kind not in ReadFailure.KINDS:
+            raise ValueError(f"unknown ReadFailure kind {kind!r}")
+        if backend not in ("serial", "pread", "io_uring"):
+            raise ValueError(f"unknown read backend {backend!r}")
+        super().__init__(kind, row, offset, errno)
+        self.kind = kind
+        self.row = int(row)
+        self.token = int(token)
+        self.column = int(column)
+        self.segment = int(segment)
+        self.offset = int(offset)
+        self.errno = int(errno)
+        self.value_column = int(value_column)
+        self.backend = backend
+
+    def __repr__(self):
+        return (f"ReadFailure({self.kind!r}, row={self.row}, token={self.token}, column={self.column}, "
+                f"segment={self.segment}, offset={self.offset}, errno={self.errno}, "
+                f"value_column={self.value_column}, backend={self.backend!r})")
 
 
 cdef class RowReader:
     """Reads rows of one or more tables through already opened descriptors.
 
     Parameters: ``segments`` = list of (fd, table byte offset, rows);
-    alignment (bytes; 1 for buffered descriptors); whether to drop pages after
-    reading (buffered fallback).
+    ``align`` = alignment of reads (bytes; 1 for buffered descriptors);
+    ``drop_granule`` = buffered fallback: after each read drop the cached pages
+    around it in units of this many bytes (0: keep, for O_DIRECT);
+    ``rw_flags`` = preadv2 / io_uring read flags (``RWF_DONTCACHE_FLAG``) or 0.
     """
 
     cdef int nseg
@@ -110,8 +165,9 @@ cdef class RowReader:
     cdef uint64_t seg_rows[16]
     cdef uint64_t align
     cdef uint32_t span_cap
-    cdef bint dontneed
-    # bounded request storage, grown on demand up to _CHUNK entries
+    cdef uint64_t drop_granule
+    cdef int rw_flags
+    # bounded request storage, grown on demand up to CHUNK entries
     cdef Py_ssize_t cap
     cdef uint64_t* keys
     cdef uint64_t* dkey
@@ -123,8 +179,10 @@ cdef class RowReader:
     cdef engram_ring* ring
     cdef public int pool_readers
     cdef public int ring_depth
+    cdef unsigned ring_flags
+    cdef int ring_want
 
-    def __cinit__(self, segments, uint64_t align, bint dontneed):
+    def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
         self.keys = NULL
         self.dkey = NULL
@@ -137,6 +195,8 @@ cdef class RowReader:
         self.cap = 0
         self.pool_readers = 0
         self.ring_depth = 0
+        self.ring_want = 0
+        self.ring_flags = 0
         segs = list(segments)
         if not 1 <= len(segs) <= MAX_SEGMENTS:
             raise ValueError(f"a reader serves 1..{MAX_SEGMENTS} tables, got {len(segs)}")
@@ -148,7 +208,8 @@ cdef class RowReader:
             self.seg_off[i] = off
             self.seg_rows[i] = rows
         self.align = align if align > 0 else 1
-        self.dontneed = dontneed
+        self.drop_granule = drop_granule
+        self.rw_flags = rw_flags
         self.span_cap = <uint32_t>max(MAX_SPAN_BYTES, 2 * self.align if self.align > 1 else 2 * ROW_BYTES)
         cdef void* b = NULL
         if posix_memalign(&b, max(self.align, 64), self.span_cap) != 0:
@@ -164,9 +225,8 @@ cdef class RowReader:
             with nogil:
                 engram_pool_destroy(self.pool)
             self.pool = NULL
-        if self.ring != NULL:
-            engram_ring_destroy(self.ring)
-            self.ring = NULL
+        self._stop_ring()
+        self.ring_want = 0
         free(self.keys); self.keys = NULL
         free(self.dkey); self.dkey = NULL
         free(self.doff); self.doff = NULL
@@ -180,6 +240,17 @@ cdef class RowReader:
         """Largest aligned span read in one request (bytes)."""
         return self.span_cap
 
+    @property
+    def drop_bytes(self):
+        """Buffered fallback: unit of the pages dropped after each read (0: none dropped)."""
+        return self.drop_granule
+
+    @property
+    def read_flags(self):
+        """preadv2 / io_uring read flags in use (``RWF_DONTCACHE_FLAG`` or 0)."""
+        return self.rw_flags
+
+    # ------------------------------------------------------------ backends
     def start_pool(self, int readers):
         """Start ``readers - 1`` persistent threads (the caller is the last reader).
 
@@ -197,24 +268,46 @@ cdef class RowReader:
             self.pool_readers = readers
         return err
 
-    def start_ring(self, int depth):
-        """Set up an io_uring ring of ``depth`` entries; returns 0 or an errno (ENOSYS if not built)."""
+    def start_ring(self, int depth, unsigned flags=0):
+        """Set up an io_uring ring of ``depth`` entries; returns 0 or an errno.
+
+        ``flags``: extra ``IORING_SETUP_*`` flags to try (dropped when the kernel
+        does not know them).  ENOSYS when the ring is not built, EPERM when
+        refused by ``ENGRAM_DISABLE_IO_URING``, else what io_uring_setup said.
+        """
         cdef int err = 0
-        if self.ring != NULL and self.ring_depth == depth:
+        if self.ring != NULL and self.ring_depth == depth and self.ring_flags == flags:
             return 0
+        self._stop_ring()
+        self.ring_want = depth
+        self.ring_flags = flags
+        err = self._open_ring()
+        if err:
+            self.ring_want = 0
+        return err
+
+    def stop_ring(self):
+        """Tear the ring down (a later ``read`` on the ring path restarts it)."""
+        self._stop_ring()
+        self.ring_want = 0
+
+    cdef int _open_ring(self) noexcept nogil:
+        cdef int err = 0
+        self.ring = engram_ring_create(self.ring_want, self.span_cap, max(self.align, 64), self.ring_flags, &err)
+        if self.ring != NULL:
+            self.ring_depth = self.ring_want
+        return err
+
+    cdef void _stop_ring(self) noexcept nogil:
         if self.ring != NULL:
             engram_ring_destroy(self.ring)
             self.ring = NULL
-            self.ring_depth = 0
-        self.ring = engram_ring_create(depth, self.span_cap, max(self.align, 64), &err)
-        if self.ring != NULL:
-            self.ring_depth = depth
-        return err
+        self.ring_depth = 0
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
         if n <= self.cap:
             return 0
-        cdef Py_ssize_t c = max(n, min(_CHUNK, 2 * self.cap))
+        cdef Py_ssize_t c = max(n, min(<Py_ssize_t>CHUNK, 2 * self.cap))
         cdef void* p
         p = realloc(self.keys, c * sizeof(uint64_t))
         if p == NULL: raise MemoryError()
@@ -234,36 +327,64 @@ cdef class RowReader:
         self.cap = c
         return 0
 
+    # ------------------------------------------------------------ read
     def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
 
-        Column ``c`` reads from segment ``c // seg_cols``.
-        ``backend``: BACKEND_PREAD or BACKEND_URING for batches with at least
-        ``threshold`` distinct rows (the pool or ring must be started), serial
-        otherwise.  Returns (requested, distinct, reads, bytes, concurrency,
-        serial_chunks, concurrent_chunks).  Raises ReadFailure; ``out`` is then
-        untouched only for single-chunk calls (``table.py`` stages larger ones).
+        Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
+        BACKEND_PREAD or BACKEND_URING for chunks with at least ``threshold``
+        distinct rows (the pool must be started; a ring torn down by a failure
+        is restarted), BACKEND_SERIAL or smaller chunks serially.  Returns
+        (requested, distinct, reads, bytes, concurrency, serial_chunks,
+        concurrent_chunks).  Raises ReadFailure; ``out`` is then untouched
+        only for single-chunk calls (``table.py`` stages larger ones).
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
-        cdef Py_ssize_t total = T * C, start, n, i, t, c, nd, nr
-        cdef uint64_t row, bad_row = 0
-        cdef Py_ssize_t bad_at = -1
+        cdef Py_ssize_t total = T * C, start = 0, n, nd, nr, i
         cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0
-        cdef int conc = 1, rc = 0, col = -1
-        cdef int serial_chunks = 0, conc_chunks = 0
-        cdef engram_job job
-        cdef engram_ioerr err
-        cdef uint64_t rb = ROW_BYTES, a = self.align, cur_end, s, e, vk
-        cdef uint64_t off_mask = (<uint64_t>1 << OFF_BITS) - 1, pos_mask = (<uint64_t>1 << POS_BITS) - 1
-        cdef int seg, fd
+        cdef int conc = 1, path, serial_chunks = 0, conc_chunks = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
+        if backend == PREAD and self.pool == NULL:
+            raise ValueError("the pread pool is not started")
+        if backend == URING and self.ring_want == 0:
+            raise ValueError("the io_uring ring is not started")
         if total == 0:
             return (0, 0, 0, 0, 1, 0, 0)
-        # Range check of every id before any I/O.
+        self._check_range(idp, T, C, s0, s1, seg_cols, backend)
+        self._reserve(min(total, <Py_ssize_t>CHUNK))
+        while start < total:
+            n = min(<Py_ssize_t>CHUNK, total - start)
+            with nogil:
+                self._sort_requests(idp, C, s0, s1, seg_cols, start, n)
+                nd = self._distinct_rows(n)
+                nr = self._plan_spans(nd)
+            path = SERIAL if nd < threshold else backend
+            self._read_spans(nr, path)
+            self._check_rows(nd, path)
+            with nogil:
+                self._publish(op + start * ROW_VALUES, n)
+            if path == SERIAL:
+                serial_chunks += 1
+            else:
+                conc_chunks += 1
+                conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
+            for i in range(nr):
+                nbytes += self.reqs[i].span_len
+            requested += n
+            distinct += nd
+            nreads += nr
+            start += n
+        return (requested, distinct, nreads, nbytes, conc, serial_chunks, conc_chunks)
+
+    cdef int _check_range(self, const uint32_t* idp, Py_ssize_t T, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
+                          Py_ssize_t seg_cols, int backend) except -1:
+        """Every id inside its table, before any I/O; else ReadFailure("range")."""
+        cdef Py_ssize_t t, c, bad_at = -1
+        cdef uint64_t row, bad_row = 0
         with nogil:
             for t in range(T):
                 for c in range(C):
@@ -275,118 +396,141 @@ cdef class RowReader:
                 if bad_at >= 0:
                     break
         if bad_at >= 0:
-            raise ReadFailure("range", bad_row, bad_at // C, bad_at % C, 0)
-        self._reserve(min(total, _CHUNK))
-        start = 0
-        while start < total:
-            n = min(_CHUNK, total - start)
-            with nogil:
-                # keys: (segment, file offset of the row) << 16 | position within the chunk
-                for i in range(n):
-                    t = (start + i) // C
-                    c = (start + i) % C
-                    seg = c // seg_cols
-                    vk = (<uint64_t>seg << OFF_BITS) | (self.seg_off[seg] + <uint64_t>idp[t * s0 + c * s1] * rb)
-                    self.keys[i] = (vk << POS_BITS) | <uint64_t>i
-                sort(self.keys, self.keys + n)
-                # distinct rows and their file offsets
-                nd = 0
-                for i in range(n):
-                    vk = self.keys[i] >> POS_BITS
-                    if nd == 0 or self.dkey[nd - 1] != vk:
-                        self.dkey[nd] = vk
-                        self.doff[nd] = vk & off_mask
-                        nd += 1
-                # aligned spans; rows sharing or touching a span of one file are read together
-                nr = 0
-                for i in range(nd):
-                    fd = self.seg_fd[self.dkey[i] >> OFF_BITS]
-                    s = (self.doff[i] // a) * a
-                    e = ((self.doff[i] + rb + a - 1) // a) * a
-                    if nr > 0 and self.reqs[nr - 1].fd == fd:
-                        cur_end = self.reqs[nr - 1].span_off + self.reqs[nr - 1].span_len
-                        if s <= cur_end and e - self.reqs[nr - 1].span_off <= self.span_cap:
-                            if e > cur_end:
-                                self.reqs[nr - 1].span_len = <uint32_t>(e - self.reqs[nr - 1].span_off)
-                            self.reqs[nr - 1].count += 1
-                            continue
-                    self.reqs[nr].fd = fd
-                    self.reqs[nr].span_off = s
-                    self.reqs[nr].span_len = <uint32_t>(e - s)
-                    self.reqs[nr].first = <uint32_t>i
-                    self.reqs[nr].count = 1
-                    nr += 1
-                job.fadvise_dontneed = self.dontneed
-                job.row_bytes = ROW_BYTES
-                job.reqs = self.reqs
-                job.nreq = nr
-                job.row_off = self.doff
-                job.staging = self.staging
-                err.err = 0
-                if nd >= threshold and backend == _URING and self.ring != NULL:
+            raise ReadFailure("range", row=bad_row, token=bad_at // C, column=bad_at % C,
+                              segment=(bad_at % C) // seg_cols, backend=_PATH_NAMES[backend])
+        return 0
+
+    cdef void _sort_requests(self, const uint32_t* idp, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
+                             Py_ssize_t seg_cols, Py_ssize_t start, Py_ssize_t n) noexcept nogil:
+        """keys[i] = (segment, file offset of the row) << 16 | position i in the chunk, sorted."""
+        cdef Py_ssize_t i, t, c
+        cdef int seg
+        cdef uint64_t vk
+        for i in range(n):
+            t = (start + i) // C
+            c = (start + i) % C
+            seg = <int>(c // seg_cols)
+            vk = (<uint64_t>seg << OFF_BITS) | (self.seg_off[seg] + <uint64_t>idp[t * s0 + c * s1] * ROW_BYTES)
+            self.keys[i] = (vk << POS_BITS) | <uint64_t>i
+        sort(self.keys, self.keys + n)
+
+    cdef Py_ssize_t _distinct_rows(self, Py_ssize_t n) noexcept nogil:
+        """dkey / doff: the distinct (segment, offset) keys and file offsets; returns their count."""
+        cdef Py_ssize_t i, nd = 0
+        cdef uint64_t vk, off_mask = (<uint64_t>1 << OFF_BITS) - 1
+        for i in range(n):
+            vk = self.keys[i] >> POS_BITS
+            if nd == 0 or self.dkey[nd - 1] != vk:
+                self.dkey[nd] = vk
+                self.doff[nd] = vk & off_mask
+                nd += 1
+        return nd
+
+    cdef Py_ssize_t _plan_spans(self, Py_ssize_t nd) noexcept nogil:
+        """reqs: aligned spans; rows sharing or touching a span of one file go in one read."""
+        cdef Py_ssize_t i, nr = 0
+        cdef uint64_t a = self.align, s, e, cur_end
+        cdef int fd
+        for i in range(nd):
+            fd = self.seg_fd[self.dkey[i] >> OFF_BITS]
+            s = (self.doff[i] // a) * a
+            e = ((self.doff[i] + ROW_BYTES + a - 1) // a) * a
+            if nr > 0 and self.reqs[nr - 1].fd == fd:
+                cur_end = self.reqs[nr - 1].span_off + self.reqs[nr - 1].span_len
+                if s <= cur_end and e - self.reqs[nr - 1].span_off <= self.span_cap:
+                    if e > cur_end:
+                        self.reqs[nr - 1].span_len = <uint32_t>(e - self.reqs[nr - 1].span_off)
+                    self.reqs[nr - 1].count += 1
+                    continue
+            self.reqs[nr].fd = fd
+            self.reqs[nr].span_off = s
+            self.reqs[nr].span_len = <uint32_t>(e - s)
+            self.reqs[nr].first = <uint32_t>i
+            self.reqs[nr].count = 1
+            nr += 1
+        return nr
+
+    cdef int _read_spans(self, Py_ssize_t nr, int path) except -1:
+        """Read the planned spans into staging on ``path``; ReadFailure io/short/ring on failure."""
+        cdef engram_job job
+        cdef engram_ioerr err
+        cdef int rc = 0, start_err = 0
+        job.drop_granule = self.drop_granule
+        job.rw_flags = self.rw_flags
+        job.row_bytes = ROW_BYTES
+        job.reqs = self.reqs
+        job.nreq = nr
+        job.row_off = self.doff
+        job.staging = self.staging
+        err.err = 0
+        err.req = 0
+        with nogil:
+            if path == URING:
+                if self.ring == NULL:
+                    start_err = self._open_ring()
+                if start_err == 0:
                     rc = engram_ring_run(self.ring, &job, &err)
-                    conc = max(conc, self.ring_depth)
-                    conc_chunks += 1
-                elif nd >= threshold and backend == _PREAD and self.pool != NULL:
-                    rc = engram_pool_run(self.pool, &job, &err)
-                    conc = max(conc, self.pool_readers)
-                    conc_chunks += 1
-                else:
-                    rc = engram_read_serial(&job, self.bounce, &err)
-                    serial_chunks += 1
-            if rc != 0:
-                self._raise_io(err)
-            # every row must decode before anything is published
-            with nogil:
-                for i in range(nd):
-                    col = check_row(self.staging + i * rb)
-                    if col >= 0:
-                        bad_at = i
-                        break
-            if bad_at >= 0:
-                raise ReadFailure("decode", *self._where(bad_at), col)
-            with nogil:
-                nd = -1
-                for i in range(n):
-                    vk = self.keys[i] >> POS_BITS
-                    t = <Py_ssize_t>(self.keys[i] & pos_mask)
-                    if nd >= 0 and self.dkey[nd] == vk:
-                        memcpy(op + (start + t) * ROW_VALUES, op + (start + c) * ROW_VALUES,
-                               ROW_VALUES * sizeof(float))
-                    else:
-                        nd += 1
-                        c = t
-                        decode_row(self.staging + nd * rb, op + (start + t) * ROW_VALUES)
-                for i in range(nr):
-                    nbytes += self.reqs[i].span_len
-            requested += n
-            distinct += nd + 1
-            nreads += nr
-            start += n
-        return (requested, distinct, nreads, nbytes, conc, serial_chunks, conc_chunks)
+            elif path == PREAD:
+                rc = engram_pool_run(self.pool, &job, &err)
+            else:
+                rc = engram_read_serial(&job, self.bounce, &err)
+        if start_err != 0:
+            raise ReadFailure("ring", errno=start_err, backend="io_uring")
+        if rc != 0:
+            self._raise_io(err, path)
+        return 0
+
+    cdef int _check_rows(self, Py_ssize_t nd, int path) except -1:
+        """Every staged row decodes to finite values; else ReadFailure("decode")."""
+        cdef Py_ssize_t i, bad = -1
+        cdef int col = -1
+        with nogil:
+            for i in range(nd):
+                col = check_row(self.staging + i * ROW_BYTES)
+                if col >= 0:
+                    bad = i
+                    break
+        if bad >= 0:
+            row, offset, seg = self._where(bad)
+            raise ReadFailure("decode", row=row, offset=offset, segment=seg, value_column=col,
+                              backend=_PATH_NAMES[path])
+        return 0
+
+    cdef void _publish(self, float* op, Py_ssize_t n) noexcept nogil:
+        """Decode each distinct row into its first position; copy it to the duplicates."""
+        cdef Py_ssize_t i, t, first = 0, d = -1
+        cdef uint64_t vk, pos_mask = (<uint64_t>1 << POS_BITS) - 1
+        for i in range(n):
+            vk = self.keys[i] >> POS_BITS
+            t = <Py_ssize_t>(self.keys[i] & pos_mask)
+            if d >= 0 and self.dkey[d] == vk:
+                memcpy(op + t * ROW_VALUES, op + first * ROW_VALUES, ROW_VALUES * sizeof(float))
+            else:
+                d += 1
+                first = t
+                decode_row(self.staging + d * ROW_BYTES, op + t * ROW_VALUES)
 
     def _where(self, Py_ssize_t d):
         """(row, file offset, segment) of distinct row ``d`` of the current chunk."""
         cdef int seg = <int>(self.dkey[d] >> OFF_BITS)
         return ((self.doff[d] - self.seg_off[seg]) // ROW_BYTES, self.doff[d], seg)
 
-    cdef _raise_io(self, engram_ioerr err):
+    cdef _raise_io(self, engram_ioerr err, int path):
         cdef int64_t r = err.req
         cdef uint64_t d
         cdef uint32_t k
         if r < 0:
-            # the ring itself failed: drop it so a later call starts clean
-            if self.ring != NULL:
-                engram_ring_destroy(self.ring)
-                self.ring = NULL
-                self.ring_depth = 0
-            raise ReadFailure("ring", 0, 0, 0, err.err, 0)
+            # io_uring_enter itself failed: tear the ring down (reads may still be in
+            # flight); the next read on the ring path starts a new one
+            self._stop_ring()
+            raise ReadFailure("ring", errno=err.err, backend="io_uring")
         # name the first row of the failing span that was not fully read
         d = self.reqs[r].first
         for k in range(self.reqs[r].count):
             if self.doff[self.reqs[r].first + k] + ROW_BYTES > self.reqs[r].span_off + <uint64_t>max(err.got, 0):
                 d = self.reqs[r].first + k
                 break
+        row, offset, seg = self._where(d)
         if err.err == ENGRAM_ESHORT:
-            raise ReadFailure("short", *self._where(d), 0)
-        raise ReadFailure("io", *self._where(d), err.err)
+            raise ReadFailure("short", row=row, offset=offset, segment=seg, backend=_PATH_NAMES[path])
+        raise ReadFailure("io", row=row, offset=offset, segment=seg, errno=err.err, backend=_PATH_NAMES[path])

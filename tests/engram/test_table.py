@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno as errno_
 import mmap
 import os
 
@@ -12,11 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram import ArgumentError, DecodeError, RowRangeError, TableIOError
+from engram._native import reader as _rd
+from engram._native.reader import ReadFailure, RowReader
 from engram.codec import decode_rows
-from engram.table import ROW_BYTES, Table, available_backends
+from engram.table import ROW_BYTES, Table, _failure_to_error
+from engram.uncached import uncached_plan
+from tests.faults import backend_params, usable
 from tests.tablefiles import rows_raw, write_table
 
-BACKENDS = available_backends()
+#: Backends that start and read here (the others are skipped with the reason where parametrized).
+BACKENDS = usable()
 N = 20_000
 
 
@@ -29,7 +35,7 @@ def table_file(tmp_path_factory):
     return path, offset, raw, decode_rows(raw)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=backend_params())
 def table(request, table_file):
     path, offset, _, _ = table_file
     t = Table(path, offset, N, backend=request.param, readers=8, threshold=4)
@@ -249,9 +255,36 @@ def test_refused_o_direct_falls_back(table_file, monkeypatch):
     monkeypatch.setattr(os, "open", refusing_open)
     with Table(path, offset, N) as t:
         assert not t.direct and t.alignment == 1
+        assert "refuses O_DIRECT at open" in t.direct_fallback
         assert np.array_equal(t.read_rows([3, 9, 3]), ref[[3, 9, 3]])
+    with pytest.warns(RuntimeWarning, match=r"block_size=4096 given, but O_DIRECT is off: the file system refuses"):
+        with Table(path, offset, N, block_size=4096) as t:  # an explicit block_size turned off: said so
+            assert not t.direct and "refuses O_DIRECT" in t.direct_fallback
     with pytest.raises(TableIOError, match="O_DIRECT"):
         Table(path, offset, N, direct=True)
+    with Table(path, offset, N, direct=False) as t:  # never tried: nothing to explain
+        assert t.direct_fallback is None
+
+
+@pytest.mark.parametrize("platform,direct,has_o_direct,has_fadvise,want", [
+    ("linux", "auto", True, True, (True, "fadvise")),
+    ("linux", True, True, True, (True, "fadvise")),
+    ("linux", False, True, True, (False, "fadvise")),
+    ("freebsd14", "auto", True, True, (True, "fadvise")),
+    ("darwin", "auto", False, False, (False, "f_nocache")),
+    ("darwin", False, False, False, (False, "f_nocache")),
+    ("sunos5", "auto", False, False, (False, "plain")),
+])
+def test_uncached_plan_per_platform(platform, direct, has_o_direct, has_fadvise, want):
+    p = uncached_plan(platform, direct, has_o_direct, has_fadvise)
+    assert (p.try_direct, p.buffered) == want
+
+
+def test_uncached_plan_errors():
+    with pytest.raises(TableIOError, match="O_DIRECT is not available on darwin"):
+        uncached_plan("darwin", True, False, False)
+    with pytest.raises(ArgumentError, match="direct must be True, False or 'auto'"):
+        uncached_plan("linux", "yes", True, True)
 
 
 # ------------------------------------------------------------------ cache
@@ -293,3 +326,122 @@ def test_reads_leave_no_pages_cached(tmp_path, direct):
             # Buffered fallback: DONTNEED skips a page another reader holds locked at that
             # instant, so a stray page may stay; best effort, bounded.
             assert resident <= max(2, pages // 200), (backend, resident, pages)
+
+
+# ------------------------------------------------------------------ failures of the reader
+def test_read_failure_has_named_fields_and_rejects_wrong_calls():
+    f = ReadFailure("io", row=7, offset=4096 + 7 * ROW_BYTES, segment=1, errno=5, backend="io_uring")
+    assert (f.kind, f.row, f.offset, f.segment, f.errno, f.backend) == ("io", 7, 4096 + 7 * ROW_BYTES, 1, 5,
+                                                                        "io_uring")
+    assert (f.token, f.column, f.value_column) == (-1, -1, -1)
+    with pytest.raises(TypeError):
+        ReadFailure("ring", 0, 0, 0, 22, 0)  # the old positional call fails where it is made
+    with pytest.raises(TypeError):
+        ReadFailure("io", rows=3)
+    with pytest.raises(ValueError, match="unknown ReadFailure kind"):
+        ReadFailure("eof")
+    with pytest.raises(ValueError, match="unknown read backend"):
+        ReadFailure("io", backend="aio")
+
+
+PATHS, ROWS = ["/m/a.gguf", "/m/b.gguf"], [100, 200]
+
+
+@pytest.mark.parametrize("names", [None, ["table 0", "table 1"]])
+def test_failure_to_error_every_kind(names):
+    import errno
+
+    label = " (table 1)" if names else ""
+    e = _failure_to_error(ReadFailure("range", row=250, token=3, column=30, segment=1), PATHS, ROWS, True, names)
+    assert isinstance(e, RowRangeError)
+    assert str(e) == f"/m/b.gguf{label}: row id 250 at token 3, column 30 is outside the table [0, 200)"
+    e = _failure_to_error(ReadFailure("range", row=100, token=9, column=0), PATHS, ROWS, False, names)
+    assert "position 9" in str(e) and "[0, 100)" in str(e)
+    e = _failure_to_error(ReadFailure("decode", row=12, offset=9999, segment=1, value_column=40), PATHS, ROWS, True,
+                          names)
+    assert isinstance(e, DecodeError) and (e.row, e.column) == (12, 40)
+    assert str(e).startswith(f"/m/b.gguf{label}: row 12 (file offset 9999) column 40 does not decode")
+    e = _failure_to_error(ReadFailure("short", row=5, offset=1234, segment=0, backend="pread"), PATHS, ROWS, True,
+                          names)
+    assert isinstance(e, TableIOError) and (e.row, e.offset, e.errno_) == (5, 1234, errno.EIO)
+    assert "short read: row 5 at file offset 1234" in str(e)
+    e = _failure_to_error(ReadFailure("io", row=6, offset=4321, segment=1, errno=errno.EIO, backend="pread"), PATHS,
+                          ROWS, True, names)
+    assert isinstance(e, TableIOError) and (e.row, e.offset, e.errno_) == (6, 4321, errno.EIO)
+    assert str(e) == (f"/m/b.gguf{label}: reading row 6 at file offset 4321 through pread failed: "
+                      f"Input/output error")
+    e = _failure_to_error(ReadFailure("io", row=6, offset=4321, errno=errno.EINVAL, backend="io_uring"), PATHS,
+                          ROWS, True, names)
+    assert "through io_uring failed: Invalid argument" in str(e) and e.errno_ == errno.EINVAL
+    e = _failure_to_error(ReadFailure("ring", errno=errno.EBADF, backend="io_uring"), PATHS, ROWS, True, names)
+    assert isinstance(e, TableIOError) and e.errno_ == errno.EBADF
+    assert "/m/a.gguf, /m/b.gguf: io_uring failed: io_uring_enter: Bad file descriptor (EBADF)" == str(e)
+
+
+def test_reader_raises_each_kind_with_its_fields(tmp_path):
+    """range, decode and short from a real reader (io: tests/engram/test_faults.py, ring: below)."""
+    raw = rows_raw(300, seed=11)
+    raw[17, 3] = 0x7F  # E4M3 NaN code
+    path = tmp_path / "k.bin"
+    write_table(path, raw, 512)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = RowReader([(fd, 512, 300), (fd, 512, 250)], 1)
+        out = np.empty((2, 4, 256), np.float32)
+        with pytest.raises(ReadFailure) as ei:
+            r.read(np.array([[1, 2, 3, 4], [5, 6, 7, 260]], np.uint32), out, 0, _rd.BACKEND_SERIAL, 2)
+        f = ei.value
+        assert (f.kind, f.row, f.token, f.column, f.segment) == ("range", 260, 1, 3, 1)
+        with pytest.raises(ReadFailure) as ei:
+            r.read(np.array([[1, 17]], np.uint32), out[:1, :2], 0, _rd.BACKEND_SERIAL, 2)
+        f = ei.value
+        assert (f.kind, f.row, f.offset, f.segment, f.value_column) == ("decode", 17, 512 + 17 * ROW_BYTES, 0, 3)
+        os.truncate(path, 512 + 100 * ROW_BYTES)
+        with pytest.raises(ReadFailure) as ei:
+            r.read(np.array([[1, 200]], np.uint32), out[:1, :2], 0, _rd.BACKEND_SERIAL, 2)
+        f = ei.value
+        assert (f.kind, f.row, f.offset, f.segment, f.backend) == ("short", 200, 512 + 200 * ROW_BYTES, 0, "serial")
+        r.close()
+    finally:
+        os.close(fd)
+
+
+def _ring_fds() -> set:
+    """Descriptors of this process that are io_uring instances."""
+    out = set()
+    for e in os.listdir("/proc/self/fd"):
+        try:
+            if "io_uring" in os.readlink(f"/proc/self/fd/{e}"):
+                out.add(int(e))
+        except OSError:  # the directory's own descriptor, gone by now
+            pass
+    return out
+
+
+@pytest.mark.skipif("io_uring" not in BACKENDS, reason="io_uring does not start here (see engram info)")
+def test_ring_whose_enter_fails_raises_ring_kind_and_restarts(table_file):
+    """io_uring_enter itself fails (the ring's descriptor replaced behind its back): ReadFailure "ring"
+    with the errno; the ring is torn down and the next read on the ring path starts a new one."""
+    path, offset, _, ref = table_file
+    fd = os.open(path, os.O_RDONLY)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        r = RowReader([(fd, offset, N)], 1)
+        before = _ring_fds()
+        assert r.start_ring(4) == 0
+        ring_fd = sorted(_ring_fds() - before)
+        assert len(ring_fd) == 1
+        os.dup2(null, ring_fd[0])  # io_uring_enter on /dev/null: EOPNOTSUPP
+        ids = np.array([[3, 9, 12, 400]], np.uint32)
+        out = np.empty((1, 4, 256), np.float32)
+        with pytest.raises(ReadFailure) as ei:
+            r.read(ids, out, 0, _rd.BACKEND_URING, 4)
+        f = ei.value
+        assert f.kind == "ring" and f.backend == "io_uring" and f.errno in (errno_.EOPNOTSUPP, errno_.EBADF)
+        r.read(ids, out, 0, _rd.BACKEND_URING, 4)  # a new ring
+        assert np.array_equal(out, ref[ids])
+        r.close()
+    finally:
+        os.close(null)
+        os.close(fd)
+

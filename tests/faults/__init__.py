@@ -1,16 +1,19 @@
 """Fault injection for the reliability tests.
 
 - :func:`build_shim`: compiles ``shim.c`` (an ``LD_PRELOAD`` library that makes
-  ``pread`` fail with EIO or EINTR, return short or end early) with the system
-  C compiler; :func:`run_child` runs Python code in a child process with it
-  preloaded.  io_uring reads bypass libc, so the shim covers the ``serial`` and
-  ``pread`` backends only.
+  ``pread``/``preadv2`` fail with EIO or EINTR, return short or end early, and
+  io_uring reads complete with -EINVAL, by wrapping the ``syscall()`` through
+  which the engine enters its ring) with the system C compiler; :func:`run_child`
+  runs Python code in a child process with it preloaded.
 - :class:`FaultMount`: a FUSE file system (``fusefs.py``, its own process) that
   serves a directory read-only and injects EIO, EINTR, short reads and delays
   into reads of chosen byte ranges.  The faults come back through the kernel,
   so they reach every backend, io_uring included.  Device-mapper's ``error``
   target would do the same for EIO, but needs a kernel with device-mapper.
 - Process probes: open descriptors, threads, resident memory.
+- :func:`backend_params`: the read backends of this build as pytest parameters, each
+  skipped with the reason when it cannot start and read on this machine now (the
+  io_uring ring refused by the kernel, a sysctl, seccomp or ``ENGRAM_DISABLE_IO_URING``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,34 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
+from engram.backends import available_backends, probe_backends
+
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 
 #: Fault modes of the shim (``engram_fault_set``).
-SHIM_EIO, SHIM_EINTR, SHIM_SHORT, SHIM_EOF = 1, 2, 3, 4
+SHIM_EIO, SHIM_EINTR, SHIM_SHORT, SHIM_EOF, SHIM_RING_EINVAL = 1, 2, 3, 4, 5
+
+
+# ---------------------------------------------------------------- backends
+def backend_params(names=None) -> list:
+    """``names`` (default: every backend of this build) as ``pytest.param``s; a backend that
+    does not start and read here is skipped with the reason :func:`engram.backends.probe_backends` gives."""
+    status = probe_backends()
+    out = []
+    for name in names or available_backends():
+        st = status[name]
+        marks = () if st.usable else pytest.mark.skip(reason=f"{name} unusable here: {st.reason}")
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+def usable(names=None) -> tuple:
+    """The backends among ``names`` (default: all of this build) that start and read here."""
+    status = probe_backends()
+    return tuple(n for n in (names or available_backends()) if status[n].usable)
 
 
 # ---------------------------------------------------------------- process probes
