@@ -15,16 +15,11 @@ from typing import Sequence
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_READERS", "DEFAULT_RING_DEPTH",
            "DEFAULT_THRESHOLD", "Compute", "Policy"]
 
-# The engine's defaults (``engram.Table``: readers=16, threshold=8, set by the measurements of
-# benchmarks/BENCHMARKS.md); import them from engram.table once it names them.
-#: Readers (pread threads, or io_uring depth) of a concurrent batch.
-DEFAULT_READERS = 16
-#: Distinct rows from which a batch is read concurrently.
-DEFAULT_THRESHOLD = 8
 #: io_uring queue depth of the simulated ring when it is not tied to the readers.
 DEFAULT_RING_DEPTH = 64
 #: Decoder layers of DeepSeek V4 Flash (ds4: ``DS4_N_LAYER = 43``).
