@@ -116,6 +116,7 @@ __all__ = [
     "MICRO_SCHEMA",
     "RUNS_SCHEMA",
     "RUN_FIELDS",
+    "SESSION_MODES",
     "STEP_ROWS",
     "SWEEP_SCHEMA",
     "TABLE_COLUMNS",
@@ -142,8 +143,10 @@ TABLE_COLUMNS = 24
 #: Rows of one decode step (2 tables x 24 columns): the batch the microbenchmarks time.
 STEP_ROWS = 2 * TABLE_COLUMNS
 
+#: How the sessions of a multi-session run share the device: threads of one process, or processes.
+SESSION_MODES = ("threads", "processes")
 #: Record kinds of a microbenchmark document.
-MICRO_KINDS = ("io", "compute", "hash")
+MICRO_KINDS = ("io", "compute", "hash", "cache")
 #: Fields that only decode runs carry; a microbenchmark record holding any of them is refused.
 RUN_FIELDS = ("step_us", "tokens_per_s", "step_ms", "config")
 
@@ -235,7 +238,11 @@ class RunConfig:
     compute : str
         Compute spec (:class:`ComputeSpec`), canonical label.
     steps : int
-        Decode steps (the first ``steps`` tokens of the trace).
+        Decode steps of each session (the first ``steps`` tokens of its stretch of the trace).
+    sessions : int
+        Concurrent decode sessions on the one device, each on its own stretch of the trace (default 1).
+    mode : {"threads", "processes"}
+        Sessions as threads of one process, or as processes sharing the device (default threads).
     """
 
     trace: str
@@ -244,14 +251,23 @@ class RunConfig:
     readers: int
     compute: str = "none"
     steps: int = 300
+    sessions: int = 1
+    mode: str = "threads"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ArgumentError(f"backend must be 'pread' or 'io_uring', got {self.backend!r}")
-        if self.threshold < 1 or self.readers < 1 or self.steps < 1:
-            raise ArgumentError(f"threshold, readers and steps must be >= 1, got "
-                                f"{self.threshold}, {self.readers}, {self.steps}")
+        if self.threshold < 1 or self.readers < 1 or self.steps < 1 or self.sessions < 1:
+            raise ArgumentError(f"threshold, readers, steps and sessions must be >= 1, got "
+                                f"{self.threshold}, {self.readers}, {self.steps}, {self.sessions}")
+        if self.mode not in SESSION_MODES:
+            raise ArgumentError(f"mode must be one of {SESSION_MODES}, got {self.mode!r}")
         object.__setattr__(self, "compute", ComputeSpec.parse(self.compute).label)
+
+    @property
+    def multi(self) -> bool:
+        """True for a run of several sessions, or of one session in a process of its own."""
+        return self.sessions > 1 or self.mode != "threads"
 
     @property
     def serial(self) -> bool:
@@ -260,8 +276,10 @@ class RunConfig:
 
     @property
     def key(self) -> str:
-        """Unique name: ``trace/tTHRESHOLD/BACKEND/rREADERS/COMPUTE/STEPS``."""
-        return f"{trace_label(self.trace)}/t{self.threshold}/{self.backend}/r{self.readers}/{self.compute}/{self.steps}"
+        """Unique name: ``trace/tTHRESHOLD/BACKEND/rREADERS/COMPUTE/STEPS``, and ``/xSESSIONS-MODE`` when
+        :attr:`multi`."""
+        base = f"{trace_label(self.trace)}/t{self.threshold}/{self.backend}/r{self.readers}/{self.compute}/{self.steps}"
+        return f"{base}/x{self.sessions}-{self.mode}" if self.multi else base
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -272,7 +290,8 @@ class RunConfig:
     def from_dict(cls, d: Mapping) -> "RunConfig":
         try:
             return cls(str(d["trace"]), int(d["threshold"]), str(d["backend"]), int(d["readers"]),
-                       str(d.get("compute", "none")), int(d.get("steps", 300)))
+                       str(d.get("compute", "none")), int(d.get("steps", 300)), int(d.get("sessions", 1)),
+                       str(d.get("mode", "threads")))
         except KeyError as exc:
             raise FormatError(f"run configuration: missing field {exc}") from None
 
@@ -328,7 +347,7 @@ def check_microbench(doc: Mapping) -> List[dict]:
     ArgumentError
         ``doc`` is a decode-run document, not a ``engram.microbench/1``
         document, has no records, or holds a record that is not a
-        microbenchmark (kinds ``io``, ``compute``, ``hash``; names the record).
+        microbenchmark (kinds ``io``, ``compute``, ``hash``, ``cache``; names the record).
     """
     if not isinstance(doc, Mapping):
         raise ArgumentError("calibrate needs a microbenchmark document (a dict)")

@@ -9,6 +9,7 @@ nothing in the simulator imports this package.
 - :mod:`~sim.measure.compute` -- a step's compute: the Engram mixer and emulated loads;
 - :mod:`~sim.measure.microbench` -- ``microbench.json``: the engine's reads by queue depth, fio, compute, hash;
 - :mod:`~sim.measure.runs` -- ``runs.json``: the real decode loop over a stretch of a real trace;
+- :mod:`~sim.measure.sessions` -- N concurrent sessions (threads or processes) on one device;
 - :mod:`~sim.measure.environment` -- the machine and the model file;
 - :mod:`~sim.measure.background` -- the load of other processes, and waiting for a quiet machine;
 - :mod:`~sim.measure.settings`, :mod:`~sim.measure.tasks`, :mod:`~sim.measure.run` -- the whole
@@ -28,14 +29,28 @@ from .. import schema as _schema
 from ..deprecation import moved
 from .background import Background, QuietGuard, is_quiet
 from .compute import compute_runner
-from .configs import DEFAULT_DEPTHS, DEFAULT_POLICIES, DEFAULT_SCALE, DEFAULT_TRACES, default_grid, grid, quick_grid
+from .configs import (CAPACITY_COMPUTE, CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_POLICIES, DEFAULT_SCALE,
+                      DEFAULT_TRACES, SESSION_COUNTS, backends_here, default_grid, grid, quick_grid, session_grid,
+                      usable_configs)
 from .environment import ensure_model, file_info, machine_info
-from .microbench import FIO_PERCENTILES, compute_microbench, fio_microbench, hash_microbench, io_microbench
+from .microbench import (FIO_PERCENTILES, cache_check, compute_microbench, fio_microbench, hash_microbench,
+                         io_microbench, io_probe, io_shared)
 from .run import measure
 from .runs import decode_run, segments, trace_tokens_needed
+from .sessions import sessions_run
 from .settings import Settings
 
 __all__ = [
+    "CAPACITY_COMPUTE",
+    "CAPACITY_TARGET",
+    "SESSION_COUNTS",
+    "backends_here",
+    "cache_check",
+    "io_probe",
+    "io_shared",
+    "session_grid",
+    "sessions_run",
+    "usable_configs",
     "DEFAULT_DEPTHS",
     "DEFAULT_POLICIES",
     "DEFAULT_SCALE",

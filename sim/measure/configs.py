@@ -1,19 +1,64 @@
 """The measured grid: which configurations ``engram measure`` runs by default, and products of axes.
 
 A configuration (:class:`sim.schema.RunConfig`) is a trace, a read policy
-(threshold, backend, readers) and a compute; a grid is a list of them
-without duplicates.
+(threshold, backend, readers), a compute, and the sessions that run it at
+once; a grid is a list of them without duplicates.  Every grid keeps only
+the read backends that start and read on this machine now
+(:func:`backends_here`, from :func:`engram.backends.probe_backends`), and says
+which it left out and why.
 """
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..schema import ComputeSpec, RunConfig
+from engram.backends import probe_backends
+
+from ..params import BACKENDS
+from ..schema import SESSION_MODES, ComputeSpec, RunConfig
 from ..trace import CODE_SOURCE
 
-__all__ = ["DEFAULT_DEPTHS", "DEFAULT_POLICIES", "DEFAULT_SCALE", "DEFAULT_TRACES", "default_grid", "grid",
-           "quick_grid"]
+__all__ = ["CAPACITY_COMPUTE", "CAPACITY_TARGET", "DEFAULT_DEPTHS", "DEFAULT_POLICIES", "DEFAULT_SCALE",
+           "DEFAULT_TRACES", "SESSION_COUNTS", "backends_here", "default_grid", "grid", "quick_grid",
+           "session_grid", "usable_configs"]
+
+#: Session counts of the multi-session runs.
+SESSION_COUNTS = (1, 2, 4, 8, 16, 32)
+#: Compute of a step in the multi-session runs: 5 ms that use no CPU of this machine (a step's work on an
+#: accelerator, which the sessions do not share).  The capacity is stated with it.
+CAPACITY_COMPUTE = "sleep:5"
+#: Tokens/s the slowest session must reach for a session count to count in the measured capacity.
+CAPACITY_TARGET = 85.0
+
+
+def backends_here() -> Tuple[Tuple[str, ...], Dict[str, str]]:
+    """The read backends (``pread``, ``io_uring``) that start and read on this machine now, and those left
+    out with the reason (:func:`engram.backends.probe_backends`, e.g. ``{"io_uring": "io_uring could not
+    start: ... (ENGRAM_DISABLE_IO_URING=1)"}``)."""
+    status = probe_backends(warn=False)
+    usable = tuple(b for b in BACKENDS if status[b].usable)
+    left = {b: str(status[b].reason or "does not start here") for b in BACKENDS if not status[b].usable}
+    return usable, left
+
+
+def usable_configs(configs: Sequence[RunConfig],
+                   usable: Optional[Sequence[str]] = None) -> Tuple[List[RunConfig], List[RunConfig]]:
+    """``(kept, left out)``: the configurations whose backend starts here (``usable``, default
+    :func:`backends_here`).  A serial configuration (threshold above 48) never starts its backend's readers
+    for a step, but opens them: it is kept, moved to the first usable backend, unless that makes a
+    duplicate."""
+    usable = tuple(usable if usable is not None else backends_here()[0])
+    kept, left, seen = [], [], set()
+    for c in configs:
+        if c.backend not in usable:
+            if not (c.serial and usable):
+                left.append(c)
+                continue
+            c = RunConfig(c.trace, c.threshold, usable[0], c.readers, c.compute, c.steps, c.sessions, c.mode)
+        if c.key not in seen:
+            seen.add(c.key)
+            kept.append(c)
+    return kept, left
 
 #: Several real texts and source code: an Italian novel, a long English system prompt of a
 #: coding agent, 100 short prompts (each its own sequence), and Python source.
@@ -55,9 +100,19 @@ def grid(traces: Sequence[str], thresholds: Sequence[int], backends: Sequence[st
 DEFAULT_POLICIES = ((256, "pread", 4), (8, "pread", 4), (8, "pread", 16), (8, "io_uring", 4), (8, "io_uring", 16))
 
 
+def session_grid(trace: str, steps: int = 150, sessions: Sequence[int] = SESSION_COUNTS,
+                 modes: Sequence[str] = SESSION_MODES, backend: str = "pread", readers: int = 4,
+                 threshold: int = 8, compute: str = CAPACITY_COMPUTE) -> List[RunConfig]:
+    """Multi-session configurations: ``sessions`` concurrent decode sessions x ``modes`` (threads of one
+    process, processes sharing the device) on ``trace``, each session on its own stretch, one policy and
+    compute (default :data:`CAPACITY_COMPUTE`).  One session as threads is the single-session run."""
+    return [RunConfig(trace, threshold, backend, readers, compute, steps, int(n), mode)
+            for mode in modes for n in sessions if not (mode != modes[0] and n == 1)]
+
+
 def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
-                 prompt_steps: int = 100) -> List[RunConfig]:
-    """The default measured grid: 29 configurations.
+                 prompt_steps: int = 100, session_steps: int = 150) -> List[RunConfig]:
+    """The default measured grid: 29 single-session configurations and 11 multi-session ones.
 
     - compute ``spin:2`` (a step's other work as a 2 ms busy wait, about the
       read time: reads are 35-65% of a step), ``steps`` steps: the Italian
@@ -70,7 +125,12 @@ def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
       two configurations of ``prompt_steps`` over 7 rounds), serial and
       io_uring x 16 (2);
     - the real Engram projection + gated add (``mixer``) on the novel, serial
-      and io_uring x 16, ``mixer_steps`` steps (2).
+      and io_uring x 16, ``mixer_steps`` steps (2);
+    - 1, 2, 4, 8, 16 and 32 concurrent sessions as threads, and 2 to 32 as
+      processes, on the novel, threshold 8, pread x 4, compute
+      :data:`CAPACITY_COMPUTE` (:func:`session_grid`, ``session_steps`` steps a session: 11).
+
+    Configurations on io_uring are left to :func:`usable_configs` where the ring does not start.
     """
     def policies(trace, compute, n):
         return [RunConfig(trace, t, b, k, compute, n) for t, b, k in DEFAULT_POLICIES]
@@ -85,7 +145,7 @@ def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
             RunConfig(prompts, 8, "io_uring", 16, "spin:2", prompt_steps),
             RunConfig(novel, 256, "pread", 4, "mixer", mixer_steps),
             RunConfig(novel, 8, "io_uring", 16, "mixer", mixer_steps)]
-    return out
+    return out + session_grid(novel, session_steps)
 
 
 def quick_grid(steps: int = 60) -> List[RunConfig]:

@@ -6,6 +6,13 @@
   queue depth, per backend; 48-row batches and single rows read serially;
 - the same 48-row batches with a compute spec run on each batch's rows
   before the next batch (think time);
+- large batches from several submitters at once (as several sessions read),
+  so the device is known at the total queue depth sessions reach, not only
+  at what one reader's pool or ring reaches (:func:`io_shared`);
+- probes: a few 48-row batches right before and after each decode run, so
+  each run is predicted with the device of its own time window
+  (:func:`io_probe`); a cold/warm pass over the same rows, to tell a cache
+  below ``O_DIRECT`` from the device (:func:`cache_check`);
 - ``fio`` random 4 KiB reads with ``--direct=1`` by queue depth (when fio is
   installed);
 - the compute of a step on rows read at random, and the hash part of a step.
@@ -19,6 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 from typing import List, Sequence
 
@@ -32,8 +40,9 @@ from ..schema import STEP_ROWS, TABLE_COLUMNS, ComputeSpec, us_list
 from .compute import compute_runner
 from .configs import DEFAULT_DEPTHS
 
-__all__ = ["BACKEND_TAG", "FIO_PERCENTILES", "compute_microbench", "fio_microbench", "hash_microbench",
-           "io_batches", "io_depth", "io_microbench", "io_serial", "io_think", "open_tables"]
+__all__ = ["BACKEND_TAG", "FIO_PERCENTILES", "cache_check", "compute_microbench", "fio_microbench",
+           "hash_microbench", "io_batches", "io_depth", "io_microbench", "io_probe", "io_serial", "io_shared",
+           "io_think", "open_tables"]
 
 #: A number per backend, mixed into the seeds of its random row ids.
 BACKEND_TAG = {"pread": 1, "io_uring": 2}
@@ -169,6 +178,117 @@ def io_think(tables, rng: np.random.Generator, backend: str, k: int, batches: in
     return _batch_record(backend, k, round_, ts, nreads, think=think, think_us=us_list(th))
 
 
+def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: int, seconds: float,
+              round_: int) -> dict:
+    """Large batches read by ``submitters`` threads at once, each with its own tables and ``readers = k``
+    (as that many sessions would): the device at a total queue depth of ``submitters * k``.
+
+    One submitter's pool or ring can be what limits the reads a second, not
+    the device; several sessions reach more.  Each thread opens its own
+    descriptors, warms up with one batch, waits at a barrier, then reads
+    batches of ``max(4096, 64 k)`` random rows for ``seconds``.  Returns an
+    ``"io"`` record with ``submitters``, ``readers`` and ``qd = submitters * k``,
+    the reads of all threads and the wall time from the barrier to the last
+    thread's end (``reads_per_s`` of the device at that depth).
+
+    Raises
+    ------
+    TableIOError
+        A table cannot be opened or a backend cannot start (in any thread).
+    """
+    tokens = max(4096, 64 * int(k)) // STEP_ROWS
+    seeds = rng.integers(0, 2**63 - 1, submitters)
+    barrier = threading.Barrier(submitters + 1, timeout=120.0)
+    reads = [0] * submitters
+    ends = [0.0] * submitters
+    errors: List[BaseException] = []
+    clock = time.perf_counter
+
+    def body(i: int) -> None:
+        tables = []
+        try:
+            tables = open_tables(info)
+            r = np.random.default_rng(int(seeds[i]))
+            rows = [t.rows for t in tables]
+            big = np.empty((tokens, STEP_ROWS, ROW_VALUES), np.float32)
+            with _group(tables, TABLE_COLUMNS, backend, k) as g:
+                g.read_batch(_random_ids(r, rows, tokens), out=big)
+                barrier.wait()
+                t_end = clock() + seconds
+                n = 0
+                while True:
+                    g.read_batch(_random_ids(r, rows, tokens), out=big)
+                    n += g.last_stats.reads
+                    if clock() >= t_end:
+                        break
+                reads[i], ends[i] = n, clock()
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            for t in tables:
+                t.close()
+
+    threads = [threading.Thread(target=body, args=(i,), name=f"engram-submitter-{i}") for i in range(submitters)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    t0 = clock()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    wall = max(max(ends) - t0, 1e-9)
+    total = int(sum(reads))
+    return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k) * int(submitters), "readers": int(k),
+            "submitters": int(submitters), "batch_rows": tokens * STEP_ROWS, "round": round_, "rows": total,
+            "reads": total, "wall_s": wall, "reads_per_s": total / wall}
+
+
+def io_probe(tables, rng: np.random.Generator, backend: str, k: int, batches: int, window: str,
+             round_: int) -> dict:
+    """A short look at the device right next to a decode run: ``batches`` 48-row batches of fresh random rows at
+    the run's readers (``backend="serial"``: serially), tagged with the run's ``window``."""
+    rows = [t.rows for t in tables]
+    with _group(tables, TABLE_COLUMNS, backend, k) as g:
+        ts, nreads = _time_batches(g, rng, rows, batches)
+    return _batch_record(backend, k, round_, ts, nreads, probe=window)
+
+
+def cache_check(tables, rng: np.random.Generator, batches: int, round_: int) -> dict:
+    """Fresh rows, then the same rows again: does a cache below ``O_DIRECT`` serve re-reads?
+
+    ``batches`` serial 48-row batches of fresh random rows (the first pass),
+    then the same batches in the same order (the re-read).  A host's page
+    cache under a virtual disk, or a device's own cache, serves the second
+    pass faster; the microbenchmarks and runs read fresh rows, so they measure
+    the device, but a cache makes a small table look faster than a large one.
+    Returns a ``"cache"`` record: ``cold_us``, ``warm_us`` (per batch) and
+    ``warm_over_cold`` (ratio of the means).
+    """
+    rows = [t.rows for t in tables]
+    ids = [_random_ids(rng, rows, 1) for _ in range(batches)]
+    dest = np.empty((1, STEP_ROWS, ROW_VALUES), np.float32)
+    clock = time.perf_counter
+    out = {}
+    with _group(tables, TABLE_COLUMNS, "serial", 1) as g:
+        for name in ("cold", "warm"):
+            ts = np.empty(batches)
+            for i, x in enumerate(ids):
+                t0 = clock()
+                g.read_batch(x, out=dest)
+                ts[i] = clock() - t0
+            out[name] = ts
+    return {"kind": "cache", "round": round_, "batch_rows": STEP_ROWS, "cold_us": us_list(out["cold"]),
+            "warm_us": us_list(out["warm"]), "warm_over_cold": float(out["warm"].mean() / out["cold"].mean()),
+            "reads": 2 * batches * STEP_ROWS}
+
+
 def io_microbench(info, *, backends: Sequence[str] = ("pread", "io_uring"),
                   depths: Sequence[int] = DEFAULT_DEPTHS, batches: int = 60, big_seconds: float = 0.2,
                   single_rows: int = 200, seed: int = 0, round_: int = 0, progress=None) -> List[dict]:
@@ -216,11 +336,6 @@ def io_microbench(info, *, backends: Sequence[str] = ("pread", "io_uring"),
     return out
 
 
-#: fio completion-latency percentiles kept in the records.
-FIO_PERCENTILES = ("1.000000", "5.000000", "10.000000", "20.000000", "30.000000", "40.000000", "50.000000",
-                   "60.000000", "70.000000", "80.000000", "90.000000", "95.000000", "99.000000", "99.900000")
-
-
 def fio_microbench(info, depths: Sequence[int] = DEFAULT_DEPTHS, seconds: float = 0.5, round_: int = 0,
                    progress=None) -> List[dict]:
     """fio random 4 KiB reads of the first table's extent with ``--direct=1`` (io_uring), by queue depth.
@@ -246,10 +361,16 @@ def fio_microbench(info, depths: Sequence[int] = DEFAULT_DEPTHS, seconds: float 
                "--ioengine=io_uring", f"--iodepth={int(qd)}", f"--offset={off}", f"--size={size}",
                f"--runtime={max(1, int(round(seconds * 1000)))}ms", "--time_based", "--randrepeat=0", "--norandommap",
                "--output-format=json"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as exc:
+            raise TableIOError(f"fio could not run ({exe}, qd {qd}): {exc.strerror or exc}") from None
         if res.returncode != 0:
-            raise TableIOError(f"fio failed on {loc.path} (qd {qd}): {res.stderr.strip()[:300]}")
-        job = json.loads(res.stdout)["jobs"][0]["read"]
+            raise TableIOError(f"fio failed on {loc.path} (qd {qd}): {_fio_failure(res)}")
+        try:
+            job = json.loads(res.stdout)["jobs"][0]["read"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise TableIOError(f"fio on {loc.path} (qd {qd}) printed no JSON result: {_fio_failure(res)}") from None
         pct = job["clat_ns"].get("percentile", {})
         rec = {"kind": "io", "tool": "fio", "qd": int(qd), "round": round_, "iops": float(job["iops"]),
                "mean_us": float(job["lat_ns"]["mean"]) / 1e3, "clat_mean_us": float(job["clat_ns"]["mean"]) / 1e3,
@@ -261,6 +382,13 @@ def fio_microbench(info, depths: Sequence[int] = DEFAULT_DEPTHS, seconds: float 
         if progress is not None:
             progress(1)
     return out
+
+
+def _fio_failure(res: subprocess.CompletedProcess) -> str:
+    """fio's exit status and what it said (stderr, else stdout), never empty."""
+    status = (f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit status {res.returncode}")
+    said = (res.stderr or "").strip() or (res.stdout or "").strip()
+    return f"{status}; " + (f"fio said: {said[-600:]}" if said else "fio printed nothing")
 
 
 def compute_microbench(model, computes: Sequence[str], *, samples: int = 100, mixer_samples: int = 15,

@@ -13,19 +13,24 @@ import numpy as np
 from tqdm import tqdm
 
 from engram import EngramModel
-from engram.errors import ArgumentError
+from engram.codec import ROW_BYTES
+from engram.errors import ArgumentError, TableIOError
 
 from ..io import now_iso, write_json
 from ..schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from ..trace import Trace, load_trace
 from .background import QuietGuard
+from .configs import backends_here, usable_configs
 from .environment import file_info, machine_info
 from .microbench import open_tables
 from .runs import segments, trace_tokens_needed
 from .settings import Settings
 from .tasks import Context, Task, plan_tasks, retry_busy
 
-__all__ = ["measure"]
+__all__ = ["cache_warnings", "measure", "size_warnings"]
+
+#: Re-reads this much faster than first reads (mean time ratio below it) mean a cache serves them.
+CACHE_RATIO = 0.8
 
 
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike],
@@ -51,29 +56,41 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     over 0.5 s) and is run again (up to ``redo`` times) when others were busy
     during it; waiting stops after ``wait_budget`` seconds in all.
 
+    Only configurations whose backend starts and reads here are measured
+    (:func:`sim.measure.configs.usable_configs`); both documents say which
+    backends were left out and why (``"backends"``), and carry ``"warnings"``
+    about what the figures may have measured besides the device (a table
+    small against the machine's memory, re-reads faster than first reads).
+
     Returns
     -------
     dict
         ``{"microbench": path or None, "runs": path or None, "configs": n, "runs_done": n,
-        "seconds": wall, "waited_s": seconds spent waiting for a quiet machine}``.
+        "seconds": wall, "waited_s": seconds spent waiting for a quiet machine, "backends": {"usable",
+        "left_out", "configs_left_out"}, "warnings": [...], "complete": bool}``.
 
     Raises
     ------
     ArgumentError
-        No configurations, rounds < 1, or a trace shorter than its steps.
+        No configurations (or none whose backend starts here), rounds < 1, or a trace shorter than its
+        steps.
+    TableIOError
+        A document or trace cannot be written (names the path).
     TypeError
         An option that is not a field of :class:`Settings`.
     FormatError, TableIOError
         The model cannot be read.
     """
     s = dataclasses.replace(settings or Settings(), **options)
-    configs = list(configs)
+    usable, left_out = backends_here()
+    configs, dropped = usable_configs(list(configs), usable)
     if s.decode and not configs:
-        raise ArgumentError("no configurations to measure")
+        raise ArgumentError("no configurations to measure" + (
+            f": every one needs a backend that does not start here ({_left_text(left_out)})" if dropped else ""))
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     model = EngramModel.open(model_path)
-    backends = s.resolved_backends(configs)
+    backends = s.resolved_backends(configs, usable)
     depths = s.resolved_depths()
     computes = list(dict.fromkeys(c.compute for c in configs)) or ["none"]
     traces, starts = _traces(model, configs, s) if s.decode else ({}, {})
@@ -81,8 +98,12 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         for lid in model.layer_ids:
             model.weights(lid)
 
-    head = {"date": now_iso(), "machine": machine_info(), "file": file_info(model.info),
-            "params": s.params(configs)}
+    machine = machine_info()
+    finfo = file_info(model.info)
+    warnings = size_warnings(model.info, machine)
+    be_doc = {"usable": list(usable), "left_out": dict(left_out), "configs_left_out": [c.key for c in dropped]}
+    head = {"date": now_iso(), "machine": machine, "file": finfo, "params": s.params(configs, usable),
+            "backends": be_doc, "warnings": warnings}
     micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", **head, "records": []}
     runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", **head, "machine": machine_info(),
                 "configs": [c.to_dict() for c in configs], "runs": []}
@@ -92,33 +113,85 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         runs_doc["traces"] = _save_traces(traces, out_dir)
     tasks = plan_tasks(configs, s, backends=backends, depths=depths, computes=computes,
                        fio_installed=shutil.which("fio") is not None)
-    docs = {"micro": micro_doc["records"], "runs": runs_doc["runs"]}
     ctx = Context(model, s, configs, open_tables(model.info) if s.micro else [], traces, starts)
     bar = tqdm(total=s.rounds * len(tasks), unit="task", desc="measure", disable=not progress, leave=False)
     guard = QuietGuard(model_path, s.max_background_cpu, s.max_background_iops, s.quiet_wait, s.redo,
                        s.wait_budget, on_wait=lambda: bar.set_postfix_str("waiting for a quiet machine"))
+    complete = False
+
+    def save(done: bool) -> None:
+        for doc in (micro_doc, runs_doc):
+            doc["waited_s"] = guard.waited
+            doc["complete"] = done
+            doc["warnings"] = warnings + cache_warnings(micro_doc["records"])
+        if s.micro:
+            _write(micro_path, micro_doc)
+        if s.decode:
+            runs_doc["machine"]["loadavg_end"] = machine_info().get("loadavg")
+            _write(runs_path, runs_doc)
+
     try:
         for r in range(s.rounds):
             order = np.random.default_rng([s.seed, r, 5]).permutation(len(tasks))
             for pos, ti in enumerate(order):
                 task: Task = tasks[int(ti)]
                 bar.set_postfix_str(f"round {r}: {task.describe(ctx)}")
-                docs[task.document].extend(guard.run(lambda: retry_busy(lambda: task.run(ctx, r, pos))))
+                for rec in guard.run(lambda: retry_busy(lambda: task.run(ctx, r, pos))):
+                    (runs_doc["runs"] if "config" in rec else micro_doc["records"]).append(rec)
                 bar.update(1)
-            if s.micro:
-                micro_doc["waited_s"] = guard.waited
-                write_json(micro_path, micro_doc)
-            if s.decode:
-                runs_doc["machine"]["loadavg_end"] = machine_info().get("loadavg")
-                runs_doc["waited_s"] = guard.waited
-                write_json(runs_path, runs_doc)
+            save(False)
+        complete = True
     finally:
         bar.close()
         for t in ctx.tables:
             t.close()
+        if micro_doc["records"] or runs_doc["runs"]:
+            save(complete)  # an interrupted measurement keeps what it measured, marked incomplete
     return {"microbench": str(micro_path) if micro_path else None, "runs": str(runs_path) if runs_path else None,
             "configs": len(configs) if s.decode else 0, "runs_done": len(runs_doc["runs"]),
-            "seconds": time.perf_counter() - t_start, "waited_s": guard.waited}
+            "seconds": time.perf_counter() - t_start, "waited_s": guard.waited, "backends": be_doc,
+            "warnings": micro_doc["warnings"], "complete": complete}
+
+
+def _left_text(left_out: Dict[str, str]) -> str:
+    return "; ".join(f"{b}: {why}" for b, why in left_out.items()) or "none"
+
+
+def _write(path: Path, doc: dict) -> None:
+    """:func:`sim.io.write_json`, with a failure (permissions, a full disk) as a typed error naming the path."""
+    try:
+        write_json(path, doc)
+    except OSError as exc:
+        raise TableIOError(f"{path}: cannot write the measurement ({exc.strerror or exc})",
+                           errno_=exc.errno or 0) from None
+
+
+def size_warnings(info, machine: dict) -> list:
+    """Warnings when the measured tables are small against this machine's memory: a host's page cache under a
+    virtual disk (or a device's cache) may then hold them, below ``O_DIRECT``, and serve re-read rows fast."""
+    mem = machine.get("memory_bytes") or 0
+    size = sum(int(t.rows) * ROW_BYTES for t in info.tables.values())
+    if mem and size < 2 * mem:
+        return [f"the tables ({size / 2**30:.2f} GiB) are small against this machine's memory "
+                f"({mem / 2**30:.1f} GiB): a host or device cache below O_DIRECT may hold them. Every run and "
+                f"microbenchmark reads fresh rows (no stretch or random row is read twice on purpose); the cold/"
+                f"warm check says whether re-reads are served faster"]
+    return []
+
+
+def cache_warnings(records) -> list:
+    """A warning per cold/warm check whose re-reads ran faster than :data:`CACHE_RATIO` times the first
+    reads."""
+    out = []
+    for r in records:
+        if r.get("kind") == "cache" and float(r.get("warm_over_cold", 1.0)) < CACHE_RATIO:
+            cold = float(np.mean(r["cold_us"])) / 1e3
+            warm = float(np.mean(r["warm_us"])) / 1e3
+            out.append(f"re-reads of the same rows took {warm:.3f} ms a 48-row batch against {cold:.3f} ms the "
+                       f"first time ({r['warm_over_cold']:.2f}x): a cache below O_DIRECT serves repeated rows, so "
+                       f"a trace's own repeats read faster than fresh rows and a small table looks faster than "
+                       f"a large one")
+    return out
 
 
 def _traces(model, configs: Sequence[RunConfig], s: Settings) -> tuple:
@@ -142,7 +215,11 @@ def _save_traces(traces: Dict[str, Trace], out_dir: Path) -> Dict[str, str]:
     """Save the exact traces of the runs beside them, for the cross-check (no tokenizer or model file needed
     there): trace spec -> path relative to ``out_dir``."""
     names: Dict[str, str] = {}
-    (out_dir / "traces").mkdir(parents=True, exist_ok=True)
+    try:
+        (out_dir / "traces").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TableIOError(f"{out_dir / 'traces'}: cannot create the folder ({exc.strerror or exc})",
+                           errno_=exc.errno or 0) from None
     for spec, tr in traces.items():
         base = trace_label(spec).replace("/", "_")
         name, i = base, 1
@@ -150,5 +227,10 @@ def _save_traces(traces: Dict[str, Trace], out_dir: Path) -> Dict[str, str]:
             i += 1
             name = f"{base}-{i}"
         names[spec] = name
-        tr.save(out_dir / "traces" / f"{name}.npz")
+        path = out_dir / "traces" / f"{name}.npz"
+        try:
+            tr.save(path)
+        except OSError as exc:
+            raise TableIOError(f"{path}: cannot write the trace ({exc.strerror or exc})",
+                               errno_=exc.errno or 0) from None
     return {spec: f"traces/{name}.npz" for spec, name in names.items()}

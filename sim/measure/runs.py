@@ -12,7 +12,7 @@ microbenchmarks.
 from __future__ import annotations
 
 import time
-from typing import Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -22,10 +22,106 @@ from ..schema import ComputeSpec, RunConfig, percentiles_ms, us_list
 from ..trace import Trace
 from .compute import compute_runner
 
-__all__ = ["decode_run", "segments", "trace_tokens_needed"]
+__all__ = ["decode_run", "run_record", "segments", "session_loop", "trace_tokens_needed"]
 
 #: Percentiles of a run's step, read and compute times.
 _PCT = (50, 90, 95, 99)
+
+
+def _os_threads() -> int:
+    """Threads of this process as the kernel counts them (Python's and the readers' native ones); 0 when unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
+                 residual_seed: int = 0, ready: Optional[Callable[[], None]] = None, delay: float = 0.0) -> dict:
+    """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``start``.
+
+    The session (``config``'s backend, readers and threshold) wakes its readers
+    with ``warmup`` steps on random tokens, replays the history before
+    ``start`` (hashing only), then calls ``ready()`` (a barrier shared with
+    other sessions, when given), sleeps ``delay`` seconds (its phase) and runs
+    the timed loop.  Every step: ``session.step(token)``, then the compute.
+
+    Returns
+    -------
+    dict
+        Raw figures: ``t_first``, ``t_end`` (``time.perf_counter`` seconds, a
+        system-wide monotonic clock on Linux), ``read_s``, ``comp_s``,
+        ``step_s`` (float64 ``[steps]``), ``distinct`` (int64 ``[steps]``),
+        ``reads``, ``concurrent``, ``rows_match``, ``threads`` (this process's
+        OS threads midway through the loop).
+
+    Raises
+    ------
+    ArgumentError
+        The trace has fewer than ``start + config.steps`` tokens.
+    TableIOError, DecodeError
+        A read failed.
+    """
+    n = config.steps
+    start = int(start)
+    if start < 0 or trace.steps < start + n:
+        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
+                            f"{n} from step {start}")
+    spec = ComputeSpec.parse(config.compute)
+    tokens = trace.tokens[start:start + n].tolist()
+    seq_starts = trace.starts
+    starts = set(int(x) - start for x in seq_starts if start < x < start + n)
+    first = int(seq_starts[seq_starts <= start].max())
+    history = trace.tokens[max(first, start - 3):start].tolist()
+    read_s = np.empty(n)
+    comp_s = np.empty(n)
+    step_s = np.empty(n)
+    distinct = np.empty(n, np.int64)
+    concurrent = nreads = threads = 0
+    match = True
+    clock = time.perf_counter
+    rng = np.random.default_rng([residual_seed, start, 6])
+    with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
+        run = compute_runner(spec, model, s, residual_seed)
+        for tok in rng.integers(0, len(model.token_map), warmup).tolist():
+            run(s.step(tok))
+        s.restore(model.hasher.new_history())
+        for tok in history:
+            s.step_rows(int(tok))
+        step, want = s.step, trace.rows[start:start + n]
+        if ready is not None:
+            ready()
+        if delay > 0:
+            time.sleep(delay)
+        t_begin = clock()
+        for i in range(n):
+            if i in starts:
+                s.restore(model.hasher.new_history())
+            t0 = clock()
+            rows = step(tokens[i])
+            t1 = clock()
+            run(rows)
+            t2 = clock()
+            read_s[i] = t1 - t0
+            comp_s[i] = t2 - t1
+            step_s[i] = t2 - t0
+            st = s.last_stats
+            distinct[i] = st.rows_distinct
+            nreads += st.reads
+            if st.backend != "serial":
+                concurrent += 1
+            if match and not np.array_equal(s.last_row_ids, want[i]):
+                match = False
+            if i == n // 2:
+                threads = _os_threads()
+        t_end = clock()
+    return {"t_first": t_begin, "t_end": t_end, "read_s": read_s, "comp_s": comp_s, "step_s": step_s,
+            "distinct": distinct, "reads": nreads, "concurrent": concurrent, "rows_match": match,
+            "threads": threads}
 
 
 def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
@@ -54,58 +150,21 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
     TableIOError, DecodeError
         A read failed.
     """
+    r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed)
+    return run_record(config, int(start), r)
+
+
+def run_record(config: RunConfig, start: int, r: dict) -> dict:
+    """The run record of one session's raw figures (:func:`session_loop`)."""
     n = config.steps
-    start = int(start)
-    if start < 0 or trace.steps < start + n:
-        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
-                            f"{n} from step {start}")
-    spec = ComputeSpec.parse(config.compute)
-    tokens = trace.tokens[start:start + n].tolist()
-    seq_starts = trace.starts
-    starts = set(int(x) - start for x in seq_starts if start < x < start + n)
-    first = int(seq_starts[seq_starts <= start].max())
-    history = trace.tokens[max(first, start - 3):start].tolist()
-    read_s = np.empty(n)
-    comp_s = np.empty(n)
-    step_s = np.empty(n)
-    distinct = np.empty(n, np.int64)
-    concurrent = nreads = 0
-    match = True
-    clock = time.perf_counter
-    rng = np.random.default_rng([residual_seed, start, 6])
-    with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
-        run = compute_runner(spec, model, s, residual_seed)
-        for tok in rng.integers(0, len(model.token_map), warmup).tolist():
-            run(s.step(tok))
-        s.restore(model.hasher.new_history())
-        for tok in history:
-            s.step_rows(int(tok))
-        step, want = s.step, trace.rows[start:start + n]
-        t_begin = clock()
-        for i in range(n):
-            if i in starts:
-                s.restore(model.hasher.new_history())
-            t0 = clock()
-            rows = step(tokens[i])
-            t1 = clock()
-            run(rows)
-            t2 = clock()
-            read_s[i] = t1 - t0
-            comp_s[i] = t2 - t1
-            step_s[i] = t2 - t0
-            st = s.last_stats
-            distinct[i] = st.rows_distinct
-            nreads += st.reads
-            if st.backend != "serial":
-                concurrent += 1
-            if match and not np.array_equal(s.last_row_ids, want[i]):
-                match = False
-        wall = clock() - t_begin
+    wall = r["t_end"] - r["t_first"]
+    step_s, read_s, comp_s = r["step_s"], r["read_s"], r["comp_s"]
     return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall,
             "step_ms": percentiles_ms(step_s, _PCT), "read_ms": percentiles_ms(read_s, _PCT),
-            "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": concurrent,
-            "rows_distinct_mean": float(distinct.mean()), "reads": nreads, "rows_match": match,
-            "step_us": us_list(step_s), "read_us": us_list(read_s), "compute_us": us_list(comp_s)}
+            "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": r["concurrent"],
+            "rows_distinct_mean": float(np.mean(r["distinct"])), "reads": r["reads"], "rows_match": r["rows_match"],
+            "threads": r["threads"], "step_us": us_list(step_s), "read_us": us_list(read_s),
+            "compute_us": us_list(comp_s)}
 
 
 def segments(configs: Sequence[RunConfig], rounds: int) -> Dict[tuple, int]:
@@ -116,20 +175,22 @@ def segments(configs: Sequence[RunConfig], rounds: int) -> Dict[tuple, int]:
     an earlier run read: a shared device's caches (a virtual disk's host page
     cache) would make repeated rows faster than the fresh random rows of the
     microbenchmarks.  Only a trace's own repeats (SPEC §8: 22.5% of reads)
-    stay.  :func:`trace_tokens_needed` gives the length each trace needs.
+    stay.  A run of ``sessions`` sessions takes ``sessions`` consecutive
+    stretches (session ``i`` from ``start + i * steps``).
+    :func:`trace_tokens_needed` gives the length each trace needs.
     """
     out, nxt = {}, {}
     for r in range(rounds):
         for i, c in enumerate(configs):
             s = nxt.get(c.trace, 0)
             out[(i, r)] = s
-            nxt[c.trace] = s + c.steps
+            nxt[c.trace] = s + c.steps * c.sessions
     return out
 
 
 def trace_tokens_needed(configs: Sequence[RunConfig], rounds: int) -> Dict[str, int]:
-    """Tokens each trace source needs for :func:`segments`: ``{trace: sum of steps x rounds}``."""
+    """Tokens each trace source needs for :func:`segments`: ``{trace: sum of steps x sessions x rounds}``."""
     need: Dict[str, int] = {}
     for c in configs:
-        need[c.trace] = need.get(c.trace, 0) + c.steps * rounds
+        need[c.trace] = need.get(c.trace, 0) + c.steps * c.sessions * rounds
     return need

@@ -9,7 +9,7 @@ from engram.errors import ArgumentError
 
 from ..params import BACKENDS
 from ..schema import RunConfig
-from .configs import DEFAULT_DEPTHS
+from .configs import CAPACITY_TARGET, DEFAULT_DEPTHS
 
 __all__ = ["Settings"]
 
@@ -43,6 +43,19 @@ class Settings:
         Seconds of large batches at each depth (steady-state reads/s).
     single_rows : int
         Single-row serial reads.
+    shared_seconds : float
+        Seconds of large batches from several submitters at once (one task per submitter count).
+    submitters : sequence of int, optional
+        Submitter counts of those reads (default: the session counts of the multi-session configurations).
+    probe_batches : int
+        48-row batches of each probe right before and after a decode run (0: no probes).
+    probe_compute_samples : int
+        Compute samples of each probe, for configurations with a compute.
+    cache_batches : int
+        48-row batches of the cold/warm cache check (0: none).
+    capacity_target : float
+        Tokens/s the slowest session of a multi-session run must reach (the measured capacity is the
+        largest session count that does).
     compute_samples, mixer_samples : int
         Timed calls of each compute spec (``mixer_samples`` when it holds the mixer).
     warmup : int
@@ -69,6 +82,12 @@ class Settings:
     think_chunks: int = 2
     big_seconds: float = 0.1
     single_rows: int = 200
+    shared_seconds: float = 0.15
+    submitters: Optional[Sequence[int]] = None
+    probe_batches: int = 30
+    probe_compute_samples: int = 10
+    cache_batches: int = 100
+    capacity_target: float = CAPACITY_TARGET
     compute_samples: int = 100
     mixer_samples: int = 15
     warmup: int = 8
@@ -85,18 +104,26 @@ class Settings:
         if not (self.micro or self.decode):
             raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
 
-    def resolved_backends(self, configs: Sequence[RunConfig]) -> Tuple[str, ...]:
-        """The backends to microbenchmark.
+    def resolved_backends(self, configs: Sequence[RunConfig],
+                          usable: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+        """The backends to microbenchmark: those asked (default: those of the configurations, else both)
+        that start here (``usable``; default: every backend).
 
         Raises
         ------
         ArgumentError
-            A backend other than ``pread`` and ``io_uring``.
+            A backend other than ``pread`` and ``io_uring``, or none that starts here.
         """
         backends = tuple(self.backends or sorted({c.backend for c in configs}) or BACKENDS)
         for be in backends:
             if be not in BACKENDS:
                 raise ArgumentError(f"backend must be 'pread' or 'io_uring', got {be!r}")
+        if usable is not None:
+            kept = tuple(b for b in backends if b in usable)
+            if not kept:
+                raise ArgumentError(f"none of the backends {list(backends)} starts on this machine "
+                                    f"(usable: {list(usable)}; see engram info)")
+            backends = kept
         return backends
 
     def resolved_depths(self) -> list:
@@ -112,10 +139,10 @@ class Settings:
             raise ArgumentError(f"depths must be integers >= 1, got {depths}")
         return depths
 
-    def params(self, configs: Sequence[RunConfig]) -> dict:
+    def params(self, configs: Sequence[RunConfig], usable: Optional[Sequence[str]] = None) -> dict:
         """The ``params`` of the documents: every setting but ``micro`` and ``decode``, depths and backends
         resolved."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("micro", "decode")}
         out["depths"] = self.resolved_depths()
-        out["backends"] = list(self.resolved_backends(configs))
+        out["backends"] = list(self.resolved_backends(configs, usable))
         return out

@@ -21,13 +21,14 @@ from engram.errors import TableIOError
 from ..schema import ComputeSpec, RunConfig
 from ..trace import Trace
 from .compute import compute_runner
-from .microbench import (BACKEND_TAG, compute_microbench, fio_microbench, hash_microbench, io_batches, io_depth,
-                         io_serial, io_think)
+from .microbench import (BACKEND_TAG, cache_check, compute_microbench, fio_microbench, hash_microbench, io_batches,
+                         io_depth, io_probe, io_serial, io_shared, io_think)
 from .runs import decode_run
+from .sessions import sessions_run
 from .settings import Settings
 
-__all__ = ["BatchChunk", "ComputeTimes", "Context", "DecodeRun", "DepthReads", "FioReads", "HashTimes",
-           "SerialReads", "Task", "ThinkBatches", "plan_tasks", "retry_busy"]
+__all__ = ["BatchChunk", "CacheCheck", "ComputeTimes", "Context", "DecodeRun", "DepthReads", "FioReads", "HashTimes",
+           "SerialReads", "SharedReads", "Task", "ThinkBatches", "plan_tasks", "retry_busy"]
 
 #: What a task returns: its records, and the device requests it made (``None``: unknown).
 Outcome = Tuple[List[dict], Optional[int]]
@@ -52,9 +53,8 @@ def _ours(recs: Sequence[dict]) -> int:
 
 
 class Task:
-    """One unit of a round.  ``document`` is where its records go: ``"micro"`` or ``"runs"``."""
-
-    document = "micro"
+    """One unit of a round.  Its records go to ``runs.json`` when they name a ``config``, else to
+    ``microbench.json``."""
 
     def describe(self, ctx: Context) -> str:
         """A few words for the progress bar."""
@@ -183,20 +183,79 @@ class HashTimes(Task):
 
 
 @dataclass(frozen=True)
+class SharedReads(Task):
+    """Large batches from ``submitters`` threads at once, each at ``readers`` of ``backend`` (as sessions read)."""
+
+    backend: str
+    readers: int
+    submitters: int
+
+    def describe(self, ctx: Context) -> str:
+        return f"shared {self.backend} {self.submitters}x{self.readers}"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        rng = np.random.default_rng([s.seed, round_, 9, BACKEND_TAG[self.backend], self.readers, self.submitters])
+        rec = io_shared(ctx.model.info, rng, self.backend, self.readers, self.submitters, s.shared_seconds, round_)
+        return [rec], _ours([rec])
+
+
+@dataclass(frozen=True)
+class CacheCheck(Task):
+    """Fresh rows, then the same rows again (first round only): does a cache below O_DIRECT serve re-reads?"""
+
+    def describe(self, ctx: Context) -> str:
+        return "cache check"
+
+    def run(self, ctx: Context, round_: int, order: int) -> Outcome:
+        s = ctx.settings
+        if round_ > 0 or s.cache_batches < 1:
+            return [], 0
+        rec = cache_check(ctx.tables, np.random.default_rng([s.seed, round_, 10]), s.cache_batches, round_)
+        return [rec], int(rec["reads"])
+
+
+@dataclass(frozen=True)
 class DecodeRun(Task):
-    """The decode run of configuration ``index`` on its stretch of the trace for this round."""
+    """The decode run of configuration ``index`` on its stretch of the trace for this round (one session, or
+    ``sessions`` concurrent ones), between two probes of the device at its readers (and of its compute).
+
+    The probes and the run share a ``window`` id (``rROUND-cINDEX``): the calibration turns the probes
+    into the device and compute of that window, the cross-check predicts the run with them."""
 
     index: int
-    document = "runs"
 
     def describe(self, ctx: Context) -> str:
         return ctx.configs[self.index].key
 
+    def _probes(self, ctx: Context, round_: int, window: str, when: int) -> List[dict]:
+        c, s = ctx.configs[self.index], ctx.settings
+        if s.probe_batches < 1 or not ctx.tables:
+            return []
+        be, k = ("serial", 1) if c.serial else (c.backend, c.readers)
+        rng = np.random.default_rng([s.seed, round_, 11, self.index, when])
+        out = [io_probe(ctx.tables, rng, be, k, s.probe_batches, window, round_)]
+        if c.compute != "none" and s.probe_compute_samples > 0:
+            spec = ComputeSpec.parse(c.compute)
+            out += compute_microbench(ctx.model, [c.compute], samples=s.probe_compute_samples,
+                                      mixer_samples=max(1, s.probe_compute_samples // 4) if spec.mixer else 1,
+                                      seed=s.seed + 1 + when, round_=round_)
+            out[-1]["probe"] = window
+        return out
+
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
         c, s = ctx.configs[self.index], ctx.settings
-        rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=ctx.starts[(self.index, round_)], warmup=s.warmup,
-                         residual_seed=s.seed)
-        return [{"config": c.key, "round": round_, "order": order, **rec}], rec["reads"]
+        window = f"r{round_}-c{self.index}"
+        recs = self._probes(ctx, round_, window, 0)
+        start = ctx.starts[(self.index, round_)]
+        if c.multi:
+            rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
+                               residual_seed=s.seed)
+        else:
+            rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup, residual_seed=s.seed)
+        recs.append({"config": c.key, "round": round_, "order": order, "window": window, **rec})
+        recs += self._probes(ctx, round_, window, 1)
+        return recs, _ours(recs)
 
 
 def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Sequence[str], depths: Sequence[int],
@@ -207,8 +266,11 @@ def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Se
     batches where configurations without compute read, ``depth_batches``
     elsewhere); fio at each depth; each compute; more chunks of batches
     where configurations without compute read; each compute as think time
-    at the readers its configurations use; the hash.  Then one decode run
-    per configuration.
+    at the readers its configurations use; the hash; large batches from
+    several submitters at the readers of the multi-session configurations
+    (one task per submitter count: the session counts measured, or
+    ``settings.submitters``); the cold/warm cache check.  Then one decode
+    run per configuration (each between its two probes).
     """
     s = settings
     tasks: List[Task] = []
@@ -229,6 +291,11 @@ def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Se
         tasks += [ThinkBatches(be, k, label, j) for (label, be, k) in think
                   for j in range(1 if ComputeSpec.parse(label).mixer else s.think_chunks)]
         tasks.append(HashTimes())
+        shared = dict.fromkeys((c.backend, c.readers) for c in configs if c.multi and not c.serial)
+        counts = sorted(set(s.submitters) if s.submitters is not None else
+                        {c.sessions for c in configs if c.multi and c.sessions > 1})
+        tasks += [SharedReads(be, k, m) for (be, k) in shared for m in counts if m > 1]
+        tasks.append(CacheCheck())
     if s.decode:
         tasks += [DecodeRun(i) for i in range(len(configs))]
     return tasks
