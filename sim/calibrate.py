@@ -65,10 +65,17 @@ from engram.errors import ArgumentError, FormatError
 
 from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
-from .params import Compute, Policy
+from .params import BACKENDS, Compute, Policy
 from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench
 
-__all__ = ["Calibration", "calibrate", "calibrate_file"]
+__all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
+
+
+def scale_device(dev: MeasuredBatchDevice, factor: float, name: Optional[str] = None) -> MeasuredBatchDevice:
+    """``dev`` with every read latency and batch time multiplied by ``factor`` (a slower or faster window)."""
+    return MeasuredBatchDevice({q: d.scaled(factor) for q, d in dev.measured.items()},
+                               {key: d.scaled(factor) for key, d in dev.batches.items()},
+                               name=name or dev.name, source=dev.source)
 
 
 # =====================================================================================
@@ -100,6 +107,16 @@ class Calibration:
         Where the microbenchmarks ran and what they read.
     date : str
         Date of the microbenchmarks.
+    windows : dict[str, dict]
+        Window id (``rROUND-cINDEX``, shared with one decode run) -> the device and compute of that window,
+        from the probes right before and after the run: ``{"backend", "qd", "device": factor, "device_se",
+        "compute": factor or None, "compute_se", "batches"}`` (a factor is the probes' trimmed mean over
+        the calibrated one; ``_se`` its standard error, relative; ``device_low``/``device_high`` the faster
+        and slower of the probes before and after the run).
+    shared_fit : list of dict
+        Reads a second of several submitters at once against one reader group at the same depth.
+    backends : dict
+        ``{"usable": [...], "left_out": {backend: reason}}`` on the measuring machine (from the document).
     """
 
     devices: Dict[str, MeasuredBatchDevice]
@@ -113,8 +130,69 @@ class Calibration:
     file: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     date: str = ""
+    windows: Dict[str, dict] = field(default_factory=dict)
+    shared_fit: List[dict] = field(default_factory=list)
+    backends: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ queries
+    @property
+    def left_out(self) -> Dict[str, str]:
+        """Backends not calibrated, with the reason: those that did not start on the measuring machine."""
+        out = dict(self.backends.get("left_out") or {})
+        for be in BACKENDS:
+            if be not in self.devices and be not in out:
+                out[be] = "not measured"
+        return out
+
+    def check_backends(self, backends: Sequence[str], where: str = "the study") -> None:
+        """Refuse, before any simulation, backends this calibration has no device for.
+
+        Raises
+        ------
+        ArgumentError
+            Names ``where`` (e.g. the study file), each missing backend, the calibration (its source
+            file) and why the backend was left out on the measuring machine.
+        """
+        missing = [b for b in dict.fromkeys(backends) if b not in self.devices]
+        if missing:
+            why = self.left_out
+            src = self.source.get("path") or "the calibration"
+            raise ArgumentError(
+                f"{where} names backend{'s' if len(missing) > 1 else ''} "
+                + ", ".join(f"{b!r}" for b in missing)
+                + f" on the calibrated device, which the calibration from {src} lacks (it has {sorted(self.devices)}; "
+                + "; ".join(f"{b}: {why.get(b, 'not measured')}" for b in missing)
+                + "): drop it from the study, or calibrate on a machine where it starts")
+
+    def window(self, window: Optional[str]) -> Optional[dict]:
+        """The state of a measurement window (see :attr:`windows`), or None."""
+        return self.windows.get(window) if window else None
+
+    def window_models(self, backend: str, compute: str, window: Optional[str] = None,
+                      z: float = 0.0) -> tuple:
+        """``(device, compute model)`` of ``backend`` and ``compute`` in measurement window ``window``.
+
+        The calibrated device and compute scaled by the window's factors; with
+        ``z != 0`` the device of the slower (``z > 0``) or faster of the probes
+        before and after the run, and both moved by ``z`` standard errors (the
+        bounds of a prediction interval).  The calibrated ones when the window
+        was not probed.
+        """
+        dev = self.device(backend, compute)
+        comp = self.compute_model(compute)
+        w = self.window(window)
+        if w is None:
+            return dev, comp
+        f = float(w["device"])
+        if z:  # a bound: the slower (faster) of the probes before and after the run, moved by z errors
+            f = float(w.get("device_high" if z > 0 else "device_low", f))
+        f = max(1e-3, f * (1 + z * float(w.get("device_se") or 0.0)))
+        dev = scale_device(dev, f, f"{dev.name}@{window}")
+        if w.get("compute") is not None and comp.samples:
+            g = max(1e-3, float(w["compute"]) * (1 + z * float(w.get("compute_se") or 0.0)))
+            comp = Compute.empirical([x * g for x in comp.samples], comp.layers)
+        return dev, comp
+
     def device(self, backend: str, compute: str = "none") -> MeasuredBatchDevice:
         """The device model of ``backend`` for steps whose compute is ``compute``: the batches measured
         with that compute as think time where there are any, else back to back.
@@ -168,6 +246,7 @@ class Calibration:
                               for label, devs in self.think_devices.items()},
             "fio_device": self.fio_device.to_dict() if self.fio_device is not None else None,
             "compute": comp, "hash_us": self.hash_s / US, "fit": self.fit, "think_fit": self.think_fit,
+            "windows": self.windows, "shared_fit": self.shared_fit, "backends": self.backends,
         }
 
     @classmethod
@@ -190,7 +269,8 @@ class Calibration:
                      for label, devs in d.get("think_devices", {}).items()}
             return cls(devices, comp, float(d["hash_us"]) * US, fio, list(d.get("fit", [])), think,
                        list(d.get("think_fit", [])), dict(d.get("machine", {})), dict(d.get("file", {})),
-                       dict(d.get("source", {})), str(d.get("date", "")))
+                       dict(d.get("source", {})), str(d.get("date", "")), dict(d.get("windows", {})),
+                       list(d.get("shared_fit", [])), dict(d.get("backends", {})))
         except KeyError as exc:
             raise FormatError(f"calibration: missing field {exc}") from None
         except (TypeError, ValueError, ArgumentError) as exc:
@@ -236,8 +316,19 @@ class Calibration:
             lines.append(f"think        {r['think']} between {r['backend']} x{r['qd']} batches: 48-row mean "
                          f"{r['batch48_mean_us']:.1f} us, p50 {r['batch48_p50_us']:.1f} us"
                          + (f" (back to back {b2b:.1f} us)" if b2b else ""))
+        for r in self.shared_fit:
+            one = r.get("one_group_reads_per_s")
+            lines.append(f"shared       {r['backend']} {r['submitters']} submitters x {r['readers']} readers (depth "
+                         f"{r['qd']}): {r['reads_per_s']:,.0f} reads/s"
+                         + (f", one group of {r['qd']}: {one:,.0f} ({r['gain']:.2f}x)" if one else ""))
         for label, c in self.compute.items():
             lines.append(f"compute      {label}: mean {c.mean * 1e3:.4f} ms, cv {c.cv:.3f} ({len(c.samples)} samples)")
+        if self.windows:
+            f = np.array([w["device"] for w in self.windows.values()])
+            lines.append(f"windows      {len(f)} probed (one per decode run): device factor median {np.median(f):.3f}, "
+                         f"range {f.min():.3f}-{f.max():.3f}")
+        for be, why in self.left_out.items():
+            lines.append(f"left out     {be}: {why}")
         return "\n".join(lines)
 
 
@@ -374,25 +465,39 @@ def _backend_device(be: str, engine: Sequence[Mapping], shapes: _Shapes, qd1_mea
         No 48-row batches of the backend.
     """
     big: Dict[int, List[Mapping]] = {}
-    small: Dict[int, List[np.ndarray]] = {}
+    small: Dict[int, List[Mapping]] = {}
+    shared: Dict[int, List[Mapping]] = {}
     for r in engine:
         if r["backend"] != be:
             continue
-        if r["batch_rows"] == STEP_ROWS:
-            small.setdefault(int(r["qd"]), []).append(np.asarray(r["batch_us"], dtype=np.float64) * US)
+        if int(r.get("submitters", 1)) > 1:
+            shared.setdefault(int(r["qd"]), []).append(r)
+        elif r["batch_rows"] == STEP_ROWS:
+            small.setdefault(int(r["qd"]), []).append(r)
         else:
             big.setdefault(int(r["qd"]), []).append(r)
     if not small:
         raise ArgumentError(f"microbenchmarks hold no 48-row batches of backend {be!r}")
-    src = (f"engine reads ({be}), {cpu}: 48-row batches of random rows timed "
-           f"at readers = k (k = 1: serial); read latency at depth k = k / reads per second of large batches "
-           f"at readers = k, depth 1 = serial 48-row batch / 48, shape: {shapes.source}")
-    table = {1: shapes.dist(qd1_mean, 1, src)}
-    for k, rs in sorted(big.items()):
+    src = (f"engine reads ({be}), {cpu}: 48-row batches of random rows timed at readers = k (k = 1: serial); "
+           f"read latency at depth q = q / reads per second of decode-step batches with q reads in flight (one "
+           f"group of q readers, or several submitters at once as sessions read: the faster), else of large "
+           f"batches; depth 1 = serial 48-row batch / 48; shape: {shapes.source}")
+    # Little's law on decode-step batches: what a step's batch meets with others in flight.
+    per_depth: Dict[int, float] = {}
+    for q, rs in list(small.items()) + list(shared.items()):
+        reads = sum(int(r["reads"]) for r in rs)
+        wall = sum(float(r["wall_s"]) if "wall_s" in r else float(np.sum(r["batch_us"])) * US for r in rs)
+        if reads and wall > 0 and q >= 2:
+            per_depth[q] = min(per_depth.get(q, np.inf), q * wall / reads)
+    for q, rs in big.items():
         reads = sum(int(r["reads"]) for r in rs)
         wall = sum(float(r["wall_s"]) for r in rs)
-        if reads and wall > 0:
-            table[k] = shapes.dist(k * wall / reads, k, src)
+        if reads and wall > 0 and q not in per_depth:
+            per_depth[q] = q * wall / reads
+    table = {1: shapes.dist(qd1_mean, 1, src)}
+    for q, lat in sorted(per_depth.items()):
+        table[q] = shapes.dist(lat, q, src)
+    small = {q: [np.asarray(r["batch_us"], dtype=np.float64) * US for r in rs] for q, rs in small.items()}
     per_read = EmpiricalDevice(table, name=f"engine-{be}-per-read", source=src)
     batches = {(STEP_ROWS, 1): serial}
     fit = []
@@ -402,6 +507,28 @@ def _backend_device(be: str, engine: Sequence[Mapping], shapes: _Shapes, qd1_mea
         m_dev, p50_dev = _batch_stats(per_read, STEP_ROWS, k, seed + k)
         fit.append(_fit_row(be, k, per_read.latency(k).mean, fio_mean.get(k), x, target, m_dev, p50_dev))
     return MeasuredBatchDevice(table, batches, name=f"engine-{be}", source=src), fit
+
+
+def _shared_fit(engine: Sequence[Mapping]) -> List[dict]:
+    """Reads a second of 48-row batches from several submitters at once against one reader group at the same
+    depth (where both were measured), per backend and depth."""
+    groups: Dict[tuple, List[Mapping]] = {}
+    for r in engine:
+        if r["batch_rows"] == STEP_ROWS and r["backend"] != "serial" and not r.get("think"):
+            groups.setdefault((r["backend"], int(r["qd"]), int(r.get("submitters", 1))), []).append(r)
+
+    def wall(r):
+        return float(r["wall_s"]) if "wall_s" in r else float(np.sum(r["batch_us"])) * US
+
+    rate = {key: sum(int(r["reads"]) for r in rs) / sum(wall(r) for r in rs)
+            for key, rs in groups.items() if sum(wall(r) for r in rs) > 0}
+    out = []
+    for (be, q, m), x in sorted(rate.items()):
+        if m > 1:
+            one = rate.get((be, q, 1))
+            out.append({"backend": be, "qd": q, "submitters": m, "readers": q // m, "reads_per_s": x,
+                        "one_group_reads_per_s": one, "gain": (x / one) if one else None})
+    return out
 
 
 def _think_devices(think_recs: Sequence[Mapping], devices: Mapping[str, MeasuredBatchDevice],
@@ -464,6 +591,92 @@ def _compute_models(recs: Sequence[Mapping], think_recs: Sequence[Mapping], wind
     return compute
 
 
+#: Share of the slowest probe batches left out of a window's mean (a probe is short; one stall would move it).
+PROBE_TRIM = 0.1
+
+
+def _trimmed_mean(x: np.ndarray, trim: float = PROBE_TRIM) -> tuple:
+    """(mean of ``x`` without its slowest ``trim`` share, its standard error)."""
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    keep = x[:max(1, int(np.ceil(x.size * (1 - trim))))]
+    se = float(keep.std(ddof=1) / np.sqrt(keep.size)) if keep.size > 1 else 0.0
+    return float(keep.mean()), se
+
+
+def _dist_trimmed_mean(d: LatencyDist, trim: float = PROBE_TRIM) -> float:
+    """The mean of a distribution without its slowest ``trim`` share (as :func:`_trimmed_mean` of samples)."""
+    u = np.linspace(0.0, 1.0 - trim, 257)
+    return float(np.mean(d.quantile((u[1:] + u[:-1]) / 2)))
+
+
+def _window_states(probes: Sequence[Mapping], devices: Mapping[str, MeasuredBatchDevice], serial: LatencyDist,
+                   computes: Mapping[str, Compute]) -> Dict[str, dict]:
+    """Per measurement window, the device and compute factors of its probes (see :attr:`Calibration.windows`).
+
+    The device factor: the probes' 48-row batches (before and after the run,
+    pooled), trimmed mean, over the calibrated batch of the same backend and
+    readers, trimmed alike.  The compute factor: the probes' compute samples'
+    mean over the calibrated compute's."""
+    io: Dict[str, List[Mapping]] = {}
+    comp: Dict[str, List[Mapping]] = {}
+    for r in probes:
+        if r["kind"] == "io" and r.get("batch_rows") == STEP_ROWS:
+            io.setdefault(str(r["probe"]), []).append(r)
+        elif r["kind"] == "compute":
+            comp.setdefault(str(r["probe"]), []).append(r)
+    out: Dict[str, dict] = {}
+    for w, rs in io.items():
+        be, k = rs[0]["backend"], int(rs[0]["qd"])
+        if be == "serial":
+            ref = serial
+        elif be in devices:
+            ref = devices[be].batch_dist(STEP_ROWS, k)
+        else:
+            continue
+        x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs]) * US
+        m, se = _trimmed_mean(x)
+        base = _dist_trimmed_mean(ref)
+        # the device may move during the run: the probes before and after it bound the window
+        each = [_trimmed_mean(np.asarray(r["batch_us"], dtype=np.float64) * US)[0] / base for r in rs]
+        state = {"backend": be, "qd": k, "device": m / base, "device_se": se / m if m > 0 else 0.0,
+                 "device_low": min(each), "device_high": max(each),
+                 "batches": int(x.size), "compute": None, "compute_se": None}
+        cs = comp.get(w, [])
+        if cs:
+            label = ComputeSpec.parse(cs[0]["compute"]).label
+            y = np.concatenate([np.asarray(r["samples_us"], dtype=np.float64) for r in cs]) * US
+            if label in computes and computes[label].mean > 0 and y.size:
+                state["compute"] = float(y.mean() / computes[label].mean)
+                state["compute_se"] = float(y.std(ddof=1) / np.sqrt(y.size) / y.mean()) if y.size > 1 else 0.0
+        out[w] = state
+    return out
+
+
+def check_study_backends(calibration: Union["Calibration", str, os.PathLike], points: Sequence[Mapping],
+                         where: str = "the study") -> None:
+    """Refuse a study whose ``calibrated`` points name a backend the calibration lacks, before any simulation.
+
+    ``points`` are the study's points (mappings with ``device`` and
+    ``backend``; ``device = "calibrated:BACKEND"`` names its backend).
+
+    Raises
+    ------
+    ArgumentError
+        Names ``where`` (the study), the backend(s) and the calibration, with why they were left out.
+    FormatError
+        The calibration file cannot be read.
+    """
+    cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+    wanted = []
+    for p in points:
+        spec = str(p.get("device", ""))
+        if spec == "calibrated":
+            wanted.append(str(p.get("backend", "pread")))
+        elif spec.startswith("calibrated:"):
+            wanted.append(spec.split(":", 1)[1])
+    cal.check_backends(wanted, where)
+
+
 def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
               windows: str = "median") -> Calibration:
     """Fit the device, compute and hash models from a microbenchmark document.
@@ -495,6 +708,8 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         never reads decode runs.  Also: no serial or concurrent engine records.
     """
     recs = check_microbench(doc)
+    probes = [r for r in recs if r.get("probe")]
+    recs = [r for r in recs if not r.get("probe")]
     engine_all = [r for r in recs if r["kind"] == "io" and r.get("tool") == "engine"]
     engine = [r for r in engine_all if not r.get("think")]
     think_recs = [r for r in engine_all if r.get("think")]
@@ -539,11 +754,16 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
     src = dict(source or {})
     src.setdefault("schema", doc.get("schema"))
     src.setdefault("date", doc.get("date"))
-    src["records"] = len(recs)
+    src["records"] = len(recs) + len(probes)
     src["windows"] = windows
+    computes = _compute_models(recs, think_recs, windows)
+    states = _window_states(probes, devices, serial_dist, computes)
+    be_doc = dict(doc.get("backends") or {})
+    backends_doc = {"usable": list(be_doc.get("usable", backends)), "left_out": dict(be_doc.get("left_out") or {})}
     # The date is that of the measurements: the fit is a pure function of the document.
-    return Calibration(devices, _compute_models(recs, think_recs, windows), hash_s, fio_dev, fit, think_devices,
-                       think_fit, machine, dict(doc.get("file", {})), src, str(doc.get("date", "")))
+    return Calibration(devices, computes, hash_s, fio_dev, fit, think_devices, think_fit, machine,
+                       dict(doc.get("file", {})), src, str(doc.get("date", "")), states, _shared_fit(engine),
+                       backends_doc)
 
 
 def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,

@@ -6,7 +6,7 @@
   queue depth, per backend; 48-row batches and single rows read serially;
 - the same 48-row batches with a compute spec run on each batch's rows
   before the next batch (think time);
-- large batches from several submitters at once (as several sessions read),
+- 48-row batches from several submitters at once (as several sessions read),
   so the device is known at the total queue depth sessions reach, not only
   at what one reader's pool or ring reaches (:func:`io_shared`);
 - probes: a few 48-row batches right before and after each decode run, so
@@ -36,7 +36,7 @@ from engram import Table, TableGroup
 from engram.codec import ROW_BYTES, ROW_VALUES
 from engram.errors import TableIOError
 
-from ..schema import STEP_ROWS, TABLE_COLUMNS, ComputeSpec, us_list
+from ..schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, us_list
 from .compute import compute_runner
 from .configs import DEFAULT_DEPTHS
 
@@ -180,26 +180,30 @@ def io_think(tables, rng: np.random.Generator, backend: str, k: int, batches: in
 
 def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: int, seconds: float,
               round_: int) -> dict:
-    """Large batches read by ``submitters`` threads at once, each with its own tables and ``readers = k``
-    (as that many sessions would): the device at a total queue depth of ``submitters * k``.
+    """48-row batches read back to back by ``submitters`` threads at once, each with its own tables and
+    ``readers = k`` (as that many sessions read, without their compute): the device at ``submitters * k``
+    reads in flight.
 
     One submitter's pool or ring can be what limits the reads a second, not
-    the device; several sessions reach more.  Each thread opens its own
-    descriptors, warms up with one batch, waits at a barrier, then reads
-    batches of ``max(4096, 64 k)`` random rows for ``seconds``.  Returns an
-    ``"io"`` record with ``submitters``, ``readers`` and ``qd = submitters * k``,
-    the reads of all threads and the wall time from the barrier to the last
-    thread's end (``reads_per_s`` of the device at that depth).
+    the device; several sessions reach more, and they pay every batch's
+    own work (waking readers, sorting, decoding) as the sessions do.  Each
+    thread opens its own descriptors, warms up with one batch, waits at a
+    barrier, then reads decode-step batches of random rows for ``seconds``.
+    Returns an ``"io"`` record with ``submitters``, ``readers``, ``qd =
+    submitters * k``, ``batch_rows`` 48, the batches and reads of all threads,
+    the wall time from the barrier to the last thread's end (``reads_per_s``
+    at that depth) and ``batch_mean_us``.
 
     Raises
     ------
     TableIOError
         A table cannot be opened or a backend cannot start (in any thread).
     """
-    tokens = max(4096, 64 * int(k)) // STEP_ROWS
     seeds = rng.integers(0, 2**63 - 1, submitters)
     barrier = threading.Barrier(submitters + 1, timeout=120.0)
     reads = [0] * submitters
+    batches = [0] * submitters
+    busy = [0.0] * submitters
     ends = [0.0] * submitters
     errors: List[BaseException] = []
     clock = time.perf_counter
@@ -210,18 +214,24 @@ def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: 
             tables = open_tables(info)
             r = np.random.default_rng(int(seeds[i]))
             rows = [t.rows for t in tables]
-            big = np.empty((tokens, STEP_ROWS, ROW_VALUES), np.float32)
+            dest = np.empty((1, STEP_ROWS, ROW_VALUES), np.float32)
             with _group(tables, TABLE_COLUMNS, backend, k) as g:
-                g.read_batch(_random_ids(r, rows, tokens), out=big)
+                g.read_batch(_random_ids(r, rows, 2), out=np.empty((2, STEP_ROWS, ROW_VALUES), np.float32))
                 barrier.wait()
                 t_end = clock() + seconds
-                n = 0
+                n = b = 0
+                t_busy = 0.0
                 while True:
-                    g.read_batch(_random_ids(r, rows, tokens), out=big)
+                    ids = _random_ids(r, rows, 1)
+                    t0 = clock()
+                    g.read_batch(ids, out=dest)
+                    t1 = clock()
+                    t_busy += t1 - t0
                     n += g.last_stats.reads
-                    if clock() >= t_end:
+                    b += 1
+                    if t1 >= t_end:
                         break
-                reads[i], ends[i] = n, clock()
+                reads[i], batches[i], busy[i], ends[i] = n, b, t_busy, clock()
         except threading.BrokenBarrierError:
             pass
         except BaseException as exc:  # noqa: BLE001 - raised in the caller
@@ -244,10 +254,11 @@ def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: 
     if errors:
         raise errors[0]
     wall = max(max(ends) - t0, 1e-9)
-    total = int(sum(reads))
+    total, nb = int(sum(reads)), int(sum(batches))
     return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k) * int(submitters), "readers": int(k),
-            "submitters": int(submitters), "batch_rows": tokens * STEP_ROWS, "round": round_, "rows": total,
-            "reads": total, "wall_s": wall, "reads_per_s": total / wall}
+            "submitters": int(submitters), "batch_rows": STEP_ROWS, "round": round_, "batches": nb,
+            "rows": nb * STEP_ROWS, "reads": total, "wall_s": wall, "reads_per_s": total / wall,
+            "batch_mean_us": sum(busy) / max(nb, 1) / US}
 
 
 def io_probe(tables, rng: np.random.Generator, backend: str, k: int, batches: int, window: str,
