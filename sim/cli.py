@@ -23,12 +23,13 @@ output.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import numpy as np
 
 from engram.cli import print_json
-from engram.errors import ArgumentError
+from engram.errors import ArgumentError, EngramError, TableIOError
 
 from .calibrate import calibrate_file
 from .crosscheck import crosscheck_files, markdown_table
@@ -36,12 +37,12 @@ from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from .device import SEED_REFERENCE, load_device, preset_names
 from .io import load_json
-from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, default_grid, ensure_model, grid,
-                      measure, quick_grid)
+from .measure import (CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, default_grid,
+                      ensure_model, grid, measure, quick_grid, session_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
 from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
-from .schema import RunConfig
+from .schema import SESSION_MODES, RunConfig
 from .sweep import run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
@@ -497,6 +498,22 @@ def _add_device(sub) -> None:
 
 
 # --------------------------------------------------------------------- measure
+def _typed_errors(fn):
+    """A command whose ordinary failures (permissions, a full disk, a missing file) end in a typed error naming
+    the path, not a traceback."""
+    @functools.wraps(fn)
+    def run(args):
+        try:
+            return fn(args)
+        except EngramError:
+            raise
+        except OSError as exc:
+            where = exc.filename or "a file"
+            raise TableIOError(f"{where}: {exc.strerror or exc}", errno_=exc.errno or 0) from None
+
+    return run
+
+
 def _strs(text: str) -> list:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -511,11 +528,18 @@ def _measure_configs(args) -> list:
                        args.backends or list(BACKENDS), args.readers or [4, 16], args.computes or ["none"], steps)
     elif args.quick:
         configs = quick_grid(args.steps or 60)
-    elif args.config:
+    elif args.config or args.sessions:
         configs = []
     else:
         configs = default_grid(args.steps or 200, args.io_steps, args.mixer_steps)
     configs += [RunConfig.parse(t, steps) for t in args.config or ()]
+    if args.sessions:
+        modes = args.modes or list(SESSION_MODES)
+        for m in modes:
+            if m not in SESSION_MODES:
+                raise ArgumentError(f"--modes: unknown mode {m!r} ({', '.join(SESSION_MODES)})")
+        configs += session_grid((args.traces or [DEFAULT_TRACES[0]])[0], args.session_steps or steps,
+                                args.sessions, modes)
     for be in args.backends or ():
         if be not in BACKENDS:
             raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
@@ -538,9 +562,11 @@ def _measure_settings(args) -> Settings:
                     big_seconds=0.05 if q else 0.1, single_rows=50 if q else 200,
                     compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
                     max_background_cpu=None if (args.no_wait or q) else args.max_background,
-                    max_background_iops=args.max_background_iops, wait_budget=args.wait_budget)
+                    max_background_iops=args.max_background_iops, wait_budget=args.wait_budget,
+                    capacity_target=args.capacity_target)
 
 
+@_typed_errors
 def _cmd_measure(args) -> int:
     work = Path(args.workdir)
     scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
@@ -556,6 +582,10 @@ def _cmd_measure(args) -> int:
         return 0
     print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
           f"({res['waited_s']:.1f} s waiting for a quiet machine; model {model})")
+    print(f"backends  {', '.join(res['backends']['usable'])}"
+          + "".join(f"; left out {b}: {why}" for b, why in res["backends"]["left_out"].items()))
+    for w in res.get("warnings", []):
+        print(f"warning   {w}")
     for k in ("microbench", "runs"):
         if res[k]:
             print(f"wrote     {res[k]}")
@@ -564,13 +594,17 @@ def _cmd_measure(args) -> int:
         by = {}
         for r in doc["runs"]:
             by.setdefault(r["config"], []).append(r)
-        print(f"{'configuration':<58} {'tokens/s':>9} {'spread':>7} {'p50 ms':>8} {'p95 ms':>8}")
+        print(f"{'configuration':<62} {'tokens/s':>9} {'spread':>7} {'slowest':>8} {'p50 ms':>8} {'p95 ms':>8} "
+              f"{'threads':>7}")
         for key, rs in by.items():
             t = np.array([r["tokens_per_s"] for r in rs])
             sp = (t.max() - t.min()) / np.median(t) if t.size > 1 else 0.0
-            print(f"{key:<58} {np.median(t):>9.1f} {sp * 100:>6.1f}% "
+            slow = np.median([r.get("slowest_tokens_per_s", r["tokens_per_s"]) for r in rs])
+            print(f"{key:<62} {np.median(t):>9.1f} {sp * 100:>6.1f}% {slow:>8.1f} "
                   f"{np.median([r['step_ms']['p50'] for r in rs]):>8.3f} "
-                  f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f}")
+                  f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f} {max(r.get('threads', 0) for r in rs):>7}")
+        print(f"capacity  the largest session count whose slowest session reaches {args.capacity_target:g} tokens/s: "
+              "engram crosscheck gives it, measured and predicted")
     return 0
 
 
@@ -590,7 +624,13 @@ def _add_measure(sub) -> None:
                                    "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
                                    "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
                                    "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
-                                   "x 16. 7 interleaved rounds, every run on its own stretch of its trace.")
+                                   "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; 2 to 32 as "
+                                   "processes sharing the device) on the novel, each session on its own stretch, "
+                                   "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
+                                   "recording every session's tokens/s, step latency, start offset and the threads "
+                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, between "
+                                   "two probes of the device. Only the read backends that start here are measured; "
+                                   "the others are named with the reason.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
@@ -605,6 +645,15 @@ def _add_measure(sub) -> None:
     g.add_argument("--computes", type=_strs, help="compute specs (default none)")
     g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
                    help="an extra configuration (repeatable)")
+    g.add_argument("--sessions", type=_ints, metavar="N,N,...",
+                   help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
+                        "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)")
+    g.add_argument("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
+                                               "device (default threads,processes)")
+    g.add_argument("--session-steps", type=int, help="steps of each session (default --steps)")
+    g.add_argument("--capacity-target", type=float, default=CAPACITY_TARGET,
+                   help=f"tokens/s the slowest session must reach to count in the capacity (default "
+                        f"{CAPACITY_TARGET:g})")
     g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
     g.add_argument("--io-steps", type=int, default=800,
                    help="steps of the default grid's runs without compute (default 800)")
@@ -636,6 +685,7 @@ def _add_measure(sub) -> None:
 
 
 # ------------------------------------------------------------------- calibrate
+@_typed_errors
 def _cmd_calibrate(args) -> int:
     work = Path(args.workdir)
     micro = Path(args.microbench) if args.microbench else work / "microbench.json"
@@ -666,6 +716,7 @@ def _add_calibrate(sub) -> None:
 
 
 # ------------------------------------------------------------------ crosscheck
+@_typed_errors
 def _cmd_crosscheck(args) -> int:
     work = Path(args.workdir)
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
@@ -788,6 +839,7 @@ def add_report_command(subparsers) -> None:
 
 
 # ------------------------------------------------------------------------ demo
+@_typed_errors
 def _cmd_demo(args) -> int:
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,

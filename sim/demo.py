@@ -12,17 +12,21 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
    read of 48 rows, decode (checked against the generator's bytes), projection
    and gated add into a seeded random residual for both Engram layers;
 4. **measure** -- the real decode loop over the traces for a grid of
-   thresholds, readers, backends and computes, with the microbenchmarks, in
-   interleaved rounds (:func:`sim.measure.measure`);
+   thresholds, readers, backends and computes, and 1 to 32 concurrent
+   sessions (threads of one process, and processes sharing the device), with
+   the microbenchmarks, in interleaved rounds (:func:`sim.measure.measure`);
+   only the read backends that start on this machine (the others are named,
+   with the reason, in every document and the report);
 5. **calibrate** -- the simulator's device and compute models from the
    microbenchmarks only (:func:`sim.calibrate.calibrate_file`);
-6. **crosscheck** -- every measured configuration predicted and compared
-   (:func:`sim.crosscheck.crosscheck_files`);
+6. **crosscheck** -- every measured configuration predicted and compared,
+   and the measured capacity (sessions whose slowest one reaches the target
+   tokens/s) against the predicted one (:func:`sim.crosscheck.crosscheck_files`);
 7. **sweep** -- the small what-if study :data:`DEMO_STUDY` (this machine next to
    the reference SSD, by readers, threshold and row cache), in local processes;
 8. **report** -- :func:`sim.report.build_report` into ``reports/demo/``.
 
-The whole run takes about 3 minutes on a 2-core machine with an SSD (the
+The whole run takes about 5 minutes on a 2-core machine with an SSD (the
 model file, 4.4 GiB, is written once and reused).  ``quick=True`` shrinks
 every step (a 0.001-scale model, short runs) for smoke tests: about 20 seconds.
 """
@@ -43,7 +47,8 @@ from engram.errors import ArgumentError
 from .calibrate import calibrate_file
 from .crosscheck import crosscheck_files
 from .io import write_json
-from .measure import DEFAULT_SCALE, Settings, ensure_model, measure, trace_tokens_needed
+from .measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
+                      trace_tokens_needed, usable_configs)
 from .report import build_report, default_traces
 from .schema import RunConfig
 from .sweep import Study, run_study
@@ -130,16 +135,26 @@ class _Steps:
                   flush=True)
 
 
+#: Steps of each session in the demo's multi-session runs (full; quick runs use the demo's steps).
+SESSION_STEPS = 100
+#: Session counts of the quick demo's multi-session runs.
+QUICK_SESSIONS = (1, 2, 4)
+
+
 def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
-              mixer_steps: int = 30) -> list:
+              mixer_steps: int = 30, backends: Optional[Sequence[str]] = None) -> list:
     """The measured configurations of the demo (:class:`sim.schema.RunConfig`).
 
     On the main trace: serial (thresholds 256 and 49) and concurrent
     (thresholds 48 and 8) reads with 16 pread readers; pread and io_uring at
     1, 2, 4, 8, 16 and 32 readers; an emulated 2 ms compute and the real
-    Engram mixer, serial and io_uring x 16.  On every other trace: serial,
+    Engram mixer, serial and io_uring x 16; 1, 2, 4, 8, 16 and 32 concurrent
+    sessions as threads and 2 to 32 as processes (:func:`sim.measure.session_grid`,
+    :data:`SESSION_STEPS` steps a session).  On every other trace: serial,
     pread x 16 and io_uring x 16.  ``quick``: 4 configurations on the main
-    trace and 2 on each other one.
+    trace, 2 on each other one, and 1, 2, 4 sessions (threads; 2, 4 as
+    processes).  Only ``backends`` (default: every backend) are kept
+    (:func:`sim.measure.usable_configs`).
     """
     out: list = []
 
@@ -147,6 +162,9 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
         c = RunConfig(trace, thr, be, k, comp, n)
         if c.key not in {x.key for x in out}:
             out.append(c)
+
+    def keep(configs):
+        return configs if backends is None else usable_configs(configs, backends)[0]
 
     if quick:
         add(main, 256, "pread", 4)
@@ -156,7 +174,7 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
         for t in others:
             add(t, 256, "pread", 4)
             add(t, 8, "io_uring", 4)
-        return out
+        return keep(out + [c for c in session_grid(main, steps, QUICK_SESSIONS) if c.key not in {x.key for x in out}])
     add(main, 256, "pread", 16)
     add(main, 49, "pread", 16)
     add(main, 48, "pread", 16)
@@ -172,7 +190,7 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
         add(t, 256, "pread", 16)
         add(t, 8, "pread", 16)
         add(t, 8, "io_uring", 16)
-    return out
+    return keep(out + session_grid(main, SESSION_STEPS, SESSION_COUNTS))
 
 
 def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool = True) -> Settings:
@@ -184,17 +202,24 @@ def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool =
                     max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
 
 
-def demo_study(quick: bool) -> Study:
-    """:data:`DEMO_STUDY`; ``quick`` keeps 200 steps, readers 1 and 16, no row cache."""
+def demo_study(quick: bool, backends: Optional[Sequence[str]] = None) -> Study:
+    """:data:`DEMO_STUDY`; ``quick`` keeps 200 steps, readers 1 and 16, no row cache.  ``backends``: the
+    backends the calibration has; the calibrated grid keeps only those (the others are left out, as the
+    measurement left them out)."""
     study = Study.loads(DEMO_STUDY, source="sim.demo.DEMO_STUDY")
     if quick:
         study.fixed.update(steps=200, trace_limit=200)
         for g in study.grids:
             g.update(readers=[1, 16], cache_rows=[0])
+    if backends is not None:
+        for g in study.grids:
+            if "calibrated" in g.get("device", []) and "backend" in g:
+                g["backend"] = [b for b in g["backend"] if b in backends]
     return study
 
 
-def _traces(specs: Sequence[str], lay, steps: int, rounds: int, quick: bool) -> tuple:
+def _traces(specs: Sequence[str], lay, steps: int, rounds: int, quick: bool,
+            backends: Optional[Sequence[str]] = None) -> tuple:
     """The demo's traces under ``lay``: (trace by spec, the longest one's spec, the measured configurations,
     one summary per trace).
 
@@ -205,7 +230,7 @@ def _traces(specs: Sequence[str], lay, steps: int, rounds: int, quick: bool) -> 
     """
     full = {spec: load_trace(spec, layout=lay) for spec in specs}
     main = max(specs, key=lambda s: full[s].steps)
-    configs = demo_grid(main, [s for s in specs if s != main], steps, quick)
+    configs = demo_grid(main, [s for s in specs if s != main], steps, quick, backends=backends)
     need = trace_tokens_needed(configs, rounds)
     for spec, n in need.items():
         if full[spec].steps < n:
@@ -313,8 +338,9 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     # 1. traces ------------------------------------------------------------------
     lay = Layout.deepseek_v41_flash(scale=scale)
     specs = list(texts) if texts else default_traces()
+    usable, left_out = backends_here()
     st.begin("traces", "real text -> DeepSeek V4 tokenizer -> V4.1 hash: " + ", ".join(specs))
-    full, main, configs, trace_info = _traces(specs, lay, steps, rounds, quick)
+    full, main, configs, trace_info = _traces(specs, lay, steps, rounds, quick, usable)
     st.end("; ".join(f"{t['label']}: {t['tokens_in_text']:,} tokens, {t['reuse_rate'] * 100:.1f}% of row reads "
                      f"repeat (first 2000)" for t in trace_info))
 
@@ -342,10 +368,14 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                             "delete it and run again")
 
     # 4. measure -----------------------------------------------------------------
-    st.begin("measure", f"{len(configs)} configurations x {rounds} rounds of {steps} decode steps, and the "
-                        f"microbenchmarks, interleaved")
+    multi = [c for c in configs if c.multi]
+    st.begin("measure", f"{len(configs)} configurations ({len(multi)} of 1 to "
+                        f"{max((c.sessions for c in multi), default=1)} concurrent sessions) x {rounds} rounds, and "
+                        f"the microbenchmarks, interleaved; backends {', '.join(usable)}"
+                        + "".join(f"; {b} left out: {why}" for b, why in left_out.items()))
     res = measure(path, configs, work, measure_settings(rounds, quick, fio=fio, wait=wait), progress=progress)
-    st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine")
+    st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine"
+           + "".join(f"; warning: {w}" for w in res.get("warnings", [])))
 
     # 5. calibrate ---------------------------------------------------------------
     st.begin("calibrate", "device and compute models from the microbenchmarks only")
@@ -357,12 +387,15 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     xc = crosscheck_files(work / "calibration.json", work / "runs.json", work / "crosscheck.json",
                           sim_steps=400 if quick else None, progress=progress)
     s = xc["summary"]
+    caps = "; ".join(f"capacity ({c['mode']}) at {c['target_tokens_per_s']:g} tokens/s: measured "
+                     f"{c['measured_capacity']}, predicted {c['predicted_capacity']}" for c in xc.get("capacity", []))
     st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
            f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
-           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%")
+           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% inside the "
+           f"predicted interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else ""))
 
     # 7. sweep -------------------------------------------------------------------
-    study = demo_study(quick)
+    study = demo_study(quick, sorted(cal.devices))
     sweep_path = work / "sweep-demo.csv"
     st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
     sw = run_study(study, jobs=jobs, calibration=work / "calibration.json", progress=progress, out=sweep_path)
@@ -374,6 +407,9 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                                           "rows": [int(r) for r in lay.rows], "table_bytes": table_bytes,
                                           "build_s": build_s},
                 "traces": trace_info, "lookups": lk, "steps": st.log,
+                "backends": {"usable": list(usable), "left_out": dict(left_out),
+                             "study_backends": sorted(cal.devices)},
+                "capacity": xc.get("capacity", []), "regime": s["regime"],
                 "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}
     write_json(work / "demo.json", demo_doc)
     md = build_report(out, workdir=work, sweeps=[sweep_path], html_page=html_page, quick=quick, jobs=jobs,

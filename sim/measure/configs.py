@@ -149,5 +149,7 @@ def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
 
 
 def quick_grid(steps: int = 60) -> List[RunConfig]:
-    """A small grid for tests and smoke runs: code + novel x {serial, pread x 4, io_uring x 4} x none."""
-    return grid((CODE_SOURCE, DEFAULT_TRACES[0]), (8, 256), ("pread", "io_uring"), (4,), ("none",), steps)
+    """A small grid for tests and smoke runs: code + novel x {serial, pread x 4, io_uring x 4} x none, and 2 and 4
+    sessions (threads, processes) on the novel."""
+    return (grid((CODE_SOURCE, DEFAULT_TRACES[0]), (8, 256), ("pread", "io_uring"), (4,), ("none",), steps)
+            + session_grid(DEFAULT_TRACES[0], steps, (2, 4)))
