@@ -843,7 +843,7 @@ def add_report_command(subparsers) -> None:
 def _cmd_demo(args) -> int:
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
-                  fio=not args.no_fio, wait=not args.no_wait, progress=not args.no_progress)
+                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=not args.no_progress)
     html_path = md.with_suffix(".html")
     print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
     return 0
@@ -871,8 +871,10 @@ def add_demo_command(subparsers) -> None:
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
     p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about 20 seconds)")
     p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
-    p.add_argument("--no-wait", action="store_true",
-                   help="never wait for a quiet machine before a measurement (default: wait up to 2 minutes in all)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
+                        "each run is predicted with the device of its own time window)")
+    p.add_argument("--no-wait", action="store_true", help="never wait for a quiet machine (the default)")
     p.add_argument("--no-html", action="store_true", help="Markdown report only")
     p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
     p.set_defaults(func=_cmd_demo)

@@ -281,7 +281,7 @@ def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
 def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, os.PathLike] = DEFAULT_WORKDIR,
              scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
              steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
-             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = True,
+             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = False,
              progress: bool = True) -> Path:
     """Run the main job and return the path of the report (``OUT/report.md``).
 
@@ -313,7 +313,9 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     wait : bool
         Let each measurement wait for a quiet machine (other processes below a
         quarter of the CPUs and 1000 disk requests a second; at most 2 minutes
-        in all) and redo one that others disturbed; ``quick`` never waits.
+        in all) and redo one that others disturbed (default False: every run
+        is predicted with the device of its own time window instead, and the
+        cross-check says which regime it ran in); ``quick`` never waits.
     progress : bool
         Step lines and progress bars.
 

@@ -33,21 +33,34 @@ JSON schema (all times in microseconds unless named otherwise)
        {"kind": "io", "tool": "fio", "qd": k, "round": r, "iops": x, "mean_us": m,
         "pNN_us": ..., "cmd": "fio ..."},
        {"kind": "compute", "compute": "mixer"|"spin:2"|..., "round": r, "samples_us": [...]},
-       {"kind": "hash", "round": r, "samples_us": [...]}]}
+       {"kind": "hash", "round": r, "samples_us": [...]},
+       {"kind": "io", "tool": "engine", "backend": ..., "qd": submitters x readers, "readers": k,
+        "submitters": m, "batch_rows": 48, "round": r, "batches": n, "reads": n, "wall_s": s,
+        "reads_per_s": x, "batch_mean_us": x},                 # several sessions' worth of readers at once
+       {"kind": "io", "tool": "engine", "backend": ..., "qd": k, "batch_rows": 48, "probe": WINDOW,
+        "batch_us": [...], ...},                               # right before / after the run of WINDOW
+       {"kind": "compute", "compute": ..., "probe": WINDOW, "samples_us": [...]},
+       {"kind": "cache", "round": 0, "cold_us": [...], "warm_us": [...], "warm_over_cold": x}]}
     # every record also has "background": {"cpu": share of all CPUs used by other processes,
     #   "steal", "disk_iops": other requests a second on the model's device, "seconds", "attempt"}
+    # both documents also have "backends": {"usable": [...], "left_out": {backend: reason},
+    #   "configs_left_out": [keys]}, "warnings": [...] and "complete": bool
 
 ``runs.json``::
 
     {"schema": "engram.decode-runs/1", "kind": "decode_runs", "date", "machine", "file", "params",
      "configs": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute",
-                  "steps", "serial"}],
+                  "steps", "sessions", "mode", "serial"}],
      "traces": {trace: "traces/NAME.npz"},                  # the traces the runs read (Trace.save)
      "runs": [{"config": key, "round": r, "order": i, "start": first trace step, "steps": n, "wall_s": s,
                "tokens_per_s": x,
                "step_ms": {mean, p50, p90, p95, p99, max}, "read_ms": {...}, "compute_ms": {...},
                "concurrent_steps": n, "rows_distinct_mean": x, "reads": n, "rows_match": bool,
-               "background": {"cpu", "steal", "disk_iops", "seconds", "attempt"},
+               "background": {"cpu", "steal", "disk_iops", "seconds", "attempt"}, "window": WINDOW,
+               "threads": OS threads of the sessions' process(es) mid-run,
+               # several sessions also: "sessions", "mode", "starts": [...], "start_offsets_s": [...],
+               # "stagger_s", "session_tokens_per_s": [...], "slowest_tokens_per_s",
+               # "aggregate_tokens_per_s", "session_step_p50_ms": [...]
                "step_us": [...], "read_us": [...], "compute_us": [...]}]}
 
 JSON schema of ``calibration.json``::
@@ -64,7 +77,11 @@ JSON schema of ``calibration.json``::
               "batch48_mean_us", "batch48_p50_us", "device_batch48_mean_us", "device_batch48_p50_us",
               "overhead_raw_us", "batches"}, ...],
      "think_fit": [{"think", "backend", "qd", "batch48_mean_us", "batch48_p50_us", "think_mean_us",
-                    "back_to_back_mean_us", "batches"}, ...]}
+                    "back_to_back_mean_us", "batches"}, ...],
+     "windows": {WINDOW: {"backend", "qd", "device", "device_se", "device_low", "device_high", "batches",
+                          "compute", "compute_se"}},
+     "shared_fit": [{"backend", "qd", "submitters", "readers", "reads_per_s", "one_group_reads_per_s", "gain"}],
+     "backends": {"usable": [...], "left_out": {backend: reason}}}
 
 JSON schema of ``crosscheck.json``::
 
@@ -77,6 +94,16 @@ JSON schema of ``crosscheck.json``::
                  "spread": {"tokens_per_s_median", "tokens_per_s_max", "tokens_per_s_cv_median",
                  "step_p50_median", "step_p50_max"}, "within_spread": n, "background_cpu_median",
                  "rows_match": bool, "pass": {...}, "passed": bool},
+     "quiet_targets": {...}, "coverage_target": 0.9, "backends": {"usable", "left_out"}, "warnings": [...],
+     # summary also: "regime": {"name": "quiet"|"loaded", "cpu", "steal", "why"}, "inside_interval",
+     #   "inside_interval_share", "sessions": {...}, "single": {...}, "windows_probed"
+     # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
+     #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z"}
+     #   and "inside_interval"
+     # "capacity": [{"trace", "threshold", "backend", "readers", "compute", "steps", "mode",
+     #   "target_tokens_per_s", "sessions": [...], "measured_slowest": [...], "predicted_slowest": [...],
+     #   "predicted_slowest_low", "predicted_slowest_high", "measured_capacity", "predicted_capacity",
+     #   "all_met", "within_one_step"}]
      "rows": [{"key", "trace", "trace_label", "threshold", "backend", "readers", "compute", "steps", "serial",
                "repeats": n,
                "measured": {"tokens_per_s", "tokens_per_s_runs": [...], "step_p50_ms", "step_p95_ms",

@@ -12,7 +12,7 @@ import pytest
 
 from engram import ArgumentError, FormatError, synth
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.calibrate import Calibration, calibrate, calibrate_file
+from sim.calibrate import Calibration, calibrate, calibrate_file, check_study_backends
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
 from sim.io import load_json
 from sim.measure import measure
@@ -66,9 +66,11 @@ def test_fit_known_answers():
     assert isinstance(dev, MeasuredBatchDevice)
     # read latency by queue depth: qd 1 = serial batch mean / 48; qd k = k * wall / reads (Little's law)
     assert dev.mean_latency(1) == pytest.approx(100 * US)
+    # (Little's law on the 48-row batches: k x their time / their reads, 4 x 4800 us / 192; large batches
+    # only where no 48-row batches were timed)
     assert dev.mean_latency(4) == pytest.approx(100 * US)
-    assert dev.mean_latency(16) == pytest.approx(250 * US)
-    assert cal.device("io_uring").mean_latency(16) == pytest.approx(200 * US)
+    assert dev.mean_latency(16) == pytest.approx(16 * 2400 / 192 * US)
+    assert cal.device("io_uring").mean_latency(16) == pytest.approx(16 * 2400 * 0.8 / 192 * US)
     # the shape is fio's at the nearest depth, scaled to the engine's mean: p50 / mean kept
     fio_ratio = cal.fio_device.latency(16).percentile(50) / cal.fio_device.latency(16).mean
     assert dev.latency(16).percentile(50) / dev.latency(16).mean == pytest.approx(fio_ratio)
@@ -336,3 +338,81 @@ def test_batch_device_serialization_and_errors():
     with pytest.raises(ArgumentError):
         dev.batch_samples(0, 4)
     assert math.isfinite(dev.peak_iops())
+
+
+def test_shared_reads_set_the_depth_several_sessions_reach():
+    """48-row batches from several submitters at once: the device's latency at their total depth, the faster of
+    that and one reader group's."""
+    doc = micro_doc()
+    # 4 submitters x 4 readers: 96000 reads/s at depth 16 (one group of 16: 16 x 2400 us / 192 = 200 us a read)
+    doc["records"].append({"kind": "io", "tool": "engine", "backend": "pread", "qd": 16, "readers": 4,
+                           "submitters": 4, "batch_rows": 48, "round": 0, "batches": 2000, "rows": 96000,
+                           "reads": 96000, "wall_s": 1.0, "reads_per_s": 96000.0, "batch_mean_us": 1500.0})
+    # 16 x 4 at depth 64: 100000 reads/s
+    doc["records"].append({"kind": "io", "tool": "engine", "backend": "pread", "qd": 64, "readers": 4,
+                           "submitters": 16, "batch_rows": 48, "round": 0, "batches": 2000, "rows": 96000,
+                           "reads": 50000, "wall_s": 0.5, "reads_per_s": 100000.0, "batch_mean_us": 1500.0})
+    cal = calibrate(doc)
+    dev = cal.device("pread")
+    assert dev.mean_latency(16) == pytest.approx(16 / 96000)
+    assert dev.mean_latency(64) == pytest.approx(64 / 100000)
+    # the batches of one session stay those measured with one group
+    assert dev.batch_dist(48, 4).mean == pytest.approx(1200 * US)
+    fit = {(r["qd"], r["submitters"]): r for r in cal.shared_fit}
+    assert fit[(16, 4)]["gain"] == pytest.approx(96000 / (192 / (2400 * US)))
+    assert fit[(64, 16)]["one_group_reads_per_s"] is None
+    assert "4 submitters x 4 readers" in cal.summary()
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again.shared_fit == cal.shared_fit and again.device("pread").mean_latency(64) == pytest.approx(64 / 1e5)
+
+
+def test_windows_from_the_probes():
+    """Probes right before and after a run give that window's device and compute, relative to the calibration."""
+    doc = micro_doc()
+    slow = [1200.0 * 1.5] * 9 + [99999.0]  # 1.5x slower; the one stall is trimmed
+    doc["records"] += [
+        {"kind": "io", "tool": "engine", "backend": "pread", "qd": 4, "batch_rows": 48, "round": 0, "probe": "r0-c1",
+         "batch_us": slow, "rows": 480, "reads": 480},
+        {"kind": "io", "tool": "engine", "backend": "pread", "qd": 4, "batch_rows": 48, "round": 0, "probe": "r0-c1",
+         "batch_us": [1200.0 * 1.3] * 10, "rows": 480, "reads": 480},
+        {"kind": "compute", "compute": "spin:2", "round": 0, "probe": "r0-c1", "samples_us": [2200.0, 2200.0]},
+        {"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 48, "round": 0,
+         "probe": "r1-c0", "batch_us": [4800.0] * 10, "rows": 480, "reads": 480}]
+    cal = calibrate(doc)
+    plain = calibrate(micro_doc())
+    # probes never enter the fit itself
+    assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(plain.device("pread").batch_dist(48, 4).mean)
+    w = cal.windows["r0-c1"]
+    ref = cal.device("pread").batch_dist(48, 4)
+    u = np.linspace(0, 0.9, 257)
+    base = np.mean(ref.quantile((u[1:] + u[:-1]) / 2))
+    assert w["device_high"] == pytest.approx(1800 * US / base) and w["device_low"] == pytest.approx(1560 * US / base)
+    assert w["compute"] == pytest.approx(2200 / 2000, rel=1e-3)
+    assert cal.windows["r1-c0"]["compute"] is None
+    dev, comp = cal.window_models("pread", "spin:2", "r0-c1")
+    base_dev, base_comp = cal.window_models("pread", "spin:2", None)
+    assert dev.batch_dist(48, 4).mean == pytest.approx(base_dev.batch_dist(48, 4).mean * w["device"])
+    assert comp.mean == pytest.approx(base_comp.mean * w["compute"])
+    slow_dev, _ = cal.window_models("pread", "spin:2", "r0-c1", z=1.645)
+    fast_dev, _ = cal.window_models("pread", "spin:2", "r0-c1", z=-1.645)
+    assert fast_dev.batch_dist(48, 4).mean < dev.batch_dist(48, 4).mean < slow_dev.batch_dist(48, 4).mean
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again.windows == cal.windows
+
+
+def test_backends_left_out_and_the_study_check(tmp_path):
+    doc = micro_doc()
+    doc["records"] = [r for r in doc["records"] if r.get("backend") != "io_uring"]
+    doc["backends"] = {"usable": ["pread"], "left_out": {"io_uring": "io_uring could not start: ENOSYS"}}
+    cal = calibrate(doc, source={"path": "/m/microbench.json"})
+    assert sorted(cal.devices) == ["pread"] and cal.left_out == {"io_uring": "io_uring could not start: ENOSYS"}
+    assert "left out     io_uring: io_uring could not start: ENOSYS" in cal.summary()
+    cal.check_backends(["pread"])
+    with pytest.raises(ArgumentError, match=r"studies/demo.toml names backend 'io_uring'.*/m/microbench.json.*ENOSYS"):
+        cal.check_backends(["pread", "io_uring"], "studies/demo.toml")
+    path = cal.save(tmp_path / "calibration.json")
+    points = [{"device": "calibrated", "backend": "pread"}, {"device": "seed-apple-m3-ultra", "backend": "io_uring"}]
+    check_study_backends(path, points, "s.toml")  # only calibrated points count
+    for bad in ({"device": "calibrated", "backend": "io_uring"}, {"device": "calibrated:io_uring"}):
+        with pytest.raises(ArgumentError, match="s.toml names backend 'io_uring'"):
+            check_study_backends(path, points + [bad], "s.toml")

@@ -12,7 +12,9 @@ from engram import ArgumentError, synth
 from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
-from sim.crosscheck import CDF_PERCENTILES, TARGETS, crosscheck, crosscheck_files, markdown_table, predict
+from engram.backends import usable_backends
+from sim.crosscheck import (CDF_PERCENTILES, QUIET_TARGETS, TARGETS, capacity, crosscheck, crosscheck_files,
+                            markdown_table, predict, regime)
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -86,9 +88,12 @@ def measured(tmp_path_factory):
     path = d / "m.gguf"
     synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=9)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 40), RunConfig(CODE_SOURCE, 8, "io_uring", 4, "spin:0.5", 40),
-            RunConfig("shared:promessi_sposi.txt", 256, "pread", 4, "none", 40)]
+            RunConfig("shared:promessi_sposi.txt", 256, "pread", 4, "none", 40),
+            RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 2, "threads"),
+            RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 3, "threads")]
     measure(path, cfgs, d, rounds=3, depths=(1, 4), fio=False, io_batches=8, io_chunks=2, big_seconds=0.01,
-            single_rows=8, compute_samples=10, warmup=3, progress=False)
+            single_rows=8, compute_samples=10, warmup=3, probe_batches=6, probe_compute_samples=3,
+            shared_seconds=0.03, cache_batches=4, capacity_target=100.0, progress=False)
     calibrate_file(d / "microbench.json", d / "calibration.json")
     return d
 
@@ -99,8 +104,9 @@ def test_crosscheck_table(measured):
     runs = load_json(measured / "runs.json")
     assert json.loads((measured / "crosscheck.json").read_text())["summary"] == res["summary"]
     assert res["kind"] == "crosscheck" and res["targets"] == TARGETS
-    assert [r["key"] for r in res["rows"]] == [c["key"] for c in runs["configs"]]
-    for row in res["rows"]:
+    assert [r["key"] for r in res["rows"] + res["session_rows"]] == [c["key"] for c in runs["configs"]]
+    assert [r["sessions"] for r in res["session_rows"]] == [2, 3]
+    for row in res["rows"] + res["session_rows"]:
         mine = [r for r in runs["runs"] if r["config"] == row["key"]]
         tps = np.array([r["tokens_per_s"] for r in mine])
         m, p, e = row["measured"], row["predicted"], row["error"]
@@ -114,17 +120,39 @@ def test_crosscheck_table(measured):
         assert len(m["cdf_ms"]) == len(p["cdf_ms"]) == len(CDF_PERCENTILES)
         # steps with compute between reads use the batches measured with that compute as think time
         assert ("think-spin:0.5" in p["device"]) == (row["compute"] == "spin:0.5")
-    errs = np.abs([r["error"]["tokens_per_s"] for r in res["rows"]])
+        # every run predicted in its own probed window; the interval holds the prediction
+        assert p["windows"] == 3 and row["interval"]["low"] <= p["tokens_per_s"] <= row["interval"]["high"]
+        assert row["inside_interval"] == (row["interval"]["low"] <= m["tokens_per_s"] <= row["interval"]["high"])
+    for row in res["session_rows"]:
+        mine = [r for r in runs["runs"] if r["config"] == row["key"]]
+        assert row["measured"]["slowest_tokens_per_s"] == pytest.approx(
+            np.median([r["slowest_tokens_per_s"] for r in mine]))
+        assert row["predicted"]["slowest_tokens_per_s"] <= row["predicted"]["tokens_per_s"] + 1e-9
+        assert row["predicted"]["start_spread_s"] > 0 and row["measured"]["threads"] > 0
+    (cap,) = res["capacity"]
+    assert cap["sessions"] == [2, 3] and cap["target_tokens_per_s"] == 100.0
+    assert cap["measured_capacity"] in (0, 2, 3) and cap["within_one_step"] == (
+        abs([0, 2, 3].index(cap["measured_capacity"]) - [0, 2, 3].index(cap["predicted_capacity"])) <= 1)
+    left = {b for b in ("pread", "io_uring") if b not in usable_backends()}
+    assert left <= set(res["backends"]["left_out"])
+    every = res["rows"] + res["session_rows"]
+    errs = np.abs([r["error"]["tokens_per_s"] for r in every])
     s = res["summary"]
     assert s["tokens_per_s"]["median_abs_error"] == pytest.approx(np.median(errs))
     assert s["tokens_per_s"]["max_abs_error"] == pytest.approx(errs.max())
-    assert s["configurations"] == 3 and s["runs"] == 9 and s["rows_match"]
+    assert s["configurations"] == len(runs["configs"]) and s["runs"] == 3 * len(runs["configs"]) and s["rows_match"]
     assert s["passed"] == all(s["pass"].values())
-    assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= TARGETS["tokens_per_s_max_abs"])
+    assert s["regime"]["name"] in ("quiet", "loaded")
+    use = TARGETS if s["regime"]["name"] == "loaded" else QUIET_TARGETS
+    assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= use["tokens_per_s_max_abs"])
+    assert ("inside_interval" in s["pass"]) == (s["regime"]["name"] == "loaded")
     md = markdown_table(res)
     assert md.splitlines()[0].startswith("| trace")
-    assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + 3
+    assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + len(res["rows"]) + 1 + 2
     assert "base_events" in md and "serial" in md and ("PASS" in md) == s["passed"]
+    assert f"Regime: {s['regime']['name']}" in md and "Capacity (threads" in md
+    for b in left:
+        assert f"Backends left out: {b}" in md
 
 
 def test_crosscheck_uses_the_saved_traces(measured, tmp_path):
@@ -183,3 +211,47 @@ def test_commands(capsys, measured, tmp_path):
     assert "microbenchmarks only" in capsys.readouterr().err
     assert main(["measure", str(work), "--model", model, "--scale", "0.001", "--no-progress"]) == 2
     assert "scale" in capsys.readouterr().err
+
+
+def test_regime_from_the_background():
+    assert regime([{"cpu": 0.02, "steal": 0.0}, {"cpu": 0.05, "steal": 0.01}])["name"] == "quiet"
+    r = regime([{"cpu": 0.5, "steal": 0.0}, {"cpu": 0.6, "steal": 0.0}, {"cpu": 0.01, "steal": 0.0}])
+    assert r["name"] == "loaded" and r["cpu"] == pytest.approx(0.5) and "50.0%" in r["why"]
+    assert regime([{"cpu": 0.0, "steal": 0.2}])["name"] == "loaded"
+    assert regime([None, {}])["name"] == "quiet" and "not measured" in regime([None])["why"]
+
+
+def _cap_row(n, measured, predicted, mode="threads"):
+    return {"trace": "t", "trace_label": "t", "threshold": 8, "backend": "pread", "readers": 4, "compute": "sleep:5",
+            "steps": 100, "mode": mode, "sessions": n, "measured": {"slowest_tokens_per_s": measured},
+            "predicted": {"slowest_tokens_per_s": predicted},
+            "interval": {"slowest_low": predicted * 0.9, "slowest_high": predicted * 1.1}}
+
+
+def test_capacity_known_answers():
+    rows = [_cap_row(n, m, p) for n, m, p in ((1, 150, 160), (2, 120, 130), (4, 95, 99), (8, 70, 88), (16, 40, 60))]
+    (c,) = capacity(rows, 85.0)
+    assert (c["measured_capacity"], c["predicted_capacity"], c["within_one_step"]) == (4, 8, True)
+    (c,) = capacity(rows, 125.0)
+    assert (c["measured_capacity"], c["predicted_capacity"]) == (1, 2)
+    (c,) = capacity(rows, 200.0)
+    assert (c["measured_capacity"], c["predicted_capacity"], c["within_one_step"]) == (0, 0, True)
+    (c,) = capacity(rows, 30.0)
+    assert c["measured_capacity"] == 16 and c["all_met"] == {"measured": True, "predicted": True}
+    # a count that misses the target ends the capacity, even when a larger one reaches it
+    rows[1] = _cap_row(2, 80, 130)
+    (c,) = capacity(rows, 85.0)
+    assert (c["measured_capacity"], c["predicted_capacity"], c["within_one_step"]) == (1, 8, False)
+    # modes are separate groups
+    assert [c["mode"] for c in capacity(rows + [_cap_row(2, 90, 90, "processes")], 85.0)] == ["threads", "processes"]
+
+
+def test_crosscheck_refuses_a_backend_the_calibration_lacks(measured):
+    cal = Calibration.load(measured / "calibration.json")
+    doc = load_json(measured / "runs.json")
+    cal.devices = {"pread": cal.devices["pread"]}
+    cal.backends = {"usable": ["pread"], "left_out": {"io_uring": "io_uring could not start: test"}}
+    doc["configs"].append(RunConfig(CODE_SOURCE, 8, "io_uring", 4, "none", 40).to_dict())
+    doc["runs"].append({**doc["runs"][0], "config": doc["configs"][-1]["key"]})
+    with pytest.raises(ArgumentError, match=r"the measured runs names backend 'io_uring'.*could not start: test"):
+        crosscheck(cal, doc, runs_path=measured / "runs.json")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engram import Layout
+from engram.backends import usable_backends
 from engram.cli import main
 from sim.demo import demo_grid, run_demo
 from sim.schema import RunConfig
@@ -40,7 +41,11 @@ def check_report(md: Path) -> str:
 def test_demo_grid():
     main_t, other = "stdlib:pydoc_data/topics.py", "stdlib:asyncio/base_events.py"
     g = demo_grid(main_t, [other], 200)
-    assert all(isinstance(c, RunConfig) for c in g) and len({c.key for c in g}) == len(g) == 22
+    assert all(isinstance(c, RunConfig) for c in g) and len({c.key for c in g}) == len(g) == 33
+    multi = [c for c in g if c.compute == "sleep:5"]
+    assert sorted((c.mode, c.sessions) for c in multi) == sorted(
+        [("threads", n) for n in (1, 2, 4, 8, 16, 32)] + [("processes", n) for n in (2, 4, 8, 16, 32)])
+    g = [c for c in g if c not in multi]
     on_main = [c for c in g if c.trace == main_t]
     assert sorted({c.threshold for c in on_main}) == [8, 48, 49, 256]
     for be in ("pread", "io_uring"):
@@ -51,7 +56,10 @@ def test_demo_grid():
     assert sorted((c.threshold, c.backend) for c in g if c.trace == other) == [(8, "io_uring"), (8, "pread"),
                                                                                (256, "pread")]
     q = demo_grid(main_t, [other], 40, quick=True)
-    assert len(q) == 6 and all(c.steps == 40 for c in q)
+    assert len(q) == 11 and all(c.steps == 40 for c in q) and sum(c.multi for c in q) == 4
+    # only the backends that start: io_uring refused leaves its concurrent configurations out
+    p = demo_grid(main_t, [other], 40, quick=True, backends=("pread",))
+    assert {c.backend for c in p} == {"pread"} and len(p) == 9
 
 
 def test_quick_demo(tmp_path, capsys):
@@ -73,7 +81,21 @@ def test_quick_demo(tmp_path, capsys):
     assert demo["model"]["rows"] == [int(r) for r in Layout.deepseek_v41_flash(scale=0.0005).rows]
     assert demo["model"]["build_s"] > 0
     runs = json.loads((work / "runs.json").read_text())
-    assert len(runs["configs"]) == 6 and all(r["rows_match"] for r in runs["runs"])
+    usable = tuple(b for b in ("pread", "io_uring") if b in usable_backends())
+    assert len(runs["configs"]) == len(demo_grid("m", ["o"], 20, quick=True, backends=usable))
+    assert all(r["rows_match"] for r in runs["runs"])
+    # the backends that do not start here are left out, with the reason, everywhere
+    left = {b for b in ("pread", "io_uring") if b not in usable}
+    assert set(demo["backends"]["left_out"]) == left == set(runs["backends"]["left_out"])
+    xc = json.loads((work / "crosscheck.json").read_text())
+    assert left <= set(xc["backends"]["left_out"]) and demo["backends"]["study_backends"] == list(usable)
+    for b in left:
+        assert f"{b} left out" in printed
+    # several sessions measured and predicted, and the capacity of each mode
+    assert {(r["sessions"], r["mode"]) for r in xc["session_rows"]} == {(2, "threads"), (4, "threads"),
+                                                                        (2, "processes"), (4, "processes")}
+    assert [c["mode"] for c in xc["capacity"]] == ["threads", "processes"] == [c["mode"] for c in demo["capacity"]]
+    assert xc["summary"]["regime"]["name"] in ("quiet", "loaded") and "regime" in printed
     assert "Rows read from the file were identical to the generator's bytes" in text
     # a second run reuses the model file
     assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--rounds", "1", "--jobs", "1", "--no-fio",
@@ -100,4 +122,4 @@ def test_full_demo(tmp_path):
     assert time.perf_counter() - t0 < 20 * 60
     check_report(md)
     xc = json.loads((tmp_path / "work" / "crosscheck.json").read_text())
-    assert xc["summary"]["configurations"] == 22 and xc["summary"]["rows_match"]
+    assert xc["summary"]["configurations"] == 33 and xc["summary"]["rows_match"]

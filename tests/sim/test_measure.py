@@ -13,9 +13,11 @@ import pytest
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.io import load_json
-from sim.measure import (DEFAULT_TRACES, Background, compute_microbench, compute_runner, decode_run, default_grid,
-                         ensure_model, fio_microbench, grid, hash_microbench, io_microbench, is_quiet, measure,
-                         quick_grid, segments, trace_tokens_needed)
+from sim.measure import (CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
+                         compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
+                         grid, hash_microbench, io_microbench, io_probe, io_shared, is_quiet, measure, quick_grid,
+                         segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
+from sim.measure.microbench import open_tables
 from sim.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from sim.trace import CODE_SOURCE, load_trace
 
@@ -102,21 +104,27 @@ def test_grid_drops_duplicate_serial_configurations():
 
 def test_default_grid_covers_the_axes():
     g = default_grid()
-    assert len(g) == 29 >= 24 and len({c.key for c in g}) == 29
-    assert {c.trace for c in g} == set(DEFAULT_TRACES)
+    assert len(g) == 40 and len({c.key for c in g}) == 40
+    single = [c for c in g if c.compute != CAPACITY_COMPUTE]
+    assert len(single) == 29 and {c.trace for c in g} == set(DEFAULT_TRACES)
     assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
     assert {c.readers for c in g if not c.serial} == {4, 16}
-    assert {c.compute: sum(x.compute == c.compute for x in g) for c in g} == {"spin:2": 17, "none": 10, "mixer": 2}
+    assert {c.compute: sum(x.compute == c.compute for x in single) for c in single} == \
+        {"spin:2": 17, "none": 10, "mixer": 2}
     assert {c.steps for c in g if c.compute == "none"} == {800}
     assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [100, 100]
     assert [c.steps for c in g if c.compute == "mixer"] == [30, 30]
-    assert len(quick_grid()) == 6
+    multi = [c for c in g if c.compute == CAPACITY_COMPUTE]
+    assert sorted((c.mode, c.sessions) for c in multi) == sorted(
+        [("threads", n) for n in SESSION_COUNTS] + [("processes", n) for n in SESSION_COUNTS if n > 1])
+    assert len(quick_grid()) == 10 and sum(c.multi for c in quick_grid()) == 4
 
 
 def test_default_grid_fits_its_traces(layout):
     """Every run of the default grid (7 rounds) reads its own stretch: each trace is long enough."""
     need = trace_tokens_needed(default_grid(), 7)
     assert need["shared:prompts.jsonl"] == 1400 and need[CODE_SOURCE] == 5 * 7 * 200
+    assert need[DEFAULT_TRACES[0]] == 7 * (5 * 200 + 5 * 800 + 2 * 30 + 150 * (2 * sum(SESSION_COUNTS) - 1))
     assert need["shared:agent_prompt_long.txt"] == 5 * 7 * (800 + 200)
     for spec, n in need.items():
         assert load_trace(spec, limit=n, layout=layout).steps == n, spec
@@ -128,6 +136,33 @@ def test_segments_are_disjoint():
     seg = segments(cfgs, 2)
     assert seg == {(0, 0): 0, (1, 0): 0, (2, 0): 10, (0, 1): 15, (1, 1): 7, (2, 1): 25}
     assert trace_tokens_needed(cfgs, 2) == {"a.txt": 30, "b.txt": 14}
+    # several sessions take one stretch each
+    cfgs.append(RunConfig("a.txt", 8, "pread", 4, "none", 5, 3, "processes"))
+    seg = segments(cfgs, 2)
+    assert seg[(3, 0)] == 15 and seg[(0, 1)] == 30 and seg[(3, 1)] == 45
+    assert trace_tokens_needed(cfgs, 2)["a.txt"] == 60
+
+
+def test_usable_configs_keep_only_backends_that_start():
+    cfgs = [RunConfig("a.txt", 8, "io_uring", 4), RunConfig("a.txt", 256, "io_uring", 4),
+            RunConfig("a.txt", 256, "pread", 4), RunConfig("a.txt", 8, "pread", 4, "none", 300, 2, "processes")]
+    kept, left = usable_configs(cfgs, ("pread",))
+    # the serial io_uring configuration becomes the pread one (a duplicate, dropped); the concurrent one is left out
+    assert [c.key for c in kept] == ["a/t256/pread/r4/none/300", "a/t8/pread/r4/none/300/x2-processes"]
+    assert [c.key for c in left] == ["a/t8/io_uring/r4/none/300"]
+    assert usable_configs(cfgs, ("pread", "io_uring"))[0] == cfgs
+
+
+def test_run_config_sessions_in_key_and_dict():
+    c = RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:5", 100, 8, "processes")
+    assert c.multi and c.key.endswith("/sleep:5/100/x8-processes")
+    assert RunConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert not RunConfig(CODE_SOURCE, 8, "pread", 4).multi
+    for bad in ({"sessions": 0}, {"mode": "fibers"}):
+        with pytest.raises(ArgumentError):
+            RunConfig(CODE_SOURCE, 8, "pread", 4, **bad)
+    g = session_grid(CODE_SOURCE, 10, (1, 2))
+    assert [x.key.split("/", 5)[-1] for x in g] == ["10", "10/x2-threads", "10/x2-processes"]
 
 
 # ------------------------------------------------------------------ decode loop
@@ -224,7 +259,7 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     micro = load_json(tmp_path / "microbench.json", "microbench")
     runs = load_json(tmp_path / "runs.json", "decode_runs")
     assert micro["schema"] == MICRO_SCHEMA and runs["schema"] == RUNS_SCHEMA
-    assert {r["kind"] for r in micro["records"]} == {"io", "compute", "hash"}
+    assert {r["kind"] for r in micro["records"]} == {"io", "compute", "hash", "cache"}
     assert sorted({r["round"] for r in micro["records"]}) == [0, 1]
     assert not any("step_us" in r for r in micro["records"])
     assert {r["compute"] for r in micro["records"] if r["kind"] == "compute"} == {"spin:0.2", "none"}
@@ -234,6 +269,13 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert all(r["rows_match"] for r in runs["runs"])
     # every run read its own stretch of the trace
     assert sorted(r["start"] for r in runs["runs"]) == [0, 25, 50, 75]
+    # every run sits between two probes of its window: 48-row batches at its readers, and its compute
+    for run in runs["runs"]:
+        probes = [r for r in micro["records"] if r.get("probe") == run["window"]]
+        assert [r["kind"] for r in probes].count("io") == 2 and all(len(r["batch_us"]) == 30 for r in probes
+                                                                    if r["kind"] == "io")
+        assert [r["kind"] for r in probes].count("compute") == (2 if "spin" in run["config"] else 0)
+    micro["records"] = [r for r in micro["records"] if not r.get("probe")]
     think = [r for r in micro["records"] if r.get("think")]
     # two chunks a round of the compute between batches; four chunks of serial batches (read by the serial run)
     assert [(r["think"], r["backend"], r["qd"]) for r in think] == [("spin:0.2", "pread", 4)] * 4
@@ -243,6 +285,7 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert not any(r.get("backend") == "pread" and r.get("chunk") for r in micro["records"] if not r.get("think"))
     assert len(think[0]["batch_us"]) == 4 and min(think[0]["think_us"]) >= 200
     assert (tmp_path / runs["traces"][CODE_SOURCE]).is_file()
+    assert runs["backends"]["usable"] and runs["backends"] == micro["backends"] and runs["complete"]
     assert runs["file"]["path"] == str(model_path.resolve()) and len(runs["file"]["tables"]) == 2
     with pytest.raises(FormatError, match="decode_runs"):
         load_json(tmp_path / "microbench.json", "decode_runs")
@@ -307,3 +350,128 @@ def test_decode_run_with_the_mixer(tmp_path):
     assert r["rows_match"] and min(r["compute_us"]) > 1000
     (rec,) = compute_microbench(m, ["mixer"], mixer_samples=3)
     assert len(rec["samples_us"]) == 3 and min(rec["samples_us"]) > 1000
+
+
+# ------------------------------------------------------------------ several sessions
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_sessions_run_reads_distinct_stretches(model, mode):
+    tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
+    cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "sleep:1", 30, 3, mode)
+    r = sessions_run(model, tr, cfg, start=50, warmup=2, stagger=0.003)
+    assert r["rows_match"] and r["sessions"] == 3 and r["mode"] == mode
+    assert r["starts"] == [50, 80, 110] and len(r["session_tokens_per_s"]) == 3
+    assert r["slowest_tokens_per_s"] == min(r["session_tokens_per_s"])
+    assert r["tokens_per_s"] == pytest.approx(np.mean(r["session_tokens_per_s"]))
+    assert r["aggregate_tokens_per_s"] == pytest.approx(90 / r["wall_s"])
+    # the phases: session i starts about i * stagger / 3 after the first, never before it
+    off = r["start_offsets_s"]
+    assert off[0] == 0.0 or min(off) == 0.0
+    assert off[2] >= 0.0015 and r["stagger_s"] == 0.003
+    assert len(r["step_us"]) == 90 and min(r["compute_us"]) >= 1000
+    assert r["threads"] >= 3 and r["concurrent_steps"] == 90
+    with pytest.raises(ArgumentError, match="need 90"):
+        sessions_run(model, tr, cfg, start=150)
+
+
+def test_sessions_run_reports_a_failing_session(model):
+    tr = load_trace(CODE_SOURCE, limit=100, layout=model.layout)
+    cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "none", 20, 2, "processes")
+    bad = type(model).open(model.info.path)
+    bad.close()
+    with pytest.raises(Exception) as err:
+        sessions_run(bad, tr, cfg, warmup=1)
+    assert "session" in str(err.value)
+
+
+def test_shared_reads_probe_and_cache_check(model):
+    rec = io_shared(model.info, np.random.default_rng(1), "pread", 2, 3, 0.05, 0)
+    assert rec["qd"] == 6 and rec["submitters"] == 3 and rec["readers"] == 2 and rec["batch_rows"] == 48
+    assert rec["batches"] >= 3 and rec["reads"] >= 3 * 40 and rec["reads_per_s"] == pytest.approx(
+        rec["reads"] / rec["wall_s"])
+    tables = open_tables(model.info)
+    try:
+        p = io_probe(tables, np.random.default_rng(2), "serial", 1, 5, "r0-c1", 0)
+        assert p["probe"] == "r0-c1" and len(p["batch_us"]) == 5 and p["backend"] == "serial"
+        c = cache_check(tables, np.random.default_rng(3), 6, 0)
+        assert c["kind"] == "cache" and len(c["cold_us"]) == len(c["warm_us"]) == 6
+        assert c["warm_over_cold"] == pytest.approx(np.mean(c["warm_us"]) / np.mean(c["cold_us"]), rel=1e-3)
+    finally:
+        for t in tables:
+            t.close()
+
+
+def test_cache_and_size_warnings():
+    from sim.measure.run import cache_warnings, size_warnings
+
+    assert cache_warnings([{"kind": "cache", "cold_us": [4000.0], "warm_us": [1000.0], "warm_over_cold": 0.25}])
+    assert not cache_warnings([{"kind": "cache", "cold_us": [1000.0], "warm_us": [990.0], "warm_over_cold": 0.99}])
+
+    class Info:
+        tables = {1: type("T", (), {"rows": 1000})()}
+
+    assert "small against" in size_warnings(Info, {"memory_bytes": 2**30})[0]
+    assert size_warnings(Info, {"memory_bytes": None}) == []
+
+
+def test_fio_failure_says_why(model, tmp_path, monkeypatch):
+    """A fio that fails prints its exit status and what it said (never an empty message)."""
+    from engram import TableIOError
+
+    fake = tmp_path / "fio"
+    fake.write_text("#!/bin/sh\necho 'fio: engine io_uring not loadable' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(TableIOError, match=r"\(qd 16\): exit status 3; fio said: fio: engine io_uring not loadable"):
+        fio_microbench(model.info, [16], seconds=0.1)
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    with pytest.raises(TableIOError, match=r"exit status 1; fio printed nothing"):
+        fio_microbench(model.info, [16], seconds=0.1)
+
+
+def test_measure_multi_session_and_left_out_backends(model_path, tmp_path):
+    """Run with the ring refused (ENGRAM_DISABLE_IO_URING=1, in a process of its own): the io_uring configuration
+    is left out, with the reason, in both documents; the several-session runs are measured."""
+    import subprocess
+    import sys
+
+    code = f"""
+import json
+from sim.measure import measure
+from sim.schema import RunConfig
+cfgs = [RunConfig({CODE_SOURCE!r}, 8, "io_uring", 4, "none", 20),
+        RunConfig({CODE_SOURCE!r}, 8, "pread", 2, "sleep:1", 20, 2, "threads")]
+res = measure({str(model_path)!r}, cfgs, {str(tmp_path)!r}, rounds=1, depths=(1, 2), fio=False, io_batches=3,
+              big_seconds=0.0, single_rows=2, compute_samples=3, warmup=1, probe_batches=4, shared_seconds=0.02,
+              cache_batches=3, progress=False)
+print(json.dumps(res["backends"]))
+"""
+    env = dict(os.environ, ENGRAM_DISABLE_IO_URING="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    be = json.loads(out.stdout.strip().splitlines()[-1])
+    assert be["usable"] == ["pread"] and "ENGRAM_DISABLE_IO_URING" in be["left_out"]["io_uring"]
+    assert be["configs_left_out"] == [f"base_events/t8/io_uring/r4/none/20"]
+    runs = load_json(tmp_path / "runs.json")
+    micro = load_json(tmp_path / "microbench.json")
+    assert runs["backends"] == micro["backends"] == be
+    (run,) = runs["runs"]
+    assert run["sessions"] == 2 and run["rows_match"] and run["window"] == "r0-c0"
+    shared = [r for r in micro["records"] if r.get("submitters")]
+    assert [(r["backend"], r["qd"]) for r in shared] == [("pread", 4)]
+    assert micro["params"]["backends"] == ["pread"]
+
+
+def test_measure_refuses_an_unwritable_folder(model_path, tmp_path):
+    from engram import TableIOError
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who writes anywhere (root)")
+        with pytest.raises(TableIOError, match=str(ro)):
+            measure(model_path, [RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 5)], ro, rounds=1, fio=False,
+                    progress=False)
+    finally:
+        ro.chmod(0o700)
