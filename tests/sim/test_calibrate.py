@@ -144,7 +144,7 @@ def test_fit_without_fio_uses_single_row_shape():
     assert cal.fio_device is None
     one = np.array([80.0, 90.0, 100.0, 130.0])
     d = cal.device("pread").latency(16)
-    assert d.mean == pytest.approx(250 * US)
+    assert d.mean == pytest.approx(16 * 2400 / 192 * US)
     # the normalised quantile function of the single-row reads, scaled to the engine's mean
     assert d.q[-1] / d.q[0] == pytest.approx(one.max() / one.min())
     assert np.allclose(d.q / d.q[0], np.quantile(one, np.linspace(0, 1, 4)) / one.min())
@@ -217,15 +217,16 @@ def test_calibration_never_reads_the_decode_runs(measured, tmp_path):
 def test_calibration_of_a_real_measurement(measured):
     cal = calibrate_file(measured / "microbench.json")
     doc = load_json(measured / "microbench.json")
-    io = [r for r in doc["records"] if r["kind"] == "io" and not r.get("think")]
+    io = [r for r in doc["records"] if r["kind"] == "io" and not r.get("think") and not r.get("probe")]
     serial = [r["batch_us"] for r in io if r["backend"] == "serial" and r["batch_rows"] == 48]
     assert len(serial) == 2 * 4  # 2 rounds x 4 chunks (the serial run has no compute)
     typical = np.median([np.mean(w) for w in serial])
     assert cal.device("pread").mean_latency(1) == pytest.approx(typical / 48 * US)
-    big = [r for r in io if r.get("backend") == "pread" and r["batch_rows"] > 48]
+    # depth 4: Little's law on the 48-row batches at 4 readers
+    small = [r for r in io if r.get("backend") == "pread" and r["batch_rows"] == 48]
     assert cal.device("pread").mean_latency(4) == pytest.approx(
-        4 * sum(r["wall_s"] for r in big) / sum(r["reads"] for r in big))
-    b48 = [r["batch_us"] for r in io if r.get("backend") == "pread" and r["batch_rows"] == 48]
+        4 * sum(np.sum(r["batch_us"]) for r in small) * US / sum(r["reads"] for r in small))
+    b48 = [r["batch_us"] for r in small]
     assert len(b48) == 2 * 4
     assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(np.median([np.mean(w) for w in b48]) * US)
     pooled = calibrate_file(measured / "microbench.json", windows="pooled")

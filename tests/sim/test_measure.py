@@ -373,16 +373,6 @@ def test_sessions_run_reads_distinct_stretches(model, mode):
         sessions_run(model, tr, cfg, start=150)
 
 
-def test_sessions_run_reports_a_failing_session(model):
-    tr = load_trace(CODE_SOURCE, limit=100, layout=model.layout)
-    cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "none", 20, 2, "processes")
-    bad = type(model).open(model.info.path)
-    bad.close()
-    with pytest.raises(Exception) as err:
-        sessions_run(bad, tr, cfg, warmup=1)
-    assert "session" in str(err.value)
-
-
 def test_shared_reads_probe_and_cache_check(model):
     rec = io_shared(model.info, np.random.default_rng(1), "pread", 2, 3, 0.05, 0)
     assert rec["qd"] == 6 and rec["submitters"] == 3 and rec["readers"] == 2 and rec["batch_rows"] == 48
