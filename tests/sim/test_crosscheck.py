@@ -203,7 +203,7 @@ def test_commands(capsys, measured, tmp_path):
     assert x["summary"]["configurations"] == 3 and rc == (0 if x["summary"]["passed"] else 1)
     assert main(["crosscheck", str(work), "--no-progress", "--sim-steps", "300"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| trace") and "configurations, 6 runs" in out
+    assert out.startswith("| trace") and "3 configurations (0 with several sessions), 6 runs" in out
     assert main(["calibrate", str(work)]) == 0
     assert "per backend and depth" in capsys.readouterr().out
     # the calibration refuses a decode-run file
