@@ -168,10 +168,10 @@ def test_run_config_sessions_in_key_and_dict():
 # ------------------------------------------------------------------ decode loop
 @pytest.mark.parametrize("threshold, backend", [(8, "pread"), (8, "io_uring"), (256, "pread")])
 def test_decode_run_reads_the_trace_rows(model, threshold, backend):
-    from engram import available_backends
+    from engram.backends import probe_backends
 
-    if backend not in available_backends():
-        pytest.skip(f"{backend} not built")
+    if not probe_backends()[backend].usable:
+        pytest.skip(f"{backend} does not start here: {probe_backends()[backend].reason}")
     tr = load_trace(CODE_SOURCE, limit=70, layout=model.layout)
     cfg = RunConfig(CODE_SOURCE, threshold, backend, 4, "spin:0.2", 60)
     r = decode_run(model, tr, cfg, warmup=5)
