@@ -22,32 +22,52 @@ output.
 from __future__ import annotations
 
 import argparse
+import functools
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from engram.cli import print_json
-from engram.errors import ArgumentError
+from engram.errors import ArgumentError, EngramError
 
 from .calibrate import calibrate_file
 from .crosscheck import crosscheck_files, markdown_table
 from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from .device import SEED_REFERENCE, load_device, preset_names
-from .io import load_json
+from .io import OutputError, load_json
 from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, default_grid, ensure_model, grid,
                       measure, quick_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
 from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
 from .schema import RunConfig
-from .sweep import run_study
+from .sweep import Study, meta_path, partial_path, run_study
 from .trace import CODE_SOURCE, load_trace, reuse_stats
 
 __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
            "add_report_command", "add_sim_command", "register"]
 
 _DEFAULT_DEVICE = "seed-apple-m3-ultra"
+
+
+def _typed_os_errors(func):
+    """A command whose ordinary failures of the system on a file (no permission, a full disk, a missing or
+    read-only folder) end as a typed error naming the file, never a traceback."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except EngramError:
+            raise
+        except OSError as exc:
+            if exc.filename is None:  # not a file's failure (a closed pipe): the caller's to handle
+                raise
+            err = OutputError(f"{exc.filename}: {exc.strerror or exc.__class__.__name__}")
+            err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+            raise err from None
+    return run
 
 
 def _ints(text: str) -> list:
@@ -143,7 +163,7 @@ def _add_trace(sub) -> None:
     p.add_argument("--one-session", action="store_true",
                    help="treat all sequences of the trace as one session (default: each is its own)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_trace)
+    p.set_defaults(func=_typed_os_errors(_cmd_trace))
 
 
 # ---------------------------------------------------------------------- decode
@@ -206,7 +226,7 @@ def _add_decode(sub) -> None:
                    help="fit the compute time so that --fit-threshold gives this rate (default 19.16)")
     g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_decode)
+    p.set_defaults(func=_typed_os_errors(_cmd_decode))
 
 
 # --------------------------------------------------------------------- prefill
@@ -247,7 +267,7 @@ def _add_prefill(sub) -> None:
     g.add_argument("--second-start-layer", type=int, default=2,
                    help="layer at which the second table's reader starts (default 2)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_prefill)
+    p.set_defaults(func=_typed_os_errors(_cmd_prefill))
 
 
 # ---------------------------------------------------------------------- device
@@ -287,7 +307,7 @@ def _add_device(sub) -> None:
     p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
     p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_device)
+    p.set_defaults(func=_typed_os_errors(_cmd_device))
 
 
 # --------------------------------------------------------------------- measure
@@ -495,23 +515,78 @@ def _add_crosscheck(sub) -> None:
 
 
 # ----------------------------------------------------------------------- sweep
+def _progress_mode(args) -> str:
+    """``--quiet``: nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
+    if getattr(args, "quiet", False):
+        return "off"
+    return "lines" if args.no_progress else "auto"
+
+
+def _add_run_options(p, what: str) -> None:
+    """Options shared by ``sweep`` and ``capacity``: where and how the points run."""
+    p.add_argument("study", help="study TOML file")
+    p.add_argument("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
+                                 "are written as they finish")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: keep the finished rows of --out and run only the others")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
+    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: plain progress lines on stderr every few seconds instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _out_path(args) -> Path:
+    return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
+
+
+def _interrupted(out: Path, what: str) -> int:
+    """Ctrl-C during a run: say where the finished rows are and how to go on."""
+    meta = meta_path(out)
+    done = "its finished rows are in"
+    try:
+        m = load_json(meta)
+        done = f"{m.get('points_done', '?')} finished rows are in"
+    except EngramError:
+        pass
+    print(f"engram sim {what}: interrupted; {done} {partial_path(out)} (complete: false in {meta}); "
+          f"continue with --resume --out {out}", file=sys.stderr)
+    return 130
+
+
 def _cmd_sweep(args) -> int:
-    res = run_study(args.study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
-                    progress=not args.no_progress)
-    out = Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
-    path = res.write(out)
-    if args.json:
-        print_json({"table": str(path), "meta": str(path) + ".meta.json", "points": len(res.rows),
-                    "seconds": res.seconds, "runner": res.runner, "axes": res.study.axes()})
-        return 0
+    study = Study.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_study(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                        progress=_progress_mode(args), out=out, resume=args.resume)
+    except KeyboardInterrupt:
+        return _interrupted(out, "sweep")
     axes = res.study.axes()
+    path = res.table
+    if args.json:
+        print_json({"table": str(path), "meta": str(meta_path(path)), "points": len(res.rows),
+                    "seconds": res.seconds, "runner": res.runner, "axes": axes, "resumed": res.resumed,
+                    "lost_runs": res.lost, "complete": res.complete})
+        return 0
     print(f"study     {res.study.name}: {len(res.rows)} points over {', '.join(axes) or 'no varying axis'}")
-    print(f"ran       {res.seconds:.1f} s on {res.runner}")
-    best = max(res.rows, key=lambda r: r["session_tokens_per_s"])
-    print("best      " + ", ".join(f"{a}={best[a]}" for a in axes) +
-          f": {best['session_tokens_per_s']:.2f} tokens/s per session")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}"
+          + (f"; {res.resumed} points taken from the earlier run" if res.resumed else "")
+          + (f"; {res.lost} point runs lost with their worker and run again" if res.lost else ""))
+    for line in _sweep_findings(res.rows, axes):
+        print(line)
     print(f"wrote     {path} (+ .meta.json); plot it with: engram report --sweep {path}")
     return 0
+
+
+def _sweep_findings(rows, axes) -> list:
+    """The lines that sum a sweep up: the best point."""
+    best = max(rows, key=lambda r: r["session_tokens_per_s"])
+    return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
+            f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
 
 
 def _add_sweep(sub) -> None:
@@ -520,18 +595,14 @@ def _add_sweep(sub) -> None:
                        description="Run every point of a study file (a grid over device, policy, cache, "
                                    "sessions, compute and trace; see studies/*.toml) through the decode "
                                    "simulator, in parallel local processes or on a running Dask cluster, and "
-                                   "write one row per point (CSV, or Parquet with pyarrow). Each point's seed "
-                                   "derives from the study seed and the point, so every runner gives the same "
-                                   "table.")
-    p.add_argument("study", help="study TOML file")
-    p.add_argument("--out", help="results table, .csv or .parquet (default STUDY.csv in the current directory)")
-    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
-    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_sweep)
+                                   "write one row per point (CSV, or Parquet with pyarrow) as each finishes; "
+                                   "TABLE.meta.json says whether the table is complete and which points are "
+                                   "missing. Each point's seed derives from the study seed and the point, so "
+                                   "every runner gives the same table. A point whose worker dies is run again "
+                                   "(at most 3 times); an interrupted run keeps its rows and continues with "
+                                   "--resume.")
+    _add_run_options(p, "results table")
+    p.set_defaults(func=_typed_os_errors(_cmd_sweep))
 
 
 # ---------------------------------------------------------------------- report
@@ -578,7 +649,7 @@ def add_report_command(subparsers) -> None:
     p.add_argument("--no-html", action="store_true", help="Markdown only")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_report)
+    p.set_defaults(func=_typed_os_errors(_cmd_report))
 
 
 # ------------------------------------------------------------------------ demo

@@ -307,6 +307,12 @@ class Study:
                 "grids": self.grids, "plots": self.plots,
                 "calibration": str(self.calibration) if self.calibration else None, "source": self.source}
 
+    def fingerprint(self) -> str:
+        """SHA-256 (hex, 16 digits) of the study seed and every point: equal for studies that give equal tables."""
+        blob = json.dumps({"seed": self.seed, "points": self.points()}, sort_keys=True, separators=(",", ":"),
+                          default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
     # -------------------------------------------------------------- points
     def axes(self) -> List[str]:
         """Axes that take more than one value over the study, in :data:`AXES` order."""
