@@ -8,6 +8,7 @@
 ``engram calibrate``    fit the device and compute models from the microbenchmarks only
 ``engram crosscheck``   predicted vs measured decode runs, with the error table
 ``engram sim sweep``    a what-if study (TOML grid) in local processes or on a Dask cluster
+``engram sim capacity`` the sessions each configuration of a study sustains at a target, searched
 ``engram report``       the plotted report (Markdown, PNG figures, HTML)
 ``engram demo``         the main job: model file, traces, lookups, measurements, calibration,
                         cross-check, a sweep and the report
@@ -32,6 +33,8 @@ from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError
 
 from .calibrate import calibrate_file
+from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, probes_path,
+                       run_capacity)
 from .crosscheck import crosscheck_files, markdown_table
 from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
@@ -41,7 +44,7 @@ from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, d
                       measure, quick_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
-from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
+from .report import CAPACITY_SESSIONS, build_report
 from .schema import RunConfig
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import CODE_SOURCE, load_trace, reuse_stats
@@ -559,6 +562,9 @@ def _interrupted(out: Path, what: str) -> int:
 
 def _cmd_sweep(args) -> int:
     study = Study.load(args.study)
+    if study.capacity is not None:
+        raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "
+                            f"{args.study}")
     out = _out_path(args)
     try:
         res = run_study(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
@@ -583,10 +589,19 @@ def _cmd_sweep(args) -> int:
 
 
 def _sweep_findings(rows, axes) -> list:
-    """The lines that sum a sweep up: the best point."""
-    best = max(rows, key=lambda r: r["session_tokens_per_s"])
-    return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
-            f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
+    """The lines that sum a sweep up: the best point, or with ``sessions`` varying, the capacity read off it."""
+    if "sessions" not in axes:
+        best = max(rows, key=lambda r: r["session_tokens_per_s"])
+        return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
+                f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
+    lines = []
+    for key, cap, bound, top in grid_capacities(rows, CAPACITY_TARGET):
+        what = ", ".join(f"{a}={v}" for a, v in key.items()) or "all points"
+        lines.append(f"grid      {what}: {'>= ' if bound else ''}{cap} sessions at {CAPACITY_TARGET:g} tokens/s "
+                     f"(slowest session; read off the grid up to {top})")
+    lines.append("          (a grid only brackets the capacity: engram sim capacity searches it with a seed "
+                 "ensemble)")
+    return lines
 
 
 def _add_sweep(sub) -> None:
@@ -600,9 +615,70 @@ def _add_sweep(sub) -> None:
                                    "missing. Each point's seed derives from the study seed and the point, so "
                                    "every runner gives the same table. A point whose worker dies is run again "
                                    "(at most 3 times); an interrupted run keeps its rows and continues with "
-                                   "--resume.")
+                                   "--resume. Capacity studies (with a [capacity] table) run with engram sim "
+                                   "capacity.")
     _add_run_options(p, "results table")
     p.set_defaults(func=_typed_os_errors(_cmd_sweep))
+
+
+# -------------------------------------------------------------------- capacity
+def _cmd_capacity(args) -> int:
+    study = Study.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                           progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
+                           seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution)
+    except KeyboardInterrupt:
+        return _interrupted(probes_path(out), "capacity")
+    axes = [a for a in study.axes()]
+    spec = res.spec
+    if args.json:
+        print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
+                    "probes": str(probes_path(res.table)), "capacity": spec.to_dict(), "seconds": res.seconds,
+                    "runner": res.runner, "resumed_probes": res.resumed,
+                    "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
+                                        "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
+                                        "probes": len(c.probes), "assumptions": c.assumptions()}
+                                       for c in res.capacities]})
+        return 0
+    print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
+          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} seeds up to "
+          f"{spec.max_sessions} sessions")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+          + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
+    shared = {c.assumptions() for c in res.capacities}
+    if len(shared) == 1:
+        print(f"assumes   {shared.pop()}")
+    for c in res.capacities:
+        what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
+        print(f"capacity  {what}: {c.label()}")
+        if len({x.assumptions() for x in res.capacities}) > 1:
+            print(f"          assumes {c.assumptions()}")
+    print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")
+    return 0
+
+
+def _add_capacity(sub) -> None:
+    """Add ``capacity`` to the ``engram sim`` subcommands."""
+    p = sub.add_parser("capacity", help="search the sessions each configuration of a study sustains at a target",
+                       description="For every point of a capacity study (a study file with a [capacity] table; "
+                                   "see studies/capacity.toml), find the largest number of concurrent sessions "
+                                   "whose slowest session still decodes at the target tokens/s: probe 1, 2, 4, "
+                                   "... sessions until one fails, then bisect, once per seed of an ensemble; "
+                                   "report the median with the smallest and largest capacity over the seeds, "
+                                   "and every assumption (compute per step, batching, session phases, the "
+                                   "target's headroom under the compute-only ceiling). Writes one row per "
+                                   "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
+                                   "locally or on a Dask cluster like sweeps.")
+    _add_run_options(p, "capacity table")
+    g = p.add_argument_group("search (override the study's [capacity] table)")
+    g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--seeds", type=int, help=f"searches per configuration, each its own seeds "
+                                              f"(default {CAPACITY_SEEDS})")
+    g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
+    g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
+    p.set_defaults(func=_typed_os_errors(_cmd_capacity))
 
 
 # ---------------------------------------------------------------------- report
@@ -705,6 +781,7 @@ def add_sim_command(subparsers) -> None:
     _add_prefill(sub)
     _add_device(sub)
     _add_sweep(sub)
+    _add_capacity(sub)
 
 
 def add_measure_command(subparsers) -> None:

@@ -158,7 +158,11 @@ def test_example_studies_parse():
     assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml"} <= set(names)
     for p in STUDIES.glob("*.toml"):
         s = Study.load(p)
-        assert s.points() and s.plots, p
+        assert s.points(), p
+        if s.capacity is not None:  # a capacity study: its configurations, no plots needed
+            assert "sessions" not in s.axes(), p
+            continue
+        assert s.plots, p
         for spec in s.plots:
             assert spec["x"] in s.axes(), (p, spec)
     from sim.demo import DEMO_STUDY
@@ -389,6 +393,18 @@ def test_cli_sweep_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):
         assert "study     lines: 2 points over threshold" in r.out and "best      threshold=8" in r.out
     assert main(args + ["--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_cli_sweep_over_sessions_reads_capacity_off_the_grid(tmp_path, capsys):
+    """With sessions varying, 'best' would always be one session: the command gives the grid capacity."""
+    study = tmp_path / "s.toml"
+    study.write_text('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 150\ncompute = "reference"\n'
+                     'start_spread_ms = 47.0\n'
+                     '[grid]\nsessions = [1, 16, 128]\n')
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "g.csv"), "--jobs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "best" not in out and "grid      all points: 16 sessions at 20 tokens/s" in out
+    assert "engram sim capacity" in out
 
 
 @pytest.mark.parametrize("where", ["file", "readonly", "full"])
