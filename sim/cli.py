@@ -44,7 +44,7 @@ from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, d
                       measure, quick_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
-from .report import CAPACITY_SESSIONS, build_report
+from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import RunConfig
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import CODE_SOURCE, load_trace, reuse_stats
@@ -683,16 +683,21 @@ def _add_capacity(sub) -> None:
 
 # ---------------------------------------------------------------------- report
 def _cmd_report(args) -> int:
-    md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
-                      html_page=not args.no_html, target=args.target, compute_ms=args.compute_ms,
-                      sessions=args.sessions or CAPACITY_SESSIONS, quick=args.quick, jobs=args.jobs,
-                      title=args.title, progress=not args.no_progress and not args.json)
+    try:
+        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
+                          html_page=not args.no_html, self_contained=not args.linked_figures, target=args.target,
+                          compute_ms=args.compute_ms, seeds=args.seeds, max_sessions=args.max_sessions,
+                          quick=args.quick, jobs=args.jobs, title=args.title, progress=_progress_mode(args))
+    except KeyboardInterrupt:
+        print(f"engram report: interrupted; {args.out} is incomplete", file=sys.stderr)
+        return 130
     figs = sorted(p.name for p in (md.parent / "figures").glob("*.png"))
     if args.json:
         print_json({"report": str(md), "html": str(md.with_suffix(".html")) if not args.no_html else None,
-                    "figures": figs})
+                    "self_contained": not args.linked_figures, "figures": figs})
     else:
-        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')})"))
+        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')}"
+                                   + (", one self-contained file)" if not args.linked_figures else ")")))
         print(f"figures   {len(figs)} in {md.parent / 'figures'}; their numbers in {md.parent / 'data'}")
     return 0
 
@@ -701,29 +706,42 @@ def add_report_command(subparsers) -> None:
     """Add ``engram report``."""
     p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
                               description="Write a report folder (report.md, report.html, figures/*.png, "
-                                          "data/*.csv, inputs/): the SPEC §8 seed reproduction, tokens/s by "
-                                          "threshold, readers and row-cache size, step-latency CDFs, predicted vs "
-                                          "measured with the error band, capacity (sessions a device sustains at "
-                                          "a target tokens/s), and the figures of sweep tables. Give a folder of "
-                                          "engram measure / calibrate (/ crosscheck) results for this machine's "
-                                          "figures; without one, the figures use the device presets.")
+                                          "data/*.csv, inputs/). It leads with the answer: how many concurrent "
+                                          "sessions each device sustains at the target tokens/s (searched with a "
+                                          "seed ensemble; with the assumptions and the band over seeds), from its "
+                                          "own search and from every capacity table given; then the evidence: "
+                                          "the SPEC §8 seed reproduction, predicted vs measured with the error "
+                                          "band, tokens/s by threshold, readers and row-cache size, step-latency "
+                                          "CDFs, and the figures of sweep tables. Give a folder of engram measure "
+                                          "/ calibrate (/ crosscheck) results for this machine's figures; without "
+                                          "one, the figures use the device presets. report.html is one "
+                                          "self-contained file (figures and data embedded) to send on.")
     p.add_argument("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
                                               "crosscheck.json)")
     p.add_argument("--out", default="reports/latest", help="report folder (default reports/latest)")
-    p.add_argument("--sweep", action="append", metavar="TABLE", help="sweep table to plot (repeatable)")
+    p.add_argument("--sweep", action="append", metavar="TABLE",
+                   help="sweep or capacity table to include (engram sim sweep / capacity; repeatable)")
     p.add_argument("--trace", action="append", metavar="SOURCE",
                    help="trace source of the what-if curves (repeatable; default: the measured traces, else "
                         "Python source and prose from the standard library)")
-    p.add_argument("--target", type=float, default=CAPACITY_TARGET,
-                   help=f"tokens/s per session of the capacity figure (default {CAPACITY_TARGET:g})")
-    p.add_argument("--compute-ms", type=float,
-                   help="compute per step of the capacity figure, ms (default: the SPEC §8 reference, ~47 ms)")
-    p.add_argument("--sessions", type=_ints, help="session counts of the capacity figure (default 1,2,4,...,128)")
+    g = p.add_argument_group("capacity search of the report")
+    g.add_argument("--target", type=float, default=CAPACITY_TARGET,
+                   help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--compute-ms", type=float,
+                   help="compute per step, ms (default: the SPEC §8 reference, ~47 ms)")
+    g.add_argument("--seeds", type=int, help=f"searches per device, each its own seeds (default {REPORT_SEEDS}; "
+                                              "--quick 2)")
+    g.add_argument("--max-sessions", type=int,
+                   help=f"largest session count probed (default {REPORT_MAX_SESSIONS}; --quick 128)")
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
     p.add_argument("--title", help="report title")
     p.add_argument("--quick", action="store_true", help="shorter simulations, fewer points")
     p.add_argument("--no-html", action="store_true", help="Markdown only")
-    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument("--linked-figures", action="store_true",
+                   help="report.html links figures/ and data/ by relative path instead of embedding them")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars: plain progress lines on stderr instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_typed_os_errors(_cmd_report))
 

@@ -49,7 +49,7 @@ from ..progress import progress as progress_bar
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
 from .study import AXES, METRICS, Study, check_point, point_seed
-from .table import TableWriter, meta_path, partial_path, read_table
+from .table import TableWriter, partial_path, read_table
 
 __all__ = ["MAX_ATTEMPTS", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
            "resume_rows", "run_points", "run_study"]

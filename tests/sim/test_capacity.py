@@ -11,7 +11,7 @@ import pytest
 from engram import ArgumentError
 from engram.cli import main
 from sim.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
-                          read_capacity, run_capacity)
+                          read_capacity)
 from sim.capacity import _search
 from sim.decode import seed_reproduction
 from sim.sweep import AXES, Study, point_seed, read_table, run_points
