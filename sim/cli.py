@@ -26,6 +26,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -546,16 +547,18 @@ def _out_path(args) -> Path:
     return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
 
 
-def _interrupted(out: Path, what: str) -> int:
-    """Ctrl-C during a run: say where the finished rows are and how to go on."""
-    meta = meta_path(out)
+def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
+    """Ctrl-C during a run: say where the finished rows (``rows``, default the table ``out``) are and how to
+    go on."""
+    rows = rows or out
+    meta = meta_path(rows)
     done = "its finished rows are in"
     try:
         m = load_json(meta)
         done = f"{m.get('points_done', '?')} finished rows are in"
     except EngramError:
         pass
-    print(f"engram sim {what}: interrupted; {done} {partial_path(out)} (complete: false in {meta}); "
+    print(f"engram sim {what}: interrupted; {done} {partial_path(rows)} (complete: false in {meta}); "
           f"continue with --resume --out {out}", file=sys.stderr)
     return 130
 
@@ -630,7 +633,7 @@ def _cmd_capacity(args) -> int:
                            progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
                            seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution)
     except KeyboardInterrupt:
-        return _interrupted(probes_path(out), "capacity")
+        return _interrupted(out, "capacity", probes_path(out))
     axes = [a for a in study.axes()]
     spec = res.spec
     if args.json:

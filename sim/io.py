@@ -40,7 +40,10 @@ def output_error(path: Union[str, os.PathLike], exc: OSError, what: str = "write
 
     The path named is the one the system reported when it names one (a parent folder that could not be made).
     """
-    where = exc.filename if getattr(exc, "filename", None) else path
+    # the path the system named when it is another one (a parent folder that could not be made), never the
+    # temporary file an atomic write goes through
+    named = getattr(exc, "filename", None)
+    where = named if named and not str(named).endswith(".tmp") else path
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         reason = "a file stands where a folder is needed"
     else:

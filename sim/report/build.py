@@ -168,6 +168,8 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     wd = Path(workdir) if workdir is not None else None
     sweep_paths = [Path(s) for s in sweeps]
     for s in sweep_paths:
+        if s.is_dir():
+            raise ArgumentError(f"sweep table {s} is a folder, not a table")
         if not s.is_file() and not Path(str(s) + ".partial.csv").is_file():
             raise ArgumentError(f"sweep table {s} does not exist")
     out = ReportFolder(Path(out_dir))

@@ -191,6 +191,14 @@ def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
     assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["resumed_probes"] == len(probes) and again["configurations"] == d["configurations"]
+    # an interrupted search (half its probes written) resumes from them and ends where the whole run did
+    lines = probes_path(out).read_text().splitlines(keepends=True)
+    probes_path(out).write_text("".join(lines[:len(lines) // 2]))
+    out.unlink()
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet", "--json"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert half["resumed_probes"] == len(lines) // 2 - 1 and half["configurations"] == d["configurations"]
+    assert len(read_capacity(out)[1]) == len(probes)
     # human output states the assumptions and the band
     assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet"]) == 0
     text = capsys.readouterr().out
