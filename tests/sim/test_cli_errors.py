@@ -3,8 +3,6 @@ a read-only folder, a full disk, a file where a folder must be, a missing input,
 
 from __future__ import annotations
 
-import pytest
-
 from engram.cli import main
 from tests.mounts import tmpfs
 
