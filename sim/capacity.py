@@ -261,7 +261,7 @@ class Capacity:
         """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
         cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
         band = f"{self.low}-{self.high}" if self.low != self.high else "all equal"
-        return f"{cap} sessions ({band} over {len(self.per_seed)} seeds)"
+        return f"{cap} session{'' if cap == '1' else 's'} ({band} over {len(self.per_seed)} seeds)"
 
     def assumptions(self) -> str:
         """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
@@ -349,7 +349,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     calibration, jobs, scheduler, connect_timeout, traces
         As for :func:`sim.sweep.run_points`.
     progress : bool or str
-        :mod:`sim.progress` mode; one item per finished search (configuration x seed).
+        :mod:`sim.progress` mode; one item per finished search (configuration x seed), a line every few
+        seconds naming the last probe.
     done : sequence of dict
         Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
     on_probe : callable, optional
@@ -384,6 +385,9 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
         cache[(row["config"], row["sessions"], row["repeat"])] = row
         if on_probe is not None:
             on_probe(row)
+        # a search takes many probes: each one is news for the plain progress lines
+        bar.update(0, f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
+                      f"{row[spec.metric]:.2f} tokens/s")
 
     with bar, PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
         while searches:

@@ -41,6 +41,11 @@ class Entry:
     cap: Optional[Capacity] = None
     grid: Optional[tuple] = None
     config: Optional[Dict[str, Any]] = None
+    tag: str = "report"
+
+    def name(self) -> str:
+        """The entry as the figure names it: its label and, in brackets, where it comes from."""
+        return f"{self.label} [{self.tag}]"
 
     @property
     def searched(self) -> bool:
@@ -107,7 +112,8 @@ def entries_from_capacity_table(path: Path) -> List[Entry]:
                        [p for p in probes if p.get("config") == r["config"]])
         if not cap.probes:  # the probes table is gone: the compute is still in the row
             cap.probes = [{**cfg, "compute_mean_ms": r["compute_mean_ms"], "sessions": 0, "repeat": 0}]
-        out.append(Entry(_varying_label(cfg, axes), f"study '{name}' (`{path.name}`)", spec, cap=cap, config=cfg))
+        out.append(Entry(_varying_label(cfg, axes), f"study '{name}' (`{path.name}`)", spec, cap=cap, config=cfg,
+                         tag=f"study {name}"))
     return out
 
 
@@ -128,7 +134,7 @@ def grid_entries(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], plot: M
         at = next((r for r in rs if r["sessions"] == cap), rs[0])
         cfg = dict(rs[0])
         out.append(Entry(_varying_label(cfg, others), f"study '{name}' (`{path.name}`, read off a grid)", spec,
-                         grid=(cap, bound, max(r["sessions"] for r in rs), at), config=cfg))
+                         grid=(cap, bound, max(r["sessions"] for r in rs), at), config=cfg, tag=f"grid {name}"))
     return out
 
 
@@ -149,7 +155,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
         line = sorted((p for p in cap.probes if p["repeat"] == med and p["sessions"] > 0), key=lambda p: p["sessions"])
         rest = [p for p in cap.probes if p["repeat"] != med and p["sessions"] > 0]
         ax.plot([p["sessions"] for p in line], [p[e.spec.metric] for p in line], "-o", ms=3.5, color=c,
-                label=f"{e.label}: {e.shown()}")
+                label=f"{e.name()}: {e.shown()}")
         if rest:
             ax.plot([p["sessions"] for p in rest], [p[e.spec.metric] for p in rest], "o", ms=3, color=c, alpha=0.35)
     for t in targets:
@@ -171,7 +177,8 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
             ax2.errorbar([v], [y], xerr=[[v - lo], [hi - v]], fmt="o", ms=7, capsize=4, color=c)
         else:
             ax2.plot([v], [y], "s", ms=7, mfc="white", color=c)
-        labels.append(e.label if len(e.label) <= 46 else e.label[:44] + "..")
+        shown = e.name()
+        labels.append(shown if len(shown) <= 52 else shown[:50] + "..")
     ax2.set_xscale("log", base=2)
     top = max([e.cap.high if e.cap else e.value() for e in entries] + [1])
     bottom = min([e.cap.low if e.cap else e.value() for e in entries])
@@ -183,7 +190,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     ax2.set_ylim(-0.7, n - 0.3)
     ax2.set_yticks(ys, labels, fontsize=8)
     ax2.set_xlabel(f"sessions sustained at >= {', '.join(f'{t:g}' for t in targets)} tokens/s each (log scale)")
-    ax2.set_ylabel("device and policy")
+    ax2.set_ylabel("device [where the capacity comes from]")
     ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest", fontsize=10)
     ax2.grid(axis="y", visible=False)
     spread_labels(ax2, [(max(e.value(), 0.5), y, f"{e.shown()}" + ("" if e.searched else " (grid)")
@@ -211,9 +218,18 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
     doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "assumes", "from"],
               [[e.label, _policy_text(e.cap.config if e.cap is not None else e.config), e.shown(), e.band(),
                 f"{e.spec.target:g}", e.assumptions_short(), e.source] for e in entries])
-    sentences = list(dict.fromkeys(e.cap.assumptions() for e in searched))
-    doc.p("Assumptions: " + (" ".join(f"{s[0].upper()}{s[1:]}." for s in sentences) if sentences else
-                             f"batching {BATCHING}.")
+    said: Dict[str, List[str]] = {}
+    for e in searched:
+        said.setdefault(e.cap.assumptions(), [])
+        if e.source not in said[e.cap.assumptions()]:
+            said[e.cap.assumptions()].append(e.source)
+    if len(said) == 1:
+        text = "Assumptions: " + "".join(f"{a[0].upper()}{a[1:]}." for a in said)
+    elif said:
+        text = "Assumptions: " + " ".join(f"for {' and '.join(srcs)}: {a}." for a, srcs in said.items())
+    else:
+        text = f"Assumptions: batching {BATCHING}."
+    doc.p(text
           + " With batched decode several sessions would share one step's compute and every capacity here would "
             "change." + (f" How it was found: [{details}](#{anchor(details)})." if details else ""))
     rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)

@@ -68,6 +68,9 @@ QUIET_CPU = 0.25
 def regime(inp: Inputs) -> str:
     """The machine regime the measurements ran in, in words: quiet, or shared with how busy it was."""
     if inp.runs is None:
+        if inp.cal is not None or inp.xc:
+            return (f"measured on {inp.machine_name()}; the runs (runs.json), and with them the load of other "
+                    "processes, are not in the measurement folder")
         return "no measurement on this machine: every figure is a prediction on the device presets"
     bg = [r["background"] for r in inp.runs.get("runs", []) if isinstance(r.get("background"), dict)]
     if not bg:
@@ -143,7 +146,7 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
         Compute per step of the capacity search (default: the SPEC §8 reference compute).
     seeds, max_sessions : int, optional
         Seeds per device and the largest session count of the capacity search
-        (default 3 and 1024; ``quick``: 2 and 128).
+        (default 3 and 512; ``quick``: 2 and 128).
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
     jobs : int, optional

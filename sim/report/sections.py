@@ -208,7 +208,7 @@ def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Ent
     entries = entries_from_capacity_table(path)
     study = meta.get("study", {})
     spec = meta.get("capacity", {})
-    doc.h(1, f"Study: {study.get('name') or path.stem} (capacity)")
+    doc.h(1, f"Capacity study: {study.get('name') or path.stem}")
     if study.get("description"):
         doc.p(study["description"])
     axes = [a for a in meta.get("axes", []) if a in AXES]

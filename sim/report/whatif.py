@@ -28,8 +28,8 @@ from .inputs import Inputs
 __all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "READERS", "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "SIM_STEPS",
            "THRESHOLDS", "capacity_data", "capacity_of", "simulate"]
 
-#: The largest session count the report's capacity search probes.
-REPORT_MAX_SESSIONS = 1024
+#: The largest session count the report's capacity search probes (a probe of 1,024 sessions takes minutes today).
+REPORT_MAX_SESSIONS = 512
 #: Seeds of the report's capacity search, per device (a capacity study chooses its own).
 REPORT_SEEDS = 3
 #: Thresholds of the threshold figure (a decode step reads 48 distinct rows).
@@ -396,7 +396,7 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
         devices.append((n, n, "pread"))
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=100 if quick else 300,
-                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=round(comp_ms, 3))
+                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=round(comp_ms, 1))
     if compute_ms is None:
         base.update(compute="reference")
     else:

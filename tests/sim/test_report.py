@@ -189,7 +189,7 @@ def test_report_on_presets(preset_report):
     assert heads[0] == "Answer: concurrent sessions each device sustains"  # the answer leads
     for head in ("Other headline figures", "Seed reproduction (SPEC §8, §9)", "Tokens/s by threshold",
                  "Tokens/s by readers (queue depth)", "Step-latency CDFs", "Reuse and row caches",
-                 "Capacity: how the report searched it", "Study: tiny", "Study: grid", "Study: drives (capacity)",
+                 "Capacity: how the report searched it", "Study: tiny", "Study: grid", "Capacity study: drives",
                  "Inputs, calibration and tables"):
         assert head in heads, head
     assert "No cross-check" in text and "21.06" in text
@@ -229,7 +229,7 @@ def test_the_answer_has_every_capacity_with_its_assumptions(preset_report):
         assert r[4] == "20" and "compute 47.01 ms" in r[5] and "6.0% under the ceiling 21.27 tokens/s" in r[5]
     answer = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
     assert "batching none (each session computes alone; compute never contends)" in answer
-    assert "phases: starts spread evenly over 47.01 ms" in answer and "2.99 ms a step for reads" in answer
+    assert "phases: starts spread evenly over 47 ms" in answer and "2.99 ms a step for reads" in answer
     assert "Machine: no measurement on this machine" in text
 
 
