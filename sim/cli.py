@@ -790,11 +790,11 @@ def add_demo_command(subparsers) -> None:
 
 # -------------------------------------------------------------------- register
 def add_sim_command(subparsers) -> None:
-    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device`` and ``sweep``."""
-    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions",
+    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device``, ``sweep`` and ``capacity``."""
+    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions, studies",
                               description="A simpy model of Engram row reads (SPEC §9): build traces from real "
                                           "text, predict decode tokens/s and prefill stalls for a device model "
-                                          "and a read policy.")
+                                          "and a read policy, run what-if studies and capacity searches.")
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     sub.required = True
     _add_trace(sub)

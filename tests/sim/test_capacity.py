@@ -208,3 +208,17 @@ def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
     assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "x.csv")]) == 2
     assert "engram sim capacity" in capsys.readouterr().err
     assert read_table(probes_path(out))[1]["kind"] == "capacity-probes"
+
+
+def test_capacity_on_a_dask_cluster_is_the_local_one():
+    """The search runs on a Dask cluster like a sweep, with the same probes, seeds and capacities."""
+    distributed = pytest.importorskip("dask.distributed")
+    configs = capacity_configs(device="ssd:qd1_us=90,iops=200000,parallelism=16", compute_dist="gamma",
+                               compute="", compute_ms=REFERENCE_MS, compute_cv=0.05, steps=80)
+    spec = CapacitySpec(seeds=2, max_sessions=64)
+    local, _ = find_capacity(configs, spec, 9, jobs=1, progress=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        remote, runner = find_capacity(configs, spec, 9, scheduler=c.scheduler_address, progress=False)
+    assert runner.startswith("dask:") and remote[0].per_seed == local[0].per_seed
+    assert [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in remote[0].probes] == \
+        [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in local[0].probes]
