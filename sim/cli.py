@@ -9,6 +9,7 @@
 ``engram calibrate``    fit the device and compute models from the microbenchmarks only
 ``engram crosscheck``   predicted vs measured decode runs, with the error table
 ``engram sim sweep``    a what-if study (TOML grid) in local processes or on a Dask cluster
+``engram sim capacity`` the sessions each configuration of a study sustains at a target, searched
 ``engram report``       the plotted report (Markdown, PNG figures, HTML)
 ``engram demo``         the main job: model file, traces, lookups, measurements, calibration,
                         cross-check, a sweep and the report
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -32,18 +35,20 @@ from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from .calibrate import calibrate_file
+from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, probes_path,
+                       run_capacity)
 from .crosscheck import crosscheck_files, markdown_table
 from .decode import fit_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from .device import SEED_REFERENCE, load_device, preset_names
-from .io import load_json
-from .measure import (CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, Settings, default_grid,
+from .io import OutputError, load_json
+from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, Settings, default_grid,
                       ensure_model, grid, measure, quick_grid, session_grid)
 from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
 from .prefill import simulate_prefill
-from .report import CAPACITY_SESSIONS, CAPACITY_TARGET, build_report
+from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
-from .sweep import run_study
+from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
 from .trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables
@@ -54,6 +59,24 @@ __all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command"
            "add_report_command", "add_sim_command", "register"]
 
 _DEFAULT_DEVICE = "seed-apple-m3-ultra"
+
+
+def _typed_os_errors(func):
+    """A command whose ordinary failures of the system on a file (no permission, a full disk, a missing or
+    read-only folder) end as a typed error naming the file, never a traceback."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except EngramError:
+            raise
+        except OSError as exc:
+            if exc.filename is None:  # not a file's failure (a closed pipe): the caller's to handle
+                raise
+            err = OutputError(f"{exc.filename}: {exc.strerror or exc.__class__.__name__}")
+            err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+            raise err from None
+    return run
 
 
 def _ints(text: str) -> list:
@@ -289,14 +312,14 @@ def _add_trace(sub) -> None:
                                    "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
                                    "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
     _add_trace_stats_options(p)
-    p.set_defaults(func=_cmd_trace, source=None)
+    p.set_defaults(func=_typed_os_errors(_cmd_trace), source=None)
     tsub = p.add_subparsers(dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", action=_DefaultSubcommand)
 
     s = tsub.add_parser("stats", help="reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
                         description="Build or load a trace and print its reuse statistics (see engram sim trace).")
     s.add_argument("source", nargs="?", help=_SOURCE_HELP)
     _add_trace_stats_options(s, argparse.SUPPRESS)
-    s.set_defaults(func=_cmd_trace)
+    s.set_defaults(func=_typed_os_errors(_cmd_trace))
 
     s = tsub.add_parser("synth", help="a synthetic trace with a target reuse rate and Zipf skew",
                         description="Synthesize a token stream whose hashed rows repeat at the target reuse rate "
@@ -314,7 +337,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--out", help="save the trace to this .npz file")
     s.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=_cmd_trace_synth)
+    s.set_defaults(func=_typed_os_errors(_cmd_trace_synth))
 
     s = tsub.add_parser("profile", help="the per-order reuse shape of a text (what synth reproduces)",
                         description="Measure a trace's reuse profile on windows of --window tokens: reuse by n-gram "
@@ -323,7 +346,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--window", type=int, default=PROFILE_WINDOW, help=f"tokens per window (default {PROFILE_WINDOW})")
     s.add_argument("--limit", type=int, help="keep the first N tokens")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=_cmd_trace_profile)
+    s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
 
     s = tsub.add_parser("iolog", help="the exact reads of a trace as an I/O log that fio --read_iolog replays",
                         description="Plan the engine's reads of every decode step (per table: distinct rows, "
@@ -349,7 +372,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--iodepth", type=int, default=DEFAULT_READERS,
                    help=f"queue depth in the suggested fio command (default {DEFAULT_READERS}, the engine's readers)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=_cmd_trace_iolog)
+    s.set_defaults(func=_typed_os_errors(_cmd_trace_iolog))
     tsub.default_to("stats")
 
 
@@ -413,7 +436,7 @@ def _add_decode(sub) -> None:
                    help="fit the compute time so that --fit-threshold gives this rate (default 19.16)")
     g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_decode)
+    p.set_defaults(func=_typed_os_errors(_cmd_decode))
 
 
 # --------------------------------------------------------------------- prefill
@@ -454,7 +477,7 @@ def _add_prefill(sub) -> None:
     g.add_argument("--second-start-layer", type=int, default=2,
                    help="layer at which the second table's reader starts (default 2)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_prefill)
+    p.set_defaults(func=_typed_os_errors(_cmd_prefill))
 
 
 # ---------------------------------------------------------------------- device
@@ -494,7 +517,7 @@ def _add_device(sub) -> None:
     p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
     p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_device)
+    p.set_defaults(func=_typed_os_errors(_cmd_device))
 
 
 # --------------------------------------------------------------------- measure
@@ -651,9 +674,9 @@ def _add_measure(sub) -> None:
     g.add_argument("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
                                                "device (default threads,processes)")
     g.add_argument("--session-steps", type=int, help="steps of each session (default --steps)")
-    g.add_argument("--capacity-target", type=float, default=CAPACITY_TARGET,
+    g.add_argument("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
                    help=f"tokens/s the slowest session must reach to count in the capacity (default "
-                        f"{CAPACITY_TARGET:g})")
+                        f"{MEASURED_CAPACITY_TARGET:g})")
     g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
     g.add_argument("--io-steps", type=int, default=800,
                    help="steps of the default grid's runs without compute (default 800)")
@@ -752,23 +775,92 @@ def _add_crosscheck(sub) -> None:
 
 
 # ----------------------------------------------------------------------- sweep
+def _progress_mode(args) -> str:
+    """``--quiet``: nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
+    if getattr(args, "quiet", False):
+        return "off"
+    return "lines" if args.no_progress else "auto"
+
+
+def _add_run_options(p, what: str) -> None:
+    """Options shared by ``sweep`` and ``capacity``: where and how the points run."""
+    p.add_argument("study", help="study TOML file")
+    p.add_argument("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
+                                 "are written as they finish")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: keep the finished rows of --out and run only the others")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
+    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: plain progress lines on stderr every few seconds instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _out_path(args) -> Path:
+    return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
+
+
+def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
+    """Ctrl-C during a run: say where the finished rows (``rows``, default the table ``out``) are and how to
+    go on."""
+    rows = rows or out
+    meta = meta_path(rows)
+    done = "its finished rows are in"
+    try:
+        m = load_json(meta)
+        done = f"{m.get('points_done', '?')} finished rows are in"
+    except EngramError:
+        pass
+    print(f"engram sim {what}: interrupted; {done} {partial_path(rows)} (complete: false in {meta}); "
+          f"continue with --resume --out {out}", file=sys.stderr)
+    return 130
+
+
 def _cmd_sweep(args) -> int:
-    res = run_study(args.study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
-                    progress=not args.no_progress)
-    out = Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
-    path = res.write(out)
-    if args.json:
-        print_json({"table": str(path), "meta": str(path) + ".meta.json", "points": len(res.rows),
-                    "seconds": res.seconds, "runner": res.runner, "axes": res.study.axes()})
-        return 0
+    study = Study.load(args.study)
+    if study.capacity is not None:
+        raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "
+                            f"{args.study}")
+    out = _out_path(args)
+    try:
+        res = run_study(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                        progress=_progress_mode(args), out=out, resume=args.resume)
+    except KeyboardInterrupt:
+        return _interrupted(out, "sweep")
     axes = res.study.axes()
+    path = res.table
+    if args.json:
+        print_json({"table": str(path), "meta": str(meta_path(path)), "points": len(res.rows),
+                    "seconds": res.seconds, "runner": res.runner, "axes": axes, "resumed": res.resumed,
+                    "lost_runs": res.lost, "complete": res.complete})
+        return 0
     print(f"study     {res.study.name}: {len(res.rows)} points over {', '.join(axes) or 'no varying axis'}")
-    print(f"ran       {res.seconds:.1f} s on {res.runner}")
-    best = max(res.rows, key=lambda r: r["session_tokens_per_s"])
-    print("best      " + ", ".join(f"{a}={best[a]}" for a in axes) +
-          f": {best['session_tokens_per_s']:.2f} tokens/s per session")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}"
+          + (f"; {res.resumed} points taken from the earlier run" if res.resumed else "")
+          + (f"; {res.lost} point runs lost with their worker and run again" if res.lost else ""))
+    for line in _sweep_findings(res.rows, axes):
+        print(line)
     print(f"wrote     {path} (+ .meta.json); plot it with: engram report --sweep {path}")
     return 0
+
+
+def _sweep_findings(rows, axes) -> list:
+    """The lines that sum a sweep up: the best point, or with ``sessions`` varying, the capacity read off it."""
+    if "sessions" not in axes:
+        best = max(rows, key=lambda r: r["session_tokens_per_s"])
+        return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
+                f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
+    lines = []
+    for key, cap, bound, top in grid_capacities(rows, CAPACITY_TARGET):
+        what = ", ".join(f"{a}={v}" for a, v in key.items()) or "all points"
+        lines.append(f"grid      {what}: {'>= ' if bound else ''}{cap} sessions at {CAPACITY_TARGET:g} tokens/s "
+                     f"(slowest session; read off the grid up to {top})")
+    lines.append("          (a grid only brackets the capacity: engram sim capacity searches it with a seed "
+                 "ensemble)")
+    return lines
 
 
 def _add_sweep(sub) -> None:
@@ -777,32 +869,94 @@ def _add_sweep(sub) -> None:
                        description="Run every point of a study file (a grid over device, policy, cache, "
                                    "sessions, compute and trace; see studies/*.toml) through the decode "
                                    "simulator, in parallel local processes or on a running Dask cluster, and "
-                                   "write one row per point (CSV, or Parquet with pyarrow). Each point's seed "
-                                   "derives from the study seed and the point, so every runner gives the same "
-                                   "table.")
-    p.add_argument("study", help="study TOML file")
-    p.add_argument("--out", help="results table, .csv or .parquet (default STUDY.csv in the current directory)")
-    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
-    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_sweep)
+                                   "write one row per point (CSV, or Parquet with pyarrow) as each finishes; "
+                                   "TABLE.meta.json says whether the table is complete and which points are "
+                                   "missing. Each point's seed derives from the study seed and the point, so "
+                                   "every runner gives the same table. A point whose worker dies is run again "
+                                   "(at most 3 times); an interrupted run keeps its rows and continues with "
+                                   "--resume. Capacity studies (with a [capacity] table) run with engram sim "
+                                   "capacity.")
+    _add_run_options(p, "results table")
+    p.set_defaults(func=_typed_os_errors(_cmd_sweep))
+
+
+# -------------------------------------------------------------------- capacity
+def _cmd_capacity(args) -> int:
+    study = Study.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                           progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
+                           seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution)
+    except KeyboardInterrupt:
+        return _interrupted(out, "capacity", probes_path(out))
+    axes = [a for a in study.axes()]
+    spec = res.spec
+    if args.json:
+        print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
+                    "probes": str(probes_path(res.table)), "capacity": spec.to_dict(), "seconds": res.seconds,
+                    "runner": res.runner, "resumed_probes": res.resumed,
+                    "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
+                                        "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
+                                        "probes": len(c.probes), "assumptions": c.assumptions()}
+                                       for c in res.capacities]})
+        return 0
+    print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
+          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} seeds up to "
+          f"{spec.max_sessions} sessions")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+          + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
+    shared = {c.assumptions() for c in res.capacities}
+    if len(shared) == 1:
+        print(f"assumes   {shared.pop()}")
+    for c in res.capacities:
+        what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
+        print(f"capacity  {what}: {c.label()}")
+        if len({x.assumptions() for x in res.capacities}) > 1:
+            print(f"          assumes {c.assumptions()}")
+    print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")
+    return 0
+
+
+def _add_capacity(sub) -> None:
+    """Add ``capacity`` to the ``engram sim`` subcommands."""
+    p = sub.add_parser("capacity", help="search the sessions each configuration of a study sustains at a target",
+                       description="For every point of a capacity study (a study file with a [capacity] table; "
+                                   "see studies/capacity.toml), find the largest number of concurrent sessions "
+                                   "whose slowest session still decodes at the target tokens/s: probe 1, 2, 4, "
+                                   "... sessions until one fails, then bisect, once per seed of an ensemble; "
+                                   "report the median with the smallest and largest capacity over the seeds, "
+                                   "and every assumption (compute per step, batching, session phases, the "
+                                   "target's headroom under the compute-only ceiling). Writes one row per "
+                                   "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
+                                   "locally or on a Dask cluster like sweeps.")
+    _add_run_options(p, "capacity table")
+    g = p.add_argument_group("search (override the study's [capacity] table)")
+    g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--seeds", type=int, help=f"searches per configuration, each its own seeds "
+                                              f"(default {CAPACITY_SEEDS})")
+    g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
+    g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
+    p.set_defaults(func=_typed_os_errors(_cmd_capacity))
 
 
 # ---------------------------------------------------------------------- report
 def _cmd_report(args) -> int:
-    md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
-                      html_page=not args.no_html, target=args.target, compute_ms=args.compute_ms,
-                      sessions=args.sessions or CAPACITY_SESSIONS, quick=args.quick, jobs=args.jobs,
-                      title=args.title, progress=not args.no_progress and not args.json)
+    try:
+        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
+                          html_page=not args.no_html, self_contained=not args.linked_figures, target=args.target,
+                          compute_ms=args.compute_ms, seeds=args.seeds, max_sessions=args.max_sessions,
+                          quick=args.quick, jobs=args.jobs, title=args.title, progress=_progress_mode(args))
+    except KeyboardInterrupt:
+        print(f"engram report: interrupted; {args.out} is incomplete", file=sys.stderr)
+        return 130
     figs = sorted(p.name for p in (md.parent / "figures").glob("*.png"))
     if args.json:
         print_json({"report": str(md), "html": str(md.with_suffix(".html")) if not args.no_html else None,
-                    "figures": figs})
+                    "self_contained": not args.linked_figures, "figures": figs})
     else:
-        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')})"))
+        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')}"
+                                   + (", one self-contained file)" if not args.linked_figures else ")")))
         print(f"figures   {len(figs)} in {md.parent / 'figures'}; their numbers in {md.parent / 'data'}")
     return 0
 
@@ -811,31 +965,44 @@ def add_report_command(subparsers) -> None:
     """Add ``engram report``."""
     p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
                               description="Write a report folder (report.md, report.html, figures/*.png, "
-                                          "data/*.csv, inputs/): the SPEC §8 seed reproduction, tokens/s by "
-                                          "threshold, readers and row-cache size, step-latency CDFs, predicted vs "
-                                          "measured with the error band, capacity (sessions a device sustains at "
-                                          "a target tokens/s), and the figures of sweep tables. Give a folder of "
-                                          "engram measure / calibrate (/ crosscheck) results for this machine's "
-                                          "figures; without one, the figures use the device presets.")
+                                          "data/*.csv, inputs/). It leads with the answer: how many concurrent "
+                                          "sessions each device sustains at the target tokens/s (searched with a "
+                                          "seed ensemble; with the assumptions and the band over seeds), from its "
+                                          "own search and from every capacity table given; then the evidence: "
+                                          "the SPEC §8 seed reproduction, predicted vs measured with the error "
+                                          "band, tokens/s by threshold, readers and row-cache size, step-latency "
+                                          "CDFs, and the figures of sweep tables. Give a folder of engram measure "
+                                          "/ calibrate (/ crosscheck) results for this machine's figures; without "
+                                          "one, the figures use the device presets. report.html is one "
+                                          "self-contained file (figures and data embedded) to send on.")
     p.add_argument("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
                                               "crosscheck.json)")
     p.add_argument("--out", default="reports/latest", help="report folder (default reports/latest)")
-    p.add_argument("--sweep", action="append", metavar="TABLE", help="sweep table to plot (repeatable)")
+    p.add_argument("--sweep", action="append", metavar="TABLE",
+                   help="sweep or capacity table to include (engram sim sweep / capacity; repeatable)")
     p.add_argument("--trace", action="append", metavar="SOURCE",
                    help="trace source of the what-if curves (repeatable; default: the measured traces, else "
                         "Python source and prose from the standard library)")
-    p.add_argument("--target", type=float, default=CAPACITY_TARGET,
-                   help=f"tokens/s per session of the capacity figure (default {CAPACITY_TARGET:g})")
-    p.add_argument("--compute-ms", type=float,
-                   help="compute per step of the capacity figure, ms (default: the SPEC §8 reference, ~47 ms)")
-    p.add_argument("--sessions", type=_ints, help="session counts of the capacity figure (default 1,2,4,...,128)")
+    g = p.add_argument_group("capacity search of the report")
+    g.add_argument("--target", type=float, default=CAPACITY_TARGET,
+                   help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--compute-ms", type=float,
+                   help="compute per step, ms (default: the SPEC §8 reference, ~47 ms)")
+    g.add_argument("--seeds", type=int, help=f"searches per device, each its own seeds (default {REPORT_SEEDS}; "
+                                              "--quick 2)")
+    g.add_argument("--max-sessions", type=int,
+                   help=f"largest session count probed (default {REPORT_MAX_SESSIONS}; --quick 128)")
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
     p.add_argument("--title", help="report title")
     p.add_argument("--quick", action="store_true", help="shorter simulations, fewer points")
     p.add_argument("--no-html", action="store_true", help="Markdown only")
-    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument("--linked-figures", action="store_true",
+                   help="report.html links figures/ and data/ by relative path instead of embedding them")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars: plain progress lines on stderr instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_report)
+    p.set_defaults(func=_typed_os_errors(_cmd_report))
 
 
 # ------------------------------------------------------------------------ demo
@@ -882,11 +1049,11 @@ def add_demo_command(subparsers) -> None:
 
 # -------------------------------------------------------------------- register
 def add_sim_command(subparsers) -> None:
-    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device`` and ``sweep``."""
-    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions",
+    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device``, ``sweep`` and ``capacity``."""
+    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions, studies",
                               description="A simpy model of Engram row reads (SPEC §9): build traces from real "
                                           "text, predict decode tokens/s and prefill stalls for a device model "
-                                          "and a read policy.")
+                                          "and a read policy, run what-if studies and capacity searches.")
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     sub.required = True
     _add_trace(sub)
@@ -894,6 +1061,7 @@ def add_sim_command(subparsers) -> None:
     _add_prefill(sub)
     _add_device(sub)
     _add_sweep(sub)
+    _add_capacity(sub)
 
 
 def add_measure_command(subparsers) -> None:

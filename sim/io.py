@@ -9,6 +9,7 @@ metadata) goes through :func:`write_json`, and every one it reads through
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -17,9 +18,39 @@ from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
 from engram.cli import json_default
-from engram.errors import FormatError
+from engram.errors import EngramError, FormatError
 
-__all__ = ["load_json", "now_iso", "read_jsonl", "sha256_file", "shared_data_dir", "write_json"]
+__all__ = ["OutputError", "load_json", "now_iso", "output_error", "read_jsonl", "sha256_file", "shared_data_dir",
+           "write_json"]
+
+
+class OutputError(EngramError, OSError):
+    """A result file or folder could not be written (no permission, disk full, a file where a folder must be).
+
+    The message names the path and the system's reason; ``errno`` and ``filename`` are those of the
+    :class:`OSError` behind it.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def output_error(path: Union[str, os.PathLike], exc: OSError, what: str = "write") -> OutputError:
+    """The :class:`OutputError` of an ``OSError`` met while writing ``path`` (``what``: the action, in words).
+
+    The path named is the one the system reported when it names one (a parent folder that could not be made).
+    """
+    # the path the system named when it is another one (a parent folder that could not be made), never the
+    # temporary file an atomic write goes through
+    named = getattr(exc, "filename", None)
+    where = named if named and not str(named).endswith(".tmp") else path
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        reason = "a file stands where a folder is needed"
+    else:
+        reason = exc.strerror or exc.__class__.__name__
+    err = OutputError(f"{where}: cannot {what} ({reason})")
+    err.errno, err.strerror, err.filename = exc.errno, exc.strerror, str(where)
+    return err
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,12 +115,22 @@ def write_json(path: Union[str, os.PathLike], obj) -> Path:
     The document goes to ``PATH.tmp`` first and replaces ``PATH`` in one
     rename, so a reader (or an interrupted run) never sees half a file.
     Missing parent folders are created.
+
+    Raises
+    ------
+    OutputError
+        The file or its folder cannot be written (names the path and the reason).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise output_error(path, exc) from None
     return path
 
 

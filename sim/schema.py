@@ -5,7 +5,7 @@ the cross-check reads two; this module is what they share, so that none of
 them imports another's code (profiling apart from the simulator):
 
 - schema names (:data:`MICRO_SCHEMA`, :data:`RUNS_SCHEMA`,
-  :data:`CALIBRATION_SCHEMA`, :data:`CROSSCHECK_SCHEMA`, :data:`SWEEP_SCHEMA`);
+  :data:`CALIBRATION_SCHEMA`, :data:`CROSSCHECK_SCHEMA`, :data:`SWEEP_SCHEMA`, :data:`CAPACITY_SCHEMA`);
 - units: documents hold times in microseconds (:data:`US` seconds each);
 - the vocabulary of a measured configuration: :class:`ComputeSpec` (the
   compute of a step, ``none``, ``mixer``, ``spin:MS``, ...), :class:`RunConfig`
@@ -138,6 +138,7 @@ from .params import BACKENDS
 
 __all__ = [
     "CALIBRATION_SCHEMA",
+    "CAPACITY_SCHEMA",
     "CROSSCHECK_SCHEMA",
     "MICRO_KINDS",
     "MICRO_SCHEMA",
@@ -162,6 +163,7 @@ RUNS_SCHEMA = "engram.decode-runs/1"
 CALIBRATION_SCHEMA = "engram.calibration/1"
 CROSSCHECK_SCHEMA = "engram.crosscheck/1"
 SWEEP_SCHEMA = "engram.sweep/1"
+CAPACITY_SCHEMA = "engram.capacity/1"
 
 #: Seconds in a microsecond: documents hold times in microseconds, the simulator works in seconds.
 US = 1e-6

@@ -29,7 +29,8 @@ from .. import schema as _schema
 from ..deprecation import moved
 from .background import Background, QuietGuard, is_quiet
 from .compute import compute_runner
-from .configs import (CAPACITY_COMPUTE, CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_POLICIES, DEFAULT_SCALE,
+from .configs import (MEASURED_CAPACITY_COMPUTE, MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_POLICIES,
+                      DEFAULT_SCALE,
                       DEFAULT_TRACES, SESSION_COUNTS, backends_here, default_grid, grid, quick_grid, session_grid,
                       usable_configs)
 from .environment import ensure_model, file_info, machine_info
@@ -41,8 +42,8 @@ from .sessions import sessions_run
 from .settings import Settings
 
 __all__ = [
-    "CAPACITY_COMPUTE",
-    "CAPACITY_TARGET",
+    "MEASURED_CAPACITY_COMPUTE",
+    "MEASURED_CAPACITY_TARGET",
     "SESSION_COUNTS",
     "backends_here",
     "cache_check",

@@ -18,7 +18,8 @@ from ..params import BACKENDS
 from ..schema import SESSION_MODES, ComputeSpec, RunConfig
 from ..trace import CODE_SOURCE
 
-__all__ = ["CAPACITY_COMPUTE", "CAPACITY_TARGET", "DEFAULT_DEPTHS", "DEFAULT_POLICIES", "DEFAULT_SCALE",
+__all__ = ["MEASURED_CAPACITY_COMPUTE", "MEASURED_CAPACITY_TARGET", "DEFAULT_DEPTHS", "DEFAULT_POLICIES",
+           "DEFAULT_SCALE",
            "DEFAULT_TRACES", "SESSION_COUNTS", "backends_here", "default_grid", "grid", "quick_grid",
            "session_grid", "usable_configs"]
 
@@ -26,9 +27,9 @@ __all__ = ["CAPACITY_COMPUTE", "CAPACITY_TARGET", "DEFAULT_DEPTHS", "DEFAULT_POL
 SESSION_COUNTS = (1, 2, 4, 8, 16, 32)
 #: Compute of a step in the multi-session runs: 5 ms that use no CPU of this machine (a step's work on an
 #: accelerator, which the sessions do not share).  The capacity is stated with it.
-CAPACITY_COMPUTE = "sleep:5"
+MEASURED_CAPACITY_COMPUTE = "sleep:5"
 #: Tokens/s the slowest session must reach for a session count to count in the measured capacity.
-CAPACITY_TARGET = 85.0
+MEASURED_CAPACITY_TARGET = 85.0
 
 
 def backends_here() -> Tuple[Tuple[str, ...], Dict[str, str]]:
@@ -102,10 +103,10 @@ DEFAULT_POLICIES = ((256, "pread", 4), (8, "pread", 4), (8, "pread", 16), (8, "i
 
 def session_grid(trace: str, steps: int = 150, sessions: Sequence[int] = SESSION_COUNTS,
                  modes: Sequence[str] = SESSION_MODES, backend: str = "pread", readers: int = 4,
-                 threshold: int = 8, compute: str = CAPACITY_COMPUTE) -> List[RunConfig]:
+                 threshold: int = 8, compute: str = MEASURED_CAPACITY_COMPUTE) -> List[RunConfig]:
     """Multi-session configurations: ``sessions`` concurrent decode sessions x ``modes`` (threads of one
     process, processes sharing the device) on ``trace``, each session on its own stretch, one policy and
-    compute (default :data:`CAPACITY_COMPUTE`).  One session as threads is the single-session run."""
+    compute (default :data:`MEASURED_CAPACITY_COMPUTE`).  One session as threads is the single-session run."""
     return [RunConfig(trace, threshold, backend, readers, compute, steps, int(n), mode)
             for mode in modes for n in sessions if not (mode != modes[0] and n == 1)]
 
@@ -128,7 +129,7 @@ def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
       and io_uring x 16, ``mixer_steps`` steps (2);
     - 1, 2, 4, 8, 16 and 32 concurrent sessions as threads, and 2 to 32 as
       processes, on the novel, threshold 8, pread x 4, compute
-      :data:`CAPACITY_COMPUTE` (:func:`session_grid`, ``session_steps`` steps a session: 11).
+      :data:`MEASURED_CAPACITY_COMPUTE` (:func:`session_grid`, ``session_steps`` steps a session: 11).
 
     Configurations on io_uring are left to :func:`usable_configs` where the ring does not start.
     """

@@ -9,7 +9,7 @@ from engram.errors import ArgumentError
 
 from ..params import BACKENDS
 from ..schema import RunConfig
-from .configs import CAPACITY_TARGET, DEFAULT_DEPTHS
+from .configs import MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS
 
 __all__ = ["Settings"]
 
@@ -87,7 +87,7 @@ class Settings:
     probe_batches: int = 30
     probe_compute_samples: int = 10
     cache_batches: int = 100
-    capacity_target: float = CAPACITY_TARGET
+    capacity_target: float = MEASURED_CAPACITY_TARGET
     compute_samples: int = 100
     mixer_samples: int = 15
     warmup: int = 8

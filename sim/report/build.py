@@ -3,16 +3,19 @@
 :func:`build_report` writes a report folder::
 
     OUT/report.md        the report (Markdown; figures and tables inline)
-    OUT/report.html      the same as one HTML page (optional)
+    OUT/report.html      the same as one self-contained HTML page (figures and data embedded)
     OUT/figures/*.png    every figure: title, labelled axes with units, legend
     OUT/data/*.csv       the numbers behind every figure, one file per figure
     OUT/inputs/          the calibration, cross-check, run summary and sweep tables it was made from
 
 What goes in depends on what it is given:
 
+- first, the answer: the concurrent sessions each device sustains at a target
+  tokens/s, searched with a seed ensemble (:mod:`sim.capacity`), with its band
+  and assumptions, from the report's own search and every capacity table
+  given (:mod:`sim.report.answer`);
 - always: the SPEC §8 seed reproduction; tokens/s by threshold and by readers,
-  by row-cache size and reuse rate, step-latency CDFs and capacity (concurrent
-  sessions a device sustains at a target tokens/s) on the device presets of
+  by row-cache size and reuse rate, step-latency CDFs on the device presets of
   :mod:`sim.device`, predicted;
 - with a measurement folder (``engram measure`` + ``engram calibrate``, and
   ``engram crosscheck`` or computed here): the same figures for this machine
@@ -20,7 +23,8 @@ What goes in depends on what it is given:
   vs predicted, predicted vs measured tokens/s with the error band and the
   cross-check table, this machine's calibrated device in the capacity figure,
   the calibration's tables;
-- with sweep tables (``engram sim sweep``): the study's figures;
+- with sweep tables (``engram sim sweep``): the study's figures; with capacity
+  tables (``engram sim capacity``): the study's configurations;
 - with ``demo.json`` in the measurement folder (``engram demo``): the model
   file, traces, lookups and gated adds of the run.
 
@@ -32,32 +36,88 @@ bytes.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
+
+import numpy as np
 
 from engram.errors import ArgumentError
 
+from ..capacity import CAPACITY_TARGET
 from ..device import SEED_REFERENCE
-from ..io import now_iso
+from ..io import now_iso, output_error
+from ..progress import progress_mode
+from .answer import Entry, answer_section, search_section
 from .document import Doc, anchor
-from .figures import (cache_section, capacity_section, cdf_section, devices_figure, readers_section, seed_section,
-                      threshold_section)
-from .inputs import load_inputs
+from .figures import cache_section, cdf_section, devices_figure, readers_section, seed_section, threshold_section
+from .inputs import Inputs, load_inputs
 from .plots import ReportFolder
 from .sections import crosscheck_section, inputs_section, run_section, sweeps_section
-from .whatif import (CAPACITY_SESSIONS, CAPACITY_TARGET, cache_data, capacity_data, cdf_data, device_curves,
-                     readers_data, seed_figures, threshold_data)
+from .whatif import (cache_data, capacity_data, cdf_data, device_curves, readers_data, seed_figures,
+                     threshold_data)
 
 __all__ = ["build_report"]
+
+_SEARCH_HEADING = "Capacity: how the report searched it"
+#: Median CPU share of other processes during the measured runs below which the machine counts as quiet.
+QUIET_CPU = 0.25
+
+
+def regime(inp: Inputs) -> str:
+    """The machine regime the measurements ran in, in words: quiet, or shared with how busy it was."""
+    if inp.runs is None:
+        if inp.cal is not None or inp.xc:
+            return (f"measured on {inp.machine_name()}; the runs (runs.json), and with them the load of other "
+                    "processes, are not in the measurement folder")
+        return "no measurement on this machine: every figure is a prediction on the device presets"
+    bg = [r["background"] for r in inp.runs.get("runs", []) if isinstance(r.get("background"), dict)]
+    if not bg:
+        return f"measured on {inp.machine_name()}; the load of other processes was not recorded"
+    cpu = float(np.median([float(b.get("cpu", 0.0)) for b in bg]))
+    peak = max(float(b.get("cpu", 0.0)) for b in bg)
+    kind = "a quiet machine" if cpu < QUIET_CPU else "a shared, busy machine"
+    return (f"measured on {inp.machine_name()}, {kind}: other processes used a median {cpu:.0%} of the CPUs "
+            f"during the runs (at most {peak:.0%})")
+
+
+def _headline(inp: Inputs, seed: dict) -> List[str]:
+    head = [f"Machine: {regime(inp)}.",
+            f"Seed reproduction: threshold 8 predicted at {seed['predicted_tokens_per_s']:.2f} tokens/s vs "
+            f"{SEED_REFERENCE['concurrent_tokens_per_s']} measured by the reference engine "
+            f"({seed['error'] * 100:+.2f}%)."]
+    if inp.xc:
+        s = inp.xc["summary"]
+        head.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
+                    f"|error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
+                    f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}% ({'PASS' if s['passed'] else 'FAIL'} against "
+                    f"the targets); median spread of repeats {s['spread']['tokens_per_s_median'] * 100:.1f}%.")
+        best = max(inp.xc["rows"], key=lambda r: r["measured"]["tokens_per_s"] if r["compute"] == "none" else 0)
+        ser = [r for r in inp.xc["rows"] if r["serial"] and r["trace"] == best["trace"] and r["compute"] == "none"]
+        if ser and not best["serial"]:
+            head.append(f"Fastest measured read policy: {best['backend']} with {best['readers']} readers, "
+                        f"{best['measured']['tokens_per_s']:.0f} tokens/s of Engram reads on {best['trace_label']} "
+                        f"vs {ser[0]['measured']['tokens_per_s']:.0f} serially "
+                        f"(x{best['measured']['tokens_per_s'] / ser[0]['measured']['tokens_per_s']:.2f}).")
+    return head
+
+
+_HOW = ("How to read it: **measured** is the real engine on this machine (the median of interleaved repeats, "
+        "bars from the slowest to the fastest); **predicted** is the simpy model of `sim`, calibrated from "
+        "microbenchmarks only, never from the runs it is compared with; the reference SSD and the other presets "
+        "are predictions with the SPEC §8 compute per step (~47 ms, a V4.1 Flash-class model), while 'Engram "
+        "reads only' panels leave the rest of the model out and show how fast the reads alone can go. "
+        "tokens/s are decode tokens per second of one session unless a label says otherwise, and every tokens/s "
+        "axis starts at zero; every figure's numbers are in `data/`, its inputs in `inputs/`.")
 
 
 def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.PathLike, None] = None,
                  sweeps: Sequence[Union[str, os.PathLike]] = (), traces: Optional[Sequence[str]] = None,
-                 html_page: bool = True, target: float = CAPACITY_TARGET, compute_ms: Optional[float] = None,
-                 sessions: Sequence[int] = CAPACITY_SESSIONS, quick: bool = False, jobs: Optional[int] = None,
-                 title: Optional[str] = None, progress: bool = True,
-                 log: Optional[Callable[[str], None]] = None) -> Path:
+                 html_page: bool = True, self_contained: bool = True, target: float = CAPACITY_TARGET,
+                 compute_ms: Optional[float] = None, seeds: Optional[int] = None, max_sessions: Optional[int] = None,
+                 quick: bool = False, jobs: Optional[int] = None, title: Optional[str] = None,
+                 progress: Union[bool, str] = True, log: Optional[Callable[[str], None]] = None) -> Path:
     """Write a report folder and return the path of its ``report.md``.
 
     Parameters
@@ -71,52 +131,60 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
         ``demo.json`` (``engram demo``).  Without it the report holds the
         predicted figures on the device presets only.
     sweeps : sequence of path
-        Sweep tables (``engram sim sweep``; ``.csv`` or ``.parquet``) to plot.
+        Sweep tables (``engram sim sweep``) and capacity tables (``engram sim capacity``), ``.csv`` or
+        ``.parquet``: their figures, and their capacities in the answer.
     traces : sequence of str, optional
         Trace sources of the what-if curves (default: the measured runs' traces,
         else :func:`default_traces`).
     html_page : bool
-        Also write ``report.html``.
+        Also write ``report.html`` (the same document, rendered by markdown-it-py).
+    self_contained : bool
+        Embed the figures and data files in ``report.html`` (default), or link them by relative path.
     target : float
-        Tokens/s per session of the capacity figure.
+        Tokens/s every session must reach in the report's capacity search.
     compute_ms : float, optional
-        Compute per step of the capacity figure (default: the SPEC §8 reference compute).
-    sessions : sequence of int
-        Concurrent session counts of the capacity figure.
+        Compute per step of the capacity search (default: the SPEC §8 reference compute).
+    seeds, max_sessions : int, optional
+        Seeds per device and the largest session count of the capacity search
+        (default 3 and 512; ``quick``: 2 and 128).
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
     jobs : int, optional
-        Local processes for the capacity simulations (default: the CPU count).
+        Local processes for the capacity search (default: the CPU count).
     title : str, optional
-    progress : bool
-        Progress bars.
+    progress : bool or str
+        :mod:`sim.progress` mode of the capacity search; section lines go to standard error unless ``False``.
     log : callable, optional
-        Receives a line as each section starts (default: print when ``progress``).
+        Receives a line as each section starts (default: print to standard error unless progress is off).
 
     Raises
     ------
     ArgumentError, FormatError
-        A missing folder, or inputs that are not what they claim to be.
+        A missing folder or table, or inputs that are not what they claim to be.
+    OutputError
+        The report folder cannot be written (names the path).
     """
     t0 = time.perf_counter()
-    say = log or ((lambda s: print(f"  report: {s}", flush=True)) if progress else (lambda s: None))
-    out = ReportFolder(Path(out_dir))
+    mode = progress_mode(progress)
+    say = log or ((lambda s: print(f"  report: {s}", file=sys.stderr, flush=True)) if mode != "off"
+                  else (lambda s: None))
     wd = Path(workdir) if workdir is not None else None
     sweep_paths = [Path(s) for s in sweeps]
     for s in sweep_paths:
-        if not s.is_file():
+        if s.is_dir():
+            raise ArgumentError(f"sweep table {s} is a folder, not a table")
+        if not s.is_file() and not Path(str(s) + ".partial.csv").is_file():
             raise ArgumentError(f"sweep table {s} does not exist")
+    out = ReportFolder(Path(out_dir))
     say("loading inputs and traces")
-    inp = load_inputs(wd, traces, quick, progress, say)
-    if quick and sessions == CAPACITY_SESSIONS:
-        sessions = (1, 4, 16, 64)
+    bars = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+    inp = load_inputs(wd, traces, quick, bars, say)
     doc = Doc(title or "Engram decode: measured, predicted and what-if")
-    now = now_iso()
-    intro = (f"Generated {now} by `engram report`"
+    intro = (f"Generated {now_iso()} by `engram report`"
              + (f" from the measurements in `{wd}`" if wd else " (no measurements: predictions on device presets)")
-             + (f" and {len(sweep_paths)} sweep table(s)" if sweep_paths else "") + ".")
+             + (f" and {len(sweep_paths)} table(s) of studies" if sweep_paths else "") + ".")
     doc.p(intro)
-    summary_at = len(doc.blocks)
+    answer_at = len(doc.blocks)
     seed, ref_compute = seed_figures()
 
     say("seed reproduction")
@@ -133,48 +201,35 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     cdf_section(doc, out, cdf_data(inp, ref_compute, quick))
     say("reuse and row caches")
     cache_section(doc, out, cache_data(inp, ref_compute, quick))
-    say("capacity")
-    cap = capacity_section(doc, out, capacity_data(inp, ref_compute, compute_ms=compute_ms, sessions=sessions,
-                                                   quick=quick, jobs=jobs, progress=progress),
-                           target=target, given_compute=compute_ms is not None)
+    say("capacity search")
+    cap = capacity_data(inp, ref_compute, target=target, compute_ms=compute_ms, seeds=seeds,
+                        max_sessions=max_sessions, quick=quick, jobs=jobs, progress=mode)
+    search_section(doc, cap, _SEARCH_HEADING)
+    entries = [Entry(label, "this report's search", cap.spec, cap=c, config=c.config) for label, c in cap.entries]
     if sweep_paths:
-        say("sweeps")
-        sweeps_section(doc, out, sweep_paths)
+        say("studies")
+        entries += sweeps_section(doc, out, sweep_paths)
+    answer = Doc("")
+    answer_section(answer, out, entries, _SEARCH_HEADING)
     inputs_section(doc, out, inp, sweep_paths)
 
-    # headline figures, placed after the introduction
-    head = [f"Seed reproduction: threshold 8 predicted at {seed['predicted_tokens_per_s']:.2f} tokens/s vs "
-            f"{SEED_REFERENCE['concurrent_tokens_per_s']} measured by the reference engine "
-            f"({seed['error'] * 100:+.2f}%)."]
-    if inp.xc:
-        s = inp.xc["summary"]
-        head.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
-                    f"|error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
-                    f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}% ({'PASS' if s['passed'] else 'FAIL'} against "
-                    f"the targets); median spread of repeats {s['spread']['tokens_per_s_median'] * 100:.1f}%.")
-        best = max(inp.xc["rows"], key=lambda r: r["measured"]["tokens_per_s"] if r["compute"] == "none" else 0)
-        ser = [r for r in inp.xc["rows"] if r["serial"] and r["trace"] == best["trace"] and r["compute"] == "none"]
-        if ser and not best["serial"]:
-            head.append(f"Fastest measured read policy: {best['backend']} with {best['readers']} readers, "
-                        f"{best['measured']['tokens_per_s']:.0f} tokens/s of Engram reads on {best['trace_label']} "
-                        f"vs {ser[0]['measured']['tokens_per_s']:.0f} serially "
-                        f"(x{best['measured']['tokens_per_s'] / ser[0]['measured']['tokens_per_s']:.2f}).")
-    if cap:
-        head.append("Capacity at " + f"{target:g} tokens/s per session: "
-                    + "; ".join(f"{row[0]} {row[1]} sessions" for row in cap) + ".")
+    # the answer first, then the other headline figures and the contents
+    head = [("h", 1, "Other headline figures"), ("ul", _headline(inp, seed)), ("p", _HOW)]
+    doc.blocks[answer_at:answer_at] = answer.blocks + head
     toc = [f"[{b[2]}](#{anchor(b[2])})" for b in doc.blocks if b[0] == "h" and b[1] == 1]
-    how = ("How to read it: **measured** is the real engine on this machine (the median of interleaved repeats, "
-           "bars from the slowest to the fastest); **predicted** is the simpy model of `sim`, calibrated from "
-           "microbenchmarks only, never from the runs it is compared with; the reference SSD and the other presets "
-           "are predictions with the SPEC §8 compute per step (~47 ms, a V4.1 Flash-class model), while 'Engram "
-           "reads only' panels leave the rest of the model out and show how fast the reads alone can go. "
-           "tokens/s are decode tokens per second of one session unless a label says otherwise; every figure's "
-           "numbers are in `data/`, its inputs in `inputs/`.")
-    doc.blocks[summary_at:summary_at] = [("h", 1, "Headline figures"), ("ul", head), ("p", how),
-                                         ("p", "Contents: " + " · ".join(toc))]
+    doc.blocks.insert(answer_at + len(answer.blocks) + len(head), ("p", "Contents: " + " · ".join(toc)))
     doc.p(f"Report written in {time.perf_counter() - t0:.0f} s.")
     md = out.root / "report.md"
-    md.write_text(doc.markdown(), encoding="utf-8")
+    _write_text(md, doc.markdown())
     if html_page:
-        (out.root / "report.html").write_text(doc.html(), encoding="utf-8")
+        _write_text(out.root / "report.html", doc.html(out.root, self_contained=self_contained))
     return md
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise output_error(path, exc) from None

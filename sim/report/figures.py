@@ -1,7 +1,7 @@
 """The report's predicted figures: each draws the data of :mod:`sim.report.whatif` and writes its section.
 
 Seed reproduction, tokens/s by threshold and by readers, the device models,
-row caches and reuse, step-latency CDFs, capacity.  Nothing here simulates:
+row caches and reuse, step-latency CDFs (capacity: :mod:`sim.report.answer`).  Nothing here simulates:
 every number comes in computed, and the CSV rows beside each figure are the
 ones it was drawn from.
 """
@@ -17,9 +17,9 @@ from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..schema import trace_label
 from .document import Doc
 from .plots import ReportFolder, cache_axis, colors, pyplot
-from .whatif import CacheData, CapacityData, CdfData, ReadersData, ThresholdData, capacity_of, gain_points
+from .whatif import CacheData, CdfData, ReadersData, ThresholdData, gain_points
 
-__all__ = ["cache_section", "capacity_section", "cdf_section", "devices_figure", "readers_section", "seed_section",
+__all__ = ["cache_section", "cdf_section", "devices_figure", "readers_section", "seed_section",
            "threshold_section"]
 
 _ENGRAM_ONLY = "Engram reads only, no model compute"
@@ -286,51 +286,3 @@ def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
     rel = out.save(fig, "step_cdf", "Step-latency CDFs on the reference SSD (predicted)")
     data = out.csv("step_cdf", ["config", "percentile", "predicted_ms", ""], d.rows)
     out.add(doc, rel, data, "Predicted step-latency CDFs (compute gamma-distributed, CV 0.05).")
-
-
-def capacity_section(doc: Doc, out: ReportFolder, d: CapacityData, *, target: float, given_compute: bool) -> list:
-    """Capacity (:func:`sim.report.whatif.capacity_data`): sessions each device sustains at ``target`` tokens/s
-    per session; returns the table's rows ``[device, capacity, tokens/s alone, busy, reads/s]``."""
-    plt = pyplot()
-    comp_ms = d.compute_ms
-    doc.h(1, "Capacity: concurrent sessions a device sustains")
-    doc.p(f"S sessions decode at once on one device (threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers, "
-          f"trace {trace_label(d.trace)}); each "
-          f"session has its own compute of {comp_ms:.1f} ms a step "
-          f"({'the SPEC §8 reference compute' if not given_compute else 'given'}), so only the reads contend; "
-          f"session starts are spread over one step. A device sustains S sessions when every session still "
-          f"decodes at >= **{target:g} tokens/s**.")
-    fig, ax = plt.subplots(figsize=(9, 5.2))
-    table, rows_csv = [], []
-    for label, spec, be, rs in d.devices:
-        cap, bound = capacity_of(rs, target)
-        xs = [r["sessions"] for r in rs]
-        ys = [r["session_tokens_per_s_min"] for r in rs]
-        line, = ax.plot(xs, ys, "-o", ms=4, label=f"{label}: {'>= ' if bound else ''}{cap} sessions")
-        if cap:
-            capr = next(r for r in rs if r["sessions"] == cap)
-            ax.plot([cap], [capr["session_tokens_per_s_min"]], "*", ms=14, color=line.get_color(),
-                    markeredgecolor="k")
-        one = next(r for r in rs if r["sessions"] == min(xs))
-        at = next((r for r in rs if r["sessions"] == cap), None)
-        table.append([label, f"{'>= ' if bound else ''}{cap}", one["session_tokens_per_s"],
-                      at["device_busy"] if at else float("nan"), at["reads_per_s"] if at else float("nan")])
-        rows_csv += [[label, r["sessions"], r["session_tokens_per_s"], r["session_tokens_per_s_min"],
-                      r["tokens_per_s"], r["device_busy"], r["mean_queue_depth"], r["reads_per_s"], r["step_p99_ms"]]
-                     for r in rs]
-    ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target:g} tokens/s per session")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent sessions on the device (log scale)")
-    ax.set_ylabel("tokens/s of the slowest session")
-    ax.set_title(f"threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers, compute {comp_ms:.1f} ms a step; "
-                 f"star: the capacity", fontsize=10)
-    ax.legend(loc="lower left")
-    rel = out.save(fig, "capacity", f"Capacity: sessions a device sustains at {target:g} tokens/s each")
-    data = out.csv("capacity", ["device", "sessions", "session_tokens_per_s", "session_tokens_per_s_min",
-                                "tokens_per_s_all", "device_busy", "mean_queue_depth", "reads_per_s", "step_p99_ms"],
-                   rows_csv)
-    out.add(doc, rel, data, f"Tokens/s of the slowest session by concurrent sessions; the legend gives each "
-                            f"device's capacity at {target:g} tokens/s per session.")
-    doc.table(["device", f"sessions at >= {target:g} tokens/s", "tokens/s, one session",
-               "device busy at capacity", "reads/s at capacity"], table)
-    return table

@@ -2,21 +2,28 @@
 
 The one module of ``sim`` that imports matplotlib (inside functions: it is
 an optional, heavy package).  :meth:`ReportFolder.save` refuses a figure a
-reader could not read: an axes without labels, or several labelled series
-and no legend.
+reader could not read (an axes without labels, or several labelled series
+and no legend), starts every linear tokens/s axis at zero (so that a
+difference of a few percent is not drawn as a large one), and writes the PNG
+with a 256-colour palette (a third of the size, so a self-contained page
+stays small).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import os
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
+from ..io import output_error
 from .document import Doc
 
-__all__ = ["ReportFolder", "cache_axis", "colors", "plain_log_ticks", "pyplot"]
+__all__ = ["ReportFolder", "cache_axis", "colors", "plain_log_ticks", "pyplot", "spread_labels", "zero_based"]
 
 
 _STYLE_SET = False
@@ -68,13 +75,86 @@ def cache_axis(ax, sizes: Sequence[int]) -> List[float]:
     return xs
 
 
+def zero_based(ax) -> None:
+    """Start a linear y axis at zero when its data are all positive (a tokens/s axis: see the module)."""
+    if ax.get_yscale() != "linear":
+        return
+    lo, hi = ax.get_ylim()
+    if lo > 0:
+        ax.set_ylim(0, hi)
+
+
+def spread_labels(ax, items: Sequence[Tuple[float, float, str, Any]], gap_px: float = 13.0) -> None:
+    """Label points ``(x, y, text, colour)`` of ``ax`` without two labels overlapping.
+
+    Labels sit to the right of their point; labels whose points are close
+    (within 80 pixels across) are pushed apart vertically by ``gap_px`` pixels,
+    with a thin leader line to a label that moved.  They are placed by
+    :meth:`ReportFolder.save` once the figure's layout is final, so that the
+    distances are the ones drawn.
+    """
+    pending = getattr(ax, "_engram_labels", [])
+    pending.extend((float(x), float(y), str(t), c, gap_px) for x, y, t, c in items)
+    ax._engram_labels = pending
+
+
+def _place_labels(ax) -> None:
+    """Draw the labels :func:`spread_labels` recorded on ``ax`` (its layout is final)."""
+    items = getattr(ax, "_engram_labels", None)
+    if not items:
+        return
+    ax._engram_labels = []
+    trans = ax.transData
+    pts = sorted(((trans.transform((x, y)), x, y, text, color, gap) for x, y, text, color, gap in items),
+                 key=lambda p: (p[0][1], p[0][0]))
+    placed: List[Tuple[float, float]] = []  # (display x, display y of the label)
+    dpi = ax.figure.dpi
+    for (dx, dy), x, y, text, color, gap in pts:
+        ly = dy
+        for px, py in placed:
+            if abs(px - dx) < 80 and ly < py + gap:
+                ly = py + gap
+        placed.append((dx, ly))
+        shift = (ly - dy) * 72.0 / dpi
+        ax.annotate(text, (x, y), xytext=(7, 4 + shift), textcoords="offset points", fontsize=8, color=color,
+                    va="bottom", arrowprops=dict(arrowstyle="-", lw=0.5, color=color) if shift > 1 else None)
+
+
+def _write_png(fig, path: Path) -> None:
+    """The figure as a palette PNG (256 colours, optimised), atomically."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.15)
+    buf.seek(0)
+    img = Image.open(buf).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT,
+                                                  dither=Image.Dither.NONE)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        img.save(tmp, format="PNG", optimize=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise output_error(path, exc) from None
+
+
 class ReportFolder:
-    """The report folder: ``figures/`` (PNG), ``data/`` (the numbers of each figure, CSV) and ``inputs/``."""
+    """The report folder: ``figures/`` (PNG), ``data/`` (the numbers of each figure, CSV) and ``inputs/``.
+
+    Raises
+    ------
+    OutputError
+        The folder cannot be made (names the path and the reason).
+    """
 
     def __init__(self, root: Path):
         self.root = root
         for sub in ("figures", "data", "inputs"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+            try:
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise output_error(root / sub, exc, "make the report folder") from None
         self.figures: List[Tuple[str, str, str]] = []  # (figure, data, title)
 
     def save(self, fig, name: str, title: str) -> str:
@@ -84,11 +164,15 @@ class ReportFolder:
         ------
         RuntimeError
             An axes without x or y label, or with several labelled lines but no legend.
+        OutputError
+            The file cannot be written.
         """
         for ax in fig.axes:
             plain_log_ticks(ax)
             if not ax.get_visible():
                 continue
+            if "tokens/s" in ax.get_ylabel():
+                zero_based(ax)
             if not ax.get_xlabel() or not ax.get_ylabel():
                 raise RuntimeError(f"figure {name}: an axes lacks an axis label")
             labelled = [h for h in ax.get_legend_handles_labels()[1] if not h.startswith("_")]
@@ -96,19 +180,26 @@ class ReportFolder:
                 raise RuntimeError(f"figure {name}: an axes with {len(labelled)} labelled series has no legend")
         fig.suptitle(title, fontweight="bold")
         fig.tight_layout()
+        for ax in fig.axes:
+            _place_labels(ax)
         rel = f"figures/{name}.png"
-        fig.savefig(self.root / rel, bbox_inches="tight", pad_inches=0.15)
-        pyplot().close(fig)
+        try:
+            _write_png(fig, self.root / rel)
+        finally:
+            pyplot().close(fig)
         return rel
 
     def csv(self, name: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         """Write ``data/NAME.csv`` (floats at full precision); return its path relative to the folder."""
         rel = f"data/{name}.csv"
-        with open(self.root / rel, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            for r in rows:
-                w.writerow([repr(float(v)) if isinstance(v, (float, np.floating)) else v for v in r])
+        try:
+            with open(self.root / rel, "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(header)
+                for r in rows:
+                    w.writerow([repr(float(v)) if isinstance(v, (float, np.floating)) else v for v in r])
+        except OSError as exc:
+            raise output_error(self.root / rel, exc) from None
         return rel
 
     def add(self, doc: Doc, fig_rel: str, data_rel: str, caption: str) -> None:

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from engram.errors import ArgumentError
 
+from ..capacity import CAPACITY_TARGET, capacity_of, is_capacity_table, probes_path, read_capacity
 from ..crosscheck import markdown_table
-from ..io import sha256_file, write_json
-from ..sweep import AXES, METRICS, read_table
+from ..io import output_error, sha256_file, write_json
+from ..sweep import AXES, METRICS, meta_path, read_table
+from .answer import Entry, compute_phrase, entries_from_capacity_table, grid_entries
 from .document import Doc, anchor
 from .inputs import Inputs, device_label
-from .plots import ReportFolder, pyplot
-from .whatif import CAPACITY_TARGET, capacity_of
+from .plots import ReportFolder, pyplot, spread_labels, zero_based
 
 __all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
 
@@ -136,10 +137,48 @@ def _short_key(r: Mapping) -> str:
     return f"{r['trace_label'][:14]} {pol} {r['compute']}"
 
 
-def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> None:
-    """One section per sweep table: what the study varied and held, and its figures (its own ``[[plot]]``
-    specifications, or one chosen from its axes)."""
-    for si, path in enumerate(sweeps):
+_COMPUTE_AXES = ("compute", "compute_ms", "compute_dist", "compute_cv")
+
+
+def fixed_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
+    """What a study held fixed, from one of its rows: the compute of a step in words with its mean (not the
+    ``compute_ms`` axis, which a named compute model leaves at 0), then every other axis that does not vary."""
+    parts = []
+    if not any(a in axes for a in _COMPUTE_AXES) and ("compute_mean_ms" in row or "compute_ms" in row):
+        parts.append(f"compute = {compute_phrase(row)}")
+    skip = set(_COMPUTE_AXES) if parts else set()
+    parts += [f"{a} = `{row[a]}`" for a in AXES
+              if a in row and a not in axes and a not in skip and a not in ("sessions", "repeat")
+              and row[a] not in ("", None)]
+    return "Fixed: " + ", ".join(parts) + "."
+
+
+def _copy_inputs(out: ReportFolder, paths: Sequence[Path], name: str = "") -> None:
+    """Copy the files of ``paths`` that exist into ``inputs/`` (under ``name`` when given, else their own)."""
+    for src in paths:
+        if src.is_file():
+            dst = out.root / "inputs" / (name or src.name)
+            try:
+                shutil.copyfile(src, dst)
+            except OSError as exc:
+                raise output_error(dst, exc) from None
+
+
+def _completeness(meta: Mapping[str, Any], rows: Sequence[Mapping], path: Path) -> str:
+    if meta.get("complete") is False:
+        return (f" **Incomplete**: {len(rows)} of {meta.get('points', '?')} points (the run stopped; "
+                f"`engram sim sweep --resume --out {path}` continues it).")
+    return ""
+
+
+def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[Entry]:
+    """One section per table: a sweep's figures (its own ``[[plot]]`` specifications, or one chosen from its
+    axes) or a capacity study's configurations; returns the capacities they give (:class:`answer.Entry`)."""
+    entries: List[Entry] = []
+    for path in sweeps:
+        if is_capacity_table(path):
+            entries += _capacity_study_section(doc, out, path)
+            continue
         rows, meta = read_table(path)
         if not rows:
             continue
@@ -151,16 +190,40 @@ def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> None:
             doc.p(study["description"])
         doc.p(f"{len(rows)} points over {', '.join(f'`{a}`' for a in axes) or 'no varying axis'}"
               + (f"; ran in {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
-              + f". Table: `inputs/{path.name}`.")
-        shutil.copyfile(path, out.root / "inputs" / path.name)
-        if Path(str(path) + ".meta.json").is_file():
-            shutil.copyfile(str(path) + ".meta.json", out.root / "inputs" / (path.name + ".meta.json"))
-        fixed = {a: rows[0][a] for a in AXES if a in rows[0] and a not in axes}
-        doc.p("Fixed: " + ", ".join(f"{a} = `{v}`" for a, v in fixed.items() if v not in ("", None)))
+              + f". Table: `inputs/{path.name}`." + _completeness(meta, rows, path))
+        _copy_inputs(out, [path, meta_path(path)])
+        doc.p(fixed_text(rows[0], axes))
         plots = study.get("plots") or [_default_plot(axes, rows)]
         for pi, spec in enumerate(plots):
             rel, data, cap = _plot_sweep(out, rows, spec, axes, f"sweep_{anchor(name)}_{pi}", name)
             out.add(doc, rel, data, cap)
+            if spec.get("kind") == "capacity" and "sessions" in axes:
+                entries += grid_entries(rows, axes, spec, name, path)
+    return entries
+
+
+def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Entry]:
+    """A capacity table's section: the study, what it held, each configuration's capacity and seeds."""
+    rows, probes, meta = read_capacity(path)
+    entries = entries_from_capacity_table(path)
+    study = meta.get("study", {})
+    spec = meta.get("capacity", {})
+    doc.h(1, f"Capacity study: {study.get('name') or path.stem}")
+    if study.get("description"):
+        doc.p(study["description"])
+    axes = [a for a in meta.get("axes", []) if a in AXES]
+    doc.p(f"{len(rows)} configuration(s) over {', '.join(f'`{a}`' for a in axes) or 'no varying axis'}; capacity "
+          f"searched at {spec.get('target', '?')} tokens/s with {spec.get('seeds', '?')} seeds up to "
+          f"{spec.get('max_sessions', '?')} sessions ({len(probes)} probes"
+          + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
+          + f"). Tables: `inputs/{path.name}`, `inputs/{probes_path(path).name}`.")
+    _copy_inputs(out, [path, meta_path(path), probes_path(path), meta_path(probes_path(path))])
+    if rows:
+        doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes))
+    doc.table(["configuration", "capacity", "per seed", "probes", "assumes"],
+              [[e.label, e.shown(), " ".join(str(c) for c in e.cap.per_seed), len(e.cap.probes),
+                e.cap.assumptions()] for e in entries])
+    return entries
 
 
 def _default_plot(axes: Sequence[str], rows: Sequence[Mapping]) -> dict:
@@ -211,6 +274,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
             line, = ax.plot(xp, ym, "-o", ms=4, label=lab)
             if any(h > l for h, l in zip(yhi, ylo)):
                 ax.fill_between(xp, ylo, yhi, color=line.get_color(), alpha=0.15)
+        stars = []
         if spec.get("kind") == "capacity":
             tgt = float(spec.get("target", CAPACITY_TARGET))
             ax.axhline(tgt, color="k", ls="--", lw=1, label=f"target {tgt:g}")
@@ -220,8 +284,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
                 if cap:
                     r = next(r for r in pts if r["sessions"] == cap)
                     ax.plot([cap], [r[y]], "*", ms=13, color="gold", markeredgecolor="k")
-                    ax.annotate(f"{'>=' if bound else ''}{cap}", (cap, r[y]), xytext=(4, 6),
-                                textcoords="offset points", fontsize=8)
+                    stars.append((cap, r[y], f"{'>=' if bound else ''}{cap}", "k"))
         if cat:
             ax.set_xticks(range(len(xcats)), [device_label(str(c)) for c in xcats], rotation=20, ha="right")
         elif spec.get("logx"):
@@ -232,6 +295,9 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
         ax.set_ylabel(spec.get("ylabel") or METRICS.get(y, y))
         if facet:
             ax.set_title(f"{facet} = {device_label(fv) if facet == 'device' else fv}", fontsize=10)
+        if "tokens/s" in ax.get_ylabel():
+            zero_based(ax)
+        spread_labels(ax, stars)
         if not outside:
             ax.legend(loc="best")
     for j in range(len(facets), nrows * cols):
@@ -315,7 +381,7 @@ def inputs_section(doc: Doc, out: ReportFolder, inp: Inputs, sweeps: Sequence[Pa
         doc.table(["compute", "mean ms", "CV", "samples"],
                   [[label, m.mean * 1e3, m.cv, len(m.samples)] for label, m in c.compute.items()])
         out.csv("calibration_fit", list(c.fit[0].keys()) if c.fit else [], [list(f.values()) for f in c.fit])
-        shutil.copyfile(inp.cal_path, out.root / "inputs" / "calibration.json")
+        _copy_inputs(out, [inp.cal_path], "calibration.json")
     if inp.xc:
         write_json(out.root / "inputs" / "crosscheck.json", inp.xc)
     if inp.runs:
@@ -324,7 +390,7 @@ def inputs_section(doc: Doc, out: ReportFolder, inp: Inputs, sweeps: Sequence[Pa
                 for r in inp.runs["runs"]]
         out.csv("runs", ["config", "round", "order", "steps", "tokens_per_s", "step_p50_ms", "step_p95_ms",
                          "read_mean_ms", "compute_mean_ms", "rows_match"], rows)
-        shutil.copyfile(out.root / "data" / "runs.csv", out.root / "inputs" / "runs_summary.csv")
+        _copy_inputs(out, [out.root / "data" / "runs.csv"], "runs_summary.csv")
     if inp.demo:
         write_json(out.root / "inputs" / "demo.json", inp.demo)
     files = []

@@ -9,30 +9,29 @@ inputs give the same numbers.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from engram.errors import ArgumentError
 
+from ..capacity import CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity
 from ..decode import seed_reproduction, simulate_decode
 from ..device import SEED_REFERENCE, preset, preset_names
 from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
 from ..schema import RunConfig, trace_label
-from ..sweep import AXES, run_points
+from ..sweep import AXES
 from ..trace import Trace, lru_hit_rate, reuse_stats
 from .inputs import Inputs
 
-__all__ = ["CACHE_ROWS", "CAPACITY_SESSIONS", "CAPACITY_TARGET", "READERS", "SIM_STEPS", "THRESHOLDS",
-           "capacity_of", "simulate"]
+__all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "READERS", "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "SIM_STEPS",
+           "THRESHOLDS", "capacity_data", "capacity_of", "simulate"]
 
-#: Target tokens/s per session of the capacity figure.
-CAPACITY_TARGET = 20.0
-#: Concurrent sessions tried for the capacity figure.
-CAPACITY_SESSIONS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+#: The largest session count the report's capacity search probes (a probe of 1,024 sessions takes minutes today).
+REPORT_MAX_SESSIONS = 512
+#: Seeds of the report's capacity search, per device (a capacity study chooses its own).
+REPORT_SEEDS = 3
 #: Thresholds of the threshold figure (a decode step reads 48 distinct rows).
 THRESHOLDS = (1, 2, 4, 8, 16, 24, 32, 40, 44, 46, 47, 48, 49, 52, 64, 128, 256)
 #: Reader counts (= ring depths) of the readers figure.
@@ -362,39 +361,29 @@ def cdf_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CdfData:
 
 
 # -------------------------------------------------------------------- capacity
-def capacity_of(rows: Sequence[Mapping], target: float, y: str = "session_tokens_per_s_min") -> Tuple[int, bool]:
-    """Largest session count whose sessions all reach ``target`` tokens/s, and whether it is only a lower bound.
-
-    ``rows`` are sweep rows of one device (``sessions`` and ``y``).  Counting
-    from one session up, the first count below the target ends the search;
-    the capacity is the last count before it (0 when one session misses the
-    target).  The bound flag is true when every count met the target.
-    """
-    cap = 0
-    for r in sorted(rows, key=lambda r: r["sessions"]):
-        if r[y] >= target:
-            cap = int(r["sessions"])
-        else:
-            return cap, False
-    return cap, True
-
-
 @dataclass
 class CapacityData:
-    """Capacity: per device ``(label, spec, backend, sweep rows)``, the trace, the compute per step (ms)."""
+    """Capacity: the search's ``spec`` and, per device, ``(label, Capacity)``; the trace and compute it used."""
 
     trace: str
     compute_ms: float
-    devices: List[tuple] = field(default_factory=list)
+    spec: CapacitySpec
+    entries: List[Tuple[str, Capacity]] = field(default_factory=list)
 
 
-def capacity_data(inp: Inputs, ref_compute: Compute, *, compute_ms: Optional[float], sessions: Sequence[int],
-                  quick: bool, jobs: Optional[int], progress: bool) -> CapacityData:
-    """Simulated sessions sharing each device (this machine's calibrated backends and every preset) at the
-    default threshold and readers, each with its own compute, starts spread over one step."""
+def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY_TARGET,
+                  compute_ms: Optional[float] = None, seeds: Optional[int] = None,
+                  max_sessions: Optional[int] = None, quick: bool = False, jobs: Optional[int] = None,
+                  progress=True) -> CapacityData:
+    """The capacity of each device (this machine's calibrated backends and every preset) at ``target``, found
+    by :func:`sim.capacity.find_capacity`: the default threshold and readers, each session with its own compute
+    (the SPEC §8 reference unless ``compute_ms``), starts spread over one step.  Seeds come from the report's
+    fixed study seed (0) and each probe's point, so the same inputs give the same capacities."""
+    spec = CapacitySpec(float(target), int(seeds or (2 if quick else REPORT_SEEDS)),
+                        int(max_sessions or (128 if quick else REPORT_MAX_SESSIONS)))
     comp_ms = float(compute_ms) if compute_ms is not None else ref_compute.mean * 1e3
     trace_spec = next(iter(inp.traces))
-    steps = 150 if quick else 300
+    tr = inp.traces[trace_spec]
     devices: List[Tuple[str, str, str]] = []  # (label, device spec, backend)
     if inp.cal is not None and inp.cal_path is not None:
         for be in inp.backends():
@@ -405,17 +394,14 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, compute_ms: Optional[flo
         except ArgumentError:
             continue
         devices.append((n, n, "pread"))
-    tr = inp.traces[trace_spec]
     base = {k: v[1] for k, v in AXES.items()}
-    base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, compute="", compute_ms=comp_ms,
-                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=comp_ms)
-    with tempfile.TemporaryDirectory() as tmp:
-        # the trace as loaded here (its source may be a file that is gone), handed over as a saved trace
-        saved = str(tr.save(Path(tmp) / "capacity-trace.npz"))
-        points = [dict(base, trace=saved, device=spec, backend=be, sessions=int(s))
-                  for _, spec, be in devices for s in sessions]
-        rows, _ = run_points(points, 0, calibration=inp.cal_path, jobs=jobs, progress=progress, desc="capacity")
-    d = CapacityData(trace_spec, comp_ms)
-    for label, spec, be in devices:
-        d.devices.append((label, spec, be, [r for r in rows if r["device"] == spec and r["backend"] == be]))
-    return d
+    base.update(trace=trace_spec, trace_limit=tr.steps, steps=100 if quick else 300,
+                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=round(comp_ms, 1))
+    if compute_ms is None:
+        base.update(compute="reference")
+    else:
+        base.update(compute="", compute_ms=comp_ms)
+    configs = [dict(base, device=spec_, backend=be) for _, spec_, be in devices]
+    caps, _ = find_capacity(configs, spec, 0, calibration=inp.cal_path, jobs=jobs, progress=progress,
+                            desc="capacity", traces={trace_spec: tr})
+    return CapacityData(trace_spec, comp_ms, spec, [(label, c) for (label, _, _), c in zip(devices, caps)])

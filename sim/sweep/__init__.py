@@ -2,18 +2,20 @@
 
 - :mod:`~sim.sweep.study` -- the study file, its axes and metrics, the seed of a point;
 - :mod:`~sim.sweep.runner` -- every point through :func:`sim.decode.simulate_decode`, in local processes
-  or on an existing Dask cluster (``dask.distributed``);
+  or on an existing Dask cluster (``dask.distributed``), surviving lost workers;
 - :mod:`~sim.sweep.table` -- the result, one row per point (CSV, or Parquet when ``pyarrow`` is
-  installed), that :mod:`sim.report` plots.
+  installed), written as the points finish, that :mod:`sim.report` plots.
 
-``engram sim sweep STUDY.toml`` runs one (:mod:`sim.cli`).
+``engram sim sweep STUDY.toml`` runs one (:mod:`sim.cli`); ``--resume`` continues an unfinished one.
 """
 
 from __future__ import annotations
 
-from .runner import SweepResult, run_points, run_study
+from .runner import (MAX_ATTEMPTS, Context, PointRunner, SweepError, SweepResult, check_points, resolve_context,
+                     resume_rows, run_points, run_study)
 from .study import AXES, METRICS, Study, check_point, point_seed
-from .table import read_table, write_table
+from .table import TableWriter, meta_path, partial_path, read_table, write_table
 
-__all__ = ["AXES", "METRICS", "Study", "SweepResult", "check_point", "point_seed", "read_table", "run_points",
-           "run_study", "write_table"]
+__all__ = ["AXES", "MAX_ATTEMPTS", "METRICS", "Context", "PointRunner", "Study", "SweepError", "SweepResult",
+           "TableWriter", "check_point", "check_points", "meta_path", "partial_path", "point_seed", "read_table",
+           "resolve_context", "resume_rows", "run_points", "run_study", "write_table"]

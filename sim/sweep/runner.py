@@ -1,39 +1,68 @@
-"""Running a study: every point through the decode simulator, in local processes or on a Dask cluster.
+"""Running points: each through the decode simulator, in local processes or on a Dask cluster, surviving lost
+workers, with every row handed over (and written) as soon as its point finishes.
 
-Traces, devices and
-compute models are resolved once in the calling process and shipped to the
-workers, so the workers need neither the tokenizer nor the data files.
-The rows come back in point order whatever the runner, and a point's seed
-(:func:`sim.sweep.study.point_seed`) depends only on the study and the point.
+Traces, devices and compute models are resolved once in the calling process
+(:class:`Context`) and shipped to the workers, so the workers need neither
+the tokenizer nor the data files.  A point's seed
+(:func:`sim.sweep.study.point_seed`) depends only on the study and the point,
+so the rows are the same whatever the runner, the order or the retries.
+
+Lost workers
+------------
+- Local processes: a worker process that dies (killed by the system, out of
+  memory) breaks the pool; the points in flight are run again in a new pool,
+  each alone, so a point that kills its worker every time is told apart from
+  the points that ran beside it.
+- Dask: the context is a task of the graph (submitted with its data), not
+  scattered data, so the scheduler recomputes it when the worker holding it
+  dies; points whose futures are cancelled (``client.restart()``, a scheduler
+  restart) or whose workers died too often (``KilledWorker``) are submitted
+  again.
+
+Either way a point runs at most ``attempts`` times (:data:`MAX_ATTEMPTS`)
+before :class:`SweepError` names it; an error raised by a point itself (a bad
+device) is not retried.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import as_completed as futures_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from tqdm import tqdm
 
-from engram.errors import ArgumentError
+from engram.errors import ArgumentError, EngramError
 
 from ..calibrate import Calibration
 from ..decode import seed_reproduction, simulate_decode
 from ..device import load_device
-from ..io import write_json
 from ..params import Compute, Policy
+from ..progress import progress as progress_bar
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
 from .study import AXES, METRICS, Study, check_point, point_seed, point_trace
-from .table import write_table
+from .table import TableWriter, partial_path, read_table
 
-__all__ = ["SweepResult", "run_points", "run_study"]
+__all__ = ["MAX_ATTEMPTS", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
+           "resume_rows", "run_points", "run_study"]
+
+#: Runs of one point whose worker died, before the sweep gives up on it.
+MAX_ATTEMPTS = 3
+
+#: A task: (point index, the point's axis values, its seed).
+Task = Tuple[int, Dict[str, Any], int]
+
+
+class SweepError(EngramError, RuntimeError):
+    """Points could not be run: their worker died :data:`MAX_ATTEMPTS` times (the message names them)."""
 
 
 def _device_key(p: Mapping[str, Any]) -> tuple:
@@ -45,15 +74,26 @@ def _device_key(p: Mapping[str, Any]) -> tuple:
 
 
 @dataclass
-class _Context:
-    """Everything the workers need, resolved once: shipped to every worker."""
+class Context:
+    """Everything the workers need, resolved once: traces by ``(spec, limit)``, devices, compute models."""
 
     traces: Dict[Tuple[str, int], Any]
     devices: Dict[tuple, Any]
     computes: Dict[str, Any]
 
 
-def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -> _Context:
+def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[Path],
+                    traces: Optional[Mapping[str, Any]] = None) -> Context:
+    """Load every trace, device and compute model the points use.
+
+    ``traces`` maps trace specs to loaded :class:`~sim.trace.Trace` objects to use instead of loading them
+    (a report's traces, whose source may be gone); the point's ``trace_limit`` still applies.
+
+    Raises
+    ------
+    ArgumentError, FormatError
+        A device, trace or calibration that cannot be loaded; a calibrated device without a calibration.
+    """
     cal = None
 
     def need_cal(what: str):
@@ -88,16 +128,17 @@ def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -
             computes[spec] = Compute(seed_reproduction()["compute_ms"] * 1e-3)
         elif spec.startswith("calibrated:"):
             computes[spec] = need_cal(f"compute {spec!r}").compute_model(spec.split(":", 1)[1])
-    traces: Dict[Tuple[str, int], Any] = {}
+    given = dict(traces or {})
+    out: Dict[Tuple[str, int], Any] = {}
     for spec, limit in dict.fromkeys((point_trace(p), p["trace_limit"]) for p in points):
-        traces[(spec, limit)] = load_trace(spec, limit=limit)
-    return _Context(traces, devices, computes)
+        out[(spec, limit)] = given[spec].head(limit) if spec in given else load_trace(spec, limit=limit)
+    return Context(out, devices, computes)
 
 
 # =====================================================================================
 # one point
 # =====================================================================================
-def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> Dict[str, Any]:
+def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
@@ -136,22 +177,287 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> 
     return out
 
 
-_WORKER_CTX: Optional[_Context] = None
+_WORKER_CTX: Optional[Context] = None
 
 
-def _init_worker(ctx: _Context) -> None:
+def _init_worker(ctx: Context) -> None:
+    """A local worker process: keeps the context; Ctrl-C is the parent's to handle."""
     global _WORKER_CTX
     _WORKER_CTX = ctx
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _local_task(index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
     return _run_point(index, params, seed, _WORKER_CTX)
 
 
-def _dask_task(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> Dict[str, Any]:
+def _context_task(ctx: Context) -> Context:
+    """The context as a task of the Dask graph: its data travels in the task, so a lost copy is recomputed."""
+    return ctx
+
+
+def _dask_task(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
     return _run_point(index, params, seed, ctx)
 
 
+# =====================================================================================
+# runners
+# =====================================================================================
+class PointRunner:
+    """Runs tasks ``(index, point, seed)`` in this process, in local processes or on a Dask cluster.
+
+    Use as a context manager; :meth:`run` may be called several times (the capacity search does), reusing the
+    processes or the cluster connection.
+
+    Parameters
+    ----------
+    ctx : Context
+        The traces, devices and compute models of every point it will run.
+    jobs : int, optional
+        Local worker processes (default: the CPU count; 1 runs in this process).
+    scheduler : str, optional
+        Address of a running Dask scheduler; the points then run on that cluster.
+    connect_timeout : float
+        Seconds to reach the scheduler.
+    attempts : int
+        Runs of a point whose worker died before :class:`SweepError`.
+
+    Attributes
+    ----------
+    name : str
+        ``"inline"``, ``"processes:N"`` or ``"dask:ADDRESS"``.
+    lost : int
+        Points run again because their worker died.
+    """
+
+    def __init__(self, ctx: Context, *, jobs: Optional[int] = None, scheduler: Optional[str] = None,
+                 connect_timeout: float = 30.0, attempts: int = MAX_ATTEMPTS, size: Optional[int] = None):
+        self.ctx = ctx
+        self.scheduler = scheduler
+        self.connect_timeout = float(connect_timeout)
+        self.attempts = int(attempts)
+        if self.attempts < 1:
+            raise ArgumentError(f"attempts must be >= 1, got {attempts}")
+        jobs = int(jobs) if jobs else (os.cpu_count() or 1)
+        if jobs < 1:
+            raise ArgumentError(f"jobs must be >= 1, got {jobs}")
+        self.jobs = jobs if size is None else max(1, min(jobs, int(size)))
+        self.lost = 0
+        self._pool: Optional[cf.ProcessPoolExecutor] = None
+        self._client = None
+        self._ctx_future = None
+        if scheduler:
+            self.name = f"dask:{scheduler}"
+        else:
+            self.name = "inline" if self.jobs == 1 else f"processes:{self.jobs}"
+
+    # ------------------------------------------------------------ lifetime
+    def __enter__(self) -> "PointRunner":
+        if self.scheduler:
+            self._connect()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(abort=exc_type is not None)
+
+    def close(self, abort: bool = False) -> None:
+        """Stop the worker processes (at once when ``abort``) or disconnect from the cluster."""
+        if self._pool is not None:
+            self._stop_pool(abort)
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - the cluster may be gone; nothing to release then
+                pass
+
+    def _connect(self) -> None:
+        try:
+            from dask.distributed import Client
+        except ModuleNotFoundError:
+            raise ArgumentError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from None
+        try:
+            self._client = Client(self.scheduler, timeout=f"{self.connect_timeout}s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ArgumentError(f"cannot reach the Dask scheduler at {self.scheduler!r}: {exc}") from None
+
+    def _stop_pool(self, abort: bool) -> None:
+        pool, self._pool = self._pool, None
+        if abort:
+            # the points still running are not wanted: end the workers now instead of waiting for them
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------ running
+    def run(self, tasks: Sequence[Task], on_row: Callable[[Dict[str, Any]], None]) -> None:
+        """Run ``tasks``, calling ``on_row`` with each row as its point finishes (in completion order).
+
+        Raises
+        ------
+        SweepError
+            A point whose worker died :attr:`attempts` times.
+        EngramError
+            An error of a point itself (not retried).
+        """
+        tasks = list(tasks)
+        if not tasks:
+            return
+        if self.scheduler:
+            self._run_dask(tasks, on_row)
+        elif self.jobs == 1:
+            for t in tasks:
+                on_row(_run_point(*t, self.ctx))
+        else:
+            self._run_local(tasks, on_row)
+
+    def _charge(self, attempts: collections.Counter, lost: Sequence[Task], why: str) -> None:
+        """Count one more lost run of each task; give up on those that ran out of attempts."""
+        self.lost += len(lost)
+        for t in lost:
+            attempts[t[0]] += 1
+        dead = sorted(t[0] for t in lost if attempts[t[0]] >= self.attempts)
+        if dead:
+            raise SweepError(f"point{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))}: {why} "
+                             f"{self.attempts} times (killed by the system? out of memory?); not retried again")
+
+    def _run_local(self, tasks: List[Task], on_row) -> None:
+        """At most one task a worker in flight, so the tasks lost with a broken pool are the ones it was running;
+        a task lost once then runs alone, so that a task that kills its worker is the only one charged."""
+        pending = collections.deque(tasks)
+        attempts: collections.Counter = collections.Counter()
+        inflight: Dict[cf.Future, Task] = {}
+        while pending or inflight:
+            if self._pool is None:
+                self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn"),
+                                                    initializer=_init_worker, initargs=(self.ctx,))
+            while pending and len(inflight) < self.jobs:
+                # a point that was in flight when a pool broke runs alone, so a second loss is its own
+                if any(attempts[x[0]] for x in inflight.values()) or (attempts[pending[0][0]] and inflight):
+                    break
+                t = pending.popleft()
+                inflight[self._pool.submit(_local_task, *t)] = t
+            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            broken = [f for f in done if isinstance(f.exception(), cf.process.BrokenProcessPool)]
+            if broken:  # the others fail with the pool: collect what finished before it broke
+                cf.wait(inflight)
+                done = set(inflight)
+            lost = []
+            for f in sorted(done, key=lambda f: inflight[f][0]):
+                t = inflight.pop(f)
+                exc = f.exception()
+                if exc is None:
+                    on_row(f.result())
+                elif isinstance(exc, cf.process.BrokenProcessPool):
+                    lost.append(t)
+                else:
+                    raise exc
+            if lost:
+                self._stop_pool(abort=True)
+                self._charge(attempts, lost, "its worker process died")
+                pending.extendleft(reversed(lost))
+
+    def _context(self):
+        """The context's future on the cluster, submitted again when it was cancelled or lost."""
+        if self._ctx_future is None or self._ctx_future.status in ("cancelled", "lost", "error"):
+            self._ctx_future = self._client.submit(_context_task, self.ctx, pure=False)
+        return self._ctx_future
+
+    def _run_dask(self, tasks: List[Task], on_row) -> None:
+        from dask.distributed import KilledWorker, as_completed
+
+        if self._client is None:
+            self._connect()
+        client = self._client
+        attempts: collections.Counter = collections.Counter()
+        owner: Dict[Any, Task] = {}
+        ac = as_completed()
+
+        def submit(t: Task) -> None:
+            f = client.submit(_dask_task, *t, self._context(), pure=False)
+            owner[f] = t
+            ac.add(f)
+
+        for t in tasks:
+            submit(t)
+        try:
+            for f in ac:
+                t = owner.pop(f)
+                try:
+                    row = f.result()
+                except (asyncio.CancelledError, cf.CancelledError, KilledWorker) as exc:
+                    why = "its worker died" if isinstance(exc, KilledWorker) else \
+                        "its future was cancelled (workers restarted)"
+                    self._charge(attempts, [t], why)
+                    submit(t)
+                    continue
+                on_row(row)
+        except BaseException:
+            client.cancel(list(owner))
+            raise
+
+
+def check_points(points: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Complete copies of ``points`` checked against the axes' ranges.
+
+    Raises
+    ------
+    ArgumentError
+        No points, a point without an axis, a value outside its range.
+    """
+    pts = [dict(p) for p in points]
+    if not pts:
+        raise ArgumentError("no points to run")
+    for p in pts:
+        missing = set(AXES) - set(p)
+        if missing:
+            raise ArgumentError(f"point lacks axis {sorted(missing)[0]!r}")
+        check_point(p, "point")
+    return pts
+
+
+def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, calibration=None,
+               jobs: Optional[int] = None, scheduler: Optional[str] = None, progress: Union[bool, str] = True,
+               desc: str = "sweep", connect_timeout: float = 30.0,
+               traces: Optional[Mapping[str, Any]] = None) -> Tuple[List[Dict[str, Any]], str]:
+    """Simulate ``points`` (complete axis dicts, see :meth:`Study.points`); return ``(rows, runner)``.
+
+    ``jobs`` local processes (default: the CPU count; 1 runs in this process),
+    or the Dask cluster at ``scheduler`` (``tcp://host:port``) when given
+    (``connect_timeout`` seconds to reach it).  ``traces``: loaded traces by
+    spec (see :func:`resolve_context`).  ``progress``: ``True``/``"auto"``,
+    ``"lines"``, ``False`` (:mod:`sim.progress`).  Rows come back in point
+    order whatever the runner; each point's seed is
+    ``point_seed(study_seed, point)``.
+
+    Raises
+    ------
+    ArgumentError
+        Bad points, an unreachable scheduler, or a device, trace or calibration
+        that cannot be loaded.
+    SweepError
+        A point whose worker died :data:`MAX_ATTEMPTS` times.
+    """
+    pts = check_points(points)
+    seeds = [point_seed(study_seed, p) for p in pts]
+    ctx = resolve_context(pts, Path(calibration) if calibration else None, traces)
+    rows: List[Optional[Dict[str, Any]]] = [None] * len(pts)
+    with progress_bar(len(pts), desc, "point", mode=progress) as bar, \
+            PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout,
+                        size=len(pts)) as runner:
+        def keep(row: Dict[str, Any]) -> None:
+            rows[row["point"]] = row
+            bar.update(1, f"point {row['point']}")
+
+        runner.run([(i, p, s) for i, (p, s) in enumerate(zip(pts, seeds))], keep)
+    return [r for r in rows if r is not None], runner.name
+
+
+# =====================================================================================
+# studies
+# =====================================================================================
 @dataclass
 class SweepResult:
     """The table of a study run.
@@ -165,115 +471,93 @@ class SweepResult:
         Wall time of the run.
     runner : str
         ``"processes:N"``, ``"inline"`` or ``"dask:ADDRESS"``.
+    resumed : int
+        Rows taken from an earlier, unfinished run of the same study (``resume=True``).
+    lost : int
+        Point runs lost with their worker and run again.
+    table : Path or None
+        Where the table was written.
     """
 
     study: Study
     rows: List[Dict[str, Any]]
     seconds: float
     runner: str
+    resumed: int = 0
+    lost: int = 0
+    table: Optional[Path] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def columns(self) -> List[str]:
         return ["point", *AXES, "seed", *METRICS]
 
+    @property
+    def complete(self) -> bool:
+        return len(self.rows) == len(self.study.points())
+
     def meta(self) -> dict:
         return {"kind": "sweep", "schema": SWEEP_SCHEMA, "study": self.study.to_dict(),
-                "axes": self.study.axes(), "columns": self.columns, "metrics": METRICS,
-                "axis_labels": {k: v[2] for k, v in AXES.items()}, "points": len(self.rows),
-                "seconds": self.seconds, "runner": self.runner}
+                "study_fingerprint": self.study.fingerprint(), "axes": self.study.axes(), "columns": self.columns,
+                "metrics": METRICS, "axis_labels": {k: v[2] for k, v in AXES.items()},
+                "points": len(self.study.points()), "seconds": self.seconds, "runner": self.runner,
+                "resumed": self.resumed, "lost_runs": self.lost, **self.extra}
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
-        """Write the table (``.csv`` or ``.parquet``) and ``PATH.meta.json`` beside it; return the table's path."""
-        path = write_table(self.rows, path, self.columns)
-        write_json(str(path) + ".meta.json", self.meta())
-        return path
+        """Write the table (``.csv`` or ``.parquet``) and ``PATH.meta.json`` beside it; return the table's path.
+
+        Raises
+        ------
+        OutputError
+        """
+        w = TableWriter(path, self.columns, self.meta(), len(self.study.points()), self.rows)
+        return w.finish()
 
 
-def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, calibration=None,
-               jobs: Optional[int] = None, scheduler: Optional[str] = None, progress: bool = True,
-               desc: str = "sweep", connect_timeout: float = 30.0) -> Tuple[List[Dict[str, Any]], str]:
-    """Simulate ``points`` (complete axis dicts, see :meth:`Study.points`); return ``(rows, runner)``.
+def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
+    """The finished rows of an earlier run of ``study`` in the table at ``path`` (none when there is no table).
 
-    ``jobs`` local processes (default: the CPU count; 1 runs in this process),
-    or the Dask cluster at ``scheduler`` (``tcp://host:port``) when given
-    (``connect_timeout`` seconds to reach it).  Rows come back in point order
-    whatever the runner.
+    Rows cut short (a run killed while writing one) are left out and run again.
 
     Raises
     ------
     ArgumentError
-        Bad points, an unreachable scheduler, or a device, trace or calibration
-        that cannot be loaded.
+        The table belongs to another study (names the point and axis that differ).
+    FormatError
+        The table cannot be read.
     """
-    pts = [dict(p) for p in points]
-    if not pts:
-        raise ArgumentError("no points to run")
-    for p in pts:
-        missing = set(AXES) - set(p)
-        if missing:
-            raise ArgumentError(f"point lacks axis {sorted(missing)[0]!r}")
-        check_point(p, "point")
-    seeds = [point_seed(study_seed, p) for p in pts]
-    ctx = _resolve(pts, Path(calibration) if calibration else None)
-    bar = tqdm(total=len(pts), unit="point", desc=desc, disable=not progress, leave=False)
-    rows: List[Optional[Dict[str, Any]]] = [None] * len(pts)
-    try:
-        if scheduler:
-            runner = _run_dask(pts, seeds, ctx, scheduler, connect_timeout, rows, bar)
-        else:
-            runner = _run_local(pts, seeds, ctx, jobs, rows, bar)
-    finally:
-        bar.close()
-    return [r for r in rows if r is not None], runner
-
-
-def _collect(futures, completed, rows: list, bar) -> None:
-    """Put each finished point's row at its place, in completion order (``completed``: an ``as_completed``)."""
-    for fut in completed(futures):
-        row = fut.result()
-        rows[row["point"]] = row
-        bar.update(1)
-
-
-def _run_dask(pts, seeds, ctx: _Context, scheduler: str, connect_timeout: float, rows: list, bar) -> str:
-    """The points on the Dask cluster at ``scheduler``; returns the runner's name."""
-    try:
-        from dask.distributed import Client, as_completed
-    except ModuleNotFoundError:
-        raise ArgumentError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from None
-    try:
-        client = Client(scheduler, timeout=f"{connect_timeout}s")
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise ArgumentError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") from None
-    with client:
-        ctx_f = client.scatter(ctx, broadcast=True)
-        futs = [client.submit(_dask_task, i, p, s, ctx_f, pure=False) for i, (p, s) in enumerate(zip(pts, seeds))]
-        _collect(futs, as_completed, rows, bar)
-    return f"dask:{scheduler}"
-
-
-def _run_local(pts, seeds, ctx: _Context, jobs: Optional[int], rows: list, bar) -> str:
-    """The points in ``jobs`` local processes (1: in this process); returns the runner's name."""
-    jobs = int(jobs) if jobs else (os.cpu_count() or 1)
-    if jobs < 1:
-        raise ArgumentError(f"jobs must be >= 1, got {jobs}")
-    if jobs == 1 or len(pts) == 1:
-        for i, (p, s) in enumerate(zip(pts, seeds)):
-            rows[i] = _run_point(i, p, s, ctx)
-            bar.update(1)
-        return "inline"
-    n = min(jobs, len(pts))
-    with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                             initargs=(ctx,)) as ex:
-        futs = [ex.submit(_local_task, i, p, s) for i, (p, s) in enumerate(zip(pts, seeds))]
-        _collect(futs, futures_completed, rows, bar)
-    return f"processes:{n}"
+    path = Path(path)
+    if not (path.is_file() or partial_path(path).is_file()):
+        return []
+    rows, meta = read_table(path)
+    name = (meta.get("study") or {}).get("name")
+    if meta.get("study_fingerprint") not in (None, study.fingerprint()):
+        raise ArgumentError(f"{path}: written by another study ({name!r}, other points or seed) than "
+                            f"{study.source} ({study.name!r}); give another --out, or drop --resume")
+    pts = study.points()
+    keep: Dict[int, Dict[str, Any]] = {}
+    for r in rows:
+        i = r.get("point")
+        if not isinstance(i, int) or not 0 <= i < len(pts):
+            raise ArgumentError(f"{path}: a row of point {i!r}, but {study.source} has points 0..{len(pts) - 1}")
+        if any(not isinstance(r.get(m), (int, float)) or isinstance(r.get(m), bool) for m in METRICS) \
+                or not isinstance(r.get("seed"), int):
+            continue  # cut short
+        for a in AXES:
+            if r.get(a) != pts[i][a]:
+                raise ArgumentError(f"{path}: point {i} has {a} = {r.get(a)!r}, but in {study.source} it has "
+                                    f"{pts[i][a]!r}: a table of another study")
+        if r["seed"] != point_seed(study.seed, pts[i]):
+            raise ArgumentError(f"{path}: point {i} ran with seed {r['seed']}, not the study's: another study seed")
+        keep[i] = r
+    return [keep[i] for i in sorted(keep)]
 
 
 def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = None, scheduler: Optional[str] = None,
-              calibration: Union[str, os.PathLike, None] = None, progress: bool = True,
-              out: Union[str, os.PathLike, None] = None, connect_timeout: float = 30.0) -> SweepResult:
-    """Run every point of a study.
+              calibration: Union[str, os.PathLike, None] = None, progress: Union[bool, str] = True,
+              out: Union[str, os.PathLike, None] = None, connect_timeout: float = 30.0, resume: bool = False,
+              attempts: int = MAX_ATTEMPTS) -> SweepResult:
+    """Run every point of a study, writing each row to ``out`` as it finishes.
 
     Parameters
     ----------
@@ -288,28 +572,69 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
         Seconds to reach the scheduler.
     calibration : path, optional
         Calibration file for ``calibrated`` devices and computes (overrides the study's).
-    progress : bool
-        Show a progress bar.
+    progress : bool or str
+        ``True``/``"auto"``: a bar on a terminal, plain periodic lines elsewhere; ``"lines"``; ``False``.
     out : path, optional
-        Write the table there (``.csv`` or ``.parquet``) with ``OUT.meta.json``.
+        The table (``.csv`` or ``.parquet``) and ``OUT.meta.json``: rows are appended as their points
+        finish (``"complete": false`` with the missing points) and the table is rewritten in point order
+        at the end.  An interrupted run (Ctrl-C, a lost machine, an error) leaves its finished rows.
+    resume : bool
+        Take the finished rows of an earlier run of the same study from ``out`` and run only the others.
+    attempts : int
+        Runs of a point whose worker died before giving up (:class:`SweepError`).
 
     Returns
     -------
     SweepResult
-        Rows identical, for the same study, whatever the runner.
+        Rows identical, for the same study, whatever the runner, the retries or the resumptions.
 
     Raises
     ------
     ArgumentError, FormatError
-        A bad study, device, trace or calibration.
+        A bad study, device, trace or calibration; ``resume`` on a table of another study.
+    OutputError
+        ``out`` cannot be written (names the path).
+    SweepError
+        A point whose worker died ``attempts`` times.
+    KeyboardInterrupt
+        Interrupted; the finished rows are in ``out``.
     """
     if not isinstance(study, Study):
         study = Study.load(study)
+    if resume and out is None:
+        raise ArgumentError("resume needs the table of the earlier run (out)")
     cal = Path(calibration) if calibration else study.calibration
     t0 = time.perf_counter()
-    rows, runner = run_points(study.points(), study.seed, calibration=cal, jobs=jobs, scheduler=scheduler,
-                              progress=progress, desc=f"sweep {study.name}", connect_timeout=connect_timeout)
-    res = SweepResult(study, rows, time.perf_counter() - t0, runner)
-    if out is not None:
-        res.write(out)
+    pts = check_points(study.points())
+    seeds = [point_seed(study.seed, p) for p in pts]
+    done = resume_rows(study, out) if resume else []
+    have = {r["point"] for r in done}
+    todo = [(i, p, s) for i, (p, s) in enumerate(zip(pts, seeds)) if i not in have]
+    ctx = resolve_context([t[1] for t in todo] or pts[:1], cal)
+    res = SweepResult(study, [], 0.0, "", resumed=len(done))
+    writer = TableWriter(out, res.columns, res.meta(), len(pts), done) if out is not None else None
+    rows: Dict[int, Dict[str, Any]] = {r["point"]: r for r in done}
+    runner = PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout, attempts=attempts,
+                         size=len(todo))
+    bar = progress_bar(len(pts), f"sweep {study.name}", "point", mode=progress, initial=len(done))
+
+    def keep(row: Dict[str, Any]) -> None:
+        rows[row["point"]] = row
+        if writer is not None:
+            writer.add(row)
+        bar.update(1, f"point {row['point']} ({', '.join(f'{a}={row[a]}' for a in study.axes())})")
+
+    try:
+        with runner:
+            runner.run(todo, keep)
+    except BaseException:
+        bar.close()
+        if writer is not None:
+            writer.close(runner=runner.name, lost_runs=runner.lost, seconds=time.perf_counter() - t0)
+        raise
+    bar.close()
+    res.rows = [rows[i] for i in sorted(rows)]
+    res.seconds, res.runner, res.lost = time.perf_counter() - t0, runner.name, runner.lost
+    if writer is not None:
+        res.table = writer.finish(**res.meta())
     return res

@@ -31,7 +31,18 @@ Study file
     logx = true
 
 ``[[grid]]`` (an array of tables) gives a union of several grids, each merged
-over ``[fixed]``.  Axes (see :data:`AXES` for defaults and units): ``device``
+over ``[fixed]``.
+
+A ``[capacity]`` table makes it a capacity study (``engram sim capacity``,
+:mod:`sim.capacity`): each point of the grid is a configuration whose largest
+session count meeting a target is searched for, instead of a grid over
+``sessions``::
+
+    [capacity]
+    target = 20.0        # tokens/s every session must reach (its slowest session)
+    seeds = 5            # a seed ensemble per probe: the band is the smallest and largest capacity
+    max_sessions = 1024  # the search stops there (a capacity found there is a lower bound)
+  Axes (see :data:`AXES` for defaults and units): ``device``
 (preset, ``ssd:...``, ``.json``/``.jsonl`` file, ``calibrated`` -- this
 machine's calibrated device of the point's ``backend`` -- or
 ``calibrated:BACKEND``), ``trace`` and ``trace_limit`` (source spec of
@@ -127,6 +138,7 @@ METRICS: Dict[str, str] = {
 }
 
 _STUDY_KEYS = {"name", "description", "seed", "calibration"}
+_SECTIONS = ("study", "fixed", "grid", "plot", "capacity")
 _PLOT_KEYS = {"x", "y", "series", "facet", "where", "logx", "logy", "title", "kind", "target", "ylabel"}
 
 
@@ -194,6 +206,8 @@ class Study:
         Calibration file for ``calibrated`` devices and computes.
     source : str
         Where the study came from (a path, or ``"<dict>"``).
+    capacity : dict or None
+        The ``[capacity]`` table of a capacity study (read by :class:`sim.capacity.CapacitySpec`), else ``None``.
     """
 
     name: str
@@ -204,6 +218,7 @@ class Study:
     plots: List[dict] = field(default_factory=list)
     calibration: Optional[Path] = None
     source: str = "<dict>"
+    capacity: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -216,9 +231,12 @@ class Study:
             Unknown sections or axes, values of the wrong type, empty grids (names them).
         """
         where = source
-        unknown = set(d) - {"study", "fixed", "grid", "plot"}
+        unknown = set(d) - set(_SECTIONS)
         if unknown:
-            raise ArgumentError(f"{where}: unknown section {sorted(unknown)[0]!r} (study, fixed, grid, plot)")
+            raise ArgumentError(f"{where}: unknown section {sorted(unknown)[0]!r} ({', '.join(_SECTIONS)})")
+        capacity = d.get("capacity")
+        if capacity is not None and not isinstance(capacity, Mapping):
+            raise ArgumentError(f"{where}: [capacity] must be a table (target = ..., seeds = ...)")
         head = dict(d.get("study", {}))
         bad = set(head) - _STUDY_KEYS
         if bad:
@@ -273,7 +291,8 @@ class Study:
             cal = Path(cal)
             if not cal.is_absolute() and base_dir is not None:
                 cal = Path(base_dir) / cal
-        study = cls(str(name), str(head.get("description", "")), int(seed), fixed, grids, plots, cal, source)
+        study = cls(str(name), str(head.get("description", "")), int(seed), fixed, grids, plots, cal, source,
+                    dict(capacity) if capacity is not None else None)
         study.points()  # validates the values
         return study
 
@@ -312,7 +331,14 @@ class Study:
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "seed": self.seed, "fixed": self.fixed,
                 "grids": self.grids, "plots": self.plots,
-                "calibration": str(self.calibration) if self.calibration else None, "source": self.source}
+                "calibration": str(self.calibration) if self.calibration else None, "source": self.source,
+                "capacity": self.capacity}
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex, 16 digits) of the study seed and every point: equal for studies that give equal tables."""
+        blob = json.dumps({"seed": self.seed, "points": self.points()}, sort_keys=True, separators=(",", ":"),
+                          default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -------------------------------------------------------------- points
     def axes(self) -> List[str]:

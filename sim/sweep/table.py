@@ -1,32 +1,78 @@
-"""Sweep tables: one row per point, written as CSV (full float precision) or Parquet, and read back."""
+"""Sweep tables: one row per point, written as CSV (full float precision) or Parquet, and read back.
+
+A run writes its table as the points finish (:class:`TableWriter`): each row
+is appended to a CSV file and flushed as soon as its point is done, and the
+metadata beside it (``TABLE.meta.json``) says ``"complete": false`` with the
+points still missing.  When every point is in, the table is rewritten in point
+order (CSV or Parquet, atomically) and the metadata says ``"complete": true``.
+A run that stops early -- interrupted, a lost machine, a full disk -- leaves
+its finished rows, and :func:`read_table` reads them back (a resumed run
+starts from them).  Parquet tables are built as ``TABLE.partial.csv`` and
+written at the end.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import load_json
+from ..io import OutputError, load_json, output_error, write_json
 from .study import AXES
 
-__all__ = ["read_table", "write_table"]
+__all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "write_table"]
+
+#: Seconds between two rewrites of an unfinished table's metadata (its list of missing points).
+META_EVERY_S = 5.0
+
+
+def meta_path(path: Union[str, os.PathLike]) -> Path:
+    """``TABLE.meta.json``: the metadata beside a table."""
+    return Path(str(path) + ".meta.json")
+
+
+def partial_path(path: Union[str, os.PathLike]) -> Path:
+    """Where the rows of an unfinished table are appended: the table itself when it is a ``.csv``, else
+    ``TABLE.partial.csv``."""
+    path = Path(path)
+    return path if path.suffix != ".parquet" else Path(str(path) + ".partial.csv")
+
+
+def _check_target(path: Path) -> None:
+    """Refuse to replace anything but a regular file (a device, a folder) with a table."""
+    if path.exists() and not path.is_file():
+        raise OutputError(f"{path}: cannot write a table over it (not a regular file)")
+
+
+def _line(values: Sequence[Any]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf).writerow([repr(v) if isinstance(v, float) else v for v in values])
+    return buf.getvalue()
 
 
 def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike],
                 columns: Optional[Sequence[str]] = None) -> Path:
-    """Write rows as ``.csv`` (default) or ``.parquet`` (needs ``pyarrow``); floats keep full precision.
+    """Write rows as ``.csv`` (default) or ``.parquet`` (needs ``pyarrow``), atomically; floats keep full precision.
+
+    The table goes to ``PATH.tmp`` and replaces ``PATH`` in one rename.
 
     Raises
     ------
     ArgumentError
         Parquet asked without ``pyarrow`` installed.
+    OutputError
+        The table or its folder cannot be written (names the path and the reason).
     """
     path = Path(path)
     cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_target(path)
+    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
         try:
             import pyarrow as pa
@@ -34,19 +80,139 @@ def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]
         except ModuleNotFoundError:
             raise ArgumentError(f"{path}: Parquet output needs pyarrow (pip install pyarrow); "
                                 "or write .csv") from None
-        pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in cols}), path)
-        return path
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([repr(v) if isinstance(v, float) else v for v in (r.get(c, "") for c in cols)])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".parquet":
+            pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in cols}), tmp)
+        else:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                f.write(_line(cols))
+                for r in rows:
+                    f.write(_line([r.get(c, "") for c in cols]))
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise output_error(path, exc) from None
     return path
 
 
-def _parse_cell(s: str) -> Any:
-    if s == "":
+class TableWriter:
+    """A table written as its points finish (see the module docstring).
+
+    Parameters
+    ----------
+    path : path
+        The table (``.csv`` or ``.parquet``).
+    columns : sequence of str
+        Its columns, in order.
+    meta : dict
+        The metadata written beside it; ``complete``, ``points_done`` and ``missing`` are added.
+    points : int
+        Points of the whole run (indices ``0 .. points - 1`` in the ``point`` column).
+    done : sequence of dict
+        Rows already finished (a resumed run): written first.
+    key : str
+        The column holding a row's index (default ``point``).
+
+    Raises
+    ------
+    OutputError
+        The table or its folder cannot be written.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], columns: Sequence[str], meta: Mapping[str, Any],
+                 points: int, done: Sequence[Mapping[str, Any]] = (), key: str = "point"):
+        self.path = Path(path)
+        self.key = key
+        self.partial = partial_path(self.path)
+        self.columns = list(columns)
+        self.meta = dict(meta)
+        self.points = int(points)
+        self.rows: Dict[int, Mapping[str, Any]] = {}
+        self._meta_at = 0.0
+        _check_target(self.partial)
+        try:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.partial, "w", newline="", encoding="utf-8")
+            self._f.write(_line(self.columns))
+            self._f.flush()
+        except OSError as exc:
+            raise output_error(self.partial, exc) from None
+        for r in done:
+            self.add(r, meta=False)
+        self.write_meta(False)
+
+    def missing(self) -> List[int]:
+        """Points not written yet."""
+        return [i for i in range(self.points) if i not in self.rows]
+
+    def write_meta(self, complete: bool, **extra: Any) -> None:
+        """Rewrite ``TABLE.meta.json`` with ``complete`` and the missing points.
+
+        Raises
+        ------
+        OutputError
+        """
+        self.meta.update(extra)
+        self.meta.update(complete=bool(complete), points_done=len(self.rows), missing=self.missing())
+        if not complete:
+            self.meta["partial_rows"] = str(self.partial)
+        else:
+            self.meta.pop("partial_rows", None)
+        write_json(meta_path(self.path), self.meta)
+        self._meta_at = time.monotonic()
+
+    def add(self, row: Mapping[str, Any], *, meta: bool = True) -> None:
+        """Append a finished point's row and flush it to disk (the metadata every few seconds).
+
+        Raises
+        ------
+        OutputError
+            The row cannot be written (a full disk): the rows before it stay.
+        """
+        try:
+            self._f.write(_line([row.get(c, "") for c in self.columns]))
+            self._f.flush()
+        except OSError as exc:
+            raise output_error(self.partial, exc) from None
+        self.rows[int(row[self.key])] = row
+        if meta and time.monotonic() - self._meta_at >= META_EVERY_S:
+            self.write_meta(False)
+
+    def close(self, **extra: Any) -> None:
+        """Stop writing an unfinished table: its rows stay, the metadata lists the missing points.
+
+        Never raises: a table that cannot be closed (a full disk) keeps the rows already flushed.
+        """
+        with contextlib.suppress(OSError):
+            self._f.close()
+        with contextlib.suppress(OSError):
+            self.write_meta(False, **extra)
+
+    def finish(self, **extra: Any) -> Path:
+        """Every point is in: write the table in point order and ``"complete": true``; return its path.
+
+        Raises
+        ------
+        OutputError
+        """
+        with contextlib.suppress(OSError):
+            self._f.close()
+        rows = [self.rows[i] for i in sorted(self.rows)]
+        write_table(rows, self.path, self.columns)
+        if self.partial != self.path:
+            with contextlib.suppress(OSError):
+                self.partial.unlink()
+        self.write_meta(not self.missing(), **extra)
+        return self.path
+
+
+def _parse_cell(s: Optional[str]) -> Any:
+    if s is None or s == "":
         return ""
+    if s in ("True", "False"):
+        return s == "True"
     try:
         return int(s)
     except ValueError:
@@ -58,9 +224,12 @@ def _parse_cell(s: str) -> Any:
 
 
 def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dict]:
-    """Rows of a table written by :func:`write_table` (numbers parsed) and its ``.meta.json`` (or ``{}``).
+    """Rows of a table written by :func:`write_table` or :class:`TableWriter` (numbers parsed) and its
+    ``.meta.json`` (or ``{}``).
 
-    String axes keep their type from the metadata (a device named ``"1"`` stays a string).
+    String axes keep their type (a device named ``"1"`` stays a string).  An
+    unfinished Parquet table is read from ``TABLE.partial.csv``; its metadata
+    says ``"complete": false``.
 
     Raises
     ------
@@ -68,8 +237,10 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
         Unreadable file.
     """
     path = Path(path)
-    meta_path = Path(str(path) + ".meta.json")
-    meta = load_json(meta_path) if meta_path.is_file() else {}
+    mp = meta_path(path)
+    meta = load_json(mp) if mp.is_file() else {}
+    if meta.get("complete") is False and not path.is_file() and partial_path(path).is_file():
+        path = partial_path(path)
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
@@ -79,8 +250,8 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
             rows = [{c: t[c][i] for c in cols} for i in range(len(t[cols[0]]) if cols else 0)]
         else:
             with open(path, newline="", encoding="utf-8") as f:
-                rows = [{k: (v if k in AXES and AXES[k][0] is str else _parse_cell(v)) for k, v in r.items()}
-                        for r in csv.DictReader(f)]
+                rows = [{k: ((v or "") if k in AXES and AXES[k][0] is str else _parse_cell(v))
+                         for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
     except OSError as exc:
         raise FormatError(f"{path}: cannot read table ({exc.strerror})") from None
     except ModuleNotFoundError:

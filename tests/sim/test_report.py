@@ -1,54 +1,128 @@
-"""sim.report: the document renderers, capacity, and a report on the device presets with a sweep table."""
+"""sim.report: the document renderers, the answer it leads with, a report on the device presets with sweep and
+capacity tables, the HTML page in a real browser, failures to write."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
+import html
+import html.parser
 import io
 import json
+import re
+import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
+from matplotlib.text import Text
 
 from engram import ArgumentError
 from engram.cli import main
-from sim.report import Doc, ReportFolder, build_report, capacity_of, default_traces, pyplot
+from sim.capacity import run_capacity
+from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
+from sim.report.plots import spread_labels
 from sim.sweep import Study, run_study
+from tests.mounts import tmpfs
 
 PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "capacity")
+SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
-def png_size(path):
+def png_size(data: bytes):
     """(width, height) from a PNG header; fails on anything that is not a PNG."""
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", path
-    return struct.unpack(">II", head[16:24])
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
 
 
-def test_doc_renders_markdown_and_html():
+class Page(html.parser.HTMLParser):
+    """The visible text, the ids, the links and the images of an HTML page."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text, self.ids, self.links, self.images, self._skip = [], set(), [], [], 0
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "a":
+            self.links.append(a.get("href", ""))
+        if tag == "img":
+            self.images.append(a)
+        if tag in ("style", "title"):
+            self._skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("style", "title"):
+            self._skip -= 1
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.text.append(data)
+
+
+#: Markdown syntax that must never reach a reader of the page.
+RAW_MARKDOWN = re.compile(r"\*\*|\]\(|!\[|\|---|^#{1,6} |`", re.M)
+
+
+def test_doc_renders_markdown_and_html(tmp_path):
     d = Doc("T <1>")
     d.h(1, "Sec A")
-    d.p("a **bold** `x|y` <tag>")
+    d.p("a **bold** `x|y` <tag> and [a link](#sec-a)")
     d.ul(["one", "two"])
     d.table(["h1", "h2"], [[1.23456, "a|b"], [1234567.0, None], [0.000123, float("nan")]])
-    d.figure("figures/f.png", "cap", "data/f.csv")
+    d.figure("figures/f.png", "cap [x]", "data/f.csv")
     d.code("x = 1\n")
     md = d.markdown()
     assert md.startswith("# T <1>\n") and "## Sec A" in md and "- two" in md
+    assert "|---:|---|" in md  # a column of numbers is aligned right
     assert "| 1.23 | a\\|b |" in md and "| 1,234,567 | - |" in md and "| 0.000123 | - |" in md
-    assert "![cap](figures/f.png)" in md and "[`data/f.csv`](data/f.csv)" in md and "```\nx = 1\n```" in md
-    h = d.html()
-    assert "<title>T &lt;1&gt;</title>" in h and "<h2 id='sec-a'>Sec A</h2>" in h
-    assert "<b>bold</b>" in h and "<code>x|y</code>" in h and "&lt;tag&gt;" in h
-    assert "<img src='figures/f.png' alt='cap'>" in h and "<td>a|b</td>" in h
+    assert "![cap (x)](figures/f.png)" in md and "[`data/f.csv`](data/f.csv)" in md and "```\nx = 1\n```" in md
+    h = d.html()  # no folder: linked by relative path
+    assert "<title>T &lt;1&gt;</title>" in h and '<h2 id="sec-a">Sec A</h2>' in h
+    assert "<strong>bold</strong>" in h and "<code>x|y</code>" in h and "&lt;tag&gt;" in h
+    assert '<a href="#sec-a">a link</a>' in h and '<td style="text-align:right">1.23</td>' in h
+    assert '<img src="figures/f.png" alt="cap (x)" id="figure-f">' in h and "<td>a|b</td>" in h
+    assert not RAW_MARKDOWN.search("".join(Page(h).text))
+    # self-contained: the figure and the data travel inside the page
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "data").mkdir()
+    fig, ax = pyplot().subplots()
+    fig.savefig(tmp_path / "figures" / "f.png")
+    (tmp_path / "data" / "f.csv").write_text("a,b\n1,2\n")
+    page = Page(d.html(tmp_path, self_contained=True))
+    src = page.images[0]["src"]
+    assert src.startswith("data:image/png;base64,") and png_size(base64.b64decode(src.split(",", 1)[1]))[0] > 100
+    data = [x for x in page.links if x.startswith("data:text/csv")]
+    assert len(data) == 1 and base64.b64decode(data[0].split(",", 1)[1]) == b"a,b\n1,2\n"
+    assert all(x.startswith(("data:", "#")) for x in page.links)
 
 
-def test_capacity_of():
-    rows = [{"sessions": s, "y": v} for s, v in ((1, 21.0), (8, 20.5), (16, 20.0), (32, 19.9), (64, 25.0))]
-    assert capacity_of(rows, 20.0, "y") == (16, False)  # the first miss ends the search
-    assert capacity_of(rows, 19.0, "y") == (64, True)
-    assert capacity_of(rows, 22.0, "y") == (0, False)
+def test_tokens_axes_start_at_zero_and_labels_do_not_overlap(tmp_path):
+    plt = pyplot()
+    out = ReportFolder(tmp_path)
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2, 4], [19.2, 20.5, 21.0])
+    a.set_xlabel("readers")
+    a.set_ylabel("decode tokens/s (one session)")
+    b.plot([1, 2, 4], [19.2, 20.5, 21.0])
+    b.set_xlabel("readers")
+    b.set_ylabel("step latency (ms)")
+    spread_labels(b, [(2, 20.5, "64", "k"), (2, 20.5, ">= 64", "k"), (2.05, 20.51, "60", "k")])
+    out.save(fig, "axes", "t")
+    assert a.get_ylim()[0] == 0 and b.get_ylim()[0] > 19  # only tokens/s axes start at zero
+    fig.canvas.draw()
+    boxes = [Text.get_window_extent(t) for t in b.texts]  # the words, without a leader line
+    assert len(boxes) == 3
+    for i, one in enumerate(boxes):  # three labels of nearly the same point, none over another
+        for other in boxes[i + 1:]:
+            assert one.y1 <= other.y0 + 1 or other.y1 <= one.y0 + 1, (one, other)
+    w, h = png_size((tmp_path / "figures" / "axes.png").read_bytes())
+    assert w > 300 and h > 200
 
 
 def test_unreadable_figures_are_refused(tmp_path):
@@ -76,17 +150,31 @@ def test_default_traces_ship_with_python():
 
 @pytest.fixture(scope="module")
 def preset_report(tmp_path_factory):
-    """``engram report`` on the presets with a sweep table: (report.md, the command's JSON)."""
+    """``engram report`` on the presets with a sweep, a sweep over sessions and a capacity table:
+    (report.md, the command's JSON)."""
     d = tmp_path_factory.mktemp("rep")
     study = Study.from_dict({"study": {"name": "tiny", "description": "two thresholds"},
                              "fixed": {"trace_limit": 200, "steps": 200, "compute": "reference"},
                              "grid": {"threshold": [8, 256], "readers": [1, 16]},
                              "plot": [{"x": "readers", "series": ["threshold"], "logx": True}]})
     run_study(study, jobs=1, progress=False, out=d / "tiny.csv")
+    grid = Study.from_dict({"study": {"name": "grid"},
+                            "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference", "device": SLOW_SSD,
+                                      "start_spread_ms": 47.0},
+                            "grid": {"sessions": [1, 2, 4, 8], "readers": [4, 16]},
+                            "plot": [{"kind": "capacity", "x": "sessions", "y": "session_tokens_per_s_min",
+                                      "series": ["readers"], "target": 20.0, "logx": True}]})
+    run_study(grid, jobs=1, progress=False, out=d / "grid.csv")
+    cap = Study.from_dict({"study": {"name": "drives", "seed": 2}, "capacity": {"seeds": 2, "max_sessions": 32},
+                           "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference",
+                                     "start_spread_ms": 47.0},
+                           "grid": {"device": [SLOW_SSD], "readers": [4, 16]}})
+    run_capacity(cap, jobs=1, progress=False, out=d / "drives.csv")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["report", "--out", str(d / "out"), "--sweep", str(d / "tiny.csv"), "--quick", "--sessions",
-                   "1,8", "--jobs", "1", "--json"])
+        rc = main(["report", "--out", str(d / "out"), "--sweep", str(d / "tiny.csv"), "--sweep", str(d / "grid.csv"),
+                   "--sweep", str(d / "drives.csv"), "--quick", "--seeds", "1", "--max-sessions", "16", "--jobs", "1",
+                   "--quiet", "--json"])
     assert rc == 0
     res = json.loads(buf.getvalue())
     return Path(res["report"]), res
@@ -97,21 +185,59 @@ def test_report_on_presets(preset_report):
     root = md.parent
     assert res["html"] == str(root / "report.html") and set(PREDICTED_FIGURES) <= {f[:-4] for f in res["figures"]}
     text = md.read_text()
-    for head in ("Headline figures", "Seed reproduction", "Tokens/s by threshold", "Tokens/s by readers",
-                 "Step-latency CDFs", "Reuse and row caches", "Capacity", "Study: tiny",
+    heads = re.findall(r"^## (.+)$", text, re.M)
+    assert heads[0] == "Answer: concurrent sessions each device sustains"  # the answer leads
+    for head in ("Other headline figures", "Seed reproduction (SPEC §8, §9)", "Tokens/s by threshold",
+                 "Tokens/s by readers (queue depth)", "Step-latency CDFs", "Reuse and row caches",
+                 "Capacity: how the report searched it", "Study: tiny", "Study: grid", "Capacity study: drives",
                  "Inputs, calibration and tables"):
-        assert f"## {head}" in text, head
+        assert head in heads, head
     assert "No cross-check" in text and "21.06" in text
-    for name in PREDICTED_FIGURES + ("sweep_tiny_0",):
-        w, h = png_size(root / "figures" / f"{name}.png")
+    for name in PREDICTED_FIGURES + ("sweep_tiny_0", "sweep_grid_0"):
+        w, h = png_size((root / "figures" / f"{name}.png").read_bytes())
         assert 500 <= w <= 2400 and 300 <= h <= 1600, (name, w, h)
         assert f"figures/{name}.png" in text
         with open(root / "data" / f"{name}.csv") as f:
             rows = list(csv.reader(f))
         assert len(rows) >= 3, name
-    html = (root / "report.html").read_text()
-    assert html.count("<img ") == len(list((root / "figures").glob("*.png")))
-    assert (root / "inputs" / "tiny.csv").is_file() and (root / "inputs" / "tiny.csv.meta.json").is_file()
+    for name in ("tiny.csv", "tiny.csv.meta.json", "drives.csv", "drives.csv.probes.csv"):
+        assert (root / "inputs" / name).is_file(), name
+
+
+def answer_rows(text: str):
+    """The answer's table: (device, read policy, capacity, band, target, assumes, from) per row."""
+    part = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in part.splitlines() if ln.startswith("| ") and not ln.startswith("| device")]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
+
+
+def test_the_answer_has_every_capacity_with_its_assumptions(preset_report):
+    """The report's own search, the capacity table and the grid sweep all reach the answer, each with its band,
+    and the assumptions (compute, batching, phases, target, headroom) are stated."""
+    text = preset_report[0].read_text()
+    rows = answer_rows(text)
+    by = {(r[0], r[1], r[6].split(" (")[0]): r for r in rows}
+    assert by[("seed-apple-m3-ultra", "threshold 8, 16 readers", "this report's search")][2] == ">= 16"
+    drives = [r for r in rows if r[6].startswith("study 'drives'")]
+    grid = [r for r in rows if r[6].startswith("study 'grid'") and "read off a grid" in r[6]]
+    assert len(drives) == 2 and len(grid) == 2
+    cap_table = list(csv.DictReader(open(preset_report[0].parent / "inputs" / "drives.csv")))
+    for r, t in zip(sorted(drives, key=lambda r: r[1]), sorted(cap_table, key=lambda t: t["readers"])):
+        assert r[2] == t["capacity"] and r[3] == f"{t['capacity_low']}-{t['capacity_high']} over 2 seeds"
+    assert all(r[3].startswith("- (one grid") for r in grid)
+    for r in rows:
+        assert r[4] == "20" and "compute 47.01 ms" in r[5] and "6.0% under the ceiling 21.27 tokens/s" in r[5]
+    answer = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    assert "batching none (each session computes alone; compute never contends)" in answer
+    assert "phases: starts spread evenly over 47 ms" in answer and "2.99 ms a step for reads" in answer
+    assert "Machine: no measurement on this machine" in text
+
+
+def test_a_sweep_states_its_real_compute(preset_report):
+    text = preset_report[0].read_text()
+    fixed = text.split("## Study: tiny", 1)[1].split("Fixed: ", 1)[1].split("\n", 1)[0]
+    assert fixed.startswith("compute = 47.01 ms a step (the SPEC §8 reference compute)")
+    assert "compute_ms" not in fixed and "sessions" not in fixed
 
 
 def test_report_numbers_are_the_figures(preset_report):
@@ -129,7 +255,75 @@ def test_report_numbers_are_the_figures(preset_report):
     assert len(conc) == 1 and len(ser) == 1 and conc.pop() > ser.pop()
     with open(root / "data" / "capacity.csv") as f:
         cap = list(csv.DictReader(f))
-    assert {r["device"] for r in cap} >= {"seed-apple-m3-ultra"} and {r["sessions"] for r in cap} == {"1", "8"}
+    seed = [r for r in cap if r["device"] == "seed-apple-m3-ultra"]
+    assert [int(r["sessions"]) for r in seed] == [1, 2, 4, 8, 16] and all(r["passed"] == "True" for r in seed)
+
+
+def test_html_is_self_contained_and_has_no_raw_markdown(preset_report):
+    root = preset_report[0].parent
+    page = Page((root / "report.html").read_text())
+    text = "".join(page.text)
+    assert not RAW_MARKDOWN.search(text), RAW_MARKDOWN.search(text)
+    assert "Contents: Answer: concurrent sessions each device sustains" in " ".join(text.split())
+    assert len(page.images) == len(list((root / "figures").glob("*.png")))
+    for img in page.images:
+        assert img["src"].startswith("data:image/png;base64,")
+        w, _ = png_size(base64.b64decode(img["src"].split(",", 1)[1]))
+        assert w > 300
+    for href in page.links:
+        assert href.startswith("data:") or (href.startswith("#") and href[1:] in page.ids), href
+
+
+def browser_check(page: Path, tmp: Path) -> dict:
+    """Open ``page`` in headless Chromium and report what a reader gets: images loaded (naturalWidth > 0),
+    in-page links whose target exists, links to other files, and the visible text."""
+    probe = tmp / ("checked-" + page.name)
+    script = ("<script>window.addEventListener('load', () => {"
+              "const imgs = [...document.images];"
+              "const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));"
+              "const r = {images: imgs.length,"
+              " broken_images: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.id),"
+              " links: links.length,"
+              " dead_links: links.filter(h => h.startsWith('#') && !document.getElementById(h.slice(1))),"
+              " files: links.filter(h => !h.startsWith('#') && !h.startsWith('data:')),"
+              " text: document.body.innerText};"
+              "const pre = document.createElement('pre'); pre.id = 'browser-check';"
+              "pre.textContent = JSON.stringify(r); document.body.appendChild(pre);});</script>")
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                        "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    m = re.search(r'<pre id="browser-check">(.*?)</pre>', r.stdout, re.S)
+    assert m, f"chromium gave no result (exit {r.returncode}): {r.stderr[-2000:]}"
+    return json.loads(html.unescape(m.group(1)))
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless browser: apt-get install chromium (.ci/run installs it)")
+@pytest.mark.parametrize("linked", [False, True])
+def test_html_in_a_real_browser(preset_report, tmp_path, linked):
+    """The page as a reader sees it: every image loads, every link resolves, no Markdown syntax shows."""
+    root = preset_report[0].parent
+    page = root / "report.html"
+    if linked:  # the same report linking figures/ and data/ by relative path: checked in place
+        assert main(["report", "--out", str(tmp_path / "linked"), "--quick", "--seeds", "1", "--max-sessions", "4",
+                     "--jobs", "1", "--quiet", "--linked-figures"]) == 0
+        page = tmp_path / "linked" / "report.html"
+        checked = browser_check(page, page.parent)
+    else:  # the self-contained page, alone in another folder: nothing to find beside it
+        alone = tmp_path / "alone"
+        alone.mkdir()
+        shutil.copyfile(page, alone / "report.html")
+        checked = browser_check(alone / "report.html", alone)
+    assert checked["images"] >= 8 and checked["broken_images"] == []
+    assert checked["links"] >= 10 and checked["dead_links"] == []
+    if linked:
+        assert checked["files"] and all((page.parent / f).is_file() for f in checked["files"])
+    else:
+        assert checked["files"] == []
+    assert not RAW_MARKDOWN.search(checked["text"]), RAW_MARKDOWN.search(checked["text"])
+    assert "Answer: concurrent sessions each device sustains" in checked["text"]
 
 
 def test_report_errors(tmp_path, capsys):
@@ -137,3 +331,15 @@ def test_report_errors(tmp_path, capsys):
         build_report(tmp_path / "r", workdir=tmp_path / "nope", quick=True, progress=False)
     assert main(["report", "--out", str(tmp_path / "r"), "--sweep", str(tmp_path / "missing.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "plain").write_text("x")
+    assert main(["report", "--out", str(tmp_path / "plain" / "r"), "--quick", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'plain'}" in err and "a file stands where a folder is needed" in err
+    assert "Traceback" not in err
+
+
+def test_report_onto_a_read_only_folder(tmp_path, capsys):
+    with tmpfs(tmp_path / "ro", "64k", read_only=True) as ro:
+        assert main(["report", "--out", str(ro / "r"), "--quick", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert str(ro / "r") in err and "Read-only file system" in err and "Traceback" not in err

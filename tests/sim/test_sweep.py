@@ -1,9 +1,16 @@
-"""sim.sweep: study files, per-point seeds, known answers, local processes vs a Dask cluster, tables, CLI."""
+"""sim.sweep: study files, per-point seeds, known answers, local processes vs a Dask cluster, tables, CLI;
+rows written as points finish, lost workers, interrupted and resumed runs, failures to write."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +18,10 @@ import pytest
 from engram import ArgumentError, FormatError
 from engram.cli import main
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
-from sim.sweep import AXES, METRICS, Study, point_seed, read_table, run_points, run_study, write_table
+from sim.io import OutputError
+from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
+                       resume_rows, run_points, run_study, write_table)
+from tests.mounts import tmpfs
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 US = 1e-6
@@ -150,7 +160,11 @@ def test_example_studies_parse():
     assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml"} <= set(names)
     for p in STUDIES.glob("*.toml"):
         s = Study.load(p)
-        assert s.points() and s.plots, p
+        assert s.points(), p
+        if s.capacity is not None:  # a capacity study: its configurations, no plots needed
+            assert "sessions" not in s.axes(), p
+            continue
+        assert s.plots, p
         for spec in s.plots:
             assert spec["x"] in s.axes(), (p, spec)
     from sim.demo import DEMO_STUDY
@@ -168,6 +182,7 @@ def test_cli_sweep(tmp_path, capsys):
     assert d["points"] == 2 and d["axes"] == ["threshold"] and Path(d["table"]) == out
     rows, meta = read_table(out)
     assert [r["threshold"] for r in rows] == [8, 256] and meta["study"]["name"] == "cli"
+    assert meta["complete"] is True and meta["missing"] == [] and d["complete"] is True
     assert rows[0]["tokens_per_s"] > rows[1]["tokens_per_s"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[grid]\nreader = [1]\n")
@@ -176,3 +191,251 @@ def test_cli_sweep(tmp_path, capsys):
     bad.write_text("[grid\n")
     assert main(["sim", "sweep", str(bad), "--out", str(out)]) == 2
     assert "not TOML" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ lost workers, interruptions, resumption
+def lossy_study() -> Study:
+    """16 points of a tenth of a second or more each: a sweep long enough to lose a worker in the middle."""
+    return Study.from_dict({
+        "study": {"name": "lossy", "seed": 5},
+        "fixed": {"trace_limit": 200, "steps": 200, "compute_ms": 5.0, "compute_dist": "gamma", "compute_cv": 0.3},
+        "grid": {"readers": [2, 16], "sessions": [1, 8, 16, 24], "cache_rows": [0, 1000]},
+    })
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory):
+    """The lossy study run inline, nothing lost: the table every other runner must reproduce."""
+    out = tmp_path_factory.mktemp("undisturbed") / "table.csv"
+    res = run_study(lossy_study(), jobs=1, progress=False, out=out)
+    assert res.lost == 0 and res.complete
+    return out
+
+
+def rows_written(path: Path) -> int:
+    return max(0, len(path.read_text().splitlines()) - 1) if path.is_file() else 0
+
+
+def run_in_thread(fn):
+    """Run ``fn`` in a thread; return (thread, result dict: ``value`` or ``error``)."""
+    box = {}
+
+    def go():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    th = threading.Thread(target=go)
+    th.start()
+    return th, box
+
+
+def wait_for_rows(path: Path, n: int, th: threading.Thread, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while rows_written(path) < n:
+        assert th.is_alive(), "the run ended before the disturbance"
+        assert time.monotonic() - t0 < timeout, f"fewer than {n} rows in {path} after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_rows_are_written_as_points_finish(tmp_path, undisturbed):
+    """While the run goes, the table holds the finished rows and its metadata says it is incomplete."""
+    out = tmp_path / "t.csv"
+    th, box = run_in_thread(lambda: run_study(lossy_study(), jobs=1, progress=False, out=out))
+    wait_for_rows(out, 2, th)
+    rows, meta = read_table(out)
+    assert meta["complete"] is False and len(meta["missing"]) == 16 - meta["points_done"] >= 1
+    assert all(set(METRICS) <= set(r) for r in rows[:2]) and meta["study"]["name"] == "lossy"
+    th.join()
+    assert "error" not in box
+    assert out.read_bytes() == undisturbed.read_bytes()
+    meta = json.loads(meta_path(out).read_text())
+    assert meta["complete"] is True and meta["missing"] == [] and meta["points_done"] == 16
+
+
+def spawned_workers():
+    import psutil
+
+    return [c for c in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+
+
+def test_a_killed_worker_process_is_replaced(tmp_path, undisturbed):
+    """A pool process killed mid-sweep (as by the OOM killer): its points run again, the table is the same."""
+    out = tmp_path / "killed.csv"
+    th, box = run_in_thread(lambda: run_study(lossy_study(), jobs=2, progress=False, out=out))
+    wait_for_rows(out, 2, th)
+    victims = spawned_workers()
+    assert victims, "no worker process to kill"
+    os.kill(victims[0].pid, signal.SIGKILL)
+    th.join()
+    assert "error" not in box, box.get("error")
+    res = box["value"]
+    assert res.runner == "processes:2" and 1 <= res.lost <= 2  # the points in flight when the pool broke
+    assert out.read_bytes() == undisturbed.read_bytes()
+    assert json.loads(meta_path(out).read_text())["lost_runs"] == res.lost
+
+
+def test_dask_workers_restarted_mid_sweep(tmp_path, undisturbed):
+    """Every worker of a real LocalCluster restarted once mid-sweep (client.restart(): all futures cancelled):
+    the context is recomputed from the graph and the lost points are submitted again."""
+    distributed = pytest.importorskip("dask.distributed")
+    out = tmp_path / "dask.csv"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        th, box = run_in_thread(lambda: run_study(lossy_study(), scheduler=c.scheduler_address, progress=False,
+                                                  out=out))
+        wait_for_rows(out, 2, th)
+        with distributed.Client(c.scheduler_address) as other:
+            other.restart()
+        th.join()
+    assert "error" not in box, box.get("error")
+    res = box["value"]
+    assert res.runner.startswith("dask:") and res.lost >= 1
+    assert out.read_bytes() == undisturbed.read_bytes()
+
+
+def test_a_point_that_keeps_killing_its_worker_gives_up(tmp_path, monkeypatch):
+    """A point whose worker dies every time is run `attempts` times, then named in a SweepError; the rows of
+    the other points stay in the table."""
+    from sim.sweep import runner
+
+    study = Study.from_dict({"study": {"name": "doomed"}, "fixed": {"trace_limit": 100, "steps": 100},
+                             "grid": {"readers": [1, 2, 3, 4]}})
+    out = tmp_path / "doomed.csv"
+    monkeypatch.setattr(runner, "_local_task", _die_on_three)
+    with pytest.raises(SweepError, match=r"point 2: its worker process died 2 times"):
+        run_study(study, jobs=2, progress=False, out=out, attempts=2)
+    rows, meta = read_table(out)
+    assert meta["complete"] is False and 2 in meta["missing"] and {0, 1} <= {r["point"] for r in rows}
+
+
+def _die_on_three(index, params, seed):
+    """A task that kills its own process at readers = 3 (the worker dies as under the OOM killer)."""
+    from sim.sweep import runner
+
+    if params["readers"] == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return runner._run_point(index, params, seed, runner._WORKER_CTX)
+
+
+def test_interrupted_cli_sweep_keeps_its_rows_and_resumes(tmp_path, undisturbed):
+    """Ctrl-C: exit 130, the finished rows stay (complete: false); --resume runs only the others and ends with
+    the undisturbed table."""
+    study = tmp_path / "lossy.toml"
+    study.write_text('[study]\nname = "lossy"\nseed = 5\n[fixed]\ntrace_limit = 200\nsteps = 200\n'
+                     'compute_ms = 5.0\ncompute_dist = "gamma"\ncompute_cv = 0.3\n'
+                     '[grid]\nreaders = [2, 16]\nsessions = [1, 8, 16, 24]\ncache_rows = [0, 1000]\n')
+    out = tmp_path / "lossy.csv"
+    cmd = [sys.executable, "-m", "engram.cli", "sim", "sweep", str(study), "--out", str(out), "--jobs", "1",
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while rows_written(out) < 2 and proc.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    rows, meta = read_table(out)
+    done = len(rows)
+    assert meta["complete"] is False and 2 <= done < 16 and len(meta["missing"]) == 16 - done
+    res = run_study(Study.load(study), jobs=1, progress=False, out=out, resume=True)
+    assert res.resumed == done and res.complete
+    assert out.read_bytes() == undisturbed.read_bytes()
+
+
+def test_resume_drops_a_row_cut_short_and_refuses_another_study(tmp_path, undisturbed):
+    out = tmp_path / "cut.csv"
+    lines = undisturbed.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:6]) + lines[6][:40])  # five whole rows, then a row cut mid-write
+    assert [r["point"] for r in resume_rows(lossy_study(), out)] == [0, 1, 2, 3, 4]
+    res = run_study(lossy_study(), jobs=1, progress=False, out=out, resume=True)
+    assert res.resumed == 5 and out.read_bytes() == undisturbed.read_bytes()
+    other = Study.from_dict({"study": {"name": "lossy", "seed": 6}, "fixed": lossy_study().fixed,
+                             "grid": lossy_study().grids[0]})
+    with pytest.raises(ArgumentError, match="another study"):
+        run_study(other, jobs=1, progress=False, out=out, resume=True)
+    meta_path(out).unlink()  # without metadata the rows themselves must match the study
+    with pytest.raises(ArgumentError, match="ran with seed"):
+        resume_rows(other, out)
+
+
+def test_resume_of_a_complete_table_runs_nothing(tmp_path, undisturbed):
+    out = tmp_path / "done.csv"
+    out.write_bytes(undisturbed.read_bytes())
+    res = run_study(lossy_study(), jobs=1, progress=False, out=out, resume=True)
+    assert res.resumed == 16 and res.lost == 0 and out.read_bytes() == undisturbed.read_bytes()
+
+
+def test_parquet_tables_are_built_as_partial_csv(tmp_path):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "t.parquet"
+    w = TableWriter(out, ["point", "x"], {"kind": "test"}, 3)
+    w.add({"point": 1, "x": 0.5})
+    assert partial_path(out).is_file() and not out.exists()
+    assert read_table(out)[0] == [{"point": 1, "x": 0.5}]  # read from the partial rows
+    w.add({"point": 0, "x": 0.25})
+    w.add({"point": 2, "x": 1.0})
+    w.finish()
+    assert not partial_path(out).exists() and [r["point"] for r in read_table(out)[0]] == [0, 1, 2]
+
+
+# ------------------------------------------------------------------ progress and failures to write
+def test_cli_sweep_progress_off_a_terminal_is_plain_lines(tmp_path, capsys):
+    """Standard error off a terminal (as here): plain lines, no bar; --quiet: nothing."""
+    study = tmp_path / "s.toml"
+    study.write_text('[study]\nname = "lines"\n[fixed]\ntrace_limit = 100\nsteps = 100\ncompute_ms = 10.0\n'
+                     '[grid]\nthreshold = [8, 256]\n')
+    args = ["sim", "sweep", str(study), "--out", str(tmp_path / "r.csv"), "--jobs", "1"]
+    for flags in ([], ["--no-progress"]):
+        assert main(args + flags) == 0
+        r = capsys.readouterr()
+        assert "\r" not in r.err and "sweep lines: 2 points" in r.err and "sweep lines: 2/2 points in" in r.err
+        assert "study     lines: 2 points over threshold" in r.out and "best      threshold=8" in r.out
+    assert main(args + ["--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_sweep_over_sessions_reads_capacity_off_the_grid(tmp_path, capsys):
+    """With sessions varying, 'best' would always be one session: the command gives the grid capacity."""
+    study = tmp_path / "s.toml"
+    study.write_text('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 150\ncompute = "reference"\n'
+                     'start_spread_ms = 47.0\n'
+                     '[grid]\nsessions = [1, 16, 128]\n')
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "g.csv"), "--jobs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "best" not in out and "grid      all points: 16 sessions at 20 tokens/s" in out
+    assert "engram sim capacity" in out
+
+
+@pytest.mark.parametrize("where", ["file", "readonly", "full"])
+def test_cli_sweep_failures_to_write_name_the_path(tmp_path, capsys, where):
+    study = tmp_path / "s.toml"
+    study.write_text('[study]\nname = "w"\n[fixed]\ntrace_limit = 300\nsteps = 300\ncompute_ms = 1.0\n'
+                     '[grid]\nreaders = [1, 2, 4, 8, 16, 32]\nthreshold = [8, 256]\n')
+    if where == "file":  # a file where the table's folder must be
+        (tmp_path / "plain").write_text("x")
+        out = tmp_path / "plain" / "t.csv"
+        assert main(["sim", "sweep", str(study), "--out", str(out), "--jobs", "1", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'plain'}: cannot write (a file stands where a folder is needed)" in err
+        return
+    with tmpfs(tmp_path / "mnt", "8k", read_only=where == "readonly") as mnt:
+        out = mnt / "t.csv"
+        assert main(["sim", "sweep", str(study), "--out", str(out), "--jobs", "1", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and str(out) in err
+        if where == "readonly":
+            assert "Read-only file system" in err
+        else:  # the disk fills after a few rows: they stay, and the table says it is incomplete
+            assert "No space left on device" in err
+            rows = read_table(out)[0]
+            assert 1 <= len(rows) < 12 and all(isinstance(r["tokens_per_s"], float) for r in rows[:-1])
+
+
+def test_output_error_type():
+    e = OutputError("x: cannot write (y)")
+    assert isinstance(e, OSError) and str(e) == "x: cannot write (y)"
+    with pytest.raises(OutputError, match="not a regular file"):
+        write_table([{"a": 1}], "/dev/null")

@@ -1,0 +1,595 @@
+"""Capacity: the largest number of concurrent sessions a configuration sustains at a target, found by search.
+
+A configuration (device, read policy, compute, trace ...: a point of a study
+without ``sessions``) sustains ``S`` sessions when, with ``S`` sessions
+sharing its device, every session still decodes at ``target`` tokens/s or
+more (the metric is the slowest session's tokens/s,
+``session_tokens_per_s_min``).  Its capacity is the largest such ``S``.
+
+Search
+------
+For each of ``seeds`` seeds (the ``repeat`` axis: 0, 1, ...), independently:
+probe 1 session; double while the probe passes (1, 2, 4, ... up to
+``max_sessions``); then bisect between the last count that passed and the
+first that failed until they are ``resolution`` apart (1: the exact count).
+A configuration that passes at ``max_sessions`` has a capacity of at least
+that (a lower bound).  The searches of every configuration and seed advance
+together, one round of probes at a time, so the probes of a round run in
+parallel (local processes or a Dask cluster, :class:`sim.sweep.PointRunner`).
+The search assumes that the slowest session's tokens/s does not rise with
+more sessions; where noise breaks that, it returns a count that passed next
+to one that failed.
+
+The result of a configuration is the median of its seeds' capacities (the
+lower median for an even count) with a band from the smallest to the
+largest.  Each probe's seed is :func:`sim.sweep.point_seed` of the study seed
+and the probe's point (the configuration, ``sessions`` and ``repeat``), so
+the capacity is the same on every run and every runner.
+
+Assumptions
+-----------
+Every capacity is stated with what it assumes (:meth:`Capacity.assumptions`):
+the compute of a step, batching (none: each session computes alone and
+compute never contends), how the sessions' steps are phased (lockstep, or
+starts spread over some milliseconds), and the target with its headroom under
+the compute-only ceiling ``1000 / compute_ms`` tokens/s: a target of 20
+tokens/s with 47.01 ms of compute leaves 2.99 ms a step for the reads, 6% under
+the ceiling of 21.27 tokens/s, so any compute above 50 ms makes every device
+fail.
+
+Study file
+----------
+A study with a ``[capacity]`` table (:mod:`sim.sweep.study`), run by
+``engram sim capacity STUDY.toml``::
+
+    [capacity]
+    target = 20.0        # tokens/s the slowest session must reach
+    seeds = 5            # searches per configuration, each with its own seeds
+    max_sessions = 1024  # the largest count probed
+    resolution = 1       # sessions: bisect until the bracket is this narrow
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from engram.errors import ArgumentError
+
+from .io import load_json
+from .progress import progress as progress_bar
+from .schema import CAPACITY_SCHEMA
+from .sweep import (AXES, METRICS, PointRunner, Study, TableWriter, check_points, meta_path, point_seed, read_table,
+                    resolve_context)
+
+__all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
+           "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
+           "compute_text", "find_capacity", "grid_capacities", "is_capacity_table", "phases_text", "probes_path",
+           "read_capacity", "run_capacity"]
+
+#: Tokens/s every session must reach (per session, the slowest one).
+CAPACITY_TARGET = 20.0
+#: Searches per configuration, each with its own seeds.
+CAPACITY_SEEDS = 5
+#: The largest session count probed.
+CAPACITY_MAX_SESSIONS = 1024
+#: The result column compared with the target: the slowest session's tokens/s.
+CAPACITY_METRIC = "session_tokens_per_s_min"
+#: How the simulator batches the sessions' compute: it does not (each session computes alone).
+BATCHING = "none (each session computes alone; compute never contends)"
+
+_SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution")
+_SEARCHED = ("sessions", "repeat")
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """What a capacity search looks for (see the module docstring).
+
+    Attributes
+    ----------
+    target : float
+        Tokens/s every session must reach (> 0).
+    seeds : int
+        Searches per configuration (>= 1); the band is their smallest and largest capacity.
+    max_sessions : int
+        Largest session count probed (>= 1).
+    metric : str
+        Result column compared with ``target`` (default the slowest session's tokens/s).
+    resolution : int
+        Bisect until the last pass and the first failure are this many sessions apart (>= 1).
+    """
+
+    target: float = CAPACITY_TARGET
+    seeds: int = CAPACITY_SEEDS
+    max_sessions: int = CAPACITY_MAX_SESSIONS
+    metric: str = CAPACITY_METRIC
+    resolution: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.target, (int, float)) and math.isfinite(self.target) and self.target > 0):
+            raise ArgumentError(f"capacity target = {self.target!r} must be a number of tokens/s > 0")
+        for name in ("seeds", "max_sessions", "resolution"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ArgumentError(f"capacity {name} = {v!r} must be an integer >= 1")
+        if self.metric not in METRICS or not self.metric.startswith("session_tokens_per_s"):
+            raise ArgumentError(f"capacity metric = {self.metric!r} must be session_tokens_per_s_min or "
+                                "session_tokens_per_s")
+
+    @classmethod
+    def from_study(cls, study: Study, **overrides: Any) -> "CapacitySpec":
+        """The ``[capacity]`` table of ``study`` with ``overrides`` (``None`` values ignored).
+
+        Raises
+        ------
+        ArgumentError
+            Not a capacity study, an unknown key or a bad value, or a study that sets ``sessions`` or
+            ``repeat`` (the search sets them).
+        """
+        table = study.capacity
+        if table is None:
+            raise ArgumentError(f"{study.source}: not a capacity study (it has no [capacity] table: "
+                                "target = ..., seeds = ...); run it with engram sim sweep")
+        bad = set(table) - set(_SPEC_KEYS)
+        if bad:
+            raise ArgumentError(f"{study.source}: [capacity] has unknown key {sorted(bad)[0]!r} "
+                                f"({', '.join(_SPEC_KEYS)})")
+        for axis in _SEARCHED:
+            if axis in study.fixed or any(axis in g for g in study.grids):
+                raise ArgumentError(f"{study.source}: a capacity study cannot set {axis!r}: the search sets it")
+        values = dict(table)
+        if isinstance(values.get("target"), int) and not isinstance(values.get("target"), bool):
+            values["target"] = float(values["target"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in _SPEC_KEYS}
+
+
+# =====================================================================================
+# assumptions, in words
+# =====================================================================================
+def compute_text(point: Mapping[str, Any], compute_ms: float) -> str:
+    """The compute of a step of ``point`` in words, with its mean (``compute_ms``)."""
+    c = point.get("compute", "")
+    if c == "reference":
+        return f"{compute_ms:.2f} ms a step (the SPEC §8 reference compute)"
+    if c.startswith("calibrated:"):
+        return f"{compute_ms:.2f} ms a step (compute '{c.split(':', 1)[1]}' measured on this machine)"
+    dist = point.get("compute_dist", "constant")
+    if dist == "constant" or not point.get("compute_cv"):
+        return f"{compute_ms:.2f} ms a step (constant)"
+    return f"{compute_ms:.2f} ms a step on average ({dist}, CV {point['compute_cv']:g})"
+
+
+def phases_text(point: Mapping[str, Any]) -> str:
+    """How the sessions' steps are phased against each other, in words."""
+    spread = float(point.get("start_spread_ms", 0.0))
+    if spread <= 0:
+        return "lockstep (every session starts at once)"
+    return f"starts spread evenly over {spread:.4g} ms"
+
+
+@dataclass
+class Capacity:
+    """The capacity of one configuration.
+
+    Attributes
+    ----------
+    index : int
+        The configuration's place in the study.
+    config : dict
+        Its axis values (``sessions`` and ``repeat`` are the search's).
+    spec : CapacitySpec
+    per_seed : list of int
+        The capacity each seed's search found (``repeat`` 0, 1, ...).
+    bound : list of bool
+        Per seed: passed at ``max_sessions`` (the capacity is a lower bound).
+    probes : list of dict
+        Every probe's result row (sweep columns), in the order they ran.
+    """
+
+    index: int
+    config: Dict[str, Any]
+    spec: CapacitySpec
+    per_seed: List[int] = field(default_factory=list)
+    bound: List[bool] = field(default_factory=list)
+    probes: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        """The median of the seeds' capacities (the lower median for an even count)."""
+        return int(statistics.median_low(self.per_seed))
+
+    @property
+    def low(self) -> int:
+        return min(self.per_seed)
+
+    @property
+    def high(self) -> int:
+        return max(self.per_seed)
+
+    @property
+    def lower_bound(self) -> bool:
+        """The median capacity is ``max_sessions`` and passed there: it may be more."""
+        return self.capacity >= self.spec.max_sessions
+
+    @property
+    def compute_ms(self) -> float:
+        """Mean compute of a step (ms), as the probes ran it."""
+        return float(self.probes[0]["compute_mean_ms"]) if self.probes else float("nan")
+
+    @property
+    def hash_ms(self) -> float:
+        return float(self.config.get("hash_us", 0.0)) * 1e-3
+
+    @property
+    def ceiling(self) -> float:
+        """Tokens/s of a session whose reads take no time: 1000 / (compute + hash ms)."""
+        step = self.compute_ms + self.hash_ms
+        return 1e3 / step if step > 0 else float("inf")
+
+    @property
+    def headroom(self) -> float:
+        """How far the target sits under the compute-only ceiling: ``1 - target / ceiling`` (< 0: above it)."""
+        return 1.0 - self.spec.target / self.ceiling
+
+    @property
+    def read_budget_ms(self) -> float:
+        """Milliseconds a step may spend waiting for its rows at the target: ``1000 / target - compute - hash``."""
+        return 1e3 / self.spec.target - self.compute_ms - self.hash_ms
+
+    def at(self, sessions: int, seed_index: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """The probe row at ``sessions`` (of the median seed's search, else any seed's), or None."""
+        rows = [r for r in self.probes if r["sessions"] == sessions]
+        if seed_index is not None:
+            rows = [r for r in rows if r["repeat"] == seed_index] or rows
+        return rows[0] if rows else None
+
+    def median_seed(self) -> int:
+        """The repeat index whose search found the median capacity."""
+        return self.per_seed.index(self.capacity)
+
+    def label(self) -> str:
+        """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
+        cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
+        band = f"{self.low}-{self.high}" if self.low != self.high else "all equal"
+        return f"{cap} session{'' if cap == '1' else 's'} ({band} over {len(self.per_seed)} seeds)"
+
+    def assumptions(self) -> str:
+        """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
+        cfg = self.config
+        head = (f"target {self.spec.target:g} tokens/s for every session "
+                f"({'the slowest session' if self.spec.metric == CAPACITY_METRIC else 'the mean session'}), "
+                f"compute {compute_text(cfg, self.compute_ms)}, batching {BATCHING}, "
+                f"phases: {phases_text(cfg)}; ")
+        if self.headroom <= 0:
+            return head + (f"the target is above the compute-only ceiling of {self.ceiling:.2f} tokens/s: "
+                           "no device can reach it")
+        return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
+                       f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads")
+
+    def row(self) -> Dict[str, Any]:
+        """The configuration's row of the capacity table."""
+        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
+        out: Dict[str, Any] = {"config": self.index}
+        out.update({k: v for k, v in self.config.items() if k not in _SEARCHED})
+        out.update({
+            "target": self.spec.target, "metric": self.spec.metric, "capacity": self.capacity,
+            "capacity_low": self.low, "capacity_high": self.high,
+            "capacities": " ".join(str(c) for c in self.per_seed), "lower_bound": self.lower_bound,
+            "seeds": len(self.per_seed), "probes": len(self.probes), "max_sessions": self.spec.max_sessions,
+            "compute_mean_ms": self.compute_ms, "ceiling_tokens_per_s": self.ceiling, "headroom": self.headroom,
+            "read_budget_ms": self.read_budget_ms, "batching": BATCHING, "phases": phases_text(self.config),
+            "tokens_per_s_at_capacity": at[self.spec.metric] if at else float("nan"),
+            "device_busy_at_capacity": at["device_busy"] if at else float("nan"),
+            "reads_per_s_at_capacity": at["reads_per_s"] if at else float("nan"),
+        })
+        return out
+
+
+#: Columns of the capacity table.
+CAPACITY_COLUMNS = ["config", *[a for a in AXES if a not in _SEARCHED], "target", "metric", "capacity",
+                    "capacity_low", "capacity_high", "capacities", "lower_bound", "seeds", "probes", "max_sessions",
+                    "compute_mean_ms", "ceiling_tokens_per_s", "headroom", "read_budget_ms", "batching", "phases",
+                    "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity"]
+#: Columns of the probes table: a sweep row and its configuration.
+PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS]
+
+
+# =====================================================================================
+# the search
+# =====================================================================================
+def _search(max_sessions: int, resolution: int) -> Generator[int, bool, Tuple[int, bool]]:
+    """Galloping then bisection over session counts: yields the count to probe, receives whether it passed;
+    returns ``(capacity, passed at max_sessions)``."""
+    lo, s = 0, 1
+    while True:
+        if not (yield s):
+            hi = s
+            break
+        lo = s
+        if s >= max_sessions:
+            return lo, True
+        s = min(2 * s, max_sessions)
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        if (yield mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, False
+
+
+def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, int]:
+    return int(row["config"]), int(row["sessions"]), int(row["repeat"])
+
+
+def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = CapacitySpec(), study_seed: int = 0, *,
+                  calibration=None, jobs: Optional[int] = None, scheduler: Optional[str] = None,
+                  connect_timeout: float = 30.0, progress: Union[bool, str] = True, desc: str = "capacity",
+                  traces: Optional[Mapping[str, Any]] = None, done: Sequence[Mapping[str, Any]] = (),
+                  on_probe: Optional[Callable[[Dict[str, Any]], None]] = None) -> Tuple[List[Capacity], str]:
+    """Search the capacity of every configuration; return ``(capacities in config order, runner name)``.
+
+    Parameters
+    ----------
+    configs : sequence of dict
+        Complete points (every axis); ``sessions`` and ``repeat`` are set by the search.
+    spec : CapacitySpec
+    study_seed : int
+        Every probe's seed is ``point_seed(study_seed, probe point)``.
+    calibration, jobs, scheduler, connect_timeout, traces
+        As for :func:`sim.sweep.run_points`.
+    progress : bool or str
+        :mod:`sim.progress` mode; one item per finished search (configuration x seed), a line every few
+        seconds naming the last probe.
+    done : sequence of dict
+        Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
+    on_probe : callable, optional
+        Receives each probe row as it finishes (to write it).
+
+    Raises
+    ------
+    ArgumentError
+        Bad configurations, devices, traces or calibration.
+    SweepError
+        A probe whose worker died too often.
+    """
+    cfgs = check_points([{**c, "sessions": 1, "repeat": 0} for c in configs])
+    ctx = resolve_context(cfgs, Path(calibration) if calibration else None, traces)
+    cache: Dict[Tuple[int, int, int], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
+    caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
+    searches: Dict[Tuple[int, int], Generator] = {}
+    asked: Dict[Tuple[int, int], int] = {}
+    results: Dict[Tuple[int, int], Tuple[int, bool]] = {}
+    for i in range(len(cfgs)):
+        for r in range(spec.seeds):
+            g = _search(spec.max_sessions, spec.resolution)
+            searches[(i, r)] = g
+            asked[(i, r)] = next(g)
+    counter = max((int(r["point"]) for r in done), default=-1) + 1
+    bar = progress_bar(len(searches), desc, "search", mode=progress)
+
+    def probe_point(i: int, s: int, r: int) -> Dict[str, Any]:
+        return {**cfgs[i], "sessions": s, "repeat": r}
+
+    def keep(row: Dict[str, Any]) -> None:
+        cache[(row["config"], row["sessions"], row["repeat"])] = row
+        if on_probe is not None:
+            on_probe(row)
+        # a search takes many probes: each one is news for the plain progress lines
+        bar.update(0, f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
+                      f"{row[spec.metric]:.2f} tokens/s")
+
+    with bar, PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
+        while searches:
+            tasks, config_of = [], {}
+            for (i, r), s in asked.items():
+                if (i, s, r) not in cache:
+                    p = probe_point(i, s, r)
+                    tasks.append((counter, p, point_seed(study_seed, p)))
+                    config_of[counter] = i
+                    counter += 1
+            runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
+            for (i, r), s in list(asked.items()):
+                row = cache[(i, s, r)]
+                caps[i].probes.append(row)
+                try:
+                    asked[(i, r)] = searches[(i, r)].send(row[spec.metric] >= spec.target)
+                except StopIteration as stop:
+                    results[(i, r)] = stop.value
+                    del searches[(i, r)], asked[(i, r)]
+                    bar.update(1, f"configuration {i}, seed {r}: {stop.value[0]} sessions "
+                                  f"({sum(1 for p in caps[i].probes if p['repeat'] == r)} probes)")
+    for cap in caps:
+        cap.per_seed = [results[(cap.index, r)][0] for r in range(spec.seeds)]
+        cap.bound = [results[(cap.index, r)][1] for r in range(spec.seeds)]
+    return caps, runner.name
+
+
+# =====================================================================================
+# read off a grid
+# =====================================================================================
+def capacity_of(rows: Sequence[Mapping], target: float, y: str = CAPACITY_METRIC) -> Tuple[int, bool]:
+    """Largest session count of a grid whose sessions all reach ``target``, and whether it is only a lower bound.
+
+    ``rows`` are sweep rows of one configuration (``sessions`` and ``y``).
+    Counting from one session up, the first count below the target ends the
+    search; the capacity is the last count before it (0 when the smallest count
+    misses the target).  The bound flag is true when every count met the
+    target.  A grid only brackets the capacity: :func:`find_capacity` finds it.
+    """
+    cap = 0
+    for r in sorted(rows, key=lambda r: r["sessions"]):
+        if r[y] >= target:
+            cap = int(r["sessions"])
+        else:
+            return cap, False
+    return cap, True
+
+
+def grid_capacities(rows: Sequence[Mapping], target: float, y: str = CAPACITY_METRIC,
+                    axes: Optional[Sequence[str]] = None) -> List[Tuple[Dict[str, Any], int, bool, int]]:
+    """Capacity read off a sweep grid over ``sessions``, per combination of the other varying ``axes``
+    (default: every axis that varies, but ``sessions`` and ``repeat``), the replicates' rows averaged.
+
+    Returns ``[(axis values, capacity, lower bound, largest count of the grid)]``.
+    """
+    if axes is None:
+        axes = [a for a in AXES if a not in _SEARCHED and len({r[a] for r in rows}) > 1]
+    groups: Dict[tuple, List[Mapping]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[a] for a in axes), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        by: Dict[int, List[float]] = {}
+        for r in rs:
+            by.setdefault(int(r["sessions"]), []).append(float(r[y]))
+        mean = [{"sessions": s, y: sum(v) / len(v)} for s, v in by.items()]
+        cap, bound = capacity_of(mean, target, y)
+        out.append((dict(zip(axes, key)), cap, bound, max(by)))
+    return out
+
+
+# =====================================================================================
+# capacity studies
+# =====================================================================================
+def probes_path(path: Union[str, os.PathLike]) -> Path:
+    """``OUT.probes.csv``: every probe of a capacity table at ``OUT``."""
+    return Path(str(path) + ".probes.csv")
+
+
+@dataclass
+class CapacityResult:
+    """A capacity study's results: one :class:`Capacity` per configuration."""
+
+    study: Study
+    spec: CapacitySpec
+    capacities: List[Capacity]
+    seconds: float
+    runner: str
+    resumed: int = 0
+    table: Optional[Path] = None
+
+    def rows(self) -> List[Dict[str, Any]]:
+        return [c.row() for c in self.capacities]
+
+    def probes(self) -> List[Dict[str, Any]]:
+        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
+
+    def meta(self) -> dict:
+        axes = [a for a in self.study.axes() if a not in _SEARCHED]
+        return {"kind": "capacity", "schema": CAPACITY_SCHEMA, "study": self.study.to_dict(),
+                "study_fingerprint": self.study.fingerprint(), "capacity": self.spec.to_dict(), "axes": axes,
+                "columns": CAPACITY_COLUMNS, "configurations": len(self.capacities),
+                "axis_labels": {k: v[2] for k, v in AXES.items()}, "seconds": self.seconds,
+                "runner": self.runner, "resumed_probes": self.resumed,
+                "probes_table": probes_path(self.table).name if self.table else None,
+                "assumptions": [c.assumptions() for c in self.capacities]}
+
+
+def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str, Any]]:
+    """Probe rows of an earlier run of ``study`` at ``out`` that still hold (same configurations and seeds)."""
+    path = probes_path(out)
+    if not path.is_file():
+        return []
+    rows, meta = read_table(path)
+    if meta.get("study_fingerprint") not in (None, study.fingerprint()):
+        raise ArgumentError(f"{path}: probes of another study than {study.source}; give another --out, "
+                            "or drop --resume")
+    cfgs = study.points()
+    keep = []
+    for r in rows:
+        i = r.get("config")
+        if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get(spec.metric), float):
+            continue
+        p = {**cfgs[i], "sessions": r.get("sessions"), "repeat": r.get("repeat")}
+        if any(r.get(a) != p[a] for a in AXES) or r.get("seed") != point_seed(study.seed, p):
+            raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
+                                "(other axis values or seed)")
+        keep.append(r)
+    return keep
+
+
+def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = None,
+                 scheduler: Optional[str] = None, calibration: Union[str, os.PathLike, None] = None,
+                 progress: Union[bool, str] = True, out: Union[str, os.PathLike, None] = None,
+                 connect_timeout: float = 30.0, resume: bool = False, **overrides: Any) -> CapacityResult:
+    """Run a capacity study: the capacity of every point of its grid.
+
+    ``out``: the capacity table (``.csv`` or ``.parquet``, one row per
+    configuration, :data:`CAPACITY_COLUMNS`) with ``OUT.meta.json``, and every
+    probe in ``OUT.probes.csv``, written as the probes finish (an interrupted
+    search leaves them; ``resume=True`` starts from them).  ``overrides``:
+    :class:`CapacitySpec` fields replacing the study's ``[capacity]`` values.
+    Other parameters as for :func:`sim.sweep.run_study`.
+
+    Raises
+    ------
+    ArgumentError, FormatError
+        Not a capacity study, bad values, devices, traces, calibration.
+    OutputError
+        ``out`` cannot be written.
+    SweepError
+        A probe whose worker died too often.
+    """
+    if not isinstance(study, Study):
+        study = Study.load(study)
+    spec = CapacitySpec.from_study(study, **overrides)
+    if resume and out is None:
+        raise ArgumentError("resume needs the table of the earlier run (out)")
+    t0 = time.perf_counter()
+    cal = Path(calibration) if calibration else study.calibration
+    done = _resume_probes(study, spec, Path(out)) if resume else []
+    base = {"kind": "capacity-probes", "schema": CAPACITY_SCHEMA, "study": study.to_dict(),
+            "study_fingerprint": study.fingerprint(), "capacity": spec.to_dict(), "columns": PROBE_COLUMNS}
+    writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
+    try:
+        caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, jobs=jobs,
+                                     scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
+                                     desc=f"capacity {study.name}", done=done,
+                                     on_probe=writer.add if writer is not None else None)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    res = CapacityResult(study, spec, caps, time.perf_counter() - t0, runner, len(done))
+    if writer is not None:
+        writer.finish()
+        res.table = Path(out)
+        TableWriter(out, CAPACITY_COLUMNS, res.meta(), len(caps), res.rows(), key="config").finish()
+    return res
+
+
+def read_capacity(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], dict]:
+    """A capacity table written by :func:`run_capacity`: ``(rows, probe rows, meta)`` (no probes when the
+    probes table is gone).
+
+    Raises
+    ------
+    FormatError
+        Unreadable tables.
+    """
+    rows, meta = read_table(path)
+    probes = read_table(probes_path(path))[0] if probes_path(path).is_file() else []
+    return rows, probes, meta
+
+
+def is_capacity_table(path: Union[str, os.PathLike]) -> bool:
+    """Whether the table at ``path`` is a capacity table (its metadata says ``"kind": "capacity"``).
+
+    Raises
+    ------
+    FormatError
+        Unreadable metadata.
+    """
+    mp = meta_path(path)
+    return mp.is_file() and load_json(mp).get("kind") == "capacity"

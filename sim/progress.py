@@ -1,0 +1,136 @@
+"""Progress of long runs: a tqdm bar on a terminal, plain periodic lines anywhere else.
+
+A tqdm bar redraws itself with carriage returns; written to a file or a CI log
+it leaves a line per redraw (tens of kilobytes for one sweep).  Off a terminal
+:func:`progress` therefore prints a plain line at most every ``interval``
+seconds (and at the start and the end), each one complete on its own::
+
+    sweep demo: 12/40 points (30%) after 25 s, about 58 s left; last: point 11
+
+Modes: ``"auto"`` (a bar on a terminal, lines elsewhere), ``"bar"``,
+``"lines"`` (never a bar), ``"off"``.  ``True`` means ``"auto"`` and
+``False`` means ``"off"``.  Everything goes to ``stream`` (default standard
+error), never to standard output, so ``--json`` output stays clean.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional, TextIO, Union
+
+from tqdm import tqdm
+
+__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_mode"]
+
+#: Seconds between two plain progress lines.
+PLAIN_INTERVAL_S = 10.0
+
+_MODES = ("auto", "bar", "lines", "off")
+
+
+def progress_mode(value: Union[bool, str, None]) -> str:
+    """The mode of a ``progress`` argument: ``True``/``None`` -> ``"auto"``, ``False`` -> ``"off"``, or a mode.
+
+    Raises
+    ------
+    ValueError
+        Not a mode.
+    """
+    if value is None or value is True:
+        return "auto"
+    if value is False:
+        return "off"
+    if value not in _MODES:
+        raise ValueError(f"progress must be one of {', '.join(_MODES)} or a bool, got {value!r}")
+    return value
+
+
+class Progress:
+    """Counts finished items of a known total and shows it (see the module docstring).
+
+    Use as a context manager or call :meth:`close`; :meth:`update` after each item.
+    """
+
+    def __init__(self, total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
+                 stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0):
+        self.total, self.desc, self.unit = int(total), desc, unit
+        self.n = int(initial)
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = float(interval)
+        mode = progress_mode(mode)
+        if mode == "auto":
+            isatty = getattr(self.stream, "isatty", None)
+            mode = "bar" if isatty is not None and isatty() else "lines"
+        self.mode = mode
+        self._t0 = time.monotonic()
+        self._last = self._t0
+        self._closed = False
+        self._bar = None
+        self._n0 = self.n
+        if mode == "bar":
+            self._bar = tqdm(total=self.total, initial=self.n, desc=desc, unit=unit, file=self.stream, leave=False)
+        elif mode == "lines":
+            done = f", {self.n} already done" if self.n else ""
+            self._line(f"{desc}: {self.total} {self._units(self.total)}{done}")
+
+    def _units(self, n: int) -> str:
+        if n == 1:
+            return self.unit
+        return self.unit + ("es" if self.unit.endswith(("s", "sh", "ch", "x")) else "s")
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _status(self, note: str = "") -> str:
+        elapsed = time.monotonic() - self._t0
+        pct = f" ({self.n / self.total:.0%})" if self.total else ""
+        text = f"{self.desc}: {self.n}/{self.total} {self._units(self.total)}{pct} after {elapsed:.0f} s"
+        ran = self.n - self._n0
+        if 0 < ran and self.n < self.total:
+            text += f", about {elapsed / ran * (self.total - self.n):.0f} s left"
+        return text + (f"; last: {note}" if note else "")
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        """``n`` more items finished; ``note`` names the last one (shown on plain lines)."""
+        self.n += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.mode == "lines":
+            now = time.monotonic()
+            if now - self._last >= self.interval and self.n < self.total:
+                self._last = now
+                self._line(self._status(note))
+
+    def write(self, text: str) -> None:
+        """A message between progress lines (above the bar on a terminal)."""
+        if self.mode == "off":
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            self._line(text)
+
+    def close(self) -> None:
+        """Remove the bar, or print the closing line."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+        elif self.mode == "lines":
+            self._line(self._status() if self.n < self.total
+                       else f"{self.desc}: {self.n}/{self.total} {self._units(self.total)} "
+                            f"in {time.monotonic() - self._t0:.0f} s")
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def progress(total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
+             stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0) -> Progress:
+    """A :class:`Progress` of ``total`` items (``initial`` already done) labelled ``desc``."""
+    return Progress(total, desc, unit, mode=mode, stream=stream, interval=interval, initial=initial)

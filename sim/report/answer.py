@@ -1,0 +1,288 @@
+"""The answer a capacity study asks for: how many concurrent sessions each device sustains, with its assumptions.
+
+The report leads with it.  Capacities come from the report's own search
+(:func:`sim.report.whatif.capacity_data`: this machine's calibrated backends
+and the device presets), from every capacity table given with ``--sweep``
+(``engram sim capacity``), and, marked as such, from sweep tables that only
+read a capacity off a grid over ``sessions`` (a ``kind = "capacity"`` plot).
+Each is drawn with its band over the seeds, and stated with what it assumes:
+the compute of a step, batching, the sessions' phases, the target and its
+headroom under the compute-only ceiling.  Nothing here simulates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..capacity import (BATCHING, CAPACITY_METRIC, Capacity, CapacitySpec, capacity_of, compute_text, phases_text,
+                        read_capacity)
+from ..sweep import AXES
+from .document import Doc, anchor
+from .inputs import device_label
+from .plots import ReportFolder, colors, pyplot, spread_labels
+
+__all__ = ["Entry", "answer_section", "capacity_figure", "compute_phrase", "entries_from_capacity_table",
+           "grid_entries", "search_section"]
+
+
+@dataclass
+class Entry:
+    """One capacity of the answer: ``label`` (the device and what else varies), where it comes from
+    (``source``), and the :class:`~sim.capacity.Capacity` (``cap``) or, read off a grid, ``grid``
+    ``(capacity, lower bound, largest count, row at capacity)`` with the ``spec`` it was read at."""
+
+    label: str
+    source: str
+    spec: CapacitySpec
+    cap: Optional[Capacity] = None
+    grid: Optional[tuple] = None
+    config: Optional[Dict[str, Any]] = None
+    tag: str = "report"
+
+    def name(self) -> str:
+        """The entry as the figure names it: its label and, in brackets, where it comes from."""
+        return f"{self.label} [{self.tag}]"
+
+    @property
+    def searched(self) -> bool:
+        return self.cap is not None
+
+    def value(self) -> int:
+        return self.cap.capacity if self.cap is not None else int(self.grid[0])
+
+    def band(self) -> str:
+        if self.cap is None:
+            return "- (one grid, no seeds)"
+        c = self.cap
+        return f"{c.low}-{c.high}" + (f" over {len(c.per_seed)} seeds" if len(c.per_seed) > 1 else " (one seed)")
+
+    def shown(self) -> str:
+        if self.cap is not None:
+            return f"{'>= ' if self.cap.lower_bound else ''}{self.cap.capacity}"
+        cap, bound, top, _ = self.grid
+        return f"{'>= ' if bound else ''}{cap}"
+
+    def assumptions_short(self) -> str:
+        """Compute, phases, headroom in a few words (the full sentence: :meth:`Capacity.assumptions`)."""
+        cfg = self.cap.config if self.cap is not None else self.config
+        comp = self.cap.compute_ms if self.cap is not None else float(self.grid[3]["compute_mean_ms"])
+        ceiling = 1e3 / (comp + float(cfg.get("hash_us", 0.0)) * 1e-3)
+        head = 1 - self.spec.target / ceiling
+        return (f"compute {comp:.2f} ms; {phases_text(cfg)}; target {head:.1%} under the ceiling "
+                f"{ceiling:.2f} tokens/s")
+
+
+def _policy_text(cfg: Mapping[str, Any]) -> str:
+    depth = "ring depth" if cfg["backend"] == "io_uring" else "readers"
+    text = f"threshold {cfg['threshold']}, {cfg['readers']} {depth}"
+    if cfg.get("cache_rows"):
+        text += f", {cfg['cache_rows']:,}-row cache"
+    return text
+
+
+def _varying_label(cfg: Mapping[str, Any], axes: Sequence[str]) -> str:
+    """A configuration's name: its device, and the other axes that vary in its study."""
+    parts = [device_label(str(cfg["device"]))] if "device" in cfg else []
+    parts += [f"{a} {cfg[a]}" for a in axes if a not in ("device", "sessions", "repeat")]
+    return ", ".join(parts) or "the configuration"
+
+
+def entries_from_capacity_table(path: Path) -> List[Entry]:
+    """The capacities of a capacity table (``engram sim capacity``), one :class:`Entry` per configuration.
+
+    Raises
+    ------
+    FormatError
+        Unreadable tables.
+    """
+    rows, probes, meta = read_capacity(path)
+    spec = CapacitySpec(**(meta.get("capacity") or {}))
+    name = (meta.get("study") or {}).get("name") or path.stem
+    axes = [a for a in meta.get("axes", []) if a in AXES]
+    out = []
+    for r in rows:
+        cfg = {a: r[a] for a in AXES if a in r}
+        cfg.update(sessions=1, repeat=0)
+        per_seed = [int(x) for x in str(r["capacities"]).split()]
+        cap = Capacity(int(r["config"]), cfg, spec, per_seed, [c >= spec.max_sessions for c in per_seed],
+                       [p for p in probes if p.get("config") == r["config"]])
+        if not cap.probes:  # the probes table is gone: the compute is still in the row
+            cap.probes = [{**cfg, "compute_mean_ms": r["compute_mean_ms"], "sessions": 0, "repeat": 0}]
+        out.append(Entry(_varying_label(cfg, axes), f"study '{name}' (`{path.name}`)", spec, cap=cap, config=cfg,
+                         tag=f"study {name}"))
+    return out
+
+
+def grid_entries(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], plot: Mapping[str, Any], name: str,
+                 path: Path) -> List[Entry]:
+    """Capacities read off a sweep grid over ``sessions`` (a ``kind = "capacity"`` plot of the study)."""
+    target = float(plot.get("target", CapacitySpec().target))
+    y = plot.get("y", CAPACITY_METRIC)
+    spec = CapacitySpec(target=target, seeds=1, max_sessions=max(int(r["sessions"]) for r in rows),
+                        metric=y if y.startswith("session_tokens_per_s") else CAPACITY_METRIC)
+    others = [a for a in axes if a not in ("sessions", "repeat")]
+    groups: Dict[tuple, List[Mapping]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[a] for a in others), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        cap, bound = capacity_of(rs, target, spec.metric)
+        at = next((r for r in rs if r["sessions"] == cap), rs[0])
+        cfg = dict(rs[0])
+        out.append(Entry(_varying_label(cfg, others), f"study '{name}' (`{path.name}`, read off a grid)", spec,
+                         grid=(cap, bound, max(r["sessions"] for r in rs), at), config=cfg, tag=f"grid {name}"))
+    return out
+
+
+def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[Entry]) -> str:
+    """Two panels: the slowest session's tokens/s by sessions (every probe; the line: the median seed's search)
+    with the target, and each entry's capacity with its band over the seeds.  Returns the figure's path."""
+    plt = pyplot()
+    searched = [e for e in entries if e.searched]
+    n = len(entries)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.5, max(4.6, 0.42 * n + 2.0)),
+                                  gridspec_kw={"width_ratios": [1.15, 1]})
+    cycle = colors()
+    targets = sorted({e.spec.target for e in entries})
+    for e in searched:
+        c = cycle[entries.index(e) % len(cycle)]  # one colour per entry in both panels
+        cap = e.cap
+        med = cap.median_seed()
+        line = sorted((p for p in cap.probes if p["repeat"] == med and p["sessions"] > 0), key=lambda p: p["sessions"])
+        rest = [p for p in cap.probes if p["repeat"] != med and p["sessions"] > 0]
+        ax.plot([p["sessions"] for p in line], [p[e.spec.metric] for p in line], "-o", ms=3.5, color=c,
+                label=f"{e.name()}: {e.shown()}")
+        if rest:
+            ax.plot([p["sessions"] for p in rest], [p[e.spec.metric] for p in rest], "o", ms=3, color=c, alpha=0.35)
+    for t in targets:
+        ax.axhline(t, color="k", ls="--", lw=1, label=f"target {t:g} tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent sessions on the device (log scale)")
+    ax.set_ylabel("tokens/s of the slowest session")
+    ax.set_title("Every probe of the search (line: the median seed's)", fontsize=10)
+    if searched:
+        ax.legend(loc="lower left", fontsize=7)
+    # right: the answer, one row per entry, with its band
+    ys = np.arange(n)[::-1]
+    labels = []
+    for y, e in zip(ys, entries):
+        c = cycle[entries.index(e) % len(cycle)] if e.searched else "0.4"
+        v = max(e.value(), 0.5)
+        if e.cap is not None:
+            lo, hi = max(e.cap.low, 0.5), max(e.cap.high, 0.5)
+            ax2.errorbar([v], [y], xerr=[[v - lo], [hi - v]], fmt="o", ms=7, capsize=4, color=c)
+        else:
+            ax2.plot([v], [y], "s", ms=7, mfc="white", color=c)
+        shown = e.name()
+        labels.append(shown if len(shown) <= 52 else shown[:50] + "..")
+    ax2.set_xscale("log", base=2)
+    top = max([e.cap.high if e.cap else e.value() for e in entries] + [1])
+    bottom = min([e.cap.low if e.cap else e.value() for e in entries])
+    lo, hi = (0.4 if bottom < 1 else bottom / 2.5), top * 3.2
+    ax2.set_xlim(lo, hi)
+    ticks = [2.0 ** k for k in range(0, int(np.log2(hi)) + 1) if lo <= 2.0 ** k]
+    ticks = ([0.5] if lo < 1 else []) + ticks[::max(1, len(ticks) // 8)]
+    ax2.set_xticks(ticks, ["0" if t < 1 else f"{t:,.0f}" for t in ticks])  # a capacity of 0 sits at 0.5
+    ax2.set_ylim(-0.7, n - 0.3)
+    ax2.set_yticks(ys, labels, fontsize=8)
+    ax2.set_xlabel(f"sessions sustained at >= {', '.join(f'{t:g}' for t in targets)} tokens/s each (log scale)")
+    ax2.set_ylabel("device [where the capacity comes from]")
+    ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest", fontsize=10)
+    ax2.grid(axis="y", visible=False)
+    spread_labels(ax2, [(max(e.value(), 0.5), y, f"{e.shown()}" + ("" if e.searched else " (grid)")
+                         + (f"  [{e.cap.low}-{e.cap.high}]" if e.cap is not None and e.cap.low != e.cap.high else ""),
+                         "k") for y, e in zip(ys, entries)])
+    return out.save(fig, name, title)
+
+
+def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], details: Optional[str]) -> List[str]:
+    """The report's first section: the capacity of every entry, its band and assumptions, the figure and its
+    data.  ``details`` is the heading of the section that says how it was found.  Returns the headline lines."""
+    doc.h(1, "Answer: concurrent sessions each device sustains")
+    if not entries:
+        doc.p("No capacity was computed.")
+        return []
+    targets = sorted({e.spec.target for e in entries})
+    searched = [e for e in entries if e.searched]
+    doc.p(f"The largest number of sessions decoding at once on one device while **every session still reaches "
+          f"{' / '.join(f'{t:g}' for t in targets)} tokens/s** (the slowest session's rate). "
+          + ("Found by search: 1, 2, 4, ... sessions until a count fails, then bisection, once per seed of an "
+             "ensemble; the capacity is the median over the seeds and the band runs from the smallest to the "
+             "largest. " if searched else "")
+          + ("Rows marked *read off a grid* only bracket the capacity between two session counts of a sweep."
+             if any(not e.searched for e in entries) else ""))
+    doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "assumes", "from"],
+              [[e.label, _policy_text(e.cap.config if e.cap is not None else e.config), e.shown(), e.band(),
+                f"{e.spec.target:g}", e.assumptions_short(), e.source] for e in entries])
+    said: Dict[str, List[str]] = {}
+    for e in searched:
+        said.setdefault(e.cap.assumptions(), [])
+        if e.source not in said[e.cap.assumptions()]:
+            said[e.cap.assumptions()].append(e.source)
+    if len(said) == 1:
+        text = "Assumptions: " + "".join(f"{a[0].upper()}{a[1:]}." for a in said)
+    elif said:
+        text = "Assumptions: " + " ".join(f"for {' and '.join(srcs)}: {a}." for a, srcs in said.items())
+    else:
+        text = f"Assumptions: batching {BATCHING}."
+    doc.p(text
+          + " With batched decode several sessions would share one step's compute and every capacity here would "
+            "change." + (f" How it was found: [{details}](#{anchor(details)})." if details else ""))
+    rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)
+    rows = []
+    for e in entries:
+        if e.cap is not None:
+            for p in e.cap.probes:
+                if p["sessions"] > 0:
+                    rows.append([e.label, e.source, p["repeat"], p["seed"], p["sessions"], p[e.spec.metric],
+                                 e.spec.target, p[e.spec.metric] >= e.spec.target, p["device_busy"],
+                                 p["reads_per_s"]])
+        else:
+            at = e.grid[3]
+            rows.append([e.label, e.source, 0, at.get("seed", ""), at["sessions"], at[e.spec.metric],
+                         e.spec.target, at[e.spec.metric] >= e.spec.target, at["device_busy"], at["reads_per_s"]])
+    data = out.csv("capacity", ["device", "source", "seed_index", "seed", "sessions", "slowest_session_tokens_per_s",
+                                "target", "passed", "device_busy", "reads_per_s"], rows)
+    out.add(doc, rel, data, "Left: the slowest session's tokens/s at every session count the search probed "
+                            "(faint: the other seeds). Right: each device's capacity, the median over the seeds "
+                            "with a bar from the smallest to the largest.")
+    return [f"Capacity at {e.spec.target:g} tokens/s per session: {e.label} {e.shown()} sessions "
+            f"({e.band()}; {e.source})" for e in entries]
+
+
+def compute_phrase(row: Mapping[str, Any]) -> str:
+    """The compute of a sweep row in words (its mean is the row's ``compute_mean_ms``)."""
+    return compute_text(row, float(row.get("compute_mean_ms", row.get("compute_ms", 0.0))))
+
+
+def search_section(doc: Doc, d, heading: str) -> None:
+    """How the report's own capacities were found (``d``: :class:`sim.report.whatif.CapacityData`): the
+    configuration, the search, and each device's seeds, probes and state at capacity."""
+    doc.h(1, heading)
+    if not d.entries:
+        return
+    spec = d.spec
+    first = d.entries[0][1]
+    cfg = first.config
+    doc.p(f"Each device runs S sessions at once on trace `{d.trace}` (threshold {cfg['threshold']}, "
+          f"{cfg['readers']} readers, {cfg['steps']} steps a session); each session computes "
+          f"{d.compute_ms:.2f} ms a step on its own, so only the reads contend. The search probes 1, 2, 4, ... "
+          f"sessions (up to {spec.max_sessions}) until the slowest session falls below {spec.target:g} tokens/s, "
+          f"then bisects to the exact count, independently for {spec.seeds} seeds; each probe's seed derives "
+          f"from the report's seed and the probe's point only, so the same inputs give the same capacities.")
+    a = first.assumptions()
+    doc.p(f"Assumptions: {a[0].upper()}{a[1:]}.")
+    table = []
+    for label, c in d.entries:
+        one = c.at(1)
+        at = c.at(c.capacity, c.median_seed()) if c.capacity else None
+        table.append([label, f"{'>= ' if c.lower_bound else ''}{c.capacity}", " ".join(str(x) for x in c.per_seed),
+                      len(c.probes), one[spec.metric] if one else float("nan"),
+                      at[spec.metric] if at else float("nan"), at["device_busy"] if at else float("nan"),
+                      at["reads_per_s"] if at else float("nan")])
+    doc.table(["device", "capacity", "per seed", "probes", "tokens/s, one session", "slowest session at capacity",
+               "device busy at capacity", "reads/s at capacity"], table)

@@ -1,0 +1,224 @@
+"""sim.capacity: the search (galloping, bisection, seed ensembles), its seeds, its assumptions, capacity studies
+and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engram import ArgumentError
+from engram.cli import main
+from sim.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
+                          read_capacity)
+from sim.capacity import _search
+from sim.decode import seed_reproduction
+from sim.sweep import AXES, Study, point_seed, read_table, run_points
+
+REFERENCE_MS = seed_reproduction()["compute_ms"]
+
+
+def drive(search, capacity: int):
+    """Run a search against a device that sustains exactly ``capacity`` sessions; (result, probes)."""
+    probes = []
+    s = next(search)
+    while True:
+        probes.append(s)
+        try:
+            s = search.send(s <= capacity)
+        except StopIteration as stop:
+            return stop.value, probes
+
+
+@pytest.mark.parametrize("true", [0, 1, 2, 3, 5, 63, 64, 65, 100, 777, 1023])
+def test_search_finds_the_exact_count(true):
+    (cap, bound), probes = drive(_search(1024, 1), true)
+    assert (cap, bound) == (true, False)
+    assert len(probes) <= 2 * math.ceil(math.log2(true + 2)) + 2  # galloping, then bisection
+    assert len(set(probes)) == len(probes)  # no count probed twice
+
+
+def test_search_bounds_and_resolution():
+    assert drive(_search(1024, 1), 5000)[0] == (1024, True)  # passed at the largest count: a lower bound
+    assert drive(_search(100, 1), 100)[0] == (100, True)
+    assert drive(_search(100, 1), 99)[0] == (99, False)
+    (cap, _), probes = drive(_search(1024, 8), 300)
+    assert 300 - 8 < cap <= 300 and len(probes) < len(drive(_search(1024, 1), 300)[1])
+
+
+def capacity_configs(**over):
+    """The seed preset, threshold 8 x 16 readers, the SPEC §8 compute, starts spread over a step."""
+    base = {k: v[1] for k, v in AXES.items()}
+    base.update(trace_limit=300, steps=120, compute="reference", threshold=8, readers=16, start_spread_ms=47.0)
+    base.update(over)
+    return [base]
+
+
+@pytest.fixture(scope="module")
+def reference_capacity():
+    (cap,), runner = find_capacity(capacity_configs(compute="", compute_ms=REFERENCE_MS, compute_dist="gamma",
+                                                    compute_cv=0.05),
+                                   CapacitySpec(seeds=3, max_sessions=256), 11, jobs=2, progress=False)
+    return cap, runner
+
+
+def test_capacity_is_the_boundary_of_its_probes(reference_capacity):
+    """The capacity passes the target and one session more fails it, for every seed of the ensemble."""
+    cap, runner = reference_capacity
+    assert runner == "processes:2" and len(cap.per_seed) == 3
+    assert 16 < cap.capacity < 256 and cap.low <= cap.capacity <= cap.high
+    for r, c in enumerate(cap.per_seed):
+        at, above = cap.at(c, r), cap.at(c + 1, r)
+        assert at["repeat"] == r and at["session_tokens_per_s_min"] >= 20.0
+        assert above["repeat"] == r and above["session_tokens_per_s_min"] < 20.0
+    # one session alone decodes near the compute-only ceiling
+    assert cap.at(1, 0)["session_tokens_per_s_min"] == pytest.approx(1e3 / REFERENCE_MS, rel=0.05)
+
+
+def test_capacity_seeds_come_from_the_study_seed_and_the_point(reference_capacity):
+    """Every probe's seed is point_seed(study seed, probe point): the same probes give the same rows, on any
+    runner and in any run (no temporary file or order enters the seed)."""
+    cap, _ = reference_capacity
+    for p in cap.probes:
+        assert p["seed"] == point_seed(11, {a: p[a] for a in AXES})
+    again, runner = find_capacity(capacity_configs(compute="", compute_ms=REFERENCE_MS, compute_dist="gamma",
+                                                   compute_cv=0.05),
+                                  CapacitySpec(seeds=3, max_sessions=256), 11, jobs=1, progress=False)
+    assert runner == "inline" and again[0].per_seed == cap.per_seed
+    assert [p["seed"] for p in again[0].probes] == [p["seed"] for p in cap.probes]
+    # the probes at the capacity, rerun as a plain sweep, give the same numbers
+    pts = [{a: p[a] for a in AXES} for p in cap.probes[-3:]]
+    rows, _ = run_points(pts, 11, jobs=1, progress=False)
+    assert [r["session_tokens_per_s_min"] for r in rows] == [p["session_tokens_per_s_min"] for p in cap.probes[-3:]]
+
+
+def test_assumptions_state_compute_batching_phases_and_headroom(reference_capacity):
+    cap, _ = reference_capacity
+    a = cap.assumptions()
+    assert cap.ceiling == pytest.approx(21.27, abs=0.005) and cap.headroom == pytest.approx(0.0597, abs=5e-4)
+    assert cap.read_budget_ms == pytest.approx(50.0 - REFERENCE_MS, rel=1e-9)
+    assert "compute 47.01 ms a step on average (gamma, CV 0.05)" in a and BATCHING in a
+    assert "starts spread evenly over 47 ms" in a and "6.0% under the compute-only ceiling of 21.27" in a
+    assert "2.99 ms a step for reads" in a
+    row = cap.row()
+    assert row["capacity"] == cap.capacity and row["capacities"] == " ".join(map(str, cap.per_seed))
+    assert row["ceiling_tokens_per_s"] == cap.ceiling and row["phases"] == "starts spread evenly over 47 ms"
+
+
+def test_no_headroom_means_no_capacity():
+    """49.7 ms of compute leaves 0.3 ms a step for 48 reads at 20 tokens/s: too little even for one session on
+    the reference SSD; above 50 ms the target is past the compute-only ceiling."""
+    caps, _ = find_capacity(capacity_configs(compute="", compute_ms=49.7) + capacity_configs(compute="",
+                                                                                             compute_ms=51.0),
+                            CapacitySpec(seeds=1, max_sessions=64), 0, jobs=1, progress=False)
+    tight, over = caps
+    assert tight.capacity == over.capacity == 0 and len(tight.probes) == len(over.probes) == 1
+    assert "leaving 0.30 ms a step for reads" in tight.assumptions()
+    assert over.headroom < 0 and "above the compute-only ceiling of 19.61 tokens/s" in over.assumptions()
+
+
+def test_lockstep_sessions_are_stated_and_contend_more():
+    spread, lock = find_capacity(capacity_configs() + capacity_configs(start_spread_ms=0.0),
+                                 CapacitySpec(seeds=1, max_sessions=128), 0, jobs=2, progress=False)[0]
+    assert "lockstep (every session starts at once)" in lock.assumptions()
+    assert lock.capacity < spread.capacity
+
+
+def test_capacity_spec_and_study_errors():
+    for bad, match in (({"target": 0}, "target"), ({"seeds": 0}, "seeds"), ({"max_sessions": 1.5}, "max_sessions"),
+                       ({"metric": "tokens_per_s"}, "metric")):
+        with pytest.raises(ArgumentError, match=match):
+            CapacitySpec(**bad)
+    with pytest.raises(ArgumentError, match="not a capacity study"):
+        CapacitySpec.from_study(Study.from_dict({}))
+    with pytest.raises(ArgumentError, match="cannot set 'sessions'"):
+        CapacitySpec.from_study(Study.from_dict({"capacity": {}, "grid": {"sessions": [1, 2]}}))
+    with pytest.raises(ArgumentError, match="unknown key 'goal'"):
+        CapacitySpec.from_study(Study.from_dict({"capacity": {"goal": 20}}))
+    spec = CapacitySpec.from_study(Study.from_dict({"capacity": {"target": 19, "seeds": 2}}), max_sessions=64)
+    assert spec == CapacitySpec(19.0, 2, 64)
+
+
+def test_grid_capacity_reads_off_the_grid():
+    rows = [{"sessions": s, "y": v} for s, v in ((1, 21.0), (8, 20.5), (16, 20.0), (32, 19.9), (64, 25.0))]
+    assert capacity_of(rows, 20.0, "y") == (16, False)  # the first miss ends the search
+    assert capacity_of(rows, 19.0, "y") == (64, True)
+    assert capacity_of(rows, 22.0, "y") == (0, False)
+    both = [dict(r, device=d, session_tokens_per_s_min=r["y"] + (0 if d == "a" else 5), **{"repeat": 0})
+            for r in rows for d in ("a", "b")]
+    got = {k["device"]: (cap, bound) for k, cap, bound, _ in grid_capacities(both, 20.0, axes=["device"])}
+    assert got == {"a": (16, False), "b": (64, True)}
+
+
+CAPACITY_TOML = """
+[study]
+name = "tiny-capacity"
+description = "two drives"
+seed = 4
+
+[capacity]
+target = 20.0
+seeds = 2
+max_sessions = 64
+
+[fixed]
+trace_limit = 200
+steps = 100
+compute = "reference"
+start_spread_ms = 47.0
+
+[grid]
+device = ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8"]
+"""
+
+
+def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
+    study = tmp_path / "cap.toml"
+    study.write_text(CAPACITY_TOML)
+    out = tmp_path / "cap.csv"
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--jobs", "2", "--quiet", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    fast, slow = d["configurations"]
+    assert fast["device"] == "seed-apple-m3-ultra" and fast["capacity"] == 64 and fast["lower_bound"] is True
+    assert 0 < slow["capacity"] < 16 and slow["low"] <= slow["capacity"] <= slow["high"]
+    assert "the SPEC §8 reference compute" in slow["assumptions"] and d["capacity"]["seeds"] == 2
+    rows, probes, meta = read_capacity(out)
+    assert meta["kind"] == "capacity" and meta["complete"] is True and len(rows) == 2
+    assert [r["capacity"] for r in rows] == [64, slow["capacity"]] and rows[0]["lower_bound"] is True
+    assert len(probes) == fast["probes"] + slow["probes"] and probes_path(out).is_file()
+    # a second run resumes from the probes: nothing is simulated again, the answer is the same
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["resumed_probes"] == len(probes) and again["configurations"] == d["configurations"]
+    # an interrupted search (half its probes written) resumes from them and ends where the whole run did
+    lines = probes_path(out).read_text().splitlines(keepends=True)
+    probes_path(out).write_text("".join(lines[:len(lines) // 2]))
+    out.unlink()
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet", "--json"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert half["resumed_probes"] == len(lines) // 2 - 1 and half["configurations"] == d["configurations"]
+    assert len(read_capacity(out)[1]) == len(probes)
+    # human output states the assumptions and the band
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "assumes   target 20 tokens/s for every session" in text
+    assert "capacity  device=seed-apple-m3-ultra: >= 64 sessions (all equal over 2 seeds)" in text
+    # a capacity study is not a sweep, and a sweep table is not resumable as this study
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "x.csv")]) == 2
+    assert "engram sim capacity" in capsys.readouterr().err
+    assert read_table(probes_path(out))[1]["kind"] == "capacity-probes"
+
+
+def test_capacity_on_a_dask_cluster_is_the_local_one():
+    """The search runs on a Dask cluster like a sweep, with the same probes, seeds and capacities."""
+    distributed = pytest.importorskip("dask.distributed")
+    configs = capacity_configs(device="ssd:qd1_us=90,iops=200000,parallelism=16", compute_dist="gamma",
+                               compute="", compute_ms=REFERENCE_MS, compute_cv=0.05, steps=80)
+    spec = CapacitySpec(seeds=2, max_sessions=64)
+    local, _ = find_capacity(configs, spec, 9, jobs=1, progress=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        remote, runner = find_capacity(configs, spec, 9, scheduler=c.scheduler_address, progress=False)
+    assert runner.startswith("dask:") and remote[0].per_seed == local[0].per_seed
+    assert [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in remote[0].probes] == \
+        [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in local[0].probes]

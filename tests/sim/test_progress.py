@@ -1,0 +1,62 @@
+"""sim.progress: a bar on a terminal, plain periodic lines elsewhere, nothing when off."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from sim.progress import Progress, progress, progress_mode
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_lines_off_a_terminal():
+    out = io.StringIO()
+    with progress(3, "sweep demo", "point", stream=out, interval=0.0) as p:
+        assert p.mode == "lines"
+        p.update(1, "point 0")
+        p.update(1, "point 1")
+        p.update(1, "point 2")
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines[0] == "sweep demo: 3 points"
+    assert re.fullmatch(r"sweep demo: 1/3 points \(33%\) after \d+ s, about \d+ s left; last: point 0", lines[1])
+    assert re.fullmatch(r"sweep demo: 2/3 points \(67%\) after \d+ s, about \d+ s left; last: point 1", lines[2])
+    assert re.fullmatch(r"sweep demo: 3/3 points in \d+ s", lines[3]) and len(lines) == 4
+
+
+def test_lines_are_periodic_not_per_item():
+    out = io.StringIO()
+    p = progress(1000, "capacity", "search", stream=out, interval=3600.0)
+    for _ in range(999):
+        p.update()
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines == ["capacity: 1000 searches", lines[-1]] and "999/1000 searches (100%)" in lines[-1]
+
+
+def test_a_bar_on_a_terminal_and_nothing_when_off():
+    tty = Terminal()
+    with progress(2, "sweep", "point", stream=tty) as p:
+        assert p.mode == "bar"
+        p.update(2)
+    assert "\r" in tty.getvalue() and "sweep:" in tty.getvalue() and "/2 " in tty.getvalue()  # a tqdm bar
+    quiet = io.StringIO()
+    with Progress(2, "sweep", "point", mode=False, stream=quiet) as p:
+        p.update(2)
+        p.write("hello")
+    assert quiet.getvalue() == ""
+    with Progress(5, "sweep", "point", mode="lines", stream=Terminal(), initial=2) as p:
+        assert p.mode == "lines" and p.n == 2  # lines even on a terminal when asked
+
+
+def test_modes():
+    assert progress_mode(True) == progress_mode(None) == "auto" and progress_mode(False) == "off"
+    assert progress_mode("lines") == "lines"
+    with pytest.raises(ValueError, match="progress must be one of"):
+        progress_mode("loud")
