@@ -13,7 +13,7 @@ import pytest
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.io import load_json
-from sim.measure import (CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
+from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
                          compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
                          grid, hash_microbench, io_microbench, io_probe, io_shared, is_quiet, measure, quick_grid,
                          segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
@@ -105,7 +105,7 @@ def test_grid_drops_duplicate_serial_configurations():
 def test_default_grid_covers_the_axes():
     g = default_grid()
     assert len(g) == 40 and len({c.key for c in g}) == 40
-    single = [c for c in g if c.compute != CAPACITY_COMPUTE]
+    single = [c for c in g if c.compute != MEASURED_CAPACITY_COMPUTE]
     assert len(single) == 29 and {c.trace for c in g} == set(DEFAULT_TRACES)
     assert {c.threshold for c in g} == {8, 256} and {c.backend for c in g} == {"pread", "io_uring"}
     assert {c.readers for c in g if not c.serial} == {4, 16}
@@ -114,7 +114,7 @@ def test_default_grid_covers_the_axes():
     assert {c.steps for c in g if c.compute == "none"} == {800}
     assert [c.steps for c in g if c.trace.endswith(".jsonl")] == [100, 100]
     assert [c.steps for c in g if c.compute == "mixer"] == [30, 30]
-    multi = [c for c in g if c.compute == CAPACITY_COMPUTE]
+    multi = [c for c in g if c.compute == MEASURED_CAPACITY_COMPUTE]
     assert sorted((c.mode, c.sessions) for c in multi) == sorted(
         [("threads", n) for n in SESSION_COUNTS] + [("processes", n) for n in SESSION_COUNTS if n > 1])
     assert len(quick_grid()) == 10 and sum(c.multi for c in quick_grid()) == 4
