@@ -65,7 +65,7 @@ from .io import load_json
 from .progress import progress as progress_bar
 from .schema import CAPACITY_SCHEMA
 from .sweep import (AXES, METRICS, PointRunner, Study, TableWriter, check_points, meta_path, point_seed, read_table,
-                    resolve_context)
+                    resolve_context, same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
@@ -512,7 +512,7 @@ def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str
         if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get(spec.metric), float):
             continue
         p = {**cfgs[i], "sessions": r.get("sessions"), "repeat": r.get("repeat")}
-        if any(r.get(a) != p[a] for a in AXES) or r.get("seed") != point_seed(study.seed, p):
+        if any(not same_axis_value(r.get(a), p[a]) for a in AXES) or r.get("seed") != point_seed(study.seed, p):
             raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
                                 "(other axis values or seed)")
         keep.append(r)

@@ -49,7 +49,7 @@ from ..progress import progress as progress_bar
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
 from .study import AXES, METRICS, Study, check_point, point_seed, point_trace
-from .table import TableWriter, partial_path, read_table
+from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["MAX_ATTEMPTS", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
            "resume_rows", "run_points", "run_study"]
@@ -544,7 +544,7 @@ def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, A
                 or not isinstance(r.get("seed"), int):
             continue  # cut short
         for a in AXES:
-            if r.get(a) != pts[i][a]:
+            if not same_axis_value(r.get(a), pts[i][a]):
                 raise ArgumentError(f"{path}: point {i} has {a} = {r.get(a)!r}, but in {study.source} it has "
                                     f"{pts[i][a]!r}: a table of another study")
         if r["seed"] != point_seed(study.seed, pts[i]):

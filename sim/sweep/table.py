@@ -26,7 +26,7 @@ from engram.errors import ArgumentError, FormatError
 from ..io import OutputError, load_json, output_error, write_json
 from .study import AXES
 
-__all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "write_table"]
+__all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
 
 #: Seconds between two rewrites of an unfinished table's metadata (its list of missing points).
 META_EVERY_S = 5.0
@@ -257,3 +257,9 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
     except ModuleNotFoundError:
         raise FormatError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     return rows, meta
+
+
+def same_axis_value(stored: Any, value: Any) -> bool:
+    """An axis value read back from a table equals the study's (an unset axis, ``None``, is an empty cell)."""
+    unset = (None, "")
+    return stored == value or (stored in unset and value in unset)

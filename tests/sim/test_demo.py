@@ -17,8 +17,9 @@ from sim.schema import RunConfig
 
 FIGURES = ("seed_reproduction", "predicted_vs_measured", "threshold", "readers", "devices", "step_cdf", "cache",
            "reuse", "capacity", "sweep_demo_0", "sweep_demo_1")
-SECTIONS = ("Headline figures", "Seed reproduction", "The run", "Predicted vs measured", "Tokens/s by threshold",
-            "Tokens/s by readers", "Step-latency CDFs", "Reuse and row caches", "Capacity", "Study: demo",
+SECTIONS = ("Answer: concurrent sessions each device sustains", "Other headline figures", "Seed reproduction",
+            "The run", "Predicted vs measured", "Tokens/s by threshold", "Tokens/s by readers", "Step-latency CDFs",
+            "Reuse and row caches", "Capacity: how the report searched it", "Study: demo",
             "Inputs, calibration and tables")
 
 
