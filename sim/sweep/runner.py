@@ -41,7 +41,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, EngramError
 
-from ..calibrate import Calibration
+from ..calibrate import Calibration, check_study_backends
 from ..decode import seed_reproduction, simulate_decode
 from ..device import load_device
 from ..params import Compute, Policy
@@ -606,6 +606,8 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     cal = Path(calibration) if calibration else study.calibration
     t0 = time.perf_counter()
     pts = check_points(study.points())
+    if cal is not None:  # a backend the calibration lacks is named before any simulation runs
+        check_study_backends(cal, pts, where=str(study.source))
     seeds = [point_seed(study.seed, p) for p in pts]
     done = resume_rows(study, out) if resume else []
     have = {r["point"] for r in done}

@@ -13,6 +13,7 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate, calibrate_file, check_study_backends
+from sim.sweep import Study, run_study, runner
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
 from sim.io import load_json
 from sim.measure import measure
@@ -417,3 +418,17 @@ def test_backends_left_out_and_the_study_check(tmp_path):
     for bad in ({"device": "calibrated", "backend": "io_uring"}, {"device": "calibrated:io_uring"}):
         with pytest.raises(ArgumentError, match="s.toml names backend 'io_uring'"):
             check_study_backends(path, points + [bad], "s.toml")
+
+
+def test_a_sweep_naming_a_backend_the_calibration_lacks_stops_before_simulating(tmp_path, monkeypatch):
+    doc = micro_doc()
+    doc["records"] = [r for r in doc["records"] if r.get("backend") != "io_uring"]
+    doc["backends"] = {"usable": ["pread"], "left_out": {"io_uring": "io_uring could not start: ENOSYS"}}
+    path = calibrate(doc, source={"path": "/m/microbench.json"}).save(tmp_path / "calibration.json")
+    study = Study.from_dict({"study": {"name": "s"}, "fixed": {"device": "calibrated", "steps": 5},
+                             "grid": {"backend": ["pread", "io_uring"]}}, source="s.toml")
+    ran = []
+    monkeypatch.setattr(runner, "resolve_context", lambda *a, **k: ran.append(a))
+    with pytest.raises(ArgumentError, match="s.toml names backend 'io_uring'.*ENOSYS"):
+        run_study(study, calibration=path, progress=False)
+    assert ran == []  # refused before any device, trace or simulation was loaded
