@@ -143,10 +143,11 @@ def test_row_cache_hits_are_the_reuse_of_the_trace(code):
 
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_second_table_overlap(code, mode):
-    """First table read (24 rows, 2 waves of 16 at 204.8 us), then the second overlaps m of 43 layers."""
+    """First table read (24 rows: 16 at depth 16, 204.8 us, then the last 8 at depth 8), then the second
+    overlaps m of 43 layers."""
     dev = preset("seed-apple-m3-ultra")
     C = 10e-3
-    io24 = 2 * 204.8 * US
+    io24 = (204.8 + (107.9 + (204.8 - 107.9) * 7 / 15)) * US
     for m in (0, 1, 13):
         r = simulate_decode(code, dev, Policy(overlap_layers=m), Compute(C), steps=200, mode=mode)
         if m == 0:

@@ -1,0 +1,392 @@
+"""The fast mode of the decode model: sessions as generators on a plain event loop, batches on segment queues.
+
+Each session is a generator that yields what it waits for -- a time
+(``hash``, batch overhead, compute), a batch of reads (one per drive with
+reads), a batch started in the background (the second table under
+``overlap_layers``) and later joined.  The loop keeps a heap of session
+wake-ups and asks each drive's :class:`~sim.device.fluid.SegmentQueue` for its
+next completion; whichever comes first runs.  No simpy: a step costs a few
+heap operations, so hundreds of sessions run at hundreds of thousands of
+session-steps a second.
+
+One session alone (no contention possible) skips the loop altogether: every
+step's time is its reads' duration alone plus its compute, in arrays.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from ..device import FastDevice, SegmentQueue, summarize_boxes
+from ..params import Policy
+
+__all__ = ["FastRun", "split_readers"]
+
+WAIT, IO, ASYNC, JOIN, IO1 = range(5)
+
+
+def split_readers(k: int, parts: Sequence[int]) -> list:
+    """Readers of each drive's share of a batch: ``k`` readers over drives holding ``parts[j]`` reads,
+    in proportion (at least one for a drive with reads, at most its reads).  With fewer readers than
+    drives with reads, the shares are read one drive after another (returned as several phases)."""
+    idx = [j for j, n in enumerate(parts) if n]
+    if not idx:
+        return []
+    n = sum(parts[j] for j in idx)
+    if k < len(idx):
+        return [[(j, parts[j], min(k, parts[j]))] for j in idx]
+    return [[(j, parts[j], max(1, min(parts[j], int(round(k * parts[j] / n))))) for j in idx]]
+
+
+class FastRun:
+    """One fast-mode run: the sessions' reads and computes through ``drives`` copies of one device.
+
+    Parameters
+    ----------
+    sampler : FastDevice
+        Draws each batch's duration alone and its ``sigma`` (shared by the drives: identical devices).
+    drives : int
+    policy : Policy
+    reads : list of int64 [steps, layers]
+        Device reads per session, step and table.
+    by_drive : list of int64 [steps, layers, drives], optional
+        The same per drive (``drives > 1``).
+    computes : list of float64 [steps]
+        Compute seconds per session and step.
+    hash_time : float
+    overlap : float
+        Share of the compute that overlaps the second table's read (0: none).
+    """
+
+    def __init__(self, sampler: FastDevice, drives: int, policy: Policy, reads: List[np.ndarray],
+                 by_drive: Optional[List[np.ndarray]], computes: List[np.ndarray], hash_time: float,
+                 overlap: float):
+        self.sampler, self.drives, self.policy = sampler, drives, policy
+        self.reads, self.by_drive, self.computes = reads, by_drive, computes
+        self.hash_time, self.overlap = hash_time, overlap
+        dev = sampler.device
+        self.queues = [sampler.queue] + [SegmentQueue(dev.saturation_depth(), dev.mean_latency, dev.straggler)
+                                         for _ in range(drives - 1)]
+        S = len(reads)
+        steps = len(computes[0])
+        if drives == 1:
+            self._n = {"all": [r.sum(axis=1).tolist() for r in reads], "first": [r[:, 0].tolist() for r in reads],
+                       "rest": [r[:, 1:].sum(axis=1).tolist() for r in reads]}
+        self.lats = np.zeros((S, steps))
+        self.stalls = np.zeros((S, steps))
+        self.finish = [0.0] * S
+        self.boxes = None  # (start, end, level) of the one-session path
+
+    # ---------------------------------------------------------------- reads
+    def _k(self, n: int) -> int:
+        p = self.policy
+        return 1 if n < p.threshold else (n if n < p.readers else p.readers)
+
+    def _phases(self, s: int, t: int, tables: slice) -> list:
+        """Phases (lists of ``(drive, reads, readers)`` read together) of session ``s``'s step ``t``."""
+        if self.drives == 1:
+            key = "all" if tables.start is None else ("first" if tables.start == 0 else "rest")
+            n = self._n[key][s][t]
+            return [[(0, n, self._k(n))]] if n else []
+        parts = self.by_drive[s][t, tables].sum(axis=0).tolist()
+        return split_readers(self._k(sum(parts)), parts)
+
+    # ---------------------------------------------------------- one session
+    def run_alone(self, begin: float) -> None:
+        """One session: every step is its reads alone, then its compute (arrays, no events)."""
+        p, ovh, h = self.policy, self.policy.batch_overhead, self.hash_time
+        draw = self.sampler.draw
+        comp = self.computes[0]
+        steps = comp.size
+        overlap = self.overlap > 0 and self.reads[0].shape[1] > 1
+
+        def io(phases):
+            total, level = 0.0, 0.0
+            for ph in phases:
+                d = 0.0
+                for _, n, k in ph:
+                    dt = draw(n, k)[0]
+                    lv = self.sampler.samples_of(n, k)[3]
+                    level += lv * dt
+                    d = dt if dt > d else d
+                if any(k > 1 for _, _, k in ph) and ovh:
+                    d += ovh
+                total += d
+            return total, level
+
+        io_a = np.zeros(steps)
+        io_b = np.zeros(steps)
+        area = np.zeros(steps)
+        for t in range(steps):
+            if overlap:
+                io_a[t], a1 = io(self._phases(0, t, slice(0, 1)))
+                io_b[t], a2 = io(self._phases(0, t, slice(1, None)))
+                area[t] = a1 + a2
+            else:
+                io_a[t], area[t] = io(self._phases(0, t, slice(None)))
+        if overlap:
+            ca = comp * self.overlap
+            step = h + io_a + np.maximum(io_b, ca) + (comp - ca)
+            busy = io_a + io_b
+        else:
+            step = h + io_a + comp
+            busy = io_a
+        starts = begin + np.concatenate([[0.0], np.cumsum(step)[:-1]])
+        self.lats[0] = step
+        self.stalls[0] = np.maximum(step - comp - h, 0.0)
+        self.finish[0] = float(begin + step.sum())
+        io_start = starts + h
+        with np.errstate(invalid="ignore", divide="ignore"):
+            level = np.where(busy > 0, area / np.where(busy > 0, busy, 1.0), 0.0)
+        self.boxes = (io_start, io_start + busy, level)
+        self.reads_done = int(self.reads[0].sum())
+        self.area_done = float(area.sum())
+
+    # --------------------------------------------------------- many sessions
+    def _session(self, s: int):
+        """Session ``s`` as a generator of waits and reads (see the module)."""
+        comp = self.computes[s].tolist()
+        h = self.hash_time
+        ovh = self.policy.batch_overhead
+        overlap = self.overlap > 0 and self.reads[s].shape[1] > 1
+        lat, stl = self.lats[s], self.stalls[s]
+        now = yield None
+        if self.drives == 1 and not overlap and not ovh:  # the common case, lean
+            thr, width = self.policy.threshold, self.policy.readers
+            ns = self._n["all"][s]
+            for t in range(len(comp)):
+                t0 = now
+                c = comp[t]
+                if h:
+                    now = yield (WAIT, h)
+                n = ns[t]
+                if n:
+                    now = yield (IO1, n, 1 if n < thr else (n if n < width else width))
+                now = yield (WAIT, c)
+                lat[t] = now - t0
+                stl[t] = now - t0 - c - h
+            return
+        frac = self.overlap
+        phases = self._phases
+        every = slice(None)
+        first, rest = slice(0, 1), slice(1, None)
+        for t in range(len(comp)):
+            t0 = now
+            c = comp[t]
+            if h:
+                now = yield (WAIT, h)
+            if not overlap:
+                for ph in phases(s, t, every):
+                    if ovh and any(k > 1 for _, _, k in ph):
+                        now = yield (WAIT, ovh)
+                    now = yield (IO, ph)
+                now = yield (WAIT, c)
+            else:
+                for ph in phases(s, t, first):
+                    if ovh and any(k > 1 for _, _, k in ph):
+                        now = yield (WAIT, ovh)
+                    now = yield (IO, ph)
+                later = phases(s, t, rest)
+                handle = None
+                if later:
+                    o = ovh if any(k > 1 for ph in later for _, _, k in ph) else 0.0
+                    now = yield (ASYNC, later, o)
+                    handle = self._handle
+                now = yield (WAIT, c * frac)
+                if handle is not None:
+                    now = yield (JOIN, handle)
+                now = yield (WAIT, c * (1 - frac))
+            lat[t] = now - t0
+            stl[t] = now - t0 - c - h
+
+    def _lean(self) -> bool:
+        """The common case (one drive, no overlap, no hash or batch overhead): :meth:`_run_lean`."""
+        p = self.policy
+        return (self.drives == 1 and not self.hash_time and not p.batch_overhead
+                and not (self.overlap > 0 and self.reads[0].shape[1] > 1))
+
+    def _run_lean(self, begin: Sequence[float], tick) -> None:
+        """Every session as a state (its step and when it began), no generators: wake, read, compute."""
+        S = len(self.reads)
+        q = self.queues[0]
+        thr, width = self.policy.threshold, self.policy.readers
+        ns = self._n["all"]
+        comps = [c.tolist() for c in self.computes]
+        steps = len(comps[0])
+        lats, stls = self.lats, self.stalls
+        lat_rows = [[0.0] * steps for _ in range(S)]
+        stl_rows = [[0.0] * steps for _ in range(S)]
+        step = [0] * S
+        t0 = [0.0] * S
+        finish = self.finish
+        sampler = self.sampler
+        cache, samples_of, uniform = sampler._cache, sampler.samples_of, sampler._uniform
+        heap = [(float(b), i, i) for i, b in enumerate(begin)]
+        heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
+        submit, complete = q.submit, q.complete
+        seq = S
+
+        def end_step(i, now):
+            """Session ``i``'s reads are done at ``now``: its compute follows; False when it was the last step."""
+            nonlocal seq
+            t = step[i]
+            end = now + comps[i][t]
+            lat_rows[i][t] = end - t0[i]
+            stl_rows[i][t] = now - t0[i]
+            step[i] = t + 1
+            if t + 1 == steps:
+                finish[i] = end
+                if tick is not None:
+                    tick(1)
+                return
+            seq += 1
+            push(heap, (end, seq, i))
+
+        while True:
+            td = q.tnext
+            if heap and heap[0][0] < td:
+                now, _, i = pop(heap)   # session i starts its step
+                t = step[i]
+                t0[i] = now
+                n = ns[i][t]
+                if not n:
+                    end_step(i, now)
+                    continue
+                k = 1 if n < thr else (n if n < width else width)
+                got = cache.get((n, k))
+                if got is None:
+                    got = samples_of(n, k)
+                sig = got[1]
+                x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+                submit(now, n, k, sig[x], i, got[2][x], got[4])
+                continue
+            if td == math.inf:
+                break
+            for b in complete(td):
+                end_step(b[0], td)
+        for i in range(S):
+            lats[i] = lat_rows[i]
+            stls[i] = stl_rows[i]
+        self.stalls = np.maximum(self.stalls, 0.0)
+
+    def run(self, begin: Sequence[float], tick: Optional[Callable[[int], None]] = None) -> None:
+        """All sessions, session ``i`` starting at ``begin[i]``; ``tick(n)`` counts finished sessions."""
+        if self._lean():
+            self._run_lean(begin, tick)
+            return
+        S = len(self.reads)
+        gens = [self._session(s) for s in range(S)]
+        for g in gens:
+            next(g)
+        heap = [(float(b), i + 1, i, None) for i, b in enumerate(begin)]
+        heapq.heapify(heap)
+        queues = self.queues
+        q0 = queues[0]
+        one = len(queues) == 1
+        sampler = self.sampler
+        cache = sampler._cache
+        samples_of = sampler.samples_of
+        uniform = sampler._uniform
+        finish = self.finish
+        push, pop = heapq.heappush, heapq.heappop
+        inf = math.inf
+        seq = [S + 1]
+
+        def submit(now, part, owner):
+            j, n, k = part
+            got = cache.get((n, k))
+            if got is None:
+                got = samples_of(n, k)
+            sig = got[1]
+            x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+            queues[j].submit(now, n, k, sig[x], owner, got[2][x], got[4])
+
+        def start_phase(now, h):
+            ph = h[2].pop(0)
+            h[0] = len(ph)
+            for part in ph:
+                submit(now, part, h)
+
+        def resume(i, now):
+            g = gens[i]
+            while True:
+                try:
+                    cmd = g.send(now)
+                except StopIteration:
+                    finish[i] = now
+                    if tick is not None:
+                        tick(1)
+                    return
+                op = cmd[0]
+                if op == WAIT:
+                    seq[0] += 1
+                    push(heap, (now + cmd[1], seq[0], i, None))
+                    return
+                if op == IO1:
+                    n, k = cmd[1], cmd[2]
+                    got = cache.get((n, k))
+                    if got is None:
+                        got = samples_of(n, k)
+                    sig = got[1]
+                    x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+                    q0.submit(now, n, k, sig[x], i, got[2][x], got[4])
+                    return
+                if op == IO:
+                    ph = cmd[1]
+                    if len(ph) == 1:
+                        submit(now, ph[0], i)
+                    else:
+                        h = [len(ph), i, []]
+                        for part in ph:
+                            submit(now, part, h)
+                    return
+                if op == ASYNC:  # background read: [reads left in its phase, waiter, phases to come]
+                    h = [1, -1, list(cmd[1])]
+                    self._handle = h
+                    if cmd[2] > 0:
+                        seq[0] += 1
+                        push(heap, (now + cmd[2], seq[0], -1, h))
+                    else:
+                        start_phase(now, h)
+                    continue
+                h = cmd[1]  # JOIN
+                if h[0] == 0 and not h[2]:
+                    continue
+                h[1] = i
+                return
+
+        while True:
+            if one:
+                td, jd = q0.tnext, 0
+            else:
+                td, jd = inf, 0
+                for j, q in enumerate(queues):
+                    if q.tnext < td:
+                        td, jd = q.tnext, j
+            if heap and heap[0][0] < td:
+                t, _, i, h = pop(heap)
+                if i >= 0:
+                    resume(i, t)
+                else:
+                    start_phase(t, h)
+                continue
+            if td == inf:
+                break
+            for b in queues[jd].complete(td):
+                o = b[0]
+                if o.__class__ is int:
+                    resume(o, td)
+                    continue
+                o[0] -= 1
+                if o[0]:
+                    continue
+                if o[2]:
+                    start_phase(td, o)
+                elif o[1] >= 0:
+                    w, o[1] = o[1], -1
+                    resume(w, td)
