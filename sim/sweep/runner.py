@@ -24,7 +24,7 @@ from tqdm import tqdm
 from engram.errors import ArgumentError
 
 from ..calibrate import Calibration
-from ..decode import seed_reproduction, simulate_decode
+from ..decode import hot_rows, seed_reproduction, simulate_decode
 from ..device import load_device
 from ..io import write_json
 from ..params import Compute, Policy
@@ -51,6 +51,7 @@ class _Context:
     traces: Dict[Tuple[str, int], Any]
     devices: Dict[tuple, Any]
     computes: Dict[str, Any]
+    extras: Dict[str, Any] = None  # "tail:SPEC" -> device, "hot:FILE" -> hot set
 
 
 def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -> _Context:
@@ -75,9 +76,8 @@ def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -
         if spec == "calibrated" or spec.startswith("calibrated:"):
             # this machine: the device of the point's backend (or the named one), with the batches
             # measured with the point's compute as think time where the calibration has them
-            backend = p["backend"] if spec == "calibrated" else spec.split(":", 1)[1]
             label = p["compute"].split(":", 1)[1] if p["compute"].startswith("calibrated:") else "none"
-            devices[key] = need_cal(f"device {spec!r}").device(backend, label)
+            devices[key] = load_device(spec, need_cal(f"device {spec!r}"), backend=p["backend"], compute=label)
         else:
             if spec not in loaded:
                 loaded[spec] = load_device(spec)
@@ -91,7 +91,13 @@ def _resolve(points: Sequence[Mapping[str, Any]], calibration: Optional[Path]) -
     traces: Dict[Tuple[str, int], Any] = {}
     for spec, limit in dict.fromkeys((p["trace"], p["trace_limit"]) for p in points):
         traces[(spec, limit)] = load_trace(spec, limit=limit)
-    return _Context(traces, devices, computes)
+    extras: Dict[str, Any] = {}
+    for p in points:
+        if p["tail"] and f"tail:{p['tail']}" not in extras:
+            extras[f"tail:{p['tail']}"] = load_device(p["tail"])
+        if p["dram_rows"] and f"hot:{p['dram_rows']}" not in extras:
+            extras[f"hot:{p['dram_rows']}"] = hot_rows(p["dram_rows"])
+    return _Context(traces, devices, computes, extras)
 
 
 # =====================================================================================
@@ -102,16 +108,20 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> 
     p = params
     trace = ctx.traces[(p["trace"], p["trace_limit"])]
     device = ctx.devices[_device_key(p)]
-    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"], ring_depth=p["readers"],
+    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
                     cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
-                    batch_overhead=p["batch_overhead_us"] * 1e-6)
+                    batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
+                    dram_fraction=p["dram_fraction"])
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])
     else:
         compute = Compute(p["compute_ms"] * 1e-3, p["compute_dist"], p["compute_cv"], (), p["layers"])
+    phases = f"spread:{p['start_spread_ms']:g}" if p["start_spread_ms"] > 0 else p["phases"]
+    extras = ctx.extras or {}
     r = simulate_decode(trace, device, policy, compute, sessions=p["sessions"], steps=p["steps"], mode=p["mode"],
-                        seed=seed, hash_time=p["hash_us"] * 1e-6, start_spread=p["start_spread_ms"] * 1e-3, bins=4)
+                        seed=seed, hash_time=p["hash_us"] * 1e-6, phases=phases, drives=p["drives"],
+                        hot=extras.get(f"hot:{p['dram_rows']}"), tail=extras.get(f"tail:{p['tail']}"), bins=4)
     lat = r.step_latencies.reshape(-1)
     pct = np.percentile(lat, [50, 90, 99])
     per = np.asarray(r.tokens_per_s_per_session, dtype=np.float64)
@@ -132,6 +142,11 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: _Context) -> 
         "mean_queue_depth": float(r.device["mean_queue_depth"]),
         "reads_per_s": float(r.device["reads_per_s"]),
         "iops_utilization": float(r.device["iops_utilization"]),
+        "shared_cache_hit_rate": float(r.shared_cache_hit_rate),
+        "dram_hit_rate": float(r.dram_hit_rate),
+        "compute_realised_mean_ms": float(r.compute_realised["mean_ms"]),
+        "compute_realised_cv": float(r.compute_realised["cv"]),
+        "wrapped": int(bool(r.wrap["wrapped"])),
     })
     return out
 
