@@ -73,7 +73,7 @@ class FastDevice:
             t, a = self.device.batch_samples(n, k, size=self.samples, rng=self.rng)
             nom, _, ref = self.device.nominal_batch(n, k)
             if self.device.straggler == "own":  # the share of the straggler that stays on a busy device
-                ref = min(1.0, self.device.parallel_reads() / min(n, k))
+                ref = 1.0 if min(n, k) <= self.device.parallel_reads() else 0.0
             # The mean excess over the nominal batch is the stragglers' (a delay, or a straggler read);
             # each draw's deviation from the mean is its reads' own work, so the device does its mean work.
             extra = np.full(t.size, max(float(t.mean()) - nom, 0.0)) if nom > 0 else t.copy()

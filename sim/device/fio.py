@@ -7,10 +7,12 @@ option, else 1) times ``numjobs`` when ``group_reporting`` merged the clones
 (clones reported one by one, under one job name of one run, ran together:
 their depths and IOPS add up); the mean latency is ``read.lat_ns.mean``
 (submission + completion; ``depth / iops`` by Little's law when absent); the
-distribution passes through every percentile fio printed -- ``read.lat_ns``'s
-when fio ran with ``lat_percentiles=1``, else ``read.clat_ns``'s shifted by the
-mean submission latency -- with its ends set so its mean is the measured one
-(:meth:`LatencyDist.from_percentiles`).  Several measurements of one depth
+distribution runs from fio's minimum through every percentile it printed to
+its maximum -- ``read.lat_ns``'s when fio ran with ``lat_percentiles=1``, else
+``read.clat_ns``'s shifted by the mean submission latency -- and is scaled to
+the measured mean: fio's percentiles are the upper bounds of its histogram
+buckets, so the quantile function through them runs a little high (1-3% on
+the fixture of the tests).  Several measurements of one depth
 (several runs in one file, or several files) are combined by the median of
 each figure.
 
@@ -94,13 +96,17 @@ def _job_figures(job: dict, glob: dict, where: str) -> dict:
     mean = float(lat["mean"]) * _NS if lat.get("mean") else depth / iops
     src = "read.lat_ns"
     if lat.get("percentile"):
-        pct, shift = lat["percentile"], 0.0
+        pct, shift, ends = lat["percentile"], 0.0, lat
     else:
         src = "read.clat_ns + mean submission latency"
         pct = clat.get("percentile") or {}
         shift = mean - float(clat.get("mean", mean / _NS)) * _NS
+        ends = clat
+    lo = float(ends["min"]) * _NS + shift if "min" in ends else None
+    hi = float(ends["max"]) * _NS + shift if "max" in ends else None
     return {"qd": depth, "iops": iops, "mean": mean,
             "pct": {float(p): float(v) * _NS + shift for p, v in pct.items() if 0 < float(p) < 100},
+            "lo": lo, "hi": hi,
             "rw": _opt(job, glob, "rw", "?"), "bs": _opt(job, glob, "bs", "4k"),
             "ioengine": _opt(job, glob, "ioengine", "?"), "name": str(job.get("jobname", "?")),
             "pct_from": src}
@@ -138,6 +144,29 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
     return out
 
 
+def _dist(rs: Sequence[dict], where: str) -> LatencyDist:
+    """One depth's distribution from its measurements (medians): minimum, percentiles, maximum, scaled to
+    the mean."""
+    keys = set.intersection(*(set(r["pct"]) for r in rs))
+    mean = float(np.median([r["mean"] for r in rs]))
+    if not keys:
+        return LatencyDist.point(mean)
+    ps = sorted(keys)
+    vs = [float(np.median([r["pct"][p] for r in rs])) for p in ps]
+    u, q = [p / 100 for p in ps], vs
+    if all(r["lo"] is not None for r in rs) and all(r["hi"] is not None for r in rs):
+        u, q = [0.0] + u + [1.0], [float(np.median([r["lo"] for r in rs]))] + q + \
+            [float(np.median([r["hi"] for r in rs]))]
+    else:
+        u, q = [0.0] + u + [1.0], [q[0]] + q + [q[-1]]
+    q = np.maximum.accumulate(np.maximum(np.asarray(q), 0.0))
+    try:
+        d = LatencyDist(u, q)
+    except ArgumentError as exc:
+        raise FormatError(f"{where}: {exc}") from None
+    return LatencyDist(d.u, d.q * (mean / d.mean)) if d.mean > 0 else d
+
+
 def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
                     name: str = "") -> EmpiricalDevice:
     """An :class:`EmpiricalDevice` from fio JSON output files (see the module for the rules).
@@ -160,14 +189,7 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
         by_qd.setdefault(r["qd"], []).append(r)
     table = {}
     for qd, rs in sorted(by_qd.items()):
-        keys = set.intersection(*(set(r["pct"]) for r in rs))
-        pct = {p: float(np.median([r["pct"][p] for r in rs])) for p in sorted(keys)}
-        mean = float(np.median([r["mean"] for r in rs]))
-        pct = dict(zip(pct, np.maximum.accumulate(list(pct.values())))) if pct else {}
-        try:
-            table[qd] = LatencyDist.from_percentiles(pct, mean) if pct else LatencyDist.point(mean)
-        except ArgumentError as exc:
-            raise FormatError(f"{paths[0]}: queue depth {qd}: {exc}") from None
+        table[qd] = _dist(rs, f"{paths[0]}: queue depth {qd}")
     first = recs[0]
     src = (f"fio {first['rw']} {first['bs']} ({first['ioengine']}), {len(recs)} job(s) at queue depths "
            f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "

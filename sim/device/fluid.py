@@ -30,13 +30,12 @@ keeps that structure but moves whole groups of reads at a time:
   difference when it is served alone: on a busy device it is as slow as every
   read there.  On a device whose reads, once served, are their own
   (``straggler="own"``: channels, or measured batches whose excess is the
-  reader's own overhead) it is a delay.  Part of it is the batch's own reads
-  (its chains of reads, each on its own channel, are not equally long) and
-  stays; the rest is channels left idle while the batch drains, which other
-  batches fill on a busy device: that part is scaled by the batch's share of
-  the reads in service when its last segment finishes.  The part that stays
-  is ``min(1, parallelism / readers)`` -- all of it when every reader has a
-  channel of its own.  Either way the device
+  reader's own overhead) it is a delay.  With a channel for each of its
+  readers the batch's excess is its own (its readers' chains of reads are not
+  equally long) and stays whole; with more readers than channels it queues
+  within itself, and the excess is channels left idle while it drains, which
+  other batches fill on a busy device: it is then scaled by the batch's share
+  of the reads in service when its last segment finishes.  Either way the device
   serves others meanwhile, so stragglers do not lower its throughput.
   Alone, a batch takes
   exactly its drawn time; together with others, its reads wait and share
