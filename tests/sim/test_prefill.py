@@ -81,3 +81,16 @@ def test_errors(code):
         simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), chunk=0)
     with pytest.raises(ArgumentError, match="beyond"):
         simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3, layers=10))
+
+
+def test_prefill_reports_the_compute_it_drew(code):
+    r = simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-4, "lognormal", 0.5), tokens=4096,
+                         chunk=512, ubatch=256)
+    x = Compute(1e-4, "lognormal", 0.5).sample(np.random.default_rng(np.random.SeedSequence(0).spawn(2)[1]),
+                                              16 * 43)
+    assert r.compute_realised["samples"] == 16 * 43
+    assert r.compute_realised["mean_ms"] == pytest.approx(x.mean() * 1e3, rel=1e-12)
+    assert r.compute_realised["cv"] == pytest.approx(x.std() / x.mean(), rel=1e-12)
+    assert "drawn: mean" in r.summary() and r.to_dict()["compute_realised"] == r.compute_realised
+    with pytest.raises(ArgumentError, match="bins"):
+        simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), tokens=100, bins=0)
