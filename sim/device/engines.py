@@ -72,12 +72,17 @@ class FastDevice:
         if got is None:
             t, a = self.device.batch_samples(n, k, size=self.samples, rng=self.rng)
             nom, _, ref = self.device.nominal_batch(n, k)
-            if self.device.straggler == "own":  # the share of the straggler that stays on a busy device
+            if self.device.straggler == "own":
+                # the mean excess over the nominal batch is a delay; with a channel for each reader it stays
+                # whole on a busy device, with more readers than channels it is channels idle in the drain
+                excess = max(float(t.mean()) - nom, 0.0)
                 ref = 1.0 if min(n, k) <= self.device.parallel_reads() else 0.0
-            # The mean excess over the nominal batch is the stragglers' (a delay, or a straggler read);
-            # each draw's deviation from the mean is its reads' own work, so the device does its mean work.
-            extra = np.full(t.size, max(float(t.mean()) - nom, 0.0)) if nom > 0 else t.copy()
-            extra = np.minimum(extra, t)
+            else:
+                # the excess is the longest chain of reads past the rounds, in units of work (a straggler read
+                # in service); alone it is served at the latency of depth 1, so the rounds take the rest
+                excess = self.device.chain_excess(n, k) * self.device.mean_latency(1)
+            # each draw's deviation from the mean is its reads' own work, so the device does its mean work
+            extra = np.minimum(np.full(t.size, excess), t) if nom > 0 else t.copy()
             sig = (t - extra) / nom if nom > 0 else np.zeros(t.size)
             got = (t.tolist(), sig.tolist(), extra.tolist(), float(a.sum() / t.sum()) if t.sum() > 0 else 0.0,
                    ref)

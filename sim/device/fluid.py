@@ -26,9 +26,11 @@ keeps that structure but moves whole groups of reads at a time:
   from the mean scales its reads' work ``sigma`` (so the device does its mean
   work).  On a device whose reads share its service
   (``straggler="shared"``: the slots of :class:`~sim.device.engines.SlotExactDevice`)
-  the straggler is one more read in service, of the work that takes the
-  difference when it is served alone: on a busy device it is as slow as every
-  read there.  On a device whose reads, once served, are their own
+  the straggler is one more read in service whose work is the batch's longest
+  chain of reads past its rounds (:meth:`Device.chain_excess`: what a busy
+  device, where every read progresses alike, leaves it); alone it is served at
+  the latency of depth 1 and the batch's rounds take the rest of its drawn
+  duration.  On a device whose reads, once served, are their own
   (``straggler="own"``: channels, or measured batches whose excess is the
   reader's own overhead) it is a delay.  With a channel for each of its
   readers the batch's excess is its own (its readers' chains of reads are not

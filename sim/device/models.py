@@ -53,7 +53,7 @@ from ..schema import US
 from .alone import channel_batch, sample_size, slot_batch
 from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
 from .fluid import nominal_batch
-from .latency import LatencyDist
+from .latency import LatencyDist, list_schedule
 from .recorder import Recorder
 
 __all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD"]
@@ -163,6 +163,24 @@ class Device:
             return np.array([n * v / ks + end[0]]), np.array([n * v])
         areas = np.maximum(rng.normal(n * dist.mean, math.sqrt(n) * dist.std, end.size), 0.0)
         return areas / ks + end, areas
+
+    def chain_excess(self, n: int, k: int) -> float:
+        """Mean work (in reads of mean work 1) by which the longest of the ``min(k, slots)`` readers' chains of
+        a batch of ``n`` reads exceeds its ``ceil(n / readers)`` rounds: the list schedule of the reads' works
+        ``L_k(u) / L(k)``, on a device where every read in service progresses alike (cached)."""
+        cache = self.__dict__.setdefault("_chains", {})
+        kk = max(1, min(int(k), int(n), self.saturation_depth()))
+        key = (int(n), kk)
+        got = cache.get(key)
+        if got is None:
+            d = self.latency(kk)
+            if d.is_point or kk == 1:
+                got = 0.0
+            else:
+                x = d.sample(np.random.default_rng(20260101 + 7919 * n + kk), (min(2048, sample_size(n)), n))
+                got = max(0.0, float(list_schedule(x / d.mean, kk).mean()) - math.ceil(n / kk))
+            cache[key] = got
+        return got
 
     def nominal_batch(self, n: int, k: int) -> tuple:
         """(duration, area, last) of ``n`` reads by ``k`` readers alone in the fast mode's queue at mean
