@@ -73,10 +73,11 @@ class FastDevice:
             t, a = self.device.batch_samples(n, k, size=self.samples, rng=self.rng)
             nom, _, ref = self.device.nominal_batch(n, k)
             if self.device.straggler == "own":
-                # the mean excess over the nominal batch is a delay; with a channel for each reader it stays
-                # whole on a busy device, with more readers than channels it is channels idle in the drain
+                # the mean excess over the nominal batch is a delay; with a channel for each reader (up to 4/3
+                # readers a channel) it stays whole on a busy device; with two or more readers a channel it is
+                # channels idle in the drain, which a busy device fills (linear between)
                 excess = max(float(t.mean()) - nom, 0.0)
-                ref = 1.0 if min(n, k) <= self.device.parallel_reads() else 0.0
+                ref = min(1.0, max(0.0, 4.0 * self.device.parallel_reads() / min(n, k) - 2.0))
             else:
                 # the excess is the longest chain of reads past the rounds, in units of work (a straggler read
                 # in service); alone it is served at the latency of depth 1, so the rounds take the rest

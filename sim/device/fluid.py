@@ -32,12 +32,14 @@ keeps that structure but moves whole groups of reads at a time:
   the latency of depth 1 and the batch's rounds take the rest of its drawn
   duration.  On a device whose reads, once served, are their own
   (``straggler="own"``: channels, or measured batches whose excess is the
-  reader's own overhead) it is a delay.  With a channel for each of its
+  reader's own overhead) it is a delay.  With about a channel for each of its
   readers the batch's excess is its own (its readers' chains of reads are not
-  equally long) and stays whole; with more readers than channels it queues
+  equally long) and stays whole; with two or more readers a channel it queues
   within itself, and the excess is channels left idle while it drains, which
   other batches fill on a busy device: it is then scaled by the batch's share
-  of the reads in service when its last segment finishes.  Either way the device
+  of the reads in service when its last segment finishes (the share that
+  stays, ``ref``, falls linearly from 1 at 4/3 readers a channel to 0 at 2,
+  fitted on the exact model's channels).  Either way the device
   serves others meanwhile, so stragglers do not lower its throughput.
   Alone, a batch takes
   exactly its drawn time; together with others, its reads wait and share

@@ -51,7 +51,8 @@ def _seed_device() -> EmpiricalDevice:
     qd16 = SEED_CONCURRENT_US_PER_ROW * SEED_READERS  # per-read latency with 16 readers in flight
     src = ("SPEC §8 reference figures, Apple M3 Ultra SSD, 48 random 264-byte rows: serial 5.177 ms a batch "
            "= 107.9 us a row (qd 1); 16 readers 0.614 ms a batch = 12.8 us a row, i.e. 204.8 us per read at "
-           "qd 16. Two points, no spread: qd 2..15 interpolated, above 16 saturated (78,125 reads/s).")
+           "qd 16. Two points, no spread: qd 2..15 interpolated; 16 reads served at once (78,125 reads/s), more "
+           "wait in FIFO order.")
     return EmpiricalDevice({1: LatencyDist.point(SEED_SERIAL_US_PER_ROW * US, src),
                             SEED_READERS: LatencyDist.point(qd16 * US, src)},
                            name=SEED_REFERENCE["device"], source=src)
