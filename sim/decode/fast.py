@@ -210,14 +210,19 @@ class FastRun:
                 and not (self.overlap > 0 and self.reads[0].shape[1] > 1))
 
     def _run_lean(self, begin: Sequence[float], tick) -> None:
-        """Every session as a state (its step and when it began), no generators: wake, read, compute."""
+        """Every session as a state (its step and when it began), no generators: wake, read, compute.
+
+        The device's :class:`~sim.device.fluid.SegmentQueue` is run inline here -- its ``submit`` and
+        ``complete``, statement for statement, on local variables -- because this loop is where hundreds of
+        sessions spend their time; its figures are written back to the queue at the end.
+        (``tests/sim/test_decode.py`` checks that this loop and the general one give the same run.)
+        """
         S = len(self.reads)
-        q = self.queues[0]
+        sq = self.queues[0]
         thr, width = self.policy.threshold, self.policy.readers
         ns = self._n["all"]
         comps = [c.tolist() for c in self.computes]
         steps = len(comps[0])
-        lats, stls = self.lats, self.stalls
         lat_rows = [[0.0] * steps for _ in range(S)]
         stl_rows = [[0.0] * steps for _ in range(S)]
         step = [0] * S
@@ -225,58 +230,175 @@ class FastRun:
         finish = self.finish
         sampler = self.sampler
         cache, samples_of, uniform = sampler._cache, sampler.samples_of, sampler._uniform
-        heap = [(float(b), i, i) for i, b in enumerate(begin)]
-        heapq.heapify(heap)
+        wake = [(float(b), i, i) for i, b in enumerate(begin)]
+        heapq.heapify(wake)
         push, pop = heapq.heappush, heapq.heappop
-        submit, complete = q.submit, q.complete
         seq = S
-
-        def end_step(i, now):
-            """Session ``i``'s reads are done at ``now``: its compute follows; False when it was the last step."""
-            nonlocal seq
-            t = step[i]
-            end = now + comps[i][t]
-            lat_rows[i][t] = end - t0[i]
-            stl_rows[i][t] = now - t0[i]
-            step[i] = t + 1
-            if t + 1 == steps:
-                finish[i] = end
-                if tick is not None:
-                    tick(1)
-                return
-            seq += 1
-            push(heap, (end, seq, i))
+        # the queue's state
+        L, Q, slack, shared = sq.L, sq.Q, sq.slack, sq.shared
+        heap, wait, late = sq.heap, sq.wait, sq.late
+        V, tq, q, d, qseq = sq.V, sq.t, sq.q, sq.d, sq.seq
+        area = busy = 0.0
+        reads = 0
+        times, depths = sq.times, sq.depths
+        record = sq.record
+        tnext = math.inf
+        inf = math.inf
+        done: list = []
 
         while True:
-            td = q.tnext
-            if heap and heap[0][0] < td:
-                now, _, i = pop(heap)   # session i starts its step
+            if wake and wake[0][0] < tnext:
+                now, _, i = pop(wake)   # session i starts its step
                 t = step[i]
                 t0[i] = now
                 n = ns[i][t]
-                if not n:
-                    end_step(i, now)
-                    continue
-                k = 1 if n < thr else (n if n < width else width)
-                got = cache.get((n, k))
-                if got is None:
-                    got = samples_of(n, k)
-                sig = got[1]
-                x = 0 if len(sig) == 1 else int(uniform() * len(sig))
-                submit(now, n, k, sig[x], i, got[2][x], got[4])
-                continue
-            if td == math.inf:
-                break
-            for b in complete(td):
-                end_step(b[0], td)
-        for i in range(S):
-            lats[i] = lat_rows[i]
-            stls[i] = stl_rows[i]
-        self.stalls = np.maximum(self.stalls, 0.0)
+                if n:
+                    k = 1 if n < thr else (n if n < width else width)
+                    got = cache.get((n, k))
+                    if got is None:
+                        got = samples_of(n, k)
+                    sig = got[1]
+                    x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+                    # submit (SegmentQueue.submit)
+                    dt = now - tq
+                    if dt > 0:
+                        if q:
+                            V += dt / L[q]
+                        if d:
+                            area += dt * d
+                            busy += dt
+                        tq = now
+                    c = k if k < n else n
+                    bt = [i, n - c, c, sig[x], now, n, got[2][x], got[4]]
+                    d += c
+                    if not wait and q < Q and q + c <= Q + slack:
+                        qseq += 1
+                        push(heap, (V + bt[3], qseq, bt, c))
+                        q += c
+                    else:
+                        wait.append([bt, c])
+                        while wait and q < Q:
+                            seg = wait[0]
+                            b2, c2 = seg
+                            take = Q - q
+                            if take + slack >= c2:
+                                wait.popleft()
+                                take = c2
+                            else:
+                                seg[1] = c2 - take
+                            qseq += 1
+                            push(heap, (V + b2[3], qseq, b2, take))
+                            q += take
+                    if q >= len(L):
+                        sq._deeper(q)
+                else:
+                    done.append([i])
+                    now_done = now
+            else:
+                if tnext == inf:
+                    break
+                now = tnext
+                # complete (SegmentQueue.complete)
+                dt = now - tq
+                if dt > 0:
+                    if q:
+                        V += dt / L[q]
+                    if d:
+                        area += dt * d
+                        busy += dt
+                    tq = now
+                eps = 1e-12 * (1.0 + (V if V > 0 else -V))
+                while late and late[0][0] <= now:
+                    done.append(pop(late)[2])
+                first = not done
+                while heap and (first or heap[0][0] <= V + eps):
+                    first = False
+                    _, _, bt, c = pop(heap)
+                    if c < 0:
+                        q -= 1
+                        d -= 1
+                        done.append(bt)
+                        continue
+                    left = bt[1]
+                    if not left and bt[6] > 0 and bt[2] == c:
+                        qseq += 1
+                        if shared:
+                            push(heap, (V + bt[6] / L[1], qseq, bt, -1))
+                            q += 1
+                            d += 1
+                            if q >= len(L):
+                                sq._deeper(q)
+                        else:
+                            push(late, (now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q), qseq, bt))
+                        bt[6] = -1.0
+                    q -= c
+                    d -= c
+                    reads += c
+                    if left:
+                        x = c if c < left else left
+                        bt[1] = left - x
+                        bt[2] += x - c
+                        d += x
+                        wait.append([bt, x])
+                    else:
+                        bt[2] -= c
+                        if bt[2] == 0 and bt[6] >= 0:
+                            done.append(bt)
+                while wait and q < Q:
+                    seg = wait[0]
+                    b2, c2 = seg
+                    take = Q - q
+                    if take + slack >= c2:
+                        wait.popleft()
+                        take = c2
+                    else:
+                        seg[1] = c2 - take
+                    qseq += 1
+                    push(heap, (V + b2[3], qseq, b2, take))
+                    q += take
+                if q >= len(L):
+                    sq._deeper(q)
+                now_done = now
+            # the queue's next event
+            if heap:
+                gap = heap[0][0] - V
+                tnext = tq + (gap if gap > 0 else 0.0) * L[q]
+            else:
+                tnext = inf
+            if late and late[0][0] < tnext:
+                tnext = late[0][0]
+            if record:
+                times.append(tq)
+                depths.append(d)
+            # sessions whose reads are done: their compute follows
+            for bt in done:
+                i = bt[0]
+                t = step[i]
+                end = now_done + comps[i][t]
+                lat_rows[i][t] = end - t0[i]
+                stl_rows[i][t] = now_done - t0[i]
+                step[i] = t + 1
+                if t + 1 == steps:
+                    finish[i] = end
+                    if tick is not None:
+                        tick(1)
+                else:
+                    seq += 1
+                    push(wake, (end, seq, i))
+            done.clear()
+        sq.V, sq.t, sq.q, sq.d, sq.seq, sq.tnext = V, tq, q, d, qseq, tnext
+        sq.area += area
+        sq.busy += busy
+        sq.reads += reads
+        sq.max_depth = max(depths) if depths else 0
+        self.lats = np.asarray(lat_rows)
+        self.stalls = np.maximum(np.asarray(stl_rows), 0.0)
 
-    def run(self, begin: Sequence[float], tick: Optional[Callable[[int], None]] = None) -> None:
-        """All sessions, session ``i`` starting at ``begin[i]``; ``tick(n)`` counts finished sessions."""
-        if self._lean():
+    def run(self, begin: Sequence[float], tick: Optional[Callable[[int], None]] = None,
+            lean: bool = True) -> None:
+        """All sessions, session ``i`` starting at ``begin[i]``; ``tick(n)`` counts finished sessions;
+        ``lean=False`` takes the general loop even in the common case (to check one against the other)."""
+        if lean and self._lean():
             self._run_lean(begin, tick)
             return
         S = len(self.reads)

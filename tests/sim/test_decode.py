@@ -426,3 +426,28 @@ def test_fast_agrees_with_exact_on_a_measured_virtual_disk(code, sessions, reade
     """A measured device of heavy-tailed latency whose IOPS fall past depth 64: the fast mode's segments keep
     a batch's slowest reads as one straggler, within 5% of the per-read model (2% on the devices above)."""
     _agree(code, "vm-virtio-16core-4k", Policy(readers=readers), Compute(2e-3), sessions, 120, tol=0.05)
+
+
+@pytest.mark.parametrize("device", ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8",
+                                    "ssd:qd1_us=80,iops=400000,cv=0.4"])
+def test_the_lean_loop_is_the_general_loop(code, device):
+    """The common case runs the device's queue inline (for speed): it must be the same run, read for read."""
+    from sim.decode.fast import FastRun
+    from sim.decode.reads import step_reads
+
+    dev = load_device(device)
+    pol = Policy(readers=8, cache_rows=3000)
+    rd = step_reads(code, 24, 200, pol)
+    comp = [np.random.default_rng(s).gamma(4, 5e-3 / 4, 200) for s in range(24)]
+    begin = list(np.random.default_rng(1).random(24) * 6e-3)
+    runs = []
+    for lean in (True, False):
+        run = FastRun(dev.fast(np.random.default_rng(0)), 1, pol, rd.reads, None, comp, 0.0, 0.0)
+        run.run(begin, lean=lean)
+        runs.append(run)
+    a, b = runs
+    assert np.array_equal(a.lats, b.lats) and a.finish == b.finish
+    assert np.allclose(a.stalls, np.maximum(b.stalls, 0.0), rtol=0, atol=1e-15)  # (t0 + c) - t0 - c: rounding
+    qa, qb = a.queues[0], b.queues[0]
+    assert (qa.reads, qa.times, qa.depths) == (qb.reads, qb.times, qb.depths)
+    assert qa.area == pytest.approx(qb.area, rel=1e-12) and qa.busy == pytest.approx(qb.busy, rel=1e-12)
