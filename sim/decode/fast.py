@@ -291,9 +291,18 @@ class FastRun:
                             q += take
                     if q >= len(L):
                         sq._deeper(q)
-                else:
-                    done.append([i])
-                    now_done = now
+                else:  # nothing to read: the compute follows at once, the device untouched
+                    end = now + comps[i][t]
+                    lat_rows[i][t] = end - now
+                    step[i] = t + 1
+                    if t + 1 == steps:
+                        finish[i] = end
+                        if tick is not None:
+                            tick(1)
+                    else:
+                        seq += 1
+                        push(wake, (end, seq, i))
+                    continue
             else:
                 if tnext == inf:
                     break
