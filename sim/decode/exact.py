@@ -11,14 +11,40 @@ it is approximated beyond the device's own per-read model.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
+import simpy
 
 from ..params import Policy
 
-__all__ = ["exact_session"]
+__all__ = ["TICK", "Wake", "exact_session", "wake_time"]
+
+#: Sessions sharing a device wake on a grid of this many seconds (1 ns).
+TICK = 1e-9
+
+
+def wake_time(t: float) -> float:
+    """``t`` rounded up to the next :data:`TICK`: when a session that shares the device wakes.
+
+    With fixed latencies and constant compute, a session's compute often ends
+    at the very instant another batch's reads complete -- equal but for the
+    rounding of two sums of floats, which the two modes add in different
+    orders.  On the grid the wake comes a fraction of a nanosecond after the
+    reads, in both modes alike, so the tie is broken the same way (reads
+    first), not by rounding noise.
+    """
+    return math.ceil(t / TICK) * TICK
+
+
+class Wake(simpy.events.Timeout):
+    """A session's timeout: it fires at :func:`wake_time` of its end when ``grid`` (sessions sharing a device)."""
+
+    def __init__(self, env, delay: float, grid: bool = False):
+        at = env.now + delay
+        super().__init__(env, (wake_time(at) - env.now) if grid else delay)
 
 
 def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
@@ -44,9 +70,10 @@ def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
 
 def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list], compute: np.ndarray,
                   policy: Policy, hash_time: float, overlap: float, lat: np.ndarray, stall: np.ndarray,
-                  tick: Optional[Callable[[int], None]]):
+                  tick: Optional[Callable[[int], None]], grid: bool = False):
     """One session (generator): per step, hash, read (the first table, then the rest in the background under
-    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step)."""
+    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step).  ``grid``: wake on
+    :func:`wake_time` (sessions sharing the device)."""
     ovh = policy.batch_overhead
     two = overlap > 0 and reads.shape[1] > 1
     comp = compute.tolist()
@@ -60,22 +87,22 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
         t0 = env.now
         c = comp[t]
         if hash_time:
-            yield env.timeout(hash_time)
+            yield Wake(env, hash_time, grid)
         if not two:
             n = int(reads[t].sum())
             if n:
                 yield from _read(env, devs, seq_of(t, slice(None)), n, policy.concurrency(n), ovh)
-            yield env.timeout(c)
+            yield Wake(env, c, grid)
         else:
             n1, n2 = int(reads[t, 0]), int(reads[t, 1:].sum())
             if n1:
                 yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             p2 = env.process(_read(env, devs, seq_of(t, slice(1, None)), n2, policy.concurrency(n2), ovh)) \
                 if n2 else None
-            yield env.timeout(c * overlap)
+            yield Wake(env, c * overlap, grid)
             if p2 is not None:
                 yield p2
-            yield env.timeout(c * (1 - overlap))
+            yield Wake(env, c * (1 - overlap), grid)
         lat[t] = env.now - t0
         stall[t] = env.now - t0 - c - hash_time
     if tick is not None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..device import FastDevice, SegmentQueue, summarize_boxes
 from ..params import Policy
+from .exact import wake_time
 
 __all__ = ["FastRun", "split_readers"]
 
@@ -247,7 +248,7 @@ class FastRun:
         done: list = []
 
         while True:
-            if wake and wake[0][0] < tnext:
+            if wake and wake[0][0] < tnext:  # wakes are on a 1 ns grid: the reads of the same instant first
                 now, _, i = pop(wake)   # session i starts its step
                 t = step[i]
                 t0[i] = now
@@ -292,8 +293,10 @@ class FastRun:
                     if q >= len(L):
                         sq._deeper(q)
                 else:  # nothing to read: the compute follows at once, the device untouched
-                    end = now + comps[i][t]
+                    c = comps[i][t]
+                    end = wake_time(now + c)
                     lat_rows[i][t] = end - now
+                    stl_rows[i][t] = end - now - c
                     step[i] = t + 1
                     if t + 1 == steps:
                         finish[i] = end
@@ -383,9 +386,10 @@ class FastRun:
             for bt in done:
                 i = bt[0]
                 t = step[i]
-                end = now_done + comps[i][t]
+                c = comps[i][t]
+                end = wake_time(now_done + c)
                 lat_rows[i][t] = end - t0[i]
-                stl_rows[i][t] = now_done - t0[i]
+                stl_rows[i][t] = end - t0[i] - c
                 step[i] = t + 1
                 if t + 1 == steps:
                     finish[i] = end
@@ -456,7 +460,7 @@ class FastRun:
                 op = cmd[0]
                 if op == WAIT:
                     seq[0] += 1
-                    push(heap, (now + cmd[1], seq[0], i, None))
+                    push(heap, (wake_time(now + cmd[1]), seq[0], i, None))
                     return
                 if op == IO1:
                     n, k = cmd[1], cmd[2]
@@ -499,7 +503,7 @@ class FastRun:
                 for j, q in enumerate(queues):
                     if q.tnext < td:
                         td, jd = q.tnext, j
-            if heap and heap[0][0] < td:
+            if heap and heap[0][0] < td:  # wakes are on a 1 ns grid: the reads of the same instant first
                 t, _, i, h = pop(heap)
                 if i >= 0:
                     resume(i, t)
