@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
-import simpy
 
 from ..params import Policy
 
-__all__ = ["TICK", "Wake", "exact_session", "wake_time"]
+__all__ = ["TICK", "exact_session", "session_timeout", "wake_time"]
 
 #: Sessions sharing a device wake on a grid of this many seconds (1 ns).
 TICK = 1e-9
@@ -39,12 +38,10 @@ def wake_time(t: float) -> float:
     return math.ceil(t / TICK) * TICK
 
 
-class Wake(simpy.events.Timeout):
-    """A session's timeout: it fires at :func:`wake_time` of its end when ``grid`` (sessions sharing a device)."""
-
-    def __init__(self, env, delay: float, grid: bool = False):
-        at = env.now + delay
-        super().__init__(env, (wake_time(at) - env.now) if grid else delay)
+def session_timeout(env, delay: float, grid: bool = False):
+    """A session's timeout in ``env``: it ends at :func:`wake_time` of its end when ``grid`` (sessions sharing a
+    device), else after ``delay``."""
+    return env.timeout((wake_time(env.now + delay) - env.now) if grid else delay)
 
 
 def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
@@ -87,22 +84,22 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
         t0 = env.now
         c = comp[t]
         if hash_time:
-            yield Wake(env, hash_time, grid)
+            yield session_timeout(env, hash_time, grid)
         if not two:
             n = int(reads[t].sum())
             if n:
                 yield from _read(env, devs, seq_of(t, slice(None)), n, policy.concurrency(n), ovh)
-            yield Wake(env, c, grid)
+            yield session_timeout(env, c, grid)
         else:
             n1, n2 = int(reads[t, 0]), int(reads[t, 1:].sum())
             if n1:
                 yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             p2 = env.process(_read(env, devs, seq_of(t, slice(1, None)), n2, policy.concurrency(n2), ovh)) \
                 if n2 else None
-            yield Wake(env, c * overlap, grid)
+            yield session_timeout(env, c * overlap, grid)
             if p2 is not None:
                 yield p2
-            yield Wake(env, c * (1 - overlap), grid)
+            yield session_timeout(env, c * (1 - overlap), grid)
         lat[t] = env.now - t0
         stall[t] = env.now - t0 - c - hash_time
     if tick is not None:

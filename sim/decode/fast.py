@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ..device import FastDevice, SegmentQueue, summarize_boxes
+from ..device import FastDevice, SegmentQueue
 from ..params import Policy
 from .exact import wake_time
 
