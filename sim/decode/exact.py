@@ -11,7 +11,6 @@ it is approximated beyond the device's own per-read model.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Callable, Optional, Sequence
 
@@ -19,30 +18,7 @@ import numpy as np
 
 from ..params import Policy
 
-__all__ = ["TICK", "exact_session", "session_timeout", "wake_time"]
-
-#: Sessions sharing a device wake on a grid of this many seconds (1 ns).
-TICK = 1e-9
-
-
-def wake_time(t: float) -> float:
-    """``t`` rounded up to the next :data:`TICK`: when a session that shares the device wakes.
-
-    With fixed latencies and constant compute, a session's compute often ends
-    at the very instant another batch's reads complete -- equal but for the
-    rounding of two sums of floats, which the two modes add in different
-    orders.  On the grid the wake comes a fraction of a nanosecond after the
-    reads, in both modes alike, so the tie is broken the same way (reads
-    first), not by rounding noise.
-    """
-    return math.ceil(t / TICK) * TICK
-
-
-def session_timeout(env, delay: float, grid: bool = False):
-    """A session's timeout in ``env``: it ends at :func:`wake_time` of its end when ``grid`` (sessions sharing a
-    device), else after ``delay``."""
-    return env.timeout((wake_time(env.now + delay) - env.now) if grid else delay)
-
+__all__ = ["exact_session"]
 
 def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
     """``n`` reads by ``k`` readers (generator): on one device, or spread over drives by ``drive_seq``."""
@@ -67,10 +43,9 @@ def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
 
 def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list], compute: np.ndarray,
                   policy: Policy, hash_time: float, overlap: float, lat: np.ndarray, stall: np.ndarray,
-                  tick: Optional[Callable[[int], None]], grid: bool = False):
+                  tick: Optional[Callable[[int], None]]):
     """One session (generator): per step, hash, read (the first table, then the rest in the background under
-    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step).  ``grid``: wake on
-    :func:`wake_time` (sessions sharing the device)."""
+    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step)."""
     ovh = policy.batch_overhead
     two = overlap > 0 and reads.shape[1] > 1
     comp = compute.tolist()
@@ -84,22 +59,22 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
         t0 = env.now
         c = comp[t]
         if hash_time:
-            yield session_timeout(env, hash_time, grid)
+            yield env.timeout(hash_time)
         if not two:
             n = int(reads[t].sum())
             if n:
                 yield from _read(env, devs, seq_of(t, slice(None)), n, policy.concurrency(n), ovh)
-            yield session_timeout(env, c, grid)
+            yield env.timeout(c)
         else:
             n1, n2 = int(reads[t, 0]), int(reads[t, 1:].sum())
             if n1:
                 yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             p2 = env.process(_read(env, devs, seq_of(t, slice(1, None)), n2, policy.concurrency(n2), ovh)) \
                 if n2 else None
-            yield session_timeout(env, c * overlap, grid)
+            yield env.timeout(c * overlap)
             if p2 is not None:
                 yield p2
-            yield session_timeout(env, c * (1 - overlap), grid)
+            yield env.timeout(c * (1 - overlap))
         lat[t] = env.now - t0
         stall[t] = env.now - t0 - c - hash_time
     if tick is not None:

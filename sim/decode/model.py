@@ -41,7 +41,7 @@ from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_bo
 from ..params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
 from ..schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
-from .exact import exact_session, session_timeout
+from .exact import exact_session
 from .fast import FastRun
 from .reads import StepReads, hot_rows, step_reads
 
@@ -411,9 +411,9 @@ def _run_exact(device: Device, drives: int, policy: Policy, rd: StepReads, comp:
 
     def run(i):
         if begin[i] > 0:
-            yield session_timeout(env, begin[i])
+            yield env.timeout(begin[i])
         yield from exact_session(env, devs, rd.reads[i], rd.order[i] if rd.order else None, comp[i], policy,
-                                 hash_time, overlap, lat[i], st[i], tick, S > 1)
+                                 hash_time, overlap, lat[i], st[i], tick)
         finish[i] = env.now
 
     for i in range(S):

@@ -270,13 +270,17 @@ def test_fast_agrees_with_exact_on_a_fast_ssd(code):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("device, compute_ms", [("seed-apple-m3-ultra", 5.0), ("ssd:qd1_us=80,iops=500000", 0.5),
-                                                ("ssd:qd1_us=500,iops=20000,parallelism=8", 20.0)])
+@pytest.mark.parametrize("device, compute", [
+    # fixed latencies: a compute with a 2% spread, or sessions' events tie to the last bit and the modes may
+    # settle in different (equally valid) convoys (see sim.decode.fast)
+    ("seed-apple-m3-ultra", Compute(5e-3, "gamma", 0.02)),
+    ("ssd:qd1_us=80,iops=500000", Compute(0.5e-3)),
+    ("ssd:qd1_us=500,iops=20000,parallelism=8", Compute(20e-3))])
 @pytest.mark.parametrize("sessions", [1, 4, 16, 64, 256])
 @pytest.mark.parametrize("readers", [1, 4, 16, 64])
 @pytest.mark.parametrize("cache_rows", [0, 20000])
-def test_fast_agrees_with_exact_on_the_grid(code, device, compute_ms, sessions, readers, cache_rows):
-    _agree(code, device, Policy(readers=readers, cache_rows=cache_rows), Compute(compute_ms * 1e-3), sessions,
+def test_fast_agrees_with_exact_on_the_grid(code, device, compute, sessions, readers, cache_rows):
+    _agree(code, device, Policy(readers=readers, cache_rows=cache_rows), compute, sessions,
            120 if sessions <= 16 else 40)
 
 
