@@ -22,11 +22,11 @@ below are the simulator's public API.
 
 from __future__ import annotations
 
-from .decode import DecodeResult, fit_compute, seed_reproduction, simulate_decode
+from .decode import DecodeResult, fit_compute, reference_compute, seed_reproduction, simulate_decode
 from .device import (SEED_REFERENCE, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
-                     load_device, poisson_load, preset, preset_names)
+                     device_from_fio, load_device, poisson_load, preset, preset_names, ssd_from_figures, with_tail)
 from .io import shared_data_dir
-from .params import Compute, Policy
+from .params import Compute, Phases, Policy
 from .prefill import PrefillResult, simulate_prefill
 from .trace import (CODE_SOURCE, ReuseStats, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
                     resolve_source, reuse_stats)
@@ -40,12 +40,14 @@ __all__ = [
     "EmpiricalDevice",
     "LatencyDist",
     "ParametricSSD",
+    "Phases",
     "Policy",
     "PoissonLoadResult",
     "PrefillResult",
     "ReuseStats",
     "Trace",
     "builtin_sources",
+    "device_from_fio",
     "fit_compute",
     "load_device",
     "load_trace",
@@ -54,6 +56,7 @@ __all__ = [
     "poisson_load",
     "preset",
     "preset_names",
+    "reference_compute",
     "repeat_mask",
     "resolve_source",
     "reuse_stats",
@@ -61,4 +64,6 @@ __all__ = [
     "shared_data_dir",
     "simulate_decode",
     "simulate_prefill",
+    "ssd_from_figures",
+    "with_tail",
 ]

@@ -38,13 +38,14 @@ from .calibrate import calibrate_file
 from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, probes_path,
                        run_capacity)
 from .crosscheck import crosscheck_files, markdown_table
-from .decode import fit_compute, simulate_decode
+from .decode import fit_compute, reference_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
-from .device import SEED_REFERENCE, load_device, preset_names
+from .device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from .io import OutputError, load_json
 from .measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, Settings, default_grid,
                       ensure_model, grid, measure, quick_grid, session_grid)
-from .params import BACKENDS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_RING_DEPTH, DEFAULT_THRESHOLD, Compute, Policy
+from .params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD,
+                     Compute, Phases, Policy)
 from .prefill import simulate_prefill
 from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
@@ -103,34 +104,65 @@ def _add_policy(p) -> None:
                    help=f"read concurrently from this many distinct rows a batch (default {DEFAULT_THRESHOLD})")
     g.add_argument("--backend", choices=BACKENDS, default="pread",
                    help="concurrent reads by a pread pool or an io_uring ring (default pread)")
-    g.add_argument("--readers", type=int, default=DEFAULT_READERS, help=f"pread pool size (default {DEFAULT_READERS})")
-    g.add_argument("--ring-depth", type=int, default=DEFAULT_RING_DEPTH,
-                   help=f"io_uring queue depth (default {DEFAULT_RING_DEPTH})")
+    g.add_argument("--readers", type=int,
+                   help="reads in flight of a concurrent batch, for either backend: pread threads or io_uring "
+                        f"queue depth, as in engram.Table and engram measure (default {DEFAULT_READERS})")
+    g.add_argument("--ring-depth", type=int, help="deprecated alias of --readers (io_uring only)")
     g.add_argument("--batch-overhead-us", type=float, default=0.0,
                    help="microseconds added to every concurrent batch (default 0)")
 
 
 def _add_common(p) -> None:
     p.add_argument("--device", default=_DEFAULT_DEVICE,
-                   help="device: a preset (seed-apple-m3-ultra, vm-virtio-16core-4k), "
-                        "ssd:qd1_us=..,iops=..,parallelism=..[,cv=..], or a .json/.jsonl file "
-                        f"(default {_DEFAULT_DEVICE})")
-    p.add_argument("--compute-dist", default="constant",
-                   choices=("constant", "normal", "lognormal", "gamma", "exponential"),
-                   help="distribution of compute time (default constant)")
-    p.add_argument("--compute-cv", type=float, default=0.0, help="coefficient of variation of compute (default 0)")
+                   help=f"device: {DEVICE_FORMS} (default {_DEFAULT_DEVICE}; see engram sim device)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="calibration file (engram calibrate) for --device calibrated or calibrated:BACKEND")
+    p.add_argument("--compute-dist", default="constant", choices=COMPUTE_DISTS,
+                   help="distribution of compute time, with the given mean and --compute-cv (default constant)")
+    p.add_argument("--compute-cv", type=float,
+                   help="coefficient of variation of compute (normal: at most 0.85; exponential: 1 by definition)")
     p.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                    help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
-                   help="fast: a batch of reads is one event; exact: every read is an event (default fast)")
+                   help="fast: batches of reads share the device as segments; exact: every read is an event "
+                        "(default fast)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--bins", type=int, default=100, help="bins of the queue-depth timeline (default 100)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _readers(args) -> int:
+    """``--readers``, or its deprecated alias ``--ring-depth`` (io_uring only; both given must agree)."""
+    if args.ring_depth is not None:
+        if args.backend != "io_uring":
+            raise ArgumentError("--ring-depth applies to --backend io_uring only; use --readers (pread threads "
+                                "or io_uring depth)")
+        if args.readers is not None and args.readers != args.ring_depth:
+            raise ArgumentError(f"--ring-depth {args.ring_depth} and --readers {args.readers} differ: --ring-depth "
+                                "is a deprecated alias of --readers, give --readers only")
+        print("engram sim: --ring-depth is deprecated: --readers is the queue depth of either backend",
+              file=sys.stderr)
+        return args.ring_depth
+    return DEFAULT_READERS if args.readers is None else args.readers
+
+
 def _policy(args, **extra):
-    return Policy(threshold=args.threshold, backend=args.backend, readers=args.readers, ring_depth=args.ring_depth,
+    return Policy(threshold=args.threshold, backend=args.backend, readers=_readers(args),
                   batch_overhead=args.batch_overhead_us * 1e-6, **extra)
+
+
+def _device(args):
+    """``--device`` (with ``--calibration`` for a calibrated one) through the one loader of every command."""
+    spec = str(args.device)
+    if args.calibration and not (spec == "calibrated" or spec.startswith("calibrated:")):
+        raise ArgumentError(f"--calibration applies to --device calibrated (or calibrated:BACKEND), not "
+                            f"{spec!r}; to use the calibration's device give it as --device FILE")
+    return load_device(spec, args.calibration, backend=args.backend)
+
+
+def _compute(args, mean: float):
+    cv = 0.0 if args.compute_cv is None else args.compute_cv
+    return Compute(mean, args.compute_dist, cv, (), args.layers)
 
 
 # ----------------------------------------------------------------------- trace
@@ -377,28 +409,50 @@ def _add_trace(sub) -> None:
 
 
 # ---------------------------------------------------------------------- decode
-def _compute(args, mean: float):
-    return Compute(mean, args.compute_dist, args.compute_cv, (), args.layers)
+def _decode_compute(args, tr, dev, policy) -> tuple:
+    """(compute seconds a step, how it was chosen): given, or fitted on the reference device and kept for
+    every device (``--refit``: on this device)."""
+    fitting = args.fit_tokens_per_s is not None or args.fit_threshold is not None or args.refit
+    if args.compute_ms is not None:
+        if fitting:
+            raise ArgumentError("--fit-threshold and --refit apply when the compute is fitted, not with "
+                                "--compute-ms")
+        return args.compute_ms * 1e-3, None
+    ref = SEED_REFERENCE
+    target = args.fit_tokens_per_s or ref["serial_tokens_per_s"]
+    thr = args.fit_threshold if args.fit_threshold is not None else ref["serial_threshold"]
+    if args.refit:
+        fit_policy = Policy(threshold=thr, backend=policy.backend, readers=policy.readers,
+                            batch_overhead=policy.batch_overhead)
+        c = fit_compute(target, tr, dev, fit_policy, mode=args.mode, seed=args.seed)
+        on = dev.name
+    elif target == ref["serial_tokens_per_s"] and thr == ref["serial_threshold"]:
+        c, on = reference_compute(tr, mode=args.mode), ref["device"]
+    else:
+        fit_policy = Policy(threshold=thr, readers=ref["readers"])
+        c = fit_compute(target, tr, ref["device"], fit_policy, mode=args.mode, seed=args.seed)
+        on = ref["device"]
+    return c, {"tokens_per_s": target, "threshold": thr, "compute_ms": c * 1e3, "fitted_on": on,
+               "refit": bool(args.refit)}
+
+
+def _phases(args) -> Phases:
+    if args.start_spread_ms is not None:
+        if args.phases is not None:
+            raise ArgumentError("give --phases or --start-spread-ms (deprecated: --phases spread:MS), not both")
+        return Phases("spread", args.start_spread_ms * 1e-3) if args.start_spread_ms > 0 else Phases("lockstep")
+    return Phases.parse(args.phases or DEFAULT_PHASES)
 
 
 def _cmd_decode(args) -> int:
     tr = _trace(args)
-    dev = load_device(args.device)
-    policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers)
-    fitted = None
-    if args.compute_ms is not None:
-        compute_s = args.compute_ms * 1e-3
-    else:
-        target = args.fit_tokens_per_s or SEED_REFERENCE["serial_tokens_per_s"]
-        fit_thr = args.fit_threshold if args.fit_threshold is not None else SEED_REFERENCE["serial_threshold"]
-        fit_policy = Policy(threshold=fit_thr, backend=policy.backend, readers=policy.readers,
-                            ring_depth=policy.ring_depth, batch_overhead=policy.batch_overhead)
-        compute_s = fit_compute(target, tr, dev, fit_policy, steps=args.steps, mode=args.mode, seed=args.seed)
-        fitted = {"tokens_per_s": target, "threshold": fit_thr, "compute_ms": compute_s * 1e3}
-    if args.sessions < 1:
-        raise ArgumentError(f"--sessions must be >= 1, got {args.sessions}")
+    dev = _device(args)
+    policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers,
+                     shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction)
+    compute_s, fitted = _decode_compute(args, tr, dev, policy)
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
-                        mode=args.mode, seed=args.seed, start_spread=args.start_spread_ms * 1e-3, bins=args.bins,
+                        mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
+                        hot=args.dram_rows, tail=args.tail, calibration=args.calibration, bins=args.bins,
                         progress=not args.no_progress)
     if args.json:
         d = r.to_dict()
@@ -406,8 +460,10 @@ def _cmd_decode(args) -> int:
         print_json(d)
         return 0
     if fitted:
-        print(f"compute   fitted {fitted['compute_ms']:.4f} ms a step so that threshold {fitted['threshold']} "
-              f"gives {fitted['tokens_per_s']} tokens/s")
+        kept = "" if fitted["refit"] or fitted["fitted_on"] == r.device["name"] else \
+            f", kept for {r.device['name']} (compute belongs to the model, not the disk; --refit fits it here)"
+        print(f"compute   {fitted['compute_ms']:.4f} ms a step, fitted on {fitted['fitted_on']} so that threshold "
+              f"{fitted['threshold']} gives {fitted['tokens_per_s']} tokens/s{kept}")
     print(r.summary())
     return 0
 
@@ -416,25 +472,47 @@ def _add_decode(sub) -> None:
     p = sub.add_parser("decode", help="predict decode tokens/s (simpy model)",
                        description="Replay real token traces through a device model and a read policy and "
                                    "predict decode tokens/s, step latency percentiles and device utilisation "
-                                   "(SPEC §9). Without --compute-ms the compute time is fitted so that "
-                                   "--fit-threshold (default 256) gives --fit-tokens-per-s (default 19.16): "
-                                   "with the default device that is the SPEC §8 reference run.")
+                                   "(SPEC §9). Without --compute-ms the compute of a step is that of the SPEC §8 "
+                                   "reference run -- fitted on the reference device so that threshold 256 gives "
+                                   "19.16 tokens/s -- and kept whatever --device: compute belongs to the model "
+                                   "and its accelerator, not to the disk (--refit fits it on --device instead). "
+                                   "Sessions start at random phases (--phases).")
     _add_trace_source(p, "stdlib:asyncio/base_events.py")
     _add_common(p)
     _add_policy(p)
     g = p.add_argument_group("decode")
     g.add_argument("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)")
-    g.add_argument("--steps", type=int, help="steps per session (default: the trace length; wraps around)")
-    g.add_argument("--start-spread-ms", type=float, default=0.0,
-                   help="session i starts at i x SPREAD / sessions ms (default 0: all together)")
+    g.add_argument("--steps", type=int, help="steps per session (default: the trace length; longer runs replay "
+                                             "the trace, with a warning)")
+    g.add_argument("--phases", metavar="random|lockstep|spread:MS",
+                   help="when sessions start: random (default; each at a random time within one step, seeded: "
+                        "independent sessions as a server sees them), lockstep (all at once: the worst case), "
+                        "spread:MS (session i at i x MS / sessions ms)")
+    g.add_argument("--start-spread-ms", type=float, help="deprecated: --phases spread:MS")
     g.add_argument("--cache-rows", type=int, default=0, help="per-session LRU row cache in rows (default 0)")
+    g.add_argument("--shared-cache-rows", type=int, default=0,
+                   help="one LRU row cache shared by all sessions, rows (default 0)")
+    g.add_argument("--dram-fraction", type=float, default=0.0,
+                   help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
+    g.add_argument("--dram-rows", metavar="FILE.npy",
+                   help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]")
+    g.add_argument("--drives", type=int, default=1, help="identical drives the tables are striped over by row id "
+                                                         "(default 1)")
+    g.add_argument("--tail", metavar="DEVICE",
+                   help="take the latency distribution (tail) of this measured device at every depth, keeping "
+                        "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)")
     g.add_argument("--overlap-layers", type=int, default=0,
-                   help="layers of compute before the second table's rows are needed (default 0: none)")
+                   help="layers of compute before the second table's rows are needed (default 0: none; at most "
+                        "--layers)")
     c = g.add_mutually_exclusive_group()
     c.add_argument("--compute-ms", type=float, help="mean compute time of a step, ms")
     c.add_argument("--fit-tokens-per-s", type=float,
-                   help="fit the compute time so that --fit-threshold gives this rate (default 19.16)")
+                   help="fit the compute so that --fit-threshold gives this rate on the reference device "
+                        "(default 19.16)")
     g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
+    g.add_argument("--refit", action="store_true",
+                   help="fit the compute on --device instead of the reference device (a slower disk then "
+                        "gets less compute: for reproducing a measured run, not for comparing devices)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_typed_os_errors(_cmd_decode))
 
@@ -450,7 +528,7 @@ def _cmd_prefill(args) -> int:
     if args.trace is None:
         args.trace = "shared:agent_prompt_long.txt"
     tr = _trace(args)
-    r = simulate_prefill(tr, load_device(args.device), _policy(args), _compute(args, per_token),
+    r = simulate_prefill(tr, _device(args), _policy(args), _compute(args, per_token),
                          chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
                          mode=args.mode, seed=args.seed, bins=args.bins, progress=not args.no_progress)
     if args.json:
@@ -485,12 +563,15 @@ def _cmd_device(args) -> int:
     if args.name is None:
         names = preset_names()
         if args.json:
-            print_json({"presets": names})
+            print_json({"presets": names, "forms": DEVICE_FORMS})
         else:
             print("presets: " + ", ".join(names))
-            print("also: ssd:qd1_us=..,iops=..,parallelism=..[,cv=..], a saved .json device, a .jsonl microbenchmark")
+            print(f"forms:   {DEVICE_FORMS}")
         return 0
-    dev = load_device(args.name)
+    spec = str(args.name)
+    if args.calibration and not (spec == "calibrated" or spec.startswith("calibrated:")):
+        raise ArgumentError("--calibration applies to the device 'calibrated' (or calibrated:BACKEND)")
+    dev = load_device(spec, args.calibration, backend=args.backend)
     saved = str(dev.save(args.save)) if args.save else None
     info = dev.describe()
     if args.qd:
@@ -501,6 +582,9 @@ def _cmd_device(args) -> int:
         return 0
     print(f"device  {info['name']} ({info['kind']})")
     print(f"source  {info['source']}")
+    for key, d in info.get("derived", {}).items():
+        print(f"derived {key} = {d['value']:g}: {d['rule']}")
+    print(f"serves  {info['saturation_depth']} reads at once; peak {info['peak_iops']:.0f} IOPS")
     print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}")
     for r in info["table"]:
         print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}")
@@ -511,9 +595,13 @@ def _cmd_device(args) -> int:
 
 def _add_device(sub) -> None:
     p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
-                       description="Print a device model's per-read latency and IOPS at each queue depth; "
-                                   "with no name, list the presets.")
-    p.add_argument("name", nargs="?", help="preset, ssd:..., or a .json/.jsonl file")
+                       description="Print a device model's per-read latency and IOPS at each queue depth and "
+                                   "what was derived from what was given; with no name, list the presets and "
+                                   "the accepted forms. Every command reads devices the same way.")
+    p.add_argument("name", nargs="?", help=DEVICE_FORMS)
+    p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
+    p.add_argument("--backend", choices=BACKENDS, default="pread",
+                   help="backend whose device to take from a calibration (default pread)")
     p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
     p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

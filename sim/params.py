@@ -1,33 +1,38 @@
-"""The simulator's parameters besides the trace and the device: the read policy and the compute (SPEC §8, §9).
+"""The simulator's parameters besides the trace and the device: the read policy, the compute and the session
+phases (SPEC §8, §9).
 
 :class:`Policy` says how a decode step reads its rows (threshold, backend,
-readers, row cache, overlap); :class:`Compute` how long the rest of a step
-takes.  The defaults a newcomer meets everywhere in ``sim`` -- 16 readers,
-threshold 8, 43 layers -- are defined here once.
+readers, row caches, DRAM-resident rows, overlap); :class:`Compute` how long
+the rest of a step takes; :class:`Phases` when independent sessions start
+relative to each other.  The defaults a newcomer meets everywhere in ``sim`` --
+16 readers, threshold 8, 43 layers, random phases -- are defined here once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Sequence
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
 
 import numpy as np
 
 from engram.errors import ArgumentError
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
-__all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_READERS", "DEFAULT_RING_DEPTH",
-           "DEFAULT_THRESHOLD", "Compute", "Policy"]
+__all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
+           "NORMAL_MAX_CV", "Compute", "Phases", "Policy", "compute_stats"]
 
-#: io_uring queue depth of the simulated ring when it is not tied to the readers.
-DEFAULT_RING_DEPTH = 64
 #: Decoder layers of DeepSeek V4 Flash (ds4: ``DS4_N_LAYER = 43``).
 DEFAULT_LAYERS = 43
 #: The engine's concurrent read backends.
 BACKENDS = ("pread", "io_uring")
 #: Parametric distributions of compute time (:class:`Compute` also resamples measured times: ``"empirical"``).
 COMPUTE_DISTS = ("constant", "normal", "lognormal", "gamma", "exponential")
+#: Largest coefficient of variation of a ``"normal"`` compute (a normal truncated at 0 cannot reach 1).
+NORMAL_MAX_CV = 0.85
+#: Session phases by default: independent sessions, as a server sees them.
+DEFAULT_PHASES = "random"
 
 
 @dataclass(frozen=True)
@@ -41,68 +46,151 @@ class Policy:
         smaller ones serially (reference engine: 256, then 8).
     backend : str
         ``"pread"`` (a persistent pool of ``readers`` threads) or ``"io_uring"``
-        (one submission, ``ring_depth`` reads in flight).
+        (one submission, ``readers`` reads in flight).
     readers : int
-        pread pool size.
-    ring_depth : int
-        io_uring queue depth.
+        Reads in flight of a concurrent batch, for either backend: pread pool
+        threads or io_uring queue depth -- the meaning of ``readers`` in
+        ``engram.Table``, ``engram measure`` and the sweeps (default 16).
+    ring_depth : int, optional
+        Deprecated alias of ``readers`` (a ``DeprecationWarning``); giving both
+        with different values is an ``ArgumentError``.  Always equal to
+        ``readers`` once built.
     cache_rows : int
         Per-session LRU row cache, rows (0: none, as the engine does).
+    shared_cache_rows : int
+        One LRU row cache shared by every session, rows (0: none).  A request
+        goes to the session's cache first, then to the shared one.
+    dram_fraction : float
+        Share of every table's rows resident in DRAM (0: none): a request for
+        such a row costs no device read.  The resident rows are chosen by a
+        hash of (table, row id) (:func:`sim.decode.resident_mask`), so they are
+        a uniform sample of each table.
     overlap_layers : int
         Layers of compute that run before the second table's rows are needed
-        (0: every row is read before compute starts).
+        (0: every row is read before compute starts); at most the model's layers.
     batch_overhead : float
         Seconds added to every concurrent batch (waking the pool, submitting
         the ring); 0 by default.
+
+    Raises
+    ------
+    ArgumentError
+        An unknown backend, counts below 1, negative sizes, a fraction outside
+        [0, 1], or ``readers`` and ``ring_depth`` both given and different.
     """
 
     threshold: int = DEFAULT_THRESHOLD
     backend: str = "pread"
-    readers: int = DEFAULT_READERS
-    ring_depth: int = DEFAULT_RING_DEPTH
+    readers: Optional[int] = None
+    ring_depth: Optional[int] = None
     cache_rows: int = 0
     overlap_layers: int = 0
     batch_overhead: float = 0.0
+    shared_cache_rows: int = 0
+    dram_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ArgumentError(f"Policy.backend must be 'pread' or 'io_uring', got {self.backend!r}")
-        for name in ("threshold", "readers", "ring_depth"):
+        readers, ring = self.readers, self.ring_depth
+        if ring is not None and readers is not None and int(ring) != int(readers):
+            raise ArgumentError(f"Policy: ring_depth ({ring}) is a deprecated alias of readers ({readers}); "
+                                "give readers only")
+        if readers is None and ring is not None:
+            warnings.warn("Policy(ring_depth=...) is deprecated: readers is the queue depth of either backend",
+                          DeprecationWarning, stacklevel=3)
+            readers = ring
+        readers = DEFAULT_READERS if readers is None else readers
+        object.__setattr__(self, "readers", int(readers))
+        object.__setattr__(self, "ring_depth", int(readers))
+        for name in ("threshold", "readers"):
             if int(getattr(self, name)) < 1:
                 raise ArgumentError(f"Policy.{name} must be >= 1, got {getattr(self, name)}")
-        if self.cache_rows < 0 or self.overlap_layers < 0 or self.batch_overhead < 0:
-            raise ArgumentError("Policy.cache_rows, overlap_layers and batch_overhead must be >= 0")
+        for name in ("cache_rows", "shared_cache_rows", "overlap_layers", "batch_overhead"):
+            if getattr(self, name) < 0:
+                raise ArgumentError(f"Policy.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.dram_fraction <= 1.0:
+            raise ArgumentError(f"Policy.dram_fraction must be in [0, 1], got {self.dram_fraction}")
 
     @property
     def width(self) -> int:
-        """Reads in flight for a concurrent batch: ``readers`` or ``ring_depth``."""
-        return self.readers if self.backend == "pread" else self.ring_depth
+        """Reads in flight for a concurrent batch: ``readers`` (pool threads or ring depth)."""
+        return self.readers
 
     def concurrency(self, n: int) -> int:
-        """Readers used for a batch of ``n`` distinct rows: 1 below ``threshold``, else ``min(n, width)``."""
-        return 1 if n < self.threshold else min(n, self.width)
+        """Readers used for a batch of ``n`` distinct rows: 1 below ``threshold``, else ``min(n, readers)``."""
+        return 1 if n < self.threshold else min(n, self.readers)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def compute_stats(x: np.ndarray) -> dict:
+    """``{"mean_ms", "cv", "samples"}`` of drawn compute times (seconds): what a run actually used."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if x.size == 0:
+        return {"mean_ms": 0.0, "cv": 0.0, "samples": 0}
+    m = float(x.mean())
+    return {"mean_ms": m * 1e3, "cv": float(x.std() / m) if m > 0 else 0.0, "samples": int(x.size)}
+
+
+def _normal_cv(a: float) -> tuple:
+    """(cv, P(X >= 0)) of a normal truncated below at ``a`` standard deviations from its mean."""
+    sf = 0.5 * math.erfc(a / math.sqrt(2))
+    lam = math.exp(-a * a / 2) / math.sqrt(2 * math.pi) / sf
+    return math.sqrt(max(1 + a * lam - lam * lam, 0.0)) / (lam - a), sf
+
+
+def _truncated_normal(mean: float, cv: float) -> tuple:
+    """(mu, sigma) of a normal whose part above 0 has mean ``mean`` and coefficient of variation ``cv``.
+
+    The truncated normal's cv grows with the truncation point ``a`` (in standard deviations, ``-mu/sigma``);
+    ``a`` is found by bisection, then ``sigma = mean / (lambda(a) - a)`` (the truncated mean is
+    ``sigma * (lambda - a)``, ``lambda`` the inverse Mills ratio).
+    """
+    lo, hi = -60.0, 1.2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _normal_cv(mid)[0] < cv:
+            lo = mid
+        else:
+            hi = mid
+    a = (lo + hi) / 2
+    sf = 0.5 * math.erfc(a / math.sqrt(2))
+    lam = math.exp(-a * a / 2) / math.sqrt(2 * math.pi) / sf
+    sigma = mean / (lam - a)
+    return -a * sigma, sigma
 
 
 @dataclass(frozen=True)
 class Compute:
     """Compute time of one decode step (or, for prefill, of one token through all layers).
 
+    Every distribution has the requested mean and coefficient of variation and
+    never draws a negative time.
+
     Attributes
     ----------
     mean : float
         Mean seconds.
     dist : str
-        ``"constant"``, ``"normal"`` (clipped at 0), ``"lognormal"``, ``"gamma"``,
-        ``"exponential"`` or ``"empirical"`` (resampling ``samples``).
+        ``"constant"``; ``"normal"`` (a normal truncated at 0 whose own mean and
+        cv are the requested ones, so the cv must be below
+        :data:`NORMAL_MAX_CV`); ``"lognormal"``; ``"gamma"``; ``"exponential"``
+        (cv 1 by definition: ``cv`` must be 0, meaning unset, or 1); or
+        ``"empirical"`` (resampling ``samples``).
     cv : float
-        Coefficient of variation (normal, lognormal, gamma).
+        Coefficient of variation (normal, lognormal, gamma; 1 for exponential).
     samples : tuple of float
         Measured times (seconds) for ``"empirical"``.
     layers : int
         Decoder layers the time spreads over evenly (for overlap and prefill).
+
+    Raises
+    ------
+    ArgumentError
+        An unknown distribution, a negative mean or cv, a cv the distribution
+        cannot have (names the distribution and the values that work).
     """
 
     mean: float
@@ -110,16 +198,32 @@ class Compute:
     cv: float = 0.0
     samples: tuple = ()
     layers: int = DEFAULT_LAYERS
+    _normal: tuple = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dist not in COMPUTE_DISTS + ("empirical",):
-            raise ArgumentError(f"Compute.dist: unknown distribution {self.dist!r}")
-        if not (self.mean >= 0 and math.isfinite(self.mean)) or self.cv < 0:
+            raise ArgumentError(f"Compute.dist: unknown distribution {self.dist!r} "
+                                f"(one of {', '.join(COMPUTE_DISTS)}, or empirical)")
+        if not (self.mean >= 0 and math.isfinite(self.mean)) or not (self.cv >= 0 and math.isfinite(self.cv)):
             raise ArgumentError(f"Compute: need mean >= 0 and cv >= 0, got {self.mean}, {self.cv}")
         if self.layers < 1:
             raise ArgumentError(f"Compute.layers must be >= 1, got {self.layers}")
         if self.dist == "empirical" and not self.samples:
             raise ArgumentError("Compute: 'empirical' needs samples")
+        if self.dist == "constant" and self.cv > 0:
+            raise ArgumentError(f"Compute: a constant compute has cv 0, got cv {self.cv}; "
+                                "choose normal, lognormal or gamma for a spread")
+        if self.dist == "exponential":
+            if self.cv not in (0.0, 1.0):
+                raise ArgumentError(f"Compute: an exponential compute has cv 1 by definition, got cv {self.cv}; "
+                                    "leave the cv out, or choose gamma or lognormal for another cv")
+            object.__setattr__(self, "cv", 1.0)
+        if self.dist == "normal" and self.cv > 0:
+            if self.cv > NORMAL_MAX_CV:
+                raise ArgumentError(f"Compute: a normal compute truncated at 0 cannot have cv {self.cv} "
+                                    f"(at most {NORMAL_MAX_CV}); choose gamma or lognormal")
+            if self.mean > 0:
+                object.__setattr__(self, "_normal", _truncated_normal(self.mean, self.cv))
 
     @classmethod
     def empirical(cls, samples: Sequence[float], layers: int = DEFAULT_LAYERS) -> "Compute":
@@ -129,13 +233,17 @@ class Compute:
             raise ArgumentError("Compute.empirical: need measured times >= 0")
         return cls(float(np.mean(s)), "empirical", float(np.std(s) / max(np.mean(s), 1e-300)), s, layers)
 
+    def with_layers(self, layers: int) -> "Compute":
+        """The same compute spread over ``layers`` layers."""
+        return Compute(self.mean, self.dist, self.cv, self.samples, int(layers))
+
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """float64 ``[size]`` compute times, seconds (>= 0)."""
+        """float64 ``[size]`` compute times, seconds (>= 0), with mean ``mean`` and cv ``cv``."""
         m, cv = self.mean, self.cv
         if self.dist == "constant" or m == 0 or (cv == 0 and self.dist in ("normal", "lognormal", "gamma")):
             return np.full(size, m)
         if self.dist == "normal":
-            return np.maximum(rng.normal(m, cv * m, size), 0.0)
+            return self._sample_normal(rng, size)
         if self.dist == "lognormal":
             s2 = math.log1p(cv * cv)
             return rng.lognormal(math.log(m) - s2 / 2, math.sqrt(s2), size)
@@ -146,8 +254,80 @@ class Compute:
             return rng.exponential(m, size)
         return rng.choice(np.asarray(self.samples), size)
 
+    def _sample_normal(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """The truncated normal by rejection (acceptance >= 16% up to :data:`NORMAL_MAX_CV`)."""
+        mu, sigma = self._normal
+        out = np.empty(size)
+        got = 0
+        while got < size:
+            x = rng.normal(mu, sigma, max(64, 2 * (size - got)))
+            x = x[x >= 0][: size - got]
+            out[got:got + x.size] = x
+            got += x.size
+        return out
+
     def to_dict(self) -> dict:
         d = {"mean_ms": self.mean * 1e3, "dist": self.dist, "cv": self.cv, "layers": self.layers}
         if self.samples:
             d["samples"] = len(self.samples)
         return d
+
+
+@dataclass(frozen=True)
+class Phases:
+    """When sessions start relative to each other.
+
+    ``random`` (the default)
+        each session starts at a uniformly random time within one step (its
+        mean compute plus the mean read time of a step alone on the device),
+        drawn from the run's seed: independent sessions, as a server sees them;
+    ``lockstep``
+        every session starts at time 0 (all step together at first; only
+        contention decides whether they stay in phase): the worst case for the
+        device;
+    ``spread:MS``
+        session ``i`` of ``S`` starts at ``i * MS / S`` milliseconds.
+
+    Raises
+    ------
+    ArgumentError
+        Another spelling, or a negative spread.
+    """
+
+    kind: str = DEFAULT_PHASES
+    spread: float = 0.0
+
+    KINDS = ("random", "lockstep", "spread")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ArgumentError(f"phases: unknown kind {self.kind!r} (random, lockstep or spread:MS)")
+        if not (self.spread >= 0 and math.isfinite(self.spread)):
+            raise ArgumentError(f"phases: the spread must be >= 0 seconds, got {self.spread}")
+
+    @classmethod
+    def parse(cls, spec) -> "Phases":
+        """From ``"random"``, ``"lockstep"``, ``"spread:MS"`` (milliseconds) or a :class:`Phases`."""
+        if isinstance(spec, Phases):
+            return spec
+        s = str(spec).strip()
+        if s.startswith("spread:"):
+            try:
+                ms = float(s.split(":", 1)[1])
+            except ValueError:
+                raise ArgumentError(f"phases {s!r}: spread:MS needs a number of milliseconds") from None
+            return cls("spread", ms * 1e-3)
+        if s not in ("random", "lockstep"):
+            raise ArgumentError(f"phases {s!r}: use random, lockstep or spread:MS")
+        return cls(s)
+
+    def offsets(self, sessions: int, period: float, rng: np.random.Generator) -> list:
+        """Start time (seconds) of each session; ``period`` is one step (used by ``random``)."""
+        if self.kind == "lockstep" or sessions == 1:
+            return [0.0] * sessions
+        if self.kind == "spread":
+            return [i * self.spread / sessions for i in range(sessions)]
+        return sorted(rng.random(sessions) * period)
+
+    def __str__(self) -> str:
+        return f"spread:{self.spread * 1e3:g}" if self.kind == "spread" else self.kind

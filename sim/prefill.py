@@ -21,7 +21,7 @@ mode, as in :mod:`sim.decode`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import numpy as np
@@ -30,7 +30,7 @@ from tqdm import tqdm
 from engram.errors import ArgumentError
 
 from .device import Device, Recorder, load_device, summarize_boxes
-from .params import Compute, Policy
+from .params import Compute, Policy, compute_stats
 from .trace import Trace, load_trace
 
 __all__ = ["PrefillResult", "simulate_prefill"]
@@ -63,6 +63,8 @@ class PrefillResult:
         ``prefill_seconds / compute_seconds - 1``: the cost of waiting for rows.
     device, timeline, config : dict
         As in :class:`sim.decode.DecodeResult`.
+    compute_realised : dict
+        ``mean_ms`` (per token), ``cv``, ``samples`` of the compute drawn (beside the nominal ``config["compute"]``).
     """
 
     tokens: int
@@ -80,6 +82,7 @@ class PrefillResult:
     timeline: dict
     config: dict
     wall_seconds: float
+    compute_realised: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -101,6 +104,9 @@ class PrefillResult:
                                    f"(busy {self.reader_busy[k] * 1e3:.3f} ms)" for k in self.reader_done),
             f"device   {self.reads} reads, busy {self.device['busy_fraction']:.3f}, "
             f"mean qd {self.device['mean_queue_depth']:.2f}",
+            f"compute  {c['compute']['mean_ms'] * 1e3:.3f} us a token ({c['compute']['dist']}, cv "
+            f"{c['compute']['cv']:.3g}); drawn: mean {self.compute_realised.get('mean_ms', 0.0) * 1e3:.3f} us, "
+            f"cv {self.compute_realised.get('cv', 0.0):.3f}",
         ]
         return "\n".join(lines)
 
@@ -120,7 +126,7 @@ def _chunk_reads(rows: np.ndarray, chunk: int) -> np.ndarray:
 def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], policy: Policy = Policy(),
                      compute: Union[Compute, float] = 0.0, *, tokens: Optional[int] = None, chunk: int = 2048,
                      ubatch: Optional[int] = None, second_start_layer: int = 2, mode: str = "fast",
-                     seed: int = 0, hash_time: float = 0.0, bins: int = 100,
+                     seed: int = 0, hash_time: float = 0.0, bins: int = 100, calibration=None,
                      progress: bool = False) -> PrefillResult:
     """Simulate the prefill of one prompt.
 
@@ -146,18 +152,20 @@ def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], polic
         As in :func:`sim.decode.simulate_decode`.
     hash_time : float
         Seconds per token for hashing the whole prompt up front.
+    calibration : path or Calibration, optional
+        For ``device="calibrated"`` (:func:`sim.device.load_device`).
 
     Raises
     ------
     ArgumentError
-        Bad sizes, or an Engram layer id beyond ``Compute.layers``.
+        Bad sizes or bins, or an Engram layer id beyond ``Compute.layers``.
     """
     import simpy
 
     t_wall = time.perf_counter()
     if isinstance(trace, str):
         trace = load_trace(trace, limit=tokens)
-    device = load_device(device)
+    device = load_device(device, calibration, backend=policy.backend)
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
     if mode not in ("fast", "exact"):
@@ -166,6 +174,8 @@ def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], polic
     if not 1 <= N <= trace.steps:
         raise ArgumentError(f"tokens must be in [1, {trace.steps}] (the trace length), got {tokens}")
     ubatch = chunk if ubatch is None else int(ubatch)
+    if int(bins) < 1:
+        raise ArgumentError(f"bins must be >= 1, got {bins}")
     if chunk < 1 or ubatch < 1 or second_start_layer < 0 or hash_time < 0:
         raise ArgumentError(f"need chunk >= 1, ubatch >= 1, second_start_layer >= 0, hash_time >= 0; "
                             f"got {chunk}, {ubatch}, {second_start_layer}, {hash_time}")
@@ -292,4 +302,5 @@ def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], polic
         reads=int(rec.reads), tokens_per_s=N / total if total > 0 else float("inf"),
         overhead=total / comp_total[0] - 1 if comp_total[0] > 0 else 0.0,
         device=dev_info, timeline=summ["timeline"], config=config, wall_seconds=time.perf_counter() - t_wall,
+        compute_realised=compute_stats(per_token),
     )

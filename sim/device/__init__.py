@@ -3,9 +3,14 @@
 - :mod:`~sim.device.latency` -- :class:`LatencyDist`, one read's latency as a quantile function;
 - :mod:`~sim.device.models` -- :class:`Device` and its kinds: :class:`EmpiricalDevice` (measured by queue
   depth), :class:`MeasuredBatchDevice` (plus measured whole batches), :class:`ParametricSSD`;
-- :mod:`~sim.device.engines` -- simulating reads on a model: a batch as one event, or every read as one;
+- :mod:`~sim.device.alone` -- one batch alone on a device, as the exact models simulate it;
+- :mod:`~sim.device.fluid` -- the fast mode's device: batches as segments of reads in slots and a FIFO queue;
+- :mod:`~sim.device.engines` -- simulating reads on a model: batches as segments, or every read as an event;
 - :mod:`~sim.device.recorder` -- device activity during a simulation: utilisation, queue depth;
-- :mod:`~sim.device.presets` -- labelled presets, :data:`SEED_REFERENCE`, :func:`load_device`;
+- :mod:`~sim.device.datasheet` -- an SSD from its datasheet figures, the rest derived by stated rules;
+- :mod:`~sim.device.fio` -- a device from fio's JSON output;
+- :mod:`~sim.device.tail` -- a device's means with another device's measured latency distribution;
+- :mod:`~sim.device.presets` -- labelled presets, :data:`SEED_REFERENCE`, :func:`load_device` (every form);
 - :mod:`~sim.device.queueing` -- open-loop Poisson load, for the queueing checks.
 """
 
@@ -14,15 +19,20 @@ from __future__ import annotations
 from .. import io as _io
 from .. import schema as _schema
 from ..deprecation import moved
-from .engines import ChannelExactDevice, ExactDevice, FastDevice
+from .datasheet import ssd_from_figures, ssd_from_spec
+from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
+from .fio import device_from_fio
+from .fluid import SegmentQueue
 from .latency import LatencyDist, list_schedule
 from .models import Device, EmpiricalDevice, MeasuredBatchDevice, ParametricSSD
-from .presets import (SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_REFERENCE, SEED_SERIAL_US_PER_ROW, load_device,
-                      preset, preset_names)
+from .presets import (DEVICE_FORMS, SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_REFERENCE, SEED_SERIAL_US_PER_ROW,
+                      load_device, preset, preset_names)
 from .queueing import PoissonLoadResult, poisson_load
-from .recorder import Recorder, summarize_boxes, time_average
+from .recorder import Recorder, summarize_boxes, summarize_counter, time_average
+from .tail import with_tail
 
 __all__ = [
+    "DEVICE_FORMS",
     "SEED_CONCURRENT_US_PER_ROW",
     "SEED_READERS",
     "SEED_REFERENCE",
@@ -37,13 +47,20 @@ __all__ = [
     "ParametricSSD",
     "PoissonLoadResult",
     "Recorder",
+    "SegmentQueue",
+    "SlotExactDevice",
+    "device_from_fio",
     "list_schedule",
     "load_device",
     "poisson_load",
     "preset",
     "preset_names",
+    "ssd_from_figures",
+    "ssd_from_spec",
     "summarize_boxes",
+    "summarize_counter",
     "time_average",
+    "with_tail",
 ]
 
 __getattr__ = moved(__name__, {"read_jsonl": (_io.read_jsonl, "sim.io"), "US": (_schema.US, "sim.schema")})

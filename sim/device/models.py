@@ -13,20 +13,26 @@ Kinds of device:
     a table ``{queue depth: latency distribution}`` from measurements (samples,
     or a mean and percentiles); between measured depths the quantile functions
     are interpolated linearly in ``qd``, above the deepest one the device is taken
-    as saturated (constant IOPS, latency growing with ``qd``).  Saved and loaded
-    as JSON; also read from the JSONL microbenchmark format of
+    as saturated (constant IOPS, latency growing with ``qd``).  Simulated read by
+    read, the deepest measured depth is the number of reads served at once;
+    more wait in FIFO order (:mod:`sim.device.engines`).  Saved and loaded as
+    JSON; also read from the JSONL microbenchmark format of
     ``../shared/data/devices/*.jsonl``.
 :class:`ParametricSSD`
     an SSD described by its QD1 latency, IOPS ceiling and internal parallelism:
     ``parallelism`` channels each serving one read for ``s = parallelism / iops``
     seconds (fixed, exponential or gamma with a given coefficient of variation),
-    behind a fixed pipelined latency ``d = qd1_latency - s``.
+    behind a fixed pipelined latency ``d = qd1_latency - s``.  A datasheet's
+    figures (QD1 latency and IOPS, optionally the tail and the depth at peak)
+    are enough: :mod:`sim.device.datasheet` derives the rest.
 :class:`MeasuredBatchDevice`
     an :class:`EmpiricalDevice` plus the measured service time of whole
     batches (the calibration's model of this machine).
 
 Every model also simulates itself (:meth:`Device.fast`, :meth:`Device.exact`:
-:mod:`sim.device.engines`).  The four classes are one idea -- a device's
+:mod:`sim.device.engines`), and gives the duration of a batch of reads alone
+on it, as its exact model would (:meth:`Device.batch_samples`:
+:mod:`sim.device.alone`).  The four classes are one idea -- a device's
 latency by queue depth -- and :meth:`Device.from_dict` rebuilds any of them.
 """
 
@@ -44,7 +50,9 @@ from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl, write_json
 from ..schema import US
-from .engines import ChannelExactDevice, ExactDevice, FastDevice
+from .alone import channel_batch, sample_size, slot_batch
+from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
+from .fluid import nominal_batch
 from .latency import LatencyDist, list_schedule
 from .recorder import Recorder
 
@@ -54,9 +62,10 @@ __all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD"]
 class Device:
     """A device model: the latency of one read at each queue depth, and batch service times.
 
-    Subclasses implement :meth:`latency` and :meth:`to_dict`; the exact per-read
-    model defaults to "each read's latency is drawn at the queue depth in force
-    when it is issued" and is overridden by devices with an internal queue.
+    Subclasses implement :meth:`latency`, :meth:`saturation_depth` and
+    :meth:`to_dict`; the exact per-read model defaults to service slots
+    (:class:`~sim.device.engines.SlotExactDevice`) and is overridden by devices
+    with an internal queue of their own.
 
     Attributes
     ----------
@@ -69,15 +78,28 @@ class Device:
     source: str = ""
     #: Batches up to this many reads are always simulated read by read (see :meth:`batch_samples`).
     EXACT_BATCH_LIMIT = 256
+    #: Batches longer than this many waves use the end-effect approximation.
+    END_WAVES = 16
+    #: How the fast mode keeps a batch's slowest reads (:mod:`sim.device.fluid`): ``"shared"`` -- reads in
+    #: service share the device, so a straggler is slower on a busy device; ``"own"`` -- its time is its own.
+    straggler = "shared"
 
     # ---------------------------------------------------------------- model
     def latency(self, qd: int) -> LatencyDist:
         """Latency distribution of one read when ``qd >= 1`` reads are outstanding."""
         raise NotImplementedError
 
+    def saturation_depth(self) -> int:
+        """Reads the device serves at once in its exact model; more reads wait (FIFO) without adding IOPS."""
+        return max(self.depths())
+
     def mean_latency(self, qd: int) -> float:
         """Mean latency (seconds) at queue depth ``qd``."""
         return self.latency(qd).mean
+
+    def parallel_reads(self) -> int:
+        """Reads the device serves side by side without one waiting for another (channels)."""
+        return self.saturation_depth()
 
     def iops(self, qd: int) -> float:
         """Reads per second at queue depth ``qd`` (Little's law: ``qd / mean latency``)."""
@@ -91,55 +113,93 @@ class Device:
         """Queue depths the model is defined from (measured or characterised)."""
         return [1, 2, 4, 8, 16, 32, 64]
 
-    def batch_samples(self, n: int, k: int, qd: Optional[int] = None, size: int = 2048,
-                      rng: Optional[np.random.Generator] = None):
-        """Service times of a batch of ``n`` reads issued ``k`` at a time.
+    def _alone(self, n: int, k: int, size: int, rng: np.random.Generator):
+        """(times, areas) of ``n`` reads by ``k`` readers alone, read by read (see :mod:`sim.device.alone`)."""
+        return slot_batch(self.latency, self.saturation_depth(), n, k, size, rng, point=self.is_point())
+
+    def is_point(self) -> bool:
+        """True when every read at every depth takes a fixed time (one sample of a batch suffices)."""
+        return False
+
+    def batch_samples(self, n: int, k: int, size: Optional[int] = None, rng: Optional[np.random.Generator] = None):
+        """Durations of a batch of ``n`` reads issued by ``k`` readers alone on the device, as the exact
+        per-read model gives them.
 
         ``k`` readers each take the next read as soon as their previous one
-        completes (list scheduling); every latency is drawn at queue depth
-        ``qd`` (default ``min(n, k)``: the batch alone on the device).
+        completes; every read meets the queue depth it finds (its own
+        batch's reads in flight, fewer in the last partial wave).
 
         Returns
         -------
         (times, areas) : tuple of numpy.ndarray
-            float64 ``[size]`` (or ``[1]`` for a point distribution): the batch's
-            duration and the sum of its ``n`` read latencies (seconds).  Up to
-            ``END_WAVES * k`` reads (or :attr:`EXACT_BATCH_LIMIT`) the list
-            schedule is simulated read by read; longer batches take the sum of
-            latencies from its normal approximation plus the end effect
-            (makespan minus sum / k) simulated once for ``END_WAVES * k`` reads.
+            float64 ``[size]`` (``[1]`` for a device of fixed latencies): the
+            batch's duration and the integral of its reads in the device
+            (the sum of their latencies), seconds.  Up to
+            ``END_WAVES * k`` reads (or :attr:`EXACT_BATCH_LIMIT`), and on a
+            device of fixed latencies, the batch is simulated read by read;
+            longer batches take the sum of latencies at
+            the steady depth from its normal approximation, divided by the
+            depth, plus the end effect (simulated once for ``END_WAVES * k``
+            reads, less its steady-state part).
+
+        Raises
+        ------
+        ArgumentError
+            ``n`` or ``k`` below 1.
         """
         if n < 1 or k < 1:
             raise ArgumentError(f"batch_samples: need n >= 1 reads and k >= 1 readers, got n={n}, k={k}")
-        k = min(k, n)
-        qd = k if qd is None else max(1, int(qd))
-        dist = self.latency(qd)
         rng = rng if rng is not None else np.random.default_rng(0)
-        if dist.is_point:
+        ks = min(k, n, self.saturation_depth())
+        m = self.END_WAVES * ks
+        if n <= max(self.EXACT_BATCH_LIMIT, m) or self.is_point():
+            return self._alone(n, k, size or sample_size(n), rng)
+        size = size or sample_size(m)
+        dist = self.latency(ks)
+        tm, _ = self._alone(m, k, size, rng)
+        end = tm - m * dist.mean / ks
+        if dist.is_point and end.size == 1:
             v = float(dist.q[0])
-            return np.array([math.ceil(n / k) * v]), np.array([n * v])
-        if n > max(self.EXACT_BATCH_LIMIT, self.END_WAVES * k):
-            end = self._end_effect(dist, k, size, rng)
-            areas = np.maximum(rng.normal(n * dist.mean, math.sqrt(n) * dist.std, size), 0.0)
-            return areas / k + end, areas
-        x = dist.sample(rng, (size, n))
-        return list_schedule(x, k), x.sum(axis=1)
+            return np.array([n * v / ks + end[0]]), np.array([n * v])
+        areas = np.maximum(rng.normal(n * dist.mean, math.sqrt(n) * dist.std, end.size), 0.0)
+        return areas / ks + end, areas
 
-    #: Batches longer than this many waves use the end-effect approximation.
-    END_WAVES = 16
+    def chain_excess(self, n: int, k: int) -> float:
+        """Mean work (in reads of mean work 1) by which the longest of the ``min(k, slots)`` readers' chains of
+        a batch of ``n`` reads exceeds its ``ceil(n / readers)`` rounds: the list schedule of the reads' works
+        ``L_k(u) / L(k)``, on a device where every read in service progresses alike (cached)."""
+        cache = self.__dict__.setdefault("_chains", {})
+        kk = max(1, min(int(k), int(n), self.saturation_depth()))
+        key = (int(n), kk)
+        got = cache.get(key)
+        if got is None:
+            d = self.latency(kk)
+            if d.is_point or kk == 1:
+                got = 0.0
+            else:
+                x = d.sample(np.random.default_rng(20260101 + 7919 * n + kk), (min(2048, sample_size(n)), n))
+                got = max(0.0, float(list_schedule(x / d.mean, kk).mean()) - math.ceil(n / kk))
+            cache[key] = got
+        return got
 
-    def _end_effect(self, dist: "LatencyDist", k: int, size: int, rng: np.random.Generator) -> np.ndarray:
-        x = dist.sample(rng, (size, self.END_WAVES * k))
-        return list_schedule(x, k) - x.sum(axis=1) / k
+    def nominal_batch(self, n: int, k: int) -> tuple:
+        """(duration, area, last) of ``n`` reads by ``k`` readers alone in the fast mode's queue at mean
+        latencies (:func:`sim.device.fluid.nominal_batch`); cached."""
+        cache = self.__dict__.setdefault("_nominal", {})
+        key = (int(n), int(k))
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = nominal_batch(self.saturation_depth(), self.mean_latency, *key)
+        return got
 
     # ------------------------------------------------------------ simulation
     def exact(self, env, rng: np.random.Generator, recorder: Optional[Recorder] = None) -> "ExactDevice":
         """The per-read simpy model of this device in ``env``."""
-        return ExactDevice(self, env, rng, recorder)
+        return SlotExactDevice(self, env, rng, recorder)
 
     def fast(self, rng: np.random.Generator, recorder: Optional[Recorder] = None,
-             samples: int = 2048, env=None) -> "FastDevice":
-        """The batch-as-one-event model of this device (``env`` needed for shared use)."""
+             samples: Optional[int] = None, env=None) -> "FastDevice":
+        """The fast model of this device (``env`` needed for shared use in simpy)."""
         return FastDevice(self, rng, recorder, samples, env)
 
     # ------------------------------------------------------------ persistence
@@ -168,10 +228,13 @@ class Device:
             try:
                 return ParametricSSD(float(d["qd1_latency_us"]) * US, float(d["iops"]), int(d["parallelism"]),
                                      float(d.get("service_cv", 0.5)), name=d.get("name"),
-                                     source=d.get("source", ""))
+                                     source=d.get("source", ""), derived=d.get("derived"))
             except KeyError as exc:
                 raise FormatError(f"parametric_ssd device: missing field {exc}") from None
-        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or 'parametric_ssd')")
+            except ArgumentError as exc:
+                raise FormatError(f"parametric_ssd device: {exc}") from None
+        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or "
+                          "'parametric_ssd'; a calibration file or fio output is read by load_device)")
 
     def table(self, depths: Optional[Sequence[int]] = None) -> list:
         """Rows ``{qd, mean_us, p50_us, p99_us, iops}`` for display."""
@@ -183,8 +246,12 @@ class Device:
         return out
 
     def describe(self) -> dict:
-        return {"name": self.name, "kind": type(self).__name__, "source": self.source,
-                "peak_iops": self.peak_iops(), "table": self.table()}
+        d = {"name": self.name, "kind": type(self).__name__, "source": self.source,
+             "peak_iops": self.peak_iops(), "saturation_depth": self.saturation_depth(), "table": self.table()}
+        derived = getattr(self, "derived", None)
+        if derived:
+            d["derived"] = derived
+        return d
 
 
 class EmpiricalDevice(Device):
@@ -224,6 +291,9 @@ class EmpiricalDevice(Device):
 
     def depths(self) -> list:
         return list(self._qs)
+
+    def is_point(self) -> bool:
+        return all(d.is_point for d in self.measured.values())
 
     def latency(self, qd: int) -> LatencyDist:
         qd = int(qd)
@@ -368,6 +438,9 @@ class MeasuredBatchDevice(EmpiricalDevice):
         An empty table or batch table, or ``n``/``k`` below 1.
     """
 
+    #: A measured batch's excess over the per-read model is the reader's own (waking threads, submitting).
+    straggler = "own"
+
     def __init__(self, table: Mapping[int, LatencyDist], batches: Mapping[tuple, LatencyDist],
                  name: str = "measured-batch", source: str = ""):
         super().__init__(table, name, source)
@@ -403,29 +476,25 @@ class MeasuredBatchDevice(EmpiricalDevice):
             d = self.batches[(n0, k0)] if k == k0 else \
                 self.batches[(n0, k0)].mix(self.batches[(n0, k1)], (k - k0) / (k1 - k0))
             kk = k
-        if n != n0:
-            d = d.scaled(math.ceil(n / kk) / math.ceil(n0 / kk))
+        if n != n0:  # other sizes: as the per-read model's batch of n over its batch of n0 (its partial waves)
+            d = d.scaled(self.nominal_batch(n, kk)[0] / self.nominal_batch(n0, kk)[0])
         self._bcache[key] = d
         return d
 
-    def batch_samples(self, n: int, k: int, qd: Optional[int] = None, size: int = 2048,
-                      rng: Optional[np.random.Generator] = None):
-        """Service times of a batch of ``n`` reads on ``k`` readers: the measured batch (see the class).
+    def batch_samples(self, n: int, k: int, size: Optional[int] = None, rng: Optional[np.random.Generator] = None):
+        """Durations of a batch of ``n`` reads on ``k`` readers: the measured batch (see the class).
 
-        Returns ``(times, areas)`` as :meth:`Device.batch_samples`; the area
-        (summed read latency) is taken as ``min(n, k)`` readers busy for the
-        whole batch.  With ``qd`` deeper than ``min(n, k)`` the per-read model
-        is used.
+        Returns ``(times, areas)`` as :meth:`Device.batch_samples`; the area is
+        the duration times the average reads in flight of the per-read model's
+        batch (:meth:`nominal_batch`).
         """
         if n < 1 or k < 1:
             raise ArgumentError(f"batch_samples: need n >= 1 reads and k >= 1 readers, got n={n}, k={k}")
-        kk = min(k, n)
-        if qd is not None and int(qd) > kk:
-            return super().batch_samples(n, k, qd, size, rng)
         d = self.batch_dist(n, k)
         rng = rng if rng is not None else np.random.default_rng(0)
-        t = np.array([float(d.q[0])]) if d.is_point else d.sample(rng, size)
-        return t, t * kk
+        t = np.array([float(d.q[0])]) if d.is_point else d.sample(rng, size or sample_size(n))
+        nt, na, _ = self.nominal_batch(n, min(k, n))
+        return t, t * (na / nt if nt > 0 else min(k, n))
 
     def to_dict(self) -> dict:
         d = super().to_dict()
@@ -459,6 +528,8 @@ class ParametricSSD(Device):
     read also spends a fixed, pipelined ``d = qd1_latency - s`` seconds
     (controller, bus, system call).  Reads wait for a free channel in FIFO
     order.  With ``d = 0`` and ``service_cv = 1`` this is the M/M/c queue.
+    From a datasheet's figures, :func:`sim.device.datasheet.ssd_from_figures`
+    derives the parallelism and the cv (``derived`` says how).
 
     :meth:`latency` characterises the model the way a microbenchmark would: a
     closed loop of ``qd`` readers, simulated once per depth (1 to 4 and powers
@@ -468,18 +539,28 @@ class ParametricSSD(Device):
     ------
     ArgumentError
         Non-positive figures, or ``qd1_latency < parallelism / iops`` (the
-        ceiling cannot be reached with that QD1 latency).
+        ceiling cannot be reached with that QD1 latency: the message gives the
+        QD1 latency that would work and the largest parallelism that does).
     """
 
+    #: A read in service holds its channel for its own service time, whatever the queue.
+    straggler = "own"
+
     def __init__(self, qd1_latency: float, iops: float, parallelism: int, service_cv: float = 0.5,
-                 name: Optional[str] = None, source: str = "", characterize_reads: int = 20000):
+                 name: Optional[str] = None, source: str = "", characterize_reads: int = 20000,
+                 derived: Optional[Mapping] = None):
         if not (qd1_latency > 0 and iops > 0 and parallelism >= 1 and service_cv >= 0):
             raise ArgumentError(f"ParametricSSD: need qd1_latency > 0, iops > 0, parallelism >= 1, "
                                 f"service_cv >= 0; got {qd1_latency}, {iops}, {parallelism}, {service_cv}")
         s = parallelism / iops
         if qd1_latency < s * (1 - 1e-9):
-            raise ArgumentError(f"ParametricSSD: qd1_latency {qd1_latency / US:.3f} us is below the channel "
-                                f"service time parallelism/iops = {s / US:.3f} us")
+            most = max(1, int(math.floor(qd1_latency * iops * (1 + 1e-9))))
+            raise ArgumentError(
+                f"ParametricSSD: qd1_latency {qd1_latency / US:g} us is below the channel service time "
+                f"parallelism/iops = {parallelism}/{iops:g} = {s / US:.3f} us: with {iops:g} IOPS and a QD1 "
+                f"latency of {qd1_latency / US:g} us the parallelism can be at most {most} "
+                f"(floor(iops x qd1 latency)), or parallelism {parallelism} needs qd1_us >= {s / US:.1f}; "
+                "leave parallelism out to derive it")
         self.qd1_latency, self.iops_max, self.parallelism = float(qd1_latency), float(iops), int(parallelism)
         self.service_cv = float(service_cv)
         self.service = s
@@ -487,6 +568,7 @@ class ParametricSSD(Device):
         self.name = name or (f"ssd-qd1-{qd1_latency / US:g}us-{iops:g}iops-p{parallelism}")
         self.source = source or "parametric model (QD1 latency, IOPS ceiling, internal parallelism)"
         self.characterize_reads = int(characterize_reads)
+        self.derived = dict(derived) if derived else {}
         self._cache: dict = {}
 
     def sample_service(self, rng: np.random.Generator, size) -> np.ndarray:
@@ -498,14 +580,33 @@ class ParametricSSD(Device):
         return rng.gamma(shape, self.service / shape, size)
 
     def depths(self) -> list:
-        out, q = [], 1
+        """Characterised depths: 1 to 4, powers of two up to ``max(64, 4 x parallelism)``, and around the
+        knee ``iops x qd1_latency`` (the parallelism, the knee, 1.25 and 1.5 times it), where latency bends."""
+        out, q = {1, 2, 3, 4}, 1
         while q < 4 * self.parallelism or q <= 64:
-            out.append(q)
+            out.add(q)
             q *= 2
-        return out
+        knee = self.iops_max * self.qd1_latency
+        out |= {self.parallelism, int(math.ceil(knee)), int(round(1.25 * knee)), int(round(1.5 * knee))}
+        return sorted(x for x in out if x >= 1)
+
+    def saturation_depth(self) -> int:
+        """The shallowest characterised depth (a power of two) at which the closed loop reaches 98% of the
+        IOPS ceiling: the fast mode serves this many reads at once (their latency the closed loop's at the
+        depth in service) and queues the rest; the exact model queues at the channels.  The knee
+        ``iops x qd1_latency`` (operational analysis: ``N* = X_max x R_min``) is where the ceiling would be
+        reached with fixed service times; random ones reach it later."""
+        knee = max(1, int(math.ceil(self.iops_max * self.qd1_latency * (1 - 1e-9))))
+        for q in self.depths():
+            if q >= knee and self.iops(q) >= 0.995 * self.iops_max:
+                return q
+        return self.depths()[-1]
 
     def peak_iops(self) -> float:
         return self.iops_max
+
+    def parallel_reads(self) -> int:
+        return self.parallelism
 
     def latency(self, qd: int) -> LatencyDist:
         qd = int(qd)
@@ -513,15 +614,24 @@ class ParametricSSD(Device):
             raise ArgumentError(f"latency: queue depth must be >= 1, got {qd}")
         got = self._cache.get(qd)
         if got is None:
+            grid = self.__dict__.get("_grid") or self.__dict__.setdefault("_grid", self.depths())
             if self.service_cv == 0 and qd <= self.parallelism:
                 got = LatencyDist.point(self.delay + self.service, self.source)
-            elif qd & (qd - 1) == 0 or qd <= 4:
+            elif qd in grid or qd > grid[-1]:
                 got = LatencyDist.from_samples(self.closed_loop(qd), knots=513, source=self.source)
-            else:  # between powers of two: quantile mixing linear in qd, like a measured table
-                q0 = 1 << (qd.bit_length() - 1)
-                got = self.latency(q0).mix(self.latency(2 * q0), (qd - q0) / q0)
+            else:  # between characterised depths: quantile mixing linear in qd, like a measured table
+                i = int(np.searchsorted(grid, qd))
+                q0, q1 = grid[i - 1], grid[i]
+                got = self.latency(q0).mix(self.latency(q1), (qd - q0) / (q1 - q0))
             self._cache[qd] = got
         return got
+
+    def is_point(self) -> bool:
+        return self.service_cv == 0
+
+    def _alone(self, n: int, k: int, size: int, rng: np.random.Generator):
+        size = 1 if self.service_cv == 0 else size
+        return channel_batch(self.delay, self.parallelism, self.sample_service, n, k, size, rng)
 
     def closed_loop(self, qd: int, reads: Optional[int] = None, seed: int = 12345) -> np.ndarray:
         """Latencies (seconds) of a closed loop of ``qd`` readers on this device, after warm-up.
@@ -555,35 +665,12 @@ class ParametricSSD(Device):
         return ChannelExactDevice(self, env, rng, recorder)
 
     def to_dict(self) -> dict:
-        return {"kind": "parametric_ssd", "name": self.name, "source": self.source,
-                "qd1_latency_us": self.qd1_latency / US, "iops": self.iops_max,
-                "parallelism": self.parallelism, "service_cv": self.service_cv}
-
-    @classmethod
-    def from_spec(cls, spec: str) -> "ParametricSSD":
-        """From ``"ssd:qd1_us=80,iops=500000,parallelism=32[,cv=0.5]"``.
-
-        Raises
-        ------
-        ArgumentError
-            Unknown or missing keys (names them).
-        """
-        body = spec.split(":", 1)[1] if ":" in spec else spec
-        kv = {}
-        for part in filter(None, body.split(",")):
-            k, _, v = part.partition("=")
-            try:
-                kv[k.strip()] = float(v)
-            except ValueError:
-                raise ArgumentError(f"device spec {spec!r}: {k}={v!r} is not a number") from None
-        unknown = set(kv) - {"qd1_us", "iops", "parallelism", "cv"}
-        if unknown:
-            raise ArgumentError(f"device spec {spec!r}: unknown key {sorted(unknown)[0]!r} "
-                                "(use qd1_us, iops, parallelism, cv)")
-        missing = {"qd1_us", "iops", "parallelism"} - set(kv)
-        if missing:
-            raise ArgumentError(f"device spec {spec!r}: missing {sorted(missing)[0]!r}")
-        return cls(kv["qd1_us"] * US, kv["iops"], int(kv["parallelism"]), kv.get("cv", 0.5))
+        d = {"kind": "parametric_ssd", "name": self.name, "source": self.source,
+             "qd1_latency_us": self.qd1_latency / US, "iops": self.iops_max,
+             "parallelism": self.parallelism, "service_cv": self.service_cv}
+        if self.derived:
+            d["derived"] = self.derived
+        return d
 
     def __repr__(self) -> str:
         return (f"ParametricSSD(qd1={self.qd1_latency / US:g} us, iops={self.iops_max:g}, "

@@ -1,4 +1,4 @@
-"""Device presets, labelled with their source, and loading a device from a name, a spec or a file.
+"""Device presets, labelled with their source, and the one way every command loads a device (:func:`load_device`).
 
 ``seed-apple-m3-ultra``
     the SPEC §8 reference figures (:data:`SEED_REFERENCE` holds every figure
@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Mapping, Union
 
-from engram.errors import ArgumentError
+from engram.errors import ArgumentError, FormatError
 
 from ..io import load_json, shared_data_dir
-from ..schema import US
+from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
+from .datasheet import ssd_from_spec
+from .fio import device_from_fio, is_fio_output
 from .latency import LatencyDist
-from .models import Device, EmpiricalDevice, ParametricSSD
+from .models import Device, EmpiricalDevice
 
-__all__ = ["SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE", "SEED_SERIAL_US_PER_ROW",
-           "load_device", "preset", "preset_names"]
+__all__ = ["DEVICE_FORMS", "SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE",
+           "SEED_SERIAL_US_PER_ROW", "load_device", "preset", "preset_names"]
 
 
 #: The SPEC §8 reference run: the reference engine decoding on an Apple M3 Ultra SSD, 48 random rows a step,
@@ -49,7 +51,8 @@ def _seed_device() -> EmpiricalDevice:
     qd16 = SEED_CONCURRENT_US_PER_ROW * SEED_READERS  # per-read latency with 16 readers in flight
     src = ("SPEC §8 reference figures, Apple M3 Ultra SSD, 48 random 264-byte rows: serial 5.177 ms a batch "
            "= 107.9 us a row (qd 1); 16 readers 0.614 ms a batch = 12.8 us a row, i.e. 204.8 us per read at "
-           "qd 16. Two points, no spread: qd 2..15 interpolated, above 16 saturated (78,125 reads/s).")
+           "qd 16. Two points, no spread: qd 2..15 interpolated; 16 reads served at once (78,125 reads/s), more "
+           "wait in FIFO order.")
     return EmpiricalDevice({1: LatencyDist.point(SEED_SERIAL_US_PER_ROW * US, src),
                             SEED_READERS: LatencyDist.point(qd16 * US, src)},
                            name=SEED_REFERENCE["device"], source=src)
@@ -95,14 +98,78 @@ def preset(name: str) -> Device:
         raise ArgumentError(f"unknown device preset {name!r}; known: {', '.join(_PRESETS)}") from None
 
 
-def load_device(spec: Union[str, os.PathLike, Device]) -> Device:
-    """A device from a preset name, ``ssd:qd1_us=..,iops=..,parallelism=..[,cv=..]``,
-    a ``.json`` file written by :meth:`Device.save`, or a ``.jsonl`` microbenchmark file.
+#: Every form :func:`load_device` accepts, for messages and ``--help``.
+DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,..] (datasheet figures); "
+                "calibrated or calibrated:BACKEND (this machine, with a calibration file); a .json file (a saved "
+                "device, fio --output-format=json output, or an engram calibration); a .jsonl microbenchmark file")
+
+
+def _from_calibration(doc: Mapping, where: str, backend: str, compute: str) -> Device:
+    """The device of ``backend`` in a calibration document: the batches measured with ``compute`` as think
+    time where there are any, else back to back (as :meth:`sim.calibrate.Calibration.device`)."""
+    if doc.get("schema") != CALIBRATION_SCHEMA:
+        raise FormatError(f"{where}: calibration of schema {doc.get('schema')!r}, expected {CALIBRATION_SCHEMA!r}")
+    devices = doc.get("devices") or {}
+    if backend not in devices:
+        raise ArgumentError(f"{where}: the calibration has no device for backend {backend!r} "
+                            f"(has {sorted(devices)}); choose it with --backend")
+    label = ComputeSpec.parse(compute).label
+    d = (doc.get("think_devices") or {}).get(label, {}).get(backend, devices[backend])
+    try:
+        return Device.from_dict(d)
+    except FormatError as exc:
+        raise FormatError(f"{where}: {exc}") from None
+
+
+def _from_json(path: Path, backend: str, compute: str) -> Device:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: cannot read device file ({exc})") from None
+    if is_fio_output(text):
+        return device_from_fio(path)
+    d = load_json(path)
+    if d.get("kind") == "calibration":
+        return _from_calibration(d, str(path), backend, compute)
+    try:
+        return Device.from_dict(d)
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from None
+
+
+def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, backend: str = "pread",
+                compute: str = "none") -> Device:
+    """A device from any of the forms every command accepts (:data:`DEVICE_FORMS`).
+
+    Parameters
+    ----------
+    spec : str, path or Device
+        A preset name; ``ssd:qd1_us=..,iops=..[,iops_row=..,parallelism=..,cv=..,p99_us=..,qd_peak=..]``
+        (datasheet figures, the rest derived: :mod:`sim.device.datasheet`);
+        ``calibrated`` (this machine's device of ``backend``) or
+        ``calibrated:BACKEND``, both from ``calibration``; a ``.json`` file --
+        a device saved by :meth:`Device.save` (``{"kind": "empirical" |
+        "measured_batch" | "parametric_ssd", ...}``), the output of
+        ``fio --output-format=json`` (:mod:`sim.device.fio`), or a calibration
+        written by ``engram calibrate`` (its device of ``backend``); a
+        ``.jsonl`` file of microbenchmark records, one queue depth a line:
+        ``{"qd": 16, "iops": 91281, "p50_us": 161.5, "p99_us": 372.5}``
+        (any of ``iops``/``rows_per_s``, ``mean_us``, ``pNN_us``, ``samples_us``).
+    calibration : path, mapping or Calibration, optional
+        The calibration for ``calibrated``: a file, its document, or a
+        :class:`sim.calibrate.Calibration`.
+    backend : str
+        Read backend whose calibrated device to take (``pread`` or ``io_uring``).
+    compute : str
+        Compute spec of the steps (:class:`sim.schema.ComputeSpec`): a
+        calibration's batches measured with that compute as think time are
+        used where it has them.
 
     Raises
     ------
     ArgumentError, FormatError
-        Unknown spec, unreadable or malformed file.
+        Unknown spec (lists the forms), ``calibrated`` without a calibration,
+        unreadable or malformed file (names it).
     """
     if isinstance(spec, Device):
         return spec
@@ -110,11 +177,20 @@ def load_device(spec: Union[str, os.PathLike, Device]) -> Device:
     if s in _PRESETS:
         return preset(s)
     if s.startswith("ssd:"):
-        return ParametricSSD.from_spec(s)
+        return ssd_from_spec(s)
+    if s == "calibrated" or s.startswith("calibrated:"):
+        be = backend if s == "calibrated" else s.split(":", 1)[1]
+        if calibration is None:
+            raise ArgumentError(f"device {s!r} needs a calibration: give --calibration FILE (written by "
+                                "engram calibrate), or the calibration file itself as the device")
+        if hasattr(calibration, "device"):
+            return calibration.device(be, compute)
+        if isinstance(calibration, Mapping):
+            return _from_calibration(calibration, "calibration", be, compute)
+        return _from_calibration(load_json(calibration), str(calibration), be, compute)
     path = Path(s)
     if path.suffix == ".jsonl":
         return EmpiricalDevice.from_jsonl(path)
     if path.suffix == ".json":
-        return Device.from_dict(load_json(path))
-    raise ArgumentError(f"unknown device {s!r}: give a preset ({', '.join(_PRESETS)}), "
-                        "ssd:qd1_us=..,iops=..,parallelism=.., or a .json/.jsonl file")
+        return _from_json(path, backend, compute)
+    raise ArgumentError(f"unknown device {s!r}: give {DEVICE_FORMS}")

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Recorder", "summarize_boxes", "time_average"]
+__all__ = ["Recorder", "summarize_boxes", "summarize_counter", "time_average"]
 
 
 class Recorder:
@@ -101,3 +101,30 @@ def summarize_boxes(start: np.ndarray, end: np.ndarray, level: np.ndarray, t_end
         "timeline": {"t_s": ((edges[1:] + edges[:-1]) / 2).tolist(),
                      "queue_depth": (np.diff(iq) / w).tolist(), "busy": (np.diff(ib) / w).tolist()},
     }
+
+
+def summarize_counter(changes, t_end: float, bins: int = 100) -> dict:
+    """Device utilisation from the reads in the device as a step function over ``[0, t_end]``: the same dict
+    as :func:`summarize_boxes`.  ``changes`` is ``[(time, reads), ...]`` or a pair of arrays ``(times,
+    reads)``; each value holds until the next time, 0 before the first."""
+    edges = np.linspace(0.0, max(t_end, 0.0), bins + 1)
+    mid = ((edges[1:] + edges[:-1]) / 2).tolist()
+    if isinstance(changes, tuple) and len(changes) == 2:
+        tt, v = np.asarray(changes[0], dtype=np.float64), np.asarray(changes[1], dtype=np.float64)
+    else:
+        arr = np.asarray(changes, dtype=np.float64).reshape(-1, 2)
+        tt, v = arr[:, 0], arr[:, 1]
+    if t_end <= 0 or tt.size == 0:
+        z = [0.0] * bins
+        return {"busy_fraction": 0.0, "mean_queue_depth": 0.0, "max_queue_depth": 0.0,
+                "timeline": {"t_s": mid, "queue_depth": z, "busy": z}}
+    t = np.clip(np.concatenate([tt, [t_end]]), 0.0, t_end)
+    dt = np.diff(t)
+    cum_q = np.concatenate([[0.0], np.cumsum(v * dt)])
+    cum_b = np.concatenate([[0.0], np.cumsum((v > 0) * dt)])
+    iq = np.interp(edges, t, cum_q)
+    ib = np.interp(edges, t, cum_b)
+    w = np.diff(edges)
+    return {"busy_fraction": float(ib[-1] / t_end), "mean_queue_depth": float(iq[-1] / t_end),
+            "max_queue_depth": float(v.max()),
+            "timeline": {"t_s": mid, "queue_depth": (np.diff(iq) / w).tolist(), "busy": (np.diff(ib) / w).tolist()}}

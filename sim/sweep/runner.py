@@ -42,7 +42,7 @@ import numpy as np
 from engram.errors import ArgumentError, EngramError
 
 from ..calibrate import Calibration, check_study_backends
-from ..decode import seed_reproduction, simulate_decode
+from ..decode import hot_rows, seed_reproduction, simulate_decode
 from ..device import load_device
 from ..params import Compute, Policy
 from ..progress import progress as progress_bar
@@ -80,6 +80,7 @@ class Context:
     traces: Dict[Tuple[str, int], Any]
     devices: Dict[tuple, Any]
     computes: Dict[str, Any]
+    extras: Dict[str, Any] = None  # "tail:SPEC" -> device, "hot:FILE" -> hot set
 
 
 def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[Path],
@@ -115,9 +116,8 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
         if spec == "calibrated" or spec.startswith("calibrated:"):
             # this machine: the device of the point's backend (or the named one), with the batches
             # measured with the point's compute as think time where the calibration has them
-            backend = p["backend"] if spec == "calibrated" else spec.split(":", 1)[1]
             label = p["compute"].split(":", 1)[1] if p["compute"].startswith("calibrated:") else "none"
-            devices[key] = need_cal(f"device {spec!r}").device(backend, label)
+            devices[key] = load_device(spec, need_cal(f"device {spec!r}"), backend=p["backend"], compute=label)
         else:
             if spec not in loaded:
                 loaded[spec] = load_device(spec)
@@ -132,7 +132,13 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     out: Dict[Tuple[str, int], Any] = {}
     for spec, limit in dict.fromkeys((point_trace(p), p["trace_limit"]) for p in points):
         out[(spec, limit)] = given[spec].head(limit) if spec in given else load_trace(spec, limit=limit)
-    return Context(out, devices, computes)
+    extras: Dict[str, Any] = {}
+    for p in points:
+        if p["tail"] and f"tail:{p['tail']}" not in extras:
+            extras[f"tail:{p['tail']}"] = load_device(p["tail"])
+        if p["dram_rows"] and f"hot:{p['dram_rows']}" not in extras:
+            extras[f"hot:{p['dram_rows']}"] = hot_rows(p["dram_rows"])
+    return Context(out, devices, computes, extras)
 
 
 # =====================================================================================
@@ -143,16 +149,20 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
     device = ctx.devices[_device_key(p)]
-    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"], ring_depth=p["readers"],
+    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
                     cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
-                    batch_overhead=p["batch_overhead_us"] * 1e-6)
+                    batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
+                    dram_fraction=p["dram_fraction"])
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])
     else:
         compute = Compute(p["compute_ms"] * 1e-3, p["compute_dist"], p["compute_cv"], (), p["layers"])
+    phases = f"spread:{p['start_spread_ms']:g}" if p["start_spread_ms"] > 0 else p["phases"]
+    extras = ctx.extras or {}
     r = simulate_decode(trace, device, policy, compute, sessions=p["sessions"], steps=p["steps"], mode=p["mode"],
-                        seed=seed, hash_time=p["hash_us"] * 1e-6, start_spread=p["start_spread_ms"] * 1e-3, bins=4)
+                        seed=seed, hash_time=p["hash_us"] * 1e-6, phases=phases, drives=p["drives"],
+                        hot=extras.get(f"hot:{p['dram_rows']}"), tail=extras.get(f"tail:{p['tail']}"), bins=4)
     lat = r.step_latencies.reshape(-1)
     pct = np.percentile(lat, [50, 90, 99])
     per = np.asarray(r.tokens_per_s_per_session, dtype=np.float64)
@@ -173,6 +183,11 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         "mean_queue_depth": float(r.device["mean_queue_depth"]),
         "reads_per_s": float(r.device["reads_per_s"]),
         "iops_utilization": float(r.device["iops_utilization"]),
+        "shared_cache_hit_rate": float(r.shared_cache_hit_rate),
+        "dram_hit_rate": float(r.dram_hit_rate),
+        "compute_realised_mean_ms": float(r.compute_realised["mean_ms"]),
+        "compute_realised_cv": float(r.compute_realised["cv"]),
+        "wrapped": int(bool(r.wrap["wrapped"])),
     })
     return out
 

@@ -49,7 +49,12 @@ machine's calibrated device of the point's ``backend`` -- or
 :func:`sim.trace.load_trace`, tokens), ``threshold``, ``backend``, ``readers``
 (pread readers or io_uring ring depth, as in the engine), ``cache_rows``,
 ``overlap_layers``, ``batch_overhead_us``, ``sessions``, ``steps``,
-``start_spread_ms``, ``compute`` (``""``: ``compute_ms`` with
+``start_spread_ms`` (older form of ``phases = "spread:MS"``), ``phases``
+(``random`` -- the default --, ``lockstep`` or ``spread:MS``:
+:class:`sim.params.Phases`), ``drives`` (drives striped by row id),
+``shared_cache_rows``, ``dram_fraction`` (share of the tables resident in
+DRAM), ``dram_rows`` (a hot set, ``.npy``), ``tail`` (a measured device whose
+latency distribution the point's device takes), ``compute`` (``""``: ``compute_ms`` with
 ``compute_dist``/``compute_cv``; ``"reference"``: the SPEC §8 compute fitted so
 threshold 256 gives 19.16 tokens/s on the reference device;
 ``"calibrated:LABEL"``: a measured compute of the calibration), ``compute_ms``,
@@ -79,7 +84,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD
+from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
 try:
@@ -106,6 +111,12 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "sessions": (int, 1, "concurrent sessions"),
     "steps": (int, 1000, "steps per session"),
     "start_spread_ms": (float, 0.0, "start spread (ms)"),
+    "phases": (str, DEFAULT_PHASES, "session phases"),
+    "drives": (int, 1, "drives striped"),
+    "shared_cache_rows": (int, 0, "shared row cache (rows)"),
+    "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
+    "dram_rows": (str, "", "hot set in DRAM (file)"),
+    "tail": (str, "", "latency tail from device"),
     "compute": (str, "", "compute model"),
     "compute_ms": (float, 0.0, "compute per step (ms)"),
     "compute_dist": (str, "constant", "compute distribution"),
@@ -135,6 +146,11 @@ METRICS: Dict[str, str] = {
     "mean_queue_depth": "mean device queue depth",
     "reads_per_s": "device reads/s",
     "iops_utilization": "reads/s over peak IOPS",
+    "shared_cache_hit_rate": "shared row cache hit rate",
+    "dram_hit_rate": "share of requests served from DRAM",
+    "compute_realised_mean_ms": "compute drawn per step, mean (ms)",
+    "compute_realised_cv": "compute drawn per step, CV",
+    "wrapped": "trace replayed (1) or not (0)",
 }
 
 _STUDY_KEYS = {"name", "description", "seed", "calibration"}
@@ -392,13 +408,16 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
     ArgumentError
         A value outside its range (names ``where``, the axis and the value).
     """
-    for name in ("threshold", "readers", "sessions", "steps", "trace_limit", "layers"):
+    for name in ("threshold", "readers", "sessions", "steps", "trace_limit", "layers", "drives"):
         if p[name] < 1:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 1")
     for name in ("cache_rows", "overlap_layers", "batch_overhead_us", "start_spread_ms", "compute_ms",
-                 "compute_cv", "hash_us", "repeat"):
+                 "compute_cv", "hash_us", "repeat", "shared_cache_rows"):
         if p[name] < 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
+    if not 0 <= p["dram_fraction"] <= 1:
+        raise ArgumentError(f"{where}: dram_fraction = {p['dram_fraction']} must be in [0, 1]")
+    Phases.parse(p["phases"])
     if p["backend"] not in BACKENDS:
         raise ArgumentError(f"{where}: backend = {p['backend']!r} must be 'pread' or 'io_uring'")
     if p["mode"] not in ("fast", "exact"):

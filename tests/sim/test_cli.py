@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engram.cli import main
+from sim.io import shared_data_dir
+
+FIO = str(Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
+VM = (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file()
 
 
 def run_json(capsys, argv):
@@ -47,6 +53,10 @@ def test_sim_prefill(capsys):
     d = run_json(capsys, ["sim", "prefill", "--trace", "stdlib:asyncio/base_events.py", "--limit", "3000",
                           "--chunk", "1024", "--compute-tokens-per-s", "2000", "--json", "--no-progress"])
     assert d["tokens"] == 3000 and d["config"]["chunks"] == 3 and d["prefill_seconds"] >= 1.5
+    assert d["compute_realised"]["mean_ms"] == pytest.approx(0.5, rel=1e-9) and d["compute_realised"]["cv"] == 0
+    g = run_json(capsys, ["sim", "prefill", "--limit", "3000", "--compute-tokens-per-s", "2000", "--compute-dist",
+                          "gamma", "--compute-cv", "0.3", "--json", "--no-progress"])
+    assert g["compute_realised"]["cv"] == pytest.approx(0.3, rel=0.3) and g["config"]["compute"]["cv"] == 0.3
     assert main(["sim", "prefill", "--limit", "500", "--trace", "text:" + "hello world " * 200,
                  "--compute-us-per-token", "100"]) == 0
     assert "stalls" in capsys.readouterr().out
@@ -69,3 +79,102 @@ def test_errors_exit_2(capsys):
     assert "cannot reach" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sim", "prefill"])  # a compute speed is required
+
+
+# ----------------------------------------------------------- compute kept (issue 14.1)
+def test_decode_keeps_the_reference_compute_for_every_device(capsys):
+    seed = run_json(capsys, ["sim", "decode", "--limit", "600", "--json", "--no-progress"])
+    slow = run_json(capsys, ["sim", "decode", "--limit", "600", "--json", "--no-progress",
+                             "--device", "ssd:qd1_us=500,iops=20000,parallelism=8"])
+    assert slow["fitted_compute"]["compute_ms"] == pytest.approx(seed["fitted_compute"]["compute_ms"], rel=1e-9)
+    assert slow["fitted_compute"]["fitted_on"] == "seed-apple-m3-ultra" and not slow["fitted_compute"]["refit"]
+    assert slow["tokens_per_s"] < seed["tokens_per_s"] == pytest.approx(20.996, abs=1e-3)  # before: 32.1 > 21.0
+    refit = run_json(capsys, ["sim", "decode", "--limit", "600", "--json", "--no-progress", "--refit",
+                              "--device", "ssd:qd1_us=500,iops=20000,parallelism=8"])
+    assert refit["fitted_compute"]["refit"] and refit["fitted_compute"]["compute_ms"] < 30
+    assert main(["sim", "decode", "--limit", "300", "--no-progress", "--device", "ssd:qd1_us=80,iops=500000"]) == 0
+    out = capsys.readouterr().out
+    assert "fitted on seed-apple-m3-ultra" in out and "kept for ssd-qd1-80us" in out and "phases    random" in out
+    assert main(["sim", "decode", "--limit", "50", "--compute-ms", "5", "--refit"]) == 2
+    assert "not with --compute-ms" in capsys.readouterr().err
+
+
+# ---------------------------------------------------- one meaning per flag (issue 19.3)
+def test_readers_mean_the_queue_depth_of_either_backend(capsys):
+    base = ["sim", "decode", "--limit", "200", "--compute-ms", "1", "--json", "--no-progress"]
+    four = run_json(capsys, base + ["--backend", "io_uring", "--readers", "4"])
+    assert four["config"]["policy"]["readers"] == 4 and four["config"]["policy"]["backend"] == "io_uring"
+    pread = run_json(capsys, base + ["--readers", "4"])
+    assert four["step_ms"]["mean"] == pytest.approx(pread["step_ms"]["mean"], rel=1e-12)  # before: a ring of 64
+    alias = run_json(capsys, base + ["--backend", "io_uring", "--ring-depth", "4"])
+    assert alias["config"]["policy"]["readers"] == 4
+    assert main(base + ["--backend", "io_uring", "--ring-depth", "8", "--readers", "4"]) == 2
+    assert "deprecated alias of --readers" in capsys.readouterr().err
+    assert main(base + ["--ring-depth", "8"]) == 2
+    assert "applies to --backend io_uring" in capsys.readouterr().err
+
+
+def test_flags_that_do_not_apply_are_errors(capsys):
+    base = ["sim", "decode", "--limit", "50", "--compute-ms", "1", "--no-progress"]
+    for extra, msg in ((["--compute-cv", "0.3"], "constant compute has cv 0"),
+                       (["--compute-dist", "exponential", "--compute-cv", "0.3"], "cv 1 by definition"),
+                       (["--compute-dist", "normal", "--compute-cv", "3"], "cannot have cv 3"),
+                       (["--overlap-layers", "44"], "beyond the model's 43 layers"),
+                       (["--bins", "0"], "bins must be >= 1"),
+                       (["--calibration", "x.json"], "--calibration applies to --device calibrated"),
+                       (["--phases", "often"], "phases"),
+                       (["--phases", "random", "--start-spread-ms", "5"], "not both")):
+        assert main(base + extra) == 2, extra
+        assert msg in capsys.readouterr().err, extra
+
+
+# -------------------------------------------------------------- phases, wrap (14.4, 14.6)
+def test_phases_and_wrapped_traces_in_the_output(capsys, caplog):
+    d = run_json(capsys, ["sim", "decode", "--limit", "200", "--steps", "400", "--sessions", "3", "--compute-ms",
+                          "2", "--cache-rows", "5000", "--phases", "lockstep", "--json", "--no-progress"])
+    assert d["phases"] == "lockstep" and d["config"]["phases"] == "lockstep"
+    assert d["wrap"]["wrapped"] and len(d["warnings"]) == 1 and "trace wraps" in d["warnings"][0]
+    caplog.clear()
+    assert main(["sim", "decode", "--limit", "200", "--steps", "400", "--compute-ms", "2", "--cache-rows", "5000",
+                 "--no-progress"]) == 0
+    assert "WARNING   trace wraps" in capsys.readouterr().out  # the summary
+    assert any(r.levelname == "WARNING" and "trace wraps" in r.getMessage() for r in caplog.records)  # the log
+
+
+# ------------------------------------------------------------- one device syntax (19.2)
+def test_every_command_takes_every_device_form(capsys, tmp_path):
+    from sim.calibrate import calibrate
+    from tests.sim.test_calibrate import micro_doc
+
+    cal = str(calibrate(micro_doc()).save(tmp_path / "calibration.json"))
+    fio = str(Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
+    base = ["sim", "decode", "--limit", "100", "--compute-ms", "1", "--json", "--no-progress"]
+    a = run_json(capsys, base + ["--device", cal])  # before: "unknown kind 'calibration'"
+    b = run_json(capsys, base + ["--device", "calibrated", "--calibration", cal])  # before: "unknown device"
+    assert a["tokens_per_s"] == b["tokens_per_s"] and a["device"]["name"] == "engine-pread"
+    c = run_json(capsys, base + ["--device", "calibrated:io_uring", "--calibration", cal])
+    assert c["device"]["name"] == "engine-io_uring"
+    f = run_json(capsys, base + ["--device", fio])
+    assert f["device"]["name"] == "fio-randread-4k-libaio"
+    s = run_json(capsys, base + ["--device", "ssd:qd1_us=80,iops=500000"])  # before: "missing 'parallelism'"
+    assert s["config"]["device"]["derived"]["parallelism"]["value"] == 40
+    p = run_json(capsys, ["sim", "prefill", "--limit", "500", "--compute-us-per-token", "100", "--device", cal,
+                          "--json", "--no-progress"])
+    assert p["device"]["name"] == "engine-pread"
+    dv = run_json(capsys, ["sim", "device", "calibrated", "--calibration", cal, "--backend", "io_uring", "--json"])
+    assert dv["name"] == "engine-io_uring"
+    dv = run_json(capsys, ["sim", "device", "ssd:qd1_us=80,iops=500000", "--json"])
+    assert dv["derived"]["parallelism"]["value"] == 40
+    assert main(["sim", "device", "ssd:qd1_us=80,iops=500000"]) == 0
+    assert "derived parallelism = 40" in capsys.readouterr().out
+
+
+def test_decode_planner_axes(capsys, tmp_path):
+    hot = tmp_path / "hot.npy"
+    np.save(hot, np.arange(10, dtype=np.int64))
+    d = run_json(capsys, ["sim", "decode", "--limit", "300", "--compute-ms", "1", "--sessions", "4", "--drives", "2",
+                          "--shared-cache-rows", "100000", "--dram-fraction", "0.25", "--dram-rows", str(hot),
+                          "--tail", "vm-virtio-16core-4k" if VM else FIO, "--json", "--no-progress"])
+    assert d["config"]["drives"] == 2 and d["device"]["drives"] == 2 and d["config"]["hot_rows"] == 10
+    assert d["dram_hit_rate"] == pytest.approx(0.25, abs=0.03) and d["shared_cache_hit_rate"] > 0
+    assert d["config"]["tail"] and "+tail:" in d["device"]["name"]

@@ -10,11 +10,19 @@ import numpy as np
 import pytest
 
 from engram.errors import ArgumentError, FormatError
-from sim.device import (Device, EmpiricalDevice, LatencyDist, ParametricSSD, load_device, poisson_load, preset,
-                        preset_names, summarize_boxes, time_average)
+import shutil
+import subprocess
+from pathlib import Path
+
+from sim.calibrate import calibrate
+from sim.device import (DEVICE_FORMS, Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, ParametricSSD,
+                        device_from_fio, load_device, poisson_load, preset, preset_names, summarize_boxes,
+                        summarize_counter, time_average, with_tail)
 from sim.io import shared_data_dir
+from tests.sim.test_calibrate import micro_doc
 
 US = 1e-6
+FIO_JSON = Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
 VM_JSONL = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"
 needs_vm = pytest.mark.skipif(not VM_JSONL.is_file(), reason="shared device file not present")
 
@@ -99,7 +107,7 @@ def test_preset_names_and_errors(tmp_path):
         load_device("nope")
     with pytest.raises(ArgumentError, match="missing 'iops'"):
         load_device("ssd:qd1_us=80,parallelism=4")
-    with pytest.raises(ArgumentError, match="unknown key"):
+    with pytest.raises(ArgumentError, match="unknown key 'foo'; keys: qd1_us"):
         load_device("ssd:qd1_us=80,iops=1e5,parallelism=4,foo=1")
     with pytest.raises(ArgumentError, match="below the channel service time"):
         ParametricSSD(10 * US, 1e5, 4)  # 4 channels at 1e5 IOPS need 40 us per read
@@ -166,12 +174,16 @@ def test_measurement_records_as_the_engine_reports_them():
 
 
 def test_batch_samples_is_list_scheduling():
+    """Measured at one depth only, every read takes its own draw whatever the depth: a batch is the list
+    schedule of its reads on min(readers, 4) slots (4 = the deepest depth: more readers only queue)."""
     d = EmpiricalDevice.from_table({4: np.random.default_rng(0).exponential(100 * US, 4000)})
     for n, k in ((5, 1), (7, 4), (48, 16), (48, 3), (250, 16)):
-        t, a = d.batch_samples(n, k, qd=4, size=64, rng=np.random.default_rng(n))
-        x = d.latency(4).sample(np.random.default_rng(n), (64, n))
-        assert np.allclose(a, x.sum(axis=1))
-        assert np.allclose(t, [list_schedule_twin(row, k) for row in x])
+        t, a = d.batch_samples(n, k, size=4000, rng=np.random.default_rng(n))
+        x = d.latency(4).sample(np.random.default_rng(n + 1), (4000, n))
+        twin = np.array([list_schedule_twin(row, min(k, 4)) for row in x])
+        se = math.hypot(t.std(), twin.std()) / math.sqrt(4000)
+        assert abs(t.mean() - twin.mean()) < 4 * se, (n, k)
+        assert a.mean() >= n * d.latency(4).mean * 0.97  # queued reads add their wait to the area
 
 
 def test_long_batches_use_an_accurate_end_effect():
@@ -246,3 +258,120 @@ def test_summaries_of_activity():
     assert s["timeline"]["queue_depth"] == pytest.approx([1, 3.25, 2, 0])
     assert s["max_queue_depth"] == 4
     assert time_average([(0.0, 1), (1.0, 3), (2.0, 0)], 4.0) == pytest.approx(1.0)
+
+
+def test_summary_of_a_counter_is_the_summary_of_its_boxes():
+    # reads in the device: 1 on [0, 2), 3 on [1, 1.5) ... as the boxes of test_summaries_of_activity
+    changes = [(0.0, 1), (1.0, 3), (1.5, 4), (1.75, 3), (2.0, 2), (3.0, 0)]
+    s = summarize_counter(changes, 4.0, bins=4)
+    b = summarize_boxes(np.array([0.0, 1.0, 1.5]), np.array([2.0, 3.0, 1.75]), np.array([1.0, 2.0, 1.0]), 4.0, 4)
+    for key in ("busy_fraction", "mean_queue_depth", "max_queue_depth"):
+        assert s[key] == pytest.approx(b[key])
+    assert s["timeline"]["queue_depth"] == pytest.approx(b["timeline"]["queue_depth"])
+    t, v = zip(*changes)
+    assert summarize_counter((t, v), 4.0, 4) == s
+
+
+# ------------------------------------------------------- devices from a datasheet (issue 19.1)
+def test_a_datasheet_is_enough():
+    """QD1 latency and IOPS: the parallelism is the knee IOPS x QD1 latency, and the device says so."""
+    d = load_device("ssd:qd1_us=80,iops=500000")
+    assert d.parallelism == 40 and d.delay == pytest.approx(0.0, abs=1e-12) and d.service_cv == 0.5
+    assert set(d.derived) >= {"parallelism", "cv", "iops_row"} and "floor(row IOPS x QD1" in d.derived[
+        "parallelism"]["rule"]
+    assert d.mean_latency(1) == pytest.approx(80 * US, rel=0.01) and d.iops(128) == pytest.approx(5e5, rel=0.01)
+    assert d.to_dict()["derived"] == d.derived and "derived" in d.describe()
+    # what the drive delivers at the row's size overrides the 4 KiB figure; the depth at peak caps the channels
+    d = load_device("ssd:qd1_us=80,iops=500000,iops_row=400000,qd_peak=16")
+    assert d.iops_max == 400000 and d.parallelism == 16 and "iops_row" not in d.derived
+    assert d.delay == pytest.approx(80 * US - 16 / 4e5)
+    # a tail latency at QD1 sets the service cv
+    d = load_device("ssd:qd1_us=100,iops=100000,p99_us=250")
+    assert d.latency(1).percentile(99) == pytest.approx(250 * US, rel=0.03) and d.service_cv == d.derived["cv"]["value"]
+    assert "p99_us" in d.derived["cv"]["rule"] and load_device("ssd:qd1_us=100,iops=100000,p99_us=400").service_cv > 0.8
+    with pytest.raises(ArgumentError, match="p99_us = 90 must be above the QD1 latency"):
+        load_device("ssd:qd1_us=100,iops=100000,p99_us=90")
+
+
+def test_a_parallelism_the_latency_cannot_carry_says_what_would():
+    with pytest.raises(ArgumentError) as err:
+        load_device("ssd:qd1_us=150,iops=90000,parallelism=32")
+    msg = str(err.value)
+    assert "parallelism can be at most 13" in msg and "needs qd1_us >= 355.6" in msg and "leave parallelism out" in msg
+    assert load_device("ssd:qd1_us=150,iops=90000").parallelism == 13
+
+
+def test_fio_json_output_is_a_device():
+    """The fixture is real: fio 3.33, libaio, O_DIRECT random 4 KiB reads of a 256 MiB file, iodepth 1..32."""
+    doc = json.loads(FIO_JSON.read_text())
+    d = load_device(str(FIO_JSON))
+    assert isinstance(d, EmpiricalDevice) and d.depths() == [1, 2, 4, 8, 16, 32] and "fio randread" in d.source
+    for job in doc["jobs"]:
+        qd, r = int(job["job options"]["iodepth"]), job["read"]
+        lat = d.latency(qd)
+        assert lat.mean == pytest.approx(r["lat_ns"]["mean"] * 1e-9, rel=1e-9)
+        assert lat.mean == pytest.approx(qd / r["iops"], rel=0.05)  # Little's law on fio's closed loop
+        shift = (r["lat_ns"]["mean"] - r["clat_ns"]["mean"]) * 1e-9
+        for p in ("50.000000", "90.000000", "99.000000"):  # fio's bucket bounds, scaled to the mean: within 3%
+            assert lat.percentile(float(p)) == pytest.approx(r["clat_ns"]["percentile"][p] * 1e-9 + shift, rel=0.03)
+        assert lat.quantile(1.0) == pytest.approx(r["clat_ns"]["max"] * 1e-9 + shift, rel=0.03)  # fio's maximum
+    # several runs in one file: the median of each figure
+    two = FIO_JSON.read_text() + "\nfio: note: some text fio printed\n" + FIO_JSON.read_text()
+    path = FIO_JSON.parent / "__two_runs.json"
+    try:
+        path.write_text(two)
+        assert device_from_fio(path).mean_latency(4) == pytest.approx(d.mean_latency(4), rel=1e-12)
+        assert device_from_fio([FIO_JSON, FIO_JSON]).mean_latency(4) == pytest.approx(d.mean_latency(4), rel=1e-12)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_fio_run_here_is_a_device(tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(b"\0" * (8 << 20))
+    out = []
+    for qd in (1, 4):
+        r = subprocess.run(["fio", "--name=q", f"--filename={f}", "--rw=randread", "--bs=4k", "--size=8M",
+                            f"--iodepth={qd}", "--ioengine=psync" if qd == 1 else "--ioengine=libaio",
+                            "--runtime=100ms", "--time_based", "--output-format=json"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            pytest.skip(f"fio cannot run here: {r.stderr[-200:]}")
+        out.append(r.stdout)
+    path = tmp_path / "runs.json"
+    path.write_text("\n".join(out))
+    d = load_device(str(path))
+    assert d.depths() == [1, 4] and d.mean_latency(4) > 0
+
+
+def test_a_calibration_is_a_device(tmp_path):
+    cal = calibrate(micro_doc())
+    path = cal.save(tmp_path / "calibration.json")
+    for spec, kw in ((str(path), {}), ("calibrated", {"calibration": path}), ("calibrated:io_uring", {"calibration": cal})):
+        d = load_device(spec, **kw, backend="pread")
+        want = cal.device("io_uring" if spec.endswith("io_uring") else "pread")
+        assert isinstance(d, MeasuredBatchDevice) and d.batch_dist(48, 4).mean == pytest.approx(want.batch_dist(48, 4).mean)
+    assert load_device(str(path), backend="io_uring").batch_dist(48, 4).mean == pytest.approx(960 * US)
+    think = load_device("calibrated", cal.to_dict(), compute="spin:2")
+    assert think.batch_dist(48, 4).mean == pytest.approx(1500 * US)
+    with pytest.raises(ArgumentError, match="needs a calibration"):
+        load_device("calibrated")
+    with pytest.raises(ArgumentError, match="no device for backend 'aio'"):
+        load_device(str(path), backend="aio")
+    with pytest.raises(ArgumentError, match="unknown device 'x.txt'"):
+        load_device("x.txt")
+    assert "fio --output-format=json" in DEVICE_FORMS
+
+
+def test_a_tail_keeps_the_means_and_takes_the_spread():
+    base = load_device("ssd:qd1_us=80,iops=500000,cv=0")
+    shape = load_device(str(FIO_JSON))
+    t = with_tail(base, shape)
+    assert t.saturation_depth() == base.saturation_depth()
+    for q in (1, 2, 4, 16, 32, 40):
+        s = shape.latency(min(shape.depths(), key=lambda d: (abs(d - q), d)))
+        assert t.mean_latency(q) == pytest.approx(base.mean_latency(q), rel=1e-9)
+        assert t.latency(q).percentile(99.9) / t.mean_latency(q) == pytest.approx(s.percentile(99.9) / s.mean, rel=1e-6)
+    with pytest.raises(ArgumentError, match="fixed latencies"):
+        with_tail(shape, preset("seed-apple-m3-ultra"))

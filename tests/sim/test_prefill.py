@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 
 from engram.errors import ArgumentError
+from sim.device import preset
 from sim.io import shared_data_dir
 from sim.params import Compute, Policy
 from sim.prefill import simulate_prefill
@@ -29,7 +29,9 @@ def test_compute_bound_prefill_stalls_only_for_the_first_chunk(code, mode):
     N, chunk, c = 2048, 512, 0.01
     r = simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(c), tokens=N, chunk=chunk, mode=mode)
     n0 = np.unique(code.rows[:chunk, 0, :]).size
-    read0 = math.ceil(n0 / 16) * QD16  # alone on the device: the second reader starts at layer 2
+    # alone on the device (the second reader starts at layer 2): waves of 16 at depth 16, the last at its own
+    read0 = preset("seed-apple-m3-ultra").batch_samples(n0, 16)[0][0]
+    assert read0 == pytest.approx((n0 // 16) * QD16 + (107.9 + 96.9 * (n0 % 16 - 1) / 15) * US * (n0 % 16 > 0))
     layer0 = chunk * c / 43
     assert r.stall_by_layer[1] == pytest.approx(read0 - layer0, rel=1e-9)
     assert r.stall_by_layer[14] == 0 and r.stalls == 1
@@ -78,3 +80,16 @@ def test_errors(code):
         simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), chunk=0)
     with pytest.raises(ArgumentError, match="beyond"):
         simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3, layers=10))
+
+
+def test_prefill_reports_the_compute_it_drew(code):
+    r = simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-4, "lognormal", 0.5), tokens=4096,
+                         chunk=512, ubatch=256)
+    x = Compute(1e-4, "lognormal", 0.5).sample(np.random.default_rng(np.random.SeedSequence(0).spawn(2)[1]),
+                                              16 * 43)
+    assert r.compute_realised["samples"] == 16 * 43
+    assert r.compute_realised["mean_ms"] == pytest.approx(x.mean() * 1e3, rel=1e-12)
+    assert r.compute_realised["cv"] == pytest.approx(x.std() / x.mean(), rel=1e-12)
+    assert "drawn: mean" in r.summary() and r.to_dict()["compute_realised"] == r.compute_realised
+    with pytest.raises(ArgumentError, match="bins"):
+        simulate_prefill(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), tokens=100, bins=0)

@@ -1,0 +1,33 @@
+"""The decode model: sessions x steps reading Engram rows on a shared device (SPEC §8, §9).
+
+- :mod:`~sim.decode.reads` -- which of a step's requests reach the device: DRAM-resident rows, row caches,
+  deduplication, drives; whether a run replays its trace;
+- :mod:`~sim.decode.fast` -- the fast mode: sessions on a plain event loop, batches on segment queues;
+- :mod:`~sim.decode.exact` -- the exact mode: every read a simpy event;
+- :mod:`~sim.decode.model` -- :func:`simulate_decode`, its result, and the compute of the reference run.
+"""
+
+from __future__ import annotations
+
+from ..params import Compute, Phases, Policy
+from .model import (DecodeResult, fit_compute, percentiles_ms, reference_compute, seed_reproduction, session_reads,
+                    simulate_decode)
+from .reads import StepReads, hot_rows, resident_mask, step_reads, wrap_info
+
+__all__ = [
+    "Compute",
+    "DecodeResult",
+    "Phases",
+    "Policy",
+    "StepReads",
+    "fit_compute",
+    "hot_rows",
+    "percentiles_ms",
+    "reference_compute",
+    "resident_mask",
+    "seed_reproduction",
+    "session_reads",
+    "simulate_decode",
+    "step_reads",
+    "wrap_info",
+]

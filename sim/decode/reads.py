@@ -1,0 +1,251 @@
+"""The reads of every decode step that reach the device, and whether a run replays its trace (SPEC §8, §9).
+
+Each session replays a :class:`~sim.trace.Trace`: session ``i`` of ``S``
+starts at step ``i * T // S`` and wraps around.  A step's requests (``[layers,
+columns]`` row ids, read in ``[table][column]`` order) go through, in turn:
+
+1. the DRAM-resident rows (:func:`resident_mask`): served from memory, no read;
+2. the session's LRU row cache (``Policy.cache_rows``);
+3. the LRU row cache shared by all sessions (``Policy.shared_cache_rows``),
+   which sees the sessions' requests interleaved step by step (step ``t`` of
+   session 0, of session 1, ...: the order of sessions decoding at the same
+   pace);
+4. the engine's deduplication: each distinct row of a table is read once a
+   step (SPEC §8).
+
+With ``drives > 1`` the tables are striped over identical drives by row id
+(drive = row id mod drives: row ids are hash outputs, so the rows spread
+evenly) and every step's reads are counted per drive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import List, Optional, Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from ..params import Policy
+from ..trace import Trace
+
+__all__ = ["StepReads", "hot_rows", "resident_mask", "step_reads", "wrap_info"]
+
+log = logging.getLogger("sim.decode")
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer on uint64 values holding 32-bit numbers."""
+    h = h & _M32
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _M32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _M32
+    h ^= h >> np.uint64(16)
+    return h
+
+
+def hot_rows(source: Union[str, os.PathLike, np.ndarray]) -> np.ndarray:
+    """A hot set: int64 ``[m, 2]`` of ``(table index, row id)``, from an array or a ``.npy`` file.
+
+    A 1-D array of row ids makes those rows resident in every table; a
+    ``[m, 2]`` array gives ``(table index, row id)`` pairs (table index 0 is the
+    trace's first table, e.g. layer 1).
+
+    Raises
+    ------
+    FormatError, ArgumentError
+        An unreadable file, or an array of another shape or of negative ids.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            arr = np.load(source, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"{source}: cannot read the hot set (a .npy array of row ids): {exc}") from None
+    else:
+        arr = np.asarray(source)
+    arr = np.asarray(arr, dtype=np.int64)
+    if arr.ndim == 1:
+        arr = np.stack([np.full(arr.size, -1, dtype=np.int64), arr], axis=1)
+    if arr.ndim != 2 or arr.shape[1] != 2 or (arr.size and arr[:, 1].min() < 0):
+        raise ArgumentError(f"hot set: need row ids [m] or (table index, row id) pairs [m, 2] >= 0, "
+                            f"got shape {arr.shape}")
+    return arr
+
+
+def resident_mask(rows: np.ndarray, fraction: float = 0.0, hot: Optional[np.ndarray] = None) -> np.ndarray:
+    """bool, the shape of ``rows`` (``[..., layers, columns]`` row ids): requests served from DRAM.
+
+    A row is resident when MurmurHash3's 32-bit finalizer of ``row id XOR
+    (table index * 0x9E3779B9)`` is below ``fraction * 2**32`` -- a uniform
+    sample of ``fraction`` of each table, independent of the striping by
+    ``row id mod drives`` -- or when it is in ``hot`` (:func:`hot_rows`).
+    """
+    layers = rows.shape[-2]
+    out = np.zeros(rows.shape, dtype=bool)
+    if fraction > 0:
+        salt = (np.arange(layers, dtype=np.uint64) * np.uint64(0x9E3779B9))[:, None]
+        h = _fmix32(rows.astype(np.uint64) ^ salt)
+        out |= h < np.uint64(min(int(fraction * 2**32), 2**32))
+    if hot is not None and len(hot):
+        for li in range(layers):
+            ids = hot[(hot[:, 0] == li) | (hot[:, 0] == -1), 1]
+            if ids.size:
+                out[..., li, :] |= np.isin(rows[..., li, :], ids)
+    return out
+
+
+def _lru(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
+    """bool like ``keys`` (1-D): hits of an LRU cache of ``capacity`` keys fed the ``active`` keys in order."""
+    hits = np.zeros(keys.size, dtype=bool)
+    if capacity <= 0 or not active.any():
+        return hits
+    pos = np.flatnonzero(active)
+    k = keys[pos]
+    _, first, inv = np.unique(k, return_index=True, return_inverse=True)
+    repeat = first[inv.reshape(-1)] != np.arange(k.size)
+    if first.size <= capacity:  # never evicts: the hits are exactly the repeats
+        hits[pos] = repeat
+        return hits
+    cache: OrderedDict = OrderedDict()
+    move, pop = cache.move_to_end, cache.popitem
+    got = np.zeros(k.size, dtype=bool)
+    for i, key in enumerate(k.tolist()):
+        if key in cache:
+            move(key)
+            got[i] = True
+        else:
+            cache[key] = None
+            if len(cache) > capacity:
+                pop(last=False)
+    hits[pos] = got
+    return hits
+
+
+def _keys(rows: np.ndarray) -> np.ndarray:
+    """uint64 keys ``(table index << 32) | row`` of ``rows`` (``[..., layers, columns]``)."""
+    layers = rows.shape[-2]
+    return rows.astype(np.uint64) | (np.arange(layers, dtype=np.uint64) << np.uint64(32))[:, None]
+
+
+@dataclass
+class StepReads:
+    """Device reads of every session and step.
+
+    Attributes
+    ----------
+    reads : list of numpy.ndarray
+        Per session, int64 ``[steps, layers]``: distinct rows of each table read
+        from the device at each step.
+    by_drive : list of numpy.ndarray or None
+        Per session, int64 ``[steps, layers, drives]`` (``drives > 1``).
+    order : list or None
+        Per session and step, per table, int8 arrays of the drive of each read
+        in the engine's order (sorted row ids); for the exact mode with drives.
+    requests, dram_hits, cache_hits, shared_hits : int
+        Row requests, and those served by DRAM-resident rows, the sessions'
+        caches and the shared cache.
+    wrap : dict
+        :func:`wrap_info`.
+    """
+
+    reads: List[np.ndarray]
+    by_drive: Optional[List[np.ndarray]]
+    order: Optional[list]
+    requests: int
+    dram_hits: int
+    cache_hits: int
+    shared_hits: int
+    wrap: dict = field(default_factory=dict)
+
+
+def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, drives: int = 1,
+               hot: Optional[np.ndarray] = None, order: bool = False) -> StepReads:
+    """The reads of every session and step (see the module).
+
+    Raises
+    ------
+    ArgumentError
+        A trace without steps, or fewer than one session, step or drive.
+    """
+    T = trace.steps
+    if T == 0:
+        raise ArgumentError("the trace has no steps")
+    if sessions < 1 or steps < 1 or drives < 1:
+        raise ArgumentError(f"need sessions, steps and drives >= 1, got {sessions}, {steps}, {drives}")
+    L, C = trace.layers, trace.columns
+    rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
+    miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
+    dram = int((~miss).sum())
+    keys = _keys(rows)
+    cache = 0
+    if policy.cache_rows > 0:
+        for s in range(sessions):
+            h = _lru(keys[s].reshape(-1), miss[s].reshape(-1), policy.cache_rows).reshape(miss[s].shape)
+            cache += int(h.sum())
+            miss[s] &= ~h
+    shared = 0
+    if policy.shared_cache_rows > 0:
+        k2 = keys.transpose(1, 0, 2, 3).reshape(-1)
+        m2 = miss.transpose(1, 0, 2, 3).reshape(-1)
+        h = _lru(k2, m2, policy.shared_cache_rows).reshape(steps, sessions, L, C).transpose(1, 0, 2, 3)
+        shared = int(h.sum())
+        miss &= ~h
+    big = np.int64(1) << np.int64(40)
+    s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)
+    first = np.ones(s_rows.shape, dtype=bool)
+    first[..., 1:] = s_rows[..., 1:] != s_rows[..., :-1]
+    first &= s_rows != big
+    reads = first.sum(axis=3).astype(np.int64)                        # [S, steps, L]
+    by_drive = seq = None
+    if drives > 1:
+        dj = s_rows % drives
+        by = np.stack([(first & (dj == j)).sum(axis=3) for j in range(drives)], axis=-1).astype(np.int64)
+        by_drive = [by[s] for s in range(sessions)]
+        if order:
+            seq = [[[dj[s, t, li][first[s, t, li]].astype(np.int8) for li in range(L)] for t in range(steps)]
+                   for s in range(sessions)]
+    return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, cache,
+                     shared, wrap_info(trace, sessions, steps, policy))
+
+
+def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()) -> dict:
+    """Whether a run replays its trace, and the warnings that say what that does to its figures.
+
+    Returns
+    -------
+    dict
+        ``wrapped`` (a session runs past the end of the trace), ``replays``
+        (steps / trace steps), ``repeated_steps`` (share of a session's steps
+        at a trace position it read before), ``shared_positions`` (share of
+        all sessions' steps at a position another session also reads),
+        ``warnings`` (list of str: one per effect on this run's figures; also
+        logged).
+    """
+    T = trace.steps
+    out = {"trace_steps": T, "wrapped": steps > T, "replays": steps / T,
+           "repeated_steps": max(0.0, (steps - T) / steps), "shared_positions": 0.0, "warnings": []}
+    if sessions > 1:
+        pos = np.concatenate([(s * T // sessions + np.arange(min(steps, T))) % T for s in range(sessions)])
+        out["shared_positions"] = float(1 - np.unique(pos).size / pos.size)
+    caches = policy.cache_rows > 0 or policy.shared_cache_rows > 0
+    if steps > T:
+        out["warnings"].append(
+            f"trace wraps: each session runs {steps} steps over a trace of {T} (replayed {steps / T:.2f} times), "
+            f"so {out['repeated_steps']:.0%} of its steps re-read rows it read before"
+            + ("; the row cache hit rate is inflated by the replay" if caches else "")
+            + ": use a longer trace (or fewer steps)")
+    if policy.shared_cache_rows > 0 and out["shared_positions"] > 0:
+        out["warnings"].append(
+            f"sessions share their trace: {out['shared_positions']:.0%} of the sessions' steps read a stretch "
+            "another session also reads, so the shared row cache hits rows independent sessions would not "
+            "share: use a trace of at least sessions x steps tokens")
+    for w in out["warnings"]:
+        log.warning("%s", w)
+    return out

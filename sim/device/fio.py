@@ -1,0 +1,197 @@
+"""A device from fio's own output: ``fio --output-format=json``, one run or several, at several iodepths.
+
+Each read job of the output is a closed loop of ``iodepth`` outstanding
+reads -- what :class:`~sim.device.models.EmpiricalDevice` tabulates by queue
+depth.  Per job: the queue depth is ``iodepth`` (job option, else global
+option, else 1) times ``numjobs`` when ``group_reporting`` merged the clones
+(clones reported one by one, under one job name of one run, ran together:
+their depths and IOPS add up); the mean latency is ``read.lat_ns.mean``
+(submission + completion; ``depth / iops`` by Little's law when absent); the
+distribution runs from fio's minimum through every percentile it printed to
+its maximum -- ``read.lat_ns``'s when fio ran with ``lat_percentiles=1``, else
+``read.clat_ns``'s shifted by the mean submission latency -- and is scaled to
+the measured mean: fio's percentiles are the upper bounds of its histogram
+buckets, so the quantile function through them runs a little high (1-3% on
+the fixture of the tests).  Several measurements of one depth
+(several runs in one file, or several files) are combined by the median of
+each figure.
+
+Runs must not overlap: run the depths one after the other (``stonewall``
+between jobs, or one run per depth, concatenated in one file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence, Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from .latency import LatencyDist
+from .models import EmpiricalDevice
+
+__all__ = ["device_from_fio", "fio_records", "is_fio_output", "read_fio_output"]
+
+_NS = 1e-9
+
+
+def is_fio_output(text: str) -> bool:
+    """True when ``text`` holds fio JSON output (its ``"fio version"`` key)."""
+    return '"fio version"' in text
+
+
+def read_fio_output(path: Union[str, os.PathLike]) -> List[dict]:
+    """The JSON documents of a fio output file (one per run; text fio printed around them is skipped).
+
+    Raises
+    ------
+    FormatError
+        Unreadable, or no fio JSON document in it (names the file).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: cannot read fio output ({exc})") from None
+    dec, docs, i = json.JSONDecoder(), [], 0
+    while True:
+        j = text.find("{", i)
+        if j < 0:
+            break
+        try:
+            obj, end = dec.raw_decode(text, j)
+        except json.JSONDecodeError:
+            i = j + 1
+            continue
+        if isinstance(obj, dict) and "fio version" in obj:
+            docs.append(obj)
+        i = end
+    if not docs:
+        raise FormatError(f"{path}: no fio JSON output in it (run fio with --output-format=json)")
+    return docs
+
+
+def _opt(job: dict, glob: dict, key: str, default: str) -> str:
+    return str(job.get("job options", {}).get(key, glob.get(key, default)))
+
+
+def _job_figures(job: dict, glob: dict, where: str) -> dict:
+    """One read job's depth, IOPS, mean latency and percentiles (seconds)."""
+    r = job.get("read") or {}
+    if not r.get("total_ios") or not r.get("iops"):
+        return {}
+    try:
+        depth = int(_opt(job, glob, "iodepth", "1"))
+        clones = int(_opt(job, glob, "numjobs", "1"))
+    except ValueError as exc:
+        raise FormatError(f"{where}: job {job.get('jobname')!r}: bad iodepth or numjobs ({exc})") from None
+    if "group_reporting" in job.get("job options", {}) or "group_reporting" in glob:
+        depth *= clones
+    lat, clat = r.get("lat_ns") or {}, r.get("clat_ns") or {}
+    iops = float(r["iops"])
+    mean = float(lat["mean"]) * _NS if lat.get("mean") else depth / iops
+    src = "read.lat_ns"
+    if lat.get("percentile"):
+        pct, shift, ends = lat["percentile"], 0.0, lat
+    else:
+        src = "read.clat_ns + mean submission latency"
+        pct = clat.get("percentile") or {}
+        shift = mean - float(clat.get("mean", mean / _NS)) * _NS
+        ends = clat
+    lo = float(ends["min"]) * _NS + shift if "min" in ends else None
+    hi = float(ends["max"]) * _NS + shift if "max" in ends else None
+    return {"qd": depth, "iops": iops, "mean": mean,
+            "pct": {float(p): float(v) * _NS + shift for p, v in pct.items() if 0 < float(p) < 100},
+            "lo": lo, "hi": hi,
+            "rw": _opt(job, glob, "rw", "?"), "bs": _opt(job, glob, "bs", "4k"),
+            "ioengine": _opt(job, glob, "ioengine", "?"), "name": str(job.get("jobname", "?")),
+            "pct_from": src}
+
+
+def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
+    """Per read job (clones of one run merged): ``{"qd", "iops", "mean", "pct", "rw", "bs", "ioengine"}``.
+
+    Raises
+    ------
+    FormatError
+        A document without jobs, or no read job at all.
+    """
+    out = []
+    for di, doc in enumerate(docs):
+        jobs = doc.get("jobs")
+        if not isinstance(jobs, list):
+            raise FormatError(f"{where}: run {di} has no 'jobs' list")
+        glob = doc.get("global options", {}) or {}
+        by_name: Dict[str, List[dict]] = {}
+        for job in jobs:
+            f = _job_figures(job, glob, where)
+            if f:
+                by_name.setdefault(f["name"], []).append(f)
+        for group in by_name.values():
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            keys = set.intersection(*(set(g["pct"]) for g in group))
+            out.append(dict(group[0], qd=sum(g["qd"] for g in group), iops=sum(g["iops"] for g in group),
+                            mean=float(np.mean([g["mean"] for g in group])),
+                            pct={p: float(np.median([g["pct"][p] for g in group])) for p in keys}))
+    if not out:
+        raise FormatError(f"{where}: no read job with completed reads")
+    return out
+
+
+def _dist(rs: Sequence[dict], where: str) -> LatencyDist:
+    """One depth's distribution from its measurements (medians): minimum, percentiles, maximum, scaled to
+    the mean."""
+    keys = set.intersection(*(set(r["pct"]) for r in rs))
+    mean = float(np.median([r["mean"] for r in rs]))
+    if not keys:
+        return LatencyDist.point(mean)
+    ps = sorted(keys)
+    vs = [float(np.median([r["pct"][p] for r in rs])) for p in ps]
+    u, q = [p / 100 for p in ps], vs
+    if all(r["lo"] is not None for r in rs) and all(r["hi"] is not None for r in rs):
+        u, q = [0.0] + u + [1.0], [float(np.median([r["lo"] for r in rs]))] + q + \
+            [float(np.median([r["hi"] for r in rs]))]
+    else:
+        u, q = [0.0] + u + [1.0], [q[0]] + q + [q[-1]]
+    q = np.maximum.accumulate(np.maximum(np.asarray(q), 0.0))
+    try:
+        d = LatencyDist(u, q)
+    except ArgumentError as exc:
+        raise FormatError(f"{where}: {exc}") from None
+    return LatencyDist(d.u, d.q * (mean / d.mean)) if d.mean > 0 else d
+
+
+def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+                    name: str = "") -> EmpiricalDevice:
+    """An :class:`EmpiricalDevice` from fio JSON output files (see the module for the rules).
+
+    Raises
+    ------
+    FormatError
+        Unreadable files, no read jobs, or percentiles fio could not have printed (names the depth).
+    ArgumentError
+        No paths.
+    """
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise ArgumentError("device_from_fio: no fio output file given")
+    recs = []
+    for p in paths:
+        recs += fio_records(read_fio_output(p), str(p))
+    by_qd: Dict[int, List[dict]] = {}
+    for r in recs:
+        by_qd.setdefault(r["qd"], []).append(r)
+    table = {}
+    for qd, rs in sorted(by_qd.items()):
+        table[qd] = _dist(rs, f"{paths[0]}: queue depth {qd}")
+    first = recs[0]
+    src = (f"fio {first['rw']} {first['bs']} ({first['ioengine']}), {len(recs)} job(s) at queue depths "
+           f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "
+           f"{first['pct_from']} ({', '.join(str(p) for p in paths)})")
+    return EmpiricalDevice(table, name or Path(paths[0]).stem, src)

@@ -1,0 +1,48 @@
+"""A device's mean latency by queue depth with another device's measured latency distribution (its tail).
+
+A datasheet or a two-point reference gives a device's speed, rarely the
+spread of its latency; a measurement (fio, the engine's microbenchmark, a
+``.jsonl`` file) gives the whole distribution at each depth.
+:func:`with_tail` combines them: at every depth ``q`` the latency is the
+shape device's quantile function at ``q`` (at its nearest measured depth
+outside its range), divided by its mean and multiplied by the base device's
+mean latency at ``q``.  Means, IOPS and the saturation depth stay the base
+device's; the percentiles (p99, p99.9, ...) come from the measured shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engram.errors import ArgumentError
+
+from .latency import LatencyDist
+from .models import Device, EmpiricalDevice
+
+__all__ = ["with_tail"]
+
+
+def with_tail(base: Device, shape: Device) -> EmpiricalDevice:
+    """``base``'s mean latency at every depth with ``shape``'s latency distribution (see the module).
+
+    Raises
+    ------
+    ArgumentError
+        A shape device whose distributions are single values (it has no tail to give).
+    """
+    if shape.is_point():
+        raise ArgumentError(f"tail: device {shape.name!r} has fixed latencies, no distribution to take the tail "
+                            "from (use a measured device: a .jsonl microbenchmark, fio output, a preset with "
+                            "percentiles)")
+    top = base.saturation_depth()
+    sdepths = shape.depths()
+    depths = sorted({q for q in base.depths() + sdepths if q <= top} | {1, top})
+    table = {}
+    for q in depths:
+        sq = min(sdepths, key=lambda d: (abs(d - q), d)) if (q < sdepths[0] or q > sdepths[-1]) else q
+        s = shape.latency(sq)
+        m = base.mean_latency(q)
+        table[q] = LatencyDist(s.u, np.asarray(s.q) * (m / s.mean), f"{shape.name} shape at depth {sq}")
+    src = (f"{base.name} mean latency by queue depth ({base.source}); latency distribution (tail) of "
+           f"{shape.name} at each depth, scaled to those means")
+    return EmpiricalDevice(table, f"{base.name}+tail:{shape.name}", src)
