@@ -14,6 +14,7 @@ from sim.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, gr
                           read_capacity)
 from sim.capacity import _search
 from sim.decode import seed_reproduction
+from sim.device import load_device
 from sim.sweep import AXES, Study, point_seed, read_table, run_points
 
 REFERENCE_MS = seed_reproduction()["compute_ms"]
@@ -118,11 +119,16 @@ def test_no_headroom_means_no_capacity():
     assert over.headroom < 0 and "above the compute-only ceiling of 19.61 tokens/s" in over.assumptions()
 
 
-def test_lockstep_sessions_are_stated_and_contend_more():
+def test_lockstep_sessions_are_stated_and_never_beat_spread_ones():
     spread, lock = find_capacity(capacity_configs() + capacity_configs(start_spread_ms=0.0),
                                  CapacitySpec(seeds=1, max_sessions=128), 0, jobs=2, progress=False)[0]
     assert "lockstep (every session starts at once)" in lock.assumptions()
-    assert lock.capacity < spread.capacity
+    # With a constant compute, sessions started together fall into the device's FIFO order after their
+    # first step and stay staggered, so over 300 steps both reach the device's throughput bound:
+    # 78,125 reads/s / (48 rows x 20 tokens/s) = 81.4 sessions.
+    bound = load_device("seed-apple-m3-ultra").peak_iops() / (48 * 20.0)
+    assert lock.capacity <= spread.capacity <= bound
+    assert spread.capacity >= 0.95 * bound
 
 
 def test_capacity_spec_and_study_errors():
