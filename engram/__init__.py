@@ -6,7 +6,8 @@ The public API, re-exported here:
 - :func:`build_token_map` -- the compressed token map (SPEC §3)
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
 - :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
-- :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6)
+- :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
+  :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
@@ -26,7 +27,7 @@ from .errors import (
 )
 from .codec import decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
-from .gguf_file import EngramLayer, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model
+from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
 from .layout import Layout
 from .mixer import gated_add, kv_weights, project
 from .table import ReadStats, Table, TableGroup, available_backends
@@ -45,5 +46,6 @@ __all__ = [
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
-    "read_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
+    "read_model", "repair_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
+    "KeySource",
 ]

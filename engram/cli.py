@@ -155,7 +155,7 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _cmd_inspect(args) -> int:
-    from .gguf_file import read_model
+    from .gguf import read_model
 
     info = read_model(args.model[0] if len(args.model) == 1 else args.model)
     if args.json:

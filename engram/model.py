@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ArgumentError, EngramError, HistoryError, TableIOError
-from .gguf_file import ModelInfo, read_model
+from .gguf import ModelInfo, read_model
 from .hashing import Hasher, History
 from .prefetch import Prefetcher
 from .table import Closing, ReadStats, Table, TableGroup

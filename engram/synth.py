@@ -46,7 +46,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .errors import ArgumentError
-from .gguf_file import ARCHITECTURE, ENCODING, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, ROW_BYTES, ROW_VALUES
+from .codec import ENCODING, ROW_BYTES, ROW_VALUES
+from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT
 from .layout import Layout
 
 __all__ = [
