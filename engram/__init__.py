@@ -21,6 +21,7 @@ from .errors import (
     FormatError,
     HistoryError,
     LayoutError,
+    MaskError,
     RowRangeError,
     TableIOError,
     TokenError,
@@ -38,7 +39,7 @@ from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError",
+    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
     "RowRangeError", "TableIOError", "TokenError",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
