@@ -8,11 +8,17 @@ for T = 1 (a decode step), 64 and 2048 tokens of V4.1 Flash shapes (4 streams x 
 Wall time is what a caller sees; CPU time of the calling thread (one-thread
 runs) is also reported, as it moves little when other processes share the cores.
 
-``project`` is one BLAS sgemm into the caller's buffer; its GFLOP/s (2 T 6144 25600
-flops a call) are compared with a plain ``numpy.matmul`` of the same operands for
-T = 64 and 2048.  Both run on the BLAS numpy loads, in this process and environment
-(reported: threadpoolctl's view of it when installed, and OPENBLAS_CORETYPE /
-OPENBLAS_L2_SIZE if set).  Rounds are interleaved and the best of each side kept.
+``project`` with the F16 weights the model keeps (315 MB a layer) is compared, in
+interleaved rounds, with today's float32 path (``project`` on float32 weights, 629 MB:
+one BLAS sgemm) and with the memory: a STREAM-like copy (``numpy.copyto`` of two
+1 GiB arrays, on 1 and on all cores, bytes read + written per second as STREAM
+counts them) measured in the same run.  For T = 1 (a decode step) the figures are
+the speedup over float32 and the F16 kernel's read bandwidth as a share of the
+copy's; for T = 2, 4, ... the F16 kernel against float32 blocks + BLAS (the
+crossover ``F16_KERNEL_MAX_TOKENS``); for large T the F16 path as a share of
+float32 BLAS.  Before timing, each F16 result is checked against float64 within
+the float32-accumulation bound.  BLAS is the one numpy loads (reported:
+threadpoolctl's view of it when installed, and OPENBLAS_* variables if set).
 """
 
 from __future__ import annotations
@@ -125,33 +131,94 @@ def bench_gate(rng, tokens, rounds):
     return out
 
 
-def bench_project(rng, tokens, rounds):
-    from engram import decode_rows, encode_rows, kv_weights, project
+def copy_bandwidth(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
+    """STREAM-like copy: best (bytes read + bytes written) / s of ``numpy.copyto``, on 1 thread
+    and on every core (one slice per thread; copyto releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    # 6400 random F16 rows (|w| < 2), each of the 25600 output rows one of them
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.zeros_like(a)
+    n = max(1, os.cpu_count() or 1)
+    cuts = [a.shape[0] * i // n for i in range(n + 1)]
+
+    def part(i):
+        np.copyto(b[cuts[i]:cuts[i + 1]], a[cuts[i]:cuts[i + 1]])
+
+    with ThreadPoolExecutor(n) as ex:
+        one = time_best(lambda: np.copyto(b, a), repeat=repeat)
+        every = time_best(lambda: list(ex.map(part, range(n))), repeat=repeat)
+    return {"copy_1_thread_GBps": 2 * a.nbytes / one / 1e9, f"copy_{n}_threads_GBps": 2 * a.nbytes / every / 1e9,
+            "copy_GBps": 2 * a.nbytes / min(one, every) / 1e9}
+
+
+def _check_f16(out, rows, w16, cols):
+    """F16 results against float64, within n u / (1 - n u) sum |w x| (the documented bound)."""
+    T = rows.shape[0]
+    x = rows.reshape(T, -1).astype(np.float64)
+    w = w16[cols].astype(np.float64)
+    ref, mag = x @ w.T, np.abs(x) @ np.abs(w).T
+    n = x.shape[1]
+    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+    assert np.all(np.abs(out.reshape(T, -1)[:, cols] - ref) <= gamma * mag)
+
+
+def bench_project(rng, tokens, rounds):
+    from engram import decode_rows, encode_rows, kv_weights, mixer, project
+    from engram._native import project as native
+
+    # 6400 random F16 rows (|w| < 2), each of the 25600 output rows one of them, as the model keeps them
     bits = rng.integers(0, 1 << 16, size=(6400, COLUMNS * WIDTH), dtype=np.uint16) & np.uint16(0xBFFF)
-    w32 = kv_weights(bits.view(np.float16)[rng.integers(0, 6400, 5 * W)])
+    w16 = np.ascontiguousarray(bits.view(np.float16)[rng.integers(0, 6400, 5 * W)])
+    w32 = kv_weights(w16)
     n_in = COLUMNS * WIDTH
+    cols = rng.choice(5 * W, 300, replace=False)
+    mem = copy_bandwidth()
+    print(f"   memory: STREAM-like copy {mem['copy_GBps']:.1f} GB/s (read + write; 1 thread "
+          f"{mem['copy_1_thread_GBps']:.1f})   resident engram_kv: F16 {w16.nbytes / 2**20:.0f} MiB, "
+          f"float32 {w32.nbytes / 2**20:.0f} MiB")
     out = []
     for T in tokens:
         x = (rng.standard_normal((T * COLUMNS, WIDTH)) * 0.05).astype(np.float32)
         rows = decode_rows(encode_rows(x)).reshape(T, COLUMNS, WIDTH)
         buf = np.empty((T, 5, W), np.float32)
-        project(rows, w32, out=buf)
-        assert np.array_equal(buf.reshape(T, -1), np.matmul(rows.reshape(T, n_in), w32.T))
+        o2 = buf.reshape(T, -1)
+        project(rows, w16, out=buf)
+        _check_f16(buf, rows, w16, cols)
         flops = 2.0 * T * n_in * 5 * W
-        number = max(1, 256 // T)
-        repeat = 3 if T < 512 else 2
-        t_p = t_m = float("inf")
+        number = max(1, 8 // T)
+        repeat = 3 if T < 64 else 2 if T < 1024 else 1
+        t16 = t32 = tk = tb = float("inf")
         for _ in range(rounds):
-            t_p = min(t_p, time_best(lambda: project(rows, w32, out=buf), repeat=repeat, number=number))
-            t_m = min(t_m, time_best(lambda: np.matmul(rows.reshape(T, n_in), w32.T), repeat=repeat, number=number))
-        rec = {"tokens": T, "project_gflops": flops / t_p / 1e9, "matmul_gflops": flops / t_m / 1e9,
-               "ratio_vs_matmul": t_m / t_p, "project_ms_per_call": t_p * 1e3}
-        print(f"   project   T={T:5d}  {rec['project_gflops']:7.1f} GFLOP/s   numpy.matmul "
-              f"{rec['matmul_gflops']:7.1f} GFLOP/s   ratio {rec['ratio_vs_matmul']*100:5.1f}%")
+            t16 = min(t16, time_best(lambda: project(rows, w16, out=buf), repeat=repeat, number=number))
+            t32 = min(t32, time_best(lambda: project(rows, w32, out=buf), repeat=repeat, number=number))
+            if T <= 64:  # both F16 ways, for the crossover
+                tk = min(tk, time_best(lambda: native.f16_project_into(w16.view(np.uint16), rows.reshape(T, -1), o2),
+                                       repeat=repeat, number=number))
+                tb = min(tb, time_best(lambda: mixer._project_blas_f16(rows.reshape(T, -1), w16, o2),
+                                       repeat=repeat, number=number))
+        rec = {"tokens": T, "f16_ms": t16 * 1e3, "float32_ms": t32 * 1e3, "speedup_vs_float32": t32 / t16,
+               "f16_gflops": flops / t16 / 1e9, "float32_gflops": flops / t32 / 1e9,
+               "f16_read_GBps": w16.nbytes / t16 / 1e9, "f16_share_of_copy": w16.nbytes / t16 / 1e9 / mem["copy_GBps"],
+               "f16_path": "kernel" if T <= mixer.F16_KERNEL_MAX_TOKENS else "blocks+BLAS"}
+        if T <= 64:
+            rec.update(kernel_ms=tk * 1e3, blocks_blas_ms=tb * 1e3)
+        line = (f"   project   T={T:5d}  F16 {t16 * 1e3:9.2f} ms ({rec['f16_path']})  float32 {t32 * 1e3:9.2f} ms"
+                f"  x{t32 / t16:5.2f}")
+        if T == 1:
+            line += f"   F16 read {rec['f16_read_GBps']:.1f} GB/s = {100 * rec['f16_share_of_copy']:.0f}% of the copy"
+        if T <= 64:
+            line += f"   [kernel {tk * 1e3:.2f} ms, blocks+BLAS {tb * 1e3:.2f} ms]"
+        print(line)
         out.append(rec)
-    return out
+    after = copy_bandwidth()  # the machine's best of before and after: the conservative share
+    if after["copy_GBps"] > mem["copy_GBps"]:
+        for rec in out:
+            rec["f16_share_of_copy"] *= mem["copy_GBps"] / after["copy_GBps"]
+        mem = after
+    print(f"   memory after: STREAM-like copy {after['copy_GBps']:.1f} GB/s; T=1 F16 read = "
+          f"{100 * out[0]['f16_share_of_copy']:.0f}% of the best copy" if out and out[0]["tokens"] == 1 else "")
+    return {"memory": mem, "resident_bytes": {"f16": int(w16.nbytes), "float32": int(w32.nbytes)},
+            "project_threads": native.get_threads(), "project_path": native.get_path(), "by_tokens": out}
 
 
 def main(argv=None) -> dict:
@@ -160,15 +227,16 @@ def main(argv=None) -> dict:
 
     p = argparse.ArgumentParser(prog="bench_mixer")
     p.add_argument("--gate-tokens", type=int, nargs="+", default=[1, 64, 2048])
-    p.add_argument("--project-tokens", type=int, nargs="+", default=[64, 2048])
+    p.add_argument("--project-tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 2048])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
+    p.add_argument("--only", choices=("gate", "project"), help="run one half")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(0)
     env = blas_info()
     print(f"   BLAS: {env['blas']}  env: {env['env'] or 'no OPENBLAS_* variables set'}")
     print(f"   gate path {mixer.gate_path()}, default threads {native.get_threads()}")
-    gate = bench_gate(rng, args.gate_tokens, args.rounds)
-    proj = bench_project(rng, args.project_tokens, args.rounds)
+    gate = bench_gate(rng, args.gate_tokens, args.rounds) if args.only != "project" else None
+    proj = bench_project(rng, args.project_tokens, args.rounds) if args.only != "gate" else None
     return {"gate_path": mixer.gate_path(), "gate_threads": native.get_threads(), **env,
             "gated_add": gate, "project": proj}
