@@ -62,9 +62,9 @@ def need_contiguous(name: str, a: np.ndarray, hint: str = "") -> None:
 
 def need_output(name: str, a: np.ndarray) -> None:
     """An output array: C-contiguous and writable."""
-    need_contiguous(name, a)
-    if not a.flags.writeable:
-        raise ArgumentError(f"{name} (shape {shape_str(a)}) is read-only")
+    for bad, why in ((not a.flags.c_contiguous, "it is not C-contiguous"), (not a.flags.writeable, "it is read-only")):
+        if bad:
+            raise ArgumentError(f"{name} (shape {shape_str(a)}) must be C-contiguous and writable; {why}")
 
 
 def no_overlap(name: str, out: np.ndarray, **others: Optional[np.ndarray]) -> None:

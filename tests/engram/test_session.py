@@ -257,3 +257,34 @@ def test_apply_projects_and_gates(model, text_ids):
         assert np.all((gates[[0, 2]] > 0) & (gates[[0, 2]] < 1)) and np.all(gates[1] == 0)
         with pytest.raises(ArgumentError):
             s.apply(2, residual, rows)
+
+
+def test_rows_from_another_machine_equal_step(model, model_path, text_ids):
+    """Disaggregated serving (issue 17.7): a storage node reads the raw 264-byte records at
+    TableLocation.row_offset and ships them with their row ids; decode_rows(raw, row_ids=) on the
+    compute node equals Session.step bit for bit, and a corrupted record is named by its row id."""
+    from engram import DecodeError
+
+    info = model.info
+    fd = os.open(model_path, os.O_RDONLY)
+    try:
+        with model.session() as compute, model.session() as local:
+            for tok in text_ids[:60]:
+                ids = compute.step_rows(int(tok))  # the compute node hashes: uint32 [2, 24]
+                want = local.step(int(tok))
+                for li, lid in enumerate(model.layer_ids):
+                    loc = info.tables[lid]
+                    wire = b"".join(os.pread(fd, 264, loc.row_offset(int(r))) for r in ids[li])  # storage node
+                    raw = np.frombuffer(wire, np.uint8).reshape(-1, 264)
+                    assert np.array_equal(decode_rows(raw, row_ids=ids[li]), want[lid])
+    finally:
+        os.close(fd)
+    bad = raw.copy()
+    bad[5, 17] = 0x7F
+    rid = int(ids[-1][5])
+    out = np.full((24, 256), 7.0, np.float32)
+    with pytest.raises(DecodeError, match=rf"row id {rid} \(record 5\) column 17") as e:
+        decode_rows(bad, out, row_ids=ids[-1])
+    assert (e.value.row, e.value.column) == (rid, 17) and np.all(out == 7.0)
+    with pytest.raises(ArgumentError, match=r"row_ids must be integers of shape \[24\]"):
+        decode_rows(raw, row_ids=ids[-1][:3])
