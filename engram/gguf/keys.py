@@ -106,7 +106,7 @@ class KeySource:
         return self.kind in ("derived", "default")
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.detail}"
+        return f"{self.kind}: {self.detail}" if self.derived else f"{self.kind} {self.detail}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,6 +319,11 @@ def _layer_ids(k: _Keys, table_layers: Sequence[int]) -> Tuple[int, ...]:
     return tuple(int(x) for x in ids)
 
 
+def _rederive(k: _Keys, name: str) -> str:
+    return (f"if {k.key(name)} is the wrong one, run `{repair_command(k.h.path)}` (it derives it from the "
+            f"lengths and checks the tensors)")
+
+
 def _orders_and_heads(k: _Keys, n_layers: int, primes: np.ndarray, mults: np.ndarray) -> Tuple[int, int]:
     """``(max_ngram, heads)`` from the keys, or derived from the lengths of primes and multipliers."""
     pk, mk = k.key("primes"), k.key("multipliers")
@@ -332,7 +337,7 @@ def _orders_and_heads(k: _Keys, n_layers: int, primes: np.ndarray, mults: np.nda
         k.derive("max_ngram_size", f"{mk} has {n_m} entries = {n_layers} layers x {max_ngram} lookbacks")
     elif n_m != n_layers * max_ngram:
         raise k.err(mk, f"has {n_m} entries, but {k.key('max_ngram_size')} = {max_ngram} needs {n_layers} layers "
-                        f"x {max_ngram} lookbacks = {n_layers * max_ngram}")
+                        f"x {max_ngram} lookbacks = {n_layers * max_ngram}; {_rederive(k, 'max_ngram_size')}")
     orders = max_ngram - 1
     heads = k.value("head_count", k.integer(lo=1, hi=1 << 12))
     if heads is None:
@@ -344,7 +349,7 @@ def _orders_and_heads(k: _Keys, n_layers: int, primes: np.ndarray, mults: np.nda
     elif n_p != n_layers * orders * heads:
         raise k.err(pk, f"has {n_p} entries, but {n_layers} layers x {orders} orders (max n-gram {max_ngram}"
                         f"{k.said('max_ngram_size')}) x {k.key('head_count')} = {heads} heads = "
-                        f"{n_layers * orders * heads}")
+                        f"{n_layers * orders * heads}; {_rederive(k, 'head_count')}")
     return max_ngram, heads
 
 
@@ -386,9 +391,33 @@ def _token_map(k: _Keys) -> Tuple[np.ndarray, int]:
     return token_map, cvs
 
 
+def _check_entries(k: _Keys, layer_ids: Tuple[int, ...], primes: np.ndarray, mults: np.ndarray, cvs: int,
+                   columns: int, max_ngram: int) -> None:
+    """SPEC §2 entry by entry, so an error names the entry: unique layer ids, primes >= 2, odd
+    multipliers whose product with the compressed vocabulary size fits int64."""
+    seen: Dict[int, int] = {}
+    for i, lid in enumerate(layer_ids):
+        if lid in seen:
+            raise k.err(k.key("layer_ids"), f"entry [{i}] = {lid} repeats entry [{seen[lid]}]")
+        seen[lid] = i
+    small = np.flatnonzero(primes.astype(np.uint64) < 2)
+    if small.size:
+        i = int(small[0])
+        raise k.err(k.key("primes"), f"entry [{i}] (layer {layer_ids[i // columns]} column {i % columns}) = "
+                                     f"{int(primes[i])}; a column's bucket count is a prime >= 2")
+    for i, m in enumerate(int(x) for x in mults):
+        where = f"entry [{i}] (layer {layer_ids[i // max_ngram]} lookback {i % max_ngram}) = {m}"
+        if m % 2 == 0:
+            raise k.err(k.key("multipliers"), f"{where} is even; multipliers are odd (SPEC §2)")
+        if m * cvs > np.iinfo(np.int64).max:
+            raise k.err(k.key("multipliers"), f"{where}: times compressed_vocab_size {cvs}"
+                                              f"{k.said('compressed_vocab_size')} it overflows int64")
+
+
 def _layout(k: _Keys, layer_ids: Tuple[int, ...], primes: np.ndarray, mults: np.ndarray, cvs: int, pad: int,
             heads: int, max_ngram: int) -> Layout:
     n = len(layer_ids)
+    _check_entries(k, layer_ids, primes, mults, cvs, (max_ngram - 1) * heads, max_ngram)
     try:
         return Layout(layer_ids=layer_ids,
                       primes=primes.astype(np.uint64).reshape(n, (max_ngram - 1) * heads),
@@ -397,9 +426,10 @@ def _layout(k: _Keys, layer_ids: Tuple[int, ...], primes: np.ndarray, mults: np.
     except LayoutError as exc:
         fld = str(exc).split(":", 1)[0]
         name = _LAYOUT_FIELD_NAMES.get(fld, fld)
-        notes = k.said("compressed_vocab_size") if "compressed_vocab" in str(exc) and \
+        notes = k.said("compressed_vocab_size") if "compressed" in str(exc) and \
             k.sources["compressed_vocab_size"].derived and name != "compressed_vocab_size" else ""
-        raise FormatError(f"{k.h.path}: {k.key(name) if name in _SUFFIX else name}: {exc}{notes}") from None
+        what = str(exc)[len(fld) + 2:] if str(exc).startswith(fld + ": ") else str(exc)
+        raise FormatError(f"{k.h.path}: {k.key(name) if name in _SUFFIX else name}: {what}{notes}") from None
 
 
 def _check_derived_arrays(k: _Keys, layout: Layout) -> None:
