@@ -288,3 +288,141 @@ def test_rows_from_another_machine_equal_step(model, model_path, text_ids):
     assert (e.value.row, e.value.column) == (rid, 17) and np.all(out == 7.0)
     with pytest.raises(ArgumentError, match=r"row_ids must be integers of shape \[24\]"):
         decode_rows(raw, row_ids=ids[-1][:3])
+
+
+# ---------------------------------------------------------------- gate epsilon, masks, messages (issue 17)
+def test_gate_epsilon_is_a_parameter(model_path, text_ids):
+    """EngramModel.open(eps=) and session(eps=) choose the gate epsilon; the file's value is the default.
+    A residual with a tiny mean square shows the difference (SPEC §7: rsqrt(mean(h^2) + eps))."""
+    from engram.codec import bf16_round
+    from engram.mixer import gated_add, project
+
+    default = EngramModel.open(model_path)
+    assert default.eps == pytest.approx(1e-6) and default.info.sources["eps"].kind == "key"
+    tiny = EngramModel.open(model_path, eps=1e-20)
+    assert tiny.eps == 1e-20
+    with pytest.raises(ArgumentError, match="eps must be a finite number >= 0"):
+        EngramModel.open(model_path, eps=float("nan"))
+    rng = np.random.default_rng(5)
+    residual = bf16_round(rng.standard_normal((2, 4, 5120)).astype(np.float32) * np.float32(2e-4))
+    gates = {}
+    with default.session() as a, tiny.session() as b, default.session(eps=1e-20) as c:
+        rows = np.stack([a.step(int(t))[14] for t in text_ids[:2]])
+        for name, s in (("file", a), ("open", b), ("session", c)):
+            g = np.zeros((2, 4), np.float32)
+            s.apply(14, residual.copy(), rows, gates_out=g)
+            gates[name] = g
+        assert c.eps == 1e-20 and a.eps == default.eps
+        with pytest.raises(ArgumentError, match="eps"):
+            default.session(eps=-1.0)
+    w = default.weights(14)
+    for name, eps in (("file", default.eps), ("open", 1e-20)):
+        want = np.zeros((2, 4), np.float32)
+        gated_add(residual.copy(), project(rows, w.kv), w.q_norm, w.k_norm, eps, gates_out=want)
+        assert np.array_equal(gates[name], want)
+    assert np.array_equal(gates["open"], gates["session"])
+    assert np.abs(gates["file"] - gates["open"]).max() > 0.01  # mean(h^2) ~ 4e-8 against eps 1e-6
+
+
+MASKS_OK = {
+    "bool": lambda m: m.astype(bool),
+    "int64": lambda m: m.astype(np.int64),
+    "uint8": lambda m: m.astype(np.uint8),
+    "list of 0/1": lambda m: [int(x) for x in m],
+    "list of bool": lambda m: [bool(x) for x in m],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS_OK))
+def test_one_mask_rule_accepts(model, text_ids, kind):
+    """The same masks work at every entry point and mean the same thing."""
+    from engram.codec import bf16_round
+
+    ids = text_ids[:6]
+    base = np.array([1, 1, 0, 1, 0, 1])
+    mask = MASKS_OK[kind](base)
+    ref_ids = Hasher(model.layout, model.token_map).hash(ids, base.astype(bool))
+    assert np.array_equal(Hasher(model.layout, model.token_map).hash(ids, mask), ref_ids)
+    with model.session() as s:
+        p = s.prefill(ids, mask)
+        assert np.array_equal(p.row_ids, ref_ids)
+        rows = p.rows(14, timeout=60)
+        residual = bf16_round(np.random.default_rng(1).standard_normal((6, 4, 5120)).astype(np.float32))
+        before = residual.copy()
+        gates = np.full((6, 4), -1.0, np.float32)
+        s.apply(14, residual, rows, mask=mask, gates_out=gates)
+    off = base == 0
+    assert np.array_equal(residual[off], before[off]) and np.all(gates[off] == 0)
+    assert not np.array_equal(residual[~off], before[~off]) and np.all(gates[~off] > 0)
+
+
+MASKS_BAD = {
+    "a 2": (np.array([1, 2, 0, 1, 0, 1]), "mask[1] = 2"),
+    "floats": (np.ones(6, np.float32), "mask[0] = 1.0"),
+    "strings": (np.array(["1"] * 6), "mask[0] = '1'"),
+    "wrong length": (np.ones(5, bool), "mask must have shape [6]"),
+    "2-D": (np.ones((6, 1), bool), "mask must have shape [6]"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS_BAD))
+def test_one_mask_rule_refuses_everywhere(model, text_ids, kind):
+    from engram import MaskError, TokenError
+    from engram.mixer import gated_add
+
+    mask, needle = MASKS_BAD[kind]
+    ids = text_ids[:6]
+    residual = np.ones((6, 4, 5120), np.float32)
+    rows = np.zeros((6, 24, 256), np.float32)
+    w = np.ones((4, 5120), np.float32)
+    calls = {
+        "Hasher.hash": lambda s: Hasher(model.layout, model.token_map).hash(ids, mask),
+        "Session.prefill": lambda s: s.prefill(ids, mask),
+        "Session.apply": lambda s: s.apply(14, residual, rows, mask=mask),
+        "gated_add": lambda s: gated_add(residual, np.ones((6, 5, 5120), np.float32), w, w, 1e-6, mask),
+    }
+    with model.session() as s:
+        hist = s.snapshot()
+        for name, call in calls.items():
+            with pytest.raises(ArgumentError) as e:
+                call(s)
+            assert isinstance(e.value, MaskError) and isinstance(e.value, TokenError), name
+            assert needle in str(e.value), (name, str(e.value))
+        assert s.history == hist and np.all(residual == 1)
+
+
+def test_apply_names_the_array_that_does_not_fit(model):
+    """Issue 19.8: a residual of the wrong width is named as such (it used to blame kv)."""
+    with model.session() as s:
+        rows = np.zeros((1, 24, 256), np.float32)
+        with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\].*got \[1, 4, 4096\]"):
+            s.apply(14, np.zeros((1, 4, 4096), np.float32), rows)
+        with pytest.raises(ArgumentError, match=r"rows must have shape \[1, 24, 256\].*got \[2, 24, 256\]"):
+            s.apply(14, np.zeros((1, 4, 5120), np.float32), np.zeros((2, 24, 256), np.float32))
+        with pytest.raises(ArgumentError, match="layer 3 has no Engram table"):
+            s.apply(3, np.zeros((1, 4, 5120), np.float32), rows)
+    from engram.mixer import gated_add
+
+    w = np.ones((4, 5120), np.float32)
+    with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\].*got \[1, 4, 4096\]"):
+        gated_add(np.zeros((1, 4, 4096), np.float32), np.zeros((1, 5, 5120), np.float32), w, w, 1e-6)
+
+
+def test_closed_session_says_so(model):
+    s = model.session()
+    s.step(5)
+    s.close()
+    with pytest.raises(TableIOError, match="step: the session is closed; open a new one"):
+        s.step(6)
+
+
+def test_hasher_check_history(model):
+    h = model.hasher
+    ok = History([1, 2, 3])
+    assert h.check_history(ok) is ok
+    with pytest.raises(HistoryError, match="needs 3"):
+        h.check_history(History([1, 2]))
+    with pytest.raises(HistoryError, match="history id 2 is 99092"):
+        h.check_history(History([1, 2, 99092]))
+    with pytest.raises(HistoryError, match="must be an engram.History"):
+        h.check_history((1, 2, 3))
