@@ -342,7 +342,7 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
-    L, C = layout.layers, layout.columns
+    C = layout.columns
     arch = ARCHITECTURE
     p = f"{arch}.engram."
     U32, U64, ARR = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.ARRAY

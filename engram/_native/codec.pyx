@@ -54,11 +54,7 @@ cdef void decode_row(const uint8_t* raw, float* out) noexcept nogil:
 
 # ------------------------------------------------------------------ paths and threads
 #: Decode paths this CPU runs; the path in use; threads of batches of at least PARALLEL_MIN_ROWS rows.
-paths = _CONTROLS.paths
-get_path = _CONTROLS.get_path
-set_path = _CONTROLS.set_path
-get_threads = _CONTROLS.get_threads
-set_threads = _CONTROLS.set_threads
+paths, get_path, set_path, get_threads, set_threads = _CONTROLS.functions()
 
 
 # ------------------------------------------------------------------ batch entry points

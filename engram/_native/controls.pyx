@@ -5,7 +5,7 @@ A kernel module makes one :class:`Controls` with the fastest path its CPU runs
 (``"portable"``, ``"avx2"`` or ``"avx512"``, found with ``__builtin_cpu_supports``
 in its C source) and its default thread count, and exports the bound methods as
 its module functions ``paths``, ``get_path``, ``set_path``, ``get_threads`` and
-``set_threads``.  Its nogil loops read ``path`` and ``threads`` directly.
+``set_threads`` (:meth:`Controls.functions`).  Its nogil loops read ``path`` and ``threads`` directly.
 """
 
 from engram.errors import ArgumentError
@@ -36,6 +36,10 @@ cdef class Controls:
         self.cpu_path = cpu_path
         self.path = cpu_path
         self.threads = threads
+
+    def functions(self):
+        """``(paths, get_path, set_path, get_threads, set_threads)``: what a kernel module exports."""
+        return self.paths, self.get_path, self.set_path, self.get_threads, self.set_threads
 
     def paths(self):
         """Names of the paths this CPU can run, slowest first (``"portable"`` always)."""

@@ -184,11 +184,7 @@ LANES = EG_LANES
 
 #: Arithmetic paths this CPU runs; the path in use; threads of calls of at least
 #: PARALLEL_MIN_VALUES residual values (default 1, see the module docstring).
-paths = _CONTROLS.paths
-get_path = _CONTROLS.get_path
-set_path = _CONTROLS.set_path
-get_threads = _CONTROLS.get_threads
-set_threads = _CONTROLS.set_threads
+paths, get_path, set_path, get_threads, set_threads = _CONTROLS.functions()
 
 
 cdef inline void _token(int path, float* res, const float* kv, const double* w,

@@ -40,11 +40,7 @@ LANES = EP_LANES
 MAX_TOKENS = EP_MAX_TOKENS
 
 #: Paths this CPU runs; the path in use; threads of calls with at least PARALLEL_MIN_ROWS weight rows.
-paths = _CONTROLS.paths
-get_path = _CONTROLS.get_path
-set_path = _CONTROLS.set_path
-get_threads = _CONTROLS.get_threads
-set_threads = _CONTROLS.set_threads
+paths, get_path, set_path, get_threads, set_threads = _CONTROLS.functions()
 
 
 def f16_project_into(const uint16_t[:, ::1] w, const float[:, ::1] x, float[:, ::1] out):

@@ -22,7 +22,7 @@ from engram import read_model, synth
 from engram.gguf import atomic_outputs, repair_model
 from engram.gguf import write as gguf_write
 
-from tests.modelfiles import plan, token_map
+from tests.modelfiles import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
