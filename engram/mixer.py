@@ -113,14 +113,19 @@ def kv_weights(w_f16: np.ndarray) -> np.ndarray:
 
 
 def _project_blas_f16(x: np.ndarray, w16: np.ndarray, out: np.ndarray) -> None:
-    """``out = x @ w16.T`` by blocks: :data:`BLAS_BLOCK_ROWS` weight rows converted, then ``sgemm``."""
+    """``out = x @ w16.T`` by blocks: :data:`BLAS_BLOCK_ROWS` weight rows converted, then ``sgemm``.
+
+    The conversion runs on the calling thread only: BLAS's worker threads keep
+    spinning for a while after each call, and OpenMP threads next to them would
+    slow both down on a machine with few cores.
+    """
     n_out, n_in = w16.shape
     block = np.empty((min(BLAS_BLOCK_ROWS, n_out), n_in), dtype=np.float32)
     bits = w16.view(np.uint16)
     for r0 in range(0, n_out, BLAS_BLOCK_ROWS):
         r1 = min(n_out, r0 + BLAS_BLOCK_ROWS)
         part = block[:r1 - r0]
-        _project.f16_to_f32_into(bits[r0:r1], part)
+        _project.f16_to_f32_into(bits[r0:r1], part, 1)
         np.matmul(x, part.T, out=out[:, r0:r1])
 
 

@@ -67,10 +67,15 @@ def f16_project_into(const uint16_t[:, ::1] w, const float[:, ::1] x, float[:, :
                 ep_rows(path, wp, n_in, xp, n_in, tt, c * ROW_CHUNK, min(n_out, (c + 1) * ROW_CHUNK), op, n_out)
 
 
-def f16_to_f32_into(const uint16_t[:, ::1] w, float[:, ::1] out):
-    """Exact float32 values of the F16 bits ``w`` [n, m] into ``out`` [n, m]."""
+def f16_to_f32_into(const uint16_t[:, ::1] w, float[:, ::1] out, int threads=0):
+    """Exact float32 values of the F16 bits ``w`` [n, m] into ``out`` [n, m].
+
+    ``threads`` > 0 overrides ``get_threads()`` (1 between BLAS calls: OpenBLAS's
+    workers spin for a while after each call, and OpenMP threads beside them
+    would fight them for the cores).
+    """
     cdef Py_ssize_t n = w.shape[0], m = w.shape[1], c, nchunks
-    cdef int path = _CONTROLS.path, nthreads = _CONTROLS.threads
+    cdef int path = _CONTROLS.path, nthreads = threads if threads > 0 else _CONTROLS.threads
     cdef const uint16_t* wp
     cdef float* op
     if n == 0 or m == 0:
