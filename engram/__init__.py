@@ -5,7 +5,8 @@ The public API, re-exported here:
 - :class:`Layout` -- primes, offsets and multipliers of the hashed tables (SPEC §2)
 - :func:`build_token_map` -- the compressed token map (SPEC §3)
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
-- :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
+- :func:`decode_rows`, :func:`encode_rows`, :func:`bf16_round` -- the row codec e4m3_e8m0_32_row264 (SPEC §5);
+  ``decode_rows(raw, row_ids=)`` also decodes raw records read on another machine
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
   :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
@@ -26,7 +27,7 @@ from .errors import (
     TableIOError,
     TokenError,
 )
-from .codec import decode_rows, encode_rows
+from .codec import bf16_round, decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
 from .layout import Layout
@@ -43,7 +44,7 @@ __all__ = [
     "RowRangeError", "TableIOError", "TokenError",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
-    "decode_rows", "encode_rows",
+    "decode_rows", "encode_rows", "bf16_round",
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
