@@ -1,5 +1,8 @@
 """Build model files in the real Engram GGUF format at any scale (SPEC §2, §5, §6).
 
+One idea from content to bytes on disk (row and weight content, the plan of keys and tensors,
+the chunked writer), which is why the module is a little over 800 lines.
+
 A synthetic model has everything a reader of the released DeepSeek V4.1 Flash
 file relies on: GGUF v3, ``general.architecture = "deepseek41"``,
 ``general.alignment = 16384``, every Engram metadata key of SPEC §6 with its
