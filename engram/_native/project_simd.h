@@ -27,6 +27,8 @@
 
 #define EP_LANES 64
 #define EP_MAX_TOKENS 4
+#define EP_SLICE 1024      /* inputs per slice of the multi-token path (multiple of EP_LANES) */
+#define EP_ROW_BLOCK 16    /* rows that share a pass over the slices */
 #ifndef EP_PREFETCH
 #define EP_PREFETCH 4096   /* halves ahead of the load (8 KiB): measured best of 512..16384 here */
 #endif
@@ -216,24 +218,78 @@ static inline float ep_fold512(__m512 *a) {
         }                                                                                        \
     }
 EP_AVX512_TOKENS(1)
-EP_AVX512_TOKENS(2)
-EP_AVX512_TOKENS(3)
-EP_AVX512_TOKENS(4)
+
+/* T tokens of rows [r0, r1) (at most EP_ROW_BLOCK rows), the inputs in slices of EP_SLICE: the
+ * slice of x (T x 4 KiB) stays in L1 while every row of the block runs over it.  Each partial sum
+ * still takes its inputs in increasing order (slices in order), so the bits are those of
+ * ep_row_avx512_T; only the order in which rows are visited changes. */
+#define EP_AVX512_SLICED(T)                                                                      \
+    __attribute__((target("avx512f"))) EP_FUNC_ATTR                                              \
+    static void ep_block_avx512_##T(const uint16_t *w, ptrdiff_t n_in, const float *x,          \
+                                    ptrdiff_t ldx, ptrdiff_t r0, ptrdiff_t r1, float *out,       \
+                                    ptrdiff_t ldo) {                                             \
+        EP_NO_CONTRACT                                                                           \
+        __m512 acc[EP_ROW_BLOCK][T][4];                                                          \
+        float p[EP_LANES];                                                                       \
+        const ptrdiff_t full = n_in - n_in % EP_LANES;                                           \
+        for (ptrdiff_t o = r0; o < r1; o++)                                                      \
+            for (int t = 0; t < T; t++)                                                          \
+                for (int q = 0; q < 4; q++) acc[o - r0][t][q] = _mm512_setzero_ps();             \
+        for (ptrdiff_t s0 = 0; s0 < full; s0 += EP_SLICE) {                                      \
+            const ptrdiff_t s1 = s0 + EP_SLICE < full ? s0 + EP_SLICE : full;                    \
+            for (ptrdiff_t o = r0; o < r1; o++) {                                                \
+                const uint16_t *wr = w + o * n_in;                                               \
+                __m512 a[T][4];                                                                  \
+                for (int t = 0; t < T; t++)                                                      \
+                    for (int q = 0; q < 4; q++) a[t][q] = acc[o - r0][t][q];                     \
+                for (ptrdiff_t c = s0; c < s1; c += EP_LANES) {                                  \
+                    __m512 wq[4];                                                                \
+                    for (int q = 0; q < 4; q++)                                                  \
+                        wq[q] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wr + c + 16 * q))); \
+                    for (int t = 0; t < T; t++)                                                  \
+                        for (int q = 0; q < 4; q++) {                                            \
+                            __m512 prod = _mm512_mul_ps(wq[q], _mm512_loadu_ps(x + t * ldx + c + 16 * q)); \
+                            a[t][q] = _mm512_add_ps(a[t][q], prod);                              \
+                        }                                                                        \
+                }                                                                                \
+                for (int t = 0; t < T; t++)                                                      \
+                    for (int q = 0; q < 4; q++) acc[o - r0][t][q] = a[t][q];                     \
+            }                                                                                    \
+        }                                                                                        \
+        for (ptrdiff_t o = r0; o < r1; o++)                                                      \
+            for (int t = 0; t < T; t++) {                                                        \
+                if (full == n_in) {                                                              \
+                    out[t * ldo + o] = ep_fold512(acc[o - r0][t]);                               \
+                } else {                                                                         \
+                    for (int q = 0; q < 4; q++) _mm512_storeu_ps(p + 16 * q, acc[o - r0][t][q]); \
+                    out[t * ldo + o] = ep_finish(p, w + o * n_in, x + t * ldx, full, n_in);      \
+                }                                                                                \
+            }                                                                                    \
+    }
+EP_AVX512_SLICED(2)
+EP_AVX512_SLICED(3)
+EP_AVX512_SLICED(4)
 
 __attribute__((target("avx512f")))
 static void ep_rows_avx512(const uint16_t *w, ptrdiff_t n_in, const float *x, ptrdiff_t ldx,
                            int T, ptrdiff_t r0, ptrdiff_t r1, float *out, ptrdiff_t ldo) {
-    for (ptrdiff_t o = r0; o < r1; o++) {
-        const uint16_t *wr = w + o * n_in;
+    if (T == 1) {  /* x (24 KiB for V4.1) stays in L1 whole: one row after the other */
+        for (ptrdiff_t o = r0; o < r1; o++) ep_row_avx512_1(w + o * n_in, n_in, x, ldx, out + o, ldo);
+        return;
+    }
+    for (ptrdiff_t b0 = r0; b0 < r1; b0 += EP_ROW_BLOCK) {
+        ptrdiff_t b1 = b0 + EP_ROW_BLOCK < r1 ? b0 + EP_ROW_BLOCK : r1;
         for (int t0 = 0; t0 < T; t0 += EP_MAX_TOKENS) {
             int k = T - t0 < EP_MAX_TOKENS ? T - t0 : EP_MAX_TOKENS;
             const float *xs = x + t0 * ldx;
-            float *os = out + t0 * ldo + o;
+            float *os = out + t0 * ldo;
             switch (k) {
-            case 1: ep_row_avx512_1(wr, n_in, xs, ldx, os, ldo); break;
-            case 2: ep_row_avx512_2(wr, n_in, xs, ldx, os, ldo); break;
-            case 3: ep_row_avx512_3(wr, n_in, xs, ldx, os, ldo); break;
-            default: ep_row_avx512_4(wr, n_in, xs, ldx, os, ldo); break;
+            case 1:
+                for (ptrdiff_t o = b0; o < b1; o++) ep_row_avx512_1(w + o * n_in, n_in, xs, ldx, os + o, ldo);
+                break;
+            case 2: ep_block_avx512_2(w, n_in, xs, ldx, b0, b1, os, ldo); break;
+            case 3: ep_block_avx512_3(w, n_in, xs, ldx, b0, b1, os, ldo); break;
+            default: ep_block_avx512_4(w, n_in, xs, ldx, b0, b1, os, ldo); break;
             }
         }
     }
