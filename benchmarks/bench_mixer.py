@@ -33,6 +33,8 @@ from .common import time_best
 
 
 S, W, COLUMNS, WIDTH = 4, 5120, 24, 256
+#: Token counts up to which both F16 ways (kernel, blocks + BLAS) are timed, for the crossover.
+CROSSOVER_MAX = 256
 
 
 def cpu_best(fn, repeat: int = 5, number: int = 1) -> float:
@@ -207,7 +209,7 @@ def bench_project(rng, tokens, rounds):
         for T, (rows, buf) in cases.items():
             x, o2 = rows.reshape(T, n_in), buf.reshape(T, -1)
             timed((T, "f16"), lambda: project(rows, w16, out=buf), T)
-            if T <= 64:  # both F16 ways, for the crossover
+            if T <= CROSSOVER_MAX:  # both F16 ways, for the crossover
                 timed((T, "kernel"), lambda: native.f16_project_into(w16.view(np.uint16), x, o2), T)
                 timed((T, "blocks"), lambda: mixer._project_blas_f16(x, w16, o2), T)
             if T == 1:
@@ -235,10 +237,10 @@ def bench_project(rng, tokens, rounds):
             rec["f16_1_thread_ms"] = best["f16_1_thread"] * 1e3
             line += (f"   F16 reads {rec['f16_read_GBps']:.1f} GB/s = {100 * rec['f16_share_of_copy']:.0f}% of the "
                      f"copy (1 thread {best['f16_1_thread'] * 1e3:.2f} ms)")
-        if T <= 64:
+        if T <= CROSSOVER_MAX:
             rec.update(kernel_ms=best[(T, "kernel")] * 1e3, blocks_blas_ms=best[(T, "blocks")] * 1e3)
             line += f"   [kernel {best[(T, 'kernel')] * 1e3:.2f} ms, blocks+BLAS {best[(T, 'blocks')] * 1e3:.2f} ms]"
-        if T > 64:
+        if T > CROSSOVER_MAX:
             line += f"   = {100 * t32 / t16:.1f}% of float32 BLAS's speed"
         print(line)
         out.append(rec)
@@ -254,7 +256,7 @@ def main(argv=None) -> dict:
 
     p = argparse.ArgumentParser(prog="bench_mixer")
     p.add_argument("--gate-tokens", type=int, nargs="+", default=[1, 64, 2048])
-    p.add_argument("--project-tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 2048])
+    p.add_argument("--project-tokens", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 256, 2048])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
     p.add_argument("--only", choices=("gate", "project"), help="run one half")
     args = p.parse_args(argv)

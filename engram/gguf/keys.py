@@ -193,28 +193,27 @@ class _Keys:
         if not found:
             return None
         k0, v0 = found[0]
-        chosen = (k0, v0)
         for k, v in found[1:]:
             diff = _first_difference(v0, v)
             if diff is None:
                 continue
             if self.prefer is not None:
-                chosen = next(((kk, vv) for kk, vv in found if kk.startswith(self.prefer + ".")), chosen)
-                continue
+                found = [next(((kk, vv) for kk, vv in found if kk.startswith(self.prefer + ".")), found[0])]
+                break
             i, a, b = diff
             entry = f" at entry [{i}]" if i is not None else ""
             fix = (f"run `{repair_command(self.h.path)}` to rewrite it from the rest" if name in DERIVABLE else
                    f"the file cannot say which is right; if you know, run `{repair_command(self.h.path, 'P')}` "
                    f"with P one of {', '.join(p for p in self.prefixes)}")
-            raise FormatError(f"{self.h.path}: {k0} and {k} (legacy spelling) disagree{entry}: {a!r} vs {b!r}; "
+            raise FormatError(f"{self.h.path}: {k0} and {k} (the other spelling) disagree{entry}: {a!r} vs {b!r}; "
                               f"{fix}")
         keys = [k for k, _ in found]
         if len(keys) > 1:
             self.sources[name] = KeySource("keys", " = ".join(keys))
         else:
-            legacy = not keys[0].startswith(self.arch + ".")
+            legacy = keys[0].split(".", 1)[0] in LEGACY_ARCHITECTURES
             self.sources[name] = KeySource("legacy key" if legacy else "key", keys[0])
-        return chosen[1]
+        return found[0][1]
 
     def derive(self, name: str, detail: str) -> None:
         self.sources[name] = KeySource("derived", detail)
