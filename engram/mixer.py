@@ -9,7 +9,7 @@ residual streams through a cosine-similarity gate (:func:`gated_add`)::
     kv + residual [T, 4, 5120] --gated_add(q_w, k_w, eps)--> residual (in place)
 
 The projection reads the F16 weights as the file stores them (315 MB a layer,
-half the bytes of float32): up to :data:`F16_KERNEL_MAX_TOKENS` tokens go
+half the bytes of float32): up to :data:`F16_KERNEL_MAX_TOKENS` (256) tokens go
 through a Cython kernel that converts each weight as it loads it
 (``engram/_native/project.pyx``; AVX-512F, AVX2+F16C or portable, chosen at run
 time), reading the weights once for all tokens; more tokens convert blocks of
@@ -64,8 +64,9 @@ __all__ = ["kv_weights", "project", "gated_add", "gate_path", "project_path", "F
            "BLAS_BLOCK_ROWS"]
 
 #: Token counts up to which :func:`project` uses the F16 kernel; above it, float32 blocks
-#: and BLAS (the crossover measured by ``benchmarks/bench_mixer.py``, BENCHMARKS.md).
-F16_KERNEL_MAX_TOKENS = 16
+#: and BLAS.  ``benchmarks/bench_mixer.py`` times both: the kernel was at or below blocks + BLAS
+#: for every count up to 256 tokens (BENCHMARKS.md); at 2048 tokens BLAS is the peer to match.
+F16_KERNEL_MAX_TOKENS = 256
 #: Weight rows converted to float32 per BLAS call of the large-token path (24 MB at 6144 inputs).
 BLAS_BLOCK_ROWS = 1024
 

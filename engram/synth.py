@@ -48,8 +48,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from .errors import ArgumentError
+from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
+from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
 from .layout import Layout
 
@@ -110,9 +111,7 @@ def _key(seed: int, layer_id: int, tag: int) -> int:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
-        raise ArgumentError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return int(seed)
+    return need_int("seed", seed, lo=0, hi=2**64 - 1)
 
 
 @functools.lru_cache(maxsize=4)
@@ -646,8 +645,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
         raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
     if fill == "trace" and trace is None:
         raise ArgumentError("fill='trace' needs trace= (token ids)")
-    if not isinstance(chunk_bytes, int) or chunk_bytes < ROW_BYTES:
-        raise ArgumentError(f"chunk_bytes must be an int >= {ROW_BYTES}, got {chunk_bytes!r}")
+    need_int("chunk_bytes", chunk_bytes, lo=ROW_BYTES)
     path = Path(path)
     names = shard_names(path, plan.shards)
     counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
