@@ -102,9 +102,9 @@ class EngramModel:
     def weights(self, layer_id: int) -> LayerWeights:
         """Weights of ``layer_id``, read on first use and kept: 315 MB a layer (``engram_kv`` stays F16).
 
-        The first call for a layer reads the tensors from the file (about 0.3 s
-        from the page cache here, longer from a cold disk: 315 MB at the
-        device's sequential speed); later calls return the same object.
+        The first call for a layer reads the tensors from the file: 315 MB at the
+        file's sequential read speed (0.2-1.6 s measured on the 2-core development
+        machine); later calls return the same object.
 
         Raises
         ------
@@ -281,8 +281,8 @@ class Session(Closing):
         """Project ``rows`` and add them into ``residual`` through the gate (SPEC §7).
 
         The first call for a layer loads its weights (:meth:`EngramModel.weights`:
-        315 MB read from the file, about 0.3 s from the page cache, more from a
-        cold disk); the arguments are checked before that, so a wrong call costs
+        315 MB read from the file, 0.2-1.6 s measured on the 2-core development
+        machine); the arguments are checked before that, so a wrong call costs
         nothing.
 
         Parameters
