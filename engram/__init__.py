@@ -5,8 +5,10 @@ The public API, re-exported here:
 - :class:`Layout` -- primes, offsets and multipliers of the hashed tables (SPEC §2)
 - :func:`build_token_map` -- the compressed token map (SPEC §3)
 - :class:`Hasher`, :class:`History` -- the n-gram hash and its per-sequence state (SPEC §4)
-- :func:`decode_rows`, :func:`encode_rows` -- the row codec e4m3_e8m0_32_row264 (SPEC §5)
-- :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6)
+- :func:`decode_rows`, :func:`encode_rows`, :func:`bf16_round` -- the row codec e4m3_e8m0_32_row264 (SPEC §5);
+  ``decode_rows(raw, row_ids=)`` also decodes raw records read on another machine
+- :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
+  :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
@@ -20,13 +22,14 @@ from .errors import (
     FormatError,
     HistoryError,
     LayoutError,
+    MaskError,
     RowRangeError,
     TableIOError,
     TokenError,
 )
-from .codec import decode_rows, encode_rows
+from .codec import bf16_round, decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
-from .gguf_file import EngramLayer, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model
+from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
 from .layout import Layout
 from .mixer import gated_add, kv_weights, project
 from .table import ReadStats, Table, TableGroup, available_backends
@@ -37,13 +40,14 @@ from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError",
+    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
     "RowRangeError", "TableIOError", "TokenError",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
-    "decode_rows", "encode_rows",
+    "decode_rows", "encode_rows", "bf16_round",
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
-    "read_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
+    "read_model", "repair_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
+    "KeySource",
 ]

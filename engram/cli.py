@@ -24,11 +24,17 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .errors import EngramError
+from . import synth
+from .codec import bf16_round
+from .errors import ArgumentError, EngramError
+from .gguf import ARCHITECTURES, read_model, repair_model
+from .model import EngramModel
+from .tokenmap import load_tokenizer
 
 
 def print_json(obj) -> None:
@@ -182,8 +188,6 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _cmd_inspect(args) -> int:
-    from .gguf_file import read_model
-
     info = read_model(args.model[0] if len(args.model) == 1 else args.model)
     if args.json:
         print_json(info.to_dict())
@@ -198,7 +202,15 @@ def _cmd_inspect(args) -> int:
           f"{lay.heads} heads), rows {[int(r) for r in lay.rows]}")
     print(f"vocabulary    {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
           f"pad id {lay.pad_id}")
-    print(f"gate eps      {info.eps:g}")
+    print(f"gate eps      {info.eps:g}  ({info.sources['eps']})")
+    unusual = {name: src for name, src in info.sources.items() if src.kind != "key"}
+    if not unusual:
+        print(f"keys          every constant from its {info.architecture}.* key")
+    else:
+        print(f"keys          {len(info.sources) - len(unusual)} constants from their {info.architecture}.* keys; "
+              f"the others:")
+        for name, src in unusual.items():
+            print(f"  {name:<22} {src}")
     for li, lid in enumerate(lay.layer_ids):
         print(f"  layer {lid:>3}   primes {int(lay.primes[li, 0]):,} .. {int(lay.primes[li, -1]):,}  "
               f"multipliers {[int(m) for m in lay.multipliers[li]]}")
@@ -218,7 +230,9 @@ def _cmd_inspect(args) -> int:
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="layout, tensors and table offsets of a model file (headers only)",
                        description="Read the GGUF headers of a model (never its tables) and print the Engram "
-                                   "layout, every tensor with type/shape/offset/size, and the table offsets.")
+                                   "layout, every tensor with type/shape/offset/size, and the table offsets. "
+                                   "Constants the file leaves out are shown as derived (or defaulted), keys "
+                                   "read under their legacy deepseek4.* spelling as legacy keys.")
     p.add_argument("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_inspect)
@@ -226,13 +240,6 @@ def _add_inspect(sub) -> None:
 
 # -------------------------------------------------------------------- synth
 def _cmd_synth(args) -> int:
-    import os
-    import time
-
-    from . import synth
-    from .errors import ArgumentError
-    from .tokenmap import load_tokenizer
-
     trace = None
     if args.trace_text is not None:
         text = _read_text_file(args.trace_text, "trace text")
@@ -294,14 +301,45 @@ def _add_synth(sub) -> None:
     p.set_defaults(func=_cmd_synth)
 
 
+# -------------------------------------------------------------------- repair
+def _cmd_repair(args) -> int:
+    paths = repair_model(args.model, args.out, prefer=args.prefer, eps=args.eps,
+                         progress=not args.no_progress and not args.json)
+    info = read_model(paths[0] if len(paths) == 1 else paths)
+    rec = {"files": [str(p) for p in paths], "sources": {k: str(v) for k, v in info.sources.items()}}
+    if args.json:
+        print_json(rec)
+    else:
+        for p in paths:
+            print(f"wrote {p}")
+        print(f"every Engram key now under {info.architecture}.engram.*; derived constants checked against the "
+              f"tensors")
+    return 0
+
+
+def _add_repair(sub) -> None:
+    p = sub.add_parser("repair", help="rewrite a model with the current Engram keys (legacy, missing or wrong "
+                                      "derived keys)",
+                       description="Write MODEL again as OUT with every Engram key under the current "
+                                   "deepseek41.engram.* spelling: legacy deepseek4.engram.* keys renamed, "
+                                   "derivable constants (rows, offsets, head_count, max_ngram_size, key_length, "
+                                   "compressed_vocab_size) derived from the primary keys and checked against the "
+                                   "tensors, every other key and all tensor data copied (holes stay holes). "
+                                   "OUT appears only once complete.")
+    p.add_argument("model", help="model .gguf (or one shard of a split set)")
+    p.add_argument("out", help="output .gguf (a split set becomes OUT-0000k-of-0000N.gguf)")
+    p.add_argument("--prefer", choices=ARCHITECTURES,
+                   help="where the two spellings of a primary key disagree, keep this prefix's value")
+    p.add_argument("--eps", type=float, help="gate epsilon to write (default: the file's own)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_repair)
+
+
 # -------------------------------------------------------------------- lookup
 def _cmd_lookup(args) -> int:
-    import time
-
-    from .model import EngramModel
-    from .tokenmap import load_tokenizer
-
-    model = EngramModel.open(args.model, backend=args.backend, readers=args.readers, threshold=args.threshold)
+    model = EngramModel.open(args.model, eps=args.eps, backend=args.backend, readers=args.readers,
+                             threshold=args.threshold)
     tok = None
     if args.text is not None:
         tok = load_tokenizer(args.tokenizer)
@@ -328,8 +366,6 @@ def _cmd_lookup(args) -> int:
             for li, lid in enumerate(lids):
                 entry = {"row_ids": row_ids[li].tolist()}
                 if not args.no_gates:
-                    from .codec import bf16_round
-
                     w = model.weights(lid)
                     width = w.q_norm.shape[1]
                     residual = bf16_round(rng.standard_normal((1, streams, width)).astype(np.float32))
@@ -370,6 +406,7 @@ def _add_lookup(sub) -> None:
     p.add_argument("--readers", type=int, default=16, help="pread readers or io_uring depth (default 16)")
     p.add_argument("--threshold", type=int, default=8, help="distinct rows for a concurrent read (default 8)")
     p.add_argument("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)")
+    p.add_argument("--eps", type=float, help="gate epsilon (default: the file's, else 1e-6)")
     p.add_argument("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_lookup)
@@ -439,7 +476,7 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for add in (_add_info, _add_hash, _add_inspect, _add_synth, _add_lookup):
+    for add in (_add_info, _add_hash, _add_inspect, _add_synth, _add_repair, _add_lookup):
         add(sub)
     wanted = _command_of(sys.argv[1:] if argv is None else argv)
     for name, ep in plugin_commands().items():

@@ -18,6 +18,7 @@ from typing import Optional
 import ml_dtypes
 import numpy as np
 
+from ._checks import need_contiguous, need_output, no_overlap, shape_str
 from ._native import codec as _native
 from .errors import ArgumentError, DecodeError
 
@@ -49,11 +50,12 @@ def decode_path() -> str:
     return _native.get_path()
 
 
-def _describe_bad(raw_u8: np.ndarray, row: int, col: int) -> str:
+def _describe_bad(raw_u8: np.ndarray, row: int, col: int, row_id: Optional[int] = None) -> str:
     code = int(raw_u8[row, col])
     block = col // BLOCK
     s = int(raw_u8[row, ROW_VALUES + block])
-    where = f"row {row} column {col} (code byte 0x{code:02x}, scale byte {s} of block {block})"
+    name = f"row {row}" if row_id is None else f"row id {row_id} (record {row})"
+    where = f"{name} column {col} (code byte 0x{code:02x}, scale byte {s} of block {block})"
     if code & 0x7F == 0x7F:
         why = "the code is an E4M3 NaN"
     elif s == 255:
@@ -64,17 +66,36 @@ def _describe_bad(raw_u8: np.ndarray, row: int, col: int) -> str:
     return f"cannot decode {where}: {why} (SPEC §5)"
 
 
-def decode_rows(raw: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+def _row_ids(row_ids, n: int) -> np.ndarray:
+    ids = np.asarray(row_ids)
+    if ids.shape != (n,) or (n and ids.dtype.kind not in "iu"):
+        raise ArgumentError(f"row_ids must be integers of shape [{n}] (one row id a record), got {ids.dtype} "
+                            f"with shape {shape_str(ids)}")
+    return ids
+
+
+def decode_rows(raw: np.ndarray, out: Optional[np.ndarray] = None, *, row_ids=None) -> np.ndarray:
     """Decode encoded rows to float32 holding bfloat16 values (SPEC §5).
+
+    This is also the entry for rows that come from elsewhere: raw 264-byte
+    records read on another machine (a storage node of a disaggregated serving
+    stack) and sent with the row ids they came from.  Decoding them gives
+    exactly what :meth:`engram.Session.step` returns for those row ids (the same
+    kernel); pass ``row_ids`` so that an error names the row id.
 
     Parameters
     ----------
     raw : numpy.ndarray
-        uint8 or int8 ``[n, 264]``, C-contiguous (e.g. rows read from a table, or a
-        slice of the GGUF tensor's I8 data).  ``n`` may be 0.
+        uint8 or int8 ``[n, 264]``, C-contiguous (e.g. rows read from a table, a
+        buffer received from the network viewed as ``numpy.frombuffer(buf,
+        numpy.uint8).reshape(-1, 264)``, or a slice of the GGUF tensor's I8
+        data).  ``n`` may be 0.
     out : numpy.ndarray, optional
         float32 ``[n, 256]``, C-contiguous, writable, not overlapping ``raw``.
         Passing it makes the call allocation-free.
+    row_ids : array_like of int, shape ``[n]``, optional
+        The table row id of each record (uint32 row ids as :meth:`engram.Hasher.step`
+        gives them); used only in error messages and ``DecodeError.row``.
 
     Returns
     -------
@@ -85,12 +106,13 @@ def decode_rows(raw: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray
     ------
     ArgumentError
         ``raw`` is not a 2-D C-contiguous uint8/int8 array with 264 columns (a
-        single row must be passed as ``row.reshape(1, 264)``), or ``out`` has the
-        wrong dtype, shape or memory layout.
+        single row must be passed as ``row.reshape(1, 264)``); ``out`` has the
+        wrong dtype, shape or memory layout; ``row_ids`` is not ``n`` integers.
     DecodeError
         A value is a NaN code (``code & 0x7F == 0x7F``), uses the NaN scale byte
-        255, or is not finite (``e4m3 * 2^(s-127) >= 2^128``); ``row`` and
-        ``column`` name the first such value in row-major order and the message
+        255, or is not finite (``e4m3 * 2^(s-127) >= 2^128``).  The first such
+        value in row-major order is named: ``row`` is its record index (or its
+        row id when ``row_ids`` is given), ``column`` its column, and the message
         gives its code and scale bytes.  All rows are checked before any value
         is written: ``out`` is untouched on error.
     """
@@ -100,28 +122,27 @@ def decode_rows(raw: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray
         raise ArgumentError(f"raw must have dtype uint8 or int8, got {raw.dtype}")
     if raw.ndim != 2 or raw.shape[1] != ROW_BYTES:
         hint = f"; pass one row as row.reshape(1, {ROW_BYTES})" if raw.ndim == 1 else ""
-        raise ArgumentError(f"raw must have shape [n, {ROW_BYTES}], got {raw.shape}{hint}")
-    if not raw.flags.c_contiguous:
-        raise ArgumentError("raw must be C-contiguous (use numpy.ascontiguousarray)")
+        raise ArgumentError(f"raw must have shape [n, {ROW_BYTES}], got {shape_str(raw)}{hint}")
+    need_contiguous("raw", raw, " (use numpy.ascontiguousarray)")
     n = raw.shape[0]
+    ids = None if row_ids is None else _row_ids(row_ids, n)
     if out is None:
         out = np.empty((n, ROW_VALUES), dtype=np.float32)
     else:
         if not isinstance(out, np.ndarray):
             raise ArgumentError(f"out must be a numpy float32 array [{n}, {ROW_VALUES}], got {type(out).__name__}")
         if out.dtype != np.float32 or out.shape != (n, ROW_VALUES):
-            raise ArgumentError(f"out must be float32 [{n}, {ROW_VALUES}], got {out.dtype} {out.shape}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ArgumentError("out must be C-contiguous and writable")
-        if n and np.may_share_memory(raw, out):
-            raise ArgumentError("out overlaps raw")
+            raise ArgumentError(f"out must be float32 [{n}, {ROW_VALUES}], got {out.dtype} {shape_str(out)}")
+        need_output("out", out)
+        no_overlap("out", out, raw=raw)
     if n == 0:
         return out
     raw_u8 = raw.view(np.uint8)
     row = _native.find_bad_row(raw_u8)
     if row >= 0:
         col = _native.first_bad_column(raw_u8[row])
-        raise DecodeError(_describe_bad(raw_u8, row, col), row=row, column=col)
+        rid = None if ids is None else int(ids[row])
+        raise DecodeError(_describe_bad(raw_u8, row, col, rid), row=row if rid is None else rid, column=col)
     _native.decode_rows_into(raw_u8, out)
     return out
 

@@ -54,3 +54,11 @@ class TableIOError(EngramError, OSError):
 
 class ArgumentError(EngramError, ValueError):
     """An argument has the wrong shape, dtype, layout in memory or value."""
+
+
+class MaskError(ArgumentError, TokenError):
+    """A mask breaks the one mask rule (bool, or integers that are all 0/1; one flag a token).
+
+    An :class:`ArgumentError`; also a :class:`TokenError`, which ``Hasher.hash``
+    raised for masks before the rule was shared by every entry point.
+    """

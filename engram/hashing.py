@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from ._checks import as_mask
 from ._native.hashing import HashKernel, History
 from .errors import ArgumentError, HistoryError, TokenError
 from .layout import Layout
@@ -91,6 +92,25 @@ class Hasher:
         """A fresh history (all DEAD) of the right length for this layout."""
         return History(n=self.layout.max_ngram - 1)
 
+    def check_history(self, history) -> History:
+        """``history`` itself, if it can come from this layout; else ``HistoryError``.
+
+        A history fits when it is an :class:`History` of ``max_ngram - 1`` ids,
+        each DEAD (-1) or a compressed id below ``compressed_vocab_size``.
+
+        Raises
+        ------
+        HistoryError
+            Not a History, another length, or an id outside the compressed
+            vocabulary (the message names the id).
+        """
+        if not isinstance(history, History):
+            raise HistoryError(f"history must be an engram.History, got {type(history).__name__}")
+        j = self._kernel.check_history(history)
+        if j != -1:
+            raise HistoryError(self._kernel._history_message(history, j))
+        return history
+
     def hash(self, tokens, mask=None, history: Optional[History] = None) -> np.ndarray:
         """Row ids of every token, layer and column.
 
@@ -98,11 +118,12 @@ class Hasher:
         ----------
         tokens : array_like of int, shape ``[T]``
             Token ids in ``[0, vocab_size)``.
-        mask : array_like of bool, shape ``[T]``, optional
-            True where the position is text; False (padding, image) makes the
-            token DEAD for the hash.  Integer 0/1 masks (an attention mask) are
-            accepted too.  Masked positions still get rows (their pad
-            n-grams); the consumer must not add them (SPEC §4).
+        mask : array_like, shape ``[T]``, optional
+            True (or 1) where the position is text; False (0: padding, image)
+            makes the token DEAD for the hash.  bool or 0/1 integers (an
+            attention mask): the one mask rule of every entry point.  Masked
+            positions still get rows (their pad n-grams); the consumer must not
+            add them (SPEC §4).
         history : History, optional
             State before ``tokens``; advanced past them on success.  ``None``
             hashes from a fresh state and keeps nothing.
@@ -117,8 +138,11 @@ class Hasher:
         ------
         TokenError
             A token is negative, not an integer, or ``>= vocab_size`` (the message
-            names its position); ``mask`` has the wrong length, or holds values
-            other than True/False (0/1).
+            names its position).
+        MaskError
+            ``mask`` has the wrong length or holds values other than bool/0/1
+            (an ``ArgumentError``, and a ``TokenError`` for callers that caught
+            mask errors as one).
         HistoryError
             ``history`` does not fit this layout.
         On any error neither ``history`` nor any output is changed.
@@ -126,27 +150,8 @@ class Hasher:
         tok = _as_token_array(tokens, self.vocab_size)
         tok = np.ascontiguousarray(tok, dtype=np.int64)
         T = tok.shape[0]
-        mk = None
-        if mask is not None:
-            mk = np.asarray(mask)
-            if mk.shape != (T,):
-                raise TokenError(f"mask must have shape ({T},) like tokens, got {mk.shape}")
-            if mk.dtype != np.bool_:
-                if mk.size and mk.dtype.kind not in "iu":
-                    raise TokenError(f"mask must be bool (or integer 0/1), got dtype {mk.dtype}")
-                bad = np.flatnonzero((mk != 0) & (mk != 1))
-                if bad.size:
-                    i = int(bad[0])
-                    raise TokenError(f"mask[{i}] = {mk[i].item()!r}; a mask holds True/False (or 1/0)")
-            mk = np.ascontiguousarray(mk != 0, dtype=np.uint8)
-        if history is None:
-            history = self.new_history()
-        elif not isinstance(history, History):
-            raise HistoryError(f"history must be an engram.History, got {type(history).__name__}")
-        else:
-            j = self._kernel.check_history(history)
-            if j != -1:
-                raise HistoryError(self._kernel._history_message(history, j))
+        mk = None if mask is None else as_mask(mask, T)
+        history = self.new_history() if history is None else self.check_history(history)
         out = np.empty((T, self.layout.layers, self.layout.columns), dtype=np.uint32)
         bad = self._kernel.hash_into(tok, mk, history, out)
         if bad >= 0:

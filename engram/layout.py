@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ._checks import need_int_array
 from .errors import LayoutError
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -59,22 +60,6 @@ def _next_prime(n: int) -> int:
     while not is_prime(c):
         c += 2
     return c
-
-
-def _as_int_array(name: str, value, shape: tuple[int, ...], dtype) -> np.ndarray:
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # pragma: no cover - numpy raises many kinds
-        raise LayoutError(f"{name}: cannot be read as an integer array ({exc})") from None
-    if arr.dtype.kind not in "iu":
-        raise LayoutError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if arr.shape != shape:
-        raise LayoutError(f"{name}: expected shape {shape}, got {arr.shape}")
-    if arr.size and (arr.min() < 0 or int(arr.max()) > np.iinfo(dtype).max):
-        raise LayoutError(f"{name}: values must lie in [0, {np.iinfo(dtype).max}]")
-    out = arr.astype(dtype)
-    out.setflags(write=False)
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,8 +117,8 @@ class Layout:
         L = len(layer_ids)
         if L == 0:
             raise LayoutError("layer_ids: a layout needs at least one Engram layer")
-        primes = _as_int_array("primes", self.primes, (L, self.columns), np.uint64)
-        mults = _as_int_array("multipliers", self.multipliers, (L, self.max_ngram), np.uint64)
+        primes = need_int_array("primes", self.primes, (L, self.columns), np.uint64, error=LayoutError)
+        mults = need_int_array("multipliers", self.multipliers, (L, self.max_ngram), np.uint64, error=LayoutError)
         object.__setattr__(self, "primes", primes)
         object.__setattr__(self, "multipliers", mults)
         offsets = np.zeros_like(primes)

@@ -8,10 +8,27 @@ residual streams through a cosine-similarity gate (:func:`gated_add`)::
     rows [T, 24, 256] --project(engram_kv)--> kv [T, 5, 5120]
     kv + residual [T, 4, 5120] --gated_add(q_w, k_w, eps)--> residual (in place)
 
-The projection is one BLAS ``sgemm`` (``numpy.matmul`` into the caller's
-buffer); the gated add is a Cython kernel (``engram/_native/gate.pyx``) whose
-loops run without the GIL.  Shapes are taken from the arguments, so smaller
-synthetic layouts work the same way as the V4.1 Flash one.
+The projection reads the F16 weights as the file stores them (315 MB a layer,
+half the bytes of float32): up to :data:`F16_KERNEL_MAX_TOKENS` (256) tokens go
+through a Cython kernel that converts each weight as it loads it
+(``engram/_native/project.pyx``; AVX-512F, AVX2+F16C or portable, chosen at run
+time), reading the weights once for all tokens; more tokens convert blocks of
+:data:`BLAS_BLOCK_ROWS` weight rows to float32 and run BLAS ``sgemm`` on each
+(``numpy.matmul`` into the caller's buffer).  float32 weights (:func:`kv_weights`)
+go to ``sgemm`` whole.  The gated add is a Cython kernel
+(``engram/_native/gate.pyx``).  All loops run without the GIL.  Shapes are taken
+from the arguments, so smaller synthetic layouts work the same way as the V4.1
+Flash one.
+
+Precision of :func:`project` (float32 accumulation, SPEC §7): with rows holding
+bf16 values and F16 weights every product is exact in float32 and only the sums
+round.  The F16 kernel sums each output in 64 float32 partial sums (input ``i``
+into sum ``i % 64``, in increasing ``i``, product then sum, no fused
+multiply-add), folded pairwise at the end; ``tests/engram/test_mixer.py``'s NumPy
+twin reproduces it bit for bit on every path.  The BLAS path sums in BLAS's
+order.  Either way each output is within ``n u / (1 - n u) * sum_i |w_i x_i|``
+of the exact value (``n`` = 6144 inputs, ``u`` = 2^-24), the classic bound for a
+float32 dot product of ``n`` terms.
 
 Precision of :func:`gated_add` (SPEC §7 leaves it open; this is the contract the
 NumPy twin ``tests/reference.py::gated_add_twin`` reproduces bit for bit):
@@ -34,16 +51,24 @@ about 7600, only with very large norm weights) and so a float32 subnormal.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Optional
 
 import numpy as np
 
+from ._checks import as_mask, need_array, need_contiguous, need_eps, need_int, need_output, no_overlap, shape_str
 from ._native import gate as _gate
+from ._native import project as _project
 from .errors import ArgumentError
 
-__all__ = ["kv_weights", "project", "gated_add", "gate_path"]
+__all__ = ["kv_weights", "project", "gated_add", "gate_path", "project_path", "F16_KERNEL_MAX_TOKENS",
+           "BLAS_BLOCK_ROWS"]
+
+#: Token counts up to which :func:`project` uses the F16 kernel; above it, float32 blocks
+#: and BLAS.  ``benchmarks/bench_mixer.py`` times both: the kernel was at or below blocks + BLAS
+#: for every count up to 256 tokens (BENCHMARKS.md); at 2048 tokens BLAS is the peer to match.
+F16_KERNEL_MAX_TOKENS = 256
+#: Weight rows converted to float32 per BLAS call of the large-token path (24 MB at 6144 inputs).
+BLAS_BLOCK_ROWS = 1024
 
 
 def gate_path() -> str:
@@ -51,35 +76,16 @@ def gate_path() -> str:
     return _gate.get_path()
 
 
-def _shape(a: np.ndarray) -> str:
-    return "[" + ", ".join(str(d) for d in a.shape) + "]"
-
-
-def _need_array(name: str, a, dtype, ndim: int) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise ArgumentError(f"{name} must be a numpy.ndarray of {np.dtype(dtype).name}, got {type(a).__name__}")
-    if a.dtype != dtype:
-        raise ArgumentError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype} with shape {_shape(a)}")
-    if a.ndim != ndim:
-        raise ArgumentError(f"{name} must have {ndim} dimensions, got shape {_shape(a)}")
-    return a
-
-
-def _need_output(name: str, a: np.ndarray) -> None:
-    if not a.flags.c_contiguous:
-        raise ArgumentError(f"{name} (shape {_shape(a)}) must be C-contiguous")
-    if not a.flags.writeable:
-        raise ArgumentError(f"{name} (shape {_shape(a)}) is read-only")
-
-
-def _no_overlap(name: str, out: np.ndarray, **others) -> None:
-    for other_name, other in others.items():
-        if other is not None and np.may_share_memory(out, other):
-            raise ArgumentError(f"{name} (shape {_shape(out)}) overlaps {other_name} (shape {_shape(other)})")
+def project_path() -> str:
+    """Name of the path of :func:`project`'s F16 kernel: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+    return _project.get_path()
 
 
 def kv_weights(w_f16: np.ndarray) -> np.ndarray:
     """Convert a layer's F16 ``engram_kv`` weights to float32 once (exact).
+
+    :func:`project` reads F16 weights directly and faster (half the bytes); this
+    is for callers that want float32 weights for their own BLAS calls.
 
     Parameters
     ----------
@@ -91,14 +97,14 @@ def kv_weights(w_f16: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        float32, same shape, C-contiguous (629 MB for V4.1 Flash), for :func:`project`.
+        float32, same shape, C-contiguous (629 MB for V4.1 Flash).
 
     Raises
     ------
     ArgumentError
         ``w_f16`` is not a 2-D float16 array.
     """
-    _need_array("w_f16", w_f16, np.float16, 2)
+    need_array("w_f16", w_f16, np.float16, 2)
     out = np.empty(w_f16.shape, dtype=np.float32)
     # Row blocks bound the temporaries of a strided or memory-mapped source.
     step = max(1, (1 << 24) // max(1, w_f16.shape[1]))
@@ -107,18 +113,35 @@ def kv_weights(w_f16: np.ndarray) -> np.ndarray:
     return out
 
 
+def _project_blas_f16(x: np.ndarray, w16: np.ndarray, out: np.ndarray) -> None:
+    """``out = x @ w16.T`` by blocks: :data:`BLAS_BLOCK_ROWS` weight rows converted, then ``sgemm``.
+
+    The conversion runs on the calling thread only: BLAS's worker threads keep
+    spinning for a while after each call, and OpenMP threads next to them would
+    slow both down on a machine with few cores.
+    """
+    n_out, n_in = w16.shape
+    block = np.empty((min(BLAS_BLOCK_ROWS, n_out), n_in), dtype=np.float32)
+    bits = w16.view(np.uint16)
+    for r0 in range(0, n_out, BLAS_BLOCK_ROWS):
+        r1 = min(n_out, r0 + BLAS_BLOCK_ROWS)
+        part = block[:r1 - r0]
+        _project.f16_to_f32_into(bits[r0:r1], part, 1)
+        np.matmul(x, part.T, out=out[:, r0:r1])
+
+
 def project(rows: np.ndarray, w_kv: np.ndarray, out: Optional[np.ndarray] = None, *,
             streams: int = 4) -> np.ndarray:
     """Project each token's rows by ``engram_kv`` into keys and value (SPEC §7).
 
     ``out[t].ravel() = w_kv @ rows[t].ravel()``: the token's rows are concatenated
     in column order (6144 values) and multiplied by the ``[out, in]`` matrix with
-    float32 accumulation, in one BLAS ``sgemm`` (``numpy.matmul`` of the rows
-    against the transposed weights, written straight into ``out``; no copies of
-    either operand).  The first ``streams`` parts of ``out[t]`` are the keys of
-    streams ``0..streams-1``, the last one the shared value.  Rows holding bf16
-    values times F16 weights give exact float32 products; only the summation
-    rounds.  Non-finite inputs propagate (IEEE).
+    float32 accumulation, written straight into ``out`` (no copies of the
+    operands).  The first ``streams`` parts of ``out[t]`` are the keys of
+    streams ``0..streams-1``, the last one the shared value.  F16 weights are
+    read as they are (the kernel for up to :data:`F16_KERNEL_MAX_TOKENS` tokens,
+    float32 blocks and BLAS beyond); float32 weights go to BLAS.  Precision: see
+    the module docstring.  Non-finite inputs propagate (IEEE).
 
     Parameters
     ----------
@@ -126,8 +149,9 @@ def project(rows: np.ndarray, w_kv: np.ndarray, out: Optional[np.ndarray] = None
         float32 ``[T, columns, width]`` (``[T, 24, 256]``), C-contiguous, the
         decoded rows of each token (:func:`engram.decode_rows` output reshaped).
     w_kv : numpy.ndarray
-        float32 ``[(streams + 1) * dim, columns * width]`` (``[25600, 6144]``),
-        C-contiguous: the layer's ``engram_kv`` (see :func:`kv_weights`).
+        float16 (the GGUF tensor as stored, :meth:`engram.EngramModel.weights`)
+        or float32 (:func:`kv_weights`) ``[(streams + 1) * dim, columns * width]``
+        (``[25600, 6144]``), C-contiguous.
     out : numpy.ndarray, optional
         float32 ``[T, streams + 1, dim]`` (``[T, 5, 5120]``), C-contiguous,
         writable, not overlapping the inputs.  Allocated when omitted.
@@ -145,39 +169,53 @@ def project(rows: np.ndarray, w_kv: np.ndarray, out: Optional[np.ndarray] = None
         A wrong dtype, number of dimensions, shape, memory layout, an ``out``
         that overlaps an input, or ``streams < 1``; nothing is written then.
     """
-    _need_array("rows", rows, np.float32, 3)
-    _need_array("w_kv", w_kv, np.float32, 2)
-    if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)) or streams < 1:
-        raise ArgumentError(f"streams must be an integer >= 1, got {streams!r}")
-    streams = int(streams)
+    need_array("rows", rows, np.float32, 3)
+    need_array("w_kv", w_kv, (np.float16, np.float32), 2)
+    streams = need_int("streams", streams, lo=1)
     T, columns, width = rows.shape
     n_out, n_in = w_kv.shape
-    if not rows.flags.c_contiguous:
-        raise ArgumentError(f"rows (shape {_shape(rows)}) must be C-contiguous")
-    if not w_kv.flags.c_contiguous:
-        raise ArgumentError(f"w_kv (shape {_shape(w_kv)}) must be C-contiguous (see kv_weights)")
+    need_contiguous("rows", rows)
+    need_contiguous("w_kv", w_kv, " (the GGUF tensor as read, or kv_weights)")
     if n_in != columns * width:
-        raise ArgumentError(f"w_kv has shape {_shape(w_kv)}: its {n_in} input features do not match "
-                            f"rows of shape {_shape(rows)} ({columns} x {width} = {columns * width} values a token)")
+        raise ArgumentError(f"w_kv has shape {shape_str(w_kv)}: its {n_in} input features do not match rows of "
+                            f"shape {shape_str(rows)} ({columns} x {width} = {columns * width} values a token)")
     parts = streams + 1
     if n_out % parts or n_out == 0:
-        raise ArgumentError(f"w_kv has shape {_shape(w_kv)}: {n_out} output features do not split into "
+        raise ArgumentError(f"w_kv has shape {shape_str(w_kv)}: {n_out} output features do not split into "
                             f"{parts} equal parts ({streams} keys + 1 value)")
     dim = n_out // parts
     if out is None:
         out = np.empty((T, parts, dim), dtype=np.float32)
     else:
-        _need_array("out", out, np.float32, 3)
+        need_array("out", out, np.float32, 3)
         if out.shape != (T, parts, dim):
-            raise ArgumentError(f"out must have shape [{T}, {parts}, {dim}], got {_shape(out)}")
-        _need_output("out", out)
-        _no_overlap("out", out, rows=rows, w_kv=w_kv)
-    np.matmul(rows.reshape(T, n_in), w_kv.T, out=out.reshape(T, n_out))
+            raise ArgumentError(f"out must have shape [{T}, {parts}, {dim}], got {shape_str(out)}")
+        need_output("out", out)
+        no_overlap("out", out, rows=rows, w_kv=w_kv)
+    x, o2 = rows.reshape(T, n_in), out.reshape(T, n_out)
+    if w_kv.dtype == np.float32:
+        np.matmul(x, w_kv.T, out=o2)
+    elif T <= F16_KERNEL_MAX_TOKENS:
+        _project.f16_project_into(w_kv.view(np.uint16), x, o2)
+    else:
+        _project_blas_f16(x, w_kv, o2)
     return out
 
 
+def _check_layer_weights(q_w: np.ndarray, k_w: np.ndarray) -> tuple:
+    """``(S, W)`` of the norm weights, which define the layer's streams and width."""
+    need_array("q_w", q_w, np.float32, 2)
+    need_array("k_w", k_w, np.float32, 2)
+    if k_w.shape != q_w.shape:
+        raise ArgumentError(f"k_w must have the shape of q_w {shape_str(q_w)}, got {shape_str(k_w)}")
+    S, W = q_w.shape
+    if W == 0:
+        raise ArgumentError(f"q_w has shape {shape_str(q_w)}: the stream width must be >= 1")
+    return S, W
+
+
 def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.ndarray, eps: float,
-              mask: Optional[np.ndarray] = None, *, gates_out: Optional[np.ndarray] = None) -> None:
+              mask=None, *, gates_out: Optional[np.ndarray] = None) -> None:
     """Add the Engram value to every residual stream through its gate, in place (SPEC §7).
 
     For each token ``t`` with ``mask[t]`` true and stream ``s``, with ``h = residual[t, s]``,
@@ -207,10 +245,14 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
         A non-contiguous array is copied first.
     q_w, k_w : numpy.ndarray
         float32 ``[S, W]``: ``engram_q_norm`` / ``engram_k_norm`` weights (SPEC §6).
+        They define the layer's streams ``S`` and width ``W``: ``residual`` and
+        ``kv`` are checked against them, so a message names the array that does
+        not fit the layer.
     eps : float
-        RMS-norm epsilon (``deepseek41.attention.layer_norm_rms_epsilon``), finite, ``>= 0``.
-    mask : numpy.ndarray, optional
-        bool ``[T]``; False skips the token (padding, image positions: SPEC §4).
+        RMS-norm epsilon of the gate (the model's ``EngramModel.eps``), finite, ``>= 0``.
+    mask : array_like, optional
+        ``[T]``, bool or 0/1 integers (the one mask rule of ``engram._checks.as_mask``);
+        False/0 skips the token (padding, image positions: SPEC §4).
     gates_out : numpy.ndarray, optional
         float32 ``[T, S]``, C-contiguous, writable: receives every gate as float32
         (the value used in the add); 0 at masked-off tokens.
@@ -220,41 +262,30 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
     ArgumentError
         A wrong dtype, shape, memory layout (residual or gates_out not
         C-contiguous or read-only), overlapping arrays, ``W == 0``, a mask of
-        another length, or ``eps`` not a finite number ``>= 0``.  Raised before
-        anything is written: ``residual`` and ``gates_out`` stay untouched.
+        another length or with entries other than 0/1 (:class:`~engram.errors.MaskError`),
+        or ``eps`` not a finite number ``>= 0``.  Raised before anything is
+        written: ``residual`` and ``gates_out`` stay untouched.
     """
-    _need_array("residual", residual, np.float32, 3)
-    _need_array("kv", kv, np.float32, 3)
-    _need_array("q_w", q_w, np.float32, 2)
-    _need_array("k_w", k_w, np.float32, 2)
-    T, S, W = residual.shape
-    if W == 0:
-        raise ArgumentError(f"residual has shape {_shape(residual)}: the stream width must be >= 1")
+    S, W = _check_layer_weights(q_w, k_w)
+    need_array("residual", residual, np.float32, 3)
+    T = residual.shape[0]
+    if residual.shape[1:] != (S, W):
+        raise ArgumentError(f"residual must have shape [T, {S}, {W}] ({S} streams of the layer's width {W}, "
+                            f"from q_w {shape_str(q_w)}), got {shape_str(residual)}")
+    need_array("kv", kv, np.float32, 3)
     if kv.shape != (T, S + 1, W):
         raise ArgumentError(f"kv must have shape [{T}, {S + 1}, {W}] (keys of {S} streams + value) "
-                            f"for residual of shape {_shape(residual)}, got {_shape(kv)}")
-    for name, w in (("q_w", q_w), ("k_w", k_w)):
-        if w.shape != (S, W):
-            raise ArgumentError(f"{name} must have shape [{S}, {W}] for residual of shape "
-                                f"{_shape(residual)}, got {_shape(w)}")
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not math.isfinite(float(eps)) or float(eps) < 0:
-        raise ArgumentError(f"eps must be a finite number >= 0, got {eps!r}")
-    _need_output("residual", residual)
-    m8 = None
-    if mask is not None:
-        m = np.asarray(mask)
-        if m.dtype != np.bool_:
-            raise ArgumentError(f"mask must be bool, got {m.dtype} with shape {_shape(m)}")
-        if m.shape != (T,):
-            raise ArgumentError(f"mask must have shape [{T}] (one flag a token), got {_shape(m)}")
-        m8 = np.ascontiguousarray(m).view(np.uint8)
+                            f"for residual of shape {shape_str(residual)}, got {shape_str(kv)}")
+    eps = need_eps(eps)
+    need_output("residual", residual)
+    m8 = None if mask is None else as_mask(mask, T)
     if gates_out is not None:
-        _need_array("gates_out", gates_out, np.float32, 2)
+        need_array("gates_out", gates_out, np.float32, 2)
         if gates_out.shape != (T, S):
-            raise ArgumentError(f"gates_out must have shape [{T}, {S}], got {_shape(gates_out)}")
-        _need_output("gates_out", gates_out)
-        _no_overlap("gates_out", gates_out, residual=residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
-    _no_overlap("residual", residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
+            raise ArgumentError(f"gates_out must have shape [{T}, {S}], got {shape_str(gates_out)}")
+        need_output("gates_out", gates_out)
+        no_overlap("gates_out", gates_out, residual=residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
+    no_overlap("residual", residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
     gates = gates_out if gates_out is not None else np.empty((T, S), dtype=np.float32)
     _gate.gated_add_into(residual, np.ascontiguousarray(kv), np.ascontiguousarray(q_w),
-                         np.ascontiguousarray(k_w), float(eps), m8, gates)
+                         np.ascontiguousarray(k_w), eps, m8, gates)

@@ -1,5 +1,8 @@
 """Build model files in the real Engram GGUF format at any scale (SPEC §2, §5, §6).
 
+One idea from content to bytes on disk (row and weight content, the plan of keys and tensors,
+the chunked writer), which is why the module is a little over 800 lines.
+
 A synthetic model has everything a reader of the released DeepSeek V4.1 Flash
 file relies on: GGUF v3, ``general.architecture = "deepseek41"``,
 ``general.alignment = 16384``, every Engram metadata key of SPEC §6 with its
@@ -45,8 +48,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
+from ._checks import need_int
+from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
-from .gguf_file import ARCHITECTURE, ENCODING, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, ROW_BYTES, ROW_VALUES
+from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
 from .layout import Layout
 
 __all__ = [
@@ -106,9 +111,7 @@ def _key(seed: int, layer_id: int, tag: int) -> int:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
-        raise ArgumentError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return int(seed)
+    return need_int("seed", seed, lo=0, hi=2**64 - 1)
 
 
 @functools.lru_cache(maxsize=4)
@@ -341,7 +344,7 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
-    L, C = layout.layers, layout.columns
+    C = layout.columns
     arch = ARCHITECTURE
     p = f"{arch}.engram."
     U32, U64, ARR = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.ARRAY
@@ -487,7 +490,7 @@ def shard_names(path: Union[str, os.PathLike], shards: int) -> List[Path]:
     p = Path(path)
     if shards == 1:
         return [p]
-    return [p.with_name(f"{p.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
+    return [shard_name(p, i, shards) for i in range(1, shards + 1)]
 
 
 # ===================================================================== writing
@@ -603,7 +606,10 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
 
     Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
     files are then sized to their full extent (holes) and the tensor data is
-    written in place.
+    written in place.  Everything is written under temporary names in a
+    private folder beside ``path`` and renamed into place when complete
+    (:func:`engram.gguf.atomic_outputs`): an interrupted run leaves no file
+    under a final name (a killed one leaves the folder ``.NAME.partial-PID``).
 
     Parameters
     ----------
@@ -639,25 +645,47 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
         raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
     if fill == "trace" and trace is None:
         raise ArgumentError("fill='trace' needs trace= (token ids)")
-    if not isinstance(chunk_bytes, int) or chunk_bytes < ROW_BYTES:
-        raise ArgumentError(f"chunk_bytes must be an int >= {ROW_BYTES}, got {chunk_bytes!r}")
+    need_int("chunk_bytes", chunk_bytes, lo=ROW_BYTES)
     path = Path(path)
     names = shard_names(path, plan.shards)
     counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
     if any(c == 0 for c in counts):
         raise ArgumentError(f"every shard needs at least one tensor; tensors per shard: {counts}")
     trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
+    _check_room(plan, path, fill, trace_rows, projections)
+    total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
+    bar = None
+    if progress:
+        from tqdm import tqdm
 
-    # bytes that will really be written, checked against free space first
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
+    try:
+        with atomic_outputs(names) as temps:
+            _write_headers(plan, temps[0].parent / path.name)  # the writer names the shards from it
+            for s, name in enumerate(temps):
+                _write_shard_data(plan, s, name, fill, trace_rows, projections, chunk_bytes, sync, direct_io, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return names
+
+
+def _data_bytes(t: TensorSpec, fill: str, trace_rows: Dict[int, np.ndarray], projections: bool) -> int:
+    """Bytes of tensor ``t`` that :func:`write_model` writes (holes excluded)."""
+    if t.kind == "table":
+        return t.nbytes if fill == "all" else trace_rows[t.layer_id].shape[0] * ROW_BYTES if fill == "trace" else 0
+    return t.nbytes if t.kind != "lead" and projections else 0
+
+
+def _check_room(plan: ModelPlan, path: Path, fill: str, trace_rows: Dict[int, np.ndarray],
+                projections: bool) -> None:
+    """``ArgumentError`` unless the folder of ``path`` has room for what will be written (before creating it)."""
     need = 0
     for t in plan.tensors:
-        if t.kind == "table":
-            if fill == "all":
-                need += t.nbytes
-            elif fill == "trace":
-                need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
-        elif t.kind != "lead" and projections:
-            need += t.nbytes
+        if t.kind == "table" and fill == "trace":
+            need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
+        else:
+            need += _data_bytes(t, fill, trace_rows, projections)
     need += len(plan.token_map) * 4 + (1 << 20) * plan.shards
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
@@ -666,12 +694,10 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
                             f"free in {path.parent}" + (" (full-size tables: use fill='trace' with a trace, or "
                                                         "fill='none')" if fill == "all" else ""))
 
-    offsets = _tensor_offsets(plan)
-    sizes = [start for start in _data_starts(plan)]
-    for t in plan.tensors:
-        sizes[t.shard] = max(sizes[t.shard], offsets[t.name][1] + _pad(t.nbytes, plan.alignment))
 
-    w = _ShardWriter(path, plan.metadata.get("general.architecture", (ARCHITECTURE,))[0])
+def _write_headers(plan: ModelPlan, first: Path) -> None:
+    """Header, metadata and tensor infos of every shard by ``gguf.GGUFWriter`` (shards named beside ``first``)."""
+    w = _ShardWriter(first, plan.metadata.get("general.architecture", (ARCHITECTURE,))[0])
     w.kv_data[0].clear()
     w.data_alignment = plan.alignment
     for key, (value, vtype, sub) in plan.metadata.items():
@@ -683,7 +709,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
             if t.shard == s:
                 w.add_tensor_info(t.name, t.shape, np.dtype(np.int8), t.nbytes, raw_dtype=t.ggml_type)
     try:
-        w.write_header_to_file(path)
+        w.write_header_to_file(first)
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         header_ends = [f.tell() for f in w.fout]
@@ -693,57 +719,48 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
         if _pad(end, plan.alignment) != start:  # pragma: no cover - guards the size computation above
             raise RuntimeError(f"shard {s}: header ends at {end}, expected data at {start}")
 
-    total = 0
-    for t in plan.tensors:
-        if t.kind == "table":
-            total += t.nbytes if fill == "all" else (trace_rows[t.layer_id].shape[0] * ROW_BYTES
-                                                      if fill == "trace" else 0)
-        elif t.kind != "lead" and projections:
-            total += t.nbytes
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
+def _write_shard_data(plan: ModelPlan, s: int, name: Path, fill: str, trace_rows: Dict[int, np.ndarray],
+                      projections: bool, chunk_bytes: int, sync: bool, direct_io: bool, bar) -> None:
+    """Size shard ``s`` (file ``name``) to its full extent, then write its tensors' data in place."""
+    offsets = _tensor_offsets(plan)
+    size = _data_starts(plan)[s]
+    for t in plan.tensors:
+        if t.shard == s:
+            size = max(size, offsets[t.name][1] + _pad(t.nbytes, plan.alignment))
+    fd = os.open(name, os.O_WRONLY)
+    dfd = _open_direct(name) if direct_io else None
     try:
-        for s, name in enumerate(names):
-            fd = os.open(name, os.O_WRONLY)
-            dfd = _open_direct(name) if direct_io else None
-            try:
-                os.ftruncate(fd, sizes[s])
-                for t in plan.tensors:
-                    if t.shard != s:
-                        continue
-                    at = offsets[t.name][1]
-                    seed, lid = plan.seed, t.layer_id
-                    if t.kind == "table":
-                        if fill == "all":
-                            _stream(fd, dfd, at, t.shape[0], ROW_BYTES,
-                                    lambda a, b, lid=lid: table_rows(lid, a, b, seed), chunk_bytes,
-                                    _pad(t.nbytes, plan.alignment), bar)
-                        elif fill == "trace":
-                            rows = trace_rows[lid]
-                            rows = rows[rows < np.uint64(t.shape[0])]
-                            _write_rows_sparse(fd, at, lid, rows, seed, chunk_bytes, bar)
-                    elif t.kind == "kv" and projections:
-                        _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
-                                lambda a, b, lid=lid, w=t.shape[1]: engram_kv(lid, seed, a, b, w), chunk_bytes,
-                                _pad(t.nbytes, plan.alignment), bar)
-                    elif t.kind in ("q_norm", "k_norm") and projections:
-                        arr = norm_weight(lid, t.kind[0], seed)
-                        _pwrite_all(fd, arr, at)
-                        if bar is not None:
-                            bar.update(arr.nbytes)
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-                if dfd is not None:
-                    os.close(dfd)
+        os.ftruncate(fd, size)
+        for t in plan.tensors:
+            if t.shard == s:
+                _write_tensor(plan, t, fd, dfd, offsets[t.name][1], fill, trace_rows, projections, chunk_bytes, bar)
+        if sync:
+            os.fsync(fd)
     finally:
+        os.close(fd)
+        if dfd is not None:
+            os.close(dfd)
+
+
+def _write_tensor(plan: ModelPlan, t: TensorSpec, fd: int, dfd: Optional[int], at: int, fill: str,
+                  trace_rows: Dict[int, np.ndarray], projections: bool, chunk_bytes: int, bar) -> None:
+    seed, lid = plan.seed, t.layer_id
+    if t.kind == "table":
+        if fill == "all":
+            _stream(fd, dfd, at, t.shape[0], ROW_BYTES, lambda a, b: table_rows(lid, a, b, seed), chunk_bytes,
+                    _pad(t.nbytes, plan.alignment), bar)
+        elif fill == "trace":
+            rows = trace_rows[lid]
+            _write_rows_sparse(fd, at, lid, rows[rows < np.uint64(t.shape[0])], seed, chunk_bytes, bar)
+    elif t.kind == "kv" and projections:
+        _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
+                lambda a, b: engram_kv(lid, seed, a, b, t.shape[1]), chunk_bytes, _pad(t.nbytes, plan.alignment), bar)
+    elif t.kind in ("q_norm", "k_norm") and projections:
+        arr = norm_weight(lid, t.kind[0], seed)
+        _pwrite_all(fd, arr, at)
         if bar is not None:
-            bar.close()
-    return names
+            bar.update(arr.nbytes)
 
 
 def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None, full_size: bool = False,

@@ -10,7 +10,8 @@ build's baseline, AVX2 and AVX-512, chosen at run time).  This module exposes
   ``first_bad_column`` and ``decode_rows_into`` (loops without the GIL; large
   batches split across threads with OpenMP where built);
 - ``paths()``, ``get_path()``, ``set_path(name)`` to inspect or force the path
-  (the tests run every path available on the machine).
+  (the tests run every path available on the machine), and ``get_threads()``,
+  ``set_threads(n)`` (the shared :class:`engram._native.controls.Controls`).
 
 Arguments of the batch entry points are checked by the Python caller.
 """
@@ -19,16 +20,16 @@ from libc.stdint cimport uint8_t
 from cython.parallel cimport prange
 cimport openmp
 
+from engram._native.controls cimport Controls
+
 from engram.errors import ArgumentError
 
 # Rows per thread chunk and the batch size from which threads are used.
-DEF PARALLEL_CHUNK = 2048
-DEF PARALLEL_MIN_ROWS = 8192
+cdef enum:
+    PARALLEL_CHUNK = 2048
+    PARALLEL_MIN_ROWS = 8192
 
 cdef extern from "codec_simd.h" nogil:
-    int ENGRAM_CODEC_PORTABLE
-    int ENGRAM_CODEC_AVX2
-    int ENGRAM_CODEC_AVX512
     int ENGRAM_CODEC_HAVE_X86
     void engram_codec_init()
     int engram_codec_cpu_path()
@@ -38,69 +39,22 @@ cdef extern from "codec_simd.h" nogil:
 
 engram_codec_init()
 
-_NAMES = {ENGRAM_CODEC_PORTABLE: "portable", ENGRAM_CODEC_AVX2: "avx2", ENGRAM_CODEC_AVX512: "avx512"}
-
-cdef int _CPU_PATH = engram_codec_cpu_path()
-cdef int _PATH = _CPU_PATH
-cdef int _THREADS = max(1, min(openmp.omp_get_num_procs(), 8))
-
+cdef Controls _CONTROLS = Controls("codec", engram_codec_cpu_path(), max(1, min(openmp.omp_get_num_procs(), 8)))
 
 # ------------------------------------------------------------------ C interface
 cdef int check_row(const uint8_t* raw) noexcept nogil:
-    if engram_codec_find_bad(_PATH, raw, 1) == 0:
+    if engram_codec_find_bad(_CONTROLS.path, raw, 1) == 0:
         return engram_codec_first_bad(raw)
     return -1
 
 
 cdef void decode_row(const uint8_t* raw, float* out) noexcept nogil:
-    engram_codec_decode_rows(_PATH, raw, 1, out)
+    engram_codec_decode_rows(_CONTROLS.path, raw, 1, out)
 
 
-# ------------------------------------------------------------------ paths
-def paths():
-    """Names of the decode paths this CPU can run, slowest first (``"portable"`` always)."""
-    out = ["portable"]
-    if _CPU_PATH >= ENGRAM_CODEC_AVX2:
-        out.append("avx2")
-    if _CPU_PATH >= ENGRAM_CODEC_AVX512:
-        out.append("avx512")
-    return out
-
-
-def get_path():
-    """Name of the path in use (the fastest one the CPU runs, unless :func:`set_path` changed it)."""
-    return _NAMES[_PATH]
-
-
-def set_path(name):
-    """Use path ``name`` (one of :func:`paths`) for every later call; returns the previous name.
-
-    Every path gives the same bits; this exists so tests and benchmarks can run each.
-    Raises ``ArgumentError`` for a path this CPU cannot run.
-    """
-    global _PATH
-    prev = _NAMES[_PATH]
-    if name not in paths():
-        raise ArgumentError(f"codec path {name!r} is not available here; available: {paths()}")
-    for k, v in _NAMES.items():
-        if v == name:
-            _PATH = k
-    return prev
-
-
-def get_threads():
-    """Threads used for batches of at least ``PARALLEL_MIN_ROWS`` rows."""
-    return _THREADS
-
-
-def set_threads(int n):
-    """Set the thread count of large batches (>= 1); returns the previous value."""
-    global _THREADS
-    if n < 1:
-        raise ArgumentError(f"threads must be >= 1, got {n}")
-    prev = _THREADS
-    _THREADS = n
-    return prev
+# ------------------------------------------------------------------ paths and threads
+#: Decode paths this CPU runs; the path in use; threads of batches of at least PARALLEL_MIN_ROWS rows.
+paths, get_path, set_path, get_threads, set_threads = _CONTROLS.functions()
 
 
 # ------------------------------------------------------------------ batch entry points
@@ -110,7 +64,7 @@ def find_bad_row(const uint8_t[:, ::1] raw):
     if n == 0:
         return -1
     with nogil:
-        i = engram_codec_find_bad(_PATH, &raw[0, 0], n)
+        i = engram_codec_find_bad(_CONTROLS.path, &raw[0, 0], n)
     return -1 if i == n else i
 
 
@@ -127,7 +81,7 @@ def decode_rows_into(const uint8_t[:, ::1] raw, float[:, ::1] out):
     Batches of at least ``PARALLEL_MIN_ROWS`` rows are split across threads.
     """
     cdef Py_ssize_t n = raw.shape[0], c, nchunks, lo, hi
-    cdef int nthreads, path = _PATH
+    cdef int nthreads, path = _CONTROLS.path
     cdef const uint8_t* r
     cdef float* o
     if n == 0:
@@ -135,11 +89,11 @@ def decode_rows_into(const uint8_t[:, ::1] raw, float[:, ::1] out):
     r = &raw[0, 0]
     o = &out[0, 0]
     with nogil:
-        if n < PARALLEL_MIN_ROWS or _THREADS == 1:
+        if n < PARALLEL_MIN_ROWS or _CONTROLS.threads == 1:
             engram_codec_decode_rows(path, r, n, o)
         else:
             nchunks = (n + PARALLEL_CHUNK - 1) // PARALLEL_CHUNK
-            nthreads = _THREADS
+            nthreads = _CONTROLS.threads
             for c in prange(nchunks, num_threads=nthreads, schedule="static"):
                 lo = c * PARALLEL_CHUNK
                 hi = min(n, lo + PARALLEL_CHUNK)

@@ -48,10 +48,13 @@ Arguments are checked by the Python caller (:func:`engram.mixer.gated_add`).
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
 
+from engram._native.controls cimport Controls
+
 from engram.errors import ArgumentError
 
 # Residual values (tokens x streams x width) from which a call uses threads.
-DEF PARALLEL_MIN_VALUES = 1 << 18
+cdef enum:
+    PARALLEL_MIN_VALUES = 1 << 18
 
 cdef extern from *:
     """
@@ -165,9 +168,6 @@ cdef extern from *:
         return 1.0 / (1.0 + exp(-x));
     }
     """
-    int EG_PORTABLE
-    int EG_AVX2
-    int EG_AVX512
     int EG_LANES
     int eg_cpu_path() nogil
     float eg_bf16(float x) nogil
@@ -177,60 +177,14 @@ cdef extern from *:
     double eg_gate(double dot, double shh, double skk, Py_ssize_t n, double eps) nogil
 
 
-_NAMES = {EG_PORTABLE: "portable", EG_AVX2: "avx2", EG_AVX512: "avx512"}
-
-cdef int _CPU_PATH = eg_cpu_path()
-cdef int _PATH = _CPU_PATH
-cdef int _THREADS = 1
+cdef Controls _CONTROLS = Controls("gate", eg_cpu_path(), 1)
 
 #: Partial sums of the float64 reductions (part of the precision contract).
 LANES = EG_LANES
 
-
-def paths():
-    """Names of the arithmetic paths this CPU can run, slowest first (``"portable"`` always)."""
-    out = ["portable"]
-    if _CPU_PATH >= EG_AVX2:
-        out.append("avx2")
-    if _CPU_PATH >= EG_AVX512:
-        out.append("avx512")
-    return out
-
-
-def get_path():
-    """Name of the path in use (the fastest one the CPU runs, unless :func:`set_path` changed it)."""
-    return _NAMES[_PATH]
-
-
-def set_path(name):
-    """Use path ``name`` (one of :func:`paths`) for later calls; returns the previous name.
-
-    Every path gives the same bits; this exists so tests and benchmarks can run each.
-    Raises ``ArgumentError`` for a path this CPU cannot run.
-    """
-    global _PATH
-    prev = _NAMES[_PATH]
-    if name not in paths():
-        raise ArgumentError(f"gate path {name!r} is not available here; available: {paths()}")
-    for k, v in _NAMES.items():
-        if v == name:
-            _PATH = k
-    return prev
-
-
-def get_threads():
-    """Threads used by calls of at least ``PARALLEL_MIN_VALUES`` residual values (default 1)."""
-    return _THREADS
-
-
-def set_threads(int n):
-    """Set the thread count of large calls (>= 1); returns the previous value."""
-    global _THREADS
-    if n < 1:
-        raise ArgumentError(f"threads must be >= 1, got {n}")
-    prev = _THREADS
-    _THREADS = n
-    return prev
+#: Arithmetic paths this CPU runs; the path in use; threads of calls of at least
+#: PARALLEL_MIN_VALUES residual values (default 1, see the module docstring).
+paths, get_path, set_path, get_threads, set_threads = _CONTROLS.functions()
 
 
 cdef inline void _token(int path, float* res, const float* kv, const double* w,
@@ -258,7 +212,7 @@ def gated_add_into(float[:, :, ::1] residual, const float[:, :, ::1] kv,
     dtypes and contiguity: the caller validated shapes.
     """
     cdef Py_ssize_t T = residual.shape[0], S = residual.shape[1], W = residual.shape[2], t, s, i
-    cdef int path = _PATH, nthreads = _THREADS
+    cdef int path = _CONTROLS.path, nthreads = _CONTROLS.threads
     cdef bint masked = mask is not None
     cdef float* res
     cdef const float* kvp

@@ -27,12 +27,15 @@ from operator import index as _index
 
 from engram.errors import ArgumentError, HistoryError, LayoutError, TokenError
 
-DEF MAX_TAIL = 15
-DEF MAX_COLS = 1024
-DEF FAST_MOD_MIN_PRIME = 8192
-# Batches of at least this many tokens are split across threads (OpenMP, where built).
-DEF PARALLEL_MIN_TOKENS = 4096
-DEF PARALLEL_CHUNK = 2048
+cdef enum:
+    # Longest history (max_ngram - 1) and most columns a layer the kernel serves.
+    MAX_TAIL = 15
+    MAX_COLS = 1024
+    # Primes from which the reciprocal modulo is exact (see the module docstring).
+    FAST_MOD_MIN_PRIME = 8192
+    # Batches of at least this many tokens are split across threads (OpenMP, where built).
+    PARALLEL_MIN_TOKENS = 4096
+    PARALLEL_CHUNK = 2048
 
 cdef int32_t DEAD = -1
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import pytest
 from gguf import GGUFValueType
 
 from engram import (ArgumentError, DecodeError, EngramError, EngramModel, FormatError, Hasher, History,
-                    HistoryError, Layout, LayoutError, RowRangeError, Table, TableGroup, TableIOError, TokenError,
+                    HistoryError, Layout, LayoutError, MaskError, RowRangeError, Table, TableGroup, TableIOError, TokenError,
                     decode_rows, encode_rows, gated_add, project, read_model, synth)
 from engram.cli import main as cli_main
 from tests.modelfiles import clone_patched, plan, token_map as _token_map, write_header_only
@@ -117,18 +117,18 @@ def _(env):
     env["hasher"].hash([-3, 2])
 
 
-@case("hash: mask of the wrong length", TokenError, "mask must have shape (3,)",
+@case("hash: mask of the wrong length", MaskError, "mask must have shape [3]",
       guard=lambda env: [env.setdefault("h2", History([1, 2, 3]))])
 def _(env):
     env["hasher"].hash([1, 2, 3], mask=[True, False], history=env["h2"])
 
 
-@case("hash: mask holding NaN", TokenError, "mask must be bool", "float64")
+@case("hash: mask holding NaN", MaskError, "mask[0] = 1.0", "bool or 0/1 integers", "float64")
 def _(env):
     env["hasher"].hash([1, 2], mask=np.array([1.0, np.nan]))
 
 
-@case("hash: mask holding 2", TokenError, "mask[1] = 2")
+@case("hash: mask holding 2", MaskError, "mask[1] = 2")
 def _(env):
     env["hasher"].hash([1, 2], mask=np.array([1, 2]))
 
@@ -357,7 +357,7 @@ def _(env):
     gated_add(r, m["kv"], m["w"], m["w"], 1e-6)
 
 
-@case("gated_add: mask of the wrong length", ArgumentError, "mask must have shape [2]",
+@case("gated_add: mask of the wrong length", MaskError, "mask must have shape [2]",
       guard=lambda env: [_mix_inputs(env)["res"]])
 def _(env):
     m = _mix_inputs(env)
@@ -408,7 +408,7 @@ def _(env):
     env["session"].restore(History([1, 2]))
 
 
-@case("session.prefill: mask of the wrong length", TokenError, "mask must have shape (4,)",
+@case("session.prefill: mask of the wrong length", MaskError, "mask must have shape [4]",
       guard=lambda env: [_hist(env)])
 def _(env):
     env["session"].prefill([1, 2, 3, 4], mask=[True])

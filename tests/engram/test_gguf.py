@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 import engram
 from engram import ArgumentError, Layout, read_model, synth
-from engram import gguf_file
+from engram.gguf import header as gguf_header
 
 from tests.modelfiles import SCALE, plan, token_map, write_header_only
 
@@ -170,13 +170,13 @@ def test_projection_tensors_read_back(small):
 
 def test_read_model_reads_headers_only_and_allocates_little(small, monkeypatch):
     reads = []
-    real = gguf_file._pread
+    real = gguf_header._pread
 
     def watch(fd, n, off):
         reads.append((off, n))
         return real(fd, n, off)
 
-    monkeypatch.setattr(gguf_file, "_pread", watch)
+    monkeypatch.setattr(gguf_header, "_pread", watch)
     tracemalloc.start()
     try:
         info = read_model(small)

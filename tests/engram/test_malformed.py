@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram import FormatError, read_model, synth
-from engram import gguf_file
+from engram.gguf import header as gguf_header
 
 from tests.modelfiles import clone_patched, plan, write_header_only
 
@@ -39,13 +39,13 @@ def expect_error(target, *needles, table_floor=None):
     """read_model(target) must raise FormatError whose message holds every needle, having read only
     header bytes (below ``table_floor``) and allocated at most a few MB."""
     reads = []
-    real = gguf_file._pread
+    real = gguf_header._pread
 
     def watch(fd, n, off):
         reads.append((off, n))
         return real(fd, n, off)
 
-    gguf_file._pread = watch
+    gguf_header._pread = watch
     tracemalloc.start()
     try:
         with pytest.raises(FormatError) as exc:
@@ -53,7 +53,7 @@ def expect_error(target, *needles, table_floor=None):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-        gguf_file._pread = real
+        gguf_header._pread = real
     msg = str(exc.value)
     for n in needles:
         assert n in msg, f"{n!r} not in {msg!r}"
@@ -135,8 +135,9 @@ PLAN_CASES = {
                                   {"optional_keys": True}),
     "head_count contradicts primes": (_set(P + "head_count", 4, U32), [P + "primes", "head_count = 4"],
                                       {"optional_keys": True}),
-    "max_ngram_size contradicts primes": (_set(P + "max_ngram_size", 3, U32), [P + "primes", "max_ngram_size = 3"],
-                                          {"optional_keys": True}),
+    "max_ngram_size contradicts the multipliers": (_set(P + "max_ngram_size", 3, U32),
+                                                   [P + "multipliers", "has 8 entries", "max_ngram_size = 3", "6"],
+                                                   {"optional_keys": True}),
     "key_length contradicts the encoding": (_set(P + "key_length", 128, U32), [P + "key_length", "128"],
                                             {"optional_keys": True}),
     "even multiplier": (_patch_list(P + "multipliers", 2, 1), [P + "multipliers", "even"], {}),
@@ -145,8 +146,7 @@ PLAN_CASES = {
     "architecture without Engram keys": (_set("general.architecture", "llama", STR),
                                          ["'llama'", "deepseek41.engram.encoding"], {}),
     "missing architecture": (_drop_key("general.architecture"), ["general.architecture", "missing"], {}),
-    "missing gate epsilon": (_drop_key("deepseek41.attention.layer_norm_rms_epsilon"),
-                             ["deepseek41.attention.layer_norm_rms_epsilon", "missing"], {}),
+    "missing primes": (_drop_key(P + "primes"), [P + "primes", "missing", "deepseek4.engram.primes"], {}),
     "missing token map": (_drop_key(P + "token_map"), [P + "token_map", "missing"], {}),
     "token map shorter than the compressed vocabulary": (_set(P + "token_map", list(range(1000)), ARR, U32),
                                                          [P + "token_map", "1000 entries", "99092"], {}),

@@ -373,7 +373,8 @@ def _bad_gated_add_calls():
         "q_w shape": dict(q_w=np.ones((S + 1, W), np.float32)),
         "k_w dtype": dict(k_w=np.ones((S, W), np.float64)),
         "mask length": dict(mask=np.ones(T + 1, bool)),
-        "mask dtype": dict(mask=np.ones(T, np.int8)),
+        "mask dtype": dict(mask=np.ones(T, np.float32)),
+        "mask entry 2": dict(mask=np.full(T, 2, np.int8)),
         "mask 2-D": dict(mask=np.ones((T, 1), bool)),
         "eps nan": dict(eps=float("nan")),
         "eps inf": dict(eps=float("inf")),
@@ -566,7 +567,7 @@ def _bad_project_calls():
         "rows float64": dict(rows=rows.astype(np.float64)),
         "rows 2-D": dict(rows=rows.reshape(T, 12)),
         "rows non-contiguous": dict(rows=np.repeat(rows, 2, axis=2)[:, :, ::2]),
-        "w_kv float16": dict(w_kv=w.astype(np.float16)),
+        "w_kv float64": dict(w_kv=w.astype(np.float64)),
         "w_kv in features": dict(w_kv=np.ones((10, 13), np.float32)),
         "w_kv out features": dict(w_kv=np.ones((11, 12), np.float32)),
         "w_kv non-contiguous": dict(w_kv=np.ones((12, 10), np.float32).T),
@@ -594,3 +595,139 @@ def test_project_argument_errors(name):
         engram.project(args["rows"], args["w_kv"], out=args["out"], streams=args["streams"])
     assert np.array_equal(args["out"], before, equal_nan=True)
     assert name.split()[0] in str(err.value)
+
+
+# ====================================================================== F16 projection kernel
+from engram._native import project as f16_native  # noqa: E402
+
+F16_PATHS = f16_native.paths()
+
+
+@pytest.fixture(params=F16_PATHS)
+def f16_path(request):
+    prev = f16_native.set_path(request.param)
+    yield request.param
+    f16_native.set_path(prev)
+
+
+def project_f16_twin(x, w16):
+    """NumPy twin of the F16 kernel (engram/_native/project_simd.h), bit for bit: float32 [T, n_out].
+
+    Input i goes to partial sum i % 64 in increasing i (float32 product, then float32 sum),
+    then p[j] += p[j + s] for s = 32, 16, 8, 4, 2, 1.  Zero padding past n_in adds +0.0 to
+    sums that never are -0.0 (they start at +0.0), so it changes no bit.
+    """
+    lanes = 64
+    T, n = x.shape
+    w = w16.astype(np.float32)  # exact
+    nb = -(-n // lanes)
+    out = np.empty((T, w.shape[0]), np.float32)
+    for t in range(T):
+        prod = np.zeros((w.shape[0], nb * lanes), np.float32)
+        prod[:, :n] = w * x[t]
+        p = np.zeros((w.shape[0], lanes), np.float32)
+        for c in range(nb):
+            p = p + prod[:, c * lanes:(c + 1) * lanes]
+        s = lanes // 2
+        while s:
+            p[:, :s] = p[:, :s] + p[:, s:2 * s]
+            s //= 2
+        out[t] = p[:, 0]
+    return out
+
+
+def _f16_project(x, w16):
+    out = np.full((x.shape[0], w16.shape[0]), np.nan, np.float32)
+    f16_native.f16_project_into(w16.view(np.uint16), x, out)
+    return out
+
+
+@pytest.mark.parametrize("T,n_out,n_in", [(1, 40, 64), (1, 33, 6144), (2, 17, 128), (3, 9, 100), (4, 5, 12),
+                                          (5, 11, 200), (9, 7, 6144 + 7), (6, 37, 3000), (1, 3, 1), (2, 4, 0)])
+def test_f16_kernel_equals_twin_on_every_path(f16_path, T, n_out, n_in):
+    """General float32 inputs (not bf16, magnitudes spread over 2^+-20): products round, so a fused
+    multiply-add anywhere, or another summation order, would change bits."""
+    rng = np.random.default_rng(T * 1000 + n_in)
+    x = (rng.standard_normal((T, n_in)) * 2.0 ** rng.integers(-20, 20, (T, n_in))).astype(np.float32)
+    w16 = make_kv_f16(rng, n_out, n_in)
+    got = _f16_project(x, w16)
+    assert same_bits(got, project_f16_twin(x, w16)), f16_path
+
+
+def test_f16_kernel_threads_and_v41_shapes(f16_path):
+    """[25600, 6144] F16 weights (rows of engram_kv), T = 1..5: the kernel equals the twin on 300 rows
+    and does not depend on the thread count; with bf16 rows every product is exact."""
+    rng = np.random.default_rng(31)
+    w16 = make_kv_f16(rng, 6400, 6144)[rng.integers(0, 6400, 25600)]
+    pick = rng.choice(25600, 300, replace=False)
+    prev = f16_native.get_threads()
+    try:
+        for T in (1, 2, 5):
+            x = make_rows(rng, T).reshape(T, -1)
+            f16_native.set_threads(1)
+            one = _f16_project(x, w16)
+            f16_native.set_threads(2)
+            two = _f16_project(x, w16)
+            assert same_bits(one, two)
+            assert same_bits(one[:, pick], project_f16_twin(x, w16[pick]))
+            check_projection(one.reshape(T, 5, 5120), x.reshape(T, 24, 256), w16, pick)
+    finally:
+        f16_native.set_threads(prev)
+
+
+def test_f16_kernel_non_finite_values_propagate(f16_path):
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((2, 130)).astype(np.float32)
+    w16 = make_kv_f16(rng, 6, 130)
+    x[0, 5] = np.nan
+    x[1, 129] = np.inf  # in the tail past 128
+    w16[3, 7] = np.float16(np.inf)
+    got = _f16_project(x, w16)
+    with np.errstate(invalid="ignore"):
+        assert same_bits(got, project_f16_twin(x, w16))
+    assert np.isnan(got[0]).all()
+    hit = w16[:, 129] != 0
+    assert not np.isfinite(got[1, hit]).any() and hit.sum() >= 4
+
+
+def test_f16_to_f32_every_half_exact(f16_path):
+    """All 65,536 F16 bit patterns convert exactly (NaNs stay NaNs), in blocks of any size."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ref = bits.view(np.float16).astype(np.float32)
+    for rows in (1, 7, 4096):
+        w = np.resize(bits, (rows, (1 << 16) // rows + (1 if (1 << 16) % rows else 0)))
+        out = np.full(w.shape, -1.0, np.float32)
+        f16_native.f16_to_f32_into(w, out)
+        want = np.resize(ref, w.shape)
+        assert same_bits(out, want), (f16_path, rows)
+    # through the projection too: one input of 1.0 gives 0 + w (-0.0 becomes +0.0, as the sum starts at +0.0)
+    got = _f16_project(np.ones((1, 1), np.float32), bits.reshape(-1, 1).view(np.float16))
+    with np.errstate(invalid="ignore"):
+        assert same_bits(got[0], np.float32(0) + ref)
+
+
+def test_project_dispatch_f16_and_float32():
+    """project: F16 weights up to F16_KERNEL_MAX_TOKENS tokens give the kernel's bits; beyond, float32
+    blocks and BLAS (within the float32-accumulation bound); float32 weights give numpy.matmul's bits."""
+    rng = np.random.default_rng(33)
+    dim = 40
+    w16 = make_kv_f16(rng, 5 * dim, 24 * 256)
+    w32 = mixer.kv_weights(w16)
+    prev = mixer.BLAS_BLOCK_ROWS
+    mixer.BLAS_BLOCK_ROWS = 64  # several blocks and a partial last one (200 rows)
+    try:
+        for T in (0, 1, mixer.F16_KERNEL_MAX_TOKENS, mixer.F16_KERNEL_MAX_TOKENS + 1, 40):
+            rows = make_rows(rng, T)
+            out = engram.project(rows, w16)
+            assert out.shape == (T, 5, dim) and out.dtype == np.float32
+            x = rows.reshape(T, 24 * 256)
+            if 0 < T <= mixer.F16_KERNEL_MAX_TOKENS:
+                assert same_bits(out.reshape(T, 5 * dim), project_f16_twin(x, w16))
+            elif T:
+                check_projection(out, rows, w32)
+            plain = engram.project(rows, w32)
+            assert same_bits(plain.reshape(T, 5 * dim), np.matmul(x, w32.T))
+            if T:
+                check_projection(plain, rows, w32)
+    finally:
+        mixer.BLAS_BLOCK_ROWS = prev

@@ -235,11 +235,11 @@ def test_apply_projects_and_gates(model, text_ids):
     from engram.mixer import gated_add, project
 
     w = model.weights(14)
-    assert w.kv.shape == (25600, 6144) and w.kv.dtype == np.float32
+    assert w.kv.shape == (25600, 6144) and w.kv.dtype == np.float16  # kept F16: 315 MB, not 629
     assert w.q_norm.shape == (4, 5120) and w.k_norm.shape == (4, 5120)
     raw = model.info.read_tensor(model.info.layers[14].kv.name, max_bytes=1 << 31)
-    assert np.array_equal(w.kv, raw.astype(np.float32))
-    assert model.weights(14) is w  # converted once
+    assert np.array_equal(w.kv, raw) and w.kv.nbytes == 25600 * 6144 * 2
+    assert model.weights(14) is w  # read once
     with model.session() as s:
         rows = np.stack([s.step(int(t))[14] for t in text_ids[:3]])
         rng = np.random.default_rng(0)
@@ -257,3 +257,172 @@ def test_apply_projects_and_gates(model, text_ids):
         assert np.all((gates[[0, 2]] > 0) & (gates[[0, 2]] < 1)) and np.all(gates[1] == 0)
         with pytest.raises(ArgumentError):
             s.apply(2, residual, rows)
+
+
+def test_rows_from_another_machine_equal_step(model, model_path, text_ids):
+    """Disaggregated serving (issue 17.7): a storage node reads the raw 264-byte records at
+    TableLocation.row_offset and ships them with their row ids; decode_rows(raw, row_ids=) on the
+    compute node equals Session.step bit for bit, and a corrupted record is named by its row id."""
+    from engram import DecodeError
+
+    info = model.info
+    fd = os.open(model_path, os.O_RDONLY)
+    try:
+        with model.session() as compute, model.session() as local:
+            for tok in text_ids[:60]:
+                ids = compute.step_rows(int(tok))  # the compute node hashes: uint32 [2, 24]
+                want = local.step(int(tok))
+                for li, lid in enumerate(model.layer_ids):
+                    loc = info.tables[lid]
+                    wire = b"".join(os.pread(fd, 264, loc.row_offset(int(r))) for r in ids[li])  # storage node
+                    raw = np.frombuffer(wire, np.uint8).reshape(-1, 264)
+                    assert np.array_equal(decode_rows(raw, row_ids=ids[li]), want[lid])
+    finally:
+        os.close(fd)
+    bad = raw.copy()
+    bad[5, 17] = 0x7F
+    rid = int(ids[-1][5])
+    out = np.full((24, 256), 7.0, np.float32)
+    with pytest.raises(DecodeError, match=rf"row id {rid} \(record 5\) column 17") as e:
+        decode_rows(bad, out, row_ids=ids[-1])
+    assert (e.value.row, e.value.column) == (rid, 17) and np.all(out == 7.0)
+    with pytest.raises(ArgumentError, match=r"row_ids must be integers of shape \[24\]"):
+        decode_rows(raw, row_ids=ids[-1][:3])
+
+
+# ---------------------------------------------------------------- gate epsilon, masks, messages (issue 17)
+def test_gate_epsilon_is_a_parameter(model_path, text_ids):
+    """EngramModel.open(eps=) and session(eps=) choose the gate epsilon; the file's value is the default.
+    A residual with a tiny mean square shows the difference (SPEC §7: rsqrt(mean(h^2) + eps))."""
+    from engram.codec import bf16_round
+    from engram.mixer import gated_add, project
+
+    default = EngramModel.open(model_path)
+    assert default.eps == pytest.approx(1e-6) and default.info.sources["eps"].kind == "key"
+    tiny = EngramModel.open(model_path, eps=1e-20)
+    assert tiny.eps == 1e-20
+    with pytest.raises(ArgumentError, match="eps must be a finite number >= 0"):
+        EngramModel.open(model_path, eps=float("nan"))
+    rng = np.random.default_rng(5)
+    residual = bf16_round(rng.standard_normal((2, 4, 5120)).astype(np.float32) * np.float32(2e-4))
+    gates = {}
+    with default.session() as a, tiny.session() as b, default.session(eps=1e-20) as c:
+        rows = np.stack([a.step(int(t))[14] for t in text_ids[:2]])
+        for name, s in (("file", a), ("open", b), ("session", c)):
+            g = np.zeros((2, 4), np.float32)
+            s.apply(14, residual.copy(), rows, gates_out=g)
+            gates[name] = g
+        assert c.eps == 1e-20 and a.eps == default.eps
+        with pytest.raises(ArgumentError, match="eps"):
+            default.session(eps=-1.0)
+    w = default.weights(14)
+    for name, eps in (("file", default.eps), ("open", 1e-20)):
+        want = np.zeros((2, 4), np.float32)
+        gated_add(residual.copy(), project(rows, w.kv), w.q_norm, w.k_norm, eps, gates_out=want)
+        assert np.array_equal(gates[name], want)
+    assert np.array_equal(gates["open"], gates["session"])
+    assert np.abs(gates["file"] - gates["open"]).max() > 0.01  # mean(h^2) ~ 4e-8 against eps 1e-6
+
+
+MASKS_OK = {
+    "bool": lambda m: m.astype(bool),
+    "int64": lambda m: m.astype(np.int64),
+    "uint8": lambda m: m.astype(np.uint8),
+    "list of 0/1": lambda m: [int(x) for x in m],
+    "list of bool": lambda m: [bool(x) for x in m],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS_OK))
+def test_one_mask_rule_accepts(model, text_ids, kind):
+    """The same masks work at every entry point and mean the same thing."""
+    from engram.codec import bf16_round
+
+    ids = text_ids[:6]
+    base = np.array([1, 1, 0, 1, 0, 1])
+    mask = MASKS_OK[kind](base)
+    ref_ids = Hasher(model.layout, model.token_map).hash(ids, base.astype(bool))
+    assert np.array_equal(Hasher(model.layout, model.token_map).hash(ids, mask), ref_ids)
+    with model.session() as s:
+        p = s.prefill(ids, mask)
+        assert np.array_equal(p.row_ids, ref_ids)
+        rows = p.rows(14, timeout=60)
+        residual = bf16_round(np.random.default_rng(1).standard_normal((6, 4, 5120)).astype(np.float32))
+        before = residual.copy()
+        gates = np.full((6, 4), -1.0, np.float32)
+        s.apply(14, residual, rows, mask=mask, gates_out=gates)
+    off = base == 0
+    assert np.array_equal(residual[off], before[off]) and np.all(gates[off] == 0)
+    assert not np.array_equal(residual[~off], before[~off]) and np.all(gates[~off] > 0)
+
+
+MASKS_BAD = {
+    "a 2": (np.array([1, 2, 0, 1, 0, 1]), "mask[1] = 2"),
+    "floats": (np.ones(6, np.float32), "mask[0] = 1.0"),
+    "strings": (np.array(["1"] * 6), "mask[0] = '1'"),
+    "wrong length": (np.ones(5, bool), "mask must have shape [6]"),
+    "2-D": (np.ones((6, 1), bool), "mask must have shape [6]"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS_BAD))
+def test_one_mask_rule_refuses_everywhere(model, text_ids, kind):
+    from engram import MaskError, TokenError
+    from engram.mixer import gated_add
+
+    mask, needle = MASKS_BAD[kind]
+    ids = text_ids[:6]
+    residual = np.ones((6, 4, 5120), np.float32)
+    rows = np.zeros((6, 24, 256), np.float32)
+    w = np.ones((4, 5120), np.float32)
+    calls = {
+        "Hasher.hash": lambda s: Hasher(model.layout, model.token_map).hash(ids, mask),
+        "Session.prefill": lambda s: s.prefill(ids, mask),
+        "Session.apply": lambda s: s.apply(14, residual, rows, mask=mask),
+        "gated_add": lambda s: gated_add(residual, np.ones((6, 5, 5120), np.float32), w, w, 1e-6, mask),
+    }
+    with model.session() as s:
+        hist = s.snapshot()
+        for name, call in calls.items():
+            with pytest.raises(ArgumentError) as e:
+                call(s)
+            assert isinstance(e.value, MaskError) and isinstance(e.value, TokenError), name
+            assert needle in str(e.value), (name, str(e.value))
+        assert s.history == hist and np.all(residual == 1)
+
+
+def test_apply_names_the_array_that_does_not_fit(model):
+    """Issue 19.8: a residual of the wrong width is named as such (it used to blame kv)."""
+    with model.session() as s:
+        rows = np.zeros((1, 24, 256), np.float32)
+        with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\].*got \[1, 4, 4096\]"):
+            s.apply(14, np.zeros((1, 4, 4096), np.float32), rows)
+        with pytest.raises(ArgumentError, match=r"rows must have shape \[1, 24, 256\].*got \[2, 24, 256\]"):
+            s.apply(14, np.zeros((1, 4, 5120), np.float32), np.zeros((2, 24, 256), np.float32))
+        with pytest.raises(ArgumentError, match="layer 3 has no Engram table"):
+            s.apply(3, np.zeros((1, 4, 5120), np.float32), rows)
+    from engram.mixer import gated_add
+
+    w = np.ones((4, 5120), np.float32)
+    with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\].*got \[1, 4, 4096\]"):
+        gated_add(np.zeros((1, 4, 4096), np.float32), np.zeros((1, 5, 5120), np.float32), w, w, 1e-6)
+
+
+def test_closed_session_says_so(model):
+    s = model.session()
+    s.step(5)
+    s.close()
+    with pytest.raises(TableIOError, match="step: the session is closed; open a new one"):
+        s.step(6)
+
+
+def test_hasher_check_history(model):
+    h = model.hasher
+    ok = History([1, 2, 3])
+    assert h.check_history(ok) is ok
+    with pytest.raises(HistoryError, match="needs 3"):
+        h.check_history(History([1, 2]))
+    with pytest.raises(HistoryError, match="history id 2 is 99092"):
+        h.check_history(History([1, 2, 99092]))
+    with pytest.raises(HistoryError, match="must be an engram.History"):
+        h.check_history((1, 2, 3))

@@ -19,9 +19,6 @@ from engram import ArgumentError, Hasher, Layout, load_tokenizer, read_model, sy
 
 from tests.modelfiles import SCALE, plan, token_map
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
 def _decode(raw: np.ndarray) -> np.ndarray:
     """SPEC §5 by ml_dtypes: float32 [n, 256] (exact products; no bf16 rounding needed for checks)."""
     codes = raw[:, :256].copy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -30,8 +27,8 @@ def _decode(raw: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def text_tokens() -> np.ndarray:
-    text = (DATA / "promessi_sposi.txt").read_text(encoding="utf-8")[:4000]
+def text_tokens(shared_data) -> np.ndarray:
+    text = (shared_data / "promessi_sposi.txt").read_text(encoding="utf-8")[:4000]
     return np.array(load_tokenizer().encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
 

@@ -1,0 +1,144 @@
+"""Argument checks shared by the engine's entry points: one wording, one rule each.
+
+Every check raises an :class:`~engram.errors.EngramError` kind (``ArgumentError``
+unless the caller names another) before anything is written, and names the
+argument, the expected dtype/shape and what was given.  Shapes print as
+``[d0, d1, ...]`` everywhere.
+
+The mask rule (issue 17): a mask is a 1-D array (or sequence) with one flag a
+token, either ``bool`` or integers that are all 0 or 1 (an attention mask).
+Anything else, floats included, is refused naming the first bad entry.
+:func:`as_mask` is the one implementation; ``Hasher.hash``, ``Session.prefill``,
+``Session.apply`` and ``gated_add`` all call it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from numbers import Real
+from typing import Optional, Tuple, Type, Union
+
+import numpy as np
+
+from .errors import ArgumentError, EngramError, MaskError
+
+__all__ = [
+    "shape_str", "need_array", "need_output", "need_contiguous", "no_overlap", "as_mask", "need_eps",
+    "need_int", "need_int_array",
+]
+
+DTypes = Union[np.dtype, type, Tuple[Union[np.dtype, type], ...]]
+
+
+def shape_str(a) -> str:
+    """``[d0, d1, ...]`` of an array or a shape tuple."""
+    shape = a.shape if hasattr(a, "shape") else tuple(a)
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _dtype_names(dtype: DTypes) -> str:
+    kinds = dtype if isinstance(dtype, tuple) else (dtype,)
+    return " or ".join(np.dtype(k).name for k in kinds)
+
+
+def need_array(name: str, a, dtype: DTypes, ndim: int, error: Type[EngramError] = ArgumentError) -> np.ndarray:
+    """``a`` itself, if it is a numpy array of ``dtype`` (one or a tuple) with ``ndim`` dimensions."""
+    if not isinstance(a, np.ndarray):
+        raise error(f"{name} must be a numpy.ndarray of {_dtype_names(dtype)}, got {type(a).__name__}")
+    kinds = dtype if isinstance(dtype, tuple) else (dtype,)
+    if a.dtype not in [np.dtype(k) for k in kinds]:
+        raise error(f"{name} must be {_dtype_names(dtype)}, got {a.dtype} with shape {shape_str(a)}")
+    if a.ndim != ndim:
+        raise error(f"{name} must have {ndim} dimensions, got shape {shape_str(a)}")
+    return a
+
+
+def need_contiguous(name: str, a: np.ndarray, hint: str = "") -> None:
+    """``a`` must be C-contiguous (``hint`` says how to get there)."""
+    if not a.flags.c_contiguous:
+        raise ArgumentError(f"{name} (shape {shape_str(a)}) must be C-contiguous{hint}")
+
+
+def need_output(name: str, a: np.ndarray) -> None:
+    """An output array: C-contiguous and writable."""
+    for bad, why in ((not a.flags.c_contiguous, "it is not C-contiguous"), (not a.flags.writeable, "it is read-only")):
+        if bad:
+            raise ArgumentError(f"{name} (shape {shape_str(a)}) must be C-contiguous and writable; {why}")
+
+
+def no_overlap(name: str, out: np.ndarray, **others: Optional[np.ndarray]) -> None:
+    """``out`` shares no memory with any of ``others`` (``None`` entries are skipped)."""
+    for other_name, other in others.items():
+        if other is not None and out.size and other.size and np.may_share_memory(out, other):
+            raise ArgumentError(f"{name} (shape {shape_str(out)}) overlaps {other_name} (shape {shape_str(other)})")
+
+
+def as_mask(mask, n: int, name: str = "mask") -> np.ndarray:
+    """The mask rule: ``mask`` as a C-contiguous uint8 ``[n]`` array of 0/1 (1 = text).
+
+    Accepts a bool array or sequence, or integers (any integer dtype) that are
+    all 0 or 1.  Raises :class:`~engram.errors.MaskError` (an ``ArgumentError``)
+    for another length or number of dimensions, a float, string or object
+    entry, or an integer other than 0/1, naming the first bad entry.
+    """
+    m = mask if isinstance(mask, np.ndarray) else np.asarray(mask)
+    if m.shape != (n,):
+        raise MaskError(f"{name} must have shape [{n}] (one flag a token), got {shape_str(m)}")
+    if m.dtype == np.bool_:
+        return np.ascontiguousarray(m).view(np.uint8)
+    if m.size == 0:  # an empty list comes as float64
+        return np.zeros(0, np.uint8)
+    if m.dtype.kind in "iu":
+        bad = np.flatnonzero((m != 0) & (m != 1))
+        if bad.size:
+            i = int(bad[0])
+            raise MaskError(f"{name}[{i}] = {m[i].item()!r}; a mask holds bool or 0/1 integers")
+        return np.ascontiguousarray(m, dtype=np.uint8)
+    raise MaskError(f"{name}[0] = {m[0].item()!r}: a mask holds bool or 0/1 integers, got dtype {m.dtype}")
+
+
+def need_eps(eps, name: str = "eps") -> float:
+    """``eps`` as a float: a real number, finite and ``>= 0`` (the gate's RMS-norm epsilon, SPEC §7)."""
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not math.isfinite(float(eps)) or float(eps) < 0:
+        raise ArgumentError(f"{name} must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def need_int(name: str, v, lo: Optional[int] = None, hi: Optional[int] = None,
+             error: Type[EngramError] = ArgumentError) -> int:
+    """``v`` as an int (bool refused) within ``[lo, hi]`` (either bound optional)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise error(f"{name} must be an integer, got {v!r}")
+    try:
+        x = operator.index(v)
+    except TypeError:
+        raise error(f"{name} must be an integer, got {v!r:.100}") from None
+    if (lo is not None and x < lo) or (hi is not None and x > hi):
+        rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise error(f"{name} must be an integer {rng}, got {x}")
+    return x
+
+
+def need_int_array(name: str, value, shape: Tuple[int, ...], dtype, error: Type[EngramError] = ArgumentError
+                   ) -> np.ndarray:
+    """``value`` as a read-only array of ``dtype`` and ``shape``, every entry in ``dtype``'s range."""
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # pragma: no cover - numpy raises many kinds
+        raise error(f"{name}: cannot be read as an integer array ({exc})") from None
+    if arr.dtype.kind not in "iu":
+        raise error(f"{name}: expected integers, got dtype {arr.dtype}")
+    if arr.shape != tuple(shape):
+        raise error(f"{name}: expected shape {tuple(shape)}, got {arr.shape}")
+    info = np.iinfo(dtype)
+    if arr.size:
+        lo = int(arr.min())
+        hi = int(arr.max())
+        if lo < info.min or hi > info.max:
+            i = int(np.argmax(arr.reshape(-1) < info.min) if lo < info.min else np.argmax(arr.reshape(-1) > info.max))
+            raise error(f"{name}: entry [{i}] = {int(arr.reshape(-1)[i])}; values must lie in "
+                        f"[{info.min}, {info.max}]")
+    out = arr.astype(dtype)
+    out.setflags(write=False)
+    return out

@@ -1,0 +1,306 @@
+"""Writing model files: outputs that appear only complete, and ``engram repair``.
+
+:func:`atomic_outputs` gives the writer temporary paths in a private folder
+beside the outputs and renames them into place only when the writing finished
+(the first path last, so a split set is complete once its first shard exists).
+A writer killed mid-way (power loss, SIGKILL) leaves no file under a final name,
+only the folder ``.NAME.partial-PID``; one that fails with an exception removes
+it.  ``engram synth`` and :func:`repair_model` write through it.
+
+:func:`repair_model` rewrites a model whose Engram keys are spelled the legacy
+way (``deepseek4.engram.*``), leave derivable constants out, or state them
+wrongly: it derives every derivable constant from the primary keys
+(:mod:`.keys`), checks the result against the tensors (the table shapes must
+agree with the sums of the primes, ``engram_kv`` with the columns, ...), and
+writes a new file (or split set) with the current ``{arch}.engram.*`` keys,
+every other key as it was, and the tensor data copied (holes stay holes).
+Header and metadata are written by ``gguf.GGUFWriter``; the values of the
+keys copied are read with ``gguf.GGUFReader``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from ..codec import ROW_VALUES
+from ..errors import ArgumentError, FormatError
+from .header import Header, PathLike, close_quietly, pad
+from .info import ModelInfo, model_info, read_headers, read_model
+from .keys import ARCHITECTURES, EPS_KEY, engram_keys, family_keys
+from .shards import shard_name
+from .tensors import engram_layer_ids
+
+__all__ = ["atomic_outputs", "repair_model", "engram_metadata"]
+
+#: Bytes copied per ``copy_file_range`` call (bounds a call's latency, not memory).
+COPY_CHUNK = 64 << 20
+
+Metadata = Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]]
+
+
+# ====================================================================== atomic outputs
+def partial_dir(first: Path) -> Path:
+    """The private folder a writer of ``first`` (and its sibling shards) works in."""
+    return first.parent / f".{first.name}.partial-{os.getpid()}"
+
+
+@contextmanager
+def atomic_outputs(paths: Sequence[PathLike]) -> Iterator[List[Path]]:
+    """Temporary paths for ``paths`` (all in one folder), renamed into place when the block completes.
+
+    Yields the temporary paths, in order, inside :func:`partial_dir` of the
+    first path (same folder, so the renames stay on one file system).  On a
+    normal exit every file is renamed over its final name (existing files are
+    replaced), the first path last, and the folder removed.  On an exception
+    the folder and everything in it are removed and the exception propagates;
+    no final name is touched.
+
+    Raises
+    ------
+    ArgumentError
+        ``paths`` is empty or names files in different folders.
+    """
+    finals = [Path(p) for p in paths]
+    if not finals or len({p.parent for p in finals}) != 1:
+        raise ArgumentError(f"atomic_outputs: need one or more paths in one folder, got {[str(p) for p in finals]}")
+    finals[0].parent.mkdir(parents=True, exist_ok=True)
+    work = partial_dir(finals[0])
+    shutil.rmtree(work, ignore_errors=True)  # a leftover of a killed writer that had our pid
+    work.mkdir()
+    temps = [work / p.name for p in finals]
+    try:
+        yield temps
+        for tmp, final in list(zip(temps, finals))[1:] + [(temps[0], finals[0])]:
+            os.replace(tmp, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ====================================================================== metadata
+def _field_values(path: Path) -> Metadata:
+    """Every metadata entry of ``path`` as ``key -> (value, type, element type)``, in file order."""
+    out: Metadata = {}
+    for name, f in GGUFReader(path, "r").fields.items():
+        if name.startswith("GGUF."):
+            continue  # the reader's own entries for the fixed header
+        if f.types[0] == GGUFValueType.ARRAY:
+            if len(f.types) > 2 and f.types[1] == GGUFValueType.ARRAY:
+                raise FormatError(f"{path}: {name}: nested arrays cannot be copied by repair")
+            out[name] = (f.contents(), GGUFValueType.ARRAY, f.types[-1] if len(f.types) > 1 else GGUFValueType.UINT8)
+        else:
+            out[name] = (f.contents(), f.types[0], None)
+    return out
+
+
+def engram_metadata(info: ModelInfo, *, optional_keys: bool = False, eps: Optional[float] = None) -> Metadata:
+    """The Engram keys of ``info`` under the current spelling (SPEC §6 table, types as there).
+
+    ``optional_keys`` adds ``offsets``, ``head_count``, ``key_length`` and
+    ``max_ngram_size``; ``eps`` adds ``{arch}.attention.layer_norm_rms_epsilon``.
+    """
+    lay, p = info.layout, f"{info.architecture}.engram."
+    U32, U64, ARR = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.ARRAY
+    md: Metadata = {
+        p + "encoding": (info.encoding, GGUFValueType.STRING, None),
+        p + "layer_ids": ([int(x) for x in lay.layer_ids], ARR, U32),
+        p + "rows": ([int(x) for x in lay.rows], ARR, U32),
+        p + "compressed_vocab_size": (lay.compressed_vocab_size, U32, None),
+        p + "pad_id": (lay.pad_id, U32, None),
+        p + "token_map": (info.token_map.astype(np.int64).tolist(), ARR, U32),
+        p + "primes": (lay.primes.astype(np.int64).reshape(-1).tolist(), ARR, U32),
+        p + "multipliers": ([int(x) for x in lay.multipliers.reshape(-1)], ARR, U64),
+    }
+    if optional_keys:
+        md[p + "offsets"] = (lay.offsets.astype(np.int64).reshape(-1).tolist(), ARR, U32)
+        md[p + "head_count"] = (lay.heads, U32, None)
+        md[p + "key_length"] = (ROW_VALUES, U32, None)
+        md[p + "max_ngram_size"] = (lay.max_ngram, U32, None)
+    if eps is not None:
+        md[f"{info.architecture}.{EPS_KEY}"] = (float(eps), GGUFValueType.FLOAT32, None)
+    return md
+
+
+def _repaired_metadata(info: ModelInfo, path: Path, eps: Optional[float]) -> Metadata:
+    """The first shard's entries with the Engram keys replaced by their current spelling."""
+    old = _field_values(path)
+    engram = set(family_keys(info.metadata))
+    optional = any(k.split(".", 2)[-1] in ("offsets", "head_count", "key_length", "max_ngram_size")
+                   for k in engram if ".engram." in k)
+    if eps is None and info.sources["eps"].kind != "default":
+        eps = info.eps
+    md = {k: v for k, v in old.items() if k not in engram}
+    md.update(engram_metadata(info, optional_keys=optional, eps=eps))
+    return md
+
+
+# ====================================================================== data
+def _copy_range(src: int, dst: int, src_off: int, dst_off: int, n: int, bar) -> None:
+    """Copy ``n`` bytes, skipping holes of ``src`` (they stay holes in the pre-sized ``dst``)."""
+    end = src_off + n
+    pos = src_off
+    while pos < end:
+        try:
+            data = os.lseek(src, pos, os.SEEK_DATA)
+            hole = min(end, os.lseek(src, data, os.SEEK_HOLE)) if data < end else end
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data after pos
+                data = hole = end
+            elif exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # no hole support: copy it all
+                data, hole = pos, end
+            else:
+                raise
+        if bar is not None and data > pos:
+            bar.update(min(data, end) - pos)
+        _copy_bytes(src, dst, data, dst_off + (data - src_off), hole - data, bar)
+        pos = hole
+
+
+def _copy_bytes(src: int, dst: int, at: int, to: int, n: int, bar) -> None:
+    while n > 0:
+        step = min(n, COPY_CHUNK)
+        try:
+            done = os.copy_file_range(src, dst, step, at, to)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            buf = os.pread(src, step, at)
+            done = os.pwrite(dst, buf, to) if buf else 0
+        if done <= 0:
+            raise FormatError(f"copying tensor data: the source ended at byte offset {at} ({n} bytes short)")
+        at, to, n = at + done, to + done, n - done
+        if bar is not None:
+            bar.update(done)
+
+
+def _write_shard(h: Header, md: Metadata, out: Path, bar) -> None:
+    """One shard: ``md`` and ``h``'s tensor infos by ``GGUFWriter``, then each tensor's data copied."""
+    arch = md.get("general.architecture", (ARCHITECTURES[0],))[0]
+    w = GGUFWriter(out, arch)
+    w.kv_data[0].clear()
+    w.data_alignment = h.alignment
+    for key, (value, vtype, sub) in md.items():
+        w.add_key_value(key, value, vtype, sub)
+    for t in h.tensors:
+        w.add_tensor_info(t.name, tuple(reversed(t.dims)), np.dtype(np.int8), t.nbytes, raw_dtype=t.ggml_type)
+    try:
+        w.write_header_to_file(out)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        at = pad(w.fout[0].tell(), h.alignment)
+    finally:
+        w.close()
+    places = []
+    for t in h.tensors:
+        places.append((t, at))
+        at += pad(t.nbytes, h.alignment)
+    src = os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    dst = os.open(out, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.ftruncate(dst, at)
+        for t, to in places:
+            _copy_range(src, dst, h.data_offset + t.rel_offset, to, t.nbytes, bar)
+        os.fsync(dst)
+    finally:
+        close_quietly(src)
+        close_quietly(dst)
+
+
+# ====================================================================== repair
+def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, prefer: Optional[str] = None,
+                 eps: Optional[float] = None, progress: bool = True) -> List[Path]:
+    """Write ``src`` again as ``dst`` with the current Engram keys, every derived constant re-derived and checked.
+
+    Parameters
+    ----------
+    src : path or sequence of paths
+        A model as :func:`engram.read_model` takes it (any shard of a split set).
+    dst : path
+        Output ``.gguf``; a split set of ``N`` shards is written as
+        ``DST_STEM-0000k-of-0000N.gguf`` beside it.  Written through
+        :func:`atomic_outputs`: nothing appears under a final name until every
+        shard is complete.
+    prefer : str, optional
+        ``"deepseek41"`` or ``"deepseek4"``: where the two spellings of a
+        primary key (primes, multipliers, token map, pad id, layer ids,
+        encoding) disagree, keep this one's value.  Without it such a file is
+        refused.
+    eps : float, optional
+        Write this gate epsilon (``{arch}.attention.layer_norm_rms_epsilon``);
+        default: the file's own, or none when it has none.
+    progress : bool
+        A tqdm progress bar over the bytes copied.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written (first shard first).
+
+    Raises
+    ------
+    FormatError
+        The primary keys are missing, contradict each other or the tensors
+        (e.g. a table tensor whose row count is not the sum of its primes):
+        nothing is written then.
+    ArgumentError
+        ``dst`` is one of the inputs, ``prefer`` or ``eps`` is invalid, or the
+        disk lacks the room for the copy.
+    """
+    if prefer is not None and prefer not in ARCHITECTURES:
+        raise ArgumentError(f"prefer must be one of {list(ARCHITECTURES)}, got {prefer!r}")
+    if eps is not None and not (isinstance(eps, (int, float)) and 0 < float(eps) < 1):
+        raise ArgumentError(f"eps must be a number in (0, 1), got {eps!r}")
+    headers = read_headers(src)
+    keys = engram_keys(headers[0], engram_layer_ids(headers), derive_only=True, prefer=prefer)
+    try:
+        info = model_info(headers, keys)
+    except FormatError as exc:
+        raise FormatError(f"cannot repair: the constants derived from the primary keys contradict the tensors: "
+                          f"{exc}") from None
+    n = len(headers)
+    dst = Path(dst)
+    outs = [dst] if n == 1 else [shard_name(dst, i + 1, n) for i in range(n)]
+    ins = {h.path.resolve() for h in headers}
+    if any(o.resolve() in ins for o in outs):
+        raise ArgumentError(f"repair writes a new file: {dst} is one of the inputs")
+    need = sum(os.stat(h.path).st_blocks * 512 for h in headers) + (16 << 20)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dst.parent).free
+    if need > free:
+        raise ArgumentError(f"repairing needs about {need / 2**30:.1f} GiB in {dst.parent}, only "
+                            f"{free / 2**30:.1f} GiB free")
+    mds = [_repaired_metadata(info, headers[0].path, eps)] + [_field_values(h.path) for h in headers[1:]]
+    total = sum(t.nbytes for h in headers for t in h.tensors)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"repair {dst.name}")
+    try:
+        with atomic_outputs(outs) as temps:
+            for h, md, tmp in zip(headers, mds, temps):
+                _write_shard(h, md, tmp, bar)
+            _verify(info, temps)
+    finally:
+        if bar is not None:
+            bar.close()
+    return outs
+
+
+def _verify(before: ModelInfo, temps: List[Path]) -> None:
+    """The written files read back with the same layout, token map and tensors, every key current."""
+    after = read_model(temps if len(temps) > 1 else temps[0])
+    legacy = [k for k in after.metadata if k in family_keys(after.metadata)
+              and not k.startswith(after.architecture + ".")]
+    if after.layout != before.layout or not np.array_equal(after.token_map, before.token_map) or legacy \
+            or set(after.tensors) != set(before.tensors) \
+            or any(after.tensors[n].nbytes != t.nbytes for n, t in before.tensors.items()):
+        raise FormatError(f"repair: the file written does not read back as the model it came from "
+                          f"(legacy keys left: {legacy})")  # pragma: no cover - guards the writer
