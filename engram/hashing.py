@@ -138,7 +138,7 @@ class Hasher:
         ------
         TokenError
             A token is negative, not an integer, or ``>= vocab_size`` (the message
-            names its position).
+            names its position), masked positions included.
         MaskError
             ``mask`` has the wrong length or holds values other than bool/0/1
             (an ``ArgumentError``, and a ``TokenError`` for callers that caught

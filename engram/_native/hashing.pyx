@@ -287,21 +287,22 @@ cdef class HashKernel:
 
     cdef Py_ssize_t _compress(self, const int64_t* tok, const uint8_t* mask, Py_ssize_t T,
                               int32_t* cur) noexcept nogil:
-        """Map tokens to compressed ids (DEAD where masked).  Returns the first bad index or -1."""
+        """Map tokens to compressed ids (DEAD where masked).  Returns the first bad index or -1.
+
+        Every token is range-checked, masked ones too: a masked position's id is not hashed,
+        but an id outside the vocabulary is a caller's bug wherever it sits."""
         cdef Py_ssize_t t
         cdef int64_t v
+        cdef int64_t bound = self.vocab if self.tmap != NULL else self.cvs
         for t in range(T):
+            v = tok[t]
+            if v < 0 or v >= bound:
+                return t
             if mask != NULL and mask[t] == 0:
                 cur[t] = DEAD
-                continue
-            v = tok[t]
-            if self.tmap != NULL:
-                if v < 0 or v >= self.vocab:
-                    return t
+            elif self.tmap != NULL:
                 cur[t] = self.tmap[v]
             else:
-                if v < 0 or v >= self.cvs:
-                    return t
                 cur[t] = <int32_t>v
         return -1
 

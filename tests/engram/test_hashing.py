@@ -217,3 +217,13 @@ def test_empty_input(hasher):
     hist = History([1, 2, 3])
     assert hasher.hash([], history=hist).shape == (0, 2, 24)
     assert hist.ids == (1, 2, 3)
+
+
+@pytest.mark.parametrize("bad", [-1, 129_280])
+def test_a_masked_position_still_needs_a_vocabulary_id(layout, token_map, bad):
+    h = Hasher(layout, token_map)
+    hist = h.new_history()
+    before = hist.ids
+    with pytest.raises(TokenError, match=f"token {bad} at position 2"):
+        h.hash(np.array([5, 6, bad, 7], np.int64), np.array([1, 1, 0, 1], bool), hist)
+    assert hist.ids == before
