@@ -36,6 +36,8 @@ from ..trace import Trace
 __all__ = ["StepReads", "hot_rows", "resident_mask", "step_reads", "wrap_info"]
 
 log = logging.getLogger("sim.decode")
+#: Warnings already logged by this process (each result still carries its own).
+_LOGGED: set = set()
 
 _M32 = np.uint64(0xFFFFFFFF)
 
@@ -247,5 +249,7 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
             "another session also reads, so the shared row cache hits rows independent sessions would not "
             "share: use a trace of at least sessions x steps tokens")
     for w in out["warnings"]:
-        log.warning("%s", w)
+        if w not in _LOGGED:  # once per process: a report or sweep simulates the same run many times
+            _LOGGED.add(w)
+            log.warning("%s", w)
     return out

@@ -11,6 +11,7 @@ import pytest
 from pathlib import Path
 
 from engram.errors import ArgumentError
+from sim.decode import reads as decode_reads
 from sim.decode import fit_compute, reference_compute, resident_mask, seed_reproduction, simulate_decode
 from sim.device import SEED_REFERENCE, ParametricSSD, load_device, preset, with_tail
 from sim.io import shared_data_dir
@@ -305,10 +306,14 @@ def test_random_phases_are_the_default_and_lockstep_is_an_option(code):
 
 
 # ------------------------------------------------------------ wrapped traces (issue 14.6)
-def test_a_wrapped_trace_warns_everywhere(caplog):
+def test_a_wrapped_trace_warns_everywhere(caplog, monkeypatch):
+    monkeypatch.setattr(decode_reads, "_LOGGED", set())
     tr = load_trace(CODE_SOURCE, limit=600)
     with caplog.at_level("WARNING", logger="sim.decode"):
         r = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=6000)
+        again = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=6000)
+    assert again.warnings == r.warnings  # every result carries its warning; the log has it once
+    assert sum("trace wraps" in m for m in caplog.messages) == 1
     assert r.wrap["wrapped"] and r.wrap["replays"] == 10 and r.wrap["repeated_steps"] == pytest.approx(0.9)
     assert len(r.warnings) == 1 and "trace wraps" in r.warnings[0] and "inflated" in r.warnings[0]
     assert "WARNING   trace wraps" in r.summary() and r.to_dict()["warnings"] == r.warnings
