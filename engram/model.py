@@ -20,6 +20,7 @@ from .errors import ArgumentError, EngramError, HistoryError, TableIOError
 from .gguf_file import ModelInfo, read_model
 from .hashing import Hasher, History
 from .prefetch import Prefetcher
+from .io_engine import EngineClient, IOEngine, shared_engine
 from .table import Closing, ReadStats, Table, TableGroup
 
 __all__ = ["EngramModel", "Session", "LayerWeights"]
@@ -50,14 +51,14 @@ class EngramModel:
     """
 
     def __init__(self, info: ModelInfo, *, backend: str = "auto", readers: int = 16, threshold: int = 8,
-                 direct: Union[bool, str] = "auto"):
+                 direct: Union[bool, str] = "auto", engine: Union[str, IOEngine] = "shared"):
         self.info = info
         self.layout = info.layout
         self.layer_ids = tuple(info.layout.layer_ids)
         self.token_map = info.token_map
         self.eps = float(info.eps)
         self.hasher = Hasher(info.layout, info.token_map)
-        self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct)
+        self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, engine=engine)
         self._weights: Dict[int, LayerWeights] = {}
         self._lock = threading.Lock()
 
@@ -114,7 +115,11 @@ class EngramModel:
     def session(self, **overrides) -> "Session":
         """A new decode session with its own descriptors and a fresh history.
 
-        Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct``.
+        Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct``, ``engine``
+        (``"shared"``, the default: the reads go through the process's engine of each table's
+        device, shared with the other sessions, :mod:`engram.io_engine`; ``"private"``: the
+        session's own readers per table and for its decode batches; an
+        :class:`~engram.io_engine.IOEngine`: that engine).
         """
         unknown = set(overrides) - set(self.defaults)
         if unknown:
@@ -144,23 +149,41 @@ class Session(Closing):
     """
 
     def __init__(self, model: EngramModel, *, backend: str, readers: int, threshold: int,
-                 direct: Union[bool, str]):
+                 direct: Union[bool, str], engine: Union[str, IOEngine] = "shared"):
         self.model = model
         self.history = model.hasher.new_history()
         self.tables: Dict[int, Table] = {}
         self._prefetchers: List[Prefetcher] = []
+        self._clients: Dict[object, EngineClient] = {}
         try:
             for lid in model.layer_ids:
                 loc = model.info.tables[lid]
                 self.tables[lid] = Table(loc.path, loc.offset, loc.rows, backend=backend, readers=readers,
-                                         threshold=threshold, direct=direct)
-            self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns)
+                                         threshold=threshold, direct=direct,
+                                         engine=self._engine_client(engine, loc.path))
+            first = self.tables[model.layer_ids[0]]
+            self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns,
+                                     engine=first.engine_client or "private")
         except BaseException:
             self.close()
             raise
         self._ids = np.empty(model.hasher.step_shape, np.uint32)
         self.last_stats = ReadStats()
         self.last_row_ids = np.zeros(model.hasher.step_shape, np.uint32)
+
+    def _engine_client(self, engine, path):
+        """What a table of ``path`` reads through: the session's client of the engine of the file's
+        device (one per device, shared by the session's tables; each table raises the engine's
+        depth to its ``readers``), or "private"."""
+        if not isinstance(engine, IOEngine) and engine != "shared":
+            return engine  # "private", or a wrong value that Table reports
+        try:
+            eng = engine if isinstance(engine, IOEngine) else shared_engine(path)
+        except OSError:
+            return engine  # the table's own open reports why
+        if eng not in self._clients:
+            self._clients[eng] = eng.client()
+        return self._clients[eng]
 
     # ---------------------------------------------------------------- decode
     def step(self, token_id: int) -> Dict[int, np.ndarray]:
@@ -312,4 +335,7 @@ class Session(Closing):
         for t in getattr(self, "tables", {}).values():
             t.close()
         self.tables = {}
+        for c in getattr(self, "_clients", {}).values():
+            c.close()  # the last session on a device stops its engine
+        self._clients = {}
 

@@ -16,6 +16,7 @@ the Python caller.
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from posix.unistd cimport getpid, pid_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
@@ -64,7 +65,42 @@ cdef extern from "readers.h" nogil:
     engram_ring* engram_ring_create(int depth, size_t buf_bytes, size_t align, unsigned flags, int* err)
     int engram_ring_run(engram_ring* g, const engram_job* job, engram_ioerr* e)
     void engram_ring_destroy(engram_ring* g)
+    void engram_ring_abandon(engram_ring* g)
     int posix_memalign(void** p, size_t align, size_t size)
+    # the shared engine (io_engine.h)
+    int ENGRAM_RUN_POOL
+    int ENGRAM_RUN_RING
+    int ENGRAM_RUN_AUTO
+    int ENGRAM_REQ_RING
+    int ENGRAM_REQ_RING_START
+    int ENGRAM_REQ_POOL
+    ctypedef struct engram_engine:
+        pass
+    ctypedef struct engram_client:
+        int64_t held
+        int jobs
+        uint64_t reads
+    ctypedef struct engram_run_info:
+        int on_ring
+        int depth
+        uint64_t others
+    ctypedef struct engram_engine_stats:
+        int readers, threads, idle, rings, free_rings, jobs, active_clients, max_jobs, ring_batch
+        int64_t held
+        uint64_t issued, ring_jobs, pool_jobs, waiting
+    engram_engine* engram_engine_create(int readers, int max_jobs, int ring_batch, int* err)
+    void engram_engine_destroy(engram_engine* e)
+    void engram_engine_fork_prepare(engram_engine* e)
+    void engram_engine_fork_parent(engram_engine* e)
+    void engram_engine_fork_child(engram_engine* e)
+    void engram_engine_grow(engram_engine* e, int readers)
+    int engram_engine_start_pool(engram_engine* e)
+    int engram_engine_ready_ring(engram_engine* e, int depth, size_t buf_bytes, size_t align)
+    int engram_engine_run(engram_engine* e, engram_client* c, const engram_job* job, int depth, int mode,
+                          size_t buf_bytes, size_t align, uint8_t* caller_buf, engram_ioerr* err,
+                          engram_run_info* info)
+    void engram_engine_get_stats(engram_engine* e, engram_engine_stats* s)
+    void engram_engine_set_ring_batch(engram_engine* e, int ring_batch)
 
 # A request key packs (segment, file offset, position in the chunk): 4 + 44 + 16 bits.
 cdef enum:
@@ -74,11 +110,12 @@ cdef enum:
     # Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
     CHUNK = 2048 * 24
 
-# Read paths of a chunk.
+# Read paths of a chunk (AUTO: an attached engine chooses the ring or its pool per chunk).
 cdef enum Path:
     SERIAL = 0
     PREAD = 1
     URING = 2
+    AUTO = 3
 
 #: Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
 CHUNK_REQUESTS = CHUNK
@@ -91,6 +128,7 @@ MAX_FILE_OFFSET = 2 ** <object>OFF_BITS
 BACKEND_SERIAL = SERIAL
 BACKEND_PREAD = PREAD
 BACKEND_URING = URING
+BACKEND_AUTO = AUTO
 _PATH_NAMES = {SERIAL: "serial", PREAD: "pread", URING: "io_uring"}
 
 #: The io_uring ring is compiled in (raw system calls; whether it starts is a run-time matter).
@@ -112,19 +150,21 @@ class ReadFailure(Exception):
 
     Attributes (keyword-only at construction, so a wrong call fails where it is made):
 
-    kind : {"range", "decode", "short", "io", "ring"}
+    kind : {"range", "decode", "short", "io", "ring", "start"}
         ``range``: an id outside its table (``row`` = the id, ``token``, ``column``,
         ``segment``), raised before any I/O.  ``decode``: a row that does not decode
         (``row``, ``offset``, ``segment``, ``value_column`` = the first bad value of the
         row).  ``short``: a read ended before the row's last byte (``row``, ``offset``,
         ``segment``).  ``io``: a read failed with ``errno`` (``row``, ``offset``,
         ``segment``).  ``ring``: io_uring itself failed (``errno``): io_uring_enter, or
-        a ring that could not restart.
+        a reader's own ring that could not restart.  ``start``: the ``backend``'s
+        executor could not start (``errno``): an engine's ring or pool, or a reader's
+        own pool after ``fork()``.
     backend : {"serial", "pread", "io_uring"}
         The read path that failed (``range`` and ``decode``: the one in use).
     """
 
-    KINDS = ("range", "decode", "short", "io", "ring")
+    KINDS = ("range", "decode", "short", "io", "ring", "start")
 
     def __init__(self, kind, *, row=-1, token=-1, column=-1, segment=0, offset=-1, errno=0, value_column=-1,
                  backend="serial"):
@@ -147,6 +187,119 @@ class ReadFailure(Exception):
         return (f"ReadFailure({self.kind!r}, row={self.row}, token={self.token}, column={self.column}, "
                 f"segment={self.segment}, offset={self.offset}, errno={self.errno}, "
                 f"value_column={self.value_column}, backend={self.backend!r})")
+
+
+
+cdef class Engine:
+    """The native shared I/O engine of one device (``io_engine.h``); :mod:`engram.io_engine`
+    keeps one per device and process.
+
+    ``readers``: reads in flight in all (queue depth; also the pool's threads, started on
+    first use); ``max_jobs``: jobs admitted at a time (the bounded queue); ``ring_batch``:
+    with ``BACKEND_AUTO``, chunks of at most this many reads go on a ring, larger ones on
+    the pool.  :meth:`close` stops the threads and rings; it must be called with no reader
+    reading through the engine.
+    """
+
+    cdef engram_engine* e
+    cdef public bint abandoned
+
+    def __cinit__(self, int readers, int max_jobs, int ring_batch):
+        cdef int err = 0
+        self.abandoned = False
+        self.e = engram_engine_create(readers, max_jobs, ring_batch, &err)
+        if self.e == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        self.close()
+
+    def close(self):
+        """Stop the pool threads and the rings (idempotent; a no-op in a forked child)."""
+        cdef engram_engine* e = self.e
+        self.e = NULL
+        if e != NULL and not self.abandoned:
+            with nogil:
+                engram_engine_destroy(e)
+
+    @property
+    def closed(self):
+        return self.e == NULL
+
+    cdef engram_engine* _get(self) except NULL:
+        if self.e == NULL or self.abandoned:
+            raise ValueError("the engine is stopped")
+        return self.e
+
+    def grow(self, int readers):
+        """Raise the queue depth to ``readers`` (never lowered while the engine lives)."""
+        engram_engine_grow(self._get(), readers)
+
+    def start_pool(self):
+        """Start the pool threads up to the queue depth: 0, or the errno when none could start."""
+        cdef engram_engine* e = self._get()
+        cdef int err
+        with nogil:
+            err = engram_engine_start_pool(e)
+        return err
+
+    def ready_ring(self, int depth, size_t buf_bytes, size_t align):
+        """Make sure a ring for ``depth`` reads of ``buf_bytes`` can start (kept in the cache):
+        0 or io_uring_setup's errno (ENOSYS when the ring is not built, EPERM when refused by
+        ``ENGRAM_DISABLE_IO_URING``)."""
+        cdef engram_engine* e = self._get()
+        cdef int err
+        with nogil:
+            err = engram_engine_ready_ring(e, depth, buf_bytes, align)
+        return err
+
+    def set_ring_batch(self, int ring_batch):
+        engram_engine_set_ring_batch(self._get(), ring_batch)
+
+    def stats(self):
+        """Counters: readers, threads, idle threads, rings (free), jobs, active clients, credits
+        held, reads issued, ring and pool jobs, submitters waiting for the queue."""
+        cdef engram_engine_stats st
+        engram_engine_get_stats(self._get(), &st)
+        return {"readers": st.readers, "threads": st.threads, "idle_threads": st.idle, "rings": st.rings,
+                "free_rings": st.free_rings, "jobs": st.jobs, "active_clients": st.active_clients,
+                "max_jobs": st.max_jobs, "ring_batch": st.ring_batch, "held": st.held, "issued": st.issued,
+                "ring_jobs": st.ring_jobs, "pool_jobs": st.pool_jobs, "waiting": st.waiting}
+
+    # fork(): see io_engine.h; called by engram.io_engine's os.register_at_fork hooks
+    def fork_prepare(self):
+        cdef engram_engine* e = self.e
+        if e != NULL and not self.abandoned:
+            with nogil:
+                engram_engine_fork_prepare(e)
+
+    def fork_parent(self):
+        if self.e != NULL and not self.abandoned:
+            engram_engine_fork_parent(self.e)
+
+    def fork_child(self):
+        if self.e != NULL and not self.abandoned:
+            engram_engine_fork_child(self.e)
+            self.abandoned = True
+
+
+cdef class Client:
+    """A client of an :class:`Engine` (one session): its share of the queue depth is counted
+    together.  Keeps the engine object alive."""
+
+    cdef engram_client c
+    cdef readonly Engine engine
+
+    def __cinit__(self, Engine engine):
+        self.engine = engine
+        self.c.held = 0
+        self.c.jobs = 0
+        self.c.reads = 0
+
+    @property
+    def reads(self):
+        """Reads granted to this client's jobs."""
+        return self.c.reads
 
 
 cdef class RowReader:
@@ -181,6 +334,13 @@ cdef class RowReader:
     cdef public int ring_depth
     cdef unsigned ring_flags
     cdef int ring_want
+    cdef pid_t owner          # process that started the pool / ring
+    # attached to a shared engine: reads of concurrent chunks go through it
+    cdef Engine eng
+    cdef Client cl
+    cdef int eng_depth
+    cdef int eng_depth_used
+    cdef uint64_t others
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
@@ -197,6 +357,10 @@ cdef class RowReader:
         self.ring_depth = 0
         self.ring_want = 0
         self.ring_flags = 0
+        self.owner = getpid()
+        self.eng = None
+        self.cl = None
+        self.eng_depth = 0
         segs = list(segments)
         if not 1 <= len(segs) <= MAX_SEGMENTS:
             raise ValueError(f"a reader serves 1..{MAX_SEGMENTS} tables, got {len(segs)}")
@@ -220,7 +384,10 @@ cdef class RowReader:
         self.close()
 
     def close(self):
-        """Stop the reader threads and the ring, free the buffers (the fd is the caller's)."""
+        """Stop the reader threads and the ring, free the buffers (the fd is the caller's);
+        an attached reader is detached (the engine is the caller's)."""
+        self.detach()
+        self._forget_if_forked()
         if self.pool != NULL:
             with nogil:
                 engram_pool_destroy(self.pool)
@@ -250,13 +417,74 @@ cdef class RowReader:
         """preadv2 / io_uring read flags in use (``RWF_DONTCACHE_FLAG`` or 0)."""
         return self.rw_flags
 
+    # ------------------------------------------------------------ the shared engine
+    def attach(self, Engine engine, Client client, int depth):
+        """Read concurrent chunks through ``engine`` as ``client``, at most ``depth`` reads in
+        flight per chunk; the reader's own pool and ring are stopped."""
+        if client.engine is not engine:
+            raise ValueError("the client belongs to another engine")
+        engine._get()
+        if self.pool != NULL:
+            with nogil:
+                engram_pool_destroy(self.pool)
+            self.pool = NULL
+        self._stop_ring()
+        self.ring_want = 0
+        self.pool_readers = 0
+        self.eng = engine
+        self.cl = client
+        self.eng_depth = max(1, depth)
+        engine.grow(self.eng_depth)
+
+    def detach(self):
+        """Stop reading through the engine (a no-op when not attached)."""
+        self.eng = None
+        self.cl = None
+        self.eng_depth = 0
+        self.ring_want = 0
+
+    @property
+    def engine(self):
+        """The :class:`Engine` this reader reads through, or None (its own readers)."""
+        return self.eng
+
+    @property
+    def client(self):
+        return self.cl
+
+    @property
+    def last_others(self):
+        """Reads of other jobs the engine granted while this reader's last call was in progress."""
+        return self.others
+
+    cdef void _forget_if_forked(self) noexcept:
+        """In a child after fork(): the pool's threads do not exist and the ring is the parent's;
+        leave both (never joined or drained here) and close the ring's descriptor."""
+        if self.owner == getpid():
+            return
+        self.owner = getpid()
+        self.pool = NULL
+        if self.ring != NULL:
+            engram_ring_abandon(self.ring)
+            self.ring = NULL
+        self.ring_depth = 0
+
     # ------------------------------------------------------------ backends
     def start_pool(self, int readers):
         """Start ``readers - 1`` persistent threads (the caller is the last reader).
 
-        Returns 0 or the errno of a thread that could not start (nothing runs then).
+        Attached to an engine: start the engine's pool instead (its queue depth raised to
+        ``readers`` if lower).  Returns 0 or the errno of a thread that could not start
+        (nothing runs then).
         """
         cdef int err = 0
+        self._forget_if_forked()
+        if self.eng is not None:
+            self.eng.grow(readers)
+            err = self.eng.start_pool()
+            if err == 0:
+                self.pool_readers = readers
+            return err
         if self.pool != NULL and self.pool_readers == readers:
             return 0
         if self.pool != NULL:
@@ -274,8 +502,16 @@ cdef class RowReader:
         ``flags``: extra ``IORING_SETUP_*`` flags to try (dropped when the kernel
         does not know them).  ENOSYS when the ring is not built, EPERM when
         refused by ``ENGRAM_DISABLE_IO_URING``, else what io_uring_setup said.
+        Attached to an engine: make sure the engine can start a ring of ``depth``
+        (``flags`` unused).
         """
         cdef int err = 0
+        self._forget_if_forked()
+        if self.eng is not None:
+            err = self.eng.ready_ring(depth, self.span_cap, max(self.align, 64))
+            self.ring_want = depth if err == 0 else 0
+            self.ring_depth = self.ring_want
+            return err
         if self.ring != NULL and self.ring_depth == depth and self.ring_flags == flags:
             return 0
         self._stop_ring()
@@ -287,7 +523,9 @@ cdef class RowReader:
         return err
 
     def stop_ring(self):
-        """Tear the ring down (a later ``read`` on the ring path restarts it)."""
+        """Tear the ring down (a later ``read`` on the ring path restarts it); attached: stop
+        using the engine's rings."""
+        self._forget_if_forked()
         self._stop_ring()
         self.ring_want = 0
 
@@ -334,26 +572,36 @@ cdef class RowReader:
         Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
         BACKEND_PREAD or BACKEND_URING for chunks with at least ``threshold``
         distinct rows (the pool must be started; a ring torn down by a failure
-        is restarted), BACKEND_SERIAL or smaller chunks serially.  Returns
-        (requested, distinct, reads, bytes, concurrency, serial_chunks,
-        concurrent_chunks).  Raises ReadFailure; ``out`` is then untouched
-        only for single-chunk calls (``table.py`` stages larger ones).
+        is restarted), BACKEND_AUTO (attached readers only: the engine picks
+        the ring or its pool per chunk), BACKEND_SERIAL or smaller chunks
+        serially.  Returns (requested, distinct, reads, bytes, concurrency,
+        serial_chunks, pool_chunks, ring_chunks, others): ``others`` = reads of
+        other jobs the engine granted meanwhile (0 when not attached).  Raises
+        ReadFailure; ``out`` is then untouched only for single-chunk calls
+        (``table.py`` stages larger ones).
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
         cdef Py_ssize_t total = T * C, start = 0, n, nd, nr, i
-        cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0
-        cdef int conc = 1, path, serial_chunks = 0, conc_chunks = 0
+        cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0, others = 0
+        cdef int conc = 1, path, serial_chunks = 0, pool_chunks = 0, ring_chunks = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
-        if backend == PREAD and self.pool == NULL:
-            raise ValueError("the pread pool is not started")
-        if backend == URING and self.ring_want == 0:
-            raise ValueError("the io_uring ring is not started")
+        self._forget_if_forked()
+        if self.eng is None:
+            if backend == PREAD and self.pool == NULL and self.pool_readers == 0:
+                raise ValueError("the pread pool is not started")
+            if backend == URING and self.ring_want == 0:
+                raise ValueError("the io_uring ring is not started")
+            if backend == AUTO:
+                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
+        elif self.eng.closed or self.eng.abandoned:
+            raise ValueError("the engine is stopped")
+        self.others = 0
         if total == 0:
-            return (0, 0, 0, 0, 1, 0, 0)
+            return (0, 0, 0, 0, 1, 0, 0, 0, 0)
         self._check_range(idp, T, C, s0, s1, seg_cols, backend)
         self._reserve(min(total, <Py_ssize_t>CHUNK))
         while start < total:
@@ -363,22 +611,30 @@ cdef class RowReader:
                 nd = self._distinct_rows(n)
                 nr = self._plan_spans(nd)
             path = SERIAL if nd < threshold else backend
-            self._read_spans(nr, path)
+            path = self._read_spans(nr, path)
             self._check_rows(nd, path)
             with nogil:
                 self._publish(op + start * ROW_VALUES, n)
             if path == SERIAL:
                 serial_chunks += 1
+            elif path == PREAD:
+                pool_chunks += 1
             else:
-                conc_chunks += 1
-                conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
+                ring_chunks += 1
+            if path != SERIAL:
+                if self.eng is not None:
+                    conc = max(conc, self.eng_depth_used)
+                    others += self.others
+                else:
+                    conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
             for i in range(nr):
                 nbytes += self.reqs[i].span_len
             requested += n
             distinct += nd
             nreads += nr
             start += n
-        return (requested, distinct, nreads, nbytes, conc, serial_chunks, conc_chunks)
+        self.others = others
+        return (requested, distinct, nreads, nbytes, conc, serial_chunks, pool_chunks, ring_chunks, others)
 
     cdef int _check_range(self, const uint32_t* idp, Py_ssize_t T, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
                           Py_ssize_t seg_cols, int backend) except -1:
@@ -451,10 +707,13 @@ cdef class RowReader:
         return nr
 
     cdef int _read_spans(self, Py_ssize_t nr, int path) except -1:
-        """Read the planned spans into staging on ``path``; ReadFailure io/short/ring on failure."""
+        """Read the planned spans into staging on ``path``; returns the path that read them
+        (an engine's choice for AUTO); ReadFailure io/short/ring/pool on failure."""
         cdef engram_job job
         cdef engram_ioerr err
-        cdef int rc = 0, start_err = 0
+        cdef engram_run_info info
+        cdef int rc = 0, start_err = 0, mode
+        cdef engram_engine* e
         job.drop_granule = self.drop_granule
         job.rw_flags = self.rw_flags
         job.row_bytes = ROW_BYTES
@@ -464,6 +723,24 @@ cdef class RowReader:
         job.staging = self.staging
         err.err = 0
         err.req = 0
+        if self.eng is not None and path != SERIAL:
+            e = self.eng._get()
+            mode = ENGRAM_RUN_POOL if path == PREAD else ENGRAM_RUN_RING if path == URING else ENGRAM_RUN_AUTO
+            with nogil:
+                rc = engram_engine_run(e, &self.cl.c, &job, self.eng_depth, mode, self.span_cap,
+                                       max(self.align, 64), self.bounce, &err, &info)
+            path = URING if info.on_ring else PREAD
+            self.others = info.others
+            self.eng_depth_used = info.depth
+            if rc != 0:
+                if err.req == ENGRAM_REQ_RING:
+                    raise ReadFailure("ring", errno=err.err, backend="io_uring")
+                if err.req == ENGRAM_REQ_RING_START:
+                    raise ReadFailure("start", errno=err.err, backend="io_uring")
+                if err.req == ENGRAM_REQ_POOL:
+                    raise ReadFailure("start", errno=err.err, backend="pread")
+                self._raise_io(err, path)
+            return path
         with nogil:
             if path == URING:
                 if self.ring == NULL:
@@ -471,14 +748,19 @@ cdef class RowReader:
                 if start_err == 0:
                     rc = engram_ring_run(self.ring, &job, &err)
             elif path == PREAD:
-                rc = engram_pool_run(self.pool, &job, &err)
+                if self.pool == NULL:  # forgotten after fork(): a new pool in this process
+                    self.pool = engram_pool_create(self.pool_readers, self.span_cap, max(self.align, 64), &start_err)
+                if start_err == 0:
+                    rc = engram_pool_run(self.pool, &job, &err)
             else:
                 rc = engram_read_serial(&job, self.bounce, &err)
         if start_err != 0:
+            if path == PREAD:
+                raise ReadFailure("start", errno=start_err, backend="pread")
             raise ReadFailure("ring", errno=start_err, backend="io_uring")
         if rc != 0:
             self._raise_io(err, path)
-        return 0
+        return path
 
     cdef int _check_rows(self, Py_ssize_t nd, int path) except -1:
         """Every staged row decodes to finite values; else ReadFailure("decode")."""
@@ -522,7 +804,8 @@ cdef class RowReader:
         if r < 0:
             # io_uring_enter itself failed: tear the ring down (reads may still be in
             # flight); the next read on the ring path starts a new one
-            self._stop_ring()
+            if self.eng is None:
+                self._stop_ring()
             raise ReadFailure("ring", errno=err.err, backend="io_uring")
         # name the first row of the failing span that was not fully read
         d = self.reqs[r].first

@@ -227,11 +227,27 @@ int main(void) {
     int err;
     engram_ioerr e;
     engram_job job = {0};
+    engram_client c = {0};
+    engram_run_info info;
+    engram_engine_stats st;
+    uint8_t buf[4096];
     engram_pool *p = engram_pool_create(2, 4096, 512, &err);
     engram_ring *g = engram_ring_create(2, 4096, 512, 0, &err);
+    engram_engine *x = engram_engine_create(4, 8, 64, &err);
     engram_read_serial(&job, 0, &e);
     if (p) engram_pool_run(p, &job, &e);
     if (g) engram_ring_run(g, &job, &e);
+    engram_engine_grow(x, 8);
+    engram_engine_set_ring_batch(x, 32);
+    engram_engine_start_pool(x);
+    engram_engine_ready_ring(x, 4, 4096, 512);
+    engram_engine_run(x, &c, &job, 4, ENGRAM_RUN_AUTO, 4096, 512, buf, &e, &info);
+    engram_engine_get_stats(x, &st);
+    engram_engine_fork_prepare(x);
+    engram_engine_fork_parent(x);
+    if (err == 12345) engram_engine_fork_child(x);
+    engram_engine_destroy(x);
+    engram_ring_abandon(g);
     engram_ring_destroy(g);
     engram_pool_destroy(p);
     return ENGRAM_HAVE_URING;
@@ -254,8 +270,8 @@ def _compile(tmp_path, *flags) -> set:
 
 
 def test_readers_build_without_linux_calls(tmp_path):
-    """As on a POSIX system that is not Linux (macOS, the BSDs): the readers compile, and the
-    object calls no io_uring system call, mmap or preadv2 (posix_fadvise is guarded by
+    """As on a POSIX system that is not Linux (macOS, the BSDs): the readers and the shared engine
+    compile, and the object calls no io_uring system call, mmap or preadv2 (posix_fadvise is guarded by
     POSIX_FADV_DONTNEED, which macOS does not define)."""
     linux = _compile(tmp_path, "-D_FORTIFY_SOURCE=0")
     other = _compile(tmp_path, "-U__linux__", "-U__linux", "-Ulinux", "-U__gnu_linux__", "-D_FORTIFY_SOURCE=0")
