@@ -101,7 +101,7 @@ struct engram_engine {
     int64_t pool_grants;       /* granted reads of pool jobs not yet started */
     /* the pool */
     pthread_t *threads;
-    engram_pool_worker *workers;
+    engram_pool_worker **workers;     /* each its own allocation: a running thread holds it */
     int nthreads, cap_threads, idle, stop;
     /* the rings: all of them, and whether each is free */
     engram_ring **rings;
@@ -131,7 +131,10 @@ static void engram_engine_destroy(engram_engine *e) {
     pthread_cond_broadcast(&e->work);
     pthread_mutex_unlock(&e->mu);
     for (int i = 0; i < e->nthreads; i++) pthread_join(e->threads[i], NULL);
-    for (int i = 0; i < e->nthreads; i++) free(e->workers[i].buf);
+    for (int i = 0; i < e->nthreads; i++) {
+        free(e->workers[i]->buf);
+        free(e->workers[i]);
+    }
     for (int i = 0; i < e->nrings; i++) engram_ring_destroy(e->rings[i]);
     free(e->threads);
     free(e->workers);
@@ -359,8 +362,8 @@ static int engram_engine_start_pool(engram_engine *e) {
     if (want > e->cap_threads) {
         pthread_t *t = (pthread_t *)realloc(e->threads, sizeof(pthread_t) * want);
         if (t) e->threads = t;
-        engram_pool_worker *w = t ? (engram_pool_worker *)realloc(e->workers, sizeof(engram_pool_worker) * want)
-                                  : NULL;
+        engram_pool_worker **w = t ? (engram_pool_worker **)realloc(e->workers, sizeof(engram_pool_worker *) * want)
+                                   : NULL;
         if (w) e->workers = w;
         if (t && w) e->cap_threads = want; else want = e->cap_threads;
         if (!t || !w) err = ENOMEM;
@@ -369,11 +372,12 @@ static int engram_engine_start_pool(engram_engine *e) {
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024);
     while (e->nthreads < want) {
-        engram_pool_worker *w = &e->workers[e->nthreads];
-        w->e = e; w->buf = NULL; w->buf_bytes = 0; w->align = 0;
+        engram_pool_worker *w = (engram_pool_worker *)calloc(1, sizeof(engram_pool_worker));
+        if (!w) { err = ENOMEM; break; }
+        w->e = e;
         int rc = pthread_create(&e->threads[e->nthreads], &attr, engram_engine_worker, w);
-        if (rc != 0) { err = rc; break; }
-        e->nthreads++;
+        if (rc != 0) { free(w); err = rc; break; }
+        e->workers[e->nthreads++] = w;
     }
     pthread_attr_destroy(&attr);
     int n = e->nthreads;

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 import time
 
@@ -582,6 +583,83 @@ def test_one_engine_per_device_reference_counted(table_file, tmp_path):
             assert shared_engine(f) is not e and shared_engine(f).device == os.stat(shm).st_dev
         finally:
             os.unlink(f)
+
+
+def test_tables_on_two_devices_get_two_engines(tmp_path, text_ids):
+    """A split model whose second table's shard lies on tmpfs: each table reads through the engine
+    of its own device (prefill), the decode step's one batch through the first table's; the rows
+    are exact and both engines stop with the session."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no tmpfs apart from the test directory's file system")
+    synth.build_model(tmp_path / "s.gguf", scale=0.0001, token_map=_token_map(), progress=False, projections=False,
+                      seed=SEED, shards=3)
+    model = EngramModel.open(sorted(tmp_path.glob("s-*.gguf"))[0])
+    shard14 = model.info.tables[14].path
+    assert shard14 != model.info.tables[1].path
+    moved = os.path.join(shm, f"engram-{os.getpid()}-{os.path.basename(shard14)}")
+    shutil.move(str(shard14), moved)
+    os.symlink(moved, shard14)
+    try:
+        ids = text_ids[:200]
+        ref = _expected(model, ids)
+        with model.session() as s:
+            e1, e14 = s.tables[1].engine, s.tables[14].engine
+            assert e1 is not e14 and e14.device == os.stat(shm).st_dev and e1.device == device_key_of(model, 1)
+            assert s._group.engine is e1
+            for t, tok in enumerate(ids[:100]):
+                rows = s.step(int(tok))
+                assert all(np.array_equal(rows[l], ref[l][t]) for l in model.layer_ids), t
+            before = e14.stats().issued
+            p = s.prefill(ids[100:], chunk_tokens=32)  # continues the history of the steps
+            assert np.array_equal(p.rows(14, timeout=60), ref[14][100:])
+            assert np.array_equal(p.rows(1, timeout=60), ref[1][100:])
+            assert e14.stats().issued > before  # table 14's prefill reads went through its device's engine
+        assert not e1.running and not e14.running
+    finally:
+        os.unlink(shard14)
+        os.unlink(moved)
+
+
+def device_key_of(model, lid) -> int:
+    fd = os.open(model.info.tables[lid].path, os.O_RDONLY)
+    try:
+        return device_key(fd)
+    finally:
+        os.close(fd)
+
+
+def test_queue_depth_grows_with_a_deeper_client(table_file):
+    """A client asking for more readers than the engine's queue depth raises it: the running pool
+    grows to the new depth (the threads already running keep reading) and both read exactly."""
+    path, ref = table_file
+    engine = IOEngine(4)
+    rng = np.random.default_rng(9)
+    with Table(path, OFFSET, N, backend="pread", readers=4, threshold=1, engine=engine) as a:
+        ids = rng.integers(0, N, (64, 24))
+        assert np.array_equal(a.read_batch(ids), ref[ids])
+        assert engine.stats().threads == 4
+        with Table(path, OFFSET, N, backend="pread", readers=12, threshold=1, engine=engine) as b:
+            assert engine.readers == 12 and engine.stats().threads == 12
+            errors = []
+
+            def run(t, seed):
+                r = np.random.default_rng(seed)
+                try:
+                    for _ in range(20):
+                        x = r.integers(0, N, (64, 24))
+                        assert np.array_equal(t.read_batch(x), ref[x])
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            ths = [threading.Thread(target=run, args=(t, i)) for i, t in enumerate((a, b, a, b))]
+            for th in ths:
+                th.start()
+            for th in ths:
+                th.join()
+            assert not errors, errors
+            assert b.last_stats.concurrency == 12 and a.last_stats.concurrency == 4
+    assert not engine.running
 
 
 def test_engine_clients_and_arguments(table_file):
