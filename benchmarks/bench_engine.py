@@ -5,7 +5,10 @@ random rows of one table (a decode step of both tables; 10 and 100 tokens; one
 2048-token prefill chunk) read through an engine, on the io_uring ring and on
 the pread pool, at batch depth 16 (a session's default) and 64 (the engine's
 queue depth).  Rows/s and p50 batch time per size; the faster executor per
-size sets :data:`engram.io_engine.RING_BATCH`.
+size sets :data:`engram.io_engine.RING_BATCH`.  Measured twice in one run:
+as the machine is, and with ``--contention`` processes spinning on the cores
+(as a server's own compute loads them): the ring's reads are all issued and
+reaped by the one submitting thread, the pool's by ``readers`` threads.
 
 Part 2, a session alone (N = 1): ``Session.step`` p50 on the same decode
 steps of a real text (DeepSeek V4 tokenizer, the model's layout), with private
@@ -20,6 +23,10 @@ block), and the threads the process holds.  With private readers 16 sessions
 hold 16 x 16 reads in flight; that run is shown for reference beside fio at
 that depth.
 
+Part 4, threads: /proc/self/task counted with 1, 4 and 16 sessions open on the
+pread backend (each having stepped and prefilled), private readers vs the
+shared engine.
+
 Every part runs in interleaved rounds with the order rotating; medians.
 """
 
@@ -29,6 +36,8 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -94,6 +103,25 @@ def rule(loc, depths, rounds: int, budget_s: float) -> list:
     return out
 
 
+class Spinners:
+    """``n`` processes spinning on the CPU for the block (killed by pid after)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs = []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+
+
 # ------------------------------------------------------------------ part 2
 def _steps(model, tokens, engine: str, backend: str, readers: int) -> list:
     with model.session(engine=engine, backend=backend, readers=readers) as s:
@@ -140,7 +168,6 @@ def sessions_run(model, tokens, n: int, seconds: float, engine: str, readers: in
     errors = []
     go = threading.Event()
     stop = time.perf_counter() + 1e9
-    peak = [0]
 
     def run(i):
         try:
@@ -154,11 +181,9 @@ def sessions_run(model, tokens, n: int, seconds: float, engine: str, readers: in
                     rows[i] += s.last_stats.rows_distinct
                     k += 1
                 steps[i] = k - 1
-                peak[0] = max(peak[0], _threads())
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    base = _threads()
     ths = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for th in ths:
         th.start()
@@ -173,7 +198,7 @@ def sessions_run(model, tokens, n: int, seconds: float, engine: str, readers: in
         raise errors[0]
     if min(steps) >= stride - 2:
         raise RuntimeError(f"a session ran out of its {stride} tokens before {seconds} s: give more text")
-    return {"rows_per_s": sum(rows) / wall, "steps": sum(steps), "threads": peak[0] - base - n}
+    return {"rows_per_s": sum(rows) / wall, "steps": sum(steps)}
 
 
 def many_sessions(model, loc_all, tokens, ns, rounds: int, seconds: float, readers: int, block: int) -> list:
@@ -185,7 +210,6 @@ def many_sessions(model, loc_all, tokens, ns, rounds: int, seconds: float, reade
     hi = max(l.offset + l.rows * 264 for l in loc_all)
     names = ["fio_4k", f"fio_{block}"] + [f"shared_{n}" for n in ns] + ["private_16", "fio_4k_qd256"]
     runs = {k: [] for k in names}
-    threads = {k: [] for k in names}
     cmds = {}
     pos = 0
     per_run = int(len(tokens) / (rounds * (len(ns) + 1)))
@@ -202,26 +226,48 @@ def many_sessions(model, loc_all, tokens, ns, rounds: int, seconds: float, reade
             res = sessions_run(model, tokens[pos:pos + per_run], int(n), seconds, engine, readers, 0)
             pos += per_run
             runs[name].append(res["rows_per_s"])
-            threads[name].append(res["threads"])
     out = []
     med = {k: statistics.median(v) for k, v in runs.items()}
     for n in ns:
         row = {"sessions": n, "rows_per_s": med[f"shared_{n}"], "vs_fio_4k": med[f"shared_{n}"] / med["fio_4k"],
                f"vs_fio_{block}": med[f"shared_{n}"] / med[f"fio_{block}"],
-               "threads": max(threads[f"shared_{n}"]), "rounds": [round(x) for x in runs[f"shared_{n}"]]}
+               "rounds": [round(x) for x in runs[f"shared_{n}"]]}
         out.append(row)
         print(f"   {n:2d} sessions, shared engine (QD {qd}): {row['rows_per_s']:8.0f} rows/s = "
               f"{row['vs_fio_4k'] * 100:5.1f}% of fio 4k / {row[f'vs_fio_{block}'] * 100:5.1f}% of fio {block} B "
-              f"at QD {qd}; {row['threads']} engine threads")
+              f"at QD {qd}")
     priv = {"sessions": 16, "engine": "private", "rows_per_s": med["private_16"],
-            "vs_fio_4k_qd256": med["private_16"] / med["fio_4k_qd256"], "threads": max(threads["private_16"])}
+            "vs_fio_4k_qd256": med["private_16"] / med["fio_4k_qd256"],
+            "rounds": [round(x) for x in runs["private_16"]]}
     print(f"   16 sessions, private readers (QD 16 x 16): {priv['rows_per_s']:8.0f} rows/s = "
-          f"{priv['vs_fio_4k_qd256'] * 100:5.1f}% of fio 4k at QD 256; {priv['threads']} reader threads")
+          f"{priv['vs_fio_4k_qd256'] * 100:5.1f}% of fio 4k at QD 256")
     print(f"   fio QD {qd}: 4k {med['fio_4k']:.0f} IOPS, {block} B {med[f'fio_{block}']:.0f} IOPS; "
           f"QD 256 4k {med['fio_4k_qd256']:.0f} IOPS")
     return [{"fio": {k: med[k] for k in names if k.startswith("fio")}, "fio_rounds":
              {k: [round(x) for x in runs[k]] for k in names if k.startswith("fio")}, "fio_cmds": cmds,
              "shared": out, "private_16": priv}]
+
+
+# ------------------------------------------------------------------ part 4
+def thread_counts(model, tokens, ns) -> dict:
+    """Threads the process holds with n sessions open on the pread backend: private vs shared."""
+    out = {}
+    for engine in ("private", "shared"):
+        for n in ns:
+            base = _threads()
+            sessions = [model.session(engine=engine, backend="pread") for _ in range(n)]
+            try:
+                for s in sessions:
+                    for tok in tokens[:5]:
+                        s.step(int(tok))
+                    s.prefill(tokens[:300]).wait(model.layer_ids[-1], timeout=120)
+                out[f"{engine}_{n}"] = _threads() - base
+            finally:
+                for s in sessions:
+                    s.close()
+        print(f"   threads held, pread, {engine:7s}: " +
+              ", ".join(f"{n} sessions {out[f'{engine}_{n}']}" for n in ns))
+    return out
 
 
 def main(argv=None) -> dict:
@@ -237,7 +283,9 @@ def main(argv=None) -> dict:
     p.add_argument("--budget", type=float, default=1.5, help="seconds per batch size and executor (part 1)")
     p.add_argument("--steps", type=int, default=300, help="steps per N=1 run (part 2)")
     p.add_argument("--sessions", default="1,4,16")
-    p.add_argument("--parts", default="rule,single,many")
+    p.add_argument("--parts", default="rule,single,many,threads")
+    p.add_argument("--contention", type=int, default=2,
+                   help="spinning processes during the second measurement of the rule (0: skip it)")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
 
@@ -257,6 +305,11 @@ def main(argv=None) -> dict:
     record = {"model": str(args.model), "load_avg_before": os.getloadavg()}
     if "rule" in parts:
         record["rule"] = rule(locs[0], (16, 64), args.rounds, args.budget)
+        if args.contention:
+            print(f"   the same with {args.contention} processes spinning on the {os.cpu_count()} cores:")
+            with Spinners(args.contention):
+                record["rule_contended"] = rule(locs[0], (16, 64), args.rounds, args.budget)
+            record["contention"] = args.contention
     model = EngramModel.open(args.model)
     ns = [int(x) for x in args.sessions.split(",")]
     need = args.rounds * (4 * args.steps + (len(ns) + 1) * 16 * 4000)
@@ -268,5 +321,7 @@ def main(argv=None) -> dict:
     if "many" in parts:
         rest = tokens[args.rounds * 4 * args.steps:]
         record["many"] = many_sessions(model, locs, rest, ns, args.rounds, args.seconds, 16, block)
+    if "threads" in parts:
+        record["threads"] = thread_counts(model, tokens[:300], ns)
     record["load_avg_after"] = os.getloadavg()
     return record
