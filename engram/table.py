@@ -432,6 +432,8 @@ class Table(_RowReads):
     readers : int
         pread readers (persistent threads, the caller being one) or io_uring
         ring depth: the queue depth of a concurrent batch.  At most :data:`MAX_READERS`.
+        Through an engine: the most reads in flight for one batch of this table
+        (the engine's queue depth, shared by all its clients, is raised to it if lower).
     threshold : int
         Batches with at least this many distinct rows are read concurrently;
         smaller ones serially (the reference engine uses 8, SPEC §8).

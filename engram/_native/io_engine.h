@@ -5,15 +5,16 @@
  * of them go through one engine:
  *
  *   credits   The engine allows `readers` reads in flight in all (its queue depth).  A read
- *             needs a credit; each credit that frees is granted again by one dispatcher,
+ *             needs a credit; each credit that frees is granted again by one dispatcher: it
+ *             stays with the job whose read ended while that job's client (a session) holds
+ *             less than its share = max(1, readers / active clients); else it goes,
  *             round-robin over the jobs in progress (a job = one chunk of one reader's batch),
- *             first to the jobs whose client (a session) holds less than its share =
- *             max(1, readers / active clients), else to any job with reads left
- *             (work-conserving); a job never holds more than its own depth (the reader's
- *             `readers`).  A decode batch arriving while a prefill batch holds every credit
- *             gets each credit the prefill releases until it reaches its depth or its share:
- *             the prefill batch is interleaved read by read with the decode batches, never
- *             served first in full.
+ *             to a job whose client holds less than its share; else (work-conserving) to the
+ *             job that released it or any job with reads left.  A job never holds more than
+ *             its own depth (the reader's `readers`).  A decode batch arriving while a prefill
+ *             batch holds every credit gets each credit the prefill releases above its share,
+ *             until the decode batch reaches its depth or its share: the prefill batch is
+ *             interleaved read by read with the decode batches, never served first in full.
  *   executors A job's granted reads run on the caller's io_uring ring (borrowed from the
  *             engine's cache of rings: one ring per submitting thread at a time, no thread) or
  *             on the engine's pool of pread threads (started on first use, `readers` threads;
@@ -28,6 +29,7 @@
  *             the caller starts a new one.
  *
  * Every function but the fork hooks takes the engine's mutex itself; none is called with it held.
+ * Pool threads woken by a grant are woken once the mutex is released (engram_engine_unlock).
  */
 #ifndef ENGRAM_IO_ENGINE_H
 #define ENGRAM_IO_ENGINE_H
@@ -103,6 +105,7 @@ struct engram_engine {
     pthread_t *threads;
     engram_pool_worker **workers;     /* each its own allocation: a running thread holds it */
     int nthreads, cap_threads, idle, stop;
+    int wake;                  /* pool threads to wake once the mutex is released */
     /* the rings: all of them, and whether each is free */
     engram_ring **rings;
     unsigned char *ring_free;
@@ -114,7 +117,14 @@ static engram_engine *engram_engine_create(int readers, int max_jobs, int ring_b
     engram_engine *e = (engram_engine *)calloc(1, sizeof(engram_engine));
     *err = 0;
     if (!e) { *err = ENOMEM; return NULL; }
-    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    /* held for a few hundred instructions at a time by many threads: spin briefly before sleeping */
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+    pthread_mutex_init(&e->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->admit, NULL);
     e->readers = readers > 0 ? readers : 1;
@@ -173,10 +183,16 @@ static int engram_ejob_eligible(const engram_ejob *j) {
     return !j->err.err && j->next + j->granted < j->job->nreq && j->running + j->granted < j->depth;
 }
 
-/* The next job to grant a credit to: round-robin from the cursor, first among the jobs whose
- * client holds less than its share, else (work-conserving) among all eligible jobs. */
-static engram_ejob *engram_engine_pick(engram_engine *e) {
+/* The next job to grant a credit to.  `self`: the job whose read just ended (its thread is
+ * awake and starts a granted read at once, while a ring job's thread waiting in io_uring_enter
+ * could take one only at its own next completion).  In order:
+ *   1. self, while its client holds less than its share (it keeps its credit);
+ *   2. round-robin from the cursor, the jobs whose client holds less than its share;
+ *   3. self again (work-conserving: a credit above the share stays where it is used);
+ *   4. round-robin, any job with reads left. */
+static engram_ejob *engram_engine_pick(engram_engine *e, engram_ejob *self) {
     int share = engram_engine_share(e);
+    if (self && engram_ejob_eligible(self) && self->client->held < share) return self;
     engram_ejob *start = e->cursor ? e->cursor : e->head, *j, *any = NULL;
     j = start;
     do {
@@ -186,38 +202,56 @@ static engram_ejob *engram_engine_pick(engram_engine *e) {
         }
         j = j->next_job;
     } while (j != start);
+    if (self && engram_ejob_eligible(self)) return self;
     return any;
 }
 
-/* Grant the free credits, one at a time.  `self`: the calling thread is a pool thread that
- * looks for pool work right after (one fewer thread to wake). */
-static void engram_engine_dispatch(engram_engine *e, int self) {
+/* Grant the free credits, one at a time.  `self_job`: as for engram_engine_pick (NULL: none);
+ * `self_worker`: the calling thread is a pool thread that looks for pool work right after (one
+ * fewer thread to wake). */
+static void engram_engine_dispatch(engram_engine *e, int self_worker, engram_ejob *self_job) {
     if (!e->head) return;
-    int woken = 0;
     while (e->held < e->readers) {
-        engram_ejob *pick = engram_engine_pick(e);
+        engram_ejob *pick = engram_engine_pick(e, self_job);
         if (!pick) return;
-        e->cursor = pick->next_job;
+        if (pick != self_job) e->cursor = pick->next_job;
         pick->granted++;
         pick->own++;
         pick->client->held++;
         pick->client->reads++;
         e->held++;
         e->issued++;
-        if (!pick->on_ring) {
-            e->pool_grants++;
-            if (self) self = 0;
-            else if (woken < e->idle) { pthread_cond_signal(&e->work); woken++; }
+        if (pick->on_ring) {
+            if (pick->sleeping) pthread_cond_signal(&pick->cv);
+            continue;
         }
-        if (pick->sleeping) pthread_cond_signal(&pick->cv);
+        e->pool_grants++;
+        if (self_worker) self_worker = 0;                                  /* this thread takes it */
+        else if (e->wake < e->idle) e->wake++;                             /* woken after the unlock */
+        else if (pick->sleeping) pthread_cond_signal(&pick->cv);           /* no thread free: the caller */
     }
 }
 
-/* n credits of j return (reads ended, or grants given back) and are granted again. */
-static void engram_engine_release(engram_engine *e, engram_ejob *j, int64_t n, int self) {
+/* n credits of j return (reads ended, or grants given back) and are granted again; `self` as
+ * for engram_engine_dispatch (j keeps its credit while under its share unless it gives back). */
+static void engram_engine_release(engram_engine *e, engram_ejob *j, int64_t n, int self_worker, int keep) {
     j->client->held -= n;
     e->held -= n;
-    engram_engine_dispatch(e, self);
+    engram_engine_dispatch(e, self_worker, keep ? j : NULL);
+}
+
+/* Release the mutex, then wake the pool threads the dispatcher counted (a thread woken while the
+ * mutex is held would only wait for it again). */
+static void engram_engine_unlock(engram_engine *e) {
+    int n = e->wake;
+    e->wake = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (n-- > 0) pthread_cond_signal(&e->work);
+}
+
+/* Wake the counted pool threads now (mutex held: the caller is about to wait). */
+static void engram_engine_wake_now(engram_engine *e) {
+    for (; e->wake > 0; e->wake--) pthread_cond_signal(&e->work);
 }
 
 /* A job that stopped on an error gives back the credits it was granted but will not use. */
@@ -226,7 +260,7 @@ static void engram_ejob_return_grants(engram_engine *e, engram_ejob *j) {
         int64_t n = j->granted;
         if (!j->on_ring) e->pool_grants -= n;
         j->granted = 0;
-        engram_engine_release(e, j, n, 0);
+        engram_engine_release(e, j, n, 0, 0);
     }
 }
 
@@ -242,7 +276,7 @@ static void engram_ejob_read_done(engram_engine *e, engram_ejob *j, const engram
         engram_ejob_return_grants(e, j);
     }
     j->running--;
-    engram_engine_release(e, j, 1, self);
+    engram_engine_release(e, j, 1, self, 1);
     if (j->sleeping && engram_ejob_finished(j)) pthread_cond_signal(&j->cv);
 }
 
@@ -262,7 +296,7 @@ static void engram_engine_enter(engram_engine *e, engram_ejob *j) {
     if (j->client->jobs++ == 0) e->active_clients++;
     j->issued0 = e->issued;
     j->own = 0;
-    engram_engine_dispatch(e, 0);
+    engram_engine_dispatch(e, 0, NULL);
 }
 
 static void engram_engine_leave(engram_engine *e, engram_ejob *j, engram_run_info *info) {
@@ -284,7 +318,7 @@ static void engram_engine_leave(engram_engine *e, engram_ejob *j, engram_run_inf
         info->depth = j->depth;
         info->others = e->issued - j->issued0 - j->own;
     }
-    engram_engine_dispatch(e, 0);  /* one client fewer: the others' share grows */
+    engram_engine_dispatch(e, 0, NULL);  /* one client fewer: the others' share grows */
 }
 
 /* ------------------------------------------------------------------ the pool */
@@ -333,13 +367,14 @@ static void *engram_engine_worker(void *arg) {
         if (e->stop) break;
         engram_ejob *j = engram_engine_pool_work(e);
         if (!j) {
+            e->wake = 0;  /* no pool read is granted: nobody to wake */
             e->idle++;
             pthread_cond_wait(&e->work, &e->mu);
             e->idle--;
             continue;
         }
         int64_t r = engram_ejob_start_pool_read(e, j);
-        pthread_mutex_unlock(&e->mu);
+        engram_engine_unlock(e);
         if (engram_fit_buffer(&w->buf, &w->buf_bytes, &w->align, j->buf_bytes, j->align) != 0) {
             memset(&le, 0, sizeof(le));
             le.err = ENOMEM; le.req = r; le.offset = j->job->reqs[r].span_off;
@@ -391,12 +426,13 @@ static void engram_engine_pool_job(engram_engine *e, engram_ejob *j, uint8_t *bu
     while (!engram_ejob_finished(j)) {
         if (j->granted > 0 && !j->err.err) {
             int64_t r = engram_ejob_start_pool_read(e, j);
-            pthread_mutex_unlock(&e->mu);
+            engram_engine_unlock(e);
             engram_ejob_read(j, r, buf, &le);
             pthread_mutex_lock(&e->mu);
             engram_ejob_read_done(e, j, &le, 0);
             continue;
         }
+        engram_engine_wake_now(e);
         j->sleeping = 1;
         pthread_cond_wait(&j->cv, &e->mu);
         j->sleeping = 0;
@@ -464,12 +500,13 @@ static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring 
         }
         if (j->running == 0) {
             if (engram_ejob_finished(j)) return 0;
+            engram_engine_wake_now(e);
             j->sleeping = 1;
             pthread_cond_wait(&j->cv, &e->mu);
             j->sleeping = 0;
             continue;
         }
-        pthread_mutex_unlock(&e->mu);
+        engram_engine_unlock(e);
         int slot = 0, res = 0, got;
         int64_t r = 0;
         engram_ioerr le;
@@ -499,7 +536,7 @@ static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring 
             engram_ejob_return_grants(e, j);
             int64_t n = j->running;
             j->running = 0;
-            engram_engine_release(e, j, n, 0);
+            engram_engine_release(e, j, n, 0, 0);
             return 1;
         }
         g->free_slots[nfree++] = slot;
@@ -575,7 +612,7 @@ static int engram_engine_run(engram_engine *e, engram_client *c, const engram_jo
 #if ENGRAM_HAVE_URING
     if (g) engram_engine_return_ring(e, g, broken);
 #endif
-    pthread_mutex_unlock(&e->mu);
+    engram_engine_unlock(e);
     pthread_cond_destroy(&j.cv);
     if (broken) engram_ring_destroy(g);  /* drains the reads the kernel may still hold */
     *err = j.err;

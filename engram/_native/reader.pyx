@@ -233,7 +233,9 @@ cdef class Engine:
 
     def grow(self, int readers):
         """Raise the queue depth to ``readers`` (never lowered while the engine lives)."""
-        engram_engine_grow(self._get(), readers)
+        cdef engram_engine* e = self._get()
+        with nogil:  # never wait for the engine's mutex holding the GIL (fork_prepare holds it)
+            engram_engine_grow(e, readers)
 
     def start_pool(self):
         """Start the pool threads up to the queue depth: 0, or the errno when none could start."""
@@ -254,13 +256,17 @@ cdef class Engine:
         return err
 
     def set_ring_batch(self, int ring_batch):
-        engram_engine_set_ring_batch(self._get(), ring_batch)
+        cdef engram_engine* e = self._get()
+        with nogil:
+            engram_engine_set_ring_batch(e, ring_batch)
 
     def stats(self):
         """Counters: readers, threads, idle threads, rings (free), jobs, active clients, credits
         held, reads issued, ring and pool jobs, submitters waiting for the queue."""
         cdef engram_engine_stats st
-        engram_engine_get_stats(self._get(), &st)
+        cdef engram_engine* e = self._get()
+        with nogil:
+            engram_engine_get_stats(e, &st)
         return {"readers": st.readers, "threads": st.threads, "idle_threads": st.idle, "rings": st.rings,
                 "free_rings": st.free_rings, "jobs": st.jobs, "active_clients": st.active_clients,
                 "max_jobs": st.max_jobs, "ring_batch": st.ring_batch, "held": st.held, "issued": st.issued,
@@ -275,7 +281,7 @@ cdef class Engine:
 
     def fork_parent(self):
         if self.e != NULL and not self.abandoned:
-            engram_engine_fork_parent(self.e)
+            engram_engine_fork_parent(self.e)  # unlocks: never waits
 
     def fork_child(self):
         if self.e != NULL and not self.abandoned:
