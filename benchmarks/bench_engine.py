@@ -10,10 +10,13 @@ as the machine is, and with ``--contention`` processes spinning on the cores
 (as a server's own compute loads them): the ring's reads are all issued and
 reaped by the one submitting thread, the pool's by ``readers`` threads.
 
-Part 2, a session alone (N = 1): ``Session.step`` p50 on the same decode
-steps of a real text (DeepSeek V4 tokenizer, the model's layout), with private
-readers (the session's own ring or pool, as before the engine) and through the
-shared engine, ``backend`` auto (the ring) and pread, ``readers`` 16.
+Part 2, a session alone (N = 1): ``Session.step`` p50 on decode steps of a
+real text (DeepSeek V4 tokenizer, the model's layout), with private readers
+(the session's own ring or pool, as before the engine) and through the shared
+engine, ``backend`` auto (the ring) and pread, ``readers`` 16.  Both sessions
+stay open and step through alternating blocks of fresh text: the ratio of
+each pair of blocks is measured within a few milliseconds, so the drift of a
+shared machine cancels out.
 
 Part 3, N sessions at once: N threads, each with its own session stepping
 through its own stretch of the text, through the shared engine (queue depth
@@ -123,39 +126,45 @@ class Spinners:
 
 
 # ------------------------------------------------------------------ part 2
-def _steps(model, tokens, engine: str, backend: str, readers: int) -> list:
-    with model.session(engine=engine, backend=backend, readers=readers) as s:
-        for tok in range(5):  # wake the readers
-            s.step(1000 + tok)
-        s.restore(model.hasher.new_history())
-        times = []
-        for tok in tokens:
-            t = time.perf_counter()
-            s.step(tok)
-            times.append(time.perf_counter() - t)
-        if engine == "shared" and s.tables[model.layer_ids[0]].engine is None:
-            raise RuntimeError("the session did not read through the shared engine")
-    return times
-
-
-def single_session(model, tokens, rounds: int, steps: int, readers: int) -> dict:
-    """Session.step p50 with private readers vs the shared engine (auto and pread), N = 1."""
-    configs = [(e, b) for b in ("auto", "pread") for e in ("private", "shared")]
-    runs = {c: [] for c in configs}
-    pos = 0
-    for r in range(rounds):
-        for c in configs[r % len(configs):] + configs[:r % len(configs)]:
-            seg = tokens[pos:pos + steps]
-            pos += steps
-            runs[c].append(statistics.median(_steps(model, seg, c[0], c[1], readers)) * 1e3)
+def single_session(model, tokens, pairs: int, block: int, readers: int) -> dict:
+    """Session.step p50, N = 1: a private-reader session and a shared-engine one, both open, step
+    through alternating blocks of ``block`` tokens (the order alternating); per backend the
+    median over the pairs of the ratio of the blocks' p50s, and the p50 of every step."""
     out = {}
-    for b in ("auto", "pread"):
-        priv = statistics.median(runs[("private", b)])
-        shar = statistics.median(runs[("shared", b)])
-        out[b] = {"private_p50_ms": priv, "shared_p50_ms": shar, "shared_vs_private": shar / priv,
-                  "private_rounds": runs[("private", b)], "shared_rounds": runs[("shared", b)]}
-        print(f"   N=1, {b:5s}: Session.step p50 private {priv:.3f} ms, shared {shar:.3f} ms "
-              f"(shared/private {shar / priv:.3f})")
+    pos = 0
+    for backend in ("auto", "pread"):
+        with model.session(engine="private", backend=backend, readers=readers) as priv, \
+                model.session(engine="shared", backend=backend, readers=readers) as shar:
+            if shar.tables[model.layer_ids[0]].engine is None or priv.tables[model.layer_ids[0]].engine is not None:
+                raise RuntimeError("the sessions do not read as asked")
+            for s in (priv, shar):
+                for tok in tokens[pos:pos + 20]:  # wake the readers
+                    s.step(tok)
+            pos += 20
+            times = {"private": [], "shared": []}
+            ratios = []
+            for k in range(pairs):
+                medians = {}
+                for name in (("private", "shared") if k % 2 == 0 else ("shared", "private")):
+                    s = priv if name == "private" else shar
+                    s.restore(model.hasher.new_history())
+                    t_block = []
+                    for tok in tokens[pos:pos + block]:
+                        t = time.perf_counter()
+                        s.step(tok)
+                        t_block.append(time.perf_counter() - t)
+                    pos += block
+                    times[name] += t_block
+                    medians[name] = statistics.median(t_block)
+                ratios.append(medians["shared"] / medians["private"])
+        priv_ms = statistics.median(times["private"]) * 1e3
+        shar_ms = statistics.median(times["shared"]) * 1e3
+        q1, q3 = np.percentile(ratios, [25, 75])
+        out[backend] = {"private_p50_ms": priv_ms, "shared_p50_ms": shar_ms, "ratio_median": statistics.median(ratios),
+                        "ratio_iqr": [float(q1), float(q3)], "pairs": pairs, "block": block}
+        print(f"   N=1, {backend:5s}: Session.step p50 private {priv_ms:.3f} ms, shared {shar_ms:.3f} ms; "
+              f"shared/private per pair: median {statistics.median(ratios):.3f} (IQR {q1:.3f}-{q3:.3f}, "
+              f"{pairs} pairs of {block} steps)")
     return out
 
 
@@ -281,7 +290,8 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=6.0, help="seconds per fio / multi-session run")
     p.add_argument("--budget", type=float, default=1.5, help="seconds per batch size and executor (part 1)")
-    p.add_argument("--steps", type=int, default=300, help="steps per N=1 run (part 2)")
+    p.add_argument("--pairs", type=int, default=40, help="pairs of blocks of the N=1 comparison (part 2)")
+    p.add_argument("--block", type=int, default=40, help="steps per block (part 2)")
     p.add_argument("--sessions", default="1,4,16")
     p.add_argument("--parts", default="rule,single,many,threads")
     p.add_argument("--contention", type=int, default=2,
@@ -312,14 +322,14 @@ def main(argv=None) -> dict:
             record["contention"] = args.contention
     model = EngramModel.open(args.model)
     ns = [int(x) for x in args.sessions.split(",")]
-    need = args.rounds * (4 * args.steps + (len(ns) + 1) * 16 * 4000)
+    single = 2 * (40 + 2 * args.pairs * args.block)
+    need = single + args.rounds * (len(ns) + 1) * 16 * 4000
     ids = load_tokenizer().encode(real_text(need * 6), add_special_tokens=False).ids
     tokens = np.resize(np.array(ids, np.int64), need)
     if "single" in parts:
-        record["single"] = single_session(model, tokens[:args.rounds * 4 * args.steps].tolist(), args.rounds,
-                                          args.steps, 16)
+        record["single"] = single_session(model, tokens[:single].tolist(), args.pairs, args.block, 16)
     if "many" in parts:
-        rest = tokens[args.rounds * 4 * args.steps:]
+        rest = tokens[single:]
         record["many"] = many_sessions(model, locs, rest, ns, args.rounds, args.seconds, 16, block)
     if "threads" in parts:
         record["threads"] = thread_counts(model, tokens[:300], ns)
