@@ -11,7 +11,9 @@ The rules of an engine (the C side is ``engram/_native/io_engine.h``):
 - **Queue depth.** ``readers`` reads in flight in all, whatever the number of
   sessions (default :data:`ENGINE_READERS`; raised, never lowered, to the
   largest ``readers`` a client asks for).  A batch of one session has at most
-  its own ``readers`` in flight, as with private readers.
+  its own ``readers`` in flight, as with private readers.  A batch with fewer
+  distinct rows than its table's ``threshold`` is read serially by the
+  submitting thread, outside the engine (one read at a time).
 - **Fairness.** A session's share is ``readers / active sessions`` credits (a
   credit = one read in flight).  A credit that frees stays with the batch
   whose read ended while its session holds less than its share; else it goes,

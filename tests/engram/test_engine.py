@@ -132,6 +132,14 @@ def test_private_sessions_still_hold_their_own_readers(model_path, text_ids):
             ra, rb = a.step(int(tok)), b.step(int(tok))
             assert all(np.array_equal(ra[l], rb[l]) for l in model.layer_ids)
         assert a.last_stats.others_reads == 0
+    engine = IOEngine(8)
+    with model.session(engine=engine, readers=4) as c, model.session(engine=engine, readers=4) as d:
+        assert all(t.engine is engine for s_ in (c, d) for t in s_.tables.values())
+        assert c.tables[1].engine_client is c.tables[14].engine_client is not d.tables[1].engine_client
+        assert engine.stats().clients == 2 and engine.readers == 8
+        ra, rb = c.step(int(ids[0])), d.step(int(ids[0]))
+        assert all(np.array_equal(ra[l], rb[l]) for l in model.layer_ids)
+    assert not engine.running
     with pytest.raises(ArgumentError, match="engine must be one of"):
         model.session(engine="pooled")
 
