@@ -62,7 +62,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Tuple, Union
 
-from ._native import reader as _reader
+from ._native import engine as _cengine
 from .errors import ArgumentError
 
 __all__ = ["IOEngine", "EngineClient", "EngineStats", "shared_engine", "device_key", "engines", "generation",
@@ -211,7 +211,7 @@ class IOEngine:
             raise ArgumentError(f"ring_batch must be an integer >= 0, got {ring_batch!r}")
         self.ring_batch = int(ring_batch)
         self.device = device
-        self._native: Optional[_reader.Engine] = None
+        self._native: Optional[_cengine.Engine] = None
         self._clients = 0
 
     # -------------------------------------------------------------- clients
@@ -223,13 +223,13 @@ class IOEngine:
         readers = _positive("readers", readers, MAX_ENGINE_READERS)
         with _PROC.lock:
             native = self._start(readers)
-            return EngineClient(self, native, _reader.Client(native), _PROC.generation, readers)
+            return EngineClient(self, native, _cengine.Client(native), _PROC.generation, readers)
 
-    def _start(self, readers: int) -> "_reader.Engine":
+    def _start(self, readers: int) -> "_cengine.Engine":
         """The running native engine, started if needed, with one more client (lock held)."""
         self._readers = max(self._readers, readers)
         if self._native is None:
-            self._native = _reader.Engine(self._readers, self.max_jobs, self.ring_batch)
+            self._native = _cengine.Engine(self._readers, self.max_jobs, self.ring_batch)
             _PROC.all.add(self)
         else:
             self._native.grow(self._readers)
@@ -338,14 +338,14 @@ class EngineClient:
         """The process generation (incremented in a child after fork) the client was started in."""
         return self._generation
 
-    def native(self) -> Tuple["_reader.Engine", "_reader.Client"]:
+    def native(self) -> Tuple["_cengine.Engine", "_cengine.Client"]:
         """The native engine and client to read through in this process: after ``fork()`` a
         new engine started here (the parent's is never touched)."""
         with self._lock:
             if self._generation != _PROC.generation:
                 with _PROC.lock:
                     native = self.engine._start(self.readers)
-                self._native, self._client = native, _reader.Client(native)
+                self._native, self._client = native, _cengine.Client(native)
                 self._generation = _PROC.generation
             return self._native, self._client
 
