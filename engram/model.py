@@ -22,8 +22,9 @@ from .errors import ArgumentError, HistoryError, TableIOError
 from .gguf import HC_STREAMS, ModelInfo, read_model
 from .hashing import Hasher, History
 from .mixer import gated_add, project
+from .io_engine import EngineClient, IOEngine, shared_engine
 from .prefetch import Prefetcher
-from .table import Closing, ReadStats, Table, TableGroup
+from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
 
 __all__ = ["EngramModel", "Session", "LayerWeights"]
 
@@ -53,8 +54,9 @@ class EngramModel:
     threads (each session itself is used by one thread at a time).
     """
 
-    def __init__(self, info: ModelInfo, *, eps: Optional[float] = None, backend: str = "auto", readers: int = 16,
-                 threshold: int = 8, direct: Union[bool, str] = "auto"):
+    def __init__(self, info: ModelInfo, *, eps: Optional[float] = None, backend: str = "auto",
+                 readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD, direct: Union[bool, str] = "auto",
+                 engine: Union[str, IOEngine] = "shared"):
         self.info = info
         self.layout = info.layout
         self.layer_ids = tuple(info.layout.layer_ids)
@@ -62,7 +64,8 @@ class EngramModel:
         #: The gate epsilon (SPEC §7) sessions use unless ``session(eps=...)`` says otherwise.
         self.eps = float(info.eps) if eps is None else need_eps(eps)
         self.hasher = Hasher(info.layout, info.token_map)
-        self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, eps=self.eps)
+        self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, eps=self.eps,
+                             engine=engine)
         self._weights: Dict[int, LayerWeights] = {}
         self._lock = threading.Lock()
 
@@ -135,8 +138,11 @@ class EngramModel:
     def session(self, **overrides) -> "Session":
         """A new decode session with its own descriptors and a fresh history.
 
-        Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct``
-        (the session's tables) and ``eps`` (the gate epsilon of its
+        Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct`` (the session's
+        tables), ``engine`` (``"shared"``, the default: the reads go through the process's engine
+        of each table's device, shared with the other sessions, :mod:`engram.io_engine`;
+        ``"private"``: the session's own readers per table and for its decode batches; an
+        :class:`~engram.io_engine.IOEngine`: that engine) and ``eps`` (the gate epsilon of its
         :meth:`Session.apply`; default :attr:`eps`).
 
         Raises
@@ -175,24 +181,42 @@ class Session(Closing):
     """
 
     def __init__(self, model: EngramModel, *, backend: str, readers: int, threshold: int,
-                 direct: Union[bool, str], eps: float):
+                 direct: Union[bool, str], eps: float, engine: Union[str, IOEngine] = "shared"):
         self.model = model
         self.eps = need_eps(eps)
         self.history = model.hasher.new_history()
         self.tables: Dict[int, Table] = {}
         self._prefetchers: List[Prefetcher] = []
+        self._clients: Dict[object, EngineClient] = {}
         try:
             for lid in model.layer_ids:
                 loc = model.info.tables[lid]
                 self.tables[lid] = Table(loc.path, loc.offset, loc.rows, backend=backend, readers=readers,
-                                         threshold=threshold, direct=direct)
-            self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns)
+                                         threshold=threshold, direct=direct,
+                                         engine=self._engine_client(engine, loc.path))
+            first = self.tables[model.layer_ids[0]]
+            self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns,
+                                     engine=first.engine_client or "private")
         except BaseException:
             self.close()
             raise
         self._ids = np.empty(model.hasher.step_shape, np.uint32)
         self.last_stats = ReadStats()
         self.last_row_ids = np.zeros(model.hasher.step_shape, np.uint32)
+
+    def _engine_client(self, engine, path):
+        """What a table of ``path`` reads through: the session's client of the engine of the file's
+        device (one per device, shared by the session's tables; each table raises the engine's
+        depth to its ``readers``), or "private"."""
+        if not isinstance(engine, IOEngine) and engine != "shared":
+            return engine  # "private", or a wrong value that Table reports
+        try:
+            eng = engine if isinstance(engine, IOEngine) else shared_engine(path)
+        except OSError:
+            return engine  # the table's own open reports why
+        if eng not in self._clients:
+            self._clients[eng] = eng.client()
+        return self._clients[eng]
 
     # ---------------------------------------------------------------- decode
     def step(self, token_id: int) -> Dict[int, np.ndarray]:
@@ -363,4 +387,7 @@ class Session(Closing):
         for t in getattr(self, "tables", {}).values():
             t.close()
         self.tables = {}
+        for c in getattr(self, "_clients", {}).values():
+            c.close()  # the last session on a device stops its engine
+        self._clients = {}
 

@@ -15,6 +15,11 @@ rows of both tables arrive together.  ``order="table"`` reads the first table
 whole before the second, for engines that run one layer over the whole prompt
 at a time.  While the second table is still gated, the reader goes on with
 the first.
+
+A session's chunks are read through its tables' I/O engine
+(:mod:`engram.io_engine`): each chunk is one batch there, interleaved read by
+read with the decode batches of the other sessions on the device, so a long
+prompt never holds their steps back by more than their share.
 """
 
 from __future__ import annotations

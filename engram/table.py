@@ -15,6 +15,11 @@ smaller batches serially; ``backend="serial"`` never reads concurrently.  The
 GIL is released while reading and decoding.  Which backends start on this
 machine, and the process's fallback from the ring, live in
 :mod:`engram.backends`.
+
+By default a table or group has its own readers.  With ``engine=`` it reads
+through an I/O engine instead (:mod:`engram.io_engine`): ``"shared"``, the
+process's engine of the file's device, whose queue depth, pool threads and
+rings all its sessions share, fairly; :class:`engram.Session` does this.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ from ._native import reader as _reader
 from .backends import AUTO_ORDER, available_backends
 from .codec import ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
+from .io_engine import EngineClient, IOEngine, generation as _engine_generation, shared_engine
 from .uncached import close_quietly, open_uncached
 
 __all__ = ["Table", "TableGroup", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES",
-           "DEFAULT_READERS", "DEFAULT_THRESHOLD", "BACKENDS", "AUTO_ORDER"]
+           "DEFAULT_READERS", "DEFAULT_THRESHOLD", "BACKENDS", "AUTO_ORDER", "ENGINES"]
 
 #: Read backends a table can be asked for (``serial``: never concurrent, whatever the threshold).
 BACKENDS = ("auto", "io_uring", "pread", "serial")
+#: What a table or group reads through: its own readers, or an I/O engine (:mod:`engram.io_engine`).
+ENGINES = ("private", "shared")
 _BACKEND_CODES = {"serial": _reader.BACKEND_SERIAL, "pread": _reader.BACKEND_PREAD,
                   "io_uring": _reader.BACKEND_URING}
 
@@ -81,6 +89,10 @@ class ReadStats:
         Readers or ring depth used (1 for serial reads).
     calls : int
         Read calls counted.
+    others_reads : int
+        Reads of other clients (sessions) the shared engine granted while these
+        calls were in progress (0 with private readers): how much this read was
+        interleaved with others'.
     """
 
     rows_requested: int = 0
@@ -91,6 +103,7 @@ class ReadStats:
     backend: str = ""
     concurrency: int = 1
     calls: int = 0
+    others_reads: int = 0
 
     def add(self, other: "ReadStats") -> None:
         """Accumulate ``other`` into this record."""
@@ -100,6 +113,7 @@ class ReadStats:
         self.bytes_read += other.bytes_read
         self.wall_s += other.wall_s
         self.calls += other.calls
+        self.others_reads += other.others_reads
         self.concurrency = max(self.concurrency, other.concurrency)
         if other.backend and other.backend not in self.backend.split(","):
             self.backend = f"{self.backend},{other.backend}" if self.backend else other.backend
@@ -156,6 +170,29 @@ def _start_backend(reader, backend: str, readers: int, path: str) -> tuple:
     if backend == "pread":
         return _start_pool(reader, readers, path)
     return _start_ring(reader, backend, readers, path)
+
+
+def _engine_client(engine, fd: int, readers: int, path: str) -> Optional[EngineClient]:
+    """The engine client a new table or group reads through (a reference of its own), or None
+    for its own readers.  ``engine``: "private", "shared" (the engine of ``fd``'s device), an
+    :class:`~engram.io_engine.IOEngine` (a new client of it) or an
+    :class:`~engram.io_engine.EngineClient` (shared with its other users, e.g. a session's tables)."""
+    if engine is None or engine == "private":
+        return None
+    if isinstance(engine, str):
+        if engine != "shared":
+            raise ArgumentError(f"engine must be one of {', '.join(map(repr, ENGINES))}, an IOEngine or an "
+                                f"EngineClient, got {engine!r}")
+        try:
+            return shared_engine(fd).client(readers)
+        except OSError as exc:
+            raise TableIOError(f"{path}: cannot find the device of the file: {exc.strerror}", errno_=exc.errno) from None
+    if isinstance(engine, IOEngine):
+        return engine.client(readers)
+    if isinstance(engine, EngineClient):
+        return engine.retain(readers)
+    raise ArgumentError(f"engine must be one of {', '.join(map(repr, ENGINES))}, an IOEngine or an EngineClient, "
+                        f"got {type(engine).__name__}")
 
 
 def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
@@ -218,8 +255,21 @@ def _failure_to_error(f, paths, rows, two_d: bool, names=None) -> Exception:
             f"device returned (file truncated?)", row=f.row, offset=f.offset, errno_=_errno.EIO)
     if f.kind == "ring":
         return TableIOError(f"{', '.join(sorted(set(paths)))}: {_backends.read_failure(f)}", errno_=f.errno)
+    if f.kind == "start":
+        why = _backends.start_failure(f.errno) if f.backend == "io_uring" else \
+            f"pread could not start: {os.strerror(f.errno)}"
+        return TableIOError(f"{', '.join(sorted(set(paths)))}: {why}", errno_=f.errno)
     return TableIOError(f"{paths[seg]}{table}: reading row {f.row} at file offset {f.offset} through {f.backend} "
                         f"failed: {os.strerror(f.errno)}", row=f.row, offset=f.offset, errno_=f.errno)
+
+
+def _check_engine(engine) -> None:
+    """``ArgumentError`` unless ``engine`` names what a table or group reads through."""
+    if engine is None or isinstance(engine, (IOEngine, EngineClient)):
+        return
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ArgumentError(f"engine must be one of {', '.join(map(repr, ENGINES))}, an IOEngine or an EngineClient, "
+                            f"got {engine!r}")
 
 
 def _check_policy(backend: str, readers, threshold) -> None:
@@ -273,23 +323,57 @@ class _RowReads(Closing):
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
+            if self._client is not None and self._client_gen != _engine_generation():
+                self._reattach()
             self._follow_verdict()
             try:
-                res = self._reader.read(ids, dest, self.threshold, _BACKEND_CODES[self.backend], seg_cols)
+                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
                 res = self._reread_on_pool(f, ids, dest, seg_cols)
         if staged:
             np.copyto(target, dest)
-        req, dist, nreads, nbytes, conc, n_serial, n_conc = res
-        backend = self.backend if n_conc else "serial"
-        if n_conc and n_serial:
+        req, dist, nreads, nbytes, conc, n_serial, n_pool, n_ring, others = res
+        used = [name for name, n in (("io_uring", n_ring), ("pread", n_pool)) if n]
+        backend = "+".join(used) if used else "serial"
+        if used and n_serial:
             backend += "+serial"
         st = ReadStats(rows_requested=req, rows_distinct=dist, reads=nreads, bytes_read=nbytes,
-                       wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1)
+                       wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1,
+                       others_reads=others)
         self.last_stats = st
         self.stats.add(st)
+
+    # ------------------------------------------------- the engine
+    def _attach(self, client: Optional[EngineClient]) -> None:
+        """Read through ``client``'s engine (None: this object's own readers)."""
+        self._client = client
+        self._client_gen = _engine_generation()
+        if client is not None:
+            native, ncl = client.native()
+            self._reader.attach(native, ncl, self.readers)
+
+    def _reattach(self) -> None:
+        """In a child after fork(): the client's engine is the parent's; read through a new one."""
+        self._attach(self._client)
+
+    def _backend_code(self) -> int:
+        """The reader's backend code: with an engine and ``auto`` on the ring, the engine picks the
+        ring or its pool per batch (:data:`engram.io_engine.RING_BATCH`)."""
+        if self.backend == "io_uring" and self.requested_backend == "auto" and self._client is not None:
+            return _reader.BACKEND_AUTO
+        return _BACKEND_CODES[self.backend]
+
+    @property
+    def engine(self) -> Optional[IOEngine]:
+        """The I/O engine this reads through, or None (its own readers)."""
+        return self._client.engine if self._client is not None else None
+
+    @property
+    def engine_client(self) -> Optional[EngineClient]:
+        """The engine client this reads through (shared with a session's other tables), or None."""
+        return self._client
 
     # ------------------------------------------------- fallback from the ring (auto)
     def _follow_verdict(self) -> None:
@@ -348,6 +432,8 @@ class Table(_RowReads):
     readers : int
         pread readers (persistent threads, the caller being one) or io_uring
         ring depth: the queue depth of a concurrent batch.  At most :data:`MAX_READERS`.
+        Through an engine: the most reads in flight for one batch of this table
+        (the engine's queue depth, shared by all its clients, is raised to it if lower).
     threshold : int
         Batches with at least this many distinct rows are read concurrently;
         smaller ones serially (the reference engine uses 8, SPEC §8).
@@ -359,6 +445,13 @@ class Table(_RowReads):
         Alignment of direct reads; default the device's logical block size.
         With ``direct="auto"``, a ``block_size`` that ends without ``O_DIRECT``
         warns (``RuntimeWarning``).
+    engine : "private", "shared", IOEngine or EngineClient
+        ``private`` (default): the table's own pool or ring.  ``shared``: the
+        process's engine of the file's device (:mod:`engram.io_engine`): one
+        queue depth, pool and cache of rings for every session on the device,
+        fair between them; ``readers`` stays this table's batch depth.  An
+        ``IOEngine``: a new client of that engine; an ``EngineClient``: read as
+        that client (a session's tables share one).
 
     Attributes
     ----------
@@ -389,7 +482,8 @@ class Table(_RowReads):
 
     def __init__(self, path: Union[str, os.PathLike], offset: int, rows: int, *, backend: str = "auto",
                  readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
-                 direct: Union[bool, str] = "auto", block_size: Optional[int] = None):
+                 direct: Union[bool, str] = "auto", block_size: Optional[int] = None,
+                 engine: Union[str, IOEngine, EngineClient, None] = "private"):
         try:
             self.path = os.fspath(path)
         except TypeError:
@@ -411,7 +505,9 @@ class Table(_RowReads):
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
         self._reader = None
+        self._client: Optional[EngineClient] = None
         self._fd = -1
+        _check_engine(engine)
         f = open_uncached(self.path, direct, block_size, probe_at=self.offset + self.rows // 2 * ROW_BYTES)
         self._fd = f.fd
         self.direct, self.alignment, self.drop_bytes = f.direct, f.alignment, f.drop_bytes
@@ -425,6 +521,8 @@ class Table(_RowReads):
                     f"past the end of the file ({size} bytes)", offset=end)
             self._reader = _new_reader([(f.fd, self.offset, self.rows)], f.alignment, f.drop_bytes, f.read_flags,
                                        self.path)
+            if backend != "serial":
+                self._attach(_engine_client(engine, f.fd, self.readers, self.path))
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
@@ -517,7 +615,7 @@ class Table(_RowReads):
         return self._reader is None
 
     def close(self) -> None:
-        """Stop the readers and close the descriptor (idempotent)."""
+        """Stop the readers (or leave the engine) and close the descriptor (idempotent)."""
         lock = getattr(self, "_lock", None)
         if lock is not None:
             lock.acquire()
@@ -525,6 +623,9 @@ class Table(_RowReads):
             if getattr(self, "_reader", None) is not None:
                 self._reader.close()
                 self._reader = None
+            client, self._client = getattr(self, "_client", None), None
+            if client is not None:
+                client.close()
             if getattr(self, "_fd", -1) >= 0:
                 fd, self._fd = self._fd, -1
                 close_quietly(fd)
@@ -534,9 +635,10 @@ class Table(_RowReads):
 
 
     def __repr__(self) -> str:
+        engine = f", engine={self._client.engine!r}" if getattr(self, "_client", None) is not None else ""
         return (f"Table({self.path!r}, offset={self.offset}, rows={self.rows}, backend={self.backend!r}, "
                 f"readers={self.readers}, threshold={self.threshold}, direct={self.direct}, "
-                f"alignment={self.alignment})")
+                f"alignment={self.alignment}{engine})")
 
 
 class TableGroup(_RowReads):
@@ -544,8 +646,9 @@ class TableGroup(_RowReads):
 
     Column ``c`` of a batch reads from ``tables[c // columns]``, so the 48 rows
     of a V4.1 decode step (24 per layer) go out as one concurrent batch.  The
-    group opens no descriptor: it reads through the tables' own, and has its
-    own readers (pool threads or ring), so it must not outlive them.
+    group opens no descriptor: it reads through the tables' own, so it must
+    not outlive them; it has its own readers (pool threads or ring), or reads
+    through the tables' engine client when they share one.
 
     Parameters
     ----------
@@ -556,6 +659,10 @@ class TableGroup(_RowReads):
     backend, readers, threshold
         As for :class:`Table`; default those of the first table (its
         ``requested_backend``: a group of ``auto`` tables is ``auto`` too).
+    engine : None, "private", "shared", IOEngine or EngineClient
+        None (default): the engine client the tables share, if they all read
+        through one, else the group's own readers.  Otherwise as for
+        :class:`Table` (``shared``: the engine of the first table's device).
 
     Raises
     ------
@@ -566,7 +673,8 @@ class TableGroup(_RowReads):
     """
 
     def __init__(self, tables, columns: int = 24, *, backend: Optional[str] = None,
-                 readers: Optional[int] = None, threshold: Optional[int] = None):
+                 readers: Optional[int] = None, threshold: Optional[int] = None,
+                 engine: Union[str, IOEngine, EngineClient, None] = None):
         tables = list(tables)
         if not tables or not all(isinstance(t, Table) for t in tables):
             raise ArgumentError("TableGroup needs one or more engram.Table objects")
@@ -584,6 +692,10 @@ class TableGroup(_RowReads):
         readers = readers if readers is not None else first.readers
         threshold = threshold if threshold is not None else first.threshold
         _check_policy(backend, readers, threshold)
+        _check_engine(engine)
+        if engine is None:
+            clients = {id(t._client) for t in tables}
+            engine = tables[0]._client if len(clients) == 1 and tables[0]._client is not None else "private"
         self.tables = tables
         self.columns = int(columns)
         self.readers = int(readers)
@@ -591,16 +703,18 @@ class TableGroup(_RowReads):
         self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
+        self._client: Optional[EngineClient] = None
         self.path = ", ".join(sorted({t.path for t in tables}))
         flags = {t._reader.read_flags for t in tables}
         self._reader = _new_reader([(t._fd, t.offset, t.rows) for t in tables], max(t.alignment for t in tables),
                                    max(t.drop_bytes for t in tables), flags.pop() if len(flags) == 1 else 0,
                                    self.path)
         try:
+            if backend != "serial":
+                self._attach(_engine_client(engine, first._fd, self.readers, first.path))
             self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
-            self._reader.close()
-            self._reader = None
+            self.close()
             raise
         self.last_stats = ReadStats()
         self.stats = ReadStats()
@@ -655,9 +769,12 @@ class TableGroup(_RowReads):
         return self._reader is None
 
     def close(self) -> None:
-        """Stop this group's readers (the tables stay open)."""
+        """Stop this group's readers or leave its engine (the tables stay open)."""
         with self._lock:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
+            client, self._client = self._client, None
+            if client is not None:
+                client.close()
 

@@ -93,10 +93,12 @@ typedef struct engram_ring {
     size_t sq_map_len, cq_map_len, sqes_len;
     /* reads */
     int depth;
+    size_t buf_bytes, align;      /* each slot's bounce buffer: bytes and alignment */
     int64_t inflight;             /* reads the kernel holds */
     uint8_t **bufs;
     int64_t *slot_req;            /* request held by each slot */
     int64_t *slot_got;            /* bytes already read into the slot */
+    int *free_slots;              /* slots without a read (the shared engine's ring loop, io_engine.h) */
 } engram_ring;
 
 static int engram_uring_setup(unsigned entries, struct io_uring_params *p) {
@@ -136,7 +138,14 @@ static void engram_ring_destroy(engram_ring *g) {
     if (!leak) free(g->bufs);
     free(g->slot_req);
     free(g->slot_got);
+    free(g->free_slots);
     free(g);
+}
+
+/* In a child after fork(): close the ring's descriptor and leave the rest (the parent's reads
+ * may still complete into its buffers through the shared mappings; this process never uses it). */
+static void engram_ring_abandon(engram_ring *g) {
+    if (g && g->fd >= 0) { close(g->fd); g->fd = -1; }
 }
 
 /* io_uring_setup with `flags`, dropping the optional ones a kernel does not
@@ -210,12 +219,15 @@ static engram_ring *engram_ring_create(int depth, size_t buf_bytes, size_t align
     g->fd = fd;
     g->setup_flags = p.flags;
     g->depth = depth;
+    g->buf_bytes = buf_bytes;
+    g->align = align;
     *err = engram_ring_map(g, &p);
     if (*err) { engram_ring_destroy(g); return NULL; }
     g->bufs = (uint8_t **)calloc(depth, sizeof(uint8_t *));
     g->slot_req = (int64_t *)malloc(sizeof(int64_t) * depth);
     g->slot_got = (int64_t *)malloc(sizeof(int64_t) * depth);
-    if (!g->bufs || !g->slot_req || !g->slot_got) { *err = ENOMEM; engram_ring_destroy(g); return NULL; }
+    g->free_slots = (int *)malloc(sizeof(int) * depth);
+    if (!g->bufs || !g->slot_req || !g->slot_got || !g->free_slots) { *err = ENOMEM; engram_ring_destroy(g); return NULL; }
     for (int i = 0; i < depth; i++) {
         void *b = NULL;
         if (posix_memalign(&b, align, buf_bytes) != 0) { *err = ENOMEM; engram_ring_destroy(g); return NULL; }
@@ -273,47 +285,57 @@ static void engram_ring_complete(engram_ring *g, const engram_job *job, int slot
         engram_ring_next(g, job, slot, next, e);
 }
 
-/* Keep up to `depth` reads in flight until every request is done or one fails.
+/* Submit the reads queued since the last call and take one completion: 1 with *slot and *res
+ * set, 0 when none is ready yet (call again), or -errno when io_uring_enter itself failed (the
+ * ring must then be destroyed: reads may still be in flight).
  *
- * One completion is handled at a time and the read that replaces it is
- * submitted (io_uring_enter) before the next completion is handled, as fio
- * does.  Reaping every completion first and submitting all replacements in one
- * io_uring_enter synchronises the reads into waves that the device serves
- * together: at queue depth 16 that loop issued 16 reads per io_uring_enter and
- * reached ~80% of fio's IOPS (benchmarks/BENCHMARKS.md, storage engine).
- *
- * A failure of io_uring_enter itself is reported with req = -1 (the ring must
- * then be destroyed: reads may still be in flight). */
+ * One completion is handled at a time and the read that replaces it is submitted
+ * (io_uring_enter) before the next completion is handled, as fio does.  Reaping every
+ * completion first and submitting all replacements in one io_uring_enter synchronises the reads
+ * into waves that the device serves together: at queue depth 16 that loop issued 16 reads per
+ * io_uring_enter and reached ~80% of fio's IOPS (benchmarks/BENCHMARKS.md, storage engine). */
+static int engram_ring_reap(engram_ring *g, int *slot, int *res) {
+    unsigned to_submit = g->sq_local - __atomic_load_n(g->sq_head, __ATOMIC_ACQUIRE);
+    __atomic_store_n(g->sq_tail, g->sq_local, __ATOMIC_RELEASE);
+    unsigned head = *g->cq_head;
+    int ready = __atomic_load_n(g->cq_tail, __ATOMIC_ACQUIRE) != head;
+    if (to_submit || !ready) {
+        if (engram_uring_enter(g->fd, to_submit, ready ? 0 : 1, IORING_ENTER_GETEVENTS) < 0 &&
+            errno != EINTR && errno != EAGAIN && errno != EBUSY)
+            return -errno;
+    }
+    if (__atomic_load_n(g->cq_tail, __ATOMIC_ACQUIRE) == head) return 0;
+    const struct io_uring_cqe *cqe = &g->cqes[head & g->cq_mask];
+    *slot = (int)cqe->user_data;
+    *res = cqe->res;
+    __atomic_store_n(g->cq_head, head + 1, __ATOMIC_RELEASE);
+    g->inflight--;
+    return 1;
+}
+
+/* Keep up to `depth` reads in flight until every request is done or one fails (a reader's own
+ * ring; the shared engine's loop is in io_engine.h).  A failure of io_uring_enter itself is
+ * reported with req = -1 (the ring must then be destroyed: reads may still be in flight). */
 static int engram_ring_run(engram_ring *g, const engram_job *job, engram_ioerr *e) {
     int64_t next = 0;
     memset(e, 0, sizeof(*e));
     for (int s = 0; s < g->depth; s++) engram_ring_next(g, job, s, &next, e);
     while (g->inflight > 0) {
-        unsigned to_submit = g->sq_local - __atomic_load_n(g->sq_head, __ATOMIC_ACQUIRE);
-        __atomic_store_n(g->sq_tail, g->sq_local, __ATOMIC_RELEASE);
-        unsigned head = *g->cq_head;
-        int ready = __atomic_load_n(g->cq_tail, __ATOMIC_ACQUIRE) != head;
-        if (to_submit || !ready) {
-            if (engram_uring_enter(g->fd, to_submit, ready ? 0 : 1, IORING_ENTER_GETEVENTS) < 0 &&
-                errno != EINTR && errno != EAGAIN && errno != EBUSY) {
-                e->err = errno; e->req = -1; e->offset = 0; e->got = 0;
-                return -1;
-            }
+        int slot = 0, res = 0, got = engram_ring_reap(g, &slot, &res);
+        if (got < 0) {
+            e->err = -got; e->req = -1; e->offset = 0; e->got = 0;
+            return -1;
         }
-        if (__atomic_load_n(g->cq_tail, __ATOMIC_ACQUIRE) == head) continue;
-        const struct io_uring_cqe *cqe = &g->cqes[head & g->cq_mask];
-        int slot = (int)cqe->user_data, res = cqe->res;
-        __atomic_store_n(g->cq_head, head + 1, __ATOMIC_RELEASE);
-        g->inflight--;
-        engram_ring_complete(g, job, slot, res, &next, e);
+        if (got) engram_ring_complete(g, job, slot, res, &next, e);
     }
     return e->err ? -1 : 0;
 }
 
 #else  /* no ring in this build */
 
-typedef struct engram_ring { int unused; } engram_ring;
+typedef struct engram_ring { int depth; size_t buf_bytes, align; } engram_ring;
 static void engram_ring_destroy(engram_ring *g) { (void)g; }
+static void engram_ring_abandon(engram_ring *g) { (void)g; }
 static engram_ring *engram_ring_create(int depth, size_t buf_bytes, size_t align, unsigned flags, int *err) {
     (void)depth; (void)buf_bytes; (void)align; (void)flags;
     *err = engram_ring_refused_by_env();

@@ -16,6 +16,7 @@ the Python caller.
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from posix.unistd cimport getpid, pid_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
@@ -23,48 +24,10 @@ cimport numpy as cnp
 import numpy as np
 
 from engram._native.codec cimport check_row, decode_row, ROW_BYTES, ROW_VALUES
+from engram._native.engine cimport Client, Engine
+from engram._native.readers cimport *
 
 cnp.import_array()
-
-cdef extern from "readers.h" nogil:
-    int ENGRAM_ESHORT
-    int ENGRAM_HAVE_URING
-    int ENGRAM_HAVE_FADVISE
-    int ENGRAM_HAVE_PREADV2
-    int RWF_DONTCACHE
-    const char* ENGRAM_URING_BUILD
-    int ENGRAM_URING_HEADERS
-    ctypedef struct engram_req:
-        int fd
-        uint64_t span_off
-        uint32_t span_len
-        uint32_t first
-        uint32_t count
-    ctypedef struct engram_ioerr:
-        int err
-        int64_t req
-        uint64_t offset
-        int64_t got
-    ctypedef struct engram_job:
-        uint64_t drop_granule
-        int rw_flags
-        uint32_t row_bytes
-        const engram_req* reqs
-        int64_t nreq
-        const uint64_t* row_off
-        uint8_t* staging
-    ctypedef struct engram_pool:
-        pass
-    ctypedef struct engram_ring:
-        pass
-    int engram_read_serial(const engram_job* job, uint8_t* buf, engram_ioerr* e)
-    engram_pool* engram_pool_create(int readers, size_t buf_bytes, size_t align, int* err)
-    int engram_pool_run(engram_pool* p, const engram_job* job, engram_ioerr* e)
-    void engram_pool_destroy(engram_pool* p)
-    engram_ring* engram_ring_create(int depth, size_t buf_bytes, size_t align, unsigned flags, int* err)
-    int engram_ring_run(engram_ring* g, const engram_job* job, engram_ioerr* e)
-    void engram_ring_destroy(engram_ring* g)
-    int posix_memalign(void** p, size_t align, size_t size)
 
 # A request key packs (segment, file offset, position in the chunk): 4 + 44 + 16 bits.
 cdef enum:
@@ -74,11 +37,12 @@ cdef enum:
     # Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
     CHUNK = 2048 * 24
 
-# Read paths of a chunk.
+# Read paths of a chunk (AUTO: an attached engine chooses the ring or its pool per chunk).
 cdef enum Path:
     SERIAL = 0
     PREAD = 1
     URING = 2
+    AUTO = 3
 
 #: Requests sorted and read at a time: 2048 tokens x 24 columns (SPEC §8).
 CHUNK_REQUESTS = CHUNK
@@ -91,6 +55,7 @@ MAX_FILE_OFFSET = 2 ** <object>OFF_BITS
 BACKEND_SERIAL = SERIAL
 BACKEND_PREAD = PREAD
 BACKEND_URING = URING
+BACKEND_AUTO = AUTO
 _PATH_NAMES = {SERIAL: "serial", PREAD: "pread", URING: "io_uring"}
 
 #: The io_uring ring is compiled in (raw system calls; whether it starts is a run-time matter).
@@ -112,19 +77,21 @@ class ReadFailure(Exception):
 
     Attributes (keyword-only at construction, so a wrong call fails where it is made):
 
-    kind : {"range", "decode", "short", "io", "ring"}
+    kind : {"range", "decode", "short", "io", "ring", "start"}
         ``range``: an id outside its table (``row`` = the id, ``token``, ``column``,
         ``segment``), raised before any I/O.  ``decode``: a row that does not decode
         (``row``, ``offset``, ``segment``, ``value_column`` = the first bad value of the
         row).  ``short``: a read ended before the row's last byte (``row``, ``offset``,
         ``segment``).  ``io``: a read failed with ``errno`` (``row``, ``offset``,
         ``segment``).  ``ring``: io_uring itself failed (``errno``): io_uring_enter, or
-        a ring that could not restart.
+        a reader's own ring that could not restart.  ``start``: the ``backend``'s
+        executor could not start (``errno``): an engine's ring or pool, or a reader's
+        own pool after ``fork()``.
     backend : {"serial", "pread", "io_uring"}
         The read path that failed (``range`` and ``decode``: the one in use).
     """
 
-    KINDS = ("range", "decode", "short", "io", "ring")
+    KINDS = ("range", "decode", "short", "io", "ring", "start")
 
     def __init__(self, kind, *, row=-1, token=-1, column=-1, segment=0, offset=-1, errno=0, value_column=-1,
                  backend="serial"):
@@ -147,6 +114,7 @@ class ReadFailure(Exception):
         return (f"ReadFailure({self.kind!r}, row={self.row}, token={self.token}, column={self.column}, "
                 f"segment={self.segment}, offset={self.offset}, errno={self.errno}, "
                 f"value_column={self.value_column}, backend={self.backend!r})")
+
 
 
 cdef class RowReader:
@@ -181,6 +149,13 @@ cdef class RowReader:
     cdef public int ring_depth
     cdef unsigned ring_flags
     cdef int ring_want
+    cdef pid_t owner          # process that started the pool / ring
+    # attached to a shared engine: reads of concurrent chunks go through it
+    cdef Engine eng
+    cdef Client cl
+    cdef int eng_depth
+    cdef int eng_depth_used
+    cdef uint64_t others
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
@@ -197,6 +172,10 @@ cdef class RowReader:
         self.ring_depth = 0
         self.ring_want = 0
         self.ring_flags = 0
+        self.owner = getpid()
+        self.eng = None
+        self.cl = None
+        self.eng_depth = 0
         segs = list(segments)
         if not 1 <= len(segs) <= MAX_SEGMENTS:
             raise ValueError(f"a reader serves 1..{MAX_SEGMENTS} tables, got {len(segs)}")
@@ -220,7 +199,10 @@ cdef class RowReader:
         self.close()
 
     def close(self):
-        """Stop the reader threads and the ring, free the buffers (the fd is the caller's)."""
+        """Stop the reader threads and the ring, free the buffers (the fd is the caller's);
+        an attached reader is detached (the engine is the caller's)."""
+        self.detach()
+        self._forget_if_forked()
         if self.pool != NULL:
             with nogil:
                 engram_pool_destroy(self.pool)
@@ -250,13 +232,74 @@ cdef class RowReader:
         """preadv2 / io_uring read flags in use (``RWF_DONTCACHE_FLAG`` or 0)."""
         return self.rw_flags
 
+    # ------------------------------------------------------------ the shared engine
+    def attach(self, Engine engine, Client client, int depth):
+        """Read concurrent chunks through ``engine`` as ``client``, at most ``depth`` reads in
+        flight per chunk; the reader's own pool and ring are stopped."""
+        if client.engine is not engine:
+            raise ValueError("the client belongs to another engine")
+        engine._get()
+        if self.pool != NULL:
+            with nogil:
+                engram_pool_destroy(self.pool)
+            self.pool = NULL
+        self._stop_ring()
+        self.ring_want = 0
+        self.pool_readers = 0
+        self.eng = engine
+        self.cl = client
+        self.eng_depth = max(1, depth)
+        engine.grow(self.eng_depth)
+
+    def detach(self):
+        """Stop reading through the engine (a no-op when not attached)."""
+        self.eng = None
+        self.cl = None
+        self.eng_depth = 0
+        self.ring_want = 0
+
+    @property
+    def engine(self):
+        """The :class:`Engine` this reader reads through, or None (its own readers)."""
+        return self.eng
+
+    @property
+    def client(self):
+        return self.cl
+
+    @property
+    def last_others(self):
+        """Reads of other jobs the engine granted while this reader's last call was in progress."""
+        return self.others
+
+    cdef void _forget_if_forked(self) noexcept:
+        """In a child after fork(): the pool's threads do not exist and the ring is the parent's;
+        leave both (never joined or drained here) and close the ring's descriptor."""
+        if self.owner == getpid():
+            return
+        self.owner = getpid()
+        self.pool = NULL
+        if self.ring != NULL:
+            engram_ring_abandon(self.ring)
+            self.ring = NULL
+        self.ring_depth = 0
+
     # ------------------------------------------------------------ backends
     def start_pool(self, int readers):
         """Start ``readers - 1`` persistent threads (the caller is the last reader).
 
-        Returns 0 or the errno of a thread that could not start (nothing runs then).
+        Attached to an engine: start the engine's pool instead (its queue depth raised to
+        ``readers`` if lower).  Returns 0 or the errno of a thread that could not start
+        (nothing runs then).
         """
         cdef int err = 0
+        self._forget_if_forked()
+        if self.eng is not None:
+            self.eng.grow(readers)
+            err = self.eng.start_pool()
+            if err == 0:
+                self.pool_readers = readers
+            return err
         if self.pool != NULL and self.pool_readers == readers:
             return 0
         if self.pool != NULL:
@@ -274,8 +317,16 @@ cdef class RowReader:
         ``flags``: extra ``IORING_SETUP_*`` flags to try (dropped when the kernel
         does not know them).  ENOSYS when the ring is not built, EPERM when
         refused by ``ENGRAM_DISABLE_IO_URING``, else what io_uring_setup said.
+        Attached to an engine: make sure the engine can start a ring of ``depth``
+        (``flags`` unused).
         """
         cdef int err = 0
+        self._forget_if_forked()
+        if self.eng is not None:
+            err = self.eng.ready_ring(depth, self.span_cap, max(self.align, 64))
+            self.ring_want = depth if err == 0 else 0
+            self.ring_depth = self.ring_want
+            return err
         if self.ring != NULL and self.ring_depth == depth and self.ring_flags == flags:
             return 0
         self._stop_ring()
@@ -287,7 +338,9 @@ cdef class RowReader:
         return err
 
     def stop_ring(self):
-        """Tear the ring down (a later ``read`` on the ring path restarts it)."""
+        """Tear the ring down (a later ``read`` on the ring path restarts it); attached: stop
+        using the engine's rings."""
+        self._forget_if_forked()
         self._stop_ring()
         self.ring_want = 0
 
@@ -334,26 +387,36 @@ cdef class RowReader:
         Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
         BACKEND_PREAD or BACKEND_URING for chunks with at least ``threshold``
         distinct rows (the pool must be started; a ring torn down by a failure
-        is restarted), BACKEND_SERIAL or smaller chunks serially.  Returns
-        (requested, distinct, reads, bytes, concurrency, serial_chunks,
-        concurrent_chunks).  Raises ReadFailure; ``out`` is then untouched
-        only for single-chunk calls (``table.py`` stages larger ones).
+        is restarted), BACKEND_AUTO (attached readers only: the engine picks
+        the ring or its pool per chunk), BACKEND_SERIAL or smaller chunks
+        serially.  Returns (requested, distinct, reads, bytes, concurrency,
+        serial_chunks, pool_chunks, ring_chunks, others): ``others`` = reads of
+        other jobs the engine granted meanwhile (0 when not attached).  Raises
+        ReadFailure; ``out`` is then untouched only for single-chunk calls
+        (``table.py`` stages larger ones).
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
         cdef Py_ssize_t total = T * C, start = 0, n, nd, nr, i
-        cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0
-        cdef int conc = 1, path, serial_chunks = 0, conc_chunks = 0
+        cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0, others = 0
+        cdef int conc = 1, path, serial_chunks = 0, pool_chunks = 0, ring_chunks = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
-        if backend == PREAD and self.pool == NULL:
-            raise ValueError("the pread pool is not started")
-        if backend == URING and self.ring_want == 0:
-            raise ValueError("the io_uring ring is not started")
+        self._forget_if_forked()
+        if self.eng is None:
+            if backend == PREAD and self.pool == NULL and self.pool_readers == 0:
+                raise ValueError("the pread pool is not started")
+            if backend == URING and self.ring_want == 0:
+                raise ValueError("the io_uring ring is not started")
+            if backend == AUTO:
+                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
+        elif self.eng.closed or self.eng.abandoned:
+            raise ValueError("the engine is stopped")
+        self.others = 0
         if total == 0:
-            return (0, 0, 0, 0, 1, 0, 0)
+            return (0, 0, 0, 0, 1, 0, 0, 0, 0)
         self._check_range(idp, T, C, s0, s1, seg_cols, backend)
         self._reserve(min(total, <Py_ssize_t>CHUNK))
         while start < total:
@@ -363,22 +426,30 @@ cdef class RowReader:
                 nd = self._distinct_rows(n)
                 nr = self._plan_spans(nd)
             path = SERIAL if nd < threshold else backend
-            self._read_spans(nr, path)
+            path = self._read_spans(nr, path)
             self._check_rows(nd, path)
             with nogil:
                 self._publish(op + start * ROW_VALUES, n)
             if path == SERIAL:
                 serial_chunks += 1
+            elif path == PREAD:
+                pool_chunks += 1
             else:
-                conc_chunks += 1
-                conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
+                ring_chunks += 1
+            if path != SERIAL:
+                if self.eng is not None:
+                    conc = max(conc, self.eng_depth_used)
+                    others += self.others
+                else:
+                    conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
             for i in range(nr):
                 nbytes += self.reqs[i].span_len
             requested += n
             distinct += nd
             nreads += nr
             start += n
-        return (requested, distinct, nreads, nbytes, conc, serial_chunks, conc_chunks)
+        self.others = others
+        return (requested, distinct, nreads, nbytes, conc, serial_chunks, pool_chunks, ring_chunks, others)
 
     cdef int _check_range(self, const uint32_t* idp, Py_ssize_t T, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
                           Py_ssize_t seg_cols, int backend) except -1:
@@ -451,10 +522,13 @@ cdef class RowReader:
         return nr
 
     cdef int _read_spans(self, Py_ssize_t nr, int path) except -1:
-        """Read the planned spans into staging on ``path``; ReadFailure io/short/ring on failure."""
+        """Read the planned spans into staging on ``path``; returns the path that read them
+        (an engine's choice for AUTO); ReadFailure io/short/ring/pool on failure."""
         cdef engram_job job
         cdef engram_ioerr err
-        cdef int rc = 0, start_err = 0
+        cdef engram_run_info info
+        cdef int rc = 0, start_err = 0, mode
+        cdef engram_engine* e
         job.drop_granule = self.drop_granule
         job.rw_flags = self.rw_flags
         job.row_bytes = ROW_BYTES
@@ -464,6 +538,24 @@ cdef class RowReader:
         job.staging = self.staging
         err.err = 0
         err.req = 0
+        if self.eng is not None and path != SERIAL:
+            e = self.eng._get()
+            mode = ENGRAM_RUN_POOL if path == PREAD else ENGRAM_RUN_RING if path == URING else ENGRAM_RUN_AUTO
+            with nogil:
+                rc = engram_engine_run(e, &self.cl.c, &job, self.eng_depth, mode, self.span_cap,
+                                       max(self.align, 64), self.bounce, &err, &info)
+            path = URING if info.on_ring else PREAD
+            self.others = info.others
+            self.eng_depth_used = info.depth
+            if rc != 0:
+                if err.req == ENGRAM_REQ_RING:
+                    raise ReadFailure("ring", errno=err.err, backend="io_uring")
+                if err.req == ENGRAM_REQ_RING_START:
+                    raise ReadFailure("start", errno=err.err, backend="io_uring")
+                if err.req == ENGRAM_REQ_POOL:
+                    raise ReadFailure("start", errno=err.err, backend="pread")
+                self._raise_io(err, path)
+            return path
         with nogil:
             if path == URING:
                 if self.ring == NULL:
@@ -471,14 +563,19 @@ cdef class RowReader:
                 if start_err == 0:
                     rc = engram_ring_run(self.ring, &job, &err)
             elif path == PREAD:
-                rc = engram_pool_run(self.pool, &job, &err)
+                if self.pool == NULL:  # forgotten after fork(): a new pool in this process
+                    self.pool = engram_pool_create(self.pool_readers, self.span_cap, max(self.align, 64), &start_err)
+                if start_err == 0:
+                    rc = engram_pool_run(self.pool, &job, &err)
             else:
                 rc = engram_read_serial(&job, self.bounce, &err)
         if start_err != 0:
+            if path == PREAD:
+                raise ReadFailure("start", errno=start_err, backend="pread")
             raise ReadFailure("ring", errno=start_err, backend="io_uring")
         if rc != 0:
             self._raise_io(err, path)
-        return 0
+        return path
 
     cdef int _check_rows(self, Py_ssize_t nd, int path) except -1:
         """Every staged row decodes to finite values; else ReadFailure("decode")."""
@@ -522,7 +619,8 @@ cdef class RowReader:
         if r < 0:
             # io_uring_enter itself failed: tear the ring down (reads may still be in
             # flight); the next read on the ring path starts a new one
-            self._stop_ring()
+            if self.eng is None:
+                self._stop_ring()
             raise ReadFailure("ring", errno=err.err, backend="io_uring")
         # name the first row of the failing span that was not fully read
         d = self.reqs[r].first

@@ -4,7 +4,9 @@
  *   serial      one pread after another, on the calling thread (io_job.h);
  *   pread pool  a persistent pool of pread threads (io_pool.h);
  *   io_uring    one ring, raw system calls, no liburing (io_ring.h).
- * Every call that exists on some platforms only is guarded in io_platform.h.
+ * A reader runs its own pool or ring, or reads through the shared engine of its device
+ * (io_engine.h: one queue depth for all sessions, fair between them, the pool's threads and
+ * a cache of rings).  Every call that exists on some platforms only is guarded in io_platform.h.
  */
 #ifndef ENGRAM_READERS_H
 #define ENGRAM_READERS_H
@@ -13,5 +15,6 @@
 #include "io_job.h"
 #include "io_pool.h"
 #include "io_ring.h"
+#include "io_engine.h"
 
 #endif

@@ -3,7 +3,9 @@ text, must give exactly the rows of a serial decode, with open descriptors and r
 memory flat.
 
 Sessions churn on the way (every ``CHURN`` steps a session is snapshotted, closed, and a new
-one restored from the snapshot), so opening and closing leak-check too.  Each step's rows
+one restored from the snapshot), so opening and closing leak-check too.  The sessions read
+through the shared engine of the device: while they run the process holds at most the engine's
+readers (its pool) more threads than the 16 of the sessions themselves (issue 15).  Each step's rows
 are reduced to a CRC-32 of their bytes; the serial references are
 
 - the same sessions run one after the other in one thread, for the default run, and
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 
 from engram import EngramModel, Hasher, decode_rows, synth
+from engram.io_engine import ENGINE_READERS
 from tests.faults import fd_count, rss_bytes, thread_count
 from tests.modelfiles import token_map as _token_map
 
@@ -106,8 +109,10 @@ def soak(model: EngramModel, seqs, churn: int, serial_check: bool):
     for th in threads:
         th.start()
     samples = []  # (fraction done, fds, rss)
+    peak_threads = 0
     while any(th.is_alive() for th in threads):
         samples.append((sum(progress) / (steps * len(seqs)), fd_count(), rss_bytes()))
+        peak_threads = max(peak_threads, thread_count())
         time.sleep(0.05)
     for th in threads:
         th.join()
@@ -122,6 +127,8 @@ def soak(model: EngramModel, seqs, churn: int, serial_check: bool):
         time.sleep(0.05)
     assert fd_count() == fds0, f"descriptors {fds0} -> {fd_count()}"
     assert thread_count() == threads0
+    engine_threads = peak_threads - threads0 - len(seqs)
+    assert engine_threads <= ENGINE_READERS + 2, f"{engine_threads} threads beside the {len(seqs)} sessions'"
     per_session = max(f for _, f, _ in samples) - fds0 if samples else 0
     assert per_session <= len(seqs) * 8, f"{per_session} descriptors for {len(seqs)} sessions"
     # resident memory: flat between a fifth of the way and the end
@@ -133,6 +140,7 @@ def soak(model: EngramModel, seqs, churn: int, serial_check: bool):
         growth = 0
     return {"sessions": len(seqs), "steps": steps, "wall_s": wall, "steps_per_s": steps * len(seqs) / wall,
             "max_fds_during": max((f for _, f, _ in samples), default=fds0), "fds_before": fds0,
+            "engine_threads": engine_threads,
             "rss_growth_mib": growth / 2**20}
 
 

@@ -139,22 +139,24 @@ write_table(path, raw, 4096 + 100)
 ref = decode_rows(raw)
 ids = np.random.default_rng(1).integers(0, 3000, (50, 24))
 res = {}
+engine = os.environ["ENGINE"]
 if os.environ["WHEN"] == "open":
     shim.engram_fault_set(int(os.environ["MODE"]), b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
-    with Table(path, 4196, 3000, readers=8, threshold=2) as t:
+    with Table(path, 4196, 3000, readers=8, threshold=2, engine=engine) as t:
         res["auto"] = [t.backend, t.fallback, bool(np.array_equal(t.read_batch(ids), ref[ids])),
                        t.last_stats.backend]
         with TableGroup([t], 24) as g:
-            res["group"] = [g.backend, g.fallback is not None]
+            res["group"] = [g.backend, g.fallback is not None, g.engine is not None and g.engine is t.engine]
     try:
-        Table(path, 4196, 3000, backend="io_uring")
+        Table(path, 4196, 3000, backend="io_uring", engine=engine)
         res["explicit"] = None
     except TableIOError as e:
         res["explicit"] = [str(e), e.errno_]
 else:
-    a = Table(path, 4196, 3000, readers=8, threshold=2)     # proves the ring: it reads
-    b = Table(path, 4196, 3000, readers=8, threshold=2)
-    x = Table(path, 4196, 3000, backend="io_uring", readers=8, threshold=2)
+    a = Table(path, 4196, 3000, readers=8, threshold=2, engine=engine)     # proves the ring: it reads
+    b = Table(path, 4196, 3000, readers=8, threshold=2, engine=engine)
+    x = Table(path, 4196, 3000, backend="io_uring", readers=8, threshold=2, engine=engine)
+    res["one_engine"] = a.engine is not None and a.engine is b.engine is x.engine
     res["before"] = [a.backend, b.backend, x.backend, ring_verdict().usable]
     shim.engram_fault_set(int(os.environ["MODE"]), b"t-ring.bin", 0, 1 << 62, 1, -1, 1)
     out = np.full(ids.shape + (256,), 3.0, np.float32)
@@ -166,7 +168,7 @@ else:
         res["explicit"] = None
     except TableIOError as e:
         res["explicit"] = [str(e), e.errno_, e.row, e.offset]
-    res["fresh"] = Table(path, 4196, 3000).backend
+    res["fresh"] = Table(path, 4196, 3000, engine=engine).backend
     for t in (a, b, x):
         t.close()
 res["fired"] = shim.engram_fault_fired()
@@ -175,26 +177,28 @@ print(json.dumps(res))
 '''
 
 
-def _ring_child(tmp_path, when):
+def _ring_child(tmp_path, when, engine):
     try:
         lib = build_shim(tmp_path)
     except RuntimeError as exc:
         pytest.skip(str(exc))
     return run_child(RING_CHILD, preload=lib, env={"T_PATH": str(tmp_path / "t-ring.bin"), "WHEN": when,
-                                                            "MODE": str(SHIM_RING_EINVAL)})
+                                                            "MODE": str(SHIM_RING_EINVAL), "ENGINE": engine})
 
 
 @needs_ring
 @pytest.mark.skipif("io_uring" not in usable_backends(), reason="io_uring does not start here (see engram info)")
-def test_ring_that_starts_but_cannot_read_is_caught_at_open(tmp_path):
+@pytest.mark.parametrize("engine", ["private", "shared"])
+def test_ring_that_starts_but_cannot_read_is_caught_at_open(tmp_path, engine):
     """io_uring_setup works, every read completes with -EINVAL: auto proves the ring with a real read
-    at open and falls back to the pool (saying why, once); an explicit io_uring raises at open."""
-    res = _ring_child(tmp_path, "open")
+    at open and falls back to the pool (saying why, once); an explicit io_uring raises at open.
+    The same with the tables' own readers and through the shared engine of their device."""
+    res = _ring_child(tmp_path, "open", engine)
     backend, why, exact, used = res["auto"]
     assert (backend, exact, used) == ("pread", True, "pread")
     assert why.startswith("io_uring starts but its reads fail: Invalid argument (EINVAL) reading row 0 at file "
                           "offset 4196, which the pread pool read"), why
-    assert res["group"] == ["pread", True]
+    assert res["group"] == ["pread", True, engine == "shared"]
     msg, err = res["explicit"]
     assert err == errno.EINVAL and "io_uring starts but its reads fail: Invalid argument" in msg
     assert res["fired"] >= 1
@@ -203,11 +207,14 @@ def test_ring_that_starts_but_cannot_read_is_caught_at_open(tmp_path):
 
 @needs_ring
 @pytest.mark.skipif("io_uring" not in usable_backends(), reason="io_uring does not start here (see engram info)")
-def test_ring_that_fails_mid_run_moves_the_process_to_the_pool(tmp_path):
+@pytest.mark.parametrize("engine", ["private", "shared"])
+def test_ring_that_fails_mid_run_moves_the_process_to_the_pool(tmp_path, engine):
     """The ring read at open, then its reads start failing (-EINVAL): the failing batch is re-read on the
     pool (exact rows), every auto reader of the process moves to the pool with one warning, new auto
-    tables start there; an explicit io_uring table reports TableIOError naming io_uring, row and offset."""
-    res = _ring_child(tmp_path, "mid-run")
+    tables start there; an explicit io_uring table reports TableIOError naming io_uring, row and offset.
+    The same with the tables' own readers and through the shared engine of their device."""
+    res = _ring_child(tmp_path, "mid-run", engine)
+    assert res["one_engine"] == (engine == "shared")
     assert res["before"] == ["io_uring", "io_uring", "io_uring", True]
     exact, backend, used, why = res["first"]
     assert (exact, backend, used) == (True, "pread", "pread")
@@ -227,11 +234,27 @@ int main(void) {
     int err;
     engram_ioerr e;
     engram_job job = {0};
+    engram_client c = {0};
+    engram_run_info info;
+    engram_engine_stats st;
+    uint8_t buf[4096];
     engram_pool *p = engram_pool_create(2, 4096, 512, &err);
     engram_ring *g = engram_ring_create(2, 4096, 512, 0, &err);
+    engram_engine *x = engram_engine_create(4, 8, 64, &err);
     engram_read_serial(&job, 0, &e);
     if (p) engram_pool_run(p, &job, &e);
     if (g) engram_ring_run(g, &job, &e);
+    engram_engine_grow(x, 8);
+    engram_engine_set_ring_batch(x, 32);
+    engram_engine_start_pool(x);
+    engram_engine_ready_ring(x, 4, 4096, 512);
+    engram_engine_run(x, &c, &job, 4, ENGRAM_RUN_AUTO, 4096, 512, buf, &e, &info);
+    engram_engine_get_stats(x, &st);
+    engram_engine_fork_prepare(x);
+    engram_engine_fork_parent(x);
+    if (err == 12345) engram_engine_fork_child(x);
+    engram_engine_destroy(x);
+    engram_ring_abandon(g);
     engram_ring_destroy(g);
     engram_pool_destroy(p);
     return ENGRAM_HAVE_URING;
@@ -254,8 +277,8 @@ def _compile(tmp_path, *flags) -> set:
 
 
 def test_readers_build_without_linux_calls(tmp_path):
-    """As on a POSIX system that is not Linux (macOS, the BSDs): the readers compile, and the
-    object calls no io_uring system call, mmap or preadv2 (posix_fadvise is guarded by
+    """As on a POSIX system that is not Linux (macOS, the BSDs): the readers and the shared engine
+    compile, and the object calls no io_uring system call, mmap or preadv2 (posix_fadvise is guarded by
     POSIX_FADV_DONTNEED, which macOS does not define)."""
     linux = _compile(tmp_path, "-D_FORTIFY_SOURCE=0")
     other = _compile(tmp_path, "-U__linux__", "-U__linux", "-Ulinux", "-U__gnu_linux__", "-D_FORTIFY_SOURCE=0")
