@@ -10,6 +10,8 @@ The public API, re-exported here:
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
   :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
+- :func:`usable_backends`, :func:`auto_backend`, :func:`probe_backends` -> :class:`BackendStatus` -- which read
+  backends start and read on this machine now, and the one ``backend="auto"`` uses
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
 - errors: :class:`EngramError` and its kinds
@@ -27,6 +29,7 @@ from .errors import (
     TableIOError,
     TokenError,
 )
+from .backends import BackendStatus, auto_backend, probe_backends, usable_backends
 from .codec import bf16_round, decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
@@ -47,6 +50,7 @@ __all__ = [
     "decode_rows", "encode_rows", "bf16_round",
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
+    "usable_backends", "auto_backend", "probe_backends", "BackendStatus",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
     "read_model", "repair_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
     "KeySource",

@@ -29,12 +29,18 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from . import synth
-from .codec import bf16_round
-from .errors import ArgumentError, EngramError
+from . import __version__, synth
+from ._native import hashing as _native_hashing
+from .backends import auto_backend, available_backends, probe_backends, ring_build
+from .codec import bf16_round, decode_path
+from .errors import ArgumentError, EngramError, TokenError
 from .gguf import ARCHITECTURES, read_model, repair_model
+from .hashing import Hasher
+from .layout import Layout
+from .mixer import gate_path, project_path
 from .model import EngramModel
-from .tokenmap import load_tokenizer
+from .table import DEFAULT_READERS, DEFAULT_THRESHOLD
+from .tokenmap import build_token_map, load_tokenizer
 
 
 def print_json(obj) -> None:
@@ -58,20 +64,15 @@ def json_default(o):
 
 # --------------------------------------------------------------------- info
 def _cmd_info(args) -> int:
-    from . import __version__
-    from ._native import hashing
-    from .backends import auto_backend, available_backends, probe_backends, ring_build
-    from .codec import decode_path
-    from .mixer import gate_path
-
     status = probe_backends(refresh=True, warn=False)  # live: what starts and reads on this machine now
     auto, why = auto_backend()
     ring = status["io_uring"]
     info = {
         "version": __version__,
-        "hash_kernel": "avx512" if hashing._CPU_AVX512_PUBLIC() else "scalar",
+        "hash_kernel": "avx512" if _native_hashing._CPU_AVX512_PUBLIC() else "scalar",
         "decode_kernel": decode_path(),
         "gate_kernel": gate_path(),
+        "project_kernel": project_path(),
         "read_backends": list(available_backends()),
         "io_uring_build": ring_build(),
         "io_uring": "starts and reads" if ring.usable else ring.reason,
@@ -104,8 +105,6 @@ def _add_info(sub) -> None:
 # --------------------------------------------------------------------- hash
 def _read_text_file(path: str, what: str) -> str:
     """The UTF-8 text of a file the user named; ``ArgumentError`` when it cannot be read."""
-    from .errors import ArgumentError
-
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -117,8 +116,6 @@ def _read_text_file(path: str, what: str) -> str:
 
 def _read_tokens_file(path: str) -> np.ndarray:
     """Token ids from a file: whitespace/comma separated integers, or a .npy array."""
-    from .errors import ArgumentError
-
     if path.endswith(".npy"):
         try:
             return np.load(path, allow_pickle=False)
@@ -133,17 +130,11 @@ def _read_tokens_file(path: str) -> np.ndarray:
         raise ArgumentError(f"{path}: token files hold integers ({exc})") from None
     for i, v in enumerate(vals):
         if not 0 <= v < 2**63:
-            from .errors import TokenError
-
             raise TokenError(f"{path}: token {v} at position {i} is outside any vocabulary")
     return np.array(vals, dtype=np.int64)
 
 
 def _cmd_hash(args) -> int:
-    from .hashing import Hasher
-    from .layout import Layout
-    from .tokenmap import build_token_map, load_tokenizer
-
     layout = Layout.deepseek_v41_flash(scale=args.scale)
     if args.text is not None:
         tok = load_tokenizer(args.tokenizer)
@@ -403,8 +394,10 @@ def _add_lookup(sub) -> None:
     src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)")
     p.add_argument("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial"))
-    p.add_argument("--readers", type=int, default=16, help="pread readers or io_uring depth (default 16)")
-    p.add_argument("--threshold", type=int, default=8, help="distinct rows for a concurrent read (default 8)")
+    p.add_argument("--readers", type=int, default=DEFAULT_READERS,
+                   help=f"pread readers or io_uring depth (default {DEFAULT_READERS})")
+    p.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
+                   help=f"distinct rows for a concurrent read (default {DEFAULT_THRESHOLD})")
     p.add_argument("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)")
     p.add_argument("--eps", type=float, help="gate epsilon (default: the file's, else 1e-6)")
     p.add_argument("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)")

@@ -23,7 +23,7 @@ from .gguf import HC_STREAMS, ModelInfo, read_model
 from .hashing import Hasher, History
 from .mixer import gated_add, project
 from .prefetch import Prefetcher
-from .table import Closing, ReadStats, Table, TableGroup
+from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
 
 __all__ = ["EngramModel", "Session", "LayerWeights"]
 
@@ -53,8 +53,8 @@ class EngramModel:
     threads (each session itself is used by one thread at a time).
     """
 
-    def __init__(self, info: ModelInfo, *, eps: Optional[float] = None, backend: str = "auto", readers: int = 16,
-                 threshold: int = 8, direct: Union[bool, str] = "auto"):
+    def __init__(self, info: ModelInfo, *, eps: Optional[float] = None, backend: str = "auto",
+                 readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD, direct: Union[bool, str] = "auto"):
         self.info = info
         self.layout = info.layout
         self.layer_ids = tuple(info.layout.layer_ids)
@@ -68,7 +68,7 @@ class EngramModel:
 
     @classmethod
     def open(cls, path: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *, eps: Optional[float] = None,
-             backend: str = "auto", readers: int = 16, threshold: int = 8,
+             backend: str = "auto", readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
              direct: Union[bool, str] = "auto") -> "EngramModel":
         """Open a model file, one shard of a split set, or a list of shards.
 

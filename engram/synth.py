@@ -45,14 +45,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+import ml_dtypes
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from tqdm import tqdm
 
 from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
+from .hashing import Hasher
 from .layout import Layout
+from .tokenmap import build_token_map
 
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
@@ -117,8 +121,6 @@ def _check_seed(seed: int) -> int:
 @functools.lru_cache(maxsize=4)
 def _code_pool(seed: int) -> np.ndarray:
     """uint8 ``[2**22 + 264]``: E4M3 codes of ``normal * CODE_SIGMA`` clipped to +-448."""
-    import ml_dtypes
-
     rng = np.random.default_rng([seed & _M64, _TAG_POOL])
     x = rng.standard_normal((1 << _POOL_BITS) + ROW_BYTES, dtype=np.float32) * np.float32(CODE_SIGMA)
     np.clip(x, -448.0, 448.0, out=x)
@@ -338,8 +340,6 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     if not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise ArgumentError(f"eps must be in (0, 1), got {eps!r}")
     if token_map is None:
-        from .tokenmap import build_token_map
-
         token_map = build_token_map()
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
@@ -592,8 +592,6 @@ def _write_rows_sparse(fd: int, offset: int, layer_id: int, rows: np.ndarray, se
 
 
 def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
-    from .hashing import Hasher
-
     tokens = np.asarray(trace)
     rows = Hasher(plan.layout, plan.token_map).hash(tokens)  # uint32 [T, L, C]
     return {lid: np.unique(rows[:, li, :]).astype(np.uint64) for li, lid in enumerate(plan.layout.layer_ids)}
@@ -656,8 +654,6 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
     try:
         with atomic_outputs(names) as temps:

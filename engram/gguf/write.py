@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from tqdm import tqdm
 
 from ..codec import ROW_VALUES
 from ..errors import ArgumentError, FormatError
@@ -280,8 +281,6 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     total = sum(t.nbytes for h in headers for t in h.tensors)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"repair {dst.name}")
     try:
         with atomic_outputs(outs) as temps:
