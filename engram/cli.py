@@ -509,8 +509,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except EngramError as exc:
         print(f"engram {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # writers remove what they had begun (engram.gguf.atomic_outputs)
+        print(f"engram {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # output piped into a reader that stopped early (e.g. `| head`): not an error
@@ -519,6 +519,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as exc:  # an ordinary failure of the system not yet given a type: one line, no traceback
+        if exc.filename is None and not exc.strerror:
+            raise
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"engram {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

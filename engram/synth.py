@@ -39,7 +39,6 @@ import functools
 import math
 import mmap
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +47,12 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import ml_dtypes
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-from tqdm import tqdm
 
 from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
-from .gguf.write import ArrayWriter
+from .gguf.write import ArrayWriter, check_room, output_error, progress_bar as _progress
 from .hashing import Hasher
 from .layout import Layout
 from .tokenmap import build_token_map
@@ -660,8 +658,14 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     Raises
     ------
     ArgumentError
-        Bad ``fill``/``trace``/``chunk_bytes``, or not enough free disk space for
-        the bytes that would be written (checked before anything is created).
+        Bad ``fill``/``trace``/``chunk_bytes``.
+    OutputError
+        ``path`` cannot be written: not enough free disk space for the bytes
+        that would be written (checked before anything is created, with
+        :data:`engram.gguf.write.FREE_MARGIN` kept free), a read-only or full
+        file system, no permission, a file where a folder is needed.  Names the
+        file asked for and the reason; nothing is left under a final name and
+        nothing half-written (as for an interrupt).
     """
     if fill not in ("all", "trace", "none"):
         raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
@@ -676,17 +680,15 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
     _check_room(plan, path, fill, trace_rows, projections)
     total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
-    bar = None
-    if progress:
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
-    try:
-        with atomic_outputs(names) as temps:
+    with atomic_outputs(names) as temps, _progress(progress, total, f"synth {path.name}") as bar:
+        s = 0
+        try:
             _write_headers(plan, temps[0].parent / path.name)  # the writer names the shards from it
             for s, name in enumerate(temps):
                 _write_shard_data(plan, s, name, fill, trace_rows, projections, chunk_bytes, sync, direct_io, bar)
-    finally:
-        if bar is not None:
-            bar.close()
+        except OSError as exc:  # the shard being written, or the one the system named
+            shard = next((i for i, t in enumerate(temps) if str(t) == str(exc.filename)), s)
+            raise output_error(names[shard], exc) from None
     return names
 
 
@@ -699,20 +701,15 @@ def _data_bytes(t: TensorSpec, fill: str, trace_rows: Dict[int, np.ndarray], pro
 
 def _check_room(plan: ModelPlan, path: Path, fill: str, trace_rows: Dict[int, np.ndarray],
                 projections: bool) -> None:
-    """``ArgumentError`` unless the folder of ``path`` has room for what will be written (before creating it)."""
-    need = 0
+    """``OutputError`` unless the folder of ``path`` (made here) has room for what will be written."""
+    need = sum(_data_starts(plan))  # the headers
     for t in plan.tensors:
         if t.kind == "table" and fill == "trace":
             need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
         else:
             need += _data_bytes(t, fill, trace_rows, projections)
-    need += len(plan.token_map) * 4 + (1 << 20) * plan.shards
-    path.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(path.parent).free
-    if need + (512 << 20) > free:
-        raise ArgumentError(f"writing {path.name} needs {need / 2**30:.1f} GiB of disk, only {free / 2**30:.1f} GiB "
-                            f"free in {path.parent}" + (" (full-size tables: use fill='trace' with a trace, or "
-                                                        "fill='none')" if fill == "all" else ""))
+    check_room(path, need, "writing", " (full-size tables: use fill='trace' with a trace, or fill='none')"
+               if fill == "all" and need > 16 << 30 else "")
 
 
 def _write_headers(plan: ModelPlan, first: Path) -> None:
@@ -813,7 +810,10 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
     Raises
     ------
     ArgumentError
-        Contradicting arguments or too little disk space.
+        Contradicting arguments.
+    OutputError
+        The file cannot be written (too little disk space, read-only, ...; see
+        :func:`write_model`).
     """
     if fill is None:
         fill = "trace" if trace is not None else "all"
