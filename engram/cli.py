@@ -254,7 +254,7 @@ def _cmd_synth(args) -> int:
         args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
         eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
         projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
-        tokenizer_json=args.tokenizer, vocabulary=not args.no_vocabulary)
+        tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None)
     dt = time.perf_counter() - t0
     files = []
     for p in paths:

