@@ -110,9 +110,9 @@ class ArrayWriter(GGUFWriter):
 
     The bytes are the ones ``GGUFWriter`` writes (little-endian: type, count,
     elements; a string as its uint64 length and UTF-8 bytes); a model's
-    vocabulary (129,280 tokens, 127,741 merges) and token map then take ~0.1 s
-    to pack instead of ~1 s.  Nested arrays and big-endian files go the
-    library's way.
+    vocabulary (129,280 tokens, 127,741 merges) and token map then pack in
+    about half the time ``GGUFWriter`` takes (``benchmarks/bench_vocabulary.py``).
+    Nested arrays and big-endian files go the library's way.
     """
 
     def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool,
