@@ -10,7 +10,12 @@ The public API, re-exported here:
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
   :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
-- :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8)
+- :func:`usable_backends`, :func:`auto_backend`, :func:`probe_backends` -> :class:`BackendStatus` -- which read
+  backends start and read on this machine now, and the one ``backend="auto"`` uses
+- :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8);
+  ``EngramModel.encode(text)`` -- token ids of text, by a tokenizer checked against the file's vocabulary
+- :func:`check_tokenizer`, :func:`file_tokenizer`, :func:`tokenizer_vocabulary` -- the vocabulary a model
+  file carries against the tokenizer that encodes text for it (:mod:`engram.vocabulary`)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
 - errors: :class:`EngramError` and its kinds
 """
@@ -24,9 +29,12 @@ from .errors import (
     LayoutError,
     MaskError,
     RowRangeError,
+    OutputError,
     TableIOError,
     TokenError,
+    VocabularyError,
 )
+from .backends import BackendStatus, auto_backend, probe_backends, usable_backends
 from .codec import bf16_round, decode_rows, encode_rows
 from .hashing import DEAD, Hasher, History
 from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
@@ -36,17 +44,20 @@ from .table import ReadStats, Table, TableGroup, available_backends
 from .model import EngramModel, LayerWeights, Session
 from .prefetch import PrefetchCancelled, Prefetcher
 from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
+from .vocabulary import Vocabulary, check_tokenizer, file_tokenizer, model_tokenizer, tokenizer_vocabulary
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
-    "RowRangeError", "TableIOError", "TokenError",
+    "RowRangeError", "TableIOError", "TokenError", "VocabularyError", "OutputError",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
+    "Vocabulary", "check_tokenizer", "file_tokenizer", "model_tokenizer", "tokenizer_vocabulary",
     "decode_rows", "encode_rows", "bf16_round",
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
+    "usable_backends", "auto_backend", "probe_backends", "BackendStatus",
     "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
     "read_model", "repair_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
     "KeySource",

@@ -29,12 +29,18 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from . import synth
-from .codec import bf16_round
-from .errors import ArgumentError, EngramError
+from . import __version__, synth
+from ._native import hashing as _native_hashing
+from .backends import auto_backend, available_backends, probe_backends, ring_build
+from .codec import bf16_round, decode_path
+from .errors import ArgumentError, EngramError, TokenError
 from .gguf import ARCHITECTURES, read_model, repair_model
+from .hashing import Hasher
+from .layout import Layout
+from .mixer import gate_path, project_path
 from .model import EngramModel
-from .tokenmap import load_tokenizer
+from .table import DEFAULT_READERS, DEFAULT_THRESHOLD
+from .tokenmap import build_token_map, load_tokenizer
 
 
 def print_json(obj) -> None:
@@ -58,20 +64,15 @@ def json_default(o):
 
 # --------------------------------------------------------------------- info
 def _cmd_info(args) -> int:
-    from . import __version__
-    from ._native import hashing
-    from .backends import auto_backend, available_backends, probe_backends, ring_build
-    from .codec import decode_path
-    from .mixer import gate_path
-
     status = probe_backends(refresh=True, warn=False)  # live: what starts and reads on this machine now
     auto, why = auto_backend()
     ring = status["io_uring"]
     info = {
         "version": __version__,
-        "hash_kernel": "avx512" if hashing._CPU_AVX512_PUBLIC() else "scalar",
+        "hash_kernel": "avx512" if _native_hashing._CPU_AVX512_PUBLIC() else "scalar",
         "decode_kernel": decode_path(),
         "gate_kernel": gate_path(),
+        "project_kernel": project_path(),
         "read_backends": list(available_backends()),
         "io_uring_build": ring_build(),
         "io_uring": "starts and reads" if ring.usable else ring.reason,
@@ -104,8 +105,6 @@ def _add_info(sub) -> None:
 # --------------------------------------------------------------------- hash
 def _read_text_file(path: str, what: str) -> str:
     """The UTF-8 text of a file the user named; ``ArgumentError`` when it cannot be read."""
-    from .errors import ArgumentError
-
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -117,8 +116,6 @@ def _read_text_file(path: str, what: str) -> str:
 
 def _read_tokens_file(path: str) -> np.ndarray:
     """Token ids from a file: whitespace/comma separated integers, or a .npy array."""
-    from .errors import ArgumentError
-
     if path.endswith(".npy"):
         try:
             return np.load(path, allow_pickle=False)
@@ -133,17 +130,11 @@ def _read_tokens_file(path: str) -> np.ndarray:
         raise ArgumentError(f"{path}: token files hold integers ({exc})") from None
     for i, v in enumerate(vals):
         if not 0 <= v < 2**63:
-            from .errors import TokenError
-
             raise TokenError(f"{path}: token {v} at position {i} is outside any vocabulary")
     return np.array(vals, dtype=np.int64)
 
 
 def _cmd_hash(args) -> int:
-    from .hashing import Hasher
-    from .layout import Layout
-    from .tokenmap import build_token_map, load_tokenizer
-
     layout = Layout.deepseek_v41_flash(scale=args.scale)
     if args.text is not None:
         tok = load_tokenizer(args.tokenizer)
@@ -200,8 +191,15 @@ def _cmd_inspect(args) -> int:
     print(f"encoding      {info.encoding}")
     print(f"layers        {list(lay.layer_ids)}: {lay.columns} columns ({lay.max_ngram - 1} orders x "
           f"{lay.heads} heads), rows {[int(r) for r in lay.rows]}")
-    print(f"vocabulary    {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
+    print(f"token map     {info.token_map.shape[0]:,} token ids -> {lay.compressed_vocab_size:,} compressed, "
           f"pad id {lay.pad_id}")
+    voc = info.vocabulary_summary()
+    if voc is None:
+        print("vocabulary    none (no tokenizer.ggml.tokens): text is checked against the token map")
+    else:
+        kind = "/".join(x for x in (voc["model"], voc["pre"]) if x) or "tokenizer"
+        merges = f", {voc['merges']:,} merges" if voc["merges"] is not None else ", no merges"
+        print(f"vocabulary    {kind}: {voc['tokens']:,} tokens{merges}, sha256 {voc['digest'][:16]}")
     print(f"gate eps      {info.eps:g}  ({info.sources['eps']})")
     unusual = {name: src for name, src in info.sources.items() if src.kind != "key"}
     if not unusual:
@@ -245,7 +243,8 @@ def _cmd_synth(args) -> int:
         text = _read_text_file(args.trace_text, "trace text")
         if args.trace_chars:
             text = text[: args.trace_chars]
-        trace = np.array(load_tokenizer().encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        tok = load_tokenizer(args.tokenizer)
+        trace = np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
     elif args.trace_tokens is not None:
         trace = _read_tokens_file(args.trace_tokens)
     if args.scale is None and not args.full_size:
@@ -254,7 +253,8 @@ def _cmd_synth(args) -> int:
     paths = synth.build_model(
         args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
         eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
-        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync)
+        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
+        tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None)
     dt = time.perf_counter() - t0
     files = []
     for p in paths:
@@ -295,6 +295,11 @@ def _add_synth(sub) -> None:
     p.add_argument("--no-projections", action="store_true", help="leave engram_kv and the norms as zero holes")
     p.add_argument("--optional-keys", action="store_true",
                    help="also write offsets, head_count, key_length and max_ngram_size")
+    p.add_argument("--tokenizer", metavar="JSON",
+                   help="tokenizer.json the model is made for: its vocabulary and token map go in the file, and "
+                        "--trace-text is encoded with it (default: the DeepSeek V4 one)")
+    p.add_argument("--no-vocabulary", action="store_true",
+                   help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file")
     p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -342,7 +347,7 @@ def _cmd_lookup(args) -> int:
                              threshold=args.threshold)
     tok = None
     if args.text is not None:
-        tok = load_tokenizer(args.tokenizer)
+        tok = model.tokenizer(args.tokenizer, vocabulary="file" if args.file_vocabulary else "tokenizer")
         ids = np.array(tok.encode(args.text, add_special_tokens=False).ids, dtype=np.int64)
     else:
         ids = _read_tokens_file(args.tokens)
@@ -396,15 +401,24 @@ def _add_lookup(sub) -> None:
                        description="Hash a text (or token file) with a model's layout, read each decode step's "
                                    "rows from its tables and mix them through the gate. Gates are computed "
                                    "against a seeded random residual, since this tool does not run the model's "
-                                   "other layers.")
+                                   "other layers. --text is encoded only by a tokenizer whose vocabulary is the "
+                                   "model file's (tokenizer.ggml.tokens, or its token map in files without one): "
+                                   "another tokenizer's ids would read other rows.")
     p.add_argument("model", help="model .gguf (or one shard of a split set)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="text to tokenize with the DeepSeek V4 tokenizer")
+    src.add_argument("--text", help="text to tokenize (checked against the model's vocabulary first)")
     src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)")
+    p.add_argument("--tokenizer", metavar="JSON",
+                   help="tokenizer.json that encodes --text (default: the DeepSeek V4 one); refused when its "
+                        "vocabulary is not the model's")
+    p.add_argument("--file-vocabulary", action="store_true",
+                   help="encode --text with the model file's own vocabulary and merges (tokenizer.ggml.*), "
+                        "with the pipeline of --tokenizer")
     p.add_argument("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial"))
-    p.add_argument("--readers", type=int, default=16, help="pread readers or io_uring depth (default 16)")
-    p.add_argument("--threshold", type=int, default=8, help="distinct rows for a concurrent read (default 8)")
+    p.add_argument("--readers", type=int, default=DEFAULT_READERS,
+                   help=f"pread readers or io_uring depth (default {DEFAULT_READERS})")
+    p.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
+                   help=f"distinct rows for a concurrent read (default {DEFAULT_THRESHOLD})")
     p.add_argument("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)")
     p.add_argument("--eps", type=float, help="gate epsilon (default: the file's, else 1e-6)")
     p.add_argument("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)")
@@ -495,8 +509,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except EngramError as exc:
         print(f"engram {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # writers remove what they had begun (engram.gguf.atomic_outputs)
+        print(f"engram {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # output piped into a reader that stopped early (e.g. `| head`): not an error
@@ -505,6 +519,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as exc:  # an ordinary failure of the system not yet given a type: one line, no traceback
+        if exc.filename is None and not exc.strerror:
+            raise
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"engram {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

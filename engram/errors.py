@@ -3,10 +3,15 @@
 Every error the package raises on bad input or a failed read is a subclass of
 :class:`EngramError`, so a server can catch one type.  The kinds also derive
 from the closest built-in (``ValueError``, ``OSError``) so generic handlers keep
-working.  Messages name the row, column, key, tensor or file offset involved.
+working.  Messages name the row, column, key, tensor or file offset involved;
+a :class:`VocabularyError` names the tokenizer, the model file and the first
+token id that differs; an :class:`OutputError` the file that could not be
+written and why.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 
 class EngramError(Exception):
@@ -62,3 +67,42 @@ class MaskError(ArgumentError, TokenError):
     An :class:`ArgumentError`; also a :class:`TokenError`, which ``Hasher.hash``
     raised for masks before the rule was shared by every entry point.
     """
+
+
+class VocabularyError(TokenError):
+    """The tokenizer that encodes text is not the one a model's token map was made with (SPEC §3).
+
+    Its token ids would hash to other rows, silently.  The message names both
+    sources and the first token id (or merge) that differs, with both strings.
+
+    Attributes
+    ----------
+    tokenizer_source, file_source : str
+        The tokenizer (``"tokenizer /path/tokenizer.json"``) and the file's key.
+    token_id : int
+        The first token id that differs (-1 for a merge or when not known).
+    tokenizer_token, file_token : str or None
+        Its string in each (for a merge: the merges that differ).
+    """
+
+    def __init__(self, message: str, tokenizer_source: str = "", file_source: str = "", token_id: int = -1,
+                 tokenizer_token: Optional[str] = None, file_token: Optional[str] = None):
+        super().__init__(message)
+        self.tokenizer_source = tokenizer_source
+        self.file_source = file_source
+        self.token_id = token_id
+        self.tokenizer_token = tokenizer_token
+        self.file_token = file_token
+
+
+class OutputError(EngramError, OSError):
+    """A file or folder could not be written: a read-only file system, a full disk, no permission, a file
+    where a folder must be.
+
+    The message names the path asked for (never a temporary one) and the system's reason; ``errno``,
+    ``strerror`` and ``filename`` are those of the :class:`OSError` behind it.  Whatever was being written
+    is removed: nothing half-written remains under the name asked for.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

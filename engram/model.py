@@ -4,7 +4,9 @@
 layout, token map and gate epsilon, and (on first use) the projection and gate
 weights.  :meth:`EngramModel.session` gives a :class:`Session` with its own
 descriptors and hash history (SPEC §8: tensor-parallel ranks and concurrent
-decode sessions each read their own rows).
+decode sessions each read their own rows).  Text becomes token ids through
+:meth:`EngramModel.encode` (or :meth:`EngramModel.tokenizer`), which checks the
+tokenizer against the vocabulary the file carries (:mod:`engram.vocabulary`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .mixer import gated_add, project
 from .io_engine import EngineClient, IOEngine, shared_engine
 from .prefetch import Prefetcher
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
+from .vocabulary import TokenizerLike, check_tokenizer, model_tokenizer
 
 __all__ = ["EngramModel", "Session", "LayerWeights"]
 
@@ -71,8 +74,8 @@ class EngramModel:
 
     @classmethod
     def open(cls, path: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *, eps: Optional[float] = None,
-             backend: str = "auto", readers: int = 16, threshold: int = 8,
-             direct: Union[bool, str] = "auto") -> "EngramModel":
+             backend: str = "auto", readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
+             direct: Union[bool, str] = "auto", engine: Union[str, IOEngine] = "shared") -> "EngramModel":
         """Open a model file, one shard of a split set, or a list of shards.
 
         Only headers are read here (:func:`engram.read_model`); weights load on
@@ -90,6 +93,10 @@ class EngramModel:
             that use 1e-20 (no epsilon) can pass it here.
         backend, readers, threshold, direct
             Defaults of the sessions' tables (see :class:`engram.Table`).
+        engine : {"shared", "private"} or IOEngine
+            Where sessions read: ``"shared"`` (default) the one I/O engine of
+            the table's device (:func:`engram.io_engine.shared_engine`),
+            ``"private"`` each session's own readers, or a given engine.
 
         Raises
         ------
@@ -100,7 +107,8 @@ class EngramModel:
         ArgumentError
             ``eps`` is not a finite number ``>= 0``.
         """
-        return cls(read_model(path), eps=eps, backend=backend, readers=readers, threshold=threshold, direct=direct)
+        return cls(read_model(path), eps=eps, backend=backend, readers=readers, threshold=threshold, direct=direct,
+                   engine=engine)
 
     def weights(self, layer_id: int) -> LayerWeights:
         """Weights of ``layer_id``, read on first use and kept: 315 MB a layer (``engram_kv`` stays F16).
@@ -134,6 +142,64 @@ class EngramModel:
                 w = LayerWeights(kv, qn, kn)
                 self._weights[layer_id] = w
         return w
+
+    # ------------------------------------------------------------- text
+    def check_tokenizer(self, tokenizer: TokenizerLike = None) -> str:
+        """Check that ``tokenizer`` (a tokenizer.json path or a loaded ``tokenizers.Tokenizer``; default the
+        DeepSeek V4 one) encodes text for this model; see :func:`engram.vocabulary.check_tokenizer`.
+
+        Engines that tokenize text themselves call this once with their
+        tokenizer: token ids of another vocabulary hash to other rows, silently.
+        Cheap after the first call for a tokenizer (digests are kept).
+
+        Returns
+        -------
+        str
+            What was compared: ``"vocabulary"`` or, for a file without
+            ``tokenizer.ggml.tokens``, ``"token map"``.
+
+        Raises
+        ------
+        VocabularyError
+            The tokenizer's vocabulary is not the file's (names both sources and
+            the first token id that differs, with both strings).
+        """
+        return check_tokenizer(self.info, tokenizer)
+
+    def tokenizer(self, tokenizer: TokenizerLike = None, *, vocabulary: str = "tokenizer"):
+        """The ``tokenizers.Tokenizer`` that encodes text for this model.
+
+        ``vocabulary="tokenizer"``: ``tokenizer`` (default the DeepSeek V4 one)
+        after :meth:`check_tokenizer`.  ``vocabulary="file"``: a tokenizer with the
+        file's own vocabulary and merges (``tokenizer`` gives the pipeline;
+        :func:`engram.vocabulary.file_tokenizer`).
+
+        Raises
+        ------
+        VocabularyError
+            The tokenizer does not match the file, or the file carries no
+            vocabulary to build one from.
+        ArgumentError
+            Another ``vocabulary``.
+        """
+        return model_tokenizer(self.info, tokenizer, vocabulary=vocabulary)
+
+    def encode(self, text: str, tokenizer: TokenizerLike = None, *, vocabulary: str = "tokenizer") -> np.ndarray:
+        """int64 ``[T]``: token ids of ``text`` for this model (no special tokens added).
+
+        Feed them to :meth:`Session.step` or :meth:`Session.prefill`.  The
+        tokenizer is checked against the file's vocabulary first (see
+        :meth:`tokenizer` for ``tokenizer`` and ``vocabulary``).
+
+        Raises
+        ------
+        VocabularyError, ArgumentError
+            As :meth:`tokenizer`; ``text`` is not a str.
+        """
+        if not isinstance(text, str):
+            raise ArgumentError(f"text must be a str, got {type(text).__name__}")
+        tok = self.tokenizer(tokenizer, vocabulary=vocabulary)
+        return np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def session(self, **overrides) -> "Session":
         """A new decode session with its own descriptors and a fresh history.

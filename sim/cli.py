@@ -52,6 +52,8 @@ from .schema import SESSION_MODES, RunConfig
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
+from .trace.sources import encoded_by_tokenizer
+from .trace.tokens import check_model_vocabulary
 from .trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables
 from .trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from .trace.synth import DEFAULT_TOKENS
@@ -296,6 +298,8 @@ def _cmd_trace_iolog(args) -> int:
     tr = load_trace(args.trace, limit=args.limit)
     if args.model:
         tables, layout, token_map = model_tables(args.model)
+        if encoded_by_tokenizer(args.trace):  # the trace's ids must be the model's, or its rows are others
+            check_model_vocabulary(args.model)
     else:
         tables, layout, token_map = released_tables(args.filename), None, None
     block, why = _iolog_block(args, tables)

@@ -34,7 +34,8 @@ def plan(**kw) -> synth.ModelPlan:
     """A plan of a small V4.1 Flash model with the real token map."""
     if not kw.get("full_size"):
         kw.setdefault("scale", SCALE)
-    return synth.plan_model(token_map=token_map(), **kw)
+    kw.setdefault("token_map", token_map())
+    return synth.plan_model(**kw)
 
 
 def write_header_only(p: synth.ModelPlan, path) -> List[Path]:

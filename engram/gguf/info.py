@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFValueType, Keys
 
 from ..codec import ROW_BYTES, ROW_VALUES
 from ..errors import ArgumentError, FormatError
 from ..layout import Layout
-from .header import Header, KeyValue, PathLike, parse_header
+from .header import Header, KeyValue, PathLike, load_strings, parse_header, strings_digest
 from .keys import HC_STREAMS, HIDDEN_SIZE, EngramKeys, KeySource, engram_keys
 from .shards import order_shards, shard_paths
 from .tensors import (ENGRAM_TENSOR_RE, EngramLayer, TableLocation, TensorLocation, engram_layer_ids, expect_tensor,
@@ -77,6 +77,11 @@ class ModelInfo:
     hidden_size : int
         Width of a residual stream (5120): ``{arch}.embedding_length``, or the
         first dimension of the norm tensors.
+
+    The string arrays of the metadata (the vocabulary ``tokenizer.ggml.tokens``
+    and ``tokenizer.ggml.merges``) are only located by :func:`read_model`;
+    :meth:`strings` and :meth:`strings_digest` read them on first use and keep
+    the result.
     """
 
     paths: Tuple[Path, ...]
@@ -95,6 +100,7 @@ class ModelInfo:
     data_offsets: Tuple[int, ...] = ()
     sources: Dict[str, KeySource] = field(default_factory=dict, repr=False)
     hidden_size: int = HIDDEN_SIZE
+    _cache: Dict[Tuple[str, str], object] = field(default_factory=dict, repr=False)
 
     @property
     def path(self) -> Path:
@@ -109,6 +115,72 @@ class ModelInfo:
     def derived(self) -> Tuple[str, ...]:
         """Names of the constants the file left out (derived or defaulted), e.g. ``("rows", "offsets")``."""
         return tuple(name for name, src in self.sources.items() if src.derived)
+
+    def _string_array(self, key: str) -> Optional[KeyValue]:
+        kv = self.metadata.get(key)
+        if kv is None:
+            return None
+        if kv.type != GGUFValueType.ARRAY or kv.subtype != GGUFValueType.STRING:
+            raise FormatError(f"{self.path}: {key}: has type {kv.describe_type()}, expected ARRAY[STRING] "
+                              f"(byte offset {kv.offset})")
+        return kv
+
+    def strings(self, key: str) -> Optional[List[str]]:
+        """The strings of metadata array ``key`` (e.g. ``"tokenizer.ggml.tokens"``), or None when absent.
+
+        Read from the file on first use (one read of the array, ~30 ms for a
+        129,280-token vocabulary) and kept; the list returned is shared, do not
+        change it.
+
+        Raises
+        ------
+        FormatError
+            ``key`` is not an array of strings, or holds a string that is not UTF-8.
+        TableIOError
+            The read failed.
+        """
+        kv = self._string_array(key)
+        if kv is None:
+            return None
+        got = self._cache.get(("strings", key))
+        if got is None:
+            got = self._cache[("strings", key)] = load_strings(kv)
+        return got  # type: ignore[return-value]
+
+    def strings_digest(self, key: str) -> Optional[str]:
+        """SHA-256 (hex) of metadata string array ``key`` as stored, or None when absent.
+
+        Equal to :func:`engram.gguf.header.digest_of_strings` of its strings.  One
+        read of the array's bytes on first use (a few ms for a vocabulary), then
+        kept.  Raises as :meth:`strings`.
+        """
+        kv = self._string_array(key)
+        if kv is None:
+            return None
+        got = self._cache.get(("digest", key))
+        if got is None:
+            got = self._cache[("digest", key)] = strings_digest(kv)
+        return got  # type: ignore[return-value]
+
+    def vocabulary_summary(self) -> Optional[dict]:
+        """What the file says of its tokenizer, or None without ``tokenizer.ggml.tokens``.
+
+        ``{"tokens": n, "merges": n or None, "model": "gpt2", "pre": "deepseek-v3",
+        "digest": SHA-256 hex of the token strings}`` (``model``/``pre`` None when
+        absent).  Reads the token array once (a few ms), then kept.
+        """
+        tokens = self._string_array(Keys.Tokenizer.LIST)
+        if tokens is None:
+            return None
+        merges = self._string_array(Keys.Tokenizer.MERGES)
+
+        def text(key: str) -> Optional[str]:
+            kv = self.metadata.get(key)
+            return kv.value if kv is not None and kv.type == GGUFValueType.STRING else None
+
+        return {"tokens": tokens.count, "merges": merges.count if merges is not None else None,
+                "model": text(Keys.Tokenizer.MODEL), "pre": text(Keys.Tokenizer.PRE),
+                "digest": self.strings_digest(Keys.Tokenizer.LIST)}
 
     def read_tensor(self, name: str, max_bytes: int = 1 << 30) -> np.ndarray:
         """Read one small tensor (``engram_kv``, the norms) into a new numpy array.
@@ -145,6 +217,7 @@ class ModelInfo:
             "layout": self.layout.to_dict(),
             "token_map": {"entries": int(self.token_map.shape[0]),
                           "max": int(self.token_map.max()) if self.token_map.size else -1},
+            "vocabulary": self.vocabulary_summary(),
             "sources": {name: str(src) for name, src in self.sources.items()},
             "derived": list(self.derived),
             "data_offsets": list(self.data_offsets),

@@ -35,6 +35,7 @@ message gives the exact ``engram repair`` command that writes a corrected file.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,8 +252,7 @@ class _Keys:
             arr = kv.value
             if arr is None:
                 arr = load_array(kv)
-                self.kv[key] = KeyValue(kv.key, kv.type, arr, kv.offset, kv.path, kv.subtype, kv.count,
-                                        kv.data_offset)
+                self.kv[key] = dataclasses.replace(kv, value=arr)
             if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
                 i = int(np.argmax(arr < 0))
                 raise self.err(key, f"entry [{i}] = {int(arr[i])} is negative")

@@ -19,6 +19,8 @@ from engram.errors import ArgumentError, TableIOError
 from ..io import now_iso, write_json
 from ..schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from ..trace import Trace, load_trace
+from ..trace.sources import encoded_by_tokenizer
+from ..trace.tokens import check_model_vocabulary
 from .background import QuietGuard
 from .configs import backends_here, usable_configs
 from .environment import file_info, machine_info
@@ -204,6 +206,8 @@ def _traces(model, configs: Sequence[RunConfig], s: Settings) -> tuple:
     """
     traces: Dict[str, Trace] = {}
     for spec, need in trace_tokens_needed(configs, s.rounds).items():
+        if encoded_by_tokenizer(spec):  # the model's own vocabulary, or every row read is another one
+            check_model_vocabulary(model.info)
         traces[spec] = load_trace(spec, limit=need, layout=model.layout)
         if traces[spec].steps < need:
             raise ArgumentError(f"trace {spec!r} has {traces[spec].steps} tokens; its runs need {need} "

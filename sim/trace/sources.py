@@ -34,13 +34,18 @@ from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl, shared_data_dir
 
-__all__ = ["CODE_SOURCE", "SYNTH_PREFIX", "builtin_sources", "read_prompts", "read_token_file", "resolve_source"]
+__all__ = ["CODE_SOURCE", "SYNTH_PREFIX", "TOKENIZED_KINDS", "builtin_sources", "encoded_by_tokenizer",
+           "read_prompts", "read_token_file", "resolve_source"]
 
 #: The built-in source-code trace: a large, plain module of the standard library.
 CODE_SOURCE = "stdlib:asyncio/base_events.py"
 
 #: Prefix of a synthetic trace's source spec (``synth:reuse=0.225,...``, :mod:`sim.trace.synth`).
 SYNTH_PREFIX = "synth:"
+
+#: Kinds of source (:func:`resolve_source`) whose token ids a tokenizer made: text, prompts, synthetic traces
+#: (drawn from real text) and saved traces.  ``tokens`` files hold ids given as they are.
+TOKENIZED_KINDS = ("text", "textfile", "prompts", "synth", "trace")
 
 
 def builtin_sources() -> dict[str, str]:
@@ -101,6 +106,15 @@ def read_token_file(path: Union[str, os.PathLike]) -> np.ndarray:
         except ValueError:
             raise FormatError(f"{p}: item {i} ({s[:20]!r}) is not an integer token id") from None
     return out
+
+
+def encoded_by_tokenizer(spec: str) -> bool:
+    """Whether the token ids of source ``spec`` come from a tokenizer (to be checked against a model's vocabulary
+    with :func:`sim.trace.tokens.check_model_vocabulary`), rather than given as ids.
+
+    Raises as :func:`resolve_source`.
+    """
+    return resolve_source(spec)[0] in TOKENIZED_KINDS
 
 
 def resolve_source(spec: str) -> tuple[str, Path | str]:

@@ -2,19 +2,23 @@
 
 Every trace of real text goes through :func:`tokenizer_and_map` (the engine's
 :func:`engram.load_tokenizer` and :func:`engram.build_token_map`, cached) and
-:func:`encode_text`.
+:func:`encode_text`.  A trace hashed against a model file is only right when
+that tokenizer is the one the model was made for: :func:`check_model_vocabulary`
+says so, or raises :class:`engram.VocabularyError`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+import os
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from engram import build_token_map, load_tokenizer
+from engram import ModelInfo, build_token_map, load_tokenizer, read_model
+from engram.vocabulary import check_tokenizer
 
-__all__ = ["encode_text", "tokenizer_and_map"]
+__all__ = ["check_model_vocabulary", "encode_text", "tokenizer_and_map"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -45,3 +49,23 @@ def encode_text(text: str, tokenizer_json: Optional[str] = None, limit: Optional
             n *= 2
     ids = np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
     return ids if limit is None else ids[:limit]
+
+
+def check_model_vocabulary(model: Union[ModelInfo, str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+                           tokenizer_json: Optional[str] = None) -> str:
+    """Check that traces encoded with ``tokenizer_json`` (default the DeepSeek V4 tokenizer) hash right for ``model``.
+
+    ``model`` is a :class:`engram.ModelInfo` or what :func:`engram.read_model`
+    takes.  Returns what was compared (``"vocabulary"`` or ``"token map"``; see
+    :func:`engram.vocabulary.check_tokenizer`): cheap after the first check.
+
+    Raises
+    ------
+    VocabularyError
+        The model's vocabulary is not the tokenizer's: names both and the first
+        token id that differs, with both strings.
+    FormatError, TableIOError
+        The model cannot be read.
+    """
+    info = model if isinstance(model, ModelInfo) else read_model(model)
+    return check_tokenizer(info, tokenizer_json)

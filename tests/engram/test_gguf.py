@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, TokenType
 
 import engram
 from engram import ArgumentError, Layout, read_model, synth
@@ -35,15 +35,23 @@ def small(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def small_reader(small) -> GGUFReader:
+    """``gguf``'s own reader of ``small`` (it takes seconds over the 256k strings of the vocabulary: once)."""
+    return GGUFReader(small)
+
+
+@pytest.fixture(scope="module")
 def split3(tmp_path_factory) -> list:
+    """A split set without the vocabulary (``gguf.GGUFReader`` reads every shard here; a split set with it is
+    in ``test_vocabulary.py``)."""
     d = tmp_path_factory.mktemp("split")
     return synth.build_model(d / "sp.gguf", scale=SCALE, seed=SEED, shards=3, token_map=token_map(),
-                             progress=False, projections=False)
+                             progress=False, projections=False, vocabulary=False)
 
 
 # ------------------------------------------------------------------ gguf's own tools
-def test_gguf_reader_sees_spec_keys_types_and_shapes(small):
-    r = GGUFReader(small)
+def test_gguf_reader_sees_spec_keys_types_and_shapes(small_reader):
+    r = small_reader
     lay = Layout.deepseek_v41_flash(SCALE)
 
     def field(key, types, value=None):
@@ -66,6 +74,18 @@ def test_gguf_reader_sees_spec_keys_types_and_shapes(small):
     field(P + "multipliers", [A, U64], [int(x) for x in lay.multipliers.reshape(-1)])
     eps = field("deepseek41.attention.layer_norm_rms_epsilon", [GGUFValueType.FLOAT32]).contents()
     assert eps == pytest.approx(1e-6, rel=1e-6)
+    # the vocabulary, under the gguf package's tokenizer keys as llama.cpp's converters write them
+    field("tokenizer.ggml.model", [S], "gpt2")
+    field("tokenizer.ggml.pre", [S], "deepseek-v3")
+    tokens = field("tokenizer.ggml.tokens", [A, S]).contents()
+    assert len(tokens) == 129280 and tokens[270] == "Ġthe" and tokens[294] == "Ġof"
+    assert tokens[0] == "<｜begin▁of▁sentence｜>" and tokens[129279] == "<｜image｜>"
+    types = field("tokenizer.ggml.token_type", [A, GGUFValueType.INT32]).contents()
+    assert (types[0], types[270], types[128803]) == (TokenType.CONTROL, TokenType.NORMAL, TokenType.USER_DEFINED)
+    merges = field("tokenizer.ggml.merges", [A, S]).contents()
+    assert len(merges) == 127741 and merges[:2] == ["Ġ t", "Ġ a"]
+    field("tokenizer.ggml.bos_token_id", [U32], 0)
+    field("tokenizer.ggml.eos_token_id", [U32], 1)
     assert r.alignment == 16384
     shapes = {t.name: (t.tensor_type, [int(x) for x in t.shape]) for t in r.tensors}
     F16, F32, I8 = GGMLQuantizationType.F16, GGMLQuantizationType.F32, GGMLQuantizationType.I8
@@ -94,6 +114,8 @@ def test_gguf_dump_lists_keys_and_tensors(small):
         assert md[P + key]["type"] == "ARRAY" and md[P + key]["array_types"] == [sub], key
     assert md[P + "compressed_vocab_size"]["type"] == "UINT32"
     assert md["deepseek41.attention.layer_norm_rms_epsilon"]["type"] == "FLOAT32"
+    assert md["tokenizer.ggml.tokens"]["type"] == "ARRAY" and md["tokenizer.ggml.tokens"]["array_types"] == ["STRING"]
+    assert md["tokenizer.ggml.model"]["value"] == "gpt2"
     t = d["tensors"]
     assert t["blk.14.engram_kv.weight"]["shape"] == [6144, 25600] and t["blk.14.engram_kv.weight"]["type"] == "F16"
     assert t["blk.1.engram_embd.weight"]["type"] == "I8"
@@ -101,7 +123,7 @@ def test_gguf_dump_lists_keys_and_tensors(small):
 
 
 # ------------------------------------------------------------------ read_model round trip
-def test_read_model_round_trip(small):
+def test_read_model_round_trip(small, small_reader):
     info = read_model(small)
     assert isinstance(info, engram.ModelInfo)
     assert info.layout == Layout.deepseek_v41_flash(SCALE)
@@ -110,7 +132,7 @@ def test_read_model_round_trip(small):
     assert (info.architecture, info.version, info.alignment, info.encoding) == \
         ("deepseek41", 3, 16384, "e4m3_e8m0_32_row264")
     assert info.paths == (Path(small),) and info.file_sizes == (os.stat(small).st_size,)
-    r = GGUFReader(small)
+    r = small_reader
     by_name = {t.name: t for t in r.tensors}
     assert set(info.tensors) == set(by_name)
     for name, loc in info.tensors.items():
@@ -260,7 +282,8 @@ def test_full_size_header_reports_real_rows_and_offsets(tmp_path):
     assert [t.offset for t in info.tables.values()] == [162_955_640_832, 264_333_279_232]
     assert all(t.offset > 2**33 for t in info.tables.values())
     assert info.file_sizes[0] == info.tables[14].end + (-info.tables[14].end % 16384)
-    assert os.stat(path).st_blocks * 512 < 4 << 20  # holes: a 365.7 GB file in a few hundred KB
+    # holes: a 365.7 GB file in its header (5.5 MiB with the vocabulary) and a few hundred KB
+    assert os.stat(path).st_blocks * 512 < info.data_offsets[0] + (1 << 20)
     assert info.tables[14].row_offset(384016681) == 264_333_279_232 + 384016681 * 264
     with pytest.raises(ArgumentError):
         info.tables[14].row_offset(384016682)

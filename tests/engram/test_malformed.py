@@ -3,7 +3,9 @@ header bytes (never a table) and allocates little, however absurd the header's c
 
 Files are small valid models written with their extents as holes, then changed either in
 the plan (keys, types, tensors) or by patching header bytes at offsets that ``read_model``
-itself reports for the valid file.
+itself reports for the valid file.  They carry no vocabulary (``tokenizer.ggml.*``, 5 MB of
+strings the parser walks but never keeps), so the bounds on bytes read stay tight; the
+vocabulary's own corruptions are at the end.
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from hypothesis import strategies as st
 from engram import FormatError, read_model, synth
 from engram.gguf import header as gguf_header
 
-from tests.modelfiles import clone_patched, plan, write_header_only
+from tests import modelfiles
+from tests.modelfiles import clone_patched, write_header_only
 
 P = "deepseek41.engram."
 U32, U64, I32, F32, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.INT32,
                                 GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.ARRAY)
+
+
+def plan(**kw) -> synth.ModelPlan:
+    """A small model without the vocabulary keys (see the module docstring)."""
+    kw.setdefault("vocabulary", False)
+    return modelfiles.plan(**kw)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram import ArgumentError, Hasher, Layout, load_tokenizer, read_model, synth
+from engram import ArgumentError, Hasher, Layout, OutputError, load_tokenizer, read_model, synth
 
 from tests.modelfiles import SCALE, plan, token_map
 
@@ -123,7 +123,7 @@ def test_bad_arguments():
 
 def test_disk_space_is_checked_before_writing(tmp_path):
     p = plan(full_size=True)
-    with pytest.raises(ArgumentError, match="GiB of disk"):
+    with pytest.raises(OutputError, match="GiB of disk"):
         synth.write_model(p, tmp_path / "huge.gguf", fill="all", progress=False)
     assert not (tmp_path / "huge.gguf").exists()
 
