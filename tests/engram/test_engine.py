@@ -142,6 +142,9 @@ def test_private_sessions_still_hold_their_own_readers(model_path, text_ids):
     assert not engine.running
     with pytest.raises(ArgumentError, match="engine must be one of"):
         model.session(engine="pooled")
+    # the model's default for its sessions, as open() takes it
+    with EngramModel.open(model_path, engine="private", backend="pread", readers=4).session() as e:
+        assert all(t.engine is None for t in e.tables.values())
 
 
 # ====================================================================== fairness
