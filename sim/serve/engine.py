@@ -5,9 +5,10 @@ batching:
 
 1. **Admission** (FCFS): waiting requests join the running set while it holds fewer than
    ``max_running`` requests.  A request admitted starts its prompt's background reader (SPEC §8,
-   ``engram.Session.prefill``): every prompt row hashed up front, then one reader per table streams
-   the rows in chunks of ``read_chunk`` tokens, each chunk one batch of its distinct rows, and
-   publishes how far it got.
+   ``engram.Session.prefill``): every prompt row hashed up front, then the reader streams the rows in
+   chunks of ``read_chunk`` tokens, chunk ``c`` of each table before chunk ``c + 1``, each chunk one
+   batch of its distinct rows, and publishes how far it got (``prefill_readers = "per_table"``: one
+   reader per table side by side, as :func:`sim.prefill.simulate_prefill` models it).
 2. **A step's work**: every running request past its prefill decodes one token (``B`` requests),
    and up to ``prefill_chunk`` prompt tokens are computed, given to the prefilling requests in
    admission order.  ``gate = "ready"``: only prompt tokens whose rows are already read are
@@ -55,10 +56,12 @@ from .device import BatchTimes, SharedDevice
 from .rows import DEFAULT_READ_CHUNK, RowSource, SharedRowCache
 from .workload import Requests
 
-__all__ = ["GATES", "Engine", "EngineTrace", "Scheduler"]
+__all__ = ["GATES", "PREFILL_READERS", "Engine", "EngineTrace", "Scheduler"]
 
 #: How prompt tokens wait for their rows (see the module docstring).
 GATES = ("ready", "stall")
+#: Background readers of a prompt (see :class:`Scheduler`).
+PREFILL_READERS = ("one", "per_table")
 
 # owner kinds of device batches, timer kinds, waypoint kinds
 _DECODE, _DECODE_T1, _CHUNK = range(3)
@@ -83,6 +86,10 @@ class Scheduler:
     second_start_layer : int
         With ``gate = "stall"``: the layer whose start, in a request's first prefill step, starts its second
         table's reader (2 in the reference engine; 0 starts every reader at admission).
+    prefill_readers : str
+        ``"one"``: one background reader per prompt reading chunk ``c`` of every open table before chunk
+        ``c + 1`` (``engram.Prefetcher``, the engine); ``"per_table"``: one reader per table, side by side
+        (:func:`sim.prefill.simulate_prefill`).
 
     Raises
     ------
@@ -95,6 +102,7 @@ class Scheduler:
     read_chunk: int = DEFAULT_READ_CHUNK
     gate: str = "ready"
     second_start_layer: int = 2
+    prefill_readers: str = "one"
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_chunk", "read_chunk"):
@@ -103,6 +111,9 @@ class Scheduler:
                 raise ArgumentError(f"Scheduler.{name} must be an integer >= 1, got {v!r}")
         if self.gate not in GATES:
             raise ArgumentError(f"Scheduler.gate must be one of {', '.join(GATES)}, got {self.gate!r}")
+        if self.prefill_readers not in PREFILL_READERS:
+            raise ArgumentError(f"Scheduler.prefill_readers must be one of {', '.join(PREFILL_READERS)}, "
+                                f"got {self.prefill_readers!r}")
         if self.second_start_layer < 0:
             raise ArgumentError(f"Scheduler.second_start_layer must be >= 0, got {self.second_start_layer}")
 
@@ -138,9 +149,9 @@ class EngineTrace:
 
     Attributes
     ----------
-    admit, ready, first, finish : numpy.ndarray
-        float64 ``[n]``: admission, first chunk of the prompt read in every table, first token (end of the
-        prefill), last token; NaN when it did not happen before the run ended.
+    admit, ready, read, first, finish : numpy.ndarray
+        float64 ``[n]``: admission, first chunk of the prompt read in every table, the whole prompt read,
+        first token (end of the prefill), last token; NaN when it did not happen before the run ended.
     emitted : numpy.ndarray
         int64 ``[n]``: output tokens emitted.
     tbt : numpy.ndarray
@@ -165,6 +176,7 @@ class EngineTrace:
 
     admit: np.ndarray
     ready: np.ndarray
+    read: np.ndarray
     first: np.ndarray
     finish: np.ndarray
     emitted: np.ndarray
@@ -200,6 +212,9 @@ class Engine:
         bool ``[n]``: requests whose token gaps are kept (default all).
     t_cap : float
         The run stops here even with requests left.
+    positions : tuple of numpy.ndarray, optional
+        ``(prompt start, decode start)`` per request in the row source (default :meth:`RowSource.place`): a
+        measured run replayed read for read.
     abort_ttft : float, optional
         Stop as soon as more measured requests have waited longer than this for their first token than the
         SLO percentile ``abort_percentile`` allows (the TTFT SLO can no longer be met; a capacity search
@@ -214,7 +229,8 @@ class Engine:
 
     def __init__(self, reqs: Requests, rows: RowSource, device: Device, policy: Policy, compute: StepCompute,
                  sched: Scheduler, *, drives: int = 1, seed: int = 0, measured: Optional[np.ndarray] = None,
-                 t_cap: float = math.inf, abort_ttft: Optional[float] = None, abort_percentile: float = 99.0):
+                 t_cap: float = math.inf, positions: Optional[tuple] = None, abort_ttft: Optional[float] = None,
+                 abort_percentile: float = 99.0):
         if policy.overlap_layers > compute.layers:
             raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the {compute.layers} layers")
         if max(rows.layer_ids) >= compute.layers:
@@ -233,7 +249,8 @@ class Engine:
         self.devs = [SharedDevice(device) for _ in range(self.drives)]
         self._comp_rng = np.random.default_rng(comp_ss)
         self._mult: list = []
-        self.ppos, self.dpos = rows.place(reqs)
+        self.ppos, self.dpos = rows.place(reqs) if positions is None else (np.asarray(positions[0], np.int64),
+                                                                            np.asarray(positions[1], np.int64))
         self.P = reqs.prompt.tolist()
         self.O = reqs.output.astype(np.int64)
         self.Ol = self.O.tolist()
@@ -243,11 +260,15 @@ class Engine:
         self.first_t = np.full(n, np.nan)
         self.finish_t = np.full(n, np.nan)
         self.ready_t = np.full(n, np.nan)
+        self.read_t = np.full(n, np.nan)
         self.measured = np.ones(n, dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
         self.done_pre = [0] * n
         self.ready: Dict[int, list] = {}
         self.counts: Dict[int, np.ndarray] = {}
         self.started2: Dict[int, bool] = {}
+        self.open_: Dict[int, list] = {}
+        self.nxt: Dict[int, list] = {}
+        self.groups: Dict[int, list] = {}
         self.waiters: Dict[tuple, _Step] = {}
         self.waiting: deque = deque()
         self.prefilling: List[int] = []
@@ -339,14 +360,31 @@ class Engine:
                 self.hits[s, :m] = cache_hits(keys, active, self.policy.cache_rows).reshape(keys.shape)
         stall = self.sched.gate == "stall" and self.sched.second_start_layer > 0
         self.started2[r] = not stall
-        for j in range(self.L):
-            if j == 0 or not stall:
-                self._issue(r, j, 0, now)
+        self.open_[r] = [j == 0 or not stall for j in range(self.L)]
+        self.nxt[r] = [0] * self.L
+        tables = [list(range(self.L))] if self.sched.prefill_readers == "one" else [[j] for j in range(self.L)]
+        self.groups[r] = [[g, False] for g in tables]
+        for gi in range(len(tables)):
+            self._reader_next(r, gi, now)
 
-    def _issue(self, r: int, j: int, c: int, now: float) -> None:
-        """Reader ``(r, j)`` reads chunk ``c`` (or publishes it at once when it has nothing to read)."""
+    def _reader_next(self, r: int, gi: int, now: float) -> None:
+        """Reader ``gi`` of request ``r`` takes its next chunk: of its open tables, the one furthest behind (ties
+        to the earlier table), as ``engram.Prefetcher`` does; a chunk with nothing to read is published at once."""
+        grp = self.groups[r][gi]
+        if grp[1]:
+            return
         cnt = self.counts[r]
-        while c < cnt.shape[0]:
+        nch = cnt.shape[0]
+        nxt, op = self.nxt[r], self.open_[r]
+        while True:
+            best = -1
+            for j in grp[0]:
+                if op[j] and nxt[j] < nch and (best < 0 or nxt[j] < nxt[best]):
+                    best = j
+            if best < 0:
+                return
+            j, c = best, nxt[best]
+            nxt[j] = c + 1
             if self.shared is not None:
                 keys = self.rows.chunk_keys(int(self.reqs.source[r]), int(self.ppos[r]), self.P[r], c, j)
                 n = int(self.shared.misses(keys).size)
@@ -359,19 +397,27 @@ class Engine:
                     base, rem = divmod(n, self.drives)
                     parts = [base + (1 if d < rem else 0) for d in range(self.drives)]
                 self.prefill_reads += n
-                self._read(now, parts, [0, _CHUNK, r, j, c])
+                grp[1] = True
+                self._read(now, parts, [0, _CHUNK, r, gi, j, c])
                 return
-            self._publish(r, j, c, now, issue=False)
-            c += 1
+            self._publish(r, j, c, now)
 
-    def _publish(self, r: int, j: int, c: int, now: float, issue: bool = True) -> None:
+    def _chunk_done(self, r: int, gi: int, j: int, c: int, now: float) -> None:
+        self.groups[r][gi][1] = False
+        self._reader_next(r, gi, now)
+        self._publish(r, j, c, now)
+
+    def _publish(self, r: int, j: int, c: int, now: float) -> None:
+        """Chunk ``c`` of table ``j`` of request ``r`` is read: its tokens' rows are ready."""
         ch = self.sched.read_chunk
         rd = self.ready[r]
-        rd[j] = min(self.P[r], (c + 1) * ch)
-        if c == 0 and math.isnan(self.ready_t[r]) and min(rd) > 0:
+        P = self.P[r]
+        rd[j] = min(P, (c + 1) * ch)
+        m = min(rd)
+        if m > 0 and math.isnan(self.ready_t[r]):
             self.ready_t[r] = now
-        if issue and c + 1 < self.counts[r].shape[0]:
-            self._issue(r, j, c + 1, now)
+        if m >= P:
+            self.read_t[r] = now
         st = self.waiters.pop((r, j), None)
         if st is not None:
             self._advance(st, now)
@@ -484,8 +530,11 @@ class Engine:
             if kind == _W_START:
                 if not self.started2[arg]:
                     self.started2[arg] = True
+                    op = self.open_[arg]
                     for j in range(1, self.L):
-                        self._issue(arg, j, 0, now)
+                        op[j] = True
+                    for gi in range(len(self.groups[arg])):
+                        self._reader_next(arg, gi, now)
             elif kind == _W_READY:
                 r, j, need = arg
                 if self.ready[r][j] < need:
@@ -526,7 +575,8 @@ class Engine:
                 self.first_t[r] = now
                 self.last[r] = now
                 self.emitted[r] = 1
-                self.counts.pop(r, None)
+                for d in (self.counts, self.ready, self.open_, self.nxt, self.groups, self.started2):
+                    d.pop(r, None)
                 if self.Ol[r] <= 1:
                     self.finish_t[r] = now
                     if self.hits is not None:
@@ -562,7 +612,7 @@ class Engine:
             return
         kind = o[1]
         if kind == _CHUNK:
-            self._publish(o[2], o[3], o[4], now)
+            self._chunk_done(o[2], o[3], o[4], o[5], now)
         elif kind == _DECODE:
             self._read_done(o[2], now)
         else:
@@ -633,5 +683,5 @@ class Engine:
         tbt = np.concatenate(self.tbt_parts) if self.tbt_parts else np.zeros(0)
         shared = {"hits": self.shared.hits, "requests": self.shared.requests} if self.shared else {"hits": 0,
                                                                                                     "requests": 0}
-        return EngineTrace(self.admit_t, self.ready_t, self.first_t, self.finish_t, self.emitted.copy(), tbt, steps, devs, self.end,
+        return EngineTrace(self.admit_t, self.ready_t, self.read_t, self.first_t, self.finish_t, self.emitted.copy(), tbt, steps, devs, self.end,
                            capped, self.aborted, self.decode_reads, self.prefill_reads, self.decode_rows_asked, shared)
