@@ -670,8 +670,9 @@ class Engine:
                 if ta > cap:
                     break
                 now = ta
-                waiting.append(i)
-                i += 1
+                while i < N and arr[i] <= ta:  # requests arriving together are admitted together
+                    waiting.append(i)
+                    i += 1
                 self.arrived = i
                 if not self.busy:
                     self._plan(now)

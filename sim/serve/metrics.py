@@ -45,7 +45,7 @@ from .engine import EngineTrace
 from .workload import Requests
 
 __all__ = ["DEFAULT_SLO_PERCENTILE", "DEFAULT_TBT_MS", "DEFAULT_TTFT_S", "SLO", "ServeResult", "littles_law_requests",
-           "summarize"]
+           "plain_value", "summarize"]
 
 #: Default SLOs (issue 16): p99 TTFT <= 2 s, p99 TBT <= 100 ms.
 DEFAULT_TTFT_S = 2.0
@@ -86,6 +86,17 @@ class SLO:
 
     def to_dict(self) -> dict:
         return {"ttft_s": self.ttft_s, "tbt_ms": self.tbt_ms, "percentile": self.percentile}
+
+
+def plain_value(v):
+    """A NumPy scalar as the Python number it holds (tables write Python floats at full precision)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    return v
 
 
 def _pct(x: np.ndarray, scale: float = 1e3) -> dict:
@@ -210,7 +221,7 @@ class ServeResult:
                     "ttft_prefill_reads_ms": self.ttft_parts_ms["prefill_reads"],
                     "ttft_prefill_compute_ms": self.ttft_parts_ms["prefill_compute"],
                     "sim_seconds": self.sim_seconds, "wall_seconds": self.wall_seconds})
-        return out
+        return {k: plain_value(v) for k, v in out.items()}
 
     def summary(self) -> str:
         c, r, s, d, e, tt = self.config, self.requests, self.slo, self.device, self.engine, self.token_time_ms

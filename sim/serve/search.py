@@ -41,7 +41,7 @@ from engram.errors import ArgumentError
 from ..io import load_json
 from ..progress import progress as progress_bar
 from ..sweep import TableWriter, meta_path, read_table, same_axis_value
-from .metrics import SLO
+from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
 from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStudy, check_serve_point, \
     serve_point_seed
@@ -215,7 +215,7 @@ class ServeCapacity:
             "mean_batch_at_capacity": m("mean_batch"), "knee_rate": kr if kr is not None else float("nan"),
             "knee_failed": kf, "knee_cause": kc,
         })
-        return out
+        return {k: plain_value(v) for k, v in out.items()}
 
 
 def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, float]:
