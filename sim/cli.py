@@ -55,7 +55,7 @@ from .serve import SLO, ServeStudy, simulate_serve
 from .serve.runner import point_objects, resolve_serve_context
 from .serve.search import probes_path as serve_probes_path
 from .serve.search import run_serve_capacity
-from .serve.study import SERVE_AXES, is_serve_study, serve_point_seed
+from .serve.study import SERVE_AXES, check_serve_point, is_serve_study, serve_point_seed
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
@@ -1109,6 +1109,8 @@ def _serve_point(args) -> tuple:
 
 def _cmd_serve(args) -> int:
     p, seed, slo, cal = _serve_point(args)
+    check_serve_point(p, "engram sim serve")
+    point_objects(p)  # every value checked before the text is tokenized
     ctx = resolve_serve_context([p], slo, cal)
     o = point_objects(p, ctx)
     key_dev = next(iter(ctx.devices.values()))

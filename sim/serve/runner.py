@@ -73,22 +73,6 @@ def resolve_serve_context(points: Sequence[Mapping[str, Any]], slo: SLO, calibra
         A text, device, file or calibration that cannot be loaded.
     """
     cal = None
-    files: Dict[str, Any] = {}
-    for p in points:
-        if p["requests"] and p["requests"] not in files:
-            files[p["requests"]] = read_request_file(p["requests"])
-    rows: Dict[tuple, RowSource] = {}
-    traces: Dict[tuple, Any] = {}
-    for p in points:
-        key = _rows_key(p)
-        if key in rows:
-            continue
-        tkey = (serve_text(p), p["trace_limit"])
-        if tkey not in traces:
-            traces[tkey] = load_trace(tkey[0], limit=tkey[1])
-        pol = Policy(dram_fraction=p["dram_fraction"])
-        hot = hot_rows(p["dram_rows"]) if p["dram_rows"] else None
-        rows[key] = RowSource(traces[tkey], pol, p["read_chunk"], hot=hot, file=files.get(p["requests"]))
     devices: Dict[tuple, Any] = {}
     for p in points:
         key = _device_key(p) + (p["tail"],)
@@ -105,6 +89,22 @@ def resolve_serve_context(points: Sequence[Mapping[str, Any]], slo: SLO, calibra
         else:
             dev = load_device(spec)
         devices[key] = with_tail(dev, load_device(p["tail"])) if p["tail"] else dev
+    files: Dict[str, Any] = {}
+    for p in points:
+        if p["requests"] and p["requests"] not in files:
+            files[p["requests"]] = read_request_file(p["requests"])
+    rows: Dict[tuple, RowSource] = {}
+    traces: Dict[tuple, Any] = {}
+    for p in points:
+        key = _rows_key(p)
+        if key in rows:
+            continue
+        tkey = (serve_text(p), p["trace_limit"])
+        if tkey not in traces:
+            traces[tkey] = load_trace(tkey[0], limit=tkey[1])
+        pol = Policy(dram_fraction=p["dram_fraction"])
+        hot = hot_rows(p["dram_rows"]) if p["dram_rows"] else None
+        rows[key] = RowSource(traces[tkey], pol, p["read_chunk"], hot=hot, file=files.get(p["requests"]))
     computes = {p["compute_file"]: StepCompute.from_file(p["compute_file"]) for p in points if p["compute_file"]}
     return ServeContext(rows, devices, computes, files, slo, fail_fast)
 
