@@ -35,6 +35,7 @@ squares of what ``f`` leaves, through the origin); with no prompt-free steps it 
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -118,8 +119,8 @@ class StepCompute:
         xs = np.asarray(bs, dtype=np.float64)
         ys = np.asarray([m for _, m in knots])
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(knots) > 1 else self.token_ms
-        object.__setattr__(self, "_xs", xs)
-        object.__setattr__(self, "_ys", ys)
+        object.__setattr__(self, "_xs", xs.tolist())
+        object.__setattr__(self, "_ys", ys.tolist())
         object.__setattr__(self, "_slope", float(slope))
 
     # ------------------------------------------------------------------ building
@@ -232,7 +233,8 @@ class StepCompute:
         elif b <= xs[0]:
             f = ys[0]
         else:
-            f = float(np.interp(b, xs, ys))
+            i = bisect.bisect_right(xs, b)
+            f = ys[i - 1] + (ys[i] - ys[i - 1]) * (b - xs[i - 1]) / (xs[i] - xs[i - 1])
         return (f + prompt_tokens * self.token_ms) / self.scale
 
     def multipliers(self, rng: np.random.Generator, size: int) -> np.ndarray:

@@ -45,13 +45,18 @@ __all__ = ["BatchTimes", "SharedDevice"]
 #: batch's distribution to about 4% at the 99th percentile and its mean to a fraction of a percent).
 ALONE_SAMPLES = 512
 
+#: Rounds of readers a batch drawn from the exact model has at least before longer ones extrapolate (the decode
+#: model's :data:`Device.END_WAVES` is 16: each extra size simulated costs its reads x readers x samples, and a
+#: serving run meets thousands of sizes; 4 rounds keep the last round's stragglers and the mean within 1%).
+EXACT_WAVES = 4
+
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class BatchTimes:
     """Durations of batches alone on ``device``, drawn with ``rng`` (seconds).
 
-    Batches of up to ``m = max(Device.EXACT_BATCH_LIMIT, Device.END_WAVES * k)`` reads draw from
+    Batches of up to ``m = max(Device.EXACT_BATCH_LIMIT, EXACT_WAVES * k)`` reads draw from
     :meth:`Device.batch_samples` (the exact per-read model, simulated once per ``(n, k)`` with a seed
     of ``(n, k)`` and cached per device for the life of the process: a property of the device, not of
     a run).  Longer batches add their remaining whole rounds of ``k`` reads at the steady depth to a
@@ -91,8 +96,10 @@ class BatchTimes:
         return got
 
     def limit(self, k: int) -> int:
+        """The longest batch drawn from the exact model: :data:`Device.EXACT_BATCH_LIMIT` reads, or
+        :data:`EXACT_WAVES` rounds of the readers in service."""
         ks = max(1, min(k, self.Q))
-        return max(Device.EXACT_BATCH_LIMIT, Device.END_WAVES * ks)
+        return max(Device.EXACT_BATCH_LIMIT, EXACT_WAVES * ks)
 
     def steady(self, ks: int) -> tuple:
         """``(mean, std)`` seconds of one read at depth ``ks`` (cached)."""

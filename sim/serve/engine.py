@@ -274,6 +274,8 @@ class Engine:
         self.prefilling: List[int] = []
         self.decoding: List[int] = []
         self._dec = np.zeros(0, dtype=np.int64)
+        self._dec_em = self._dec_last = self._dec_O = self._dec_dpos = self._dec
+        self._dec_meas = None
         self._dec_dirty = False
         self.busy = False
         self._planning = False
@@ -426,8 +428,20 @@ class Engine:
 
     # ================================================================== steps
     def _decode_set(self) -> np.ndarray:
+        """The decoding requests as arrays (ids, emitted, last token time, output, decode start, measured), rebuilt
+        only when a request joins or leaves; between, a step updates the arrays in place."""
         if self._dec_dirty:
-            self._dec = np.asarray(self.decoding, dtype=np.int64)
+            D = self._dec
+            if D.size:  # write the running figures back before the set changes
+                self.emitted[D] = self._dec_em
+                self.last[D] = self._dec_last
+            D = self._dec = np.asarray(self.decoding, dtype=np.int64)
+            self._dec_em = self.emitted[D]
+            self._dec_last = self.last[D]
+            self._dec_O = self.O[D]
+            self._dec_dpos = self.dpos[D] - 1
+            meas = self.measured[D]
+            self._dec_meas = None if meas.all() else meas
             self._dec_dirty = False
         return self._dec
 
@@ -462,14 +476,14 @@ class Engine:
         if not D.size:
             self._start_compute(st, now)
             return
-        pos = (self.dpos[D] + self.emitted[D] - 1) % self.rows.text_tokens
+        pos = (self._dec_dpos + self._dec_em) % self.rows.text_tokens
         self.decode_rows_asked += int(D.size) * self.rows.keys.shape[1]
         if self.fast_reads:
             n = self.rows.count_distinct(pos)
             self.decode_reads += n
             st.alone = self._read(now, [n], [0, _DECODE, st])
             return
-        hits = self.hits[self.slot[D], self.emitted[D] - 1] if self.hits is not None else None
+        hits = self.hits[self.slot[D], self._dec_em - 1] if self.hits is not None else None
         keys = self.rows.decode_keys(pos, hits)
         if self.shared is not None:
             keys = self.shared.misses(keys)
@@ -549,17 +563,15 @@ class Engine:
 
     def _finish(self, st: _Step, now: float) -> None:
         D = st.D
-        if D.size:
-            meas = self.measured[D]
-            gaps = now - self.last[D]
-            if meas.all():
-                self.tbt_parts.append(gaps)
-            elif meas.any():
-                self.tbt_parts.append(gaps[meas])
-            self.last[D] = now
-            em = self.emitted[D] + 1
-            self.emitted[D] = em
-            done = em >= self.O[D]
+        if D.size:  # D is the decode set of _decode_set: its arrays are updated in place
+            last = self._dec_last
+            gaps = now - last
+            meas = self._dec_meas
+            self.tbt_parts.append(gaps if meas is None else gaps[meas])
+            last.fill(now)
+            em = self._dec_em
+            em += 1
+            done = em >= self._dec_O
             if done.any():
                 fin = D[done]
                 self.finish_t[fin] = now
@@ -676,6 +688,8 @@ class Engine:
                 self.arrived = i
                 if not self.busy:
                     self._plan(now)
+        self._dec_dirty = True
+        self._decode_set()  # the decoding requests' figures back into the per-request arrays
         capped = bool(np.isnan(self.finish_t).any())
         self.end = cap if capped and math.isfinite(cap) and not self.aborted else now
         for d in devs:

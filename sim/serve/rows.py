@@ -220,6 +220,8 @@ class RowSource:
 
     def count_distinct(self, pos: np.ndarray) -> int:
         """Distinct rows of tokens at ``pos`` (no resident rows, no caches): the common case, fast."""
+        if pos.size == 1:  # one token's rows are all distinct (every column owns its own range of rows)
+            return int(self.keys.shape[1])
         flat = np.sort(self.keys[pos].reshape(-1))
         return int(flat.size and 1 + np.count_nonzero(flat[1:] != flat[:-1]))
 
