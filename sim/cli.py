@@ -33,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from engram import EngramModel
 from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError, TableIOError
 
@@ -52,6 +53,8 @@ from .prefill import simulate_prefill
 from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
 from .serve import SLO, ServeStudy, simulate_serve
+from .serve.counterpart import counterpart_table, predict_counterpart
+from .serve.measured import measure_counterpart
 from .serve.runner import point_objects, resolve_serve_context
 from .serve.search import probes_path as serve_probes_path
 from .serve.search import run_serve_capacity
@@ -1107,7 +1110,35 @@ def _serve_point(args) -> tuple:
     return p, seed, slo, args.calibration or cal
 
 
+def _cmd_serve_counterpart(args) -> int:
+    """``engram sim serve --counterpart MODEL``: the real engine measured on MODEL, then predicted."""
+    model = EngramModel.open(args.counterpart)
+    spec = args.trace or CODE_SOURCE
+    batch, steps, prompt = 8, 60, 4096
+    text = load_trace(spec, limit=prompt + batch * 5 * steps)
+    rec = measure_counterpart(args.counterpart, text.tokens, batch=batch, steps=steps, prompt_tokens=prompt,
+                              backend=args.backend or "pread", readers=args.readers or DEFAULT_READERS,
+                              threshold=args.threshold or DEFAULT_THRESHOLD, source=spec)
+    res = predict_counterpart(rec, text.tokens, model.layout, seed=args.seed or 0)
+    table = counterpart_table(res)
+    if args.json:
+        print_json({"record": rec, "result": res, "table": table})
+        return 0
+    g = rec["regime"]
+    print(f"counterpart {batch} requests decoding ({rec['config']['compute_ms']:g} ms compute a step, slept) while a "
+          f"{prompt}-token prompt prefills, on {args.counterpart} ({spec})")
+    print(f"regime      {g['cpus']} CPUs, load average {g['load_before'][0]:.1f} before and {g['load_after'][0]:.1f} "
+          f"after; backend {g['backend_used']}, {'O_DIRECT' if g['o_direct'] else 'buffered reads'}")
+    print("device      probed: " + ", ".join(f"qd {d['qd']} {d['mean_us']:.0f} us" for d in rec["device"]))
+    for r in table:
+        print(f"{r['quantity']:<52} measured {r['measured']:>10.4g} {r['unit']:<5} predicted {r['predicted']:>10.4g} "
+              f"{r['unit']:<5} ratio {r['ratio']:.3f}")
+    return 0
+
+
 def _cmd_serve(args) -> int:
+    if args.counterpart:
+        return _cmd_serve_counterpart(args)
     p, seed, slo, cal = _serve_point(args)
     check_serve_point(p, "engram sim serve")
     point_objects(p)  # every value checked before the text is tokenized
@@ -1152,6 +1183,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--calibration", metavar="FILE", help="calibration file for --device calibrated")
     p.add_argument("--seed", type=int, help="random seed (default: the study point's, else 0)")
     p.add_argument("--bins", type=int, default=100, help="bins of the timeline (default 100)")
+    p.add_argument("--counterpart", metavar="MODEL.gguf",
+                   help="instead: measure the real engine on MODEL (8 requests decoding in one batched read a step "
+                        "while a 4,096-token prompt prefills in the background; the device probed first) and print "
+                        "the serving model's prediction of it beside the measurement (--trace is the text)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_typed_os_errors(_cmd_serve))
 

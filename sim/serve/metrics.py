@@ -161,6 +161,9 @@ class ServeResult:
     ttft_parts_ms : dict
         Mean TTFT split into ``queue`` (waiting for a place in the running set), ``prefill_reads`` (until the
         prompt's first chunk is read in every table) and ``prefill_compute`` (the rest: the prompt's steps).
+    tail_ms : dict
+        The same splits over the tail the SLO looks at: ``token``, over the decode steps whose time is at or
+        above its SLO percentile (weighted by their tokens); ``ttft``, over the requests whose TTFT is.
     littles_law : dict
         ``requests`` (whole run), ``requests_steady``, ``reads``: each ``L``, ``lambda_W`` (or ``X_R``), ``ratio``.
     timeline : dict
@@ -182,6 +185,7 @@ class ServeResult:
     engine: dict
     token_time_ms: dict
     ttft_parts_ms: dict
+    tail_ms: dict
     littles_law: dict
     timeline: dict
     config: dict
@@ -193,7 +197,7 @@ class ServeResult:
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("requests", "ttft_ms", "tbt_ms", "tpot_ms", "e2e_ms", "queue_ms",
-                                              "throughput", "slo", "device", "engine", "token_time_ms", "ttft_parts_ms",
+                                              "throughput", "slo", "device", "engine", "token_time_ms", "ttft_parts_ms", "tail_ms",
                                               "littles_law", "timeline", "config", "warnings", "sim_seconds",
                                               "wall_seconds")}
 
@@ -220,6 +224,8 @@ class ServeResult:
                     "ttft_queue_ms": self.ttft_parts_ms["queue"],
                     "ttft_prefill_reads_ms": self.ttft_parts_ms["prefill_reads"],
                     "ttft_prefill_compute_ms": self.ttft_parts_ms["prefill_compute"],
+                    **{f"tail_token_{k}_ms": v for k, v in self.tail_ms["token"].items()},
+                    **{f"tail_ttft_{k}_ms": v for k, v in self.tail_ms["ttft"].items()},
                     "sim_seconds": self.sim_seconds, "wall_seconds": self.wall_seconds})
         return {k: plain_value(v) for k, v in out.items()}
 
@@ -357,8 +363,18 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
     cont = np.maximum(wait - alone, 0.0)
     wsum = float(B.sum())
 
-    def per_token(x):
-        return float(np.sum(x * B) / wsum) * 1e3 if wsum else 0.0
+    def per_token(x, sel=None):
+        w = B if sel is None else B * sel
+        tot = float(w.sum())
+        return float(np.sum(x * w) / tot) * 1e3 if tot else 0.0
+
+    # the tail: the decode steps at or above the SLO percentile of a token's time (each step weighted by its tokens)
+    tail = np.zeros(B.size)
+    if wsum:
+        o = np.argsort(dur, kind="stable")
+        cw = np.cumsum(B[o]) / wsum
+        k = int(np.searchsorted(cw, slo.percentile / 100.0, side="left"))
+        tail[o[min(k, o.size - 1):]] = 1.0
 
     eng = {"steps": int(B.size), "mean_batch": float(B.mean()) if B.size else 0.0,
            "max_batch": int(B.max()) if B.size else 0,
@@ -369,10 +385,20 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
     tok = {"compute": per_token(comp), "reads_alone": per_token(alone), "contention": per_token(cont),
            "stall": per_token(stall)}
     tok["total"] = sum(tok.values())
+    tok_tail = {"compute": per_token(comp, tail), "reads_alone": per_token(alone, tail),
+                "contention": per_token(cont, tail), "stall": per_token(stall, tail)}
     got = meas & ~np.isnan(trace.first)
-    ttft_parts = {"queue": float(np.mean((admit - a)[got])) * 1e3 if got.any() else 0.0,
-                  "prefill_reads": float(np.mean((ready - admit)[got])) * 1e3 if got.any() else 0.0,
-                  "prefill_compute": float(np.mean((first - ready)[got])) * 1e3 if got.any() else 0.0}
+
+    def ttft_split(sel):
+        if not sel.any():
+            return {"queue": 0.0, "prefill_reads": 0.0, "prefill_compute": 0.0}
+        return {"queue": float(np.mean((admit - a)[sel])) * 1e3,
+                "prefill_reads": float(np.mean((ready - admit)[sel])) * 1e3,
+                "prefill_compute": float(np.mean((first - ready)[sel])) * 1e3}
+
+    ttft_parts = ttft_split(got)
+    ttft_all = np.where(got, first - a, -np.inf)
+    ttft_tail = ttft_split(got & (ttft_all >= _q(ttft_all[got], slo.percentile))) if got.any() else ttft_split(got)
     arr_all = reqs.arrival
     ll = {"requests": littles_law_requests(arr_all, leave, 0.0, end),
           "requests_steady": littles_law_requests(arr_all, leave, window[0] + 0.25 * span, window[1]),
@@ -387,6 +413,7 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
                   "window_s": list(window)},
         ttft_ms=_pct(ttft), tbt_ms=_pct(trace.tbt), tpot_ms=_pct(tpot), e2e_ms=_pct(e2e), queue_ms=_pct(queue),
         throughput=thr, slo=slo_d, device=dev, engine=eng, token_time_ms=tok, ttft_parts_ms=ttft_parts,
+        tail_ms={"token": tok_tail, "ttft": ttft_tail},
         littles_law=ll, timeline=timeline,
         config=config, warnings=list(warnings or []), sim_seconds=end,
         per_request={"arrival": a, "admit": trace.admit, "first": trace.first, "finish": fin, "prompt": reqs.prompt,

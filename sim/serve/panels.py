@@ -8,7 +8,7 @@ Data first (plain rows of numbers, each a CSV beside its figure), drawing last:
   it): TTFT and TBT p50/p90/p99, goodput, the share of seeds meeting the SLOs;
 - :func:`knee_breakdown` -- per configuration and rate: a decode token's time split into compute,
   reads alone, behind prefill reads, stalled, and TTFT into queueing, the prompt's first chunk
-  read, the prompt's steps: where the knee comes from;
+  read, the prompt's steps, on average and in the tail the SLO looks at: where the knee comes from;
 - :func:`sim.serve.counterpart.counterpart_table` -- predicted vs measured on this machine.
 
 Drawing: each ``plot_*`` function draws one panel on a matplotlib ``Axes`` the caller made (the
@@ -36,6 +36,7 @@ _TOKEN_PARTS = (("token_compute_ms", "compute"), ("token_reads_alone_ms", "decod
                 ("token_contention_ms", "behind prefill reads"), ("token_stall_ms", "stalled for prefill rows"))
 _TTFT_PARTS = (("ttft_queue_ms", "queued"), ("ttft_prefill_reads_ms", "reading the prompt's first chunk"),
                ("ttft_prefill_compute_ms", "the prompt's steps"))
+_TAIL_PARTS = tuple(("tail_" + k, n) for k, n in _TOKEN_PARTS + _TTFT_PARTS)
 
 
 def _varying(rows: Sequence[Mapping[str, Any]]) -> List[str]:
@@ -86,13 +87,14 @@ def latency_vs_load(probes: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]
 
 
 def knee_breakdown(probes: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Rows ``{config, label, rate, token_*_ms ..., ttft_*_ms ..., tbt_p99_ms, ttft_p99_ms}`` (means over seeds):
-    where a decode token's time and a request's first token go, by configuration and rate."""
+    """Rows ``{config, label, rate, token_*_ms ..., ttft_*_ms ..., tail_*_ms ..., tbt_p99_ms, ttft_p99_ms}`` (means
+    over seeds): where a decode token's time and a request's first token go, on average and in the tail the SLO
+    looks at, by configuration and rate."""
     axes = _varying(probes)
     out = []
     for (c, rate), rs in _by_config_rate(probes).items():
         row = {"config": c, "label": config_label(rs[0], axes), "rate": rate}
-        for k, _ in _TOKEN_PARTS + _TTFT_PARTS:
+        for k, _ in _TOKEN_PARTS + _TTFT_PARTS + _TAIL_PARTS:
             row[k] = float(np.mean([r[k] for r in rs]))
         row["tbt_p99_ms"] = float(np.mean([r["tbt_p99_ms"] for r in rs]))
         row["ttft_p99_ms"] = float(np.mean([r["ttft_p99_ms"] for r in rs]))
@@ -149,16 +151,17 @@ def plot_latency_vs_load(ax, rows: Sequence[Mapping[str, Any]], slo: Optional[SL
 
 
 def plot_knee(ax, rows: Sequence[Mapping[str, Any]], config: int) -> None:
-    """Stacked areas: a decode token's mean time by part against the arrival rate, for one configuration."""
+    """Stacked areas: the time of a decode token in the SLO's tail (the slowest steps) by part against the arrival
+    rate, for one configuration, with the TBT p99 it makes."""
     rs = sorted((r for r in rows if r["config"] == config), key=lambda r: r["rate"])
     if not rs:
         raise ValueError(f"no probes of configuration {config}")
     x = [r["rate"] for r in rs]
-    ax.stackplot(x, *[[r[k] for r in rs] for k, _ in _TOKEN_PARTS], labels=[n for _, n in _TOKEN_PARTS],
+    ax.stackplot(x, *[[r["tail_" + k] for r in rs] for k, _ in _TOKEN_PARTS], labels=[n for _, n in _TOKEN_PARTS],
                  alpha=0.8)
     ax.plot(x, [r["tbt_p99_ms"] for r in rs], "k-", marker="o", markersize=3, label="TBT p99")
     ax.set_xlabel("arrival rate (requests/s)")
-    ax.set_ylabel("time of a decode token (ms)")
+    ax.set_ylabel("time of a decode token in the slowest steps (ms)")
     ax.set_title(rs[0]["label"], fontsize=9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="upper left")

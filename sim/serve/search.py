@@ -20,11 +20,12 @@ same requests, their arrivals scaled by the rate (:mod:`sim.serve.workload`); th
 (0, 1, ... per seed) changes them.
 
 Where the knee comes from (:func:`knee_cause`): at the first rate that fails (of the median seed's
-search), which target failed and which part of it grew most from the lowest rate probed -- for TBT,
-the compute of a step (``compute``: bigger batches), the decode reads alone (``device``), the wait
-of decode reads behind prefill reads or for prefill rows (``prefill reads starving decode``); for
-TTFT, waiting for admission (``queueing``), reading the prompt's first chunk (``prefill reads``)
-or the prompt's steps (``prefill compute``).
+search), which target failed and which part of it grew most from the lowest rate probed, in the tail
+the SLO looks at (the steps or requests at or above its percentile) -- for TBT, the compute of a
+step (``compute``: bigger batches), the decode reads alone (``device``), the wait of decode reads
+behind prefill reads or for prefill rows (``prefill reads starving decode``); for TTFT, waiting for
+admission (``queueing``), reading the prompt's first chunk (``prefill reads``) or the prompt's steps
+(``prefill compute``).
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ def knee_cause(base: Mapping[str, Any], fail: Mapping[str, Any], slo: SLO) -> Tu
         return max(d, key=lambda k: d[k])
 
     if tbt_bad:
-        return failed, grew({"compute": ("token_compute_ms",), "device": ("token_reads_alone_ms",),
-                             "prefill reads starving decode": ("token_contention_ms", "token_stall_ms")})
-    return failed, grew({"queueing": ("ttft_queue_ms",), "prefill reads": ("ttft_prefill_reads_ms",),
-                         "prefill compute": ("ttft_prefill_compute_ms",)})
+        return failed, grew({"compute": ("tail_token_compute_ms",), "device": ("tail_token_reads_alone_ms",),
+                             "prefill reads starving decode": ("tail_token_contention_ms", "tail_token_stall_ms")})
+    return failed, grew({"queueing": ("tail_ttft_queue_ms",), "prefill reads": ("tail_ttft_prefill_reads_ms",),
+                         "prefill compute": ("tail_ttft_prefill_compute_ms",)})
 
 
 @dataclass

@@ -40,6 +40,7 @@ rate*, so every probe of one search draws the same requests (common random numbe
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -139,6 +140,11 @@ SERVE_METRICS: Dict[str, str] = {
     "token_contention_ms": "token time: behind prefill reads (ms)", "token_stall_ms": "token time: stalled (ms)",
     "ttft_queue_ms": "TTFT: queued (ms)", "ttft_prefill_reads_ms": "TTFT: reading the first chunk (ms)",
     "ttft_prefill_compute_ms": "TTFT: computing the prompt (ms)",
+    **{f"tail_token_{k}_ms": f"token time in the SLO tail: {label} (ms)" for k, label in
+       (("compute", "compute"), ("reads_alone", "reads alone"), ("contention", "behind prefill reads"),
+        ("stall", "stalled"))},
+    **{f"tail_ttft_{k}_ms": f"TTFT in the SLO tail: {label} (ms)" for k, label in
+       (("queue", "queued"), ("prefill_reads", "reading the first chunk"), ("prefill_compute", "computing the prompt"))},
     "sim_seconds": "simulated seconds", "wall_seconds": "wall seconds",
 }
 
@@ -396,8 +402,6 @@ class ServeStudy:
 
     def fingerprint(self) -> str:
         """SHA-256 (hex, 16 digits) of the seed, the SLOs and every point."""
-        import hashlib
-
         blob = json.dumps({"seed": self.seed, "slo": self.slo.to_dict(), "points": self.points()}, sort_keys=True,
                           separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -40,6 +40,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl
+from ..trace.tokens import encode_text
 
 __all__ = ["ARRIVALS", "BLOCK", "LENGTH_KINDS", "Lengths", "RequestFile", "Requests", "Workload", "make_requests",
            "read_request_file"]
@@ -275,8 +276,7 @@ def read_request_file(path: Union[str, os.PathLike], encode=None) -> RequestFile
         count, a timestamp that is not a finite number >= 0, timestamps on only some lines, no requests
         (names the file and line).
     """
-    if encode is None:
-        from ..trace.tokens import encode_text as encode
+    encode = encode_text if encode is None else encode
     ids, toks, plen, olen, arr = [], [], [], [], []
     for lineno, obj in read_jsonl(path, "requests file"):
         where = f"{path}: line {lineno}"

@@ -126,6 +126,9 @@ def test_metrics_split_a_tokens_time(rows):
     assert tt["total"] == pytest.approx(tt["compute"] + tt["reads_alone"] + tt["contention"] + tt["stall"])
     steps_mean = r.engine["step_ms"]["mean"]
     assert tt["total"] == pytest.approx(np.average(r.tbt_samples) * 1e3, rel=0.25) and steps_mean > 0
+    tail = r.tail_ms["token"]
+    assert sum(tail.values()) > tt["total"] and tail["contention"] > tt["contention"]
+    assert sum(r.tail_ms["ttft"].values()) >= r.ttft_ms["p99"] * 0.999
     parts = r.ttft_parts_ms
     assert parts["queue"] + parts["prefill_reads"] + parts["prefill_compute"] == pytest.approx(r.ttft_ms["mean"],
                                                                                              rel=1e-9)

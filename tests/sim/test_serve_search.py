@@ -111,16 +111,18 @@ def test_the_rate_search_gallops_then_bisects():
 
 
 def test_knee_cause_names_the_part_that_grew():
-    base = {"tbt_at_slo_ms": 20, "ttft_at_slo_ms": 300, "token_compute_ms": 5, "token_reads_alone_ms": 3,
-            "token_contention_ms": 0.5, "token_stall_ms": 0, "ttft_queue_ms": 1, "ttft_prefill_reads_ms": 100,
-            "ttft_prefill_compute_ms": 50}
+    base = {"tbt_at_slo_ms": 20, "ttft_at_slo_ms": 300, "tail_token_compute_ms": 5, "tail_token_reads_alone_ms": 3,
+            "tail_token_contention_ms": 0.5, "tail_token_stall_ms": 0, "tail_ttft_queue_ms": 1,
+            "tail_ttft_prefill_reads_ms": 100, "tail_ttft_prefill_compute_ms": 50}
     slo = SLO(2.0, 100.0)
-    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "token_contention_ms": 40}, slo) == \
+    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "tail_token_stall_ms": 40}, slo) == \
         ("tbt", "prefill reads starving decode")
-    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "token_compute_ms": 60}, slo) == ("tbt", "compute")
-    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "token_reads_alone_ms": 30}, slo) == ("tbt", "device")
-    assert knee_cause(base, {**base, "ttft_at_slo_ms": 5000, "ttft_queue_ms": 3000}, slo) == ("ttft", "queueing")
-    assert knee_cause(base, {**base, "ttft_at_slo_ms": 5000, "ttft_prefill_reads_ms": 900}, slo) == \
+    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "tail_token_compute_ms": 60}, slo) == ("tbt", "compute")
+    assert knee_cause(base, {**base, "tbt_at_slo_ms": 150, "tail_token_reads_alone_ms": 30}, slo) == \
+        ("tbt", "device")
+    assert knee_cause(base, {**base, "ttft_at_slo_ms": 5000, "tail_ttft_queue_ms": 3000}, slo) == \
+        ("ttft", "queueing")
+    assert knee_cause(base, {**base, "ttft_at_slo_ms": 5000, "tail_ttft_prefill_reads_ms": 900}, slo) == \
         ("ttft", "prefill reads")
     assert knee_cause(base, dict(base), slo)[0] == "unstable"
 
