@@ -160,7 +160,8 @@ class ServeResult:
         (they add up to the mean TBT of the steps).
     ttft_parts_ms : dict
         Mean TTFT split into ``queue`` (waiting for a place in the running set), ``prefill_reads`` (until the
-        prompt's first chunk is read in every table) and ``prefill_compute`` (the rest: the prompt's steps).
+        prompt's rows are all read: they stream while its first chunks compute) and ``prefill_compute`` (the rest:
+        its steps after the last row arrived).
     tail_ms : dict
         The same splits over the tail the SLO looks at: ``token``, over the decode steps whose time is at or
         above its SLO percentile (weighted by their tokens); ``ttft``, over the requests whose TTFT is.
@@ -260,7 +261,7 @@ class ServeResult:
             f"TBT {'ok' if s['tbt_ok'] else 'over'}{'' if s['stable'] else ', requests cut short'}); goodput "
             f"{s['goodput_rps']:.3f} requests/s, attainment {s['attainment']:.3f}",
             f"TTFT mean {self.ttft_parts_ms['queue']:.1f} ms queued + {self.ttft_parts_ms['prefill_reads']:.1f} ms "
-            f"reading the first chunk + {self.ttft_parts_ms['prefill_compute']:.1f} ms computing the prompt",
+            f"while its rows stream + {self.ttft_parts_ms['prefill_compute']:.1f} ms computing after them",
             f"token     {tt['compute']:.2f} ms compute + {tt['reads_alone']:.2f} ms reads alone + "
             f"{tt['contention']:.2f} ms behind prefill reads + {tt['stall']:.2f} ms stalled",
             f"batch     mean {e['mean_batch']:.1f} decoding (max {e['max_batch']}), {e['mean_running']:.1f} running, "
@@ -308,7 +309,7 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
     leave = np.where(done, fin, end)
     first = np.where(np.isnan(trace.first), end, trace.first)
     admit = np.where(np.isnan(trace.admit), end, trace.admit)
-    ready = np.where(np.isnan(trace.ready), first, np.minimum(trace.ready, first))
+    ready = np.where(np.isnan(trace.read), first, np.clip(trace.read, admit, first))
     ttft = np.maximum(first - a, 0.0)[meas]
     e2e = np.maximum(leave - a, 0.0)[meas]
     queue = np.maximum(admit - a, 0.0)[meas]

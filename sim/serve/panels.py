@@ -7,8 +7,8 @@ Data first (plain rows of numbers, each a CSV beside its figure), drawing last:
 - :func:`latency_vs_load` -- per configuration and probed rate (means over the seeds that probed
   it): TTFT and TBT p50/p90/p99, goodput, the share of seeds meeting the SLOs;
 - :func:`knee_breakdown` -- per configuration and rate: a decode token's time split into compute,
-  reads alone, behind prefill reads, stalled, and TTFT into queueing, the prompt's first chunk
-  read, the prompt's steps, on average and in the tail the SLO looks at: where the knee comes from;
+  reads alone, behind prefill reads, stalled, and TTFT into queueing, the prompt's rows streaming,
+  the prompt's steps after them, on average and in the tail the SLO looks at: where the knee comes from;
 - :func:`sim.serve.counterpart.counterpart_table` -- predicted vs measured on this machine.
 
 Drawing: each ``plot_*`` function draws one panel on a matplotlib ``Axes`` the caller made (the
@@ -34,8 +34,8 @@ __all__ = ["PANELS", "config_label", "goodput_by_device", "knee_breakdown", "lat
 _SEARCHED = ("rate", "repeat")
 _TOKEN_PARTS = (("token_compute_ms", "compute"), ("token_reads_alone_ms", "decode reads alone (device)"),
                 ("token_contention_ms", "behind prefill reads"), ("token_stall_ms", "stalled for prefill rows"))
-_TTFT_PARTS = (("ttft_queue_ms", "queued"), ("ttft_prefill_reads_ms", "reading the prompt's first chunk"),
-               ("ttft_prefill_compute_ms", "the prompt's steps"))
+_TTFT_PARTS = (("ttft_queue_ms", "queued"), ("ttft_prefill_reads_ms", "the prompt's rows streaming"),
+               ("ttft_prefill_compute_ms", "the prompt's steps after its rows"))
 _TAIL_PARTS = tuple(("tail_" + k, n) for k, n in _TOKEN_PARTS + _TTFT_PARTS)
 
 

@@ -35,7 +35,7 @@ from .engine import Scheduler
 from .metrics import SLO
 from .model import simulate_serve
 from .rows import RowSource
-from .study import check_serve_point, serve_text
+from .study import SERVE_AXES, check_serve_point, serve_text
 from .workload import Workload, read_request_file
 
 __all__ = ["ServeContext", "ServeRunner", "point_objects", "resolve_serve_context", "run_serve_point"]
@@ -117,7 +117,8 @@ def point_objects(p: Mapping[str, Any], ctx: Optional[ServeContext] = None) -> d
     if p["compute_file"]:
         base = ctx.computes[p["compute_file"]] if ctx is not None else StepCompute.from_file(p["compute_file"])
     else:
-        base = StepCompute.reference(p["step_ms"], p["token_ms"])
+        tok = None if p["token_ms"] == SERVE_AXES["token_ms"][1] else p["token_ms"]  # None: the cited default
+        base = StepCompute.reference(p["step_ms"], tok)
     compute = base.with_options(scale=p["compute_scale"], dist=p["compute_dist"], cv=p["compute_cv"],
                                 layers=p["layers"])
     sched = Scheduler(p["max_running"], p["prefill_chunk"], p["read_chunk"], p["gate"], p["second_start_layer"])

@@ -24,8 +24,8 @@ search), which target failed and which part of it grew most from the lowest rate
 the SLO looks at (the steps or requests at or above its percentile) -- for TBT, the compute of a
 step (``compute``: bigger batches), the decode reads alone (``device``), the wait of decode reads
 behind prefill reads or for prefill rows (``prefill reads starving decode``); for TTFT, waiting for
-admission (``queueing``), reading the prompt's first chunk (``prefill reads``) or the prompt's steps
-(``prefill compute``).
+admission (``queueing``), the prompt's rows streaming (``prefill reads``) or the prompt's steps after
+its last row arrived (``prefill compute``).
 """
 
 from __future__ import annotations

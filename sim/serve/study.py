@@ -138,13 +138,14 @@ SERVE_METRICS: Dict[str, str] = {
     "prefill_steps": "share of steps with prompt tokens",
     "token_compute_ms": "token time: compute (ms)", "token_reads_alone_ms": "token time: reads alone (ms)",
     "token_contention_ms": "token time: behind prefill reads (ms)", "token_stall_ms": "token time: stalled (ms)",
-    "ttft_queue_ms": "TTFT: queued (ms)", "ttft_prefill_reads_ms": "TTFT: reading the first chunk (ms)",
-    "ttft_prefill_compute_ms": "TTFT: computing the prompt (ms)",
+    "ttft_queue_ms": "TTFT: queued (ms)", "ttft_prefill_reads_ms": "TTFT: the prompt's rows streaming (ms)",
+    "ttft_prefill_compute_ms": "TTFT: computing after the prompt's rows (ms)",
     **{f"tail_token_{k}_ms": f"token time in the SLO tail: {label} (ms)" for k, label in
        (("compute", "compute"), ("reads_alone", "reads alone"), ("contention", "behind prefill reads"),
         ("stall", "stalled"))},
     **{f"tail_ttft_{k}_ms": f"TTFT in the SLO tail: {label} (ms)" for k, label in
-       (("queue", "queued"), ("prefill_reads", "reading the first chunk"), ("prefill_compute", "computing the prompt"))},
+       (("queue", "queued"), ("prefill_reads", "the prompt's rows streaming"),
+        ("prefill_compute", "computing after the rows"))},
     "sim_seconds": "simulated seconds", "wall_seconds": "wall seconds",
 }
 

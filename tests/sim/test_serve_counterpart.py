@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 from engram import EngramModel, FormatError, synth
+from engram.cli import main
 from sim.serve.counterpart import counterpart_table, predict_counterpart, span_count
 from sim.serve.measured import COUNTERPART_SCHEMA, measure_counterpart
 from sim.trace import CODE_SOURCE, load_trace
@@ -50,3 +52,11 @@ def test_predicted_vs_measured_on_this_machine(model_path):
     assert tab[4]["ratio"] == 1.0 and all(math.isfinite(r["ratio"]) for r in tab)
     with pytest.raises(FormatError, match="counterpart"):
         predict_counterpart({"schema": "other"}, text.tokens, EngramModel.open(model_path).layout)
+
+
+def test_the_counterpart_on_the_command_line(model_path, capsys):
+    assert main(["sim", "serve", "--counterpart", str(model_path), "--trace", CODE_SOURCE, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["record"]["config"]["batch"] == 8 and d["record"]["config"]["prompt_tokens"] == 4096
+    assert d["table"][4]["measured"] == d["table"][4]["predicted"] == d["record"]["prefill"]["reads"]
+    assert d["record"]["regime"]["load_before"] and d["result"]["compute_ms"] >= 10.0
