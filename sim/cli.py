@@ -57,7 +57,7 @@ from .serve.counterpart import counterpart_table, predict_counterpart
 from .serve.measured import measure_counterpart
 from .serve.runner import point_objects, resolve_serve_context
 from .serve.search import probes_path as serve_probes_path
-from .serve.search import run_serve_capacity
+from .serve.search import knee_words, run_serve_capacity
 from .serve.study import SERVE_AXES, check_serve_point, is_serve_study, serve_point_seed
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
@@ -1078,9 +1078,8 @@ def _cmd_serve_capacity(args) -> int:
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
-        rate, failed, cause = c.knee()
-        knee = f"; knee at {rate:.3g} requests/s: {failed.upper()} over the target, from {cause}" if rate else ""
-        print(f"capacity  {what}: {c.label()}{knee}")
+        knee = knee_words(*c.knee())
+        print(f"capacity  {what}: {c.label()}" + (f"; above it: {knee}" if knee else ""))
     print(f"wrote     {res.table} (+ .meta.json, .probes.csv)")
     return 0
 

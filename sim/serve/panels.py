@@ -117,7 +117,8 @@ def plot_goodput(ax, rows: Sequence[Mapping[str, Any]]) -> None:
     for i, r in enumerate(rows):
         note = (">= " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"
         if r.get("knee_cause"):
-            note += f"\n{r['knee_failed']}: {r['knee_cause']}"
+            failed = "unfinished" if r["knee_failed"] == "unstable" else str(r["knee_failed"]).upper()
+            note += f"\n{failed}: {r['knee_cause']}"
         ax.annotate(note, (i, cap[i]), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax.set_xticks(x)
     ax.set_xticklabels([r["label"] for r in rows], rotation=20, ha="right", fontsize=7)
@@ -144,8 +145,8 @@ def plot_latency_vs_load(ax, rows: Sequence[Mapping[str, Any]], slo: Optional[SL
         target = slo.tbt_ms if metric == "tbt" else slo.ttft_s
         ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target p{slo.percentile:g} {target:g} {unit}")
     ax.set_xlabel("arrival rate (requests/s)")
-    ax.set_ylabel(f"{'time between tokens' if metric == 'tbt' else 'time to first token'} ({unit}); "
-                  "p50 dotted, p90 dashed, p99 solid")
+    ax.set_ylabel(f"{'time between tokens' if metric == 'tbt' else 'time to first token'} ({unit})")
+    ax.set_title("p50 dotted, p90 dashed, p99 solid", fontsize=9)
     ax.set_yscale("log")
     ax.legend(fontsize=7)
 

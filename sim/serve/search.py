@@ -48,7 +48,8 @@ from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStu
     serve_point_seed
 
 __all__ = ["CAPACITY_COLUMNS", "KNEE_CAUSES", "MAX_HALVINGS", "PROBE_COLUMNS", "ServeCapacity", "ServeCapacityResult",
-           "find_serve_capacity", "is_serve_capacity_table", "knee_cause", "probes_path", "run_serve_capacity"]
+           "find_serve_capacity", "is_serve_capacity_table", "knee_cause", "knee_words", "probes_path",
+           "run_serve_capacity"]
 
 #: Halvings of ``min_rate`` tried when it fails, before the capacity is reported as 0.
 MAX_HALVINGS = 6
@@ -120,6 +121,17 @@ def knee_cause(base: Mapping[str, Any], fail: Mapping[str, Any], slo: SLO) -> Tu
                              "prefill reads starving decode": ("tail_token_contention_ms", "tail_token_stall_ms")})
     return failed, grew({"queueing": ("tail_ttft_queue_ms",), "prefill reads": ("tail_ttft_prefill_reads_ms",),
                          "prefill compute": ("tail_ttft_prefill_compute_ms",)})
+
+
+def knee_words(rate: Optional[float], failed: str, cause: str) -> str:
+    """What fails first above a capacity and why, in words: ``TTFT over the target at 3.25 requests/s, from
+    queueing`` (``failed`` and ``cause`` as :func:`knee_cause` names them; empty when ``rate`` is ``None``: every
+    probe passed)."""
+    if rate is None or not failed:
+        return ""
+    what = ("requests left unfinished (the queue grows)" if failed == "unstable"
+            else failed.upper().replace("+", " and ") + " over the target")
+    return f"{what} at {rate:.3g} requests/s, from {cause}"
 
 
 @dataclass

@@ -54,9 +54,24 @@ def test_predicted_vs_measured_on_this_machine(model_path):
         predict_counterpart({"schema": "other"}, text.tokens, EngramModel.open(model_path).layout)
 
 
-def test_the_counterpart_on_the_command_line(model_path, capsys):
+def test_the_counterpart_on_the_command_line_and_in_the_report(model_path, capsys, tmp_path):
     assert main(["sim", "serve", "--counterpart", str(model_path), "--trace", CODE_SOURCE, "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    d = json.loads(printed)
     assert d["record"]["config"]["batch"] == 8 and d["record"]["config"]["prompt_tokens"] == 4096
     assert d["table"][4]["measured"] == d["table"][4]["predicted"] == d["record"]["prefill"]["reads"]
     assert d["record"]["regime"]["load_before"] and d["result"]["compute_ms"] >= 10.0
+    # the report's section from the printed document in a measurement folder
+    pytest.importorskip("matplotlib")
+    from sim.report import Doc, ReportFolder
+    from sim.report.serving import COUNTERPART_FILE, serve_counterpart_section
+
+    doc, out = Doc("t"), ReportFolder(tmp_path / "rep")
+    assert not serve_counterpart_section(doc, out, tmp_path)  # no document: no section
+    (tmp_path / COUNTERPART_FILE).write_text(printed)
+    assert serve_counterpart_section(doc, out, tmp_path)
+    md = doc.markdown()
+    assert "# Serving: predicted vs measured" in md and "8 requests decoding" in md
+    reads = next(x for x in md.splitlines() if x.startswith(f"| {d['table'][4]['quantity']} |"))
+    assert f"| {d['table'][4]['measured']:.4g} | {d['table'][4]['predicted']:.4g} | reads | 1.000 |" in reads
+    assert out.figures[0][0] == "figures/serve_counterpart.png" and (out.root / "inputs" / COUNTERPART_FILE).is_file()

@@ -11,7 +11,7 @@ import sim.serve.runner as serve_runner
 from engram import ArgumentError
 from sim.serve import SLO, RateSearch, ServeStudy, find_serve_capacity, knee_cause, run_serve_capacity
 from sim.serve.panels import PANELS, goodput_by_device, knee_breakdown, latency_vs_load
-from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, probes_path
+from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, knee_words, probes_path
 from sim.serve.study import SERVE_AXES, SERVE_METRICS, is_serve_study, serve_point_seed
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -208,3 +208,35 @@ def test_the_search_on_a_dask_cluster_is_the_local_one(study):
     key = lambda p: (p["rate"], p["repeat"], p["seed"], p["ttft_p99_ms"], p["tbt_p99_ms"], p["goodput_rps"])  # noqa
     assert [key(p) for p in remote[0].probes] == [key(p) for p in local[0].probes]
     assert all(m in remote[0].probes[0] for m in SERVE_METRICS) and not math.isnan(remote[0].capacity)
+
+
+def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
+    pytest.importorskip("matplotlib")
+    from sim.report import Doc, ReportFolder
+    from sim.report.sections import sweeps_section
+
+    out = tmp_path / "cap.csv"
+    res = run_serve_capacity(study, jobs=1, out=out, progress=False, seeds=1)
+    doc, folder = Doc("t"), ReportFolder(tmp_path / "rep")
+    assert sweeps_section(doc, folder, [out]) == []  # requests/s are not session capacities
+    md = doc.markdown()
+    assert "# Serving capacity study: tiny" in md and "p99 TTFT <= 1 s, p99 TBT <= 60 ms" in md
+    for c in res.capacities:
+        line = next(x for x in md.splitlines() if x.startswith(f"| {c.config['device']} |"))
+        assert f"| {c.capacity:.3g} |" in line and knee_words(*c.knee()) in line
+    names = [f"serving_tiny_{k}" for k in ("goodput", "latency", "knee")]
+    assert [f[0] for f in folder.figures] == [f"figures/{n}.png" for n in names]
+    assert all((folder.root / "figures" / f"{n}.png").stat().st_size > 0 for n in names)
+    data, _ = read_table(folder.root / "data" / "serving_tiny_goodput.csv")
+    assert [r["capacity_rps"] for r in data] == [c.capacity for c in res.capacities]
+    load, _ = read_table(folder.root / "data" / "serving_tiny_latency.csv")
+    assert len(load) == len({(p["config"], p["rate"]) for p in res.probes()})
+    assert {p.name for p in (folder.root / "inputs").iterdir()} >= {"cap.csv", "cap.csv.probes.csv"}
+
+
+def test_knee_words():
+    assert knee_words(3.25, "ttft", "queueing") == "TTFT over the target at 3.25 requests/s, from queueing"
+    assert knee_words(1.0, "tbt+ttft", "compute").startswith("TBT and TTFT over the target")
+    assert knee_words(0.688, "unstable", "prefill reads") == \
+        "requests left unfinished (the queue grows) at 0.688 requests/s, from prefill reads"
+    assert knee_words(None, "", "") == ""
