@@ -54,11 +54,13 @@ from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
 from .serve import SLO, ServeStudy, simulate_serve
 from .serve.counterpart import counterpart_table, predict_counterpart
+from .serve.engine import GATES
 from .serve.measured import measure_counterpart
 from .serve.runner import point_objects, resolve_serve_context
 from .serve.search import probes_path as serve_probes_path
 from .serve.search import knee_words, run_serve_capacity
 from .serve.study import SERVE_AXES, check_serve_point, is_serve_study, serve_point_seed
+from .serve.workload import ARRIVALS
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
@@ -1172,8 +1174,9 @@ def _add_serve(sub) -> None:
     p.add_argument("study", nargs="?", help="a serving study TOML file (optional)")
     p.add_argument("--point", type=int, default=0, help="the study's point to run (default 0)")
     g = p.add_argument_group("axes (as in a serving study; default: the study's point, else the axis default)")
+    choices = {"arrivals": ARRIVALS, "gate": GATES}
     for name, (typ, default, label) in SERVE_AXES.items():
-        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ,
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name),
                        help=f"{label} (default {default!r})")
     g = p.add_argument_group("latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)")
     g.add_argument("--ttft-s", type=float, help="time to first token target, seconds")
