@@ -920,6 +920,10 @@ def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    if is_serve_study(args.study):
+        raise ArgumentError(f"{args.study} is a serving study ([serve], [slo]): engram sim capacity {args.study} "
+                            "searches the requests/s of each configuration; engram sim serve "
+                            f"{args.study} --point N runs one")
     study = Study.load(args.study)
     if study.capacity is not None:
         raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "

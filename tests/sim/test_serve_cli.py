@@ -58,6 +58,8 @@ def test_sim_capacity_on_a_serving_study(capsys, tmp_path):
     assert len(read_table(probes_path(out))[0]) == rows[0]["probes"]
     assert main(["sim", "capacity", str(study), "--out", str(out), "--jobs", "1", "--quiet", "--target", "20"]) == 2
     assert "session capacity studies" in capsys.readouterr().err
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    assert "is a serving study" in capsys.readouterr().err and not (tmp_path / "s.csv").exists()
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -67,5 +69,9 @@ def test_sim_capacity_on_a_serving_study(capsys, tmp_path):
     (["sim", "serve", "--device", "no-such-device"], "unknown device"),
 ])
 def test_sim_serve_bad_input(capsys, argv, match):
-    assert main(argv) == 2
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse refuses a value outside the choices (--gate)
+        rc = exc.code
+    assert rc == 2
     assert match in capsys.readouterr().err
