@@ -118,6 +118,11 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
             panels=len(configs), size=(5.6, 4.2))
 
 
+def _number(v: float, unit: str) -> str:
+    """A table cell: counts (``reads``) whole with thousands separators, other quantities to 4 digits."""
+    return f"{v:,.0f}" if unit == "reads" else f"{v:.4g}"
+
+
 def serve_counterpart_section(doc: Doc, out: ReportFolder, workdir: Path) -> bool:
     """The measured counterpart's section from ``WORKDIR/serve_counterpart.json``, if there is one: the record's
     regime and the predicted-vs-measured table and figure.  Returns whether there was one.
@@ -133,17 +138,18 @@ def serve_counterpart_section(doc: Doc, out: ReportFolder, workdir: Path) -> boo
     d = load_json(path)
     rec, table = d.get("record", {}), d.get("table", [])
     cfg, g = rec.get("config", {}), rec.get("regime", {})
+    load = [f"{float((g.get(k) or [float('nan')])[0]):.1f}" for k in ("load_before", "load_after")]
     doc.h(1, "Serving: predicted vs measured")
     doc.p(f"The real engine: {cfg.get('batch', '?')} requests decoding, every step one batched read of their rows "
-          f"then {cfg.get('compute_ms', '?')} ms of compute (slept), while a {cfg.get('prompt_tokens', '?')}-token "
+          f"then {cfg.get('compute_ms', '?')} ms of compute (slept), while a {cfg.get('prompt_tokens', 0):,}-token "
           f"prompt prefills in the background (`engram sim serve --counterpart`); the serving model predicts it from "
-          f"the device probed right before. Regime: {g.get('cpus', '?')} CPUs, load average "
-          f"{(g.get('load_before') or ['?'])[0]} before and {(g.get('load_after') or ['?'])[0]} after, backend "
+          f"the device probed right before. Regime: {g.get('cpus', '?')} CPUs, load average {load[0]} before and "
+          f"{load[1]} after, backend "
           f"{g.get('backend_used', '?')}. Document: `inputs/{path.name}`.")
     out.copy_inputs([path])
     doc.table(["quantity", "measured", "predicted", "unit", "predicted / measured"],
-              [[r["quantity"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", r["unit"], f"{r['ratio']:.3f}"]
-               for r in table])
+              [[r["quantity"], _number(r["measured"], r["unit"]), _number(r["predicted"], r["unit"]), r["unit"],
+                f"{r['ratio']:.3f}"] for r in table])
     if table:
         _figure(out, doc, "serve_counterpart", "Serving: predicted vs measured", table,
                 "Each quantity predicted over measured (1: exact).", lambda axs: plot_counterpart(axs[0], table),

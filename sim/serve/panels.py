@@ -176,7 +176,8 @@ def plot_counterpart(ax, rows: Sequence[Mapping[str, Any]]) -> None:
     ax.bar(x - 0.2, [1.0] * len(rows), 0.4, color="#999999", label="measured (= 1)")
     ax.bar(x + 0.2, [r["ratio"] for r in rows], 0.4, color="#4477aa", label="predicted / measured")
     for i, r in enumerate(rows):
-        ax.annotate(f"{r['measured']:.3g} vs {r['predicted']:.3g} {r['unit']}", (i, max(1.0, r["ratio"])),
+        fmt = ",.0f" if r["unit"] == "reads" else ".3g"
+        ax.annotate(f"{r['measured']:{fmt}} vs {r['predicted']:{fmt}} {r['unit']}", (i, max(1.0, r["ratio"])),
                     textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(x)

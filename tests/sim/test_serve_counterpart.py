@@ -73,5 +73,5 @@ def test_the_counterpart_on_the_command_line_and_in_the_report(model_path, capsy
     md = doc.markdown()
     assert "# Serving: predicted vs measured" in md and "8 requests decoding" in md
     reads = next(x for x in md.splitlines() if x.startswith(f"| {d['table'][4]['quantity']} |"))
-    assert f"| {d['table'][4]['measured']:.4g} | {d['table'][4]['predicted']:.4g} | reads | 1.000 |" in reads
+    assert f"| {d['table'][4]['measured']:,.0f} | {d['table'][4]['predicted']:,.0f} | reads | 1.000 |" in reads
     assert out.figures[0][0] == "figures/serve_counterpart.png" and (out.root / "inputs" / COUNTERPART_FILE).is_file()
