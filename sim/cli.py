@@ -9,7 +9,9 @@
 ``engram calibrate``    fit the device and compute models from the microbenchmarks only
 ``engram crosscheck``   predicted vs measured decode runs, with the error table
 ``engram sim sweep``    a what-if study (TOML grid) in local processes or on a Dask cluster
-``engram sim capacity`` the sessions each configuration of a study sustains at a target, searched
+``engram sim capacity`` the sessions each configuration of a study sustains at a target, searched (for a
+                        serving study: the requests/s it carries under latency targets)
+``engram sim serve``    a serving what-if: requests arriving, prefilled and decoded in continuous batches
 ``engram report``       the plotted report (Markdown, PNG figures, HTML)
 ``engram demo``         the main job: model file, traces, lookups, measurements, calibration,
                         cross-check, a sweep and the report
@@ -31,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from engram import EngramModel
 from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError, TableIOError
 
@@ -49,6 +52,15 @@ from .params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DE
 from .prefill import simulate_prefill
 from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
+from .serve import SLO, ServeStudy, simulate_serve
+from .serve.counterpart import counterpart_table, predict_counterpart
+from .serve.engine import GATES
+from .serve.measured import measure_counterpart
+from .serve.runner import point_objects, resolve_serve_context
+from .serve.search import probes_path as serve_probes_path
+from .serve.search import knee_words, run_serve_capacity
+from .serve.study import SERVE_AXES, check_serve_point, is_serve_study, serve_point_seed
+from .serve.workload import ARRIVALS
 from .sweep import Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
@@ -912,6 +924,10 @@ def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    if is_serve_study(args.study):
+        raise ArgumentError(f"{args.study} is a serving study ([serve], [slo]): engram sim capacity {args.study} "
+                            "searches the requests/s of each configuration; engram sim serve "
+                            f"{args.study} --point N runs one")
     study = Study.load(args.study)
     if study.capacity is not None:
         raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "
@@ -974,6 +990,11 @@ def _add_sweep(sub) -> None:
 
 # -------------------------------------------------------------------- capacity
 def _cmd_capacity(args) -> int:
+    if is_serve_study(args.study):
+        return _cmd_serve_capacity(args)
+    for flag in ("min_rate", "max_rate", "rate_resolution"):
+        if getattr(args, flag) is not None:
+            raise ArgumentError(f"--{flag.replace('_', '-')} applies to serving studies ([serve] and [slo] tables)")
     study = Study.load(args.study)
     out = _out_path(args)
     try:
@@ -1021,7 +1042,9 @@ def _add_capacity(sub) -> None:
                                    "and every assumption (compute per step, batching, session phases, the "
                                    "target's headroom under the compute-only ceiling). Writes one row per "
                                    "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
-                                   "locally or on a Dask cluster like sweeps.")
+                                   "locally or on a Dask cluster like sweeps. A serving study (with [serve] and "
+                                   "[slo] tables; see studies/serve.toml) is searched on the arrival rate "
+                                   "instead: the most requests/s whose p99 TTFT and TBT meet the targets.")
     _add_run_options(p, "capacity table")
     g = p.add_argument_group("search (override the study's [capacity] table)")
     g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
@@ -1029,7 +1052,153 @@ def _add_capacity(sub) -> None:
                                               f"(default {CAPACITY_SEEDS})")
     g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
     g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
+    g = p.add_argument_group("serving studies (override the study's [search] table)")
+    g.add_argument("--min-rate", type=float, help="requests/s probed first (default 0.5)")
+    g.add_argument("--max-rate", type=float, help="the largest requests/s probed (default 64)")
+    g.add_argument("--rate-resolution", type=float,
+                   help="bisect until the bracket is this share of its top (default 0.05)")
     p.set_defaults(func=_typed_os_errors(_cmd_capacity))
+
+
+def _cmd_serve_capacity(args) -> int:
+    for flag in ("target", "max_sessions", "resolution"):
+        if getattr(args, flag) is not None:
+            raise ArgumentError(f"--{flag.replace('_', '-')} applies to session capacity studies; a serving study "
+                                "takes --min-rate, --max-rate, --rate-resolution")
+    study = ServeStudy.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_serve_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                                 progress=_progress_mode(args), out=out, resume=args.resume, seeds=args.seeds,
+                                 min_rate=args.min_rate, max_rate=args.max_rate, resolution=args.rate_resolution)
+    except KeyboardInterrupt:
+        return _interrupted(out, "capacity", serve_probes_path(out))
+    axes = [a for a in study.axes() if a not in ("rate", "repeat")]
+    if args.json:
+        print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
+                    "probes": str(serve_probes_path(res.table)), "search": res.search.to_dict(),
+                    "slo": study.slo.to_dict(), "seconds": res.seconds, "runner": res.runner,
+                    "resumed_probes": res.resumed, "configurations": [r for r in res.rows()]})
+        return 0
+    sr = res.search
+    print(f"study     {study.name}: {len(res.capacities)} configuration(s); the most requests/s meeting "
+          f"{study.slo.text()}, searched with {sr.seeds} seeds from {sr.min_rate:g} up to {sr.max_rate:g} "
+          f"requests/s (to {sr.resolution:.0%})")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+          + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
+    for c in res.capacities:
+        what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
+        knee = knee_words(*c.knee())
+        print(f"capacity  {what}: {c.label()}" + (f"; above it: {knee}" if knee else ""))
+    print(f"wrote     {res.table} (+ .meta.json, .probes.csv)")
+    return 0
+
+
+# ----------------------------------------------------------------------- serve
+def _serve_point(args) -> tuple:
+    """(point, seed, SLO, calibration) of ``engram sim serve``: a study's point (``--point``) or the axes' defaults,
+    then every axis flag given."""
+    flags = {a: getattr(args, a) for a in SERVE_AXES if getattr(args, a, None) is not None}
+    if args.study:
+        study = ServeStudy.load(args.study)
+        pts = study.points()
+        if not 0 <= args.point < len(pts):
+            raise ArgumentError(f"--point {args.point}: {args.study} has points 0..{len(pts) - 1}")
+        p, slo, cal, study_seed = dict(pts[args.point]), study.slo, study.calibration, study.seed
+    else:
+        p = {k: d for k, (_, d, _) in SERVE_AXES.items()}
+        slo, cal, study_seed = SLO(), None, None
+    p.update(flags)
+    slo = SLO(args.ttft_s if args.ttft_s is not None else slo.ttft_s,
+              args.tbt_ms if args.tbt_ms is not None else slo.tbt_ms,
+              args.percentile if args.percentile is not None else slo.percentile)
+    if args.seed is not None:
+        seed = args.seed
+    else:
+        seed = serve_point_seed(study_seed, p) if study_seed is not None else 0
+    return p, seed, slo, args.calibration or cal
+
+
+def _cmd_serve_counterpart(args) -> int:
+    """``engram sim serve --counterpart MODEL``: the real engine measured on MODEL, then predicted."""
+    model = EngramModel.open(args.counterpart)
+    spec = args.trace or CODE_SOURCE
+    batch, steps, prompt = 8, 60, 4096
+    text = load_trace(spec, limit=prompt + batch * 5 * steps)
+    rec = measure_counterpart(args.counterpart, text.tokens, batch=batch, steps=steps, prompt_tokens=prompt,
+                              backend=args.backend or "pread", readers=args.readers or DEFAULT_READERS,
+                              threshold=args.threshold or DEFAULT_THRESHOLD, source=spec)
+    res = predict_counterpart(rec, text.tokens, model.layout, seed=args.seed or 0)
+    table = counterpart_table(res)
+    if args.json:
+        print_json({"record": rec, "result": res, "table": table})
+        return 0
+    g = rec["regime"]
+    print(f"counterpart {batch} requests decoding ({rec['config']['compute_ms']:g} ms compute a step, slept) while a "
+          f"{prompt}-token prompt prefills, on {args.counterpart} ({spec})")
+    print(f"regime      {g['cpus']} CPUs, load average {g['load_before'][0]:.1f} before and {g['load_after'][0]:.1f} "
+          f"after; backend {g['backend_used']}, {'O_DIRECT' if g['o_direct'] else 'buffered reads'}")
+    print("device      probed: " + ", ".join(f"qd {d['qd']} {d['mean_us']:.0f} us" for d in rec["device"]))
+    for r in table:
+        print(f"{r['quantity']:<52} measured {r['measured']:>10.4g} {r['unit']:<5} predicted {r['predicted']:>10.4g} "
+              f"{r['unit']:<5} ratio {r['ratio']:.3f}")
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    if args.counterpart:
+        return _cmd_serve_counterpart(args)
+    p, seed, slo, cal = _serve_point(args)
+    check_serve_point(p, "engram sim serve")
+    point_objects(p)  # every value checked before the text is tokenized
+    ctx = resolve_serve_context([p], slo, cal)
+    o = point_objects(p, ctx)
+    key_dev = next(iter(ctx.devices.values()))
+    r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo, drives=p["drives"],
+                       seed=seed, warmup=p["warmup_s"], bins=args.bins, requests_file=ctx.files.get(p["requests"]),
+                       rows=next(iter(ctx.rows.values())))
+    if args.json:
+        d = r.to_dict()
+        d["point"] = p
+        print_json(d)
+    else:
+        print(r.summary())
+    return 0
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="a serving what-if: requests arriving, prefilled and decoded in batches",
+                       description="Simulate one serving configuration: requests arrive open-loop (Poisson, gamma "
+                                   "or replayed), each prompt's rows stream from the device in 2048-token chunks "
+                                   "while the engine computes prompt chunks and decodes the running requests in "
+                                   "continuous batches, every step reading its batch's rows once across requests. "
+                                   "Prints TTFT, time between tokens, TPOT and end-to-end percentiles, throughput, "
+                                   "goodput under the SLOs, where a token's time goes, the device and Little's law. "
+                                   "Every axis of a serving study is a flag; with STUDY.toml, --point picks one of "
+                                   "its points and the flags override it. The compute of a step defaults to the "
+                                   "SPEC §8 reference step (47.01 ms at batch 1) plus 2.137 ms a token (ds4's "
+                                   "468 tokens/s prefill on an M3 Ultra): --compute-scale for a faster "
+                                   "accelerator, --compute-file for measured steps.")
+    p.add_argument("study", nargs="?", help="a serving study TOML file (optional)")
+    p.add_argument("--point", type=int, default=0, help="the study's point to run (default 0)")
+    g = p.add_argument_group("axes (as in a serving study; default: the study's point, else the axis default)")
+    choices = {"arrivals": ARRIVALS, "gate": GATES}
+    for name, (typ, default, label) in SERVE_AXES.items():
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name),
+                       help=f"{label} (default {default!r})")
+    g = p.add_argument_group("latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)")
+    g.add_argument("--ttft-s", type=float, help="time to first token target, seconds")
+    g.add_argument("--tbt-ms", type=float, help="time between tokens target, ms")
+    g.add_argument("--percentile", type=float, help="percentile both targets apply to (default 99)")
+    p.add_argument("--calibration", metavar="FILE", help="calibration file for --device calibrated")
+    p.add_argument("--seed", type=int, help="random seed (default: the study point's, else 0)")
+    p.add_argument("--bins", type=int, default=100, help="bins of the timeline (default 100)")
+    p.add_argument("--counterpart", metavar="MODEL.gguf",
+                   help="instead: measure the real engine on MODEL (8 requests decoding in one batched read a step "
+                        "while a 4,096-token prompt prefills in the background; the device probed first) and print "
+                        "the serving model's prediction of it beside the measurement (--trace is the text)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_typed_os_errors(_cmd_serve))
 
 
 # ---------------------------------------------------------------------- report
@@ -1141,7 +1310,7 @@ def add_demo_command(subparsers) -> None:
 
 # -------------------------------------------------------------------- register
 def add_sim_command(subparsers) -> None:
-    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device``, ``sweep`` and ``capacity``."""
+    """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device``, ``sweep``, ``capacity`` and ``serve``."""
     p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions, studies",
                               description="A simpy model of Engram row reads (SPEC §9): build traces from real "
                                           "text, predict decode tokens/s and prefill stalls for a device model "
@@ -1154,6 +1323,7 @@ def add_sim_command(subparsers) -> None:
     _add_device(sub)
     _add_sweep(sub)
     _add_capacity(sub)
+    _add_serve(sub)
 
 
 def add_measure_command(subparsers) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..params import Compute, Phases, Policy
 from .model import (DecodeResult, fit_compute, percentiles_ms, reference_compute, seed_reproduction, session_reads,
                     simulate_decode)
-from .reads import StepReads, hot_rows, resident_mask, step_reads, wrap_info
+from .reads import StepReads, cache_hits, hot_rows, resident_mask, step_reads, wrap_info
 
 __all__ = [
     "Compute",
@@ -20,6 +20,7 @@ __all__ = [
     "Phases",
     "Policy",
     "StepReads",
+    "cache_hits",
     "fit_compute",
     "hot_rows",
     "percentiles_ms",

@@ -33,7 +33,7 @@ from engram.errors import ArgumentError, FormatError
 from ..params import Policy
 from ..trace import Trace
 
-__all__ = ["StepReads", "hot_rows", "resident_mask", "step_reads", "wrap_info"]
+__all__ = ["StepReads", "cache_hits", "hot_rows", "resident_mask", "step_reads", "wrap_info"]
 
 log = logging.getLogger("sim.decode")
 #: Warnings already logged by this process (each result still carries its own).
@@ -128,6 +128,13 @@ def _lru(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
                 pop(last=False)
     hits[pos] = got
     return hits
+
+
+def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
+    """bool, the shape of ``keys`` (1-D): hits of an LRU row cache of ``capacity`` keys fed the ``active`` keys
+    in order -- the per-session and shared row caches of :class:`~sim.params.Policy`, for other models of a
+    session's reads (the serving model's per-request caches)."""
+    return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity))
 
 
 def _keys(rows: np.ndarray) -> np.ndarray:

@@ -24,7 +24,12 @@ What goes in depends on what it is given:
   cross-check table, this machine's calibrated device in the capacity figure,
   the calibration's tables;
 - with sweep tables (``engram sim sweep``): the study's figures; with capacity
-  tables (``engram sim capacity``): the study's configurations;
+  tables (``engram sim capacity``): the study's configurations; with serving
+  capacity tables (a serving study): requests/s under the SLOs by device,
+  latency percentiles against load and where the knee comes from
+  (:mod:`sim.report.serving`);
+- with ``serve_counterpart.json`` in the measurement folder (``engram sim serve
+  --counterpart MODEL --json``): the serving model predicted vs measured;
 - with ``demo.json`` in the measurement folder (``engram demo``): the model
   file, traces, lookups and gated adds of the run.
 
@@ -55,6 +60,7 @@ from .figures import cache_section, cdf_section, devices_figure, readers_section
 from .inputs import Inputs, load_inputs
 from .plots import ReportFolder
 from .sections import crosscheck_section, inputs_section, run_section, sweeps_section
+from .serving import serve_counterpart_section
 from .whatif import (cache_data, capacity_data, cdf_data, device_curves, readers_data, seed_figures,
                      threshold_data)
 
@@ -206,6 +212,8 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
                         max_sessions=max_sessions, quick=quick, jobs=jobs, progress=mode)
     search_section(doc, cap, _SEARCH_HEADING)
     entries = [Entry(label, "this report's search", cap.spec, cap=c, config=c.config) for label, c in cap.entries]
+    if wd is not None and serve_counterpart_section(doc, out, wd):
+        say("serving: predicted vs measured")
     if sweep_paths:
         say("studies")
         entries += sweeps_section(doc, out, sweep_paths)

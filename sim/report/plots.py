@@ -15,6 +15,7 @@ import contextlib
 import csv
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
@@ -48,7 +49,7 @@ def pyplot():
 
 def plain_log_ticks(ax) -> None:
     """Plain numbers (1, 2, 4, ..., 1,024; 200, 300) on log axes instead of powers."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     for axis in (ax.xaxis, ax.yaxis):
         if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), FixedLocator):
@@ -58,8 +59,20 @@ def plain_log_ticks(ax) -> None:
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
             axis.set_minor_formatter(NullFormatter())
         else:
-            axis.set_major_formatter(LogFormatter(base=base, labelOnlyBase=False))
-            axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False))
+            axis.set_major_formatter(_plain(base))
+            axis.set_minor_formatter(_plain(base))
+
+
+def _plain(base: float):
+    """A log-axis tick formatter labelling the ticks matplotlib's ``LogFormatter`` labels (its choice of which) as
+    plain numbers (0.6, 200) instead of powers."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, x, pos=None):
+            return f"{x:,.6g}" if super().__call__(x, pos) else ""
+
+    return PlainLogFormatter(base=base, labelOnlyBase=False)
 
 
 def cache_axis(ax, sizes: Sequence[int]) -> List[float]:
@@ -201,6 +214,22 @@ class ReportFolder:
         except OSError as exc:
             raise output_error(self.root / rel, exc) from None
         return rel
+
+    def copy_inputs(self, paths: Sequence[Path], name: str = "") -> None:
+        """Copy the files of ``paths`` that exist into ``inputs/`` (under ``name`` when given, else their own).
+
+        Raises
+        ------
+        OutputError
+            A file cannot be written (names the path).
+        """
+        for src in paths:
+            if src.is_file():
+                dst = self.root / "inputs" / (name or src.name)
+                try:
+                    shutil.copyfile(src, dst)
+                except OSError as exc:
+                    raise output_error(dst, exc) from None
 
     def add(self, doc: Doc, fig_rel: str, data_rel: str, caption: str) -> None:
         """Put a saved figure and its data into ``doc`` with ``caption``."""

@@ -6,7 +6,6 @@ They draw what the documents hold (the cross-check, sweep tables,
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
@@ -16,12 +15,14 @@ from engram.errors import ArgumentError
 
 from ..capacity import CAPACITY_TARGET, capacity_of, is_capacity_table, probes_path, read_capacity
 from ..crosscheck import markdown_table
-from ..io import output_error, sha256_file, write_json
+from ..io import sha256_file, write_json
+from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
 from .answer import Entry, compute_phrase, entries_from_capacity_table, grid_entries
 from .document import Doc, anchor
 from .inputs import Inputs, device_label
 from .plots import ReportFolder, pyplot, spread_labels, zero_based
+from .serving import serve_capacity_section
 
 __all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
 
@@ -153,17 +154,6 @@ def fixed_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
     return "Fixed: " + ", ".join(parts) + "."
 
 
-def _copy_inputs(out: ReportFolder, paths: Sequence[Path], name: str = "") -> None:
-    """Copy the files of ``paths`` that exist into ``inputs/`` (under ``name`` when given, else their own)."""
-    for src in paths:
-        if src.is_file():
-            dst = out.root / "inputs" / (name or src.name)
-            try:
-                shutil.copyfile(src, dst)
-            except OSError as exc:
-                raise output_error(dst, exc) from None
-
-
 def _completeness(meta: Mapping[str, Any], rows: Sequence[Mapping], path: Path) -> str:
     if meta.get("complete") is False:
         return (f" **Incomplete**: {len(rows)} of {meta.get('points', '?')} points (the run stopped; "
@@ -173,11 +163,15 @@ def _completeness(meta: Mapping[str, Any], rows: Sequence[Mapping], path: Path) 
 
 def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[Entry]:
     """One section per table: a sweep's figures (its own ``[[plot]]`` specifications, or one chosen from its
-    axes) or a capacity study's configurations; returns the capacities they give (:class:`answer.Entry`)."""
+    axes), a capacity study's configurations or a serving capacity study's panels (:mod:`sim.report.serving`);
+    returns the session capacities they give (:class:`answer.Entry`)."""
     entries: List[Entry] = []
     for path in sweeps:
         if is_capacity_table(path):
             entries += _capacity_study_section(doc, out, path)
+            continue
+        if is_serve_capacity_table(path):
+            serve_capacity_section(doc, out, path)
             continue
         rows, meta = read_table(path)
         if not rows:
@@ -191,7 +185,7 @@ def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[
         doc.p(f"{len(rows)} points over {', '.join(f'`{a}`' for a in axes) or 'no varying axis'}"
               + (f"; ran in {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
               + f". Table: `inputs/{path.name}`." + _completeness(meta, rows, path))
-        _copy_inputs(out, [path, meta_path(path)])
+        out.copy_inputs([path, meta_path(path)])
         doc.p(fixed_text(rows[0], axes))
         plots = study.get("plots") or [_default_plot(axes, rows)]
         for pi, spec in enumerate(plots):
@@ -217,7 +211,7 @@ def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Ent
           f"{spec.get('max_sessions', '?')} sessions ({len(probes)} probes"
           + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
           + f"). Tables: `inputs/{path.name}`, `inputs/{probes_path(path).name}`.")
-    _copy_inputs(out, [path, meta_path(path), probes_path(path), meta_path(probes_path(path))])
+    out.copy_inputs([path, meta_path(path), probes_path(path), meta_path(probes_path(path))])
     if rows:
         doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes))
     doc.table(["configuration", "capacity", "per seed", "probes", "assumes"],
@@ -381,7 +375,7 @@ def inputs_section(doc: Doc, out: ReportFolder, inp: Inputs, sweeps: Sequence[Pa
         doc.table(["compute", "mean ms", "CV", "samples"],
                   [[label, m.mean * 1e3, m.cv, len(m.samples)] for label, m in c.compute.items()])
         out.csv("calibration_fit", list(c.fit[0].keys()) if c.fit else [], [list(f.values()) for f in c.fit])
-        _copy_inputs(out, [inp.cal_path], "calibration.json")
+        out.copy_inputs([inp.cal_path], "calibration.json")
     if inp.xc:
         write_json(out.root / "inputs" / "crosscheck.json", inp.xc)
     if inp.runs:
@@ -390,7 +384,7 @@ def inputs_section(doc: Doc, out: ReportFolder, inp: Inputs, sweeps: Sequence[Pa
                 for r in inp.runs["runs"]]
         out.csv("runs", ["config", "round", "order", "steps", "tokens_per_s", "step_p50_ms", "step_p95_ms",
                          "read_mean_ms", "compute_mean_ms", "rows_match"], rows)
-        _copy_inputs(out, [out.root / "data" / "runs.csv"], "runs_summary.csv")
+        out.copy_inputs([out.root / "data" / "runs.csv"], "runs_summary.csv")
     if inp.demo:
         write_json(out.root / "inputs" / "demo.json", inp.demo)
     files = []

@@ -19,6 +19,8 @@ from engram import ArgumentError, FormatError
 from engram.cli import main
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
 from sim.io import OutputError
+from sim.serve import ServeStudy
+from sim.serve.study import is_serve_study
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
 from tests.mounts import tmpfs
@@ -159,6 +161,9 @@ def test_example_studies_parse():
     names = sorted(p.name for p in STUDIES.glob("*.toml"))
     assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml"} <= set(names)
     for p in STUDIES.glob("*.toml"):
+        if is_serve_study(p):  # serving studies: tests/sim/test_serve_search.py
+            assert ServeStudy.load(p).points(), p
+            continue
         s = Study.load(p)
         assert s.points(), p
         if s.capacity is not None:  # a capacity study: its configurations, no plots needed

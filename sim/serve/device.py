@@ -1,0 +1,233 @@
+"""The serving model's device: whole batches of reads sharing one device's throughput, one event per batch.
+
+A serving engine puts two kinds of batches on the same device: a decode step's ``B x 48`` rows
+(tens to thousands of reads) and its background prefill reader's chunks (tens of thousands of reads
+each, SPEC §8).  The decode model's fast mode (:mod:`sim.device.fluid`) moves a batch one round of
+``readers`` reads at a time; a prefill chunk would cost thousands of events there, and an hour of
+serving hundreds of millions.  Here a batch is one fluid:
+
+- batch ``i`` keeps ``c_i = min(n_i, readers)`` reads in the device while it runs (its readers
+  issue the next read as soon as one completes);
+- with ``q = sum(c_i)`` reads in the device every read progresses at the rate ``1 / L(q)``, ``L``
+  the device's mean latency at depth ``q`` (:meth:`sim.device.Device.mean_latency`), and beyond
+  the depth the device serves at once (``Q``, its saturation depth) at ``1 / (L(Q) q / Q)`` --
+  the same throughput, shared: the round-robin of FIFO rounds :mod:`sim.device.fluid` gives, as a
+  processor-sharing fluid;
+- one virtual clock ``V`` (``dV/dt = 1 / L(q)``) serves every batch, so batch ``i`` finishes when
+  ``V`` has advanced by ``sigma_i = t_i / L(c_i)`` since it started, ``t_i`` its duration alone:
+  finishing batches come off a heap in ``O(log)``;
+- ``t_i`` is drawn from the exact per-read model's own distribution of the batch alone
+  (:meth:`sim.device.Device.batch_samples`), as the decode model's fast mode draws it, so a batch
+  alone takes exactly its drawn time (:class:`BatchTimes`).
+
+So a decode batch meeting a prefill chunk gets the share of the device its readers hold; the
+batch-level events (a submit and a completion per batch) keep an hour of serving at 10 requests/s
+to a few hundred thousand device events.  Little's law holds by construction: the integral of the
+reads in the device is the sum over batches of ``c_i`` times their duration, which is the sum of
+their reads' latencies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import weakref
+from typing import List
+
+import numpy as np
+
+from ..device import Device
+from ..device.alone import sample_size
+
+__all__ = ["BatchTimes", "SharedDevice"]
+
+#: Samples drawn of a short batch's duration alone (the decode model draws up to 4096; 512 keep a short
+#: batch's distribution to about 4% at the 99th percentile and its mean to a fraction of a percent).
+ALONE_SAMPLES = 512
+
+#: Rounds of readers a batch drawn from the exact model has at least before longer ones extrapolate (the decode
+#: model's :data:`Device.END_WAVES` is 16: each extra size simulated costs its reads x readers x samples, and a
+#: serving run meets thousands of sizes; 4 rounds keep the last round's stragglers and the mean within 1%).
+EXACT_WAVES = 4
+
+_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class BatchTimes:
+    """Durations of batches alone on ``device``, drawn with ``rng`` (seconds).
+
+    Batches of up to ``m = max(Device.EXACT_BATCH_LIMIT, EXACT_WAVES * k)`` reads draw from
+    :meth:`Device.batch_samples` (the exact per-read model, simulated once per ``(n, k)`` with a seed
+    of ``(n, k)`` and cached per device for the life of the process: a property of the device, not of
+    a run).  Longer batches add their remaining whole rounds of ``k`` reads at the steady depth to a
+    batch of ``m + ((n - m) mod k)`` reads: their mean latency, plus a normal spread of the sum of
+    the extra reads' latencies -- the approximation :meth:`Device.batch_samples` itself makes for
+    long batches -- exact for a device of fixed latencies.
+    """
+
+    def __init__(self, device: Device, rng: np.random.Generator):
+        self.device, self.rng = device, rng
+        self.Q = int(device.saturation_depth())
+        try:
+            self._cache = _CACHES.setdefault(device, {})
+        except TypeError:  # not weak-referenceable: a cache of its own
+            self._cache = {}
+        self._u: list = []
+        self._z: list = []
+
+    def _uniform(self) -> float:
+        if not self._u:
+            self._u = self.rng.random(4096).tolist()
+        return self._u.pop()
+
+    def _normal(self) -> float:
+        if not self._z:
+            self._z = self.rng.standard_normal(4096).tolist()
+        return self._z.pop()
+
+    def samples(self, n: int, k: int) -> list:
+        """Durations alone (seconds) of ``n <= limit(k)`` reads by ``k`` readers: the cached draws."""
+        key = (n, k)
+        got = self._cache.get(key)
+        if got is None:
+            rng = np.random.default_rng(1_000_003 * n + k)
+            t, _ = self.device.batch_samples(n, k, size=min(sample_size(n), ALONE_SAMPLES), rng=rng)
+            got = self._cache[key] = t.tolist()
+        return got
+
+    def limit(self, k: int) -> int:
+        """The longest batch drawn from the exact model: :data:`Device.EXACT_BATCH_LIMIT` reads, or
+        :data:`EXACT_WAVES` rounds of the readers in service."""
+        ks = max(1, min(k, self.Q))
+        return max(Device.EXACT_BATCH_LIMIT, EXACT_WAVES * ks)
+
+    def steady(self, ks: int) -> tuple:
+        """``(mean, std)`` seconds of one read at depth ``ks`` (cached)."""
+        key = ("steady", ks)
+        got = self._cache.get(key)
+        if got is None:
+            d = self.device.latency(ks)
+            got = self._cache[key] = (float(d.mean), 0.0 if d.is_point else float(d.std))
+        return got
+
+    def draw(self, n: int, k: int) -> float:
+        """One batch of ``n >= 1`` reads by ``k >= 1`` readers alone: its duration, seconds."""
+        k = k if k < n else n
+        m = self.limit(k)
+        if n <= m:
+            s = self.samples(n, k)
+            return s[0] if len(s) == 1 else s[int(self._uniform() * len(s))]
+        ks = max(1, min(k, self.Q))
+        base_n = m + (n - m) % ks
+        s = self.samples(base_n, k)
+        t = s[0] if len(s) == 1 else s[int(self._uniform() * len(s))]
+        extra = n - base_n
+        mean, std = self.steady(ks)
+        t += extra * mean / ks
+        if std > 0:
+            t += math.sqrt(extra) * std / ks * self._normal()
+        return max(t, 0.0)
+
+
+class SharedDevice:
+    """One drive in the serving model (see the module docstring); times in seconds.
+
+    Attributes
+    ----------
+    area : float
+        Integral of the reads in the device over time (read-seconds): the sum of the reads' latencies.
+    busy : float
+        Time with any read in the device.
+    reads : int
+        Reads completed (whole batches).
+    batch_area, batches : float, int
+        Sum over finished batches of their reads in the device times their duration (read-seconds), and
+        their count: ``batch_area / reads`` is the mean latency of a read (Little's law, batch by batch).
+    times, depths : list
+        Time and reads in the device after each change (when ``record``).
+    max_depth : int
+    tnext : float
+        When the next batch finishes (inf: idle).
+    """
+
+    __slots__ = ("Q", "L", "top", "V", "t", "q", "heap", "seq", "area", "busy", "reads", "times", "depths", "record",
+                 "tnext", "max_depth", "_mean", "batch_area", "batches")
+
+    def __init__(self, device: Device, record: bool = True):
+        self.Q = int(device.saturation_depth())
+        self._mean = device.mean_latency
+        self.L = [0.0] + [max(float(device.mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
+        self.top = self.L[self.Q]
+        self.V = 0.0
+        self.t = 0.0
+        self.q = 0
+        self.heap: list = []
+        self.seq = 0
+        self.area = 0.0
+        self.busy = 0.0
+        self.reads = 0
+        self.times: list = []
+        self.depths: list = []
+        self.record = record
+        self.tnext = math.inf
+        self.max_depth = 0
+        self.batch_area = 0.0
+        self.batches = 0
+
+    def latency(self, q: int) -> float:
+        """Mean latency of a read at depth ``q`` (saturated past ``Q``: ``L(Q) q / Q``)."""
+        return self.L[q] if q <= self.Q else self.top * q / self.Q
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.t
+        if dt > 0:
+            q = self.q
+            if q:
+                self.V += dt / (self.L[q] if q <= self.Q else self.top * q / self.Q)
+                self.area += dt * q
+                self.busy += dt
+            self.t = now
+
+    def _plan(self) -> None:
+        heap = self.heap
+        if heap:
+            gap = heap[0][0] - self.V
+            q = self.q
+            self.tnext = self.t + (gap if gap > 0 else 0.0) * (self.L[q] if q <= self.Q else self.top * q / self.Q)
+        else:
+            self.tnext = math.inf
+        if self.record:
+            self.times.append(self.t)
+            self.depths.append(self.q)
+        if self.q > self.max_depth:
+            self.max_depth = self.q
+
+    def submit(self, now: float, n: int, k: int, alone: float, owner) -> None:
+        """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; it would take ``alone`` seconds by
+        itself.  ``owner`` comes back from :meth:`complete` when it finishes."""
+        self._advance(now)
+        c = k if k < n else n
+        sigma = alone / (self.L[c] if c <= self.Q else self.top * c / self.Q)
+        self.seq += 1
+        heapq.heappush(self.heap, (self.V + sigma, self.seq, c, n, owner, now))
+        self.q += c
+        self._plan()
+
+    def complete(self, now: float) -> List:
+        """Advance to ``now`` (the time :attr:`tnext` announced); returns the owners of the batches finished."""
+        self._advance(now)
+        heap = self.heap
+        V = self.V
+        eps = 1e-12 * (1.0 + abs(V))
+        done = []
+        first = True
+        while heap and (first or heap[0][0] <= V + eps):
+            first = False
+            _, _, c, n, owner, t0 = heapq.heappop(heap)
+            self.q -= c
+            self.reads += n
+            self.batch_area += c * (now - t0)
+            self.batches += 1
+            done.append(owner)
+        self._plan()
+        return done

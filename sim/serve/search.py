@@ -1,0 +1,424 @@
+"""Serving capacity: the largest arrival rate whose run meets the SLOs, searched with a seed ensemble.
+
+A configuration (a point of a serving study without its ``rate``) *meets* the SLOs at a rate when
+a run of ``duration_s`` seconds of arrivals at that rate meets them (:class:`sim.serve.SLO`: the
+TTFT and TBT percentiles under their targets, every measured request finished).  Its capacity is
+the largest such rate, in requests/s: how many users one device carries.
+
+Search (per seed, Vidur-Search's and DistServe's binary search on the rate, galloping first, as
+:mod:`sim.capacity` searches session counts): probe ``min_rate``; while it passes double it (up to
+``max_rate``: a capacity there is a lower bound); if ``min_rate`` fails, halve it (at most
+:data:`MAX_HALVINGS` times: below that the capacity is reported as 0); then bisect between the
+last rate that passed and the first that failed until they are ``resolution`` (a share of the
+upper one) apart.  The searches of every configuration and seed advance together, one round of
+probes at a time, in parallel (:class:`~sim.serve.runner.ServeRunner`: local processes or a
+Dask cluster).  A probe stops early once the TTFT target can no longer be met (``fail_fast``).
+
+The capacity of a configuration is the median of its seeds' capacities (the lower median for an
+even count), with the band from the smallest to the largest.  Every probe of one search uses the
+same requests, their arrivals scaled by the rate (:mod:`sim.serve.workload`); the ``repeat`` axis
+(0, 1, ... per seed) changes them.
+
+Where the knee comes from (:func:`knee_cause`): at the first rate that fails (of the median seed's
+search), which target failed and which part of it grew most from the lowest rate probed, in the tail
+the SLO looks at (the steps or requests at or above its percentile) -- for TBT, the compute of a
+step (``compute``: bigger batches), the decode reads alone (``device``), the wait of decode reads
+behind prefill reads or for prefill rows (``prefill reads starving decode``); for TTFT, waiting for
+admission (``queueing``), the prompt's rows streaming (``prefill reads``) or the prompt's steps after
+its last row arrived (``prefill compute``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from engram.errors import ArgumentError
+
+from ..io import load_json
+from ..progress import progress as progress_bar
+from ..sweep import TableWriter, meta_path, read_table, same_axis_value
+from .metrics import SLO, plain_value
+from .runner import ServeRunner, resolve_serve_context
+from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStudy, check_serve_point, \
+    serve_point_seed
+
+__all__ = ["CAPACITY_COLUMNS", "KNEE_CAUSES", "MAX_HALVINGS", "PROBE_COLUMNS", "ServeCapacity", "ServeCapacityResult",
+           "find_serve_capacity", "is_serve_capacity_table", "knee_cause", "knee_words", "probes_path",
+           "run_serve_capacity"]
+
+#: Halvings of ``min_rate`` tried when it fails, before the capacity is reported as 0.
+MAX_HALVINGS = 6
+_SEARCHED = ("rate", "repeat")
+#: The causes :func:`knee_cause` names.
+KNEE_CAUSES = ("compute", "device", "prefill reads starving decode", "queueing", "prefill reads", "prefill compute")
+
+#: Columns of the probes table: a serving row and its configuration.
+PROBE_COLUMNS = ["point", "config", *SERVE_AXES, "seed", *SERVE_METRICS]
+#: Columns of the capacity table.
+CAPACITY_COLUMNS = ["config", *[a for a in SERVE_AXES if a not in _SEARCHED], "capacity_rps", "capacity_low",
+                    "capacity_high", "capacities", "lower_bound", "below_min", "seeds", "probes", "min_rate",
+                    "max_rate", "resolution", "slo", "goodput_at_capacity", "attainment_at_capacity",
+                    "ttft_p99_at_capacity_ms", "tbt_p99_at_capacity_ms", "output_tokens_per_s_at_capacity",
+                    "device_busy_at_capacity", "mean_batch_at_capacity", "knee_rate", "knee_failed", "knee_cause"]
+
+
+def probes_path(path: Union[str, os.PathLike]) -> Path:
+    """``OUT.probes.csv``: every probe of a serving capacity table at ``OUT``."""
+    return Path(str(path) + ".probes.csv")
+
+
+def _rate_search(search: RateSearch) -> Generator[float, bool, Tuple[float, bool, bool]]:
+    """Yields the rate to probe, receives whether it passed; returns ``(capacity, lower bound, below min)``."""
+    r = float(search.min_rate)
+    if (yield r):
+        lo = r
+        while True:
+            if lo >= search.max_rate:
+                return lo, True, False
+            r = min(2.0 * lo, float(search.max_rate))
+            if (yield r):
+                lo = r
+            else:
+                hi = r
+                break
+    else:
+        hi, lo = r, 0.0
+        for _ in range(MAX_HALVINGS):
+            r = hi / 2.0
+            if (yield r):
+                lo = r
+                break
+            hi = r
+        else:
+            return 0.0, False, True
+    while hi - lo > search.resolution * hi:
+        mid = (lo + hi) / 2.0
+        if (yield mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, False, False
+
+
+def knee_cause(base: Mapping[str, Any], fail: Mapping[str, Any], slo: SLO) -> Tuple[str, str]:
+    """``(what failed, cause)`` between a probe at a low rate (``base``) and the first failing one (``fail``):
+    see the module docstring.  ``what failed`` is ``"tbt"``, ``"ttft"`` (both: ``"tbt+ttft"``) or ``"unstable"``."""
+    tbt_bad = fail["tbt_at_slo_ms"] > slo.tbt_ms
+    ttft_bad = fail["ttft_at_slo_ms"] > slo.ttft_s * 1e3
+    failed = "+".join(x for x, bad in (("tbt", tbt_bad), ("ttft", ttft_bad)) if bad) or "unstable"
+
+    def grew(parts: Dict[str, Tuple[str, ...]]) -> str:
+        d = {name: sum(fail[c] - base[c] for c in cols) for name, cols in parts.items()}
+        return max(d, key=lambda k: d[k])
+
+    if tbt_bad:
+        return failed, grew({"compute": ("tail_token_compute_ms",), "device": ("tail_token_reads_alone_ms",),
+                             "prefill reads starving decode": ("tail_token_contention_ms", "tail_token_stall_ms")})
+    return failed, grew({"queueing": ("tail_ttft_queue_ms",), "prefill reads": ("tail_ttft_prefill_reads_ms",),
+                         "prefill compute": ("tail_ttft_prefill_compute_ms",)})
+
+
+def knee_words(rate: Optional[float], failed: str, cause: str) -> str:
+    """What fails first above a capacity and why, in words: ``TTFT over the target at 3.25 requests/s, from
+    queueing`` (``failed`` and ``cause`` as :func:`knee_cause` names them; empty when ``rate`` is ``None``: every
+    probe passed)."""
+    if rate is None or not failed:
+        return ""
+    what = ("requests left unfinished (the queue grows)" if failed == "unstable"
+            else failed.upper().replace("+", " and ") + " over the target")
+    return f"{what} at {rate:.3g} requests/s, from {cause}"
+
+
+@dataclass
+class ServeCapacity:
+    """The capacity of one configuration (requests/s).
+
+    Attributes
+    ----------
+    index : int
+    config : dict
+        Its axis values (``rate`` and ``repeat`` are the search's).
+    search : RateSearch
+    slo : SLO
+    per_seed : list of float
+        The capacity each seed's search found.
+    bound, below : list of bool
+        Per seed: passed at ``max_rate`` (a lower bound); failed every halving of ``min_rate`` (reported as 0).
+    probes : list of dict
+        Every probe's row, in the order they ran.
+    """
+
+    index: int
+    config: Dict[str, Any]
+    search: RateSearch
+    slo: SLO
+    per_seed: List[float] = field(default_factory=list)
+    bound: List[bool] = field(default_factory=list)
+    below: List[bool] = field(default_factory=list)
+    probes: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> float:
+        """The median of the seeds' capacities (the lower median for an even count), requests/s."""
+        return float(statistics.median_low(self.per_seed))
+
+    @property
+    def low(self) -> float:
+        return min(self.per_seed)
+
+    @property
+    def high(self) -> float:
+        return max(self.per_seed)
+
+    @property
+    def lower_bound(self) -> bool:
+        return self.capacity >= self.search.max_rate
+
+    def median_seed(self) -> int:
+        return self.per_seed.index(self.capacity)
+
+    def at(self, rate: float, seed_index: int) -> Optional[Dict[str, Any]]:
+        """The probe of seed ``seed_index`` at ``rate``, or None."""
+        for r in self.probes:
+            if r["repeat"] == seed_index and r["rate"] == rate:
+                return r
+        return None
+
+    def knee(self) -> Tuple[Optional[float], str, str]:
+        """``(rate, what failed, cause)`` at the first failing rate above the capacity of the median seed's search
+        (``(None, "", "")`` when every probe passed)."""
+        k = self.median_seed()
+        mine = [r for r in self.probes if r["repeat"] == k]
+        fails = sorted((r for r in mine if not r["slo_met"] and r["rate"] > self.capacity), key=lambda r: r["rate"])
+        if not fails:
+            return None, "", ""
+        base = min(mine, key=lambda r: r["rate"])
+        what, cause = knee_cause(base, fails[0], self.slo)
+        return float(fails[0]["rate"]), what, cause
+
+    def label(self) -> str:
+        """``12.5 requests/s (11.7-13.3 over 3 seeds)``."""
+        cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
+        band = f"{self.low:.3g}-{self.high:.3g}" if self.low != self.high else "all equal"
+        return f"{cap} requests/s ({band} over {len(self.per_seed)} seeds)"
+
+    def row(self) -> Dict[str, Any]:
+        at = self.at(self.capacity, self.median_seed()) if self.capacity > 0 else None
+        kr, kf, kc = self.knee()
+        out: Dict[str, Any] = {"config": self.index}
+        out.update({k: v for k, v in self.config.items() if k not in _SEARCHED})
+
+        def m(key):
+            return at[key] if at else float("nan")
+
+        out.update({
+            "capacity_rps": self.capacity, "capacity_low": self.low, "capacity_high": self.high,
+            "capacities": " ".join(f"{c:.6g}" for c in self.per_seed), "lower_bound": self.lower_bound,
+            "below_min": all(self.below), "seeds": len(self.per_seed), "probes": len(self.probes),
+            "min_rate": self.search.min_rate, "max_rate": self.search.max_rate,
+            "resolution": self.search.resolution, "slo": self.slo.text(),
+            "goodput_at_capacity": m("goodput_rps"), "attainment_at_capacity": m("attainment"),
+            "ttft_p99_at_capacity_ms": m("ttft_p99_ms"), "tbt_p99_at_capacity_ms": m("tbt_p99_ms"),
+            "output_tokens_per_s_at_capacity": m("output_tokens_per_s"), "device_busy_at_capacity": m("device_busy"),
+            "mean_batch_at_capacity": m("mean_batch"), "knee_rate": kr if kr is not None else float("nan"),
+            "knee_failed": kf, "knee_cause": kc,
+        })
+        return {k: plain_value(v) for k, v in out.items()}
+
+
+def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, float]:
+    return int(row["config"]), int(row["repeat"]), float(row["rate"])
+
+
+def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), search: RateSearch = RateSearch(),
+                        study_seed: int = 0, *, calibration=None, jobs: Optional[int] = None,
+                        scheduler: Optional[str] = None, connect_timeout: float = 30.0,
+                        progress: Union[bool, str] = True, desc: str = "serve capacity",
+                        done: Sequence[Mapping[str, Any]] = (),
+                        on_probe: Optional[Callable[[Dict[str, Any]], None]] = None
+                        ) -> Tuple[List[ServeCapacity], str]:
+    """Search the capacity of every configuration; return ``(capacities in configuration order, runner name)``.
+
+    ``configs``: complete serving points (every axis; ``rate`` and ``repeat`` are set by the search).  Each
+    probe's seed is :func:`sim.serve.study.serve_point_seed` of ``study_seed`` and the probe's point.  ``done``:
+    probe rows of an earlier run (not simulated again); ``on_probe`` gets each probe row as it finishes.
+
+    Raises
+    ------
+    ArgumentError
+        Bad configurations, devices, texts or calibration.
+    SweepError
+        A probe whose worker died too often.
+    """
+    cfgs = []
+    for c in configs:
+        p = {k: c.get(k, d) for k, (_, d, _) in SERVE_AXES.items()}
+        p.update(rate=float(search.min_rate), repeat=0)
+        check_serve_point(p, "configuration")
+        cfgs.append(p)
+    if not cfgs:
+        raise ArgumentError("no configurations to search")
+    ctx = resolve_serve_context(cfgs, slo, Path(calibration) if calibration else None, fail_fast=True)
+    cache: Dict[Tuple[int, int, float], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
+    caps = [ServeCapacity(i, c, search, slo) for i, c in enumerate(cfgs)]
+    searches: Dict[Tuple[int, int], Generator] = {}
+    asked: Dict[Tuple[int, int], float] = {}
+    results: Dict[Tuple[int, int], Tuple[float, bool, bool]] = {}
+    for i in range(len(cfgs)):
+        for r in range(search.seeds):
+            g = _rate_search(search)
+            searches[(i, r)] = g
+            asked[(i, r)] = next(g)
+    counter = max((int(r["point"]) for r in done), default=-1) + 1
+    bar = progress_bar(len(searches), desc, "search", mode=progress)
+
+    def keep(row: Dict[str, Any]) -> None:
+        cache[_probe_key(row)] = row
+        if on_probe is not None:
+            on_probe(row)
+        bar.update(0, f"probe of configuration {row['config']}, seed {row['repeat']}: {row['rate']:.4g} requests/s "
+                      f"{'meets' if row['slo_met'] else 'misses'} the SLOs")
+
+    with bar, ServeRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
+        while searches:
+            tasks, config_of = [], {}
+            for (i, r), rate in asked.items():
+                if (i, r, rate) not in cache:
+                    p = {**cfgs[i], "rate": rate, "repeat": r}
+                    tasks.append((counter, p, serve_point_seed(study_seed, p)))
+                    config_of[counter] = i
+                    counter += 1
+            runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
+            for (i, r), rate in list(asked.items()):
+                row = cache[(i, r, rate)]
+                caps[i].probes.append(row)
+                try:
+                    asked[(i, r)] = searches[(i, r)].send(bool(row["slo_met"]))
+                except StopIteration as stop:
+                    results[(i, r)] = stop.value
+                    del searches[(i, r)], asked[(i, r)]
+                    bar.update(1, f"configuration {i}, seed {r}: {stop.value[0]:.4g} requests/s")
+    for cap in caps:
+        cap.per_seed = [results[(cap.index, r)][0] for r in range(search.seeds)]
+        cap.bound = [results[(cap.index, r)][1] for r in range(search.seeds)]
+        cap.below = [results[(cap.index, r)][2] for r in range(search.seeds)]
+    return caps, runner.name
+
+
+@dataclass
+class ServeCapacityResult:
+    """A serving capacity study's results: one :class:`ServeCapacity` per configuration."""
+
+    study: ServeStudy
+    search: RateSearch
+    capacities: List[ServeCapacity]
+    seconds: float
+    runner: str
+    resumed: int = 0
+    table: Optional[Path] = None
+
+    def rows(self) -> List[Dict[str, Any]]:
+        return [c.row() for c in self.capacities]
+
+    def probes(self) -> List[Dict[str, Any]]:
+        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
+
+    def meta(self) -> dict:
+        axes = [a for a in self.study.axes() if a not in _SEARCHED]
+        return {"kind": "serve-capacity", "schema": SERVE_SCHEMA, "study": self.study.to_dict(),
+                "study_fingerprint": self.study.fingerprint(), "search": self.search.to_dict(),
+                "slo": self.study.slo.to_dict(), "axes": axes, "columns": CAPACITY_COLUMNS,
+                "configurations": len(self.capacities), "axis_labels": {k: v[2] for k, v in SERVE_AXES.items()},
+                "metric_labels": SERVE_METRICS, "seconds": self.seconds, "runner": self.runner,
+                "resumed_probes": self.resumed,
+                "probes_table": probes_path(self.table).name if self.table else None}
+
+
+def _resume_probes(study: ServeStudy, search: RateSearch, out: Path) -> List[Dict[str, Any]]:
+    path = probes_path(out)
+    if not path.is_file():
+        return []
+    rows, meta = read_table(path)
+    if meta.get("study_fingerprint") not in (None, study.fingerprint()):
+        raise ArgumentError(f"{path}: probes of another study than {study.source}; give another --out, "
+                            "or drop --resume")
+    cfgs = study.points()
+    keep = []
+    for r in rows:
+        i = r.get("config")
+        if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get("slo_met"), int):
+            continue  # cut short
+        p = {**cfgs[i], "rate": float(r.get("rate")), "repeat": r.get("repeat")}
+        same = all(same_axis_value(r.get(a), p[a]) or (SERVE_AXES[a][0] is str and str(r.get(a)) == str(p[a]))
+                   for a in SERVE_AXES)
+        if not same or r.get("seed") != serve_point_seed(study.seed, p):
+            raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
+                                "(other axis values or seed)")
+        keep.append({**r, **{a: p[a] for a in SERVE_AXES}})
+    return keep
+
+
+def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Optional[int] = None,
+                       scheduler: Optional[str] = None, calibration: Union[str, os.PathLike, None] = None,
+                       progress: Union[bool, str] = True, out: Union[str, os.PathLike, None] = None,
+                       connect_timeout: float = 30.0, resume: bool = False, **overrides: Any) -> ServeCapacityResult:
+    """Run a serving capacity study: the capacity of every point of its grid.
+
+    ``out``: the capacity table (``.csv`` or ``.parquet``, one row per configuration, :data:`CAPACITY_COLUMNS`)
+    with ``OUT.meta.json``, and every probe in ``OUT.probes.csv`` as it finishes; ``resume=True`` starts from
+    the probes of an earlier run.  ``overrides``: :class:`~sim.serve.study.RateSearch` fields replacing the
+    study's ``[search]`` values (``None`` ignored).
+
+    Raises
+    ------
+    ArgumentError, FormatError
+        A bad study, device, text or calibration; ``resume`` on probes of another study.
+    OutputError
+        ``out`` cannot be written.
+    SweepError
+        A probe whose worker died too often.
+    """
+    if not isinstance(study, ServeStudy):
+        study = ServeStudy.load(study)
+    values = {**study.search.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
+    search = RateSearch(**values)
+    if resume and out is None:
+        raise ArgumentError("resume needs the table of the earlier run (out)")
+    t0 = time.perf_counter()
+    cal = Path(calibration) if calibration else study.calibration
+    done = _resume_probes(study, search, Path(out)) if resume else []
+    base = {"kind": "serve-capacity-probes", "schema": SERVE_SCHEMA, "study": study.to_dict(),
+            "study_fingerprint": study.fingerprint(), "search": search.to_dict(), "columns": PROBE_COLUMNS}
+    writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
+    try:
+        caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal, jobs=jobs,
+                                           scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
+                                           desc=f"serve capacity {study.name}", done=done,
+                                           on_probe=writer.add if writer is not None else None)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    res = ServeCapacityResult(study, search, caps, time.perf_counter() - t0, runner, len(done))
+    if writer is not None:
+        writer.finish()
+        res.table = Path(out)
+        TableWriter(out, CAPACITY_COLUMNS, res.meta(), len(caps), res.rows(), key="config").finish()
+    return res
+
+
+def is_serve_capacity_table(path: Union[str, os.PathLike]) -> bool:
+    """Whether the table at ``path`` is a serving capacity table (its metadata says ``"kind": "serve-capacity"``).
+
+    Raises
+    ------
+    FormatError
+        Unreadable metadata.
+    """
+    mp = meta_path(path)
+    return mp.is_file() and load_json(mp).get("kind") == "serve-capacity"

@@ -1,0 +1,447 @@
+"""A serving study: serving configurations read from a TOML file, their points, seeds and latency targets.
+
+Study file
+----------
+::
+
+    [study]
+    name = "serve"
+    description = "Requests/s one SSD carries under p99 TTFT <= 2 s, p99 TBT <= 100 ms"
+    seed = 0
+
+    [serve]                          # values shared by every point (any serving axis)
+    duration_s = 300
+    prompt_tokens = "lognormal:mean=512,cv=1,min=16,max=16384"
+    compute_scale = 20
+
+    [grid]                           # the product of these lists ([[grid]]: a union of several)
+    device = ["seed-apple-m3-ultra", "ssd:qd1_us=80,iops=600000,parallelism=32"]
+    readers = [16, 64]
+
+    [slo]                            # the latency targets
+    ttft_s = 2.0
+    tbt_ms = 100.0
+    percentile = 99
+
+    [search]                         # engram sim capacity: the largest rate meeting the SLOs
+    seeds = 3                        # searches per configuration (the band is their smallest and largest)
+    min_rate = 0.5                   # requests/s probed first
+    max_rate = 64.0                  # the largest rate probed (a capacity there is a lower bound)
+    resolution = 0.05                # bisect until the bracket is this share of its top
+
+Axes: :data:`SERVE_AXES` (name, type, default, label).  ``rate`` is the arrival rate of a point
+(``engram sim serve``); a capacity search sets it.  ``trace`` is the text the rows come from (a
+source spec; ``reuse = R`` makes it the synthetic trace of that reuse rate, as in sweeps).
+
+Seeds: a point's seed is :func:`sim.sweep.point_seed` of the study seed and the point *without its
+rate*, so every probe of one search draws the same requests (common random numbers, see
+:mod:`sim.serve.workload`); ``repeat`` only changes the seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from engram.errors import ArgumentError, FormatError
+
+from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
+from ..sweep import point_seed
+from ..trace import SYNTH_PREFIX, SynthSpec
+from .compute import REFERENCE_STEP_MS, default_token_ms
+from .engine import GATES
+from .metrics import SLO
+from .model import DEFAULT_TEXT, DEFAULT_TEXT_TOKENS
+from .rows import DEFAULT_READ_CHUNK
+from .workload import ARRIVALS, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, Lengths
+
+try:
+    import tomllib  # Python >= 3.11
+except ModuleNotFoundError:  # pragma: no cover - older Pythons
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+__all__ = ["RateSearch", "SERVE_AXES", "SERVE_METRICS", "SERVE_SCHEMA", "ServeStudy", "check_serve_point",
+           "is_serve_study", "serve_point_seed", "serve_text"]
+
+#: Schema of serving tables (their ``.meta.json``).
+SERVE_SCHEMA = "engram.serve/1"
+
+#: Axes of a serving study: name -> (type, default, label with unit).
+SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
+    "device": (str, "seed-apple-m3-ultra", "device"),
+    "tail": (str, "", "latency tail from device"),
+    "drives": (int, 1, "drives striped"),
+    "threshold": (int, DEFAULT_THRESHOLD, "threshold (distinct rows)"),
+    "backend": (str, "pread", "backend"),
+    "readers": (int, DEFAULT_READERS, "readers / ring depth"),
+    "cache_rows": (int, 0, "row cache per request (rows)"),
+    "shared_cache_rows": (int, 0, "shared row cache (rows)"),
+    "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
+    "dram_rows": (str, "", "hot set in DRAM (file)"),
+    "overlap_layers": (int, 0, "overlap (layers)"),
+    "batch_overhead_us": (float, 0.0, "batch overhead (us)"),
+    "trace": (str, DEFAULT_TEXT, "text"),
+    "trace_limit": (int, DEFAULT_TEXT_TOKENS, "text tokens"),
+    "reuse": (float, None, "reuse rate (synthetic text)"),
+    "zipf": (float, None, "Zipf skew of repeats (synthetic text)"),
+    "requests": (str, "", "requests file"),
+    "arrivals": (str, "poisson", "arrival process"),
+    "cv": (float, 1.0, "inter-arrival CV (gamma)"),
+    "rate": (float, 1.0, "arrival rate (requests/s)"),
+    "duration_s": (float, 300.0, "arrivals for (s)"),
+    "warmup_s": (float, 0.0, "warm-up (s)"),
+    "prompt_tokens": (str, DEFAULT_PROMPT_TOKENS, "prompt tokens"),
+    "output_tokens": (str, DEFAULT_OUTPUT_TOKENS, "output tokens"),
+    "max_running": (int, 64, "running requests at most"),
+    "prefill_chunk": (int, 256, "prompt tokens a step"),
+    "read_chunk": (int, DEFAULT_READ_CHUNK, "reader chunk (tokens)"),
+    "gate": (str, "ready", "prefill gate"),
+    "second_start_layer": (int, 2, "second table's reader starts at layer"),
+    "step_ms": (float, REFERENCE_STEP_MS, "step compute at batch 1 (ms)"),
+    "token_ms": (float, round(default_token_ms(), 6), "compute a token (ms)"),
+    "compute_file": (str, "", "measured step compute (file)"),
+    "compute_scale": (float, 1.0, "compute speed-up"),
+    "compute_dist": (str, "constant", "compute distribution"),
+    "compute_cv": (float, 0.0, "compute CV"),
+    "layers": (int, DEFAULT_LAYERS, "decoder layers"),
+    "repeat": (int, 0, "replicate"),
+}
+
+#: Result columns of a serving point: name -> label with unit (:meth:`sim.serve.ServeResult.row`).
+SERVE_METRICS: Dict[str, str] = {
+    "requests_measured": "requests measured", "censored": "requests cut short",
+    "slo_met": "SLOs met (1) or not (0)", "attainment": "share of requests meeting the SLOs",
+    "goodput_rps": "goodput (requests/s meeting the SLOs)",
+    "ttft_at_slo_ms": "TTFT at the SLO percentile (ms)", "tbt_at_slo_ms": "TBT at the SLO percentile (ms)",
+    "requests_per_s": "completed requests/s",
+    "output_tokens_per_s": "output tokens/s",
+    **{f"{n}_{k}_ms": f"{label}, {k} (ms)" for n, label in (("ttft", "time to first token"),
+                                                            ("tbt", "time between tokens"),
+                                                            ("tpot", "time per output token"),
+                                                            ("e2e", "end-to-end latency"),
+                                                            ("queue", "wait for admission"))
+       for k in ("mean", "p50", "p90", "p99")},
+    "device_busy": "device busy fraction", "mean_queue_depth": "mean device queue depth",
+    "reads_per_s": "device reads/s", "mean_read_latency_us": "mean read latency (us)",
+    "iops_utilization": "reads/s over peak IOPS", "dedup_saving": "decode rows saved by cross-request dedup",
+    "prefill_read_share": "share of reads from prefill", "mean_batch": "mean decode batch",
+    "mean_running": "mean running requests", "mean_waiting": "mean waiting requests",
+    "prefill_steps": "share of steps with prompt tokens",
+    "token_compute_ms": "token time: compute (ms)", "token_reads_alone_ms": "token time: reads alone (ms)",
+    "token_contention_ms": "token time: behind prefill reads (ms)", "token_stall_ms": "token time: stalled (ms)",
+    "ttft_queue_ms": "TTFT: queued (ms)", "ttft_prefill_reads_ms": "TTFT: the prompt's rows streaming (ms)",
+    "ttft_prefill_compute_ms": "TTFT: computing after the prompt's rows (ms)",
+    **{f"tail_token_{k}_ms": f"token time in the SLO tail: {label} (ms)" for k, label in
+       (("compute", "compute"), ("reads_alone", "reads alone"), ("contention", "behind prefill reads"),
+        ("stall", "stalled"))},
+    **{f"tail_ttft_{k}_ms": f"TTFT in the SLO tail: {label} (ms)" for k, label in
+       (("queue", "queued"), ("prefill_reads", "the prompt's rows streaming"),
+        ("prefill_compute", "computing after the rows"))},
+    "sim_seconds": "simulated seconds", "wall_seconds": "wall seconds",
+}
+
+_STUDY_KEYS = {"name", "description", "seed", "calibration"}
+_SECTIONS = ("study", "serve", "grid", "slo", "search")
+_SEARCH_KEYS = ("seeds", "min_rate", "max_rate", "resolution")
+
+
+def _tomllib():
+    if tomllib is None:  # pragma: no cover - older Pythons without tomli
+        raise ArgumentError("reading a study needs Python >= 3.11 or the 'tomli' package")
+    return tomllib
+
+
+def _load_toml(path: Path) -> dict:
+    tl = _tomllib()
+    try:
+        with open(path, "rb") as f:
+            return tl.load(f)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read study ({exc.strerror})") from None
+    except tl.TOMLDecodeError as exc:
+        raise FormatError(f"{path}: not TOML ({exc})") from None
+
+
+def is_serve_study(path: Union[str, os.PathLike]) -> bool:
+    """Whether the TOML file at ``path`` is a serving study (it has a ``[serve]`` or ``[slo]`` table).
+
+    Raises
+    ------
+    FormatError
+        Unreadable or not TOML.
+    """
+    d = _load_toml(Path(path))
+    return "serve" in d or "slo" in d
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    typ = SERVE_AXES[name][0]
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ArgumentError(f"{where}: {name} = {value!r} must be {typ.__name__}")
+    if typ is float and not math.isfinite(value):
+        raise ArgumentError(f"{where}: {name} = {value!r} must be finite")
+    return value
+
+
+def serve_text(p: Mapping[str, Any]) -> str:
+    """The text a point's rows come from: its ``trace``, or with ``reuse`` the synthetic trace of that rate
+    (``zipf`` from its axis, seed ``repeat``), as :func:`sim.sweep.study.point_trace` makes it for sweeps."""
+    r = p.get("reuse")
+    if r is None:
+        return p["trace"]
+    base = SynthSpec.parse(p["trace"]) if p["trace"].startswith(SYNTH_PREFIX) else SynthSpec(float(r))
+    z = p.get("zipf") if p.get("zipf") is not None else base.zipf
+    return SynthSpec(float(r), z, int(p["trace_limit"]), base.seed + int(p.get("repeat", 0)), base.profile).spec()
+
+
+def check_serve_point(p: Mapping[str, Any], where: str) -> None:
+    """Check a complete point's values (ranges, spellings).
+
+    Raises
+    ------
+    ArgumentError
+        A value outside its range (names ``where``, the axis and the value).
+    """
+    for name in ("threshold", "readers", "drives", "trace_limit", "max_running", "prefill_chunk", "read_chunk",
+                 "layers"):
+        if p[name] < 1:
+            raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 1")
+    for name in ("cache_rows", "shared_cache_rows", "overlap_layers", "batch_overhead_us", "warmup_s", "step_ms",
+                 "token_ms", "compute_cv", "repeat", "second_start_layer"):
+        if p[name] < 0:
+            raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
+    for name in ("rate", "duration_s", "compute_scale", "cv"):
+        if not p[name] > 0:
+            raise ArgumentError(f"{where}: {name} = {p[name]} must be > 0")
+    if p["warmup_s"] >= p["duration_s"]:
+        raise ArgumentError(f"{where}: warmup_s = {p['warmup_s']} must be below duration_s = {p['duration_s']}")
+    if not 0 <= p["dram_fraction"] <= 1:
+        raise ArgumentError(f"{where}: dram_fraction = {p['dram_fraction']} must be in [0, 1]")
+    if p["backend"] not in BACKENDS:
+        raise ArgumentError(f"{where}: backend = {p['backend']!r} must be 'pread' or 'io_uring'")
+    if p["arrivals"] not in ARRIVALS:
+        raise ArgumentError(f"{where}: arrivals = {p['arrivals']!r} must be one of {', '.join(ARRIVALS)}")
+    if p["gate"] not in GATES:
+        raise ArgumentError(f"{where}: gate = {p['gate']!r} must be one of {', '.join(GATES)}")
+    if p["compute_dist"] not in COMPUTE_DISTS:
+        raise ArgumentError(f"{where}: compute_dist = {p['compute_dist']!r} is not a distribution")
+    Compute(1.0, p["compute_dist"], p["compute_cv"])
+    for name in ("prompt_tokens", "output_tokens"):
+        lg = Lengths.parse(p[name])
+        if lg.kind == "file" and not p["requests"]:
+            raise ArgumentError(f"{where}: {name} = 'file' needs requests = FILE.jsonl")
+    if p["arrivals"] == "replay" and not p["requests"]:
+        raise ArgumentError(f"{where}: arrivals = 'replay' needs requests = FILE.jsonl")
+    if p["reuse"] is not None and not 0.0 <= p["reuse"] < 1.0:
+        raise ArgumentError(f"{where}: reuse = {p['reuse']} must be in [0, 1)")
+    if p["zipf"] is not None and (p["reuse"] is None or p["zipf"] < 0):
+        raise ArgumentError(f"{where}: zipf = {p['zipf']} needs reuse = RATE and must be >= 0")
+
+
+def serve_point_seed(study_seed: int, p: Mapping[str, Any]) -> int:
+    """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``."""
+    return point_seed(study_seed, {k: v for k, v in p.items() if k != "rate"})
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """How ``engram sim capacity`` searches a serving study (see the module docstring).
+
+    Raises
+    ------
+    ArgumentError
+        seeds below 1, rates <= 0 or ``min_rate > max_rate``, a resolution outside (0, 1).
+    """
+
+    seeds: int = 3
+    min_rate: float = 0.5
+    max_rate: float = 64.0
+    resolution: float = 0.05
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ArgumentError(f"search seeds = {self.seeds!r} must be an integer >= 1")
+        for name in ("min_rate", "max_rate", "resolution"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                raise ArgumentError(f"search {name} = {v!r} must be a number > 0")
+        if self.min_rate > self.max_rate:
+            raise ArgumentError(f"search min_rate = {self.min_rate} is above max_rate = {self.max_rate}")
+        if not self.resolution < 1:
+            raise ArgumentError(f"search resolution = {self.resolution} must be below 1 (a share of the rate)")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in _SEARCH_KEYS}
+
+
+@dataclass
+class ServeStudy:
+    """A serving study (see the module docstring).
+
+    Attributes
+    ----------
+    name, description : str
+    seed : int
+    fixed : dict
+        Axis -> value of ``[serve]``.
+    grids : list of dict
+        Axis -> values; the points are the union of each grid's product.
+    slo : SLO
+    search : RateSearch
+    calibration : Path or None
+        For ``calibrated`` devices.
+    source : str
+    """
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    fixed: Dict[str, Any] = field(default_factory=dict)
+    grids: List[Dict[str, list]] = field(default_factory=list)
+    slo: SLO = SLO()
+    search: RateSearch = RateSearch()
+    calibration: Optional[Path] = None
+    source: str = "<dict>"
+
+    @classmethod
+    def from_dict(cls, d: Mapping, base_dir: Union[str, os.PathLike, None] = None,
+                  source: str = "<dict>") -> "ServeStudy":
+        """A serving study from a parsed TOML document.
+
+        Raises
+        ------
+        ArgumentError
+            Unknown sections, keys or axes, values of the wrong type or out of range (names them).
+        """
+        where = source
+        unknown = set(d) - set(_SECTIONS)
+        if unknown:
+            raise ArgumentError(f"{where}: unknown section {sorted(unknown)[0]!r} in a serving study "
+                                f"({', '.join(_SECTIONS)})")
+        head = dict(d.get("study", {}))
+        bad = set(head) - _STUDY_KEYS
+        if bad:
+            raise ArgumentError(f"{where}: [study] has unknown key {sorted(bad)[0]!r}")
+        seed = head.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ArgumentError(f"{where}: [study] seed = {seed!r} must be an integer >= 0")
+        base = Path(base_dir) if base_dir is not None else None
+        fixed = {}
+        for k, v in dict(d.get("serve", {})).items():
+            if k not in SERVE_AXES:
+                raise ArgumentError(f"{where}: [serve] has unknown axis {k!r} (axes: {', '.join(SERVE_AXES)})")
+            fixed[k] = _relative(k, _coerce(k, v, f"{where}: [serve]"), base)
+        raw = d.get("grid", [{}])
+        raw = [raw] if isinstance(raw, Mapping) else list(raw)
+        grids = []
+        for gi, g in enumerate(raw):
+            out = {}
+            for k, vals in dict(g).items():
+                if k not in SERVE_AXES:
+                    raise ArgumentError(f"{where}: grid {gi}: unknown axis {k!r} (axes: {', '.join(SERVE_AXES)})")
+                vals = vals if isinstance(vals, list) else [vals]
+                if not vals:
+                    raise ArgumentError(f"{where}: grid {gi}: axis {k!r} has no values")
+                out[k] = [_relative(k, _coerce(k, v, f"{where}: grid {gi}"), base) for v in vals]
+            grids.append(out)
+        slo_t = dict(d.get("slo", {}))
+        bad = set(slo_t) - {"ttft_s", "tbt_ms", "percentile"}
+        if bad:
+            raise ArgumentError(f"{where}: [slo] has unknown key {sorted(bad)[0]!r} (ttft_s, tbt_ms, percentile)")
+        slo = SLO(**{k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in slo_t.items()})
+        srch = dict(d.get("search", {}))
+        bad = set(srch) - set(_SEARCH_KEYS)
+        if bad:
+            raise ArgumentError(f"{where}: [search] has unknown key {sorted(bad)[0]!r} ({', '.join(_SEARCH_KEYS)})")
+        search = RateSearch(**{k: float(v) if k != "seeds" and isinstance(v, int) and not isinstance(v, bool) else v
+                               for k, v in srch.items()})
+        cal = head.get("calibration")
+        if cal is not None:
+            cal = Path(cal)
+            if not cal.is_absolute() and base is not None:
+                cal = base / cal
+        name = head.get("name") or (Path(source).stem if source != "<dict>" else "serve")
+        st = cls(str(name), str(head.get("description", "")), int(seed), fixed, grids, slo, search, cal, source)
+        st.points()
+        return st
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "ServeStudy":
+        """Read a serving study TOML file.
+
+        Raises
+        ------
+        FormatError, ArgumentError
+        """
+        path = Path(path)
+        return cls.from_dict(_load_toml(path), base_dir=path.parent, source=str(path))
+
+    @classmethod
+    def loads(cls, text: str, base_dir: Union[str, os.PathLike, None] = None, source: str = "<text>") -> "ServeStudy":
+        tl = _tomllib()
+        try:
+            d = tl.loads(text)
+        except tl.TOMLDecodeError as exc:
+            raise FormatError(f"{source}: not TOML ({exc})") from None
+        return cls.from_dict(d, base_dir=base_dir, source=source)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "seed": self.seed, "fixed": self.fixed,
+                "grids": self.grids, "slo": self.slo.to_dict(), "search": self.search.to_dict(),
+                "calibration": str(self.calibration) if self.calibration else None, "source": self.source}
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex, 16 digits) of the seed, the SLOs and every point."""
+        blob = json.dumps({"seed": self.seed, "slo": self.slo.to_dict(), "points": self.points()}, sort_keys=True,
+                          separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def axes(self) -> List[str]:
+        """Axes that take more than one value over the study, in :data:`SERVE_AXES` order."""
+        vals: Dict[str, set] = {}
+        for p in self.points():
+            for k, v in p.items():
+                vals.setdefault(k, set()).add(v)
+        return [k for k in SERVE_AXES if len(vals.get(k, ())) > 1]
+
+    def points(self) -> List[Dict[str, Any]]:
+        """Every point (all axes, defaults filled in), without duplicates, in grid order.
+
+        Raises
+        ------
+        ArgumentError
+            A value out of range (names the axis).
+        """
+        out, seen = [], set()
+        for g in self.grids or [{}]:
+            names = list(g)
+            for combo in itertools.product(*(g[n] for n in names)):
+                p = {k: default for k, (_, default, _) in SERVE_AXES.items()}
+                p.update(self.fixed)
+                p.update(zip(names, combo))
+                check_serve_point(p, self.source)
+                key = json.dumps(p, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(p)
+        return out
+
+
+def _relative(name: str, value: Any, base: Optional[Path]) -> Any:
+    """File axes (``requests``, ``compute_file``, ``dram_rows``) given relative to the study file's folder, when the
+    file is there (else as given: relative to the working directory)."""
+    if name in ("requests", "compute_file", "dram_rows") and value and base is not None and \
+            not Path(value).is_absolute() and (base / value).exists():
+        return str(base / value)
+    return value

@@ -1,0 +1,77 @@
+"""``engram sim serve`` and ``engram sim capacity`` on a serving study: runs, --json, errors, synthetic text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engram.cli import main
+from sim.serve.search import probes_path
+from sim.sweep import read_table
+from sim.trace import CODE_SOURCE
+
+SMALL = ["--trace", CODE_SOURCE, "--trace-limit", "8192", "--compute-scale", "20", "--duration-s", "20",
+         "--prompt-tokens", "lognormal:mean=200,cv=1,min=16,max=2000", "--output-tokens", "fixed:n=30"]
+
+
+def run_json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sim_serve_json(capsys):
+    d = run_json(capsys, ["sim", "serve", "--rate", "2", "--json", *SMALL])
+    assert d["point"]["rate"] == 2.0 and d["config"]["workload"]["duration_s"] == 20.0
+    assert d["requests"]["measured"] == d["requests"]["completed"] > 20
+    assert d["littles_law"]["requests"]["ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert d["slo"]["text"] == "p99 TTFT <= 2 s, p99 TBT <= 100 ms"
+    assert set(d["ttft_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+    assert d["config"]["compute"]["scale"] == 20.0 and d["config"]["seed"] == 0
+
+
+def test_sim_serve_text_and_a_study_point(capsys, tmp_path):
+    assert main(["sim", "serve", "--rate", "1", "--tbt-ms", "80", "--reuse", "0.3", *SMALL[2:]]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT ms" in out and "p99 TBT <= 80 ms" in out and "Little" in out
+    study = tmp_path / "s.toml"
+    study.write_text(f'[study]\nname = "s"\nseed = 4\n[serve]\ntrace = "{CODE_SOURCE}"\ntrace_limit = 8192\n'
+                     'duration_s = 15\ncompute_scale = 20\n[grid]\nreaders = [4, 32]\n[slo]\nttft_s = 3.0\n')
+    d = run_json(capsys, ["sim", "serve", str(study), "--point", "1", "--rate", "1.5", "--json"])
+    assert d["config"]["policy"]["readers"] == 32 and d["slo"]["ttft_s"] == 3.0 and d["point"]["rate"] == 1.5
+    assert d["config"]["seed"] != 0  # the study point's seed
+
+
+def test_sim_capacity_on_a_serving_study(capsys, tmp_path):
+    study = tmp_path / "cap.toml"
+    study.write_text(f'[study]\nname = "cap"\n[serve]\ntrace = "{CODE_SOURCE}"\ntrace_limit = 8192\n'
+                     'duration_s = 20\ncompute_scale = 20\noutput_tokens = "fixed:n=30"\n'
+                     'prompt_tokens = "lognormal:mean=200,cv=1,min=16,max=2000"\n'
+                     '[grid]\ndevice = ["seed-apple-m3-ultra"]\n[slo]\nttft_s = 1.0\n[search]\nseeds = 1\n')
+    out = tmp_path / "cap.csv"
+    d = run_json(capsys, ["sim", "capacity", str(study), "--out", str(out), "--jobs", "1", "--quiet", "--json",
+                          "--min-rate", "1", "--rate-resolution", "0.2"])
+    c = d["configurations"][0]
+    assert c["capacity_rps"] > 0 and d["search"]["min_rate"] == 1.0 and d["search"]["resolution"] == 0.2
+    rows, meta = read_table(out)
+    assert rows[0]["capacity_rps"] == c["capacity_rps"] and meta["slo"]["ttft_s"] == 1.0
+    assert len(read_table(probes_path(out))[0]) == rows[0]["probes"]
+    assert main(["sim", "capacity", str(study), "--out", str(out), "--jobs", "1", "--quiet", "--target", "20"]) == 2
+    assert "session capacity studies" in capsys.readouterr().err
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    assert "is a serving study" in capsys.readouterr().err and not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["sim", "serve", "--rate", "-1"], "rate"),
+    (["sim", "serve", "--gate", "never"], "gate"),
+    (["sim", "serve", "--prompt-tokens", "gauss:mean=3"], "unknown kind"),
+    (["sim", "serve", "--device", "no-such-device"], "unknown device"),
+])
+def test_sim_serve_bad_input(capsys, argv, match):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse refuses a value outside the choices (--gate)
+        rc = exc.code
+    assert rc == 2
+    assert match in capsys.readouterr().err
