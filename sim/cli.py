@@ -35,8 +35,8 @@ from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from .calibrate import calibrate_file
-from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, probes_path,
-                       run_capacity)
+from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
+                       phases_text, probes_path, run_capacity)
 from .crosscheck import crosscheck_files, markdown_table
 from .decode import fit_compute, reference_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
@@ -49,7 +49,7 @@ from .params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DE
 from .prefill import simulate_prefill
 from .report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .schema import SESSION_MODES, RunConfig
-from .sweep import Study, meta_path, partial_path, run_study
+from .sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
 from .trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables
@@ -940,12 +940,15 @@ def _sweep_findings(rows, axes) -> list:
     if "sessions" not in axes:
         best = max(rows, key=lambda r: r["session_tokens_per_s"])
         return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
-                f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
+                f": {best['session_tokens_per_s']:.2f} tokens/s per session"
+                + (f" ({best['sessions']} sessions, phases {phases_text(best)})" if best["sessions"] > 1 else "")]
     lines = []
     for key, cap, bound, top in grid_capacities(rows, CAPACITY_TARGET):
         what = ", ".join(f"{a}={v}" for a, v in key.items()) or "all points"
+        group = [r for r in rows if all(r[a] == v for a, v in key.items())]
+        phases = sorted({phases_text(r) for r in group if r["sessions"] > 1}) or [phases_text(group[0])]
         lines.append(f"grid      {what}: {'>= ' if bound else ''}{cap} sessions at {CAPACITY_TARGET:g} tokens/s "
-                     f"(slowest session; read off the grid up to {top})")
+                     f"(slowest session; read off the grid up to {top}; phases {' / '.join(phases)})")
     lines.append("          (a grid only brackets the capacity: engram sim capacity searches it with a seed "
                  "ensemble)")
     return lines
@@ -986,7 +989,11 @@ def _cmd_capacity(args) -> int:
                     "runner": res.runner, "resumed_probes": res.resumed,
                     "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
                                         "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
-                                        "probes": len(c.probes), "assumptions": c.assumptions()}
+                                        "probes": len(c.probes), "phases": c.row()[PHASES_COLUMN],
+                                        "compute_mean_ms": c.compute_ms,
+                                        "compute_realised_mean_ms": c.compute_realised[0],
+                                        "compute_realised_cv": c.compute_realised[1],
+                                        "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
@@ -999,7 +1006,7 @@ def _cmd_capacity(args) -> int:
         print(f"assumes   {shared.pop()}")
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
-        print(f"capacity  {what}: {c.label()}")
+        print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
         if len({x.assumptions() for x in res.capacities}) > 1:
             print(f"          assumes {c.assumptions()}")
     print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")

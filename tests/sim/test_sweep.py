@@ -13,11 +13,15 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engram import ArgumentError, FormatError
 from engram.cli import main
+from sim.decode import simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
+from sim.params import Compute, Policy
+from sim.trace import load_trace
 from sim.io import OutputError
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
@@ -103,6 +107,31 @@ def test_known_answers_on_the_reference_device():
     for t in (8, 256):
         for k in (4, 16):
             assert by[(t, k, 3)]["session_tokens_per_s"] <= by[(t, k, 1)]["session_tokens_per_s"] * (1 + 1e-9)
+
+
+def test_rows_say_what_the_simulator_ran():
+    """Each row carries the phases the simulator ran (the older start_spread_ms included), the compute it drew
+    beside the nominal one, the step p99.9 and the trace length; equal to a direct simulate_decode call."""
+    study = Study.from_dict({
+        "study": {"name": "ran", "seed": 3},
+        "fixed": {"trace_limit": 300, "steps": 200, "compute_ms": 40.0, "compute_dist": "gamma", "compute_cv": 0.3,
+                  "sessions": 4},
+        "grid": [{"phases": ["random", "lockstep", "spread:20"]}, {"start_spread_ms": [30.0]}]})
+    rows, _ = run_points(study.points(), 3, jobs=1, progress=False)
+    assert [r["phases_run"] for r in rows] == ["random", "lockstep", "spread:20", "spread:30"]
+    for r in rows:
+        assert r["compute_mean_ms"] == 40.0 and r["trace_steps"] == 300 and r["wrapped"] == 0
+        assert r["compute_realised_mean_ms"] == pytest.approx(40.0, rel=0.05) and r["compute_realised_cv"] > 0.25
+        assert r["step_p99_ms"] <= r["step_p999_ms"]
+    p = rows[3]
+    d = simulate_decode(load_trace(p["trace"], limit=300), p["device"], Policy(), Compute(40e-3, "gamma", 0.3),
+                        sessions=4, steps=200, seed=p["seed"], phases="spread:30", bins=4)
+    lat = d.step_latencies.reshape(-1)
+    assert p["step_p999_ms"] == pytest.approx(np.percentile(lat, 99.9) * 1e3, rel=1e-12)
+    assert p["compute_realised_mean_ms"] == d.compute_realised["mean_ms"] and d.phases == "spread:30"
+    # a table of 300 steps read 400 steps a session: wrapped, and the row says over how many steps
+    long = run_points([{**study.points()[0], "steps": 400}], 3, jobs=1, progress=False)[0][0]
+    assert long["wrapped"] == 1 and long["trace_steps"] == 300
 
 
 def test_local_processes_and_a_dask_cluster_give_identical_tables(tmp_path):
@@ -401,11 +430,12 @@ def test_cli_sweep_over_sessions_reads_capacity_off_the_grid(tmp_path, capsys):
     """With sessions varying, 'best' would always be one session: the command gives the grid capacity."""
     study = tmp_path / "s.toml"
     study.write_text('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 150\ncompute = "reference"\n'
-                     'start_spread_ms = 47.0\n'
+                     'phases = "random"\n'
                      '[grid]\nsessions = [1, 16, 128]\n')
     assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "g.csv"), "--jobs", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "best" not in out and "grid      all points: 16 sessions at 20 tokens/s" in out
+    assert "phases random (each session starts at a uniformly random time within one step, seeded))" in out
     assert "engram sim capacity" in out
 
 
