@@ -86,6 +86,9 @@ CAPACITY_METRIC = "session_tokens_per_s_min"
 #: How the simulator batches the sessions' compute: it does not (each session computes alone).
 BATCHING = "none (each session computes alone; compute never contends)"
 
+#: A drawn compute's cv below this is the rounding of a constant compute's standard deviation: 0.
+CV_ROUNDING = 1e-9
+
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution")
 _SEARCHED = ("sessions", "repeat")
 
@@ -213,20 +216,21 @@ def pooled_compute(rows: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
     """The realised compute ``(mean ms, cv)`` over every step of ``rows`` (sweep rows or probes), each row's
     ``compute_realised_mean_ms`` and ``compute_realised_cv`` weighted by its sessions x steps; ``(nan, nan)``
     when no row has them (a table written before they were recorded)."""
-    n = m1 = m2 = 0.0
+    kept = []
     for r in rows:
         mean, cv = r.get("compute_realised_mean_ms"), r.get("compute_realised_cv")
         if not isinstance(mean, (int, float)) or not isinstance(cv, (int, float)) or isinstance(mean, bool):
             continue
-        w = float(r.get("sessions") or 1) * float(r.get("steps") or 1)
-        n += w
-        m1 += w * mean
-        m2 += w * (mean * mean * (1.0 + cv * cv))
-    if n == 0:
+        kept.append((float(r.get("sessions") or 1) * float(r.get("steps") or 1), float(mean), float(cv)))
+    if not kept:
         return float("nan"), float("nan")
-    mean = m1 / n
-    var = max(m2 / n - mean * mean, 0.0)
-    return mean, (math.sqrt(var) / mean if mean > 0 else 0.0)
+    n = sum(w for w, _, _ in kept)
+    same = all(m == kept[0][1] for _, m, _ in kept)
+    mean = kept[0][1] if same else sum(w * m for w, m, _ in kept) / n
+    # within each row's steps, and between the rows' means (two passes: a constant compute gives CV 0 exactly)
+    var = sum(w * ((cv * m) ** 2 + (m - mean) ** 2) for w, m, cv in kept) / n
+    cv = math.sqrt(var) / mean if mean > 0 else 0.0
+    return mean, (cv if cv > CV_ROUNDING else 0.0)
 
 
 @dataclass

@@ -146,7 +146,7 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
         Compute per step of the capacity search (default: the SPEC §8 reference compute).
     seeds, max_sessions : int, optional
         Seeds per device and the largest session count of the capacity search
-        (default 3 and 512; ``quick``: 2 and 128).
+        (default 3 and 1,024, :data:`sim.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
     jobs : int, optional

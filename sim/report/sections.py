@@ -14,10 +14,12 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET, capacity_of, is_capacity_table, probes_path, read_capacity
+from ..capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table, phases_short, phases_text, pooled_compute,
+                        probes_path, read_capacity)
 from ..crosscheck import markdown_table
 from ..io import output_error, sha256_file, write_json
 from ..sweep import AXES, METRICS, meta_path, read_table
+from ..trace import wrap_info
 from .answer import Entry, compute_phrase, entries_from_capacity_table, grid_entries
 from .document import Doc, anchor
 from .inputs import Inputs, device_label
@@ -140,17 +142,55 @@ def _short_key(r: Mapping) -> str:
 _COMPUTE_AXES = ("compute", "compute_ms", "compute_dist", "compute_cv")
 
 
-def fixed_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
+def fixed_text(row: Mapping[str, Any], axes: Sequence[str], rows: Sequence[Mapping[str, Any]] = ()) -> str:
     """What a study held fixed, from one of its rows: the compute of a step in words with its mean (not the
-    ``compute_ms`` axis, which a named compute model leaves at 0), then every other axis that does not vary."""
+    ``compute_ms`` axis, which a named compute model leaves at 0) and the compute drawn over ``rows`` (default:
+    the row), then every other axis that does not vary."""
     parts = []
     if not any(a in axes for a in _COMPUTE_AXES) and ("compute_mean_ms" in row or "compute_ms" in row):
-        parts.append(f"compute = {compute_phrase(row)}")
+        parts.append(f"compute = {compute_phrase(row, rows)}")
     skip = set(_COMPUTE_AXES) if parts else set()
     parts += [f"{a} = `{row[a]}`" for a in AXES
               if a in row and a not in axes and a not in skip and a not in ("sessions", "repeat")
               and row[a] not in ("", None)]
     return "Fixed: " + ", ".join(parts) + "."
+
+
+def ran_text(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> str:
+    """What the simulator ran, from a table's result columns: the session phases of the points with several
+    sessions (``phases_run``, else the phases the axes give) and, when the compute varies, the compute drawn
+    against the nominal one."""
+    parts = []
+    multi = [r for r in rows if int(r.get("sessions", 1) or 1) > 1]
+    if multi:
+        kinds = sorted({phases_text(r) for r in multi})
+        parts.append(f"Session phases as simulated: {'; '.join(kinds)}.")
+    if any(a in axes for a in _COMPUTE_AXES) and any("compute_realised_mean_ms" in r for r in rows):
+        groups: Dict[float, List[Mapping]] = {}
+        for r in rows:
+            groups.setdefault(float(r.get("compute_mean_ms", 0.0)), []).append(r)
+        drawn = []
+        for nominal, rs in sorted(groups.items()):
+            m, cv = pooled_compute(rs)
+            drawn.append(f"{nominal:.2f} ms nominal: drawn mean {m:.2f} ms, CV {cv:.3g}")
+        parts.append("Compute per step, nominal and as drawn over the points: " + "; ".join(drawn) + ".")
+    return " ".join(parts)
+
+
+def wrap_warnings(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The warnings of the points whose cache figures depend on replaying their trace: a row cache with a session
+    that wraps past the end of the trace, or a shared cache with sessions reading the same steps
+    (:meth:`sim.trace.Trace.wraps`, from each row's ``trace_steps``, ``steps`` and ``sessions``); one per
+    distinct run shape."""
+    out: List[str] = []
+    for r in rows:
+        per, shared = int(r.get("cache_rows") or 0), int(r.get("shared_cache_rows") or 0)
+        if not (per or shared) or not isinstance(r.get("trace_steps"), int) or r["trace_steps"] < 1:
+            continue
+        w = wrap_info(r["trace_steps"], int(r["steps"]), int(r.get("sessions", 1) or 1))
+        if (w.wraps or (shared and w.overlaps)) and w.warning() not in out:
+            out.append(w.warning())
+    return out
 
 
 def _copy_inputs(out: ReportFolder, paths: Sequence[Path], name: str = "") -> None:
@@ -192,7 +232,15 @@ def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[
               + (f"; ran in {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
               + f". Table: `inputs/{path.name}`." + _completeness(meta, rows, path))
         _copy_inputs(out, [path, meta_path(path)])
-        doc.p(fixed_text(rows[0], axes))
+        doc.p(fixed_text(rows[0], axes, rows))
+        ran = ran_text(rows, axes)
+        if ran:
+            doc.p(ran)
+        warn = wrap_warnings(rows)
+        if warn:
+            doc.p(f"**Warning**: the cache figures of this study depend on replaying its trace, in "
+                  f"{len(warn)} run shape(s): " + " ".join(f"{w}." for w in warn[:3])
+                  + (f" ({len(warn) - 3} more.)" if len(warn) > 3 else ""))
         plots = study.get("plots") or [_default_plot(axes, rows)]
         for pi, spec in enumerate(plots):
             rel, data, cap = _plot_sweep(out, rows, spec, axes, f"sweep_{anchor(name)}_{pi}", name)
@@ -219,10 +267,14 @@ def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Ent
           + f"). Tables: `inputs/{path.name}`, `inputs/{probes_path(path).name}`.")
     _copy_inputs(out, [path, meta_path(path), probes_path(path), meta_path(probes_path(path))])
     if rows:
-        doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes))
-    doc.table(["configuration", "capacity", "per seed", "probes", "assumes"],
-              [[e.label, e.shown(), " ".join(str(c) for c in e.cap.per_seed), len(e.cap.probes),
+        doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes, probes or rows))
+    doc.table(["configuration", "capacity", "per seed", "probes", "phases (as run)", "assumes"],
+              [[e.label, e.shown(), " ".join(str(c) for c in e.cap.per_seed), len(e.cap.probes), e.phases_short(),
                 e.cap.assumptions()] for e in entries])
+    warn = wrap_warnings(probes)
+    if warn:
+        doc.p("**Warning**: probes of this study replay their trace, and its row caches see those replays as hits: "
+              + " ".join(f"{w}." for w in warn[:3]) + (f" ({len(warn) - 3} more.)" if len(warn) > 3 else ""))
     return entries
 
 

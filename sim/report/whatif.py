@@ -16,10 +16,10 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity
+from ..capacity import CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity
 from ..decode import seed_reproduction, simulate_decode
 from ..device import SEED_REFERENCE, preset, preset_names
-from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
+from ..params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
 from ..schema import RunConfig, trace_label
 from ..sweep import AXES
 from ..trace import Trace, lru_hit_rate, reuse_stats
@@ -28,8 +28,9 @@ from .inputs import Inputs
 __all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "READERS", "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "SIM_STEPS",
            "THRESHOLDS", "capacity_data", "capacity_of", "simulate"]
 
-#: The largest session count the report's capacity search probes (a probe of 1,024 sessions takes minutes today).
-REPORT_MAX_SESSIONS = 512
+#: The largest session count the report's capacity search probes (the capacity search's: the galloping stops at the
+#: first count that fails, so only a device that sustains more than 512 sessions probes 1,024).
+REPORT_MAX_SESSIONS = CAPACITY_MAX_SESSIONS
 #: Seeds of the report's capacity search, per device (a capacity study chooses its own).
 REPORT_SEEDS = 3
 #: Thresholds of the threshold figure (a decode step reads 48 distinct rows).
@@ -377,7 +378,8 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
                   progress=True) -> CapacityData:
     """The capacity of each device (this machine's calibrated backends and every preset) at ``target``, found
     by :func:`sim.capacity.find_capacity`: the default threshold and readers, each session with its own compute
-    (the SPEC §8 reference unless ``compute_ms``), starts spread over one step.  Seeds come from the report's
+    (the SPEC §8 reference unless ``compute_ms``), sessions at random phases (:data:`sim.params.DEFAULT_PHASES`,
+    set explicitly: the capacities state it as the probes ran it).  Seeds come from the report's
     fixed study seed (0) and each probe's point, so the same inputs give the same capacities."""
     spec = CapacitySpec(float(target), int(seeds or (2 if quick else REPORT_SEEDS)),
                         int(max_sessions or (128 if quick else REPORT_MAX_SESSIONS)))
@@ -396,7 +398,7 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
         devices.append((n, n, "pread"))
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=100 if quick else 300,
-                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=round(comp_ms, 1))
+                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, phases=DEFAULT_PHASES)
     if compute_ms is None:
         base.update(compute="reference")
     else:

@@ -24,7 +24,8 @@ from engram.cli import main
 from sim.capacity import run_capacity
 from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
 from sim.report.plots import spread_labels
-from sim.sweep import Study, run_study
+from sim.report.sections import ran_text
+from sim.sweep import Study, run_points, run_study
 from tests.mounts import tmpfs
 
 PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "capacity")
@@ -166,8 +167,7 @@ def preset_report(tmp_path_factory):
                                       "series": ["readers"], "target": 20.0, "logx": True}]})
     run_study(grid, jobs=1, progress=False, out=d / "grid.csv")
     cap = Study.from_dict({"study": {"name": "drives", "seed": 2}, "capacity": {"seeds": 2, "max_sessions": 32},
-                           "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference",
-                                     "start_spread_ms": 47.0},
+                           "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference", "phases": "random"},
                            "grid": {"device": [SLOW_SSD], "readers": [4, 16]}})
     run_capacity(cap, jobs=1, progress=False, out=d / "drives.csv")
     buf = io.StringIO()
@@ -205,7 +205,7 @@ def test_report_on_presets(preset_report):
 
 
 def answer_rows(text: str):
-    """The answer's table: (device, read policy, capacity, band, target, assumes, from) per row."""
+    """The answer's table: (device, read policy, capacity, band, target, phases, assumes, from) per row."""
     part = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
     lines = [ln for ln in part.splitlines() if ln.startswith("| ") and not ln.startswith("| device")]
     return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
@@ -216,28 +216,52 @@ def test_the_answer_has_every_capacity_with_its_assumptions(preset_report):
     and the assumptions (compute, batching, phases, target, headroom) are stated."""
     text = preset_report[0].read_text()
     rows = answer_rows(text)
-    by = {(r[0], r[1], r[6].split(" (")[0]): r for r in rows}
+    by = {(r[0], r[1], r[7].split(" (")[0]): r for r in rows}
     assert by[("seed-apple-m3-ultra", "threshold 8, 16 readers", "this report's search")][2] == ">= 16"
-    drives = [r for r in rows if r[6].startswith("study 'drives'")]
-    grid = [r for r in rows if r[6].startswith("study 'grid'") and "read off a grid" in r[6]]
+    drives = [r for r in rows if r[7].startswith("study 'drives'")]
+    grid = [r for r in rows if r[7].startswith("study 'grid'") and "read off a grid" in r[7]]
     assert len(drives) == 2 and len(grid) == 2
     cap_table = list(csv.DictReader(open(preset_report[0].parent / "inputs" / "drives.csv")))
     for r, t in zip(sorted(drives, key=lambda r: r[1]), sorted(cap_table, key=lambda t: t["readers"])):
         assert r[2] == t["capacity"] and r[3] == f"{t['capacity_low']}-{t['capacity_high']} over 2 seeds"
+        assert t["phases_run"] == "random" and float(t["compute_realised_cv"]) == 0.0
+        assert float(t["compute_realised_mean_ms"]) == pytest.approx(float(t["compute_mean_ms"]), rel=1e-12)
     assert all(r[3].startswith("- (one grid") for r in grid)
+    # each capacity states the phases it ran with: the report's search and the capacity study at random phases,
+    # the grid study written with the older start_spread_ms at starts spread over one step
     for r in rows:
-        assert r[4] == "20" and "compute 47.01 ms" in r[5] and "6.0% under the ceiling 21.27 tokens/s" in r[5]
+        assert r[5] == ("spread 47 ms" if r in grid else "random phases"), r
+        assert r[4] == "20" and "compute 47.01 ms" in r[6] and "6.0% under the ceiling 21.27 tokens/s" in r[6]
+        assert "drawn: mean 47.01 ms, CV 0" in r[6]
     answer = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
     assert "batching none (each session computes alone; compute never contends)" in answer
-    assert "phases: starts spread evenly over 47 ms" in answer and "2.99 ms a step for reads" in answer
+    assert "phases: random (each session starts at a uniformly random time within one step, seeded)" in answer
+    assert "2.99 ms a step for reads" in answer
     assert "Machine: no measurement on this machine" in text
+    with open(preset_report[0].parent / "data" / "capacity.csv") as f:
+        assert {r["phases"] for r in csv.DictReader(f)} == {"random phases", "spread 47 ms"}
 
 
 def test_a_sweep_states_its_real_compute(preset_report):
     text = preset_report[0].read_text()
     fixed = text.split("## Study: tiny", 1)[1].split("Fixed: ", 1)[1].split("\n", 1)[0]
-    assert fixed.startswith("compute = 47.01 ms a step (the SPEC §8 reference compute)")
+    assert fixed.startswith("compute = 47.01 ms a step (the SPEC §8 reference compute); drawn: mean 47.01 ms, CV 0")
     assert "compute_ms" not in fixed and "sessions" not in fixed
+    grid = text.split("## Study: grid", 1)[1].split("\n## ", 1)[0]
+    assert "Session phases as simulated: starts spread evenly over 47 ms." in grid
+
+
+def test_a_sweep_over_compute_states_what_was_drawn():
+    """Nominal against drawn compute, from real rows: a gamma compute of CV 0.5 draws a CV near 0.5."""
+    study = Study.from_dict({"fixed": {"trace_limit": 200, "steps": 200, "compute_ms": 30.0, "sessions": 2},
+                             "grid": [{"compute_dist": ["gamma"], "compute_cv": [0.5]}, {"compute_ms": [10.0]}]})
+    rows, _ = run_points(study.points(), 0, jobs=1, progress=False)
+    text = ran_text(rows, study.axes())
+    assert text.startswith("Session phases as simulated: random (each session starts at a uniformly random time")
+    m, cv = rows[0]["compute_realised_mean_ms"], rows[0]["compute_realised_cv"]
+    assert abs(m / 30.0 - 1) < 0.1 and abs(cv - 0.5) < 0.1
+    assert f"10.00 ms nominal: drawn mean 10.00 ms, CV 0; 30.00 ms nominal: drawn mean {m:.2f} ms, CV {cv:.3g}." \
+        in text
 
 
 def test_report_numbers_are_the_figures(preset_report):
