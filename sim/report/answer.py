@@ -252,7 +252,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
                 label=f"{e.name()}: {e.shown()} ({e.phases_short()})")
         if rest:
             ax.plot([p["sessions"] for p in rest], [p[e.spec.metric] for p in rest], "o", ms=3, color=c, alpha=0.35)
-    for t in targets:
+    for t in sorted({e.spec.target for e in searched}):
         ax.axhline(t, color="k", ls="--", lw=1, label=f"target {t:g} tokens/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent sessions on the device (log scale)")
@@ -293,7 +293,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     ax2.set_xlabel(f"sessions sustained at >= {', '.join(f'{t:g}' for t in targets)} tokens/s each (log scale)")
     ax2.set_ylabel("device [where the capacity comes from], session phases")
     ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest"
-                  + ("; measured (square) and predicted (diamond, bar: the 90% interval) on this machine"
+                  + ("\nthis machine: measured (square), predicted (diamond; bar: its 90% interval)"
                      if any(e.checked is not None for e in entries) else ""), fontsize=10)
     ax2.grid(axis="y", visible=False)
     spread_labels(ax2, [(max(e.value(), 0.5), y, f"{e.shown()}" + _label_note(e), "k") for y, e in zip(ys, entries)])

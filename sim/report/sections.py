@@ -20,12 +20,13 @@ from ..crosscheck import markdown_table
 from ..io import output_error, sha256_file, write_json
 from ..sweep import AXES, METRICS, meta_path, read_table
 from ..trace import wrap_info
-from .answer import Entry, compute_phrase, entries_from_capacity_table, grid_entries
+from .answer import Entry, compute_phrase, entries_from_capacity_table, entries_from_crosscheck, grid_entries
 from .document import Doc, anchor
 from .inputs import Inputs, device_label
 from .plots import ReportFolder, pyplot, spread_labels, zero_based
 
-__all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
+__all__ = ["crosscheck_section", "inputs_section", "ran_text", "run_section", "sessions_section", "sweeps_section",
+           "wrap_warnings"]
 
 
 def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
@@ -131,7 +132,81 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
                 r["predicted"]["tokens_per_s"], pct(r["error"]["tokens_per_s"]), r["measured"]["step_p50_ms"],
                 r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
                 r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
-    doc.p(markdown_table(xc).split("\n\n", 1)[1].replace("\n", " "))
+    sessions_section(doc, out, xc)
+    # the cross-check's own summary: its last block of lines (errors, spread, interval, regime, backends left out)
+    for line in markdown_table(xc).rsplit("\n\n", 1)[-1].split("\n"):
+        doc.p(line)
+
+
+def sessions_section(doc: Doc, out: ReportFolder, xc: Mapping[str, Any]) -> None:
+    """Several sessions on this machine's device (the cross-check's ``session_rows``): their table, and the
+    measured capacity next to the predicted one per mode (``capacity``), in a figure with the prediction's
+    interval, the target, the compute and the phases."""
+    srows = xc.get("session_rows") or []
+    if not srows:
+        return
+    pct = (lambda x: f"{x * 100:+.1f}%")
+    doc.p("Several sessions decoding at once on this machine's device, each on its own stretch of the trace, as "
+          "threads of one process or as processes sharing the device; each run predicted with the same number of "
+          "sessions started with the spread of their first steps as measured (the phases the simulator "
+          "replays). Tokens/s of a session (the mean over the sessions) and of the slowest session, medians over "
+          "the repeats, with the prediction's 90% interval:")
+    doc.table(["sessions", "as", "trace", "policy", "compute", "steps x repeats", "compute ms measured / simulated",
+               "start spread ms", "tokens/s a session measured", "predicted [90%]", "error", "slowest measured",
+               "slowest predicted [90%]", "error"],
+              [[r["sessions"], r["mode"], r["trace_label"],
+                "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}", r["compute"],
+                f"{r['steps']} x{r['repeats']}",
+                f"{r['measured']['compute_mean_ms']:.2f} / {r['predicted']['compute_mean_ms']:.2f}",
+                r["predicted"]["start_spread_s"] * 1e3, r["measured"]["tokens_per_s"],
+                f"{r['predicted']['tokens_per_s']:.1f} [{r['interval']['low']:.1f}, {r['interval']['high']:.1f}]",
+                pct(r["error"]["tokens_per_s"]), r["measured"]["slowest_tokens_per_s"],
+                f"{r['predicted']['slowest_tokens_per_s']:.1f} [{r['interval']['slowest_low']:.1f}, "
+                f"{r['interval']['slowest_high']:.1f}]", pct(r["error"]["slowest_tokens_per_s"])]
+               for r in sorted(srows, key=lambda r: (r["mode"], r["sessions"]))])
+    checked = entries_from_crosscheck(xc)
+    if not checked:
+        return
+    plt = pyplot()
+    pairs = [(checked[i], checked[i + 1]) for i in range(0, len(checked), 2)]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.6), squeeze=False)
+    rows = []
+    for ax, (meas, pred) in zip(axes[0], pairs):
+        c = meas.checked["row"]
+        n = c["sessions"]
+        lo = c.get("predicted_slowest_low") or c["predicted_slowest"]
+        hi = c.get("predicted_slowest_high") or c["predicted_slowest"]
+        ax.fill_between(n, lo, hi, color="#8172B2", alpha=0.2, label="predicted, 90% interval")
+        ax.plot(n, c["predicted_slowest"], "-D", ms=5, color="#8172B2",
+                label=f"predicted: capacity {pred.shown()} (interval {pred.checked['low']}-{pred.checked['high']})")
+        ax.plot(n, c["measured_slowest"], "s", ms=7, color="#C44E52",
+                label=f"measured (median of {meas.checked['repeats']} repeats): capacity {meas.shown()}")
+        ax.axhline(meas.spec.target, color="k", ls="--", lw=1, label=f"target {meas.spec.target:g} tokens/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(x) for x in n])
+        ax.set_xlabel(f"concurrent sessions as {c['mode']} (log scale)")
+        ax.set_ylabel("tokens/s of the slowest session")
+        ax.set_title(f"Sessions as {c['mode']}: t{c['threshold']} {c['backend']} x{c['readers']}, compute "
+                     f"{meas.checked['compute_ms']:.2f} ms ('{c['compute']}'), {meas.phases_short()}", fontsize=9)
+        ax.legend(loc="lower left", fontsize=7)
+        rows += [[c["mode"], s, m, p, a, b, meas.spec.target, c["measured_capacity"], c["predicted_capacity"],
+                  pred.checked["low"], pred.checked["high"], meas.checked["compute_ms"], meas.phases_short()]
+                 for s, m, p, a, b in zip(n, c["measured_slowest"], c["predicted_slowest"], lo, hi)]
+    rel = out.save(fig, "capacity_measured", "Capacity on this machine: measured and predicted")
+    data = out.csv("capacity_measured", ["mode", "sessions", "measured_slowest_tokens_per_s",
+                                         "predicted_slowest_tokens_per_s", "predicted_low", "predicted_high",
+                                         "target", "measured_capacity", "predicted_capacity",
+                                         "predicted_capacity_low", "predicted_capacity_high", "compute_ms",
+                                         "phases"], rows)
+    out.add(doc, rel, data, "The slowest session's tokens/s by concurrent sessions on this machine, measured "
+                            "(squares: medians of the repeats) and predicted (line, band: the 90% interval from the "
+                            "calibration's own uncertainty), with the target; the capacity is the largest count of "
+                            "the grid whose slowest session reaches it.")
+    doc.p(" ".join(f"Sessions as {m.checked['row']['mode']}: measured capacity {m.shown()}, predicted {p.shown()} "
+                   f"(interval {p.checked['low']}-{p.checked['high']}) at {m.spec.target:g} tokens/s for the slowest "
+                   f"session, on the grid {m.checked['grid']}, compute {m.compute()}, phases: {m.phases()}"
+                   f" ({'within' if m.checked['row']['within_one_step'] else 'NOT within'} one grid step)."
+                   for m, p in pairs))
 
 
 def _short_key(r: Mapping) -> str:
@@ -322,7 +397,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
                 yhi.append(v.max())
                 data_rows.append([fv if facet else "", *key, xv, v.mean(), v.min(), v.max(), v.size])
             xp = [xcats.index(v) for v in xs] if cat else xs
-            lab = ", ".join(f"{s}={device_label(v) if s == 'device' else v}" for s, v in zip(series, key)) or y
+            lab = ", ".join(f"{s}={_value_label(s, v)}" for s, v in zip(series, key)) or y
             line, = ax.plot(xp, ym, "-o", ms=4, label=lab)
             if any(h > l for h, l in zip(yhi, ylo)):
                 ax.fill_between(xp, ylo, yhi, color=line.get_color(), alpha=0.15)
@@ -369,6 +444,13 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
     if averaged:
         cap += f"; mean over {', '.join(averaged)} (band: min-max)"
     return rel, data, cap + "."
+
+
+def _value_label(axis: str, value: Any) -> str:
+    """An axis value as a legend shows it: devices by :func:`device_label`, an unset text axis as ``none``."""
+    if axis in ("device", "tail") and value:
+        return device_label(str(value))
+    return "none" if value in ("", None) else str(value)
 
 
 def run_section(doc: Doc, inp: Inputs) -> None:

@@ -24,11 +24,14 @@ from engram.cli import main
 from sim.capacity import run_capacity
 from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
 from sim.report.plots import spread_labels
+from sim.device import load_device
 from sim.report.sections import ran_text
+from sim.trace import wrap_info
 from sim.sweep import Study, run_points, run_study
 from tests.mounts import tmpfs
 
-PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "capacity")
+PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "reuse_rate",
+                     "capacity", "planner")
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
@@ -159,6 +162,10 @@ def preset_report(tmp_path_factory):
                              "grid": {"threshold": [8, 256], "readers": [1, 16]},
                              "plot": [{"x": "readers", "series": ["threshold"], "logx": True}]})
     run_study(study, jobs=1, progress=False, out=d / "tiny.csv")
+    wrapped = Study.from_dict({"study": {"name": "wrapped"},
+                               "fixed": {"trace_limit": 100, "steps": 150, "compute": "reference"},
+                               "grid": {"cache_rows": [0, 1024]}})
+    run_study(wrapped, jobs=1, progress=False, out=d / "wrapped.csv")
     grid = Study.from_dict({"study": {"name": "grid"},
                             "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference", "device": SLOW_SSD,
                                       "start_spread_ms": 47.0},
@@ -173,6 +180,7 @@ def preset_report(tmp_path_factory):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(["report", "--out", str(d / "out"), "--sweep", str(d / "tiny.csv"), "--sweep", str(d / "grid.csv"),
+                   "--sweep", str(d / "wrapped.csv"),
                    "--sweep", str(d / "drives.csv"), "--quick", "--seeds", "1", "--max-sessions", "16", "--jobs", "1",
                    "--quiet", "--json"])
     assert rc == 0
@@ -189,7 +197,8 @@ def test_report_on_presets(preset_report):
     assert heads[0] == "Answer: concurrent sessions each device sustains"  # the answer leads
     for head in ("Other headline figures", "Seed reproduction (SPEC §8, §9)", "Tokens/s by threshold",
                  "Tokens/s by readers (queue depth)", "Step-latency CDFs", "Reuse and row caches",
-                 "Capacity: how the report searched it", "Study: tiny", "Study: grid", "Capacity study: drives",
+                 "Capacity: how the report searched it", "What a planner can buy: drives, a shared cache, DRAM, the tail",
+                 "Study: tiny", "Study: grid", "Study: wrapped", "Capacity study: drives",
                  "Inputs, calibration and tables"):
         assert head in heads, head
     assert "No cross-check" in text and "21.06" in text
@@ -202,6 +211,67 @@ def test_report_on_presets(preset_report):
         assert len(rows) >= 3, name
     for name in ("tiny.csv", "tiny.csv.meta.json", "drives.csv", "drives.csv.probes.csv"):
         assert (root / "inputs" / name).is_file(), name
+
+
+def test_a_study_whose_cache_replays_its_trace_says_so(preset_report):
+    """A row cache over a trace of 100 steps read for 150: the study's section prints the trace's own warning."""
+    text = preset_report[0].read_text()
+    part = text.split("## Study: wrapped", 1)[1].split("\n## ", 1)[0]
+    want = wrap_info(100, 150, 1).warning()
+    assert want.startswith("1 session(s) x 150 steps on a trace of 100 steps: each session wraps (1.50 laps)")
+    assert "**Warning**: the cache figures of this study depend on replaying its trace" in part and want in part
+    assert "Warning" not in text.split("## Study: tiny", 1)[1].split("\n## ", 1)[0]  # no cache, no wrap
+
+
+def test_reuse_rate_figure(preset_report):
+    """Synthetic traces hit their target reuse rate; a cache never serves more than the text repeats; without
+    a cache the reads do not depend on the reuse rate, with one they get faster as the text repeats more."""
+    root = preset_report[0].parent
+    rows = list(csv.DictReader(open(root / "data" / "reuse_rate.csv")))
+    assert {float(r["target_reuse"]) for r in rows} == {0.0, 0.225, 0.5}  # --quick
+    for r in rows:
+        assert abs(float(r["reuse_rate"]) - float(r["target_reuse"])) <= 0.01
+        assert float(r["cache_hit_rate"]) <= float(r["reuse_rate"]) + 1e-12
+        assert (float(r["cache_hit_rate"]) == 0) == (r["cache_rows"] == "0" or r["target_reuse"] == "0.0")
+    reads_only = [r for r in rows if r["panel"] == "Reference SSD, Engram reads only"]
+    flat = [float(r["tokens_per_s"]) for r in reads_only if r["cache_rows"] == "0"]
+    assert max(flat) / min(flat) - 1 < 0.01
+    cached = [float(r["tokens_per_s"]) for r in sorted(reads_only, key=lambda r: float(r["target_reuse"]))
+              if r["cache_rows"] == "4096"]
+    assert cached == sorted(cached) and cached[-1] > 1.2 * cached[0]
+    text = preset_report[0].read_text()
+    assert "Trace coverage: 1 session(s) x 500 steps on a trace of 500 steps: no wrap." in text
+
+
+def test_planner_panels(preset_report):
+    """Capacity on the reference SSD by drives, shared cache and DRAM share (--quick: one seed, bisected to 8
+    sessions, one device), and the tail with a measured distribution."""
+    root = preset_report[0].parent
+    rows = {(r["axis"], float(r["value"])): r for r in csv.DictReader(open(root / "data" / "planner.csv"))}
+    cap = {k: int(r["capacity"]) for k, r in rows.items()}
+    bound = load_device("seed-apple-m3-ultra").peak_iops() / (48 * 20.0)  # 81.4 sessions
+    base = cap[("drives", 1.0)]
+    assert bound - 8 - 1 <= base <= bound and cap[("shared_cache_rows", 0.0)] == cap[("dram_fraction", 0.0)] == base
+    # two drives: twice the throughput bound; half the tables in DRAM: half the reads (each nearly doubles the
+    # capacity; 20 steps a session at random phases reach a little less of the bound than one drive does)
+    for key in (("drives", 2.0), ("dram_fraction", 0.5)):
+        assert 1.8 * base <= cap[key] <= 2 * bound, key
+    assert cap[("shared_cache_rows", 65536.0)] >= base and float(rows[("shared_cache_rows", 65536.0)][
+        "shared_cache_hit_rate_at_capacity"]) > 0
+    assert float(rows[("dram_fraction", 0.5)]["dram_hit_rate_at_capacity"]) == pytest.approx(0.5, abs=0.02)
+    assert {r["phases"] for r in rows.values()} == {"random phases"}
+    tail = list(csv.DictReader(open(root / "data" / "planner_tail.csv")))
+    own = [r for r in tail if r["latency_distribution"].startswith("own")]
+    lent = [r for r in tail if r["latency_distribution"].startswith("vm-virtio")]
+    assert len(own) == len(lent) >= 3 and [r["sessions"] for r in own] == [r["sessions"] for r in lent]
+    for r in tail:
+        assert float(r["step_p50_ms"]) <= float(r["step_p99_ms"]) <= float(r["step_p999_ms"])
+    # the reference SSD has fixed latencies: alone, a session's steps all take the same time; a measured
+    # distribution gives them a tail
+    assert float(own[0]["step_p999_ms"]) == pytest.approx(float(own[0]["step_p50_ms"]), rel=1e-6)
+    assert float(lent[0]["step_p999_ms"]) > float(lent[0]["step_p50_ms"]) * 1.001
+    text = preset_report[0].read_text()
+    assert "no wrap, sessions read distinct steps" in text.split("## What a planner can buy", 1)[1]
 
 
 def answer_rows(text: str):
