@@ -19,8 +19,9 @@ import pytest
 from engram import ArgumentError, FormatError
 from engram.cli import main
 from sim.decode import simulate_decode
-from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
+from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
 from sim.params import Compute, Policy
+from sim.report.sections import wrap_warnings
 from sim.trace import load_trace
 from sim.io import OutputError
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
@@ -134,6 +135,41 @@ def test_rows_say_what_the_simulator_ran():
     assert long["wrapped"] == 1 and long["trace_steps"] == 300
 
 
+def study_rows(name: str, **where):
+    """The rows of the shipped study ``name`` at the points matching ``where`` (their seeds are the study's)."""
+    study = Study.load(STUDIES / f"{name}.toml")
+    pts = [p for p in study.points() if all(p[k] == v for k, v in where.items())]
+    return run_points(pts, study.seed, jobs=2, progress=False)[0]
+
+
+def test_the_planner_studies_as_shipped():
+    """drives, dram, shared_cache and tail at the session counts where their answers differ."""
+    ssd = load_device("ssd:qd1_us=80,iops=100000")
+    # 192 sessions need 192 x 48 x 20 = 184k reads/s: over one drive's 100k IOPS, within two drives'
+    drives = {r["drives"]: r for r in study_rows("drives", sessions=192)}
+    assert drives[1]["session_tokens_per_s_min"] < 20.0 <= drives[2]["session_tokens_per_s_min"]
+    assert drives[4]["session_tokens_per_s_min"] >= 20.0 and drives[4]["device_busy"] < drives[2]["device_busy"]
+    assert 192 * 48 * 20 > ssd.peak_iops() and all(r["phases_run"] == "random" for r in drives.values())
+    # half the tables in DRAM: half the requests never reach the device
+    dram = {r["dram_fraction"]: r for r in study_rows("dram", sessions=160)}
+    assert dram[0.0]["session_tokens_per_s_min"] < 20.0 <= dram[0.5]["session_tokens_per_s_min"]
+    for share, r in dram.items():
+        assert r["dram_hit_rate"] == pytest.approx(share, abs=0.02)
+        assert r["reads_per_step"] == pytest.approx(48 * (1 - share), rel=0.05)
+    # a shared cache serves more the larger it is, and no session replays another's stretch of the trace
+    shared = {r["shared_cache_rows"]: r for r in study_rows("shared_cache", sessions=64)}
+    assert shared[0]["shared_cache_hit_rate"] == 0 < shared[4096]["shared_cache_hit_rate"] \
+        < shared[65536]["shared_cache_hit_rate"]
+    assert shared[65536]["reads_per_step"] == pytest.approx(48 * (1 - shared[65536]["shared_cache_hit_rate"]),
+                                                            rel=0.02)
+    assert wrap_warnings(list(shared.values())) == [] and all(r["trace_steps"] == 16000 for r in shared.values())
+    # the measured distribution changes the tail, not the mean
+    tail = {r["tail"]: r for r in study_rows("tail", sessions=90)}
+    own, lent = tail[""], tail["vm-virtio-16core-4k"]
+    assert own["step_p999_ms"] != lent["step_p999_ms"] and own["step_p99_ms"] <= own["step_p999_ms"]
+    assert lent["step_mean_ms"] == pytest.approx(own["step_mean_ms"], rel=0.02)
+
+
 def test_local_processes_and_a_dask_cluster_give_identical_tables(tmp_path):
     distributed = pytest.importorskip("dask.distributed")
     study = Study.from_dict({
@@ -186,7 +222,8 @@ def test_calibrated_device_needs_a_calibration():
 
 def test_example_studies_parse():
     names = sorted(p.name for p in STUDIES.glob("*.toml"))
-    assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml"} <= set(names)
+    assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml", "drives.toml", "dram.toml",
+            "shared_cache.toml", "tail.toml", "reuse.toml"} <= set(names)
     for p in STUDIES.glob("*.toml"):
         s = Study.load(p)
         assert s.points(), p
