@@ -20,12 +20,12 @@ from engram import ArgumentError, FormatError
 from engram.cli import main
 from sim.decode import simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
+from sim.io import OutputError
 from sim.params import Compute, Policy
 from sim.report.sections import wrap_warnings
-from sim.trace import load_trace
-from sim.io import OutputError
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
+from sim.trace import load_trace
 from tests.mounts import tmpfs
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
