@@ -443,6 +443,9 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
         cap += f"; only {', '.join(f'{k} = {v}' for k, v in where.items())}"
     if averaged:
         cap += f"; mean over {', '.join(averaged)} (band: min-max)"
+    if spec.get("kind") == "capacity":
+        cap += (f"; stars: the capacity read off the grid at {float(spec.get('target', CAPACITY_TARGET)):g} tokens/s, "
+                f"sessions at {' / '.join(sorted({phases_short(r) for r in sel}))} as simulated")
     return rel, data, cap + "."
 
 

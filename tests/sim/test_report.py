@@ -319,6 +319,7 @@ def test_a_sweep_states_its_real_compute(preset_report):
     assert "compute_ms" not in fixed and "sessions" not in fixed
     grid = text.split("## Study: grid", 1)[1].split("\n## ", 1)[0]
     assert "Session phases as simulated: starts spread evenly over 47 ms." in grid
+    assert "stars: the capacity read off the grid at 20 tokens/s, sessions at spread 47 ms as simulated" in grid
 
 
 def test_a_sweep_over_compute_states_what_was_drawn():
