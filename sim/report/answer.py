@@ -243,7 +243,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     cycle = colors()
     targets = sorted({e.spec.target for e in entries})
     for e in searched:
-        c = cycle[entries.index(e) % len(cycle)]  # one colour per entry in both panels
+        c = cycle[searched.index(e) % len(cycle)]  # one colour per entry in both panels
         cap = e.cap
         med = cap.median_seed()
         line = sorted((p for p in cap.probes if p["repeat"] == med and p["sessions"] > 0), key=lambda p: p["sessions"])
@@ -265,7 +265,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     labels = []
     checked_colour = {"measured": "#C44E52", "predicted": "#8172B2"}
     for y, e in zip(ys, entries):
-        c = cycle[entries.index(e) % len(cycle)] if e.searched else "0.4"
+        c = cycle[searched.index(e) % len(cycle)] if e.searched else "0.4"
         v = max(e.value(), 0.5)
         if e.cap is not None:
             lo, hi = max(e.cap.low, 0.5), max(e.cap.high, 0.5)

@@ -470,65 +470,82 @@ def tail_shape(inp: Inputs) -> Optional[Tuple[str, Any]]:
 def planner_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY_TARGET,
                  compute_ms: Optional[float] = None, quick: bool = False, jobs: Optional[int] = None,
                  progress=True) -> PlannerData:
-    """Capacity on the reference SSD and a datasheet SSD (:data:`PLANNER_SSD`) by drives striped
-    (:data:`DRIVES`), a row cache shared by every session (:data:`SHARED_CACHE_ROWS`) and a DRAM-resident share
-    of the tables (:data:`DRAM_FRACTIONS`), one seed each, at random phases, on a synthetic trace of SPEC §8's
-    reuse rate long enough that no probe's sessions read the same steps (a shared cache would count those as
-    hits); and the step-latency p99 / p99.9 by sessions with each device's own latency spread and a measured one
-    (:func:`tail_shape`)."""
+    """Capacity on the reference SSD and a datasheet SSD (:data:`PLANNER_SSD`; ``quick``: the reference SSD
+    alone) by drives striped (:data:`DRIVES`), a row cache shared by every session (:data:`SHARED_CACHE_ROWS`)
+    and a DRAM-resident share of the tables (:data:`DRAM_FRACTIONS`), one seed each, at random phases, on a
+    synthetic trace of SPEC §8's reuse rate long enough that no probe's sessions read the same steps (a shared
+    cache would count those as hits); and the step-latency p99 / p99.9 by sessions with each device's own
+    latency spread and a measured one (:func:`tail_shape`)."""
     steps = 20 if quick else 30
     spec = CapacitySpec(float(target), 1, 256 if quick else 512, resolution=PLANNER_RESOLUTION)
-    tokens = spec.max_sessions * steps
-    trace_spec = SynthSpec(PLANNER_REUSE, tokens=tokens).spec()
+    trace_spec = SynthSpec(PLANNER_REUSE, tokens=spec.max_sessions * steps).spec()
     tr = load_trace(trace_spec)
     comp_ms = float(compute_ms) if compute_ms is not None else ref_compute.mean * 1e3
-    axes = {"drives": DRIVES if not quick else (1, 2), "shared_cache_rows": SHARED_CACHE_ROWS if not quick
-            else (0, 65536), "dram_fraction": DRAM_FRACTIONS if not quick else (0.0, 0.5)}
-    devices = [(SEED_DEVICE, SEED_DEVICE)] + ([] if quick else [(f"datasheet {device_label(PLANNER_SSD)}",
-                                                                  PLANNER_SSD)])
+    axes = {"drives": DRIVES if not quick else (1, 2),
+            "shared_cache_rows": SHARED_CACHE_ROWS if not quick else (0, 65536),
+            "dram_fraction": DRAM_FRACTIONS if not quick else (0.0, 0.5)}
+    devices = [(SEED_DEVICE, SEED_DEVICE)]
+    if not quick:
+        devices.append((f"datasheet {device_label(PLANNER_SSD)}", PLANNER_SSD))
     d = PlannerData(devices, axes, trace_spec, tr.steps, steps, spec, comp_ms)
     d.wrap = tr.wraps(steps, spec.max_sessions).summary()
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, threshold=DEFAULT_THRESHOLD,
                 readers=DEFAULT_READERS, phases=DEFAULT_PHASES)
-    base.update(compute="reference") if compute_ms is None else base.update(compute="", compute_ms=comp_ms)
+    if compute_ms is None:
+        base.update(compute="reference")
+    else:
+        base.update(compute="", compute_ms=comp_ms)
+    _planner_capacities(d, base, tr, jobs, progress)
+    shape = tail_shape(inp)
+    if shape is not None:
+        _tail_curves(d, tr, shape, target, quick)
+    return d
+
+
+def _planner_capacities(d: PlannerData, base: Mapping[str, Any], tr: Trace, jobs: Optional[int], progress) -> None:
+    """Every (device, axis, value) of ``d`` searched in one :func:`find_capacity` (configurations that coincide,
+    such as each axis at its default, searched once)."""
     configs: List[dict] = []
     where: Dict[tuple, int] = {}
     for _, dev in d.devices:
-        for axis, values in axes.items():
+        for axis, values in d.axes.items():
             for v in values:
                 cfg = dict(base, device=dev, **{axis: v})
                 if cfg not in configs:
                     configs.append(cfg)
                 where[(dev, axis, v)] = configs.index(cfg)
-    caps, _ = find_capacity(configs, spec, 0, jobs=jobs, progress=progress, desc="planner", traces={trace_spec: tr})
+    caps, _ = find_capacity(configs, d.spec, 0, jobs=jobs, progress=progress, desc="planner",
+                            traces={d.trace: tr})
+    nan = float("nan")
     for key, i in where.items():
         d.capacities[key] = c = caps[i]
-        at = c.at(c.capacity) if c.capacity else None
-        d.rows.append([key[0], key[1], key[2], c.capacity, c.lower_bound, phases_short(c.phases),
-                       at["shared_cache_hit_rate"] if at else float("nan"), at["dram_hit_rate"] if at else float("nan"),
-                       at["reads_per_s"] if at else float("nan"), at["device_busy"] if at else float("nan")])
-    shape = tail_shape(inp)
-    if shape is not None:
-        d.tail_label, shape_dev = shape
-        d.tail_steps = 100 if quick else 300
-        comp = Compute(comp_ms * 1e-3)
-        for label, dev_spec in d.devices:
-            dev = load_device(dev_spec)
-            bound = dev.peak_iops() / (SEED_REFERENCE["rows_per_step"] * target)
-            counts = sorted({max(1, int(round(bound * f))) for f in ((0.0, 0.5, 0.9) if quick else
-                                                                      (0.0, 0.25, 0.5, 0.75, 0.9))})
-            for name, device in (("", dev), (d.tail_label, with_tail(dev, shape_dev))):
-                p99, p999 = [], []
-                for s in counts:
-                    r = simulate(tr, device, policy(DEFAULT_THRESHOLD, "pread", DEFAULT_READERS), comp,
-                                 steps=d.tail_steps, sessions=s)
-                    p99.append(r.step_ms["p99"])
-                    p999.append(r.step_ms["p999"])
-                    d.tail_rows.append([label, name or "own (datasheet-derived)", s, r.step_ms["p50"],
-                                        r.step_ms["p99"], r.step_ms["p999"], min(r.tokens_per_s_per_session)])
-                d.tail.append((label, name, counts, p99, p999))
-    return d
+        at = c.at(c.capacity) if c.capacity else {}
+        d.rows.append([*key, c.capacity, c.lower_bound, phases_short(c.phases), at.get("shared_cache_hit_rate", nan),
+                       at.get("dram_hit_rate", nan), at.get("reads_per_s", nan), at.get("device_busy", nan)])
+
+
+def _tail_curves(d: PlannerData, tr: Trace, shape: Tuple[str, Any], target: float, quick: bool) -> None:
+    """Step latency p99 / p99.9 of each device of ``d`` by sessions (up to 90% of its throughput bound at
+    ``target``), with its own latency spread and with ``shape``'s measured one (:func:`sim.device.with_tail`)."""
+    d.tail_label, shape_dev = shape
+    d.tail_steps = 100 if quick else 300
+    comp = Compute(d.compute_ms * 1e-3)
+    shares = (0.0, 0.5, 0.9) if quick else (0.0, 0.25, 0.5, 0.75, 0.9)
+    for label, dev_spec in d.devices:
+        dev = load_device(dev_spec)
+        bound = dev.peak_iops() / (SEED_REFERENCE["rows_per_step"] * target)
+        counts = sorted({max(1, int(round(bound * f))) for f in shares})
+        for name, device in (("", dev), (d.tail_label, with_tail(dev, shape_dev))):
+            p99, p999 = [], []
+            for n in counts:
+                r = simulate(tr, device, policy(DEFAULT_THRESHOLD, "pread", DEFAULT_READERS), comp,
+                             steps=d.tail_steps, sessions=n)
+                p99.append(r.step_ms["p99"])
+                p999.append(r.step_ms["p999"])
+                d.tail_rows.append([label, name or "own", n, r.step_ms["p50"], r.step_ms["p99"], r.step_ms["p999"],
+                                    min(r.tokens_per_s_per_session)])
+            d.tail.append((label, name, counts, p99, p999))
 
 
 # ----------------------------------------------------------------------- reuse
