@@ -1119,9 +1119,9 @@ def add_demo_command(subparsers) -> None:
                                           "format (V4.1 Flash layout at a reduced scale), make traces from real "
                                           "text that ships with Python (or --text), run lookups and gated adds, "
                                           "the measured decode runs, the calibration, the cross-check and a small "
-                                          "sweep, and write the report (default reports/demo/). About 3 minutes "
-                                          "on 2 cores with an SSD; the 4.4 GiB model file is written once and "
-                                          "reused on later runs.")
+                                          "sweep, and write the report (default reports/demo/). Several minutes "
+                                          "on 2 cores with an SSD (README states the measured time); the 4.4 GiB "
+                                          "model file is written once and reused on later runs.")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
     p.add_argument("--workdir", default=DEFAULT_WORKDIR,
                    help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
@@ -1131,7 +1131,7 @@ def add_demo_command(subparsers) -> None:
     p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
     p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
-    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about 20 seconds)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)")
     p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
     p.add_argument("--wait", action="store_true",
                    help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
