@@ -261,10 +261,11 @@ def test_cli_sweep(tmp_path, capsys):
 
 # ------------------------------------------------------------------ lost workers, interruptions, resumption
 def lossy_study() -> Study:
-    """16 points of a tenth of a second or more each: a sweep long enough to lose a worker in the middle."""
+    """16 points of about a quarter of a second each (4 s in all on a loaded 2-core VM): a sweep long enough to
+    lose a worker, or take Ctrl-C, in the middle even when the test itself is scheduled late."""
     return Study.from_dict({
         "study": {"name": "lossy", "seed": 5},
-        "fixed": {"trace_limit": 200, "steps": 200, "compute_ms": 5.0, "compute_dist": "gamma", "compute_cv": 0.3},
+        "fixed": {"trace_limit": 1000, "steps": 1000, "compute_ms": 5.0, "compute_dist": "gamma", "compute_cv": 0.3},
         "grid": {"readers": [2, 16], "sessions": [1, 8, 16, 24], "cache_rows": [0, 1000]},
     })
 
@@ -388,7 +389,7 @@ def test_interrupted_cli_sweep_keeps_its_rows_and_resumes(tmp_path, undisturbed)
     """Ctrl-C: exit 130, the finished rows stay (complete: false); --resume runs only the others and ends with
     the undisturbed table."""
     study = tmp_path / "lossy.toml"
-    study.write_text('[study]\nname = "lossy"\nseed = 5\n[fixed]\ntrace_limit = 200\nsteps = 200\n'
+    study.write_text('[study]\nname = "lossy"\nseed = 5\n[fixed]\ntrace_limit = 1000\nsteps = 1000\n'
                      'compute_ms = 5.0\ncompute_dist = "gamma"\ncompute_cv = 0.3\n'
                      '[grid]\nreaders = [2, 16]\nsessions = [1, 8, 16, 24]\ncache_rows = [0, 1000]\n')
     out = tmp_path / "lossy.csv"
