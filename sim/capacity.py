@@ -29,9 +29,11 @@ the capacity is the same on every run and every runner.
 Assumptions
 -----------
 Every capacity is stated with what it assumes (:meth:`Capacity.assumptions`):
-the compute of a step, batching (none: each session computes alone and
-compute never contends), how the sessions' steps are phased (lockstep, or
-starts spread over some milliseconds), and the target with its headroom under
+the compute of a step (nominal, and the mean and cv the probes actually drew),
+batching (none: each session computes alone and compute never contends), how
+the sessions' steps are phased as the probes ran them (random phases by
+default, lockstep, or starts spread over some milliseconds), and the target
+with its headroom under
 the compute-only ceiling ``1000 / compute_ms`` tokens/s: a target of 20
 tokens/s with 47.01 ms of compute leaves 2.99 ms a step for the reads, 6% under
 the ceiling of 21.27 tokens/s, so any compute above 50 ms makes every device
@@ -64,13 +66,14 @@ from engram.errors import ArgumentError
 from .io import load_json
 from .progress import progress as progress_bar
 from .schema import CAPACITY_SCHEMA
-from .sweep import (AXES, METRICS, PointRunner, Study, TableWriter, check_points, meta_path, point_seed, read_table,
-                    resolve_context, same_axis_value)
+from .params import Phases
+from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, meta_path,
+                    point_phases, point_seed, read_table, resolve_context, same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
-           "compute_text", "find_capacity", "grid_capacities", "is_capacity_table", "phases_text", "probes_path",
-           "read_capacity", "run_capacity"]
+           "compute_text", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "pooled_compute", "probes_path", "read_capacity", "run_capacity"]
 
 #: Tokens/s every session must reach (per session, the slowest one).
 CAPACITY_TARGET = 20.0
@@ -82,6 +85,9 @@ CAPACITY_MAX_SESSIONS = 1024
 CAPACITY_METRIC = "session_tokens_per_s_min"
 #: How the simulator batches the sessions' compute: it does not (each session computes alone).
 BATCHING = "none (each session computes alone; compute never contends)"
+
+#: A drawn compute's cv below this is the rounding of a constant compute's standard deviation: 0.
+CV_ROUNDING = 1e-9
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution")
 _SEARCHED = ("sessions", "repeat")
@@ -156,25 +162,75 @@ class CapacitySpec:
 # =====================================================================================
 # assumptions, in words
 # =====================================================================================
-def compute_text(point: Mapping[str, Any], compute_ms: float) -> str:
-    """The compute of a step of ``point`` in words, with its mean (``compute_ms``)."""
+def compute_text(point: Mapping[str, Any], compute_ms: float,
+                 realised: Optional[Tuple[float, float]] = None) -> str:
+    """The compute of a step of ``point`` in words, with its nominal mean (``compute_ms``) and, when given, the
+    ``realised`` ``(mean ms, cv)`` of the times the simulator drew (:attr:`sim.decode.DecodeResult.compute_realised`)."""
     c = point.get("compute", "")
     if c == "reference":
-        return f"{compute_ms:.2f} ms a step (the SPEC §8 reference compute)"
-    if c.startswith("calibrated:"):
-        return f"{compute_ms:.2f} ms a step (compute '{c.split(':', 1)[1]}' measured on this machine)"
-    dist = point.get("compute_dist", "constant")
-    if dist == "constant" or not point.get("compute_cv"):
-        return f"{compute_ms:.2f} ms a step (constant)"
-    return f"{compute_ms:.2f} ms a step on average ({dist}, CV {point['compute_cv']:g})"
+        text = f"{compute_ms:.2f} ms a step (the SPEC §8 reference compute)"
+    elif c.startswith("calibrated:"):
+        text = f"{compute_ms:.2f} ms a step (compute '{c.split(':', 1)[1]}' measured on this machine)"
+    elif point.get("compute_dist", "constant") == "constant" or not point.get("compute_cv"):
+        text = f"{compute_ms:.2f} ms a step (constant)"
+    else:
+        text = f"{compute_ms:.2f} ms a step on average ({point['compute_dist']}, CV {point['compute_cv']:g})"
+    if realised is not None and math.isfinite(realised[0]):
+        text += f"; drawn: mean {realised[0]:.2f} ms, CV {realised[1]:.3g}"
+    return text
+
+
+#: How each kind of session phases reads in an assumption (:class:`sim.params.Phases`).
+_PHASES_WORDS = {"random": "random (each session starts at a uniformly random time within one step, seeded)",
+                 "lockstep": "lockstep (every session starts at once)"}
 
 
 def phases_text(point: Mapping[str, Any]) -> str:
-    """How the sessions' steps are phased against each other, in words."""
-    spread = float(point.get("start_spread_ms", 0.0))
-    if spread <= 0:
-        return "lockstep (every session starts at once)"
-    return f"starts spread evenly over {spread:.4g} ms"
+    """How the sessions' steps are phased against each other, in words, from what the point ran with: its
+    ``phases_run`` result column (:attr:`sim.decode.DecodeResult.phases`) when it has one, else the phases its
+    axes give (:func:`sim.sweep.point_phases`: ``phases``, or the older ``start_spread_ms``).  A table written
+    before the ``phases`` axis holds the words themselves; they are returned as they are."""
+    ran = point.get(PHASES_COLUMN) or point.get("phases") or ""
+    try:
+        ph = Phases.parse(ran) if point.get(PHASES_COLUMN) else Phases.parse(point_phases(point))
+    except ArgumentError:
+        return str(ran)
+    if ph.kind == "spread":
+        return f"starts spread evenly over {ph.spread * 1e3:.4g} ms"
+    return _PHASES_WORDS[ph.kind]
+
+
+def phases_short(point: Mapping[str, Any]) -> str:
+    """The session phases of ``point`` in two or three words (figure labels): ``random phases``, ``lockstep``,
+    ``spread 47 ms``."""
+    text = phases_text(point)
+    for kind in _PHASES_WORDS:
+        if text == _PHASES_WORDS[kind]:
+            return "random phases" if kind == "random" else kind
+    if text.startswith("starts spread evenly over "):
+        return "spread " + text.rsplit(" over ", 1)[1]
+    return text
+
+
+def pooled_compute(rows: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
+    """The realised compute ``(mean ms, cv)`` over every step of ``rows`` (sweep rows or probes), each row's
+    ``compute_realised_mean_ms`` and ``compute_realised_cv`` weighted by its sessions x steps; ``(nan, nan)``
+    when no row has them (a table written before they were recorded)."""
+    kept = []
+    for r in rows:
+        mean, cv = r.get("compute_realised_mean_ms"), r.get("compute_realised_cv")
+        if not isinstance(mean, (int, float)) or not isinstance(cv, (int, float)) or isinstance(mean, bool):
+            continue
+        kept.append((float(r.get("sessions") or 1) * float(r.get("steps") or 1), float(mean), float(cv)))
+    if not kept:
+        return float("nan"), float("nan")
+    n = sum(w for w, _, _ in kept)
+    same = all(m == kept[0][1] for _, m, _ in kept)
+    mean = kept[0][1] if same else sum(w * m for w, m, _ in kept) / n
+    # within each row's steps, and between the rows' means (two passes: a constant compute gives CV 0 exactly)
+    var = sum(w * ((cv * m) ** 2 + (m - mean) ** 2) for w, m, cv in kept) / n
+    cv = math.sqrt(var) / mean if mean > 0 else 0.0
+    return mean, (cv if cv > CV_ROUNDING else 0.0)
 
 
 @dataclass
@@ -227,6 +283,19 @@ class Capacity:
         return float(self.probes[0]["compute_mean_ms"]) if self.probes else float("nan")
 
     @property
+    def compute_realised(self) -> Tuple[float, float]:
+        """``(mean ms, cv)`` of the compute the probes drew, over all their steps (:func:`pooled_compute`)."""
+        return pooled_compute(self.probes)
+
+    @property
+    def phases(self) -> Dict[str, Any]:
+        """What the probes ran with: the configuration with the probes' ``phases_run`` (the simulator's
+        :attr:`~sim.decode.DecodeResult.phases`; the first probe's -- every probe of a configuration has the
+        same), for :func:`phases_text`."""
+        ran = next((p[PHASES_COLUMN] for p in self.probes if p.get(PHASES_COLUMN)), None)
+        return {**self.config, PHASES_COLUMN: ran} if ran else dict(self.config)
+
+    @property
     def hash_ms(self) -> float:
         return float(self.config.get("hash_us", 0.0)) * 1e-3
 
@@ -268,8 +337,8 @@ class Capacity:
         cfg = self.config
         head = (f"target {self.spec.target:g} tokens/s for every session "
                 f"({'the slowest session' if self.spec.metric == CAPACITY_METRIC else 'the mean session'}), "
-                f"compute {compute_text(cfg, self.compute_ms)}, batching {BATCHING}, "
-                f"phases: {phases_text(cfg)}; ")
+                f"compute {compute_text(cfg, self.compute_ms, self.compute_realised)}, batching {BATCHING}, "
+                f"phases: {phases_text(self.phases)}; ")
         if self.headroom <= 0:
             return head + (f"the target is above the compute-only ceiling of {self.ceiling:.2f} tokens/s: "
                            "no device can reach it")
@@ -286,8 +355,11 @@ class Capacity:
             "capacity_low": self.low, "capacity_high": self.high,
             "capacities": " ".join(str(c) for c in self.per_seed), "lower_bound": self.lower_bound,
             "seeds": len(self.per_seed), "probes": len(self.probes), "max_sessions": self.spec.max_sessions,
-            "compute_mean_ms": self.compute_ms, "ceiling_tokens_per_s": self.ceiling, "headroom": self.headroom,
-            "read_budget_ms": self.read_budget_ms, "batching": BATCHING, "phases": phases_text(self.config),
+            "compute_mean_ms": self.compute_ms, "compute_realised_mean_ms": self.compute_realised[0],
+            "compute_realised_cv": self.compute_realised[1], "ceiling_tokens_per_s": self.ceiling,
+            "headroom": self.headroom, "read_budget_ms": self.read_budget_ms, "batching": BATCHING,
+            PHASES_COLUMN: self.phases.get(PHASES_COLUMN, point_phases(self.config)),
+            "session_phases": phases_text(self.phases),
             "tokens_per_s_at_capacity": at[self.spec.metric] if at else float("nan"),
             "device_busy_at_capacity": at["device_busy"] if at else float("nan"),
             "reads_per_s_at_capacity": at["reads_per_s"] if at else float("nan"),
@@ -298,10 +370,11 @@ class Capacity:
 #: Columns of the capacity table.
 CAPACITY_COLUMNS = ["config", *[a for a in AXES if a not in _SEARCHED], "target", "metric", "capacity",
                     "capacity_low", "capacity_high", "capacities", "lower_bound", "seeds", "probes", "max_sessions",
-                    "compute_mean_ms", "ceiling_tokens_per_s", "headroom", "read_budget_ms", "batching", "phases",
+                    "compute_mean_ms", "compute_realised_mean_ms", "compute_realised_cv", "ceiling_tokens_per_s",
+                    "headroom", "read_budget_ms", "batching", PHASES_COLUMN, "session_phases",
                     "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity"]
 #: Columns of the probes table: a sweep row and its configuration.
-PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS]
+PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS, PHASES_COLUMN]
 
 
 # =====================================================================================

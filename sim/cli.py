@@ -38,8 +38,8 @@ from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from .calibrate import calibrate_file
-from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, probes_path,
-                       run_capacity)
+from .capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
+                       phases_text, probes_path, run_capacity)
 from .crosscheck import crosscheck_files, markdown_table
 from .decode import fit_compute, reference_compute, simulate_decode
 from .demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
@@ -61,7 +61,7 @@ from .serve.search import probes_path as serve_probes_path
 from .serve.search import knee_words, run_serve_capacity
 from .serve.study import SERVE_AXES, check_serve_point, is_serve_study, serve_point_seed
 from .serve.workload import ARRIVALS
-from .sweep import Study, meta_path, partial_path, run_study
+from .sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from .trace import (CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats,
                     synthesize)
 from .trace.sources import encoded_by_tokenizer
@@ -960,12 +960,15 @@ def _sweep_findings(rows, axes) -> list:
     if "sessions" not in axes:
         best = max(rows, key=lambda r: r["session_tokens_per_s"])
         return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
-                f": {best['session_tokens_per_s']:.2f} tokens/s per session"]
+                f": {best['session_tokens_per_s']:.2f} tokens/s per session"
+                + (f" ({best['sessions']} sessions, phases {phases_text(best)})" if best["sessions"] > 1 else "")]
     lines = []
     for key, cap, bound, top in grid_capacities(rows, CAPACITY_TARGET):
         what = ", ".join(f"{a}={v}" for a, v in key.items()) or "all points"
+        group = [r for r in rows if all(r[a] == v for a, v in key.items())]
+        phases = sorted({phases_text(r) for r in group if r["sessions"] > 1}) or [phases_text(group[0])]
         lines.append(f"grid      {what}: {'>= ' if bound else ''}{cap} sessions at {CAPACITY_TARGET:g} tokens/s "
-                     f"(slowest session; read off the grid up to {top})")
+                     f"(slowest session; read off the grid up to {top}; phases {' / '.join(phases)})")
     lines.append("          (a grid only brackets the capacity: engram sim capacity searches it with a seed "
                  "ensemble)")
     return lines
@@ -1011,7 +1014,11 @@ def _cmd_capacity(args) -> int:
                     "runner": res.runner, "resumed_probes": res.resumed,
                     "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
                                         "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
-                                        "probes": len(c.probes), "assumptions": c.assumptions()}
+                                        "probes": len(c.probes), "phases": c.row()[PHASES_COLUMN],
+                                        "compute_mean_ms": c.compute_ms,
+                                        "compute_realised_mean_ms": c.compute_realised[0],
+                                        "compute_realised_cv": c.compute_realised[1],
+                                        "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
@@ -1024,7 +1031,7 @@ def _cmd_capacity(args) -> int:
         print(f"assumes   {shared.pop()}")
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
-        print(f"capacity  {what}: {c.label()}")
+        print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
         if len({x.assumptions() for x in res.capacities}) > 1:
             print(f"          assumes {c.assumptions()}")
     print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")
@@ -1285,9 +1292,9 @@ def add_demo_command(subparsers) -> None:
                                           "format (V4.1 Flash layout at a reduced scale), make traces from real "
                                           "text that ships with Python (or --text), run lookups and gated adds, "
                                           "the measured decode runs, the calibration, the cross-check and a small "
-                                          "sweep, and write the report (default reports/demo/). About 3 minutes "
-                                          "on 2 cores with an SSD; the 4.4 GiB model file is written once and "
-                                          "reused on later runs.")
+                                          "sweep, and write the report (default reports/demo/). Several minutes "
+                                          "on 2 cores with an SSD (README states the measured time); the 4.4 GiB "
+                                          "model file is written once and reused on later runs.")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
     p.add_argument("--workdir", default=DEFAULT_WORKDIR,
                    help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
@@ -1297,7 +1304,7 @@ def add_demo_command(subparsers) -> None:
     p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
     p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
-    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, about 20 seconds)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)")
     p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
     p.add_argument("--wait", action="store_true",
                    help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "

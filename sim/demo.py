@@ -26,9 +26,9 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
    the reference SSD, by readers, threshold and row cache), in local processes;
 8. **report** -- :func:`sim.report.build_report` into ``reports/demo/``.
 
-The whole run takes about 5 minutes on a 2-core machine with an SSD (the
+The whole run takes several minutes on a 2-core machine with an SSD (the
 model file, 4.4 GiB, is written once and reused).  ``quick=True`` shrinks
-every step (a 0.001-scale model, short runs) for smoke tests: about 20 seconds.
+every step (a 0.001-scale model, short runs) for smoke tests: under a minute.
 """
 
 from __future__ import annotations

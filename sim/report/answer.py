@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..capacity import (BATCHING, CAPACITY_METRIC, Capacity, CapacitySpec, capacity_of, compute_text, phases_text,
-                        read_capacity)
+from ..capacity import (BATCHING, CAPACITY_METRIC, Capacity, CapacitySpec, capacity_of, compute_text, phases_short,
+                        phases_text, pooled_compute, read_capacity)
 from ..sweep import AXES
 from .document import Doc, anchor
 from .inputs import device_label
@@ -33,7 +33,8 @@ __all__ = ["Entry", "answer_section", "capacity_figure", "compute_phrase", "entr
 class Entry:
     """One capacity of the answer: ``label`` (the device and what else varies), where it comes from
     (``source``), and the :class:`~sim.capacity.Capacity` (``cap``) or, read off a grid, ``grid``
-    ``(capacity, lower bound, largest count, row at capacity)`` with the ``spec`` it was read at."""
+    ``(capacity, lower bound, largest count, row at capacity)`` with the ``spec`` it was read at, or, from
+    the cross-check of measured runs, ``checked`` (:func:`entries_from_crosscheck`)."""
 
     label: str
     source: str
@@ -42,6 +43,7 @@ class Entry:
     grid: Optional[tuple] = None
     config: Optional[Dict[str, Any]] = None
     tag: str = "report"
+    checked: Optional[Dict[str, Any]] = None
 
     def name(self) -> str:
         """The entry as the figure names it: its label and, in brackets, where it comes from."""
@@ -52,28 +54,120 @@ class Entry:
         return self.cap is not None
 
     def value(self) -> int:
+        if self.checked is not None:
+            return int(self.checked["value"])
         return self.cap.capacity if self.cap is not None else int(self.grid[0])
 
     def band(self) -> str:
+        if self.checked is not None:
+            c = self.checked
+            if c["kind"] == "measured":
+                return f"- (medians of {c['repeats']} repeats, grid {c['grid']})"
+            return f"{c['low']}-{c['high']} over the 90% interval (grid {c['grid']})"
         if self.cap is None:
             return "- (one grid, no seeds)"
         c = self.cap
         return f"{c.low}-{c.high}" + (f" over {len(c.per_seed)} seeds" if len(c.per_seed) > 1 else " (one seed)")
 
     def shown(self) -> str:
+        if self.checked is not None:
+            return f"{'>= ' if self.checked['bound'] else ''}{self.checked['value']}"
         if self.cap is not None:
             return f"{'>= ' if self.cap.lower_bound else ''}{self.cap.capacity}"
         cap, bound, top, _ = self.grid
         return f"{'>= ' if bound else ''}{cap}"
 
+    def ran(self) -> Dict[str, Any]:
+        """What the capacity was found with: the configuration and its phases as run (the probes' or the grid
+        row's ``phases_run``)."""
+        if self.cap is not None:
+            return self.cap.phases
+        return dict(self.grid[3]) if self.grid is not None else dict(self.config or {})
+
+    def phases(self) -> str:
+        """The session phases in words, as run (never assumed)."""
+        if self.checked is not None:
+            return self.checked["phases"]
+        return phases_text(self.ran())
+
+    def phases_short(self) -> str:
+        if self.checked is not None:
+            return self.checked["phases_short"]
+        return phases_short(self.ran())
+
+    def compute(self) -> str:
+        """The compute of a step in words: nominal, and the mean and cv drawn."""
+        if self.checked is not None:
+            return self.checked["compute"]
+        if self.cap is not None:
+            return compute_text(self.cap.config, self.cap.compute_ms, self.cap.compute_realised)
+        at = self.grid[3]
+        return compute_text(at, float(at["compute_mean_ms"]), pooled_compute([at]))
+
     def assumptions_short(self) -> str:
-        """Compute, phases, headroom in a few words (the full sentence: :meth:`Capacity.assumptions`)."""
-        cfg = self.cap.config if self.cap is not None else self.config
-        comp = self.cap.compute_ms if self.cap is not None else float(self.grid[3]["compute_mean_ms"])
-        ceiling = 1e3 / (comp + float(cfg.get("hash_us", 0.0)) * 1e-3)
+        """Compute and headroom in a few words (phases: :meth:`phases`; the full sentence:
+        :meth:`Capacity.assumptions`)."""
+        if self.checked is not None:
+            comp = self.checked["compute_ms"]
+            hash_ms = 0.0
+        else:
+            cfg = self.cap.config if self.cap is not None else self.config
+            comp = self.cap.compute_ms if self.cap is not None else float(self.grid[3]["compute_mean_ms"])
+            hash_ms = float(cfg.get("hash_us", 0.0)) * 1e-3
+        ceiling = 1e3 / (comp + hash_ms)
         head = 1 - self.spec.target / ceiling
-        return (f"compute {comp:.2f} ms; {phases_text(cfg)}; target {head:.1%} under the ceiling "
-                f"{ceiling:.2f} tokens/s")
+        return f"compute {self.compute()}; target {head:.1%} under the ceiling {ceiling:.2f} tokens/s"
+
+
+def _largest(values: Sequence[float], target: float) -> int:
+    """Index of the largest grid count whose value, and every smaller count's, reaches ``target``; -1: none."""
+    idx = -1
+    for i, v in enumerate(values):
+        if v < target:
+            break
+        idx = i
+    return idx
+
+
+def entries_from_crosscheck(xc: Mapping[str, Any]) -> List[Entry]:
+    """The measured and the predicted capacity of every multi-session group of the cross-check
+    (``crosscheck.json["capacity"]``: one per mode, sessions as threads of one process or as processes),
+    two :class:`Entry` each, with the compute and phases the runs had.
+
+    The predicted capacity's band is the capacity of the predicted interval's slow and fast bounds; the
+    compute is the measured runs' mean step compute beside the simulator's; the phases are the start
+    spread of the sessions' first steps, as measured and replayed by the simulator."""
+    out: List[Entry] = []
+    srows = xc.get("session_rows") or []
+    for c in xc.get("capacity") or []:
+        keys = ("trace", "threshold", "backend", "readers", "compute", "steps", "mode")
+        group = sorted((r for r in srows if all(r.get(k) == c[k] for k in keys)), key=lambda r: r["sessions"])
+        grid = [int(n) for n in c["sessions"]]
+        target = float(c["target_tokens_per_s"])
+        spec = CapacitySpec(target=target, seeds=1, max_sessions=max(grid))
+        meas_ms = float(np.median([r["measured"]["compute_mean_ms"] for r in group])) if group else float("nan")
+        pred_ms = float(np.median([r["predicted"]["compute_mean_ms"] for r in group])) if group else float("nan")
+        spread = float(np.median([r["predicted"]["start_spread_s"] for r in group])) * 1e3 if group else float("nan")
+        repeats = int(min(r["repeats"] for r in group)) if group else 0
+        phases = (f"starts spread over {spread:.3g} ms, as the sessions' first steps were measured (the simulator "
+                  "replays each run's own spread)")
+        compute = (f"{meas_ms:.2f} ms a step measured (compute '{c['compute']}'), {pred_ms:.2f} ms in the "
+                   "simulator (the calibration's, in each run's window)")
+        cfg = {"threshold": c["threshold"], "backend": c["backend"], "readers": c["readers"], "cache_rows": 0}
+        lo = _largest(c.get("predicted_slowest_low") or c["predicted_slowest"], target)
+        hi = _largest(c.get("predicted_slowest_high") or c["predicted_slowest"], target)
+        common = {"grid": " ".join(str(n) for n in grid), "phases": phases, "phases_short": f"spread {spread:.2g} ms",
+                  "compute": compute, "compute_ms": meas_ms, "repeats": repeats, "row": c, "group": group}
+        label = f"this machine, sessions as {c['mode']}"
+        src = f"cross-check of measured runs ({c['trace_label']}, {c['steps']} steps)"
+        out.append(Entry(label, src, spec, config=cfg, tag="measured",
+                         checked={**common, "kind": "measured", "value": int(c["measured_capacity"]),
+                                  "bound": bool(c["all_met"]["measured"])}))
+        out.append(Entry(label, src, spec, config=cfg, tag="predicted",
+                         checked={**common, "kind": "predicted", "value": int(c["predicted_capacity"]),
+                                  "bound": bool(c["all_met"]["predicted"]),
+                                  "low": grid[lo] if lo >= 0 else 0, "high": grid[hi] if hi >= 0 else 0}))
+    return out
 
 
 def _policy_text(cfg: Mapping[str, Any]) -> str:
@@ -149,16 +243,16 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     cycle = colors()
     targets = sorted({e.spec.target for e in entries})
     for e in searched:
-        c = cycle[entries.index(e) % len(cycle)]  # one colour per entry in both panels
+        c = cycle[searched.index(e) % len(cycle)]  # one colour per entry in both panels
         cap = e.cap
         med = cap.median_seed()
         line = sorted((p for p in cap.probes if p["repeat"] == med and p["sessions"] > 0), key=lambda p: p["sessions"])
         rest = [p for p in cap.probes if p["repeat"] != med and p["sessions"] > 0]
         ax.plot([p["sessions"] for p in line], [p[e.spec.metric] for p in line], "-o", ms=3.5, color=c,
-                label=f"{e.name()}: {e.shown()}")
+                label=f"{e.name()}: {e.shown()} ({e.phases_short()})")
         if rest:
             ax.plot([p["sessions"] for p in rest], [p[e.spec.metric] for p in rest], "o", ms=3, color=c, alpha=0.35)
-    for t in targets:
+    for t in sorted({e.spec.target for e in searched}):
         ax.axhline(t, color="k", ls="--", lw=1, label=f"target {t:g} tokens/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent sessions on the device (log scale)")
@@ -169,19 +263,26 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     # right: the answer, one row per entry, with its band
     ys = np.arange(n)[::-1]
     labels = []
+    checked_colour = {"measured": "#C44E52", "predicted": "#8172B2"}
     for y, e in zip(ys, entries):
-        c = cycle[entries.index(e) % len(cycle)] if e.searched else "0.4"
+        c = cycle[searched.index(e) % len(cycle)] if e.searched else "0.4"
         v = max(e.value(), 0.5)
         if e.cap is not None:
             lo, hi = max(e.cap.low, 0.5), max(e.cap.high, 0.5)
             ax2.errorbar([v], [y], xerr=[[v - lo], [hi - v]], fmt="o", ms=7, capsize=4, color=c)
+        elif e.checked is not None and e.checked["kind"] == "predicted":
+            lo, hi = max(e.checked["low"], 0.5), max(e.checked["high"], 0.5)
+            ax2.errorbar([v], [y], xerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="D", ms=6, capsize=4,
+                         color=checked_colour["predicted"])
+        elif e.checked is not None:
+            ax2.plot([v], [y], "s", ms=7, color=checked_colour["measured"])
         else:
             ax2.plot([v], [y], "s", ms=7, mfc="white", color=c)
-        shown = e.name()
-        labels.append(shown if len(shown) <= 52 else shown[:50] + "..")
+        shown = f"{e.name()}, {e.phases_short()}"
+        labels.append(shown if len(shown) <= 64 else shown[:62] + "..")
     ax2.set_xscale("log", base=2)
-    top = max([e.cap.high if e.cap else e.value() for e in entries] + [1])
-    bottom = min([e.cap.low if e.cap else e.value() for e in entries])
+    top = max([_high(e) for e in entries] + [1])
+    bottom = min(_low(e) for e in entries)
     lo, hi = (0.4 if bottom < 1 else bottom / 2.5), top * 3.2
     ax2.set_xlim(lo, hi)
     ticks = [2.0 ** k for k in range(0, int(np.log2(hi)) + 1) if lo <= 2.0 ** k]
@@ -190,13 +291,40 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     ax2.set_ylim(-0.7, n - 0.3)
     ax2.set_yticks(ys, labels, fontsize=8)
     ax2.set_xlabel(f"sessions sustained at >= {', '.join(f'{t:g}' for t in targets)} tokens/s each (log scale)")
-    ax2.set_ylabel("device [where the capacity comes from]")
-    ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest", fontsize=10)
+    ax2.set_ylabel("device [where the capacity comes from], session phases")
+    ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest"
+                  + ("\nthis machine: measured (square), predicted (diamond; bar: its 90% interval)"
+                     if any(e.checked is not None for e in entries) else ""), fontsize=10)
     ax2.grid(axis="y", visible=False)
-    spread_labels(ax2, [(max(e.value(), 0.5), y, f"{e.shown()}" + ("" if e.searched else " (grid)")
-                         + (f"  [{e.cap.low}-{e.cap.high}]" if e.cap is not None and e.cap.low != e.cap.high else ""),
-                         "k") for y, e in zip(ys, entries)])
+    spread_labels(ax2, [(max(e.value(), 0.5), y, f"{e.shown()}" + _label_note(e), "k") for y, e in zip(ys, entries)])
     return out.save(fig, name, title)
+
+
+def _high(e: Entry) -> int:
+    if e.cap is not None:
+        return e.cap.high
+    if e.checked is not None and e.checked["kind"] == "predicted":
+        return max(e.checked["high"], e.value())
+    return e.value()
+
+
+def _low(e: Entry) -> int:
+    if e.cap is not None:
+        return e.cap.low
+    if e.checked is not None and e.checked["kind"] == "predicted":
+        return min(e.checked["low"], e.value())
+    return e.value()
+
+
+def _label_note(e: Entry) -> str:
+    """What follows a capacity's number in the figure: its band, or how it was found."""
+    if e.cap is not None:
+        return f"  [{e.cap.low}-{e.cap.high}]" if e.cap.low != e.cap.high else ""
+    if e.checked is not None:
+        c = e.checked
+        band = f" [{c['low']}-{c['high']}]" if c["kind"] == "predicted" and c["low"] != c["high"] else ""
+        return f" {c['kind']}{band}"
+    return " (grid)"
 
 
 def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], details: Optional[str]) -> List[str]:
@@ -213,11 +341,18 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
           + ("Found by search: 1, 2, 4, ... sessions until a count fails, then bisection, once per seed of an "
              "ensemble; the capacity is the median over the seeds and the band runs from the smallest to the "
              "largest. " if searched else "")
-          + ("Rows marked *read off a grid* only bracket the capacity between two session counts of a sweep."
-             if any(not e.searched for e in entries) else ""))
-    doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "assumes", "from"],
+          + ("Rows marked *read off a grid* only bracket the capacity between two session counts of a sweep. "
+             if any(e.grid is not None for e in entries) else "")
+          + ("Rows *measured* and *predicted* come from the cross-check of this machine's multi-session runs: the "
+             "largest session count of the measured grid whose slowest session reached the target, measured and "
+             "as the calibrated simulator predicted it (band: the capacity of the prediction's 90% interval)."
+             if any(e.checked is not None for e in entries) else ""))
+    doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "phases", "assumes",
+               "from"],
               [[e.label, _policy_text(e.cap.config if e.cap is not None else e.config), e.shown(), e.band(),
-                f"{e.spec.target:g}", e.assumptions_short(), e.source] for e in entries])
+                f"{e.spec.target:g}", e.phases_short(), e.assumptions_short(),
+                e.source + (f" [{e.tag}]" if e.checked is not None else "")]
+               for e in entries])
     said: Dict[str, List[str]] = {}
     for e in searched:
         said.setdefault(e.cap.assumptions(), [])
@@ -233,30 +368,48 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
           + " With batched decode several sessions would share one step's compute and every capacity here would "
             "change." + (f" How it was found: [{details}](#{anchor(details)})." if details else ""))
     rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)
+    checked = [e for e in entries if e.checked is not None]
+    if checked:
+        doc.p("For the measured and predicted capacities of this machine: " + " ".join(
+            f"sessions as {e.checked['row']['mode']}: target {e.spec.target:g} tokens/s for the slowest session, "
+            f"compute {e.compute()}, phases: {e.phases()}; batching {BATCHING}."
+            for e in checked if e.checked["kind"] == "measured"))
+    rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)
     rows = []
     for e in entries:
         if e.cap is not None:
             for p in e.cap.probes:
                 if p["sessions"] > 0:
-                    rows.append([e.label, e.source, p["repeat"], p["seed"], p["sessions"], p[e.spec.metric],
+                    rows.append([e.label, e.tag, e.source, p["repeat"], p["seed"], p["sessions"], p[e.spec.metric],
                                  e.spec.target, p[e.spec.metric] >= e.spec.target, p["device_busy"],
-                                 p["reads_per_s"]])
+                                 p["reads_per_s"], e.phases_short()])
+        elif e.checked is not None:
+            c = e.checked["row"]
+            ys = c["measured_slowest"] if e.checked["kind"] == "measured" else c["predicted_slowest"]
+            rows += [[e.label, e.tag, e.source, 0, "", n, y, e.spec.target, y >= e.spec.target, "", "",
+                      e.phases_short()] for n, y in zip(c["sessions"], ys)]
         else:
             at = e.grid[3]
-            rows.append([e.label, e.source, 0, at.get("seed", ""), at["sessions"], at[e.spec.metric],
-                         e.spec.target, at[e.spec.metric] >= e.spec.target, at["device_busy"], at["reads_per_s"]])
-    data = out.csv("capacity", ["device", "source", "seed_index", "seed", "sessions", "slowest_session_tokens_per_s",
-                                "target", "passed", "device_busy", "reads_per_s"], rows)
+            rows.append([e.label, e.tag, e.source, 0, at.get("seed", ""), at["sessions"], at[e.spec.metric],
+                         e.spec.target, at[e.spec.metric] >= e.spec.target, at["device_busy"], at["reads_per_s"],
+                         e.phases_short()])
+    data = out.csv("capacity", ["device", "kind", "source", "seed_index", "seed", "sessions",
+                                "slowest_session_tokens_per_s", "target", "passed", "device_busy", "reads_per_s",
+                                "phases"], rows)
     out.add(doc, rel, data, "Left: the slowest session's tokens/s at every session count the search probed "
-                            "(faint: the other seeds). Right: each device's capacity, the median over the seeds "
-                            "with a bar from the smallest to the largest.")
+                            "(faint: the other seeds), with the sessions' phases. Right: each device's capacity, "
+                            "the median over the seeds with a bar from the smallest to the largest"
+                            + ("; this machine's measured capacity next to the predicted one" if checked else "")
+                            + ".")
     return [f"Capacity at {e.spec.target:g} tokens/s per session: {e.label} {e.shown()} sessions "
-            f"({e.band()}; {e.source})" for e in entries]
+            f"({e.band()}; {e.phases_short()}; {e.source} [{e.tag}])" for e in entries]
 
 
-def compute_phrase(row: Mapping[str, Any]) -> str:
-    """The compute of a sweep row in words (its mean is the row's ``compute_mean_ms``)."""
-    return compute_text(row, float(row.get("compute_mean_ms", row.get("compute_ms", 0.0))))
+def compute_phrase(row: Mapping[str, Any], rows: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The compute of a sweep row in words (its mean is the row's ``compute_mean_ms``), with the compute drawn
+    over ``rows`` (default: the row alone) when the table has it."""
+    return compute_text(row, float(row.get("compute_mean_ms", row.get("compute_ms", 0.0))),
+                        pooled_compute(list(rows) or [row]))
 
 
 def search_section(doc: Doc, d, heading: str) -> None:
@@ -269,8 +422,9 @@ def search_section(doc: Doc, d, heading: str) -> None:
     first = d.entries[0][1]
     cfg = first.config
     doc.p(f"Each device runs S sessions at once on trace `{d.trace}` (threshold {cfg['threshold']}, "
-          f"{cfg['readers']} readers, {cfg['steps']} steps a session); each session computes "
-          f"{d.compute_ms:.2f} ms a step on its own, so only the reads contend. The search probes 1, 2, 4, ... "
+          f"{cfg['readers']} readers, {cfg['steps']} steps a session, sessions at {phases_text(first.phases)}); "
+          f"each session computes {d.compute_ms:.2f} ms a step on its own, so only the reads contend. The search "
+          f"probes 1, 2, 4, ... "
           f"sessions (up to {spec.max_sessions}) until the slowest session falls below {spec.target:g} tokens/s, "
           f"then bisects to the exact count, independently for {spec.seeds} seeds; each probe's seed derives "
           f"from the report's seed and the probe's point only, so the same inputs give the same capacities.")
@@ -280,9 +434,12 @@ def search_section(doc: Doc, d, heading: str) -> None:
     for label, c in d.entries:
         one = c.at(1)
         at = c.at(c.capacity, c.median_seed()) if c.capacity else None
+        real = c.compute_realised
         table.append([label, f"{'>= ' if c.lower_bound else ''}{c.capacity}", " ".join(str(x) for x in c.per_seed),
-                      len(c.probes), one[spec.metric] if one else float("nan"),
+                      len(c.probes), phases_short(c.phases), f"{real[0]:.2f} ({real[1]:.3g})",
+                      one[spec.metric] if one else float("nan"),
                       at[spec.metric] if at else float("nan"), at["device_busy"] if at else float("nan"),
                       at["reads_per_s"] if at else float("nan")])
-    doc.table(["device", "capacity", "per seed", "probes", "tokens/s, one session", "slowest session at capacity",
+    doc.table(["device", "capacity", "per seed", "probes", "phases (as run)", "compute drawn, ms (CV)",
+               "tokens/s, one session", "slowest session at capacity",
                "device busy at capacity", "reads/s at capacity"], table)

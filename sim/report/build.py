@@ -44,48 +44,106 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
-import numpy as np
 
 from engram.errors import ArgumentError
 
 from ..capacity import CAPACITY_TARGET
+from ..crosscheck import regime as xc_regime
 from ..device import SEED_REFERENCE
 from ..io import now_iso, output_error
 from ..progress import progress_mode
-from .answer import Entry, answer_section, search_section
+from .answer import Entry, answer_section, entries_from_crosscheck, search_section
 from .document import Doc, anchor
-from .figures import cache_section, cdf_section, devices_figure, readers_section, seed_section, threshold_section
+from .figures import (cache_section, cdf_section, devices_figure, planner_section, readers_section,
+                      reuse_rate_section, seed_section, threshold_section)
 from .inputs import Inputs, load_inputs
 from .plots import ReportFolder
 from .sections import crosscheck_section, inputs_section, run_section, sweeps_section
 from .serving import serve_counterpart_section
-from .whatif import (cache_data, capacity_data, cdf_data, device_curves, readers_data, seed_figures,
-                     threshold_data)
+from .whatif import (cache_data, capacity_data, cdf_data, device_curves, planner_data, readers_data, reuse_data,
+                     seed_figures, threshold_data)
 
 __all__ = ["build_report"]
 
 _SEARCH_HEADING = "Capacity: how the report searched it"
-#: Median CPU share of other processes during the measured runs below which the machine counts as quiet.
-QUIET_CPU = 0.25
 
 
 def regime(inp: Inputs) -> str:
-    """The machine regime the measurements ran in, in words: quiet, or shared with how busy it was."""
-    if inp.runs is None:
-        if inp.cal is not None or inp.xc:
+    """The machine regime the measurements ran in, in words: the cross-check's (``summary["regime"]``, from the
+    background load measured during the runs, by :func:`sim.crosscheck.regime`), else that rule applied to the
+    runs' background load, else what was not measured."""
+    rg = ((inp.xc or {}).get("summary") or {}).get("regime")
+    if rg is None and inp.runs is not None:
+        bg = [r["background"] for r in inp.runs.get("runs", []) if isinstance(r.get("background"), dict)]
+        rg = xc_regime(bg) if bg else None
+    if rg is None:
+        if inp.runs is None and (inp.cal is not None or inp.xc):
             return (f"measured on {inp.machine_name()}; the runs (runs.json), and with them the load of other "
                     "processes, are not in the measurement folder")
-        return "no measurement on this machine: every figure is a prediction on the device presets"
-    bg = [r["background"] for r in inp.runs.get("runs", []) if isinstance(r.get("background"), dict)]
-    if not bg:
+        if inp.runs is None:
+            return "no measurement on this machine: every figure is a prediction on the device presets"
         return f"measured on {inp.machine_name()}; the load of other processes was not recorded"
-    cpu = float(np.median([float(b.get("cpu", 0.0)) for b in bg]))
-    peak = max(float(b.get("cpu", 0.0)) for b in bg)
-    kind = "a quiet machine" if cpu < QUIET_CPU else "a shared, busy machine"
-    return (f"measured on {inp.machine_name()}, {kind}: other processes used a median {cpu:.0%} of the CPUs "
-            f"during the runs (at most {peak:.0%})")
+    kind = "a quiet machine" if rg["name"] == "quiet" else "a shared, loaded machine"
+    return f"measured on {inp.machine_name()}, {kind} (regime {rg['name']}: {rg['why']})"
+
+
+def left_out(inp: Inputs) -> Dict[str, str]:
+    """Read backends left out of the measurements, with the reason: from the demo, the runs, the calibration and
+    the cross-check (``backends.left_out`` of each; the first reason given for a backend is kept)."""
+    out: Dict[str, str] = {}
+    docs = [inp.demo, inp.runs, inp.xc]
+    for d in docs:
+        for be, why in (((d or {}).get("backends") or {}).get("left_out") or {}).items():
+            out.setdefault(be, why)
+    if inp.cal is not None:
+        for be, why in inp.cal.left_out.items():
+            out.setdefault(be, why)
+    return out
+
+
+def _measurement_lines(inp: Inputs) -> List[str]:
+    """The headline's lines on this machine's measurements: the read backends measured and left out (with why),
+    the cross-check's regime, interval coverage and verdict, the measured capacity, the measurements' warnings."""
+    if inp.cal is None and inp.xc is None and inp.runs is None:
+        return []
+    lines = []
+    used = sorted(inp.cal.devices) if inp.cal is not None else sorted(((inp.xc or {}).get("backends") or {})
+                                                                      .get("usable") or [])
+    gone = left_out(inp)
+    lines.append(f"Read backends measured: {', '.join(used) or 'none'}; "
+                 + ("left out: " + "; ".join(f"{b} ({why})" for b, why in gone.items()) if gone else
+                    "none left out (every read backend started here)") + ".")
+    if inp.xc:
+        s = inp.xc["summary"]
+        lines.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
+                     f"|error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
+                     f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
+                     f"{s['spread']['tokens_per_s_median'] * 100:.1f}%.")
+        rg = s.get("regime") or {"name": "unknown", "why": "not recorded"}
+        cover = s.get("inside_interval_share")
+        targets = inp.xc.get("quiet_targets") if rg["name"] == "quiet" else inp.xc.get("targets")
+        lines.append(
+            f"Cross-check regime: **{rg['name']}** ({rg['why']}); the "
+            f"{'quiet-machine' if rg['name'] == 'quiet' else 'any-machine'} targets apply (tokens/s median |error| "
+            f"<= {targets['tokens_per_s_median_abs'] * 100:g}%, max <= {targets['tokens_per_s_max_abs'] * 100:g}%)"
+            + (f"; {s.get('inside_interval', 0)} of {s['configurations']} measured medians ({cover:.0%}) inside the "
+               f"predicted 90% interval (target under load >= {inp.xc.get('coverage_target', 0.9):.0%})"
+               if cover is not None else "")
+            + f": {'PASS' if s['passed'] else 'FAIL'}"
+            + ("" if s["passed"] else " (missed: " + ", ".join(k for k, v in s.get("pass", {}).items() if not v)
+               + ")") + ".")
+        for e in entries_from_crosscheck(inp.xc):
+            if e.checked["kind"] == "measured":
+                c = e.checked["row"]
+                lines.append(f"Capacity on this machine, sessions as {c['mode']}: measured {e.shown()}, predicted "
+                             f"{c['predicted_capacity']} at {e.spec.target:g} tokens/s for the slowest session "
+                             f"(grid {e.checked['grid']}; compute {e.checked['compute_ms']:.2f} ms a step; "
+                             f"{e.phases_short()}).")
+    warns = list(dict.fromkeys(((inp.xc or {}).get("warnings") or []) + ((inp.runs or {}).get("warnings") or [])))
+    lines += [f"Measurement warning: {w}." for w in warns]
+    return lines
 
 
 def _headline(inp: Inputs, seed: dict) -> List[str]:
@@ -93,14 +151,11 @@ def _headline(inp: Inputs, seed: dict) -> List[str]:
             f"Seed reproduction: threshold 8 predicted at {seed['predicted_tokens_per_s']:.2f} tokens/s vs "
             f"{SEED_REFERENCE['concurrent_tokens_per_s']} measured by the reference engine "
             f"({seed['error'] * 100:+.2f}%)."]
+    head += _measurement_lines(inp)
     if inp.xc:
-        s = inp.xc["summary"]
-        head.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
-                    f"|error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
-                    f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}% ({'PASS' if s['passed'] else 'FAIL'} against "
-                    f"the targets); median spread of repeats {s['spread']['tokens_per_s_median'] * 100:.1f}%.")
-        best = max(inp.xc["rows"], key=lambda r: r["measured"]["tokens_per_s"] if r["compute"] == "none" else 0)
-        ser = [r for r in inp.xc["rows"] if r["serial"] and r["trace"] == best["trace"] and r["compute"] == "none"]
+        single = [r for r in inp.xc["rows"] if r["compute"] == "none"]
+        best = max(single, key=lambda r: r["measured"]["tokens_per_s"]) if single else None
+        ser = [r for r in single if best and r["serial"] and r["trace"] == best["trace"]]
         if ser and not best["serial"]:
             head.append(f"Fastest measured read policy: {best['backend']} with {best['readers']} readers, "
                         f"{best['measured']['tokens_per_s']:.0f} tokens/s of Engram reads on {best['trace_label']} "
@@ -152,7 +207,7 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
         Compute per step of the capacity search (default: the SPEC §8 reference compute).
     seeds, max_sessions : int, optional
         Seeds per device and the largest session count of the capacity search
-        (default 3 and 512; ``quick``: 2 and 128).
+        (default 3 and 1,024, :data:`sim.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
     jobs : int, optional
@@ -207,11 +262,17 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     cdf_section(doc, out, cdf_data(inp, ref_compute, quick))
     say("reuse and row caches")
     cache_section(doc, out, cache_data(inp, ref_compute, quick))
+    reuse_rate_section(doc, out, reuse_data(inp, ref_compute, quick))
     say("capacity search")
     cap = capacity_data(inp, ref_compute, target=target, compute_ms=compute_ms, seeds=seeds,
                         max_sessions=max_sessions, quick=quick, jobs=jobs, progress=mode)
     search_section(doc, cap, _SEARCH_HEADING)
+    say("what a planner can buy")
+    planner_section(doc, out, planner_data(inp, ref_compute, target=target, compute_ms=compute_ms, quick=quick,
+                                           jobs=jobs, progress=mode))
     entries = [Entry(label, "this report's search", cap.spec, cap=c, config=c.config) for label, c in cap.entries]
+    if inp.xc:
+        entries += entries_from_crosscheck(inp.xc)
     if wd is not None and serve_counterpart_section(doc, out, wd):
         say("serving: predicted vs measured")
     if sweep_paths:

@@ -1,7 +1,9 @@
 """The report's predicted figures: each draws the data of :mod:`sim.report.whatif` and writes its section.
 
 Seed reproduction, tokens/s by threshold and by readers, the device models,
-row caches and reuse, step-latency CDFs (capacity: :mod:`sim.report.answer`).  Nothing here simulates:
+row caches and reuse (by cache size and by the reuse rate of the text),
+step-latency CDFs, and what a planner can buy (drives, a shared cache, DRAM,
+the tail; capacity: :mod:`sim.report.answer`).  Nothing here simulates:
 every number comes in computed, and the CSV rows beside each figure are the
 ones it was drawn from.
 """
@@ -17,10 +19,10 @@ from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..schema import trace_label
 from .document import Doc
 from .plots import ReportFolder, cache_axis, colors, pyplot
-from .whatif import CacheData, CdfData, ReadersData, ThresholdData, gain_points
+from .whatif import CacheData, CdfData, PlannerData, ReadersData, ReuseData, ThresholdData, gain_points
 
-__all__ = ["cache_section", "cdf_section", "devices_figure", "readers_section", "seed_section",
-           "threshold_section"]
+__all__ = ["cache_section", "cdf_section", "devices_figure", "planner_section", "readers_section",
+           "reuse_rate_section", "seed_section", "threshold_section"]
 
 _ENGRAM_ONLY = "Engram reads only, no model compute"
 
@@ -192,6 +194,8 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
     doc.table(["trace", "tokens", "row reads", "repeat an earlier row", "2-gram", "3-gram", "4-gram"],
               [[trace_label(s), st.tokens, st.reads, f"{st.reuse_rate * 100:.1f}%",
                 *[f"{st.by_order.get(o, 0) * 100:.1f}%" for o in (2, 3, 4)]] for s, st in d.reuse.items()])
+    doc.p("Trace coverage of the simulated sessions (a session that replays its trace would make its cache hit "
+          "rows the text does not repeat): " + "; ".join(f"{trace_label(s)}: {w}" for s, w in d.wraps.items()) + ".")
     ncol = 1 + len(d.panels)
     fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 4.6))
     ax = axes[0]
@@ -286,3 +290,120 @@ def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
     rel = out.save(fig, "step_cdf", "Step-latency CDFs on the reference SSD (predicted)")
     data = out.csv("step_cdf", ["config", "percentile", "predicted_ms", ""], d.rows)
     out.add(doc, rel, data, "Predicted step-latency CDFs (compute gamma-distributed, CV 0.05).")
+
+
+_AXIS_TITLES = {"drives": "Drives striped (rows spread by row id)",
+                "shared_cache_rows": "A row cache shared by every session",
+                "dram_fraction": "A share of every table resident in DRAM"}
+_AXIS_LABELS = {"drives": "identical drives the tables are striped over",
+                "shared_cache_rows": "shared row cache (rows of 264 B, log scale)",
+                "dram_fraction": "share of the tables resident in DRAM"}
+
+
+def planner_section(doc: Doc, out: ReportFolder, d: PlannerData) -> None:
+    """What a planner can buy (:func:`sim.report.whatif.planner_data`): capacity by drives, shared cache and
+    DRAM share, and the step-latency tail with a measured latency distribution; one figure."""
+    plt = pyplot()
+    doc.h(1, "What a planner can buy: drives, a shared cache, DRAM, the tail")
+    first = next(iter(d.capacities.values()))
+    doc.p(f"Capacity (the most sessions whose slowest session reaches {d.spec.target:g} tokens/s, searched with "
+          f"one seed up to {d.spec.max_sessions} sessions) on the reference SSD and a datasheet SSD whose other "
+          f"figures are derived from its QD1 latency and IOPS, by what a planner can add: drives the tables are "
+          f"striped over, a row cache shared by every session, a share of the tables kept in DRAM. Each session "
+          f"runs {d.steps} steps of a synthetic trace with SPEC §8's reuse rate ({d.trace_steps:,} tokens, "
+          f"`{d.trace}`; {d.wrap}), threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers. Assumptions: "
+          f"{first.assumptions()}.")
+    ncol = 3 + (1 if d.tail else 0)
+    fig, axes = plt.subplots(1, ncol, figsize=(5.0 * ncol, 4.6))
+    markers = {0: "o", 1: "s"}
+    for ai, (axis, values) in enumerate(d.axes.items()):
+        ax = axes[ai]
+        for di, (label, dev) in enumerate(d.devices):
+            caps = [d.capacities[(dev, axis, v)] for v in values]
+            xs = cache_axis(ax, values) if axis == "shared_cache_rows" else list(values)
+            ys = [c.capacity for c in caps]
+            line, = ax.plot(xs, ys, "-" + markers[di % 2], ms=5, label=label)
+            for x, c in zip(xs, caps):
+                if c.lower_bound:
+                    ax.annotate(">=", (x, c.capacity), xytext=(3, 3), textcoords="offset points", fontsize=7,
+                                color=line.get_color())
+            if axis in ("drives", "dram_fraction"):
+                ideal = [ys[0] * (v / values[0] if axis == "drives" else 1 / max(1 - v, 1e-9)) for v in values]
+                ax.plot(xs, ideal, ":", lw=1, color=line.get_color(),
+                        label=f"{label}: x{'drives' if axis == 'drives' else ' 1 / (1 - share)'}")
+        if axis == "drives":
+            ax.set_xticks(list(values), [str(v) for v in values])
+        ax.set_xlabel(_AXIS_LABELS[axis])
+        ax.set_ylabel(f"sessions sustained at {d.spec.target:g} tokens/s")
+        ax.set_title(_AXIS_TITLES[axis], fontsize=10)
+        ax.set_ylim(0, None)
+        ax.legend(loc="upper left", fontsize=7)
+    if d.tail:
+        ax = axes[-1]
+        for label, name, counts, p99, p999 in d.tail:
+            ls = "--" if name else "-"
+            ax.plot(counts, p999, ls, marker="o", ms=4,
+                    label=f"{label.split(' (')[0]}: {'tail of ' + name if name else 'own spread'}, p99.9")
+        ax.set_xlabel("concurrent sessions")
+        ax.set_ylabel("step latency p99.9 (ms)")
+        ax.set_title(f"Tail latency with a measured distribution ({d.tail_steps} steps a session)", fontsize=10)
+        ax.legend(loc="upper left", fontsize=7)
+    rel = out.save(fig, "planner", "What a planner can buy: capacity by drives, shared cache and DRAM; the tail")
+    data = out.csv("planner", ["device", "axis", "value", "capacity", "lower_bound", "phases",
+                               "shared_cache_hit_rate_at_capacity", "dram_hit_rate_at_capacity",
+                               "reads_per_s_at_capacity", "device_busy_at_capacity"], d.rows)
+    out.csv("planner_tail", ["device", "latency_distribution", "sessions", "step_p50_ms", "step_p99_ms",
+                             "step_p999_ms", "slowest_session_tokens_per_s"], d.tail_rows)
+    out.add(doc, rel, data, "Capacity by drives striped, shared row-cache size and DRAM-resident share (dotted: "
+                            "the capacity if it scaled with the drives or with the reads left to the device; >=: "
+                            "a lower bound)"
+                            + (f"; right: the step latency p99.9 by sessions with each device's own latency "
+                               f"spread (solid) and with the distribution measured on {d.tail_label} scaled to "
+                               "its means (dashed); numbers in data/planner_tail.csv" if d.tail else "") + ".")
+    table = []
+    for label, dev in d.devices:
+        for axis, values in d.axes.items():
+            for v in values:
+                c = d.capacities[(dev, axis, v)]
+                table.append([label, axis, v, f"{'>= ' if c.lower_bound else ''}{c.capacity}"])
+    doc.table(["device", "axis", "value", "capacity (sessions)"], table)
+    if not d.tail:
+        doc.p("No measured latency distribution was at hand (no calibration, no `vm-virtio-16core-4k` preset): "
+              "the tail panel is left out.")
+
+
+def reuse_rate_section(doc: Doc, out: ReportFolder, d: ReuseData) -> None:
+    """Tokens/s against the reuse rate of the text (:func:`sim.report.whatif.reuse_data`): one figure."""
+    plt = pyplot()
+    doc.p(f"How much does it matter how often the text repeats itself? Synthetic traces with a target reuse rate "
+          f"(`synth:reuse=R`, shaped like code: {d.steps} tokens each; the rates they reached: "
+          + ", ".join(f"{r:g} -> {m * 100:.1f}%" for r, (_, m) in d.traces.items())
+          + f"), one session, threshold {DEFAULT_THRESHOLD} with {DEFAULT_READERS} readers, without and with a "
+          f"per-session LRU row cache. Trace coverage: {'; '.join(d.wraps)}.")
+    n = 1 + len(d.panels)
+    fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 4.6))
+    measured = [d.traces[r][1] * 100 for r in d.rates]
+    ax = axes[0]
+    for c in d.caches:
+        if c:
+            ax.plot(measured, [d.hit[(r, c)] * 100 for r in d.rates], "-o", ms=4, label=f"{c:,}-row LRU cache")
+    ax.plot(measured, measured, "k:", lw=1, label="the reuse rate (an unbounded cache)")
+    ax.set_xlabel("reuse rate of the text (% of row reads repeating)")
+    ax.set_ylabel("row reads served by the cache (%)")
+    ax.set_title("Hit rate by reuse rate", fontsize=10)
+    ax.legend(loc="upper left")
+    for pi, (title, _) in enumerate(d.panels):
+        ax = axes[1 + pi]
+        for c in d.caches:
+            ax.plot(measured, [d.tokens[(title, r, c)] for r in d.rates], "-o", ms=4,
+                    label="no row cache" if not c else f"{c:,}-row LRU cache")
+        ax.set_xlabel("reuse rate of the text (% of row reads repeating)")
+        ax.set_ylabel("decode tokens/s (one session)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(loc="lower right")
+    rel = out.save(fig, "reuse_rate", "Decode tokens/s against the reuse rate of the text")
+    data = out.csv("reuse_rate", ["panel", "target_reuse", "reuse_rate", "cache_rows", "cache_hit_rate",
+                                  "tokens_per_s", "trace"], d.rows)
+    out.add(doc, rel, data, "Synthetic traces from no repeats to 80% of row reads repeating: the hit rate of a "
+                            "per-session LRU cache and one session's tokens/s, with the SPEC §8 compute (where the "
+                            "reads are a few percent of a step) and without compute (the reads alone).")

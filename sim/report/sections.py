@@ -13,18 +13,21 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET, capacity_of, is_capacity_table, probes_path, read_capacity
+from ..capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table, phases_short, phases_text, pooled_compute,
+                        probes_path, read_capacity)
 from ..crosscheck import markdown_table
 from ..io import sha256_file, write_json
 from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
-from .answer import Entry, compute_phrase, entries_from_capacity_table, grid_entries
+from ..trace import wrap_info
+from .answer import Entry, compute_phrase, entries_from_capacity_table, entries_from_crosscheck, grid_entries
 from .document import Doc, anchor
 from .inputs import Inputs, device_label
 from .plots import ReportFolder, pyplot, spread_labels, zero_based
 from .serving import serve_capacity_section
 
-__all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
+__all__ = ["crosscheck_section", "inputs_section", "ran_text", "run_section", "sessions_section", "sweeps_section",
+           "wrap_warnings"]
 
 
 def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
@@ -130,7 +133,81 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
                 r["predicted"]["tokens_per_s"], pct(r["error"]["tokens_per_s"]), r["measured"]["step_p50_ms"],
                 r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
                 r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
-    doc.p(markdown_table(xc).split("\n\n", 1)[1].replace("\n", " "))
+    sessions_section(doc, out, xc)
+    # the cross-check's own summary: its last block of lines (errors, spread, interval, regime, backends left out)
+    for line in markdown_table(xc).rsplit("\n\n", 1)[-1].split("\n"):
+        doc.p(line)
+
+
+def sessions_section(doc: Doc, out: ReportFolder, xc: Mapping[str, Any]) -> None:
+    """Several sessions on this machine's device (the cross-check's ``session_rows``): their table, and the
+    measured capacity next to the predicted one per mode (``capacity``), in a figure with the prediction's
+    interval, the target, the compute and the phases."""
+    srows = xc.get("session_rows") or []
+    if not srows:
+        return
+    pct = (lambda x: f"{x * 100:+.1f}%")
+    doc.p("Several sessions decoding at once on this machine's device, each on its own stretch of the trace, as "
+          "threads of one process or as processes sharing the device; each run predicted with the same number of "
+          "sessions started with the spread of their first steps as measured (the phases the simulator "
+          "replays). Tokens/s of a session (the mean over the sessions) and of the slowest session, medians over "
+          "the repeats, with the prediction's 90% interval:")
+    doc.table(["sessions", "as", "trace", "policy", "compute", "steps x repeats", "compute ms measured / simulated",
+               "start spread ms", "tokens/s a session measured", "predicted [90%]", "error", "slowest measured",
+               "slowest predicted [90%]", "error"],
+              [[r["sessions"], r["mode"], r["trace_label"],
+                "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}", r["compute"],
+                f"{r['steps']} x{r['repeats']}",
+                f"{r['measured']['compute_mean_ms']:.2f} / {r['predicted']['compute_mean_ms']:.2f}",
+                r["predicted"]["start_spread_s"] * 1e3, r["measured"]["tokens_per_s"],
+                f"{r['predicted']['tokens_per_s']:.1f} [{r['interval']['low']:.1f}, {r['interval']['high']:.1f}]",
+                pct(r["error"]["tokens_per_s"]), r["measured"]["slowest_tokens_per_s"],
+                f"{r['predicted']['slowest_tokens_per_s']:.1f} [{r['interval']['slowest_low']:.1f}, "
+                f"{r['interval']['slowest_high']:.1f}]", pct(r["error"]["slowest_tokens_per_s"])]
+               for r in sorted(srows, key=lambda r: (r["mode"], r["sessions"]))])
+    checked = entries_from_crosscheck(xc)
+    if not checked:
+        return
+    plt = pyplot()
+    pairs = [(checked[i], checked[i + 1]) for i in range(0, len(checked), 2)]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.6), squeeze=False)
+    rows = []
+    for ax, (meas, pred) in zip(axes[0], pairs):
+        c = meas.checked["row"]
+        n = c["sessions"]
+        lo = c.get("predicted_slowest_low") or c["predicted_slowest"]
+        hi = c.get("predicted_slowest_high") or c["predicted_slowest"]
+        ax.fill_between(n, lo, hi, color="#8172B2", alpha=0.2, label="predicted, 90% interval")
+        ax.plot(n, c["predicted_slowest"], "-D", ms=5, color="#8172B2",
+                label=f"predicted: capacity {pred.shown()} (interval {pred.checked['low']}-{pred.checked['high']})")
+        ax.plot(n, c["measured_slowest"], "s", ms=7, color="#C44E52",
+                label=f"measured (median of {meas.checked['repeats']} repeats): capacity {meas.shown()}")
+        ax.axhline(meas.spec.target, color="k", ls="--", lw=1, label=f"target {meas.spec.target:g} tokens/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(x) for x in n])
+        ax.set_xlabel(f"concurrent sessions as {c['mode']} (log scale)")
+        ax.set_ylabel("tokens/s of the slowest session")
+        ax.set_title(f"Sessions as {c['mode']}: t{c['threshold']} {c['backend']} x{c['readers']}, compute "
+                     f"{meas.checked['compute_ms']:.2f} ms ('{c['compute']}'), {meas.phases_short()}", fontsize=9)
+        ax.legend(loc="lower left", fontsize=7)
+        rows += [[c["mode"], s, m, p, a, b, meas.spec.target, c["measured_capacity"], c["predicted_capacity"],
+                  pred.checked["low"], pred.checked["high"], meas.checked["compute_ms"], meas.phases_short()]
+                 for s, m, p, a, b in zip(n, c["measured_slowest"], c["predicted_slowest"], lo, hi)]
+    rel = out.save(fig, "capacity_measured", "Capacity on this machine: measured and predicted")
+    data = out.csv("capacity_measured", ["mode", "sessions", "measured_slowest_tokens_per_s",
+                                         "predicted_slowest_tokens_per_s", "predicted_low", "predicted_high",
+                                         "target", "measured_capacity", "predicted_capacity",
+                                         "predicted_capacity_low", "predicted_capacity_high", "compute_ms",
+                                         "phases"], rows)
+    out.add(doc, rel, data, "The slowest session's tokens/s by concurrent sessions on this machine, measured "
+                            "(squares: medians of the repeats) and predicted (line, band: the 90% interval from the "
+                            "calibration's own uncertainty), with the target; the capacity is the largest count of "
+                            "the grid whose slowest session reaches it.")
+    doc.p(" ".join(f"Sessions as {m.checked['row']['mode']}: measured capacity {m.shown()}, predicted {p.shown()} "
+                   f"(interval {p.checked['low']}-{p.checked['high']}) at {m.spec.target:g} tokens/s for the slowest "
+                   f"session, on the grid {m.checked['grid']}, compute {m.compute()}, phases: {m.phases()}"
+                   f" ({'within' if m.checked['row']['within_one_step'] else 'NOT within'} one grid step)."
+                   for m, p in pairs))
 
 
 def _short_key(r: Mapping) -> str:
@@ -141,17 +218,55 @@ def _short_key(r: Mapping) -> str:
 _COMPUTE_AXES = ("compute", "compute_ms", "compute_dist", "compute_cv")
 
 
-def fixed_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
+def fixed_text(row: Mapping[str, Any], axes: Sequence[str], rows: Sequence[Mapping[str, Any]] = ()) -> str:
     """What a study held fixed, from one of its rows: the compute of a step in words with its mean (not the
-    ``compute_ms`` axis, which a named compute model leaves at 0), then every other axis that does not vary."""
+    ``compute_ms`` axis, which a named compute model leaves at 0) and the compute drawn over ``rows`` (default:
+    the row), then every other axis that does not vary."""
     parts = []
     if not any(a in axes for a in _COMPUTE_AXES) and ("compute_mean_ms" in row or "compute_ms" in row):
-        parts.append(f"compute = {compute_phrase(row)}")
+        parts.append(f"compute = {compute_phrase(row, rows)}")
     skip = set(_COMPUTE_AXES) if parts else set()
     parts += [f"{a} = `{row[a]}`" for a in AXES
               if a in row and a not in axes and a not in skip and a not in ("sessions", "repeat")
               and row[a] not in ("", None)]
     return "Fixed: " + ", ".join(parts) + "."
+
+
+def ran_text(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> str:
+    """What the simulator ran, from a table's result columns: the session phases of the points with several
+    sessions (``phases_run``, else the phases the axes give) and, when the compute varies, the compute drawn
+    against the nominal one."""
+    parts = []
+    multi = [r for r in rows if int(r.get("sessions", 1) or 1) > 1]
+    if multi:
+        kinds = sorted({phases_text(r) for r in multi})
+        parts.append(f"Session phases as simulated: {'; '.join(kinds)}.")
+    if any(a in axes for a in _COMPUTE_AXES) and any("compute_realised_mean_ms" in r for r in rows):
+        groups: Dict[float, List[Mapping]] = {}
+        for r in rows:
+            groups.setdefault(float(r.get("compute_mean_ms", 0.0)), []).append(r)
+        drawn = []
+        for nominal, rs in sorted(groups.items()):
+            m, cv = pooled_compute(rs)
+            drawn.append(f"{nominal:.2f} ms nominal: drawn mean {m:.2f} ms, CV {cv:.3g}")
+        parts.append("Compute per step, nominal and as drawn over the points: " + "; ".join(drawn) + ".")
+    return " ".join(parts)
+
+
+def wrap_warnings(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The warnings of the points whose cache figures depend on replaying their trace: a row cache with a session
+    that wraps past the end of the trace, or a shared cache with sessions reading the same steps
+    (:meth:`sim.trace.Trace.wraps`, from each row's ``trace_steps``, ``steps`` and ``sessions``); one per
+    distinct run shape."""
+    out: List[str] = []
+    for r in rows:
+        per, shared = int(r.get("cache_rows") or 0), int(r.get("shared_cache_rows") or 0)
+        if not (per or shared) or not isinstance(r.get("trace_steps"), int) or r["trace_steps"] < 1:
+            continue
+        w = wrap_info(r["trace_steps"], int(r["steps"]), int(r.get("sessions", 1) or 1))
+        if (w.wraps or (shared and w.overlaps)) and w.warning() not in out:
+            out.append(w.warning())
+    return out
 
 
 def _completeness(meta: Mapping[str, Any], rows: Sequence[Mapping], path: Path) -> str:
@@ -186,7 +301,15 @@ def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[
               + (f"; ran in {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
               + f". Table: `inputs/{path.name}`." + _completeness(meta, rows, path))
         out.copy_inputs([path, meta_path(path)])
-        doc.p(fixed_text(rows[0], axes))
+        doc.p(fixed_text(rows[0], axes, rows))
+        ran = ran_text(rows, axes)
+        if ran:
+            doc.p(ran)
+        warn = wrap_warnings(rows)
+        if warn:
+            doc.p(f"**Warning**: the cache figures of this study depend on replaying its trace, in "
+                  f"{len(warn)} run shape(s): " + " ".join(f"{w}." for w in warn[:3])
+                  + (f" ({len(warn) - 3} more.)" if len(warn) > 3 else ""))
         plots = study.get("plots") or [_default_plot(axes, rows)]
         for pi, spec in enumerate(plots):
             rel, data, cap = _plot_sweep(out, rows, spec, axes, f"sweep_{anchor(name)}_{pi}", name)
@@ -213,10 +336,14 @@ def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Ent
           + f"). Tables: `inputs/{path.name}`, `inputs/{probes_path(path).name}`.")
     out.copy_inputs([path, meta_path(path), probes_path(path), meta_path(probes_path(path))])
     if rows:
-        doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes))
-    doc.table(["configuration", "capacity", "per seed", "probes", "assumes"],
-              [[e.label, e.shown(), " ".join(str(c) for c in e.cap.per_seed), len(e.cap.probes),
+        doc.p(fixed_text({**rows[0], "compute_mean_ms": rows[0]["compute_mean_ms"]}, axes, probes or rows))
+    doc.table(["configuration", "capacity", "per seed", "probes", "phases (as run)", "assumes"],
+              [[e.label, e.shown(), " ".join(str(c) for c in e.cap.per_seed), len(e.cap.probes), e.phases_short(),
                 e.cap.assumptions()] for e in entries])
+    warn = wrap_warnings(probes)
+    if warn:
+        doc.p("**Warning**: probes of this study replay their trace, and its row caches see those replays as hits: "
+              + " ".join(f"{w}." for w in warn[:3]) + (f" ({len(warn) - 3} more.)" if len(warn) > 3 else ""))
     return entries
 
 
@@ -264,7 +391,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
                 yhi.append(v.max())
                 data_rows.append([fv if facet else "", *key, xv, v.mean(), v.min(), v.max(), v.size])
             xp = [xcats.index(v) for v in xs] if cat else xs
-            lab = ", ".join(f"{s}={device_label(v) if s == 'device' else v}" for s, v in zip(series, key)) or y
+            lab = ", ".join(f"{s}={_value_label(s, v)}" for s, v in zip(series, key)) or y
             line, = ax.plot(xp, ym, "-o", ms=4, label=lab)
             if any(h > l for h, l in zip(yhi, ylo)):
                 ax.fill_between(xp, ylo, yhi, color=line.get_color(), alpha=0.15)
@@ -310,7 +437,17 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
         cap += f"; only {', '.join(f'{k} = {v}' for k, v in where.items())}"
     if averaged:
         cap += f"; mean over {', '.join(averaged)} (band: min-max)"
+    if spec.get("kind") == "capacity":
+        cap += (f"; stars: the capacity read off the grid at {float(spec.get('target', CAPACITY_TARGET)):g} tokens/s, "
+                f"sessions at {' / '.join(sorted({phases_short(r) for r in sel}))} as simulated")
     return rel, data, cap + "."
+
+
+def _value_label(axis: str, value: Any) -> str:
+    """An axis value as a legend shows it: devices by :func:`device_label`, an unset text axis as ``none``."""
+    if axis in ("device", "tail") and value:
+        return device_label(str(value))
+    return "none" if value in ("", None) else str(value)
 
 
 def run_section(doc: Doc, inp: Inputs) -> None:

@@ -16,20 +16,23 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity
+from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
+                        phases_short)
 from ..decode import seed_reproduction, simulate_decode
-from ..device import SEED_REFERENCE, preset, preset_names
-from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
+from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tail
+from ..params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
 from ..schema import RunConfig, trace_label
 from ..sweep import AXES
-from ..trace import Trace, lru_hit_rate, reuse_stats
-from .inputs import Inputs
+from ..trace import SynthSpec, Trace, load_trace, lru_hit_rate, reuse_stats
+from .inputs import WHATIF_TOKENS, Inputs, device_label
 
-__all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "READERS", "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "SIM_STEPS",
-           "THRESHOLDS", "capacity_data", "capacity_of", "simulate"]
+__all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "DRAM_FRACTIONS", "DRIVES", "PLANNER_SSD", "READERS",
+           "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "REUSE_RATES", "SHARED_CACHE_ROWS", "SIM_STEPS", "THRESHOLDS",
+           "capacity_data", "capacity_of", "planner_data", "reuse_data", "simulate", "tail_shape"]
 
-#: The largest session count the report's capacity search probes (a probe of 1,024 sessions takes minutes today).
-REPORT_MAX_SESSIONS = 512
+#: The largest session count the report's capacity search probes (the capacity search's: the galloping stops at the
+#: first count that fails, so only a device that sustains more than 512 sessions probes 1,024).
+REPORT_MAX_SESSIONS = CAPACITY_MAX_SESSIONS
 #: Seeds of the report's capacity search, per device (a capacity study chooses its own).
 REPORT_SEEDS = 3
 #: Thresholds of the threshold figure (a decode step reads 48 distinct rows).
@@ -46,10 +49,10 @@ SEED_DEVICE = SEED_REFERENCE["device"]
 
 
 def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, seed: int = 0, hash_time: float = 0.0,
-             sessions: int = 1, start_spread: float = 0.0):
-    """One decode simulation as the report runs them (fast mode, a coarse timeline)."""
+             sessions: int = 1, phases: str = DEFAULT_PHASES):
+    """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at ``phases``)."""
     return simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode="fast", seed=seed,
-                           hash_time=hash_time, start_spread=start_spread, bins=4)
+                           hash_time=hash_time, phases=phases, bins=4)
 
 
 def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:
@@ -235,6 +238,7 @@ class CacheData:
     rows: List[list] = field(default_factory=list)
     hit_rows: List[list] = field(default_factory=list)
     gain_rows: List[list] = field(default_factory=list)
+    wraps: Dict[str, str] = field(default_factory=dict)
 
 
 def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
@@ -244,6 +248,7 @@ def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
     d = CacheData(CACHE_ROWS if not quick else (0, 256, 4096))
     for spec, tr in inp.traces.items():
         d.reuse[spec] = reuse_stats(tr)
+        d.wraps[spec] = tr.wraps(min(steps, tr.steps)).summary()
     sized = [c for c in d.sizes if c > 0]
     for spec, tr in inp.traces.items():
         d.hit_rates[spec] = [lru_hit_rate(tr, c) for c in sized]
@@ -377,7 +382,8 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
                   progress=True) -> CapacityData:
     """The capacity of each device (this machine's calibrated backends and every preset) at ``target``, found
     by :func:`sim.capacity.find_capacity`: the default threshold and readers, each session with its own compute
-    (the SPEC §8 reference unless ``compute_ms``), starts spread over one step.  Seeds come from the report's
+    (the SPEC §8 reference unless ``compute_ms``), sessions at random phases (:data:`sim.params.DEFAULT_PHASES`,
+    set explicitly: the capacities state it as the probes ran it).  Seeds come from the report's
     fixed study seed (0) and each probe's point, so the same inputs give the same capacities."""
     spec = CapacitySpec(float(target), int(seeds or (2 if quick else REPORT_SEEDS)),
                         int(max_sessions or (128 if quick else REPORT_MAX_SESSIONS)))
@@ -396,7 +402,7 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
         devices.append((n, n, "pread"))
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=100 if quick else 300,
-                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, start_spread_ms=round(comp_ms, 1))
+                threshold=DEFAULT_THRESHOLD, readers=DEFAULT_READERS, phases=DEFAULT_PHASES)
     if compute_ms is None:
         base.update(compute="reference")
     else:
@@ -405,3 +411,195 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
     caps, _ = find_capacity(configs, spec, 0, calibration=inp.cal_path, jobs=jobs, progress=progress,
                             desc="capacity", traces={trace_spec: tr})
     return CapacityData(trace_spec, comp_ms, spec, [(label, c) for (label, _, _), c in zip(devices, caps)])
+
+
+# ------------------------------------------------------------------- planner
+#: The datasheet SSD of the planner's panels: QD1 latency and random-read IOPS only, the rest derived
+#: (:func:`sim.device.ssd_from_figures`).
+PLANNER_SSD = "ssd:qd1_us=80,iops=100000"
+#: Identical drives the tables are striped over, by row id.
+DRIVES = (1, 2, 4)
+#: Sizes of the row cache shared by every session, rows of 264 B (65,536 rows: 17 MB).
+SHARED_CACHE_ROWS = (0, 4096, 65536)
+#: Shares of every table resident in DRAM.
+DRAM_FRACTIONS = (0.0, 0.25, 0.5, 0.75)
+#: Sessions the planner's capacity searches bisect to: the capacity is found to within this many sessions.
+PLANNER_RESOLUTION = 8
+#: Reuse rate of the planner's synthetic trace: SPEC §8's measured 22.5% of row reads repeating.
+PLANNER_REUSE = 0.225
+
+
+@dataclass
+class PlannerData:
+    """What a planner can buy, per device (``(label, spec)``): the capacity at ``spec.target`` by drives striped,
+    shared row-cache size and DRAM-resident share (``capacities[(device spec, axis, value)]``), and the step
+    latency tail by sessions with the device's own latency spread and with ``tail_label``'s measured one
+    (``tail``: ``(device label, tail label or "", sessions, p99 ms, p99.9 ms)``)."""
+
+    devices: List[Tuple[str, str]]
+    axes: Dict[str, Sequence]
+    trace: str
+    trace_steps: int
+    steps: int
+    spec: CapacitySpec
+    compute_ms: float
+    capacities: Dict[tuple, Capacity] = field(default_factory=dict)
+    tail_label: str = ""
+    tail_steps: int = 0
+    tail: List[tuple] = field(default_factory=list)
+    wrap: str = ""
+    rows: List[list] = field(default_factory=list)
+    tail_rows: List[list] = field(default_factory=list)
+
+
+def tail_shape(inp: Inputs) -> Optional[Tuple[str, Any]]:
+    """The measured latency distribution the tail panel lends the devices: this machine's calibrated device
+    (its first backend) when there is one, else the ``vm-virtio-16core-4k`` preset (fio on a virtual disk);
+    ``None`` when neither is at hand."""
+    if inp.cal is not None:
+        for be in inp.backends():
+            dev = inp.cal.devices[be]
+            if not dev.is_point():
+                return f"this machine ({be}, calibrated)", dev
+    try:
+        return "vm-virtio-16core-4k (fio, measured)", preset("vm-virtio-16core-4k")
+    except ArgumentError:
+        return None
+
+
+def planner_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY_TARGET,
+                 compute_ms: Optional[float] = None, quick: bool = False, jobs: Optional[int] = None,
+                 progress=True) -> PlannerData:
+    """Capacity on the reference SSD and a datasheet SSD (:data:`PLANNER_SSD`; ``quick``: the reference SSD
+    alone) by drives striped (:data:`DRIVES`), a row cache shared by every session (:data:`SHARED_CACHE_ROWS`)
+    and a DRAM-resident share of the tables (:data:`DRAM_FRACTIONS`), one seed each, at random phases, on a
+    synthetic trace of SPEC §8's reuse rate long enough that no probe's sessions read the same steps (a shared
+    cache would count those as hits); and the step-latency p99 / p99.9 by sessions with each device's own
+    latency spread and a measured one (:func:`tail_shape`)."""
+    steps = 20 if quick else 30
+    spec = CapacitySpec(float(target), 1, 256 if quick else 512, resolution=PLANNER_RESOLUTION)
+    trace_spec = SynthSpec(PLANNER_REUSE, tokens=spec.max_sessions * steps).spec()
+    tr = load_trace(trace_spec)
+    comp_ms = float(compute_ms) if compute_ms is not None else ref_compute.mean * 1e3
+    axes = {"drives": DRIVES if not quick else (1, 2),
+            "shared_cache_rows": SHARED_CACHE_ROWS if not quick else (0, 65536),
+            "dram_fraction": DRAM_FRACTIONS if not quick else (0.0, 0.5)}
+    devices = [(SEED_DEVICE, SEED_DEVICE)]
+    if not quick:
+        devices.append((f"datasheet {device_label(PLANNER_SSD)}", PLANNER_SSD))
+    d = PlannerData(devices, axes, trace_spec, tr.steps, steps, spec, comp_ms)
+    d.wrap = tr.wraps(steps, spec.max_sessions).summary()
+    base = {k: v[1] for k, v in AXES.items()}
+    base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, threshold=DEFAULT_THRESHOLD,
+                readers=DEFAULT_READERS, phases=DEFAULT_PHASES)
+    if compute_ms is None:
+        base.update(compute="reference")
+    else:
+        base.update(compute="", compute_ms=comp_ms)
+    _planner_capacities(d, base, tr, jobs, progress)
+    shape = tail_shape(inp)
+    if shape is not None:
+        _tail_curves(d, tr, shape, target, quick)
+    return d
+
+
+def _planner_capacities(d: PlannerData, base: Mapping[str, Any], tr: Trace, jobs: Optional[int], progress) -> None:
+    """Every (device, axis, value) of ``d`` searched in one :func:`find_capacity` (configurations that coincide,
+    such as each axis at its default, searched once)."""
+    configs: List[dict] = []
+    where: Dict[tuple, int] = {}
+    for _, dev in d.devices:
+        for axis, values in d.axes.items():
+            for v in values:
+                cfg = dict(base, device=dev, **{axis: v})
+                if cfg not in configs:
+                    configs.append(cfg)
+                where[(dev, axis, v)] = configs.index(cfg)
+    caps, _ = find_capacity(configs, d.spec, 0, jobs=jobs, progress=progress, desc="planner",
+                            traces={d.trace: tr})
+    nan = float("nan")
+    for key, i in where.items():
+        d.capacities[key] = c = caps[i]
+        at = c.at(c.capacity) if c.capacity else {}
+        d.rows.append([*key, c.capacity, c.lower_bound, phases_short(c.phases), at.get("shared_cache_hit_rate", nan),
+                       at.get("dram_hit_rate", nan), at.get("reads_per_s", nan), at.get("device_busy", nan)])
+
+
+def _tail_curves(d: PlannerData, tr: Trace, shape: Tuple[str, Any], target: float, quick: bool) -> None:
+    """Step latency p99 / p99.9 of each device of ``d`` by sessions (up to 90% of its throughput bound at
+    ``target``), with its own latency spread and with ``shape``'s measured one (:func:`sim.device.with_tail`)."""
+    d.tail_label, shape_dev = shape
+    d.tail_steps = 100 if quick else 300
+    comp = Compute(d.compute_ms * 1e-3)
+    shares = (0.0, 0.5, 0.9) if quick else (0.0, 0.25, 0.5, 0.75, 0.9)
+    for label, dev_spec in d.devices:
+        dev = load_device(dev_spec)
+        bound = dev.peak_iops() / (SEED_REFERENCE["rows_per_step"] * target)
+        counts = sorted({max(1, int(round(bound * f))) for f in shares})
+        for name, device in (("", dev), (d.tail_label, with_tail(dev, shape_dev))):
+            p99, p999 = [], []
+            for n in counts:
+                r = simulate(tr, device, policy(DEFAULT_THRESHOLD, "pread", DEFAULT_READERS), comp,
+                             steps=d.tail_steps, sessions=n)
+                p99.append(r.step_ms["p99"])
+                p999.append(r.step_ms["p999"])
+                d.tail_rows.append([label, name or "own", n, r.step_ms["p50"], r.step_ms["p99"], r.step_ms["p999"],
+                                    min(r.tokens_per_s_per_session)])
+            d.tail.append((label, name, counts, p99, p999))
+
+
+# ----------------------------------------------------------------------- reuse
+#: Reuse rates of the reuse figure (synthetic traces ``synth:reuse=R``).
+REUSE_RATES = (0.0, 0.1, 0.225, 0.5, 0.8)
+#: Per-session row-cache sizes of the reuse figure.
+REUSE_CACHE_ROWS = (0, 4096, 65536)
+
+
+@dataclass
+class ReuseData:
+    """Tokens/s against the reuse rate of the text: per synthetic trace (``traces``: target rate -> spec,
+    measured rate), per cache size, the LRU hit rate and one session's tokens/s in each panel
+    (``(title, device name, compute)``); ``wraps``: each trace's :meth:`~sim.trace.Trace.wraps` summary."""
+
+    rates: Sequence[float]
+    caches: Sequence[int]
+    steps: int
+    traces: Dict[float, Tuple[str, float]] = field(default_factory=dict)
+    panels: List[Tuple[str, str]] = field(default_factory=list)
+    hit: Dict[Tuple[float, int], float] = field(default_factory=dict)
+    tokens: Dict[Tuple[str, float, int], float] = field(default_factory=dict)
+    wraps: List[str] = field(default_factory=list)
+    rows: List[list] = field(default_factory=list)
+
+
+def reuse_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ReuseData:
+    """One session's tokens/s against the reuse rate of the text: synthetic traces at :data:`REUSE_RATES`
+    (shaped like code, :mod:`sim.trace.synth`), threshold 8 with 16 readers, without and with a per-session
+    LRU row cache, on the reference SSD with the SPEC §8 compute and with no compute (Engram reads only), and
+    on this machine (reads only) when calibrated."""
+    tokens = 500 if quick else WHATIF_TOKENS
+    d = ReuseData(REUSE_RATES if not quick else (0.0, 0.225, 0.5), REUSE_CACHE_ROWS if not quick else (0, 4096),
+                  tokens)
+    panels = [(f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms)", preset(SEED_DEVICE),
+               ref_compute, 0.0, "pread"),
+              ("Reference SSD, Engram reads only", preset(SEED_DEVICE), Compute(0.0), 0.0, "pread")]
+    if inp.cal is not None:
+        be = inp.backends()[0]
+        panels.append((f"This machine ({be}), Engram reads only", inp.cal.device(be), inp.cal.compute_model("none"),
+                       inp.cal.hash_s, be))
+    d.panels = [(title, dev.name) for title, dev, *_ in panels]
+    for rate in d.rates:
+        tr = load_trace(SynthSpec(float(rate), tokens=tokens).spec())
+        st = reuse_stats(tr)
+        d.traces[rate] = (tr.source, st.reuse_rate)
+        w = tr.wraps(d.steps)
+        if w.summary() not in d.wraps:
+            d.wraps.append(w.summary())
+        for c in d.caches:
+            for title, dev, comp, hs, be in panels:
+                r = simulate(tr, dev, policy(DEFAULT_THRESHOLD, be, DEFAULT_READERS, c), comp, steps=d.steps,
+                             hash_time=hs)
+                d.hit[(rate, c)] = r.cache_hit_rate
+                d.tokens[(title, rate, c)] = r.tokens_per_s
+                d.rows.append([title, rate, st.reuse_rate, c, r.cache_hit_rate, r.tokens_per_s, tr.source])
+    return d

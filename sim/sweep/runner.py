@@ -48,7 +48,7 @@ from ..params import Compute, Policy
 from ..progress import progress as progress_bar
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
-from .study import AXES, METRICS, Study, check_point, point_seed, point_trace
+from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["MAX_ATTEMPTS", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
@@ -158,13 +158,13 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])
     else:
         compute = Compute(p["compute_ms"] * 1e-3, p["compute_dist"], p["compute_cv"], (), p["layers"])
-    phases = f"spread:{p['start_spread_ms']:g}" if p["start_spread_ms"] > 0 else p["phases"]
+    phases = point_phases(p)
     extras = ctx.extras or {}
     r = simulate_decode(trace, device, policy, compute, sessions=p["sessions"], steps=p["steps"], mode=p["mode"],
                         seed=seed, hash_time=p["hash_us"] * 1e-6, phases=phases, drives=p["drives"],
                         hot=extras.get(f"hot:{p['dram_rows']}"), tail=extras.get(f"tail:{p['tail']}"), bins=4)
     lat = r.step_latencies.reshape(-1)
-    pct = np.percentile(lat, [50, 90, 99])
+    pct = np.percentile(lat, [50, 90, 99, 99.9])
     per = np.asarray(r.tokens_per_s_per_session, dtype=np.float64)
     out: Dict[str, Any] = {"point": index, **params, "seed": seed}
     out.update({
@@ -175,6 +175,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         "step_p50_ms": float(pct[0]) * 1e3,
         "step_p90_ms": float(pct[1]) * 1e3,
         "step_p99_ms": float(pct[2]) * 1e3,
+        "step_p999_ms": float(pct[3]) * 1e3,
         "stall_mean_ms": float(r.stall_ms["mean"]),
         "compute_mean_ms": compute.mean * 1e3,
         "reads_per_step": r.reads / (p["sessions"] * p["steps"]),
@@ -188,6 +189,8 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         "compute_realised_mean_ms": float(r.compute_realised["mean_ms"]),
         "compute_realised_cv": float(r.compute_realised["cv"]),
         "wrapped": int(bool(r.wrap["wrapped"])),
+        "trace_steps": int(r.wrap["trace_steps"]),
+        PHASES_COLUMN: r.phases,
     })
     return out
 
@@ -481,7 +484,8 @@ class SweepResult:
     ----------
     study : Study
     rows : list of dict
-        One per point, in point order: ``point``, every axis, ``seed``, every metric of :data:`METRICS`.
+        One per point, in point order: ``point``, every axis, ``seed``, every metric of :data:`METRICS`, and
+        the session phases it ran with (``phases_run``, :data:`PHASES_COLUMN`).
     seconds : float
         Wall time of the run.
     runner : str
@@ -505,7 +509,7 @@ class SweepResult:
 
     @property
     def columns(self) -> List[str]:
-        return ["point", *AXES, "seed", *METRICS]
+        return ["point", *AXES, "seed", *METRICS, PHASES_COLUMN]
 
     @property
     def complete(self) -> bool:

@@ -49,7 +49,7 @@ machine's calibrated device of the point's ``backend`` -- or
 :func:`sim.trace.load_trace`, tokens), ``threshold``, ``backend``, ``readers``
 (pread readers or io_uring ring depth, as in the engine), ``cache_rows``,
 ``overlap_layers``, ``batch_overhead_us``, ``sessions``, ``steps``,
-``start_spread_ms`` (older form of ``phases = "spread:MS"``), ``phases``
+``start_spread_ms`` (older form of ``phases = "spread:MS"``, :func:`point_phases`), ``phases``
 (``random`` -- the default --, ``lockstep`` or ``spread:MS``:
 :class:`sim.params.Phases`), ``drives`` (drives striped by row id),
 ``shared_cache_rows``, ``dram_fraction`` (share of the tables resident in
@@ -95,7 +95,7 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["AXES", "METRICS", "Study", "check_point", "point_seed", "point_trace"]
+__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "Study", "check_point", "point_phases", "point_seed", "point_trace"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -138,6 +138,7 @@ METRICS: Dict[str, str] = {
     "step_p50_ms": "step latency, p50 (ms)",
     "step_p90_ms": "step latency, p90 (ms)",
     "step_p99_ms": "step latency, p99 (ms)",
+    "step_p999_ms": "step latency, p99.9 (ms)",
     "stall_mean_ms": "wait for rows per step, mean (ms)",
     "compute_mean_ms": "compute per step, mean (ms)",
     "reads_per_step": "device reads per step and session",
@@ -151,7 +152,12 @@ METRICS: Dict[str, str] = {
     "compute_realised_mean_ms": "compute drawn per step, mean (ms)",
     "compute_realised_cv": "compute drawn per step, CV",
     "wrapped": "trace replayed (1) or not (0)",
+    "trace_steps": "steps of the trace replayed (tokens)",
 }
+
+#: The result column naming the session phases a point ran with (:attr:`sim.decode.DecodeResult.phases`): text,
+#: so not one of the :data:`METRICS`.
+PHASES_COLUMN = "phases_run"
 
 _STUDY_KEYS = {"name", "description", "seed", "calibration"}
 _SECTIONS = ("study", "fixed", "grid", "plot", "capacity")
@@ -400,6 +406,15 @@ def point_trace(p: Mapping[str, Any]) -> str:
     return SynthSpec(float(r), z, base.tokens, base.seed + int(p.get("repeat", 0)), base.profile).spec()
 
 
+def point_phases(p: Mapping[str, Any]) -> str:
+    """The session phases a point runs with (:class:`sim.params.Phases` as text): ``spread:MS`` when the older
+    ``start_spread_ms`` axis is set above 0, else its ``phases`` (``random`` unless the study says otherwise)."""
+    spread = float(p.get("start_spread_ms") or 0.0)
+    if spread > 0:
+        return str(Phases("spread", spread * 1e-3))
+    return str(Phases.parse(p.get("phases") or DEFAULT_PHASES))
+
+
 def check_point(p: Mapping[str, Any], where: str) -> None:
     """Check a complete point's values against their ranges.
 
@@ -418,6 +433,9 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
     if not 0 <= p["dram_fraction"] <= 1:
         raise ArgumentError(f"{where}: dram_fraction = {p['dram_fraction']} must be in [0, 1]")
     Phases.parse(p["phases"])
+    if p["start_spread_ms"] > 0 and p["phases"] != DEFAULT_PHASES:
+        raise ArgumentError(f"{where}: give phases = {p['phases']!r} or the older start_spread_ms = "
+                            f"{p['start_spread_ms']:g} (phases = \"spread:MS\"), not both")
     if p["backend"] not in BACKENDS:
         raise ArgumentError(f"{where}: backend = {p['backend']!r} must be 'pread' or 'io_uring'")
     if p["mode"] not in ("fast", "exact"):

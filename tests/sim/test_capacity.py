@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from engram import ArgumentError
@@ -49,9 +50,9 @@ def test_search_bounds_and_resolution():
 
 
 def capacity_configs(**over):
-    """The seed preset, threshold 8 x 16 readers, the SPEC §8 compute, starts spread over a step."""
+    """The seed preset, threshold 8 x 16 readers, the SPEC §8 compute, sessions at random phases (the default)."""
     base = {k: v[1] for k, v in AXES.items()}
-    base.update(trace_limit=300, steps=120, compute="reference", threshold=8, readers=16, start_spread_ms=47.0)
+    base.update(trace_limit=300, steps=120, compute="reference", threshold=8, readers=16)
     base.update(over)
     return [base]
 
@@ -100,11 +101,24 @@ def test_assumptions_state_compute_batching_phases_and_headroom(reference_capaci
     assert cap.ceiling == pytest.approx(21.27, abs=0.005) and cap.headroom == pytest.approx(0.0597, abs=5e-4)
     assert cap.read_budget_ms == pytest.approx(50.0 - REFERENCE_MS, rel=1e-9)
     assert "compute 47.01 ms a step on average (gamma, CV 0.05)" in a and BATCHING in a
-    assert "starts spread evenly over 47 ms" in a and "6.0% under the compute-only ceiling of 21.27" in a
-    assert "2.99 ms a step for reads" in a
+    assert "phases: random (each session starts at a uniformly random time within one step, seeded)" in a
+    assert "6.0% under the compute-only ceiling of 21.27" in a and "2.99 ms a step for reads" in a
+    # the phases are the simulator's, as every probe ran (DecodeResult.phases), not the study's words
+    assert {p["phases_run"] for p in cap.probes} == {"random"}
+    # the compute drawn, pooled over every step of every probe: the NumPy twin of pooled_compute
+    n = np.array([p["sessions"] * p["steps"] for p in cap.probes], float)
+    m = np.array([p["compute_realised_mean_ms"] for p in cap.probes])
+    sd = m * np.array([p["compute_realised_cv"] for p in cap.probes])
+    mean = (n * m).sum() / n.sum()
+    cv = np.sqrt((n * (sd ** 2 + m ** 2)).sum() / n.sum() - mean ** 2) / mean
+    assert cap.compute_realised == pytest.approx((mean, cv), rel=1e-9)
+    assert mean == pytest.approx(REFERENCE_MS, rel=0.005) and cv == pytest.approx(0.05, abs=0.003)
+    assert f"drawn: mean {mean:.2f} ms, CV {cv:.3g}" in a
     row = cap.row()
     assert row["capacity"] == cap.capacity and row["capacities"] == " ".join(map(str, cap.per_seed))
-    assert row["ceiling_tokens_per_s"] == cap.ceiling and row["phases"] == "starts spread evenly over 47 ms"
+    assert row["ceiling_tokens_per_s"] == cap.ceiling and row["phases_run"] == "random"
+    assert row["session_phases"].startswith("random (") and row["phases"] == "random"
+    assert (row["compute_realised_mean_ms"], row["compute_realised_cv"]) == cap.compute_realised
 
 
 def test_no_headroom_means_no_capacity():
@@ -119,16 +133,28 @@ def test_no_headroom_means_no_capacity():
     assert over.headroom < 0 and "above the compute-only ceiling of 19.61 tokens/s" in over.assumptions()
 
 
-def test_lockstep_sessions_are_stated_and_never_beat_spread_ones():
-    spread, lock = find_capacity(capacity_configs() + capacity_configs(start_spread_ms=0.0),
-                                 CapacitySpec(seeds=1, max_sessions=128), 0, jobs=2, progress=False)[0]
-    assert "lockstep (every session starts at once)" in lock.assumptions()
+def test_each_phase_assumption_is_stated_as_it_ran():
+    """Random phases (the default), lockstep, and the older start_spread_ms of a study: each capacity states the
+    phases its probes ran with, and lockstep never beats the others."""
+    rand, lock, spread = find_capacity(capacity_configs() + capacity_configs(phases="lockstep")
+                                       + capacity_configs(start_spread_ms=47.0),
+                                       CapacitySpec(seeds=1, max_sessions=128), 0, jobs=2, progress=False)[0]
+    assert {p["phases_run"] for p in rand.probes} == {"random"} and "phases: random (" in rand.assumptions()
+    assert {p["phases_run"] for p in lock.probes} == {"lockstep"}
+    assert "phases: lockstep (every session starts at once)" in lock.assumptions()
+    assert {p["phases_run"] for p in spread.probes} == {"spread:47"}
+    assert "phases: starts spread evenly over 47 ms" in spread.assumptions()
     # With a constant compute, sessions started together fall into the device's FIFO order after their
-    # first step and stay staggered, so over 300 steps both reach the device's throughput bound:
+    # first step and stay staggered, so over 120 steps all reach near the device's throughput bound:
     # 78,125 reads/s / (48 rows x 20 tokens/s) = 81.4 sessions.
     bound = load_device("seed-apple-m3-ultra").peak_iops() / (48 * 20.0)
-    assert lock.capacity <= spread.capacity <= bound
-    assert spread.capacity >= 0.95 * bound
+    assert lock.capacity <= min(rand.capacity, spread.capacity) and max(rand.capacity, spread.capacity) <= bound
+    assert min(rand.capacity, spread.capacity) >= 0.9 * bound
+
+
+def test_phases_and_the_older_spread_cannot_both_be_given():
+    with pytest.raises(ArgumentError, match="not both"):
+        Study.from_dict({"fixed": {"start_spread_ms": 47.0, "phases": "lockstep"}})
 
 
 def test_capacity_spec_and_study_errors():
@@ -172,7 +198,7 @@ max_sessions = 64
 trace_limit = 200
 steps = 100
 compute = "reference"
-start_spread_ms = 47.0
+phases = "random"
 
 [grid]
 device = ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8"]
@@ -189,6 +215,8 @@ def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
     assert fast["device"] == "seed-apple-m3-ultra" and fast["capacity"] == 64 and fast["lower_bound"] is True
     assert 0 < slow["capacity"] < 16 and slow["low"] <= slow["capacity"] <= slow["high"]
     assert "the SPEC §8 reference compute" in slow["assumptions"] and d["capacity"]["seeds"] == 2
+    assert fast["phases"] == slow["phases"] == "random" and fast["compute_realised_cv"] == 0.0
+    assert fast["compute_realised_mean_ms"] == pytest.approx(fast["compute_mean_ms"], rel=1e-12)
     rows, probes, meta = read_capacity(out)
     assert meta["kind"] == "capacity" and meta["complete"] is True and len(rows) == 2
     assert [r["capacity"] for r in rows] == [64, slow["capacity"]] and rows[0]["lower_bound"] is True
@@ -208,8 +236,8 @@ def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
     # human output states the assumptions and the band
     assert main(["sim", "capacity", str(study), "--out", str(out), "--resume", "--quiet"]) == 0
     text = capsys.readouterr().out
-    assert "assumes   target 20 tokens/s for every session" in text
-    assert "capacity  device=seed-apple-m3-ultra: >= 64 sessions (all equal over 2 seeds)" in text
+    assert "assumes   target 20 tokens/s for every session" in text and "phases: random (" in text
+    assert "capacity  device=seed-apple-m3-ultra: >= 64 sessions (all equal over 2 seeds); random phases" in text
     # a capacity study is not a sweep, and a sweep table is not resumable as this study
     assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "x.csv")]) == 2
     assert "engram sim capacity" in capsys.readouterr().err

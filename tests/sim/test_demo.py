@@ -15,11 +15,12 @@ from engram.cli import main
 from sim.demo import demo_grid, run_demo
 from sim.schema import RunConfig
 
-FIGURES = ("seed_reproduction", "predicted_vs_measured", "threshold", "readers", "devices", "step_cdf", "cache",
-           "reuse", "capacity", "sweep_demo_0", "sweep_demo_1")
+FIGURES = ("seed_reproduction", "predicted_vs_measured", "capacity_measured", "threshold", "readers", "devices",
+           "step_cdf", "cache", "reuse", "reuse_rate", "capacity", "planner", "sweep_demo_0", "sweep_demo_1")
 SECTIONS = ("Answer: concurrent sessions each device sustains", "Other headline figures", "Seed reproduction",
             "The run", "Predicted vs measured", "Tokens/s by threshold", "Tokens/s by readers", "Step-latency CDFs",
-            "Reuse and row caches", "Capacity: how the report searched it", "Study: demo",
+            "Reuse and row caches", "Capacity: how the report searched it",
+            "What a planner can buy: drives, a shared cache, DRAM, the tail", "Study: demo",
             "Inputs, calibration and tables")
 
 
@@ -97,6 +98,33 @@ def test_quick_demo(tmp_path, capsys):
                                                                         (2, "processes"), (4, "processes")}
     assert [c["mode"] for c in xc["capacity"]] == ["threads", "processes"] == [c["mode"] for c in demo["capacity"]]
     assert xc["summary"]["regime"]["name"] in ("quiet", "loaded") and "regime" in printed
+    # the report: measured next to predicted capacity per mode, the regime, the coverage, the backends left out
+    rg = xc["summary"]["regime"]
+    assert f"Cross-check regime: **{rg['name']}** ({rg['why']})" in text
+    share = xc["summary"]["inside_interval_share"]
+    assert f"{xc['summary']['inside_interval']} of {xc['summary']['configurations']} measured medians ({share:.0%}) " \
+           "inside the predicted 90% interval" in text
+    if left:
+        for b in left:
+            assert f"{b} ({xc['backends']['left_out'][b]})" in text
+    else:
+        assert "none left out (every read backend started here)" in text
+    answer = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    for c in xc["capacity"]:
+        lines = [ln for ln in answer.splitlines() if ln.startswith(f"| this machine, sessions as {c['mode']} |")]
+        assert len(lines) == 2, c["mode"]
+        meas, pred = ([x.strip() for x in ln.strip("|").split(" | ")] for ln in lines)
+        assert meas[2].lstrip(">= ") == str(c["measured_capacity"]) and meas[7].endswith("[measured]")
+        assert pred[2].lstrip(">= ") == str(c["predicted_capacity"]) and pred[7].endswith("[predicted]")
+        assert meas[4] == f"{c['target_tokens_per_s']:g}" and meas[5].startswith("spread ")
+        assert f"Capacity on this machine, sessions as {c['mode']}: measured" in text
+    with open(out / "data" / "capacity_measured.csv") as f:
+        rows = list(csv.DictReader(f))
+    for c in xc["capacity"]:
+        got = [r for r in rows if r["mode"] == c["mode"]]
+        assert [int(r["sessions"]) for r in got] == c["sessions"]
+        assert [float(r["measured_slowest_tokens_per_s"]) for r in got] == c["measured_slowest"]
+        assert all(float(r["predicted_low"]) <= float(r["predicted_high"]) for r in got)
     assert "Rows read from the file were identical to the generator's bytes" in text
     # a second run reuses the model file
     assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--rounds", "1", "--jobs", "1", "--no-fio",

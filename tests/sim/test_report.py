@@ -24,10 +24,14 @@ from engram.cli import main
 from sim.capacity import run_capacity
 from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
 from sim.report.plots import spread_labels
-from sim.sweep import Study, run_study
+from sim.device import load_device
+from sim.report.sections import ran_text
+from sim.trace import wrap_info
+from sim.sweep import Study, run_points, run_study
 from tests.mounts import tmpfs
 
-PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "capacity")
+PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "reuse_rate",
+                     "capacity", "planner")
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
@@ -158,6 +162,10 @@ def preset_report(tmp_path_factory):
                              "grid": {"threshold": [8, 256], "readers": [1, 16]},
                              "plot": [{"x": "readers", "series": ["threshold"], "logx": True}]})
     run_study(study, jobs=1, progress=False, out=d / "tiny.csv")
+    wrapped = Study.from_dict({"study": {"name": "wrapped"},
+                               "fixed": {"trace_limit": 100, "steps": 150, "compute": "reference"},
+                               "grid": {"cache_rows": [0, 1024]}})
+    run_study(wrapped, jobs=1, progress=False, out=d / "wrapped.csv")
     grid = Study.from_dict({"study": {"name": "grid"},
                             "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference", "device": SLOW_SSD,
                                       "start_spread_ms": 47.0},
@@ -166,13 +174,13 @@ def preset_report(tmp_path_factory):
                                       "series": ["readers"], "target": 20.0, "logx": True}]})
     run_study(grid, jobs=1, progress=False, out=d / "grid.csv")
     cap = Study.from_dict({"study": {"name": "drives", "seed": 2}, "capacity": {"seeds": 2, "max_sessions": 32},
-                           "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference",
-                                     "start_spread_ms": 47.0},
+                           "fixed": {"trace_limit": 200, "steps": 100, "compute": "reference", "phases": "random"},
                            "grid": {"device": [SLOW_SSD], "readers": [4, 16]}})
     run_capacity(cap, jobs=1, progress=False, out=d / "drives.csv")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(["report", "--out", str(d / "out"), "--sweep", str(d / "tiny.csv"), "--sweep", str(d / "grid.csv"),
+                   "--sweep", str(d / "wrapped.csv"),
                    "--sweep", str(d / "drives.csv"), "--quick", "--seeds", "1", "--max-sessions", "16", "--jobs", "1",
                    "--quiet", "--json"])
     assert rc == 0
@@ -189,7 +197,8 @@ def test_report_on_presets(preset_report):
     assert heads[0] == "Answer: concurrent sessions each device sustains"  # the answer leads
     for head in ("Other headline figures", "Seed reproduction (SPEC §8, §9)", "Tokens/s by threshold",
                  "Tokens/s by readers (queue depth)", "Step-latency CDFs", "Reuse and row caches",
-                 "Capacity: how the report searched it", "Study: tiny", "Study: grid", "Capacity study: drives",
+                 "Capacity: how the report searched it", "What a planner can buy: drives, a shared cache, DRAM, the tail",
+                 "Study: tiny", "Study: grid", "Study: wrapped", "Capacity study: drives",
                  "Inputs, calibration and tables"):
         assert head in heads, head
     assert "No cross-check" in text and "21.06" in text
@@ -204,8 +213,69 @@ def test_report_on_presets(preset_report):
         assert (root / "inputs" / name).is_file(), name
 
 
+def test_a_study_whose_cache_replays_its_trace_says_so(preset_report):
+    """A row cache over a trace of 100 steps read for 150: the study's section prints the trace's own warning."""
+    text = preset_report[0].read_text()
+    part = text.split("## Study: wrapped", 1)[1].split("\n## ", 1)[0]
+    want = wrap_info(100, 150, 1).warning()
+    assert want.startswith("1 session(s) x 150 steps on a trace of 100 steps: each session wraps (1.50 laps)")
+    assert "**Warning**: the cache figures of this study depend on replaying its trace" in part and want in part
+    assert "Warning" not in text.split("## Study: tiny", 1)[1].split("\n## ", 1)[0]  # no cache, no wrap
+
+
+def test_reuse_rate_figure(preset_report):
+    """Synthetic traces hit their target reuse rate; a cache never serves more than the text repeats; without
+    a cache the reads do not depend on the reuse rate, with one they get faster as the text repeats more."""
+    root = preset_report[0].parent
+    rows = list(csv.DictReader(open(root / "data" / "reuse_rate.csv")))
+    assert {float(r["target_reuse"]) for r in rows} == {0.0, 0.225, 0.5}  # --quick
+    for r in rows:
+        assert abs(float(r["reuse_rate"]) - float(r["target_reuse"])) <= 0.01
+        assert float(r["cache_hit_rate"]) <= float(r["reuse_rate"]) + 1e-12
+        assert (float(r["cache_hit_rate"]) == 0) == (r["cache_rows"] == "0" or r["target_reuse"] == "0.0")
+    reads_only = [r for r in rows if r["panel"] == "Reference SSD, Engram reads only"]
+    flat = [float(r["tokens_per_s"]) for r in reads_only if r["cache_rows"] == "0"]
+    assert max(flat) / min(flat) - 1 < 0.01
+    cached = [float(r["tokens_per_s"]) for r in sorted(reads_only, key=lambda r: float(r["target_reuse"]))
+              if r["cache_rows"] == "4096"]
+    assert cached == sorted(cached) and cached[-1] > 1.2 * cached[0]
+    text = preset_report[0].read_text()
+    assert "Trace coverage: 1 session(s) x 500 steps on a trace of 500 steps: no wrap." in text
+
+
+def test_planner_panels(preset_report):
+    """Capacity on the reference SSD by drives, shared cache and DRAM share (--quick: one seed, bisected to 8
+    sessions, one device), and the tail with a measured distribution."""
+    root = preset_report[0].parent
+    rows = {(r["axis"], float(r["value"])): r for r in csv.DictReader(open(root / "data" / "planner.csv"))}
+    cap = {k: int(r["capacity"]) for k, r in rows.items()}
+    bound = load_device("seed-apple-m3-ultra").peak_iops() / (48 * 20.0)  # 81.4 sessions
+    base = cap[("drives", 1.0)]
+    assert bound - 8 - 1 <= base <= bound and cap[("shared_cache_rows", 0.0)] == cap[("dram_fraction", 0.0)] == base
+    # two drives: twice the throughput bound; half the tables in DRAM: half the reads (each nearly doubles the
+    # capacity; 20 steps a session at random phases reach a little less of the bound than one drive does)
+    for key in (("drives", 2.0), ("dram_fraction", 0.5)):
+        assert 1.8 * base <= cap[key] <= 2 * bound, key
+    assert cap[("shared_cache_rows", 65536.0)] >= base and float(rows[("shared_cache_rows", 65536.0)][
+        "shared_cache_hit_rate_at_capacity"]) > 0
+    assert float(rows[("dram_fraction", 0.5)]["dram_hit_rate_at_capacity"]) == pytest.approx(0.5, abs=0.02)
+    assert {r["phases"] for r in rows.values()} == {"random phases"}
+    tail = list(csv.DictReader(open(root / "data" / "planner_tail.csv")))
+    own = [r for r in tail if r["latency_distribution"].startswith("own")]
+    lent = [r for r in tail if r["latency_distribution"].startswith("vm-virtio")]
+    assert len(own) == len(lent) >= 3 and [r["sessions"] for r in own] == [r["sessions"] for r in lent]
+    for r in tail:
+        assert float(r["step_p50_ms"]) <= float(r["step_p99_ms"]) <= float(r["step_p999_ms"])
+    # the reference SSD has fixed latencies: alone, a session's steps all take the same time; a measured
+    # distribution gives them a tail
+    assert float(own[0]["step_p999_ms"]) == pytest.approx(float(own[0]["step_p50_ms"]), rel=1e-6)
+    assert float(lent[0]["step_p999_ms"]) > float(lent[0]["step_p50_ms"]) * 1.001
+    text = preset_report[0].read_text()
+    assert "no wrap, sessions read distinct steps" in text.split("## What a planner can buy", 1)[1]
+
+
 def answer_rows(text: str):
-    """The answer's table: (device, read policy, capacity, band, target, assumes, from) per row."""
+    """The answer's table: (device, read policy, capacity, band, target, phases, assumes, from) per row."""
     part = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
     lines = [ln for ln in part.splitlines() if ln.startswith("| ") and not ln.startswith("| device")]
     return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
@@ -216,28 +286,53 @@ def test_the_answer_has_every_capacity_with_its_assumptions(preset_report):
     and the assumptions (compute, batching, phases, target, headroom) are stated."""
     text = preset_report[0].read_text()
     rows = answer_rows(text)
-    by = {(r[0], r[1], r[6].split(" (")[0]): r for r in rows}
+    by = {(r[0], r[1], r[7].split(" (")[0]): r for r in rows}
     assert by[("seed-apple-m3-ultra", "threshold 8, 16 readers", "this report's search")][2] == ">= 16"
-    drives = [r for r in rows if r[6].startswith("study 'drives'")]
-    grid = [r for r in rows if r[6].startswith("study 'grid'") and "read off a grid" in r[6]]
+    drives = [r for r in rows if r[7].startswith("study 'drives'")]
+    grid = [r for r in rows if r[7].startswith("study 'grid'") and "read off a grid" in r[7]]
     assert len(drives) == 2 and len(grid) == 2
     cap_table = list(csv.DictReader(open(preset_report[0].parent / "inputs" / "drives.csv")))
     for r, t in zip(sorted(drives, key=lambda r: r[1]), sorted(cap_table, key=lambda t: t["readers"])):
         assert r[2] == t["capacity"] and r[3] == f"{t['capacity_low']}-{t['capacity_high']} over 2 seeds"
+        assert t["phases_run"] == "random" and float(t["compute_realised_cv"]) == 0.0
+        assert float(t["compute_realised_mean_ms"]) == pytest.approx(float(t["compute_mean_ms"]), rel=1e-12)
     assert all(r[3].startswith("- (one grid") for r in grid)
+    # each capacity states the phases it ran with: the report's search and the capacity study at random phases,
+    # the grid study written with the older start_spread_ms at starts spread over one step
     for r in rows:
-        assert r[4] == "20" and "compute 47.01 ms" in r[5] and "6.0% under the ceiling 21.27 tokens/s" in r[5]
+        assert r[5] == ("spread 47 ms" if r in grid else "random phases"), r
+        assert r[4] == "20" and "compute 47.01 ms" in r[6] and "6.0% under the ceiling 21.27 tokens/s" in r[6]
+        assert "drawn: mean 47.01 ms, CV 0" in r[6]
     answer = text.split("## Answer", 1)[1].split("\n## ", 1)[0]
     assert "batching none (each session computes alone; compute never contends)" in answer
-    assert "phases: starts spread evenly over 47 ms" in answer and "2.99 ms a step for reads" in answer
+    assert "phases: random (each session starts at a uniformly random time within one step, seeded)" in answer
+    assert "2.99 ms a step for reads" in answer
     assert "Machine: no measurement on this machine" in text
+    with open(preset_report[0].parent / "data" / "capacity.csv") as f:
+        assert {r["phases"] for r in csv.DictReader(f)} == {"random phases", "spread 47 ms"}
 
 
 def test_a_sweep_states_its_real_compute(preset_report):
     text = preset_report[0].read_text()
     fixed = text.split("## Study: tiny", 1)[1].split("Fixed: ", 1)[1].split("\n", 1)[0]
-    assert fixed.startswith("compute = 47.01 ms a step (the SPEC §8 reference compute)")
+    assert fixed.startswith("compute = 47.01 ms a step (the SPEC §8 reference compute); drawn: mean 47.01 ms, CV 0")
     assert "compute_ms" not in fixed and "sessions" not in fixed
+    grid = text.split("## Study: grid", 1)[1].split("\n## ", 1)[0]
+    assert "Session phases as simulated: starts spread evenly over 47 ms." in grid
+    assert "stars: the capacity read off the grid at 20 tokens/s, sessions at spread 47 ms as simulated" in grid
+
+
+def test_a_sweep_over_compute_states_what_was_drawn():
+    """Nominal against drawn compute, from real rows: a gamma compute of CV 0.5 draws a CV near 0.5."""
+    study = Study.from_dict({"fixed": {"trace_limit": 200, "steps": 200, "compute_ms": 30.0, "sessions": 2},
+                             "grid": [{"compute_dist": ["gamma"], "compute_cv": [0.5]}, {"compute_ms": [10.0]}]})
+    rows, _ = run_points(study.points(), 0, jobs=1, progress=False)
+    text = ran_text(rows, study.axes())
+    assert text.startswith("Session phases as simulated: random (each session starts at a uniformly random time")
+    m, cv = rows[0]["compute_realised_mean_ms"], rows[0]["compute_realised_cv"]
+    assert abs(m / 30.0 - 1) < 0.1 and abs(cv - 0.5) < 0.1
+    assert f"10.00 ms nominal: drawn mean 10.00 ms, CV 0; 30.00 ms nominal: drawn mean {m:.2f} ms, CV {cv:.3g}." \
+        in text
 
 
 def test_report_numbers_are_the_figures(preset_report):

@@ -13,16 +13,21 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engram import ArgumentError, FormatError
 from engram.cli import main
-from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW
+from sim.decode import simulate_decode
+from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
 from sim.io import OutputError
 from sim.serve import ServeStudy
 from sim.serve.study import is_serve_study
+from sim.params import Compute, Policy
+from sim.report.sections import wrap_warnings
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
+from sim.trace import load_trace
 from tests.mounts import tmpfs
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
@@ -107,6 +112,66 @@ def test_known_answers_on_the_reference_device():
             assert by[(t, k, 3)]["session_tokens_per_s"] <= by[(t, k, 1)]["session_tokens_per_s"] * (1 + 1e-9)
 
 
+def test_rows_say_what_the_simulator_ran():
+    """Each row carries the phases the simulator ran (the older start_spread_ms included), the compute it drew
+    beside the nominal one, the step p99.9 and the trace length; equal to a direct simulate_decode call."""
+    study = Study.from_dict({
+        "study": {"name": "ran", "seed": 3},
+        "fixed": {"trace_limit": 300, "steps": 200, "compute_ms": 40.0, "compute_dist": "gamma", "compute_cv": 0.3,
+                  "sessions": 4},
+        "grid": [{"phases": ["random", "lockstep", "spread:20"]}, {"start_spread_ms": [30.0]}]})
+    rows, _ = run_points(study.points(), 3, jobs=1, progress=False)
+    assert [r["phases_run"] for r in rows] == ["random", "lockstep", "spread:20", "spread:30"]
+    for r in rows:
+        assert r["compute_mean_ms"] == 40.0 and r["trace_steps"] == 300 and r["wrapped"] == 0
+        assert r["compute_realised_mean_ms"] == pytest.approx(40.0, rel=0.05) and r["compute_realised_cv"] > 0.25
+        assert r["step_p99_ms"] <= r["step_p999_ms"]
+    p = rows[3]
+    d = simulate_decode(load_trace(p["trace"], limit=300), p["device"], Policy(), Compute(40e-3, "gamma", 0.3),
+                        sessions=4, steps=200, seed=p["seed"], phases="spread:30", bins=4)
+    lat = d.step_latencies.reshape(-1)
+    assert p["step_p999_ms"] == pytest.approx(np.percentile(lat, 99.9) * 1e3, rel=1e-12)
+    assert p["compute_realised_mean_ms"] == d.compute_realised["mean_ms"] and d.phases == "spread:30"
+    # a table of 300 steps read 400 steps a session: wrapped, and the row says over how many steps
+    long = run_points([{**study.points()[0], "steps": 400}], 3, jobs=1, progress=False)[0][0]
+    assert long["wrapped"] == 1 and long["trace_steps"] == 300
+
+
+def study_rows(name: str, **where):
+    """The rows of the shipped study ``name`` at the points matching ``where`` (their seeds are the study's)."""
+    study = Study.load(STUDIES / f"{name}.toml")
+    pts = [p for p in study.points() if all(p[k] == v for k, v in where.items())]
+    return run_points(pts, study.seed, jobs=2, progress=False)[0]
+
+
+def test_the_planner_studies_as_shipped():
+    """drives, dram, shared_cache and tail at the session counts where their answers differ."""
+    ssd = load_device("ssd:qd1_us=80,iops=100000")
+    # 192 sessions need 192 x 48 x 20 = 184k reads/s: over one drive's 100k IOPS, within two drives'
+    drives = {r["drives"]: r for r in study_rows("drives", sessions=192)}
+    assert drives[1]["session_tokens_per_s_min"] < 20.0 <= drives[2]["session_tokens_per_s_min"]
+    assert drives[4]["session_tokens_per_s_min"] >= 20.0 and drives[4]["device_busy"] < drives[2]["device_busy"]
+    assert 192 * 48 * 20 > ssd.peak_iops() and all(r["phases_run"] == "random" for r in drives.values())
+    # half the tables in DRAM: half the requests never reach the device
+    dram = {r["dram_fraction"]: r for r in study_rows("dram", sessions=160)}
+    assert dram[0.0]["session_tokens_per_s_min"] < 20.0 <= dram[0.5]["session_tokens_per_s_min"]
+    for share, r in dram.items():
+        assert r["dram_hit_rate"] == pytest.approx(share, abs=0.02)
+        assert r["reads_per_step"] == pytest.approx(48 * (1 - share), rel=0.05)
+    # a shared cache serves more the larger it is, and no session replays another's stretch of the trace
+    shared = {r["shared_cache_rows"]: r for r in study_rows("shared_cache", sessions=64)}
+    assert shared[0]["shared_cache_hit_rate"] == 0 < shared[4096]["shared_cache_hit_rate"] \
+        < shared[65536]["shared_cache_hit_rate"]
+    assert shared[65536]["reads_per_step"] == pytest.approx(48 * (1 - shared[65536]["shared_cache_hit_rate"]),
+                                                            rel=0.02)
+    assert wrap_warnings(list(shared.values())) == [] and all(r["trace_steps"] == 16000 for r in shared.values())
+    # the measured distribution changes the tail, not the mean
+    tail = {r["tail"]: r for r in study_rows("tail", sessions=90)}
+    own, lent = tail[""], tail["vm-virtio-16core-4k"]
+    assert own["step_p999_ms"] != lent["step_p999_ms"] and own["step_p99_ms"] <= own["step_p999_ms"]
+    assert lent["step_mean_ms"] == pytest.approx(own["step_mean_ms"], rel=0.02)
+
+
 def test_local_processes_and_a_dask_cluster_give_identical_tables(tmp_path):
     distributed = pytest.importorskip("dask.distributed")
     study = Study.from_dict({
@@ -159,7 +224,8 @@ def test_calibrated_device_needs_a_calibration():
 
 def test_example_studies_parse():
     names = sorted(p.name for p in STUDIES.glob("*.toml"))
-    assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml"} <= set(names)
+    assert {"capacity.toml", "cache.toml", "demo.toml", "threshold_readers.toml", "drives.toml", "dram.toml",
+            "shared_cache.toml", "tail.toml", "reuse.toml"} <= set(names)
     for p in STUDIES.glob("*.toml"):
         if is_serve_study(p):  # serving studies: tests/sim/test_serve_search.py
             assert ServeStudy.load(p).points(), p
@@ -200,10 +266,11 @@ def test_cli_sweep(tmp_path, capsys):
 
 # ------------------------------------------------------------------ lost workers, interruptions, resumption
 def lossy_study() -> Study:
-    """16 points of a tenth of a second or more each: a sweep long enough to lose a worker in the middle."""
+    """16 points of about a quarter of a second each (4 s in all on a loaded 2-core VM): a sweep long enough to
+    lose a worker, or take Ctrl-C, in the middle even when the test itself is scheduled late."""
     return Study.from_dict({
         "study": {"name": "lossy", "seed": 5},
-        "fixed": {"trace_limit": 200, "steps": 200, "compute_ms": 5.0, "compute_dist": "gamma", "compute_cv": 0.3},
+        "fixed": {"trace_limit": 1000, "steps": 1000, "compute_ms": 5.0, "compute_dist": "gamma", "compute_cv": 0.3},
         "grid": {"readers": [2, 16], "sessions": [1, 8, 16, 24], "cache_rows": [0, 1000]},
     })
 
@@ -327,7 +394,7 @@ def test_interrupted_cli_sweep_keeps_its_rows_and_resumes(tmp_path, undisturbed)
     """Ctrl-C: exit 130, the finished rows stay (complete: false); --resume runs only the others and ends with
     the undisturbed table."""
     study = tmp_path / "lossy.toml"
-    study.write_text('[study]\nname = "lossy"\nseed = 5\n[fixed]\ntrace_limit = 200\nsteps = 200\n'
+    study.write_text('[study]\nname = "lossy"\nseed = 5\n[fixed]\ntrace_limit = 1000\nsteps = 1000\n'
                      'compute_ms = 5.0\ncompute_dist = "gamma"\ncompute_cv = 0.3\n'
                      '[grid]\nreaders = [2, 16]\nsessions = [1, 8, 16, 24]\ncache_rows = [0, 1000]\n')
     out = tmp_path / "lossy.csv"
@@ -406,11 +473,12 @@ def test_cli_sweep_over_sessions_reads_capacity_off_the_grid(tmp_path, capsys):
     """With sessions varying, 'best' would always be one session: the command gives the grid capacity."""
     study = tmp_path / "s.toml"
     study.write_text('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 150\ncompute = "reference"\n'
-                     'start_spread_ms = 47.0\n'
+                     'phases = "random"\n'
                      '[grid]\nsessions = [1, 16, 128]\n')
     assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "g.csv"), "--jobs", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "best" not in out and "grid      all points: 16 sessions at 20 tokens/s" in out
+    assert "phases random (each session starts at a uniformly random time within one step, seeded))" in out
     assert "engram sim capacity" in out
 
 
