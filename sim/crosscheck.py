@@ -6,18 +6,28 @@ trace the run read, with the calibrated device of the configuration's
 backend, the policy (threshold, readers = ring depth), the compute model of
 its compute spec and the hash time (:class:`sim.calibrate.Calibration`) --
 each scaled to the device and compute state of the run's own time window,
-from the probes measured right before and after it
-(:meth:`Calibration.window_models`).  A multi-session run is simulated with
-the same number of sessions, each on its own stretch, started with the
-measured spread of their first steps (``start_spread``).  A configuration's
-prediction is the median of its runs' predictions; it is compared with the
-median of the measured runs, next to the spread of the repeats, so noise is
-not mistaken for model error.
+fitted from the probe steps interleaved with the run (random token ids
+through the same sessions: :mod:`sim.windows`,
+:meth:`Calibration.window_models`).  A multi-session run is simulated with
+the same number of sessions, each on its own stretch with the probe steps
+where the run had them, started at the measured start of each session
+(:meth:`sim.params.Phases.at`); each simulated session's tokens/s counts its
+trace steps only, as the measured one does.  A configuration's prediction is
+the median of its runs' predictions; it is compared with the median of the
+measured runs, next to the spread of the repeats.  Each run is also
+predicted with the calibrated device and compute alone (``calibrated_only``:
+what the microbenchmarks say without the window's state).
 
-Prediction interval: each run is also predicted with its window's device and
-compute moved by +-1.645 standard errors of the probes (slower and faster);
-the configuration's interval runs from the median of the fast bounds to the
-median of the slow ones (90% for the probes' own uncertainty).
+Prediction interval: what separates a run's measured tokens/s from its
+prediction, besides the model, is the window's uncertainty
+(:func:`sim.windows.window_state`): the probes' mean read and compute are
+estimates (``read_se``, ``compute_se``; they move the prediction by the
+share of a step they make up), the run's own mean over its ``n`` trace steps
+varies (``step_cv / sqrt(n)``), and the simulator's own estimate has its
+sampling error.  Each run's prediction is taken as log-normal with that
+variance; the configuration's interval holds 90% of the median over its
+runs of draws from them (:data:`INTERVAL_DRAWS` draws, seeded), and each
+run's own 90% interval is checked too (``runs_inside``).
 
 Regime: from the background load measured while the runs ran (the median
 share of all CPUs other processes used, and hypervisor steal): ``quiet``
@@ -35,16 +45,15 @@ the two must lie within one step of the session grid.
 
 Definitions
 -----------
-- measured tokens/s: steps / wall time of a run's loop; the configuration's
-  figure is the median over its repeats.  Step p50 / p95: per run, then the
-  median over repeats.
+- measured tokens/s: a run's trace steps over their own time (the probe
+  steps between them left out); the configuration's figure is the median
+  over its repeats.  Step p50 / p95: per run, then the median over repeats.
 - error: ``predicted / measured - 1``.
 - spread: ``(max - min) / median`` of the repeats' tokens/s (and of their step
   p50); ``cv`` the coefficient of variation of the repeats' tokens/s.
-- multi-session tokens/s: the mean over sessions of each session's steps
-  over its own run time (as :attr:`sim.decode.DecodeResult.tokens_per_s_per_session`);
-  ``slowest``: the slowest session's; ``aggregate``: all sessions' steps over
-  the time from the first start to the last end.
+- multi-session tokens/s: the mean over sessions of each session's trace
+  steps over their own time; ``slowest``: the slowest session's;
+  ``aggregate``: the sum over sessions.
 
 The layout of ``crosscheck.json`` is in :mod:`sim.schema`.
 """
@@ -64,11 +73,14 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration
 from .decode import simulate_decode
 from .io import load_json, now_iso, sha256_file, write_json
+from .params import Phases
 from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
+from .windows import insert_probes
 
 __all__ = ["COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS", "TARGETS", "CDF_PERCENTILES",
-           "capacity", "crosscheck", "crosscheck_files", "markdown_table", "predict", "predict_run", "regime"]
+           "capacity", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
+           "regime", "run_sd"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
 TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
@@ -80,8 +92,10 @@ COVERAGE_TARGET = 0.90
 QUIET_CPU = 0.10
 #: ... and the hypervisor steals at most this share.
 QUIET_STEAL = 0.05
-#: Standard errors of the probes either side of a run's prediction (a two-sided 90% interval).
+#: Standard normal quantile of the two-sided 90% prediction interval.
 INTERVAL_Z = 1.645
+#: Draws of the median over a configuration's runs behind its interval.
+INTERVAL_DRAWS = 4000
 #: Simulated steps of a single-session run's prediction at least (its stretch, replayed).
 SINGLE_SIM_STEPS = 1000
 #: Seeds averaged in a multi-session run's prediction (the simulated run has the measured run's length).
@@ -204,7 +218,19 @@ def _stretches(trace: Trace, starts: Sequence[int], n: int) -> Trace:
     return Trace(rows, toks, np.zeros(1, dtype=np.int64), trace.layer_ids, trace.heads, trace.source)
 
 
-def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping, *, z: float = 0.0,
+def _session_rows(trace: Trace, starts: Sequence[int], n: int, every: int, seed: int) -> tuple:
+    """The sessions' stretches with their probe steps (random rows) where the run had them, one session after
+    the other: ``(Trace, bool mask [steps a session] of the trace steps)``."""
+    parts, mask = [], None
+    for i, a in enumerate(starts):
+        rows, mask = insert_probes(trace.rows[a:a + n], every, [seed, 14, i])
+        parts.append(rows)
+    rows = np.concatenate(parts)
+    return Trace(rows, np.zeros(rows.shape[0], np.int64), np.zeros(1, dtype=np.int64), trace.layer_ids,
+                 trace.heads, trace.source), mask
+
+
+def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping, *,
                 sim_steps: Optional[int] = None, seed: int = 0, windows: bool = True) -> dict:
     """Predict one measured run (single- or multi-session) with the device and compute of its window.
 
@@ -212,13 +238,11 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     ----------
     run : mapping
         The run record: ``start`` (single session) or ``starts`` and
-        ``start_offsets_s`` (multi-session), and ``window``.
-    z : float
-        Standard errors of the window's probes added to its device and compute factors (> 0: slower).
+        ``start_offsets_s`` (multi-session), ``probe_every`` and ``window``.
     sim_steps : int, optional
-        Simulated steps (single session: default ``max(steps, 1000)``, the
-        stretch replayed; several sessions: default the run's steps, averaged
-        over :data:`SESSION_SIM_SEEDS` seeds).
+        Simulated steps of a single session (default ``max(steps, 1000)``,
+        the stretch replayed); several sessions run the measured loop (trace
+        and probe steps), averaged over :data:`SESSION_SIM_SEEDS` seeds.
     windows : bool
         Use the window's state (False: the calibrated device and compute as they are).
 
@@ -227,7 +251,8 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     dict
         ``tokens_per_s`` (mean over sessions), ``slowest_tokens_per_s``, ``aggregate_tokens_per_s``,
         ``step_p50_ms``, ``step_p95_ms``, ``step_mean_ms``, ``read_mean_ms``, ``compute_mean_ms``,
-        ``start_spread_s``, ``device``, and the step latencies ``_lat`` (seconds, for pooling).
+        ``read_share`` and ``compute_share`` (of a step's mean time), ``sim_se`` (relative standard error
+        of the simulated tokens/s), ``device``, and the trace steps' latencies ``_lat`` (seconds).
 
     Raises
     ------
@@ -235,32 +260,69 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
         The calibration lacks the backend or compute, or a stretch lies outside the trace.
     """
     n = config.steps
-    dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None, z)
+    dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None)
     pol = cal.policy(config.threshold, config.backend, config.readers)
     if not config.multi:
         tr = _stretches(trace, [int(run.get("start", 0))], n)
         steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
-        rs = [simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed,
-                              hash_time=cal.hash_s)]
-        spread = 0.0
+        r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+        lat = r.step_latencies.reshape(-1)
+        per = np.array([[r.tokens_per_s]])
+        reads = [r.stall_ms["mean"] * 1e-3]
+        sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
     else:
         k = config.sessions
         starts = [int(x) for x in run.get("starts") or [int(run.get("start", 0)) + i * n for i in range(k)]]
-        tr = _stretches(trace, starts, n)
-        offsets = [float(x) for x in run.get("start_offsets_s") or [0.0]]
-        # simulate_decode starts session i at i * spread / k: the measured spread of the first steps
-        spread = max(offsets) * k / (k - 1) if k > 1 else 0.0
-        steps = int(sim_steps) if sim_steps else n
-        rs = [simulate_decode(tr, dev, pol, comp, sessions=k, steps=steps, mode="fast", seed=seed + j,
-                              hash_time=cal.hash_s, start_spread=spread) for j in range(SESSION_SIM_SEEDS)]
-    lat = np.concatenate([r.step_latencies.reshape(-1) for r in rs])
-    per = np.array([r.tokens_per_s_per_session for r in rs])
+        tr, mask = _session_rows(trace, starts, n, int(run.get("probe_every") or 0), seed)
+        offsets = [float(x) for x in run.get("start_offsets_s") or ()]
+        phases = Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
+        lats, per, reads = [], [], []
+        for j in range(SESSION_SIM_SEEDS):
+            r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
+                                hash_time=cal.hash_s, phases=phases)
+            own = r.step_latencies[:, mask]
+            lats.append(own.reshape(-1))
+            per.append(n / own.sum(axis=1))
+            reads.append(r.stall_ms["mean"] * 1e-3)
+        lat = np.concatenate(lats)
+        per = np.array(per)
+        means = per.mean(axis=1)
+        sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
+    read = float(np.mean(reads)) + cal.hash_s
+    step = float(lat.mean())
     return {"tokens_per_s": float(per.mean()), "slowest_tokens_per_s": float(per.min(axis=1).mean()),
-            "aggregate_tokens_per_s": float(np.mean([r.tokens_per_s for r in rs])),
+            "aggregate_tokens_per_s": float(per.sum(axis=1).mean()),
             "step_p50_ms": float(np.percentile(lat, 50)) * 1e3, "step_p95_ms": float(np.percentile(lat, 95)) * 1e3,
-            "step_mean_ms": float(lat.mean()) * 1e3,
-            "read_mean_ms": float(np.mean([r.stall_ms["mean"] for r in rs])) + cal.hash_s * 1e3,
-            "compute_mean_ms": comp.mean * 1e3, "start_spread_s": spread, "device": dev.name, "_lat": lat}
+            "step_mean_ms": step * 1e3, "read_mean_ms": read * 1e3, "compute_mean_ms": comp.mean * 1e3,
+            "read_share": min(1.0, read / step) if step > 0 else 0.0,
+            "compute_share": min(1.0, comp.mean / step) if step > 0 else 0.0, "sim_se": sim_se,
+            "device": dev.name, "_lat": lat}
+
+
+def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
+    """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
+    uncertainty explains (see the module docstring); ``slowest``: of its slowest session (the steps of one
+    session, not of all).  A run whose window was not probed: the simulation's own error alone."""
+    w = cal.window(run.get("window"))
+    if w is None:
+        return float(pred.get("sim_se", 0.0))
+    n = config.steps * (1 if slowest else config.sessions)
+    var = (pred["read_share"] * float(w.get("read_se") or 0.0)) ** 2 \
+        + (pred["compute_share"] * float(w.get("compute_se") or 0.0)) ** 2 \
+        + float(w.get("step_cv") or 0.0) ** 2 / max(n, 1) + float(pred.get("sim_se", 0.0)) ** 2
+    return float(np.sqrt(var))
+
+
+def median_interval(centers: Sequence[float], sds: Sequence[float], seed: int = 0,
+                    level: float = 0.90, draws: int = INTERVAL_DRAWS) -> tuple:
+    """``(low, high)``: the central ``level`` interval of the median over runs of log-normal draws, run ``r``'s
+    centred on ``centers[r]`` with log standard deviation ``sds[r]`` (seeded)."""
+    c = np.log(np.asarray(centers, dtype=np.float64))
+    sd = np.asarray(sds, dtype=np.float64)
+    z = np.random.default_rng([seed, 15]).standard_normal((int(draws), c.size))
+    med = np.median(c + z * sd, axis=1)
+    a = (1 - level) / 2
+    return float(np.exp(np.quantile(med, a))), float(np.exp(np.quantile(med, 1 - a)))
 
 
 def regime(background: Sequence[Optional[Mapping]]) -> dict:
@@ -321,36 +383,41 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
 def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> dict:
     """One configuration: measured (medians over repeats), predicted (median over its runs), interval, error."""
     m = _measured(runs)
-    preds = {z: [predict_run(cal, c, trace, r, z=z, sim_steps=sim_steps, seed=seed) for r in runs]
-             for z in (0.0, -INTERVAL_Z, INTERVAL_Z)}
-    mid = preds[0.0]
+    mid = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed) for r in runs]
+    base = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed, windows=False) for r in runs]
     lat = np.concatenate([p["_lat"] for p in mid])
     p = {k: float(np.median([x[k] for x in mid])) for k in
          ("tokens_per_s", "slowest_tokens_per_s", "aggregate_tokens_per_s", "step_mean_ms", "read_mean_ms",
-          "compute_mean_ms", "start_spread_s")}
+          "compute_mean_ms")}
     p.update(step_p50_ms=float(np.median([x["step_p50_ms"] for x in mid])),
              step_p95_ms=float(np.median([x["step_p95_ms"] for x in mid])),
              tokens_per_s_runs=[x["tokens_per_s"] for x in mid], device=mid[0]["device"].split("@")[0],
              windows=int(sum(cal.window(r.get("window")) is not None for r in runs)),
+             tokens_per_s_calibrated=float(np.median([x["tokens_per_s"] for x in base])),
+             slowest_tokens_per_s_calibrated=float(np.median([x["slowest_tokens_per_s"] for x in base])),
              cdf_ms=[float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)])
-    fast = [x["tokens_per_s"] for x in preds[-INTERVAL_Z]]
-    slow = [x["tokens_per_s"] for x in preds[INTERVAL_Z]]
-    interval = {"low": float(np.median(slow)), "high": float(np.median(fast)),
-                "slowest_low": float(np.median([x["slowest_tokens_per_s"] for x in preds[INTERVAL_Z]])),
-                "slowest_high": float(np.median([x["slowest_tokens_per_s"] for x in preds[-INTERVAL_Z]])),
-                "z": INTERVAL_Z}
+    sd = [run_sd(cal, c, r, x) for r, x in zip(runs, mid)]
+    sd_slow = [run_sd(cal, c, r, x, slowest=True) for r, x in zip(runs, mid)]
+    low, high = median_interval([x["tokens_per_s"] for x in mid], sd, seed)
+    s_low, s_high = median_interval([x["slowest_tokens_per_s"] for x in mid], sd_slow, seed + 1)
+    interval = {"low": low, "high": high, "slowest_low": s_low, "slowest_high": s_high, "z": INTERVAL_Z,
+                "run_sd": sd}
+    meas = np.array(m["tokens_per_s_runs"])
+    runs_inside = [bool(abs(np.log(y / x["tokens_per_s"])) <= INTERVAL_Z * v) for y, x, v in zip(meas, mid, sd)]
     spread = m.pop("_spread")
     lo, hi = m.pop("_min_max")
     err = {"tokens_per_s": p["tokens_per_s"] / m["tokens_per_s"] - 1,
            "step_p50": p["step_p50_ms"] / m["step_p50_ms"] - 1,
            "step_p95": p["step_p95_ms"] / m["step_p95_ms"] - 1,
-           "step_mean": p["step_mean_ms"] / m["step_mean_ms"] - 1}
+           "step_mean": p["step_mean_ms"] / m["step_mean_ms"] - 1,
+           "tokens_per_s_calibrated": p["tokens_per_s_calibrated"] / m["tokens_per_s"] - 1}
     if c.multi:
         err["slowest_tokens_per_s"] = p["slowest_tokens_per_s"] / m["slowest_tokens_per_s"] - 1
         err["aggregate_tokens_per_s"] = p["aggregate_tokens_per_s"] / m["aggregate_tokens_per_s"] - 1
     return {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "interval": interval,
             "error": err, "spread": spread, "within_spread": bool(lo <= p["tokens_per_s"] <= hi),
-            "inside_interval": bool(interval["low"] <= m["tokens_per_s"] <= interval["high"])}
+            "inside_interval": bool(interval["low"] <= m["tokens_per_s"] <= interval["high"]),
+            "runs_inside": int(sum(runs_inside))}
 
 
 def _stats(rows: Sequence[Mapping], name: str) -> dict:
