@@ -129,12 +129,15 @@ def test_flags_that_do_not_apply_are_errors(capsys):
 
 
 # -------------------------------------------------------------- phases, wrap (14.4, 14.6)
-def test_phases_and_wrapped_traces_in_the_output(capsys, caplog):
+def test_phases_and_wrapped_traces_in_the_output(capsys, caplog, monkeypatch):
+    from sim.decode import reads as decode_reads
+
     d = run_json(capsys, ["sim", "decode", "--limit", "200", "--steps", "400", "--sessions", "3", "--compute-ms",
                           "2", "--cache-rows", "5000", "--phases", "lockstep", "--json", "--no-progress"])
     assert d["phases"] == "lockstep" and d["config"]["phases"] == "lockstep"
     assert d["wrap"]["wrapped"] and len(d["warnings"]) == 1 and "trace wraps" in d["warnings"][0]
     caplog.clear()
+    monkeypatch.setattr(decode_reads, "_LOGGED", set())  # a warning is logged once per process
     assert main(["sim", "decode", "--limit", "200", "--steps", "400", "--compute-ms", "2", "--cache-rows", "5000",
                  "--no-progress"]) == 0
     assert "WARNING   trace wraps" in capsys.readouterr().out  # the summary
