@@ -739,9 +739,10 @@ def _add_measure(sub) -> None:
                                    "processes sharing the device) on the novel, each session on its own stretch, "
                                    "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
                                    "recording every session's tokens/s, step latency, start offset and the threads "
-                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with probe "
-                                   "steps (random token ids through the same sessions) interleaved. Only the read backends that "
-                                   "start here are measured; the others are named with the reason.")
+                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
+                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
+                                   "read backends that start here are measured; the others are named with the "
+                                   "reason.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")

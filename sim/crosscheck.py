@@ -259,35 +259,10 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     ArgumentError
         The calibration lacks the backend or compute, or a stretch lies outside the trace.
     """
-    n = config.steps
     dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None)
     pol = cal.policy(config.threshold, config.backend, config.readers)
-    if not config.multi:
-        tr = _stretches(trace, [int(run.get("start", 0))], n)
-        steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
-        r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
-        lat = r.step_latencies.reshape(-1)
-        per = np.array([[r.tokens_per_s]])
-        reads = [r.stall_ms["mean"] * 1e-3]
-        sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
-    else:
-        k = config.sessions
-        starts = [int(x) for x in run.get("starts") or [int(run.get("start", 0)) + i * n for i in range(k)]]
-        tr, mask = _session_rows(trace, starts, n, int(run.get("probe_every") or 0), seed)
-        offsets = [float(x) for x in run.get("start_offsets_s") or ()]
-        phases = Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
-        lats, per, reads = [], [], []
-        for j in range(SESSION_SIM_SEEDS):
-            r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                                hash_time=cal.hash_s, phases=phases)
-            own = r.step_latencies[:, mask]
-            lats.append(own.reshape(-1))
-            per.append(n / own.sum(axis=1))
-            reads.append(r.stall_ms["mean"] * 1e-3)
-        lat = np.concatenate(lats)
-        per = np.array(per)
-        means = per.mean(axis=1)
-        sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
+    sim = _simulate_sessions if config.multi else _simulate_single
+    lat, per, reads, sim_se = sim(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
     read = float(np.mean(reads)) + cal.hash_s
     step = float(lat.mean())
     return {"tokens_per_s": float(per.mean()), "slowest_tokens_per_s": float(per.min(axis=1).mean()),
@@ -297,6 +272,40 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
             "read_share": min(1.0, read / step) if step > 0 else 0.0,
             "compute_share": min(1.0, comp.mean / step) if step > 0 else 0.0, "sim_se": sim_se,
             "device": dev.name, "_lat": lat}
+
+
+def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -> tuple:
+    """One session on its stretch, replayed to ``sim_steps``: ``(latencies [s], tokens/s [[1]], [mean read],
+    relative standard error of the mean step)``."""
+    n = config.steps
+    tr = _stretches(trace, [int(run.get("start", 0))], n)
+    steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+    lat = r.step_latencies.reshape(-1)
+    sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
+    return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
+
+
+def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -> tuple:
+    """The measured loop of several sessions -- each on its stretch with the probe steps where the run had them,
+    started at its measured offset -- over :data:`SESSION_SIM_SEEDS` seeds: ``(trace steps' latencies [s],
+    tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``."""
+    n, k = config.steps, config.sessions
+    starts = [int(x) for x in run.get("starts") or [int(run.get("start", 0)) + i * n for i in range(k)]]
+    tr, mask = _session_rows(trace, starts, n, int(run.get("probe_every") or 0), seed)
+    offsets = [float(x) for x in run.get("start_offsets_s") or ()]
+    phases = Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
+    lats, per, reads = [], [], []
+    for j in range(SESSION_SIM_SEEDS):
+        r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
+                            hash_time=cal.hash_s, phases=phases)
+        own = r.step_latencies[:, mask]
+        lats.append(own.reshape(-1))
+        per.append(n / own.sum(axis=1))
+        reads.append(r.stall_ms["mean"] * 1e-3)
+    means = np.array(per).mean(axis=1)
+    sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
+    return np.concatenate(lats), np.array(per), reads, sim_se
 
 
 def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
@@ -380,6 +389,19 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
     return out
 
 
+def _interval(cal: Calibration, c: RunConfig, runs: Sequence[Mapping], mid: Sequence[Mapping],
+              measured: Sequence[float], seed: int) -> tuple:
+    """``(interval, runs inside theirs)``: the configuration's 90% interval of the median over its runs (and of
+    the slowest session's), and how many runs' measured tokens/s lie inside their own run's interval."""
+    sd = [run_sd(cal, c, r, x) for r, x in zip(runs, mid)]
+    sd_slow = [run_sd(cal, c, r, x, slowest=True) for r, x in zip(runs, mid)]
+    low, high = median_interval([x["tokens_per_s"] for x in mid], sd, seed)
+    s_low, s_high = median_interval([x["slowest_tokens_per_s"] for x in mid], sd_slow, seed + 1)
+    inside = sum(abs(np.log(y / x["tokens_per_s"])) <= INTERVAL_Z * v for y, x, v in zip(measured, mid, sd))
+    return ({"low": low, "high": high, "slowest_low": s_low, "slowest_high": s_high, "z": INTERVAL_Z,
+             "run_sd": sd}, int(inside))
+
+
 def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> dict:
     """One configuration: measured (medians over repeats), predicted (median over its runs), interval, error."""
     m = _measured(runs)
@@ -396,14 +418,7 @@ def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], 
              tokens_per_s_calibrated=float(np.median([x["tokens_per_s"] for x in base])),
              slowest_tokens_per_s_calibrated=float(np.median([x["slowest_tokens_per_s"] for x in base])),
              cdf_ms=[float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)])
-    sd = [run_sd(cal, c, r, x) for r, x in zip(runs, mid)]
-    sd_slow = [run_sd(cal, c, r, x, slowest=True) for r, x in zip(runs, mid)]
-    low, high = median_interval([x["tokens_per_s"] for x in mid], sd, seed)
-    s_low, s_high = median_interval([x["slowest_tokens_per_s"] for x in mid], sd_slow, seed + 1)
-    interval = {"low": low, "high": high, "slowest_low": s_low, "slowest_high": s_high, "z": INTERVAL_Z,
-                "run_sd": sd}
-    meas = np.array(m["tokens_per_s_runs"])
-    runs_inside = [bool(abs(np.log(y / x["tokens_per_s"])) <= INTERVAL_Z * v) for y, x, v in zip(meas, mid, sd)]
+    interval, runs_inside = _interval(cal, c, runs, mid, m["tokens_per_s_runs"], seed)
     spread = m.pop("_spread")
     lo, hi = m.pop("_min_max")
     err = {"tokens_per_s": p["tokens_per_s"] / m["tokens_per_s"] - 1,
@@ -417,7 +432,7 @@ def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], 
     return {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "interval": interval,
             "error": err, "spread": spread, "within_spread": bool(lo <= p["tokens_per_s"] <= hi),
             "inside_interval": bool(interval["low"] <= m["tokens_per_s"] <= interval["high"]),
-            "runs_inside": int(sum(runs_inside))}
+            "runs_inside": runs_inside}
 
 
 def _stats(rows: Sequence[Mapping], name: str) -> dict:
@@ -515,6 +530,9 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                "within_spread": int(sum(r["within_spread"] for r in every)),
                "inside_interval": int(sum(r["inside_interval"] for r in every)),
                "inside_interval_share": float(np.mean([r["inside_interval"] for r in every])),
+               "runs_inside": int(sum(r["runs_inside"] for r in every)),
+               "runs_inside_share": float(sum(r["runs_inside"] for r in every) / sum(r["repeats"] for r in every)),
+               "calibrated_only": _stats(every, "tokens_per_s_calibrated"),
                "windows_probed": int(sum(r["predicted"]["windows"] for r in every)),
                "background_cpu_median": _median_of([r["measured"]["background_cpu"] for r in every]),
                "regime": regime([r.get("background") for r in runs_doc.get("runs", [])]),
@@ -631,8 +649,12 @@ def markdown_table(res: Mapping) -> str:
         f"{s['within_spread']} of {s['configurations']}; measured median inside the predicted 90% interval: "
         f"{s.get('inside_interval', 0)} of {s['configurations']} "
         f"({s.get('inside_interval_share', 0) * 100:.0f}%, target under load >= "
-        f"{res.get('coverage_target', COVERAGE_TARGET) * 100:g}%). Runs predicted with the device and compute of "
-        f"their own time window: {s.get('windows_probed', 0)} of {s['runs']}.",
+        f"{res.get('coverage_target', COVERAGE_TARGET) * 100:g}%); each run inside its own 90% interval: "
+        f"{s.get('runs_inside', 0)} of {s['runs']}. Runs predicted with the device and compute of "
+        f"their own time window (fitted from their interleaved probe steps): {s.get('windows_probed', 0)} of "
+        f"{s['runs']}" + (f"; with the calibrated device and compute alone tokens/s would be off by a median "
+                          f"{_pct_or(s['calibrated_only']['median_abs_error'])}, max "
+                          f"{_pct_or(s['calibrated_only']['max_abs_error'])}." if s.get("calibrated_only") else "."),
         f"Regime: {rg['name']} ({rg['why']}); "
         + ("the quiet-machine targets apply." if rg["name"] == "quiet" else
            "the any-machine targets and the interval coverage apply.")

@@ -101,7 +101,8 @@ JSON schema of ``crosscheck.json``::
                  "rows_match": bool, "pass": {...}, "passed": bool},
      "quiet_targets": {...}, "coverage_target": 0.9, "backends": {"usable", "left_out"}, "warnings": [...],
      # summary also: "regime": {"name": "quiet"|"loaded", "cpu", "steal", "why"}, "inside_interval",
-     #   "inside_interval_share", "sessions": {...}, "single": {...}, "windows_probed"
+     #   "inside_interval_share", "runs_inside", "runs_inside_share", "calibrated_only": {...},
+     #   "sessions": {...}, "single": {...}, "windows_probed"
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
      #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z",
      #   "run_sd": [...]}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the

@@ -164,48 +164,64 @@ def window_state(rec: Mapping, device: MeasuredBatchDevice, compute: Optional[Co
         raise ArgumentError(f"probe record of window {rec.get('probe')!r} has no probe steps")
     if comp.size != read.size:
         comp = np.zeros(read.size)
-    distinct = np.asarray(rec.get("distinct") or [STEP_ROWS] * read.size, dtype=np.int64)
+    m = read.size
     label = ComputeSpec.parse(rec.get("compute", "none")).label
-    sessions = int(rec.get("sessions", 1))
     policy = Policy(threshold=int(rec["threshold"]), backend=rec["backend"], readers=int(rec["readers"]),
                     ring_depth=int(rec["readers"]))
-    m = read.size
+    g, g_se, wcomp = _window_compute(comp, t, label, compute)
+    n, count = np.unique(np.asarray(rec.get("distinct") or [STEP_ROWS] * m, dtype=np.int64), return_counts=True)
+    expect = float(np.dot([_batch_mean(device, int(x), policy) for x in n], count) / m)
+    f0 = max(1e-3, (read.mean() - hash_s) / expect) if expect > 0 else 1.0
+    f, resid, sims = _fit_device(rec, device, policy, wcomp, float(read.mean()), hash_s, seed, f0)
+    first, second = _halves(t, read, f, hash_s)
+    return {"backend": rec["backend"], "qd": int(rec.get("qd", policy.readers)), "threshold": policy.threshold,
+            "readers": policy.readers, "sessions": int(rec.get("sessions", 1)), "mode": rec.get("mode", "threads"),
+            "compute_label": label, "probe_steps": int(m), "read_mean_us": float(read.mean()) / US,
+            "device": float(f), "device_first": first, "device_second": second,
+            "read_se": step_noise(t, read) / math.sqrt(m), "compute": g, "compute_se": g_se,
+            "step_cv": step_noise(t, read + comp), "fit_residual": float(resid), "fit_simulations": int(sims)}
+
+
+def _window_compute(comp: np.ndarray, t: np.ndarray, label: str, compute: Optional[Compute]) -> tuple:
+    """``(factor, its relative standard error, the window's compute model)`` from the probes' compute times
+    (``None, None`` for the compute ``none`` or an uncalibrated one)."""
     g = g_se = None
     if label != "none" and compute is not None and compute.mean > 0 and comp.mean() > 0:
         g = float(comp.mean() / compute.mean)
-        g_se = step_noise(t, comp) / math.sqrt(m)
+        g_se = step_noise(t, comp) / math.sqrt(comp.size)
     if compute is None or not compute.samples:
-        wcomp = Compute.empirical(comp.tolist()) if comp.any() else Compute(0.0)
-    else:
-        wcomp = Compute.empirical([x * (g or 1.0) for x in compute.samples], compute.layers)
-    cache: dict = {}
-    expect = float(np.mean([cache.setdefault(int(n), _batch_mean(device, int(n), policy)) for n in distinct]))
-    f0 = max(1e-3, (read.mean() - hash_s) / expect) if expect > 0 else 1.0
-    f, resid, sims = f0, 0.0, 0
-    if sessions > 1:
-        L = int(rec.get("session_steps") or max(1, m // sessions))
-        offsets = [float(x) for x in rec.get("offsets_s") or [0.0] * sessions]
-        trace = Trace(random_rows(sessions * L, [seed, 13]), np.zeros(sessions * L, np.int64))
+        return g, g_se, (Compute.empirical(comp.tolist()) if comp.any() else Compute(0.0))
+    return g, g_se, Compute.empirical([x * (g or 1.0) for x in compute.samples], compute.layers)
 
-        def read_of(x: float) -> float:
-            r = simulate_decode(trace, scale_device(device, x), policy, wcomp, sessions=sessions, steps=L,
-                                mode="fast", seed=seed, hash_time=hash_s, phases=Phases.at(offsets))
-            return r.stall_ms["mean"] * 1e-3 + hash_s
 
-        f, resid, sims = _fit_sessions(read_of, float(read.mean()), f0)
+def _fit_device(rec: Mapping, device: MeasuredBatchDevice, policy: Policy, compute: Compute, read_mean: float,
+                hash_s: float, seed: int, f0: float) -> tuple:
+    """``(f, relative residual, simulations)``: one session's ``f0`` as it is; several sessions' fitted by
+    simulating them (their measured start offsets, every step of fresh random rows) until the simulated mean
+    read is the probes' (:func:`_fit_sessions`)."""
+    sessions = int(rec.get("sessions", 1))
+    if sessions <= 1:
+        return f0, 0.0, 0
+    steps = int(rec.get("session_steps") or max(1, len(rec["batch_us"]) // sessions))
+    offsets = [float(x) for x in rec.get("offsets_s") or [0.0] * sessions]
+    trace = Trace(random_rows(sessions * steps, [seed, 13]), np.zeros(sessions * steps, np.int64))
+
+    def read_of(x: float) -> float:
+        r = simulate_decode(trace, scale_device(device, x), policy, compute, sessions=sessions, steps=steps,
+                            mode="fast", seed=seed, hash_time=hash_s, phases=Phases.at(offsets))
+        return r.stall_ms["mean"] * 1e-3 + hash_s
+
+    return _fit_sessions(read_of, read_mean, f0)
+
+
+def _halves(t: np.ndarray, read: np.ndarray, f: float, hash_s: float) -> tuple:
+    """The device factor of the first and the second half of the probe steps in time (``f`` scaled by their
+    reads over all); both halves are all the steps when there are fewer than 4."""
+    m = read.size
     order = np.argsort(t, kind="stable")
     half = [order[: m // 2], order[m // 2:]] if m >= 4 else [order, order]
     own = read.mean() - hash_s
-
-    def part(idx) -> float:
-        return f * (read[idx].mean() - hash_s) / own if own > 0 else f
-
-    return {"backend": rec["backend"], "qd": int(rec.get("qd", policy.readers)), "threshold": policy.threshold,
-            "readers": policy.readers, "sessions": sessions, "mode": rec.get("mode", "threads"),
-            "compute_label": label, "probe_steps": int(m), "read_mean_us": float(read.mean()) / US,
-            "device": float(f), "device_first": float(part(half[0])), "device_second": float(part(half[1])),
-            "read_se": step_noise(t, read) / math.sqrt(m), "compute": g, "compute_se": g_se,
-            "step_cv": step_noise(t, read + comp), "fit_residual": float(resid), "fit_simulations": int(sims)}
+    return tuple(float(f * (read[idx].mean() - hash_s) / own) if own > 0 else float(f) for idx in half)
 
 
 def window_states(probes: Sequence[Mapping], device_of: Callable[[str, str], Optional[MeasuredBatchDevice]],

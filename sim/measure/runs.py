@@ -86,18 +86,9 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     """
     n = config.steps
     start = int(start)
-    if start < 0 or trace.steps < start + n:
-        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
-                            f"{n} from step {start}")
+    tokens, restarts, history = _loop_inputs(trace, start, n)
     spec = ComputeSpec.parse(config.compute)
-    tokens = trace.tokens[start:start + n].tolist()
-    seq_starts = trace.starts
-    starts = set(int(x) - start for x in seq_starts if start < x < start + n)
-    first = int(seq_starts[seq_starts <= start].max())
-    history = trace.tokens[max(first, start - 3):start].tolist()
-    read_s = np.empty(n)
-    comp_s = np.empty(n)
-    step_s = np.empty(n)
+    read_s, comp_s, step_s = np.empty(n), np.empty(n), np.empty(n)
     distinct = np.empty(n, np.int64)
     where = probe_positions(n, int(probe_every))
     m = where.size
@@ -115,7 +106,7 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
         s.restore(model.hasher.new_history())
         for tok in history:
             s.step_rows(int(tok))
-        step, want = s.step, trace.rows[start:start + n]
+        want = trace.rows[start:start + n]
         if ready is not None:
             ready()
         if delay > 0:
@@ -123,47 +114,66 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
         t_begin = t_prev = clock()
         j = 0
         for i in range(n + 1):
-            while j < m and where[j] == i:  # a probe step: random rows, the history kept
-                saved = s.snapshot()
-                t0 = t_prev
-                rows = step(probe_tokens[j])
-                t1 = clock()
-                run(rows)
-                t2 = clock()
-                s.restore(saved)
-                p_read[j], p_comp[j], p_t[j] = t1 - t0, t2 - t1, t0 - t_begin
-                st = s.last_stats
+            while j < m and where[j] == i:
+                t1, t_end, st = _probe_step(s, run, probe_tokens[j], clock)
+                p_read[j], p_comp[j], p_t[j] = t1 - t_prev, t_end - t1, t_prev - t_begin
                 p_distinct[j] = st.rows_distinct
                 nreads += st.reads
-                t_prev = t2
+                t_prev = t_end
                 j += 1
             if i == n:
                 break
-            if i in starts:
+            if i in restarts:
                 s.restore(model.hasher.new_history())
-            t0 = t_prev
-            rows = step(tokens[i])
-            t1 = clock()
-            run(rows)
-            t2 = clock()
-            read_s[i] = t1 - t0
-            comp_s[i] = t2 - t1
-            step_s[i] = t2 - t0
-            t_prev = t2
-            st = s.last_stats
-            distinct[i] = st.rows_distinct
+            t1, t_end, st = _timed_step(s, run, tokens[i], clock)
+            read_s[i], comp_s[i], step_s[i], distinct[i] = t1 - t_prev, t_end - t1, t_end - t_prev, st.rows_distinct
+            t_prev = t_end
             nreads += st.reads
-            if st.backend != "serial":
-                concurrent += 1
-            if match and not np.array_equal(s.last_row_ids, want[i]):
-                match = False
+            concurrent += st.backend != "serial"
+            match = match and bool(np.array_equal(s.last_row_ids, want[i]))
             if i == n // 2:
                 threads = _os_threads()
         t_end = clock()
     return {"t_first": t_begin, "t_end": t_end, "read_s": read_s, "comp_s": comp_s, "step_s": step_s,
             "distinct": distinct, "probe_read_s": p_read, "probe_comp_s": p_comp, "probe_t": p_t,
-            "probe_distinct": p_distinct, "reads": nreads, "concurrent": concurrent, "rows_match": match,
+            "probe_distinct": p_distinct, "reads": nreads, "concurrent": int(concurrent), "rows_match": match,
             "threads": threads}
+
+
+def _loop_inputs(trace: Trace, start: int, n: int) -> tuple:
+    """``(tokens, restarts, history)`` of the loop over trace steps ``[start, start + n)``: its token ids, the
+    loop steps where a new sequence restarts the hash history, and the up to 3 tokens of the sequence before
+    ``start`` (replayed into the history first, SPEC §4).
+
+    Raises
+    ------
+    ArgumentError
+        The trace is too short.
+    """
+    if start < 0 or trace.steps < start + n:
+        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
+                            f"{n} from step {start}")
+    seq_starts = trace.starts
+    restarts = set(int(x) - start for x in seq_starts if start < x < start + n)
+    first = int(seq_starts[seq_starts <= start].max())
+    return trace.tokens[start:start + n].tolist(), restarts, trace.tokens[max(first, start - 3):start].tolist()
+
+
+def _timed_step(s, run, token: int, clock) -> tuple:
+    """``session.step(token)`` then the compute ``run``: ``(time the read ended, time the compute ended, stats)``."""
+    rows = s.step(token)
+    t1 = clock()
+    run(rows)
+    return t1, clock(), s.last_stats
+
+
+def _probe_step(s, run, token: int, clock) -> tuple:
+    """A probe step: :func:`_timed_step` on a random token id with the session's hash history saved and restored
+    around it (the trace steps after it read the trace's rows)."""
+    saved = s.snapshot()
+    out = _timed_step(s, run, token, clock)
+    s.restore(saved)
+    return out
 
 
 def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
@@ -222,9 +232,11 @@ def probe_record(config: RunConfig, window: str, round_: int, got: Sequence[dict
     A record of kind ``"io"``, tool ``"session"``, tagged ``probe = window``:
     the run's read policy (``backend``, ``threshold``, ``readers``, ``qd`` =
     readers, 1 for a serial configuration), ``compute``, ``sessions``,
-    ``mode``, ``every`` (``probe_every`` of the loop), ``session_steps`` (steps of each session's loop,
-    probes included: :func:`sim.schema.probe_positions` places them) and ``offsets_s`` (each session's loop start after the
-    first's), and per probe step, session after session: ``session``,
+    ``mode``, ``every`` (``probe_every`` of the loop), ``session_steps``
+    (steps of each session's loop, probes included: placed by
+    :func:`sim.schema.probe_positions`) and ``offsets_s`` (each session's
+    loop start after the first's), and per probe step, session after
+    session: ``session``,
     ``batch_us`` (read time: hash, rows, decode), ``compute_us``, ``t_us``
     (start after the first session's start) and ``distinct`` (rows read).
     It holds nothing of the trace steps.

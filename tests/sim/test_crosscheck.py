@@ -146,6 +146,9 @@ def test_crosscheck_table(measured):
     assert s["tokens_per_s"]["max_abs_error"] == pytest.approx(errs.max())
     assert s["configurations"] == len(runs["configs"]) and s["runs"] == 3 * len(runs["configs"]) and s["rows_match"]
     assert s["passed"] == all(s["pass"].values())
+    assert s["runs_inside"] == sum(r["runs_inside"] for r in every) and s["windows_probed"] == s["runs"]
+    cal_errs = np.abs([r["error"]["tokens_per_s_calibrated"] for r in every])
+    assert s["calibrated_only"]["max_abs_error"] == pytest.approx(cal_errs.max())
     assert s["regime"]["name"] in ("quiet", "loaded")
     use = TARGETS if s["regime"]["name"] == "loaded" else QUIET_TARGETS
     assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= use["tokens_per_s_max_abs"])
@@ -155,6 +158,7 @@ def test_crosscheck_table(measured):
     assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + len(res["rows"]) + 1 + 2
     assert "base_events" in md and "serial" in md and ("PASS" in md) == s["passed"]
     assert f"Regime: {s['regime']['name']}" in md and "Capacity (threads" in md
+    assert f"each run inside its own 90% interval: {s['runs_inside']} of {s['runs']}" in md
     for b in left:
         assert f"Backends left out: {b}" in md
 
