@@ -24,7 +24,10 @@ prediction, besides the model, is the window's uncertainty
 estimates (``read_se``, ``compute_se``; they move the prediction by the
 share of a step they make up), the run's own mean over its ``n`` trace steps
 varies (``step_cv / sqrt(n)``), and the simulator's own estimate has its
-sampling error.  Each run's prediction is taken as log-normal with that
+sampling error.  A window's noise is taken as at least the median of its
+configuration's windows over all rounds (:func:`sim.windows.window_noise`):
+a short window that missed the machine's rare stalls looks steadier than it
+was.  Each run's prediction is taken as log-normal with that
 variance; the configuration's interval holds 90% of the median over its
 runs of draws from them (:data:`INTERVAL_DRAWS` draws, seeded), and each
 run's own 90% interval is checked too (``runs_inside``).
@@ -76,7 +79,7 @@ from .io import load_json, now_iso, sha256_file, write_json
 from .params import Phases
 from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
-from .windows import insert_probes
+from .windows import insert_probes, window_noise
 
 __all__ = ["COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS", "TARGETS", "CDF_PERCENTILES",
            "capacity", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
@@ -310,15 +313,14 @@ def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
 
 def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
     """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
-    uncertainty explains (see the module docstring); ``slowest``: of its slowest session (the steps of one
-    session, not of all).  A run whose window was not probed: the simulation's own error alone."""
-    w = cal.window(run.get("window"))
-    if w is None:
+    uncertainty explains (see the module docstring; the noise is :func:`sim.windows.window_noise`'s, at least
+    its configuration's); ``slowest``: of its slowest session (the steps of one session, not of all).  A run whose window was not probed: the simulation's own error alone."""
+    if cal.window(run.get("window")) is None:
         return float(pred.get("sim_se", 0.0))
+    w = window_noise(cal.windows, run["window"])
     n = config.steps * (1 if slowest else config.sessions)
-    var = (pred["read_share"] * float(w.get("read_se") or 0.0)) ** 2 \
-        + (pred["compute_share"] * float(w.get("compute_se") or 0.0)) ** 2 \
-        + float(w.get("step_cv") or 0.0) ** 2 / max(n, 1) + float(pred.get("sim_se", 0.0)) ** 2
+    var = (pred["read_share"] * w["read_se"]) ** 2 + (pred["compute_share"] * w["compute_se"]) ** 2 \
+        + w["step_cv"] ** 2 / max(n, 1) + float(pred.get("sim_se", 0.0)) ** 2
     return float(np.sqrt(var))
 
 

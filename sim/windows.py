@@ -36,7 +36,10 @@ a probe step's time (read + compute) that a slow drift of the machine does
 not explain (from differences of neighbouring steps in time: ``sqrt(mean(
 (x[i] - x[i-1])^2) / 2) / mean(x)``), with which the run's own mean over its
 steps varies; ``device_first`` and ``device_second`` are ``f`` from the first
-and second half of the probes (how much the window drifted).
+and second half of the probes (how much the window drifted).  A short window can
+miss the rare stalls of a loaded machine and then looks both faster and
+steadier than it was: :func:`window_noise` takes its noise as at least the
+median noise of its configuration's windows in every round.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from .schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, probe_positions
 from .trace import Trace
 
 __all__ = ["FIT_ITERATIONS", "FIT_TOL", "insert_probes", "random_rows", "scale_device", "step_noise",
-           "window_state", "window_states"]
+           "window_noise", "window_state", "window_states"]
 
 #: A window's device factor is fitted until the simulated mean read is within this share of the probes'.
 FIT_TOL = 0.005
@@ -238,3 +241,29 @@ def window_states(probes: Sequence[Mapping], device_of: Callable[[str, str], Opt
             continue
         out[str(r["probe"])] = window_state(r, dev, computes.get(label), hash_s, seed + i)
     return out
+
+
+def window_noise(windows: Mapping[str, Mapping], window: str) -> dict:
+    """``{"read_se", "compute_se", "step_cv"}`` of ``window``: its own, or its configuration's when larger.
+
+    The configuration's: the median over its windows of every round (ids ``rROUND-cINDEX`` with the same
+    ``cINDEX``) of the relative noise of one probe step's read (``read_se * sqrt(probe_steps)``), of its
+    compute, and ``step_cv``; the first two over ``sqrt`` of this window's probe steps.
+
+    Raises
+    ------
+    KeyError
+        ``window`` is not in ``windows``.
+    """
+    w = windows[window]
+    peers = [v for k, v in windows.items() if k.split("-", 1)[-1] == window.split("-", 1)[-1]]
+    root = math.sqrt(max(int(w.get("probe_steps") or 1), 1))
+
+    def floor(key: str, per_step: bool) -> float:
+        xs = [float(v.get(key) or 0.0) * (math.sqrt(max(int(v.get("probe_steps") or 1), 1)) if per_step else 1.0)
+              for v in peers]
+        pooled = float(np.median(xs)) / (root if per_step else 1.0)
+        return max(float(w.get(key) or 0.0), pooled)
+
+    return {"read_se": floor("read_se", True), "compute_se": floor("compute_se", True),
+            "step_cv": floor("step_cv", False)}

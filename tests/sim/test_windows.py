@@ -15,7 +15,7 @@ from sim.params import Compute, Phases, Policy
 from sim.schema import probe_positions
 from sim.trace import Trace
 from sim.windows import (FIT_ITERATIONS, FIT_TOL, _fit_sessions, insert_probes, random_rows, scale_device, step_noise,
-                         window_state, window_states)
+                         window_noise, window_state, window_states)
 
 US = 1e-6
 HASH = 3 * US
@@ -128,3 +128,20 @@ def test_window_states_and_errors():
     assert list(out) == ["r0-c0"] and out["r0-c0"]["device"] == pytest.approx(1.0)
     with pytest.raises(ArgumentError, match="r0-c0.*no probe steps"):
         window_state(record([]), device(), None, HASH)
+
+
+def test_window_noise_is_at_least_its_configurations():
+    """A window that missed the stalls (small noise) takes the median of its configuration's windows."""
+    ws = {"r0-c1": {"read_se": 0.02, "compute_se": None, "step_cv": 0.1, "probe_steps": 25},
+          "r1-c1": {"read_se": 0.10, "compute_se": None, "step_cv": 0.6, "probe_steps": 16},
+          "r2-c1": {"read_se": 0.08, "compute_se": None, "step_cv": 0.5, "probe_steps": 36},
+          "r0-c2": {"read_se": 0.9, "compute_se": 0.5, "step_cv": 3.0, "probe_steps": 4}}
+    got = window_noise(ws, "r0-c1")
+    per_step = np.median([0.02 * 5, 0.10 * 4, 0.08 * 6])  # read_se * sqrt(probe steps)
+    assert got["read_se"] == pytest.approx(per_step / 5, rel=1e-12)
+    assert got["step_cv"] == pytest.approx(0.5) and got["compute_se"] == 0.0
+    # a window noisier than its configuration keeps its own
+    assert window_noise(ws, "r1-c1") == {"read_se": 0.10, "compute_se": 0.0, "step_cv": 0.6}
+    assert window_noise(ws, "r0-c2") == {"read_se": 0.9, "compute_se": 0.5, "step_cv": 3.0}
+    with pytest.raises(KeyError):
+        window_noise(ws, "r9-c9")
