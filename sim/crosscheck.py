@@ -314,7 +314,8 @@ def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
 def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
     """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
     uncertainty explains (see the module docstring; the noise is :func:`sim.windows.window_noise`'s, at least
-    its configuration's); ``slowest``: of its slowest session (the steps of one session, not of all).  A run whose window was not probed: the simulation's own error alone."""
+    its configuration's); ``slowest``: of its slowest session (the steps of one session, not of all).  A run
+    whose window was not probed: the simulation's own error alone."""
     if cal.window(run.get("window")) is None:
         return float(pred.get("sim_se", 0.0))
     w = window_noise(cal.windows, run["window"])
