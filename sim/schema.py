@@ -105,7 +105,7 @@ JSON schema of ``crosscheck.json``::
      #   "sessions": {...}, "single": {...}, "windows_probed"
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
      #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z",
-     #   "run_sd": [...]}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
+     #   "run_sd": [...], "independent_low", "independent_high"}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
      #   calibrated device and compute alone) and error "tokens_per_s_calibrated"
      # "capacity": [{"trace", "threshold", "backend", "readers", "compute", "steps", "mode",
      #   "target_tokens_per_s", "sessions": [...], "measured_slowest": [...], "predicted_slowest": [...],

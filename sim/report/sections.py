@@ -26,6 +26,20 @@ from .plots import ReportFolder, pyplot, spread_labels, zero_based
 __all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
 
 
+def _interval_note(s: dict) -> str:
+    """The regime the runs ran in, the windows and the coverage of the predicted intervals (a cross-check's
+    summary)."""
+    cal = s.get("calibrated_only") or {}
+    alone = (f"; the calibrated device and compute alone would be off by a median "
+             f"{cal['median_abs_error'] * 100:.1f}% (max {cal['max_abs_error'] * 100:.1f}%)"
+             if cal.get("median_abs_error") is not None else "")
+    return (f"Regime: **{s['regime']['name']}** ({s['regime']['why']}). Each run is predicted with the device and "
+            f"compute of its own time window, fitted from probe steps interleaved with it ({s.get('windows_probed', 0)}"
+            f" of {s['runs']} runs){alone}. Measured medians inside their predicted 90% interval: "
+            f"{s.get('inside_interval', 0)} of {s['configurations']}; runs inside their own: "
+            f"{s.get('runs_inside', 0)} of {s['runs']}.")
+
+
 def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
     """Predicted vs measured: the cross-check's figure and table (or a note that there is none)."""
     plt = pyplot()
@@ -47,6 +61,8 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
           f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
           f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
           f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+    if s.get("regime"):
+        doc.p(_interval_note(s))
     bg = [r["background"] for r in (inp.runs or {}).get("runs", []) if isinstance(r.get("background"), dict)]
     if bg:
         cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100

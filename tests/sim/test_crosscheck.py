@@ -126,6 +126,11 @@ def test_crosscheck_table(measured):
         # each run's log-normal spread comes from its window's uncertainty; the calibrated-only figure beside it
         sd = np.array(row["interval"]["run_sd"])
         assert sd.shape == (3,) and np.all(sd > 0) and 0 <= row["runs_inside"] <= 3
+        runs_p = np.array(p["tokens_per_s_runs"])
+        assert row["interval"]["low"] == pytest.approx(np.median(runs_p * np.exp(-1.645 * sd)))
+        assert row["interval"]["high"] == pytest.approx(np.median(runs_p * np.exp(1.645 * sd)))
+        assert row["runs_inside"] == int(np.sum(np.abs(np.log(tps / runs_p)) <= 1.645 * sd))
+        assert row["interval"]["independent_low"] <= p["tokens_per_s"] <= row["interval"]["independent_high"]
         assert e["tokens_per_s_calibrated"] == pytest.approx(p["tokens_per_s_calibrated"] / m["tokens_per_s"] - 1)
     for row in res["session_rows"]:
         mine = [r for r in runs["runs"] if r["config"] == row["key"]]

@@ -98,6 +98,9 @@ def test_quick_demo(tmp_path, capsys):
     assert [c["mode"] for c in xc["capacity"]] == ["threads", "processes"] == [c["mode"] for c in demo["capacity"]]
     assert xc["summary"]["regime"]["name"] in ("quiet", "loaded") and "regime" in printed
     assert "Rows read from the file were identical to the generator's bytes" in text
+    s = xc["summary"]
+    assert f"Regime: **{s['regime']['name']}**" in text and s["windows_probed"] == s["runs"]
+    assert f"runs inside their own: {s['runs_inside']} of {s['runs']}" in text
     # a second run reuses the model file
     assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--rounds", "1", "--jobs", "1", "--no-fio",
                  "--no-html", "--no-progress", "--workdir", str(work), "--out", str(tmp_path / "again")]) == 0
