@@ -26,6 +26,18 @@ from .plots import ReportFolder, pyplot, spread_labels, zero_based
 __all__ = ["crosscheck_section", "inputs_section", "run_section", "sweeps_section"]
 
 
+def _add_markdown(doc: Doc, text: str) -> None:
+    """Blocks of Markdown (separated by blank lines) into ``doc``: a table as a table, any other block as one
+    paragraph."""
+    for block in text.split("\n\n"):
+        lines = [ln for ln in block.strip().splitlines() if ln.strip()]
+        if lines and lines[0].startswith("|") and len(lines) >= 2:
+            cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+            doc.table(cells[0], cells[2:])
+        elif lines:
+            doc.p(" ".join(lines))
+
+
 def _interval_note(s: dict) -> str:
     """The regime the runs ran in, the windows and the coverage of the predicted intervals (a cross-check's
     summary)."""
@@ -145,7 +157,7 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
                 r["predicted"]["tokens_per_s"], pct(r["error"]["tokens_per_s"]), r["measured"]["step_p50_ms"],
                 r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
                 r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
-    doc.p(markdown_table(xc).split("\n\n", 1)[1].replace("\n", " "))
+    _add_markdown(doc, markdown_table(xc).split("\n\n", 1)[1])
 
 
 def _short_key(r: Mapping) -> str:
