@@ -43,6 +43,15 @@ virtual disk moves between windows, and a disturbed window moves this little
 (``windows="pooled"``: all samples as they are).
 hash
     the mean time of the hash part of a step (:meth:`engram.Session.step_rows`).
+windows
+    per decode run, the device and compute of its own time window, from the
+    probe steps interleaved with it (random token ids through the run's own
+    session or sessions, :mod:`sim.windows`): the factors by which the
+    calibrated device and compute are scaled so that the simulator
+    reproduces the probes, at the run's number of sessions.  On a shared
+    machine this is what carries the state of the device, the engine and the
+    CPUs from one second to the next; the fit above is the shape (batch time
+    by readers, latency by depth, compute distribution) they scale.
 
 The ``fit`` diagnostics compare, per backend and depth, the measured 48-row
 batch with the makespan of 48 independent reads drawn from the per-read
@@ -67,15 +76,9 @@ from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
 from .params import BACKENDS, Compute, Policy
 from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench
+from .windows import scale_device, window_states
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
-
-
-def scale_device(dev: MeasuredBatchDevice, factor: float, name: Optional[str] = None) -> MeasuredBatchDevice:
-    """``dev`` with every read latency and batch time multiplied by ``factor`` (a slower or faster window)."""
-    return MeasuredBatchDevice({q: d.scaled(factor) for q, d in dev.measured.items()},
-                               {key: d.scaled(factor) for key, d in dev.batches.items()},
-                               name=name or dev.name, source=dev.source)
 
 
 # =====================================================================================
@@ -109,10 +112,9 @@ class Calibration:
         Date of the microbenchmarks.
     windows : dict[str, dict]
         Window id (``rROUND-cINDEX``, shared with one decode run) -> the device and compute of that window,
-        from the probes right before and after the run: ``{"backend", "qd", "device": factor, "device_se",
-        "compute": factor or None, "compute_se", "batches"}`` (a factor is the probes' trimmed mean over
-        the calibrated one; ``_se`` its standard error, relative; ``device_low``/``device_high`` the faster
-        and slower of the probes before and after the run).
+        from the probe steps interleaved with the run (:func:`sim.windows.window_state`: ``"device"`` and
+        ``"compute"`` factors over the calibrated ones, their relative standard errors ``"read_se"`` and
+        ``"compute_se"``, the steps' own variation ``"step_cv"``, ...).
     shared_fit : list of dict
         Reads a second of several submitters at once against one reader group at the same depth.
     backends : dict
@@ -168,28 +170,18 @@ class Calibration:
         """The state of a measurement window (see :attr:`windows`), or None."""
         return self.windows.get(window) if window else None
 
-    def window_models(self, backend: str, compute: str, window: Optional[str] = None,
-                      z: float = 0.0) -> tuple:
-        """``(device, compute model)`` of ``backend`` and ``compute`` in measurement window ``window``.
-
-        The calibrated device and compute scaled by the window's factors; with
-        ``z != 0`` the device of the slower (``z > 0``) or faster of the probes
-        before and after the run, and both moved by ``z`` standard errors (the
-        bounds of a prediction interval).  The calibrated ones when the window
-        was not probed.
-        """
+    def window_models(self, backend: str, compute: str, window: Optional[str] = None) -> tuple:
+        """``(device, compute model)`` of ``backend`` and ``compute`` in measurement window ``window``: the
+        calibrated ones scaled by the window's device and compute factors (:mod:`sim.windows`), or the
+        calibrated ones when the window was not probed."""
         dev = self.device(backend, compute)
         comp = self.compute_model(compute)
         w = self.window(window)
         if w is None:
             return dev, comp
-        f = float(w["device"])
-        if z:  # a bound: the slower (faster) of the probes before and after the run, moved by z errors
-            f = float(w.get("device_high" if z > 0 else "device_low", f))
-        f = max(1e-3, f * (1 + z * float(w.get("device_se") or 0.0)))
-        dev = scale_device(dev, f, f"{dev.name}@{window}")
+        dev = scale_device(dev, max(1e-3, float(w["device"])), f"{dev.name}@{window}")
         if w.get("compute") is not None and comp.samples:
-            g = max(1e-3, float(w["compute"]) * (1 + z * float(w.get("compute_se") or 0.0)))
+            g = max(1e-3, float(w["compute"]))
             comp = Compute.empirical([x * g for x in comp.samples], comp.layers)
         return dev, comp
 
@@ -325,7 +317,8 @@ class Calibration:
             lines.append(f"compute      {label}: mean {c.mean * 1e3:.4f} ms, cv {c.cv:.3f} ({len(c.samples)} samples)")
         if self.windows:
             f = np.array([w["device"] for w in self.windows.values()])
-            lines.append(f"windows      {len(f)} probed (one per decode run): device factor median {np.median(f):.3f}, "
+            lines.append(f"windows      {len(f)} probed (one per decode run, by its own interleaved probe steps): "
+                         f"device factor median {np.median(f):.3f}, "
                          f"range {f.min():.3f}-{f.max():.3f}")
         for be, why in self.left_out.items():
             lines.append(f"left out     {be}: {why}")
@@ -591,67 +584,6 @@ def _compute_models(recs: Sequence[Mapping], think_recs: Sequence[Mapping], wind
     return compute
 
 
-#: Share of the slowest probe batches left out of a window's mean (a probe is short; one stall would move it).
-PROBE_TRIM = 0.1
-
-
-def _trimmed_mean(x: np.ndarray, trim: float = PROBE_TRIM) -> tuple:
-    """(mean of ``x`` without its slowest ``trim`` share, its standard error)."""
-    x = np.sort(np.asarray(x, dtype=np.float64))
-    keep = x[:max(1, int(np.ceil(x.size * (1 - trim))))]
-    se = float(keep.std(ddof=1) / np.sqrt(keep.size)) if keep.size > 1 else 0.0
-    return float(keep.mean()), se
-
-
-def _dist_trimmed_mean(d: LatencyDist, trim: float = PROBE_TRIM) -> float:
-    """The mean of a distribution without its slowest ``trim`` share (as :func:`_trimmed_mean` of samples)."""
-    u = np.linspace(0.0, 1.0 - trim, 257)
-    return float(np.mean(d.quantile((u[1:] + u[:-1]) / 2)))
-
-
-def _window_states(probes: Sequence[Mapping], devices: Mapping[str, MeasuredBatchDevice], serial: LatencyDist,
-                   computes: Mapping[str, Compute]) -> Dict[str, dict]:
-    """Per measurement window, the device and compute factors of its probes (see :attr:`Calibration.windows`).
-
-    The device factor: the probes' 48-row batches (before and after the run,
-    pooled), trimmed mean, over the calibrated batch of the same backend and
-    readers, trimmed alike.  The compute factor: the probes' compute samples'
-    mean over the calibrated compute's."""
-    io: Dict[str, List[Mapping]] = {}
-    comp: Dict[str, List[Mapping]] = {}
-    for r in probes:
-        if r["kind"] == "io" and r.get("batch_rows") == STEP_ROWS:
-            io.setdefault(str(r["probe"]), []).append(r)
-        elif r["kind"] == "compute":
-            comp.setdefault(str(r["probe"]), []).append(r)
-    out: Dict[str, dict] = {}
-    for w, rs in io.items():
-        be, k = rs[0]["backend"], int(rs[0]["qd"])
-        if be == "serial":
-            ref = serial
-        elif be in devices:
-            ref = devices[be].batch_dist(STEP_ROWS, k)
-        else:
-            continue
-        x = np.concatenate([np.asarray(r["batch_us"], dtype=np.float64) for r in rs]) * US
-        m, se = _trimmed_mean(x)
-        base = _dist_trimmed_mean(ref)
-        # the device may move during the run: the probes before and after it bound the window
-        each = [_trimmed_mean(np.asarray(r["batch_us"], dtype=np.float64) * US)[0] / base for r in rs]
-        state = {"backend": be, "qd": k, "device": m / base, "device_se": se / m if m > 0 else 0.0,
-                 "device_low": min(each), "device_high": max(each),
-                 "batches": int(x.size), "compute": None, "compute_se": None}
-        cs = comp.get(w, [])
-        if cs:
-            label = ComputeSpec.parse(cs[0]["compute"]).label
-            y = np.concatenate([np.asarray(r["samples_us"], dtype=np.float64) for r in cs]) * US
-            if label in computes and computes[label].mean > 0 and y.size:
-                state["compute"] = float(y.mean() / computes[label].mean)
-                state["compute_se"] = float(y.std(ddof=1) / np.sqrt(y.size) / y.mean()) if y.size > 1 else 0.0
-        out[w] = state
-    return out
-
-
 def check_study_backends(calibration: Union["Calibration", str, os.PathLike], points: Sequence[Mapping],
                          where: str = "the study") -> None:
     """Refuse a study whose ``calibrated`` points name a backend the calibration lacks, before any simulation.
@@ -757,7 +689,12 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
     src["records"] = len(recs) + len(probes)
     src["windows"] = windows
     computes = _compute_models(recs, think_recs, windows)
-    states = _window_states(probes, devices, serial_dist, computes)
+
+    def device_of(be: str, label: str) -> Optional[MeasuredBatchDevice]:
+        base = devices.get(be) if be in devices else (devices[backends[0]] if be == "serial" else None)
+        return None if base is None else think_devices.get(label, {}).get(be, base)
+
+    states = window_states(probes, device_of, computes, hash_s, seed)
     be_doc = dict(doc.get("backends") or {})
     backends_doc = {"usable": list(be_doc.get("usable", backends)), "left_out": dict(be_doc.get("left_out") or {})}
     # The date is that of the measurements: the fit is a pure function of the document.

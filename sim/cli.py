@@ -690,7 +690,7 @@ def _measure_settings(args) -> Settings:
                     compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
                     max_background_cpu=None if (args.no_wait or q) else args.max_background,
                     max_background_iops=args.max_background_iops, wait_budget=args.wait_budget,
-                    capacity_target=args.capacity_target)
+                    capacity_target=args.capacity_target, probe_every=args.probe_every)
 
 
 @_typed_errors
@@ -755,9 +755,10 @@ def _add_measure(sub) -> None:
                                    "processes sharing the device) on the novel, each session on its own stretch, "
                                    "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
                                    "recording every session's tokens/s, step latency, start offset and the threads "
-                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, between "
-                                   "two probes of the device. Only the read backends that start here are measured; "
-                                   "the others are named with the reason.")
+                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
+                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
+                                   "read backends that start here are measured; the others are named with the "
+                                   "reason.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
@@ -791,6 +792,10 @@ def _add_measure(sub) -> None:
     g.add_argument("--io-batches", type=int, help="48-row batches per microbenchmark chunk (default 150)")
     g.add_argument("--io-chunks", type=int,
                    help="chunks a round of 48-row batches where runs without compute read (default 8; --quick 2)")
+    g.add_argument("--probe-every", type=int, default=Settings.probe_every, metavar="K",
+                   help="a probe step (a random token id through the run's own sessions) before every K-th step "
+                        "of a decode run and after its last: the device and compute of the run's own time window "
+                        f"(default {Settings.probe_every}; 0: none)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

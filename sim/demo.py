@@ -199,8 +199,8 @@ def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool =
                     fio_seconds=0.3, io_batches=10 if quick else 25, io_chunks=1 if quick else 4,
                     big_seconds=0.02 if quick else 0.15, single_rows=20 if quick else 100,
                     compute_samples=10 if quick else 60, mixer_samples=3 if quick else 10, warmup=3 if quick else 8,
-                    shared_seconds=0.03 if quick else 0.08, probe_batches=10 if quick else 20,
-                    probe_compute_samples=3 if quick else 5, cache_batches=20 if quick else 100,
+                    shared_seconds=0.03 if quick else 0.08, probe_every=2 if quick else 3,
+                    cache_batches=20 if quick else 100,
                     max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -286,24 +286,41 @@ class Phases:
         contention decides whether they stay in phase): the worst case for the
         device;
     ``spread:MS``
-        session ``i`` of ``S`` starts at ``i * MS / S`` milliseconds.
+        session ``i`` of ``S`` starts at ``i * MS / S`` milliseconds;
+    ``offsets:MS,MS,...``
+        session ``i`` starts at the ``i``-th offset (milliseconds; one per
+        session): measured start times replayed (:meth:`at`).
 
     Raises
     ------
     ArgumentError
-        Another spelling, or a negative spread.
+        Another spelling, a negative spread or offset, or (:meth:`offsets`) a number of offsets other than the
+        sessions.
     """
 
     kind: str = DEFAULT_PHASES
     spread: float = 0.0
+    #: Start of each session, seconds (``kind == "offsets"``).
+    starts: Tuple[float, ...] = ()
 
-    KINDS = ("random", "lockstep", "spread")
+    KINDS = ("random", "lockstep", "spread", "offsets")
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
-            raise ArgumentError(f"phases: unknown kind {self.kind!r} (random, lockstep or spread:MS)")
+            raise ArgumentError(f"phases: unknown kind {self.kind!r} (random, lockstep, spread:MS or offsets:MS,...)")
         if not (self.spread >= 0 and math.isfinite(self.spread)):
             raise ArgumentError(f"phases: the spread must be >= 0 seconds, got {self.spread}")
+        starts = tuple(float(x) for x in self.starts)
+        if any(not (x >= 0 and math.isfinite(x)) for x in starts):
+            raise ArgumentError(f"phases: offsets must be >= 0 seconds, got {list(starts)}")
+        if (self.kind == "offsets") != bool(starts):
+            raise ArgumentError("phases: offsets need at least one start time, and only the kind 'offsets' takes them")
+        object.__setattr__(self, "starts", starts)
+
+    @classmethod
+    def at(cls, starts: Sequence[float]) -> "Phases":
+        """Session ``i`` starts at ``starts[i]`` seconds (e.g. the measured start of each session)."""
+        return cls("offsets", 0.0, tuple(float(x) for x in starts))
 
     @classmethod
     def parse(cls, spec) -> "Phases":
@@ -317,12 +334,28 @@ class Phases:
             except ValueError:
                 raise ArgumentError(f"phases {s!r}: spread:MS needs a number of milliseconds") from None
             return cls("spread", ms * 1e-3)
+        if s.startswith("offsets:"):
+            try:
+                ms = [float(x) for x in s.split(":", 1)[1].split(",") if x.strip()]
+            except ValueError:
+                raise ArgumentError(f"phases {s!r}: offsets:MS,MS,... needs numbers of milliseconds") from None
+            return cls.at([x * 1e-3 for x in ms])
         if s not in ("random", "lockstep"):
-            raise ArgumentError(f"phases {s!r}: use random, lockstep or spread:MS")
+            raise ArgumentError(f"phases {s!r}: use random, lockstep, spread:MS or offsets:MS,...")
         return cls(s)
 
     def offsets(self, sessions: int, period: float, rng: np.random.Generator) -> list:
-        """Start time (seconds) of each session; ``period`` is one step (used by ``random``)."""
+        """Start time (seconds) of each session; ``period`` is one step (used by ``random``).
+
+        Raises
+        ------
+        ArgumentError
+            ``offsets`` given for another number of sessions.
+        """
+        if self.kind == "offsets":
+            if len(self.starts) != sessions:
+                raise ArgumentError(f"phases: {len(self.starts)} offsets for {sessions} sessions")
+            return list(self.starts)
         if self.kind == "lockstep" or sessions == 1:
             return [0.0] * sessions
         if self.kind == "spread":
@@ -330,4 +363,6 @@ class Phases:
         return sorted(rng.random(sessions) * period)
 
     def __str__(self) -> str:
+        if self.kind == "offsets":
+            return "offsets:" + ",".join(f"{x * 1e3:g}" for x in self.starts)
         return f"spread:{self.spread * 1e3:g}" if self.kind == "spread" else self.kind

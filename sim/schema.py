@@ -37,9 +37,11 @@ JSON schema (all times in microseconds unless named otherwise)
        {"kind": "io", "tool": "engine", "backend": ..., "qd": submitters x readers, "readers": k,
         "submitters": m, "batch_rows": 48, "round": r, "batches": n, "reads": n, "wall_s": s,
         "reads_per_s": x, "batch_mean_us": x},                 # several sessions' worth of readers at once
-       {"kind": "io", "tool": "engine", "backend": ..., "qd": k, "batch_rows": 48, "probe": WINDOW,
-        "batch_us": [...], ...},                               # right before / after the run of WINDOW
-       {"kind": "compute", "compute": ..., "probe": WINDOW, "samples_us": [...]},
+       {"kind": "io", "tool": "session", "probe": WINDOW, "round": r, "backend", "threshold", "readers",
+        "qd", "batch_rows": 48, "compute": label, "sessions": n, "mode", "every": k, "session_steps": n,
+        "offsets_s": [...], "session": [...], "batch_us": [...], "compute_us": [...], "t_us": [...],
+        "distinct": [...], "rows": n},                         # the probe steps interleaved with the run
+                                                               # of WINDOW (sim.measure.runs.probe_record)
        {"kind": "cache", "round": 0, "cold_us": [...], "warm_us": [...], "warm_over_cold": x}]}
     # every record also has "background": {"cpu": share of all CPUs used by other processes,
     #   "steal", "disk_iops": other requests a second on the model's device, "seconds", "attempt"}
@@ -53,7 +55,8 @@ JSON schema (all times in microseconds unless named otherwise)
                   "steps", "sessions", "mode", "serial"}],
      "traces": {trace: "traces/NAME.npz"},                  # the traces the runs read (Trace.save)
      "runs": [{"config": key, "round": r, "order": i, "start": first trace step, "steps": n, "wall_s": s,
-               "tokens_per_s": x,
+               "tokens_per_s": x (trace steps over their own time),
+               "probe_every": k, "probe_steps": m (probe steps a session, in microbench.json),
                "step_ms": {mean, p50, p90, p95, p99, max}, "read_ms": {...}, "compute_ms": {...},
                "concurrent_steps": n, "rows_distinct_mean": x, "reads": n, "rows_match": bool,
                "background": {"cpu", "steal", "disk_iops", "seconds", "attempt"}, "window": WINDOW,
@@ -78,8 +81,10 @@ JSON schema of ``calibration.json``::
               "overhead_raw_us", "batches"}, ...],
      "think_fit": [{"think", "backend", "qd", "batch48_mean_us", "batch48_p50_us", "think_mean_us",
                     "back_to_back_mean_us", "batches"}, ...],
-     "windows": {WINDOW: {"backend", "qd", "device", "device_se", "device_low", "device_high", "batches",
-                          "compute", "compute_se"}},
+     "windows": {WINDOW: {"backend", "qd", "threshold", "readers", "sessions", "mode", "compute_label",
+                          "probe_steps", "read_mean_us", "device", "device_first", "device_second", "read_se",
+                          "compute", "compute_se", "step_cv", "fit_residual", "fit_simulations"}},
+                                                          # sim.windows.window_state
      "shared_fit": [{"backend", "qd", "submitters", "readers", "reads_per_s", "one_group_reads_per_s", "gain"}],
      "backends": {"usable": [...], "left_out": {backend: reason}}}
 
@@ -96,10 +101,12 @@ JSON schema of ``crosscheck.json``::
                  "rows_match": bool, "pass": {...}, "passed": bool},
      "quiet_targets": {...}, "coverage_target": 0.9, "backends": {"usable", "left_out"}, "warnings": [...],
      # summary also: "regime": {"name": "quiet"|"loaded", "cpu", "steal", "why"}, "inside_interval",
-     #   "inside_interval_share", "sessions": {...}, "single": {...}, "windows_probed"
+     #   "inside_interval_share", "runs_inside", "runs_inside_share", "calibrated_only": {...},
+     #   "sessions": {...}, "single": {...}, "windows_probed"
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
-     #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z"}
-     #   and "inside_interval"
+     #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z",
+     #   "run_sd": [...], "independent_low", "independent_high"}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
+     #   calibrated device and compute alone) and error "tokens_per_s_calibrated"
      # "capacity": [{"trace", "threshold", "backend", "readers", "compute", "steps", "mode",
      #   "target_tokens_per_s", "sessions": [...], "measured_slowest": [...], "predicted_slowest": [...],
      #   "predicted_slowest_low", "predicted_slowest_high", "measured_capacity", "predicted_capacity",
@@ -154,6 +161,7 @@ __all__ = [
     "check_microbench",
     "check_runs",
     "percentiles_ms",
+    "probe_positions",
     "trace_label",
     "us_list",
 ]
@@ -345,6 +353,16 @@ class RunConfig:
                 return cls(head, int(tail[0]), tail[1], int(tail[2]), tail[3] if n_tail >= 4 else "none",
                            int(tail[4]) if n_tail == 5 else steps)
         raise ArgumentError(f"configuration {text!r}: expected TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]")
+
+
+def probe_positions(steps: int, every: int) -> np.ndarray:
+    """Where a decode run's probe steps sit among its ``steps`` trace steps: int64 ``[m]``, the trace steps
+    before each probe step -- one before every ``every``-th trace step and one after the last (none when
+    ``every < 1``).  The measurement places them so (:func:`sim.measure.runs.session_loop`), the
+    calibration and the cross-check replay them so."""
+    if every < 1 or steps < 1:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(0, steps, every), [steps]]).astype(np.int64)
 
 
 def us_list(seconds) -> list:

@@ -271,7 +271,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     hash_time : float
         Seconds per step for hashing (default 0).
     phases : Phases or str, optional
-        ``"random"`` (default), ``"lockstep"`` or ``"spread:MS"`` (:class:`~sim.params.Phases`).
+        ``"random"`` (default), ``"lockstep"``, ``"spread:MS"`` or explicit starts (``Phases.at([...])``,
+        ``"offsets:MS,..."``; one per session) (:class:`~sim.params.Phases`).
     start_spread : float, optional
         Older form of ``phases="spread:MS"``, in seconds.
     drives : int

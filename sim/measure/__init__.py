@@ -35,9 +35,9 @@ from .configs import (MEASURED_CAPACITY_COMPUTE, MEASURED_CAPACITY_TARGET, DEFAU
                       usable_configs)
 from .environment import ensure_model, file_info, machine_info
 from .microbench import (FIO_PERCENTILES, cache_check, compute_microbench, fio_microbench, hash_microbench,
-                         io_microbench, io_probe, io_shared)
+                         io_microbench, io_shared)
 from .run import measure
-from .runs import decode_run, segments, trace_tokens_needed
+from .runs import decode_run, probe_record, segments, trace_tokens_needed
 from .sessions import sessions_run
 from .settings import Settings
 
@@ -47,7 +47,6 @@ __all__ = [
     "SESSION_COUNTS",
     "backends_here",
     "cache_check",
-    "io_probe",
     "io_shared",
     "session_grid",
     "sessions_run",
@@ -73,6 +72,7 @@ __all__ = [
     "is_quiet",
     "machine_info",
     "measure",
+    "probe_record",
     "quick_grid",
     "segments",
     "trace_tokens_needed",

@@ -9,16 +9,17 @@
 - 48-row batches from several submitters at once (as several sessions read),
   so the device is known at the total queue depth sessions reach, not only
   at what one reader's pool or ring reaches (:func:`io_shared`);
-- probes: a few 48-row batches right before and after each decode run, so
-  each run is predicted with the device of its own time window
-  (:func:`io_probe`); a cold/warm pass over the same rows, to tell a cache
-  below ``O_DIRECT`` from the device (:func:`cache_check`);
+- a cold/warm pass over the same rows, to tell a cache below ``O_DIRECT``
+  from the device (:func:`cache_check`);
 - ``fio`` random 4 KiB reads with ``--direct=1`` by queue depth (when fio is
   installed);
 - the compute of a step on rows read at random, and the hash part of a step.
 
 Backend ``"serial"`` reads every batch serially; the other backends read
-every batch concurrently (threshold 1).  Records follow :mod:`sim.schema`.
+every batch concurrently (threshold 1), through the process's I/O engine of
+the device (:mod:`engram.io_engine`) as decode sessions do.  The probes of
+each decode run's own time window are steps of the run's session
+(:func:`sim.measure.runs.session_loop`).  Records follow :mod:`sim.schema`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .compute import compute_runner
 from .configs import DEFAULT_DEPTHS
 
 __all__ = ["BACKEND_TAG", "FIO_PERCENTILES", "cache_check", "compute_microbench", "fio_microbench",
-           "hash_microbench", "io_batches", "io_depth", "io_microbench", "io_probe", "io_serial", "io_shared",
+           "hash_microbench", "io_batches", "io_depth", "io_microbench", "io_serial", "io_shared",
            "io_think", "open_tables"]
 
 #: A number per backend, mixed into the seeds of its random row ids.
@@ -60,10 +61,11 @@ def open_tables(info) -> List[Table]:
 
 def _group(tables, columns: int, backend: str, readers: int) -> TableGroup:
     """The tables read together: every batch serially (backend ``"serial"``), or every batch concurrently
-    by ``readers`` pread threads or an io_uring ring of that depth."""
+    with ``readers`` reads in flight through the shared I/O engine of the device (its pread pool, or an
+    io_uring ring), as a decode session reads."""
     if backend == "serial":
         return TableGroup(tables, columns, backend="serial", readers=1)
-    return TableGroup(tables, columns, backend=backend, readers=int(readers), threshold=1)
+    return TableGroup(tables, columns, backend=backend, readers=int(readers), threshold=1, engine="shared")
 
 
 def _random_ids(rng: np.random.Generator, rows: Sequence[int], tokens: int,
@@ -259,16 +261,6 @@ def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: 
             "submitters": int(submitters), "batch_rows": STEP_ROWS, "round": round_, "batches": nb,
             "rows": nb * STEP_ROWS, "reads": total, "wall_s": wall, "reads_per_s": total / wall,
             "batch_mean_us": sum(busy) / max(nb, 1) / US}
-
-
-def io_probe(tables, rng: np.random.Generator, backend: str, k: int, batches: int, window: str,
-             round_: int) -> dict:
-    """A short look at the device right next to a decode run: ``batches`` 48-row batches of fresh random rows at
-    the run's readers (``backend="serial"``: serially), tagged with the run's ``window``."""
-    rows = [t.rows for t in tables]
-    with _group(tables, TABLE_COLUMNS, backend, k) as g:
-        ts, nreads = _time_batches(g, rng, rows, batches)
-    return _batch_record(backend, k, round_, ts, nreads, probe=window)
 
 
 def cache_check(tables, rng: np.random.Generator, batches: int, round_: int) -> dict:

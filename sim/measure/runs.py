@@ -3,7 +3,9 @@
 :func:`decode_run` runs one configuration: per step ``session.step(token)``
 (hash, one concurrent batch of 48 rows over both tables, decode), then the
 step's compute, each timed with ``time.perf_counter``; tokens/s over the
-wall time of the loop.  Every run reads its own stretch of its trace
+time of those steps.  Probe steps on random token ids are interleaved with
+them (:func:`session_loop`), the microbenchmark of the run's own time window
+(:func:`probe_record`).  Every run reads its own stretch of its trace
 (:func:`segments`): no run re-reads the rows of another, which a virtual
 disk's host cache would serve faster than the fresh random rows of the
 microbenchmarks.
@@ -18,11 +20,11 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..schema import ComputeSpec, RunConfig, percentiles_ms, us_list
+from ..schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
 from ..trace import Trace
 from .compute import compute_runner
 
-__all__ = ["decode_run", "run_record", "segments", "session_loop", "trace_tokens_needed"]
+__all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "trace_tokens_needed"]
 
 #: Percentiles of a run's step, read and compute times.
 _PCT = (50, 90, 95, 99)
@@ -41,8 +43,10 @@ def _os_threads() -> int:
 
 
 def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-                 residual_seed: int = 0, ready: Optional[Callable[[], None]] = None, delay: float = 0.0) -> dict:
-    """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``start``.
+                 residual_seed: int = 0, ready: Optional[Callable[[], None]] = None, delay: float = 0.0,
+                 probe_every: int = 0, probe_seed: int = 0) -> dict:
+    """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``start``, with
+    probe steps interleaved.
 
     The session (``config``'s backend, readers and threshold) wakes its readers
     with ``warmup`` steps on random tokens, replays the history before
@@ -50,14 +54,28 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     other sessions, when given), sleeps ``delay`` seconds (its phase) and runs
     the timed loop.  Every step: ``session.step(token)``, then the compute.
 
+    Probe steps (``probe_every >= 1``, :func:`sim.schema.probe_positions`): before every
+    ``probe_every``-th trace step and after the last, the same session steps a
+    random token id (seeded by ``probe_seed``) with its hash history saved
+    and restored around it -- fresh random rows, through the same readers
+    and engine, with the same compute after it, at the same time as the
+    trace steps around it.  They are the microbenchmark of the loop's own
+    time window: the calibration reads them, never the trace steps.
+
+    Each step's time runs from the end of the step before (so the loop's own
+    work is in it, and the steps of the loop add up to its wall time) to the
+    end of its compute; its read time ends when ``session.step`` returns.
+
     Returns
     -------
     dict
         Raw figures: ``t_first``, ``t_end`` (``time.perf_counter`` seconds, a
         system-wide monotonic clock on Linux), ``read_s``, ``comp_s``,
-        ``step_s`` (float64 ``[steps]``), ``distinct`` (int64 ``[steps]``),
-        ``reads``, ``concurrent``, ``rows_match``, ``threads`` (this process's
-        OS threads midway through the loop).
+        ``step_s`` (float64 ``[steps]``: the trace steps), ``distinct`` (int64
+        ``[steps]``), ``probe_read_s``, ``probe_comp_s``, ``probe_t`` (float64
+        ``[m]``: the probe steps, ``probe_t`` their start after ``t_first``),
+        ``probe_distinct``, ``reads`` (device reads of every step), ``concurrent``,
+        ``rows_match``, ``threads`` (this process's OS threads midway through the loop).
 
     Raises
     ------
@@ -68,19 +86,14 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     """
     n = config.steps
     start = int(start)
-    if start < 0 or trace.steps < start + n:
-        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
-                            f"{n} from step {start}")
+    tokens, restarts, history = _loop_inputs(trace, start, n)
     spec = ComputeSpec.parse(config.compute)
-    tokens = trace.tokens[start:start + n].tolist()
-    seq_starts = trace.starts
-    starts = set(int(x) - start for x in seq_starts if start < x < start + n)
-    first = int(seq_starts[seq_starts <= start].max())
-    history = trace.tokens[max(first, start - 3):start].tolist()
-    read_s = np.empty(n)
-    comp_s = np.empty(n)
-    step_s = np.empty(n)
+    read_s, comp_s, step_s = np.empty(n), np.empty(n), np.empty(n)
     distinct = np.empty(n, np.int64)
+    where = probe_positions(n, int(probe_every))
+    m = where.size
+    p_read, p_comp, p_t = np.empty(m), np.empty(m), np.empty(m)
+    p_distinct = np.empty(m, np.int64)
     concurrent = nreads = threads = 0
     match = True
     clock = time.perf_counter
@@ -89,59 +102,101 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
         run = compute_runner(spec, model, s, residual_seed)
         for tok in rng.integers(0, len(model.token_map), warmup).tolist():
             run(s.step(tok))
+        probe_tokens = np.random.default_rng([probe_seed, start, 12]).integers(0, len(model.token_map), m).tolist()
         s.restore(model.hasher.new_history())
         for tok in history:
             s.step_rows(int(tok))
-        step, want = s.step, trace.rows[start:start + n]
+        want = trace.rows[start:start + n]
         if ready is not None:
             ready()
         if delay > 0:
             time.sleep(delay)
-        t_begin = clock()
-        for i in range(n):
-            if i in starts:
+        t_begin = t_prev = clock()
+        j = 0
+        for i in range(n + 1):
+            while j < m and where[j] == i:
+                t1, t_end, st = _probe_step(s, run, probe_tokens[j], clock)
+                p_read[j], p_comp[j], p_t[j] = t1 - t_prev, t_end - t1, t_prev - t_begin
+                p_distinct[j] = st.rows_distinct
+                nreads += st.reads
+                t_prev = t_end
+                j += 1
+            if i == n:
+                break
+            if i in restarts:
                 s.restore(model.hasher.new_history())
-            t0 = clock()
-            rows = step(tokens[i])
-            t1 = clock()
-            run(rows)
-            t2 = clock()
-            read_s[i] = t1 - t0
-            comp_s[i] = t2 - t1
-            step_s[i] = t2 - t0
-            st = s.last_stats
-            distinct[i] = st.rows_distinct
+            t1, t_end, st = _timed_step(s, run, tokens[i], clock)
+            read_s[i], comp_s[i], step_s[i], distinct[i] = t1 - t_prev, t_end - t1, t_end - t_prev, st.rows_distinct
+            t_prev = t_end
             nreads += st.reads
-            if st.backend != "serial":
-                concurrent += 1
-            if match and not np.array_equal(s.last_row_ids, want[i]):
-                match = False
+            concurrent += st.backend != "serial"
+            match = match and bool(np.array_equal(s.last_row_ids, want[i]))
             if i == n // 2:
                 threads = _os_threads()
         t_end = clock()
     return {"t_first": t_begin, "t_end": t_end, "read_s": read_s, "comp_s": comp_s, "step_s": step_s,
-            "distinct": distinct, "reads": nreads, "concurrent": concurrent, "rows_match": match,
+            "distinct": distinct, "probe_read_s": p_read, "probe_comp_s": p_comp, "probe_t": p_t,
+            "probe_distinct": p_distinct, "reads": nreads, "concurrent": int(concurrent), "rows_match": match,
             "threads": threads}
 
 
+def _loop_inputs(trace: Trace, start: int, n: int) -> tuple:
+    """``(tokens, restarts, history)`` of the loop over trace steps ``[start, start + n)``: its token ids, the
+    loop steps where a new sequence restarts the hash history, and the up to 3 tokens of the sequence before
+    ``start`` (replayed into the history first, SPEC §4).
+
+    Raises
+    ------
+    ArgumentError
+        The trace is too short.
+    """
+    if start < 0 or trace.steps < start + n:
+        raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens, the configuration needs "
+                            f"{n} from step {start}")
+    seq_starts = trace.starts
+    restarts = set(int(x) - start for x in seq_starts if start < x < start + n)
+    first = int(seq_starts[seq_starts <= start].max())
+    return trace.tokens[start:start + n].tolist(), restarts, trace.tokens[max(first, start - 3):start].tolist()
+
+
+def _timed_step(s, run, token: int, clock) -> tuple:
+    """``session.step(token)`` then the compute ``run``: ``(time the read ended, time the compute ended, stats)``."""
+    rows = s.step(token)
+    t1 = clock()
+    run(rows)
+    return t1, clock(), s.last_stats
+
+
+def _probe_step(s, run, token: int, clock) -> tuple:
+    """A probe step: :func:`_timed_step` on a random token id with the session's hash history saved and restored
+    around it (the trace steps after it read the trace's rows)."""
+    saved = s.snapshot()
+    out = _timed_step(s, run, token, clock)
+    s.restore(saved)
+    return out
+
+
 def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-               residual_seed: int = 0) -> dict:
+               residual_seed: int = 0, probe_every: int = 0, probe_seed: int = 0) -> dict:
     """Run the real decode loop of ``config`` over ``config.steps`` tokens of ``trace`` from step ``start``.
 
     Each step: ``session.step(token)`` (hash + one batch of the 48 rows of both
     tables + decode; its time is the read time), then the step's compute
-    (:class:`ComputeSpec`); the step time runs from before the read to after
-    the compute.  The loop continues the text: the up to 3 tokens of the
-    sequence before ``start`` are replayed into the hash history first
+    (:class:`ComputeSpec`); the step time runs from the end of the step before
+    to after the compute.  The loop continues the text: the up to 3 tokens of
+    the sequence before ``start`` are replayed into the hash history first
     (hashing only, no reads: SPEC §4), and a new sequence of the trace
     restarts the history, so every step's row ids equal the trace's (checked:
     ``rows_match``).  ``warmup`` steps on random token ids (random rows) wake
-    the readers before the timed loop.
+    the readers before the timed loop; with ``probe_every >= 1`` probe steps
+    on random token ids are interleaved (:func:`session_loop`): their figures
+    are in ``"_probe"`` (:func:`probe_record` makes them a microbenchmark).
 
     Returns
     -------
     dict
-        A run record (see :mod:`sim.schema`), without ``config``/``round``.
+        A run record (see :mod:`sim.schema`), without ``config``/``round``/``window``;
+        tokens/s is the trace steps over their own time (the probe steps left out).
 
     Raises
     ------
@@ -150,21 +205,57 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
     TableIOError, DecodeError
         A read failed.
     """
-    r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed)
-    return run_record(config, int(start), r)
+    r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
+                     probe_every=probe_every, probe_seed=probe_seed)
+    rec = run_record(config, int(start), r)
+    rec["probe_every"] = int(probe_every)
+    rec["_probe"] = [r]
+    return rec
 
 
 def run_record(config: RunConfig, start: int, r: dict) -> dict:
     """The run record of one session's raw figures (:func:`session_loop`)."""
     n = config.steps
-    wall = r["t_end"] - r["t_first"]
     step_s, read_s, comp_s = r["step_s"], r["read_s"], r["comp_s"]
-    return {"start": start, "steps": n, "wall_s": wall, "tokens_per_s": n / wall,
+    return {"start": start, "steps": n, "wall_s": r["t_end"] - r["t_first"], "tokens_per_s": n / step_s.sum(),
             "step_ms": percentiles_ms(step_s, _PCT), "read_ms": percentiles_ms(read_s, _PCT),
             "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": r["concurrent"],
             "rows_distinct_mean": float(np.mean(r["distinct"])), "reads": r["reads"], "rows_match": r["rows_match"],
-            "threads": r["threads"], "step_us": us_list(step_s), "read_us": us_list(read_s),
-            "compute_us": us_list(comp_s)}
+            "threads": r["threads"], "probe_steps": int(len(r["probe_read_s"])), "step_us": us_list(step_s),
+            "read_us": us_list(read_s), "compute_us": us_list(comp_s)}
+
+
+def probe_record(config: RunConfig, window: str, round_: int, got: Sequence[dict], every: int) -> Optional[dict]:
+    """The microbenchmark record of the probe steps of one decode run (one session's or several sessions'
+    raw figures of :func:`session_loop`), or None when it had none.
+
+    A record of kind ``"io"``, tool ``"session"``, tagged ``probe = window``:
+    the run's read policy (``backend``, ``threshold``, ``readers``, ``qd`` =
+    readers, 1 for a serial configuration), ``compute``, ``sessions``,
+    ``mode``, ``every`` (``probe_every`` of the loop), ``session_steps``
+    (steps of each session's loop, probes included: placed by
+    :func:`sim.schema.probe_positions`) and ``offsets_s`` (each session's
+    loop start after the first's), and per probe step, session after
+    session: ``session``,
+    ``batch_us`` (read time: hash, rows, decode), ``compute_us``, ``t_us``
+    (start after the first session's start) and ``distinct`` (rows read).
+    It holds nothing of the trace steps.
+    """
+    if not got or not len(got[0]["probe_read_s"]):
+        return None
+    t0 = min(r["t_first"] for r in got)
+    sess = np.concatenate([np.full(len(r["probe_read_s"]), i) for i, r in enumerate(got)])
+    return {"kind": "io", "tool": "session", "probe": window, "round": int(round_), "backend": config.backend,
+            "threshold": config.threshold, "readers": config.readers, "qd": 1 if config.serial else config.readers,
+            "batch_rows": STEP_ROWS, "compute": ComputeSpec.parse(config.compute).label, "sessions": len(got),
+            "mode": config.mode, "every": int(every),
+            "session_steps": int(len(got[0]["step_s"]) + len(got[0]["probe_read_s"])),
+            "offsets_s": [float(r["t_first"] - t0) for r in got], "session": sess.astype(int).tolist(),
+            "batch_us": us_list(np.concatenate([r["probe_read_s"] for r in got])),
+            "compute_us": us_list(np.concatenate([r["probe_comp_s"] for r in got])),
+            "t_us": us_list(np.concatenate([np.asarray(r["probe_t"]) + (r["t_first"] - t0) for r in got])),
+            "distinct": np.concatenate([r["probe_distinct"] for r in got]).astype(int).tolist(),
+            "rows": int(sum(int(np.sum(r["probe_distinct"])) for r in got))}
 
 
 def segments(configs: Sequence[RunConfig], rounds: int) -> Dict[tuple, int]:

@@ -2,7 +2,8 @@
 
 A server runs many decode sessions against one SSD.  :func:`sessions_run`
 runs ``config.sessions`` real sessions (:meth:`engram.EngramModel.session`,
-each with its own descriptors, history and readers) at once, each on its own
+each with its own descriptors and history, reading through the process's
+I/O engine of the device, :mod:`engram.io_engine`) at once, each on its own
 stretch of the trace (session ``i`` from ``start + i * steps``), as threads of
 this process (``mode="threads"``) or as processes sharing the device
 (``mode="processes"``, forked where the platform allows).  Every session
@@ -10,10 +11,16 @@ wakes its readers, then all wait at one barrier; session ``i`` then sleeps
 ``i * stagger / sessions`` (its phase: the sessions' steps are spread over
 one step, as a server's are) and runs its timed loop.
 
-The record holds every session's tokens/s (its steps over its own run
+Probe steps on random token ids are interleaved with every session's trace
+steps (:func:`sim.measure.runs.session_loop`): the microbenchmark of the
+device, the engine and the CPUs as these sessions share them, in the run's
+own time window.
+
+The record holds every session's tokens/s (its trace steps over their own
 time), its step latencies, its measured start offset (seconds after the
 first session's first step: the phases the simulator replays), the slowest
-session's tokens/s, the aggregate, and the OS threads the sessions used.
+session's tokens/s, the aggregate (the sum of the sessions' tokens/s), and
+the OS threads the sessions used.
 """
 
 from __future__ import annotations
@@ -48,12 +55,12 @@ def default_stagger(config: RunConfig) -> float:
     return (ms + 1.0) * 1e-3
 
 
-def _one(model, trace, config, start, warmup, seed, ready, delay) -> dict:
+def _one(model, trace, config, start, warmup, seed, ready, delay, probe) -> dict:
     return session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=seed, ready=ready,
-                        delay=delay)
+                        delay=delay, probe_every=probe[0], probe_seed=probe[1])
 
 
-def _threads(model, trace, config, starts, warmup, seed, delays) -> List[dict]:
+def _threads(model, trace, config, starts, warmup, seed, delays, probe) -> List[dict]:
     n = config.sessions
     barrier = threading.Barrier(n, timeout=BARRIER_TIMEOUT)
     out: List[Optional[dict]] = [None] * n
@@ -61,7 +68,7 @@ def _threads(model, trace, config, starts, warmup, seed, delays) -> List[dict]:
 
     def body(i):
         try:
-            out[i] = _one(model, trace, config, starts[i], warmup, seed + i, barrier.wait, delays[i])
+            out[i] = _one(model, trace, config, starts[i], warmup, seed + i, barrier.wait, delays[i], probe)
         except threading.BrokenBarrierError:
             pass  # another session failed: its error is the one to report
         except BaseException as exc:  # noqa: BLE001 - reported below, with the session
@@ -80,7 +87,7 @@ def _threads(model, trace, config, starts, warmup, seed, delays) -> List[dict]:
     return out  # type: ignore[return-value]
 
 
-def _child(model, trace, config, start, warmup, seed, barrier, delay, results, index) -> None:
+def _child(model, trace, config, start, warmup, seed, barrier, delay, probe, results, index) -> None:
     """A session in a process of its own: its raw figures (or its error) go back through ``results``."""
     try:
         if isinstance(model, str):  # spawned: open the model from its path
@@ -88,7 +95,7 @@ def _child(model, trace, config, start, warmup, seed, barrier, delay, results, i
             if ComputeSpec.parse(config.compute).mixer:
                 for lid in model.layer_ids:
                     model.weights(lid)
-        r = _one(model, trace, config, start, warmup, seed, lambda: barrier.wait(BARRIER_TIMEOUT), delay)
+        r = _one(model, trace, config, start, warmup, seed, lambda: barrier.wait(BARRIER_TIMEOUT), delay, probe)
         results.put((index, None, {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}))
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
         try:
@@ -98,7 +105,7 @@ def _child(model, trace, config, start, warmup, seed, barrier, delay, results, i
         results.put((index, f"{type(exc).__name__}: {exc}", None))
 
 
-def _processes(model, trace, config, starts, warmup, seed, delays) -> List[dict]:
+def _processes(model, trace, config, starts, warmup, seed, delays, probe) -> List[dict]:
     n = config.sessions
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     if ctx.get_start_method() != "fork":
@@ -106,7 +113,7 @@ def _processes(model, trace, config, starts, warmup, seed, delays) -> List[dict]
     barrier = ctx.Barrier(n)
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(model, trace, config, starts[i], warmup, seed + i, barrier, delays[i],
-                                              results, i), daemon=True) for i in range(n)]
+                                              probe, results, i), daemon=True) for i in range(n)]
     try:
         for p in procs:
             p.start()
@@ -136,22 +143,28 @@ def _processes(model, trace, config, starts, warmup, seed, delays) -> List[dict]
 
 
 def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-                 residual_seed: int = 0, stagger: Optional[float] = None) -> dict:
+                 residual_seed: int = 0, stagger: Optional[float] = None, probe_every: int = 0,
+                 probe_seed: int = 0) -> dict:
     """Run ``config.sessions`` concurrent decode sessions of ``config`` (threads or processes, ``config.mode``).
 
     Session ``i`` reads trace steps ``start + i * steps`` to ``start + (i + 1)
     * steps`` (distinct stretches) and starts its timed loop ``i * stagger /
     sessions`` seconds after the barrier (default :func:`default_stagger`).
+    With ``probe_every >= 1`` every session interleaves probe steps on random
+    token ids (:func:`sim.measure.runs.session_loop`; seeds ``probe_seed + i``),
+    so the probes see the device, the engine and the CPUs as shared by all
+    the sessions at once; their figures are in ``"_probe"``.
 
     Returns
     -------
     dict
         A run record (see :mod:`sim.schema`): ``tokens_per_s`` (the mean over
-        sessions of each one's steps over its own run time), ``session_tokens_per_s``,
-        ``slowest_tokens_per_s``, ``aggregate_tokens_per_s`` (all steps over the
-        time from the first session's start to the last one's end), ``starts``,
-        ``start_offsets_s`` (measured), ``stagger_s``, ``threads`` (OS threads
-        of the sessions' process(es) mid-run), pooled ``step_ms``/``read_ms``/
+        sessions of each one's trace steps over their own time),
+        ``session_tokens_per_s``, ``slowest_tokens_per_s``,
+        ``aggregate_tokens_per_s`` (the sum of the sessions' tokens/s),
+        ``starts``, ``start_offsets_s`` (measured start of each session's
+        loop after the first's), ``stagger_s``, ``threads`` (OS threads of the
+        sessions' process(es) mid-run), pooled ``step_ms``/``read_ms``/
         ``compute_ms`` and ``step_us`` (session after session).
 
     Raises
@@ -170,20 +183,24 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     starts = [start + i * steps for i in range(n)]
     delays = [i * stagger / n for i in range(n)]
     body = _threads if config.mode == "threads" else _processes
+    probe = (int(probe_every), int(probe_seed))
     try:
-        got = body(model, trace, config, starts, warmup, int(residual_seed), delays)
+        got = body(model, trace, config, starts, warmup, int(residual_seed), delays, probe)
     except EngramError:
         raise
     except OSError as exc:
         raise TableIOError(f"{config.key}: the sessions could not run ({exc})") from None
-    return _record(config, starts, stagger, got)
+    rec = _record(config, starts, stagger, got)
+    rec["probe_every"] = int(probe_every)
+    rec["_probe"] = list(got)
+    return rec
 
 
 def _record(config: RunConfig, starts: Sequence[int], stagger: float, got: Sequence[dict]) -> dict:
     steps = config.steps
     t0 = min(r["t_first"] for r in got)
     t1 = max(r["t_end"] for r in got)
-    tps = np.array([steps / (r["t_end"] - r["t_first"]) for r in got])
+    tps = np.array([steps / r["step_s"].sum() for r in got])
     step_s = np.concatenate([r["step_s"] for r in got])
     read_s = np.concatenate([r["read_s"] for r in got])
     comp_s = np.concatenate([r["comp_s"] for r in got])
@@ -192,11 +209,12 @@ def _record(config: RunConfig, starts: Sequence[int], stagger: float, got: Seque
     return {"start": int(starts[0]), "starts": [int(s) for s in starts], "steps": steps,
             "sessions": config.sessions, "mode": config.mode, "wall_s": t1 - t0,
             "tokens_per_s": float(tps.mean()), "session_tokens_per_s": tps.tolist(),
-            "slowest_tokens_per_s": float(tps.min()), "aggregate_tokens_per_s": config.sessions * steps / (t1 - t0),
+            "slowest_tokens_per_s": float(tps.min()), "aggregate_tokens_per_s": float(tps.sum()),
             "start_offsets_s": [r["t_first"] - t0 for r in got], "stagger_s": stagger,
             "session_step_p50_ms": [float(np.median(r["step_s"])) * 1e3 for r in got],
             "step_ms": percentiles_ms(step_s, _PCT), "read_ms": percentiles_ms(read_s, _PCT),
             "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": int(sum(r["concurrent"] for r in got)),
             "rows_distinct_mean": float(np.mean(np.concatenate([r["distinct"] for r in got]))),
             "reads": int(sum(r["reads"] for r in got)), "rows_match": all(bool(r["rows_match"]) for r in got),
-            "threads": threads, "step_us": us_list(step_s), "read_us": us_list(read_s), "compute_us": us_list(comp_s)}
+            "threads": threads, "probe_steps": int(len(got[0]["probe_read_s"])), "step_us": us_list(step_s),
+            "read_us": us_list(read_s), "compute_us": us_list(comp_s)}

@@ -38,7 +38,7 @@ class Settings:
         48-row batches at the other depths.
     think_batches, think_chunks : int
         48-row batches (``mixer_samples`` for the mixer) of a chunk with a compute between batches, and chunks a
-        round.
+        round (0: none).
     big_seconds : float
         Seconds of large batches at each depth (steady-state reads/s).
     single_rows : int
@@ -47,10 +47,10 @@ class Settings:
         Seconds of large batches from several submitters at once (one task per submitter count).
     submitters : sequence of int, optional
         Submitter counts of those reads (default: the session counts of the multi-session configurations).
-    probe_batches : int
-        48-row batches of each probe right before and after a decode run (0: no probes).
-    probe_compute_samples : int
-        Compute samples of each probe, for configurations with a compute.
+    probe_every : int
+        A probe step (a random token id through the run's own session, with its compute) before every
+        ``probe_every``-th step of a decode run and after its last (0: no probes; the cross-check then
+        predicts with the calibrated device alone).
     cache_batches : int
         48-row batches of the cold/warm cache check (0: none).
     capacity_target : float
@@ -84,8 +84,7 @@ class Settings:
     single_rows: int = 200
     shared_seconds: float = 0.15
     submitters: Optional[Sequence[int]] = None
-    probe_batches: int = 30
-    probe_compute_samples: int = 10
+    probe_every: int = 2
     cache_batches: int = 100
     capacity_target: float = MEASURED_CAPACITY_TARGET
     compute_samples: int = 100
@@ -103,6 +102,8 @@ class Settings:
             raise ArgumentError(f"rounds must be >= 1, got {self.rounds}")
         if not (self.micro or self.decode):
             raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
+        if self.probe_every < 0:
+            raise ArgumentError(f"probe_every must be >= 0, got {self.probe_every}")
 
     def resolved_backends(self, configs: Sequence[RunConfig],
                           usable: Optional[Sequence[str]] = None) -> Tuple[str, ...]:

@@ -22,8 +22,8 @@ from ..schema import ComputeSpec, RunConfig
 from ..trace import Trace
 from .compute import compute_runner
 from .microbench import (BACKEND_TAG, cache_check, compute_microbench, fio_microbench, hash_microbench, io_batches,
-                         io_depth, io_probe, io_serial, io_shared, io_think)
-from .runs import decode_run
+                         io_depth, io_serial, io_shared, io_think)
+from .runs import decode_run, probe_record
 from .sessions import sessions_run
 from .settings import Settings
 
@@ -218,43 +218,34 @@ class CacheCheck(Task):
 @dataclass(frozen=True)
 class DecodeRun(Task):
     """The decode run of configuration ``index`` on its stretch of the trace for this round (one session, or
-    ``sessions`` concurrent ones), between two probes of the device at its readers (and of its compute).
+    ``sessions`` concurrent ones), with probe steps on random token ids interleaved (``settings.probe_every``).
 
-    The probes and the run share a ``window`` id (``rROUND-cINDEX``): the calibration turns the probes
-    into the device and compute of that window, the cross-check predicts the run with them."""
+    The run goes to ``runs.json``; its probe steps, a microbenchmark of its own time window tagged with
+    the ``window`` id (``rROUND-cINDEX``) it shares with the run, to ``microbench.json``
+    (:func:`sim.measure.runs.probe_record`).  The calibration turns the probes into the device and
+    compute of that window, the cross-check predicts the run with them."""
 
     index: int
 
     def describe(self, ctx: Context) -> str:
         return ctx.configs[self.index].key
 
-    def _probes(self, ctx: Context, round_: int, window: str, when: int) -> List[dict]:
-        c, s = ctx.configs[self.index], ctx.settings
-        if s.probe_batches < 1 or not ctx.tables:
-            return []
-        be, k = ("serial", 1) if c.serial else (c.backend, c.readers)
-        rng = np.random.default_rng([s.seed, round_, 11, self.index, when])
-        out = [io_probe(ctx.tables, rng, be, k, s.probe_batches, window, round_)]
-        if c.compute != "none" and s.probe_compute_samples > 0:
-            spec = ComputeSpec.parse(c.compute)
-            out += compute_microbench(ctx.model, [c.compute], samples=s.probe_compute_samples,
-                                      mixer_samples=max(1, s.probe_compute_samples // 4) if spec.mixer else 1,
-                                      seed=s.seed + 1 + when, round_=round_)
-            out[-1]["probe"] = window
-        return out
-
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
         c, s = ctx.configs[self.index], ctx.settings
         window = f"r{round_}-c{self.index}"
-        recs = self._probes(ctx, round_, window, 0)
         start = ctx.starts[(self.index, round_)]
+        probe = {"probe_every": s.probe_every, "probe_seed": s.seed + 1 + round_}
         if c.multi:
             rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
-                               residual_seed=s.seed)
+                               residual_seed=s.seed, **probe)
         else:
-            rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup, residual_seed=s.seed)
-        recs.append({"config": c.key, "round": round_, "order": order, "window": window, **rec})
-        recs += self._probes(ctx, round_, window, 1)
+            rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup, residual_seed=s.seed,
+                             **probe)
+        got = rec.pop("_probe")
+        recs = [{"config": c.key, "round": round_, "order": order, "window": window, **rec}]
+        p = probe_record(c, window, round_, got, s.probe_every)
+        if p is not None:
+            recs.append(p)
         return recs, _ours(recs)
 
 
@@ -270,7 +261,7 @@ def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Se
     several submitters at the readers of the multi-session configurations
     (one task per submitter count: the session counts measured, or
     ``settings.submitters``); the cold/warm cache check.  Then one decode
-    run per configuration (each between its two probes).
+    run per configuration (each with its probe steps interleaved).
     """
     s = settings
     tasks: List[Task] = []
@@ -289,7 +280,7 @@ def plan_tasks(configs: Sequence[RunConfig], settings: Settings, *, backends: Se
         think = dict.fromkeys((c.compute, "serial" if c.serial else c.backend, 1 if c.serial else c.readers)
                               for c in configs if c.compute != "none")
         tasks += [ThinkBatches(be, k, label, j) for (label, be, k) in think
-                  for j in range(1 if ComputeSpec.parse(label).mixer else s.think_chunks)]
+                  for j in range(min(1, s.think_chunks) if ComputeSpec.parse(label).mixer else s.think_chunks)]
         tasks.append(HashTimes())
         shared = dict.fromkeys((c.backend, c.readers) for c in configs if c.multi and not c.serial)
         counts = sorted(set(s.submitters) if s.submitters is not None else

@@ -30,6 +30,20 @@ __all__ = ["crosscheck_section", "inputs_section", "ran_text", "run_section", "s
            "wrap_warnings"]
 
 
+def _interval_note(s: dict) -> str:
+    """The regime the runs ran in, the windows and the coverage of the predicted intervals (a cross-check's
+    summary)."""
+    cal = s.get("calibrated_only") or {}
+    alone = (f"; the calibrated device and compute alone would be off by a median "
+             f"{cal['median_abs_error'] * 100:.1f}% (max {cal['max_abs_error'] * 100:.1f}%)"
+             if cal.get("median_abs_error") is not None else "")
+    return (f"Regime: **{s['regime']['name']}** ({s['regime']['why']}). Each run is predicted with the device and "
+            f"compute of its own time window, fitted from probe steps interleaved with it ({s.get('windows_probed', 0)}"
+            f" of {s['runs']} runs){alone}. Measured medians inside their predicted 90% interval: "
+            f"{s.get('inside_interval', 0)} of {s['configurations']}; runs inside their own: "
+            f"{s.get('runs_inside', 0)} of {s['runs']}.")
+
+
 def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
     """Predicted vs measured: the cross-check's figure and table (or a note that there is none)."""
     plt = pyplot()
@@ -51,6 +65,8 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
           f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
           f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
           f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+    if s.get("regime"):
+        doc.p(_interval_note(s))
     bg = [r["background"] for r in (inp.runs or {}).get("runs", []) if isinstance(r.get("background"), dict)]
     if bg:
         cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100
@@ -149,8 +165,8 @@ def sessions_section(doc: Doc, out: ReportFolder, xc: Mapping[str, Any]) -> None
     pct = (lambda x: f"{x * 100:+.1f}%")
     doc.p("Several sessions decoding at once on this machine's device, each on its own stretch of the trace, as "
           "threads of one process or as processes sharing the device; each run predicted with the same number of "
-          "sessions started with the spread of their first steps as measured (the phases the simulator "
-          "replays). Tokens/s of a session (the mean over the sessions) and of the slowest session, medians over "
+          "sessions started where each session started in the run, and the device and compute of the run's own "
+          "window (the probe steps interleaved with it). Tokens/s of a session (the mean over the sessions) and of the slowest session, medians over "
           "the repeats, with the prediction's 90% interval:")
     doc.table(["sessions", "as", "trace", "policy", "compute", "steps x repeats", "compute ms measured / simulated",
                "start spread ms", "tokens/s a session measured", "predicted [90%]", "error", "slowest measured",
@@ -201,7 +217,7 @@ def sessions_section(doc: Doc, out: ReportFolder, xc: Mapping[str, Any]) -> None
                                          "phases"], rows)
     out.add(doc, rel, data, "The slowest session's tokens/s by concurrent sessions on this machine, measured "
                             "(squares: medians of the repeats) and predicted (line, band: the 90% interval from the "
-                            "calibration's own uncertainty), with the target; the capacity is the largest count of "
+                            "uncertainty of each run's window), with the target; the capacity is the largest count of "
                             "the grid whose slowest session reaches it.")
     doc.p(" ".join(f"Sessions as {m.checked['row']['mode']}: measured capacity {m.shown()}, predicted {p.shown()} "
                    f"(interval {p.checked['low']}-{p.checked['high']}) at {m.spec.target:g} tokens/s for the slowest "

@@ -366,36 +366,42 @@ def test_shared_reads_set_the_depth_several_sessions_reach():
     assert again.shared_fit == cal.shared_fit and again.device("pread").mean_latency(64) == pytest.approx(64 / 1e5)
 
 
-def test_windows_from_the_probes():
-    """Probes right before and after a run give that window's device and compute, relative to the calibration."""
+def probe_rec(window, backend="pread", threshold=8, readers=4, compute="spin:2", batch_us=(), compute_us=(),
+              sessions=1, **kw):
+    """A probe record of one decode run's window (:func:`sim.measure.runs.probe_record`)."""
+    m = len(batch_us)
+    return {"kind": "io", "tool": "session", "probe": window, "round": 0, "backend": backend, "threshold": threshold,
+            "readers": readers, "qd": readers, "batch_rows": 48, "compute": compute, "sessions": sessions,
+            "mode": "threads", "every": 2, "session_steps": 2 * m - 1, "offsets_s": [0.0] * sessions,
+            "session": [0] * m, "batch_us": list(batch_us), "compute_us": list(compute_us) or [0.0] * m,
+            "t_us": [1000.0 * i for i in range(m)], "distinct": [48] * m, "rows": 48 * m, **kw}
+
+
+def test_windows_from_the_probe_steps():
+    """A run's interleaved probe steps give its window's device and compute factors over the calibrated ones."""
     doc = micro_doc()
-    slow = [1200.0 * 1.5] * 9 + [99999.0]  # 1.5x slower; the one stall is trimmed
-    doc["records"] += [
-        {"kind": "io", "tool": "engine", "backend": "pread", "qd": 4, "batch_rows": 48, "round": 0, "probe": "r0-c1",
-         "batch_us": slow, "rows": 480, "reads": 480},
-        {"kind": "io", "tool": "engine", "backend": "pread", "qd": 4, "batch_rows": 48, "round": 0, "probe": "r0-c1",
-         "batch_us": [1200.0 * 1.3] * 10, "rows": 480, "reads": 480},
-        {"kind": "compute", "compute": "spin:2", "round": 0, "probe": "r0-c1", "samples_us": [2200.0, 2200.0]},
-        {"kind": "io", "tool": "engine", "backend": "serial", "qd": 1, "batch_rows": 48, "round": 0,
-         "probe": "r1-c0", "batch_us": [4800.0] * 10, "rows": 480, "reads": 480}]
+    read = [1803.0, 1503.0, 1803.0, 1503.0, 1803.0, 1503.0]  # hash 3 us + batches 1.1x..1.3x those calibrated
+    doc["records"] += [probe_rec("r0-c1", batch_us=read, compute_us=[2200.0] * 6),
+                       probe_rec("r1-c0", threshold=256, compute="none", batch_us=[4803.0] * 4)]
     cal = calibrate(doc)
     plain = calibrate(micro_doc())
     # probes never enter the fit itself
     assert cal.device("pread").batch_dist(48, 4).mean == pytest.approx(plain.device("pread").batch_dist(48, 4).mean)
     w = cal.windows["r0-c1"]
-    ref = cal.device("pread").batch_dist(48, 4)
-    u = np.linspace(0, 0.9, 257)
-    base = np.mean(ref.quantile((u[1:] + u[:-1]) / 2))
-    assert w["device_high"] == pytest.approx(1800 * US / base) and w["device_low"] == pytest.approx(1560 * US / base)
-    assert w["compute"] == pytest.approx(2200 / 2000, rel=1e-3)
-    assert cal.windows["r1-c0"]["compute"] is None
+    base = cal.device("pread", "spin:2").batch_dist(48, 4).mean
+    assert w["device"] == pytest.approx((np.mean(read) - 3.0) * US / base, rel=1e-9)
+    assert w["compute"] == pytest.approx(2200 * US / cal.compute_model("spin:2").mean, rel=1e-9) and w["probe_steps"] == 6
+    # neighbouring steps differ by 300 us: sqrt(300^2 / 2) / 1653, over sqrt(6) for the mean's error
+    assert w["read_se"] == pytest.approx(300 / np.sqrt(2) / 1653 / np.sqrt(6), rel=1e-6)
+    assert w["compute_se"] == 0.0 and w["sessions"] == 1 and w["fit_simulations"] == 0
+    serial = cal.windows["r1-c0"]  # threshold 256: the 48 rows are read one after the other
+    assert serial["compute"] is None
+    assert serial["device"] == pytest.approx(4800 * US / cal.device("pread").batch_dist(48, 1).mean, rel=1e-9)
     dev, comp = cal.window_models("pread", "spin:2", "r0-c1")
     base_dev, base_comp = cal.window_models("pread", "spin:2", None)
     assert dev.batch_dist(48, 4).mean == pytest.approx(base_dev.batch_dist(48, 4).mean * w["device"])
     assert comp.mean == pytest.approx(base_comp.mean * w["compute"])
-    slow_dev, _ = cal.window_models("pread", "spin:2", "r0-c1", z=1.645)
-    fast_dev, _ = cal.window_models("pread", "spin:2", "r0-c1", z=-1.645)
-    assert fast_dev.batch_dist(48, 4).mean < dev.batch_dist(48, 4).mean < slow_dev.batch_dist(48, 4).mean
+    assert "windows      2 probed" in cal.summary()
     again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert again.windows == cal.windows
 

@@ -13,8 +13,8 @@ from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
-from sim.crosscheck import (CDF_PERCENTILES, QUIET_TARGETS, TARGETS, capacity, crosscheck, crosscheck_files,
-                            markdown_table, predict, regime)
+from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, QUIET_TARGETS, TARGETS, capacity, crosscheck,
+                            crosscheck_files, markdown_table, median_interval, predict, regime, run_sd)
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -92,7 +92,7 @@ def measured(tmp_path_factory):
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 2, "threads"),
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 3, "threads")]
     measure(path, cfgs, d, rounds=3, depths=(1, 4), fio=False, io_batches=8, io_chunks=2, big_seconds=0.01,
-            single_rows=8, compute_samples=10, warmup=3, probe_batches=6, probe_compute_samples=3,
+            single_rows=8, compute_samples=10, warmup=3, probe_every=3,
             shared_seconds=0.03, cache_batches=4, capacity_target=100.0, progress=False)
     calibrate_file(d / "microbench.json", d / "calibration.json")
     return d
@@ -123,12 +123,21 @@ def test_crosscheck_table(measured):
         # every run predicted in its own probed window; the interval holds the prediction
         assert p["windows"] == 3 and row["interval"]["low"] <= p["tokens_per_s"] <= row["interval"]["high"]
         assert row["inside_interval"] == (row["interval"]["low"] <= m["tokens_per_s"] <= row["interval"]["high"])
+        # each run's log-normal spread comes from its window's uncertainty; the calibrated-only figure beside it
+        sd = np.array(row["interval"]["run_sd"])
+        assert sd.shape == (3,) and np.all(sd > 0) and 0 <= row["runs_inside"] <= 3
+        runs_p = np.array(p["tokens_per_s_runs"])
+        assert row["interval"]["low"] == pytest.approx(np.median(runs_p * np.exp(-1.645 * sd)))
+        assert row["interval"]["high"] == pytest.approx(np.median(runs_p * np.exp(1.645 * sd)))
+        assert row["runs_inside"] == int(np.sum(np.abs(np.log(tps / runs_p)) <= 1.645 * sd))
+        assert row["interval"]["independent_low"] <= p["tokens_per_s"] <= row["interval"]["independent_high"]
+        assert e["tokens_per_s_calibrated"] == pytest.approx(p["tokens_per_s_calibrated"] / m["tokens_per_s"] - 1)
     for row in res["session_rows"]:
         mine = [r for r in runs["runs"] if r["config"] == row["key"]]
         assert row["measured"]["slowest_tokens_per_s"] == pytest.approx(
             np.median([r["slowest_tokens_per_s"] for r in mine]))
         assert row["predicted"]["slowest_tokens_per_s"] <= row["predicted"]["tokens_per_s"] + 1e-9
-        assert row["predicted"]["start_spread_s"] > 0 and row["measured"]["threads"] > 0
+        assert row["measured"]["threads"] > 0
     (cap,) = res["capacity"]
     assert cap["sessions"] == [2, 3] and cap["target_tokens_per_s"] == 100.0
     assert cap["measured_capacity"] in (0, 2, 3) and cap["within_one_step"] == (
@@ -142,6 +151,9 @@ def test_crosscheck_table(measured):
     assert s["tokens_per_s"]["max_abs_error"] == pytest.approx(errs.max())
     assert s["configurations"] == len(runs["configs"]) and s["runs"] == 3 * len(runs["configs"]) and s["rows_match"]
     assert s["passed"] == all(s["pass"].values())
+    assert s["runs_inside"] == sum(r["runs_inside"] for r in every) and s["windows_probed"] == s["runs"]
+    cal_errs = np.abs([r["error"]["tokens_per_s_calibrated"] for r in every])
+    assert s["calibrated_only"]["max_abs_error"] == pytest.approx(cal_errs.max())
     assert s["regime"]["name"] in ("quiet", "loaded")
     use = TARGETS if s["regime"]["name"] == "loaded" else QUIET_TARGETS
     assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= use["tokens_per_s_max_abs"])
@@ -151,6 +163,7 @@ def test_crosscheck_table(measured):
     assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + len(res["rows"]) + 1 + 2
     assert "base_events" in md and "serial" in md and ("PASS" in md) == s["passed"]
     assert f"Regime: {s['regime']['name']}" in md and "Capacity (threads" in md
+    assert f"each run inside its own 90% interval: {s['runs_inside']} of {s['runs']}" in md
     for b in left:
         assert f"Backends left out: {b}" in md
 
@@ -211,6 +224,31 @@ def test_commands(capsys, measured, tmp_path):
     assert "microbenchmarks only" in capsys.readouterr().err
     assert main(["measure", str(work), "--model", model, "--scale", "0.001", "--no-progress"]) == 2
     assert "scale" in capsys.readouterr().err
+
+
+def test_median_interval_known_answers():
+    """The interval of the median over runs of log-normal draws: exact without spread, 1.645 sd for one run."""
+    assert median_interval([100.0, 120.0, 90.0], [0.0, 0.0, 0.0]) == pytest.approx((100.0, 100.0))
+    low, high = median_interval([200.0], [0.1], draws=20000)
+    assert low == pytest.approx(200 * np.exp(-INTERVAL_Z * 0.1), rel=0.01)
+    assert high == pytest.approx(200 * np.exp(INTERVAL_Z * 0.1), rel=0.01)
+    # the median of three runs: NumPy's own draws of the same model
+    c, sd = np.array([100.0, 110.0, 95.0]), np.array([0.05, 0.1, 0.02])
+    z = np.random.default_rng([0, 15]).standard_normal((4000, 3))
+    med = np.median(np.log(c) + z * sd, axis=1)
+    assert median_interval(c, sd) == pytest.approx(tuple(np.exp(np.quantile(med, [0.05, 0.95]))), rel=1e-12)
+
+
+def test_run_sd_adds_the_windows_uncertainties():
+    cal = point_calibration()
+    cal.windows = {"r0-c0": {"device": 1.2, "compute": 1.0, "read_se": 0.04, "compute_se": 0.02, "step_cv": 0.3}}
+    cfg = RunConfig(CODE_SOURCE, 8, "pread", 4, "spin:1", 100, 4, "threads")
+    pred = {"read_share": 0.6, "compute_share": 0.4, "sim_se": 0.01}
+    want = np.sqrt((0.6 * 0.04) ** 2 + (0.4 * 0.02) ** 2 + 0.3 ** 2 / 400 + 0.01 ** 2)
+    assert run_sd(cal, cfg, {"window": "r0-c0"}, pred) == pytest.approx(want, rel=1e-12)
+    slow = np.sqrt((0.6 * 0.04) ** 2 + (0.4 * 0.02) ** 2 + 0.3 ** 2 / 100 + 0.01 ** 2)
+    assert run_sd(cal, cfg, {"window": "r0-c0"}, pred, slowest=True) == pytest.approx(slow, rel=1e-12)
+    assert run_sd(cal, cfg, {"window": "r9-c9"}, pred) == 0.01  # not probed: the simulation's own error alone
 
 
 def test_regime_from_the_background():

@@ -305,6 +305,24 @@ def test_random_phases_are_the_default_and_lockstep_is_an_option(code):
         simulate_decode(code, "seed-apple-m3-ultra", phases="random", start_spread=1e-3)
 
 
+def test_measured_start_offsets_as_phases(code):
+    """``Phases.at``: each session starts at its own given time; the same starts as ``spread`` give its answer."""
+    from sim.params import Phases
+
+    args = dict(policy=Policy(), compute=Compute(47.013e-3), sessions=4, steps=30)
+    at = Phases.at([0.0, 0.01, 0.02, 0.03])
+    assert at.offsets(4, 1.0, np.random.default_rng(0)) == [0.0, 0.01, 0.02, 0.03]
+    assert Phases.parse("offsets:0,10,20,30") == at and str(at) == "offsets:0,10,20,30"
+    spread = simulate_decode(code, "seed-apple-m3-ultra", phases="spread:40", **args)
+    given = simulate_decode(code, "seed-apple-m3-ultra", phases=at, **args)
+    assert np.array_equal(given.step_latencies, spread.step_latencies)
+    with pytest.raises(ArgumentError, match="3 offsets for 4 sessions"):
+        simulate_decode(code, "seed-apple-m3-ultra", phases="offsets:0,1,2", **args)
+    for bad in ("offsets:", "offsets:1,x", "offsets:-1,2"):
+        with pytest.raises(ArgumentError, match="offsets"):
+            Phases.parse(bad)
+
+
 # ------------------------------------------------------------ wrapped traces (issue 14.6)
 def test_a_wrapped_trace_warns_everywhere(caplog, monkeypatch):
     monkeypatch.setattr(decode_reads, "_LOGGED", set())

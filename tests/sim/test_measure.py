@@ -15,9 +15,10 @@ from tests.modelfiles import SCALE, token_map as _token_map
 from sim.io import load_json
 from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
                          compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
-                         grid, hash_microbench, io_microbench, io_probe, io_shared, is_quiet, measure, quick_grid,
-                         segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
+                         grid, hash_microbench, io_microbench, io_shared, is_quiet, measure, quick_grid,
+                         probe_record, segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
 from sim.measure.microbench import open_tables
+from sim.measure.runs import session_loop
 from sim.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from sim.trace import CODE_SOURCE, load_trace
 
@@ -180,8 +181,9 @@ def test_decode_run_reads_the_trace_rows(model, threshold, backend):
         assert len(r[k]) == 60
     step, read, comp = (np.array(r[k]) for k in ("step_us", "read_us", "compute_us"))
     assert np.all(read + comp <= step + 0.05) and np.all(comp >= 200)
-    assert r["tokens_per_s"] == pytest.approx(60 / r["wall_s"])
-    assert 60 / r["tokens_per_s"] >= step.sum() * 1e-6
+    # the steps run back to back: each from the end of the one before, so they add up to the loop's wall time
+    assert r["tokens_per_s"] == pytest.approx(60 / (step.sum() * 1e-6), rel=1e-5)
+    assert step.sum() * 1e-6 == pytest.approx(r["wall_s"], abs=1e-4)
     assert r["concurrent_steps"] == (60 if threshold == 8 else 0)
     assert 40 <= r["rows_distinct_mean"] <= 48
     assert r["step_ms"]["p50"] == pytest.approx(np.median(step) / 1e3, rel=1e-3)
@@ -269,12 +271,12 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert all(r["rows_match"] for r in runs["runs"])
     # every run read its own stretch of the trace
     assert sorted(r["start"] for r in runs["runs"]) == [0, 25, 50, 75]
-    # every run sits between two probes of its window: 48-row batches at its readers, and its compute
+    # every run's probe steps (before every 2nd of its 25 steps and after the last: 14) are one record of its window
     for run in runs["runs"]:
-        probes = [r for r in micro["records"] if r.get("probe") == run["window"]]
-        assert [r["kind"] for r in probes].count("io") == 2 and all(len(r["batch_us"]) == 30 for r in probes
-                                                                    if r["kind"] == "io")
-        assert [r["kind"] for r in probes].count("compute") == (2 if "spin" in run["config"] else 0)
+        (probe,) = [r for r in micro["records"] if r.get("probe") == run["window"]]
+        assert probe["tool"] == "session" and probe["every"] == 2 and run["probe_steps"] == 14
+        assert len(probe["batch_us"]) == len(probe["compute_us"]) == 14 and probe["session_steps"] == 39
+        assert min(probe["compute_us"]) >= (200 if "spin" in run["config"] else 0)
     micro["records"] = [r for r in micro["records"] if not r.get("probe")]
     think = [r for r in micro["records"] if r.get("think")]
     # two chunks a round of the compute between batches; four chunks of serial batches (read by the serial run)
@@ -362,7 +364,7 @@ def test_sessions_run_reads_distinct_stretches(model, mode):
     assert r["starts"] == [50, 80, 110] and len(r["session_tokens_per_s"]) == 3
     assert r["slowest_tokens_per_s"] == min(r["session_tokens_per_s"])
     assert r["tokens_per_s"] == pytest.approx(np.mean(r["session_tokens_per_s"]))
-    assert r["aggregate_tokens_per_s"] == pytest.approx(90 / r["wall_s"])
+    assert r["aggregate_tokens_per_s"] == pytest.approx(sum(r["session_tokens_per_s"]))
     # the phases: session i starts about i * stagger / 3 after the first, never before it
     off = r["start_offsets_s"]
     assert off[0] == 0.0 or min(off) == 0.0
@@ -373,21 +375,55 @@ def test_sessions_run_reads_distinct_stretches(model, mode):
         sessions_run(model, tr, cfg, start=150)
 
 
-def test_shared_reads_probe_and_cache_check(model):
+def test_shared_reads_and_cache_check(model):
     rec = io_shared(model.info, np.random.default_rng(1), "pread", 2, 3, 0.05, 0)
     assert rec["qd"] == 6 and rec["submitters"] == 3 and rec["readers"] == 2 and rec["batch_rows"] == 48
     assert rec["batches"] >= 3 and rec["reads"] >= 3 * 40 and rec["reads_per_s"] == pytest.approx(
         rec["reads"] / rec["wall_s"])
     tables = open_tables(model.info)
     try:
-        p = io_probe(tables, np.random.default_rng(2), "serial", 1, 5, "r0-c1", 0)
-        assert p["probe"] == "r0-c1" and len(p["batch_us"]) == 5 and p["backend"] == "serial"
         c = cache_check(tables, np.random.default_rng(3), 6, 0)
         assert c["kind"] == "cache" and len(c["cold_us"]) == len(c["warm_us"]) == 6
         assert c["warm_over_cold"] == pytest.approx(np.mean(c["warm_us"]) / np.mean(c["cold_us"]), rel=1e-3)
     finally:
         for t in tables:
             t.close()
+
+
+# ------------------------------------------------------------------ probe steps
+@pytest.mark.parametrize("backend", ["pread", "io_uring"])
+def test_probe_steps_interleaved_with_the_trace_steps(model, backend):
+    """Probe steps (random token ids) sit before every 3rd trace step and after the last; the trace steps still read
+    the trace's rows (the history is restored around each probe), and trace and probe steps add up to the loop."""
+    tr = load_trace(CODE_SOURCE, limit=60, layout=model.layout)
+    cfg = RunConfig(CODE_SOURCE, 8, backend, 4, "sleep:1", 10)
+    r = session_loop(model, tr, cfg, start=20, warmup=2, probe_every=3, probe_seed=7)
+    assert r["rows_match"] and r["step_s"].size == 10 and r["probe_read_s"].size == 5  # before 0, 3, 6, 9 and 10
+    assert np.all(np.diff(r["probe_t"]) > 0) and r["probe_t"][0] == 0.0
+    assert r["probe_comp_s"].min() >= 1e-3 and np.all(r["probe_distinct"] > 40)  # fresh random rows, ~48 distinct
+    total = r["step_s"].sum() + r["probe_read_s"].sum() + r["probe_comp_s"].sum()
+    assert total == pytest.approx(r["t_end"] - r["t_first"], abs=1e-4)
+    rec = probe_record(cfg, "r1-c3", 1, [r], 3)
+    assert rec["probe"] == "r1-c3" and rec["tool"] == "session" and rec["kind"] == "io" and rec["every"] == 3
+    assert rec["session_steps"] == 15 and rec["offsets_s"] == [0.0] and rec["sessions"] == 1
+    assert rec["batch_us"] == pytest.approx(r["probe_read_s"] * 1e6, abs=0.01)
+    assert rec["rows"] == int(r["probe_distinct"].sum()) and rec["compute"] == "sleep:1"
+    assert probe_record(cfg, "w", 0, [session_loop(model, tr, cfg, start=20, warmup=1)], 0) is None
+    run = decode_run(model, tr, cfg, start=20, warmup=1, probe_every=3)
+    assert run["probe_steps"] == 5 and run["probe_every"] == 3 and len(run["_probe"]) == 1
+    assert run["tokens_per_s"] == pytest.approx(10 / (np.sum(run["step_us"]) * 1e-6), rel=1e-4)
+
+
+def test_probe_steps_of_several_sessions(model):
+    tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
+    cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "sleep:1", 12, 2, "threads")
+    run = sessions_run(model, tr, cfg, start=10, warmup=1, stagger=0.002, probe_every=4, probe_seed=3)
+    assert run["rows_match"] and run["probe_steps"] == 4
+    rec = probe_record(cfg, "r0-c2", 0, run["_probe"], 4)
+    assert rec["sessions"] == 2 and rec["session"] == [0] * 4 + [1] * 4 and len(rec["t_us"]) == 8
+    assert rec["offsets_s"] == pytest.approx(run["start_offsets_s"]) and rec["session_steps"] == 16
+    # each session's probe times count from the first session's start
+    assert rec["t_us"][4] == pytest.approx(rec["offsets_s"][1] * 1e6, abs=1.0)
 
 
 def test_cache_and_size_warnings():
@@ -431,7 +467,7 @@ from sim.schema import RunConfig
 cfgs = [RunConfig({CODE_SOURCE!r}, 8, "io_uring", 4, "none", 20),
         RunConfig({CODE_SOURCE!r}, 8, "pread", 2, "sleep:1", 20, 2, "threads")]
 res = measure({str(model_path)!r}, cfgs, {str(tmp_path)!r}, rounds=1, depths=(1, 2), fio=False, io_batches=3,
-              big_seconds=0.0, single_rows=2, compute_samples=3, warmup=1, probe_batches=4, shared_seconds=0.02,
+              big_seconds=0.0, single_rows=2, compute_samples=3, warmup=1, probe_every=4, shared_seconds=0.02,
               cache_batches=3, progress=False)
 print(json.dumps(res["backends"]))
 """
@@ -445,7 +481,9 @@ print(json.dumps(res["backends"]))
     micro = load_json(tmp_path / "microbench.json")
     assert runs["backends"] == micro["backends"] == be
     (run,) = runs["runs"]
-    assert run["sessions"] == 2 and run["rows_match"] and run["window"] == "r0-c0"
+    assert run["sessions"] == 2 and run["rows_match"] and run["window"] == "r0-c0" and run["probe_every"] == 4
+    (probe,) = [r for r in micro["records"] if r.get("probe")]
+    assert probe["probe"] == "r0-c0" and probe["sessions"] == 2 and len(probe["batch_us"]) == 2 * 6
     shared = [r for r in micro["records"] if r.get("submitters")]
     assert [(r["backend"], r["qd"]) for r in shared] == [("pread", 4)]
     assert micro["params"]["backends"] == ["pread"]
