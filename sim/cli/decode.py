@@ -1,0 +1,202 @@
+"""``engram sim decode``, ``prefill`` and ``device``: one prediction on one device model, and the model itself."""
+
+from __future__ import annotations
+
+from engram.cli import print_json
+from engram.errors import ArgumentError
+
+from ..decode import fit_compute, reference_compute, simulate_decode
+from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
+from ..params import BACKENDS, Policy
+from ..prefill import simulate_prefill
+from .options import (_add_common, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
+                      _trace, _typed_os_errors)
+
+
+def _decode_compute(args, tr, dev, policy) -> tuple:
+    """(compute seconds a step, how it was chosen): given, or fitted on the reference device and kept for
+    every device (``--refit``: on this device)."""
+    fitting = args.fit_tokens_per_s is not None or args.fit_threshold is not None or args.refit
+    if args.compute_ms is not None:
+        if fitting:
+            raise ArgumentError("--fit-threshold and --refit apply when the compute is fitted, not with "
+                                "--compute-ms")
+        return args.compute_ms * 1e-3, None
+    ref = SEED_REFERENCE
+    target = args.fit_tokens_per_s or ref["serial_tokens_per_s"]
+    thr = args.fit_threshold if args.fit_threshold is not None else ref["serial_threshold"]
+    if args.refit:
+        fit_policy = Policy(threshold=thr, backend=policy.backend, readers=policy.readers,
+                            batch_overhead=policy.batch_overhead)
+        c = fit_compute(target, tr, dev, fit_policy, mode=args.mode, seed=args.seed)
+        on = dev.name
+    elif target == ref["serial_tokens_per_s"] and thr == ref["serial_threshold"]:
+        c, on = reference_compute(tr, mode=args.mode), ref["device"]
+    else:
+        fit_policy = Policy(threshold=thr, readers=ref["readers"])
+        c = fit_compute(target, tr, ref["device"], fit_policy, mode=args.mode, seed=args.seed)
+        on = ref["device"]
+    return c, {"tokens_per_s": target, "threshold": thr, "compute_ms": c * 1e3, "fitted_on": on,
+               "refit": bool(args.refit)}
+
+
+def _cmd_decode(args) -> int:
+    tr = _trace(args)
+    dev = _device(args)
+    policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers,
+                     shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction)
+    compute_s, fitted = _decode_compute(args, tr, dev, policy)
+    r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
+                        mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
+                        hot=args.dram_rows, tail=args.tail, calibration=args.calibration, bins=args.bins,
+                        progress=not args.no_progress)
+    if args.json:
+        d = r.to_dict()
+        d["fitted_compute"] = fitted
+        print_json(d)
+        return 0
+    if fitted:
+        kept = "" if fitted["refit"] or fitted["fitted_on"] == r.device["name"] else \
+            f", kept for {r.device['name']} (compute belongs to the model, not the disk; --refit fits it here)"
+        print(f"compute   {fitted['compute_ms']:.4f} ms a step, fitted on {fitted['fitted_on']} so that threshold "
+              f"{fitted['threshold']} gives {fitted['tokens_per_s']} tokens/s{kept}")
+    print(r.summary())
+    return 0
+
+
+def _add_decode(sub) -> None:
+    p = sub.add_parser("decode", help="predict decode tokens/s (simpy model)",
+                       description="Replay real token traces through a device model and a read policy and "
+                                   "predict decode tokens/s, step latency percentiles and device utilisation "
+                                   "(SPEC §9). Without --compute-ms the compute of a step is that of the SPEC §8 "
+                                   "reference run -- fitted on the reference device so that threshold 256 gives "
+                                   "19.16 tokens/s -- and kept whatever --device: compute belongs to the model "
+                                   "and its accelerator, not to the disk (--refit fits it on --device instead). "
+                                   "Sessions start at random phases (--phases).")
+    _add_trace_source(p, "stdlib:asyncio/base_events.py")
+    _add_common(p)
+    _add_policy(p)
+    g = p.add_argument_group("decode")
+    g.add_argument("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)")
+    g.add_argument("--steps", type=int, help="steps per session (default: the trace length; longer runs replay "
+                                             "the trace, with a warning)")
+    g.add_argument("--phases", metavar="random|lockstep|spread:MS",
+                   help="when sessions start: random (default; each at a random time within one step, seeded: "
+                        "independent sessions as a server sees them), lockstep (all at once: the worst case), "
+                        "spread:MS (session i at i x MS / sessions ms)")
+    g.add_argument("--start-spread-ms", type=float, help="deprecated: --phases spread:MS")
+    g.add_argument("--cache-rows", type=int, default=0, help="per-session LRU row cache in rows (default 0)")
+    g.add_argument("--shared-cache-rows", type=int, default=0,
+                   help="one LRU row cache shared by all sessions, rows (default 0)")
+    g.add_argument("--dram-fraction", type=float, default=0.0,
+                   help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
+    g.add_argument("--dram-rows", metavar="FILE.npy",
+                   help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]")
+    g.add_argument("--drives", type=int, default=1, help="identical drives the tables are striped over by row id "
+                                                         "(default 1)")
+    g.add_argument("--tail", metavar="DEVICE",
+                   help="take the latency distribution (tail) of this measured device at every depth, keeping "
+                        "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)")
+    g.add_argument("--overlap-layers", type=int, default=0,
+                   help="layers of compute before the second table's rows are needed (default 0: none; at most "
+                        "--layers)")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--compute-ms", type=float, help="mean compute time of a step, ms")
+    c.add_argument("--fit-tokens-per-s", type=float,
+                   help="fit the compute so that --fit-threshold gives this rate on the reference device "
+                        "(default 19.16)")
+    g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
+    g.add_argument("--refit", action="store_true",
+                   help="fit the compute on --device instead of the reference device (a slower disk then "
+                        "gets less compute: for reproducing a measured run, not for comparing devices)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_typed_os_errors(_cmd_decode))
+
+
+def _cmd_prefill(args) -> int:
+    if args.compute_tokens_per_s is not None:
+        if args.compute_tokens_per_s <= 0:
+            raise ArgumentError(f"--compute-tokens-per-s must be > 0, got {args.compute_tokens_per_s}")
+        per_token = 1.0 / args.compute_tokens_per_s
+    else:
+        per_token = args.compute_us_per_token * 1e-6
+    if args.trace is None:
+        args.trace = "shared:agent_prompt_long.txt"
+    tr = _trace(args)
+    r = simulate_prefill(tr, _device(args), _policy(args), _compute(args, per_token),
+                         chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
+                         mode=args.mode, seed=args.seed, bins=args.bins, progress=not args.no_progress)
+    if args.json:
+        print_json(r.to_dict())
+    else:
+        print(r.summary())
+    return 0
+
+
+def _add_prefill(sub) -> None:
+    p = sub.add_parser("prefill", help="predict prefill time and stalls of one prompt",
+                       description="A prompt's rows are hashed, then streamed by one background reader per "
+                                   "table in chunks; compute runs layer by layer and waits at an Engram layer "
+                                   "until its chunk is read (SPEC §8). Predicts prefill time and stalls.")
+    _add_trace_source(p, "shared:agent_prompt_long.txt")
+    _add_common(p)
+    _add_policy(p)
+    g = p.add_argument_group("prefill")
+    c = g.add_mutually_exclusive_group(required=True)
+    c.add_argument("--compute-tokens-per-s", type=float, help="prefill speed of compute alone, tokens/s")
+    c.add_argument("--compute-us-per-token", type=float, help="compute per token through all layers, us")
+    g.add_argument("--chunk", type=int, default=2048, help="tokens per reader chunk (default 2048)")
+    g.add_argument("--ubatch", type=int, help="tokens per compute micro-batch (default: --chunk)")
+    g.add_argument("--second-start-layer", type=int, default=2,
+                   help="layer at which the second table's reader starts (default 2)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_typed_os_errors(_cmd_prefill))
+
+
+def _cmd_device(args) -> int:
+    if args.name is None:
+        names = preset_names()
+        if args.json:
+            print_json({"presets": names, "forms": DEVICE_FORMS})
+        else:
+            print("presets: " + ", ".join(names))
+            print(f"forms:   {DEVICE_FORMS}")
+        return 0
+    spec = str(args.name)
+    if args.calibration and not (spec == "calibrated" or spec.startswith("calibrated:")):
+        raise ArgumentError("--calibration applies to the device 'calibrated' (or calibrated:BACKEND)")
+    dev = load_device(spec, args.calibration, backend=args.backend)
+    saved = str(dev.save(args.save)) if args.save else None
+    info = dev.describe()
+    if args.qd:
+        info["table"] = dev.table(args.qd)
+    if args.json:
+        info["saved"] = saved
+        print_json(info)
+        return 0
+    print(f"device  {info['name']} ({info['kind']})")
+    print(f"source  {info['source']}")
+    for key, d in info.get("derived", {}).items():
+        print(f"derived {key} = {d['value']:g}: {d['rule']}")
+    print(f"serves  {info['saturation_depth']} reads at once; peak {info['peak_iops']:.0f} IOPS")
+    print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}")
+    for r in info["table"]:
+        print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}")
+    if saved:
+        print(f"saved   {saved}")
+    return 0
+
+
+def _add_device(sub) -> None:
+    p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
+                       description="Print a device model's per-read latency and IOPS at each queue depth and "
+                                   "what was derived from what was given; with no name, list the presets and "
+                                   "the accepted forms. Every command reads devices the same way.")
+    p.add_argument("name", nargs="?", help=DEVICE_FORMS)
+    p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
+    p.add_argument("--backend", choices=BACKENDS, default="pread",
+                   help="backend whose device to take from a calibration (default pread)")
+    p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
+    p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_typed_os_errors(_cmd_device))

@@ -1,0 +1,256 @@
+"""``engram measure``, ``engram calibrate`` and ``engram crosscheck``: the real engine timed, the models fitted
+to its microbenchmarks, and every measured run predicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from engram.cli import print_json
+from engram.errors import ArgumentError
+
+from ..calibrate import calibrate_file
+from ..crosscheck import crosscheck_files, markdown_table
+from ..io import load_json
+from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, Settings, default_grid,
+                       ensure_model, grid, measure, quick_grid, session_grid)
+from ..params import BACKENDS
+from ..schema import SESSION_MODES, RunConfig
+from .options import _ints, _strs, _typed_errors
+
+
+def _measure_configs(args) -> list:
+    """The configurations of ``engram measure``: the product of the axes given, else the quick or default grid,
+    plus every ``--config``, without repeats."""
+    steps = args.steps or (60 if args.quick else 200)
+    axes = (args.traces, args.thresholds, args.backends, args.readers, args.computes)
+    if any(a is not None for a in axes):
+        configs = grid(args.traces or list(DEFAULT_TRACES), args.thresholds or [8, 256],
+                       args.backends or list(BACKENDS), args.readers or [4, 16], args.computes or ["none"], steps)
+    elif args.quick:
+        configs = quick_grid(args.steps or 60)
+    elif args.config or args.sessions:
+        configs = []
+    else:
+        configs = default_grid(args.steps or 200, args.io_steps, args.mixer_steps)
+    configs += [RunConfig.parse(t, steps) for t in args.config or ()]
+    if args.sessions:
+        modes = args.modes or list(SESSION_MODES)
+        for m in modes:
+            if m not in SESSION_MODES:
+                raise ArgumentError(f"--modes: unknown mode {m!r} ({', '.join(SESSION_MODES)})")
+        configs += session_grid((args.traces or [DEFAULT_TRACES[0]])[0], args.session_steps or steps,
+                                args.sessions, modes)
+    for be in args.backends or ():
+        if be not in BACKENDS:
+            raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
+    seen, unique = set(), []
+    for c in configs:
+        if c.key not in seen:
+            seen.add(c.key)
+            unique.append(c)
+    return unique
+
+
+def _measure_settings(args) -> Settings:
+    """The settings of ``engram measure`` (``--quick``: short microbenchmarks, no waiting)."""
+    q = args.quick
+    return Settings(rounds=args.rounds or (2 if q else 7),
+                    depths=args.depths or ([1, 4, 16] if q else list(DEFAULT_DEPTHS)),
+                    micro=args.only != "runs", decode=args.only != "micro", fio=not args.no_fio,
+                    fio_seconds=args.fio_seconds or (0.2 if q else 0.5),
+                    io_batches=args.io_batches or (20 if q else 150), io_chunks=args.io_chunks or (2 if q else 8),
+                    big_seconds=0.05 if q else 0.1, single_rows=50 if q else 200,
+                    compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
+                    max_background_cpu=None if (args.no_wait or q) else args.max_background,
+                    max_background_iops=args.max_background_iops, wait_budget=args.wait_budget,
+                    capacity_target=args.capacity_target, probe_every=args.probe_every)
+
+
+@_typed_errors
+def _cmd_measure(args) -> int:
+    work = Path(args.workdir)
+    scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
+    configs = _measure_configs(args)
+    need_mixer = any(c.compute.startswith("mixer") for c in configs)
+    model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
+    ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,
+                 projections=need_mixer or not args.quick)
+    res = measure(model, configs, work, _measure_settings(args), progress=not args.no_progress)
+    res["model"] = str(model)
+    if args.json:
+        print_json(res)
+        return 0
+    print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
+          f"({res['waited_s']:.1f} s waiting for a quiet machine; model {model})")
+    print(f"backends  {', '.join(res['backends']['usable'])}"
+          + "".join(f"; left out {b}: {why}" for b, why in res["backends"]["left_out"].items()))
+    for w in res.get("warnings", []):
+        print(f"warning   {w}")
+    for k in ("microbench", "runs"):
+        if res[k]:
+            print(f"wrote     {res[k]}")
+    if res["runs"]:
+        doc = load_json(res["runs"], "decode_runs")
+        by = {}
+        for r in doc["runs"]:
+            by.setdefault(r["config"], []).append(r)
+        print(f"{'configuration':<62} {'tokens/s':>9} {'spread':>7} {'slowest':>8} {'p50 ms':>8} {'p95 ms':>8} "
+              f"{'threads':>7}")
+        for key, rs in by.items():
+            t = np.array([r["tokens_per_s"] for r in rs])
+            sp = (t.max() - t.min()) / np.median(t) if t.size > 1 else 0.0
+            slow = np.median([r.get("slowest_tokens_per_s", r["tokens_per_s"]) for r in rs])
+            print(f"{key:<62} {np.median(t):>9.1f} {sp * 100:>6.1f}% {slow:>8.1f} "
+                  f"{np.median([r['step_ms']['p50'] for r in rs]):>8.3f} "
+                  f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f} {max(r.get('threads', 0) for r in rs):>7}")
+        print(f"capacity  the largest session count whose slowest session reaches {args.capacity_target:g} tokens/s: "
+              "engram crosscheck gives it, measured and predicted")
+    return 0
+
+
+def _add_measure(sub) -> None:
+    p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
+                       description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
+                                   "file in the real format -> decode -> projection + gated add as the step's "
+                                   "compute) over real traces, for a grid of thresholds x readers x backends x "
+                                   "traces x compute, recording per step the read, compute and step time; and the "
+                                   "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
+                                   "by iodepth when installed, the step's compute, the hash). Writes "
+                                   "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
+                                   "other layers do not exist here: add an emulated load per step with a compute "
+                                   "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
+                                   "join with +). Default grid (29 configurations): compute spin:2 on the "
+                                   "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
+                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
+                                   "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
+                                   "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
+                                   "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; 2 to 32 as "
+                                   "processes sharing the device) on the novel, each session on its own stretch, "
+                                   "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
+                                   "recording every session's tokens/s, step latency, start offset and the threads "
+                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
+                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
+                                   "read backends that start here are measured; the others are named with the "
+                                   "reason.")
+    p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
+    g = p.add_argument_group("model file")
+    g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
+    g.add_argument("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
+                                               "--quick 0.001)")
+    g.add_argument("--no-build", action="store_true", help="fail instead of building a missing model file")
+    g = p.add_argument_group("grid (any axis given replaces the default grid by the product of the axes)")
+    g.add_argument("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)")
+    g.add_argument("--thresholds", type=_ints, help="thresholds (default 8,256)")
+    g.add_argument("--backends", type=_strs, help="pread and/or io_uring (default both)")
+    g.add_argument("--readers", type=_ints, help="readers = ring depths (default 4,16)")
+    g.add_argument("--computes", type=_strs, help="compute specs (default none)")
+    g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
+                   help="an extra configuration (repeatable)")
+    g.add_argument("--sessions", type=_ints, metavar="N,N,...",
+                   help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
+                        "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)")
+    g.add_argument("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
+                                               "device (default threads,processes)")
+    g.add_argument("--session-steps", type=int, help="steps of each session (default --steps)")
+    g.add_argument("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
+                   help=f"tokens/s the slowest session must reach to count in the capacity (default "
+                        f"{MEASURED_CAPACITY_TARGET:g})")
+    g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
+    g.add_argument("--io-steps", type=int, default=800,
+                   help="steps of the default grid's runs without compute (default 800)")
+    g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
+    g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
+    g.add_argument("--io-batches", type=int, help="48-row batches per microbenchmark chunk (default 150)")
+    g.add_argument("--io-chunks", type=int,
+                   help="chunks a round of 48-row batches where runs without compute read (default 8; --quick 2)")
+    g.add_argument("--probe-every", type=int, default=Settings.probe_every, metavar="K",
+                   help="a probe step (a random token id through the run's own sessions) before every K-th step "
+                        "of a decode run and after its last: the device and compute of the run's own time window "
+                        f"(default {Settings.probe_every}; 0: none)")
+    g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
+    g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
+    g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")
+    g.add_argument("--max-background", type=float, default=0.25, metavar="SHARE",
+                   help="wait before each task until other processes use at most this share of all CPUs (and "
+                        "--max-background-iops), and redo a task when they used more during it (default 0.25)")
+    g.add_argument("--max-background-iops", type=float, default=1000.0,
+                   help="disk requests a second by others on the model's device tolerated (default 1000)")
+    g.add_argument("--wait-budget", type=float, default=120.0,
+                   help="seconds of waiting for a quiet machine in all, then measure regardless (default 120)")
+    g.add_argument("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)")
+    g.add_argument("--quick", action="store_true",
+                   help="small and fast: 6 configurations x 60 steps, 2 rounds, depths 1,4,16, short "
+                        "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
+    g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_measure)
+
+
+@_typed_errors
+def _cmd_calibrate(args) -> int:
+    work = Path(args.workdir)
+    micro = Path(args.microbench) if args.microbench else work / "microbench.json"
+    out = Path(args.out) if args.out else work / "calibration.json"
+    cal = calibrate_file(micro, out, seed=args.seed)
+    if args.json:
+        d = cal.to_dict()
+        d["saved"] = str(out)
+        print_json(d)
+        return 0
+    print(cal.summary())
+    print(f"saved        {out}")
+    return 0
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's device and compute models from microbenchmarks",
+                       description="Fit the device model (per backend: 48-row batch service time by readers, read "
+                                   "latency by queue depth) and the compute model (measured step compute, "
+                                   "resampled) from WORKDIR/microbench.json only; decode runs are refused. "
+                                   "Writes WORKDIR/calibration.json (machine, file, date, fitted parameters).")
+    p.add_argument("workdir", help="directory of engram measure's results")
+    p.add_argument("--microbench", help="microbenchmark file (default WORKDIR/microbench.json)")
+    p.add_argument("--out", help="calibration file (default WORKDIR/calibration.json)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the diagnostic makespan sampling (default 0)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+@_typed_errors
+def _cmd_crosscheck(args) -> int:
+    work = Path(args.workdir)
+    cal = Path(args.calibration) if args.calibration else work / "calibration.json"
+    runs = Path(args.runs) if args.runs else work / "runs.json"
+    out = Path(args.out) if args.out else work / "crosscheck.json"
+    res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=not args.no_progress)
+    if args.json:
+        res["saved"] = str(out)
+        print_json(res)
+    else:
+        print(markdown_table(res))
+        print(f"\nsaved {out}")
+    return 1 if args.strict and not res["summary"]["passed"] else 0
+
+
+def _add_crosscheck(sub) -> None:
+    p = sub.add_parser("crosscheck", help="predict every measured run with the calibrated simulator; error table",
+                       description="Replay each measured configuration's trace through the simulator with the "
+                                   "calibrated device and compute models, and compare predicted with measured "
+                                   "tokens/s and step p50/p95 (medians over repeats), next to the spread of the "
+                                   "repeats. Targets: tokens/s median |error| <= 5%, max <= 10%; step p50 max "
+                                   "|error| <= 10%. Writes WORKDIR/crosscheck.json.")
+    p.add_argument("workdir", help="directory of engram measure's and engram calibrate's results")
+    p.add_argument("--calibration", help="calibration file (default WORKDIR/calibration.json)")
+    p.add_argument("--runs", help="decode runs file (default WORKDIR/runs.json)")
+    p.add_argument("--out", help="output file (default WORKDIR/crosscheck.json)")
+    p.add_argument("--sim-steps", type=int, help="simulated steps per configuration (default max(steps, 2000))")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_crosscheck)

@@ -1,0 +1,179 @@
+"""What the simulator's commands share: argument groups, parsing of their values into the simulator's objects,
+and the decorators that make a command's ordinary file failures typed errors."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+from engram.errors import ArgumentError, EngramError, TableIOError
+
+from ..device import DEVICE_FORMS, load_device
+from ..io import OutputError
+from ..params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD,
+                      Compute, Phases, Policy)
+from ..trace import CODE_SOURCE, load_trace
+
+
+_DEFAULT_DEVICE = "seed-apple-m3-ultra"
+
+
+def _typed_os_errors(func):
+    """A command whose ordinary failures of the system on a file (no permission, a full disk, a missing or
+    read-only folder) end as a typed error naming the file, never a traceback."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except EngramError:
+            raise
+        except OSError as exc:
+            if exc.filename is None:  # not a file's failure (a closed pipe): the caller's to handle
+                raise
+            err = OutputError(f"{exc.filename}: {exc.strerror or exc.__class__.__name__}")
+            err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+            raise err from None
+    return run
+
+
+def _ints(text: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _trace(args):
+    return load_trace(args.trace or CODE_SOURCE, limit=args.limit)
+
+
+def _add_trace_source(p, default_help: str) -> None:
+    p.add_argument("--trace", metavar="SOURCE",
+                   help="trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, text:TEXT, tokens:FILE, "
+                        f"or a .jsonl/.npz/.npy/text file (default {default_help})")
+    p.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
+
+
+def _add_policy(p) -> None:
+    g = p.add_argument_group("read policy (SPEC §8)")
+    g.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
+                   help=f"read concurrently from this many distinct rows a batch (default {DEFAULT_THRESHOLD})")
+    g.add_argument("--backend", choices=BACKENDS, default="pread",
+                   help="concurrent reads by a pread pool or an io_uring ring (default pread)")
+    g.add_argument("--readers", type=int,
+                   help="reads in flight of a concurrent batch, for either backend: pread threads or io_uring "
+                        f"queue depth, as in engram.Table and engram measure (default {DEFAULT_READERS})")
+    g.add_argument("--ring-depth", type=int, help="deprecated alias of --readers (io_uring only)")
+    g.add_argument("--batch-overhead-us", type=float, default=0.0,
+                   help="microseconds added to every concurrent batch (default 0)")
+
+
+def _add_common(p) -> None:
+    p.add_argument("--device", default=_DEFAULT_DEVICE,
+                   help=f"device: {DEVICE_FORMS} (default {_DEFAULT_DEVICE}; see engram sim device)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="calibration file (engram calibrate) for --device calibrated or calibrated:BACKEND")
+    p.add_argument("--compute-dist", default="constant", choices=COMPUTE_DISTS,
+                   help="distribution of compute time, with the given mean and --compute-cv (default constant)")
+    p.add_argument("--compute-cv", type=float,
+                   help="coefficient of variation of compute (normal: at most 0.85; exponential: 1 by definition)")
+    p.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
+                   help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})")
+    p.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                   help="fast: batches of reads share the device as segments; exact: every read is an event "
+                        "(default fast)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--bins", type=int, default=100, help="bins of the queue-depth timeline (default 100)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _readers(args) -> int:
+    """``--readers``, or its deprecated alias ``--ring-depth`` (io_uring only; both given must agree)."""
+    if args.ring_depth is not None:
+        if args.backend != "io_uring":
+            raise ArgumentError("--ring-depth applies to --backend io_uring only; use --readers (pread threads "
+                                "or io_uring depth)")
+        if args.readers is not None and args.readers != args.ring_depth:
+            raise ArgumentError(f"--ring-depth {args.ring_depth} and --readers {args.readers} differ: --ring-depth "
+                                "is a deprecated alias of --readers, give --readers only")
+        print("engram sim: --ring-depth is deprecated: --readers is the queue depth of either backend",
+              file=sys.stderr)
+        return args.ring_depth
+    return DEFAULT_READERS if args.readers is None else args.readers
+
+
+def _policy(args, **extra):
+    return Policy(threshold=args.threshold, backend=args.backend, readers=_readers(args),
+                  batch_overhead=args.batch_overhead_us * 1e-6, **extra)
+
+
+def _device(args):
+    """``--device`` (with ``--calibration`` for a calibrated one) through the one loader of every command."""
+    spec = str(args.device)
+    if args.calibration and not (spec == "calibrated" or spec.startswith("calibrated:")):
+        raise ArgumentError(f"--calibration applies to --device calibrated (or calibrated:BACKEND), not "
+                            f"{spec!r}; to use the calibration's device give it as --device FILE")
+    return load_device(spec, args.calibration, backend=args.backend)
+
+
+def _compute(args, mean: float):
+    cv = 0.0 if args.compute_cv is None else args.compute_cv
+    return Compute(mean, args.compute_dist, cv, (), args.layers)
+
+
+def _phases(args) -> Phases:
+    if args.start_spread_ms is not None:
+        if args.phases is not None:
+            raise ArgumentError("give --phases or --start-spread-ms (deprecated: --phases spread:MS), not both")
+        return Phases("spread", args.start_spread_ms * 1e-3) if args.start_spread_ms > 0 else Phases("lockstep")
+    return Phases.parse(args.phases or DEFAULT_PHASES)
+
+
+def _typed_errors(fn):
+    """A command whose ordinary failures (permissions, a full disk, a missing file) end in a typed error naming
+    the path, not a traceback."""
+    @functools.wraps(fn)
+    def run(args):
+        try:
+            return fn(args)
+        except EngramError:
+            raise
+        except OSError as exc:
+            where = exc.filename or "a file"
+            raise TableIOError(f"{where}: {exc.strerror or exc}", errno_=exc.errno or 0) from None
+
+    return run
+
+
+def _strs(text: str) -> list:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _progress_mode(args) -> str:
+    """``--quiet``: nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
+    if getattr(args, "quiet", False):
+        return "off"
+    return "lines" if args.no_progress else "auto"
+
+
+def _add_run_options(p, what: str) -> None:
+    """Options shared by ``sweep`` and ``capacity``: where and how the points run."""
+    p.add_argument("study", help="study TOML file")
+    p.add_argument("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
+                                 "are written as they finish")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: keep the finished rows of --out and run only the others")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
+    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: plain progress lines on stderr every few seconds instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _out_path(args) -> Path:
+    return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")

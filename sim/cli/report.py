@@ -1,0 +1,117 @@
+"""``engram report`` and ``engram demo``: the plotted report, and the main job that ends in it."""
+
+from __future__ import annotations
+
+import sys
+
+from engram.cli import print_json
+
+from ..capacity import CAPACITY_TARGET
+from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
+from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
+from .options import _progress_mode, _typed_errors, _typed_os_errors
+
+
+def _cmd_report(args) -> int:
+    try:
+        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
+                          html_page=not args.no_html, self_contained=not args.linked_figures, target=args.target,
+                          compute_ms=args.compute_ms, seeds=args.seeds, max_sessions=args.max_sessions,
+                          quick=args.quick, jobs=args.jobs, title=args.title, progress=_progress_mode(args))
+    except KeyboardInterrupt:
+        print(f"engram report: interrupted; {args.out} is incomplete", file=sys.stderr)
+        return 130
+    figs = sorted(p.name for p in (md.parent / "figures").glob("*.png"))
+    if args.json:
+        print_json({"report": str(md), "html": str(md.with_suffix(".html")) if not args.no_html else None,
+                    "self_contained": not args.linked_figures, "figures": figs})
+    else:
+        print(f"report    {md}" + ("" if args.no_html else f"  (and {md.with_suffix('.html')}"
+                                   + (", one self-contained file)" if not args.linked_figures else ")")))
+        print(f"figures   {len(figs)} in {md.parent / 'figures'}; their numbers in {md.parent / 'data'}")
+    return 0
+
+
+def add_report_command(subparsers) -> None:
+    """Add ``engram report``."""
+    p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
+                              description="Write a report folder (report.md, report.html, figures/*.png, "
+                                          "data/*.csv, inputs/). It leads with the answer: how many concurrent "
+                                          "sessions each device sustains at the target tokens/s (searched with a "
+                                          "seed ensemble; with the assumptions and the band over seeds), from its "
+                                          "own search and from every capacity table given; then the evidence: "
+                                          "the SPEC §8 seed reproduction, predicted vs measured with the error "
+                                          "band, tokens/s by threshold, readers and row-cache size, step-latency "
+                                          "CDFs, and the figures of sweep tables. Give a folder of engram measure "
+                                          "/ calibrate (/ crosscheck) results for this machine's figures; without "
+                                          "one, the figures use the device presets. report.html is one "
+                                          "self-contained file (figures and data embedded) to send on.")
+    p.add_argument("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
+                                              "crosscheck.json)")
+    p.add_argument("--out", default="reports/latest", help="report folder (default reports/latest)")
+    p.add_argument("--sweep", action="append", metavar="TABLE",
+                   help="sweep or capacity table to include (engram sim sweep / capacity; repeatable)")
+    p.add_argument("--trace", action="append", metavar="SOURCE",
+                   help="trace source of the what-if curves (repeatable; default: the measured traces, else "
+                        "Python source and prose from the standard library)")
+    g = p.add_argument_group("capacity search of the report")
+    g.add_argument("--target", type=float, default=CAPACITY_TARGET,
+                   help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--compute-ms", type=float,
+                   help="compute per step, ms (default: the SPEC §8 reference, ~47 ms)")
+    g.add_argument("--seeds", type=int, help=f"searches per device, each its own seeds (default {REPORT_SEEDS}; "
+                                              "--quick 2)")
+    g.add_argument("--max-sessions", type=int,
+                   help=f"largest session count probed (default {REPORT_MAX_SESSIONS}; --quick 128)")
+    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+    p.add_argument("--title", help="report title")
+    p.add_argument("--quick", action="store_true", help="shorter simulations, fewer points")
+    p.add_argument("--no-html", action="store_true", help="Markdown only")
+    p.add_argument("--linked-figures", action="store_true",
+                   help="report.html links figures/ and data/ by relative path instead of embedding them")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars: plain progress lines on stderr instead")
+    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_typed_os_errors(_cmd_report))
+
+
+@_typed_errors
+def _cmd_demo(args) -> int:
+    md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
+                  steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
+                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=not args.no_progress)
+    html_path = md.with_suffix(".html")
+    print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
+    return 0
+
+
+def add_demo_command(subparsers) -> None:
+    """Add ``engram demo``."""
+    p = subparsers.add_parser("demo", help="the main job: build, trace, look up, measure, calibrate, cross-check, "
+                                           "sweep, report",
+                              description="Run the whole mission on this machine: build a model file in the real "
+                                          "format (V4.1 Flash layout at a reduced scale), make traces from real "
+                                          "text that ships with Python (or --text), run lookups and gated adds, "
+                                          "the measured decode runs, the calibration, the cross-check and a small "
+                                          "sweep, and write the report (default reports/demo/). Several minutes "
+                                          "on 2 cores with an SSD (README states the measured time); the 4.4 GiB "
+                                          "model file is written once and reused on later runs.")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
+    p.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                   help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
+    p.add_argument("--text", action="append", metavar="FILE",
+                   help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable")
+    p.add_argument("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)")
+    p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
+    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)")
+    p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
+                        "each run is predicted with the device of its own time window)")
+    p.add_argument("--no-wait", action="store_true", help="never wait for a quiet machine (the default)")
+    p.add_argument("--no-html", action="store_true", help="Markdown report only")
+    p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
+    p.set_defaults(func=_cmd_demo)

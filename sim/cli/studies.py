@@ -1,0 +1,214 @@
+"""``engram sim sweep`` and ``engram sim capacity``: what-if studies over a grid, and the capacity of each
+configuration searched (sessions at a tokens/s target, or requests/s of a serving study)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from engram.cli import print_json
+from engram.errors import ArgumentError, EngramError
+
+from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
+                        phases_text, probes_path, run_capacity)
+from ..io import load_json
+from ..serve import ServeStudy
+from ..serve.search import probes_path as serve_probes_path
+from ..serve.search import knee_words, run_serve_capacity
+from ..serve.study import is_serve_study
+from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
+from .options import _add_run_options, _out_path, _progress_mode, _typed_os_errors
+
+
+def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
+    """Ctrl-C during a run: say where the finished rows (``rows``, default the table ``out``) are and how to
+    go on."""
+    rows = rows or out
+    meta = meta_path(rows)
+    done = "its finished rows are in"
+    try:
+        m = load_json(meta)
+        done = f"{m.get('points_done', '?')} finished rows are in"
+    except EngramError:
+        pass
+    print(f"engram sim {what}: interrupted; {done} {partial_path(rows)} (complete: false in {meta}); "
+          f"continue with --resume --out {out}", file=sys.stderr)
+    return 130
+
+
+def _cmd_sweep(args) -> int:
+    if is_serve_study(args.study):
+        raise ArgumentError(f"{args.study} is a serving study ([serve], [slo]): engram sim capacity {args.study} "
+                            "searches the requests/s of each configuration; engram sim serve "
+                            f"{args.study} --point N runs one")
+    study = Study.load(args.study)
+    if study.capacity is not None:
+        raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "
+                            f"{args.study}")
+    out = _out_path(args)
+    try:
+        res = run_study(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                        progress=_progress_mode(args), out=out, resume=args.resume)
+    except KeyboardInterrupt:
+        return _interrupted(out, "sweep")
+    axes = res.study.axes()
+    path = res.table
+    if args.json:
+        print_json({"table": str(path), "meta": str(meta_path(path)), "points": len(res.rows),
+                    "seconds": res.seconds, "runner": res.runner, "axes": axes, "resumed": res.resumed,
+                    "lost_runs": res.lost, "complete": res.complete})
+        return 0
+    print(f"study     {res.study.name}: {len(res.rows)} points over {', '.join(axes) or 'no varying axis'}")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}"
+          + (f"; {res.resumed} points taken from the earlier run" if res.resumed else "")
+          + (f"; {res.lost} point runs lost with their worker and run again" if res.lost else ""))
+    for line in _sweep_findings(res.rows, axes):
+        print(line)
+    print(f"wrote     {path} (+ .meta.json); plot it with: engram report --sweep {path}")
+    return 0
+
+
+def _sweep_findings(rows, axes) -> list:
+    """The lines that sum a sweep up: the best point, or with ``sessions`` varying, the capacity read off it."""
+    if "sessions" not in axes:
+        best = max(rows, key=lambda r: r["session_tokens_per_s"])
+        return ["best      " + (", ".join(f"{a}={best[a]}" for a in axes) or "the one point") +
+                f": {best['session_tokens_per_s']:.2f} tokens/s per session"
+                + (f" ({best['sessions']} sessions, phases {phases_text(best)})" if best["sessions"] > 1 else "")]
+    lines = []
+    for key, cap, bound, top in grid_capacities(rows, CAPACITY_TARGET):
+        what = ", ".join(f"{a}={v}" for a, v in key.items()) or "all points"
+        group = [r for r in rows if all(r[a] == v for a, v in key.items())]
+        phases = sorted({phases_text(r) for r in group if r["sessions"] > 1}) or [phases_text(group[0])]
+        lines.append(f"grid      {what}: {'>= ' if bound else ''}{cap} sessions at {CAPACITY_TARGET:g} tokens/s "
+                     f"(slowest session; read off the grid up to {top}; phases {' / '.join(phases)})")
+    lines.append("          (a grid only brackets the capacity: engram sim capacity searches it with a seed "
+                 "ensemble)")
+    return lines
+
+
+def _add_sweep(sub) -> None:
+    """Add ``sweep`` to the ``engram sim`` subcommands."""
+    p = sub.add_parser("sweep", help="run a what-if study (a TOML grid) locally or on a Dask cluster",
+                       description="Run every point of a study file (a grid over device, policy, cache, "
+                                   "sessions, compute and trace; see studies/*.toml) through the decode "
+                                   "simulator, in parallel local processes or on a running Dask cluster, and "
+                                   "write one row per point (CSV, or Parquet with pyarrow) as each finishes; "
+                                   "TABLE.meta.json says whether the table is complete and which points are "
+                                   "missing. Each point's seed derives from the study seed and the point, so "
+                                   "every runner gives the same table. A point whose worker dies is run again "
+                                   "(at most 3 times); an interrupted run keeps its rows and continues with "
+                                   "--resume. Capacity studies (with a [capacity] table) run with engram sim "
+                                   "capacity.")
+    _add_run_options(p, "results table")
+    p.set_defaults(func=_typed_os_errors(_cmd_sweep))
+
+
+def _cmd_capacity(args) -> int:
+    if is_serve_study(args.study):
+        return _cmd_serve_capacity(args)
+    for flag in ("min_rate", "max_rate", "rate_resolution"):
+        if getattr(args, flag) is not None:
+            raise ArgumentError(f"--{flag.replace('_', '-')} applies to serving studies ([serve] and [slo] tables)")
+    study = Study.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                           progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
+                           seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution)
+    except KeyboardInterrupt:
+        return _interrupted(out, "capacity", probes_path(out))
+    axes = [a for a in study.axes()]
+    spec = res.spec
+    if args.json:
+        print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
+                    "probes": str(probes_path(res.table)), "capacity": spec.to_dict(), "seconds": res.seconds,
+                    "runner": res.runner, "resumed_probes": res.resumed,
+                    "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
+                                        "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
+                                        "probes": len(c.probes), "phases": c.row()[PHASES_COLUMN],
+                                        "compute_mean_ms": c.compute_ms,
+                                        "compute_realised_mean_ms": c.compute_realised[0],
+                                        "compute_realised_cv": c.compute_realised[1],
+                                        "assumptions": c.assumptions()}
+                                       for c in res.capacities]})
+        return 0
+    print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
+          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} seeds up to "
+          f"{spec.max_sessions} sessions")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+          + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
+    shared = {c.assumptions() for c in res.capacities}
+    if len(shared) == 1:
+        print(f"assumes   {shared.pop()}")
+    for c in res.capacities:
+        what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
+        print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
+        if len({x.assumptions() for x in res.capacities}) > 1:
+            print(f"          assumes {c.assumptions()}")
+    print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")
+    return 0
+
+
+def _add_capacity(sub) -> None:
+    """Add ``capacity`` to the ``engram sim`` subcommands."""
+    p = sub.add_parser("capacity", help="search the sessions each configuration of a study sustains at a target",
+                       description="For every point of a capacity study (a study file with a [capacity] table; "
+                                   "see studies/capacity.toml), find the largest number of concurrent sessions "
+                                   "whose slowest session still decodes at the target tokens/s: probe 1, 2, 4, "
+                                   "... sessions until one fails, then bisect, once per seed of an ensemble; "
+                                   "report the median with the smallest and largest capacity over the seeds, "
+                                   "and every assumption (compute per step, batching, session phases, the "
+                                   "target's headroom under the compute-only ceiling). Writes one row per "
+                                   "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
+                                   "locally or on a Dask cluster like sweeps. A serving study (with [serve] and "
+                                   "[slo] tables; see studies/serve.toml) is searched on the arrival rate "
+                                   "instead: the most requests/s whose p99 TTFT and TBT meet the targets.")
+    _add_run_options(p, "capacity table")
+    g = p.add_argument_group("search (override the study's [capacity] table)")
+    g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
+    g.add_argument("--seeds", type=int, help=f"searches per configuration, each its own seeds "
+                                              f"(default {CAPACITY_SEEDS})")
+    g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
+    g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
+    g = p.add_argument_group("serving studies (override the study's [search] table)")
+    g.add_argument("--min-rate", type=float, help="requests/s probed first (default 0.5)")
+    g.add_argument("--max-rate", type=float, help="the largest requests/s probed (default 64)")
+    g.add_argument("--rate-resolution", type=float,
+                   help="bisect until the bracket is this share of its top (default 0.05)")
+    p.set_defaults(func=_typed_os_errors(_cmd_capacity))
+
+
+def _cmd_serve_capacity(args) -> int:
+    for flag in ("target", "max_sessions", "resolution"):
+        if getattr(args, flag) is not None:
+            raise ArgumentError(f"--{flag.replace('_', '-')} applies to session capacity studies; a serving study "
+                                "takes --min-rate, --max-rate, --rate-resolution")
+    study = ServeStudy.load(args.study)
+    out = _out_path(args)
+    try:
+        res = run_serve_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
+                                 progress=_progress_mode(args), out=out, resume=args.resume, seeds=args.seeds,
+                                 min_rate=args.min_rate, max_rate=args.max_rate, resolution=args.rate_resolution)
+    except KeyboardInterrupt:
+        return _interrupted(out, "capacity", serve_probes_path(out))
+    axes = [a for a in study.axes() if a not in ("rate", "repeat")]
+    if args.json:
+        print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
+                    "probes": str(serve_probes_path(res.table)), "search": res.search.to_dict(),
+                    "slo": study.slo.to_dict(), "seconds": res.seconds, "runner": res.runner,
+                    "resumed_probes": res.resumed, "configurations": [r for r in res.rows()]})
+        return 0
+    sr = res.search
+    print(f"study     {study.name}: {len(res.capacities)} configuration(s); the most requests/s meeting "
+          f"{study.slo.text()}, searched with {sr.seeds} seeds from {sr.min_rate:g} up to {sr.max_rate:g} "
+          f"requests/s (to {sr.resolution:.0%})")
+    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+          + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
+    for c in res.capacities:
+        what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
+        knee = knee_words(*c.knee())
+        print(f"capacity  {what}: {c.label()}" + (f"; above it: {knee}" if knee else ""))
+    print(f"wrote     {res.table} (+ .meta.json, .probes.csv)")
+    return 0
