@@ -317,6 +317,12 @@ def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
     return np.concatenate(lats), np.array(per), reads, sim_se
 
 
+def _start_spread(runs: Sequence[Mapping]) -> float:
+    """The median over runs of how far apart the sessions started (the largest measured start offset, s; 0
+    for single-session runs): the phases the simulator replays, each run's own offsets."""
+    return float(np.median([max([float(x) for x in r.get("start_offsets_s") or ()] or [0.0]) for r in runs]))
+
+
 def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
     """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
     uncertainty explains (see the module docstring; the noise is :func:`sim.windows.window_noise`'s, at least
@@ -432,6 +438,7 @@ def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], 
              windows=int(sum(cal.window(r.get("window")) is not None for r in runs)),
              tokens_per_s_calibrated=float(np.median([x["tokens_per_s"] for x in base])),
              slowest_tokens_per_s_calibrated=float(np.median([x["slowest_tokens_per_s"] for x in base])),
+             start_spread_s=_start_spread(runs),
              cdf_ms=[float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)])
     interval, runs_inside = _interval(cal, c, runs, mid, m["tokens_per_s_runs"], seed)
     spread = m.pop("_spread")

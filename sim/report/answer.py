@@ -149,8 +149,8 @@ def entries_from_crosscheck(xc: Mapping[str, Any]) -> List[Entry]:
         pred_ms = float(np.median([r["predicted"]["compute_mean_ms"] for r in group])) if group else float("nan")
         spread = float(np.median([r["predicted"]["start_spread_s"] for r in group])) * 1e3 if group else float("nan")
         repeats = int(min(r["repeats"] for r in group)) if group else 0
-        phases = (f"starts spread over {spread:.3g} ms, as the sessions' first steps were measured (the simulator "
-                  "replays each run's own spread)")
+        phases = (f"each session started where it started in the measured run (the starts spread over a median "
+                  f"{spread:.3g} ms; the simulator replays each run's own offsets)")
         compute = (f"{meas_ms:.2f} ms a step measured (compute '{c['compute']}'), {pred_ms:.2f} ms in the "
                    "simulator (the calibration's, in each run's window)")
         cfg = {"threshold": c["threshold"], "backend": c["backend"], "readers": c["readers"], "cache_rows": 0}

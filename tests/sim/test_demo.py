@@ -129,7 +129,7 @@ def test_quick_demo(tmp_path, capsys):
     s = xc["summary"]
     assert f"Regime: **{s['regime']['name']}**" in text and s["windows_probed"] == s["runs"]
     assert f"runs inside their own: {s['runs_inside']} of {s['runs']}" in text
-    assert "\n| sessions | mode | trace |" in text  # the several-session table is a table of its own
+    assert "\n| sessions | as | trace |" in text  # the several-session table is a table of its own
     # a second run reuses the model file
     assert main(["demo", "--quick", "--scale", "0.0005", "--steps", "20", "--rounds", "1", "--jobs", "1", "--no-fio",
                  "--no-html", "--no-progress", "--workdir", str(work), "--out", str(tmp_path / "again")]) == 0
