@@ -361,6 +361,14 @@ MASKS_BAD = {
     "floats": (np.ones(6, np.float32), "mask[0] = 1.0"),
     "strings": (np.array(["1"] * 6), "mask[0] = '1'"),
     "wrong length": (np.ones(5, bool), "mask must have shape [6]"),
+    "object bools": (np.array([True] * 6, dtype=object),
+                     "mask[0] = True: a mask holds bool or 0/1 integers, got dtype object (Python objects, not a "
+                     "bool or integer array)"),
+    "object ints": (np.array([1, 0, 1, 1, 0, 1], dtype=object), "mask[0] = 1: a mask holds bool or 0/1 integers, "
+                                                                 "got dtype object"),
+    "Nones": (np.array([None] * 6), "mask[0] = None: a mask holds bool or 0/1 integers, got dtype object"),
+    "a list mixing None": ([True, None, True, True, False, True], "mask[0] = True: a mask holds bool or 0/1 "
+                                                                  "integers, got dtype object"),
     "2-D": (np.ones((6, 1), bool), "mask must have shape [6]"),
 }
 
