@@ -25,7 +25,7 @@ from .errors import ArgumentError, EngramError, MaskError
 
 __all__ = [
     "shape_str", "need_array", "need_output", "need_contiguous", "no_overlap", "as_mask", "need_eps",
-    "need_int", "need_int_array",
+    "need_int", "need_int_array", "need_finite",
 ]
 
 DTypes = Union[np.dtype, type, Tuple[Union[np.dtype, type], ...]]
@@ -152,3 +152,29 @@ def need_int_array(name: str, value, shape: Tuple[int, ...], dtype, error: Type[
     out = arr.astype(dtype)
     out.setflags(write=False)
     return out
+
+
+def need_finite(name: str, a: np.ndarray, axes: Tuple[str, ...], mask: Optional[np.ndarray] = None,
+                what: str = "") -> None:
+    """Every value of float array ``a`` is finite (tokens ``mask`` turns off are not looked at).
+
+    ``a`` is ``[T, ...]`` with one name a dimension in ``axes`` (``("token", "stream",
+    "column")``); ``mask`` a uint8 ``[T]`` from :func:`as_mask`.  Raises
+    :class:`~engram.errors.ArgumentError` naming ``name``, the index of the first
+    non-finite value in C order along ``axes`` and the value, and ``what`` (what is
+    left untouched).  Cost: one ``numpy.isfinite`` pass over ``a`` and one
+    ``all``; the index is looked for only on failure.
+    """
+    ok = np.isfinite(a)
+    if ok.all():
+        return
+    bad = ~ok
+    if mask is not None:
+        bad &= mask.astype(bool).reshape((-1,) + (1,) * (a.ndim - 1))
+    flat = np.flatnonzero(bad)
+    if flat.size == 0:
+        return
+    idx = np.unravel_index(int(flat[0]), a.shape)
+    where = ", ".join(f"{ax} {int(i)}" for ax, i in zip(axes, idx))
+    raise ArgumentError(f"{name}[{', '.join(str(int(i)) for i in idx)}] = {float(a[idx])} ({where}): "
+                        f"{name} must be finite{what}")
