@@ -293,6 +293,56 @@ def _project_summary(runs, tokens, quiet, w16, w32, n_in, mixer, native):
             "by_tokens": out}
 
 
+def bench_finite(rng, rounds: int) -> dict:
+    """The finiteness checks of a T = 1 ``Session.apply`` against the call they guard, side by side.
+
+    The checks are the ones the call runs (``residual`` and ``rows`` in ``apply``; ``residual``
+    and ``kv`` again in ``gated_add``); the call is ``project`` of one token with F16 V4.1 Flash
+    weights (315 MB) plus the gate kernel.  Best of ``rounds`` rounds each.
+    """
+    from engram._checks import as_mask, need_finite
+    from engram._native import gate as native
+    from engram.mixer import project
+
+    w16 = (rng.standard_normal((5 * W, COLUMNS * WIDTH)) * 0.01).astype(np.float16)
+    rows = rng.standard_normal((1, COLUMNS, WIDTH)).astype(np.float32)
+    residual = rng.standard_normal((1, S, W)).astype(np.float32)
+    kv = np.empty((1, S + 1, W), np.float32)
+    norm = np.ones((S, W), np.float32)
+    gates = np.empty((1, S), np.float32)
+    m8 = as_mask(np.ones(1, bool), 1)
+
+    def checks():
+        need_finite("residual", residual, ("token", "stream", "column"), m8)
+        need_finite("rows", rows, ("token", "row", "column"), m8)
+        need_finite("residual", residual, ("token", "stream", "column"), m8)
+        need_finite("kv", kv, ("token", "part", "column"), m8)
+
+    def call():
+        project(rows, w16, out=kv)
+        native.gated_add_into(residual.copy(), kv, norm, norm, 1e-6, m8, gates)
+
+    from engram.mixer import gated_add
+
+    h = residual.copy()
+    call()
+    best = dict(check=float("inf"), call=float("inf"), gate=float("inf"), kernel=float("inf"))
+    for _ in range(rounds):
+        best["check"] = min(best["check"], time_best(checks, repeat=5, number=2000))
+        best["call"] = min(best["call"], time_best(call, repeat=5))
+        # the public gated_add (its argument and finiteness checks) against its kernel alone
+        best["gate"] = min(best["gate"], time_best(lambda: gated_add(h, kv, norm, norm, 1e-6, m8, gates_out=gates),
+                                                   repeat=5, number=2000))
+        best["kernel"] = min(best["kernel"], time_best(lambda: native.gated_add_into(h, kv, norm, norm, 1e-6, m8,
+                                                                                     gates), repeat=5, number=2000))
+    share = best["check"] / best["call"]
+    print(f"   finiteness checks of a T=1 apply: {best['check'] * 1e6:.1f} us; projection + gate of one token "
+          f"{best['call'] * 1e3:.2f} ms; the checks are {100 * share:.3f}% of it")
+    print(f"   gated_add T=1: {best['gate'] * 1e6:.1f} us with its checks, the kernel alone {best['kernel'] * 1e6:.1f} us")
+    return {"check_us": best["check"] * 1e6, "call_ms": best["call"] * 1e3, "check_share": share,
+            "gated_add_us": best["gate"] * 1e6, "gate_kernel_us": best["kernel"] * 1e6}
+
+
 def main(argv=None) -> dict:
     from engram import mixer
     from engram._native import gate as native
@@ -301,14 +351,16 @@ def main(argv=None) -> dict:
     p.add_argument("--gate-tokens", type=int, nargs="+", default=[1, 64, 2048])
     p.add_argument("--project-tokens", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 256, 2048])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
-    p.add_argument("--only", choices=("gate", "project"), help="run one half")
+    p.add_argument("--only", choices=("gate", "project", "finite"),
+                   help="run one part (finite: the cost of the finiteness checks of a T = 1 apply)")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(0)
     env = blas_info()
     print(f"   BLAS: {env['blas']}  env: {env['env'] or 'no OPENBLAS_* variables set'}")
     print(f"   gate path {mixer.gate_path()}, default threads {native.get_threads()}")
-    gate = bench_gate(rng, args.gate_tokens, args.rounds) if args.only != "project" else None
-    proj = bench_project(rng, args.project_tokens, args.rounds) if args.only != "gate" else None
+    gate = bench_gate(rng, args.gate_tokens, args.rounds) if args.only in (None, "gate") else None
+    proj = bench_project(rng, args.project_tokens, args.rounds) if args.only in (None, "project") else None
+    finite = bench_finite(rng, args.rounds) if args.only in (None, "finite") else None
     return {"gate_path": mixer.gate_path(), "gate_threads": native.get_threads(), **env,
-            "gated_add": gate, "project": proj}
+            "gated_add": gate, "project": proj, "finite": finite}

@@ -25,7 +25,7 @@ from .errors import ArgumentError, EngramError, MaskError
 
 __all__ = [
     "shape_str", "need_array", "need_output", "need_contiguous", "no_overlap", "as_mask", "need_eps",
-    "need_int", "need_int_array",
+    "need_int", "need_int_array", "need_finite",
 ]
 
 DTypes = Union[np.dtype, type, Tuple[Union[np.dtype, type], ...]]
@@ -80,7 +80,9 @@ def as_mask(mask, n: int, name: str = "mask") -> np.ndarray:
     Accepts a bool array or sequence, or integers (any integer dtype) that are
     all 0 or 1.  Raises :class:`~engram.errors.MaskError` (an ``ArgumentError``)
     for another length or number of dimensions, a float, string or object
-    entry, or an integer other than 0/1, naming the first bad entry.
+    entry (an object array is refused even when it holds Python bools:
+    ``np.array([True] * n, dtype=object)``), or an integer other than 0/1,
+    naming the first bad entry.
     """
     m = mask if isinstance(mask, np.ndarray) else np.asarray(mask)
     if m.shape != (n,):
@@ -93,9 +95,17 @@ def as_mask(mask, n: int, name: str = "mask") -> np.ndarray:
         bad = np.flatnonzero((m != 0) & (m != 1))
         if bad.size:
             i = int(bad[0])
-            raise MaskError(f"{name}[{i}] = {m[i].item()!r}; a mask holds bool or 0/1 integers")
+            raise MaskError(f"{name}[{i}] = {_entry(m, i)}; a mask holds bool or 0/1 integers")
         return np.ascontiguousarray(m, dtype=np.uint8)
-    raise MaskError(f"{name}[0] = {m[0].item()!r}: a mask holds bool or 0/1 integers, got dtype {m.dtype}")
+    kind = " (Python objects, not a bool or integer array)" if m.dtype == object else ""
+    raise MaskError(f"{name}[0] = {_entry(m, 0)}: a mask holds bool or 0/1 integers, got dtype {m.dtype}{kind}")
+
+
+def _entry(a: np.ndarray, i: int) -> str:
+    """``repr`` of ``a[i]`` as a Python value (an object array holds Python objects already), at most 60 chars."""
+    v = a[i]
+    text = repr(v.item() if isinstance(v, np.generic) else v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def need_eps(eps, name: str = "eps") -> float:
@@ -142,3 +152,29 @@ def need_int_array(name: str, value, shape: Tuple[int, ...], dtype, error: Type[
     out = arr.astype(dtype)
     out.setflags(write=False)
     return out
+
+
+def need_finite(name: str, a: np.ndarray, axes: Tuple[str, ...], mask: Optional[np.ndarray] = None,
+                what: str = "") -> None:
+    """Every value of float array ``a`` is finite (tokens ``mask`` turns off are not looked at).
+
+    ``a`` is ``[T, ...]`` with one name a dimension in ``axes`` (``("token", "stream",
+    "column")``); ``mask`` a uint8 ``[T]`` from :func:`as_mask`.  Raises
+    :class:`~engram.errors.ArgumentError` naming ``name``, the index of the first
+    non-finite value in C order along ``axes`` and the value, and ``what`` (what is
+    left untouched).  Cost: one ``numpy.isfinite`` pass over ``a`` and one
+    ``all``; the index is looked for only on failure.
+    """
+    ok = np.isfinite(a)
+    if ok.all():
+        return
+    bad = ~ok
+    if mask is not None:
+        bad &= mask.astype(bool).reshape((-1,) + (1,) * (a.ndim - 1))
+    flat = np.flatnonzero(bad)
+    if flat.size == 0:
+        return
+    idx = np.unravel_index(int(flat[0]), a.shape)
+    where = ", ".join(f"{ax} {int(i)}" for ax, i in zip(axes, idx))
+    raise ArgumentError(f"{name}[{', '.join(str(int(i)) for i in idx)}] = {float(a[idx])} ({where}): "
+                        f"{name} must be finite{what}")

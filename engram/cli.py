@@ -236,6 +236,15 @@ def _add_inspect(sub) -> None:
     p.set_defaults(func=_cmd_inspect)
 
 
+# -------------------------------------------------------------------- output paths
+def _add_output_args(p) -> None:
+    """The rule of an output path (:func:`engram.gguf.write.check_outputs`), said once for synth and repair."""
+    p.add_argument("--parents", action="store_true",
+                   help="make OUT's folder (and its parents) when missing; without it a missing folder is refused "
+                        "(a mistyped path), as cp does. OUT may be absent or a regular file (replaced); a "
+                        "directory, device, FIFO or socket is refused")
+
+
 # -------------------------------------------------------------------- synth
 def _cmd_synth(args) -> int:
     trace = None
@@ -254,7 +263,7 @@ def _cmd_synth(args) -> int:
         args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
         eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
         projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
-        tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None)
+        tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None, parents=args.parents)
     dt = time.perf_counter() - t0
     files = []
     for p in paths:
@@ -301,6 +310,7 @@ def _add_synth(sub) -> None:
     p.add_argument("--no-vocabulary", action="store_true",
                    help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file")
     p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
+    _add_output_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_synth)
@@ -309,7 +319,7 @@ def _add_synth(sub) -> None:
 # -------------------------------------------------------------------- repair
 def _cmd_repair(args) -> int:
     paths = repair_model(args.model, args.out, prefer=args.prefer, eps=args.eps,
-                         progress=not args.no_progress and not args.json)
+                         progress=not args.no_progress and not args.json, parents=args.parents)
     info = read_model(paths[0] if len(paths) == 1 else paths)
     rec = {"files": [str(p) for p in paths], "sources": {k: str(v) for k, v in info.sources.items()}}
     if args.json:
@@ -336,6 +346,7 @@ def _add_repair(sub) -> None:
     p.add_argument("--prefer", choices=ARCHITECTURES,
                    help="where the two spellings of a primary key disagree, keep this prefix's value")
     p.add_argument("--eps", type=float, help="gate epsilon to write (default: the file's own)")
+    _add_output_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_repair)

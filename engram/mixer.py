@@ -55,7 +55,8 @@ from typing import Optional
 
 import numpy as np
 
-from ._checks import as_mask, need_array, need_contiguous, need_eps, need_int, need_output, no_overlap, shape_str
+from ._checks import (as_mask, need_array, need_contiguous, need_eps, need_finite, need_int, need_output, no_overlap,
+                      shape_str)
 from ._native import gate as _gate
 from ._native import project as _project
 from .errors import ArgumentError
@@ -141,7 +142,8 @@ def project(rows: np.ndarray, w_kv: np.ndarray, out: Optional[np.ndarray] = None
     streams ``0..streams-1``, the last one the shared value.  F16 weights are
     read as they are (the kernel for up to :data:`F16_KERNEL_MAX_TOKENS` tokens,
     float32 blocks and BLAS beyond); float32 weights go to BLAS.  Precision: see
-    the module docstring.  Non-finite inputs propagate (IEEE).
+    the module docstring.  Non-finite inputs propagate (IEEE) into ``out``;
+    :meth:`engram.Session.apply` refuses them in ``rows`` before projecting.
 
     Parameters
     ----------
@@ -228,11 +230,21 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
 
     Precision: see the module docstring (float64 sums and gate, float32 add,
     bf16 round-to-nearest-even).  An all-zero ``h`` or ``k`` gives dot 0 (gate
-    ``sigmoid(1e-3)``) even with ``eps = 0``.  Non-finite inputs are not
-    rejected: a NaN or infinity in ``h`` or ``k`` makes that stream's gate and
-    outputs NaN, one in ``v`` the matching outputs non-finite; sums past the
-    bf16 range become +-inf.  Nothing raises for values.  Runs without the GIL on the
-    calling thread (``engram._native.gate.set_threads`` enables OpenMP for large calls).
+    ``sigmoid(1e-3)``) even with ``eps = 0``.  Non-finite inputs are refused: a
+    NaN or infinity in ``residual`` or ``kv`` (tokens the mask turns off are not
+    looked at) raises before anything is written, where the kernel would make
+    that stream's gate and outputs NaN.  Finite inputs can still give +-inf:
+    sums past the bf16 range, and ``kv`` values at or past the bf16 maximum
+    (read as +-inf).  The check is one ``numpy.isfinite`` pass over each array;
+    every check of a T = 1 :meth:`engram.Session.apply` (residual and rows there,
+    residual and kv here) took 8.7 us in all, 0.06-0.13% of the 6.8-15.0 ms its
+    projection (315 MB of F16 weights) and gate took (two runs on a shared
+    machine: ``.venv/bin/python -m benchmarks.run mixer --only finite --rounds 5``;
+    BENCHMARKS.md), so it runs in NumPy ahead of the kernel rather than in the
+    kernel's first pass.  Called alone at T = 1 this function is dominated by its
+    checks: 22.9 us against 8.9 us for the kernel.
+    Runs without the GIL on the calling thread (``engram._native.gate.set_threads``
+    enables OpenMP for large calls).
 
     Parameters
     ----------
@@ -263,8 +275,11 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
         A wrong dtype, shape, memory layout (residual or gates_out not
         C-contiguous or read-only), overlapping arrays, ``W == 0``, a mask of
         another length or with entries other than 0/1 (:class:`~engram.errors.MaskError`),
-        or ``eps`` not a finite number ``>= 0``.  Raised before anything is
-        written: ``residual`` and ``gates_out`` stay untouched.
+        or ``eps`` not a finite number ``>= 0``; a NaN or infinity in ``residual``
+        or ``kv`` at a token the mask keeps (names the array, the token, the
+        stream -- for ``kv`` the part: keys of streams ``0..S-1``, then the
+        value ``S`` -- and the column of the first one, in C order).  Raised
+        before anything is written: ``residual`` and ``gates_out`` stay untouched.
     """
     S, W = _check_layer_weights(q_w, k_w)
     need_array("residual", residual, np.float32, 3)
@@ -286,6 +301,9 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
         need_output("gates_out", gates_out)
         no_overlap("gates_out", gates_out, residual=residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
     no_overlap("residual", residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
+    untouched = "; residual and gates_out are untouched"
+    need_finite("residual", residual, ("token", "stream", "column"), m8, untouched)
+    need_finite("kv", kv, ("token", "part", "column"), m8, untouched)
     gates = gates_out if gates_out is not None else np.empty((T, S), dtype=np.float32)
     _gate.gated_add_into(residual, np.ascontiguousarray(kv), np.ascontiguousarray(q_w),
                          np.ascontiguousarray(k_w), eps, m8, gates)

@@ -52,7 +52,7 @@ from ._checks import need_int
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
-from .gguf.write import ArrayWriter, check_room, output_error, progress_bar as _progress
+from .gguf.write import ArrayWriter, check_outputs, check_room, output_error, progress_bar as _progress
 from .hashing import Hasher
 from .layout import Layout
 from .tokenmap import build_token_map
@@ -626,7 +626,7 @@ def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
 
 def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "all", trace=None,
                 projections: bool = True, progress: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                sync: bool = False, direct_io: bool = True) -> List[Path]:
+                sync: bool = False, direct_io: bool = True, parents: bool = False) -> List[Path]:
     """Write ``plan`` as a GGUF model (one file, or a split set) and return the paths written.
 
     Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
@@ -659,13 +659,18 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     direct_io : bool
         Stream tables and ``engram_kv`` with ``O_DIRECT`` where the file system
         allows it (falls back to buffered writes); False always writes buffered.
+    parents : bool
+        Make the folder of ``path`` (and its parents) when missing; without it
+        a missing folder is refused (:func:`engram.gguf.write.check_outputs`).
 
     Raises
     ------
     ArgumentError
         Bad ``fill``/``trace``/``chunk_bytes``.
     OutputError
-        ``path`` cannot be written: not enough free disk space for the bytes
+        ``path`` cannot be written: it (or a shard's name) exists and is not a
+        regular file (a directory, device, FIFO or socket: never replaced), its
+        folder is missing (without ``parents``), not enough free disk space for the bytes
         that would be written (checked before anything is created, with
         :data:`engram.gguf.write.FREE_MARGIN` kept free), a read-only or full
         file system, no permission, a file where a folder is needed.  Names the
@@ -683,6 +688,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     if any(c == 0 for c in counts):
         raise ArgumentError(f"every shard needs at least one tensor; tensors per shard: {counts}")
     trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
+    check_outputs(names, parents)
     _check_room(plan, path, fill, trace_rows, projections)
     total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
     with atomic_outputs(names) as temps, _progress(progress, total, f"synth {path.name}") as bar:
@@ -706,7 +712,7 @@ def _data_bytes(t: TensorSpec, fill: str, trace_rows: Dict[int, np.ndarray], pro
 
 def _check_room(plan: ModelPlan, path: Path, fill: str, trace_rows: Dict[int, np.ndarray],
                 projections: bool) -> None:
-    """``OutputError`` unless the folder of ``path`` (made here) has room for what will be written."""
+    """``OutputError`` unless the folder of ``path`` has room for what will be written."""
     need = sum(_data_starts(plan))  # the headers
     for t in plan.tensors:
         if t.kind == "table" and fill == "trace":
@@ -791,7 +797,7 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
                 token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False,
                 tokenizer_json: Optional[Union[str, os.PathLike]] = None,
-                vocabulary: Optional[bool] = None) -> List[Path]:
+                vocabulary: Optional[bool] = None, parents: bool = False) -> List[Path]:
     """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
 
     Parameters
@@ -809,7 +815,7 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
         Token ids; with it only the rows they hash to are written (``fill="trace"``).
     shards, seed, eps, optional_keys, token_map, table_offset, tokenizer_json, vocabulary :
         See :func:`plan_model` (``trace`` holds ids of ``tokenizer_json``'s tokenizer).
-    fill, projections, progress, chunk_bytes, sync :
+    fill, projections, progress, chunk_bytes, sync, parents :
         See :func:`write_model`; ``fill`` defaults to ``"trace"`` with a trace,
         else ``"all"``.
 
@@ -830,4 +836,4 @@ def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None,
                       optional_keys=optional_keys, table_offset=table_offset, tokenizer_json=tokenizer_json,
                       vocabulary=vocabulary)
     return write_model(plan, path, fill=fill, trace=trace, projections=projections, progress=progress,
-                       chunk_bytes=chunk_bytes, sync=sync)
+                       chunk_bytes=chunk_bytes, sync=sync, parents=parents)

@@ -250,3 +250,20 @@ def gated_add_float64(residual, kv, q_w, k_w, eps, mask=None):
         out[keep] = h[keep]
         gate[keep] = 0.0
     return out, gate
+
+
+def first_non_finite_twin(a, mask=None):
+    """Index of the first NaN or infinity of ``a`` in C order (tokens with a false ``mask`` skipped), or None.
+
+    A plain loop over every index with :func:`math.isfinite`: the reference of the
+    finiteness check of ``gated_add`` and ``Session.apply``.
+    """
+    import math
+
+    a = np.asarray(a)
+    for idx in np.ndindex(*a.shape):
+        if mask is not None and not mask[idx[0]]:
+            continue
+        if not math.isfinite(float(a[idx])):
+            return tuple(int(i) for i in idx)
+    return None

@@ -27,9 +27,11 @@ for bit):
   roundings (no fused multiply-add: the module is built with
   ``-ffp-contract=off``), then bf16 round-to-nearest-even on the float32 bits
   (SPEC §5's rule; values past the bf16 range become infinities).
-- Non-finite values are not rejected: they propagate by IEEE rules (a NaN or an
-  infinity in ``h`` or ``k`` makes that stream's gate and outputs NaN), and the
-  bf16 rounding keeps a NaN a (quiet) NaN instead of letting the carry of the
+- The kernel does not look for non-finite values (its caller
+  :func:`engram.mixer.gated_add` refuses a NaN or infinity in ``residual`` or
+  ``kv`` before calling it); given one, it propagates it by IEEE rules (a NaN or
+  an infinity in ``h`` or ``k`` makes that stream's gate and outputs NaN), and
+  the bf16 rounding keeps a NaN a (quiet) NaN instead of letting the carry of the
   SPEC §5 rule turn it into an infinity or -0.
 
 The loops run without the GIL, on the calling thread by default: the add is tiny

@@ -39,6 +39,8 @@ PathLike = Union[str, os.PathLike]
 
 #: The GGUF version this parser reads.
 GGUF_VERSION = 3
+#: Bytes of the fixed GGUF header: magic (4), version (uint32), tensor count and key count (uint64 each).
+FIXED_HEADER_BYTES = 24
 
 # ---------------------------------------------------------------- limits
 #: Sane limits on header counts, checked before any allocation.  Real models
@@ -423,8 +425,12 @@ def _fixed_header(cur: Cursor) -> Tuple[int, int, int]:
     """Magic, version and the two counts (checked against the bytes left): ``(version, n_tensors, n_kv)``."""
     path, size = cur.path, cur.size
     magic_raw = cur.take(4, "magic") if size >= 4 else None
-    if magic_raw is None or struct.unpack("<I", magic_raw)[0] != GGUF_MAGIC:
+    if magic_raw is not None and struct.unpack("<I", magic_raw)[0] != GGUF_MAGIC:
         raise FormatError(f"{path}: not a GGUF file: magic {magic_raw!r} at byte offset 0, expected b'GGUF'")
+    if size < FIXED_HEADER_BYTES:
+        raise FormatError(f"{path}: not a GGUF file: too short to hold a GGUF header ({size} "
+                          f"byte{'' if size == 1 else 's'}; the fixed header alone needs {FIXED_HEADER_BYTES}: "
+                          f"magic, version, tensor count, key count)")
     version = cur.u32("version")
     if version != GGUF_VERSION:
         if struct.unpack(">I", struct.pack("<I", version))[0] in (1, 2, 3):

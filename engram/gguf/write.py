@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import struct
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +44,7 @@ from .shards import shard_name
 from .tensors import engram_layer_ids
 
 __all__ = ["atomic_outputs", "repair_model", "engram_metadata", "ArrayWriter", "output_error", "check_room",
-           "size_text", "progress_bar", "FREE_MARGIN", "WRITE_ERRNOS"]
+           "check_outputs", "size_text", "progress_bar", "FREE_MARGIN", "WRITE_ERRNOS"]
 
 #: Bytes copied per ``copy_file_range`` call (bounds a call's latency, not memory).
 COPY_CHUNK = 64 << 20
@@ -84,17 +85,84 @@ def output_error(path: PathLike, exc: OSError, what: str = "write") -> OutputErr
     return err
 
 
-def check_room(path: Path, need: int, what: str = "writing", hint: str = "") -> None:
-    """Make the folder of ``path`` and check it has room for ``need`` bytes and :data:`FREE_MARGIN` more.
+#: What a path that is not a regular file is, by ``stat.S_IFMT`` of its mode.
+_NODE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def _refuse(path: Path, reason: str, code: int) -> OutputError:
+    err = OutputError(f"{path}: cannot write ({reason})")
+    err.errno, err.strerror, err.filename = code, os.strerror(code), str(path)
+    return err
+
+
+def _check_target(path: Path) -> None:
+    """``path`` is absent or a regular file (a symlink is followed): anything else is never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # absent, or a dangling symlink (the rename replaces the link)
+        return
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    if not stat.S_ISREG(mode):
+        kind = _NODE_KINDS.get(stat.S_IFMT(mode), f"a special file (mode {stat.S_IFMT(mode):o})")
+        link = f"a symlink to {os.path.realpath(path)}, " if os.path.islink(path) else ""
+        raise _refuse(path, f"it is {link}{kind}, not a regular file; only a regular file is replaced",
+                      errno.EISDIR if stat.S_ISDIR(mode) else errno.EEXIST)
+
+
+def check_outputs(paths: Sequence[PathLike], parents: bool = False) -> None:
+    """The rule of every file the engine writes, checked before anything is written.
+
+    Each path must be absent or a regular file (a symlink is followed): a
+    directory, a device node (``/dev/full``), a FIFO or a socket is never
+    replaced by the file written -- renaming over it would swap the node for a
+    regular file.  Their folder must exist, as for ``cp`` and ``mv``: a missing
+    folder is most often a mistyped path.  With ``parents`` it is made (with
+    its missing parents, as ``mkdir -p``; the commands' ``--parents``).
 
     Raises
     ------
     OutputError
-        The folder cannot be made (names it and the reason), or the room is
+        Names the path and what it is (``"it is a character device, not a
+        regular file"``), or the folder that is missing (``errno`` ENOENT) or
+        is a file (``errno`` ENOTDIR); nothing is created then.
+    """
+    finals = [Path(p) for p in paths]
+    for folder in dict.fromkeys(p.parent for p in finals):
+        if parents:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise output_error(finals[0], exc) from None
+            continue
+        try:
+            is_dir = stat.S_ISDIR(os.stat(folder).st_mode)
+        except FileNotFoundError:
+            raise _refuse(finals[0], f"the folder {folder} does not exist; make it first, or pass --parents "
+                                     f"(parents=True in Python)", errno.ENOENT) from None
+        except NotADirectoryError:
+            raise _refuse(finals[0], f"a part of {folder} is a file, where a folder is needed",
+                          errno.ENOTDIR) from None
+        except OSError as exc:
+            raise output_error(finals[0], exc) from None
+        if not is_dir:
+            raise _refuse(finals[0], f"{folder} is a file, where a folder is needed", errno.ENOTDIR)
+    for p in finals:
+        _check_target(p)
+
+
+def check_room(path: Path, need: int, what: str = "writing", hint: str = "") -> None:
+    """Check the folder of ``path`` (which must exist: :func:`check_outputs`) has room for ``need`` bytes
+    and :data:`FREE_MARGIN` more.
+
+    Raises
+    ------
+    OutputError
+        The folder cannot be read (names it and the reason), or the room is
         short (``errno`` ENOSPC; names the folder, the bytes needed and free).
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(path.parent).free
     except OSError as exc:
         raise output_error(path, exc) from None
@@ -158,15 +226,20 @@ def partial_dir(first: Path) -> Path:
 
 
 @contextmanager
-def atomic_outputs(paths: Sequence[PathLike]) -> Iterator[List[Path]]:
+def atomic_outputs(paths: Sequence[PathLike], parents: bool = False) -> Iterator[List[Path]]:
     """Temporary paths for ``paths`` (all in one folder), renamed into place when the block completes.
 
     Yields the temporary paths, in order, inside :func:`partial_dir` of the
     first path (same folder, so the renames stay on one file system).  On a
-    normal exit every file is renamed over its final name (existing files are
-    replaced), the first path last, and the folder removed.  On an exception
-    the folder and everything in it are removed and the exception propagates;
-    no final name is touched.
+    normal exit every file is renamed over its final name (existing regular
+    files are replaced), the first path last, and the folder removed.  On an
+    exception the folder and everything in it are removed and the exception
+    propagates; no final name is touched.
+
+    The rule of :func:`check_outputs` holds on entry, before anything is
+    made, and again before each rename (a node made meanwhile is not
+    replaced either): a final name that is a directory, device, FIFO or socket
+    is refused, and so is a missing folder unless ``parents``.
 
     An interrupt (Ctrl-C) is an exception like any other: nothing is left.
 
@@ -175,15 +248,16 @@ def atomic_outputs(paths: Sequence[PathLike]) -> Iterator[List[Path]]:
     ArgumentError
         ``paths`` is empty or names files in different folders.
     OutputError
-        The folder cannot be made or written (read-only, full, a file where a
-        folder is needed), or a rename failed: names the final path.
+        A final name is not a regular file, the folder is missing (without
+        ``parents``), cannot be made or written (read-only, full, a file where
+        a folder is needed), or a rename failed: names the final path.
     """
     finals = [Path(p) for p in paths]
     if not finals or len({p.parent for p in finals}) != 1:
         raise ArgumentError(f"atomic_outputs: need one or more paths in one folder, got {[str(p) for p in finals]}")
+    check_outputs(finals, parents)
     work = partial_dir(finals[0])
     try:
-        finals[0].parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(work, ignore_errors=True)  # a leftover of a killed writer that had our pid
         work.mkdir()
     except OSError as exc:
@@ -192,6 +266,7 @@ def atomic_outputs(paths: Sequence[PathLike]) -> Iterator[List[Path]]:
     try:
         yield temps
         for tmp, final in list(zip(temps, finals))[1:] + [(temps[0], finals[0])]:
+            _check_target(final)
             try:
                 os.replace(tmp, final)
             except OSError as exc:
@@ -358,7 +433,7 @@ def _copy_tensor(h: Header, t, src: int, dst: int, to: int, out: Path, bar) -> N
 
 # ====================================================================== repair
 def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, prefer: Optional[str] = None,
-                 eps: Optional[float] = None, progress: bool = True) -> List[Path]:
+                 eps: Optional[float] = None, progress: bool = True, parents: bool = False) -> List[Path]:
     """Write ``src`` again as ``dst`` with the current Engram keys, every derived constant re-derived and checked.
 
     Parameters
@@ -380,6 +455,9 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
         default: the file's own, or none when it has none.
     progress : bool
         A tqdm progress bar over the bytes copied.
+    parents : bool
+        Make the folder of ``dst`` (and its parents) when missing; without it a
+        missing folder is refused (:func:`check_outputs`).
 
     Returns
     -------
@@ -395,7 +473,10 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     ArgumentError
         ``dst`` is one of the inputs, ``prefer`` or ``eps`` is invalid.
     OutputError
-        ``dst`` cannot be written: too little room (checked before writing),
+        ``dst`` cannot be written: it (or a shard's name) exists and is not a
+        regular file (a directory, device, FIFO or socket: never replaced),
+        its folder is missing (without ``parents``), too little room (checked
+        before writing),
         a read-only or full file system, no permission, a file where a folder
         is needed; names ``dst`` and the reason.  Nothing is left under a final
         name, and nothing half-written (as for an interrupt).
@@ -420,6 +501,7 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     if any(o.resolve() in ins for o in outs):
         raise ArgumentError(f"repair writes a new file: {dst} is one of the inputs")
     need = sum(os.stat(h.path).st_blocks * 512 for h in headers) + (16 << 20)
+    check_outputs(outs, parents)
     check_room(dst, need, "repairing")
     mds = [_repaired_metadata(info, headers[0], eps)] + [_field_values(h) for h in headers[1:]]
     total = sum(t.nbytes for h in headers for t in h.tensors)

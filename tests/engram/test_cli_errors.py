@@ -8,10 +8,13 @@ gives the same path through the code.  Mounting needs root: without it those tes
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -71,8 +74,8 @@ def test_read_only_outputs(tmp_path, capsys, model):
         for args, path, shown in (
                 (["synth", ro / "m.gguf", "--scale", SCALE, "--fill", "none", "--no-projections"], ro / "m.gguf",
                  "Read-only file system"),
-                (["synth", ro / "sub" / "m.gguf", "--scale", SCALE, "--fill", "none"], ro / "sub" / "m.gguf",
-                 f"{ro / 'sub'}: Read-only file system"),  # the missing parent it could not make
+                (["synth", ro / "sub" / "m.gguf", "--scale", SCALE, "--fill", "none", "--parents"],
+                 ro / "sub" / "m.gguf", f"{ro / 'sub'}: Read-only file system"),  # the missing parent it could not make
                 (["repair", model, ro / "r.gguf", "--no-progress"], ro / "r.gguf", "Read-only file system")):
             rc, err = run(capsys, args)
             assert rc == 2 and err == f"engram {args[0]}: error: {path}: cannot write ({shown})\n", err
@@ -88,7 +91,8 @@ def test_a_full_disk_is_refused_before_writing(tmp_path, capsys, model):
         assert rc == 2 and f"{full / 'r.gguf'}: cannot write (repairing it needs " in err
         assert nothing_under(full) == []
     with pytest.raises(OutputError) as e:
-        synth.write_model(plan(full_size=True), tmp_path / "big" / "huge.gguf", fill="all", progress=False)
+        synth.write_model(plan(full_size=True), tmp_path / "big" / "huge.gguf", fill="all", progress=False,
+                          parents=True)
     assert e.value.errno == 28 and "writing it needs 189.4 GiB of disk" in str(e.value)
     assert str(e.value).endswith("(full-size tables: use fill='trace' with a trace, or fill='none')")
     assert nothing_under(tmp_path / "big") == []
@@ -133,11 +137,97 @@ def test_a_file_where_a_folder_must_be(tmp_path, capsys):
     assert (tmp_path / "afile").read_text() == "x"
 
 
-def test_a_missing_parent_folder_is_made(tmp_path, capsys):
+def test_a_missing_parent_folder_is_refused_unless_parents(tmp_path, capsys, model):
+    """As ``cp``: a missing folder is most often a mistyped path; it is named, and made only with --parents."""
     out = tmp_path / "new" / "deeper" / "m.gguf"
-    rc, _ = run(capsys, ["synth", out, "--scale", SCALE, "--fill", "none", "--no-projections", "--no-progress"])
+    for cmd in (["synth", out, "--scale", SCALE, "--fill", "none", "--no-projections", "--no-progress"],
+                ["repair", model, out, "--no-progress"]):
+        rc, err = run(capsys, cmd)
+        assert rc == 2 and err == (f"engram {cmd[0]}: error: {out}: cannot write (the folder {out.parent} does not "
+                                   f"exist; make it first, or pass --parents (parents=True in Python))\n"), err
+        assert not (tmp_path / "new").exists()
+    with pytest.raises(OutputError) as e:
+        synth.write_model(plan(), out, fill="none", projections=False, progress=False)
+    assert e.value.errno == errno.ENOENT and e.value.filename == str(out) and not (tmp_path / "new").exists()
+    rc, _ = run(capsys, ["synth", out, "--scale", SCALE, "--fill", "none", "--no-projections", "--no-progress",
+                         "--parents"])
     assert rc == 0 and read_model(out).layout.rows.tolist() == [194724, 199814]
     capsys.readouterr()
+    rc, _ = run(capsys, ["repair", model, tmp_path / "b" / "r.gguf", "--no-progress", "--parents"])
+    assert rc == 0 and read_model(tmp_path / "b" / "r.gguf").layout == read_model(model).layout
+    capsys.readouterr()
+
+
+def _nodes(tmp_path):
+    """Paths that exist and are no regular file: a FIFO, a symlink to /dev/null, a folder, a socket, and (root
+    only) a character device made with ``os.mknod`` under ``tmp_path`` (the same major/minor as /dev/null)."""
+    fifo, link, folder = tmp_path / "fifo", tmp_path / "null-link", tmp_path / "folder"
+    os.mkfifo(fifo)
+    os.symlink("/dev/null", link)
+    folder.mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    nodes = [(fifo, "it is a FIFO"), (link, "it is a symlink to /dev/null, a character device"),
+             (folder, "it is a directory"), (tmp_path / "sock", "it is a socket")]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "chr", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        nodes.append((tmp_path / "chr", "it is a character device"))
+    return nodes, sock
+
+
+def _unchanged(path: Path, before: os.stat_result) -> bool:
+    now = os.lstat(path)
+    return (now.st_mode, now.st_ino, now.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+
+
+def test_a_node_is_never_replaced(tmp_path, capsys, model):
+    """synth and repair onto a FIFO, a device, a symlink to /dev/null, a folder or a socket: refused before
+    anything is written (no temporary folder), the node as it was, one line naming the path and what it is."""
+    work = tmp_path / "w"
+    work.mkdir()
+    nodes, sock = _nodes(work)
+    try:
+        if os.geteuid() != 0:
+            print("not root: no character device made (os.mknod needs root); FIFO, symlink, folder, socket tested")
+        for path, what in nodes:
+            before = os.lstat(path)
+            for cmd in (["synth", path, "--scale", SCALE, "--fill", "none", "--no-projections", "--no-progress"],
+                        ["repair", model, path, "--no-progress"]):
+                rc, err = run(capsys, cmd)
+                assert rc == 2 and err == (f"engram {cmd[0]}: error: {path}: cannot write ({what}, not a regular "
+                                           f"file; only a regular file is replaced)\n"), err
+                assert _unchanged(path, before)
+                assert [p.name for p in work.iterdir() if ".partial-" in p.name] == []
+            with pytest.raises(OutputError) as e:
+                gguf_write.repair_model(model, path, progress=False)
+            assert e.value.filename == str(path) and what in str(e.value)
+            with pytest.raises(OutputError):
+                with gguf_write.atomic_outputs([path]) as temps:
+                    raise AssertionError("atomic_outputs let the block run")  # pragma: no cover
+            assert _unchanged(path, before)
+    finally:
+        sock.close()
+
+
+def test_a_node_made_while_writing_is_not_replaced(tmp_path):
+    """The rule holds again at the rename: a FIFO made under the final name while the file was written stays."""
+    out = tmp_path / "x.gguf"
+    with pytest.raises(OutputError, match=r"x.gguf: cannot write \(it is a FIFO, not a regular file"):
+        with gguf_write.atomic_outputs([out]) as (tmp,):
+            tmp.write_bytes(b"data")
+            os.mkfifo(out)
+    assert stat.S_ISFIFO(os.lstat(out).st_mode) and nothing_under(tmp_path) == ["x.gguf"]
+
+
+def test_a_regular_file_and_a_symlink_to_one_are_replaced(tmp_path):
+    old = tmp_path / "old.gguf"
+    old.write_bytes(b"old")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(old)
+    for out in (old, link):
+        with gguf_write.atomic_outputs([out]) as (tmp,):
+            tmp.write_bytes(b"new")
+        assert out.read_bytes() == b"new" and not out.is_symlink()
 
 
 # ====================================================================== missing inputs
@@ -199,12 +289,12 @@ def _interrupt_mid_write(argv, folder: Path, min_bytes: int = 1 << 20):
 
 def test_ctrl_c_while_writing_leaves_nothing(tmp_path, model):
     out = tmp_path / "o" / "m.gguf"
-    rc, _, err = _interrupt_mid_write(["synth", out, "--scale", "0.0001", "--no-projections", "--no-progress"],
-                                      out.parent)
+    rc, _, err = _interrupt_mid_write(["synth", out, "--scale", "0.0001", "--no-projections", "--no-progress",
+                                       "--parents"], out.parent)
     assert (rc, err) == (130, "engram synth: interrupted\n")
     assert nothing_under(out.parent) == []
     out = tmp_path / "r" / "r.gguf"
-    rc, _, err = _interrupt_mid_write(["repair", model, out, "--no-progress"], out.parent)
+    rc, _, err = _interrupt_mid_write(["repair", model, out, "--no-progress", "--parents"], out.parent)
     assert (rc, err) == (130, "engram repair: interrupted\n")
     assert nothing_under(out.parent) == []
 

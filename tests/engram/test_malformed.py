@@ -267,11 +267,29 @@ def test_truncated_header(base, tmp_path):
     at = _kv(info, P + "token_map") + 100_000  # inside the token map
     bad = clone_patched(path, tmp_path / "cut.gguf", lambda h: None, size=at, header_len=at)
     expect_error(bad, "truncated", P + "token_map")
-    tiny = clone_patched(path, tmp_path / "tiny.gguf", lambda h: None, size=3, header_len=3)
-    expect_error(tiny, "not a GGUF file")
-    empty = tmp_path / "empty.gguf"
-    empty.write_bytes(b"")
-    expect_error(empty, "not a GGUF file")
+    for n in (0, 1, 3, 4, 23):  # the magic cut, or whole but the counts missing
+        short = clone_patched(path, tmp_path / f"short{n}.gguf", lambda h: None, size=n, header_len=n)
+        with open(path, "rb") as f:
+            assert short.read_bytes() == f.read(n) and b"GGUF".startswith(short.read_bytes()[:4])
+        expect_error(short, f"{short}: not a GGUF file: too short to hold a GGUF header ({n} "
+                            f"byte{'' if n == 1 else 's'}; the fixed header alone needs 24: magic, version, tensor "
+                            f"count, key count)")
+    # a wrong magic is named as such even in a short file
+    wrong = tmp_path / "wrong.gguf"
+    wrong.write_bytes(b"PK\x03\x04\x14")
+    expect_error(wrong, f"{wrong}: not a GGUF file: magic b'PK\\x03\\x04' at byte offset 0, expected b'GGUF'")
+
+
+def test_inspect_a_short_file_says_so(tmp_path, capsys):
+    """engram inspect on a 3-byte file said ``magic None``: it names the size and the bytes a header needs."""
+    from engram.cli import main
+
+    three = tmp_path / "three.gguf"
+    three.write_bytes(b"GGU")
+    assert main(["inspect", str(three)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"engram inspect: error: {three}: not a GGUF file: too short to hold a GGUF header (3 bytes; the "
+                   f"fixed header alone needs 24: magic, version, tensor count, key count)\n")
 
 
 def test_table_past_end_of_file(base, tmp_path):

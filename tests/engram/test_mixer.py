@@ -19,8 +19,8 @@ import engram
 from engram import ArgumentError, decode_rows, encode_rows
 from engram import mixer
 from engram._native import gate as native
-from tests.reference import (bf16_round_float64_reference, bf16_round_nan_reference, gated_add_float64,
-                       gated_add_twin, lane_sum_reference)
+from tests.reference import (bf16_round_float64_reference, bf16_round_nan_reference, first_non_finite_twin,
+                       gated_add_float64, gated_add_twin, lane_sum_reference)
 
 PATHS = native.paths()
 U32 = 2.0**-24  # unit roundoff of float32
@@ -67,6 +67,25 @@ def run(h, kv, q_w, k_w, eps, mask=None):
     g = np.full(h.shape[:2], -1.0, dtype=np.float32)
     engram.gated_add(r, kv, q_w, k_w, eps, mask, gates_out=g)
     return r, g
+
+
+def run_kernel(h, kv, q_w, k_w, eps, mask=None):
+    """The gate kernel alone (no argument or finiteness checks): for its IEEE handling of non-finite values."""
+    r = h.copy()
+    g = np.full(h.shape[:2], -1.0, dtype=np.float32)
+    m8 = None if mask is None else np.ascontiguousarray(mask, dtype=np.uint8)
+    native.gated_add_into(r, np.ascontiguousarray(kv), q_w, k_w, eps, m8, g)
+    return r, g
+
+
+def non_finite_message(name, a, mask, axes):
+    """The message the finiteness check gives for ``a``, from the twin's index (None when all is finite)."""
+    idx = first_non_finite_twin(a, mask)
+    if idx is None:
+        return None
+    where = ", ".join(f"{ax} {i}" for ax, i in zip(axes, idx))
+    return (f"{name}[{', '.join(map(str, idx))}] = {float(a[idx])} ({where}): {name} must be finite; "
+            f"residual and gates_out are untouched")
 
 
 def ordered16(x):
@@ -299,8 +318,9 @@ def test_extreme_magnitudes(path, h_scale, v_scale):
         assert np.all(np.isinf(out[big]))
 
 
-def test_non_finite_inputs_propagate(path):
-    """Not rejected: NaN/inf in h or k poison that stream (gate NaN), inf in v the matching outputs."""
+def test_non_finite_inputs_propagate_in_the_kernel(path):
+    """The kernel alone (gated_add refuses such inputs first): NaN/inf in h or k poison that stream (gate
+    NaN), inf in v the matching outputs; the twin gives the same bits."""
     rng = np.random.default_rng(17)
     h, kv, q_w, k_w = layer_inputs(rng, 3, W=64)
     h[0, 1, 5] = np.nan
@@ -308,7 +328,7 @@ def test_non_finite_inputs_propagate(path):
     kv[2, 3, 7] = np.nan
     kv[1, S4, 9] = -np.inf
     kv[2, S4, 10] = np.float32(np.nan)
-    out, gates = run(h, kv, q_w, k_w, 1e-6)
+    out, gates = run_kernel(h, kv, q_w, k_w, 1e-6)
     tw, tg = gated_add_twin(h, kv, q_w, k_w, 1e-6)
     assert same_bits(out, tw) and same_bits(gates, tg)
     assert np.isnan(gates[0, 1]) and np.isnan(gates[1, 2]) and np.isnan(gates[2, 3])
@@ -318,6 +338,65 @@ def test_non_finite_inputs_propagate(path):
     assert np.all(np.isnan(out[2, :, 10]))
     finite = np.isfinite(out)
     assert finite.sum() == out.size - 3 * 64 - 3 - 3  # nothing else touched by the non-finite values
+
+
+def test_non_finite_inputs_are_refused(path):
+    """A NaN or infinity in residual or kv at a kept token: ArgumentError naming the array, token, stream (or
+    part of kv) and column of the first one; residual and gates_out untouched.  Masked-off tokens are not read."""
+    rng = np.random.default_rng(21)
+    h, kv, q_w, k_w = layer_inputs(rng, 3, W=64)
+    cases = [("residual", (1, 2, 63), np.nan, "residual[1, 2, 63] = nan (token 1, stream 2, column 63)"),
+             ("residual", (0, 0, 0), np.inf, "residual[0, 0, 0] = inf (token 0, stream 0, column 0)"),
+             ("kv", (2, 3, 7), -np.inf, "kv[2, 3, 7] = -inf (token 2, part 3, column 7)"),
+             ("kv", (0, S4, 9), np.nan, "kv[0, 4, 9] = nan (token 0, part 4, column 9)")]
+    for name, idx, value, where in cases:
+        hh, kk = h.copy(), kv.copy()
+        (hh if name == "residual" else kk)[idx] = value
+        before, gates = hh.copy(), np.full((3, S4), -1.0, np.float32)
+        with pytest.raises(ArgumentError) as e:
+            engram.gated_add(hh, kk, q_w, k_w, 1e-6, gates_out=gates)
+        assert str(e.value) == f"{where}: {name} must be finite; residual and gates_out are untouched"
+        assert str(e.value) == non_finite_message(name, hh if name == "residual" else kk, None,
+                                                  ("token", "stream" if name == "residual" else "part", "column"))
+        assert np.array_equal(hh, before, equal_nan=True) and np.all(gates == -1)
+    # the first in C order is named when there are several
+    hh = h.copy()
+    hh[2, 0, 1], hh[1, 3, 50] = np.nan, np.inf
+    with pytest.raises(ArgumentError, match=r"^residual\[1, 3, 50\] = inf \(token 1, stream 3, column 50\)"):
+        engram.gated_add(hh, kv, q_w, k_w, 1e-6)
+    # a masked-off token is not read: its NaN is allowed, and left as it was
+    hh, kk = h.copy(), kv.copy()
+    hh[1, 0, 3], kk[1, S4, 4] = np.nan, np.inf
+    mask = np.array([True, False, True])
+    out, gates = run(hh, kk, q_w, k_w, 1e-6, mask)
+    tw, tg = gated_add_twin(hh, kk, q_w, k_w, 1e-6, mask)
+    assert same_bits(out, tw) and same_bits(gates, tg) and np.isnan(out[1, 0, 3]) and np.all(np.isfinite(gates))
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 4), S=st.integers(1, 4), W=st.integers(1, 40), seed=st.integers(0, 2**32 - 1),
+       n_bad=st.integers(1, 4), use_mask=st.booleans())
+def test_property_first_non_finite_is_named(T, S, W, seed, n_bad, use_mask):
+    """Random NaN/inf positions in residual and kv, random masks: the error names what the loop twin finds
+    first (residual before kv), or the call succeeds when every one lies in a masked-off token."""
+    rng = np.random.default_rng(seed)
+    h, kv, q_w, k_w = layer_inputs(rng, T, S=S, W=W)
+    for _ in range(n_bad):
+        a = h if rng.random() < 0.5 else kv
+        a[tuple(int(rng.integers(0, d)) for d in a.shape)] = rng.choice([np.nan, np.inf, -np.inf])
+    mask = rng.random(T) < 0.5 if use_mask else None
+    want = (non_finite_message("residual", h, mask, ("token", "stream", "column"))
+            or non_finite_message("kv", kv, mask, ("token", "part", "column")))
+    r, gates = h.copy(), np.full((T, S), -1.0, np.float32)
+    if want is None:
+        engram.gated_add(r, kv, q_w, k_w, 1e-6, mask, gates_out=gates)
+        tw, tg = gated_add_twin(h, kv, q_w, k_w, 1e-6, mask)
+        assert same_bits(r, tw) and same_bits(gates, tg)
+    else:
+        with pytest.raises(ArgumentError) as e:
+            engram.gated_add(r, kv, q_w, k_w, 1e-6, mask, gates_out=gates)
+        assert str(e.value) == want
+        assert np.array_equal(r, h, equal_nan=True) and np.all(gates == -1)
 
 
 @settings(max_examples=60, deadline=None)
@@ -336,9 +415,15 @@ def test_property_random_shapes(T, S, W, seed, h_exp, v_exp, k_exp, w_exp, eps, 
     q_w = (rng.standard_normal((S, W)) * 2.0**w_exp).astype(np.float32)
     k_w = rng.standard_normal((S, W)).astype(np.float32)
     mask = rng.random(T) < 0.7 if use_mask else None
+    refused = first_non_finite_twin(h, mask) is not None or first_non_finite_twin(kv, mask) is not None
+    if refused:  # gated_add refuses it untouched; the kernel's IEEE handling is still compared below
+        r = h.copy()
+        with pytest.raises(ArgumentError, match="must be finite"):
+            engram.gated_add(r, kv, q_w, k_w, eps, mask)
+        assert np.array_equal(r, h, equal_nan=True)
     prev = native.set_path(PATHS[min(path_i, len(PATHS) - 1)])
     try:
-        out, gates = run(h, kv, q_w, k_w, eps, mask)
+        out, gates = (run_kernel if refused else run)(h, kv, q_w, k_w, eps, mask)
     finally:
         native.set_path(prev)
     tw, tg = gated_add_twin(h, kv, q_w, k_w, eps, mask)

@@ -361,6 +361,14 @@ MASKS_BAD = {
     "floats": (np.ones(6, np.float32), "mask[0] = 1.0"),
     "strings": (np.array(["1"] * 6), "mask[0] = '1'"),
     "wrong length": (np.ones(5, bool), "mask must have shape [6]"),
+    "object bools": (np.array([True] * 6, dtype=object),
+                     "mask[0] = True: a mask holds bool or 0/1 integers, got dtype object (Python objects, not a "
+                     "bool or integer array)"),
+    "object ints": (np.array([1, 0, 1, 1, 0, 1], dtype=object), "mask[0] = 1: a mask holds bool or 0/1 integers, "
+                                                                 "got dtype object"),
+    "Nones": (np.array([None] * 6), "mask[0] = None: a mask holds bool or 0/1 integers, got dtype object"),
+    "a list mixing None": ([True, None, True, True, False, True], "mask[0] = True: a mask holds bool or 0/1 "
+                                                                  "integers, got dtype object"),
     "2-D": (np.ones((6, 1), bool), "mask must have shape [6]"),
 }
 
@@ -406,6 +414,41 @@ def test_apply_names_the_array_that_does_not_fit(model):
     w = np.ones((4, 5120), np.float32)
     with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\].*got \[1, 4, 4096\]"):
         gated_add(np.zeros((1, 4, 4096), np.float32), np.zeros((1, 5, 5120), np.float32), w, w, 1e-6)
+
+
+def test_apply_refuses_non_finite_values_untouched(model, text_ids):
+    """One NaN in the residual or the rows used to turn the whole residual and the gates NaN, in place.
+    Now: ArgumentError naming the array, token, stream or row and column of the first one (C order), residual
+    and gates_out untouched; a masked-off token is not read."""
+    from engram.codec import bf16_round
+    from tests.reference import first_non_finite_twin
+
+    ids = text_ids[:3]
+    with model.session() as s:
+        rows = s.prefill(ids).rows(14, timeout=60)
+        residual = bf16_round(np.random.default_rng(4).standard_normal((3, 4, 5120)).astype(np.float32))
+        cases = [("residual", (1, 3, 4095), np.nan, "stream"), ("residual", (0, 0, 0), -np.inf, "stream"),
+                 ("rows", (2, 23, 255), np.inf, "row"), ("rows", (0, 5, 17), np.nan, "row")]
+        for name, idx, value, axis in cases:
+            r, x = residual.copy(), rows.copy()
+            (r if name == "residual" else x)[idx] = value
+            before, gates = r.copy(), np.full((3, 4), -1.0, np.float32)
+            with pytest.raises(ArgumentError) as e:
+                s.apply(14, r, x, gates_out=gates)
+            assert first_non_finite_twin(r if name == "residual" else x) == idx
+            assert str(e.value) == (f"{name}[{idx[0]}, {idx[1]}, {idx[2]}] = {float(value)} (token {idx[0]}, {axis} "
+                                    f"{idx[1]}, column {idx[2]}): {name} must be finite; residual and gates_out are "
+                                    f"untouched"), str(e.value)
+            assert np.array_equal(r, before, equal_nan=True) and np.all(gates == -1)
+        # the NaN lies in a token the mask turns off: accepted, that token left as it was
+        r, x = residual.copy(), rows.copy()
+        r[1, 2, 7], x[1, 0, 0] = np.nan, np.inf
+        gates = np.full((3, 4), -1.0, np.float32)
+        s.apply(14, r, x, mask=[True, False, True], gates_out=gates)
+        expected = residual[1].copy()
+        expected[2, 7] = np.nan
+        assert np.array_equal(r[1], expected, equal_nan=True)
+        assert np.all(gates[1] == 0) and np.all(np.isfinite(gates)) and np.all(np.isfinite(r[[0, 2]]))
 
 
 def test_closed_session_says_so(model):

@@ -136,6 +136,7 @@ SLOW_REPAIR = """
 
 def test_killed_repair_leaves_no_final_file(tmp_path):
     src = tmp_path / "src" / "legacy.gguf"
+    src.parent.mkdir()
     p = plan(scale=0.0001)
     p.metadata = {k.replace("deepseek41.engram.", "deepseek4.engram."): v for k, v in p.metadata.items()}
     synth.write_model(p, src, fill="all", projections=False, progress=False)
