@@ -122,7 +122,7 @@ SERVE_METRICS: Dict[str, str] = {
     "slo_met": "SLOs met (1) or not (0)", "attainment": "share of requests meeting the SLOs",
     "goodput_rps": "goodput (requests/s meeting the SLOs)",
     "ttft_at_slo_ms": "TTFT at the SLO percentile (ms)", "tbt_at_slo_ms": "TBT at the SLO percentile (ms)",
-    "requests_per_s": "completed requests/s",
+    "requests_per_s": "measured requests completed per second of the window",
     "output_tokens_per_s": "output tokens/s",
     **{f"{n}_{k}_ms": f"{label}, {k} (ms)" for n, label in (("ttft", "time to first token"),
                                                             ("tbt", "time between tokens"),
