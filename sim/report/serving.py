@@ -45,6 +45,8 @@ def _capacity_table(doc: Doc, rows: Sequence[Mapping[str, Any]]) -> None:
     table = []
     for r in rows:
         cap = ("≥ " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"
+        if r.get("small_sample"):
+            cap += f" (small sample: a probe measured {r['fewest_requests']} requests)"
         knee = knee_words(r["knee_rate"] if r.get("knee_cause") else None, r["knee_failed"], r["knee_cause"])
         table.append([r["label"], cap, f"{r['low']:.3g}-{r['high']:.3g}", f"{r['goodput_rps']:.3g}",
                       f"{r['output_tokens_per_s']:.4g}", knee or "every probe met the SLOs"])
@@ -90,7 +92,9 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
           + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
           + f"). Tables: `inputs/{path.name}`, `inputs/{ppath.name}`. The capacity is the median over the seeds, "
             "the band from the smallest to the largest; goodput counts the requests/s whose TTFT and TPOT meet the "
-            "targets.")
+            "targets." + (f" Each probe measures at least {search['min_requests']} requests (its window lengthened "
+                          "at low rates); a capacity marked *small sample* rests on a probe that measured fewer."
+                          if search.get("min_requests") else ""))
     out.copy_inputs([path, meta_path(path), ppath, meta_path(ppath)])
     good = goodput_by_device(rows)
     _capacity_table(doc, good)

@@ -240,3 +240,33 @@ def test_knee_words():
     assert knee_words(0.688, "unstable", "prefill reads") == \
         "requests left unfinished (the queue grows) at 0.688 requests/s, from prefill reads"
     assert knee_words(None, "", "") == ""
+
+
+def test_a_probe_measures_at_least_min_requests(study, tmp_path):
+    """At rates whose 20 s window would hold one request, each probe's window is lengthened to expect
+    min_requests plus three standard deviations; the capacity row names the fewest requests measured."""
+    text = study.read_text().replace("min_rate = 2.0", "min_rate = 0.05\nmin_requests = 20").replace(
+        "max_rate = 64.0", "max_rate = 0.2").replace(f'device = ["{SLOW}", "{FAST}"]', f'device = ["{FAST}"]')
+    p = tmp_path / "low.toml"
+    p.write_text(text)
+    st = ServeStudy.load(p)
+    assert st.search.min_requests == 20
+    res = run_serve_capacity(p, jobs=1, out=tmp_path / "low.csv", progress=False)
+    cap = res.capacities[0]
+    want = 20 + 3 * math.sqrt(20)
+    for pr in cap.probes:
+        assert pr["duration_s"] == pytest.approx(max(20.0, want / pr["rate"]))
+        assert pr["requests_measured"] >= 20
+    assert cap.fewest_requests == min(pr["requests_measured"] for pr in cap.probes) >= 20
+    rows, meta = read_table(tmp_path / "low.csv")
+    assert rows[0]["min_requests"] == 20 and rows[0]["fewest_requests"] == cap.fewest_requests
+    assert rows[0]["small_sample"] in (0, False) and "SMALL SAMPLE" not in cap.label()
+    # a probe below the minimum is flagged, in the row and in the label
+    cap.search = RateSearch(seeds=2, min_rate=0.05, max_rate=0.2, resolution=0.1, min_requests=10_000)
+    assert cap.small_sample and cap.row()["small_sample"] and "SMALL SAMPLE" in cap.label()
+    # the point's own window when it is long enough; constant arrivals need no margin
+    rs = RateSearch(min_requests=50)
+    assert rs.probe_duration({"duration_s": 300.0, "warmup_s": 0.0, "arrivals": "poisson"}, 4.0) == 300.0
+    assert rs.probe_duration({"duration_s": 10.0, "warmup_s": 5.0, "arrivals": "constant"}, 0.5) == 105.0
+    with pytest.raises(ArgumentError, match="min_requests"):
+        RateSearch(min_requests=0)
