@@ -88,7 +88,7 @@ from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
 
 __all__ = ["COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS", "TARGETS", "CDF_PERCENTILES",
-           "capacity", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
+           "capacity", "capacity_shown", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
            "regime", "run_sd"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
@@ -597,6 +597,12 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
+def capacity_shown(c: Mapping, key: str) -> str:
+    """A cross-check capacity (``key`` ``"measured"`` or ``"predicted"`` of a :func:`capacity` row) as shown
+    everywhere: ``">= N"`` when every count of the grid met the target (a lower bound), else ``"N"``."""
+    return f"{'>= ' if c['all_met'][key] else ''}{c[key + '_capacity']}"
+
+
 def _pct_or(x: Optional[float]) -> str:
     return "-" if x is None else f"{x * 100:.2f}%"
 
@@ -635,13 +641,13 @@ def markdown_table(res: Mapping) -> str:
                 f"{m['aggregate_tokens_per_s']:.1f} | {p['aggregate_tokens_per_s']:.1f} | "
                 f"{_pct(e['aggregate_tokens_per_s'])} |")
     for c in res.get("capacity") or []:
-        def cap(n, key):
-            return f"{n}" + (f" (every count up to {c['sessions'][-1]} met it)" if c["all_met"][key] else "")
+        def cap(key):
+            return capacity_shown(c, key) + (f" (every count up to {c['sessions'][-1]} met it)"
+                                             if c["all_met"][key] else "")
         lines += ["", f"Capacity ({c['mode']}, {c['trace_label']}, t{c['threshold']} {c['backend']} x{c['readers']}, "
                       f"compute {c['compute']} a step, sessions {c['sessions']}): the largest session count whose "
                       f"slowest session reaches {c['target_tokens_per_s']:g} tokens/s is "
-                      f"{cap(c['measured_capacity'], 'measured')} measured and "
-                      f"{cap(c['predicted_capacity'], 'predicted')} predicted "
+                      f"{cap('measured')} measured and {cap('predicted')} predicted "
                       f"({'within' if c['within_one_step'] else 'NOT within'} one grid step)."]
     s = res["summary"]
     t = res["targets"]
