@@ -155,7 +155,8 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
     pol = cal.policy(config.threshold, config.backend, config.readers)
     comp = cal.compute_model(config.compute)
     dev = cal.device(config.backend, config.compute)
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                        replay=f"cross-check prediction of {config.key}")
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
@@ -289,7 +290,8 @@ def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -
     n = config.steps
     tr = _stretches(trace, [int(run.get("start", 0))], n)
     steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                        replay=f"cross-check prediction of {config.key}")
     lat = r.step_latencies.reshape(-1)
     sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
     return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
@@ -307,7 +309,7 @@ def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
     lats, per, reads = [], [], []
     for j in range(SESSION_SIM_SEEDS):
         r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                            hash_time=cal.hash_s, phases=phases)
+                            hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}")
         own = r.step_latencies[:, mask]
         lats.append(own.reshape(-1))
         per.append(n / own.sum(axis=1))

@@ -246,7 +246,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                     phases: Union[Phases, str, None] = None, start_spread: Optional[float] = None,
                     drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                     tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
-                    progress: bool = False) -> DecodeResult:
+                    progress: bool = False, replay: Optional[str] = None) -> DecodeResult:
     """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
 
     Parameters
@@ -288,6 +288,11 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         Bins of the queue-depth timeline (>= 1).
     progress : bool
         Show a progress bar (tqdm) when the run takes more than a couple of seconds.
+    replay : str, optional
+        For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
+        stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
+        warnings then name it and give no advice to the user; a wrap without a row cache is not warned at all
+        (:func:`sim.decode.reads.wrap_info`).  ``None`` (a run the user configured): the warnings as they are.
 
     Returns
     -------
@@ -319,7 +324,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     hot_arr = hot_rows(hot) if hot is not None else None
 
     rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1)
+                    order=mode == "exact" and drives > 1, replay=replay)
     ss = np.random.SeedSequence(seed)
     dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + sessions)
     comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
