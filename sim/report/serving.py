@@ -21,7 +21,7 @@ from ..io import load_json
 from ..serve.metrics import SLO
 from ..serve.panels import (goodput_by_device, knee_breakdown, latency_vs_load, plot_counterpart, plot_goodput,
                             plot_knee, plot_latency_vs_load)
-from ..serve.search import knee_words, probes_path
+from ..serve.search import MAX_HALVINGS, knee_words, probes_path
 from ..sweep import meta_path, read_table
 from .document import Doc, anchor
 from .plots import ReportFolder, pyplot
@@ -45,6 +45,8 @@ def _capacity_table(doc: Doc, rows: Sequence[Mapping[str, Any]]) -> None:
     table = []
     for r in rows:
         cap = ("≥ " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"
+        if r.get("below_min") and r.get("min_rate"):
+            cap = f"< {r['min_rate'] / 2 ** MAX_HALVINGS:.3g}"
         if r.get("small_sample"):
             cap += f" (small sample: a probe measured {r['fewest_requests']} requests)"
         knee = knee_words(r["knee_rate"] if r.get("knee_cause") else None, r["knee_failed"], r["knee_cause"])

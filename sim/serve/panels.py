@@ -51,14 +51,15 @@ def config_label(row: Mapping[str, Any], axes: Sequence[str]) -> str:
 
 
 def goodput_by_device(capacity_rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Rows ``{config, label, capacity_rps, low, high, lower_bound, fewest_requests, small_sample, goodput_rps,
-    output_tokens_per_s, knee_rate, knee_failed, knee_cause}`` of a serving capacity table, in its order."""
+    """Rows ``{config, label, capacity_rps, low, high, lower_bound, fewest_requests, small_sample, below_min,
+    min_rate, goodput_rps, output_tokens_per_s, knee_rate, knee_failed, knee_cause}`` of a serving capacity table, in its order."""
     axes = _varying(capacity_rows)
     out = []
     for r in capacity_rows:
         out.append({"config": r["config"], "label": config_label(r, axes), "capacity_rps": r["capacity_rps"],
                     "low": r["capacity_low"], "high": r["capacity_high"], "lower_bound": r["lower_bound"],
                     "fewest_requests": r.get("fewest_requests"), "small_sample": bool(r.get("small_sample")),
+                    "below_min": bool(r.get("below_min")), "min_rate": r.get("min_rate"),
                     "goodput_rps": r["goodput_at_capacity"],
                     "output_tokens_per_s": r["output_tokens_per_s_at_capacity"], "knee_rate": r["knee_rate"],
                     "knee_failed": r["knee_failed"], "knee_cause": r["knee_cause"]})

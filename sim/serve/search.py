@@ -32,7 +32,8 @@ the SLO looks at (the steps or requests at or above its percentile) -- for TBT, 
 step (``compute``: bigger batches), the decode reads alone (``device``), the wait of decode reads
 behind prefill reads or for prefill rows (``prefill reads starving decode``); for TTFT, waiting for
 admission (``queueing``), the prompt's rows streaming (``prefill reads``) or the prompt's steps after
-its last row arrived (``prefill compute``).
+its last row arrived (``prefill compute``).  When even the lowest rate probed fails, the cause is the
+largest part there.
 """
 
 from __future__ import annotations
@@ -215,12 +216,18 @@ class ServeCapacity:
         if not fails:
             return None, "", ""
         base = min(mine, key=lambda r: r["rate"])
+        if base is fails[0]:  # failed at the lowest rate probed: the largest part, not the one that grew
+            base = {k: 0.0 for k, v in base.items() if isinstance(v, (int, float))}
         what, cause = knee_cause(base, fails[0], self.slo)
         return float(fails[0]["rate"]), what, cause
 
     def label(self) -> str:
         """``12.5 requests/s (11.7-13.3 over 3 seeds)``."""
-        cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
+        if self.capacity == 0 and all(self.below):
+            lowest = min(float(r["rate"]) for r in self.probes)
+            cap = f"< {lowest:.3g}"
+        else:
+            cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
         band = f"{self.low:.3g}-{self.high:.3g}" if self.low != self.high else "all equal"
         small = (f"; SMALL SAMPLE: a probe measured only {self.fewest_requests} requests"
                  if self.small_sample else "")

@@ -127,6 +127,22 @@ def test_knee_cause_names_the_part_that_grew():
     assert knee_cause(base, dict(base), slo)[0] == "unstable"
 
 
+def test_a_configuration_failing_at_every_rate_reads_below_the_lowest():
+    """Every halving of min_rate failed: the capacity reads '< lowest rate probed', and the cause is the
+    largest part at that rate (nothing grew: it is the only failing rate)."""
+    from sim.serve.search import MAX_HALVINGS, ServeCapacity
+    fail = {"tbt_at_slo_ms": 20, "ttft_at_slo_ms": 5000, "tail_token_compute_ms": 5, "tail_token_reads_alone_ms": 3,
+            "tail_token_contention_ms": 0.5, "tail_token_stall_ms": 0, "tail_ttft_queue_ms": 1,
+            "tail_ttft_prefill_reads_ms": 4000, "tail_ttft_prefill_compute_ms": 50, "slo_met": 0, "repeat": 0,
+            "requests_measured": 60}
+    search = RateSearch(1, 0.5, 64.0, 0.05)
+    cap = ServeCapacity(0, {}, search, SLO(2.0, 100.0), per_seed=[0.0], bound=[False], below=[True])
+    cap.probes = [{**fail, "rate": 0.5 / 2 ** k} for k in range(MAX_HALVINGS + 1)]
+    lowest = 0.5 / 2 ** MAX_HALVINGS
+    assert cap.label().startswith(f"< {lowest:.3g} requests/s")
+    assert cap.knee() == (lowest, "ttft", "prefill reads")
+
+
 def test_capacity_tables_resume_and_panels(study, tmp_path, monkeypatch):
     out = tmp_path / "cap.csv"
     res = run_serve_capacity(study, jobs=1, out=out, progress=False)
