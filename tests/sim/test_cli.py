@@ -180,3 +180,28 @@ def test_decode_planner_axes(capsys, tmp_path):
     assert d["config"]["drives"] == 2 and d["device"]["drives"] == 2 and d["config"]["hot_rows"] == 10
     assert d["dram_hit_rate"] == pytest.approx(0.25, abs=0.03) and d["shared_cache_hit_rate"] > 0
     assert d["config"]["tail"] and "+tail:" in d["device"]["name"]
+
+
+def _all_parsers():
+    """Every parser of the simulator's commands, by its program name."""
+    import argparse
+
+    from sim.cli import register
+    top = argparse.ArgumentParser(prog="engram")
+    register(top.add_subparsers())
+    out, todo = {}, [top]
+    while todo:
+        p = todo.pop()
+        out[p.prog] = p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend(a.choices.values())
+    return out
+
+
+def test_no_required_argument_claims_a_default():
+    """A positional argument the command requires never says '(default ...)' in its help."""
+    bad = [f"{prog} {a.dest}" for prog, p in _all_parsers().items() for a in p._actions
+           if not a.option_strings and a.nargs not in ("?", "*", "...", "A...") and a.help
+           and "default" in a.help]
+    assert not bad, bad
