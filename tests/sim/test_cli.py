@@ -205,3 +205,17 @@ def test_no_required_argument_claims_a_default():
            if not a.option_strings and a.nargs not in ("?", "*", "...", "A...") and a.help
            and "default" in a.help]
     assert not bad, bad
+
+
+def test_measure_help_counts_its_grids_and_says_what_threads_counts():
+    """--quick and the default grid are stated from the grids the command runs; the threads column is explained."""
+    from sim.measure import default_grid, quick_grid
+    helps = {a.dest: a.help for a in _all_parsers()["engram measure"]._actions}
+    q = quick_grid()
+    multi = sum(c.multi for c in q)
+    assert helps["quick"].startswith(f"small and fast: {len(q) - multi} single-session + {multi} multi-session "
+                                     "configurations x 60 steps")
+    d = default_grid()
+    desc = " ".join(_all_parsers()["engram measure"].description.split())
+    assert f"Default grid ({len(d) - sum(c.multi for c in d)} single-session + {sum(c.multi for c in d)} " in desc
+    assert "threads: the OS threads of the measuring process" in desc
