@@ -21,6 +21,7 @@ from ..io import load_json
 from ..serve.metrics import SLO
 from ..serve.panels import (goodput_by_device, knee_breakdown, latency_vs_load, plot_counterpart, plot_goodput,
                             plot_knee, plot_latency_vs_load)
+from ..capacity import CAPACITY_RULE
 from ..serve.search import MAX_HALVINGS, knee_words, probes_path
 from ..sweep import meta_path, read_table
 from .document import Doc, anchor
@@ -92,7 +93,7 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
           f"on the arrival rate with {search.get('seeds', '?')} seeds from {search.get('min_rate', '?')} up to "
           f"{search.get('max_rate', '?')} requests/s ({len(probes)} probes"
           + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
-          + f"). Tables: `inputs/{path.name}`, `inputs/{ppath.name}`. The capacity is the median over the seeds, "
+          + f"). Tables: `inputs/{path.name}`, `inputs/{ppath.name}`. The capacity is {CAPACITY_RULE}, "
             "the band from the smallest to the largest; goodput counts the requests/s whose TTFT and TPOT meet the "
             "targets." + (f" Each probe measures at least {search['min_requests']} requests (its window lengthened "
                           "at low rates); a capacity marked *small sample* rests on a probe that measured fewer."
@@ -102,7 +103,7 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
     _capacity_table(doc, good)
     stem = f"serving_{anchor(name)}"
     _figure(out, doc, f"{stem}_goodput", "Requests/s each configuration carries under the SLOs", good,
-            "Each configuration's capacity (median over seeds, bar: the band), with what fails first above it.",
+            "Each configuration's capacity (lower median over seeds, bar: the band), with what fails first above it.",
             lambda axs: plot_goodput(axs[0], good), size=(max(8.0, 0.9 * len(good) + 3), 5.0))
     if not probes:
         doc.p(f"No probes table (`{ppath.name}`): the figures against load are left out.")

@@ -114,7 +114,7 @@ def plot_goodput(ax, rows: Sequence[Mapping[str, Any]]) -> None:
     cap = np.asarray([r["capacity_rps"] for r in rows], dtype=float)
     lo = cap - np.asarray([r["low"] for r in rows], dtype=float)
     hi = np.asarray([r["high"] for r in rows], dtype=float) - cap
-    ax.bar(x, cap, color="#4477aa", label="capacity (median over seeds)")
+    ax.bar(x, cap, color="#4477aa", label="capacity (lower median over seeds)")
     ax.errorbar(x, cap, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, label="band over seeds")
     for i, r in enumerate(rows):
         note = (">= " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"

@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequ
 
 from engram.errors import ArgumentError
 
+from ..capacity import CAPACITY_RULE
 from ..io import load_json
 from ..progress import progress as progress_bar
 from ..sweep import TableWriter, meta_path, read_table, same_axis_value
@@ -375,7 +376,7 @@ class ServeCapacityResult:
                 "study_fingerprint": self.study.fingerprint(), "search": self.search.to_dict(),
                 "slo": self.study.slo.to_dict(), "axes": axes, "columns": CAPACITY_COLUMNS,
                 "configurations": len(self.capacities), "axis_labels": {k: v[2] for k, v in SERVE_AXES.items()},
-                "metric_labels": SERVE_METRICS, "seconds": self.seconds, "runner": self.runner,
+                "metric_labels": SERVE_METRICS, "capacity_rule": CAPACITY_RULE, "seconds": self.seconds, "runner": self.runner,
                 "resumed_probes": self.resumed,
                 "probes_table": probes_path(self.table).name if self.table else None}
 

@@ -12,6 +12,7 @@ from engram import ArgumentError
 from sim.serve import SLO, RateSearch, ServeStudy, find_serve_capacity, knee_cause, run_serve_capacity
 from sim.serve.panels import PANELS, goodput_by_device, knee_breakdown, latency_vs_load
 from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, knee_words, probes_path
+from sim.capacity import CAPACITY_RULE
 from sim.serve.study import SERVE_AXES, SERVE_METRICS, is_serve_study, serve_point_seed
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -237,6 +238,7 @@ def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
     assert sweeps_section(doc, folder, [out]) == []  # requests/s are not session capacities
     md = doc.markdown()
     assert "# Serving capacity study: tiny" in md and "p99 TTFT <= 1 s, p99 TBT <= 60 ms" in md
+    assert f"The capacity is {CAPACITY_RULE}" in md and "median over the seeds" not in md.replace("lower median", "")
     for c in res.capacities:
         line = next(x for x in md.splitlines() if x.startswith(f"| {c.config['device']} |"))
         assert f"| {c.capacity:.3g} |" in line and knee_words(*c.knee()) in line
@@ -248,6 +250,16 @@ def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
     load, _ = read_table(folder.root / "data" / "serving_tiny_latency.csv")
     assert len(load) == len({(p["config"], p["rate"]) for p in res.probes()})
     assert {p.name for p in (folder.root / "inputs").iterdir()} >= {"cap.csv", "cap.csv.probes.csv"}
+
+
+def test_the_capacity_of_an_even_count_of_seeds_is_the_lower_median():
+    """Per-seed 9 and 12 give 9, as CAPACITY_RULE (every output's wording) says."""
+    from sim.capacity import Capacity, CapacitySpec
+    from sim.serve.search import ServeCapacity
+    assert Capacity(0, {}, CapacitySpec(), per_seed=[9, 12], bound=[False, False]).capacity == 9
+    assert ServeCapacity(0, {}, RateSearch(), SLO(), per_seed=[12.0, 9.0]).capacity == 9.0
+    assert ServeCapacity(0, {}, RateSearch(), SLO(), per_seed=[12.0, 9.0, 10.0]).capacity == 10.0
+    assert "lower median" in CAPACITY_RULE and "conservative" in CAPACITY_RULE
 
 
 def test_knee_words():
@@ -275,6 +287,7 @@ def test_a_probe_measures_at_least_min_requests(study, tmp_path):
         assert pr["requests_measured"] >= 20
     assert cap.fewest_requests == min(pr["requests_measured"] for pr in cap.probes) >= 20
     rows, meta = read_table(tmp_path / "low.csv")
+    assert meta["capacity_rule"] == CAPACITY_RULE
     assert rows[0]["min_requests"] == 20 and rows[0]["fewest_requests"] == cap.fewest_requests
     assert rows[0]["small_sample"] in (0, False) and "SMALL SAMPLE" not in cap.label()
     # a probe below the minimum is flagged, in the row and in the label
