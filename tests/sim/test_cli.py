@@ -219,3 +219,14 @@ def test_measure_help_counts_its_grids_and_says_what_threads_counts():
     desc = " ".join(_all_parsers()["engram measure"].description.split())
     assert f"Default grid ({len(d) - sum(c.multi for c in d)} single-session + {sum(c.multi for c in d)} " in desc
     assert "threads: the OS threads of the measuring process" in desc
+
+
+def test_sim_device_says_why_it_serves_more_reads_than_its_parallelism(capsys):
+    from sim.device import load_device
+    dev = load_device("ssd:qd1_us=150,iops=90000")
+    assert main(["sim", "device", "ssd:qd1_us=150,iops=90000"]) == 0
+    out = capsys.readouterr().out
+    q, par = dev.saturation_depth(), dev.parallel_reads()
+    assert (q, par) == (16, 13)  # the knee 13.5; the closed loop reaches the ceiling at 16
+    assert f"derived parallelism = {par}:" in out and f"serves  {q} reads at once" in out
+    assert f"{q}, not the parallelism {par}: the shallowest depth of the table from the knee (13.5)" in out
