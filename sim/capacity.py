@@ -65,6 +65,7 @@ from engram.errors import ArgumentError
 
 from .io import load_json
 from .progress import progress as progress_bar
+from .progress import progress_label
 from .schema import CAPACITY_SCHEMA
 from .params import Phases
 from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, meta_path,
@@ -634,7 +635,7 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     try:
         caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, jobs=jobs,
                                      scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                     desc=f"capacity {study.name}", done=done,
+                                     desc=progress_label("capacity", study.name), done=done,
                                      on_probe=writer.add if writer is not None else None)
     except BaseException:
         if writer is not None:

@@ -24,7 +24,7 @@ from typing import Optional, TextIO, Union
 
 from tqdm import tqdm
 
-__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_mode"]
+__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_label", "progress_mode"]
 
 #: Seconds between two plain progress lines.
 PLAIN_INTERVAL_S = 10.0
@@ -149,6 +149,16 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def progress_label(kind: str, name: str) -> str:
+    """The label of a named run's progress, without a word twice: the words of ``kind`` the ``name`` does not
+    hold, then the name (``("capacity", "capacity")`` -> ``"capacity"``, ``("serve capacity", "serve-policy")``
+    -> ``"capacity serve-policy"``, ``("sweep", "demo")`` -> ``"sweep demo"``)."""
+    if not name:
+        return kind
+    held = set(name.lower().replace("-", " ").replace("_", " ").split())
+    return " ".join([w for w in kind.split() if w.lower() not in held] + [name])
 
 
 def progress(total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",

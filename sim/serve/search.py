@@ -50,6 +50,7 @@ from engram.errors import ArgumentError
 from ..capacity import CAPACITY_RULE
 from ..io import load_json
 from ..progress import progress as progress_bar
+from ..progress import progress_label
 from ..sweep import TableWriter, meta_path, read_table, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
@@ -440,7 +441,7 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     try:
         caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal, jobs=jobs,
                                            scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                           desc=f"serve capacity {study.name}", done=done,
+                                           desc=progress_label("serve capacity", study.name), done=done,
                                            on_probe=writer.add if writer is not None else None)
     except BaseException:
         if writer is not None:
