@@ -65,15 +65,21 @@ from engram.errors import ArgumentError
 
 from .io import load_json
 from .progress import progress as progress_bar
+from .progress import progress_label
 from .schema import CAPACITY_SCHEMA
 from .params import Phases
 from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, meta_path,
                     point_phases, point_seed, read_table, resolve_context, same_axis_value)
 
-__all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
+__all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
            "compute_text", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity"]
+
+#: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
+#: tables' metadata): :func:`statistics.median_low`, a capacity one of the seeds reached.
+CAPACITY_RULE = ("the lower median over the seeds (with an even count of seeds, the smaller of the middle two: "
+                 "the conservative one)")
 
 #: Tokens/s every session must reach (per session, the slowest one).
 CAPACITY_TARGET = 20.0
@@ -563,7 +569,8 @@ class CapacityResult:
         return {"kind": "capacity", "schema": CAPACITY_SCHEMA, "study": self.study.to_dict(),
                 "study_fingerprint": self.study.fingerprint(), "capacity": self.spec.to_dict(), "axes": axes,
                 "columns": CAPACITY_COLUMNS, "configurations": len(self.capacities),
-                "axis_labels": {k: v[2] for k, v in AXES.items()}, "seconds": self.seconds,
+                "axis_labels": {k: v[2] for k, v in AXES.items()}, "capacity_rule": CAPACITY_RULE,
+                "seconds": self.seconds,
                 "runner": self.runner, "resumed_probes": self.resumed,
                 "probes_table": probes_path(self.table).name if self.table else None,
                 "assumptions": [c.assumptions() for c in self.capacities]}
@@ -628,7 +635,7 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     try:
         caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, jobs=jobs,
                                      scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                     desc=f"capacity {study.name}", done=done,
+                                     desc=progress_label("capacity", study.name), done=done,
                                      on_probe=writer.add if writer is not None else None)
     except BaseException:
         if writer is not None:

@@ -88,7 +88,7 @@ from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
 
 __all__ = ["COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS", "TARGETS", "CDF_PERCENTILES",
-           "capacity", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
+           "capacity", "capacity_shown", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
            "regime", "run_sd"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
@@ -155,7 +155,8 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
     pol = cal.policy(config.threshold, config.backend, config.readers)
     comp = cal.compute_model(config.compute)
     dev = cal.device(config.backend, config.compute)
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                        replay=f"cross-check prediction of {config.key}")
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
@@ -289,7 +290,8 @@ def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -
     n = config.steps
     tr = _stretches(trace, [int(run.get("start", 0))], n)
     steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s)
+    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                        replay=f"cross-check prediction of {config.key}")
     lat = r.step_latencies.reshape(-1)
     sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
     return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
@@ -307,7 +309,7 @@ def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
     lats, per, reads = [], [], []
     for j in range(SESSION_SIM_SEEDS):
         r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                            hash_time=cal.hash_s, phases=phases)
+                            hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}")
         own = r.step_latencies[:, mask]
         lats.append(own.reshape(-1))
         per.append(n / own.sum(axis=1))
@@ -597,6 +599,12 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
+def capacity_shown(c: Mapping, key: str) -> str:
+    """A cross-check capacity (``key`` ``"measured"`` or ``"predicted"`` of a :func:`capacity` row) as shown
+    everywhere: ``">= N"`` when every count of the grid met the target (a lower bound), else ``"N"``."""
+    return f"{'>= ' if c['all_met'][key] else ''}{c[key + '_capacity']}"
+
+
 def _pct_or(x: Optional[float]) -> str:
     return "-" if x is None else f"{x * 100:.2f}%"
 
@@ -635,13 +643,13 @@ def markdown_table(res: Mapping) -> str:
                 f"{m['aggregate_tokens_per_s']:.1f} | {p['aggregate_tokens_per_s']:.1f} | "
                 f"{_pct(e['aggregate_tokens_per_s'])} |")
     for c in res.get("capacity") or []:
-        def cap(n, key):
-            return f"{n}" + (f" (every count up to {c['sessions'][-1]} met it)" if c["all_met"][key] else "")
+        def cap(key):
+            return capacity_shown(c, key) + (f" (every count up to {c['sessions'][-1]} met it)"
+                                             if c["all_met"][key] else "")
         lines += ["", f"Capacity ({c['mode']}, {c['trace_label']}, t{c['threshold']} {c['backend']} x{c['readers']}, "
                       f"compute {c['compute']} a step, sessions {c['sessions']}): the largest session count whose "
                       f"slowest session reaches {c['target_tokens_per_s']:g} tokens/s is "
-                      f"{cap(c['measured_capacity'], 'measured')} measured and "
-                      f"{cap(c['predicted_capacity'], 'predicted')} predicted "
+                      f"{cap('measured')} measured and {cap('predicted')} predicted "
                       f"({'within' if c['within_one_step'] else 'NOT within'} one grid step)."]
     s = res["summary"]
     t = res["targets"]

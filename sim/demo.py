@@ -45,7 +45,7 @@ from engram.codec import ROW_BYTES, bf16_round
 from engram.errors import ArgumentError
 
 from .calibrate import calibrate_file
-from .crosscheck import crosscheck_files
+from .crosscheck import capacity_shown, crosscheck_files
 from .io import write_json
 from .measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
                       trace_tokens_needed, usable_configs)
@@ -392,7 +392,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                           sim_steps=400 if quick else None, progress=progress)
     s = xc["summary"]
     caps = "; ".join(f"capacity ({c['mode']}) at {c['target_tokens_per_s']:g} tokens/s: measured "
-                     f"{c['measured_capacity']}, predicted {c['predicted_capacity']}" for c in xc.get("capacity", []))
+                     f"{capacity_shown(c, 'measured')}, predicted {capacity_shown(c, 'predicted')}" for c in xc.get("capacity", []))
     st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
            f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
            f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% inside the "

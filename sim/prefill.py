@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from engram.errors import ArgumentError
 
 from .device import Device, Recorder, load_device, summarize_boxes
 from .params import Compute, Policy, compute_stats
+from .progress import progress as progress_bar
 from .trace import Trace, load_trace
 
 __all__ = ["PrefillResult", "simulate_prefill"]
@@ -238,7 +238,7 @@ def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], polic
     comp_total = [hash_time * N]
     bar = None
     if progress:
-        bar = tqdm(total=nub, unit="ubatch", delay=2.0, desc=f"prefill ({mode})", leave=False)
+        bar = progress_bar(nub, f"prefill ({mode})", "ubatch", mode=progress, delay=2.0)
     layer_of = {lid: j for j, lid in enumerate(engram_layers)}
 
     def compute_proc():

@@ -9,7 +9,10 @@ seconds (and at the start and the end), each one complete on its own::
 
 Modes: ``"auto"`` (a bar on a terminal, lines elsewhere), ``"bar"``,
 ``"lines"`` (never a bar), ``"off"``.  ``True`` means ``"auto"`` and
-``False`` means ``"off"``.  Everything goes to ``stream`` (default standard
+``False`` means ``"off"``.  ``delay``: nothing is shown before that many
+seconds (a short run stays quiet); ``eta=False``: no time-left estimate, for
+items that do not finish at an even pace (decode sessions running side by side
+all finish near the end).  Everything goes to ``stream`` (default standard
 error), never to standard output, so ``--json`` output stays clean.
 """
 
@@ -21,7 +24,7 @@ from typing import Optional, TextIO, Union
 
 from tqdm import tqdm
 
-__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_mode"]
+__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_label", "progress_mode"]
 
 #: Seconds between two plain progress lines.
 PLAIN_INTERVAL_S = 10.0
@@ -53,8 +56,10 @@ class Progress:
     """
 
     def __init__(self, total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
-                 stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0):
+                 stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
+                 delay: float = 0.0, eta: bool = True):
         self.total, self.desc, self.unit = int(total), desc, unit
+        self.delay, self.eta = float(delay), bool(eta)
         self.n = int(initial)
         self.stream = stream if stream is not None else sys.stderr
         self.interval = float(interval)
@@ -68,11 +73,19 @@ class Progress:
         self._closed = False
         self._bar = None
         self._n0 = self.n
+        self._opened = False
         if mode == "bar":
-            self._bar = tqdm(total=self.total, initial=self.n, desc=desc, unit=unit, file=self.stream, leave=False)
-        elif mode == "lines":
-            done = f", {self.n} already done" if self.n else ""
-            self._line(f"{desc}: {self.total} {self._units(self.total)}{done}")
+            fmt = None if self.eta else "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]"
+            self._bar = tqdm(total=self.total, initial=self.n, desc=desc, unit=unit, file=self.stream, leave=False,
+                             delay=self.delay, bar_format=fmt)
+        elif mode == "lines" and self.delay <= 0:
+            self._open()
+
+    def _open(self) -> None:
+        """The opening plain line."""
+        self._opened = True
+        done = f", {self._n0} already done" if self._n0 else ""
+        self._line(f"{self.desc}: {self.total} {self._units(self.total)}{done}")
 
     def _units(self, n: int) -> str:
         if n == 1:
@@ -87,7 +100,7 @@ class Progress:
         pct = f" ({self.n / self.total:.0%})" if self.total else ""
         text = f"{self.desc}: {self.n}/{self.total} {self._units(self.total)}{pct} after {elapsed:.0f} s"
         ran = self.n - self._n0
-        if 0 < ran and self.n < self.total:
+        if self.eta and 0 < ran and self.n < self.total:
             text += f", about {elapsed / ran * (self.total - self.n):.0f} s left"
         return text + (f"; last: {note}" if note else "")
 
@@ -98,6 +111,10 @@ class Progress:
             self._bar.update(n)
         elif self.mode == "lines":
             now = time.monotonic()
+            if not self._opened:
+                if now - self._t0 < self.delay:
+                    return
+                self._open()
             if now - self._last >= self.interval and self.n < self.total:
                 self._last = now
                 self._line(self._status(note))
@@ -119,6 +136,10 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
         elif self.mode == "lines":
+            if not self._opened:
+                if time.monotonic() - self._t0 < self.delay:
+                    return
+                self._open()
             self._line(self._status() if self.n < self.total
                        else f"{self.desc}: {self.n}/{self.total} {self._units(self.total)} "
                             f"in {time.monotonic() - self._t0:.0f} s")
@@ -130,7 +151,19 @@ class Progress:
         self.close()
 
 
+def progress_label(kind: str, name: str) -> str:
+    """The label of a named run's progress, without a word twice: the words of ``kind`` the ``name`` does not
+    hold, then the name (``("capacity", "capacity")`` -> ``"capacity"``, ``("serve capacity", "serve-policy")``
+    -> ``"capacity serve-policy"``, ``("sweep", "demo")`` -> ``"sweep demo"``)."""
+    if not name:
+        return kind
+    held = set(name.lower().replace("-", " ").replace("_", " ").split())
+    return " ".join([w for w in kind.split() if w.lower() not in held] + [name])
+
+
 def progress(total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
-             stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0) -> Progress:
+             stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
+             delay: float = 0.0, eta: bool = True) -> Progress:
     """A :class:`Progress` of ``total`` items (``initial`` already done) labelled ``desc``."""
-    return Progress(total, desc, unit, mode=mode, stream=stream, interval=interval, initial=initial)
+    return Progress(total, desc, unit, mode=mode, stream=stream, interval=interval, initial=initial, delay=delay,
+                    eta=eta)

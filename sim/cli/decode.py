@@ -40,6 +40,20 @@ def _decode_compute(args, tr, dev, policy) -> tuple:
                "refit": bool(args.refit)}
 
 
+def _serves_text(dev, info: dict) -> str:
+    """The ``serves`` line(s) of ``engram sim device``: the reads the fast mode serves at once, and why that
+    differs from the device's parallelism when it does (a parametric SSD's channels)."""
+    q, par = int(info["saturation_depth"]), int(dev.parallel_reads())
+    out = f"{q} reads at once in the fast mode, the rest queued; peak {info['peak_iops']:.0f} IOPS"
+    if q != par:
+        knee = info.get("derived", {}).get("knee_qd", {}).get("value")
+        out += (f"\n        {q}, not the parallelism {par}: the shallowest depth of the table"
+                + (f" from the knee ({knee:g})" if knee is not None else "")
+                + " at which the closed loop reaches its IOPS ceiling; with random service times the ceiling "
+                  "is reached past the knee, not at it")
+    return out
+
+
 def _cmd_decode(args) -> int:
     tr = _trace(args)
     dev = _device(args)
@@ -178,7 +192,7 @@ def _cmd_device(args) -> int:
     print(f"source  {info['source']}")
     for key, d in info.get("derived", {}).items():
         print(f"derived {key} = {d['value']:g}: {d['rule']}")
-    print(f"serves  {info['saturation_depth']} reads at once; peak {info['peak_iops']:.0f} IOPS")
+    print(f"serves  {_serves_text(dev, info)}")
     print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}")
     for r in info["table"]:
         print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}")

@@ -105,12 +105,27 @@ def _cmd_measure(args) -> int:
             print(f"{key:<62} {np.median(t):>9.1f} {sp * 100:>6.1f}% {slow:>8.1f} "
                   f"{np.median([r['step_ms']['p50'] for r in rs]):>8.3f} "
                   f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f} {max(r.get('threads', 0) for r in rs):>7}")
+        print(f"          {THREADS_MEANING}")
         print(f"capacity  the largest session count whose slowest session reaches {args.capacity_target:g} tokens/s: "
               "engram crosscheck gives it, measured and predicted")
     return 0
 
 
+#: What the ``threads`` column of ``engram measure`` counts (its table header, ``--help`` and README).
+THREADS_MEANING = ("threads: the OS threads of the measuring process at mid-run (Python's, the pread readers', "
+                   "the hash's OpenMP ones), the largest over the repeats; with sessions as processes, summed over "
+                   "their processes")
+
+
+def _grid_counts(configs) -> str:
+    """``"6 single-session + 4 multi-session configurations"`` of a grid."""
+    multi = sum(1 for c in configs if c.multi)
+    return f"{len(configs) - multi} single-session + {multi} multi-session configurations"
+
+
 def _add_measure(sub) -> None:
+    quick = _grid_counts(quick_grid())
+    full = _grid_counts(default_grid())
     p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
                        description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
                                    "file in the real format -> decode -> projection + gated add as the step's "
@@ -121,7 +136,7 @@ def _add_measure(sub) -> None:
                                    "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
                                    "other layers do not exist here: add an emulated load per step with a compute "
                                    "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
-                                   "join with +). Default grid (29 configurations): compute spin:2 on the "
+                                   f"join with +). Default grid ({full}): compute spin:2 on the "
                                    "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
                                    "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
                                    "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
@@ -133,7 +148,9 @@ def _add_measure(sub) -> None:
                                    "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
                                    "probe steps (random token ids through the same sessions) interleaved. Only the "
                                    "read backends that start here are measured; the others are named with the "
-                                   "reason.")
+                                   f"reason. The table printed at the end: tokens/s (median over the repeats), "
+                                   f"their spread, the slowest session's tokens/s, step p50/p95, and "
+                                   f"{THREADS_MEANING}.")
     p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
@@ -183,7 +200,7 @@ def _add_measure(sub) -> None:
                    help="seconds of waiting for a quiet machine in all, then measure regardless (default 120)")
     g.add_argument("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)")
     g.add_argument("--quick", action="store_true",
-                   help="small and fast: 6 configurations x 60 steps, 2 rounds, depths 1,4,16, short "
+                   help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
                         "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
     g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

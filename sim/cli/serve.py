@@ -73,7 +73,7 @@ def _cmd_serve(args) -> int:
     if args.counterpart:
         return _cmd_serve_counterpart(args)
     p, seed, slo, cal = _serve_point(args)
-    check_serve_point(p, "engram sim serve")
+    check_serve_point(p, "serve")
     point_objects(p)  # every value checked before the text is tokenized
     ctx = resolve_serve_context([p], slo, cal)
     o = point_objects(p, ctx)

@@ -203,7 +203,7 @@ def _cmd_serve_capacity(args) -> int:
     sr = res.search
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the most requests/s meeting "
           f"{study.slo.text()}, searched with {sr.seeds} seeds from {sr.min_rate:g} up to {sr.max_rate:g} "
-          f"requests/s (to {sr.resolution:.0%})")
+          f"requests/s (to {sr.resolution:.0%}), each probe measuring at least {sr.min_requests} requests")
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:

@@ -87,7 +87,7 @@ def _add_trace_stats_options(p, default=None) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output", **kw)
 
 
-_SOURCE_HELP = ("trace source (default stdlib:asyncio/base_events.py): stdlib:PATH, package:PKG/PATH, shared:FILE, "
+_SOURCE_HELP = ("trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, "
                 "text:TEXT, tokens:FILE, synth:reuse=R[,zipf=S,tokens=N,seed=K,profile=code|prose], "
                 "or a .jsonl/.npz/.npy/text file")
 
@@ -203,7 +203,7 @@ def _add_trace(sub) -> None:
 
     s = tsub.add_parser("stats", help="reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
                         description="Build or load a trace and print its reuse statistics (see engram sim trace).")
-    s.add_argument("source", nargs="?", help=_SOURCE_HELP)
+    s.add_argument("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})")
     _add_trace_stats_options(s, argparse.SUPPRESS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace))
 

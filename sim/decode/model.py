@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
 from ..params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
+from ..progress import progress as progress_bar
 from ..schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
 from .exact import exact_session
@@ -246,7 +246,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                     phases: Union[Phases, str, None] = None, start_spread: Optional[float] = None,
                     drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                     tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
-                    progress: bool = False) -> DecodeResult:
+                    progress: Union[bool, str] = False, replay: Optional[str] = None) -> DecodeResult:
     """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
 
     Parameters
@@ -286,8 +286,15 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         For ``device="calibrated"`` (:func:`sim.device.load_device`).
     bins : int
         Bins of the queue-depth timeline (>= 1).
-    progress : bool
-        Show a progress bar (tqdm) when the run takes more than a couple of seconds.
+    progress : bool or str
+        Show progress when the run takes more than a couple of seconds: a bar on a terminal, plain lines
+        elsewhere (:func:`sim.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
+        counted without a time-left estimate.
+    replay : str, optional
+        For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
+        stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
+        warnings then name it and give no advice to the user; a wrap without a row cache is not warned at all
+        (:func:`sim.decode.reads.wrap_info`).  ``None`` (a run the user configured): the warnings as they are.
 
     Returns
     -------
@@ -319,7 +326,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     hot_arr = hot_rows(hot) if hot is not None else None
 
     rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1)
+                    order=mode == "exact" and drives > 1, replay=replay)
     ss = np.random.SeedSequence(seed)
     dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + sessions)
     comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
@@ -328,8 +335,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     begin = ph.offsets(sessions, period, np.random.default_rng(phase_seed))
 
     bar = None
-    if progress:
-        bar = tqdm(total=sessions, unit="session", delay=2.0, desc=f"decode ({mode})", leave=False)
+    if progress:  # a bar on a terminal, plain lines elsewhere; sessions finish together: no time-left guess
+        bar = progress_bar(sessions, f"decode ({mode})", "session", mode=progress, delay=2.0, eta=False)
     tick = bar.update if bar is not None else None
     dev_rng = np.random.default_rng(dev_seed)
     if mode == "fast":

@@ -113,7 +113,8 @@ def session_grid(trace: str, steps: int = 150, sessions: Sequence[int] = SESSION
 
 def default_grid(steps: int = 200, io_steps: int = 800, mixer_steps: int = 30,
                  prompt_steps: int = 100, session_steps: int = 150) -> List[RunConfig]:
-    """The default measured grid: 29 single-session configurations and 11 multi-session ones.
+    """The default measured grid: 29 single-session configurations and 11 session-grid ones (1 to 32 sessions;
+    the one session as a thread counts as single-session in :attr:`RunConfig.multi`: 30 and 10).
 
     - compute ``spin:2`` (a step's other work as a 2 ms busy wait, about the
       read time: reads are 35-65% of a step), ``steps`` steps: the Italian

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..capacity import (BATCHING, CAPACITY_METRIC, Capacity, CapacitySpec, capacity_of, compute_text, phases_short,
-                        phases_text, pooled_compute, read_capacity)
+from ..capacity import (BATCHING, CAPACITY_METRIC, CAPACITY_RULE, Capacity, CapacitySpec, capacity_of, compute_text,
+                        phases_short, phases_text, pooled_compute, read_capacity)
 from ..sweep import AXES
 from .document import Doc, anchor
 from .inputs import device_label
@@ -292,7 +292,7 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     ax2.set_yticks(ys, labels, fontsize=8)
     ax2.set_xlabel(f"sessions sustained at >= {', '.join(f'{t:g}' for t in targets)} tokens/s each (log scale)")
     ax2.set_ylabel("device [where the capacity comes from], session phases")
-    ax2.set_title("Capacity: median of the seeds, bars from the smallest to the largest"
+    ax2.set_title("Capacity: lower median of the seeds, bars from the smallest to the largest"
                   + ("\nthis machine: measured (square), predicted (diamond; bar: its 90% interval)"
                      if any(e.checked is not None for e in entries) else ""), fontsize=10)
     ax2.grid(axis="y", visible=False)
@@ -339,7 +339,7 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
     doc.p(f"The largest number of sessions decoding at once on one device while **every session still reaches "
           f"{' / '.join(f'{t:g}' for t in targets)} tokens/s** (the slowest session's rate). "
           + ("Found by search: 1, 2, 4, ... sessions until a count fails, then bisection, once per seed of an "
-             "ensemble; the capacity is the median over the seeds and the band runs from the smallest to the "
+             f"ensemble; the capacity is {CAPACITY_RULE} and the band runs from the smallest to the "
              "largest. " if searched else "")
           + ("Rows marked *read off a grid* only bracket the capacity between two session counts of a sweep. "
              if any(e.grid is not None for e in entries) else "")
@@ -398,7 +398,7 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
                                 "phases"], rows)
     out.add(doc, rel, data, "Left: the slowest session's tokens/s at every session count the search probed "
                             "(faint: the other seeds), with the sessions' phases. Right: each device's capacity, "
-                            "the median over the seeds with a bar from the smallest to the largest"
+                            f"{CAPACITY_RULE}, with a bar from the smallest to the largest"
                             + ("; this machine's measured capacity next to the predicted one" if checked else "")
                             + ".")
     return [f"Capacity at {e.spec.target:g} tokens/s per session: {e.label} {e.shown()} sessions "

@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 from engram.errors import ArgumentError
 
 from ..capacity import CAPACITY_TARGET
+from ..crosscheck import capacity_shown
 from ..crosscheck import regime as xc_regime
 from ..device import SEED_REFERENCE
 from ..io import now_iso, output_error
@@ -138,7 +139,7 @@ def _measurement_lines(inp: Inputs) -> List[str]:
             if e.checked["kind"] == "measured":
                 c = e.checked["row"]
                 lines.append(f"Capacity on this machine, sessions as {c['mode']}: measured {e.shown()}, predicted "
-                             f"{c['predicted_capacity']} at {e.spec.target:g} tokens/s for the slowest session "
+                             f"{capacity_shown(c, 'predicted')} at {e.spec.target:g} tokens/s for the slowest session "
                              f"(grid {e.checked['grid']}; compute {e.checked['compute_ms']:.2f} ms a step; "
                              f"{e.phases_short()}).")
     warns = list(dict.fromkeys(((inp.xc or {}).get("warnings") or []) + ((inp.runs or {}).get("warnings") or [])))

@@ -21,7 +21,8 @@ from ..io import load_json
 from ..serve.metrics import SLO
 from ..serve.panels import (goodput_by_device, knee_breakdown, latency_vs_load, plot_counterpart, plot_goodput,
                             plot_knee, plot_latency_vs_load)
-from ..serve.search import knee_words, probes_path
+from ..capacity import CAPACITY_RULE
+from ..serve.search import MAX_HALVINGS, knee_words, probes_path
 from ..sweep import meta_path, read_table
 from .document import Doc, anchor
 from .plots import ReportFolder, pyplot
@@ -45,6 +46,10 @@ def _capacity_table(doc: Doc, rows: Sequence[Mapping[str, Any]]) -> None:
     table = []
     for r in rows:
         cap = ("≥ " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"
+        if r.get("below_min") and r.get("min_rate"):
+            cap = f"< {r['min_rate'] / 2 ** MAX_HALVINGS:.3g}"
+        if r.get("small_sample"):
+            cap += f" (small sample: a probe measured {r['fewest_requests']} requests)"
         knee = knee_words(r["knee_rate"] if r.get("knee_cause") else None, r["knee_failed"], r["knee_cause"])
         table.append([r["label"], cap, f"{r['low']:.3g}-{r['high']:.3g}", f"{r['goodput_rps']:.3g}",
                       f"{r['output_tokens_per_s']:.4g}", knee or "every probe met the SLOs"])
@@ -88,15 +93,17 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
           f"on the arrival rate with {search.get('seeds', '?')} seeds from {search.get('min_rate', '?')} up to "
           f"{search.get('max_rate', '?')} requests/s ({len(probes)} probes"
           + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
-          + f"). Tables: `inputs/{path.name}`, `inputs/{ppath.name}`. The capacity is the median over the seeds, "
+          + f"). Tables: `inputs/{path.name}`, `inputs/{ppath.name}`. The capacity is {CAPACITY_RULE}, "
             "the band from the smallest to the largest; goodput counts the requests/s whose TTFT and TPOT meet the "
-            "targets.")
+            "targets." + (f" Each probe measures at least {search['min_requests']} requests (its window lengthened "
+                          "at low rates); a capacity marked *small sample* rests on a probe that measured fewer."
+                          if search.get("min_requests") else ""))
     out.copy_inputs([path, meta_path(path), ppath, meta_path(ppath)])
     good = goodput_by_device(rows)
     _capacity_table(doc, good)
     stem = f"serving_{anchor(name)}"
     _figure(out, doc, f"{stem}_goodput", "Requests/s each configuration carries under the SLOs", good,
-            "Each configuration's capacity (median over seeds, bar: the band), with what fails first above it.",
+            "Each configuration's capacity (lower median over seeds, bar: the band), with what fails first above it.",
             lambda axs: plot_goodput(axs[0], good), size=(max(8.0, 0.9 * len(good) + 3), 5.0))
     if not probes:
         doc.p(f"No probes table (`{ppath.name}`): the figures against load are left out.")

@@ -50,9 +50,16 @@ SEED_DEVICE = SEED_REFERENCE["device"]
 
 def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, seed: int = 0, hash_time: float = 0.0,
              sessions: int = 1, phases: str = DEFAULT_PHASES):
-    """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at ``phases``)."""
+    """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at ``phases``).
+
+    The report picks ``steps`` itself (a stretch replayed to average out simulation noise), so the run is
+    named as the report's what-if in any trace warning (``replay`` of :func:`sim.decode.simulate_decode`)."""
+    dev = device if isinstance(device, str) else getattr(device, "name", type(device).__name__)
+    src = trace if isinstance(trace, str) else getattr(trace, "source", "trace")
+    name = (f"report what-if on {dev} ({src}, threshold {policy.threshold}, {policy.backend} x{policy.readers}"
+            f"{f', cache {policy.cache_rows} rows' if policy.cache_rows else ''}, {sessions} session(s), {steps} steps)")
     return simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode="fast", seed=seed,
-                           hash_time=hash_time, phases=phases, bins=4)
+                           hash_time=hash_time, phases=phases, bins=4, replay=name)
 
 
 def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:

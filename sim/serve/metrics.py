@@ -17,6 +17,12 @@ request meets them when its TTFT is at most ``ttft_s`` and its TPOT at most ``tb
 (DistServe's); **goodput** is the measured requests that meet them per second of the window, and
 ``attainment`` their share.
 
+**Throughput and goodput share one denominator**, the measurement window ``duration - warmup``:
+``requests_per_s`` is the measured requests that completed per second of the window, ``goodput_rps``
+the measured requests that completed *and* met the SLOs per second of the window, so goodput never
+exceeds throughput.  ``output_tokens_per_s`` and ``prompt_tokens_per_s`` are the engine's work over
+the whole simulated run (warmup and drain included).
+
 **Where the time of a token goes** (decode steps, weighted by the tokens they emit): compute, the
 decode batch's reads as they would take alone on the device, the extra wait of those reads behind
 the prefill reads sharing the device (``contention``), and waits of a stalled step for prefill rows
@@ -145,7 +151,8 @@ class ServeResult:
     ttft_ms, tbt_ms, tpot_ms, e2e_ms, queue_ms : dict
         ``{mean, p50, p90, p99, max}``.
     throughput : dict
-        ``requests_per_s``, ``output_tokens_per_s``, ``prompt_tokens_per_s`` (completed, over the run).
+        ``requests_per_s`` (measured requests completed, per second of the measurement window -- the
+        denominator of ``goodput_rps``), ``output_tokens_per_s``, ``prompt_tokens_per_s`` (over the whole run).
     slo : dict
         The targets, ``ttft_ok``, ``tbt_ok``, ``stable``, ``met``, ``attainment``, ``goodput_rps``.
     device : dict
@@ -407,7 +414,9 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
                     "X_R": batch_area / end}}
     ll["reads"]["ratio"] = ll["reads"]["L"] / ll["reads"]["X_R"] if ll["reads"]["X_R"] > 0 else float("nan")
     completed = int(done.sum())
-    thr = {"requests_per_s": completed / end, "output_tokens_per_s": float(trace.emitted.sum()) / end,
+    # throughput over the measurement window, the goodput's denominator: goodput <= throughput
+    thr = {"requests_per_s": float((meas & done).sum() / span) if span > 0 else 0.0,
+           "output_tokens_per_s": float(trace.emitted.sum()) / end,
            "prompt_tokens_per_s": float(reqs.prompt[~np.isnan(trace.first)].sum()) / end}
     return ServeResult(
         requests={"arrived": len(reqs), "measured": n_meas, "completed": completed, "censored": censored,

@@ -51,13 +51,15 @@ def config_label(row: Mapping[str, Any], axes: Sequence[str]) -> str:
 
 
 def goodput_by_device(capacity_rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Rows ``{config, label, capacity_rps, low, high, lower_bound, goodput_rps, output_tokens_per_s,
-    knee_rate, knee_failed, knee_cause}`` of a serving capacity table, in its order."""
+    """Rows ``{config, label, capacity_rps, low, high, lower_bound, fewest_requests, small_sample, below_min,
+    min_rate, goodput_rps, output_tokens_per_s, knee_rate, knee_failed, knee_cause}`` of a serving capacity table, in its order."""
     axes = _varying(capacity_rows)
     out = []
     for r in capacity_rows:
         out.append({"config": r["config"], "label": config_label(r, axes), "capacity_rps": r["capacity_rps"],
                     "low": r["capacity_low"], "high": r["capacity_high"], "lower_bound": r["lower_bound"],
+                    "fewest_requests": r.get("fewest_requests"), "small_sample": bool(r.get("small_sample")),
+                    "below_min": bool(r.get("below_min")), "min_rate": r.get("min_rate"),
                     "goodput_rps": r["goodput_at_capacity"],
                     "output_tokens_per_s": r["output_tokens_per_s_at_capacity"], "knee_rate": r["knee_rate"],
                     "knee_failed": r["knee_failed"], "knee_cause": r["knee_cause"]})
@@ -112,7 +114,7 @@ def plot_goodput(ax, rows: Sequence[Mapping[str, Any]]) -> None:
     cap = np.asarray([r["capacity_rps"] for r in rows], dtype=float)
     lo = cap - np.asarray([r["low"] for r in rows], dtype=float)
     hi = np.asarray([r["high"] for r in rows], dtype=float) - cap
-    ax.bar(x, cap, color="#4477aa", label="capacity (median over seeds)")
+    ax.bar(x, cap, color="#4477aa", label="capacity (lower median over seeds)")
     ax.errorbar(x, cap, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, label="band over seeds")
     for i, r in enumerate(rows):
         note = (">= " if r["lower_bound"] else "") + f"{r['capacity_rps']:.3g}"

@@ -14,6 +14,13 @@ upper one) apart.  The searches of every configuration and seed advance together
 probes at a time, in parallel (:class:`~sim.serve.runner.ServeRunner`: local processes or a
 Dask cluster).  A probe stops early once the TTFT target can no longer be met (``fail_fast``).
 
+Sample size: a probe measures at least ``min_requests`` requests (:attr:`RateSearch.min_requests`,
+:data:`sim.serve.study.MIN_PROBE_REQUESTS` by default): at a rate too low for the point's window to
+expect them, the probe's ``duration_s`` is lengthened (:meth:`RateSearch.probe_duration`; the probes
+table records the duration each probe ran).  A capacity row gives ``fewest_requests``, the fewest
+requests any probe of the configuration measured, and ``small_sample`` when that is below
+``min_requests`` (a rare Poisson draw, or a replayed file too short): its percentiles rest on few requests.
+
 The capacity of a configuration is the median of its seeds' capacities (the lower median for an
 even count), with the band from the smallest to the largest.  Every probe of one search uses the
 same requests, their arrivals scaled by the rate (:mod:`sim.serve.workload`); the ``repeat`` axis
@@ -25,7 +32,8 @@ the SLO looks at (the steps or requests at or above its percentile) -- for TBT, 
 step (``compute``: bigger batches), the decode reads alone (``device``), the wait of decode reads
 behind prefill reads or for prefill rows (``prefill reads starving decode``); for TTFT, waiting for
 admission (``queueing``), the prompt's rows streaming (``prefill reads``) or the prompt's steps after
-its last row arrived (``prefill compute``).
+its last row arrived (``prefill compute``).  When even the lowest rate probed fails, the cause is the
+largest part there.
 """
 
 from __future__ import annotations
@@ -39,8 +47,10 @@ from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequ
 
 from engram.errors import ArgumentError
 
+from ..capacity import CAPACITY_RULE
 from ..io import load_json
 from ..progress import progress as progress_bar
+from ..progress import progress_label
 from ..sweep import TableWriter, meta_path, read_table, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
@@ -48,8 +58,8 @@ from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStu
     serve_point_seed
 
 __all__ = ["CAPACITY_COLUMNS", "KNEE_CAUSES", "MAX_HALVINGS", "PROBE_COLUMNS", "ServeCapacity", "ServeCapacityResult",
-           "find_serve_capacity", "is_serve_capacity_table", "knee_cause", "knee_words", "probes_path",
-           "run_serve_capacity"]
+           "find_serve_capacity", "is_serve_capacity_table", "knee_cause", "knee_words", "probe_point", "probe_seed",
+           "probes_path", "run_serve_capacity"]
 
 #: Halvings of ``min_rate`` tried when it fails, before the capacity is reported as 0.
 MAX_HALVINGS = 6
@@ -62,7 +72,7 @@ PROBE_COLUMNS = ["point", "config", *SERVE_AXES, "seed", *SERVE_METRICS]
 #: Columns of the capacity table.
 CAPACITY_COLUMNS = ["config", *[a for a in SERVE_AXES if a not in _SEARCHED], "capacity_rps", "capacity_low",
                     "capacity_high", "capacities", "lower_bound", "below_min", "seeds", "probes", "min_rate",
-                    "max_rate", "resolution", "slo", "goodput_at_capacity", "attainment_at_capacity",
+                    "max_rate", "resolution", "min_requests", "fewest_requests", "small_sample", "slo", "goodput_at_capacity", "attainment_at_capacity",
                     "ttft_p99_at_capacity_ms", "tbt_p99_at_capacity_ms", "output_tokens_per_s_at_capacity",
                     "device_busy_at_capacity", "mean_batch_at_capacity", "knee_rate", "knee_failed", "knee_cause"]
 
@@ -179,6 +189,16 @@ class ServeCapacity:
     def lower_bound(self) -> bool:
         return self.capacity >= self.search.max_rate
 
+    @property
+    def fewest_requests(self) -> int:
+        """The fewest requests any probe of this configuration measured (0 before any probe)."""
+        return min((int(r["requests_measured"]) for r in self.probes), default=0)
+
+    @property
+    def small_sample(self) -> bool:
+        """Whether a probe measured fewer than ``search.min_requests`` requests."""
+        return self.fewest_requests < self.search.min_requests
+
     def median_seed(self) -> int:
         return self.per_seed.index(self.capacity)
 
@@ -198,14 +218,22 @@ class ServeCapacity:
         if not fails:
             return None, "", ""
         base = min(mine, key=lambda r: r["rate"])
+        if base is fails[0]:  # failed at the lowest rate probed: the largest part, not the one that grew
+            base = {k: 0.0 for k, v in base.items() if isinstance(v, (int, float))}
         what, cause = knee_cause(base, fails[0], self.slo)
         return float(fails[0]["rate"]), what, cause
 
     def label(self) -> str:
         """``12.5 requests/s (11.7-13.3 over 3 seeds)``."""
-        cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
+        if self.capacity == 0 and all(self.below):
+            lowest = min(float(r["rate"]) for r in self.probes)
+            cap = f"< {lowest:.3g}"
+        else:
+            cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
         band = f"{self.low:.3g}-{self.high:.3g}" if self.low != self.high else "all equal"
-        return f"{cap} requests/s ({band} over {len(self.per_seed)} seeds)"
+        small = (f"; SMALL SAMPLE: a probe measured only {self.fewest_requests} requests"
+                 if self.small_sample else "")
+        return f"{cap} requests/s ({band} over {len(self.per_seed)} seeds{small})"
 
     def row(self) -> Dict[str, Any]:
         at = self.at(self.capacity, self.median_seed()) if self.capacity > 0 else None
@@ -221,7 +249,8 @@ class ServeCapacity:
             "capacities": " ".join(f"{c:.6g}" for c in self.per_seed), "lower_bound": self.lower_bound,
             "below_min": all(self.below), "seeds": len(self.per_seed), "probes": len(self.probes),
             "min_rate": self.search.min_rate, "max_rate": self.search.max_rate,
-            "resolution": self.search.resolution, "slo": self.slo.text(),
+            "resolution": self.search.resolution, "min_requests": self.search.min_requests,
+            "fewest_requests": self.fewest_requests, "small_sample": self.small_sample, "slo": self.slo.text(),
             "goodput_at_capacity": m("goodput_rps"), "attainment_at_capacity": m("attainment"),
             "ttft_p99_at_capacity_ms": m("ttft_p99_ms"), "tbt_p99_at_capacity_ms": m("tbt_p99_ms"),
             "output_tokens_per_s_at_capacity": m("output_tokens_per_s"), "device_busy_at_capacity": m("device_busy"),
@@ -229,6 +258,20 @@ class ServeCapacity:
             "knee_failed": kf, "knee_cause": kc,
         })
         return {k: plain_value(v) for k, v in out.items()}
+
+
+def probe_point(config: Mapping[str, Any], rate: float, repeat: int, search: RateSearch) -> Dict[str, Any]:
+    """The point a probe of ``config`` at ``rate`` runs: ``duration_s`` lengthened to measure ``search.min_requests``
+    requests (:meth:`RateSearch.probe_duration`).  Its seed is that of the point with the configuration's own
+    duration (:func:`probe_seed`), so lengthening a window only adds requests after the ones it had."""
+    p = {**config, "rate": float(rate), "repeat": repeat}
+    p["duration_s"] = search.probe_duration(p, rate)
+    return p
+
+
+def probe_seed(study_seed: int, config: Mapping[str, Any], repeat: int) -> int:
+    """The seed of every probe of one search: :func:`serve_point_seed` of the configuration and ``repeat``."""
+    return serve_point_seed(study_seed, {**config, "repeat": repeat})
 
 
 def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, float]:
@@ -289,8 +332,8 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
             tasks, config_of = [], {}
             for (i, r), rate in asked.items():
                 if (i, r, rate) not in cache:
-                    p = {**cfgs[i], "rate": rate, "repeat": r}
-                    tasks.append((counter, p, serve_point_seed(study_seed, p)))
+                    p = probe_point(cfgs[i], rate, r, search)
+                    tasks.append((counter, p, probe_seed(study_seed, cfgs[i], r)))
                     config_of[counter] = i
                     counter += 1
             runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
@@ -334,7 +377,7 @@ class ServeCapacityResult:
                 "study_fingerprint": self.study.fingerprint(), "search": self.search.to_dict(),
                 "slo": self.study.slo.to_dict(), "axes": axes, "columns": CAPACITY_COLUMNS,
                 "configurations": len(self.capacities), "axis_labels": {k: v[2] for k, v in SERVE_AXES.items()},
-                "metric_labels": SERVE_METRICS, "seconds": self.seconds, "runner": self.runner,
+                "metric_labels": SERVE_METRICS, "capacity_rule": CAPACITY_RULE, "seconds": self.seconds, "runner": self.runner,
                 "resumed_probes": self.resumed,
                 "probes_table": probes_path(self.table).name if self.table else None}
 
@@ -353,10 +396,10 @@ def _resume_probes(study: ServeStudy, search: RateSearch, out: Path) -> List[Dic
         i = r.get("config")
         if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get("slo_met"), int):
             continue  # cut short
-        p = {**cfgs[i], "rate": float(r.get("rate")), "repeat": r.get("repeat")}
+        p = probe_point(cfgs[i], float(r.get("rate")), r.get("repeat"), search)
         same = all(same_axis_value(r.get(a), p[a]) or (SERVE_AXES[a][0] is str and str(r.get(a)) == str(p[a]))
                    for a in SERVE_AXES)
-        if not same or r.get("seed") != serve_point_seed(study.seed, p):
+        if not same or r.get("seed") != probe_seed(study.seed, cfgs[i], r.get("repeat")):
             raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
                                 "(other axis values or seed)")
         keep.append({**r, **{a: p[a] for a in SERVE_AXES}})
@@ -398,7 +441,7 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     try:
         caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal, jobs=jobs,
                                            scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                           desc=f"serve capacity {study.name}", done=done,
+                                           desc=progress_label("serve capacity", study.name), done=done,
                                            on_probe=writer.add if writer is not None else None)
     except BaseException:
         if writer is not None:

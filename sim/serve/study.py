@@ -28,6 +28,7 @@ Study file
     min_rate = 0.5                   # requests/s probed first
     max_rate = 64.0                  # the largest rate probed (a capacity there is a lower bound)
     resolution = 0.05                # bisect until the bracket is this share of its top
+    min_requests = 50                # requests a probe measures at least (its window grows at low rates)
 
 Axes: :data:`SERVE_AXES` (name, type, default, label).  ``rate`` is the arrival rate of a point
 (``engram sim serve``); a capacity search sets it.  ``trace`` is the text the rows come from (a
@@ -69,8 +70,8 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["RateSearch", "SERVE_AXES", "SERVE_METRICS", "SERVE_SCHEMA", "ServeStudy", "check_serve_point",
-           "is_serve_study", "serve_point_seed", "serve_text"]
+__all__ = ["MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "SERVE_SCHEMA", "ServeStudy",
+           "check_serve_point", "is_serve_study", "serve_point_seed", "serve_text"]
 
 #: Schema of serving tables (their ``.meta.json``).
 SERVE_SCHEMA = "engram.serve/1"
@@ -122,7 +123,7 @@ SERVE_METRICS: Dict[str, str] = {
     "slo_met": "SLOs met (1) or not (0)", "attainment": "share of requests meeting the SLOs",
     "goodput_rps": "goodput (requests/s meeting the SLOs)",
     "ttft_at_slo_ms": "TTFT at the SLO percentile (ms)", "tbt_at_slo_ms": "TBT at the SLO percentile (ms)",
-    "requests_per_s": "completed requests/s",
+    "requests_per_s": "measured requests completed per second of the window",
     "output_tokens_per_s": "output tokens/s",
     **{f"{n}_{k}_ms": f"{label}, {k} (ms)" for n, label in (("ttft", "time to first token"),
                                                             ("tbt", "time between tokens"),
@@ -151,7 +152,10 @@ SERVE_METRICS: Dict[str, str] = {
 
 _STUDY_KEYS = {"name", "description", "seed", "calibration"}
 _SECTIONS = ("study", "serve", "grid", "slo", "search")
-_SEARCH_KEYS = ("seeds", "min_rate", "max_rate", "resolution")
+_SEARCH_KEYS = ("seeds", "min_rate", "max_rate", "resolution", "min_requests")
+#: Requests a capacity probe measures at least by default (:attr:`RateSearch.min_requests`): below it a
+#: p99 is the largest of a handful of requests.
+MIN_PROBE_REQUESTS = 50
 
 
 def _tomllib():
@@ -261,13 +265,21 @@ class RateSearch:
     Raises
     ------
     ArgumentError
-        seeds below 1, rates <= 0 or ``min_rate > max_rate``, a resolution outside (0, 1).
+        seeds below 1, rates <= 0 or ``min_rate > max_rate``, a resolution outside (0, 1), ``min_requests``
+        below 1.
+
+    ``min_requests``: the requests each probe measures at least.  A probe at ``rate`` whose window
+    ``duration_s - warmup_s`` would expect fewer arrivals has its ``duration_s`` lengthened so that
+    ``min_requests`` plus three standard deviations of the arrival count are expected
+    (:meth:`probe_duration`); a probe that still measures fewer (a rare draw) is counted in the
+    capacity's ``small_sample`` flag (:class:`sim.serve.search.ServeCapacity`).
     """
 
     seeds: int = 3
     min_rate: float = 0.5
     max_rate: float = 64.0
     resolution: float = 0.05
+    min_requests: int = MIN_PROBE_REQUESTS
 
     def __post_init__(self) -> None:
         if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
@@ -280,6 +292,18 @@ class RateSearch:
             raise ArgumentError(f"search min_rate = {self.min_rate} is above max_rate = {self.max_rate}")
         if not self.resolution < 1:
             raise ArgumentError(f"search resolution = {self.resolution} must be below 1 (a share of the rate)")
+        if isinstance(self.min_requests, bool) or not isinstance(self.min_requests, int) or self.min_requests < 1:
+            raise ArgumentError(f"search min_requests = {self.min_requests!r} must be an integer >= 1")
+
+    def probe_duration(self, p: Mapping[str, Any], rate: float) -> float:
+        """``duration_s`` of a probe of point ``p`` at ``rate`` (s): the point's own, or longer so that its
+        window expects ``min_requests + 3 sqrt(min_requests) * cv`` arrivals (``cv`` the arrivals' coefficient
+        of variation: 1 for Poisson, 0 for constant, ``p['cv']`` for gamma; replayed files: the point's own)."""
+        if p.get("arrivals") == "replay":
+            return float(p["duration_s"])
+        cv = {"constant": 0.0, "gamma": float(p.get("cv", 1.0))}.get(p.get("arrivals"), 1.0)
+        want = self.min_requests + 3.0 * math.sqrt(self.min_requests) * cv
+        return max(float(p["duration_s"]), float(p.get("warmup_s", 0.0)) + want / float(rate))
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in _SEARCH_KEYS}
@@ -364,7 +388,8 @@ class ServeStudy:
         bad = set(srch) - set(_SEARCH_KEYS)
         if bad:
             raise ArgumentError(f"{where}: [search] has unknown key {sorted(bad)[0]!r} ({', '.join(_SEARCH_KEYS)})")
-        search = RateSearch(**{k: float(v) if k != "seeds" and isinstance(v, int) and not isinstance(v, bool) else v
+        search = RateSearch(**{k: float(v) if k not in ("seeds", "min_requests") and isinstance(v, int)
+                               and not isinstance(v, bool) else v
                                for k, v in srch.items()})
         cal = head.get("calibration")
         if cal is not None:

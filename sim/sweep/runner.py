@@ -46,6 +46,7 @@ from ..decode import hot_rows, seed_reproduction, simulate_decode
 from ..device import load_device
 from ..params import Compute, Policy
 from ..progress import progress as progress_bar
+from ..progress import progress_label
 from ..schema import SWEEP_SCHEMA
 from ..trace import load_trace
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
@@ -637,7 +638,7 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     rows: Dict[int, Dict[str, Any]] = {r["point"]: r for r in done}
     runner = PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout, attempts=attempts,
                          size=len(todo))
-    bar = progress_bar(len(pts), f"sweep {study.name}", "point", mode=progress, initial=len(done))
+    bar = progress_bar(len(pts), progress_label("sweep", study.name), "point", mode=progress, initial=len(done))
 
     def keep(row: Dict[str, Any]) -> None:
         rows[row["point"]] = row

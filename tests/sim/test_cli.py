@@ -180,3 +180,53 @@ def test_decode_planner_axes(capsys, tmp_path):
     assert d["config"]["drives"] == 2 and d["device"]["drives"] == 2 and d["config"]["hot_rows"] == 10
     assert d["dram_hit_rate"] == pytest.approx(0.25, abs=0.03) and d["shared_cache_hit_rate"] > 0
     assert d["config"]["tail"] and "+tail:" in d["device"]["name"]
+
+
+def _all_parsers():
+    """Every parser of the simulator's commands, by its program name."""
+    import argparse
+
+    from sim.cli import register
+    top = argparse.ArgumentParser(prog="engram")
+    register(top.add_subparsers())
+    out, todo = {}, [top]
+    while todo:
+        p = todo.pop()
+        out[p.prog] = p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend(a.choices.values())
+    return out
+
+
+def test_no_required_argument_claims_a_default():
+    """A positional argument the command requires never says '(default ...)' in its help."""
+    bad = [f"{prog} {a.dest}" for prog, p in _all_parsers().items() for a in p._actions
+           if not a.option_strings and a.nargs not in ("?", "*", "...", "A...") and a.help
+           and "default" in a.help]
+    assert not bad, bad
+
+
+def test_measure_help_counts_its_grids_and_says_what_threads_counts():
+    """--quick and the default grid are stated from the grids the command runs; the threads column is explained."""
+    from sim.measure import default_grid, quick_grid
+    helps = {a.dest: a.help for a in _all_parsers()["engram measure"]._actions}
+    q = quick_grid()
+    multi = sum(c.multi for c in q)
+    assert helps["quick"].startswith(f"small and fast: {len(q) - multi} single-session + {multi} multi-session "
+                                     "configurations x 60 steps")
+    d = default_grid()
+    desc = " ".join(_all_parsers()["engram measure"].description.split())
+    assert f"Default grid ({len(d) - sum(c.multi for c in d)} single-session + {sum(c.multi for c in d)} " in desc
+    assert "threads: the OS threads of the measuring process" in desc
+
+
+def test_sim_device_says_why_it_serves_more_reads_than_its_parallelism(capsys):
+    from sim.device import load_device
+    dev = load_device("ssd:qd1_us=150,iops=90000")
+    assert main(["sim", "device", "ssd:qd1_us=150,iops=90000"]) == 0
+    out = capsys.readouterr().out
+    q, par = dev.saturation_depth(), dev.parallel_reads()
+    assert (q, par) == (16, 13)  # the knee 13.5; the closed loop reaches the ceiling at 16
+    assert f"derived parallelism = {par}:" in out and f"serves  {q} reads at once" in out
+    assert f"{q}, not the parallelism {par}: the shallowest depth of the table from the knee (13.5)" in out

@@ -14,7 +14,7 @@ from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
 from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, QUIET_TARGETS, TARGETS, capacity, crosscheck,
-                            crosscheck_files, markdown_table, median_interval, predict, regime, run_sd)
+                            capacity_shown, crosscheck_files, markdown_table, median_interval, predict, regime, run_sd)
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -163,6 +163,10 @@ def test_crosscheck_table(measured):
     assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + len(res["rows"]) + 1 + 2
     assert "base_events" in md and "serial" in md and ("PASS" in md) == s["passed"]
     assert f"Regime: {s['regime']['name']}" in md and "Capacity (threads" in md
+    for c in res["capacity"]:
+        for key in ("measured", "predicted"):
+            assert (f"{capacity_shown(c, key)} (every count up to" in md) == c["all_met"][key]
+            assert capacity_shown(c, key).startswith(">= ") == c["all_met"][key]
     assert f"each run inside its own 90% interval: {s['runs_inside']} of {s['runs']}" in md
     for b in left:
         assert f"Backends left out: {b}" in md
@@ -276,6 +280,10 @@ def test_capacity_known_answers():
     assert (c["measured_capacity"], c["predicted_capacity"], c["within_one_step"]) == (0, 0, True)
     (c,) = capacity(rows, 30.0)
     assert c["measured_capacity"] == 16 and c["all_met"] == {"measured": True, "predicted": True}
+    # every count met the target: a lower bound, shown ">= 16" for measured and predicted alike
+    assert (capacity_shown(c, "measured"), capacity_shown(c, "predicted")) == (">= 16", ">= 16")
+    (c,) = capacity(rows, 50.0)
+    assert (capacity_shown(c, "measured"), capacity_shown(c, "predicted")) == ("8", ">= 16")
     # a count that misses the target ends the capacity, even when a larger one reaches it
     rows[1] = _cap_row(2, 80, 130)
     (c,) = capacity(rows, 85.0)

@@ -347,6 +347,26 @@ def test_a_wrapped_trace_warns_everywhere(caplog, monkeypatch):
     assert not private.warnings
 
 
+def test_an_intended_replay_is_named_and_not_advised(caplog, monkeypatch):
+    """An internal run replaying its stretch on purpose (replay=NAME): no warning without a row cache; with
+    one, the warning names the run and gives no advice meant for a user's run."""
+    monkeypatch.setattr(decode_reads, "_LOGGED", set())
+    tr = load_trace(CODE_SOURCE, limit=60)
+    name = "cross-check prediction of t8/pread/x4"
+    with caplog.at_level("WARNING", logger="sim.decode"):
+        plain = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), steps=1000, replay=name)
+        cached = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=1000,
+                                 replay=name)
+        user = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), steps=1000)
+    assert plain.wrap["wrapped"] and plain.wrap["replays"] == pytest.approx(1000 / tr.steps)
+    assert not plain.warnings
+    assert len(cached.warnings) == 1 and cached.warnings[0].startswith(name + ": replays its")
+    assert "inflated" in cached.warnings[0] and "longer trace" not in cached.warnings[0]
+    assert len(user.warnings) == 1 and "trace wraps" in user.warnings[0] and "longer trace" in user.warnings[0]
+    assert not any("longer trace" in m and name in m for m in caplog.messages)
+    assert np.array_equal(plain.step_latencies, user.step_latencies)  # the name changes no figure
+
+
 # --------------------------------------------------- compute distributions (issues 14.7, 18.6)
 def test_compute_distributions_have_the_requested_mean_and_cv():
     rng = np.random.default_rng(0)

@@ -60,3 +60,39 @@ def test_modes():
     assert progress_mode("lines") == "lines"
     with pytest.raises(ValueError, match="progress must be one of"):
         progress_mode("loud")
+
+
+def test_a_delay_keeps_short_runs_quiet_and_eta_can_be_left_out():
+    out = io.StringIO()
+    with progress(3, "decode (fast)", "session", stream=out, delay=3600.0) as p:
+        p.update(3)
+    assert out.getvalue() == ""
+    out = io.StringIO()
+    with progress(3, "decode (fast)", "session", stream=out, interval=0.0, eta=False) as p:
+        p.update(1)
+        p.update(1)
+    assert "left" not in out.getvalue() and "decode (fast): 1/3 sessions (33%) after" in out.getvalue()
+    tty = Terminal()
+    with progress(3, "decode (fast)", "session", stream=tty, eta=False) as p:
+        p.update(1)
+    assert "\r" in tty.getvalue() and "<" not in tty.getvalue()  # tqdm's remaining-time field is left out
+
+
+def test_sim_decode_off_a_terminal_prints_plain_lines(monkeypatch):
+    """simulate_decode(progress=True) off a terminal: sim.progress's plain lines, no tqdm bar, no time left."""
+    import sim.decode.model as model
+    from sim.decode import simulate_decode
+    from sim.trace import CODE_SOURCE, load_trace
+    out = io.StringIO()
+    made = []
+
+    def capture(*a, **k):
+        assert k["eta"] is False and k["delay"] > 0
+        made.append(progress(*a, **{**k, "delay": 0.0, "stream": out}))
+        return made[-1]
+
+    monkeypatch.setattr(model, "progress_bar", capture)
+    simulate_decode(load_trace(CODE_SOURCE, limit=200), "seed-apple-m3-ultra", sessions=3, steps=50, progress=True)
+    lines = out.getvalue().splitlines()
+    assert made and made[0].mode == "lines" and "\r" not in out.getvalue()
+    assert lines[0] == "decode (fast): 3 sessions" and re.fullmatch(r"decode \(fast\): 3/3 sessions in \d+ s", lines[-1])

@@ -75,3 +75,19 @@ def test_sim_serve_bad_input(capsys, argv, match):
         rc = exc.code
     assert rc == 2
     assert match in capsys.readouterr().err
+
+
+def test_errors_and_progress_labels_say_no_word_twice(capsys):
+    """`engram sim: error: serve: rate ...`, not `engram sim: error: engram sim serve: ...`; a study named like
+    its kind gives `capacity: 2/15 searches`, not `capacity capacity: ...`."""
+    from sim.progress import progress_label
+    assert main(["sim", "serve", "--rate", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "engram sim: error: serve: rate = 0.0 must be > 0"
+    assert progress_label("capacity", "capacity") == "capacity"
+    assert progress_label("serve capacity", "serve") == "capacity serve"
+    assert progress_label("sweep", "threshold_readers") == "sweep threshold_readers"
+    assert progress_label("capacity", "capacity-ssd") == "capacity-ssd"
+    for kind, name in (("capacity", "capacity"), ("serve capacity", "serve-policy"), ("sweep", "demo")):
+        words = progress_label(kind, name).replace("-", " ").split()
+        assert len(words) == len(set(words))

@@ -203,3 +203,19 @@ def test_bad_configurations(rows):
             Scheduler(**kw)
     with pytest.raises(ArgumentError, match="SLO"):
         SLO(ttft_s=0)
+
+
+@pytest.mark.parametrize("rate,scale,iops", [(0.5, 20, 40_000), (3.0, 10, 600_000), (3.0, 10, 40_000),
+                                             (8.0, 20, 100_000), (20.0, 5, 20_000)])
+def test_goodput_never_exceeds_throughput(rows, rate, scale, iops):
+    """Both are counted over the measurement window: goodput is the completed measured requests that
+    met the SLOs per second of it, throughput all completed measured requests per second of it."""
+    w = Workload(rate=rate, duration=20.0, prompt_tokens="lognormal:mean=300,cv=1,min=16,max=2000",
+                 output_tokens="lognormal:mean=40,cv=1,min=2,max=200")
+    r = simulate_serve(w, f"ssd:qd1_us=80,iops={iops}", compute=StepCompute.reference(scale=scale),
+                       rows=rows, seed=3)
+    span = r.requests["window_s"][1] - r.requests["window_s"][0]
+    measured_done = int(np.sum(r.per_request["measured"] & ~np.isnan(r.per_request["finish"])))
+    assert r.throughput["requests_per_s"] == pytest.approx(measured_done / span)
+    assert r.slo["goodput_rps"] <= r.throughput["requests_per_s"] + 1e-12
+    assert r.slo["goodput_rps"] == pytest.approx(r.slo["attainment"] * r.requests["measured"] / span)

@@ -12,6 +12,7 @@ from engram import ArgumentError
 from sim.serve import SLO, RateSearch, ServeStudy, find_serve_capacity, knee_cause, run_serve_capacity
 from sim.serve.panels import PANELS, goodput_by_device, knee_breakdown, latency_vs_load
 from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, knee_words, probes_path
+from sim.capacity import CAPACITY_RULE
 from sim.serve.study import SERVE_AXES, SERVE_METRICS, is_serve_study, serve_point_seed
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -127,6 +128,22 @@ def test_knee_cause_names_the_part_that_grew():
     assert knee_cause(base, dict(base), slo)[0] == "unstable"
 
 
+def test_a_configuration_failing_at_every_rate_reads_below_the_lowest():
+    """Every halving of min_rate failed: the capacity reads '< lowest rate probed', and the cause is the
+    largest part at that rate (nothing grew: it is the only failing rate)."""
+    from sim.serve.search import MAX_HALVINGS, ServeCapacity
+    fail = {"tbt_at_slo_ms": 20, "ttft_at_slo_ms": 5000, "tail_token_compute_ms": 5, "tail_token_reads_alone_ms": 3,
+            "tail_token_contention_ms": 0.5, "tail_token_stall_ms": 0, "tail_ttft_queue_ms": 1,
+            "tail_ttft_prefill_reads_ms": 4000, "tail_ttft_prefill_compute_ms": 50, "slo_met": 0, "repeat": 0,
+            "requests_measured": 60}
+    search = RateSearch(1, 0.5, 64.0, 0.05)
+    cap = ServeCapacity(0, {}, search, SLO(2.0, 100.0), per_seed=[0.0], bound=[False], below=[True])
+    cap.probes = [{**fail, "rate": 0.5 / 2 ** k} for k in range(MAX_HALVINGS + 1)]
+    lowest = 0.5 / 2 ** MAX_HALVINGS
+    assert cap.label().startswith(f"< {lowest:.3g} requests/s")
+    assert cap.knee() == (lowest, "ttft", "prefill reads")
+
+
 def test_capacity_tables_resume_and_panels(study, tmp_path, monkeypatch):
     out = tmp_path / "cap.csv"
     res = run_serve_capacity(study, jobs=1, out=out, progress=False)
@@ -221,6 +238,7 @@ def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
     assert sweeps_section(doc, folder, [out]) == []  # requests/s are not session capacities
     md = doc.markdown()
     assert "# Serving capacity study: tiny" in md and "p99 TTFT <= 1 s, p99 TBT <= 60 ms" in md
+    assert f"The capacity is {CAPACITY_RULE}" in md and "median over the seeds" not in md.replace("lower median", "")
     for c in res.capacities:
         line = next(x for x in md.splitlines() if x.startswith(f"| {c.config['device']} |"))
         assert f"| {c.capacity:.3g} |" in line and knee_words(*c.knee()) in line
@@ -234,9 +252,50 @@ def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
     assert {p.name for p in (folder.root / "inputs").iterdir()} >= {"cap.csv", "cap.csv.probes.csv"}
 
 
+def test_the_capacity_of_an_even_count_of_seeds_is_the_lower_median():
+    """Per-seed 9 and 12 give 9, as CAPACITY_RULE (every output's wording) says."""
+    from sim.capacity import Capacity, CapacitySpec
+    from sim.serve.search import ServeCapacity
+    assert Capacity(0, {}, CapacitySpec(), per_seed=[9, 12], bound=[False, False]).capacity == 9
+    assert ServeCapacity(0, {}, RateSearch(), SLO(), per_seed=[12.0, 9.0]).capacity == 9.0
+    assert ServeCapacity(0, {}, RateSearch(), SLO(), per_seed=[12.0, 9.0, 10.0]).capacity == 10.0
+    assert "lower median" in CAPACITY_RULE and "conservative" in CAPACITY_RULE
+
+
 def test_knee_words():
     assert knee_words(3.25, "ttft", "queueing") == "TTFT over the target at 3.25 requests/s, from queueing"
     assert knee_words(1.0, "tbt+ttft", "compute").startswith("TBT and TTFT over the target")
     assert knee_words(0.688, "unstable", "prefill reads") == \
         "requests left unfinished (the queue grows) at 0.688 requests/s, from prefill reads"
     assert knee_words(None, "", "") == ""
+
+
+def test_a_probe_measures_at_least_min_requests(study, tmp_path):
+    """At rates whose 20 s window would hold one request, each probe's window is lengthened to expect
+    min_requests plus three standard deviations; the capacity row names the fewest requests measured."""
+    text = study.read_text().replace("min_rate = 2.0", "min_rate = 0.05\nmin_requests = 20").replace(
+        "max_rate = 64.0", "max_rate = 0.2").replace(f'device = ["{SLOW}", "{FAST}"]', f'device = ["{FAST}"]')
+    p = tmp_path / "low.toml"
+    p.write_text(text)
+    st = ServeStudy.load(p)
+    assert st.search.min_requests == 20
+    res = run_serve_capacity(p, jobs=1, out=tmp_path / "low.csv", progress=False)
+    cap = res.capacities[0]
+    want = 20 + 3 * math.sqrt(20)
+    for pr in cap.probes:
+        assert pr["duration_s"] == pytest.approx(max(20.0, want / pr["rate"]))
+        assert pr["requests_measured"] >= 20
+    assert cap.fewest_requests == min(pr["requests_measured"] for pr in cap.probes) >= 20
+    rows, meta = read_table(tmp_path / "low.csv")
+    assert meta["capacity_rule"] == CAPACITY_RULE
+    assert rows[0]["min_requests"] == 20 and rows[0]["fewest_requests"] == cap.fewest_requests
+    assert rows[0]["small_sample"] in (0, False) and "SMALL SAMPLE" not in cap.label()
+    # a probe below the minimum is flagged, in the row and in the label
+    cap.search = RateSearch(seeds=2, min_rate=0.05, max_rate=0.2, resolution=0.1, min_requests=10_000)
+    assert cap.small_sample and cap.row()["small_sample"] and "SMALL SAMPLE" in cap.label()
+    # the point's own window when it is long enough; constant arrivals need no margin
+    rs = RateSearch(min_requests=50)
+    assert rs.probe_duration({"duration_s": 300.0, "warmup_s": 0.0, "arrivals": "poisson"}, 4.0) == 300.0
+    assert rs.probe_duration({"duration_s": 10.0, "warmup_s": 5.0, "arrivals": "constant"}, 0.5) == 105.0
+    with pytest.raises(ArgumentError, match="min_requests"):
+        RateSearch(min_requests=0)
