@@ -115,7 +115,8 @@ def test_engram_info_reports_what_auto_uses_now():
     if "io_uring" in usable_backends():
         r = subprocess.run(cmd + ["info", "--json"], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "ENGRAM_DISABLE_IO_URING"})
-        assert json.loads(r.stdout)["auto_backend"] == "io_uring"
+        info = json.loads(r.stdout)
+        assert info["auto_backend"] == "io_uring" and "a ring started and read" in info["auto_reason"]
 
 
 # ---------------------------------------------------------------- a ring that starts but cannot read
