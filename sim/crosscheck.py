@@ -74,7 +74,6 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from engram import read_model
 from engram.errors import ArgumentError, FormatError
@@ -83,6 +82,7 @@ from .calibrate import Calibration
 from .decode import simulate_decode
 from .io import load_json, now_iso, sha256_file, write_json
 from .params import Phases
+from .progress import progress as progress_bar
 from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
@@ -532,9 +532,11 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     traces = _load_traces(runs_doc, rp, configs, need)
 
     rows, session_rows = [], []
-    for c in tqdm(configs, desc="crosscheck", unit="config", disable=not progress, leave=False):
-        row = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed)
-        (session_rows if c.multi else rows).append(row)
+    with progress_bar(len(configs), "crosscheck", "configuration", mode=progress) as bar:
+        for c in configs:
+            row = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed)
+            (session_rows if c.multi else rows).append(row)
+            bar.update(1, note=c.key)
     every = rows + session_rows
     target = (runs_doc.get("params") or {}).get("capacity_target")
     caps = capacity(session_rows, float(target)) if session_rows and target else []

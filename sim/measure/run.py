@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from engram import EngramModel
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError, TableIOError
 
 from ..io import now_iso, write_json
+from ..progress import progress as progress_bar
 from ..schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from ..trace import Trace, load_trace
 from ..trace.sources import encoded_by_tokenizer
@@ -116,9 +116,9 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     tasks = plan_tasks(configs, s, backends=backends, depths=depths, computes=computes,
                        fio_installed=shutil.which("fio") is not None)
     ctx = Context(model, s, configs, open_tables(model.info) if s.micro else [], traces, starts)
-    bar = tqdm(total=s.rounds * len(tasks), unit="task", desc="measure", disable=not progress, leave=False)
+    bar = progress_bar(s.rounds * len(tasks), "measure", "task", mode=progress)
     guard = QuietGuard(model_path, s.max_background_cpu, s.max_background_iops, s.quiet_wait, s.redo,
-                       s.wait_budget, on_wait=lambda: bar.set_postfix_str("waiting for a quiet machine"))
+                       s.wait_budget, on_wait=lambda: bar.update(0, note="waiting for a quiet machine"))
     complete = False
 
     def save(done: bool) -> None:
@@ -137,10 +137,9 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             order = np.random.default_rng([s.seed, r, 5]).permutation(len(tasks))
             for pos, ti in enumerate(order):
                 task: Task = tasks[int(ti)]
-                bar.set_postfix_str(f"round {r}: {task.describe(ctx)}")
                 for rec in guard.run(lambda: retry_busy(lambda: task.run(ctx, r, pos))):
                     (runs_doc["runs"] if "config" in rec else micro_doc["records"]).append(rec)
-                bar.update(1)
+                bar.update(1, note=f"round {r}: {task.describe(ctx)}")
             save(False)
         complete = True
     finally:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-from tqdm import tqdm
 
 from engram.errors import ArgumentError
 
+from ..progress import progress as progress_bar
 from .base import Trace
 
 __all__ = ["ReuseStats", "lru_hit_rate", "lru_hits", "repeat_mask", "reuse_stats"]
@@ -77,7 +77,7 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True) -> np.ndarr
         move, pop = cache.move_to_end, cache.popitem
         keys_list = seg.tolist()
         step = 1 << 18
-        with tqdm(total=len(keys_list), unit="read", desc="LRU", delay=2.0, leave=False) as bar:
+        with progress_bar(len(keys_list), "LRU", "read", delay=2.0) as bar:
             for lo in range(0, len(keys_list), step):
                 for i, key in enumerate(keys_list[lo:lo + step], lo):
                     if key in cache:
