@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 import struct
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -202,14 +203,21 @@ class ArrayWriter(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
+#: Seconds between two redraws of a progress bar written to something other than a terminal.
+LOG_INTERVAL_S = 10.0
+
+
 @contextmanager
 def progress_bar(show: bool, total: int, desc: str) -> Iterator[Optional[tqdm]]:
     """A tqdm bar over ``total`` bytes (None when not ``show``); a run that fails or is interrupted clears it,
-    so its one-line error stands alone."""
+    so its one-line error stands alone.  Off a terminal (a log, CI) the bar is redrawn at most every
+    :data:`LOG_INTERVAL_S` seconds, so a log holds a record every few seconds rather than one per update."""
     if not show:
         yield None
         return
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
+    tty = getattr(sys.stderr, "isatty", lambda: False)()
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+               mininterval=0.1 if tty else LOG_INTERVAL_S, maxinterval=max(10.0, LOG_INTERVAL_S))
     try:
         yield bar
     except BaseException:
