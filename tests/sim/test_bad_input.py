@@ -1,0 +1,89 @@
+"""Bad input to the simulator, one test per kind: each is refused before anything is allocated or written,
+with an engram.EngramError naming the key, field, line or file and the value, and on the command line as one
+line, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from engram.cli import main
+from engram.errors import ArgumentError, EngramError, FormatError
+from sim import limits
+from sim.decode import simulate_decode
+from sim.device import load_device
+from sim.serve.workload import Workload, make_requests
+from sim.trace import load_trace
+
+GB8 = 8 * 10**9
+
+
+def cli(capsys, args) -> str:
+    """Run ``engram ARGS``; assert exit 2 and one line without a traceback; return that line."""
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.fixture
+def eight_gb(monkeypatch):
+    """A machine of 8 GB physical memory: the limit is 4 GB."""
+    monkeypatch.setattr(limits, "physical_memory", lambda: GB8)
+
+
+# ------------------------------------------------------------------ 1. memory and queue depths
+def test_memory_limit_is_a_share_of_physical_memory():
+    import os
+    assert limits.memory_limit() == int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * limits.MEMORY_SHARE)
+
+
+def test_a_decode_run_too_large_for_memory_is_refused_before_allocating(eight_gb, capsys):
+    tr = load_trace("stdlib:asyncio/base_events.py", limit=200)
+    L, C = tr.layers, tr.columns
+    want = (f"2000000 steps x 64 sessions x {L * C} row slots a step (~24 bytes a slot) needs about "
+            f"{2000000 * 64 * L * C * 24 / 1e9:.3g} GB of memory, more than the limit of 4 GB (0.5 of this "
+            "machine's 8 GB physical memory, sim.limits.MEMORY_SHARE): make the run smaller")
+    with pytest.raises(ArgumentError) as e:
+        simulate_decode(tr, "seed-apple-m3-ultra", compute=0.01, sessions=64, steps=2000000)
+    assert str(e.value) == want
+    assert cli(capsys, ["sim", "decode", "--limit", "200", "--steps", "2000000", "--sessions", "64",
+                        "--compute-ms", "10"]) == f"engram sim: error: {want}"
+
+
+def test_a_serving_run_with_too_many_requests_is_refused(eight_gb, capsys):
+    want = ("rate 1e+09 requests/s x duration 5 s = 5e+09 requests (~1024 bytes a request) needs about "
+            "5.12e+03 GB of memory, more than the limit of 4 GB (0.5 of this machine's 8 GB physical memory, "
+            "sim.limits.MEMORY_SHARE): make the run smaller")
+    with pytest.raises(ArgumentError) as e:
+        make_requests(Workload(1e9, 5.0), 0)
+    assert str(e.value) == want
+    assert cli(capsys, ["sim", "serve", "--duration-s", "5", "--trace-limit", "20000", "--rate", "1e9"]) == \
+        f"engram sim: error: {want}"
+
+
+@pytest.mark.parametrize("qd", ["99999999999", "0", "1.5", "x"])
+def test_device_table_queue_depths_are_bounded(tmp_path, capsys, qd):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"kind": "empirical", "name": "d", "table": {"1": {"mean_us": 80}, qd: {"mean_us": 90}}}))
+    why = (f"queue depth {int(qd)} is outside [1, 65536] (sim.limits.MAX_QUEUE_DEPTH: an NVMe queue's largest size)"
+           if qd.isdigit() else f"queue depth {qd!r} is not a whole number")
+    with pytest.raises(FormatError) as e:
+        load_device(path)
+    assert str(e.value) == f"{path}: empirical device: table: {why}"
+    assert cli(capsys, ["sim", "device", str(path)]) == f"engram sim: error: {path}: empirical device: table: {why}"
+
+
+# ------------------------------------------------------------------ 2. seeds
+def test_negative_seeds_are_refused(capsys):
+    with pytest.raises(ArgumentError, match=r"^seed must be >= 0, got -1$"):
+        simulate_decode("stdlib:asyncio/base_events.py", "seed-apple-m3-ultra", compute=0.01, steps=5, seed=-1)
+    with pytest.raises(ArgumentError, match=r"^seed must be >= 0, got -1$"):
+        make_requests(Workload(1.0, 5.0), -1)
+    for args in (["sim", "decode", "--limit", "50", "--steps", "5", "--compute-ms", "10", "--seed", "-1"],
+                 ["sim", "serve", "--duration-s", "5", "--seed", "-1"]):
+        assert cli(capsys, args) == "engram sim: error: seed must be >= 0, got -1"
