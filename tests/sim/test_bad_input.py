@@ -87,3 +87,37 @@ def test_negative_seeds_are_refused(capsys):
     for args in (["sim", "decode", "--limit", "50", "--steps", "5", "--compute-ms", "10", "--seed", "-1"],
                  ["sim", "serve", "--duration-s", "5", "--seed", "-1"]):
         assert cli(capsys, args) == "engram sim: error: seed must be >= 0, got -1"
+
+
+# ------------------------------------------------------------------ 3. ssd: device strings
+RANGE = "is outside its physical range"
+
+
+@pytest.mark.parametrize("extra, why", [
+    ("parallelism=nan", f"ssd: parallelism = nan {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
+    ("qd_peak=nan", f"ssd: qd_peak = nan {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
+    ("parallelism=inf", f"ssd: parallelism = inf {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
+    ("qd_peak=inf", f"ssd: qd_peak = inf {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
+    ("iops_row=1e300", f"ssd: iops_row = 1e+300 {RANGE} (0, 1e+09] (sim.device.datasheet.SPEC_MAX)"),
+    ("cv=-1", f"ssd: cv = -1 {RANGE} [0, 10] (sim.device.datasheet.SPEC_MAX)"),
+    ("qd_peak=2.5", "ssd: qd_peak = 2.5 must be a whole number"),
+    ("qd1_us=5", "key 'qd1_us' given twice"),
+])
+def test_ssd_spec_fields_are_checked(capsys, extra, why):
+    spec = f"ssd:qd1_us=80,iops=1000,{extra}"
+    with pytest.raises(ArgumentError) as e:
+        load_device(spec)
+    assert str(e.value) == f"device spec {spec!r}: {why}"
+    assert cli(capsys, ["sim", "device", spec]) == f"engram sim: error: device spec {spec!r}: {why}"
+
+
+@pytest.mark.parametrize("spec, why", [
+    ("ssd:qd1_us=80,iops=1e30", f"ssd: iops = 1e+30 {RANGE} (0, 1e+09] (sim.device.datasheet.SPEC_MAX)"),
+    ("ssd:qd1_us=1e300,iops=1000", f"ssd: qd1_us = 1e+300 {RANGE} (0, 1e+06] (sim.device.datasheet.SPEC_MAX)"),
+    ("ssd:qd1_us=900000,iops=1e9", "ssd: row IOPS x QD1 latency = 9e+08 reads in flight to reach the ceiling, "
+                                   "more than the deepest queue (65536, sim.limits.MAX_QUEUE_DEPTH)"),
+])
+def test_ssd_spec_figures_are_bounded_to_physical_ranges(spec, why):
+    with pytest.raises(ArgumentError) as e:
+        load_device(spec)
+    assert str(e.value) == f"device spec {spec!r}: {why}"
