@@ -121,3 +121,47 @@ def test_ssd_spec_figures_are_bounded_to_physical_ranges(spec, why):
     with pytest.raises(ArgumentError) as e:
         load_device(spec)
     assert str(e.value) == f"device spec {spec!r}: {why}"
+
+
+# ------------------------------------------------------------------ 4. fio JSON output
+FIO = __import__("pathlib").Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
+
+
+def _set(doc, path, value):
+    *head, last = path
+    for k in head:
+        doc = doc[k]
+    doc[last] = value
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (("jobs", 0, "read", "iops"), "abc", 'jobs[0].read.iops: expected a number, got "abc"'),
+    (("jobs", 0, "read", "iops"), -5, "jobs[0].read.iops: expected a finite number >= 0, got -5"),
+    (("jobs", 0, "read", "iops"), float("nan"), "jobs[0].read.iops: expected a finite number >= 0, got nan"),
+    (("jobs", 0, "read", "lat_ns", "mean"), "x", 'jobs[0].read.lat_ns.mean: expected a number, got "x"'),
+    (("jobs", 0, "read", "clat_ns", "min"), "x", 'jobs[0].read.clat_ns.min: expected a number, got "x"'),
+    (("jobs", 0, "read", "clat_ns", "percentile", "99.000000"), "x",
+     'jobs[0].read.clat_ns.percentile["99.000000"]: expected a number, got "x"'),
+    (("jobs", 0, "read", "clat_ns", "percentile", "99.000000"), -3,
+     'jobs[0].read.clat_ns.percentile["99.000000"]: expected a finite number >= 0, got -3'),
+    (("jobs", 0, "read", "clat_ns", "percentile", "p99"), 5,
+     'jobs[0].read.clat_ns.percentile["p99"]: the key is not a percentile (a number in (0, 100))'),
+    (("jobs", 0, "read", "clat_ns", "percentile"), [1, 2], "jobs[0].read.clat_ns.percentile: expected a JSON "
+                                                            "object, got [1, 2]"),
+    (("jobs", 0, "read"), [1], "jobs[0].read: expected a JSON object, got [1]"),
+    (("jobs", 0, "read", "clat_ns"), "x", 'jobs[0].read.clat_ns: expected a JSON object, got "x"'),
+    (("jobs", 0), "x", 'jobs[0]: expected a JSON object, got "x"'),
+    (("global options",), [], '"global options": expected a JSON object, got []'),
+    (("jobs", 0, "job options"), "x", 'jobs[0]["job options"]: expected a JSON object, got "x"'),
+])
+def test_fio_output_fields_are_typed_and_ranged(tmp_path, capsys, path, value, why):
+    doc = json.loads(FIO.read_text())
+    _set(doc, path, value)
+    if path[-1] == "p99":
+        doc["jobs"][0]["read"]["lat_ns"].pop("percentile", None)  # the clat percentiles are the ones read
+    f = tmp_path / "fio.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as e:
+        load_device(f)
+    assert str(e.value) == f"{f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
