@@ -220,6 +220,8 @@ class Device:
         FormatError
             Unknown ``kind`` or missing fields (names them).
         """
+        if not isinstance(d, Mapping):
+            raise FormatError(f"device: expected a JSON object, got {d!r:.40}")
         kind = d.get("kind")
         if kind == "empirical":
             return EmpiricalDevice.from_dict(d)
@@ -340,7 +342,8 @@ class EmpiricalDevice(Device):
         return cls(out, name, source)
 
     @classmethod
-    def from_measurements(cls, records: Sequence[Mapping], name: str = "measured", source: str = "") -> "EmpiricalDevice":
+    def from_measurements(cls, records: Sequence[Mapping], name: str = "measured", source: str = "",
+                          where: Optional[Sequence[str]] = None) -> "EmpiricalDevice":
         """From microbenchmark records, one per queue depth.
 
         Each record has ``qd`` and any of: ``iops`` or ``rows_per_s`` (mean
@@ -351,22 +354,25 @@ class EmpiricalDevice(Device):
         Raises
         ------
         FormatError
-            A record without ``qd`` or without any latency figure (names the record).
+            A record without ``qd`` or without any latency figure, a queue depth that is not a whole number in
+            ``[1, MAX_QUEUE_DEPTH]`` or given twice, a figure that is not a number (names the record:
+            ``where[i]``, by default ``"NAME: record i"``).
         """
         table = {}
         for i, r in enumerate(records):
+            at = where[i] if where is not None else f"{name}: record {i}"
             if "qd" not in r:
-                raise FormatError(f"{name}: record {i} has no 'qd'")
+                raise FormatError(f"{at} has no 'qd'")
             try:
-                q = check_queue_depth(r["qd"], f"{name}: record {i}")
+                q = check_queue_depth(r["qd"], at)
             except ArgumentError as exc:
                 raise FormatError(str(exc)) from None
             if q in table:
-                raise FormatError(f"{name}: record {i}: queue depth {q} given twice")
+                raise FormatError(f"{at}: queue depth {q} given twice")
             rate = r.get("iops", r.get("rows_per_s"))
             if rate is not None and "mean_us" not in r and \
                     (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf):
-                raise FormatError(f"{name}: record {i} (qd {q}): iops = {rate!r} must be a positive number")
+                raise FormatError(f"{at} (qd {q}): iops = {rate!r} must be a positive number")
             d = {k: v for k, v in r.items() if k.startswith("p") and k.endswith("_us")}
             if "mean_us" in r:
                 d["mean_us"] = r["mean_us"]
@@ -375,11 +381,11 @@ class EmpiricalDevice(Device):
             if "samples_us" in r:
                 d = {"samples_us": r["samples_us"]}
             if not d:
-                raise FormatError(f"{name}: record {i} (qd {q}) has no latency figure")
+                raise FormatError(f"{at} (qd {q}) has no latency figure")
             try:
                 table[q] = LatencyDist.from_dict(d)
             except FormatError as exc:
-                raise FormatError(f"{name}: record {i} (qd {q}): {exc}") from None
+                raise FormatError(f"{at} (qd {q}): {exc}") from None
         if not table:
             raise FormatError(f"{name}: no records")
         return cls(table, name, source)
@@ -395,9 +401,12 @@ class EmpiricalDevice(Device):
             Unreadable file or a bad line (names the line).
         """
         path = Path(path)
-        recs = [obj for _, obj in read_jsonl(path, "device file")]
-        return cls.from_measurements(recs, name or path.stem,
-                                     source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)")
+        lines = read_jsonl(path, "device file")
+        if not lines:
+            raise FormatError(f"{path}: no records")
+        return cls.from_measurements([obj for _, obj in lines], name or path.stem,
+                                     source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)",
+                                     where=[f"{path}: line {n}" for n, _ in lines])
 
     def to_dict(self) -> dict:
         return {"kind": "empirical", "name": self.name, "source": self.source,

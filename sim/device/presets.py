@@ -110,15 +110,20 @@ def _from_calibration(doc: Mapping, where: str, backend: str, compute: str) -> D
     if doc.get("schema") != CALIBRATION_SCHEMA:
         raise FormatError(f"{where}: calibration of schema {doc.get('schema')!r}, expected {CALIBRATION_SCHEMA!r}")
     devices = doc.get("devices") or {}
+    for key, v in (("devices", devices), ("think_devices", doc.get("think_devices") or {})):
+        if not isinstance(v, Mapping):
+            raise FormatError(f"{where}: {key}: expected a JSON object, got {v!r:.40}")
     if backend not in devices:
         raise ArgumentError(f"{where}: the calibration has no device for backend {backend!r} "
                             f"(has {sorted(devices)}); choose it with --backend")
     label = ComputeSpec.parse(compute).label
-    d = (doc.get("think_devices") or {}).get(label, {}).get(backend, devices[backend])
+    think = (doc.get("think_devices") or {}).get(label) or {}
+    at = f"think_devices.{label}.{backend}" if isinstance(think, Mapping) and backend in think else f"devices.{backend}"
+    d = think.get(backend, devices[backend]) if isinstance(think, Mapping) else devices[backend]
     try:
         return Device.from_dict(d)
     except FormatError as exc:
-        raise FormatError(f"{where}: {exc}") from None
+        raise FormatError(f"{where}: {at}: {exc}") from None
 
 
 def _from_json(path: Path, backend: str, compute: str) -> Device:

@@ -165,3 +165,54 @@ def test_fio_output_fields_are_typed_and_ranged(tmp_path, capsys, path, value, w
         load_device(f)
     assert str(e.value) == f"{f}: {why}"
     assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+
+
+# ------------------------------------------------------------------ 5. saved devices, microbenchmarks, calibrations
+PARAM = {"kind": "parametric_ssd", "name": "p", "qd1_latency_us": 80.0, "iops": 500000.0, "parallelism": 40,
+         "service_cv": 0.5}
+
+
+@pytest.mark.parametrize("doc, why", [
+    (dict(PARAM, iops="x"), "parametric_ssd device: iops = 'x' is not a finite number"),
+    (dict(PARAM, qd1_latency_us="x"), "parametric_ssd device: qd1_latency_us = 'x' is not a finite number"),
+    (dict(PARAM, service_cv="x"), "parametric_ssd device: service_cv = 'x' is not a finite number"),
+    (dict(PARAM, parallelism="x"), "parametric_ssd device: parallelism = 'x' is not a whole number"),
+    (dict(PARAM, parallelism=float("nan")), "parametric_ssd device: parallelism = nan is not a whole number"),
+    (dict(PARAM, parallelism=2.5), "parametric_ssd device: parallelism = 2.5 is not a whole number"),
+    (dict(PARAM, iops=1e30), "parametric_ssd device: ParametricSSD: iops = 1e+30 is outside its physical range "
+                             "(0, 1e+09] (sim.device.models.MAX_*)"),
+    ({"kind": "empirical", "table": {"1": "x"}},
+     "empirical device: table['1']: latency distribution: expected an object, got 'x'"),
+    ({"kind": "empirical", "table": {"1": {"mean_us": "x"}}},
+     "empirical device: table['1']: latency distribution: mean_us = 'x' is not a number"),
+    ({"kind": "calibration", "schema": "engram.calibration/1", "devices": {"pread": "x"}},
+     "devices.pread: device: expected a JSON object, got 'x'"),
+    ({"kind": "calibration", "schema": "engram.calibration/1", "devices": "x"},
+     "devices: expected a JSON object, got 'x'"),
+])
+def test_saved_device_fields_are_typed(tmp_path, capsys, doc, why):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as e:
+        load_device(f)
+    assert str(e.value) == f"{f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+
+
+@pytest.mark.parametrize("lines, why", [
+    ([{"qd": "a", "iops": 1000}], "record 0: queue depth 'a' is not a whole number"),
+    ([{"qd": 1.5, "iops": 1000}], "record 0: queue depth 1.5 is not a whole number"),
+    ([{"qd": 1, "p50_us": "x"}], "record 0 (qd 1): latency distribution: p50_us = 'x' is not a number"),
+    ([{"qd": 1, "samples_us": [1, "x"]}],
+     "record 0 (qd 1): latency distribution: samples_us[1] = 'x' is not a number"),
+    ([{"qd": 1, "iops": 1000}, {"qd": 1, "iops": 900}], "record 1: queue depth 1 given twice"),
+    ([{"qd": 1, "iops": -5}], "record 0 (qd 1): iops = -5 must be a positive number"),
+])
+def test_microbenchmark_records_are_typed(tmp_path, capsys, lines, why):
+    f = tmp_path / "m.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(FormatError) as e:
+        load_device(f)
+    why = why.replace("record 0", "line 1").replace("record 1", "line 2")
+    assert str(e.value) == f"{f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
