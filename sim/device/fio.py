@@ -31,6 +31,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
+from ..io import read_text
 from .latency import LatencyDist
 from .models import EmpiricalDevice
 
@@ -53,10 +54,7 @@ def read_fio_output(path: Union[str, os.PathLike]) -> List[dict]:
         Unreadable, or no fio JSON document in it (names the file).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: cannot read fio output ({exc})") from None
+    text = read_text(path, "fio output")
     dec, docs, i = json.JSONDecoder(), [], 0
     while True:
         j = text.find("{", i)

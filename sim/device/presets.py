@@ -15,7 +15,7 @@ from typing import Mapping, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import load_json, shared_data_dir
+from ..io import load_json, read_text, shared_data_dir
 from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec
 from .fio import device_from_fio, is_fio_output
@@ -127,10 +127,7 @@ def _from_calibration(doc: Mapping, where: str, backend: str, compute: str) -> D
 
 
 def _from_json(path: Path, backend: str, compute: str) -> Device:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: cannot read device file ({exc})") from None
+    text = read_text(path, "device file")
     if is_fio_output(text):
         return device_from_fio(path)
     d = load_json(path)

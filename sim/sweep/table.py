@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import OutputError, load_json, output_error, write_json
+from ..io import OutputError, load_json, output_error, read_text, write_json
 from .study import AXES
 
 __all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
@@ -249,9 +249,9 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
             cols = list(t)
             rows = [{c: t[c][i] for c in cols} for i in range(len(t[cols[0]]) if cols else 0)]
         else:
-            with open(path, newline="", encoding="utf-8") as f:
-                rows = [{k: ((v or "") if k in AXES and AXES[k][0] is str else _parse_cell(v))
-                         for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
+            f = io.StringIO(read_text(path, "table"), newline="")
+            rows = [{k: ((v or "") if k in AXES and AXES[k][0] is str else _parse_cell(v))
+                     for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
     except OSError as exc:
         raise FormatError(f"{path}: cannot read table ({exc.strerror})") from None
     except ModuleNotFoundError:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from engram import Layout
-from engram.errors import ArgumentError, FormatError
+from engram.errors import ArgumentError
 
+from ..io import read_text
 from .base import Trace
 from .sources import read_token_file, resolve_source
 from .synth import synthesize_spec
@@ -44,10 +44,7 @@ def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layou
     if kind == "text":
         return Trace.from_text(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source="text")
     if kind == "textfile":
-        try:
-            text = Path(what).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FormatError(f"{what}: cannot read as UTF-8 text ({exc})") from None
+        text = read_text(what, "text")
         return Trace.from_text(text, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)
     if kind == "prompts":
         return Trace.from_prompts(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)

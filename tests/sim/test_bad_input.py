@@ -216,3 +216,34 @@ def test_microbenchmark_records_are_typed(tmp_path, capsys, lines, why):
     why = why.replace("record 0", "line 1").replace("record 1", "line 2")
     assert str(e.value) == f"{f}: {why}"
     assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+
+
+# ------------------------------------------------------------------ 6. text files that are not UTF-8
+def test_read_text_names_the_file_and_the_byte(tmp_path):
+    from sim.io import read_text
+    f = tmp_path / "x.toml"
+    f.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(FormatError) as e:
+        read_text(f, "study")
+    assert str(e.value) == f"{f}: the study is not UTF-8 text: byte 11 is 0xe9 (invalid continuation byte)"
+    with pytest.raises(FormatError) as e:
+        read_text(tmp_path / "none.csv", "table")
+    assert str(e.value) == f"{tmp_path / 'none.csv'}: cannot read table (No such file or directory)"
+
+
+@pytest.mark.parametrize("name, body, args, what, at", [
+    ("s.toml", b'[study]\nname = "\xff"\n', ["sim", "serve", "{f}"], "study", 16),
+    ("s.toml", b'[study]\nname = "\xff"\n', ["sim", "capacity", "{f}"], "study", 16),
+    ("s.toml", b'[study]\nname = "\xff"\n', ["sim", "sweep", "{f}"], "study", 16),
+    ("r.jsonl", b'{"prompt": "\xe9"}\n', ["sim", "serve", "--requests", "{f}", "--duration-s", "5"],
+     "requests file", 12),
+    ("m.jsonl", b'{"qd": 1, "iops": 5}\n\xff\n', ["sim", "device", "{f}"], "device file", 21),
+    ("s.csv", b"threshold,tokens_per_s\n\xc3\n", ["report", "--sweep", "{f}", "--out", "{d}/r", "--quiet"],
+     "table", 23),
+])
+def test_files_that_are_not_utf8_are_refused(tmp_path, capsys, name, body, args, what, at):
+    f = tmp_path / name
+    f.write_bytes(body)
+    line = cli(capsys, [a.format(f=f, d=tmp_path) for a in args])
+    assert line.endswith(f": {f}: the {what} is not UTF-8 text: byte {at} is 0x{body[at]:02x} "
+                         f"({'invalid start byte' if body[at] == 0xff else 'invalid continuation byte'})"), line
