@@ -34,10 +34,18 @@ def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layou
     Raises
     ------
     ArgumentError, FormatError, TokenError
-        Unknown source, unreadable file, or token ids outside the vocabulary.
+        Unknown source, unreadable file, token ids outside the vocabulary, or a source without tokens (an
+        empty trace).
     """
     if limit is not None and limit < 1:
         raise ArgumentError(f"limit must be >= 1, got {limit}")
+    tr = _build(spec, limit, layout, tokenizer_json)
+    if tr.steps == 0:
+        raise ArgumentError(f"the trace {spec!r} is empty: its source has no tokens")
+    return tr
+
+
+def _build(spec: str, limit: Optional[int], layout: Optional[Layout], tokenizer_json: Optional[str]) -> Trace:
     kind, what = resolve_source(spec)
     if kind == "synth":
         return synthesize_spec(str(what), limit=limit, layout=layout, tokenizer_json=tokenizer_json)

@@ -247,3 +247,53 @@ def test_files_that_are_not_utf8_are_refused(tmp_path, capsys, name, body, args,
     line = cli(capsys, [a.format(f=f, d=tmp_path) for a in args])
     assert line.endswith(f": {f}: the {what} is not UTF-8 text: byte {at} is 0x{body[at]:02x} "
                          f"({'invalid start byte' if body[at] == 0xff else 'invalid continuation byte'})"), line
+
+
+# ------------------------------------------------------------------ 7. trace files
+@pytest.fixture(scope="module")
+def trace100():
+    return load_trace("stdlib:asyncio/base_events.py", limit=100)
+
+
+def _trace_file(tmp_path, trace100, kind):
+    if kind == "truncated.npz":
+        b = trace100.save(tmp_path / "t.npz").read_bytes()
+        (tmp_path / kind).write_bytes(b[: len(b) // 2])
+    elif kind == "big.npz":
+        rows = trace100.rows.copy()
+        rows[:] = 2**31
+        type(trace100)(rows, trace100.tokens, trace100.starts, trace100.layer_ids, trace100.heads,
+                       trace100.source, trace100.names).save(tmp_path / kind)
+    elif kind == "truncated.npy":
+        np.save(tmp_path / "t.npy", np.arange(100, dtype=np.int64))
+        (tmp_path / kind).write_bytes((tmp_path / "t.npy").read_bytes()[:160])
+    elif kind == "object.npy":
+        np.save(tmp_path / kind, np.array([1, "a", None], dtype=object), allow_pickle=True)
+    elif kind == "2d.npy":
+        np.save(tmp_path / kind, np.arange(100, dtype=np.int64).reshape(10, 10))
+    return tmp_path / kind
+
+
+@pytest.mark.parametrize("kind, why", [
+    ("truncated.npz", "cannot read trace (BadZipFile: File is not a zip file)"),
+    ("big.npz", "step 0, layer 1, column 0: row 2147483648 is beyond its table (384006168 rows)"),
+    ("truncated.npy", "not a readable .npy array of token ids (Failed to read all data for array. Expected (100,) = "
+                      "100 elements, could only read 4 elements. (file seems not fully written?))"),
+    ("object.npy", "not a readable .npy array of token ids (Object arrays cannot be loaded when allow_pickle=False)"),
+    ("2d.npy", "token array must be one-dimensional [tokens], got shape (10, 10)"),
+])
+def test_corrupt_trace_files_are_refused(tmp_path, capsys, trace100, kind, why):
+    f = _trace_file(tmp_path, trace100, kind)
+    with pytest.raises(FormatError) as e:
+        load_trace(str(f))
+    assert str(e.value) == f"{f}: {why}"
+    assert cli(capsys, ["sim", "decode", "--trace", str(f), "--steps", "5", "--compute-ms", "10"]) == \
+        f"engram sim: error: {f}: {why}"
+
+
+def test_an_empty_trace_says_so(capsys):
+    with pytest.raises(ArgumentError) as e:
+        load_trace("text:")
+    assert str(e.value) == "the trace 'text:' is empty: its source has no tokens"
+    assert cli(capsys, ["sim", "decode", "--trace", "text:", "--steps", "50", "--compute-ms", "10"]) == \
+        "engram sim: error: the trace 'text:' is empty: its source has no tokens"
