@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import os
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from engram.errors import ArgumentError, FormatError
 from ..io import OutputError, load_json, output_error, read_text, write_json
 from .study import AXES
 
-__all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
+__all__ = ["TableWriter", "check_metrics", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
 
 #: Seconds between two rewrites of an unfinished table's metadata (its list of missing points).
 META_EVERY_S = 5.0
@@ -223,18 +224,23 @@ def _parse_cell(s: Optional[str]) -> Any:
         return s
 
 
-def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dict]:
+def read_table(path: Union[str, os.PathLike], metrics: Sequence[str] = ()) -> Tuple[List[Dict[str, Any]], dict]:
     """Rows of a table written by :func:`write_table` or :class:`TableWriter` (numbers parsed) and its
     ``.meta.json`` (or ``{}``).
 
     String axes keep their type (a device named ``"1"`` stays a string).  An
     unfinished Parquet table is read from ``TABLE.partial.csv``; its metadata
-    says ``"complete": false``.
+    says ``"complete": false``.  With ``metrics`` (result columns, e.g.
+    :data:`sim.sweep.METRICS`), the table is checked for a reader that uses them
+    (:func:`check_metrics`); without, rows cut short are read as they are (a
+    resumed run skips them).
 
     Raises
     ------
     FormatError
-        Unreadable file.
+        Unreadable file; with ``metrics``, a table without rows, without one of
+        the columns, or with a cell of one that is not a finite number >= 0
+        (names the file, line and column).
     """
     path = Path(path)
     mp = meta_path(path)
@@ -256,7 +262,36 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
         raise FormatError(f"{path}: cannot read table ({exc.strerror})") from None
     except ModuleNotFoundError:
         raise FormatError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    if metrics:
+        check_metrics(rows, metrics, path)
     return rows, meta
+
+
+def check_metrics(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], path: Union[str, os.PathLike]) -> None:
+    """Refuse a table a reader of ``metrics`` cannot use: no rows, a metric column missing, or a cell of one
+    that is empty (a row cut short), not a number, not finite or negative.
+
+    Lines are counted as in the CSV file: the header is line 1, row ``i`` line ``i + 2``.
+
+    Raises
+    ------
+    FormatError
+        Names the file, the line and column, and the value.
+    """
+    if not rows:
+        raise FormatError(f"{path}: the table has no rows (empty, or a header only)")
+    missing = [m for m in metrics if m not in rows[0]]
+    if missing:
+        raise FormatError(f"{path}: line 1: no column {missing[0]!r} (a result column of every sweep table)")
+    for i, r in enumerate(rows):
+        for m in metrics:
+            v = r.get(m)
+            if v == "" or v is None:
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} is empty (the row is cut short)")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} = {v!r} is not a number")
+            if not (math.isfinite(v) and v >= 0):
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} = {v:g} must be a finite number >= 0")
 
 
 def same_axis_value(stored: Any, value: Any) -> bool:

@@ -238,7 +238,7 @@ def test_read_text_names_the_file_and_the_byte(tmp_path):
     ("r.jsonl", b'{"prompt": "\xe9"}\n', ["sim", "serve", "--requests", "{f}", "--duration-s", "5"],
      "requests file", 12),
     ("m.jsonl", b'{"qd": 1, "iops": 5}\n\xff\n', ["sim", "device", "{f}"], "device file", 21),
-    ("s.csv", b"threshold,tokens_per_s\n\xc3\n", ["report", "--sweep", "{f}", "--out", "{d}/r", "--quiet"],
+    ("s.csv", b"threshold,tokens_per_s\n\xc3\n", ["report", "--sweep", "{f}", "--out", "{d}/r", "--quick", "--quiet"],
      "table", 23),
 ])
 def test_files_that_are_not_utf8_are_refused(tmp_path, capsys, name, body, args, what, at):
@@ -297,3 +297,62 @@ def test_an_empty_trace_says_so(capsys):
     assert str(e.value) == "the trace 'text:' is empty: its source has no tokens"
     assert cli(capsys, ["sim", "decode", "--trace", "text:", "--steps", "50", "--compute-ms", "10"]) == \
         "engram sim: error: the trace 'text:' is empty: its source has no tokens"
+
+
+# ------------------------------------------------------------------ 8. sweep tables given to the report
+STUDY = '[study]\nname = "e"\n[fixed]\ntrace_limit = 100\nsteps = 50\ncompute_ms = 10.0\n[grid]\nthreshold = [8, 256]\n'
+
+
+@pytest.fixture(scope="module")
+def sweep_csv(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "s.toml").write_text(STUDY)
+    assert main(["sim", "sweep", str(d / "s.toml"), "--out", str(d / "t.csv"), "--quiet", "--jobs", "1"]) == 0
+    return (d / "t.csv").read_text()
+
+
+def _edit(text, how):
+    lines = text.splitlines(keepends=True)
+    head = lines[0].rstrip("\n").split(",")
+    col = head.index("tokens_per_s")
+    if how == "truncated":
+        return "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 3]
+    if how == "header only":
+        return lines[0]
+    if how == "empty":
+        return ""
+    if how == "missing column":
+        return "".join(",".join(c for j, c in enumerate(ln.rstrip("\n").split(",")) if j != col) + "\n"
+                       for ln in lines)
+    cells = lines[2].rstrip("\n").split(",")
+    cells[col] = {"abc": "abc", "negative": "-5.0", "nan": "nan"}[how]
+    return "".join(lines[:2]) + ",".join(cells) + "\n" + "".join(lines[3:])
+
+
+@pytest.mark.parametrize("how, why", [
+    ("truncated", "line 3: column 'tokens_per_s' is empty (the row is cut short)"),
+    ("abc", "line 3: column 'tokens_per_s' = 'abc' is not a number"),
+    ("negative", "line 3: column 'tokens_per_s' = -5 must be a finite number >= 0"),
+    ("nan", "line 3: column 'tokens_per_s' = nan must be a finite number >= 0"),
+    ("missing column", "line 1: no column 'tokens_per_s' (a result column of every sweep table)"),
+    ("header only", "the table has no rows (empty, or a header only)"),
+    ("empty", "the table has no rows (empty, or a header only)"),
+])
+def test_corrupt_sweep_tables_are_refused_by_the_report(tmp_path, capsys, sweep_csv, how, why):
+    from sim.sweep import METRICS, read_table
+    f = tmp_path / "t.csv"
+    f.write_text(_edit(sweep_csv, how))
+    if how == "truncated":  # a resumed run reads the finished rows and skips the one cut short
+        assert len(read_table(f)[0]) == 2
+    with pytest.raises(FormatError) as e:
+        read_table(f, metrics=METRICS)
+    assert str(e.value) == f"{f}: {why}"
+    assert cli(capsys, ["report", "--sweep", str(f), "--out", str(tmp_path / "r"), "--quick", "--quiet"]) == \
+        f"engram report: error: {f}: {why}"
+    assert not (tmp_path / "r" / "report.md").exists()
+
+
+def test_a_crosscheck_that_is_a_folder_cannot_be_read(tmp_path, capsys):
+    (tmp_path / "crosscheck.json").mkdir()
+    line = cli(capsys, ["report", str(tmp_path), "--out", str(tmp_path / "r"), "--quick", "--quiet"])
+    assert line == f"engram report: error: {tmp_path / 'crosscheck.json'}: cannot read (Is a directory)"
