@@ -27,7 +27,7 @@ from engram.errors import ArgumentError, FormatError
 from ..io import OutputError, load_json, output_error, read_text, write_json
 from .study import AXES
 
-__all__ = ["TableWriter", "check_metrics", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
+__all__ = ["TableWriter", "check_metrics", "check_table_target", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
 
 #: Seconds between two rewrites of an unfinished table's metadata (its list of missing points).
 META_EVERY_S = 5.0
@@ -49,6 +49,26 @@ def _check_target(path: Path) -> None:
     """Refuse to replace anything but a regular file (a device, a folder) with a table."""
     if path.exists() and not path.is_file():
         raise OutputError(f"{path}: cannot write a table over it (not a regular file)")
+
+
+def check_table_target(path: Union[str, os.PathLike]) -> Path:
+    """Refuse, before any work, a table path that cannot take a table: the table, its unfinished rows or its
+    metadata would replace something other than a regular file (a device, a folder), or its folder is a file.
+
+    Raises
+    ------
+    OutputError
+        Names the path.
+    """
+    path = Path(path)
+    for p in dict.fromkeys((path, partial_path(path), meta_path(path))):
+        _check_target(p)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{parent}: cannot write a table in it (not a folder)")
+            break
+    return path
 
 
 def _line(values: Sequence[Any]) -> str:

@@ -356,3 +356,30 @@ def test_a_crosscheck_that_is_a_folder_cannot_be_read(tmp_path, capsys):
     (tmp_path / "crosscheck.json").mkdir()
     line = cli(capsys, ["report", str(tmp_path), "--out", str(tmp_path / "r"), "--quick", "--quiet"])
     assert line == f"engram report: error: {tmp_path / 'crosscheck.json'}: cannot read (Is a directory)"
+
+
+# ------------------------------------------------------------------ 9. output paths checked before a search
+CAPACITY = '[study]\nname = "c"\n[capacity]\ntarget = 20.0\nseeds = 1\nmax_sessions = 4\n[fixed]\n' \
+           'trace_limit = 100\nsteps = 50\ncompute = "reference"\n'
+SERVE = '[study]\nname = "s"\n[serve]\ntrace_limit = 8192\nduration_s = 5\n[slo]\nttft_s = 1.0\n' \
+        '[search]\nseeds = 1\nmin_rate = 2.0\nmax_rate = 4.0\n'
+
+
+@pytest.mark.parametrize("body", [CAPACITY, SERVE])
+@pytest.mark.parametrize("out", ["/dev/full", "folder"])
+def test_capacity_output_is_checked_before_the_search(tmp_path, capsys, monkeypatch, body, out):
+    import sim.capacity
+    import sim.serve.search
+
+    def ran(*a, **k):
+        raise AssertionError("the search ran")
+    monkeypatch.setattr(sim.capacity, "find_capacity", ran)
+    monkeypatch.setattr(sim.serve.search, "find_serve_capacity", ran)
+    study = tmp_path / "s.toml"
+    study.write_text(body)
+    target = tmp_path / "folder" if out == "folder" else __import__("pathlib").Path(out)
+    if out == "folder":
+        target.mkdir()
+    line = cli(capsys, ["sim", "capacity", str(study), "--out", str(target), "--quiet"])
+    assert line == f"engram sim: error: {target}: cannot write a table over it (not a regular file)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.toml"] + (["folder"] if out == "folder" else []))
