@@ -349,7 +349,7 @@ def test_corrupt_sweep_tables_are_refused_by_the_report(tmp_path, capsys, sweep_
     assert str(e.value) == f"{f}: {why}"
     assert cli(capsys, ["report", "--sweep", str(f), "--out", str(tmp_path / "r"), "--quick", "--quiet"]) == \
         f"engram report: error: {f}: {why}"
-    assert not (tmp_path / "r" / "report.md").exists()
+    assert not (tmp_path / "r").exists()  # refused before the report folder is made
 
 
 def test_a_crosscheck_that_is_a_folder_cannot_be_read(tmp_path, capsys):
