@@ -252,6 +252,9 @@ class Calibration:
         """
         if d.get("kind") != "calibration" or d.get("schema") != CALIBRATION_SCHEMA:
             raise FormatError(f"not a calibration document (kind {d.get('kind')!r}, schema {d.get('schema')!r})")
+        for key in ("devices", "compute", "think_devices"):
+            if key in d and not isinstance(d[key], Mapping):
+                raise FormatError(f"calibration: {key}: expected a JSON object, got {d[key]!r:.40}")
         try:
             devices = {b: MeasuredBatchDevice.from_dict(v) for b, v in d["devices"].items()}
             fio = EmpiricalDevice.from_dict(d["fio_device"]) if d.get("fio_device") else None
@@ -265,7 +268,7 @@ class Calibration:
                        list(d.get("shared_fit", [])), dict(d.get("backends", {})))
         except KeyError as exc:
             raise FormatError(f"calibration: missing field {exc}") from None
-        except (TypeError, ValueError, ArgumentError) as exc:
+        except (AttributeError, TypeError, ValueError, ArgumentError) as exc:
             raise FormatError(f"calibration: malformed ({exc})") from None
 
     def save(self, path: Union[str, os.PathLike]) -> Path:

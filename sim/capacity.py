@@ -68,8 +68,8 @@ from .progress import progress as progress_bar
 from .progress import progress_label
 from .schema import CAPACITY_SCHEMA
 from .params import Phases
-from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, meta_path,
-                    point_phases, point_seed, read_table, resolve_context, same_axis_value)
+from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, check_table_target,
+                    meta_path, point_phases, point_seed, read_table, resolve_context, same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
@@ -626,6 +626,9 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     spec = CapacitySpec.from_study(study, **overrides)
     if resume and out is None:
         raise ArgumentError("resume needs the table of the earlier run (out)")
+    if out is not None:
+        for p in (out, probes_path(out)):
+            check_table_target(p)
     t0 = time.perf_counter()
     cal = Path(calibration) if calibration else study.calibration
     done = _resume_probes(study, spec, Path(out)) if resume else []

@@ -20,8 +20,8 @@ from typing import List, Optional, Tuple, Union
 from engram.cli import json_default
 from engram.errors import EngramError, FormatError
 
-__all__ = ["OutputError", "load_json", "now_iso", "output_error", "read_jsonl", "sha256_file", "shared_data_dir",
-           "write_json"]
+__all__ = ["OutputError", "load_json", "now_iso", "output_error", "read_jsonl", "read_text", "sha256_file",
+           "shared_data_dir", "write_json"]
 
 
 class OutputError(EngramError, OSError):
@@ -61,6 +61,28 @@ def shared_data_dir() -> Path:
     return Path(env) if env else _ROOT.parent / "shared" / "data"
 
 
+def read_text(path: Union[str, os.PathLike], what: str = "") -> str:
+    """The text of a UTF-8 file: every text file the simulator reads (JSON, JSONL, TOML, CSV) comes through here.
+
+    ``what`` names the document in errors (``"study"``, ``"table"``, ...).
+
+    Raises
+    ------
+    FormatError
+        The file cannot be read (the system's reason), or is not UTF-8 (names the byte offset and the byte).
+    """
+    label = f" {what}" if what else ""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read{label} ({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: the {what or 'file'} is not UTF-8 text: byte {exc.start} is "
+                          f"0x{data[exc.start]:02x} ({exc.reason})") from None
+
+
 def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict:
     """Read a JSON document; with ``kind``, insist on its ``"kind"`` field.
 
@@ -70,11 +92,10 @@ def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict
         Unreadable, not JSON, not an object, or of another kind (names the file).
     """
     path = Path(path)
+    text = read_text(path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise FormatError(f"{path}: not JSON ({exc})") from None
     if not isinstance(d, dict):
         raise FormatError(f"{path}: expected a JSON object")
@@ -89,12 +110,10 @@ def read_jsonl(path: Union[str, os.PathLike], what: str) -> List[Tuple[int, dict
     Raises
     ------
     FormatError
-        The file cannot be read, or a line is not a JSON object (names the line).
+        The file cannot be read or is not UTF-8 (:func:`read_text`), or a line is not a JSON object (names the
+        line).
     """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    lines = read_text(path, what).splitlines()
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():

@@ -37,6 +37,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
+from ..limits import check_seed
 from ..params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
 from ..progress import progress as progress_bar
 from ..schema import percentiles_ms as _percentiles_ms
@@ -304,7 +305,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     ------
     ArgumentError
         Bad sessions, steps, mode, bins, drives or phases, ``overlap_layers``
-        beyond ``compute.layers``, or both ``phases`` and ``start_spread``.
+        beyond ``compute.layers``, both ``phases`` and ``start_spread``, a negative seed, or a run whose
+        reads would not fit in memory (:func:`sim.decode.reads.step_reads`).
     """
     t_wall = time.perf_counter()
     if isinstance(trace, str):
@@ -315,6 +317,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
     steps = trace.steps if steps is None else int(steps)
+    seed = check_seed(seed)
     _checks(mode, sessions, steps, hash_time, bins, drives, policy, compute)
     if start_spread is not None:
         if phases is not None:

@@ -37,7 +37,8 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..schema import US
-from .models import ParametricSSD
+from ..limits import MAX_QUEUE_DEPTH
+from .models import MAX_IOPS, MAX_QD1_LATENCY, MAX_SERVICE_CV, ParametricSSD
 
 __all__ = ["SPEC_KEYS", "ssd_from_figures", "ssd_from_spec"]
 
@@ -51,6 +52,12 @@ SPEC_KEYS = {
     "p99_us": "99th percentile latency at queue depth 1, microseconds (sets the cv)",
     "qd_peak": "queue depth at which the datasheet reaches its IOPS (caps the derived parallelism)",
 }
+#: Largest value of each key of ``ssd:...`` (its physical range, :data:`sim.device.models.MAX_IOPS` and its
+#: peers); every key is > 0 (cv >= 0), and ``parallelism`` and ``qd_peak`` are whole numbers.
+SPEC_MAX = {"qd1_us": MAX_QD1_LATENCY / US, "iops": MAX_IOPS, "iops_row": MAX_IOPS, "parallelism": MAX_QUEUE_DEPTH,
+            "cv": MAX_SERVICE_CV, "p99_us": 10 * MAX_QD1_LATENCY / US, "qd_peak": MAX_QUEUE_DEPTH}
+#: Keys of ``ssd:...`` that count things: whole numbers.
+SPEC_WHOLE = ("parallelism", "qd_peak")
 #: The channel service cv assumed when neither cv nor p99_us is given.
 DEFAULT_SERVICE_CV = 0.5
 
@@ -95,11 +102,19 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
         parallelism the QD1 latency cannot carry (names the values that work).
     """
     for key, v in (("qd1_us", qd1_us), ("iops", iops), ("iops_row", iops_row), ("p99_us", p99_us),
-                   ("qd_peak", qd_peak), ("parallelism", parallelism)):
-        if v is not None and not (v > 0 and math.isfinite(v)):
-            raise ArgumentError(f"ssd: {key} must be a positive number, got {v}")
-    if cv is not None and not (cv >= 0 and math.isfinite(cv)):
-        raise ArgumentError(f"ssd: cv must be >= 0, got {cv}")
+                   ("qd_peak", qd_peak), ("parallelism", parallelism), ("cv", cv)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ArgumentError(f"ssd: {key} = {v!r} is not a number")
+        low_ok = v >= 0 if key == "cv" else v > 0
+        if not (math.isfinite(v) and low_ok and v <= SPEC_MAX[key]):
+            raise ArgumentError(f"ssd: {key} = {float(v):g} is outside its physical range "
+                                f"{'[0' if key == 'cv' else '(0'}, {SPEC_MAX[key]:g}] (sim.device.datasheet.SPEC_MAX)")
+        if key in SPEC_WHOLE and v != int(v):
+            raise ArgumentError(f"ssd: {key} = {float(v):g} must be a whole number")
+    parallelism = None if parallelism is None else int(parallelism)
+    qd_peak = None if qd_peak is None else int(qd_peak)
     qd1 = qd1_us * US
     rate = float(iops_row if iops_row is not None else iops)
     derived = {}
@@ -107,6 +122,9 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
         derived["iops_row"] = {"value": rate, "rule": "the 4 KiB IOPS: a row is read as one aligned 4 KiB block "
                                                       "(8 KiB for the 6.4% that straddle a boundary)"}
     knee = rate * qd1
+    if knee > MAX_QUEUE_DEPTH:
+        raise ArgumentError(f"ssd: row IOPS x QD1 latency = {knee:g} reads in flight to reach the ceiling, more than "
+                            f"the deepest queue ({MAX_QUEUE_DEPTH}, sim.limits.MAX_QUEUE_DEPTH)")
     if parallelism is None:
         p = max(1, int(math.floor(knee * (1 + 1e-9))))
         rule = "floor(row IOPS x QD1 latency): the knee N* = X_max x R_min, all QD1 latency as channel service"
@@ -148,6 +166,8 @@ def ssd_from_spec(spec: str) -> ParametricSSD:
         if k not in SPEC_KEYS:
             raise ArgumentError(f"device spec {spec!r}: unknown key {k!r}; keys: " +
                                 "; ".join(f"{a} ({b})" for a, b in SPEC_KEYS.items()))
+        if k in kv:
+            raise ArgumentError(f"device spec {spec!r}: key {k!r} given twice")
         try:
             kv[k] = float(v)
         except ValueError:
@@ -156,10 +176,9 @@ def ssd_from_spec(spec: str) -> ParametricSSD:
         if need not in kv:
             raise ArgumentError(f"device spec {spec!r}: missing {need!r} ({SPEC_KEYS[need]}); "
                                 "e.g. ssd:qd1_us=80,iops=500000")
-    p = kv.get("parallelism")
-    if p is not None and p != int(p):
-        raise ArgumentError(f"device spec {spec!r}: parallelism must be a whole number, got {p:g}")
-    qp = kv.get("qd_peak")
-    return ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
-                            parallelism=None if p is None else int(p), cv=kv.get("cv"), p99_us=kv.get("p99_us"),
-                            qd_peak=None if qp is None else int(qp))
+    p, qp = kv.get("parallelism"), kv.get("qd_peak")
+    try:
+        return ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
+                                parallelism=p, cv=kv.get("cv"), p99_us=kv.get("p99_us"), qd_peak=qp)
+    except ArgumentError as exc:
+        raise ArgumentError(f"device spec {spec!r}: {exc}") from None

@@ -31,6 +31,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
+from ..io import read_text
 from .latency import LatencyDist
 from .models import EmpiricalDevice
 
@@ -53,10 +54,7 @@ def read_fio_output(path: Union[str, os.PathLike]) -> List[dict]:
         Unreadable, or no fio JSON document in it (names the file).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: cannot read fio output ({exc})") from None
+    text = read_text(path, "fio output")
     dec, docs, i = json.JSONDecoder(), [], 0
     while True:
         j = text.find("{", i)
@@ -75,40 +73,93 @@ def read_fio_output(path: Union[str, os.PathLike]) -> List[dict]:
     return docs
 
 
-def _opt(job: dict, glob: dict, key: str, default: str) -> str:
-    return str(job.get("job options", {}).get(key, glob.get(key, default)))
+def _obj(parent: dict, key: str, path: str) -> dict:
+    """``parent[key]`` if it is a JSON object, ``{}`` if absent or null.
 
-
-def _job_figures(job: dict, glob: dict, where: str) -> dict:
-    """One read job's depth, IOPS, mean latency and percentiles (seconds)."""
-    r = job.get("read") or {}
-    if not r.get("total_ios") or not r.get("iops"):
+    Raises
+    ------
+    FormatError
+        Present and not an object (names the JSON path ``path`` and the value).
+    """
+    v = parent.get(key)
+    if v is None:
         return {}
+    if not isinstance(v, dict):
+        raise FormatError(f"{path}: expected a JSON object, got {_shown(v)}")
+    return v
+
+
+def _num(v, path: str) -> float:
+    """``v`` as a finite float >= 0 (a count, a rate or a latency of fio's).
+
+    Raises
+    ------
+    FormatError
+        Not a number, not finite or negative (names the JSON path and the value).
+    """
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FormatError(f"{path}: expected a number, got {_shown(v)}")
+    if not (np.isfinite(v) and v >= 0):
+        raise FormatError(f"{path}: expected a finite number >= 0, got {float(v):g}")
+    return float(v)
+
+
+def _shown(v) -> str:
+    text = json.dumps(v) if not isinstance(v, float) else f"{v:g}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _opt(job: dict, glob: dict, key: str, default: str, where: str) -> str:
+    return str(_obj(job, "job options", f"{where}[\"job options\"]").get(key, glob.get(key, default)))
+
+
+def _job_figures(job, glob: dict, where: str) -> dict:
+    """One read job's depth, IOPS, mean latency and percentiles (seconds); ``where`` is its JSON path.
+
+    Raises
+    ------
+    FormatError
+        A field of the wrong type, a negative or non-finite figure, a percentile that is not a number
+        (names the JSON path and the value).
+    """
+    if not isinstance(job, dict):
+        raise FormatError(f"{where}: expected a JSON object, got {_shown(job)}")
+    r = _obj(job, "read", f"{where}.read")
+    ios = _num(r.get("total_ios", 0), f"{where}.read.total_ios")
+    iops = _num(r.get("iops", 0), f"{where}.read.iops")
+    if not ios or not iops:
+        return {}
+    iodepth, numjobs = _opt(job, glob, "iodepth", "1", where), _opt(job, glob, "numjobs", "1", where)
     try:
-        depth = int(_opt(job, glob, "iodepth", "1"))
-        clones = int(_opt(job, glob, "numjobs", "1"))
+        depth, clones = int(iodepth), int(numjobs)
     except ValueError as exc:
         raise FormatError(f"{where}: job {job.get('jobname')!r}: bad iodepth or numjobs ({exc})") from None
-    if "group_reporting" in job.get("job options", {}) or "group_reporting" in glob:
+    if "group_reporting" in _obj(job, "job options", f"{where}[\"job options\"]") or "group_reporting" in glob:
         depth *= clones
-    lat, clat = r.get("lat_ns") or {}, r.get("clat_ns") or {}
-    iops = float(r["iops"])
-    mean = float(lat["mean"]) * _NS if lat.get("mean") else depth / iops
+    lat, clat = _obj(r, "lat_ns", f"{where}.read.lat_ns"), _obj(r, "clat_ns", f"{where}.read.clat_ns")
+    mean = _num(lat["mean"], f"{where}.read.lat_ns.mean") * _NS if lat.get("mean") else depth / iops
     src = "read.lat_ns"
     if lat.get("percentile"):
-        pct, shift, ends = lat["percentile"], 0.0, lat
+        pct, shift, ends, at = _obj(lat, "percentile", f"{where}.read.lat_ns.percentile"), 0.0, lat, "lat_ns"
     else:
         src = "read.clat_ns + mean submission latency"
-        pct = clat.get("percentile") or {}
-        shift = mean - float(clat.get("mean", mean / _NS)) * _NS
-        ends = clat
-    lo = float(ends["min"]) * _NS + shift if "min" in ends else None
-    hi = float(ends["max"]) * _NS + shift if "max" in ends else None
-    return {"qd": depth, "iops": iops, "mean": mean,
-            "pct": {float(p): float(v) * _NS + shift for p, v in pct.items() if 0 < float(p) < 100},
-            "lo": lo, "hi": hi,
-            "rw": _opt(job, glob, "rw", "?"), "bs": _opt(job, glob, "bs", "4k"),
-            "ioengine": _opt(job, glob, "ioengine", "?"), "name": str(job.get("jobname", "?")),
+        pct = _obj(clat, "percentile", f"{where}.read.clat_ns.percentile")
+        cmean = _num(clat["mean"], f"{where}.read.clat_ns.mean") * _NS if "mean" in clat else mean
+        shift, ends, at = mean - cmean, clat, "clat_ns"
+    lo = _num(ends["min"], f"{where}.read.{at}.min") * _NS + shift if "min" in ends else None
+    hi = _num(ends["max"], f"{where}.read.{at}.max") * _NS + shift if "max" in ends else None
+    pcts = {}
+    for p, v in pct.items():
+        ppath = f"{where}.read.{at}.percentile[{json.dumps(p)}]"
+        try:
+            u = float(p)
+        except ValueError:
+            raise FormatError(f"{ppath}: the key is not a percentile (a number in (0, 100))") from None
+        if 0 < u < 100:
+            pcts[u] = _num(v, ppath) * _NS + shift
+    return {"qd": depth, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi,
+            "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
+            "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),
             "pct_from": src}
 
 
@@ -118,17 +169,19 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
     Raises
     ------
     FormatError
-        A document without jobs, or no read job at all.
+        A document without jobs, no read job at all, or a field of the wrong type or range (names its JSON
+        path, e.g. ``jobs[0].read.clat_ns.percentile["99.000000"]``, and the value).
     """
     out = []
     for di, doc in enumerate(docs):
         jobs = doc.get("jobs")
         if not isinstance(jobs, list):
             raise FormatError(f"{where}: run {di} has no 'jobs' list")
-        glob = doc.get("global options", {}) or {}
+        run = f"{where}: " + (f"run {di}: " if len(docs) > 1 else "")
+        glob = _obj(doc, "global options", f'{run}"global options"')
         by_name: Dict[str, List[dict]] = {}
-        for job in jobs:
-            f = _job_figures(job, glob, where)
+        for ji, job in enumerate(jobs):
+            f = _job_figures(job, glob, f"{run}jobs[{ji}]")
             if f:
                 by_name.setdefault(f["name"], []).append(f)
         for group in by_name.values():

@@ -194,19 +194,21 @@ class LatencyDist:
         FormatError
             None of the accepted forms (names the keys found).
         """
+        if not isinstance(d, Mapping):
+            raise FormatError(f"latency distribution: expected an object, got {_shown(d)}")
         try:
             src = str(d.get("source", ""))
             if "u" in d and "q_us" in d:
-                return cls(d["u"], np.asarray(d["q_us"], dtype=np.float64) * US, src)
+                return cls(_numbers(d["u"], "u"), _numbers(d["q_us"], "q_us") * US, src)
             if "samples_us" in d:
-                return cls.from_samples(np.asarray(d["samples_us"], dtype=np.float64) * US, source=src)
-            pct = {float(k[1:-3]): float(v) * US for k, v in d.items()
+                return cls.from_samples(_numbers(d["samples_us"], "samples_us") * US, source=src)
+            pct = {float(k[1:-3]): _number(v, k) * US for k, v in d.items()
                    if k.startswith("p") and k.endswith("_us") and _is_number(k[1:-3])}
             mean = d.get("mean_us")
             if pct:
-                return cls.from_percentiles(pct, None if mean is None else float(mean) * US, src)
+                return cls.from_percentiles(pct, None if mean is None else _number(mean, "mean_us") * US, src)
             if mean is not None:
-                return cls.point(float(mean) * US, src)
+                return cls.point(_number(mean, "mean_us") * US, src)
         except ArgumentError as exc:
             raise FormatError(f"latency distribution: {exc}") from None
         raise FormatError(f"latency distribution: need u/q_us, samples_us or pNN_us keys, got {sorted(d)}")
@@ -214,6 +216,37 @@ class LatencyDist:
     def __repr__(self) -> str:
         return (f"LatencyDist(mean={self.mean / US:.2f} us, p50={self.percentile(50) / US:.2f} us, "
                 f"p99={self.percentile(99) / US:.2f} us)")
+
+
+def _shown(v) -> str:
+    """A value as an error message shows it: numbers with ``:g``, anything else short."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(v, key: str) -> float:
+    """``v`` as a finite float >= 0 (a latency in us).
+
+    Raises
+    ------
+    FormatError
+        Not a number, not finite or negative (names ``key`` and the value).
+    """
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FormatError(f"latency distribution: {key} = {_shown(v)} is not a number")
+    v = float(v)
+    if not (math.isfinite(v) and v >= 0):
+        raise FormatError(f"latency distribution: {key} = {v:g} must be a finite number >= 0")
+    return v
+
+
+def _numbers(v, key: str) -> np.ndarray:
+    """``v`` (a list of numbers) as a float64 array, each checked as :func:`_number` (``key[i]`` named)."""
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        raise FormatError(f"latency distribution: {key} must be a list of numbers, got {_shown(v)}")
+    return np.asarray([_number(x, f"{key}[{i}]") for i, x in enumerate(v)], dtype=np.float64)
 
 
 def _is_number(s: str) -> bool:

@@ -49,6 +49,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl, write_json
+from ..limits import MAX_QUEUE_DEPTH, check_queue_depth
 from ..schema import US
 from .alone import channel_batch, sample_size, slot_batch
 from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
@@ -219,18 +220,28 @@ class Device:
         FormatError
             Unknown ``kind`` or missing fields (names them).
         """
+        if not isinstance(d, Mapping):
+            raise FormatError(f"device: expected a JSON object, got {d!r:.40}")
         kind = d.get("kind")
         if kind == "empirical":
             return EmpiricalDevice.from_dict(d)
         if kind == "measured_batch":
             return MeasuredBatchDevice.from_dict(d)
         if kind == "parametric_ssd":
+            f = {}
+            for key in ("qd1_latency_us", "iops", "parallelism", "service_cv"):
+                v = d.get(key, 0.5 if key == "service_cv" else None)
+                if v is None:
+                    raise FormatError(f"parametric_ssd device: missing field {key!r}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                        (key == "parallelism" and v != int(v)):
+                    kind = "a whole number" if key == "parallelism" else "a finite number"
+                    raise FormatError(f"parametric_ssd device: {key} = {v!r} is not {kind}")
+                f[key] = v
             try:
-                return ParametricSSD(float(d["qd1_latency_us"]) * US, float(d["iops"]), int(d["parallelism"]),
-                                     float(d.get("service_cv", 0.5)), name=d.get("name"),
+                return ParametricSSD(float(f["qd1_latency_us"]) * US, float(f["iops"]), int(f["parallelism"]),
+                                     float(f["service_cv"]), name=d.get("name"),
                                      source=d.get("source", ""), derived=d.get("derived"))
-            except KeyError as exc:
-                raise FormatError(f"parametric_ssd device: missing field {exc}") from None
             except ArgumentError as exc:
                 raise FormatError(f"parametric_ssd device: {exc}") from None
         raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or "
@@ -278,10 +289,8 @@ class EmpiricalDevice(Device):
     def __init__(self, table: Mapping[int, LatencyDist], name: str = "empirical", source: str = ""):
         if not table:
             raise ArgumentError("EmpiricalDevice: empty table")
-        items = sorted((int(q), d) for q, d in table.items())
+        items = sorted((check_queue_depth(q, f"{name}: table"), d) for q, d in table.items())
         for q, d in items:
-            if q < 1:
-                raise ArgumentError(f"EmpiricalDevice: queue depth {q} < 1")
             if not isinstance(d, LatencyDist):
                 raise ArgumentError(f"EmpiricalDevice: entry for qd {q} is {type(d).__name__}, not LatencyDist")
         self.measured = dict(items)
@@ -333,7 +342,8 @@ class EmpiricalDevice(Device):
         return cls(out, name, source)
 
     @classmethod
-    def from_measurements(cls, records: Sequence[Mapping], name: str = "measured", source: str = "") -> "EmpiricalDevice":
+    def from_measurements(cls, records: Sequence[Mapping], name: str = "measured", source: str = "",
+                          where: Optional[Sequence[str]] = None) -> "EmpiricalDevice":
         """From microbenchmark records, one per queue depth.
 
         Each record has ``qd`` and any of: ``iops`` or ``rows_per_s`` (mean
@@ -344,15 +354,26 @@ class EmpiricalDevice(Device):
         Raises
         ------
         FormatError
-            A record without ``qd`` or without any latency figure (names the record).
+            A record without ``qd`` or without any latency figure, a queue depth that is not a whole number in
+            ``[1, MAX_QUEUE_DEPTH]`` or given twice, a figure that is not a number (names the record:
+            ``where[i]``, by default ``"NAME: record i"``).
         """
         table = {}
         for i, r in enumerate(records):
+            at = where[i] if where is not None else f"{name}: record {i}"
             if "qd" not in r:
-                raise FormatError(f"{name}: record {i} has no 'qd'")
-            q = int(r["qd"])
-            d = {k: v for k, v in r.items() if k.startswith("p") and k.endswith("_us")}
+                raise FormatError(f"{at} has no 'qd'")
+            try:
+                q = check_queue_depth(r["qd"], at)
+            except ArgumentError as exc:
+                raise FormatError(str(exc)) from None
+            if q in table:
+                raise FormatError(f"{at}: queue depth {q} given twice")
             rate = r.get("iops", r.get("rows_per_s"))
+            if rate is not None and "mean_us" not in r and \
+                    (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf):
+                raise FormatError(f"{at} (qd {q}): iops = {rate!r} must be a positive number")
+            d = {k: v for k, v in r.items() if k.startswith("p") and k.endswith("_us")}
             if "mean_us" in r:
                 d["mean_us"] = r["mean_us"]
             elif rate:
@@ -360,11 +381,11 @@ class EmpiricalDevice(Device):
             if "samples_us" in r:
                 d = {"samples_us": r["samples_us"]}
             if not d:
-                raise FormatError(f"{name}: record {i} (qd {q}) has no latency figure")
+                raise FormatError(f"{at} (qd {q}) has no latency figure")
             try:
                 table[q] = LatencyDist.from_dict(d)
             except FormatError as exc:
-                raise FormatError(f"{name}: record {i} (qd {q}): {exc}") from None
+                raise FormatError(f"{at} (qd {q}): {exc}") from None
         if not table:
             raise FormatError(f"{name}: no records")
         return cls(table, name, source)
@@ -380,9 +401,12 @@ class EmpiricalDevice(Device):
             Unreadable file or a bad line (names the line).
         """
         path = Path(path)
-        recs = [obj for _, obj in read_jsonl(path, "device file")]
-        return cls.from_measurements(recs, name or path.stem,
-                                     source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)")
+        lines = read_jsonl(path, "device file")
+        if not lines:
+            raise FormatError(f"{path}: no records")
+        return cls.from_measurements([obj for _, obj in lines], name or path.stem,
+                                     source or f"measured microbenchmark, {path.name} (mean latency = qd / iops)",
+                                     where=[f"{path}: line {n}" for n, _ in lines])
 
     def to_dict(self) -> dict:
         return {"kind": "empirical", "name": self.name, "source": self.source,
@@ -392,10 +416,16 @@ class EmpiricalDevice(Device):
     def from_dict(cls, d: Mapping) -> "EmpiricalDevice":
         if "table" not in d or not isinstance(d["table"], Mapping):
             raise FormatError("empirical device: missing 'table'")
-        try:
-            table = {int(q): LatencyDist.from_dict(v) for q, v in d["table"].items()}
-        except ValueError as exc:
-            raise FormatError(f"empirical device: bad queue depth ({exc})") from None
+        table = {}
+        for q, v in d["table"].items():
+            try:
+                qd = check_queue_depth(q, "empirical device: table")
+            except ArgumentError as exc:
+                raise FormatError(str(exc)) from None
+            try:
+                table[qd] = LatencyDist.from_dict(v)
+            except FormatError as exc:
+                raise FormatError(f"empirical device: table[{q!r}]: {exc}") from None
         try:
             return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")))
         except ArgumentError as exc:
@@ -518,6 +548,14 @@ class MeasuredBatchDevice(EmpiricalDevice):
         return f"MeasuredBatchDevice({self.name!r}, depths={self._qs}, batches={sorted(self.batches)})"
 
 
+#: Physical ranges of a :class:`ParametricSSD`'s figures: a QD1 read within 1 s (a disk is slower than
+#: flash at 10 ms), at most 10^9 reads/s (the fastest flash arrays are near 10^8), a service-time coefficient
+#: of variation up to 10; ``parallelism`` and ``iops x qd1_latency`` up to :data:`sim.limits.MAX_QUEUE_DEPTH`.
+MAX_QD1_LATENCY = 1.0
+MAX_IOPS = 1e9
+MAX_SERVICE_CV = 10.0
+
+
 class ParametricSSD(Device):
     """An SSD from three figures: QD1 latency, IOPS ceiling, internal parallelism.
 
@@ -549,9 +587,19 @@ class ParametricSSD(Device):
     def __init__(self, qd1_latency: float, iops: float, parallelism: int, service_cv: float = 0.5,
                  name: Optional[str] = None, source: str = "", characterize_reads: int = 20000,
                  derived: Optional[Mapping] = None):
-        if not (qd1_latency > 0 and iops > 0 and parallelism >= 1 and service_cv >= 0):
-            raise ArgumentError(f"ParametricSSD: need qd1_latency > 0, iops > 0, parallelism >= 1, "
-                                f"service_cv >= 0; got {qd1_latency}, {iops}, {parallelism}, {service_cv}")
+        for key, v, hi in (("qd1_latency", qd1_latency, MAX_QD1_LATENCY), ("iops", iops, MAX_IOPS),
+                           ("parallelism", parallelism, MAX_QUEUE_DEPTH), ("service_cv", service_cv, MAX_SERVICE_CV)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise ArgumentError(f"ParametricSSD: {key} = {v!r} is not a number")
+            low_ok = v >= 0 if key == "service_cv" else (v >= 1 if key == "parallelism" else v > 0)
+            if not (math.isfinite(v) and low_ok and v <= hi):
+                low = "[0" if key == "service_cv" else ("[1" if key == "parallelism" else "(0")
+                raise ArgumentError(f"ParametricSSD: {key} = {float(v):g} is outside its physical range "
+                                    f"{low}, {hi:g}] (sim.device.models.MAX_*)")
+        if iops * qd1_latency > MAX_QUEUE_DEPTH:
+            raise ArgumentError(f"ParametricSSD: iops x qd1_latency = {iops * qd1_latency:g} reads in flight to reach "
+                                f"the ceiling, more than the deepest queue ({MAX_QUEUE_DEPTH}, "
+                                "sim.limits.MAX_QUEUE_DEPTH)")
         s = parallelism / iops
         if qd1_latency < s * (1 - 1e-9):
             most = max(1, int(math.floor(qd1_latency * iops * (1 + 1e-9))))

@@ -15,7 +15,7 @@ from typing import Mapping, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import load_json, shared_data_dir
+from ..io import load_json, read_text, shared_data_dir
 from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec
 from .fio import device_from_fio, is_fio_output
@@ -110,22 +110,24 @@ def _from_calibration(doc: Mapping, where: str, backend: str, compute: str) -> D
     if doc.get("schema") != CALIBRATION_SCHEMA:
         raise FormatError(f"{where}: calibration of schema {doc.get('schema')!r}, expected {CALIBRATION_SCHEMA!r}")
     devices = doc.get("devices") or {}
+    for key, v in (("devices", devices), ("think_devices", doc.get("think_devices") or {})):
+        if not isinstance(v, Mapping):
+            raise FormatError(f"{where}: {key}: expected a JSON object, got {v!r:.40}")
     if backend not in devices:
         raise ArgumentError(f"{where}: the calibration has no device for backend {backend!r} "
                             f"(has {sorted(devices)}); choose it with --backend")
     label = ComputeSpec.parse(compute).label
-    d = (doc.get("think_devices") or {}).get(label, {}).get(backend, devices[backend])
+    think = (doc.get("think_devices") or {}).get(label) or {}
+    at = f"think_devices.{label}.{backend}" if isinstance(think, Mapping) and backend in think else f"devices.{backend}"
+    d = think.get(backend, devices[backend]) if isinstance(think, Mapping) else devices[backend]
     try:
         return Device.from_dict(d)
     except FormatError as exc:
-        raise FormatError(f"{where}: {exc}") from None
+        raise FormatError(f"{where}: {at}: {exc}") from None
 
 
 def _from_json(path: Path, backend: str, compute: str) -> Device:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: cannot read device file ({exc})") from None
+    text = read_text(path, "device file")
     if is_fio_output(text):
         return device_from_fio(path)
     d = load_json(path)

@@ -49,12 +49,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET
+from ..capacity import CAPACITY_TARGET, is_capacity_table
 from ..crosscheck import capacity_shown
 from ..crosscheck import regime as xc_regime
 from ..device import SEED_REFERENCE
 from ..io import now_iso, output_error
 from ..progress import progress_mode
+from ..serve.search import is_serve_capacity_table
+from ..sweep import METRICS, read_table
 from .answer import Entry, answer_section, entries_from_crosscheck, search_section
 from .document import Doc, anchor
 from .figures import (cache_section, cdf_section, devices_figure, planner_section, readers_section,
@@ -237,6 +239,8 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
             raise ArgumentError(f"sweep table {s} is a folder, not a table")
         if not s.is_file() and not Path(str(s) + ".partial.csv").is_file():
             raise ArgumentError(f"sweep table {s} does not exist")
+        if not (is_capacity_table(s) or is_serve_capacity_table(s)):
+            read_table(s, metrics=METRICS)  # a table the sweep section cannot use is refused before any work
     out = ReportFolder(Path(out_dir))
     say("loading inputs and traces")
     bars = mode == "bar" or (mode == "auto" and sys.stderr.isatty())

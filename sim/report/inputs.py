@@ -119,7 +119,7 @@ def load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick:
     ArgumentError
         ``workdir`` is not a folder, or a trace source is gone and nothing of it was saved.
     FormatError
-        A document is not what its name says.
+        A document is not what its name says, or cannot be read (a folder in its place).
     """
     inp = Inputs(workdir=workdir)
     if workdir is not None:
@@ -127,15 +127,15 @@ def load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick:
             raise ArgumentError(f"{workdir}: no such measurement folder")
         cal_p, runs_p, micro_p = workdir / "calibration.json", workdir / "runs.json", workdir / "microbench.json"
         xc_p, demo_p = workdir / "crosscheck.json", workdir / "demo.json"
-        if cal_p.is_file():
+        if cal_p.exists():  # a folder in its place is refused when read
             inp.cal, inp.cal_path = Calibration.load(cal_p), cal_p
-        if runs_p.is_file():
+        if runs_p.exists():  # a folder in its place is refused when read
             inp.runs, inp.runs_path = load_json(runs_p, "decode_runs"), runs_p
-        if micro_p.is_file():
+        if micro_p.exists():  # a folder in its place is refused when read
             inp.micro = load_json(micro_p, "microbench")
-        if demo_p.is_file():
+        if demo_p.exists():  # a folder in its place is refused when read
             inp.demo = load_json(demo_p)
-        if xc_p.is_file():
+        if xc_p.exists():  # a folder in its place is refused when read
             inp.xc = load_json(xc_p, "crosscheck")
         elif inp.cal is not None and inp.runs is not None:
             say("cross-check (no crosscheck.json in the folder)")

@@ -304,9 +304,7 @@ def sweeps_section(doc: Doc, out: ReportFolder, sweeps: Sequence[Path]) -> List[
         if is_serve_capacity_table(path):
             serve_capacity_section(doc, out, path)
             continue
-        rows, meta = read_table(path)
-        if not rows:
-            continue
+        rows, meta = read_table(path, metrics=METRICS)
         study = meta.get("study", {})
         name = study.get("name") or path.stem
         axes = meta.get("axes") or [a for a in AXES if a in rows[0] and len({r[a] for r in rows}) > 1]

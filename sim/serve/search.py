@@ -51,7 +51,7 @@ from ..capacity import CAPACITY_RULE
 from ..io import load_json
 from ..progress import progress as progress_bar
 from ..progress import progress_label
-from ..sweep import TableWriter, meta_path, read_table, same_axis_value
+from ..sweep import TableWriter, check_table_target, meta_path, read_table, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
 from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStudy, check_serve_point, \
@@ -432,6 +432,9 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     search = RateSearch(**values)
     if resume and out is None:
         raise ArgumentError("resume needs the table of the earlier run (out)")
+    if out is not None:
+        for p in (out, probes_path(out)):
+            check_table_target(p)
     t0 = time.perf_counter()
     cal = Path(calibration) if calibration else study.calibration
     done = _resume_probes(study, search, Path(out)) if resume else []

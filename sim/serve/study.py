@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
+from ..io import read_text
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..sweep import point_seed
 from ..trace import SYNTH_PREFIX, SynthSpec
@@ -166,11 +167,9 @@ def _tomllib():
 
 def _load_toml(path: Path) -> dict:
     tl = _tomllib()
+    text = read_text(path, "study")
     try:
-        with open(path, "rb") as f:
-            return tl.load(f)
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read study ({exc.strerror})") from None
+        return tl.loads(text)
     except tl.TOMLDecodeError as exc:
         raise FormatError(f"{path}: not TOML ({exc})") from None
 

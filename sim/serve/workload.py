@@ -40,6 +40,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl
+from ..limits import check_memory, check_seed
 from ..trace.tokens import encode_text
 
 __all__ = ["ARRIVALS", "BLOCK", "LENGTH_KINDS", "Lengths", "RequestFile", "Requests", "Workload", "make_requests",
@@ -51,6 +52,10 @@ ARRIVALS = ("poisson", "gamma", "constant", "replay")
 LENGTH_KINDS = ("fixed", "uniform", "lognormal", "exponential", "file")
 #: Requests drawn per block of every random stream (request ``i``'s draws do not depend on how many are drawn).
 BLOCK = 4096
+#: Bytes one request takes in a serving run, planned before the requests are drawn (its drawn figures and
+#: gaps, and its state and records in the simulation): ``rate x duration x BYTES_PER_REQUEST`` must pass
+#: :func:`sim.limits.check_memory`.
+BYTES_PER_REQUEST = 1024
 #: The default prompt lengths: a chat/RAG mix (lognormal, mean 512 tokens).
 DEFAULT_PROMPT_TOKENS = "lognormal:mean=512,cv=1,min=16,max=16384"
 #: The default output lengths (lognormal, mean 256 tokens).
@@ -383,8 +388,14 @@ def make_requests(w: Workload, seed: int, file: Optional[RequestFile] = None) ->
     ------
     ArgumentError
         A requests file needed and not given, a file without timestamps for ``replay``, a ``file`` length
-        the file does not give, no request in ``[0, duration)``.
+        the file does not give, no request in ``[0, duration)``, a negative seed, or more requests
+        (``rate x duration``) than memory allows (:data:`BYTES_PER_REQUEST` each).
     """
+    seed = check_seed(seed)
+    if w.arrivals != "replay":
+        check_memory(w.rate * w.duration * BYTES_PER_REQUEST,
+                     f"rate {w.rate:g} requests/s x duration {w.duration:g} s = {w.rate * w.duration:g} requests "
+                     f"(~{BYTES_PER_REQUEST} bytes a request)")
     if w.requests and file is None:
         raise ArgumentError(f"workload names the requests file {w.requests!r}: read it with read_request_file")
     ss_arr, ss_pl, ss_ol, ss_pos = np.random.SeedSequence(seed).spawn(4)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from .runner import (MAX_ATTEMPTS, Context, PointRunner, SweepError, SweepResult, check_points, resolve_context,
                      resume_rows, run_points, run_study)
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
-from .table import TableWriter, meta_path, partial_path, read_table, same_axis_value, write_table
+from .table import TableWriter, check_table_target, meta_path, partial_path, read_table, same_axis_value, write_table
 
 __all__ = ["AXES", "MAX_ATTEMPTS", "METRICS", "PHASES_COLUMN", "Context", "PointRunner", "Study", "SweepError",
+           "check_table_target",
            "SweepResult", "TableWriter", "check_point", "check_points", "meta_path", "partial_path", "point_phases",
            "point_seed", "point_trace", "read_table", "resolve_context", "resume_rows", "run_points", "run_study",
            "same_axis_value", "write_table"]

@@ -84,6 +84,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
+from ..io import read_text
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
@@ -186,11 +187,9 @@ def _tomllib():
 
 def _load_toml(path: Path) -> dict:
     tomllib = _tomllib()
+    text = read_text(path, "study")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read study ({exc.strerror})") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise FormatError(f"{path}: not TOML ({exc})") from None
 

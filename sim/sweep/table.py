@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import os
 import time
 from pathlib import Path
@@ -23,10 +24,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import OutputError, load_json, output_error, write_json
+from ..io import OutputError, load_json, output_error, read_text, write_json
 from .study import AXES
 
-__all__ = ["TableWriter", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
+__all__ = ["TableWriter", "check_metrics", "check_table_target", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
 
 #: Seconds between two rewrites of an unfinished table's metadata (its list of missing points).
 META_EVERY_S = 5.0
@@ -48,6 +49,26 @@ def _check_target(path: Path) -> None:
     """Refuse to replace anything but a regular file (a device, a folder) with a table."""
     if path.exists() and not path.is_file():
         raise OutputError(f"{path}: cannot write a table over it (not a regular file)")
+
+
+def check_table_target(path: Union[str, os.PathLike]) -> Path:
+    """Refuse, before any work, a table path that cannot take a table: the table, its unfinished rows or its
+    metadata would replace something other than a regular file (a device, a folder), or its folder is a file.
+
+    Raises
+    ------
+    OutputError
+        Names the path.
+    """
+    path = Path(path)
+    for p in dict.fromkeys((path, partial_path(path), meta_path(path))):
+        _check_target(p)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{parent}: cannot write a table in it (not a folder)")
+            break
+    return path
 
 
 def _line(values: Sequence[Any]) -> str:
@@ -223,18 +244,23 @@ def _parse_cell(s: Optional[str]) -> Any:
         return s
 
 
-def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dict]:
+def read_table(path: Union[str, os.PathLike], metrics: Sequence[str] = ()) -> Tuple[List[Dict[str, Any]], dict]:
     """Rows of a table written by :func:`write_table` or :class:`TableWriter` (numbers parsed) and its
     ``.meta.json`` (or ``{}``).
 
     String axes keep their type (a device named ``"1"`` stays a string).  An
     unfinished Parquet table is read from ``TABLE.partial.csv``; its metadata
-    says ``"complete": false``.
+    says ``"complete": false``.  With ``metrics`` (result columns, e.g.
+    :data:`sim.sweep.METRICS`), the table is checked for a reader that uses them
+    (:func:`check_metrics`); without, rows cut short are read as they are (a
+    resumed run skips them).
 
     Raises
     ------
     FormatError
-        Unreadable file.
+        Unreadable file; with ``metrics``, a table without rows, without one of
+        the columns, or with a cell of one that is not a finite number >= 0
+        (names the file, line and column).
     """
     path = Path(path)
     mp = meta_path(path)
@@ -249,14 +275,43 @@ def read_table(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], dic
             cols = list(t)
             rows = [{c: t[c][i] for c in cols} for i in range(len(t[cols[0]]) if cols else 0)]
         else:
-            with open(path, newline="", encoding="utf-8") as f:
-                rows = [{k: ((v or "") if k in AXES and AXES[k][0] is str else _parse_cell(v))
-                         for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
+            f = io.StringIO(read_text(path, "table"), newline="")
+            rows = [{k: ((v or "") if k in AXES and AXES[k][0] is str else _parse_cell(v))
+                     for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
     except OSError as exc:
         raise FormatError(f"{path}: cannot read table ({exc.strerror})") from None
     except ModuleNotFoundError:
         raise FormatError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    if metrics:
+        check_metrics(rows, metrics, path)
     return rows, meta
+
+
+def check_metrics(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], path: Union[str, os.PathLike]) -> None:
+    """Refuse a table a reader of ``metrics`` cannot use: no rows, a metric column missing, or a cell of one
+    that is empty (a row cut short), not a number, not finite or negative.
+
+    Lines are counted as in the CSV file: the header is line 1, row ``i`` line ``i + 2``.
+
+    Raises
+    ------
+    FormatError
+        Names the file, the line and column, and the value.
+    """
+    if not rows:
+        raise FormatError(f"{path}: the table has no rows (empty, or a header only)")
+    missing = [m for m in metrics if m not in rows[0]]
+    if missing:
+        raise FormatError(f"{path}: line 1: no column {missing[0]!r} (a result column of every sweep table)")
+    for i, r in enumerate(rows):
+        for m in metrics:
+            v = r.get(m)
+            if v == "" or v is None:
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} is empty (the row is cut short)")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} = {v!r} is not a number")
+            if not (math.isfinite(v) and v >= 0):
+                raise FormatError(f"{path}: line {i + 2}: column {m!r} = {v:g} must be a finite number >= 0")
 
 
 def same_axis_value(stored: Any, value: Any) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -242,16 +243,42 @@ class Trace:
         """
         try:
             with np.load(path, allow_pickle=False) as z:
+                if not hasattr(z, "files"):
+                    raise FormatError(f"{path}: not a trace file (an .npy array, not an .npz archive)")
                 need = ("rows", "tokens", "starts", "layer_ids", "heads", "source", "names")
                 missing = [k for k in need if k not in z.files]
                 if missing:
                     raise FormatError(f"{path}: not a trace file, missing field {missing[0]!r}")
-                return cls(z["rows"], z["tokens"], z["starts"], tuple(int(x) for x in z["layer_ids"]),
-                           int(z["heads"]), str(z["source"]), tuple(str(x) for x in z["names"]))
+                tr = cls(z["rows"], z["tokens"], z["starts"], tuple(int(x) for x in z["layer_ids"]),
+                         int(z["heads"]), str(z["source"]), tuple(str(x) for x in z["names"]))
+        except FormatError:
+            raise
         except ArgumentError as exc:
             raise FormatError(f"{path}: {exc}") from None
-        except (OSError, ValueError) as exc:
-            raise FormatError(f"{path}: cannot read trace ({exc})") from None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            raise FormatError(f"{path}: cannot read trace ({exc.__class__.__name__}: {exc})") from None
+        tr.check_rows(default_layout(), str(path))
+        return tr
+
+    def check_rows(self, layout: Layout, where: str) -> None:
+        """Refuse row ids beyond their table: ``rows[:, l, :] < layout.rows[l]`` when the trace has the
+        layout's tables (its layer ids and columns); a trace of another shape is checked against the largest
+        table of ``layout``.
+
+        Raises
+        ------
+        FormatError
+            The first row id beyond its table (names the step, layer, column, the row id and the table size).
+        """
+        same = self.layer_ids == tuple(int(x) for x in layout.layer_ids) and self.columns == int(layout.columns)
+        sizes = np.asarray(layout.rows, dtype=np.int64)
+        limit = sizes[None, :, None] if same else np.int64(sizes.max())
+        bad = self.rows.astype(np.int64) >= limit
+        if bad.any():
+            t, li, c = (int(x) for x in np.argwhere(bad)[0])
+            size = int(sizes[li] if same else sizes.max())
+            raise FormatError(f"{where}: step {t}, layer {self.layer_ids[li]}, column {c}: row {int(self.rows[t, li, c])} "
+                              f"is beyond its table ({size} rows)")
 
 
 @functools.lru_cache(maxsize=1)

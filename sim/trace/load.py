@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from engram import Layout
-from engram.errors import ArgumentError, FormatError
+from engram.errors import ArgumentError
 
+from ..io import read_text
 from .base import Trace
 from .sources import read_token_file, resolve_source
 from .synth import synthesize_spec
@@ -34,20 +34,25 @@ def load_trace(spec: str, *, limit: Optional[int] = None, layout: Optional[Layou
     Raises
     ------
     ArgumentError, FormatError, TokenError
-        Unknown source, unreadable file, or token ids outside the vocabulary.
+        Unknown source, unreadable file, token ids outside the vocabulary, or a source without tokens (an
+        empty trace).
     """
     if limit is not None and limit < 1:
         raise ArgumentError(f"limit must be >= 1, got {limit}")
+    tr = _build(spec, limit, layout, tokenizer_json)
+    if tr.steps == 0:
+        raise ArgumentError(f"the trace {spec!r} is empty: its source has no tokens")
+    return tr
+
+
+def _build(spec: str, limit: Optional[int], layout: Optional[Layout], tokenizer_json: Optional[str]) -> Trace:
     kind, what = resolve_source(spec)
     if kind == "synth":
         return synthesize_spec(str(what), limit=limit, layout=layout, tokenizer_json=tokenizer_json)
     if kind == "text":
         return Trace.from_text(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source="text")
     if kind == "textfile":
-        try:
-            text = Path(what).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FormatError(f"{what}: cannot read as UTF-8 text ({exc})") from None
+        text = read_text(what, "text")
         return Trace.from_text(text, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)
     if kind == "prompts":
         return Trace.from_prompts(what, layout=layout, tokenizer_json=tokenizer_json, limit=limit, source=spec)

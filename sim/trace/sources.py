@@ -32,7 +32,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import read_jsonl, shared_data_dir
+from ..io import read_jsonl, read_text, shared_data_dir
 
 __all__ = ["CODE_SOURCE", "SYNTH_PREFIX", "TOKENIZED_KINDS", "builtin_sources", "encoded_by_tokenizer",
            "read_prompts", "read_token_file", "resolve_source"]
@@ -92,13 +92,19 @@ def read_token_file(path: Union[str, os.PathLike]) -> np.ndarray:
     p = Path(path)
     try:
         if p.suffix == ".npy":
-            arr = np.load(p, allow_pickle=False)
-            if arr.dtype.kind not in "iu":
-                raise FormatError(f"{p}: token array must hold integers, got {arr.dtype}")
-            return arr.reshape(-1).astype(np.int64)
-        items = p.read_text(encoding="utf-8").replace(",", " ").split()
+            try:
+                arr = np.load(p, allow_pickle=False)
+            except (ValueError, EOFError) as exc:
+                raise FormatError(f"{p}: not a readable .npy array of token ids ({exc})") from None
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iu":
+                raise FormatError(f"{p}: token array must hold integers, got "
+                                  f"{getattr(arr, 'dtype', type(arr).__name__)}")
+            if arr.ndim != 1:
+                raise FormatError(f"{p}: token array must be one-dimensional [tokens], got shape {arr.shape}")
+            return arr.astype(np.int64)
     except OSError as exc:
         raise FormatError(f"{p}: cannot read token file ({exc.strerror})") from None
+    items = read_text(p, "token file").replace(",", " ").split()
     out = np.empty(len(items), dtype=np.int64)
     for i, s in enumerate(items):
         try:

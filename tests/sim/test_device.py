@@ -120,7 +120,7 @@ def test_preset_names_and_errors(tmp_path):
         load_device(str(bad))
     bad = tmp_path / "d.jsonl"
     bad.write_text('{"qd": 1, "iops": 1000}\n{"iops": 5}\n')
-    with pytest.raises(FormatError, match="record 1 has no 'qd'"):
+    with pytest.raises(FormatError, match="d.jsonl: line 2 has no 'qd'"):
         load_device(str(bad))
     bad.write_text('{"qd": 1, "p50_us": 30, "p99_us": 20}\n')
     with pytest.raises(FormatError, match="p99"):
