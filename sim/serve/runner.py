@@ -13,14 +13,9 @@ retries of points whose worker died (at most :data:`sim.sweep.MAX_ATTEMPTS` runs
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import concurrent.futures as cf
-import multiprocessing as mp
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from engram.errors import ArgumentError
 
@@ -143,27 +138,6 @@ def run_serve_point(index: int, params: Dict[str, Any], seed: int, ctx: ServeCon
 # =====================================================================================
 # running points: sim.sweep.PointRunner with the serving point
 # =====================================================================================
-_WORKER_CTX: Optional[ServeContext] = None
-
-
-def _init_worker(ctx: ServeContext) -> None:
-    global _WORKER_CTX
-    _WORKER_CTX = ctx
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _local_task(index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    return run_serve_point(index, params, seed, _WORKER_CTX)
-
-
-def _context_task(ctx: ServeContext) -> ServeContext:
-    return ctx
-
-
-def _dask_task(index: int, params: Dict[str, Any], seed: int, ctx: ServeContext) -> Dict[str, Any]:
-    return run_serve_point(index, params, seed, ctx)
-
-
 Task = Tuple[int, Dict[str, Any], int]
 
 
@@ -171,87 +145,4 @@ class ServeRunner(PointRunner):
     """:class:`sim.sweep.PointRunner` running serving points (:func:`run_serve_point`); same lifetime, pool, Dask
     connection and retries of points whose worker died."""
 
-    def run(self, tasks: Sequence[Task], on_row: Callable[[Dict[str, Any]], None]) -> None:
-        """Run ``tasks`` (``(index, point, seed)``), calling ``on_row`` with each row as its point finishes."""
-        tasks = list(tasks)
-        if not tasks:
-            return
-        if self.scheduler:
-            self._run_dask(tasks, on_row)
-        elif self.jobs == 1:
-            for t in tasks:
-                on_row(run_serve_point(*t, self.ctx))
-        else:
-            self._run_local(tasks, on_row)
-
-    def _run_local(self, tasks: List[Task], on_row) -> None:
-        """As :meth:`PointRunner._run_local`: one task a worker in flight; a task lost with a broken pool runs
-        alone next, so a task that kills its worker is the only one charged."""
-        pending = collections.deque(tasks)
-        attempts: collections.Counter = collections.Counter()
-        inflight: Dict[cf.Future, Task] = {}
-        while pending or inflight:
-            if self._pool is None:
-                self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn"),
-                                                    initializer=_init_worker, initargs=(self.ctx,))
-            while pending and len(inflight) < self.jobs:
-                if any(attempts[x[0]] for x in inflight.values()) or (attempts[pending[0][0]] and inflight):
-                    break
-                t = pending.popleft()
-                inflight[self._pool.submit(_local_task, *t)] = t
-            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
-            if any(isinstance(f.exception(), cf.process.BrokenProcessPool) for f in done):
-                cf.wait(inflight)
-                done = set(inflight)
-            lost = []
-            for f in sorted(done, key=lambda f: inflight[f][0]):
-                t = inflight.pop(f)
-                exc = f.exception()
-                if exc is None:
-                    on_row(f.result())
-                elif isinstance(exc, cf.process.BrokenProcessPool):
-                    lost.append(t)
-                else:
-                    raise exc
-            if lost:
-                self._stop_pool(abort=True)
-                self._charge(attempts, lost, "its worker process died")
-                pending.extendleft(reversed(lost))
-
-    def _context(self):
-        if self._ctx_future is None or self._ctx_future.status in ("cancelled", "lost", "error"):
-            self._ctx_future = self._client.submit(_context_task, self.ctx, pure=False)
-        return self._ctx_future
-
-    def _run_dask(self, tasks: List[Task], on_row) -> None:
-        from dask.distributed import KilledWorker, as_completed
-
-        if self._client is None:
-            self._connect()
-        client = self._client
-        attempts: collections.Counter = collections.Counter()
-        owner: Dict[Any, Task] = {}
-        ac = as_completed()
-
-        def submit(t: Task) -> None:
-            f = client.submit(_dask_task, *t, self._context(), pure=False)
-            owner[f] = t
-            ac.add(f)
-
-        for t in tasks:
-            submit(t)
-        try:
-            for f in ac:
-                t = owner.pop(f)
-                try:
-                    row = f.result()
-                except (asyncio.CancelledError, cf.CancelledError, KilledWorker) as exc:
-                    why = "its worker died" if isinstance(exc, KilledWorker) else \
-                        "its future was cancelled (workers restarted)"
-                    self._charge(attempts, [t], why)
-                    submit(t)
-                    continue
-                on_row(row)
-        except BaseException:
-            client.cancel(list(owner))
-            raise
+    point_fn = staticmethod(run_serve_point)

@@ -206,8 +206,9 @@ def _init_worker(ctx: Context) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _local_task(index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    return _run_point(index, params, seed, _WORKER_CTX)
+def _local_task(point_fn: Callable, index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
+    """A task of a local worker: ``point_fn`` (a module-level function, sent by reference) on its context."""
+    return point_fn(index, params, seed, _WORKER_CTX)
 
 
 def _context_task(ctx: Context) -> Context:
@@ -215,8 +216,8 @@ def _context_task(ctx: Context) -> Context:
     return ctx
 
 
-def _dask_task(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
-    return _run_point(index, params, seed, ctx)
+def _dask_task(point_fn: Callable, index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
+    return point_fn(index, params, seed, ctx)
 
 
 # =====================================================================================
@@ -247,7 +248,12 @@ class PointRunner:
         ``"inline"``, ``"processes:N"`` or ``"dask:ADDRESS"``.
     lost : int
         Points run again because their worker died.
+    point_fn : callable
+        Runs one point, ``(index, params, seed, ctx) -> row``: a decode point here; a subclass names its own
+        (:class:`sim.serve.ServeRunner`).  Module level, so worker processes and Dask find it by name.
     """
+
+    point_fn = staticmethod(_run_point)
 
     def __init__(self, ctx: Context, *, jobs: Optional[int] = None, scheduler: Optional[str] = None,
                  connect_timeout: float = 30.0, attempts: int = MAX_ATTEMPTS, size: Optional[int] = None):
@@ -328,7 +334,7 @@ class PointRunner:
             self._run_dask(tasks, on_row)
         elif self.jobs == 1:
             for t in tasks:
-                on_row(_run_point(*t, self.ctx))
+                on_row(self.point_fn(*t, self.ctx))
         else:
             self._run_local(tasks, on_row)
 
@@ -357,7 +363,7 @@ class PointRunner:
                 if any(attempts[x[0]] for x in inflight.values()) or (attempts[pending[0][0]] and inflight):
                     break
                 t = pending.popleft()
-                inflight[self._pool.submit(_local_task, *t)] = t
+                inflight[self._pool.submit(_local_task, self.point_fn, *t)] = t
             done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
             broken = [f for f in done if isinstance(f.exception(), cf.process.BrokenProcessPool)]
             if broken:  # the others fail with the pool: collect what finished before it broke
@@ -395,7 +401,7 @@ class PointRunner:
         ac = as_completed()
 
         def submit(t: Task) -> None:
-            f = client.submit(_dask_task, *t, self._context(), pure=False)
+            f = client.submit(_dask_task, self.point_fn, *t, self._context(), pure=False)
             owner[f] = t
             ac.add(f)
 

@@ -381,13 +381,13 @@ def test_a_point_that_keeps_killing_its_worker_gives_up(tmp_path, monkeypatch):
     assert meta["complete"] is False and 2 in meta["missing"] and {0, 1} <= {r["point"] for r in rows}
 
 
-def _die_on_three(index, params, seed):
+def _die_on_three(point_fn, index, params, seed):
     """A task that kills its own process at readers = 3 (the worker dies as under the OOM killer)."""
     from sim.sweep import runner
 
     if params["readers"] == 3:
         os.kill(os.getpid(), signal.SIGKILL)
-    return runner._run_point(index, params, seed, runner._WORKER_CTX)
+    return point_fn(index, params, seed, runner._WORKER_CTX)
 
 
 def test_interrupted_cli_sweep_keeps_its_rows_and_resumes(tmp_path, undisturbed):
