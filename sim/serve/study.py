@@ -41,7 +41,6 @@ rate*, so every probe of one search draws the same requests (common random numbe
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -50,11 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from engram.errors import ArgumentError, FormatError
+from engram.errors import ArgumentError
 
-from ..io import read_text
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
-from ..sweep import point_seed
+from ..sweep.study import (coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
+                           varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec
 from .compute import REFERENCE_STEP_MS, default_token_ms
 from .engine import GATES
@@ -62,14 +61,6 @@ from .metrics import SLO
 from .model import DEFAULT_TEXT, DEFAULT_TEXT_TOKENS
 from .rows import DEFAULT_READ_CHUNK
 from .workload import ARRIVALS, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, Lengths
-
-try:
-    import tomllib  # Python >= 3.11
-except ModuleNotFoundError:  # pragma: no cover - older Pythons
-    try:
-        import tomli as tomllib
-    except ModuleNotFoundError:
-        tomllib = None
 
 __all__ = ["MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "SERVE_SCHEMA", "ServeStudy",
            "check_serve_point", "is_serve_study", "serve_point_seed", "serve_text"]
@@ -159,21 +150,6 @@ _SEARCH_KEYS = ("seeds", "min_rate", "max_rate", "resolution", "min_requests")
 MIN_PROBE_REQUESTS = 50
 
 
-def _tomllib():
-    if tomllib is None:  # pragma: no cover - older Pythons without tomli
-        raise ArgumentError("reading a study needs Python >= 3.11 or the 'tomli' package")
-    return tomllib
-
-
-def _load_toml(path: Path) -> dict:
-    tl = _tomllib()
-    text = read_text(path, "study")
-    try:
-        return tl.loads(text)
-    except tl.TOMLDecodeError as exc:
-        raise FormatError(f"{path}: not TOML ({exc})") from None
-
-
 def is_serve_study(path: Union[str, os.PathLike]) -> bool:
     """Whether the TOML file at ``path`` is a serving study (it has a ``[serve]`` or ``[slo]`` table).
 
@@ -182,19 +158,8 @@ def is_serve_study(path: Union[str, os.PathLike]) -> bool:
     FormatError
         Unreadable or not TOML.
     """
-    d = _load_toml(Path(path))
+    d = load_study_toml(Path(path))
     return "serve" in d or "slo" in d
-
-
-def _coerce(name: str, value: Any, where: str) -> Any:
-    typ = SERVE_AXES[name][0]
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or isinstance(value, bool):
-        raise ArgumentError(f"{where}: {name} = {value!r} must be {typ.__name__}")
-    if typ is float and not math.isfinite(value):
-        raise ArgumentError(f"{where}: {name} = {value!r} must be finite")
-    return value
 
 
 def serve_text(p: Mapping[str, Any]) -> str:
@@ -364,7 +329,7 @@ class ServeStudy:
         for k, v in dict(d.get("serve", {})).items():
             if k not in SERVE_AXES:
                 raise ArgumentError(f"{where}: [serve] has unknown axis {k!r} (axes: {', '.join(SERVE_AXES)})")
-            fixed[k] = _relative(k, _coerce(k, v, f"{where}: [serve]"), base)
+            fixed[k] = _relative(k, coerce_axis(SERVE_AXES, k, v, f"{where}: [serve]"), base)
         raw = d.get("grid", [{}])
         raw = [raw] if isinstance(raw, Mapping) else list(raw)
         grids = []
@@ -376,7 +341,7 @@ class ServeStudy:
                 vals = vals if isinstance(vals, list) else [vals]
                 if not vals:
                     raise ArgumentError(f"{where}: grid {gi}: axis {k!r} has no values")
-                out[k] = [_relative(k, _coerce(k, v, f"{where}: grid {gi}"), base) for v in vals]
+                out[k] = [_relative(k, coerce_axis(SERVE_AXES, k, v, f"{where}: grid {gi}"), base) for v in vals]
             grids.append(out)
         slo_t = dict(d.get("slo", {}))
         bad = set(slo_t) - {"ttft_s", "tbt_ms", "percentile"}
@@ -409,16 +374,11 @@ class ServeStudy:
         FormatError, ArgumentError
         """
         path = Path(path)
-        return cls.from_dict(_load_toml(path), base_dir=path.parent, source=str(path))
+        return cls.from_dict(load_study_toml(path), base_dir=path.parent, source=str(path))
 
     @classmethod
     def loads(cls, text: str, base_dir: Union[str, os.PathLike, None] = None, source: str = "<text>") -> "ServeStudy":
-        tl = _tomllib()
-        try:
-            d = tl.loads(text)
-        except tl.TOMLDecodeError as exc:
-            raise FormatError(f"{source}: not TOML ({exc})") from None
-        return cls.from_dict(d, base_dir=base_dir, source=source)
+        return cls.from_dict(parse_study_toml(text, source), base_dir=base_dir, source=source)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "seed": self.seed, "fixed": self.fixed,
@@ -427,17 +387,11 @@ class ServeStudy:
 
     def fingerprint(self) -> str:
         """SHA-256 (hex, 16 digits) of the seed, the SLOs and every point."""
-        blob = json.dumps({"seed": self.seed, "slo": self.slo.to_dict(), "points": self.points()}, sort_keys=True,
-                          separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return study_fingerprint({"seed": self.seed, "slo": self.slo.to_dict(), "points": self.points()})
 
     def axes(self) -> List[str]:
         """Axes that take more than one value over the study, in :data:`SERVE_AXES` order."""
-        vals: Dict[str, set] = {}
-        for p in self.points():
-            for k, v in p.items():
-                vals.setdefault(k, set()).add(v)
-        return [k for k in SERVE_AXES if len(vals.get(k, ())) > 1]
+        return varying_axes(self.points(), SERVE_AXES)
 
     def points(self) -> List[Dict[str, Any]]:
         """Every point (all axes, defaults filled in), without duplicates, in grid order.

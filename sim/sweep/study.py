@@ -80,7 +80,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
@@ -96,7 +96,8 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "Study", "check_point", "point_phases", "point_seed", "point_trace"]
+__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "Study", "check_point", "coerce_axis", "load_study_toml",
+           "parse_study_toml", "point_phases", "point_seed", "point_trace", "study_fingerprint", "varying_axes"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -185,18 +186,24 @@ def _tomllib():
     return tomllib
 
 
-def _load_toml(path: Path) -> dict:
-    tomllib = _tomllib()
-    text = read_text(path, "study")
+def parse_study_toml(text: str, source: str) -> dict:
+    """The tables of a study's TOML ``text``; ``FormatError`` naming ``source`` when it is not TOML."""
+    tl = _tomllib()
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise FormatError(f"{path}: not TOML ({exc})") from None
+        return tl.loads(text)
+    except tl.TOMLDecodeError as exc:
+        raise FormatError(f"{source}: not TOML ({exc})") from None
 
 
-def _coerce(name: str, value: Any, where: str) -> Any:
-    """A study value checked against its axis type (ints accepted for floats)."""
-    typ = AXES[name][0]
+def load_study_toml(path: Path) -> dict:
+    """The tables of the study file at ``path`` (UTF-8 text, :func:`sim.io.read_text`)."""
+    return parse_study_toml(read_text(path, "study"), str(path))
+
+
+def coerce_axis(axes: Mapping[str, tuple], name: str, value: Any, where: str) -> Any:
+    """A study value checked against its axis type in ``axes`` (``name -> (type, ...)``; ints accepted for
+    floats, floats finite); ``ArgumentError`` naming ``where``, the axis and the value."""
+    typ = axes[name][0]
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or isinstance(value, bool):
@@ -204,6 +211,21 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if typ is float and not math.isfinite(value):
         raise ArgumentError(f"{where}: {name} = {value!r} must be finite")
     return value
+
+
+def study_fingerprint(payload: Mapping[str, Any]) -> str:
+    """SHA-256 (hex, 16 digits) of ``payload`` as canonical JSON: equal for studies that give equal tables."""
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def varying_axes(points: Sequence[Mapping[str, Any]], order: Sequence[str]) -> List[str]:
+    """The axes of ``order`` that take more than one value over ``points``, in that order."""
+    vals: Dict[str, set] = {}
+    for p in points:
+        for k, v in p.items():
+            vals.setdefault(k, set()).add(v)
+    return [k for k in order if len(vals.get(k, ())) > 1]
 
 
 @dataclass
@@ -271,7 +293,7 @@ class Study:
         for k, v in dict(d.get("fixed", {})).items():
             if k not in AXES:
                 raise ArgumentError(f"{where}: [fixed] has unknown axis {k!r} (axes: {', '.join(AXES)})")
-            fixed[k] = _coerce(k, v, f"{where}: [fixed]")
+            fixed[k] = coerce_axis(AXES, k, v, f"{where}: [fixed]")
         raw_grids = d.get("grid", [{}])
         if isinstance(raw_grids, Mapping):
             raw_grids = [raw_grids]
@@ -286,7 +308,7 @@ class Study:
                     vals = [vals]
                 if not vals:
                     raise ArgumentError(f"{gw}: axis {k!r} has no values")
-                out[k] = [_coerce(k, v, gw) for v in vals]
+                out[k] = [coerce_axis(AXES, k, v, gw) for v in vals]
             grids.append(out)
         plots = []
         for pi, p in enumerate(d.get("plot", [])):
@@ -329,7 +351,7 @@ class Study:
             Not a valid study (names the key).
         """
         path = Path(path)
-        return cls.from_dict(_load_toml(path), base_dir=path.parent, source=str(path))
+        return cls.from_dict(load_study_toml(path), base_dir=path.parent, source=str(path))
 
     @classmethod
     def loads(cls, text: str, base_dir: Union[str, os.PathLike, None] = None, source: str = "<text>") -> "Study":
@@ -342,12 +364,7 @@ class Study:
         ArgumentError
             Not a valid study.
         """
-        tomllib = _tomllib()
-        try:
-            d = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise FormatError(f"{source}: not TOML ({exc})") from None
-        return cls.from_dict(d, base_dir=base_dir, source=source)
+        return cls.from_dict(parse_study_toml(text, source), base_dir=base_dir, source=source)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "seed": self.seed, "fixed": self.fixed,
@@ -357,18 +374,12 @@ class Study:
 
     def fingerprint(self) -> str:
         """SHA-256 (hex, 16 digits) of the study seed and every point: equal for studies that give equal tables."""
-        blob = json.dumps({"seed": self.seed, "points": self.points()}, sort_keys=True, separators=(",", ":"),
-                          default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return study_fingerprint({"seed": self.seed, "points": self.points()})
 
     # -------------------------------------------------------------- points
     def axes(self) -> List[str]:
         """Axes that take more than one value over the study, in :data:`AXES` order."""
-        vals: Dict[str, set] = {}
-        for p in self.points():
-            for k, v in p.items():
-                vals.setdefault(k, set()).add(v)
-        return [k for k in AXES if len(vals.get(k, ())) > 1]
+        return varying_axes(self.points(), AXES)
 
     def points(self) -> List[Dict[str, Any]]:
         """Every point: axis -> value (all axes, defaults filled in), without duplicates, in grid order.
