@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
+from engram.backends import usable_backends
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.io import load_json
 from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
@@ -391,7 +392,8 @@ def test_shared_reads_and_cache_check(model):
 
 
 # ------------------------------------------------------------------ probe steps
-@pytest.mark.parametrize("backend", ["pread", "io_uring"])
+@pytest.mark.parametrize("backend", ["pread", pytest.param("io_uring", marks=pytest.mark.skipif(
+    "io_uring" not in usable_backends(), reason="io_uring does not start on this machine (engram info)"))])
 def test_probe_steps_interleaved_with_the_trace_steps(model, backend):
     """Probe steps (random token ids) sit before every 3rd trace step and after the last; the trace steps still read
     the trace's rows (the history is restored around each probe), and trace and probe steps add up to the loop."""
