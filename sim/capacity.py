@@ -72,8 +72,8 @@ from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWrite
                     meta_path, point_phases, point_seed, read_table, resolve_context, same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
-           "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "capacity_of",
-           "compute_text", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
+           "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -239,8 +239,57 @@ def pooled_compute(rows: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
     return mean, (cv if cv > CV_ROUNDING else 0.0)
 
 
+class SeedBand:
+    """What a search repeated over seeds found: ``per_seed`` (one capacity a seed, ``repeat`` 0, 1, ...), the
+    lower median of them (:data:`CAPACITY_RULE`) and the band; shared by session and serving capacities."""
+
+    per_seed: list
+
+    @property
+    def median(self):
+        """The lower median of the seeds' capacities (the lower of the middle two for an even count)."""
+        return statistics.median_low(self.per_seed)
+
+    @property
+    def low(self):
+        return min(self.per_seed)
+
+    @property
+    def high(self):
+        return max(self.per_seed)
+
+    def median_seed(self) -> int:
+        """The repeat index whose search found the median capacity."""
+        return self.per_seed.index(self.median)
+
+
+class CapacityTable:
+    """The rows and probes of a capacity study's results (``capacities``: one search result a configuration)."""
+
+    capacities: list
+
+    def rows(self) -> List[Dict[str, Any]]:
+        return [c.row() for c in self.capacities]
+
+    def probes(self) -> List[Dict[str, Any]]:
+        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
+
+
+def earlier_probes(out: Path, fingerprint: str, source: str) -> List[Dict[str, Any]]:
+    """The probe rows of an earlier run at ``out`` (``OUT.probes.csv``; none when absent), refused when they
+    belong to another study (``ArgumentError`` naming the file and ``source``)."""
+    path = probes_path(out)
+    if not path.is_file():
+        return []
+    rows, meta = read_table(path)
+    if meta.get("study_fingerprint") not in (None, fingerprint):
+        raise ArgumentError(f"{path}: probes of another study than {source}; give another --out, "
+                            "or drop --resume")
+    return rows
+
+
 @dataclass
-class Capacity:
+class Capacity(SeedBand):
     """The capacity of one configuration.
 
     Attributes
@@ -268,15 +317,7 @@ class Capacity:
     @property
     def capacity(self) -> int:
         """The median of the seeds' capacities (the lower median for an even count)."""
-        return int(statistics.median_low(self.per_seed))
-
-    @property
-    def low(self) -> int:
-        return min(self.per_seed)
-
-    @property
-    def high(self) -> int:
-        return max(self.per_seed)
+        return int(self.median)
 
     @property
     def lower_bound(self) -> bool:
@@ -327,10 +368,6 @@ class Capacity:
         if seed_index is not None:
             rows = [r for r in rows if r["repeat"] == seed_index] or rows
         return rows[0] if rows else None
-
-    def median_seed(self) -> int:
-        """The repeat index whose search found the median capacity."""
-        return self.per_seed.index(self.capacity)
 
     def label(self) -> str:
         """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
@@ -547,7 +584,7 @@ def probes_path(path: Union[str, os.PathLike]) -> Path:
 
 
 @dataclass
-class CapacityResult:
+class CapacityResult(CapacityTable):
     """A capacity study's results: one :class:`Capacity` per configuration."""
 
     study: Study
@@ -557,12 +594,6 @@ class CapacityResult:
     runner: str
     resumed: int = 0
     table: Optional[Path] = None
-
-    def rows(self) -> List[Dict[str, Any]]:
-        return [c.row() for c in self.capacities]
-
-    def probes(self) -> List[Dict[str, Any]]:
-        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
 
     def meta(self) -> dict:
         axes = [a for a in self.study.axes() if a not in _SEARCHED]
@@ -579,12 +610,7 @@ class CapacityResult:
 def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str, Any]]:
     """Probe rows of an earlier run of ``study`` at ``out`` that still hold (same configurations and seeds)."""
     path = probes_path(out)
-    if not path.is_file():
-        return []
-    rows, meta = read_table(path)
-    if meta.get("study_fingerprint") not in (None, study.fingerprint()):
-        raise ArgumentError(f"{path}: probes of another study than {study.source}; give another --out, "
-                            "or drop --resume")
+    rows = earlier_probes(out, study.fingerprint(), study.source)
     cfgs = study.points()
     keep = []
     for r in rows:

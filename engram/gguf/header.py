@@ -332,7 +332,19 @@ def _as_array(raw: bytes, fmt: str, sub: GGUFValueType) -> np.ndarray:
 def load_array(kv: KeyValue) -> np.ndarray:
     """Read a numeric array that parsing only located (bounds were checked then)."""
     fmt = SCALAR_DTYPES[kv.subtype]
-    n = kv.count * np.dtype(fmt).itemsize
+    return _as_array(_read_located(kv, kv.count * np.dtype(fmt).itemsize), fmt, kv.subtype)
+
+
+def _read_located(kv: KeyValue, nbytes: int) -> bytes:
+    """The ``nbytes`` stored at ``kv``'s data offset, located (and bounds-checked) when parsing.
+
+    Raises
+    ------
+    TableIOError
+        The file cannot be opened again.
+    FormatError
+        The file is shorter now than when it was parsed.
+    """
     try:
         fd = open_regular(kv.path)
     except OSError as exc:
@@ -340,7 +352,7 @@ def load_array(kv: KeyValue) -> np.ndarray:
     try:
         cur = Cursor(fd, os.fstat(fd).st_size, kv.path)
         cur.pos = kv.data_offset
-        return _as_array(cur.take(n, kv.key), fmt, kv.subtype)
+        return cur.take(nbytes, kv.key)
     finally:
         close_quietly(fd)
 
@@ -353,16 +365,7 @@ def _string_array_bytes(kv: KeyValue) -> bytes:
     if kv.data_nbytes > MAX_STRINGS_BYTES:
         raise FormatError(f"{kv.path}: {kv.key}: {kv.data_nbytes} bytes of strings exceed the limit of "
                           f"{MAX_STRINGS_BYTES} (byte offset {kv.offset})")
-    try:
-        fd = open_regular(kv.path)
-    except OSError as exc:
-        raise TableIOError(f"{kv.path}: cannot open to read {kv.key}: {exc.strerror}", errno_=exc.errno) from None
-    try:
-        cur = Cursor(fd, os.fstat(fd).st_size, kv.path)
-        cur.pos = kv.data_offset
-        return cur.take(kv.data_nbytes, kv.key)
-    finally:
-        close_quietly(fd)
+    return _read_located(kv, kv.data_nbytes)
 
 
 def load_strings(kv: KeyValue) -> List[str]:

@@ -39,7 +39,6 @@ largest part there.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +46,11 @@ from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequ
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_RULE
+from ..capacity import CAPACITY_RULE, CapacityTable, SeedBand, earlier_probes, probes_path
 from ..io import load_json
 from ..progress import progress as progress_bar
 from ..progress import progress_label
-from ..sweep import TableWriter, check_table_target, meta_path, read_table, same_axis_value
+from ..sweep import TableWriter, check_table_target, meta_path, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
 from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStudy, check_serve_point, \
@@ -75,11 +74,6 @@ CAPACITY_COLUMNS = ["config", *[a for a in SERVE_AXES if a not in _SEARCHED], "c
                     "max_rate", "resolution", "min_requests", "fewest_requests", "small_sample", "slo", "goodput_at_capacity", "attainment_at_capacity",
                     "ttft_p99_at_capacity_ms", "tbt_p99_at_capacity_ms", "output_tokens_per_s_at_capacity",
                     "device_busy_at_capacity", "mean_batch_at_capacity", "knee_rate", "knee_failed", "knee_cause"]
-
-
-def probes_path(path: Union[str, os.PathLike]) -> Path:
-    """``OUT.probes.csv``: every probe of a serving capacity table at ``OUT``."""
-    return Path(str(path) + ".probes.csv")
 
 
 def _rate_search(search: RateSearch) -> Generator[float, bool, Tuple[float, bool, bool]]:
@@ -145,7 +139,7 @@ def knee_words(rate: Optional[float], failed: str, cause: str) -> str:
 
 
 @dataclass
-class ServeCapacity:
+class ServeCapacity(SeedBand):
     """The capacity of one configuration (requests/s).
 
     Attributes
@@ -175,15 +169,7 @@ class ServeCapacity:
     @property
     def capacity(self) -> float:
         """The median of the seeds' capacities (the lower median for an even count), requests/s."""
-        return float(statistics.median_low(self.per_seed))
-
-    @property
-    def low(self) -> float:
-        return min(self.per_seed)
-
-    @property
-    def high(self) -> float:
-        return max(self.per_seed)
+        return float(self.median)
 
     @property
     def lower_bound(self) -> bool:
@@ -198,9 +184,6 @@ class ServeCapacity:
     def small_sample(self) -> bool:
         """Whether a probe measured fewer than ``search.min_requests`` requests."""
         return self.fewest_requests < self.search.min_requests
-
-    def median_seed(self) -> int:
-        return self.per_seed.index(self.capacity)
 
     def at(self, rate: float, seed_index: int) -> Optional[Dict[str, Any]]:
         """The probe of seed ``seed_index`` at ``rate``, or None."""
@@ -354,7 +337,7 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
 
 
 @dataclass
-class ServeCapacityResult:
+class ServeCapacityResult(CapacityTable):
     """A serving capacity study's results: one :class:`ServeCapacity` per configuration."""
 
     study: ServeStudy
@@ -364,12 +347,6 @@ class ServeCapacityResult:
     runner: str
     resumed: int = 0
     table: Optional[Path] = None
-
-    def rows(self) -> List[Dict[str, Any]]:
-        return [c.row() for c in self.capacities]
-
-    def probes(self) -> List[Dict[str, Any]]:
-        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
 
     def meta(self) -> dict:
         axes = [a for a in self.study.axes() if a not in _SEARCHED]
@@ -384,12 +361,7 @@ class ServeCapacityResult:
 
 def _resume_probes(study: ServeStudy, search: RateSearch, out: Path) -> List[Dict[str, Any]]:
     path = probes_path(out)
-    if not path.is_file():
-        return []
-    rows, meta = read_table(path)
-    if meta.get("study_fingerprint") not in (None, study.fingerprint()):
-        raise ArgumentError(f"{path}: probes of another study than {study.source}; give another --out, "
-                            "or drop --resume")
+    rows = earlier_probes(out, study.fingerprint(), study.source)
     cfgs = study.points()
     keep = []
     for r in rows:
