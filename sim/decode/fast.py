@@ -292,7 +292,7 @@ class FastRun:
                         q += c
                     else:
                         wait.append([bt, c])
-                        while wait and q < Q:
+                        while wait and q < Q:  # the device's _admit, inlined (hot loop)
                             seg = wait[0]
                             b2, c2 = seg
                             take = Q - q
@@ -370,7 +370,7 @@ class FastRun:
                         bt[2] -= c
                         if bt[2] == 0 and bt[6] >= 0:
                             done.append(bt)
-                while wait and q < Q:
+                while wait and q < Q:  # the device's _admit, inlined (hot loop)
                     seg = wait[0]
                     b2, c2 = seg
                     take = Q - q

@@ -180,6 +180,7 @@ class SegmentQueue:
         ``extra``: the straggler's seconds alone; ``ref`` (``straggler="own"``): the share of it that
         stays with the batch on a busy device (the rest shrinks with the batch's share of the reads in
         service when its last segment finishes)."""
+        # _advance inlined: submit runs once a batch, on the fast mode's hot path (benchmarks/BENCHMARKS.md)
         dt = now - self.t
         if dt > 0:
             if self.q:
