@@ -33,13 +33,16 @@ from .codec import ROW_BYTES, ROW_VALUES
 from .uncached import close_quietly, open_uncached
 
 __all__ = ["BackendStatus", "available_backends", "probe_backends", "usable_backends", "auto_backend",
-           "ring_build", "AUTO_ORDER", "DISABLE_ENV"]
+           "ring_build", "AUTO_ORDER", "AUTO_RING_REASON", "DISABLE_ENV"]
 
 log = logging.getLogger("engram")
 
 #: Backend order of ``backend="auto"``: the ring where it reads, else the pool; set from the
 #: measurements in benchmarks/BENCHMARKS.md (storage engine section).
 AUTO_ORDER = ("io_uring", "pread")
+#: Why ``auto`` uses the ring where one reads.
+AUTO_RING_REASON = ("a ring started and read a block of a file here; auto puts io_uring before the pread pool "
+                    "(faster at decode-size batches: benchmarks/BENCHMARKS.md)")
 #: Environment variable that refuses the ring at run time (any value but "" and "0").
 DISABLE_ENV = "ENGRAM_DISABLE_IO_URING"
 #: Errors of io_uring_setup that mean "not in this process" (the kernel, a sysctl or a filter
@@ -265,14 +268,15 @@ def usable_backends(refresh: bool = False) -> Tuple[str, ...]:
     return tuple(n for n, s in probe_backends(refresh).items() if s.usable)
 
 
-def auto_backend(refresh: bool = False) -> Tuple[str, Optional[str]]:
-    """The backend ``backend="auto"`` uses on this machine now, and why io_uring was passed over (or None)."""
+def auto_backend(refresh: bool = False) -> Tuple[str, str]:
+    """The backend ``backend="auto"`` uses on this machine now, and why: io_uring's reason to be chosen
+    (:data:`AUTO_RING_REASON`) or why it was passed over."""
     st = probe_backends(refresh)
     v = ring_verdict()
     ring = v if v is not None else st["io_uring"]
     for name in AUTO_ORDER:
         if name == "io_uring" and ring.usable:
-            return "io_uring", None
+            return "io_uring", AUTO_RING_REASON
         if name != "io_uring" and st[name].usable:
             return name, ring.reason
     return "serial", f"{ring.reason}; {st['pread'].reason}"

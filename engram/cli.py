@@ -66,9 +66,6 @@ def json_default(o):
 def _cmd_info(args) -> int:
     status = probe_backends(refresh=True, warn=False)  # live: what starts and reads on this machine now
     auto, why = auto_backend()
-    if why is None and auto == "io_uring":
-        why = ("a ring started and read a block of a file here; auto puts io_uring before the pread pool "
-               "(faster at decode-size batches: benchmarks/BENCHMARKS.md)")
     ring = status["io_uring"]
     info = {
         "version": __version__,

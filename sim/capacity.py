@@ -252,10 +252,12 @@ class SeedBand:
 
     @property
     def low(self):
+        """The smallest capacity a seed found (same unit as ``per_seed``)."""
         return min(self.per_seed)
 
     @property
     def high(self):
+        """The largest capacity a seed found."""
         return max(self.per_seed)
 
     def median_seed(self) -> int:
@@ -269,9 +271,11 @@ class CapacityTable:
     capacities: list
 
     def rows(self) -> List[Dict[str, Any]]:
+        """One row a configuration (its ``row()``), in study order."""
         return [c.row() for c in self.capacities]
 
     def probes(self) -> List[Dict[str, Any]]:
+        """Every probe's row, in ``point`` order."""
         return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
 
 
