@@ -76,7 +76,7 @@ from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
 from .params import BACKENDS, Compute, Policy
 from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench
-from .windows import scale_device, window_states
+from .windows import scale_device, window_compute, window_device, window_states
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
 
@@ -172,18 +172,15 @@ class Calibration:
 
     def window_models(self, backend: str, compute: str, window: Optional[str] = None) -> tuple:
         """``(device, compute model)`` of ``backend`` and ``compute`` in measurement window ``window``: the
-        calibrated ones scaled by the window's device and compute factors (:mod:`sim.windows`), or the
-        calibrated ones when the window was not probed."""
+        calibrated ones scaled by the window's device factor, one session's batch and the compute in the
+        shape of the window's own probe steps (:func:`sim.windows.window_device`,
+        :func:`sim.windows.window_compute`), or the calibrated ones when the window was not probed."""
         dev = self.device(backend, compute)
         comp = self.compute_model(compute)
         w = self.window(window)
         if w is None:
             return dev, comp
-        dev = scale_device(dev, max(1e-3, float(w["device"])), f"{dev.name}@{window}")
-        if w.get("compute") is not None and comp.samples:
-            g = max(1e-3, float(w["compute"]))
-            comp = Compute.empirical([x * g for x in comp.samples], comp.layers)
-        return dev, comp
+        return window_device(dev, w, f"{dev.name}@{window}"), window_compute(comp, w)
 
     def device(self, backend: str, compute: str = "none") -> MeasuredBatchDevice:
         """The device model of ``backend`` for steps whose compute is ``compute``: the batches measured

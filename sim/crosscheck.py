@@ -27,8 +27,15 @@ varies (``step_cv / sqrt(n)``), and the simulator's own estimate has its
 sampling error.  A window's noise is taken as at least the median of its
 configuration's windows over all rounds (:func:`sim.windows.window_noise`):
 a short window that missed the machine's rare stalls looks steadier than it
-was.  Each run's prediction is taken as log-normal with that variance:
-its 90% interval is ``prediction * exp(+-1.645 sd)`` (``runs_inside``
+was.  The model itself errs too, and how much shows on the other
+configurations of the same cross-check: :func:`model_sd` is the robust scale
+of their runs' errors beyond their windows' uncertainty, taken from every
+other configuration of the row's kind (single or several sessions;
+leave-one-out, so a row's own error never widens its own interval).  On a
+loaded machine it grows with the errors the load causes; on a quiet one it is
+near zero.  Each run's prediction is taken as log-normal with the window's
+variance plus the model's: its 90% interval is ``prediction * exp(+-1.645
+sd)`` (``runs_inside``
 counts the runs inside their own).  The configuration's interval is the
 median of its runs' bounds: it does not narrow with the repeats, because part
 of a run's deviation is common to every repeat of a configuration (the mean
@@ -57,7 +64,11 @@ Definitions
 - measured tokens/s: a run's trace steps over their own time (the probe
   steps between them left out); the configuration's figure is the median
   over its repeats.  Step p50 / p95: per run, then the median over repeats.
-- error: ``predicted / measured - 1``.
+- error: per run ``predicted / measured - 1``, each run against the
+  prediction of its own window, then the median over the configuration's runs
+  (paired: on a loaded machine the repeats spread by tens of percent, and the
+  ratio of two medians would compare different runs); the ratio of the
+  medians shown is kept as ``tokens_per_s_of_medians``.
 - spread: ``(max - min) / median`` of the repeats' tokens/s (and of their step
   p50); ``cv`` the coefficient of variation of the repeats' tokens/s.
 - multi-session tokens/s: the mean over sessions of each session's trace
@@ -87,9 +98,9 @@ from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
 
-__all__ = ["COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS", "TARGETS", "CDF_PERCENTILES",
-           "capacity", "capacity_shown", "crosscheck", "crosscheck_files", "markdown_table", "median_interval", "predict", "predict_run",
-           "regime", "run_sd"]
+__all__ = ["COVERAGE_TARGET", "MODEL_PEERS_MIN", "MODEL_RUNS_MIN", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS",
+           "TARGETS", "CDF_PERCENTILES", "capacity", "capacity_shown", "crosscheck", "crosscheck_files",
+           "markdown_table", "median_interval", "model_sd", "predict", "predict_run", "regime", "run_sd"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
 TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
@@ -109,6 +120,11 @@ INTERVAL_DRAWS = 4000
 SINGLE_SIM_STEPS = 1000
 #: Seeds averaged in a multi-session run's prediction (the simulated run has the measured run's length).
 SESSION_SIM_SEEDS = 3
+#: Runs of other configurations a model error needs at least (fewer: taken as 0).
+MODEL_RUNS_MIN = 6
+#: Other configurations of a row's own kind (single or several sessions) its model error is taken from at least
+#: (fewer: from every other configuration).
+MODEL_PEERS_MIN = 4
 #: Percentiles of the step-latency CDFs kept for plotting.
 CDF_PERCENTILES = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99)
 
@@ -406,27 +422,98 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
     return out
 
 
-def _interval(cal: Calibration, c: RunConfig, runs: Sequence[Mapping], mid: Sequence[Mapping],
-              measured: Sequence[float], seed: int) -> tuple:
+def model_sd(errors: Sequence[float], sds: Sequence[float]) -> float:
+    """The model's own error beyond the windows' uncertainty, from other configurations' runs.
+
+    ``errors``: log(measured / predicted) tokens/s of the runs; ``sds``: each run's
+    :func:`run_sd`.  The robust scale of the errors around zero (``1.4826 *
+    median |error|``: a normal's standard deviation, a bias included, a few wild
+    runs not) squared, less the median run's window variance, floored at zero::
+
+        sqrt(max(0, (1.4826 * median|e|)^2 - median(sd^2)))
+
+    0 with fewer than :data:`MODEL_RUNS_MIN` runs (no evidence either way).
+    """
+    e = np.abs(np.asarray(errors, dtype=np.float64))
+    if e.size < MODEL_RUNS_MIN:
+        return 0.0
+    sd = np.asarray(sds, dtype=np.float64)
+    return float(np.sqrt(max(0.0, (1.4826 * float(np.median(e))) ** 2 - float(np.median(sd ** 2)))))
+
+
+def _peer_model_sd(fits: Sequence[tuple], i: int) -> float:
+    """:func:`model_sd` of configuration ``i`` from the runs of every other configuration of its kind (single
+    or several sessions) when there are :data:`MODEL_PEERS_MIN` of them, else of every other configuration:
+    leave-one-out, so a configuration's own error never widens its own interval."""
+    multi = fits[i][0]
+    same = [j for j in range(len(fits)) if j != i and fits[j][0] == multi]
+    peers = same if len(same) >= MODEL_PEERS_MIN else [j for j in range(len(fits)) if j != i]
+    errors = [x for j in peers for x in fits[j][1]]
+    sds = [x for j in peers for x in fits[j][2]]
+    return model_sd(errors, sds)
+
+
+def _interval(c: RunConfig, mid: Sequence[Mapping], measured: Sequence[float], sd: np.ndarray,
+              sd_slow: np.ndarray, msd: float, seed: int) -> tuple:
     """``(interval, runs inside theirs)``: the configuration's 90% interval (the median of its runs' bounds; and
-    of the slowest session's), and how many runs' measured tokens/s lie inside their own run's interval."""
-    sd = np.array([run_sd(cal, c, r, x) for r, x in zip(runs, mid)])
-    sd_slow = np.array([run_sd(cal, c, r, x, slowest=True) for r, x in zip(runs, mid)])
+    of the slowest session's), each run's log standard deviation its window's (``sd``, ``sd_slow``) and the
+    model's (``msd``) combined, and how many runs' measured tokens/s lie inside their own run's interval."""
+    tot = np.sqrt(sd ** 2 + msd ** 2)
+    tot_slow = np.sqrt(sd_slow ** 2 + msd ** 2)
     pred = np.array([x["tokens_per_s"] for x in mid])
     slow = np.array([x["slowest_tokens_per_s"] for x in mid])
 
     def bound(x: np.ndarray, s: np.ndarray, sign: float) -> float:
         return float(np.median(x * np.exp(sign * INTERVAL_Z * s)))
 
-    i_low, i_high = median_interval(pred, sd, seed)
-    inside = int(np.sum(np.abs(np.log(np.asarray(measured) / pred)) <= INTERVAL_Z * sd))
-    return ({"low": bound(pred, sd, -1), "high": bound(pred, sd, 1), "slowest_low": bound(slow, sd_slow, -1),
-             "slowest_high": bound(slow, sd_slow, 1), "independent_low": i_low, "independent_high": i_high,
-             "z": INTERVAL_Z, "run_sd": sd.tolist()}, inside)
+    i_low, i_high = median_interval(pred, tot, seed)
+    inside = int(np.sum(np.abs(np.log(np.asarray(measured) / pred)) <= INTERVAL_Z * tot))
+    return ({"low": bound(pred, tot, -1), "high": bound(pred, tot, 1), "slowest_low": bound(slow, tot_slow, -1),
+             "slowest_high": bound(slow, tot_slow, 1), "independent_low": i_low, "independent_high": i_high,
+             "z": INTERVAL_Z, "run_sd": tot.tolist(), "window_sd": sd.tolist(), "model_sd": msd}, inside)
 
 
-def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> dict:
-    """One configuration: measured (medians over repeats), predicted (median over its runs), interval, error."""
+def _fit(cal: Calibration, c: RunConfig, runs: Sequence[Mapping], mid: Sequence[Mapping], row: Mapping) -> tuple:
+    """``(several sessions?, log errors of the runs' tokens/s, their window sds, the slowest session's sds)``."""
+    sd = np.array([run_sd(cal, c, r, x) for r, x in zip(runs, mid)])
+    sd_slow = np.array([run_sd(cal, c, r, x, slowest=True) for r, x in zip(runs, mid)])
+    err = np.log(np.asarray(row["measured"]["tokens_per_s_runs"]) / np.array([x["tokens_per_s"] for x in mid]))
+    return c.multi, err, sd, sd_slow
+
+
+def _add_interval(row: dict, c: RunConfig, mid: Sequence[Mapping], fit: tuple, msd: float, seed: int) -> None:
+    """Put the interval, ``inside_interval`` and ``runs_inside`` into ``row``."""
+    interval, runs_inside = _interval(c, mid, row["measured"]["tokens_per_s_runs"], fit[2], fit[3], msd, seed)
+    row.update(interval=interval, runs_inside=runs_inside,
+               inside_interval=bool(interval["low"] <= row["measured"]["tokens_per_s"] <= interval["high"]))
+
+
+def _paired(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """The median over runs of each run's ``predicted / measured - 1`` (see the module docstring)."""
+    return float(np.median(np.asarray(predicted, dtype=np.float64) / np.asarray(measured, dtype=np.float64) - 1))
+
+
+def _errors(runs: Sequence[Mapping], mid: Sequence[Mapping], base: Sequence[Mapping], multi: bool) -> dict:
+    """A configuration's errors, each run against its own prediction (``mid``; ``base``: the calibrated device
+    and compute alone), the median over runs."""
+    def tps(r, key="tokens_per_s"):
+        return float(r.get(key, r["tokens_per_s"]))
+
+    err = {"tokens_per_s": _paired([x["tokens_per_s"] for x in mid], [tps(r) for r in runs]),
+           "step_p50": _paired([x["step_p50_ms"] for x in mid], [r["step_ms"]["p50"] for r in runs]),
+           "step_p95": _paired([x["step_p95_ms"] for x in mid], [r["step_ms"]["p95"] for r in runs]),
+           "step_mean": _paired([x["step_mean_ms"] for x in mid], [r["step_ms"]["mean"] for r in runs]),
+           "tokens_per_s_calibrated": _paired([x["tokens_per_s"] for x in base], [tps(r) for r in runs])}
+    if multi:
+        for key in ("slowest_tokens_per_s", "aggregate_tokens_per_s"):
+            err[key] = _paired([x[key] for x in mid], [tps(r, key) for r in runs])
+    return err
+
+
+def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> tuple:
+    """One configuration: ``(row, its runs' predictions)``; the row holds measured (medians over repeats),
+    predicted (median over its runs) and error; its interval comes once every row is known
+    (:func:`_add_interval`)."""
     m = _measured(runs)
     mid = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed) for r in runs]
     base = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed, windows=False) for r in runs]
@@ -436,27 +523,20 @@ def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], 
           "compute_mean_ms")}
     p.update(step_p50_ms=float(np.median([x["step_p50_ms"] for x in mid])),
              step_p95_ms=float(np.median([x["step_p95_ms"] for x in mid])),
-             tokens_per_s_runs=[x["tokens_per_s"] for x in mid], device=mid[0]["device"].split("@")[0],
+             tokens_per_s_runs=[x["tokens_per_s"] for x in mid], step_p50_ms_runs=[x["step_p50_ms"] for x in mid],
+             device=mid[0]["device"].split("@")[0],
              windows=int(sum(cal.window(r.get("window")) is not None for r in runs)),
              tokens_per_s_calibrated=float(np.median([x["tokens_per_s"] for x in base])),
+             tokens_per_s_calibrated_runs=[x["tokens_per_s"] for x in base],
              slowest_tokens_per_s_calibrated=float(np.median([x["slowest_tokens_per_s"] for x in base])),
              start_spread_s=_start_spread(runs),
              cdf_ms=[float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)])
-    interval, runs_inside = _interval(cal, c, runs, mid, m["tokens_per_s_runs"], seed)
     spread = m.pop("_spread")
     lo, hi = m.pop("_min_max")
-    err = {"tokens_per_s": p["tokens_per_s"] / m["tokens_per_s"] - 1,
-           "step_p50": p["step_p50_ms"] / m["step_p50_ms"] - 1,
-           "step_p95": p["step_p95_ms"] / m["step_p95_ms"] - 1,
-           "step_mean": p["step_mean_ms"] / m["step_mean_ms"] - 1,
-           "tokens_per_s_calibrated": p["tokens_per_s_calibrated"] / m["tokens_per_s"] - 1}
-    if c.multi:
-        err["slowest_tokens_per_s"] = p["slowest_tokens_per_s"] / m["slowest_tokens_per_s"] - 1
-        err["aggregate_tokens_per_s"] = p["aggregate_tokens_per_s"] / m["aggregate_tokens_per_s"] - 1
-    return {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "interval": interval,
-            "error": err, "spread": spread, "within_spread": bool(lo <= p["tokens_per_s"] <= hi),
-            "inside_interval": bool(interval["low"] <= m["tokens_per_s"] <= interval["high"]),
-            "runs_inside": runs_inside}
+    err = _errors(runs, mid, base, c.multi)
+    err["tokens_per_s_of_medians"] = p["tokens_per_s"] / m["tokens_per_s"] - 1
+    return {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "error": err, "spread": spread,
+            "within_spread": bool(lo <= p["tokens_per_s"] <= hi)}, mid
 
 
 def _stats(rows: Sequence[Mapping], name: str) -> dict:
@@ -531,12 +611,17 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         need[c.trace] = max(need.get(c.trace, 0), end)
     traces = _load_traces(runs_doc, rp, configs, need)
 
-    rows, session_rows = [], []
+    built = []
     with progress_bar(len(configs), "crosscheck", "configuration", mode=progress) as bar:
         for c in configs:
-            row = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed)
-            (session_rows if c.multi else rows).append(row)
+            row, mid = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed)
+            built.append((c, row, mid, _fit(cal, c, by_key[c.key], mid, row)))
             bar.update(1, note=c.key)
+    fits = [b[3] for b in built]
+    for i, (c, row, mid, fit) in enumerate(built):
+        _add_interval(row, c, mid, fit, _peer_model_sd(fits, i), seed)
+    rows = [b[1] for b in built if not b[0].multi]
+    session_rows = [b[1] for b in built if b[0].multi]
     every = rows + session_rows
     target = (runs_doc.get("params") or {}).get("capacity_target")
     caps = capacity(session_rows, float(target)) if session_rows and target else []

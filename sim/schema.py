@@ -105,8 +105,11 @@ JSON schema of ``crosscheck.json``::
      #   "sessions": {...}, "single": {...}, "windows_probed"
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
      #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z",
-     #   "run_sd": [...], "independent_low", "independent_high"}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
-     #   calibrated device and compute alone) and error "tokens_per_s_calibrated"
+     #   "run_sd": [...] (window and model combined), "window_sd": [...], "model_sd", "independent_low",
+     #   "independent_high"}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
+     #   calibrated device and compute alone), predicted "tokens_per_s_runs", "step_p50_ms_runs",
+     #   "tokens_per_s_calibrated_runs" (each run's), and error "tokens_per_s_calibrated" and
+     #   "tokens_per_s_of_medians" (errors are the median over runs of each run's; see sim.crosscheck)
      # "capacity": [{"trace", "threshold", "backend", "readers", "compute", "steps", "mode",
      #   "target_tokens_per_s", "sessions": [...], "measured_slowest": [...], "predicted_slowest": [...],
      #   "predicted_slowest_low", "predicted_slowest_high", "measured_capacity", "predicted_capacity",

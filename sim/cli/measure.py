@@ -13,8 +13,8 @@ from engram.errors import ArgumentError
 from ..calibrate import calibrate_file
 from ..crosscheck import crosscheck_files, markdown_table
 from ..io import load_json
-from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, Settings, default_grid,
-                       ensure_model, grid, measure, quick_grid, session_grid)
+from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, PROBES_MIN, Settings,
+                       default_grid, ensure_model, grid, measure, quick_grid, session_grid)
 from ..params import BACKENDS
 from ..schema import SESSION_MODES, RunConfig
 from .options import _ints, _strs, _typed_errors
@@ -187,7 +187,8 @@ def _add_measure(sub) -> None:
     g.add_argument("--probe-every", type=int, default=Settings.probe_every, metavar="K",
                    help="a probe step (a random token id through the run's own sessions) before every K-th step "
                         "of a decode run and after its last: the device and compute of the run's own time window "
-                        f"(default {Settings.probe_every}; 0: none)")
+                        f"(default {Settings.probe_every}; closer in a run shorter than {PROBES_MIN} K steps, so "
+                        f"that it has {PROBES_MIN}; 0: none)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

@@ -39,7 +39,7 @@ from .microbench import (FIO_PERCENTILES, cache_check, compute_microbench, fio_m
 from .run import measure
 from .runs import decode_run, probe_record, segments, trace_tokens_needed
 from .sessions import sessions_run
-from .settings import Settings
+from .settings import PROBES_MIN, Settings
 
 __all__ = [
     "MEASURED_CAPACITY_COMPUTE",
@@ -58,7 +58,7 @@ __all__ = [
     "FIO_PERCENTILES",
     "Background",
     "QuietGuard",
-    "Settings",
+    "PROBES_MIN", "Settings",
     "compute_microbench",
     "compute_runner",
     "decode_run",

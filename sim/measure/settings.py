@@ -11,7 +11,10 @@ from ..params import BACKENDS
 from ..schema import RunConfig
 from .configs import MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS
 
-__all__ = ["Settings"]
+__all__ = ["PROBES_MIN", "Settings"]
+
+#: Probe steps a decode run has a session at least (when it probes at all): see :meth:`Settings.run_probe_every`.
+PROBES_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,9 @@ class Settings:
     probe_every : int
         A probe step (a random token id through the run's own session, with its compute) before every
         ``probe_every``-th step of a decode run and after its last (0: no probes; the cross-check then
-        predicts with the calibrated device alone).
+        predicts with the calibrated device alone).  A short run probes more often, so that it has
+        :data:`PROBES_MIN` probe steps a session at least (:meth:`run_probe_every`): a window's own shape
+        of read and compute needs them (:mod:`sim.windows`).
     cache_batches : int
         48-row batches of the cold/warm cache check (0: none).
     capacity_target : float
@@ -104,6 +109,14 @@ class Settings:
             raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
         if self.probe_every < 0:
             raise ArgumentError(f"probe_every must be >= 0, got {self.probe_every}")
+
+    def run_probe_every(self, steps: int) -> int:
+        """The probe spacing of a decode run of ``steps`` trace steps a session: ``probe_every``, or less so
+        that the run has :data:`PROBES_MIN` probe steps (one probe step a trace step at the closest); 0 stays
+        0 (no probes)."""
+        if self.probe_every < 1:
+            return 0
+        return max(1, min(self.probe_every, int(steps) // PROBES_MIN))
 
     def resolved_backends(self, configs: Sequence[RunConfig],
                           usable: Optional[Sequence[str]] = None) -> Tuple[str, ...]:

@@ -218,7 +218,8 @@ class CacheCheck(Task):
 @dataclass(frozen=True)
 class DecodeRun(Task):
     """The decode run of configuration ``index`` on its stretch of the trace for this round (one session, or
-    ``sessions`` concurrent ones), with probe steps on random token ids interleaved (``settings.probe_every``).
+    ``sessions`` concurrent ones), with probe steps on random token ids interleaved (``settings.probe_every``, or
+    closer in a short run: :meth:`Settings.run_probe_every`).
 
     The run goes to ``runs.json``; its probe steps, a microbenchmark of its own time window tagged with
     the ``window`` id (``rROUND-cINDEX``) it shares with the run, to ``microbench.json``
@@ -234,7 +235,8 @@ class DecodeRun(Task):
         c, s = ctx.configs[self.index], ctx.settings
         window = f"r{round_}-c{self.index}"
         start = ctx.starts[(self.index, round_)]
-        probe = {"probe_every": s.probe_every, "probe_seed": s.seed + 1 + round_}
+        every = s.run_probe_every(c.steps)
+        probe = {"probe_every": every, "probe_seed": s.seed + 1 + round_}
         if c.multi:
             rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
                                residual_seed=s.seed, **probe)
@@ -243,7 +245,7 @@ class DecodeRun(Task):
                              **probe)
         got = rec.pop("_probe")
         recs = [{"config": c.key, "round": round_, "order": order, "window": window, **rec}]
-        p = probe_record(c, window, round_, got, s.probe_every)
+        p = probe_record(c, window, round_, got, every)
         if p is not None:
             recs.append(p)
         return recs, _ours(recs)

@@ -13,8 +13,9 @@ from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
-from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, QUIET_TARGETS, TARGETS, capacity, crosscheck,
-                            capacity_shown, crosscheck_files, markdown_table, median_interval, predict, regime, run_sd)
+from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, QUIET_TARGETS, TARGETS,
+                            capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, median_interval,
+                            model_sd, predict, regime, run_sd)
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -113,8 +114,12 @@ def test_crosscheck_table(measured):
         assert row["repeats"] == 3 and m["tokens_per_s"] == pytest.approx(np.median(tps))
         assert row["spread"]["tokens_per_s"] == pytest.approx((tps.max() - tps.min()) / np.median(tps))
         assert m["step_p50_ms"] == pytest.approx(np.median([r["step_ms"]["p50"] for r in mine]))
-        assert e["tokens_per_s"] == pytest.approx(p["tokens_per_s"] / m["tokens_per_s"] - 1)
-        assert e["step_p50"] == pytest.approx(p["step_p50_ms"] / m["step_p50_ms"] - 1)
+        # errors paired: each run against its own window's prediction, the median over runs
+        runs_p = np.array(p["tokens_per_s_runs"])
+        p50 = np.array([r["step_ms"]["p50"] for r in mine])
+        assert e["tokens_per_s"] == pytest.approx(np.median(runs_p / tps - 1), rel=1e-12)
+        assert e["step_p50"] == pytest.approx(np.median(np.array(p["step_p50_ms_runs"]) / p50 - 1), rel=1e-12)
+        assert e["tokens_per_s_of_medians"] == pytest.approx(p["tokens_per_s"] / m["tokens_per_s"] - 1)
         assert row["within_spread"] == (tps.min() <= p["tokens_per_s"] <= tps.max())
         assert p["tokens_per_s"] > 0 and m["rows_match"]
         assert len(m["cdf_ms"]) == len(p["cdf_ms"]) == len(CDF_PERCENTILES)
@@ -123,15 +128,25 @@ def test_crosscheck_table(measured):
         # every run predicted in its own probed window; the interval holds the prediction
         assert p["windows"] == 3 and row["interval"]["low"] <= p["tokens_per_s"] <= row["interval"]["high"]
         assert row["inside_interval"] == (row["interval"]["low"] <= m["tokens_per_s"] <= row["interval"]["high"])
-        # each run's log-normal spread comes from its window's uncertainty; the calibrated-only figure beside it
-        sd = np.array(row["interval"]["run_sd"])
-        assert sd.shape == (3,) and np.all(sd > 0) and 0 <= row["runs_inside"] <= 3
+        # each run's log-normal spread: its window's uncertainty and the model's error on the other rows
+        iv = row["interval"]
+        sd, wsd = np.array(iv["run_sd"]), np.array(iv["window_sd"])
+        assert sd.shape == wsd.shape == (3,) and np.all(wsd > 0) and 0 <= row["runs_inside"] <= 3
+        assert sd == pytest.approx(np.sqrt(wsd ** 2 + iv["model_sd"] ** 2), rel=1e-12)
+        others = [r for r in res["rows"] if r is not row]
+        if len(others) < MODEL_PEERS_MIN:  # too few of its own kind: every other configuration
+            others = [r for r in res["rows"] + res["session_rows"] if r is not row]
+        errs = [np.log(m_ / p_) for r in others for m_, p_ in
+                zip(r["measured"]["tokens_per_s_runs"], r["predicted"]["tokens_per_s_runs"])]
+        assert iv["model_sd"] == pytest.approx(
+            model_sd(errs, [x for r in others for x in r["interval"]["window_sd"]]), rel=1e-12, abs=1e-15)
         runs_p = np.array(p["tokens_per_s_runs"])
         assert row["interval"]["low"] == pytest.approx(np.median(runs_p * np.exp(-1.645 * sd)))
         assert row["interval"]["high"] == pytest.approx(np.median(runs_p * np.exp(1.645 * sd)))
         assert row["runs_inside"] == int(np.sum(np.abs(np.log(tps / runs_p)) <= 1.645 * sd))
         assert row["interval"]["independent_low"] <= p["tokens_per_s"] <= row["interval"]["independent_high"]
-        assert e["tokens_per_s_calibrated"] == pytest.approx(p["tokens_per_s_calibrated"] / m["tokens_per_s"] - 1)
+        assert e["tokens_per_s_calibrated"] == pytest.approx(
+            np.median(np.array(p["tokens_per_s_calibrated_runs"]) / tps - 1), rel=1e-12)
     for row in res["session_rows"]:
         mine = [r for r in runs["runs"] if r["config"] == row["key"]]
         assert row["measured"]["slowest_tokens_per_s"] == pytest.approx(
@@ -253,6 +268,19 @@ def test_run_sd_adds_the_windows_uncertainties():
     slow = np.sqrt((0.6 * 0.04) ** 2 + (0.4 * 0.02) ** 2 + 0.3 ** 2 / 100 + 0.01 ** 2)
     assert run_sd(cal, cfg, {"window": "r0-c0"}, pred, slowest=True) == pytest.approx(slow, rel=1e-12)
     assert run_sd(cal, cfg, {"window": "r9-c9"}, pred) == 0.01  # not probed: the simulation's own error alone
+
+
+def test_model_sd_known_answers():
+    # errors of scale 0.1 around zero, windows of sd 0.06: the model's own part is sqrt(0.1^2 - 0.06^2) = 0.08
+    e = 0.1 / 1.4826 * np.array([-1.0, 1.0, -1.0, 1.0, 1.0, -1.0, 3.0])
+    assert model_sd(e, [0.06] * 7) == pytest.approx(0.08, rel=1e-12)
+    # a bias counts as error: every run 5% slow is a model error of scale 1.4826 * 0.05
+    assert model_sd([np.log(0.95)] * 6, [0.0] * 6) == pytest.approx(1.4826 * -np.log(0.95), rel=1e-12)
+    # the windows explain it all; too few runs say nothing
+    assert model_sd(e, [0.5] * 7) == 0.0
+    assert model_sd([0.5] * (MODEL_RUNS_MIN - 1), [0.0] * (MODEL_RUNS_MIN - 1)) == 0.0
+    # one wild run of six moves the median, not the scale, much
+    assert model_sd([0.01, -0.01, 0.01, -0.01, 0.01, 2.0], [0.0] * 6) == pytest.approx(1.4826 * 0.01, rel=1e-12)
 
 
 def test_regime_from_the_background():

@@ -272,11 +272,12 @@ def test_measure_writes_both_documents(model_path, tmp_path):
     assert all(r["rows_match"] for r in runs["runs"])
     # every run read its own stretch of the trace
     assert sorted(r["start"] for r in runs["runs"]) == [0, 25, 50, 75]
-    # every run's probe steps (before every 2nd of its 25 steps and after the last: 14) are one record of its window
+    # every run's probe steps are one record of its window: 25 steps are too few for one probe every 2nd step
+    # (13 + 1 < PROBES_MIN), so one before every step and after the last: 26
     for run in runs["runs"]:
         (probe,) = [r for r in micro["records"] if r.get("probe") == run["window"]]
-        assert probe["tool"] == "session" and probe["every"] == 2 and run["probe_steps"] == 14
-        assert len(probe["batch_us"]) == len(probe["compute_us"]) == 14 and probe["session_steps"] == 39
+        assert probe["tool"] == "session" and probe["every"] == 1 and run["probe_steps"] == 26
+        assert len(probe["batch_us"]) == len(probe["compute_us"]) == 26 and probe["session_steps"] == 51
         assert min(probe["compute_us"]) >= (200 if "spin" in run["config"] else 0)
     micro["records"] = [r for r in micro["records"] if not r.get("probe")]
     think = [r for r in micro["records"] if r.get("think")]
@@ -483,9 +484,10 @@ print(json.dumps(res["backends"]))
     micro = load_json(tmp_path / "microbench.json")
     assert runs["backends"] == micro["backends"] == be
     (run,) = runs["runs"]
-    assert run["sessions"] == 2 and run["rows_match"] and run["window"] == "r0-c0" and run["probe_every"] == 4
+    # 20 steps a session are too few for a probe every 4th (PROBES_MIN): one before every step and after the last
+    assert run["sessions"] == 2 and run["rows_match"] and run["window"] == "r0-c0" and run["probe_every"] == 1
     (probe,) = [r for r in micro["records"] if r.get("probe")]
-    assert probe["probe"] == "r0-c0" and probe["sessions"] == 2 and len(probe["batch_us"]) == 2 * 6
+    assert probe["probe"] == "r0-c0" and probe["sessions"] == 2 and len(probe["batch_us"]) == 2 * 21
     shared = [r for r in micro["records"] if r.get("submitters")]
     assert [(r["backend"], r["qd"]) for r in shared] == [("pread", 4)]
     assert micro["params"]["backends"] == ["pread"]

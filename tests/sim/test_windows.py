@@ -14,8 +14,10 @@ from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.params import Compute, Phases, Policy
 from sim.schema import probe_positions
 from sim.trace import Trace
-from sim.windows import (FIT_ITERATIONS, FIT_TOL, _fit_sessions, insert_probes, random_rows, scale_device, step_noise,
-                         window_noise, window_state, window_states)
+from sim.measure import PROBES_MIN, Settings
+from sim.windows import (FIT_ITERATIONS, FIT_TOL, SHAPE_MIN_STEPS, _fit_sessions, insert_probes, random_rows,
+                         scale_device, step_noise, window_compute, window_device, window_noise, window_state,
+                         window_states)
 
 US = 1e-6
 HASH = 3 * US
@@ -91,6 +93,61 @@ def test_one_session_window_known_answers():
     # threshold above the 48 rows: one reader reads them, the serial batch is the reference
     s = window_state(record([4803.0] * 4, threshold=256, compute="none"), device(), None, HASH)
     assert s["device"] == pytest.approx(1.0, rel=1e-12) and s["compute"] is None
+
+
+def test_one_session_window_keeps_its_own_shape():
+    """The probes' batch times (read less hash, 48 distinct rows only) and compute times, sorted."""
+    read = np.array([1503.0, 2403.0, 1203.0, 1803.0, 9003.0, 1503.0, 1203.0, 1803.0, 1503.0, 777.0])
+    comp = np.array([1100.0, 900.0, 1000.0, 5000.0, 1000.0, 1200.0, 800.0, 1000.0, 1000.0, 1000.0])
+    rec = record(read, comp, distinct=[48] * 9 + [40])  # the last step read 40 rows: not a 48-row batch
+    w = window_state(rec, device(), Compute.empirical([1e-3] * 4), HASH)
+    assert w["batch_samples_us"] == sorted((read[:9] - 3).tolist())
+    assert w["compute_samples_us"] == sorted(comp.tolist())
+    # several sessions' probes hold their queueing: no batch shape; the compute none: no compute shape
+    rec2 = record([2603.0, 2803.0] * 6, [1000.0] * 12, sessions=2, session_steps=11, offsets_s=[0.0, 0.0007],
+                  session=[0] * 6 + [1] * 6)
+    assert window_state(rec2, device(), Compute.empirical([1e-3] * 4), HASH, seed=4)["batch_samples_us"] == []
+    assert window_state(record(read, compute="none"), device(), None, HASH)["compute_samples_us"] == []
+
+
+def test_window_device_known_answers():
+    own = [900.0, 1000.0, 1100.0, 1200.0, 1300.0, 1400.0, 1500.0, 5000.0]
+    state = {"device": 1.5, "sessions": 1, "threshold": 8, "readers": 4, "batch_samples_us": own}
+    d = window_device(device(), state, "w")
+    # the readers' 48-row batch: the probes' shape, at the scaled calibrated mean (1200 us x 1.5)
+    b = d.batch_dist(48, 4)
+    q = np.array(own)
+    trapezoid = float(np.sum(np.diff(np.linspace(0, 1, 8)) * (q[1:] + q[:-1]) / 2))  # the quantile function's mean
+    assert b.mean == pytest.approx(1800 * US, rel=1e-12)
+    assert b.q == pytest.approx(q * (1800.0 / trapezoid) * US, rel=1e-12)
+    # everything else scaled by f, as before
+    assert d.batch_dist(48, 1).mean == pytest.approx(4800 * US * 1.5) and d.mean_latency(1) == pytest.approx(150 * US)
+    assert d.name == "w"
+    # a threshold above 48 rows: the serial batch takes the shape
+    d1 = window_device(device(), {**state, "threshold": 256}, "w")
+    assert d1.batch_dist(48, 1).mean == pytest.approx(4800 * US * 1.5) and d1.batch_dist(48, 1).percentile(0) < \
+        d1.batch_dist(48, 1).mean * 0.8 and d1.batch_dist(48, 4).percentile(0) == pytest.approx(1800 * US)
+    # too few probe steps, or several sessions: the calibrated shape scaled by f
+    for st_ in ({**state, "batch_samples_us": own[:SHAPE_MIN_STEPS - 1]}, {**state, "sessions": 2}):
+        d2 = window_device(device(), st_, "w")
+        assert d2.batch_dist(48, 4).percentile(0) == pytest.approx(1800 * US)
+
+
+def test_window_compute_known_answers():
+    base = Compute.empirical([1e-3, 2e-3], layers=2)
+    own = [1000.0, 1100.0, 1200.0, 1300.0, 1400.0, 1500.0, 1600.0, 9000.0]
+    got = window_compute(base, {"compute": 1.4, "compute_samples_us": own})
+    assert got.samples == pytest.approx(tuple(x * US for x in own)) and got.layers == 2
+    few = window_compute(base, {"compute": 1.4, "compute_samples_us": own[:SHAPE_MIN_STEPS - 1]})
+    assert few.samples == pytest.approx((1.4e-3, 2.8e-3)) and few.layers == 2
+    assert window_compute(base, {"compute": None}) is base
+
+
+def test_short_runs_probe_closer():
+    s = Settings(probe_every=3)
+    assert [s.run_probe_every(n) for n in (200, 60, 30, 5)] == [3, 60 // PROBES_MIN, 1, 1]
+    assert all(probe_positions(n, s.run_probe_every(n)).size >= min(PROBES_MIN, n) for n in range(1, 300))
+    assert Settings(probe_every=0).run_probe_every(30) == 0
 
 
 def test_fit_sessions_secant_search():
