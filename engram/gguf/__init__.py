@@ -17,11 +17,12 @@ from .info import ModelInfo, read_model
 from .keys import (ARCHITECTURE, ARCHITECTURES, DEFAULT_EPS, HC_STREAMS, HIDDEN_SIZE, LEGACY_ARCHITECTURES,
                    MODEL_ALIGNMENT, KeySource)
 from .shards import shard_name, shard_paths
-from .tensors import EngramLayer, TableLocation, TensorLocation
+from .tensors import EngramLayer, TableLocation, TensorLocation, check_finite
 from .write import atomic_outputs, repair_model
 
 __all__ = [
     "ARCHITECTURE", "ARCHITECTURES", "LEGACY_ARCHITECTURES", "HIDDEN_SIZE", "HC_STREAMS", "MODEL_ALIGNMENT",
     "DEFAULT_EPS", "GGUF_VERSION", "KeyValue", "KeySource", "TensorLocation", "TableLocation", "EngramLayer",
     "ModelInfo", "read_model", "read_kv", "shard_paths", "shard_name", "atomic_outputs", "repair_model",
+    "check_finite",
 ]

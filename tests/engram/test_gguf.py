@@ -10,14 +10,16 @@ import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, TokenType
+from hypothesis import given, settings, strategies as st
 
 import engram
-from engram import ArgumentError, Layout, read_model, synth
-from engram.gguf import header as gguf_header
+from engram import ArgumentError, FormatError, Layout, read_model, synth
+from engram.gguf import check_finite, header as gguf_header
 
 from tests.modelfiles import SCALE, plan, token_map, write_header_only
 
@@ -306,3 +308,31 @@ def test_inspect_cli(small, capsys):
     with pytest.raises(SystemExit) as e:
         main(["inspect", "--help"])
     assert e.value.code == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+       shape=st.sampled_from([(7,), (3, 5), (1100, 3), (2, 3, 4), (513, 1)]),
+       bad=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=3),
+       data=st.data())
+def test_check_finite_is_numpy_isfinite(dtype, shape, bad, data):
+    """check_finite's exponent-bit test against numpy.isfinite: raises iff a value is not finite, and names the
+    first in C order with its file offset; the largest, subnormal and signed-zero values pass."""
+    fin = np.finfo(dtype)
+    pool = np.array([0.0, -0.0, 1.0, fin.max, -fin.max, fin.tiny, fin.tiny / 4, -fin.tiny / 4], dtype)
+    a = pool[np.asarray(data.draw(st.lists(st.integers(0, pool.size - 1), min_size=int(np.prod(shape)),
+                                           max_size=int(np.prod(shape)))), dtype=np.int64)].reshape(shape)
+    for i, v in bad:
+        a.reshape(-1)[i % a.size] = v
+    loc = SimpleNamespace(path="m.gguf", name="blk.1.engram_kv.weight", offset=4096)
+    bad_at = np.flatnonzero(~np.isfinite(a))
+    if not bad_at.size:
+        check_finite(loc, a)
+        return
+    with pytest.raises(FormatError) as exc:
+        check_finite(loc, a)
+    i = int(bad_at[0])
+    idx = np.unravel_index(i, shape)
+    where = (f"row {idx[0]}, column {idx[1]}" if len(shape) == 2 else
+             f"index {idx[0]}" if len(shape) == 1 else f"index {tuple(int(x) for x in idx)}")
+    assert f"holds {float(a.reshape(-1)[i])} at {where} (file offset {4096 + i * a.itemsize})" in str(exc.value)

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from engram import ArgumentError, EngramModel, Hasher, History, HistoryError, TableIOError, TokenError, decode_rows
+from engram import (ArgumentError, EngramModel, FormatError, Hasher, History, HistoryError, TableIOError, TokenError,
+                    decode_rows)
 from engram import synth
 from engram.prefetch import PrefetchCancelled
 from tests.modelfiles import SCALE, token_map as _token_map
@@ -469,3 +470,31 @@ def test_hasher_check_history(model):
         h.check_history(History([1, 2, 99092]))
     with pytest.raises(HistoryError, match="must be an engram.History"):
         h.check_history((1, 2, 3))
+
+
+@pytest.mark.parametrize("tensor, index, value", [("q_norm", (2, 17), np.nan), ("k_norm", (0, 0), -np.inf),
+                                                  ("kv", (25599, 6143), np.inf), ("kv", (513, 3), np.nan)])
+def test_weights_refuse_a_nan_or_an_infinity(model_path, tensor, index, value):
+    """A corrupt weight is named (tensor, row, column, file offset) when the layer's weights are first read; the
+    file written back, the same model reads them again (nothing cached from the failed read)."""
+    m = EngramModel.open(model_path)
+    lid = m.layer_ids[-1]
+    loc = getattr(m.info.layers[lid], tensor)
+    offset = loc.offset + int(np.ravel_multi_index(index, loc.shape)) * loc.dtype.itemsize
+    with open(model_path, "r+b") as f:
+        f.seek(offset)
+        original = f.read(loc.dtype.itemsize)
+        try:
+            f.seek(offset)
+            f.write(np.array(value, loc.dtype).tobytes())
+            f.flush()
+            with pytest.raises(FormatError) as exc:
+                m.weights(lid)
+            text = str(exc.value)
+            assert f"tensor {loc.name} holds {float(value)} at row {index[0]}, column {index[1]}" in text
+            assert f"(file offset {offset})" in text and str(model_path) in text
+        finally:
+            f.seek(offset)
+            f.write(original)
+    w = m.weights(lid)
+    assert np.isfinite(getattr(w, tensor)).all()
