@@ -113,7 +113,7 @@ class FastRun:
     # ---------------------------------------------------------- one session
     def run_alone(self, begin: float) -> None:
         """One session: every step is its reads alone, then its compute (arrays, no events)."""
-        p, ovh, h = self.policy, self.policy.batch_overhead, self.hash_time
+        ovh, h = self.policy.batch_overhead, self.hash_time
         draw = self.sampler.draw
         comp = self.computes[0]
         steps = comp.size

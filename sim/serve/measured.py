@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 
