@@ -249,14 +249,15 @@ def window_state(rec: Mapping, device: MeasuredBatchDevice, compute: Optional[Co
 
 def _window_compute(comp: np.ndarray, t: np.ndarray, label: str, compute: Optional[Compute]) -> tuple:
     """``(factor, its relative standard error, the window's compute model)`` from the probes' compute times
-    (``None, None`` for the compute ``none`` or an uncalibrated one)."""
+    (``None, None`` for the compute ``none`` or an uncalibrated one); the model is the one the prediction uses
+    (:func:`window_compute`), so that several sessions are fitted with the compute they are predicted with."""
     g = g_se = None
     if label != "none" and compute is not None and compute.mean > 0 and comp.mean() > 0:
         g = float(comp.mean() / compute.mean)
         g_se = step_noise(t, comp) / math.sqrt(comp.size)
     if compute is None or not compute.samples:
         return g, g_se, (Compute.empirical(comp.tolist()) if comp.any() else Compute(0.0))
-    return g, g_se, Compute.empirical([x * (g or 1.0) for x in compute.samples], compute.layers)
+    return g, g_se, window_compute(compute, {"compute": g, "compute_samples_us": (comp / US).tolist()})
 
 
 def _fit_device(rec: Mapping, device: MeasuredBatchDevice, policy: Policy, compute: Compute, read_mean: float,
