@@ -395,8 +395,8 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                      f"{capacity_shown(c, 'measured')}, predicted {capacity_shown(c, 'predicted')}" for c in xc.get("capacity", []))
     st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
            f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
-           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% inside the "
-           f"predicted interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else ""))
+           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% of the "
+           f"configurations inside their 90% interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else ""))
 
     # 7. sweep -------------------------------------------------------------------
     study = demo_study(quick, sorted(cal.devices))

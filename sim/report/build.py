@@ -131,8 +131,8 @@ def _measurement_lines(inp: Inputs) -> List[str]:
         lines.append(
             f"Cross-check regime: **{rg['name']}** ({rg['why']}); {rule} (tokens/s median |error| "
             f"<= {targets['tokens_per_s_median_abs'] * 100:g}%, max <= {targets['tokens_per_s_max_abs'] * 100:g}%)"
-            + (f"; {s.get('inside_interval', 0)} of {s['configurations']} measured medians ({cover:.0%}) inside the "
-               f"predicted 90% interval (target when not quiet >= {inp.xc.get('coverage_target', 0.9):.0%})"
+            + (f"; {s.get('inside_interval', 0)} of {s['configurations']} configurations ({cover:.0%}) inside their "
+               f"90% interval, run by run (target when not quiet >= {inp.xc.get('coverage_target', 0.9):.0%})"
                if cover is not None else "")
             + f": {'PASS' if s['passed'] else 'FAIL'}"
             + ("" if s["passed"] else " (missed: " + ", ".join(k for k, v in s.get("pass", {}).items() if not v)

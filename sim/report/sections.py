@@ -15,7 +15,7 @@ from engram.errors import ArgumentError
 
 from ..capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table, phases_short, phases_text, pooled_compute,
                         probes_path, read_capacity)
-from ..crosscheck import markdown_table
+from ..crosscheck import error_band, markdown_table
 from ..io import sha256_file, write_json
 from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
@@ -39,7 +39,8 @@ def _interval_note(s: dict) -> str:
              if cal.get("median_abs_error") is not None else "")
     return (f"Regime: **{s['regime']['name']}** ({s['regime']['why']}). Each run is predicted with the device and "
             f"compute of its own time window, fitted from probe steps interleaved with it ({s.get('windows_probed', 0)}"
-            f" of {s['runs']} runs){alone}. Measured medians inside their predicted 90% interval: "
+            f" of {s['runs']} runs){alone}. Configurations inside their 90% interval (each run against its own "
+            f"prediction, the median over the runs): "
             f"{s.get('inside_interval', 0)} of {s['configurations']}; runs inside their own: "
             f"{s.get('runs_inside', 0)} of {s['runs']}.")
 
@@ -167,17 +168,18 @@ def sessions_section(doc: Doc, out: ReportFolder, xc: Mapping[str, Any]) -> None
           "threads of one process or as processes sharing the device; each run predicted with the same number of "
           "sessions started where each session started in the run, and the device and compute of the run's own "
           "window (the probe steps interleaved with it). Tokens/s of a session (the mean over the sessions) and of the slowest session, medians over "
-          "the repeats, with the prediction's 90% interval:")
+          "the repeats; the error is each run's against its own prediction, the median over the runs, with its 90% "
+          "band; the slowest session's prediction with its 90% interval:")
     doc.table(["sessions", "as", "trace", "policy", "compute", "steps x repeats", "compute ms measured / simulated",
-               "start spread ms", "tokens/s a session measured", "predicted [90%]", "error", "slowest measured",
+               "start spread ms", "tokens/s a session measured", "predicted", "error [90% band]", "slowest measured",
                "slowest predicted [90%]", "error"],
               [[r["sessions"], r["mode"], r["trace_label"],
                 "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}", r["compute"],
                 f"{r['steps']} x{r['repeats']}",
                 f"{r['measured']['compute_mean_ms']:.2f} / {r['predicted']['compute_mean_ms']:.2f}",
                 r["predicted"]["start_spread_s"] * 1e3, r["measured"]["tokens_per_s"],
-                f"{r['predicted']['tokens_per_s']:.1f} [{r['interval']['low']:.1f}, {r['interval']['high']:.1f}]",
-                pct(r["error"]["tokens_per_s"]), r["measured"]["slowest_tokens_per_s"],
+                f"{r['predicted']['tokens_per_s']:.1f}",
+                f"{pct(r['error']['tokens_per_s'])} {error_band(r['interval'])}", r["measured"]["slowest_tokens_per_s"],
                 f"{r['predicted']['slowest_tokens_per_s']:.1f} [{r['interval']['slowest_low']:.1f}, "
                 f"{r['interval']['slowest_high']:.1f}]", pct(r["error"]["slowest_tokens_per_s"])]
                for r in sorted(srows, key=lambda r: (r["mode"], r["sessions"]))])

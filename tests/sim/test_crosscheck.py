@@ -127,7 +127,13 @@ def test_crosscheck_table(measured):
         assert ("think-spin:0.5" in p["device"]) == (row["compute"] == "spin:0.5")
         # every run predicted in its own probed window; the interval holds the prediction
         assert p["windows"] == 3 and row["interval"]["low"] <= p["tokens_per_s"] <= row["interval"]["high"]
-        assert row["inside_interval"] == (row["interval"]["low"] <= m["tokens_per_s"] <= row["interval"]["high"])
+        # inside, run by run: the median of the runs' log errors within 1.645 x the median of their sds
+        band = 1.645 * np.median(row["interval"]["run_sd"])
+        logs = np.log(tps / np.array(p["tokens_per_s_runs"]))
+        assert row["inside_interval"] == (abs(np.median(logs)) <= band)
+        assert (row["interval"]["error_low"], row["interval"]["error_high"]) == pytest.approx(
+            (np.expm1(-band), np.expm1(band)), rel=1e-12)
+        assert f"{row['interval']['error_high'] * 100:+.1f}%]" in markdown_table(res)
         # each run's log-normal spread: its window's uncertainty and the model's error on the other rows
         iv = row["interval"]
         sd, wsd = np.array(iv["run_sd"]), np.array(iv["window_sd"])

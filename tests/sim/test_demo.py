@@ -102,8 +102,8 @@ def test_quick_demo(tmp_path, capsys):
     rg = xc["summary"]["regime"]
     assert f"Cross-check regime: **{rg['name']}** ({rg['why']})" in text
     share = xc["summary"]["inside_interval_share"]
-    assert f"{xc['summary']['inside_interval']} of {xc['summary']['configurations']} measured medians ({share:.0%}) " \
-           "inside the predicted 90% interval" in text
+    assert f"{xc['summary']['inside_interval']} of {xc['summary']['configurations']} configurations ({share:.0%}) " \
+           "inside their 90% interval, run by run" in text
     if left:
         for b in left:
             assert f"{b} ({xc['backends']['left_out'][b]})" in text
