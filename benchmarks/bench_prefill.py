@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
     p.add_argument("--factors", default="0.5,1,2", help="compute total as multiples of the I/O time")
     args = p.parse_args(argv)
 
-    info = _model(args.model, args.scale)
+    _model(args.model, args.scale)  # built when missing; its header read and checked
     _drop_cache(args.model)
     text = (shared_data() / "agent_prompt_long.txt").read_text(encoding="utf-8")
     ids = np.array(load_tokenizer().encode(text, add_special_tokens=False).ids[: args.tokens])

@@ -179,8 +179,6 @@ def gated_add_twin(residual, kv, q_w, k_w, eps, mask=None):
     ``bf16(h + float32(gate) * v)`` in float32.  Returns (new residual float32
     [T, S, W], gates float32 [T, S] with 0 at masked tokens); inputs untouched.
     """
-    import math
-
     h = np.array(residual, dtype=np.float32)
     kv = np.asarray(kv, dtype=np.float32)
     T, S, W = h.shape

@@ -202,7 +202,7 @@ def test_a_node_is_never_replaced(tmp_path, capsys, model):
                 gguf_write.repair_model(model, path, progress=False)
             assert e.value.filename == str(path) and what in str(e.value)
             with pytest.raises(OutputError):
-                with gguf_write.atomic_outputs([path]) as temps:
+                with gguf_write.atomic_outputs([path]):
                     raise AssertionError("atomic_outputs let the block run")  # pragma: no cover
             assert _unchanged(path, before)
     finally:

@@ -24,7 +24,6 @@ import contextlib
 import errno
 import os
 import resource
-import shutil
 import signal
 import threading
 import time
@@ -37,8 +36,8 @@ from engram._native.reader import MAX_SPAN_BYTES
 from engram.prefetch import PrefetchCancelled
 from engram.backends import probe_backends
 from engram.table import ROW_BYTES
-from tests.faults import (SHIM_EINTR, SHIM_EIO, SHIM_EOF, SHIM_SHORT, FaultMount, backend_params, build_shim,
-                          fd_count, fuse_unavailable, run_child, thread_count, usable)
+from tests.faults import (FaultMount, backend_params, build_shim, fd_count, fuse_unavailable, run_child,
+                          thread_count, usable)
 from tests.modelfiles import token_map as _token_map
 from tests.tablefiles import rows_raw, write_table
 
@@ -186,7 +185,7 @@ SHIM_CHILD = r'''
 import json, os, numpy as np
 from engram import Table, TableIOError, read_model
 from engram.codec import decode_rows
-from tests.faults import preloaded_shim, fd_count, thread_count
+from tests.faults import SHIM_EINTR, SHIM_EIO, SHIM_EOF, SHIM_SHORT, preloaded_shim, fd_count, thread_count
 from tests.tablefiles import rows_raw, write_table
 
 shim = preloaded_shim()
@@ -197,7 +196,7 @@ ref = decode_rows(raw)
 ids = np.random.default_rng(2).integers(0, N, (300, 24))
 res, fired = {}, {}
 fds0, thr0 = fd_count(), thread_count()
-for mode, name in ((1, "eio"), (2, "eintr"), (3, "short"), (4, "eof")):
+for mode, name in ((SHIM_EIO, "eio"), (SHIM_EINTR, "eintr"), (SHIM_SHORT, "short"), (SHIM_EOF, "eof")):
     for backend in ("serial", "pread"):
         for direct in (True, False):
             key = f"{name}/{backend}/{'direct' if direct else 'buffered'}"
@@ -213,8 +212,8 @@ for mode, name in ((1, "eio"), (2, "eintr"), (3, "short"), (4, "eof")):
                 r["fired"] = shim.engram_fault_fired()
                 shim.engram_fault_set(0, b"", 0, 0, 1, -1, 1)
                 # a transient fault (one EIO) fails one call; the next call reads everything
-                if mode == 1:
-                    shim.engram_fault_set(1, b"t-shim.bin", OFF, 1 << 60, 1, 1, 1)
+                if mode == SHIM_EIO:
+                    shim.engram_fault_set(SHIM_EIO, b"t-shim.bin", OFF, 1 << 60, 1, 1, 1)
                     try:
                         t.read_rows([1, 2, 3])
                         r["transient"] = "no error"
@@ -232,7 +231,7 @@ mpath = os.environ["M_PATH"]
 synth.build_model(mpath, scale=0.0001, token_map=token_map(), progress=False, projections=False)
 info = read_model(mpath)
 fds0, thr0 = fd_count(), thread_count()
-shim.engram_fault_set(1, os.path.basename(mpath).encode(), 1000, 1001, 1, -1, 1)
+shim.engram_fault_set(SHIM_EIO, os.path.basename(mpath).encode(), 1000, 1001, 1, -1, 1)
 try:
     read_model(mpath)
     res["header"] = {"error": None}
@@ -241,7 +240,7 @@ except TableIOError as e:
 res["header"]["fired"] = shim.engram_fault_fired()
 shim.engram_fault_set(0, b"", 0, 0, 1, -1, 1)
 loc = info.layers[14].q_norm
-shim.engram_fault_set(1, os.path.basename(mpath).encode(), loc.offset, loc.offset + 1, 1, -1, 1)
+shim.engram_fault_set(SHIM_EIO, os.path.basename(mpath).encode(), loc.offset, loc.offset + 1, 1, -1, 1)
 try:
     info.read_tensor(loc.name)
     res["tensor"] = {"error": None}

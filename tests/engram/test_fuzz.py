@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUF_MAGIC, GGUFValueType
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram import (ArgumentError, DecodeError, FormatError, Hasher, History, HistoryError, Layout, RowRangeError,

@@ -8,8 +8,6 @@ would fill the page cache with them.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 

@@ -16,7 +16,6 @@ def test_kat_sizes(token_map):
 
 
 def test_ids_in_order_of_first_appearance(token_map):
-    first = np.full(99_092, -1)
     seen = set()
     order = []
     for c in token_map.tolist():

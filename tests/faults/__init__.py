@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -150,7 +151,7 @@ def fuse_unavailable() -> Optional[str]:
     if os.geteuid() != 0 and shutil.which("fusermount3") is None:
         return "not root and no fusermount3"
     try:
-        import mfusepy  # noqa: F401  (loads libfuse)
+        importlib.import_module("mfusepy")  # a probe: importing it loads libfuse (OSError when absent)
     except (ImportError, OSError) as exc:
         return f"mfusepy/libfuse not importable: {exc}"
     return None

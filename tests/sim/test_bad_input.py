@@ -5,13 +5,12 @@ line, exit 2, no traceback."""
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
 
 from engram.cli import main
-from engram.errors import ArgumentError, EngramError, FormatError
+from engram.errors import ArgumentError, FormatError
 from sim import limits
 from sim.decode import simulate_decode
 from sim.device import load_device

@@ -73,6 +73,7 @@ def test_fit_known_answers():
     assert dev.mean_latency(16) == pytest.approx(16 * 2400 / 192 * US)
     assert cal.device("io_uring").mean_latency(16) == pytest.approx(16 * 2400 * 0.8 / 192 * US)
     # the shape is fio's at the nearest depth, scaled to the engine's mean: p50 / mean kept
+    assert isinstance(cal.fio_device, EmpiricalDevice)
     fio_ratio = cal.fio_device.latency(16).percentile(50) / cal.fio_device.latency(16).mean
     assert dev.latency(16).percentile(50) / dev.latency(16).mean == pytest.approx(fio_ratio)
     assert cal.fio_device.mean_latency(4) == pytest.approx(110 * US)

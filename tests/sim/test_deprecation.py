@@ -38,5 +38,6 @@ def test_from_import_of_a_moved_name():
 def test_unknown_names_still_fail():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sim.measure.nope
-    with pytest.raises(ImportError):
-        from sim.device import nope  # noqa: F401
+    with pytest.raises(ImportError, match="cannot import name 'nope' from 'sim.device'"):
+        from sim.device import nope
+        pytest.fail(f"from sim.device import nope gave {nope!r}")

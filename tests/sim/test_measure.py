@@ -479,7 +479,7 @@ print(json.dumps(res["backends"]))
     assert out.returncode == 0, out.stderr
     be = json.loads(out.stdout.strip().splitlines()[-1])
     assert be["usable"] == ["pread"] and "ENGRAM_DISABLE_IO_URING" in be["left_out"]["io_uring"]
-    assert be["configs_left_out"] == [f"base_events/t8/io_uring/r4/none/20"]
+    assert be["configs_left_out"] == ["base_events/t8/io_uring/r4/none/20"]
     runs = load_json(tmp_path / "runs.json")
     micro = load_json(tmp_path / "microbench.json")
     assert runs["backends"] == micro["backends"] == be
