@@ -373,8 +373,9 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
 
     # 4. measure -----------------------------------------------------------------
     multi = [c for c in configs if c.multi]
-    st.begin("measure", f"{len(configs)} configurations ({len(multi)} of 1 to "
-                        f"{max((c.sessions for c in multi), default=1)} concurrent sessions) x {rounds} rounds, and "
+    fewest, most = (min(c.sessions for c in multi), max(c.sessions for c in multi)) if multi else (1, 1)
+    st.begin("measure", f"{len(configs)} configurations ({len(multi)} of {fewest} to {most} concurrent sessions) x "
+                        f"{rounds} rounds, and "
                         f"the microbenchmarks, interleaved; backends {', '.join(usable)}"
                         + "".join(f"; {b} left out: {why}" for b, why in left_out.items()))
     res = measure(path, configs, work, measure_settings(rounds, quick, fio=fio, wait=wait), progress=progress)

@@ -15,7 +15,7 @@ from sim.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
 from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, QUIET_TARGETS, TARGETS,
                             capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, median_interval,
-                            model_sd, predict, regime, regime_checks, run_sd, _verdict)
+                            model_sd, predict, regime, regime_checks, run_sd, chance_of_fewer, _by_chance, _verdict)
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -184,6 +184,9 @@ def test_crosscheck_table(measured):
         use = QUIET_TARGETS if name == "quiet" else TARGETS
         assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= use["tokens_per_s_max_abs"])
     assert ("inside_interval" in s["pass"]) == (name != "quiet")
+    which, coverage, _ = regime_checks(name)
+    assert s["goals"] == {"targets": which, "coverage": coverage, "capacity": bool(res["capacity"])}
+    assert s["background_cpu_median"] == s["regime"]["cpu"]
     md = markdown_table(res)
     assert md.splitlines()[0].startswith("| trace")
     assert len([ln for ln in md.splitlines() if ln.startswith("| ")]) == 1 + len(res["rows"]) + 1 + 2
@@ -306,6 +309,17 @@ def test_regime_from_the_background():
     assert [regime([{"cpu": 0.0, "steal": x}])["name"] for x in (0.05, 0.06, 0.10, 0.11)] == \
         ["quiet", "busy", "busy", "loaded"]
     assert "busy: at most 33% and 10%" in r["why"]
+
+
+def test_chance_of_fewer_is_the_binomial_tail():
+    # Bin(10, 0.9): P(X <= 8) = 1 - 10 * 0.9^9 * 0.1 - 0.9^10
+    assert chance_of_fewer(8, 10) == pytest.approx(1 - 10 * 0.9 ** 9 * 0.1 - 0.9 ** 10, rel=1e-12)
+    assert chance_of_fewer(10, 10) == pytest.approx(1.0) and chance_of_fewer(0, 3) == pytest.approx(0.001)
+    res = {"coverage_target": 0.9}
+    low = {"configurations": 10, "inside_interval": 8, "inside_interval_share": 0.8}
+    assert "10 configurations an interval that holds 90% of the time shows 8 or fewer inside 26% of the time" in \
+        _by_chance(low, res)
+    assert _by_chance({**low, "inside_interval": 9, "inside_interval_share": 0.9}, res) == ""
 
 
 @pytest.mark.parametrize("name, keys", [
