@@ -29,11 +29,12 @@ configuration's windows over all rounds (:func:`sim.windows.window_noise`):
 a short window that missed the machine's rare stalls looks steadier than it
 was.  The model itself errs too, and how much shows on the other
 configurations of the same cross-check: :func:`model_sd` is the robust scale
-of their runs' errors beyond their windows' uncertainty, taken from every
-other configuration of the row's kind (single or several sessions;
-leave-one-out, so a row's own error never widens its own interval).  On a
-loaded machine it grows with the errors the load causes; on a quiet one it is
-near zero.  Each run's prediction is taken as log-normal with the window's
+of their runs' errors around their median beyond their windows'
+uncertainty, taken from every other configuration of the row's kind (single
+or several sessions; leave-one-out, so a row's own error never widens its own
+interval).  On a loaded machine it grows with the scatter the load causes; on
+a quiet one it is near zero; a bias shared by all configurations does not
+widen it (it shows as configurations outside their intervals).  Each run's prediction is taken as log-normal with the window's
 variance plus the model's: its 90% interval is ``prediction * exp(+-1.645
 sd)`` (``runs_inside`` counts the runs inside their own).  A configuration is
 checked run by run, as its error is taken: it is inside when the median over
@@ -56,7 +57,8 @@ Regime: from the background load measured while the runs ran (the median
 share of all CPUs other processes used, and hypervisor steal): ``quiet``
 when both are small (:data:`QUIET_CPU`, :data:`QUIET_STEAL`); ``busy`` when
 others take at most a third of the CPUs (:data:`BUSY_CPU`,
-:data:`BUSY_STEAL`); else ``loaded``.  The goals of the regime apply
+:data:`BUSY_STEAL`); else ``loaded``; ``unmeasured`` when no run recorded the
+load (held as busy: nothing says the machine was quiet).  The goals of the regime apply
 (:func:`regime_checks`): quiet, tokens/s median |error| <= 3% and max <= 8%
 (:data:`QUIET_TARGETS`); busy -- any machine that is not quiet -- <= 5% and
 <= 10% (:data:`TARGETS`) and >= 90% of the configurations inside their 90%
@@ -98,6 +100,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -111,7 +114,7 @@ from .decode import simulate_decode
 from .io import load_json, now_iso, sha256_file, write_json
 from .params import Phases
 from .progress import progress as progress_bar
-from .schema import CROSSCHECK_SCHEMA, RunConfig, check_runs
+from .schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
 from .trace import Trace, load_trace
 from .windows import insert_probes, window_noise
 
@@ -391,16 +394,20 @@ def median_interval(centers: Sequence[float], sds: Sequence[float], seed: int = 
 
 
 def regime(background: Sequence[Optional[Mapping]]) -> dict:
-    """The regime the runs ran in, from their measured background load: ``{"name": "quiet"|"busy"|"loaded",
-    "cpu": median share of all CPUs others used, "steal": median steal, "why": text}`` (see the module
-    docstring)."""
+    """The regime the runs ran in, from their measured background load: ``{"name": "quiet"|"busy"|"loaded"|
+    "unmeasured", "cpu": median share of all CPUs others used, "steal": median steal, "why": text}`` (see the
+    module docstring; ``unmeasured``: no run recorded its background load, and nothing says the machine was
+    quiet)."""
     cpu = _median_of([(b or {}).get("cpu") for b in background])
     steal = _median_of([(b or {}).get("steal") for b in background])
 
     def within(c: float, st: float) -> bool:
         return (cpu is None or cpu <= c) and (steal is None or steal <= st)
 
-    name = "quiet" if within(QUIET_CPU, QUIET_STEAL) else "busy" if within(BUSY_CPU, BUSY_STEAL) else "loaded"
+    if cpu is None and steal is None:
+        name = "unmeasured"
+    else:
+        name = "quiet" if within(QUIET_CPU, QUIET_STEAL) else "busy" if within(BUSY_CPU, BUSY_STEAL) else "loaded"
     why = (f"other processes used a median {cpu * 100:.1f}% of the CPUs" if cpu is not None else
            "the background CPU load was not measured")
     if steal is not None:
@@ -417,6 +424,9 @@ def regime_checks(name: str) -> tuple:
         return "quiet", False, "the quiet-machine targets apply"
     if name == "busy":
         return "any", True, "the any-machine targets and the interval coverage apply"
+    if name == "unmeasured":
+        return "any", True, ("the background load was not recorded: the any-machine targets and the interval "
+                             "coverage apply")
     return None, True, ("the interval coverage applies; the errors are shown against the any-machine targets, "
                         "which a loaded machine is not held to")
 
@@ -463,22 +473,27 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
 
 
 def model_sd(errors: Sequence[float], sds: Sequence[float]) -> float:
-    """The model's own error beyond the windows' uncertainty, from other configurations' runs.
+    """The model's own scatter beyond the windows' uncertainty, from other configurations' runs.
 
     ``errors``: log(measured / predicted) tokens/s of the runs; ``sds``: each run's
-    :func:`run_sd`.  The robust scale of the errors around zero (``1.4826 *
-    median |error|``: a normal's standard deviation, a bias included, a few wild
-    runs not) squared, less the median run's window variance, floored at zero::
+    :func:`run_sd`.  The robust scale of the errors around their median
+    (``1.4826 * median |error - median error|``: a normal's standard deviation, a
+    few wild runs not counted) squared, less the median run's window variance,
+    floored at zero::
 
-        sqrt(max(0, (1.4826 * median|e|)^2 - median(sd^2)))
+        sqrt(max(0, (1.4826 * MAD(e))^2 - median(sd^2)))
 
-    0 with fewer than :data:`MODEL_RUNS_MIN` runs (no evidence either way).
+    Around the median, not zero: a bias shared by every configuration is an
+    error the intervals must show (it moves every configuration out of its
+    interval together), not a width that would hold it.  0 with fewer than
+    :data:`MODEL_RUNS_MIN` runs (no evidence either way).
     """
-    e = np.abs(np.asarray(errors, dtype=np.float64))
+    e = np.asarray(errors, dtype=np.float64)
     if e.size < MODEL_RUNS_MIN:
         return 0.0
     sd = np.asarray(sds, dtype=np.float64)
-    return float(np.sqrt(max(0.0, (1.4826 * float(np.median(e))) ** 2 - float(np.median(sd ** 2)))))
+    mad = float(np.median(np.abs(e - np.median(e))))
+    return float(np.sqrt(max(0.0, (1.4826 * mad) ** 2 - float(np.median(sd ** 2)))))
 
 
 def _peer_model_sd(fits: Sequence[tuple], i: int) -> float:
@@ -555,6 +570,42 @@ def _errors(runs: Sequence[Mapping], mid: Sequence[Mapping], base: Sequence[Mapp
         for key in ("slowest_tokens_per_s", "aggregate_tokens_per_s"):
             err[key] = _paired([x[key] for x in mid], [tps(r, key) for r in runs])
     return err
+
+
+def _own_windows(cal: Calibration, runs_doc: Mapping) -> tuple:
+    """``(calibration, warning or None)``: ``cal`` as it is when its microbenchmarks and the runs are one
+    measurement (the two documents of one ``engram measure`` carry its start date), else ``cal`` without its
+    windows -- window ids repeat from one measurement to the next, and another measurement's window is not this
+    run's -- with a warning saying so (the runs are then predicted with the calibrated device and compute)."""
+    ours, theirs = (cal.source or {}).get("date"), runs_doc.get("date")
+    if not cal.windows or not ours or not theirs or ours == theirs:
+        return cal, None
+    return replace(cal, windows={}), (f"the calibration's probe windows come from the measurement of {ours}, the "
+                                      f"runs from the measurement of {theirs}: every run is predicted with the "
+                                      f"calibrated device and compute alone (calibrate the runs' own "
+                                      f"microbench.json to use their windows)")
+
+
+def _check_window(cal: Calibration, c: RunConfig, run: Mapping) -> None:
+    """The window a run names was probed with the run's own configuration (else a corrupt or mixed document).
+
+    Raises
+    ------
+    FormatError
+        Names the window, what it was probed with and the run's configuration.
+    """
+    w = cal.window(run.get("window"))
+    if w is None:
+        return
+    want = {"backend": c.backend, "threshold": c.threshold, "readers": c.readers, "sessions": c.sessions,
+            "mode": c.mode, "compute_label": ComputeSpec.parse(c.compute).label}
+    got = {k: w.get(k) for k in want}
+    k_diff = [k for k in want if got[k] is not None and got[k] != want[k]]
+    if k_diff:
+        raise FormatError(f"window {run['window']} of the calibration was probed with "
+                          f"{', '.join(f'{k} {got[k]!r}' for k in k_diff)}, but the run of {c.key} (round "
+                          f"{run.get('round')}) has {', '.join(f'{k} {want[k]!r}' for k in k_diff)}: the calibration "
+                          f"and the runs do not belong together")
 
 
 def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> tuple:
@@ -653,6 +704,10 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     if not configs:
         raise ArgumentError("the runs document holds no runs")
     cal.check_backends([c.backend for c in configs], "the measured runs")
+    cal, other = _own_windows(cal, runs_doc)
+    for c in configs:
+        for r in by_key[c.key]:
+            _check_window(cal, c, r)
     rp = Path(runs_path) if runs_path is not None else None
     need: Dict[str, int] = {}
     for c in configs:
@@ -713,7 +768,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                 "session_seeds": SESSION_SIM_SEEDS},
         "targets": dict(targets), "quiet_targets": dict(quiet_targets), "coverage_target": COVERAGE_TARGET,
         "backends": {"usable": sorted(cal.devices), "left_out": left},
-        "warnings": list(runs_doc.get("warnings") or []),
+        "warnings": list(runs_doc.get("warnings") or []) + ([other] if other else []),
         "summary": summary, "rows": rows, "session_rows": session_rows, "capacity": caps,
         "cdf_percentiles": list(CDF_PERCENTILES),
     }

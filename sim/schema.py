@@ -100,7 +100,7 @@ JSON schema of ``crosscheck.json``::
                  "step_p50_median", "step_p50_max"}, "within_spread": n, "background_cpu_median",
                  "rows_match": bool, "pass": {...}, "passed": bool},
      "quiet_targets": {...}, "coverage_target": 0.9, "backends": {"usable", "left_out"}, "warnings": [...],
-     # summary also: "regime": {"name": "quiet"|"busy"|"loaded", "cpu", "steal", "why"}, "inside_interval",
+     # summary also: "regime": {"name": "quiet"|"busy"|"loaded"|"unmeasured", "cpu", "steal", "why"}, "inside_interval",
      #   "inside_interval_share", "runs_inside", "runs_inside_share", "calibrated_only": {...},
      #   "sessions": {...}, "single": {...}, "windows_probed"
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",

@@ -265,7 +265,8 @@ def read_tensor_data(loc: TensorLocation, max_bytes: int) -> np.ndarray:
 
 def check_finite(loc: TensorLocation, data: np.ndarray) -> None:
     """Refuse weights holding a NaN or an infinity: ``data`` is tensor ``loc`` as read
-    (:func:`read_tensor_data`; any shape; float16, float32 or float64 -- other dtypes pass).
+    (:func:`read_tensor_data`: C-contiguous, any shape, either byte order; float16, float32 or float64 --
+    other dtypes pass).
 
     The projection would carry such a value into every key and value of every
     token, and a gate weight into every gate, silently.  A value is non-finite
@@ -279,11 +280,17 @@ def check_finite(loc: TensorLocation, data: np.ndarray) -> None:
     FormatError
         The first non-finite value in C order: its value, its index (row and
         column of a matrix), the tensor, file and byte offset of the value.
+    ArgumentError
+        ``data`` is not a C-contiguous numpy array (its file offsets would be wrong).
     """
+    if not isinstance(data, np.ndarray) or isinstance(data, np.matrix) or not data.flags.c_contiguous:
+        raise ArgumentError(f"{loc.name}: check_finite needs the tensor as read, a C-contiguous numpy array, got "
+                            f"{type(data).__name__}" + (" (not C-contiguous)" if type(data) is np.ndarray else ""))
     mask = _EXPONENT_BITS.get(data.dtype.itemsize) if data.dtype.kind == "f" else None
     if mask is None or data.size == 0:
         return
-    bits = data.reshape(data.shape[0] if data.ndim > 1 else 1, -1).view(mask.dtype)
+    order = data.dtype.byteorder if data.dtype.byteorder in "<>" else "="
+    bits = data.reshape(data.shape[0] if data.ndim > 1 else 1, -1).view(mask.dtype.newbyteorder(order))
     tmp = np.empty((min(FINITE_BLOCK_ROWS, bits.shape[0]), bits.shape[1]), mask.dtype)
     for r0 in range(0, bits.shape[0], FINITE_BLOCK_ROWS):
         block = bits[r0:r0 + FINITE_BLOCK_ROWS]

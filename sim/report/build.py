@@ -88,7 +88,8 @@ def regime(inp: Inputs) -> str:
         if inp.runs is None:
             return "no measurement on this machine: every figure is a prediction on the device presets"
         return f"measured on {inp.machine_name()}; the load of other processes was not recorded"
-    kind = {"quiet": "a quiet machine", "busy": "a shared, busy machine"}.get(rg["name"], "a shared, loaded machine")
+    kind = {"quiet": "a quiet machine", "busy": "a shared, busy machine", "unmeasured": "a machine whose load was "
+            "not recorded"}.get(rg["name"], "a shared, loaded machine")
     return f"measured on {inp.machine_name()}, {kind} (regime {rg['name']}: {rg['why']})"
 
 

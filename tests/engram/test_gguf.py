@@ -311,11 +311,11 @@ def test_inspect_cli(small, capsys):
 
 
 @settings(max_examples=200, deadline=None)
-@given(dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+@given(dtype=st.sampled_from([np.float16, np.float32, np.float64]), byteorder=st.sampled_from(["<", ">"]),
        shape=st.sampled_from([(7,), (3, 5), (1100, 3), (2, 3, 4), (513, 1)]),
        bad=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=3),
        data=st.data())
-def test_check_finite_is_numpy_isfinite(dtype, shape, bad, data):
+def test_check_finite_is_numpy_isfinite(dtype, byteorder, shape, bad, data):
     """check_finite's exponent-bit test against numpy.isfinite: raises iff a value is not finite, and names the
     first in C order with its file offset; the largest, subnormal and signed-zero values pass."""
     fin = np.finfo(dtype)
@@ -324,6 +324,7 @@ def test_check_finite_is_numpy_isfinite(dtype, shape, bad, data):
                                            max_size=int(np.prod(shape)))), dtype=np.int64)].reshape(shape)
     for i, v in bad:
         a.reshape(-1)[i % a.size] = v
+    a = a.astype(a.dtype.newbyteorder(byteorder))  # either byte order: the same values
     loc = SimpleNamespace(path="m.gguf", name="blk.1.engram_kv.weight", offset=4096)
     bad_at = np.flatnonzero(~np.isfinite(a))
     if not bad_at.size:
@@ -336,3 +337,13 @@ def test_check_finite_is_numpy_isfinite(dtype, shape, bad, data):
     where = (f"row {idx[0]}, column {idx[1]}" if len(shape) == 2 else
              f"index {idx[0]}" if len(shape) == 1 else f"index {tuple(int(x) for x in idx)}")
     assert f"holds {float(a.reshape(-1)[i])} at {where} (file offset {4096 + i * a.itemsize})" in str(exc.value)
+
+
+def test_check_finite_needs_the_tensor_as_read():
+    loc = SimpleNamespace(path="m.gguf", name="blk.1.engram_q_norm.weight", offset=0)
+    for data, why in ((np.ones((3, 4), np.float32).T, "ndarray (not C-contiguous)"),
+                      ([1.0, float("nan")], "list")):
+        with pytest.raises(ArgumentError) as exc:
+            check_finite(loc, data)
+        assert str(exc.value).startswith("blk.1.engram_q_norm.weight: check_finite needs the tensor as read")
+        assert str(exc.value).endswith(f"got {why}")

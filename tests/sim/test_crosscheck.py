@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from engram import ArgumentError, synth
+from engram import ArgumentError, FormatError, synth
 from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
@@ -176,7 +176,7 @@ def test_crosscheck_table(measured):
     cal_errs = np.abs([r["error"]["tokens_per_s_calibrated"] for r in every])
     assert s["calibrated_only"]["max_abs_error"] == pytest.approx(cal_errs.max())
     name = s["regime"]["name"]
-    assert name in ("quiet", "busy", "loaded")
+    assert name in ("quiet", "busy", "loaded", "unmeasured")
     # the regime's goals: quiet, the quiet targets; busy, the any-machine ones and the coverage; loaded, the coverage
     if name == "loaded":
         assert "tokens_per_s_max_abs" not in s["pass"] and "step_p50_max_abs" not in s["pass"]
@@ -285,15 +285,18 @@ def test_run_sd_adds_the_windows_uncertainties():
 
 
 def test_model_sd_known_answers():
-    # errors of scale 0.1 around zero, windows of sd 0.06: the model's own part is sqrt(0.1^2 - 0.06^2) = 0.08
-    e = 0.1 / 1.4826 * np.array([-1.0, 1.0, -1.0, 1.0, 1.0, -1.0, 3.0])
+    # errors of scale 0.1 around their median, windows of sd 0.06: the model's own part is sqrt(0.1^2 - 0.06^2)
+    e = 0.1 / 1.4826 * np.array([-1.0, -1.0, -1.0, 0.0, 1.0, 1.0, 1.0])
     assert model_sd(e, [0.06] * 7) == pytest.approx(0.08, rel=1e-12)
-    # a bias counts as error: every run 5% slow is a model error of scale 1.4826 * 0.05
-    assert model_sd([np.log(0.95)] * 6, [0.0] * 6) == pytest.approx(1.4826 * -np.log(0.95), rel=1e-12)
+    # a bias shared by every run does not widen the intervals (it must show as misses): the same with 5% off
+    assert model_sd(e + np.log(0.95), [0.06] * 7) == pytest.approx(0.08, rel=1e-12)
+    assert model_sd([np.log(0.95)] * 6, [0.0] * 6) == 0.0
     # the windows explain it all; too few runs say nothing
     assert model_sd(e, [0.5] * 7) == 0.0
-    assert model_sd([0.5] * (MODEL_RUNS_MIN - 1), [0.0] * (MODEL_RUNS_MIN - 1)) == 0.0
-    # one wild run of six moves the median, not the scale, much
+    few = ([0.5, -0.5] * MODEL_RUNS_MIN)[:MODEL_RUNS_MIN - 1]
+    assert model_sd(few, [0.0] * len(few)) == 0.0
+    assert model_sd(few + [-0.5], [0.0] * MODEL_RUNS_MIN) == pytest.approx(1.4826 * 0.5)
+    # one wild run of six moves the scale little
     assert model_sd([0.01, -0.01, 0.01, -0.01, 0.01, 2.0], [0.0] * 6) == pytest.approx(1.4826 * 0.01, rel=1e-12)
 
 
@@ -302,7 +305,9 @@ def test_regime_from_the_background():
     r = regime([{"cpu": 0.5, "steal": 0.0}, {"cpu": 0.6, "steal": 0.0}, {"cpu": 0.01, "steal": 0.0}])
     assert r["name"] == "loaded" and r["cpu"] == pytest.approx(0.5) and "50.0%" in r["why"]
     assert regime([{"cpu": 0.0, "steal": 0.2}])["name"] == "loaded"
-    assert regime([None, {}])["name"] == "quiet" and "not measured" in regime([None])["why"]
+    # nothing recorded: not called quiet, held as busy
+    assert regime([None, {}])["name"] == "unmeasured" and "not measured" in regime([None])["why"]
+    assert regime_checks("unmeasured")[:2] == ("any", True)
     # the edges: at most 10% quiet, at most a third busy (steal: 5%, 10%)
     assert [regime([{"cpu": c, "steal": 0.0}])["name"] for c in (0.10, 0.1001, 0.333, 0.34)] == \
         ["quiet", "busy", "busy", "loaded"]
@@ -375,3 +380,39 @@ def test_crosscheck_refuses_a_backend_the_calibration_lacks(measured):
     doc["runs"].append({**doc["runs"][0], "config": doc["configs"][-1]["key"]})
     with pytest.raises(ArgumentError, match=r"the measured runs names backend 'io_uring'.*could not start: test"):
         crosscheck(cal, doc, runs_path=measured / "runs.json")
+
+
+def test_a_calibration_of_another_measurement_lends_no_windows(measured):
+    """Window ids repeat from one measurement to the next: another measurement's windows are not used."""
+    cal = Calibration.load(measured / "calibration.json")
+    runs = load_json(measured / "runs.json")
+    res = crosscheck(cal, {**runs, "date": "2020-01-01T00:00:00+00:00"}, runs_path=measured / "runs.json",
+                     sim_steps=300)
+    assert res["summary"]["windows_probed"] == 0
+    assert any("from the measurement of 2020-01-01" in w and "calibrated device and compute alone" in w
+               for w in res["warnings"])
+    assert "Warning: the calibration's probe windows come from the measurement of" in markdown_table(res)
+
+
+def test_a_window_of_another_configuration_is_refused(measured):
+    cal = Calibration.load(measured / "calibration.json")
+    runs = load_json(measured / "runs.json")
+    first = runs["runs"][0]
+    other = next(r for r in runs["runs"] if cal.window(r["window"])["readers"] != cal.window(first["window"])["readers"]
+                 or cal.window(r["window"])["sessions"] != cal.window(first["window"])["sessions"])
+    runs["runs"][0] = {**first, "window": other["window"]}
+    with pytest.raises(FormatError, match=rf"window {other['window']} of the calibration was probed with .*"
+                                          rf"the run of {first['config']} \(round {first['round']}\)"):
+        crosscheck(cal, runs, runs_path=measured / "runs.json", sim_steps=300)
+
+
+def test_a_biased_model_misses_its_intervals(measured):
+    """Every window's device 0.6x what it measured: a bias shared by every configuration does not widen the
+    intervals (the model's error is its scatter around the median), so the configurations fall outside."""
+    cal = Calibration.load(measured / "calibration.json")
+    for w in cal.windows.values():
+        w["device"] *= 0.6
+    res = crosscheck(cal, load_json(measured / "runs.json"), runs_path=measured / "runs.json", sim_steps=300)
+    s = res["summary"]
+    assert s["tokens_per_s"]["median_abs_error"] > 0.15 and s["inside_interval_share"] < 0.5
+    assert not s["passed"]
