@@ -75,7 +75,7 @@ from engram.errors import ArgumentError, FormatError
 from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
 from .params import BACKENDS, Compute, Policy
-from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench
+from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench, check_windows
 from .windows import scale_device, window_compute, window_device, window_states
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
@@ -245,13 +245,20 @@ class Calibration:
         Raises
         ------
         FormatError
-            Not a calibration document, or a field is missing or malformed (names it).
+            Not a calibration document, or a field is missing or malformed (names it; a window's fields as
+            :func:`sim.schema.check_windows` wants them, naming the window).
         """
+        if not isinstance(d, Mapping):
+            raise FormatError(f"not a calibration document (a {type(d).__name__}, not a JSON object)")
         if d.get("kind") != "calibration" or d.get("schema") != CALIBRATION_SCHEMA:
             raise FormatError(f"not a calibration document (kind {d.get('kind')!r}, schema {d.get('schema')!r})")
         for key in ("devices", "compute", "think_devices"):
             if key in d and not isinstance(d[key], Mapping):
                 raise FormatError(f"calibration: {key}: expected a JSON object, got {d[key]!r:.40}")
+        try:
+            windows = check_windows(d.get("windows"))
+        except FormatError as exc:
+            raise FormatError(f"calibration: {exc}") from None
         try:
             devices = {b: MeasuredBatchDevice.from_dict(v) for b, v in d["devices"].items()}
             fio = EmpiricalDevice.from_dict(d["fio_device"]) if d.get("fio_device") else None
@@ -261,7 +268,7 @@ class Calibration:
                      for label, devs in d.get("think_devices", {}).items()}
             return cls(devices, comp, float(d["hash_us"]) * US, fio, list(d.get("fit", [])), think,
                        list(d.get("think_fit", [])), dict(d.get("machine", {})), dict(d.get("file", {})),
-                       dict(d.get("source", {})), str(d.get("date", "")), dict(d.get("windows", {})),
+                       dict(d.get("source", {})), str(d.get("date", "")), windows,
                        list(d.get("shared_fit", [])), dict(d.get("backends", {})))
         except KeyError as exc:
             raise FormatError(f"calibration: missing field {exc}") from None
@@ -638,6 +645,9 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         ``doc`` is a decode-run document or holds any record that is not a
         microbenchmark (kinds ``io``, ``compute``, ``hash``): the calibration
         never reads decode runs.  Also: no serial or concurrent engine records.
+    FormatError
+        A probe record with a field missing, of the wrong type or out of range, or a window probed twice
+        (names the record, its window, the field and the value; :func:`sim.schema.check_probe`).
     """
     recs = check_microbench(doc)
     probes = [r for r in recs if r.get("probe")]
@@ -710,14 +720,18 @@ def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str,
     Raises
     ------
     FormatError
-        The file cannot be read as JSON.
+        The file cannot be read as JSON, or holds a malformed probe record (names the file, the record and
+        the field; see :func:`sim.schema.check_microbench`).
     ArgumentError
         It is not a microbenchmark document (see :func:`calibrate`).
     """
     path = Path(microbench)
     doc = load_json(path)
-    cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": sha256_file(path)}, seed=seed,
-                    windows=windows)
+    try:
+        cal = calibrate(doc, source={"path": str(path.resolve()), "sha256": sha256_file(path)}, seed=seed,
+                        windows=windows)
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from None
     if out is not None:
         cal.save(out)
     return cal

@@ -691,10 +691,16 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     Raises
     ------
     ArgumentError
-        Not a decode-run document, a run names an unknown configuration, or
-        a configuration's backend or compute is not in the calibration (names both).
+        ``cal`` is not a :class:`Calibration`, ``runs_doc`` not a decode-run document, a run names an unknown
+        configuration, or a configuration's backend or compute is not in the calibration (names both).
+    FormatError
+        A configuration or run of ``runs_doc`` with a field missing, of the wrong type or out of range
+        (names ``runs_path`` when given, the run -- its configuration and round -- the field and the value;
+        :func:`sim.schema.check_runs`), before anything is simulated.
     """
-    configs = check_runs(runs_doc)
+    if not isinstance(cal, Calibration):
+        raise ArgumentError(f"crosscheck needs a Calibration, got {type(cal).__name__}")
+    configs = check_runs(runs_doc, runs_path)
     by_key: Dict[str, List[Mapping]] = {c.key: [] for c in configs}
     for r in runs_doc.get("runs", []):
         if r.get("config") not in by_key:

@@ -11,7 +11,12 @@ them imports another's code (profiling apart from the simulator):
   compute of a step, ``none``, ``mixer``, ``spin:MS``, ...), :class:`RunConfig`
   (trace x threshold x backend x readers x compute x steps), :func:`trace_label`;
 - checks at the door: :func:`check_microbench` (refuses decode runs: the
-  calibration never sees the runs it is checked against), :func:`check_runs`.
+  calibration never sees the runs it is checked against; checks its probe
+  records, :func:`check_probe`), :func:`check_runs` (every configuration and
+  run, :func:`check_run`), :func:`check_windows` (a calibration's windows),
+  on the typed fields of :func:`check_int`, :func:`check_number`,
+  :func:`check_numbers`, :func:`check_str`: a hand-edited or corrupt document
+  is refused before any work, naming the record and the field.
 
 JSON schema (all times in microseconds unless named otherwise)
 --------------------------------------------------------------
@@ -138,7 +143,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -154,6 +159,7 @@ __all__ = [
     "MICRO_SCHEMA",
     "RUNS_SCHEMA",
     "RUN_FIELDS",
+    "RUN_SUMMARIES",
     "SESSION_MODES",
     "STEP_ROWS",
     "SWEEP_SCHEMA",
@@ -161,8 +167,15 @@ __all__ = [
     "US",
     "ComputeSpec",
     "RunConfig",
+    "check_int",
     "check_microbench",
+    "check_number",
+    "check_numbers",
+    "check_probe",
+    "check_run",
     "check_runs",
+    "check_str",
+    "check_windows",
     "percentiles_ms",
     "probe_positions",
     "trace_label",
@@ -328,12 +341,33 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunConfig":
+        """Inverse of :meth:`to_dict` (extra fields are ignored).
+
+        Raises
+        ------
+        FormatError
+            Not a mapping, a field missing, of the wrong type (``steps: "x"``, ``threshold: 8.5``) or out of
+            range (names the field and its value).
+        """
+        if not isinstance(d, Mapping):
+            raise FormatError(f"run configuration: expected a JSON object, got {_show(d)}")
+        where = "run configuration"
         try:
-            return cls(str(d["trace"]), int(d["threshold"]), str(d["backend"]), int(d["readers"]),
-                       str(d.get("compute", "none")), int(d.get("steps", 300)), int(d.get("sessions", 1)),
-                       str(d.get("mode", "threads")))
+            missing = [k for k in ("trace", "threshold", "backend", "readers") if k not in d]
+            if missing:
+                raise KeyError(missing[0])
+            return cls(check_str(where, "trace", d["trace"]), check_int(where, "threshold", d["threshold"], 1),
+                       check_str(where, "backend", d["backend"]), check_int(where, "readers", d["readers"], 1),
+                       check_str(where, "compute", d.get("compute", "none")),
+                       check_int(where, "steps", d.get("steps", 300), 1),
+                       check_int(where, "sessions", d.get("sessions", 1), 1),
+                       check_str(where, "mode", d.get("mode", "threads")))
         except KeyError as exc:
-            raise FormatError(f"run configuration: missing field {exc}") from None
+            raise FormatError(f"{where}: missing field {exc}") from None
+        except ArgumentError as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{where}: {exc}") from None
 
     @classmethod
     def parse(cls, text: str, steps: int = 300) -> "RunConfig":
@@ -389,8 +423,109 @@ def percentiles_ms(seconds, percentiles: Sequence[float] = (50, 90, 99, 99.9)) -
     return out
 
 
+# ------------------------------------------------------------------ typed fields of the documents
+def _show(value) -> str:
+    """A value as an error message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field(where: str, d: Mapping, key: str):
+    """``d[key]``, or a :class:`FormatError` naming ``where`` and the missing ``key``."""
+    if key not in d:
+        raise FormatError(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def check_str(where: str, key: str, value) -> str:
+    """``value`` when it is a string.
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key`` and the value.
+    """
+    if not isinstance(value, str):
+        raise FormatError(f"{where}: {key} = {_show(value)} is not a string")
+    return value
+
+
+def check_int(where: str, key: str, value, low: int = 0) -> int:
+    """``value`` as an int when it is a whole number (an int, not a bool or a float) ``>= low``.
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise FormatError(f"{where}: {key} = {_show(value)} is not a whole number")
+    if value < low:
+        raise FormatError(f"{where}: {key} = {int(value)} must be >= {low}")
+    return int(value)
+
+
+def check_number(where: str, key: str, value, low: Optional[float] = 0.0, *, above: bool = False,
+                 high: Optional[float] = None, none: bool = False) -> Optional[float]:
+    """``value`` as a float when it is a finite number (not a bool or a string) ``>= low`` (``> low`` with
+    ``above``; any finite number when ``low`` is None) and ``<= high``; None passes when ``none``.
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key`` and the value.
+    """
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise FormatError(f"{where}: {key} = {_show(value)} is not a number")
+    x = float(value)
+    ok = np.isfinite(x) and (low is None or (x > low if above else x >= low)) and (high is None or x <= high)
+    if not ok:
+        want = "a finite number" if low is None else f"a finite number {'>' if above else '>='} {low:g}"
+        raise FormatError(f"{where}: {key} = {x:g} must be {want}" + (f" and <= {high:g}" if high is not None else ""))
+    return x
+
+
+def check_numbers(where: str, key: str, value, low: Optional[float] = 0.0, *, above: bool = False,
+                  whole: bool = False, length: Optional[int] = None, of: str = "") -> list:
+    """``value`` when it is a list of numbers each as :func:`check_number` (``whole``: :func:`check_int`)
+    wants, of ``length`` values when given (``of`` names what sets it).
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key``, the first bad value and its index, or the two lengths.
+    """
+    if not isinstance(value, (list, tuple)):
+        raise FormatError(f"{where}: {key}: expected a list, got {_show(value)}")
+    if length is not None and len(value) != length:
+        raise FormatError(f"{where}: {key} has {len(value)} values, {of} has {length}")
+    kinds = (int,) if whole else (int, float)
+    if all(type(x) in kinds for x in value):  # the common case, checked at once
+        x = np.asarray(value, dtype=np.float64)
+        ok = np.isfinite(x) if low is None else np.isfinite(x) & ((x > low) if above else (x >= low))
+        if ok.all():
+            return list(value)
+    for j, x in enumerate(value):
+        if whole:
+            check_int(where, f"{key}[{j}]", x, int(low or 0))
+        else:
+            check_number(where, f"{key}[{j}]", x, low, above=above)
+    return list(value)
+
+
+def _mapping(where: str, key: str, value, none: bool = False) -> Optional[Mapping]:
+    if value is None and none:
+        return None
+    if not isinstance(value, Mapping):
+        raise FormatError(f"{where}: {key}: expected a JSON object, got {_show(value)}")
+    return value
+
+
+# ------------------------------------------------------------------ checks at the door
 def check_microbench(doc: Mapping) -> List[dict]:
-    """The records of a microbenchmark document; refuses decode runs.
+    """The records of a microbenchmark document; refuses decode runs and malformed probe records.
 
     Raises
     ------
@@ -398,6 +533,9 @@ def check_microbench(doc: Mapping) -> List[dict]:
         ``doc`` is a decode-run document, not a ``engram.microbench/1``
         document, has no records, or holds a record that is not a
         microbenchmark (kinds ``io``, ``compute``, ``hash``, ``cache``; names the record).
+    FormatError
+        A probe record (tool ``"session"``) with a field missing, of the wrong type or out of range, or a
+        window probed twice (:func:`check_probe`; names the record, its window, the field and the value).
     """
     if not isinstance(doc, Mapping):
         raise ArgumentError("calibrate needs a microbenchmark document (a dict)")
@@ -409,6 +547,7 @@ def check_microbench(doc: Mapping) -> List[dict]:
     recs = doc.get("records")
     if not isinstance(recs, list) or not recs:
         raise ArgumentError("microbenchmark document has no records")
+    seen: Dict[str, int] = {}
     for i, r in enumerate(recs):
         if not isinstance(r, Mapping):
             raise ArgumentError(f"microbenchmark record {i} is not an object")
@@ -416,19 +555,174 @@ def check_microbench(doc: Mapping) -> List[dict]:
         if bad or r.get("kind") not in MICRO_KINDS:
             raise ArgumentError(f"calibration uses microbenchmarks only: record {i} (kind {r.get('kind')!r}"
                                 f"{', fields ' + ', '.join(bad) if bad else ''}) is not a microbenchmark")
+        if r.get("tool") == "session" or r.get("probe"):
+            window = check_probe(i, r)
+            if window in seen:
+                raise FormatError(f"record {i}: window {window!r} is probed twice (records {seen[window]} and {i}): "
+                                  "one probe record a decode run")
+            seen[window] = i
     return list(recs)
 
 
-def check_runs(doc: Mapping) -> List[RunConfig]:
-    """The configurations of a decode-run document.
+def check_probe(i: int, r: Mapping) -> str:
+    """The window id of probe record ``i`` (tool ``"session"``, :func:`sim.measure.runs.probe_record`), once
+    its fields are checked: ``probe`` a non-empty string; ``batch_us`` a non-empty list of finite numbers
+    > 0; ``compute_us`` (finite >= 0), ``t_us`` (finite) and ``distinct`` (whole numbers >= 1) absent or
+    as long as ``batch_us``; ``threshold``, ``readers`` and, when present, ``sessions``, ``session_steps``
+    and ``qd`` whole numbers >= 1; ``offsets_s`` absent or one finite number >= 0 a session; ``backend``
+    and ``compute`` (a :class:`ComputeSpec`) strings.
+
+    Raises
+    ------
+    FormatError
+        Names the record, its window, the field and the value.
+    """
+    window = r.get("probe")
+    if not isinstance(window, str) or not window:
+        raise FormatError(f"record {i}: probe = {_show(window)} is not a window id (a non-empty string)")
+    where = f"record {i} (probe steps of window {window!r})"
+    n = len(check_numbers(where, "batch_us", _field(where, r, "batch_us"), 0.0, above=True))
+    if n == 0:
+        raise FormatError(f"{where}: batch_us is empty (one read time a probe step)")
+    for key, low, whole in (("compute_us", 0.0, False), ("t_us", None, False), ("distinct", 1, True)):
+        if r.get(key) is not None:
+            check_numbers(where, key, r[key], low, whole=whole, length=n, of="batch_us")
+    for key in ("threshold", "readers"):
+        check_int(where, key, _field(where, r, key), 1)
+    for key in ("sessions", "session_steps", "qd"):
+        if r.get(key) is not None:
+            check_int(where, key, r[key], 1)
+    if r.get("offsets_s") is not None:
+        check_numbers(where, "offsets_s", r["offsets_s"], 0.0, length=int(r.get("sessions") or 1), of="sessions")
+    check_str(where, "backend", _field(where, r, "backend"))
+    try:
+        ComputeSpec.parse(check_str(where, "compute", r.get("compute", "none")))
+    except ArgumentError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{where}: compute: {exc}") from None
+    return window
+
+
+def check_windows(windows) -> Dict[str, dict]:
+    """The ``windows`` of a calibration document, checked: each a mapping with ``device`` a finite number
+    > 0, ``compute`` None or a finite number > 0, ``read_se``, ``compute_se`` and ``step_cv`` None or
+    finite numbers >= 0, ``threshold``, ``readers``, ``sessions`` and ``probe_steps`` whole numbers >= 1,
+    ``batch_samples_us`` and ``compute_samples_us`` absent (calibrations before them) or lists of finite
+    numbers >= 0, and ``backend`` a string.  None (no windows) gives ``{}``.
+
+    Raises
+    ------
+    FormatError
+        Names the window, the field and the value.
+    """
+    if windows is None:
+        return {}
+    if not isinstance(windows, Mapping):
+        raise FormatError(f"windows: expected a JSON object, got {_show(windows)}")
+    out = {}
+    for wid, w in windows.items():
+        where = f"window {wid!r}"
+        _mapping(where, "state", w)
+        check_number(where, "device", _field(where, w, "device"), 0.0, above=True)
+        check_number(where, "compute", w.get("compute"), 0.0, above=True, none=True)
+        for key in ("read_se", "compute_se", "step_cv"):
+            check_number(where, key, w.get(key), 0.0, none=True)
+        for key in ("threshold", "readers", "sessions", "probe_steps"):
+            check_int(where, key, _field(where, w, key), 1)
+        for key in ("batch_samples_us", "compute_samples_us"):
+            if w.get(key) is not None:
+                check_numbers(where, key, w[key], 0.0)
+        check_str(where, "backend", _field(where, w, "backend"))
+        out[str(wid)] = dict(w)
+    return out
+
+
+def check_runs(doc: Mapping, file: Optional[Union[str, os.PathLike]] = None) -> List[RunConfig]:
+    """The configurations of a decode-run document, once every configuration and run is checked
+    (:func:`check_run`; ``params.capacity_target`` None or a finite number > 0, ``traces`` None or a
+    mapping, ``configs`` and ``runs`` lists).
 
     Raises
     ------
     ArgumentError
-        Not a ``engram.decode-runs/1`` document.
+        ``doc`` is not a mapping, or not a ``engram.decode-runs/1`` document.
     FormatError
-        A configuration lacks a field (names it).
+        A configuration or a run lacks a field or holds one of the wrong type or out of range (names
+        ``file`` when given, the configuration or the run -- its configuration key and round -- the field
+        and the value).
     """
+    if not isinstance(doc, Mapping):
+        raise ArgumentError(f"crosscheck needs a decode-run document (a mapping), got {type(doc).__name__}")
     if doc.get("kind") != "decode_runs" or doc.get("schema") != RUNS_SCHEMA:
         raise ArgumentError(f"crosscheck needs a {RUNS_SCHEMA!r} document, got kind {doc.get('kind')!r}")
-    return [RunConfig.from_dict(d) for d in doc.get("configs", [])]
+    try:
+        configs = doc.get("configs", [])
+        if not isinstance(configs, list):
+            raise FormatError(f"configs: expected a list, got {_show(configs)}")
+        out = []
+        for i, d in enumerate(configs):
+            try:
+                out.append(RunConfig.from_dict(d))
+            except FormatError as exc:
+                key = d.get("key") if isinstance(d, Mapping) else None
+                raise FormatError(f"configs[{i}]{f' ({key})' if key else ''}: {exc}") from None
+        runs = doc.get("runs", [])
+        if not isinstance(runs, list):
+            raise FormatError(f"runs: expected a list, got {_show(runs)}")
+        for i, r in enumerate(runs):
+            check_run(i, r)
+        params = _mapping("document", "params", doc.get("params"), none=True) or {}
+        check_number("params", "capacity_target", params.get("capacity_target"), 0.0, above=True, none=True)
+        traces = _mapping("document", "traces", doc.get("traces"), none=True) or {}
+        for spec, rel in traces.items():
+            check_str("traces", repr(spec), rel)
+    except FormatError as exc:
+        raise FormatError(f"{file}: {exc}" if file is not None else str(exc)) from None
+    return out
+
+
+#: Per-step summaries of a run (``{mean, p50, ...}`` in ms) and the keys of each the cross-check reads.
+RUN_SUMMARIES = {"step_ms": ("mean", "p50", "p95"), "read_ms": ("mean",), "compute_ms": ("mean",)}
+
+
+def check_run(i: int, r: Mapping) -> None:
+    """Check run ``i`` of a decode-run document: ``config`` a string; ``tokens_per_s`` a finite number > 0,
+    ``slowest_tokens_per_s`` and ``aggregate_tokens_per_s`` too when present; ``step_ms``, ``read_ms`` and
+    ``compute_ms`` mappings of finite numbers >= 0 holding the keys of :data:`RUN_SUMMARIES`;
+    ``background`` None or a mapping whose ``cpu`` and ``steal`` are None or in [0, 1]; ``window`` None or
+    a string; ``round``, ``probe_every``, ``start``, ``threads`` and each of ``starts`` whole numbers >= 0;
+    ``start_offsets_s`` and ``step_us`` lists of finite numbers >= 0 (each when present).
+
+    Raises
+    ------
+    FormatError
+        Names the run (its index, configuration key and round), the field and the value.
+    """
+    if not isinstance(r, Mapping):
+        raise FormatError(f"runs[{i}]: expected a JSON object, got {_show(r)}")
+    config = check_str(f"runs[{i}]", "config", _field(f"runs[{i}]", r, "config"))
+    where = f"runs[{i}] (configuration {config!r}, round {_show(r.get('round'))})"
+    check_number(where, "tokens_per_s", _field(where, r, "tokens_per_s"), 0.0, above=True)
+    for key in ("slowest_tokens_per_s", "aggregate_tokens_per_s"):
+        if key in r:
+            check_number(where, key, r[key], 0.0, above=True)
+    for name, used in RUN_SUMMARIES.items():
+        summary = _mapping(where, name, _field(where, r, name))
+        for key in used:
+            _field(f"{where}: {name}", summary, key)
+        for key, x in summary.items():
+            check_number(where, f"{name}.{key}", x, 0.0)
+    bg = _mapping(where, "background", r.get("background"), none=True) or {}
+    for key in ("cpu", "steal"):
+        check_number(where, f"background.{key}", bg.get(key), 0.0, high=1.0, none=True)
+    if r.get("window") is not None:
+        check_str(where, "window", r["window"])
+    for key in ("round", "probe_every", "start", "threads"):
+        if key in r:
+            check_int(where, key, r[key], 0)
+    if r.get("starts") is not None:
+        check_numbers(where, "starts", r["starts"], 0, whole=True)
+    for key in ("start_offsets_s", "step_us"):
+        if r.get(key) is not None:
+            check_numbers(where, key, r[key], 0.0)

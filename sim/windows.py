@@ -57,6 +57,13 @@ and second half of the probes (how much the window drifted).  A short window can
 miss the rare stalls of a loaded machine and then looks both faster and
 steadier than it was: :func:`window_noise` takes its noise as at least the
 median noise of its configuration's windows in every round.
+
+A window of fewer than :data:`WINDOW_MIN_STEPS` probe steps is not fitted
+(:func:`window_states` leaves it out): its noise cannot be told from its
+drift, and its run is predicted with the calibrated device and compute, as a
+run without probes is.  The several-session fit simulates at most
+:data:`FIT_MAX_STEPS` steps a session: it needs a mean read, not the whole
+measured loop.
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from .params import Compute, Phases, Policy
 from .schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, probe_positions
 from .trace import Trace
 
-__all__ = ["FIT_ITERATIONS", "FIT_TOL", "SHAPE_MIN_STEPS", "insert_probes", "random_rows", "scale_device",
+__all__ = ["FIT_ITERATIONS", "FIT_MAX_STEPS", "FIT_TOL", "SHAPE_MIN_STEPS", "WINDOW_MIN_STEPS", "insert_probes", "random_rows", "scale_device",
            "step_noise", "window_compute", "window_device", "window_noise", "window_state", "window_states"]
 
 #: A window's device factor is fitted until the simulated mean read is within this share of the probes'.
@@ -85,6 +92,12 @@ FIT_ITERATIONS = 8
 _SLOPES = (0.2, 5.0)
 #: Probe steps a window needs for its own batch and compute shape (fewer: the calibrated shapes, scaled).
 SHAPE_MIN_STEPS = 8
+#: Probe steps a window needs to be fitted at all (fewer: no state; its run is predicted with the calibrated
+#: device and compute, as a run without probes is): its noise (:func:`step_noise`) needs 3 steps.
+WINDOW_MIN_STEPS = 3
+#: Most steps a session of the several-session fit simulates: the fit needs the mean read, not the whole loop
+#: (a window's ``session_steps`` may be a million).
+FIT_MAX_STEPS = 4096
 
 
 def scale_device(dev: MeasuredBatchDevice, factor: float, name: Optional[str] = None) -> MeasuredBatchDevice:
@@ -263,12 +276,12 @@ def _window_compute(comp: np.ndarray, t: np.ndarray, label: str, compute: Option
 def _fit_device(rec: Mapping, device: MeasuredBatchDevice, policy: Policy, compute: Compute, read_mean: float,
                 hash_s: float, seed: int, f0: float) -> tuple:
     """``(f, relative residual, simulations)``: one session's ``f0`` as it is; several sessions' fitted by
-    simulating them (their measured start offsets, every step of fresh random rows) until the simulated mean
-    read is the probes' (:func:`_fit_sessions`)."""
+    simulating them (their measured start offsets, every step of fresh random rows, at most
+    :data:`FIT_MAX_STEPS` steps a session) until the simulated mean read is the probes' (:func:`_fit_sessions`)."""
     sessions = int(rec.get("sessions", 1))
     if sessions <= 1:
         return f0, 0.0, 0
-    steps = int(rec.get("session_steps") or max(1, len(rec["batch_us"]) // sessions))
+    steps = min(FIT_MAX_STEPS, int(rec.get("session_steps") or max(1, len(rec["batch_us"]) // sessions)))
     offsets = [float(x) for x in rec.get("offsets_s") or [0.0] * sessions]
     trace = Trace(random_rows(sessions * steps, [seed, 13]), np.zeros(sessions * steps, np.int64))
 
@@ -293,10 +306,13 @@ def _halves(t: np.ndarray, read: np.ndarray, f: float, hash_s: float) -> tuple:
 def window_states(probes: Sequence[Mapping], device_of: Callable[[str, str], Optional[MeasuredBatchDevice]],
                   computes: Mapping[str, Compute], hash_s: float, seed: int = 0) -> dict:
     """``{window: state}`` of every probe record of tool ``"session"`` whose backend has a device
-    (``device_of(backend, compute label)``, None when it has none); see :func:`window_state`."""
+    (``device_of(backend, compute label)``, None when it has none) and that holds :data:`WINDOW_MIN_STEPS`
+    probe steps at least; see :func:`window_state`.  A window left out has no state: its run is predicted
+    with the calibrated device and compute, as a run without probes is.  The records are those
+    :func:`sim.schema.check_microbench` checked."""
     out = {}
     for i, r in enumerate(probes):
-        if r.get("tool") != "session" or not r.get("batch_us"):
+        if r.get("tool") != "session" or len(r.get("batch_us") or ()) < WINDOW_MIN_STEPS:
             continue
         label = ComputeSpec.parse(r.get("compute", "none")).label
         dev = device_of(r["backend"], label)

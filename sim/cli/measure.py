@@ -73,11 +73,13 @@ def _cmd_measure(args) -> int:
     work = Path(args.workdir)
     scale = args.scale if args.scale is not None else (0.001 if args.quick else DEFAULT_SCALE)
     configs = _measure_configs(args)
+    settings = _measure_settings(args)  # checked before the model file is built
+    settings.resolved_depths()
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
     ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,
                  projections=need_mixer or not args.quick)
-    res = measure(model, configs, work, _measure_settings(args), progress=not args.no_progress)
+    res = measure(model, configs, work, settings, progress=not args.no_progress)
     res["model"] = str(model)
     if args.json:
         print_json(res)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
+
 from engram.errors import ArgumentError
 
 from ..params import BACKENDS
@@ -15,6 +17,11 @@ __all__ = ["PROBES_MIN", "Settings"]
 
 #: Probe steps a decode run has a session at least (when it probes at all): see :meth:`Settings.run_probe_every`.
 PROBES_MIN = 16
+
+
+def _whole(x) -> bool:
+    """True for an int (a NumPy integer too), not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -107,13 +114,21 @@ class Settings:
             raise ArgumentError(f"rounds must be >= 1, got {self.rounds}")
         if not (self.micro or self.decode):
             raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
-        if self.probe_every < 0:
-            raise ArgumentError(f"probe_every must be >= 0, got {self.probe_every}")
+        if not _whole(self.probe_every) or self.probe_every < 0:
+            raise ArgumentError(f"probe_every must be a whole number >= 0, got {self.probe_every!r}")
 
     def run_probe_every(self, steps: int) -> int:
         """The probe spacing of a decode run of ``steps`` trace steps a session: ``probe_every``, or less so
         that the run has :data:`PROBES_MIN` probe steps (one probe step a trace step at the closest); 0 stays
-        0 (no probes)."""
+        0 (no probes).
+
+        Raises
+        ------
+        ArgumentError
+            ``steps`` is not a whole number >= 1.
+        """
+        if not _whole(steps) or steps < 1:
+            raise ArgumentError(f"steps must be a whole number >= 1, got {steps!r}")
         if self.probe_every < 1:
             return 0
         return max(1, min(self.probe_every, int(steps) // PROBES_MIN))
