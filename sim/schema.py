@@ -497,7 +497,7 @@ def check_numbers(where: str, key: str, value, low: Optional[float] = 0.0, *, ab
     FormatError
         Names ``where``, ``key``, the first bad value and its index, or the two lengths.
     """
-    if not isinstance(value, (list, tuple)):
+    if not isinstance(value, (list, tuple, np.ndarray)):
         raise FormatError(f"{where}: {key}: expected a list, got {_show(value)}")
     if length is not None and len(value) != length:
         raise FormatError(f"{where}: {key} has {len(value)} values, {of} has {length}")

@@ -107,12 +107,6 @@ def scale_device(dev: MeasuredBatchDevice, factor: float, name: Optional[str] = 
                                name=name or dev.name, source=dev.source)
 
 
-def step_readers(threshold: int, readers: int, rows: int = STEP_ROWS) -> int:
-    """Readers a batch of ``rows`` distinct rows is read by: 1 below the threshold, else ``min(rows, readers)``
-    (as the simulator reads it, :class:`sim.params.Policy`)."""
-    return 1 if rows < threshold else min(rows, readers)
-
-
 def window_device(dev: MeasuredBatchDevice, state: Mapping, name: Optional[str] = None) -> MeasuredBatchDevice:
     """The device of one window: ``dev`` scaled by the window's factor ``f``, and for one session the 48-row
     batch of its readers replaced by the probes' own batch times (``batch_samples_us``) scaled to that batch's
@@ -121,7 +115,9 @@ def window_device(dev: MeasuredBatchDevice, state: Mapping, name: Optional[str] 
     samples = state.get("batch_samples_us") or ()
     if int(state.get("sessions", 1)) > 1 or len(samples) < SHAPE_MIN_STEPS:
         return scaled
-    key = (STEP_ROWS, step_readers(int(state["threshold"]), int(state["readers"])))
+    k = int(state["readers"])
+    key = (STEP_ROWS, Policy(threshold=int(state["threshold"]), backend=str(state.get("backend", "pread")), readers=k,
+                             ring_depth=k).concurrency(STEP_ROWS))
     own = LatencyDist.from_samples(np.asarray(samples, dtype=np.float64) * US, knots=len(samples),
                                    source=f"probe steps of window {name or dev.name}")
     mean = scaled.batch_dist(*key).mean
@@ -177,7 +173,7 @@ def _batch_mean(dev: MeasuredBatchDevice, n: int, policy: Policy) -> float:
     """Mean time of a step's batch of ``n`` distinct rows alone on ``dev``, read as the simulator reads it."""
     if n < 1:
         return 0.0
-    return dev.batch_dist(n, step_readers(policy.threshold, policy.readers, n)).mean
+    return dev.batch_dist(n, policy.concurrency(n)).mean
 
 
 def _fit_sessions(read_of: Callable[[float], float], target: float, f0: float) -> tuple:

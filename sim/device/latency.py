@@ -15,7 +15,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..schema import US
+from ..schema import US, check_number, check_numbers
 
 __all__ = ["LatencyDist", "list_schedule"]
 
@@ -227,26 +227,19 @@ def _shown(v) -> str:
 
 
 def _number(v, key: str) -> float:
-    """``v`` as a finite float >= 0 (a latency in us).
+    """``v`` as a finite float >= 0 (a latency in us): :func:`sim.schema.check_number`.
 
     Raises
     ------
     FormatError
         Not a number, not finite or negative (names ``key`` and the value).
     """
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise FormatError(f"latency distribution: {key} = {_shown(v)} is not a number")
-    v = float(v)
-    if not (math.isfinite(v) and v >= 0):
-        raise FormatError(f"latency distribution: {key} = {v:g} must be a finite number >= 0")
-    return v
+    return check_number("latency distribution", key, v)
 
 
 def _numbers(v, key: str) -> np.ndarray:
     """``v`` (a list of numbers) as a float64 array, each checked as :func:`_number` (``key[i]`` named)."""
-    if not isinstance(v, (list, tuple, np.ndarray)):
-        raise FormatError(f"latency distribution: {key} must be a list of numbers, got {_shown(v)}")
-    return np.asarray([_number(x, f"{key}[{i}]") for i, x in enumerate(v)], dtype=np.float64)
+    return np.asarray(check_numbers("latency distribution", key, v), dtype=np.float64)
 
 
 def _is_number(s: str) -> bool:
