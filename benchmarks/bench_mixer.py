@@ -343,6 +343,24 @@ def bench_finite(rng, rounds: int) -> dict:
             "gated_add_us": best["gate"] * 1e6, "gate_kernel_us": best["kernel"] * 1e6}
 
 
+def bench_weights_check(rng, rounds: int) -> dict:
+    """``engram.gguf.check_finite`` on an F16 ``engram_kv`` of V4.1 Flash's shape (315 MB) against its peer,
+    ``numpy.isfinite(kv).all()``, side by side; best of ``rounds`` rounds each."""
+    from types import SimpleNamespace
+
+    from engram.gguf import check_finite
+
+    kv = (rng.standard_normal((5 * W, COLUMNS * WIDTH)) * 0.01).astype(np.float16)
+    loc = SimpleNamespace(path="bench", name="blk.1.engram_kv.weight", offset=0)
+    best = dict(ours=float("inf"), numpy=float("inf"))
+    for _ in range(rounds):
+        best["ours"] = min(best["ours"], time_best(lambda: check_finite(loc, kv), repeat=3))
+        best["numpy"] = min(best["numpy"], time_best(lambda: bool(np.isfinite(kv).all()), repeat=3))
+    print(f"   check_finite of a {kv.nbytes / 1e6:.0f} MB F16 engram_kv: {best['ours'] * 1e3:.1f} ms; "
+          f"numpy.isfinite(kv).all() {best['numpy'] * 1e3:.1f} ms: {best['numpy'] / best['ours']:.1f}x")
+    return {"check_ms": best["ours"] * 1e3, "isfinite_ms": best["numpy"] * 1e3, "speedup": best["numpy"] / best["ours"]}
+
+
 def main(argv=None) -> dict:
     from engram import mixer
     from engram._native import gate as native
@@ -351,8 +369,9 @@ def main(argv=None) -> dict:
     p.add_argument("--gate-tokens", type=int, nargs="+", default=[1, 64, 2048])
     p.add_argument("--project-tokens", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 256, 2048])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
-    p.add_argument("--only", choices=("gate", "project", "finite"),
-                   help="run one part (finite: the cost of the finiteness checks of a T = 1 apply)")
+    p.add_argument("--only", choices=("gate", "project", "finite", "weights"),
+                   help="run one part (finite: the cost of the finiteness checks of a T = 1 apply; weights: the "
+                        "finiteness check of engram_kv at load)")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(0)
@@ -362,5 +381,6 @@ def main(argv=None) -> dict:
     gate = bench_gate(rng, args.gate_tokens, args.rounds) if args.only in (None, "gate") else None
     proj = bench_project(rng, args.project_tokens, args.rounds) if args.only in (None, "project") else None
     finite = bench_finite(rng, args.rounds) if args.only in (None, "finite") else None
+    weights = bench_weights_check(rng, args.rounds) if args.only in (None, "weights") else None
     return {"gate_path": mixer.gate_path(), "gate_threads": native.get_threads(), **env,
-            "gated_add": gate, "project": proj, "finite": finite}
+            "gated_add": gate, "project": proj, "finite": finite, "weights_check": weights}

@@ -115,7 +115,7 @@ class EngramModel:
 
         The first call for a layer reads the tensors from the file: 315 MB at the
         file's sequential read speed (0.2-1.6 s measured on the 2-core development
-        machine), then checks every value is finite (15 ms); later calls return
+        machine), then checks every value is finite (13 ms, BENCHMARKS.md); later calls return
         the same object.
 
         Raises

@@ -272,8 +272,9 @@ def check_finite(loc: TensorLocation, data: np.ndarray) -> None:
     token, and a gate weight into every gate, silently.  A value is non-finite
     when all its exponent bits are set (IEEE 754); the check masks them in the
     integer view, in blocks of :data:`FINITE_BLOCK_ROWS` rows (a temporary of a
-    few MB): 15 ms for a 315 MB ``engram_kv`` on the 2-core development
-    machine, against 180 ms for ``numpy.isfinite`` (which converts float16).
+    few MB): 12.7 ms for a 315 MB ``engram_kv`` on the 2-core development
+    machine, against 163 ms for ``numpy.isfinite`` (which converts float16; ``benchmarks.run mixer --only
+    weights``).
 
     Raises
     ------
