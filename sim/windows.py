@@ -34,10 +34,10 @@ batch shape (one session)
     replace the calibrated 48-row batch of the window's readers
     (:func:`window_device`), scaled to the same mean (so ``f`` still holds):
     the shape of a step's read moves with the machine's state as much as its
-    scale, and a shape measured in another window puts the median wrong.  On
-    a loaded 2-core machine the probes' median matched the trace steps' to
-    0.4% (median over configurations; 1.8% at most) where the calibrated shape
-    scaled by ``f`` missed it by 8.4% (35% at most); means agree as before.
+    scale, and a shape measured in another window puts the median wrong (on a
+    busy 2-core machine the cross-check's step p50 error fell from a median
+    5.96%, max 35%, to 1.60%, max 11.7%: BENCHMARKS.md); means agree as
+    before.
     Several sessions keep the calibrated shape scaled by ``f`` (their probes'
     reads hold the queueing among sessions, not a batch alone).
 compute shape
