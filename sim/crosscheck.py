@@ -12,64 +12,19 @@ through the same sessions: :mod:`sim.windows`,
 the same number of sessions, each on its own stretch with the probe steps
 where the run had them, started at the measured start of each session
 (:meth:`sim.params.Phases.at`); each simulated session's tokens/s counts its
-trace steps only, as the measured one does.  A configuration's prediction is
-the median of its runs' predictions; it is compared with the median of the
-measured runs, next to the spread of the repeats.  Each run is also
+trace steps only, as the measured one does.  A configuration's prediction
+shown is the median of its runs' predictions, next to the median of the
+measured runs and the spread of the repeats; its error is taken run by run
+(Definitions, below).  Each run is also
 predicted with the calibrated device and compute alone (``calibrated_only``:
 what the microbenchmarks say without the window's state).
 
-Prediction interval: what separates a run's measured tokens/s from its
-prediction, besides the model, is the window's uncertainty
-(:func:`sim.windows.window_state`): the probes' mean read and compute are
-estimates (``read_se``, ``compute_se``; they move the prediction by the
-share of a step they make up), the run's own mean over its ``n`` trace steps
-varies (``step_cv / sqrt(n)``), and the simulator's own estimate has its
-sampling error.  A window's noise is taken as at least the median of its
-configuration's windows over all rounds (:func:`sim.windows.window_noise`):
-a short window that missed the machine's rare stalls looks steadier than it
-was.  The model itself errs too, and how much shows on the other
-configurations of the same cross-check: :func:`model_sd` is the robust scale
-of their runs' errors around their median beyond their windows'
-uncertainty, taken from every other configuration of the row's kind (single
-or several sessions; leave-one-out, so a row's own error never widens its own
-interval).  On a loaded machine it grows with the scatter the load causes; on
-a quiet one it is near zero; a bias shared by all configurations does not
-widen it (it shows as configurations outside their intervals).  Each run's prediction is taken as log-normal with the window's
-variance plus the model's: its 90% interval is ``prediction * exp(+-1.645
-sd)`` (``runs_inside`` counts the runs inside their own).  A configuration is
-checked run by run, as its error is taken: it is inside when the median over
-its runs of ``log(measured / predicted)`` lies within ``+-1.645`` times the
-median of their ``sd`` (``error_low``, ``error_high``: that band on the
-error).  It does not narrow with the repeats, because part of a run's
-deviation is common to every repeat of a configuration (the simulator's own
-shape).  Comparing the median of the measured runs with an interval around
-the median of the predictions would not do on a loaded machine: the repeats
-spread by tens of percent and the two medians are often different runs (on a
-run with others at 72% of the CPUs, 23 configurations: 23 inside run by run,
-18 by the medians).  For plots the configuration's interval in tokens/s is
-the median of its runs' bounds (``low``, ``high``; ``slowest_low``,
-``slowest_high``); the interval the median would have if the runs were
-independent (90% of the median over runs of log-normal draws,
-:data:`INTERVAL_DRAWS` of them, seeded) is kept beside it
-(``independent_low``, ``independent_high``).
+Prediction interval: each run's prediction carries a 90% interval from its window's uncertainty
+and the model's scatter on the other configurations; a configuration is inside when the median of its
+runs' log errors lies within its band (:mod:`sim.intervals`).
 
-Regime: from the background load measured while the runs ran (the median
-share of all CPUs other processes used, and hypervisor steal): ``quiet``
-when both are small (:data:`QUIET_CPU`, :data:`QUIET_STEAL`); ``busy`` when
-others take at most a third of the CPUs (:data:`BUSY_CPU`,
-:data:`BUSY_STEAL`); else ``loaded``; ``unmeasured`` when no run recorded the
-load (held as busy: nothing says the machine was quiet).  The goals of the regime apply
-(:func:`regime_checks`): quiet, tokens/s median |error| <= 3% and max <= 8%
-(:data:`QUIET_TARGETS`); busy -- any machine that is not quiet -- <= 5% and
-<= 10% (:data:`TARGETS`) and >= 90% of the configurations inside their 90%
-interval (:data:`COVERAGE_TARGET`); loaded, the interval coverage.  Under a
-heavy background load a run's tokens/s is set by a handful of scheduling
-stalls of several milliseconds (measured on the 2-core VM with others using
-67% of the CPUs: steps of 0.6 ms median, 5-30 ms at most, the trace steps'
-mean and their own probe steps' mean 10-25% apart in either direction), which
-no prediction made before the run can know; what a prediction can promise
-there is an interval that holds the measurement, and the errors are reported
-against the any-machine targets without being held to them.
+Regime: from the background load measured during the runs, ``quiet``, ``busy``, ``loaded`` or
+``unmeasured``, each with its goals (:mod:`sim.regimes`).
 
 Capacity: per group of multi-session configurations that differ only in
 their session count, the largest count whose slowest session reaches the
@@ -98,7 +53,6 @@ The layout of ``crosscheck.json`` is in :mod:`sim.schema`.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -116,41 +70,17 @@ from .params import Phases
 from .progress import progress as progress_bar
 from .schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
 from .trace import Trace, load_trace
-from .windows import insert_probes, window_noise
+from .intervals import INTERVAL_Z, error_band, peer_model_sd, run_interval, run_sd
+from .regimes import COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks, verdict
+from .windows import insert_probes
 
-__all__ = ["BUSY_CPU", "BUSY_STEAL", "COVERAGE_TARGET", "MODEL_PEERS_MIN", "MODEL_RUNS_MIN", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS",
-           "TARGETS", "CDF_PERCENTILES", "capacity", "capacity_shown", "chance_of_fewer", "crosscheck", "crosscheck_files",
-           "error_band",
-           "markdown_table", "median_interval", "model_sd", "predict", "predict_run", "regime", "regime_checks",
-           "run_sd"]
+__all__ = ["CDF_PERCENTILES", "SESSION_SIM_SEEDS", "SINGLE_SIM_STEPS", "capacity", "capacity_shown", "crosscheck",
+           "crosscheck_files", "markdown_table", "predict", "predict_run"]
 
-#: Acceptance targets of the cross-check on any machine (relative errors).
-TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
-#: Acceptance targets on a quiet machine.
-QUIET_TARGETS = {"tokens_per_s_median_abs": 0.03, "tokens_per_s_max_abs": 0.08, "step_p50_max_abs": 0.10}
-#: When not quiet: the share of configurations inside their 90% interval (run by run: see the module docstring).
-COVERAGE_TARGET = 0.90
-#: A quiet machine: other processes use at most this share of all CPUs (median over the runs) ...
-QUIET_CPU = 0.10
-#: ... and the hypervisor steals at most this share.
-QUIET_STEAL = 0.05
-#: A busy machine (not quiet, not loaded): other processes use at most this share of all CPUs ...
-BUSY_CPU = 1 / 3
-#: ... and the hypervisor steals at most this share.
-BUSY_STEAL = 0.10
-#: Standard normal quantile of the two-sided 90% prediction interval.
-INTERVAL_Z = 1.645
-#: Draws of the median over a configuration's runs behind its interval.
-INTERVAL_DRAWS = 4000
 #: Simulated steps of a single-session run's prediction at least (its stretch, replayed).
 SINGLE_SIM_STEPS = 1000
 #: Seeds averaged in a multi-session run's prediction (the simulated run has the measured run's length).
 SESSION_SIM_SEEDS = 3
-#: Runs of other configurations a model error needs at least (fewer: taken as 0).
-MODEL_RUNS_MIN = 6
-#: Other configurations of a row's own kind (single or several sessions) its model error is taken from at least
-#: (fewer: from every other configuration).
-MODEL_PEERS_MIN = 4
 #: Percentiles of the step-latency CDFs kept for plotting.
 CDF_PERCENTILES = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99)
 
@@ -206,11 +136,6 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
             "device": dev.name, "cdf_ms": [float(x) * 1e3 for x in np.percentile(lat, CDF_PERCENTILES)]}
 
 
-def _median_of(xs) -> Optional[float]:
-    xs = [float(x) for x in xs if x is not None]
-    return float(np.median(xs)) if xs else None
-
-
 def _spread(x: np.ndarray) -> float:
     med = float(np.median(x))
     return float((x.max() - x.min()) / med) if x.size > 1 and med > 0 else 0.0
@@ -234,8 +159,8 @@ def _measured(runs: Sequence[Mapping]) -> dict:
         "read_mean_ms": float(np.median([r["read_ms"]["mean"] for r in runs])),
         "compute_mean_ms": float(np.median([r["compute_ms"]["mean"] for r in runs])),
         "rows_match": all(bool(r.get("rows_match", True)) for r in runs),
-        "background_cpu": _median_of([(r.get("background") or {}).get("cpu") for r in runs]),
-        "background_disk_iops": _median_of([(r.get("background") or {}).get("disk_iops") for r in runs]),
+        "background_cpu": median_of([(r.get("background") or {}).get("cpu") for r in runs]),
+        "background_disk_iops": median_of([(r.get("background") or {}).get("disk_iops") for r in runs]),
         "cdf_ms": [float(x) for x in np.percentile(allsteps, CDF_PERCENTILES)] if allsteps.size else [],
         "_spread": {"tokens_per_s": _spread(tps),
                     "tokens_per_s_cv": float(tps.std() / tps.mean()) if tps.size > 1 else 0.0,
@@ -367,70 +292,6 @@ def _start_spread(runs: Sequence[Mapping]) -> float:
     return float(np.median([max([float(x) for x in r.get("start_offsets_s") or ()] or [0.0]) for r in runs]))
 
 
-def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
-    """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
-    uncertainty explains (see the module docstring; the noise is :func:`sim.windows.window_noise`'s, at least
-    its configuration's); ``slowest``: of its slowest session (the steps of one session, not of all).  A run
-    whose window was not probed: the simulation's own error alone."""
-    if cal.window(run.get("window")) is None:
-        return float(pred.get("sim_se", 0.0))
-    w = window_noise(cal.windows, run["window"])
-    n = config.steps * (1 if slowest else config.sessions)
-    var = (pred["read_share"] * w["read_se"]) ** 2 + (pred["compute_share"] * w["compute_se"]) ** 2 \
-        + w["step_cv"] ** 2 / max(n, 1) + float(pred.get("sim_se", 0.0)) ** 2
-    return float(np.sqrt(var))
-
-
-def median_interval(centers: Sequence[float], sds: Sequence[float], seed: int = 0,
-                    level: float = 0.90, draws: int = INTERVAL_DRAWS) -> tuple:
-    """``(low, high)``: the central ``level`` interval of the median over runs of log-normal draws, run ``r``'s
-    centred on ``centers[r]`` with log standard deviation ``sds[r]`` (seeded)."""
-    c = np.log(np.asarray(centers, dtype=np.float64))
-    sd = np.asarray(sds, dtype=np.float64)
-    z = np.random.default_rng([seed, 15]).standard_normal((int(draws), c.size))
-    med = np.median(c + z * sd, axis=1)
-    a = (1 - level) / 2
-    return float(np.exp(np.quantile(med, a))), float(np.exp(np.quantile(med, 1 - a)))
-
-
-def regime(background: Sequence[Optional[Mapping]]) -> dict:
-    """The regime the runs ran in, from their measured background load: ``{"name": "quiet"|"busy"|"loaded"|
-    "unmeasured", "cpu": median share of all CPUs others used, "steal": median steal, "why": text}`` (see the
-    module docstring; ``unmeasured``: no run recorded its background load, and nothing says the machine was
-    quiet)."""
-    cpu = _median_of([(b or {}).get("cpu") for b in background])
-    steal = _median_of([(b or {}).get("steal") for b in background])
-
-    def within(c: float, st: float) -> bool:
-        return (cpu is None or cpu <= c) and (steal is None or steal <= st)
-
-    if cpu is None and steal is None:
-        name = "unmeasured"
-    else:
-        name = "quiet" if within(QUIET_CPU, QUIET_STEAL) else "busy" if within(BUSY_CPU, BUSY_STEAL) else "loaded"
-    why = (f"other processes used a median {cpu * 100:.1f}% of the CPUs" if cpu is not None else
-           "the background CPU load was not measured")
-    if steal is not None:
-        why += f", the hypervisor stole {steal * 100:.1f}%"
-    why += (f" (quiet: at most {QUIET_CPU * 100:g}% and {QUIET_STEAL * 100:g}%; busy: at most "
-            f"{BUSY_CPU * 100:.0f}% and {BUSY_STEAL * 100:g}%)")
-    return {"name": name, "cpu": cpu, "steal": steal, "why": why}
-
-
-def regime_checks(name: str) -> tuple:
-    """``(targets, coverage?, text)`` of a regime: which error targets bind (``"quiet"``, ``"any"`` or None: the
-    errors are reported, not held), whether the interval coverage binds, and a sentence saying so."""
-    if name == "quiet":
-        return "quiet", False, "the quiet-machine targets apply"
-    if name == "busy":
-        return "any", True, "the any-machine targets and the interval coverage apply"
-    if name == "unmeasured":
-        return "any", True, ("the background load was not recorded: the any-machine targets and the interval "
-                             "coverage apply")
-    return None, True, ("the interval coverage applies; the errors are shown against the any-machine targets, "
-                        "which a loaded machine is not held to")
-
-
 def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
     """Measured and predicted capacity per group of multi-session rows differing only in their sessions.
 
@@ -472,69 +333,6 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
     return out
 
 
-def model_sd(errors: Sequence[float], sds: Sequence[float]) -> float:
-    """The model's own scatter beyond the windows' uncertainty, from other configurations' runs.
-
-    ``errors``: log(measured / predicted) tokens/s of the runs; ``sds``: each run's
-    :func:`run_sd`.  The robust scale of the errors around their median
-    (``1.4826 * median |error - median error|``: a normal's standard deviation, a
-    few wild runs not counted) squared, less the median run's window variance,
-    floored at zero::
-
-        sqrt(max(0, (1.4826 * MAD(e))^2 - median(sd^2)))
-
-    Around the median, not zero: a bias shared by every configuration is an
-    error the intervals must show (it moves every configuration out of its
-    interval together), not a width that would hold it.  0 with fewer than
-    :data:`MODEL_RUNS_MIN` runs (no evidence either way).
-    """
-    e = np.asarray(errors, dtype=np.float64)
-    if e.size < MODEL_RUNS_MIN:
-        return 0.0
-    sd = np.asarray(sds, dtype=np.float64)
-    mad = float(np.median(np.abs(e - np.median(e))))
-    return float(np.sqrt(max(0.0, (1.4826 * mad) ** 2 - float(np.median(sd ** 2)))))
-
-
-def _peer_model_sd(fits: Sequence[tuple], i: int) -> float:
-    """:func:`model_sd` of configuration ``i`` from the runs of every other configuration of its kind (single
-    or several sessions) when there are :data:`MODEL_PEERS_MIN` of them, else of every other configuration:
-    leave-one-out, so a configuration's own error never widens its own interval."""
-    multi = fits[i][0]
-    same = [j for j in range(len(fits)) if j != i and fits[j][0] == multi]
-    peers = same if len(same) >= MODEL_PEERS_MIN else [j for j in range(len(fits)) if j != i]
-    errors = [x for j in peers for x in fits[j][1]]
-    sds = [x for j in peers for x in fits[j][2]]
-    return model_sd(errors, sds)
-
-
-def _interval(c: RunConfig, mid: Sequence[Mapping], measured: Sequence[float], sd: np.ndarray,
-              sd_slow: np.ndarray, msd: float, seed: int) -> tuple:
-    """``(interval, inside, runs inside theirs)``: the configuration's 90% interval (the median of its runs' bounds;
-    and of the slowest session's) and its band on the error (``error_low``, ``error_high``: ``exp(-+1.645 *
-    median sd) - 1``), each run's log standard deviation its window's (``sd``, ``sd_slow``) and the model's
-    (``msd``) combined; ``inside``: the median over runs of ``log(measured / predicted)`` lies within the band
-    (run by run, as the error is taken); and how many runs' measured tokens/s lie inside their own run's
-    interval."""
-    tot = np.sqrt(sd ** 2 + msd ** 2)
-    tot_slow = np.sqrt(sd_slow ** 2 + msd ** 2)
-    pred = np.array([x["tokens_per_s"] for x in mid])
-    slow = np.array([x["slowest_tokens_per_s"] for x in mid])
-
-    def bound(x: np.ndarray, s: np.ndarray, sign: float) -> float:
-        return float(np.median(x * np.exp(sign * INTERVAL_Z * s)))
-
-    i_low, i_high = median_interval(pred, tot, seed)
-    logs = np.log(np.asarray(measured) / pred)
-    band = INTERVAL_Z * float(np.median(tot))
-    inside = bool(abs(float(np.median(logs))) <= band)
-    runs_inside = int(np.sum(np.abs(logs) <= INTERVAL_Z * tot))
-    return ({"low": bound(pred, tot, -1), "high": bound(pred, tot, 1), "slowest_low": bound(slow, tot_slow, -1),
-             "slowest_high": bound(slow, tot_slow, 1), "error_low": float(np.expm1(-band)),
-             "error_high": float(np.expm1(band)), "independent_low": i_low, "independent_high": i_high,
-             "z": INTERVAL_Z, "run_sd": tot.tolist(), "window_sd": sd.tolist(), "model_sd": msd}, inside, runs_inside)
-
-
 def _fit(cal: Calibration, c: RunConfig, runs: Sequence[Mapping], mid: Sequence[Mapping], row: Mapping) -> tuple:
     """``(several sessions?, log errors of the runs' tokens/s, their window sds, the slowest session's sds)``."""
     sd = np.array([run_sd(cal, c, r, x) for r, x in zip(runs, mid)])
@@ -545,7 +343,7 @@ def _fit(cal: Calibration, c: RunConfig, runs: Sequence[Mapping], mid: Sequence[
 
 def _add_interval(row: dict, c: RunConfig, mid: Sequence[Mapping], fit: tuple, msd: float, seed: int) -> None:
     """Put the interval, ``inside_interval`` and ``runs_inside`` into ``row``."""
-    interval, inside, runs_inside = _interval(c, mid, row["measured"]["tokens_per_s_runs"], fit[2], fit[3], msd,
+    interval, inside, runs_inside = run_interval(c, mid, row["measured"]["tokens_per_s_runs"], fit[2], fit[3], msd,
                                               seed)
     row.update(interval=interval, runs_inside=runs_inside, inside_interval=inside)
 
@@ -645,24 +443,6 @@ def _stats(rows: Sequence[Mapping], name: str) -> dict:
             "mean_error": float(e.mean())}
 
 
-def _verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mapping[str, float],
-             caps: Sequence[Mapping]) -> dict:
-    """The checks of the regime the runs ran in (:func:`regime_checks`)."""
-    t = summary["tokens_per_s"]
-    which, coverage, _ = regime_checks(summary["regime"]["name"])
-    ok = {}
-    if which is not None:
-        use = quiet_targets if which == "quiet" else targets
-        ok = {"tokens_per_s_median_abs": t["median_abs_error"] <= use["tokens_per_s_median_abs"],
-              "tokens_per_s_max_abs": t["max_abs_error"] <= use["tokens_per_s_max_abs"],
-              "step_p50_max_abs": summary["step_p50"]["max_abs_error"] <= use["step_p50_max_abs"]}
-    if coverage:
-        ok["inside_interval"] = summary["inside_interval_share"] >= COVERAGE_TARGET
-    if caps:
-        ok["capacity_within_one_step"] = all(c["within_one_step"] for c in caps)
-    return ok
-
-
 def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union[str, os.PathLike]] = None,
                sim_steps: Optional[int] = None, seed: int = 0, targets: Mapping[str, float] = TARGETS,
                quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: bool = False) -> dict:
@@ -729,7 +509,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
             bar.update(1, note=c.key)
     fits = [b[3] for b in built]
     for i, (c, row, mid, fit) in enumerate(built):
-        _add_interval(row, c, mid, fit, _peer_model_sd(fits, i), seed)
+        _add_interval(row, c, mid, fit, peer_model_sd(fits, i), seed)
     rows = [b[1] for b in built if not b[0].multi]
     session_rows = [b[1] for b in built if b[0].multi]
     every = rows + session_rows
@@ -760,7 +540,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     summary["background_cpu_median"] = summary["regime"]["cpu"]
     which, coverage, _ = regime_checks(summary["regime"]["name"])
     summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps)}
-    ok = _verdict(summary, targets, quiet_targets, caps)
+    ok = verdict(summary, targets, quiet_targets, caps)
     summary["pass"] = ok
     summary["passed"] = all(ok.values())
     left = dict(cal.left_out)
@@ -804,12 +584,6 @@ def capacity_shown(c: Mapping, key: str) -> str:
     return f"{'>= ' if c['all_met'][key] else ''}{c[key + '_capacity']}"
 
 
-def chance_of_fewer(inside: int, n: int, level: float = 0.90) -> float:
-    """The probability that ``n`` configurations, each inside an interval that holds with probability ``level``,
-    show ``inside`` or fewer inside (the binomial distribution's lower tail)."""
-    return float(sum(math.comb(n, i) * level ** i * (1 - level) ** (n - i) for i in range(0, int(inside) + 1)))
-
-
 def _by_chance(s: Mapping, res: Mapping) -> str:
     """Below the coverage target, how often an interval of exactly the target's level shows as few inside."""
     n, k = int(s["configurations"]), int(s.get("inside_interval", 0))
@@ -818,13 +592,6 @@ def _by_chance(s: Mapping, res: Mapping) -> str:
         return ""
     return (f"; with {n} configurations an interval that holds {level:.0%} of the time shows {k} or fewer inside "
             f"{chance_of_fewer(k, n, level):.0%} of the time")
-
-
-def error_band(iv: Mapping) -> str:
-    """A configuration's 90% band on its error, as shown everywhere: ``"[-8.1%, +8.8%]"`` (``"[-]"`` without)."""
-    if "error_low" not in iv:
-        return "[-]"
-    return f"[{_pct(iv['error_low'])}, {_pct(iv['error_high'])}]"
 
 
 def _pct_or(x: Optional[float]) -> str:

@@ -51,7 +51,7 @@ from engram.errors import ArgumentError
 
 from ..capacity import CAPACITY_TARGET, is_capacity_table
 from ..crosscheck import capacity_shown
-from ..crosscheck import regime as xc_regime, regime_checks as xc_regime_checks
+from ..regimes import regime as xc_regime, regime_checks as xc_regime_checks
 from ..device import SEED_REFERENCE
 from ..io import now_iso, output_error
 from ..progress import progress_mode
@@ -75,7 +75,7 @@ _SEARCH_HEADING = "Capacity: how the report searched it"
 
 def regime(inp: Inputs) -> str:
     """The machine regime the measurements ran in, in words: the cross-check's (``summary["regime"]``, from the
-    background load measured during the runs, by :func:`sim.crosscheck.regime`), else that rule applied to the
+    background load measured during the runs, by :func:`sim.regimes.regime`), else that rule applied to the
     runs' background load, else what was not measured."""
     rg = ((inp.xc or {}).get("summary") or {}).get("regime")
     if rg is None and inp.runs is not None:

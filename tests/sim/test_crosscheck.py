@@ -13,9 +13,10 @@ from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
 from sim.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
-from sim.crosscheck import (CDF_PERCENTILES, INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, QUIET_TARGETS, TARGETS,
-                            capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, median_interval,
-                            model_sd, predict, regime, regime_checks, run_sd, chance_of_fewer, _by_chance, _verdict)
+from sim.crosscheck import CDF_PERCENTILES, capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, \
+    predict, _by_chance
+from sim.intervals import INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, median_interval, model_sd, run_sd
+from sim.regimes import QUIET_TARGETS, TARGETS, chance_of_fewer, regime, regime_checks, verdict
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.io import load_json
 from sim.measure import measure
@@ -336,7 +337,7 @@ def test_each_regime_holds_its_own_goals(name, keys):
     coverage; the regime's sentence says which goals bind."""
     summary = {"tokens_per_s": {"median_abs_error": 0.04, "max_abs_error": 0.09},
                "step_p50": {"max_abs_error": 0.09}, "inside_interval_share": 0.95, "regime": {"name": name}}
-    ok = _verdict(summary, TARGETS, QUIET_TARGETS, [])
+    ok = verdict(summary, TARGETS, QUIET_TARGETS, [])
     assert set(ok) == keys
     assert all(ok.values()) == (name != "quiet") and ok.get("tokens_per_s_median_abs", False) == (name == "busy")
     assert ("coverage" in regime_checks(name)[2]) == (name != "quiet")
