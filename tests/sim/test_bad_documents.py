@@ -11,7 +11,6 @@ import json
 import pytest
 
 from engram import synth
-from engram.cli import main
 from engram.errors import ArgumentError, FormatError
 import sim.crosscheck
 import sim.windows
@@ -22,18 +21,10 @@ from sim.measure import Settings, measure
 from sim.schema import RunConfig
 from sim.trace import CODE_SOURCE
 from sim.windows import FIT_MAX_STEPS, WINDOW_MIN_STEPS
+from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
 
 NAN, INF = float("nan"), float("inf")
-
-
-def cli(capsys, args) -> str:
-    """Run ``engram ARGS``; assert exit 2 and one line without a traceback; return that line."""
-    rc = main(args)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err.strip()
 
 
 def _set(doc, path, value):

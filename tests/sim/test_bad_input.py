@@ -16,17 +16,9 @@ from sim.decode import simulate_decode
 from sim.device import load_device
 from sim.serve.workload import Workload, make_requests
 from sim.trace import load_trace
+from tests.clirun import cli
 
 GB8 = 8 * 10**9
-
-
-def cli(capsys, args) -> str:
-    """Run ``engram ARGS``; assert exit 2 and one line without a traceback; return that line."""
-    rc = main(args)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err.strip()
 
 
 @pytest.fixture
