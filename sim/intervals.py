@@ -113,7 +113,8 @@ def model_sd(errors: Sequence[float], sds: Sequence[float]) -> float:
 def peer_model_sd(fits: Sequence[tuple], i: int) -> float:
     """:func:`model_sd` of configuration ``i`` from the runs of every other configuration of its kind (single
     or several sessions) when there are :data:`MODEL_PEERS_MIN` of them, else of every other configuration:
-    leave-one-out, so a configuration's own error never widens its own interval."""
+    leave-one-out, so a configuration's own error never widens its own interval.  ``fits[j]``: ``(several
+    sessions?, log errors of its runs, their window sds, ...)``; the result is a log standard deviation."""
     multi = fits[i][0]
     same = [j for j in range(len(fits)) if j != i and fits[j][0] == multi]
     peers = same if len(same) >= MODEL_PEERS_MIN else [j for j in range(len(fits)) if j != i]

@@ -100,7 +100,14 @@ def chance_of_fewer(inside: int, n: int, level: float = 0.90) -> float:
 
 def verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mapping[str, float],
              caps: Sequence[Mapping]) -> dict:
-    """The checks of the regime the runs ran in (:func:`regime_checks`)."""
+    """The checks of the regime the runs ran in (:func:`regime_checks`): ``{check: passed}``.
+
+    ``summary`` is a cross-check's summary (``tokens_per_s`` and ``step_p50`` with ``median_abs_error`` and
+    ``max_abs_error``, relative; ``inside_interval_share``; ``regime``); ``targets`` and ``quiet_targets``
+    the relative error targets; ``caps`` the capacity rows (``within_one_step`` each).  Keys, as they bind:
+    ``tokens_per_s_median_abs``, ``tokens_per_s_max_abs``, ``step_p50_max_abs``, ``inside_interval``,
+    ``capacity_within_one_step``.
+    """
     t = summary["tokens_per_s"]
     which, coverage, _ = regime_checks(summary["regime"]["name"])
     ok = {}
