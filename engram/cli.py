@@ -62,6 +62,44 @@ def json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+# ----------------------------------------------------------------- progress
+#: ``--no-progress``, the same words on every command that can take a while (``engram synth``, ``repair``, and
+#: every simulator command that runs simulations or measurements).
+NO_PROGRESS_HELP = ("never a progress bar (what a log file wants): plain progress lines on stderr every few "
+                    "seconds instead, where the command has them")
+#: ``--quiet``, the same words on every command that can take a while.
+QUIET_HELP = "no progress output at all (results, warnings and errors are still printed)"
+
+
+def add_progress_flags(p: argparse.ArgumentParser, **kw) -> None:
+    """Add ``--no-progress`` and ``--quiet`` to the parser of a command that can take a while.
+
+    The one declaration of both flags: every long command of ``engram`` and of its plugins calls this, and
+    :func:`progress_choice` reads them, so they mean the same everywhere.  ``kw`` goes to ``add_argument``
+    (``default=argparse.SUPPRESS`` on a subcommand that repeats its parent's options).
+    """
+    g = p.add_argument_group("progress (on stderr; a bar on a terminal, plain lines elsewhere)")
+    g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP, **kw)
+    g.add_argument("--quiet", action="store_true", help=QUIET_HELP, **kw)
+
+
+def progress_choice(args: argparse.Namespace) -> str:
+    """What the flags of :func:`add_progress_flags` ask for: ``"off"`` (``--quiet``), ``"lines"``
+    (``--no-progress``: plain lines, never a bar) or ``"auto"`` (a bar on a terminal, plain lines elsewhere).
+
+    These are the modes of ``sim.progress``; a command whose progress is a bar only (``engram synth``) shows
+    it for ``"auto"`` and nothing otherwise.
+    """
+    if getattr(args, "quiet", False):
+        return "off"
+    return "lines" if getattr(args, "no_progress", False) else "auto"
+
+
+def _bar_wanted(args: argparse.Namespace) -> bool:
+    """Whether a bar-only progress (tqdm) is shown: neither flag given and no ``--json``."""
+    return progress_choice(args) == "auto" and not getattr(args, "json", False)
+
+
 # --------------------------------------------------------------------- info
 def _cmd_info(args) -> int:
     status = probe_backends(refresh=True, warn=False)  # live: what starts and reads on this machine now
@@ -261,7 +299,7 @@ def _cmd_synth(args) -> int:
     t0 = time.perf_counter()
     paths = synth.build_model(
         args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
-        eps=args.eps, progress=not args.no_progress and not args.json, fill=args.fill,
+        eps=args.eps, progress=_bar_wanted(args), fill=args.fill,
         projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
         tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None, parents=args.parents)
     dt = time.perf_counter() - t0
@@ -311,7 +349,7 @@ def _add_synth(sub) -> None:
                    help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file")
     p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
     _add_output_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_synth)
 
@@ -319,7 +357,7 @@ def _add_synth(sub) -> None:
 # -------------------------------------------------------------------- repair
 def _cmd_repair(args) -> int:
     paths = repair_model(args.model, args.out, prefer=args.prefer, eps=args.eps,
-                         progress=not args.no_progress and not args.json, parents=args.parents)
+                         progress=_bar_wanted(args), parents=args.parents)
     info = read_model(paths[0] if len(paths) == 1 else paths)
     rec = {"files": [str(p) for p in paths], "sources": {k: str(v) for k, v in info.sources.items()}}
     if args.json:
@@ -347,7 +385,7 @@ def _add_repair(sub) -> None:
                    help="where the two spellings of a primary key disagree, keep this prefix's value")
     p.add_argument("--eps", type=float, help="gate epsilon to write (default: the file's own)")
     _add_output_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_repair)
 

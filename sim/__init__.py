@@ -25,7 +25,7 @@ from __future__ import annotations
 from .decode import DecodeResult, fit_compute, reference_compute, seed_reproduction, simulate_decode
 from .device import (SEED_REFERENCE, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
                      device_from_fio, load_device, poisson_load, preset, preset_names, ssd_from_figures, with_tail)
-from .io import shared_data_dir
+from .io import packaged_data_path, shared_data_dir
 from .params import Compute, Phases, Policy
 from .prefill import PrefillResult, simulate_prefill
 from .trace import (CODE_SOURCE, ReuseStats, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
@@ -51,6 +51,7 @@ __all__ = [
     "fit_compute",
     "load_device",
     "load_trace",
+    "packaged_data_path",
     "lru_hit_rate",
     "lru_hits",
     "poisson_load",

@@ -445,7 +445,7 @@ def _stats(rows: Sequence[Mapping], name: str) -> dict:
 
 def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union[str, os.PathLike]] = None,
                sim_steps: Optional[int] = None, seed: int = 0, targets: Mapping[str, float] = TARGETS,
-               quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: bool = False) -> dict:
+               quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: Union[bool, str] = False) -> dict:
     """Predict every measured run and tabulate the errors per configuration, the regime and the capacity.
 
     Parameters

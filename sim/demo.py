@@ -47,6 +47,7 @@ from engram.errors import ArgumentError
 from .calibrate import calibrate_file
 from .crosscheck import capacity_shown, crosscheck_files
 from .io import write_json
+from .progress import progress_mode
 from .measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
                       trace_tokens_needed, usable_configs)
 from .report import build_report, default_traces
@@ -284,7 +285,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
              scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
              steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
              lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = False,
-             progress: bool = True) -> Path:
+             progress: Union[bool, str] = True) -> Path:
     """Run the main job and return the path of the report (``OUT/report.md``).
 
     Parameters
@@ -318,8 +319,10 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         in all) and redo one that others disturbed (default False: every run
         is predicted with the device of its own time window instead, and the
         cross-check says which regime it ran in); ``quick`` never waits.
-    progress : bool
-        Step lines and progress bars.
+    progress : bool or str
+        :mod:`sim.progress` mode: ``"auto"`` (``True``) step lines and progress bars on a terminal, plain
+        progress lines elsewhere; ``"lines"`` step lines and plain progress lines, never a bar; ``"off"``
+        (``False``) nothing.
 
     Raises
     ------
@@ -334,9 +337,10 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     if steps < 10 or rounds < 1 or n_lookups < 1:
         raise ArgumentError(f"need steps >= 10, rounds >= 1 and lookups >= 1; got {steps}, {rounds}, {n_lookups}")
     work.mkdir(parents=True, exist_ok=True)
-    st = _Steps(8, progress)
+    progress = progress_mode(progress)
+    st = _Steps(8, progress != "off")
     t_start = time.perf_counter()
-    if progress:
+    if progress != "off":
         print(f"engram demo: work folder {work}, report folder {out}", flush=True)
 
     # 1. traces ------------------------------------------------------------------
@@ -356,7 +360,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                       f"{', '.join(f'{int(r):,}' for r in lay.rows)} rows, {table_bytes / 2**30:.2f} GiB of tables "
                       f"+ 0.59 GiB of projections)")
     t0 = time.perf_counter()
-    ensure_model(path, scale, progress=progress)
+    ensure_model(path, scale, progress=progress == "auto")  # a tqdm bar, or nothing
     build_s = None if reuse else time.perf_counter() - t0
     size = path.stat().st_size
     st.end(f"{size / 2**30:.2f} GiB")
@@ -423,7 +427,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     st.end()
     demo_doc["steps"] = st.log
     write_json(work / "demo.json", demo_doc)
-    if progress:
+    if progress != "off":
         total = time.perf_counter() - t_start
         print(f"engram demo: finished in {total / 60:.1f} min", flush=True)
     return md

@@ -1,4 +1,4 @@
-"""Documents in and out: JSON and JSONL reading, one atomic JSON writer, file hashes, timestamps, shared data.
+"""Documents in and out: JSON and JSONL reading, one atomic JSON writer, file hashes, timestamps, packaged data.
 
 Every JSON document the simulator writes (``microbench.json``, ``runs.json``,
 ``calibration.json``, ``crosscheck.json``, ``demo.json``, saved devices, sweep
@@ -9,19 +9,22 @@ metadata) goes through :func:`write_json`, and every one it reads through
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
+from importlib import resources
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
 from engram.cli import json_default
 from engram.errors import EngramError, FormatError
 
-__all__ = ["OutputError", "load_json", "now_iso", "output_error", "read_jsonl", "read_text", "sha256_file",
-           "shared_data_dir", "write_json"]
+__all__ = ["PACKAGED_DATA", "SHARED_DATA_ENV", "OutputError", "load_json", "now_iso", "output_error",
+           "packaged_data_dir", "packaged_data_path", "read_jsonl", "read_text", "sha256_file", "shared_data_dir",
+           "write_json"]
 
 
 class OutputError(EngramError, OSError):
@@ -52,13 +55,42 @@ def output_error(path: Union[str, os.PathLike], exc: OSError, what: str = "write
     err.errno, err.strerror, err.filename = exc.errno, exc.strerror, str(where)
     return err
 
-_ROOT = Path(__file__).resolve().parent.parent
+#: The folder of package data in ``sim`` (``sim/data/``, declared in setup.cfg): the texts of the ``shared:``
+#: trace sources and the device files of the presets, with their sources, licences and SHA-256 in its README.md.
+PACKAGED_DATA = "data"
+
+#: The environment variable naming a folder ``shared:NAME`` reads instead of the packaged texts.
+SHARED_DATA_ENV = "ENGRAM_SHARED_DATA"
+
+_extracted = contextlib.ExitStack()
+atexit.register(_extracted.close)
+
+
+def packaged_data_path(name: str = "") -> Path:
+    """The path of ``name`` (``"promessi_sposi.txt"``, ``"devices/vm-virtio-16core-4k.jsonl"``; ``""``: the
+    folder) in the package data ``sim/data/``, found by :func:`importlib.resources.files`.
+
+    An installed package (a wheel, an editable install, a checkout) is a folder and the path is that file's;
+    a package imported from a zip archive has the file extracted for the life of the process
+    (:func:`importlib.resources.as_file`).  The path may name a file that is not there: callers check.
+    """
+    res = resources.files("sim").joinpath(PACKAGED_DATA, *[p for p in name.split("/") if p])
+    if isinstance(res, Path):
+        return res
+    return _extracted.enter_context(resources.as_file(res))
+
+
+def packaged_data_dir() -> Path:
+    """The folder of the package data (``sim/data/``, :func:`packaged_data_path`)."""
+    return packaged_data_path()
 
 
 def shared_data_dir() -> Path:
-    """``<repo>/../shared/data`` (or ``$ENGRAM_SHARED_DATA``): the shared real corpora and device files."""
-    env = os.environ.get("ENGRAM_SHARED_DATA")
-    return Path(env) if env else _ROOT.parent / "shared" / "data"
+    """The folder ``shared:NAME`` trace sources are read from: ``$ENGRAM_SHARED_DATA`` when set (a folder of
+    the user's own texts), else the package's own copies (:func:`packaged_data_dir`).  Never a folder beside
+    the checkout."""
+    env = os.environ.get(SHARED_DATA_ENV)
+    return Path(env) if env else packaged_data_dir()
 
 
 def read_text(path: Union[str, os.PathLike], what: str = "") -> str:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 
-#: The shared real corpora: ``$ENGRAM_SHARED_DATA``, else ``<repo>/../shared/data`` (as ``sim.io.shared_data_dir``).
-SHARED_DATA = Path(os.environ.get("ENGRAM_SHARED_DATA") or TESTS.parent.parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +32,8 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def shared_data():
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared corpora not found at {SHARED_DATA}")
-    return SHARED_DATA
+def shared_data() -> Path:
+    """The real corpora the package ships (``sim/data/``, read through importlib.resources): always there."""
+    from sim.io import packaged_data_dir
+
+    return packaged_data_dir()

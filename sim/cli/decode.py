@@ -10,7 +10,7 @@ from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
 from ..prefill import simulate_prefill
 from .options import (_add_common, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
-                      _trace, _typed_os_errors)
+                      _add_progress, _progress_mode, _trace, _typed_os_errors)
 
 
 def _decode_compute(args, tr, dev, policy) -> tuple:
@@ -63,7 +63,7 @@ def _cmd_decode(args) -> int:
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
                         mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
                         hot=args.dram_rows, tail=args.tail, calibration=args.calibration, bins=args.bins,
-                        progress=not args.no_progress)
+                        progress=_progress_mode(args))
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted
@@ -123,7 +123,7 @@ def _add_decode(sub) -> None:
     g.add_argument("--refit", action="store_true",
                    help="fit the compute on --device instead of the reference device (a slower disk then "
                         "gets less compute: for reproducing a measured run, not for comparing devices)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_progress(p)
     p.set_defaults(func=_typed_os_errors(_cmd_decode))
 
 
@@ -139,7 +139,7 @@ def _cmd_prefill(args) -> int:
     tr = _trace(args)
     r = simulate_prefill(tr, _device(args), _policy(args), _compute(args, per_token),
                          chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
-                         mode=args.mode, seed=args.seed, bins=args.bins, progress=not args.no_progress)
+                         mode=args.mode, seed=args.seed, bins=args.bins, progress=_progress_mode(args))
     if args.json:
         print_json(r.to_dict())
     else:
@@ -163,7 +163,7 @@ def _add_prefill(sub) -> None:
     g.add_argument("--ubatch", type=int, help="tokens per compute micro-batch (default: --chunk)")
     g.add_argument("--second-start-layer", type=int, default=2,
                    help="layer at which the second table's reader starts (default 2)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_progress(p)
     p.set_defaults(func=_typed_os_errors(_cmd_prefill))
 
 

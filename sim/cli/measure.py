@@ -17,7 +17,7 @@ from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_C
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
 from ..params import BACKENDS
 from ..schema import SESSION_MODES, RunConfig
-from .options import _ints, _strs, _typed_errors
+from .options import _add_progress, _ints, _progress_mode, _strs, _typed_errors
 
 
 def _measure_configs(args) -> list:
@@ -77,9 +77,9 @@ def _cmd_measure(args) -> int:
     settings.resolved_depths()
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
-    ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,
+    ensure_model(model, scale, build=not args.no_build, progress=_progress_mode(args) == "auto",
                  projections=need_mixer or not args.quick)
-    res = measure(model, configs, work, settings, progress=not args.no_progress)
+    res = measure(model, configs, work, settings, progress=_progress_mode(args))
     res["model"] = str(model)
     if args.json:
         print_json(res)
@@ -207,7 +207,7 @@ def _add_measure(sub) -> None:
                    help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
                         "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
     g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_measure)
 
@@ -248,7 +248,7 @@ def _cmd_crosscheck(args) -> int:
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
     runs = Path(args.runs) if args.runs else work / "runs.json"
     out = Path(args.out) if args.out else work / "crosscheck.json"
-    res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=not args.no_progress)
+    res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=_progress_mode(args))
     if args.json:
         res["saved"] = str(out)
         print_json(res)
@@ -280,6 +280,6 @@ def _add_crosscheck(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--strict", action="store_true", help="exit 1 when the verdict is FAIL (a goal of the regime the "
                                                           "runs ran in is missed)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_crosscheck)

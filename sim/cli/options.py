@@ -8,6 +8,7 @@ import functools
 import sys
 from pathlib import Path
 
+from engram.cli import add_progress_flags, progress_choice
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from ..device import DEVICE_FORMS, load_device
@@ -152,10 +153,15 @@ def _strs(text: str) -> list:
 
 
 def _progress_mode(args) -> str:
-    """``--quiet``: nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
-    if getattr(args, "quiet", False):
-        return "off"
-    return "lines" if args.no_progress else "auto"
+    """The :mod:`sim.progress` mode of the progress flags (:func:`engram.cli.progress_choice`): ``--quiet``:
+    nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
+    return progress_choice(args)
+
+
+def _add_progress(p, **kw) -> None:
+    """``--no-progress`` and ``--quiet`` on a command that can take a while (:func:`engram.cli.add_progress_flags`:
+    one declaration for every command)."""
+    add_progress_flags(p, **kw)
 
 
 def _add_run_options(p, what: str) -> None:
@@ -169,9 +175,7 @@ def _add_run_options(p, what: str) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
     p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar: plain progress lines on stderr every few seconds instead")
-    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -9,7 +9,7 @@ from engram.cli import print_json
 from ..capacity import CAPACITY_TARGET
 from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
 from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
-from .options import _progress_mode, _typed_errors, _typed_os_errors
+from .options import _add_progress, _progress_mode, _typed_errors, _typed_os_errors
 
 
 def _cmd_report(args) -> int:
@@ -69,9 +69,7 @@ def add_report_command(subparsers) -> None:
     p.add_argument("--no-html", action="store_true", help="Markdown only")
     p.add_argument("--linked-figures", action="store_true",
                    help="report.html links figures/ and data/ by relative path instead of embedding them")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bars: plain progress lines on stderr instead")
-    p.add_argument("--quiet", action="store_true", help="no progress output at all")
+    _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_typed_os_errors(_cmd_report))
 
@@ -80,7 +78,7 @@ def add_report_command(subparsers) -> None:
 def _cmd_demo(args) -> int:
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
-                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=not args.no_progress)
+                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=_progress_mode(args))
     html_path = md.with_suffix(".html")
     print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
     return 0
@@ -113,5 +111,5 @@ def add_demo_command(subparsers) -> None:
                         "each run is predicted with the device of its own time window)")
     p.add_argument("--no-wait", action="store_true", help="never wait for a quiet machine (the default)")
     p.add_argument("--no-html", action="store_true", help="Markdown report only")
-    p.add_argument("--no-progress", action="store_true", help="no step lines or progress bars")
+    _add_progress(p)
     p.set_defaults(func=_cmd_demo)

@@ -16,7 +16,7 @@ from ..serve.runner import point_objects, resolve_serve_context
 from ..serve.study import SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
 from ..trace import CODE_SOURCE, load_trace
-from .options import _typed_os_errors
+from .options import _add_progress, _progress_mode, _typed_os_errors
 
 
 def _serve_point(args) -> tuple:
@@ -80,7 +80,7 @@ def _cmd_serve(args) -> int:
     key_dev = next(iter(ctx.devices.values()))
     r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo, drives=p["drives"],
                        seed=seed, warmup=p["warmup_s"], bins=args.bins, requests_file=ctx.files.get(p["requests"]),
-                       rows=next(iter(ctx.rows.values())))
+                       rows=next(iter(ctx.rows.values())), progress=_progress_mode(args))
     if args.json:
         d = r.to_dict()
         d["point"] = p
@@ -122,4 +122,5 @@ def _add_serve(sub) -> None:
                         "while a 4,096-token prompt prefills in the background; the device probed first) and print "
                         "the serving model's prediction of it beside the measurement (--trace is the text)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_progress(p)
     p.set_defaults(func=_typed_os_errors(_cmd_serve))

@@ -15,7 +15,7 @@ from ..trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from ..trace.sources import encoded_by_tokenizer
 from ..trace.synth import DEFAULT_TOKENS
 from ..trace.tokens import check_model_vocabulary
-from .options import _ints, _typed_os_errors
+from .options import _add_progress, _ints, _progress_mode, _typed_os_errors
 
 
 class _DefaultSubcommand(argparse._SubParsersAction):
@@ -52,7 +52,7 @@ def _print_wrap(tr, args, out: dict) -> None:
 def _cmd_trace(args) -> int:
     tr = load_trace(args.source or CODE_SOURCE, limit=args.limit)
     saved = str(tr.save(args.out)) if args.out else None
-    stats = reuse_stats(tr, args.lru or (), per_sequence=not args.one_session)
+    stats = reuse_stats(tr, args.lru or (), per_sequence=not args.one_session, progress=_progress_mode(args))
     d = stats.to_dict()
     if not args.json:
         print(f"trace     {tr.source}: {tr.steps} tokens, {stats.sequences} sequence(s), rows {list(tr.rows.shape)}")
@@ -85,6 +85,7 @@ def _add_trace_stats_options(p, default=None) -> None:
     p.add_argument("--sessions", type=int, metavar="S",
                    help="sessions of the planned run (default 1; with --steps)", **({"default": 1} if not kw else kw))
     p.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+    _add_progress(p, **kw)
 
 
 _SOURCE_HELP = ("trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, "
@@ -95,7 +96,7 @@ _SOURCE_HELP = ("trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, "
 def _cmd_trace_synth(args) -> int:
     tr = synthesize(args.reuse, zipf=args.zipf, tokens=args.tokens, seed=args.seed, profile=args.profile)
     saved = str(tr.save(args.out)) if args.out else None
-    stats = reuse_stats(tr, args.lru or ())
+    stats = reuse_stats(tr, args.lru or (), progress=_progress_mode(args))
     want = order_targets(PROFILES[args.profile], args.reuse)
     d = {"spec": tr.source, "saved": saved, "target": args.reuse, "stats": stats.to_dict(),
          "target_by_order": {str(o): r for o, r in want.items()}, "shape": list(tr.rows.shape)}
@@ -113,7 +114,7 @@ def _cmd_trace_synth(args) -> int:
 
 
 def _cmd_trace_profile(args) -> int:
-    prof = measure_profile(load_trace(args.source, limit=args.limit), window=args.window)
+    prof = measure_profile(load_trace(args.source, limit=args.limit), window=args.window, progress=_progress_mode(args))
     if args.json:
         print_json(prof.to_dict())
         return 0
@@ -223,6 +224,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--out", help="save the trace to this .npz file")
     s.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_progress(s)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_synth))
 
     s = tsub.add_parser("profile", help="the per-order reuse shape of a text (what synth reproduces)",
@@ -232,6 +234,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--window", type=int, default=PROFILE_WINDOW, help=f"tokens per window (default {PROFILE_WINDOW})")
     s.add_argument("--limit", type=int, help="keep the first N tokens")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_progress(s)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
 
     s = tsub.add_parser("iolog", help="the exact reads of a trace as an I/O log that fio --read_iolog replays",

@@ -25,7 +25,7 @@ from .fio import device_from_fio
 from .fluid import SegmentQueue
 from .latency import LatencyDist, list_schedule
 from .models import Device, EmpiricalDevice, MeasuredBatchDevice, ParametricSSD
-from .presets import (DEVICE_FORMS, SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_REFERENCE, SEED_SERIAL_US_PER_ROW,
+from .presets import (DEVICE_FORMS, PRESET_FILES, SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_REFERENCE, SEED_SERIAL_US_PER_ROW,
                       load_device, preset, preset_names)
 from .queueing import PoissonLoadResult, poisson_load
 from .recorder import Recorder, summarize_boxes, summarize_counter, time_average
@@ -33,6 +33,7 @@ from .tail import with_tail
 
 __all__ = [
     "DEVICE_FORMS",
+    "PRESET_FILES",
     "SEED_CONCURRENT_US_PER_ROW",
     "SEED_READERS",
     "SEED_REFERENCE",

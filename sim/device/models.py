@@ -16,8 +16,8 @@ Kinds of device:
     as saturated (constant IOPS, latency growing with ``qd``).  Simulated read by
     read, the deepest measured depth is the number of reads served at once;
     more wait in FIFO order (:mod:`sim.device.engines`).  Saved and loaded as
-    JSON; also read from the JSONL microbenchmark format of
-    ``../shared/data/devices/*.jsonl``.
+    JSON; also read from the JSONL microbenchmark format of the packaged
+    ``sim/data/devices/*.jsonl``.
 :class:`ParametricSSD`
     an SSD described by its QD1 latency, IOPS ceiling and internal parallelism:
     ``parallelism`` channels each serving one read for ``s = parallelism / iops``
@@ -348,7 +348,7 @@ class EmpiricalDevice(Device):
 
         Each record has ``qd`` and any of: ``iops`` or ``rows_per_s`` (mean
         latency = ``qd / iops``), ``mean_us``, percentiles ``pNN_us``,
-        ``samples_us``.  This is the format of ``../shared/data/devices/*.jsonl``
+        ``samples_us``.  This is the format of ``sim/data/devices/*.jsonl``
         and of the engine's microbenchmarks.
 
         Raises

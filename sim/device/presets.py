@@ -4,7 +4,8 @@
     the SPEC §8 reference figures (:data:`SEED_REFERENCE` holds every figure
     of the seed run: rows, readers, thresholds, microseconds a row, tokens/s);
 ``vm-virtio-16core-4k``
-    a measured virtual disk, read from the shared data directory at run time.
+    a measured virtual disk, read at run time from the package data
+    (``sim/data/devices/vm-virtio-16core-4k.jsonl``, :func:`sim.io.packaged_data_path`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from typing import Mapping, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import load_json, read_text, shared_data_dir
+from ..io import load_json, packaged_data_path, read_text
 from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec
 from .fio import device_from_fio, is_fio_output
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice
 
-__all__ = ["DEVICE_FORMS", "SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE",
+__all__ = ["DEVICE_FORMS", "PRESET_FILES", "VM_VIRTIO_FILE", "SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE",
            "SEED_SERIAL_US_PER_ROW", "load_device", "preset", "preset_names"]
 
 
@@ -59,14 +60,21 @@ def _seed_device() -> EmpiricalDevice:
 
 
 def _vm_virtio() -> EmpiricalDevice:
-    path = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"
+    path = packaged_data_path(VM_VIRTIO_FILE)
     if not path.is_file():
-        raise ArgumentError(f"device preset 'vm-virtio-16core-4k': no file {path}")
+        raise ArgumentError(f"device preset 'vm-virtio-16core-4k': no file {path} (the package data is "
+                            "incomplete: reinstall engram)")
     return EmpiricalDevice.from_jsonl(
         path, "vm-virtio-16core-4k",
         "measured 2026-11-29: random 4 KiB O_DIRECT pread on a 16-core VM's virtio disk (ext4), qd 1..256, "
         f"3 s each ({path}); mean latency = qd / iops, percentiles p50/p95/p99")
 
+
+#: The package data file of the ``vm-virtio-16core-4k`` preset (:func:`sim.io.packaged_data_path`).
+VM_VIRTIO_FILE = "devices/vm-virtio-16core-4k.jsonl"
+
+#: The package data file each measured preset reads (presets not named here are built from figures).
+PRESET_FILES = {"vm-virtio-16core-4k": VM_VIRTIO_FILE}
 
 _PRESETS = {
     SEED_REFERENCE["device"]: _seed_device,
@@ -85,7 +93,7 @@ def preset(name: str) -> Device:
     ``seed-apple-m3-ultra``
         SPEC §8: 107.9 us a row serially, 12.8 us a row with 16 readers (:data:`SEED_REFERENCE`).
     ``vm-virtio-16core-4k``
-        ``../shared/data/devices/vm-virtio-16core-4k.jsonl``, read at run time.
+        ``sim/data/devices/vm-virtio-16core-4k.jsonl`` of the package data, read at run time.
 
     Raises
     ------

@@ -36,7 +36,7 @@ CACHE_RATIO = 0.8
 
 
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike],
-            settings: Optional[Settings] = None, *, progress: bool = True, micro_name: str = "microbench.json",
+            settings: Optional[Settings] = None, *, progress: Union[bool, str] = True, micro_name: str = "microbench.json",
             runs_name: str = "runs.json", **options) -> dict:
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 

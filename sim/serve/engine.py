@@ -41,7 +41,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from ..decode import cache_hits
 from ..decode.fast import split_readers
 from ..device import Device
 from ..params import Policy
+from ..progress import progress as progress_bar
 from .compute import StepCompute
 from .device import BatchTimes, SharedDevice
 from .rows import DEFAULT_READ_CHUNK, RowSource, SharedRowCache
@@ -635,10 +636,15 @@ class Engine:
                 self._advance(st, now)
 
     # ================================================================== the loop
-    def run(self) -> EngineTrace:
-        """Run until every request finished or the time cap; return what happened."""
+    def run(self, progress: Union[bool, str] = False) -> EngineTrace:
+        """Run until every request finished or the time cap; return what happened.
+
+        ``progress``: :mod:`sim.progress` mode, one item a request arrived (shown after 2 s).
+        """
         arr = self.reqs.arrival.tolist()
         N = len(arr)
+        bar = progress_bar(N, "serve", "arrival", mode=progress, delay=2.0)
+        shown, every = 0, max(1, N // 200)
         i = 0
         devs = self.devs
         one = len(devs) == 1
@@ -686,8 +692,13 @@ class Engine:
                     waiting.append(i)
                     i += 1
                 self.arrived = i
+                if i - shown >= every:
+                    bar.update(i - shown)
+                    shown = i
                 if not self.busy:
                     self._plan(now)
+        bar.update(i - shown)
+        bar.close()
         self._dec_dirty = True
         self._decode_set()  # the decoding requests' figures back into the per-request arrays
         capped = bool(np.isnan(self.finish_t).any())

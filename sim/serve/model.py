@@ -47,7 +47,8 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
                    drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                    tail: Union[Device, str, None] = None, calibration=None, seed: int = 0, warmup: float = 0.0,
                    drain: Optional[float] = None, bins: int = 100, requests_file: Optional[RequestFile] = None,
-                   rows: Optional[RowSource] = None, fail_fast: bool = False) -> ServeResult:
+                   rows: Optional[RowSource] = None, fail_fast: bool = False,
+                   progress: Union[bool, str] = False) -> ServeResult:
     """Simulate serving ``workload`` on one engine whose Engram tables sit on ``device``.
 
     Parameters
@@ -85,6 +86,9 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
         The rows already prepared for this text, policy and reader chunk (a study prepares them once).
     fail_fast : bool
         Stop as soon as the TTFT target can no longer be met (for a capacity search).
+    progress : bool or str
+        :mod:`sim.progress` mode of the run, one item a request arrived (default off: a study's points run
+        many at once).
 
     Returns
     -------
@@ -121,7 +125,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
     eng = Engine(reqs, rows, device, policy, compute, scheduler, drives=int(drives), seed=seed, measured=measured,
                  t_cap=workload.duration + drain, abort_ttft=slo.ttft_s if fail_fast else None,
                  abort_percentile=slo.percentile)
-    trace = eng.run()
+    trace = eng.run(progress=progress)
     warnings = _warnings(reqs, rows, trace)
     config = {"workload": workload.to_dict(), "scheduler": scheduler.to_dict(), "policy": policy.to_dict(),
               "compute": compute.to_dict(), "device": {"name": device.name, "source": device.source},

@@ -17,7 +17,7 @@ Lengths (``prompt_tokens``, ``output_tokens``; :class:`Lengths`)
     output's ``output_tokens`` field).
 
 Requests file (``requests``)
-    JSON lines in the shape of ``../shared/data/prompts.jsonl`` -- ``{"id": ..., "prompt": "..."}`` --
+    JSON lines in the shape of the packaged ``sim/data/prompts.jsonl`` (``shared:prompts.jsonl``) -- ``{"id": ..., "prompt": "..."}`` --
     with optional ``arrival_s`` (seconds, for ``replay``), ``output_tokens`` and ``prompt_tokens``
     (a length without a text: the prompt is then a stretch of the row-source text).  Without
     ``replay`` the requests cycle through the file in order.

@@ -19,7 +19,7 @@ from .base import Trace
 from .load import load_trace
 from .reuse import ReuseStats, lru_hit_rate, lru_hits, repeat_mask, reuse_stats
 from .shape import PROFILES, ReuseProfile, measure_profile, order_targets
-from .sources import CODE_SOURCE, SYNTH_PREFIX, builtin_sources, read_prompts, read_token_file, resolve_source
+from .sources import CODE_SOURCE, SHARED_SOURCES, SYNTH_PREFIX, builtin_sources, read_prompts, read_token_file, resolve_source
 from .synth import SynthSpec, max_reuse, synthesize, synthesize_spec
 from .wrap import WrapInfo, session_offsets, wrap_info
 
@@ -28,6 +28,7 @@ __all__ = [
     "PROFILES",
     "ReuseProfile",
     "ReuseStats",
+    "SHARED_SOURCES",
     "SYNTH_PREFIX",
     "SynthSpec",
     "Trace",

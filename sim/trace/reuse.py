@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Union
 
 import numpy as np
 
@@ -50,7 +50,8 @@ def repeat_mask(trace: Trace, per_sequence: bool = True) -> np.ndarray:
     return rep.reshape(trace.rows.shape)
 
 
-def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True) -> np.ndarray:
+def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True, *,
+             progress: Union[bool, str] = True) -> np.ndarray:
     """bool ``[T, layers, columns]``: hits of an LRU cache of ``capacity`` rows (both layers together).
 
     Reads go through the cache in order ``[step][layer][column]``; a miss
@@ -77,7 +78,7 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True) -> np.ndarr
         move, pop = cache.move_to_end, cache.popitem
         keys_list = seg.tolist()
         step = 1 << 18
-        with progress_bar(len(keys_list), "LRU", "read", delay=2.0) as bar:
+        with progress_bar(len(keys_list), "LRU", "read", delay=2.0, mode=progress) as bar:
             for lo in range(0, len(keys_list), step):
                 for i, key in enumerate(keys_list[lo:lo + step], lo):
                     if key in cache:
@@ -92,11 +93,12 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True) -> np.ndarr
     return out
 
 
-def lru_hit_rate(trace: Trace, capacity: int, per_sequence: bool = True) -> float:
+def lru_hit_rate(trace: Trace, capacity: int, per_sequence: bool = True, *,
+                 progress: Union[bool, str] = True) -> float:
     """Share of row reads served by an LRU row cache of ``capacity`` rows (see :func:`lru_hits`)."""
     if trace.rows.size == 0:
         return 0.0
-    return float(lru_hits(trace, capacity, per_sequence).mean())
+    return float(lru_hits(trace, capacity, per_sequence, progress=progress).mean())
 
 
 @dataclass
@@ -144,7 +146,8 @@ class ReuseStats:
         }
 
 
-def reuse_stats(trace: Trace, lru_sizes: Iterable[int] = (), per_sequence: bool = True) -> ReuseStats:
+def reuse_stats(trace: Trace, lru_sizes: Iterable[int] = (), per_sequence: bool = True, *,
+                progress: Union[bool, str] = True) -> ReuseStats:
     """Reuse statistics of ``trace`` (see :class:`ReuseStats`).
 
     Parameters
@@ -155,6 +158,8 @@ def reuse_stats(trace: Trace, lru_sizes: Iterable[int] = (), per_sequence: bool 
     per_sequence : bool
         Each sequence of the trace is its own session (default); otherwise the
         whole trace is one session.
+    progress : bool or str
+        :mod:`sim.progress` mode of the LRU replays (shown after 2 s).
     """
     rep = repeat_mask(trace, per_sequence)
     orders = trace.orders
@@ -163,7 +168,7 @@ def reuse_stats(trace: Trace, lru_sizes: Iterable[int] = (), per_sequence: bool 
     by_layer = {lid: rate(rep[:, li, :]) for li, lid in enumerate(trace.layer_ids)}
     by_layer_order = {lid: {int(o): rate(rep[:, li, orders == o]) for o in np.unique(orders)}
                       for li, lid in enumerate(trace.layer_ids)}
-    lru = {int(c): lru_hit_rate(trace, int(c), per_sequence) for c in lru_sizes}
+    lru = {int(c): lru_hit_rate(trace, int(c), per_sequence, progress=progress) for c in lru_sizes}
     return ReuseStats(
         source=trace.source, tokens=trace.steps, sequences=int(trace.starts.size), reads=int(rep.size),
         repeats=int(rep.sum()), distinct_rows=int(rep.size - rep.sum()), reuse_rate=rate(rep),

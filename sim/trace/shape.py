@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
 from engram.errors import ArgumentError
 
+from ..progress import progress as progress_bar
 from .base import Trace
 from .reuse import repeat_mask
 
@@ -192,11 +193,13 @@ def _fit_zipf(d: np.ndarray, lo: int, hi: int) -> float:
     return round(float(grid[int(np.argmin(nll))]), 2)
 
 
-def measure_profile(trace: Trace, *, window: int = PROFILE_WINDOW, name: Optional[str] = None) -> ReuseProfile:
+def measure_profile(trace: Trace, *, window: int = PROFILE_WINDOW, name: Optional[str] = None,
+                    progress: Union[bool, str] = False) -> ReuseProfile:
     """Measure a :class:`ReuseProfile` on consecutive windows of ``window`` tokens of ``trace``.
 
     Each window is its own session (a trace of several sequences is cut
-    within each sequence); rates are rounded to 4 decimals.
+    within each sequence); rates are rounded to 4 decimals.  ``progress``: :mod:`sim.progress` mode, one item
+    a window (shown after 2 s).
 
     Raises
     ------
@@ -209,14 +212,16 @@ def measure_profile(trace: Trace, *, window: int = PROFILE_WINDOW, name: Optiona
     bounds = list(trace.starts) + [trace.steps]
     counts = np.zeros((LEVELS, LEVELS))
     per_order, dists = [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        for w in range(a, b - window + 1, window):
+    starts = [w for a, b in zip(bounds[:-1], bounds[1:]) for w in range(a, b - window + 1, window)]
+    with progress_bar(len(starts), "profile", "window", mode=progress, delay=2.0) as bar:
+        for w in starts:
             sub = Trace(trace.rows[w:w + window], trace.tokens[w:w + window], [0], trace.layer_ids, trace.heads)
             rep = repeat_mask(sub)
             per_order.append([rep[:, :, sub.orders == o].mean() for o in (2, 3, 4)])
             lv = match_levels(sub)
             np.add.at(counts, (lv[:-1] - 1, lv[1:] - 1), 1)
             dists.append(_copy_distances(sub, lv))
+            bar.update()
     if not per_order:
         raise ArgumentError(f"trace {trace.source!r} has no window of {window} tokens in one sequence")
     r = np.mean(per_order, axis=0)

@@ -6,9 +6,10 @@ Sources are named by a short spec (see :func:`resolve_source`):
     a source file of Python's standard library (always present, no download);
 ``package:numpy/linalg/_linalg.py``
     a file inside an installed package;
-``shared:promessi_sposi.txt``, ``shared:prompts.jsonl``
-    the project's shared corpora in ``<repo>/../shared/data`` (or
-    ``$ENGRAM_SHARED_DATA``);
+``shared:promessi_sposi.txt``, ``shared:prompts.jsonl``, ``shared:agent_prompt_long.txt``
+    the real corpora shipped in the package (``sim/data/``, :data:`SHARED_SOURCES`; read through
+    :mod:`importlib.resources`), or the file of that name in the folder ``$ENGRAM_SHARED_DATA`` when it
+    is set;
 ``text:...``
     the literal text after the colon;
 ``tokens:PATH``
@@ -32,9 +33,9 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import read_jsonl, read_text, shared_data_dir
+from ..io import SHARED_DATA_ENV, read_jsonl, read_text, shared_data_dir
 
-__all__ = ["CODE_SOURCE", "SYNTH_PREFIX", "TOKENIZED_KINDS", "builtin_sources", "encoded_by_tokenizer",
+__all__ = ["CODE_SOURCE", "SHARED_SOURCES", "SYNTH_PREFIX", "TOKENIZED_KINDS", "builtin_sources", "encoded_by_tokenizer",
            "read_prompts", "read_token_file", "resolve_source"]
 
 #: The built-in source-code trace: a large, plain module of the standard library.
@@ -48,6 +49,14 @@ SYNTH_PREFIX = "synth:"
 TOKENIZED_KINDS = ("text", "textfile", "prompts", "synth", "trace")
 
 
+#: The texts shipped in the package (``sim/data/``) that ``shared:NAME`` names, with a line each.
+SHARED_SOURCES = {
+    "promessi_sposi.txt": "Italian novel, public domain",
+    "prompts.jsonl": "100 short prompts, one sequence each",
+    "agent_prompt_long.txt": "long system prompt of a coding agent (~37k tokens)",
+}
+
+
 def builtin_sources() -> dict[str, str]:
     """Named trace sources available on this machine, with a one-line description each."""
     out = {
@@ -55,9 +64,7 @@ def builtin_sources() -> dict[str, str]:
         "stdlib:inspect.py": "Python standard library source (inspect module)",
     }
     data = shared_data_dir()
-    for name, what in (("promessi_sposi.txt", "Italian novel, public domain"),
-                       ("prompts.jsonl", "100 short prompts, one sequence each"),
-                       ("agent_prompt_long.txt", "long system prompt of a coding agent (~37k tokens)")):
+    for name, what in SHARED_SOURCES.items():
         if (data / name).is_file():
             out[f"shared:{name}"] = what
     out[f"{SYNTH_PREFIX}reuse=0.225"] = ("synthetic trace with a target reuse rate, shaped like coding context "
@@ -150,6 +157,11 @@ def resolve_source(spec: str) -> tuple[str, Path | str]:
         path = Path(list(found.submodule_search_locations)[0]) / rest
     elif spec.startswith("shared:"):
         path = shared_data_dir() / spec[7:]
+        if not path.is_file():
+            env = os.environ.get(SHARED_DATA_ENV)
+            where = (f"the folder ${SHARED_DATA_ENV} = {env} names" if env
+                     else "the package data (" + ", ".join(SHARED_SOURCES) + ")")
+            raise ArgumentError(f"source {spec!r}: no file {path}: shared: names a file of {where}")
     elif spec.startswith("tokens:"):
         path = Path(spec[7:])
         if not path.is_file():

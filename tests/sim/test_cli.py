@@ -10,10 +10,7 @@ import pytest
 
 from engram.cli import main
 from sim.decode import reads as decode_reads
-from sim.io import shared_data_dir
 
-FIO = str(Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
-VM = (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file()
 
 
 def run_json(capsys, argv):
@@ -176,7 +173,7 @@ def test_decode_planner_axes(capsys, tmp_path):
     np.save(hot, np.arange(10, dtype=np.int64))
     d = run_json(capsys, ["sim", "decode", "--limit", "300", "--compute-ms", "1", "--sessions", "4", "--drives", "2",
                           "--shared-cache-rows", "100000", "--dram-fraction", "0.25", "--dram-rows", str(hot),
-                          "--tail", "vm-virtio-16core-4k" if VM else FIO, "--json", "--no-progress"])
+                          "--tail", "vm-virtio-16core-4k", "--json", "--no-progress"])
     assert d["config"]["drives"] == 2 and d["device"]["drives"] == 2 and d["config"]["hot_rows"] == 10
     assert d["dram_hit_rate"] == pytest.approx(0.25, abs=0.03) and d["shared_cache_hit_rate"] > 0
     assert d["config"]["tail"] and "+tail:" in d["device"]["name"]

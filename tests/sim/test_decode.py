@@ -8,20 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from pathlib import Path
 
 from engram.errors import ArgumentError
 from sim.decode import reads as decode_reads
 from sim.decode import fit_compute, reference_compute, resident_mask, seed_reproduction, simulate_decode
 from sim.device import SEED_REFERENCE, ParametricSSD, load_device, preset, with_tail
-from sim.io import shared_data_dir
 from sim.params import Compute, Policy
 from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats
 
 US = 1e-6
-FIO_JSON = Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
-needs_vm = pytest.mark.skipif(not (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file(),
-                              reason="shared device file not present")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +73,6 @@ def test_sessions_contending_for_one_server_is_the_machine_repairman():
     assert r.device["busy_fraction"] == pytest.approx(1 - p0, abs=0.02)
 
 
-@needs_vm
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_littles_law_and_bookkeeping(code, mode):
     r = simulate_decode(code, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "gamma", 0.3), sessions=3,
@@ -96,7 +90,6 @@ def test_littles_law_and_bookkeeping(code, mode):
 
 
 # ------------------------------------------------------------ fast vs exact
-@needs_vm
 @pytest.mark.parametrize("sessions", [1, 4])
 def test_fast_mode_agrees_with_per_read_mode(code, sessions):
     args = dict(policy=Policy(threshold=8), compute=Compute(2e-3, "lognormal", 0.2), sessions=sessions,
@@ -123,7 +116,6 @@ def test_fast_mode_agrees_with_per_read_mode_on_a_parametric_ssd(code):
 
 
 # ------------------------------------------------------------ reproducibility
-@needs_vm
 def test_fixed_seed_reproduces():
     tr = load_trace(CODE_SOURCE, limit=300)
     a = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1), sessions=2, seed=9)
@@ -452,8 +444,7 @@ def test_striped_drives_share_the_load(code):
 
 def test_a_measured_tail_changes_percentiles_not_means(code):
     seed = preset("seed-apple-m3-ultra")
-    vm = preset("vm-virtio-16core-4k") if (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file() \
-        else load_device(str(FIO_JSON))
+    vm = preset("vm-virtio-16core-4k")
     tailed = with_tail(seed, vm)
     for q in (1, 8, 16):
         assert tailed.mean_latency(q) == pytest.approx(seed.mean_latency(q), rel=1e-9)
@@ -465,7 +456,6 @@ def test_a_measured_tail_changes_percentiles_not_means(code):
     assert r1.step_ms["p99"] > r0.step_ms["p99"] and r1.config["tail"] == vm.name
 
 
-@needs_vm
 @pytest.mark.heavy
 @pytest.mark.parametrize("sessions", [2, 4, 8, 16, 32])
 @pytest.mark.parametrize("readers", [1, 4, 16, 64])

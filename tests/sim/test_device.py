@@ -18,13 +18,12 @@ from sim.calibrate import calibrate
 from sim.device import (DEVICE_FORMS, Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, ParametricSSD,
                         device_from_fio, load_device, poisson_load, preset, preset_names, summarize_boxes,
                         summarize_counter, time_average, with_tail)
-from sim.io import shared_data_dir
+from sim.io import packaged_data_path
 from tests.sim.test_calibrate import micro_doc
 
 US = 1e-6
 FIO_JSON = Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
-VM_JSONL = shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl"
-needs_vm = pytest.mark.skipif(not VM_JSONL.is_file(), reason="shared device file not present")
+VM_JSONL = packaged_data_path("devices/vm-virtio-16core-4k.jsonl")
 
 
 def batch_means(x: np.ndarray, batches: int = 20):
@@ -81,7 +80,6 @@ def test_seed_preset_is_the_spec_figures():
     assert d.iops(64) == pytest.approx(d.iops(16))
 
 
-@needs_vm
 def test_vm_virtio_preset_reads_the_shared_file():
     d = preset("vm-virtio-16core-4k")
     recs = [json.loads(x) for x in VM_JSONL.read_text().splitlines() if x.strip()]

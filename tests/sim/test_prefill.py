@@ -9,7 +9,6 @@ import pytest
 
 from engram.errors import ArgumentError
 from sim.device import preset
-from sim.io import shared_data_dir
 from sim.params import Compute, Policy
 from sim.prefill import simulate_prefill
 from sim.trace import CODE_SOURCE, Trace, load_trace
@@ -57,8 +56,6 @@ def test_the_second_table_starting_late_keeps_the_first_chunk_alone(code):
     assert early.stall_by_layer[1] > 1.5 * late.stall_by_layer[1]
 
 
-@pytest.mark.skipif(not (shared_data_dir() / "devices" / "vm-virtio-16core-4k.jsonl").is_file(),
-                    reason="shared device file not present")
 def test_fast_mode_agrees_with_per_read_mode(code):
     args = dict(policy=Policy(), compute=Compute(1e-3, "gamma", 0.1), tokens=4096, seed=4)
     f = simulate_prefill(code, "vm-virtio-16core-4k", mode="fast", **args)

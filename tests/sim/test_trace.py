@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from engram import Hasher, Layout, build_token_map, load_tokenizer
 from engram.errors import ArgumentError, EngramError, FormatError
-from sim.io import shared_data_dir
 from sim.trace import (CODE_SOURCE, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
                        resolve_source, reuse_stats)
 
@@ -132,9 +131,6 @@ def test_prompts_jsonl_fresh_history_per_prompt(tmp_path, engine):
 
 
 def test_shared_prompts_file():
-    path = shared_data_dir() / "prompts.jsonl"
-    if not path.is_file():
-        pytest.skip("shared data not present")
     tr = load_trace("shared:prompts.jsonl")
     assert tr.starts.size == 100 and tr.names[0] == "case_000"
 
