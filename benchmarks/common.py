@@ -14,14 +14,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from sim.io import shared_data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def shared_data() -> Path:
-    """``../shared/data`` beside the checkout (or ``$ENGRAM_SHARED_DATA``)."""
-    env = os.environ.get("ENGRAM_SHARED_DATA")
-    return Path(env) if env else ROOT.parent / "shared" / "data"
+    """The folder of the real corpora: the package's own copies (``sim/data/``), or ``$ENGRAM_SHARED_DATA``
+    when set (:func:`sim.io.shared_data_dir`)."""
+    return shared_data_dir()
 
 
 def real_text(chars: int | None = None) -> str:

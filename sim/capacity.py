@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from engram.errors import ArgumentError
 
 from .io import load_json
@@ -68,12 +70,13 @@ from .progress import progress as progress_bar
 from .progress import progress_label
 from .schema import CAPACITY_SCHEMA
 from .params import Phases
-from .sweep import (AXES, METRICS, PHASES_COLUMN, PointRunner, Study, TableWriter, check_points, check_table_target,
-                    meta_path, point_phases, point_seed, read_table, resolve_context, same_axis_value)
+from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
+                    check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
+                    same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
-           "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -448,6 +451,92 @@ def _search(max_sessions: int, resolution: int) -> Generator[int, bool, Tuple[in
     return lo, False
 
 
+class SearchBound:
+    """The most probes a search may still ask, for the progress line's time left.
+
+    A search (``factory()``: a generator like :func:`_search`, yielding the value to probe and receiving whether
+    it passed) is deterministic given the true capacity ``c`` (a probe at ``x`` passes iff ``x <= c``), so its
+    length is known for every candidate in ``capacities``; after some answers the candidates still possible
+    are those between the largest passed and the smallest failed probe, and the most probes left is the
+    longest of their searches less the probes already answered.  An upper bound that tightens to within one
+    probe of the count once the bracket is found (bisection's length is the bracket's, give or take a halving).
+
+    Parameters
+    ----------
+    factory : callable
+        A new search generator each call.
+    capacities : sequence of float
+        Candidate capacities covering every outcome (sessions: ``0 .. max_sessions``; rates: a fine grid).
+    """
+
+    def __init__(self, factory: Callable[[], Generator], capacities: Sequence[float]):
+        self.capacities = np.asarray(capacities, dtype=np.float64)
+        lengths = np.empty(self.capacities.size, dtype=np.int64)
+        for k, c in enumerate(self.capacities.tolist()):
+            g, n = factory(), 0
+            try:
+                x = next(g)
+                while True:
+                    n += 1
+                    x = g.send(x <= c)
+            except StopIteration:
+                pass
+            lengths[k] = n
+        self.lengths = lengths
+
+    def left(self, passed: Optional[float], failed: Optional[float], answered: int) -> int:
+        """Probes still to ask (the one asked now included) after ``answered`` answers whose largest passing
+        probe is ``passed`` and smallest failing one ``failed`` (``None``: none yet)."""
+        ok = np.ones(self.capacities.size, dtype=bool)
+        if passed is not None:
+            ok &= self.capacities >= passed
+        if failed is not None:
+            ok &= self.capacities < failed
+        return max(int(self.lengths[ok].max()) - int(answered), 0) if ok.any() else 0
+
+
+class SearchProgress:
+    """The progress of a set of searches counted in probes, the total being the most they may still ask
+    (:class:`SearchBound`), so that the line's time left is an estimate from the probes to come (probes
+    of many sessions take longer than the first ones: the estimate is of the count, not the cost).
+
+    ``keys`` name the searches; ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.progress.progress`.
+    """
+
+    def __init__(self, bound: SearchBound, keys: Sequence[Any], desc: str, mode: Union[bool, str], **kw: Any):
+        self.bound = bound
+        self.state: Dict[Any, List] = {k: [None, None, 0] for k in keys}  # passed, failed, answered
+        self.bar = progress_bar(len(self.state) * int(bound.left(None, None, 0)), desc, "probe", mode=mode, **kw)
+
+    def answered(self, key: Any, value: float, passed: bool, note: str = "") -> None:
+        """One probe of search ``key`` at ``value`` answered."""
+        st = self.state[key]
+        if passed:
+            st[0] = value if st[0] is None else max(st[0], value)
+        else:
+            st[1] = value if st[1] is None else min(st[1], value)
+        st[2] += 1
+        self.bar.update(1, note)
+
+    def finished(self, key: Any, note: str = "") -> None:
+        """Search ``key`` returned."""
+        self.state.pop(key, None)
+        self.bar.update(0, note)
+
+    def retotal(self) -> None:
+        """After a round: the total is the probes answered plus the most the open searches still ask."""
+        self.bar.set_total(self.bar.n + sum(self.bound.left(*st) for st in self.state.values()))
+
+    def note(self, text: str) -> None:
+        self.bar.update(0, text)
+
+    def __enter__(self) -> "SearchProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, int]:
     return int(row["config"]), int(row["sessions"]), int(row["repeat"])
 
@@ -456,7 +545,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                   calibration=None, jobs: Optional[int] = None, scheduler: Optional[str] = None,
                   connect_timeout: float = 30.0, progress: Union[bool, str] = True, desc: str = "capacity",
                   traces: Optional[Mapping[str, Any]] = None, done: Sequence[Mapping[str, Any]] = (),
-                  on_probe: Optional[Callable[[Dict[str, Any]], None]] = None) -> Tuple[List[Capacity], str]:
+                  on_probe: Optional[Callable[[Dict[str, Any]], None]] = None,
+                  context: Optional[Context] = None) -> Tuple[List[Capacity], str]:
     """Search the capacity of every configuration; return ``(capacities in config order, runner name)``.
 
     Parameters
@@ -475,6 +565,9 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
         Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
     on_probe : callable, optional
         Receives each probe row as it finishes (to write it).
+    context : Context, optional
+        The traces, devices and computes of every probe, already resolved (:func:`sim.sweep.resolve_context`
+        of the configurations at every seed); else resolved here.
 
     Raises
     ------
@@ -484,7 +577,10 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
         A probe whose worker died too often.
     """
     cfgs = check_points([{**c, "sessions": 1, "repeat": 0} for c in configs])
-    ctx = resolve_context(cfgs, Path(calibration) if calibration else None, traces)
+    # every seed's trace: with a reuse axis the seed index (``repeat``) draws a synthetic trace of its own
+    ctx = context if context is not None else \
+        resolve_context([{**c, "repeat": r} for c in cfgs for r in range(spec.seeds)],
+                        Path(calibration) if calibration else None, traces)
     cache: Dict[Tuple[int, int, int], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
     searches: Dict[Tuple[int, int], Generator] = {}
@@ -496,7 +592,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
             searches[(i, r)] = g
             asked[(i, r)] = next(g)
     counter = max((int(r["point"]) for r in done), default=-1) + 1
-    bar = progress_bar(len(searches), desc, "search", mode=progress)
+    bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
+    bar = SearchProgress(bound, list(searches), desc, progress)
 
     def probe_point(i: int, s: int, r: int) -> Dict[str, Any]:
         return {**cfgs[i], "sessions": s, "repeat": r}
@@ -506,8 +603,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
         if on_probe is not None:
             on_probe(row)
         # a search takes many probes: each one is news for the plain progress lines
-        bar.update(0, f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
-                      f"{row[spec.metric]:.2f} tokens/s")
+        bar.note(f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
+                 f"{row[spec.metric]:.2f} tokens/s")
 
     with bar, PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
         while searches:
@@ -522,13 +619,16 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
             for (i, r), s in list(asked.items()):
                 row = cache[(i, s, r)]
                 caps[i].probes.append(row)
+                passed = row[spec.metric] >= spec.target
+                bar.answered((i, r), s, passed)
                 try:
-                    asked[(i, r)] = searches[(i, r)].send(row[spec.metric] >= spec.target)
+                    asked[(i, r)] = searches[(i, r)].send(passed)
                 except StopIteration as stop:
                     results[(i, r)] = stop.value
                     del searches[(i, r)], asked[(i, r)]
-                    bar.update(1, f"configuration {i}, seed {r}: {stop.value[0]} sessions "
-                                  f"({sum(1 for p in caps[i].probes if p['repeat'] == r)} probes)")
+                    bar.finished((i, r), f"configuration {i}, seed {r}: {stop.value[0]} sessions "
+                                         f"({sum(1 for p in caps[i].probes if p['repeat'] == r)} probes)")
+            bar.retotal()
     for cap in caps:
         cap.per_seed = [results[(cap.index, r)][0] for r in range(spec.seeds)]
         cap.bound = [results[(cap.index, r)][1] for r in range(spec.seeds)]
@@ -662,6 +762,9 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     t0 = time.perf_counter()
     cal = Path(calibration) if calibration else study.calibration
     done = _resume_probes(study, spec, Path(out)) if resume else []
+    # devices, traces and calibration resolved before a file is opened: a bad one leaves nothing behind
+    ctx = resolve_context(check_points([{**c, "sessions": 1, "repeat": r} for c in study.points()
+                                        for r in range(spec.seeds)]), Path(cal) if cal else None)
     base = {"kind": "capacity-probes", "schema": CAPACITY_SCHEMA, "study": study.to_dict(),
             "study_fingerprint": study.fingerprint(), "capacity": spec.to_dict(), "columns": PROBE_COLUMNS}
     writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
@@ -669,7 +772,7 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
         caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, jobs=jobs,
                                      scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
                                      desc=progress_label("capacity", study.name), done=done,
-                                     on_probe=writer.add if writer is not None else None)
+                                     context=ctx, on_probe=writer.add if writer is not None else None)
     except BaseException:
         if writer is not None:
             writer.close()

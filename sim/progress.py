@@ -119,6 +119,14 @@ class Progress:
                 self._last = now
                 self._line(self._status(note))
 
+    def set_total(self, total: int) -> None:
+        """A new total: for work whose size is an estimate that tightens as it goes on (a capacity search's
+        most probes still to ask); never below the items already done.  The time left follows it."""
+        self.total = max(int(total), self.n)
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
     def write(self, text: str) -> None:
         """A message between progress lines (above the bar on a terminal)."""
         if self.mode == "off":

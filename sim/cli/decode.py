@@ -9,7 +9,7 @@ from ..decode import fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
 from ..prefill import simulate_prefill
-from .options import (_add_common, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
+from .options import (_add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
                       _add_progress, _progress_mode, _trace, _typed_os_errors)
 
 
@@ -106,8 +106,7 @@ def _add_decode(sub) -> None:
                    help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
     g.add_argument("--dram-rows", metavar="FILE.npy",
                    help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]")
-    g.add_argument("--drives", type=int, default=1, help="identical drives the tables are striped over by row id "
-                                                         "(default 1)")
+    _add_drives_option(g)
     g.add_argument("--tail", metavar="DEVICE",
                    help="take the latency distribution (tail) of this measured device at every depth, keeping "
                         "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)")
@@ -115,7 +114,7 @@ def _add_decode(sub) -> None:
                    help="layers of compute before the second table's rows are needed (default 0: none; at most "
                         "--layers)")
     c = g.add_mutually_exclusive_group()
-    c.add_argument("--compute-ms", type=float, help="mean compute time of a step, ms")
+    _add_compute_ms_option(c)
     c.add_argument("--fit-tokens-per-s", type=float,
                    help="fit the compute so that --fit-threshold gives this rate on the reference device "
                         "(default 19.16)")

@@ -46,6 +46,13 @@ def _ints(text: str) -> list:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _floats(text: str) -> list:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
 def _trace(args):
     return load_trace(args.trace or CODE_SOURCE, limit=args.limit)
 
@@ -71,9 +78,37 @@ def _add_policy(p) -> None:
                    help="microseconds added to every concurrent batch (default 0)")
 
 
+def _add_device_option(p, many: bool = False) -> None:
+    """``--device``: the one device of a prediction (decode, prefill), or with ``many`` repeatable, each device
+    a configuration of its own (capacity)."""
+    forms = f"device: {DEVICE_FORMS}"
+    if many:
+        p.add_argument("--device", action="append", metavar="SPEC",
+                       help=f"{forms}; repeat for several, each its own configuration (default {_DEFAULT_DEVICE}; "
+                            "see engram sim device)")
+    else:
+        p.add_argument("--device", default=_DEFAULT_DEVICE,
+                       help=f"{forms} (default {_DEFAULT_DEVICE}; see engram sim device)")
+
+
+def _add_drives_option(g, many: bool = False) -> None:
+    """``--drives``: one count (decode), or with ``many`` a comma-separated list, each a configuration."""
+    what = "identical drives the tables are striped over by row id"
+    if many:
+        g.add_argument("--drives", type=_ints, metavar="N[,N...]",
+                       help=f"{what}, comma separated, each its own configuration (default 1)")
+    else:
+        g.add_argument("--drives", type=int, default=1, help=f"{what} (default 1)")
+
+
+def _add_compute_ms_option(g, default: str = "") -> None:
+    """``--compute-ms``: the mean compute of a step (``default``: what stands in without it, in words)."""
+    g.add_argument("--compute-ms", type=float,
+                   help="mean compute time of a step, ms" + (f" (default: {default})" if default else ""))
+
+
 def _add_common(p) -> None:
-    p.add_argument("--device", default=_DEFAULT_DEVICE,
-                   help=f"device: {DEVICE_FORMS} (default {_DEFAULT_DEVICE}; see engram sim device)")
+    _add_device_option(p)
     p.add_argument("--calibration", metavar="FILE",
                    help="calibration file (engram calibrate) for --device calibrated or calibrated:BACKEND")
     p.add_argument("--compute-dist", default="constant", choices=COMPUTE_DISTS,
@@ -164,9 +199,14 @@ def _add_progress(p, **kw) -> None:
     add_progress_flags(p, **kw)
 
 
-def _add_run_options(p, what: str) -> None:
-    """Options shared by ``sweep`` and ``capacity``: where and how the points run."""
-    p.add_argument("study", help="study TOML file")
+def _add_run_options(p, what: str, study_optional: bool = False) -> None:
+    """Options shared by ``sweep`` and ``capacity``: where and how the points run (``study_optional``: the
+    study file may be left out, the configurations then given by options)."""
+    if study_optional:
+        p.add_argument("study", nargs="?", help="study TOML file (optional: without one, the configurations "
+                                                "come from the options below)")
+    else:
+        p.add_argument("study", help="study TOML file")
     p.add_argument("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
                                  "are written as they finish")
     p.add_argument("--resume", action="store_true",
@@ -179,5 +219,6 @@ def _add_run_options(p, what: str) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _out_path(args) -> Path:
-    return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
+def _out_path(args, name: str = "") -> Path:
+    """``--out``, else STUDY.csv in the current directory (``name``.csv for a study of the command line)."""
+    return Path(args.out) if args.out else Path(f"{Path(args.study).stem if args.study else name}.csv")

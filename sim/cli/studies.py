@@ -18,7 +18,19 @@ from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity
 from ..serve.study import is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
-from .options import _add_run_options, _out_path, _progress_mode, _typed_os_errors
+from ..trace import CODE_SOURCE
+from .options import (_DEFAULT_DEVICE, _add_compute_ms_option, _add_device_option, _add_drives_option, _add_run_options,
+                      _add_trace_source, _floats, _out_path, _progress_mode, _typed_os_errors)
+
+#: The configuration a capacity of the command line shares with ``studies/capacity.toml``'s ``[fixed]`` table
+#: (the SPEC §8 compute unless --compute-ms; threshold 8 and 16 readers; sessions at random phases); --trace,
+#: --limit and --steps replace the first three.
+PLANNER_FIXED = {"trace": CODE_SOURCE, "trace_limit": 1000, "steps": 300, "compute": "reference", "threshold": 8,
+                 "readers": 16, "phases": "random"}
+
+#: The options that describe configurations without a study file (dest -> flag).
+_PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse", "compute_ms": "--compute-ms",
+                  "trace": "--trace", "limit": "--limit", "steps": "--steps"}
 
 
 def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
@@ -105,14 +117,46 @@ def _add_sweep(sub) -> None:
     p.set_defaults(func=_typed_os_errors(_cmd_sweep))
 
 
+def planner_study(args) -> Study:
+    """The capacity study of the command line: a configuration per ``--device`` x ``--drives`` x ``--reuse``
+    over :data:`PLANNER_FIXED`, with ``--compute-ms`` (else the SPEC §8 compute), ``--trace``, ``--limit``
+    and ``--steps``; the search's target, seeds and largest count come from its own options.
+
+    Raises
+    ------
+    ArgumentError
+        A value out of range (names the axis and the value, as a study file's would).
+    """
+    fixed = dict(PLANNER_FIXED)
+    if args.compute_ms is not None:
+        fixed.update(compute="", compute_ms=args.compute_ms)
+    for key, dest in (("trace", "trace"), ("trace_limit", "limit"), ("steps", "steps")):
+        if getattr(args, dest) is not None:
+            fixed[key] = getattr(args, dest)
+    grid = {"device": list(args.device or [_DEFAULT_DEVICE])}
+    if args.drives:
+        grid["drives"] = list(args.drives)
+    if args.reuse:
+        grid["reuse"] = list(args.reuse)
+    return Study.from_dict({"study": {"name": "capacity", "seed": 0,
+                                      "description": "capacity of the configurations of the command line"},
+                            "capacity": {}, "fixed": fixed, "grid": grid}, source="the command line")
+
+
 def _cmd_capacity(args) -> int:
-    if is_serve_study(args.study):
+    given = [flag for dest, flag in _PLANNER_FLAGS.items() if getattr(args, dest) is not None]
+    if args.study is not None and given:
+        raise ArgumentError(f"{given[0]} describes a configuration of the command line: give a study file or "
+                            f"the options ({', '.join(_PLANNER_FLAGS.values())}), not both")
+    if args.study is not None and is_serve_study(args.study):
         return _cmd_serve_capacity(args)
     for flag in ("min_rate", "max_rate", "rate_resolution"):
         if getattr(args, flag) is not None:
             raise ArgumentError(f"--{flag.replace('_', '-')} applies to serving studies ([serve] and [slo] tables)")
-    study = Study.load(args.study)
-    out = _out_path(args)
+    if args.resume and args.study is None and not args.out:
+        raise ArgumentError("--resume needs the --out of the run to continue")
+    study = Study.load(args.study) if args.study is not None else planner_study(args)
+    out = _out_path(args, study.name)
     try:
         res = run_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
                            progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
@@ -164,8 +208,23 @@ def _add_capacity(sub) -> None:
                                    "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
                                    "locally or on a Dask cluster like sweeps. A serving study (with [serve] and "
                                    "[slo] tables; see studies/serve.toml) is searched on the arrival rate "
-                                   "instead: the most requests/s whose p99 TTFT and TBT meet the targets.")
-    _add_run_options(p, "capacity table")
+                                   "instead: the most requests/s whose p99 TTFT and TBT meet the targets. "
+                                   "Without a study file the configurations come from --device (repeatable), "
+                                   "--drives, --reuse and --compute-ms, e.g. engram sim capacity --device "
+                                   "ssd:qd1_us=80,iops=100000 --drives 1,2 --target 20; the progress line counts "
+                                   "probes against the most the searches may still ask, with the time left.")
+    _add_run_options(p, "capacity table", study_optional=True)
+    g = p.add_argument_group("configurations without a study file (as engram sim decode takes them; the rest as "
+                             "studies/capacity.toml: threshold 8, 16 readers, sessions at random phases)")
+    _add_device_option(g, many=True)
+    _add_drives_option(g, many=True)
+    g.add_argument("--reuse", type=_floats, metavar="R[,R...]",
+                   help="target reuse rates of the text, comma separated, each its own configuration: the trace "
+                        "becomes the synthetic trace of that rate (synth:reuse=R; default: the trace as it is)")
+    _add_compute_ms_option(g, "the SPEC §8 reference step, fitted so that threshold 256 gives 19.16 tokens/s on "
+                              "the reference device")
+    _add_trace_source(g, f"{CODE_SOURCE}, its first {PLANNER_FIXED['trace_limit']} tokens")
+    g.add_argument("--steps", type=int, help=f"steps per session of each probe (default {PLANNER_FIXED['steps']})")
     g = p.add_argument_group("search (override the study's [capacity] table)")
     g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
     g.add_argument("--seeds", type=int, help=f"searches per configuration, each its own seeds "

@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_RULE, CapacityTable, SeedBand, earlier_probes, probes_path
+from ..capacity import CAPACITY_RULE, CapacityTable, SearchBound, SearchProgress, SeedBand, earlier_probes, probes_path
 from ..io import load_json
-from ..progress import progress as progress_bar
 from ..progress import progress_label
 from ..sweep import TableWriter, check_table_target, meta_path, same_axis_value
 from .metrics import SLO, plain_value
@@ -301,14 +302,17 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
             searches[(i, r)] = g
             asked[(i, r)] = next(g)
     counter = max((int(r["point"]) for r in done), default=-1) + 1
-    bar = progress_bar(len(searches), desc, "search", mode=progress)
+    # candidate rates: a fine geometric grid from below the deepest halving to above the top
+    lo_rate = float(search.min_rate) / 2.0 ** (MAX_HALVINGS + 1)
+    grid = np.geomspace(lo_rate, 2.0 * float(search.max_rate), 2000)
+    bar = SearchProgress(SearchBound(lambda: _rate_search(search), grid), list(searches), desc, progress)
 
     def keep(row: Dict[str, Any]) -> None:
         cache[_probe_key(row)] = row
         if on_probe is not None:
             on_probe(row)
-        bar.update(0, f"probe of configuration {row['config']}, seed {row['repeat']}: {row['rate']:.4g} requests/s "
-                      f"{'meets' if row['slo_met'] else 'misses'} the SLOs")
+        bar.note(f"probe of configuration {row['config']}, seed {row['repeat']}: {row['rate']:.4g} requests/s "
+                 f"{'meets' if row['slo_met'] else 'misses'} the SLOs")
 
     with bar, ServeRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
         while searches:
@@ -323,12 +327,14 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
             for (i, r), rate in list(asked.items()):
                 row = cache[(i, r, rate)]
                 caps[i].probes.append(row)
+                bar.answered((i, r), rate, bool(row["slo_met"]))
                 try:
                     asked[(i, r)] = searches[(i, r)].send(bool(row["slo_met"]))
                 except StopIteration as stop:
                     results[(i, r)] = stop.value
                     del searches[(i, r)], asked[(i, r)]
-                    bar.update(1, f"configuration {i}, seed {r}: {stop.value[0]:.4g} requests/s")
+                    bar.finished((i, r), f"configuration {i}, seed {r}: {stop.value[0]:.4g} requests/s")
+            bar.retotal()
     for cap in caps:
         cap.per_seed = [results[(cap.index, r)][0] for r in range(search.seeds)]
         cap.bound = [results[(cap.index, r)][1] for r in range(search.seeds)]
