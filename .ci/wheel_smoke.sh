@@ -27,7 +27,8 @@ done
 echo "-- a fresh virtual environment outside the repo ($tmp/venv)"
 base=$("$PY" -c "import sys; print(sys._base_executable)")
 "$base" -m venv "$tmp/venv"
-"$tmp/venv/bin/python" -m pip install -q "$wheel[sim]"
+# (pip's warnings about index folders absent on this machine are left out of the log)
+"$tmp/venv/bin/python" -m pip install -q "$wheel[sim]" 2>&1 | { grep -v "^WARNING: Location .* is ignored" || true; }
 
 cd "$tmp"
 mkdir home && export HOME="$tmp/home"  # nothing of the repo's user either
