@@ -5,7 +5,8 @@
 # vm-virtio-16core-4k preset's device file) and the README's main commands that are quick.
 #
 # Usage: .ci/wheel_smoke.sh [PYTHON]   (default .venv/bin/python: it has Cython and numpy for the build)
-# About 3 minutes on 2 cores (the build compiles the Cython kernels once).
+# About 4 minutes on a busy 2-core machine: the build (it compiles the Cython kernels) and the install take
+# half of it.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${1:-$repo/.venv/bin/python}
@@ -61,7 +62,7 @@ run sim decode --device ssd:qd1_us=80,iops=500000 --sessions 64 --steps 100 --no
 run sim decode --tail vm-virtio-16core-4k --steps 200 --quiet
 run sim serve --no-progress                                                 # its defaults: 300 s simulated
 run sim serve --rate 3 --duration-s 60 --device ssd:qd1_us=80,iops=600000 --compute-scale 10 --quiet  # README
-run sim prefill --compute-tokens-per-s 2000 --no-progress                   # default: shared:agent_prompt_long.txt
+run sim prefill --compute-tokens-per-s 2000 --limit 8192 --no-progress      # default: shared:agent_prompt_long.txt
 run sim device
 for name in $("$E" sim device --json | "$tmp/venv/bin/python" -c "import json, sys; print(' '.join(json.load(sys.stdin)['presets']))"); do
     run sim device "$name"
@@ -71,8 +72,8 @@ for src in shared:promessi_sposi.txt shared:prompts.jsonl shared:agent_prompt_lo
     run sim trace stats "$src" --limit 4000 --lru 1024 --no-progress
 done
 run sim trace synth --reuse 0.225 --tokens 1000 --profile prose --no-progress
-run sim capacity --device seed-apple-m3-ultra --device ssd:qd1_us=80,iops=100000 --drives 1,2 --target 20 \
-    --seeds 1 --max-sessions 64 --steps 100 --jobs 1 --out "$tmp/capacity.csv" --no-progress
+run sim capacity --device seed-apple-m3-ultra --device ssd:qd1_us=500,iops=20000,parallelism=8 --drives 1,2 \
+    --target 20 --seeds 1 --max-sessions 32 --steps 100 --jobs 1 --out "$tmp/capacity.csv" --no-progress
 run synth "$tmp/m.gguf" --scale 0.0005 --no-progress
 run inspect "$tmp/m.gguf"
 run hash --text "Quel ramo del lago di Como"

@@ -1,4 +1,4 @@
-"""The reuse shape of real text: how each n-gram order repeats, measured on the shared corpora.
+"""The reuse shape of real text: how each n-gram order repeats, measured on the packaged corpora.
 
 A row read repeats when its column's n-gram appeared earlier in the session
 (each column owns its own rows, SPEC §2), so the 2-, 3- and 4-gram columns
@@ -19,7 +19,7 @@ real trace into a :class:`ReuseProfile`:
   not) to that 2-gram's latest earlier occurrence, fitted as
   ``P(d) ~ d**-zipf`` for ``d >= min_distance`` (maximum likelihood).
 
-:data:`PROFILES` holds the profiles of the shared corpora (``code``: the long
+:data:`PROFILES` holds the profiles of the packaged corpora (``code``: the long
 coding-agent prompt, the kind of context the SPEC §8 figure of 22.5% comes
 from; ``prose``: the Italian novel), measured by :func:`measure_profile`
 (``tests/sim/test_trace_synth.py`` measures them again and compares).
@@ -106,7 +106,7 @@ class ReuseProfile:
         return d
 
 
-#: Profiles of the shared corpora (``/work/shared/data``), measured with
+#: Profiles of the packaged corpora (``sim/data/``, ``shared:NAME``), measured with
 #: ``measure_profile(load_trace(SOURCE), name=NAME)`` (2000-token windows).
 PROFILES: Dict[str, ReuseProfile] = {
     "code": ReuseProfile(
