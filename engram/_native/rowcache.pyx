@@ -229,6 +229,32 @@ cdef class Policy:
                 a = b
         return total
 
+    def access_runs(self, const uint64_t[::1] keys, const int64_t[::1] bounds, uint8_t[::1] hits):
+        """As :meth:`access` with batches of any size: batch ``j`` is ``keys[bounds[j]:bounds[j + 1]]``
+        (``bounds`` non-decreasing, from 0 to ``len(keys)``).  Returns the hits."""
+        cdef Py_ssize_t j, i, nb = bounds.shape[0] - 1, n = keys.shape[0]
+        cdef int64_t total = 0
+        cdef int32_t s
+        if hits.shape[0] < n or nb < 0 or (nb >= 0 and (bounds[0] != 0 or bounds[nb] != n)):
+            raise ValueError("hits is shorter than keys, or bounds do not run from 0 to len(keys)")
+        for j in range(nb):
+            if bounds[j + 1] < bounds[j]:
+                raise ValueError("bounds must not decrease")
+        with nogil:
+            for j in range(nb):
+                for i in range(bounds[j], bounds[j + 1]):
+                    if self.tiny:
+                        self._count(keys[i])
+                    s = self._find(keys[i])
+                    hits[i] = s >= 0
+                    if s >= 0:
+                        total += 1
+                        self._touch(s)
+                for i in range(bounds[j], bounds[j + 1]):
+                    if hits[i] == 0 and self._find(keys[i]) < 0:
+                        self._insert(keys[i])
+        return total
+
     # ----------------------------------------------------------- hash table
     cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
         cdef uint64_t i = fmix64(key) & self.tmask
