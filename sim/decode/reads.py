@@ -156,10 +156,10 @@ def shared_cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int, polic
     return hits
 
 
-def _keys(rows: np.ndarray) -> np.ndarray:
-    """uint64 keys ``(table index << 32) | row`` of ``rows`` (``[..., layers, columns]``)."""
-    layers = rows.shape[-2]
-    return rows.astype(np.uint64) | (np.arange(layers, dtype=np.uint64) << np.uint64(32))[:, None]
+def _keys(rows: np.ndarray, layer_ids) -> np.ndarray:
+    """uint64 keys ``(layer id << 32) | row`` of ``rows`` (``[..., layers, columns]``): the keys of
+    :class:`engram.RowCache` (:func:`engram.rowcache.cache_key`), so that its policy sees the same keys."""
+    return rows.astype(np.uint64) | (np.asarray(layer_ids, dtype=np.uint64) << np.uint64(32))[:, None]
 
 
 @dataclass
@@ -220,7 +220,7 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
     miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
     dram = int((~miss).sum())
-    keys = _keys(rows)
+    keys = _keys(rows, trace.layer_ids)
     cache = 0
     if policy.cache_rows > 0:
         for s in range(sessions):

@@ -173,20 +173,22 @@ def test_policy_bytes_and_policy():
         Policy(cache_policy="fifo")
     with pytest.raises(CacheSizeError):
         Policy(shared_cache_bytes=100)
-    tr = Trace.from_tokens(np.tile(np.arange(100, 400), 3))
+    rng = np.random.default_rng(2)
+    tr = Trace.from_tokens(100 + rng.zipf(1.3, 900) % 3000)
     lru = step_reads(tr, 2, 600, Policy(shared_cache_rows=5000, cache_policy="lru"))
     tiny = step_reads(tr, 2, 600, Policy(shared_cache_rows=5000, cache_policy="tinylfu"))
     curve = cache_curve(tr, [264 * 5000], ["lru", "tinylfu"], sessions=2, steps=600, optimal=False)
     reads = 2 * 600 * 48
+    assert 0 < lru.shared_hits < tiny.shared_hits
     assert lru.shared_hits / reads == pytest.approx(curve.points[0].hit_rate["lru"], abs=1e-12)
     assert tiny.shared_hits / reads == pytest.approx(curve.points[0].hit_rate["tinylfu"], abs=1e-12)
 
 
 def test_cli_reuse(capsys):
     assert main(["sim", "trace", "reuse", "text:" + "the cat sat on the mat and the cat sat on the hat " * 20,
-                 "--cache-bytes", "2K,64K", "--sessions", "2", "--json"]) == 0
+                 "--cache-bytes", "2K,1M", "--sessions", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert [p["rows"] for p in d["points"]] == [7, 248] and d["sessions"] == 2
+    assert [p["rows"] for p in d["points"]] == [7, 3971] and d["sessions"] == 2
     for p in d["points"]:
         assert p["hit_rate"]["lru"] <= p["hit_rate"]["optimal"] + 1e-12
         assert p["hit_rate"]["tinylfu"] <= p["hit_rate"]["optimal"] + 1e-12
