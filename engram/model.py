@@ -297,18 +297,32 @@ class Session(Closing):
             first = self.tables[model.layer_ids[0]]
             self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns,
                                      engine=first.engine_client or "private")
-            self.cache = cache
-            if cache is not None:
-                self._group.attach_cache(cache, model.layer_ids)
-                if cache.prefill == "admit":
-                    for lid in model.layer_ids:
-                        self.tables[lid].attach_cache(cache, lid)
+            self.cache = None
+            self.use_cache(cache)
         except BaseException:
             self.close()
             raise
         self._ids = np.empty(model.hasher.step_shape, np.uint32)
         self.last_stats = ReadStats()
         self.last_row_ids = np.zeros(model.hasher.step_shape, np.uint32)
+
+    def use_cache(self, cache: Optional[RowCache]) -> None:
+        """Read this session's steps (and, with ``cache.prefill == "admit"``, its prefills) through
+        ``cache`` from now on; None: no cache.  A measurement switches it off around steps it does not
+        want cached.
+
+        Raises
+        ------
+        ArgumentError
+            ``cache`` is not a RowCache or None.
+        CacheLayoutError
+            ``cache`` serves another model.
+        """
+        cache = self.model._bind_cache(cache, self.model.info)
+        self._group.attach_cache(cache, self.model.layer_ids)
+        for lid in self.model.layer_ids:
+            self.tables[lid].attach_cache(cache if cache is not None and cache.prefill == "admit" else None, lid)
+        self.cache = cache
 
     def _engine_client(self, engine, path):
         """What a table of ``path`` reads through: the session's client of the engine of the file's
