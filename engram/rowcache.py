@@ -243,6 +243,33 @@ class RowCache:
             self._lock.release()
         return hit, rec
 
+    def serve(self, ids: np.ndarray, col_layer: np.ndarray, keys: np.ndarray, out: np.ndarray,
+              skip: np.ndarray) -> int:
+        """The engine's lookup of a batch, in one native call under the lock (``Table``'s read path).
+
+        ``ids`` uint32 ``[T, C]``; ``col_layer`` uint64 ``[C]`` (each column's layer id << 32); fills
+        ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` and
+        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  Returns the hits."""
+        self._acquire()
+        try:
+            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip)
+            self.hits += h
+            self.lookups += keys.shape[0]
+        finally:
+            self._lock.release()
+        return h
+
+    def admit(self, keys: np.ndarray, skip: np.ndarray, raw: np.ndarray) -> int:
+        """Insert the misses of a batch :meth:`serve` looked up (``skip == 0``) with their records ``raw``
+        uint8 ``[T * C, 264]`` as read.  Returns the records written."""
+        self._acquire()
+        try:
+            n = self._policy.admit(keys, skip, raw, self._records)
+            self.inserts += n
+        finally:
+            self._lock.release()
+        return n
+
     def insert(self, keys: np.ndarray, records: np.ndarray) -> int:
         """Insert the misses of a batch: uint64 ``[m]`` keys and uint8 ``[m, 264]`` records as read.
         Keys already held (duplicates; a row another session inserted meanwhile) are left as they are.

@@ -36,7 +36,7 @@ import numpy as np
 from . import backends as _backends
 from ._native import reader as _reader
 from .backends import AUTO_ORDER, available_backends
-from .codec import ROW_BYTES, ROW_VALUES, decode_rows
+from .codec import ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
 from .io_engine import EngineClient, IOEngine, generation as _engine_generation, shared_engine
 from .rowcache import RowCache
@@ -323,16 +323,18 @@ class _RowReads(Closing):
               seg_cols: Optional[int] = None) -> None:
         """Read ``ids`` into ``target``; a caller's multi-chunk ``out`` is staged so
         that a failure leaves it untouched.  Shared by :class:`TableGroup`."""
-        staged = caller_out is not None and ids.size > _reader.CHUNK_REQUESTS
+        cache = self._cache
+        staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
         t0 = time.perf_counter()
-        cache, keys, hit, rec, extra = self._cache, None, None, None, ()
-        if cache is not None and ids.size:  # hits are served here; the reader gets the misses only
-            keys = self._cache_keys(ids, seg_cols)
-            hit, rec = cache.lookup(keys)
-            extra = (hit.view(np.uint8) if rec.shape[0] else None,
-                     np.empty((ids.size, ROW_BYTES), np.uint8) if rec.shape[0] < ids.size else None)
+        nh, extra = 0, ()
+        if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
+            n = ids.size
+            keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
+            nh = cache.serve(ids, self._cache_columns(ids.shape[1], seg_cols), keys,
+                             dest.reshape(n, ROW_VALUES), skip)
+            extra = (skip if nh else None, np.empty((n, ROW_BYTES), np.uint8) if nh < n else None)
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
@@ -340,7 +342,7 @@ class _RowReads(Closing):
                 self._reattach()
             self._follow_verdict()
             try:
-                if rec is not None and rec.shape[0] == ids.size:
+                if extra and nh == ids.size:
                     res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
                 else:
                     res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra)
@@ -348,14 +350,8 @@ class _RowReads(Closing):
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
                 res = self._reread_on_pool(f, ids, dest, seg_cols, extra)
-        nh = 0
-        if rec is not None:
-            nh = rec.shape[0]
-            if nh:  # records checked when they were read: decoding them cannot fail
-                dest.reshape(-1, ROW_VALUES)[hit] = decode_rows(rec)
-            if nh < ids.size:
-                miss = ~hit
-                cache.insert(keys[miss], extra[1][miss])
+        if extra and nh < ids.size:
+            cache.admit(keys, skip, extra[1])
         if staged:
             np.copyto(target, dest)
         req, dist, nreads, nbytes, conc, n_serial, n_pool, n_ring, others = res
@@ -404,15 +400,12 @@ class _RowReads(Closing):
         """The row cache serving this table or group, or None."""
         return self._cache
 
-    def _cache_keys(self, ids: np.ndarray, seg_cols: int) -> np.ndarray:
-        """uint64 ``[T * C]``: the cache keys ``(layer << 32) | row`` of ``ids`` ``[T, C]``."""
-        C = ids.shape[1]
+    def _cache_columns(self, C: int, seg_cols: int) -> np.ndarray:
+        """uint64 ``[C]``: each column's layer id << 32 (the first part of its rows' cache keys)."""
         lay = self._cache_cols.get((C, seg_cols))
         if lay is None:
-            lay = self._cache_cols[(C, seg_cols)] = self._cache_layers[np.arange(C) // seg_cols]
-        keys = ids.astype(np.uint64)
-        keys |= lay
-        return keys.reshape(-1)
+            lay = self._cache_cols[(C, seg_cols)] = np.ascontiguousarray(self._cache_layers[np.arange(C) // seg_cols])
+        return lay
 
     # ------------------------------------------------- the engine
     def _attach(self, client: Optional[EngineClient]) -> None:

@@ -25,11 +25,13 @@ is only left where it is.  Slots are int32 indices into the caller's record aren
 thread-safe: :class:`engram.RowCache` holds a lock around every call.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, calloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 cimport numpy as cnp
 import numpy as np
+
+from engram._native.codec cimport decode_row, ROW_BYTES, ROW_VALUES
 
 cnp.import_array()
 
@@ -254,6 +256,57 @@ cdef class Policy:
                     if hits[i] == 0 and self._find(keys[i]) < 0:
                         self._insert(keys[i])
         return total
+
+    # ----------------------------------------------------------- the engine's batches
+    def serve(self, const uint32_t[:, :] ids, const uint64_t[::1] col_layer, uint64_t[::1] keys,
+              const uint8_t[:, ::1] records, float[:, ::1] out, uint8_t[::1] skip):
+        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids, ``col_layer``
+        uint64 ``[C]`` the layer of each column shifted by 32; fills ``keys`` ``[T * C]`` with the keys, looks
+        them up as :meth:`lookup` does, decodes each hit's record of ``records`` ``[capacity, 264]`` into its
+        row of ``out`` ``[T * C, 256]`` and sets ``skip[i]`` (1: a hit, 0: a miss).  Returns the hits."""
+        cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1], t, c, i
+        cdef int64_t hits = 0
+        cdef int32_t s
+        cdef uint64_t k
+        if (col_layer.shape[0] != C or keys.shape[0] < T * C or out.shape[0] < T * C or out.shape[1] != ROW_VALUES
+                or skip.shape[0] < T * C or records.shape[0] < self.capacity or records.shape[1] != ROW_BYTES):
+            raise ValueError("serve: the arrays do not fit the batch or the cache")
+        with nogil:
+            for t in range(T):
+                for c in range(C):
+                    i = t * C + c
+                    k = col_layer[c] | <uint64_t>ids[t, c]
+                    keys[i] = k
+                    if self.tiny:
+                        self._count(k)
+                    s = self._find(k)
+                    if s >= 0:
+                        hits += 1
+                        self._touch(s)
+                        decode_row(&records[s, 0], &out[i, 0])
+                        skip[i] = 1
+                    else:
+                        skip[i] = 0
+        return hits
+
+    def admit(self, const uint64_t[::1] keys, const uint8_t[::1] skip, const uint8_t[:, ::1] raw,
+              uint8_t[:, ::1] records):
+        """The misses of a batch served by :meth:`serve` (``skip[i] == 0``), inserted in order with their
+        records ``raw`` ``[n, 264]`` as read, copied into ``records``; a key already held is left as it is.
+        Returns the records written."""
+        cdef Py_ssize_t n = keys.shape[0], i
+        cdef int64_t wrote = 0
+        cdef int32_t s
+        if skip.shape[0] < n or raw.shape[0] < n or raw.shape[1] != ROW_BYTES or records.shape[0] < self.capacity:
+            raise ValueError("admit: the arrays do not fit the batch or the cache")
+        with nogil:
+            for i in range(n):
+                if skip[i] or self._find(keys[i]) >= 0:
+                    continue
+                s = self._insert(keys[i])
+                memcpy(&records[s, 0], &raw[i, 0], ROW_BYTES)
+                wrote += 1
+        return wrote
 
     # ----------------------------------------------------------- hash table
     cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
