@@ -209,3 +209,26 @@ def test_cli_reuse_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["sim", "trace", "reuse", "--help"])
     assert e.value.code == 0 and "Belady" in capsys.readouterr().out
+
+
+def test_a_study_takes_the_cache_policy_and_bytes(tmp_path):
+    """Sweeps (and so capacity searches) take the engine's cache by policy and bytes: the shared hit rate of each
+    point is the replay's of the same reads."""
+    import csv
+
+    from sim.sweep import Study, run_study
+
+    study = Study.from_dict({"study": {"name": "cache"},
+                             "fixed": {"trace": "shared:agent_prompt_long.txt", "trace_limit": 400, "steps": 200,
+                                       "sessions": 2, "compute": "reference", "shared_cache_bytes": "2M"},
+                             "grid": {"cache_policy": ["lru", "tinylfu"]}})
+    run_study(study, jobs=1, progress=False, out=tmp_path / "c.csv")
+    rows = {r["cache_policy"]: r for r in csv.DictReader(open(tmp_path / "c.csv"))}
+    from sim.trace import load_trace
+
+    tr = load_trace("shared:agent_prompt_long.txt", limit=400)
+    curve = cache_curve(tr, ["2M"], ["lru", "tinylfu"], sessions=2, steps=200, optimal=False)
+    for p in ("lru", "tinylfu"):
+        assert float(rows[p]["shared_cache_hit_rate"]) == pytest.approx(curve.points[0].hit_rate[p], abs=1e-9)
+    with pytest.raises(ArgumentError, match="cache_policy"):
+        Study.from_dict({"study": {"name": "x"}, "fixed": {"cache_policy": "fifo"}, "grid": {"steps": [10]}}).points()
