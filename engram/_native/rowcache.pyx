@@ -13,9 +13,10 @@ One state machine per policy over ``capacity`` slots, written once and used by t
   (probation 20%, protected 80%) only if a count-min sketch estimates it more frequent than the
   main's victim (the probation LRU key), else it is evicted.  The sketch: 4 rows of saturating
   4-bit counters (kept in bytes, at most 15) whose width is the power of two at least the
-  capacity (at most 2**24), indexed by double hashing of MurmurHash3's 64-bit finalizer; every
-  looked-up key is counted, and after 10 x capacity counts every counter is halved (the paper's
-  reset, its aging).  The paper's doorkeeper Bloom filter is left out (it saves sketch memory;
+  capacity (at most 2**24), blocked as Caffeine's is: a key's 4 counters lie in one 64-byte block
+  (one per row of 16), chosen by MurmurHash3's 64-bit finalizer, so that counting a key touches
+  one cache line; every looked-up key is counted, and after 10 x capacity counts every counter
+  is halved (the paper's reset, its aging).  The paper's doorkeeper Bloom filter is left out (it saves sketch memory;
   it does not change which keys are admitted much, section 4.2).
 
 Keys are uint64 (the cache uses ``(layer << 32) | row``).  A batch is looked up first (every key
@@ -49,6 +50,18 @@ POLICIES = ("lru", "tinylfu")
 MAX_SKETCH_WIDTH = 1 << 24
 
 
+cdef struct Node:
+    uint64_t key      # the key held in this slot
+    int32_t prev      # neighbours in its segment's list (-1: none)
+    int32_t nxt
+    uint8_t where     # NONE, WINDOW, PROBATION, PROTECTED
+
+
+cdef struct Entry:
+    uint64_t key      # the hash table holds the key beside its slot: a probe reads one line
+    int32_t slot      # -1: empty
+
+
 cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
     k ^= k >> 33
     k *= <uint64_t>0xff51afd7ed558ccd
@@ -70,11 +83,8 @@ cdef class Policy:
     cdef readonly str name
     cdef int tiny
     cdef int64_t used
-    cdef uint64_t* keys
-    cdef int32_t* prev
-    cdef int32_t* nxt
-    cdef uint8_t* where
-    cdef int32_t* table
+    cdef Node* nodes
+    cdef Entry* table
     cdef uint64_t tmask
     cdef int32_t head[4]
     cdef int32_t tail[4]
@@ -82,7 +92,7 @@ cdef class Policy:
     cdef int64_t window_cap
     cdef int64_t protected_cap
     cdef uint8_t* sketch
-    cdef uint64_t smask
+    cdef uint64_t bmask
     cdef int64_t swidth
     cdef int64_t counted
     cdef int64_t sample
@@ -100,22 +110,20 @@ cdef class Policy:
         while m < 2 * capacity:
             m <<= 1
         self.tmask = <uint64_t>(m - 1)
-        self.keys = <uint64_t*>malloc(capacity * sizeof(uint64_t))
-        self.prev = <int32_t*>malloc(capacity * sizeof(int32_t))
-        self.nxt = <int32_t*>malloc(capacity * sizeof(int32_t))
-        self.where = <uint8_t*>calloc(capacity, 1)
-        self.table = <int32_t*>malloc(m * sizeof(int32_t))
+        self.nodes = <Node*>calloc(capacity, sizeof(Node))
+        self.table = <Entry*>malloc(m * sizeof(Entry))
         if self.tiny:
             while w < capacity and w < MAX_SKETCH_WIDTH:
                 w <<= 1
             self.swidth = w
-            self.smask = <uint64_t>(w - 1)
+            self.bmask = <uint64_t>(w // 16 - 1)   # blocks of 64 counters: 4 rows x 16
             self.sketch = <uint8_t*>calloc(SKETCH_ROWS * w, 1)
             self.sample = 10 * capacity
-        if (self.keys == NULL or self.prev == NULL or self.nxt == NULL or self.where == NULL
-                or self.table == NULL or (self.tiny and self.sketch == NULL)):
+        if self.nodes == NULL or self.table == NULL or (self.tiny and self.sketch == NULL):
             raise MemoryError(f"cannot allocate the bookkeeping of {capacity} slots")
-        memset(self.table, 0xFF, m * sizeof(int32_t))
+        for i in range(m):
+            self.table[i].slot = -1
+            self.table[i].key = 0
         for i in range(4):
             self.head[i] = -1
             self.tail[i] = -1
@@ -124,10 +132,7 @@ cdef class Policy:
         self.protected_cap = (capacity - self.window_cap) * 4 // 5
 
     def __dealloc__(self):
-        free(self.keys)
-        free(self.prev)
-        free(self.nxt)
-        free(self.where)
+        free(self.nodes)
         free(self.table)
         free(self.sketch)
 
@@ -145,7 +150,7 @@ cdef class Policy:
     @property
     def bookkeeping_bytes(self):
         """Bytes of this policy's own arrays (keys, links, hash table, sketch)."""
-        return (self.capacity * (8 + 4 + 4 + 1) + (self.tmask + 1) * 4
+        return (self.capacity * sizeof(Node) + (self.tmask + 1) * sizeof(Entry)
                 + (SKETCH_ROWS * self.swidth if self.tiny else 0))
 
     def contains(self, uint64_t key):
@@ -166,8 +171,8 @@ cdef class Policy:
         cdef uint64_t[::1] o = out
         cdef int64_t j = 0, s
         for s in range(self.used):
-            if self.where[s] != NONE:
-                o[j] = self.keys[s]
+            if self.nodes[s].where != NONE:
+                o[j] = self.nodes[s].key
                 j += 1
         return out
 
@@ -311,67 +316,71 @@ cdef class Policy:
     # ----------------------------------------------------------- hash table
     cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
         cdef uint64_t i = fmix64(key) & self.tmask
-        cdef int32_t s
         while True:
-            s = self.table[i]
-            if s < 0:
+            if self.table[i].slot < 0:
                 return -1
-            if self.keys[s] == key:
-                return s
+            if self.table[i].key == key:
+                return self.table[i].slot
             i = (i + 1) & self.tmask
 
     cdef inline void _put(self, int32_t slot) noexcept nogil:
-        cdef uint64_t i = fmix64(self.keys[slot]) & self.tmask
-        while self.table[i] >= 0:
+        cdef uint64_t key = self.nodes[slot].key
+        cdef uint64_t i = fmix64(key) & self.tmask
+        while self.table[i].slot >= 0:
             i = (i + 1) & self.tmask
-        self.table[i] = slot
+        self.table[i].slot = slot
+        self.table[i].key = key
 
     cdef void _remove(self, int32_t slot) noexcept nogil:
         """Delete ``slot``'s key from the table (backward-shift deletion: no tombstones)."""
-        cdef uint64_t i = fmix64(self.keys[slot]) & self.tmask, j, k
-        while self.table[i] != slot:
+        cdef uint64_t i = fmix64(self.nodes[slot].key) & self.tmask, j, k
+        while self.table[i].slot != slot:
             i = (i + 1) & self.tmask
         j = i
         while True:
             j = (j + 1) & self.tmask
-            if self.table[j] < 0:
+            if self.table[j].slot < 0:
                 break
-            k = fmix64(self.keys[self.table[j]]) & self.tmask
+            k = fmix64(self.table[j].key) & self.tmask
             # the entry at j may move to i unless its home k lies cyclically in (i, j]
             if (i <= j and (k <= i or k > j)) or (i > j and (k <= i and k > j)):
                 self.table[i] = self.table[j]
                 i = j
-        self.table[i] = -1
+        self.table[i].slot = -1
 
     # ----------------------------------------------------------- lists
     cdef inline void _unlink(self, int32_t s) noexcept nogil:
-        cdef int w = self.where[s]
-        if self.prev[s] >= 0:
-            self.nxt[self.prev[s]] = self.nxt[s]
+        cdef Node* n = &self.nodes[s]
+        cdef int w = n.where
+        if n.prev >= 0:
+            self.nodes[n.prev].nxt = n.nxt
         else:
-            self.head[w] = self.nxt[s]
-        if self.nxt[s] >= 0:
-            self.prev[self.nxt[s]] = self.prev[s]
+            self.head[w] = n.nxt
+        if n.nxt >= 0:
+            self.nodes[n.nxt].prev = n.prev
         else:
-            self.tail[w] = self.prev[s]
+            self.tail[w] = n.prev
         self.size[w] -= 1
-        self.where[s] = NONE
+        n.where = NONE
 
     cdef inline void _push(self, int w, int32_t s) noexcept nogil:
         """``s`` at the most recent end of list ``w``."""
-        self.prev[s] = self.tail[w]
-        self.nxt[s] = -1
+        cdef Node* n = &self.nodes[s]
+        n.prev = self.tail[w]
+        n.nxt = -1
         if self.tail[w] >= 0:
-            self.nxt[self.tail[w]] = s
+            self.nodes[self.tail[w]].nxt = s
         else:
             self.head[w] = s
         self.tail[w] = s
         self.size[w] += 1
-        self.where[s] = w
+        n.where = w
 
     cdef void _touch(self, int32_t s) noexcept nogil:
-        cdef int w = self.where[s]
+        cdef int w = self.nodes[s].where
         cdef int32_t d
+        if w != PROBATION and self.tail[w] == s:
+            return  # already the most recent of its list
         self._unlink(s)
         if w == PROBATION:
             self._push(PROTECTED, s)
@@ -388,7 +397,7 @@ cdef class Policy:
         if self.used < self.capacity:
             s = <int32_t>self.used
             self.used += 1
-            self.keys[s] = key
+            self.nodes[s].key = key
             self._put(s)
             self._push(WINDOW, s)
             if self.size[WINDOW] > self.window_cap:  # the main has room while the cache fills
@@ -401,28 +410,35 @@ cdef class Policy:
         else:
             cand = self.head[WINDOW]
             victim = self.head[PROBATION] if self.size[PROBATION] > 0 else self.head[PROTECTED]
-            if victim >= 0 and self._estimate(self.keys[cand]) > self._estimate(self.keys[victim]):
+            if victim >= 0 and self._estimate(self.nodes[cand].key) > self._estimate(self.nodes[victim].key):
                 self._unlink(cand)
                 self._unlink(victim)
                 self._push(PROBATION, cand)
                 freed = victim
             else:
                 freed = cand
-        if self.where[freed] != NONE:
+        if self.nodes[freed].where != NONE:
             self._unlink(freed)
         self._remove(freed)
-        self.keys[freed] = key
+        self.nodes[freed].key = key
         self._put(freed)
         self._push(WINDOW, freed)
         return freed
 
     # ----------------------------------------------------------- sketch
+    cdef inline uint8_t* _block(self, uint64_t key, uint64_t* h) noexcept nogil:
+        """The 64-counter block of ``key`` (one cache line) and, in ``h``, the hash choosing its 4 counters."""
+        cdef uint64_t h1 = fmix64(key)
+        h[0] = fmix64(key ^ <uint64_t>0x9E3779B97F4A7C15)
+        return self.sketch + ((h1 & self.bmask) << 6)
+
     cdef inline void _count(self, uint64_t key) noexcept nogil:
-        cdef uint64_t h1 = fmix64(key), h2 = fmix64(key ^ <uint64_t>0x9E3779B97F4A7C15) | 1
-        cdef int r
+        cdef uint64_t h
+        cdef uint8_t* blk = self._block(key, &h)
         cdef uint8_t* c
+        cdef int r
         for r in range(SKETCH_ROWS):
-            c = self.sketch + r * self.swidth + ((h1 + r * h2) & self.smask)
+            c = blk + (r << 4) + ((h >> (4 * r)) & 15)
             if c[0] < COUNTER_MAX:
                 c[0] += 1
         self.counted += 1
@@ -430,10 +446,11 @@ cdef class Policy:
             self._age()
 
     cdef inline int _estimate(self, uint64_t key) noexcept nogil:
-        cdef uint64_t h1 = fmix64(key), h2 = fmix64(key ^ <uint64_t>0x9E3779B97F4A7C15) | 1
+        cdef uint64_t h
+        cdef uint8_t* blk = self._block(key, &h)
         cdef int r, m = COUNTER_MAX, v
         for r in range(SKETCH_ROWS):
-            v = self.sketch[r * self.swidth + ((h1 + r * h2) & self.smask)]
+            v = blk[(r << 4) + ((h >> (4 * r)) & 15)]
             if v < m:
                 m = v
         return m
