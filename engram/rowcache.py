@@ -62,9 +62,10 @@ POLICIES = tuple(_native.POLICIES)
 PREFILL = ("admit", "bypass")
 DEFAULT_POLICY = "tinylfu"
 DEFAULT_PREFILL = "admit"
-#: Bytes of bookkeeping a row slot costs besides its record (key 8, links 8, segment 1, hash table
-#: 8 to 16 at a load of 1/4 to 1/2); TinyLFU's sketch adds 4 bytes per slot up to 2**24 slots.
-BOOKKEEPING_BYTES = 33
+#: Bytes of bookkeeping a row slot costs at most besides its record: its node (key, links, segment: 24),
+#: hash table entries (key and slot, 16 bytes, 2 to 4 a slot: 32 to 64) and TinyLFU's sketch (4 bytes a
+#: slot up to 2**24 slots).  ``CachePolicy.bookkeeping_bytes`` gives a cache's own figure.
+BOOKKEEPING_BYTES = 92
 
 #: The policy class itself: ``CachePolicy(capacity_rows, name)`` with ``lookup``, ``insert`` and
 #: ``access`` (a whole stream of keys replayed batch by batch, the simulator's entry).

@@ -36,6 +36,9 @@ from engram._native.codec cimport decode_row, ROW_BYTES, ROW_VALUES
 
 cnp.import_array()
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
 cdef enum:
     NONE = 0
     WINDOW = 1
@@ -277,11 +280,15 @@ cdef class Policy:
                 or skip.shape[0] < T * C or records.shape[0] < self.capacity or records.shape[1] != ROW_BYTES):
             raise ValueError("serve: the arrays do not fit the batch or the cache")
         with nogil:
+            for t in range(T):  # the keys first, their table entries and sketch blocks fetched ahead
+                for c in range(C):
+                    k = col_layer[c] | <uint64_t>ids[t, c]
+                    keys[t * C + c] = k
+                    self._prefetch(k)
             for t in range(T):
                 for c in range(C):
                     i = t * C + c
-                    k = col_layer[c] | <uint64_t>ids[t, c]
-                    keys[i] = k
+                    k = keys[i]
                     if self.tiny:
                         self._count(k)
                     s = self._find(k)
@@ -306,6 +313,9 @@ cdef class Policy:
             raise ValueError("admit: the arrays do not fit the batch or the cache")
         with nogil:
             for i in range(n):
+                if not skip[i]:
+                    self._prefetch(keys[i])
+            for i in range(n):
                 if skip[i] or self._find(keys[i]) >= 0:
                     continue
                 s = self._insert(keys[i])
@@ -314,6 +324,12 @@ cdef class Policy:
         return wrote
 
     # ----------------------------------------------------------- hash table
+    cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
+        """Start fetching ``key``'s hash table entry (and sketch block): a batch's misses then overlap."""
+        __builtin_prefetch(&self.table[fmix64(key) & self.tmask])
+        if self.tiny:
+            __builtin_prefetch(self.sketch + ((fmix64(key) & self.bmask) << 6))
+
     cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
         cdef uint64_t i = fmix64(key) & self.tmask
         while True:
