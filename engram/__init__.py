@@ -10,6 +10,7 @@ The public API, re-exported here:
 - :func:`read_model` -> :class:`ModelInfo` -- the Engram part of a (split) GGUF model, headers only (SPEC §6);
   :func:`repair_model` -- rewrite one with the current keys
 - :class:`Table`, :class:`TableGroup`, :class:`ReadStats` -- uncached, concurrent row reads (SPEC §8)
+- :class:`RowCache` -- raw records of rows read, shared by a model's sessions (LRU or W-TinyLFU)
 - :func:`usable_backends`, :func:`auto_backend`, :func:`probe_backends` -> :class:`BackendStatus` -- which read
   backends start and read on this machine now, and the one ``backend="auto"`` uses
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8);
@@ -22,6 +23,10 @@ The public API, re-exported here:
 
 from .errors import (
     ArgumentError,
+    CacheError,
+    CacheLayoutError,
+    CachePolicyError,
+    CacheSizeError,
     DecodeError,
     EngramError,
     FormatError,
@@ -40,6 +45,7 @@ from .hashing import DEAD, Hasher, History
 from .gguf import EngramLayer, KeySource, KeyValue, ModelInfo, TableLocation, TensorLocation, read_model, repair_model
 from .layout import Layout
 from .mixer import gated_add, kv_weights, project
+from .rowcache import RowCache
 from .table import ReadStats, Table, TableGroup, available_backends
 from .model import EngramModel, LayerWeights, Session
 from .prefetch import PrefetchCancelled, Prefetcher
@@ -51,6 +57,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
     "RowRangeError", "TableIOError", "TokenError", "VocabularyError", "OutputError",
+    "CacheError", "CacheSizeError", "CachePolicyError", "CacheLayoutError", "RowCache",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
     "Vocabulary", "check_tokenizer", "file_tokenizer", "model_tokenizer", "tokenizer_vocabulary",

@@ -106,3 +106,20 @@ class OutputError(EngramError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class CacheError(EngramError):
+    """A row cache (:class:`engram.RowCache`) cannot be built or used as asked; the kinds below say why."""
+
+
+class CacheSizeError(CacheError, ArgumentError):
+    """A row cache's budget holds no row (below 264 bytes), is not a size, or exceeds the machine's memory."""
+
+
+class CachePolicyError(CacheError, ArgumentError):
+    """A row cache policy (or prefill rule) that does not exist; the message lists those that do."""
+
+
+class CacheLayoutError(CacheError, LayoutError):
+    """A row cache already serving one model was given to a model of another layout or other tables: its
+    keys ``(layer, row)`` would name other rows."""

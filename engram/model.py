@@ -26,6 +26,7 @@ from .hashing import Hasher, History
 from .mixer import gated_add, project
 from .io_engine import EngineClient, IOEngine, shared_engine
 from .prefetch import Prefetcher
+from .rowcache import RowCache
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
 from .vocabulary import TokenizerLike, check_tokenizer, model_tokenizer
 
@@ -59,8 +60,10 @@ class EngramModel:
 
     def __init__(self, info: ModelInfo, *, eps: Optional[float] = None, backend: str = "auto",
                  readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD, direct: Union[bool, str] = "auto",
-                 engine: Union[str, IOEngine] = "shared"):
+                 engine: Union[str, IOEngine] = "shared", cache: Optional[RowCache] = None):
         self.info = info
+        #: The row cache every session shares unless ``session(cache=...)`` says otherwise (None: none).
+        self.cache = self._bind_cache(cache, info)
         self.layout = info.layout
         self.layer_ids = tuple(info.layout.layer_ids)
         self.token_map = info.token_map
@@ -68,14 +71,15 @@ class EngramModel:
         self.eps = float(info.eps) if eps is None else need_eps(eps)
         self.hasher = Hasher(info.layout, info.token_map)
         self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, eps=self.eps,
-                             engine=engine)
+                             engine=engine, cache=self.cache)
         self._weights: Dict[int, LayerWeights] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *, eps: Optional[float] = None,
              backend: str = "auto", readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
-             direct: Union[bool, str] = "auto", engine: Union[str, IOEngine] = "shared") -> "EngramModel":
+             direct: Union[bool, str] = "auto", engine: Union[str, IOEngine] = "shared",
+             cache: Optional[RowCache] = None) -> "EngramModel":
         """Open a model file, one shard of a split set, or a list of shards.
 
         Only headers are read here (:func:`engram.read_model`); weights load on
@@ -97,6 +101,10 @@ class EngramModel:
             Where sessions read: ``"shared"`` (default) the one I/O engine of
             the table's device (:func:`engram.io_engine.shared_engine`),
             ``"private"`` each session's own readers, or a given engine.
+        cache : RowCache, optional
+            One row cache shared by every session of the model (:class:`engram.RowCache`:
+            raw records of rows read, keyed by ``(layer, row)``); None (default): none.
+            ``session(cache=...)`` overrides it per session.
 
         Raises
         ------
@@ -105,10 +113,21 @@ class EngramModel:
         TableIOError
             A file cannot be read.
         ArgumentError
-            ``eps`` is not a finite number ``>= 0``.
+            ``eps`` is not a finite number ``>= 0``; ``cache`` is not a RowCache.
+        CacheLayoutError
+            ``cache`` already serves a model of another layout or other tables.
         """
         return cls(read_model(path), eps=eps, backend=backend, readers=readers, threshold=threshold, direct=direct,
-                   engine=engine)
+                   engine=engine, cache=cache)
+
+    @staticmethod
+    def _bind_cache(cache, info: ModelInfo) -> Optional[RowCache]:
+        if cache is None:
+            return None
+        if not isinstance(cache, RowCache):
+            raise ArgumentError(f"cache must be an engram.RowCache or None, got {type(cache).__name__}")
+        cache.bind(info.layout, info.tables, name=str(info.path))
+        return cache
 
     def weights(self, layer_id: int) -> LayerWeights:
         """Weights of ``layer_id``, read on first use and kept: 315 MB a layer (``engram_kv`` stays F16).
@@ -215,18 +234,23 @@ class EngramModel:
         tables), ``engine`` (``"shared"``, the default: the reads go through the process's engine
         of each table's device, shared with the other sessions, :mod:`engram.io_engine`;
         ``"private"``: the session's own readers per table and for its decode batches; an
-        :class:`~engram.io_engine.IOEngine`: that engine) and ``eps`` (the gate epsilon of its
-        :meth:`Session.apply`; default :attr:`eps`).
+        :class:`~engram.io_engine.IOEngine`: that engine), ``eps`` (the gate epsilon of its
+        :meth:`Session.apply`; default :attr:`eps`) and ``cache`` (a :class:`engram.RowCache` for
+        this session, None for none; default the model's :attr:`cache`).
 
         Raises
         ------
         ArgumentError
             An unknown option, or an invalid value (see :class:`engram.Table`; ``eps``
-            must be a finite number ``>= 0``).
+            must be a finite number ``>= 0``; ``cache`` a RowCache or None).
+        CacheLayoutError
+            ``cache`` already serves a model of another layout or other tables.
         """
         unknown = set(overrides) - set(self.defaults)
         if unknown:
             raise ArgumentError(f"unknown session options: {sorted(unknown)} (known: {sorted(self.defaults)})")
+        if "cache" in overrides:
+            overrides["cache"] = self._bind_cache(overrides["cache"], self.info)
         return Session(self, **{**self.defaults, **overrides})
 
     def __repr__(self) -> str:
@@ -251,10 +275,13 @@ class Session(Closing):
         uint32 ``[layers, 24]``: row ids of the last :meth:`step`.
     eps : float
         The gate epsilon of :meth:`apply`.
+    cache : RowCache or None
+        The row cache of its decode steps (and of its prefills when ``cache.prefill == "admit"``).
     """
 
     def __init__(self, model: EngramModel, *, backend: str, readers: int, threshold: int,
-                 direct: Union[bool, str], eps: float, engine: Union[str, IOEngine] = "shared"):
+                 direct: Union[bool, str], eps: float, engine: Union[str, IOEngine] = "shared",
+                 cache: Optional[RowCache] = None):
         self.model = model
         self.eps = need_eps(eps)
         self.history = model.hasher.new_history()
@@ -270,12 +297,32 @@ class Session(Closing):
             first = self.tables[model.layer_ids[0]]
             self._group = TableGroup([self.tables[lid] for lid in model.layer_ids], model.layout.columns,
                                      engine=first.engine_client or "private")
+            self.cache = None
+            self.use_cache(cache)
         except BaseException:
             self.close()
             raise
         self._ids = np.empty(model.hasher.step_shape, np.uint32)
         self.last_stats = ReadStats()
         self.last_row_ids = np.zeros(model.hasher.step_shape, np.uint32)
+
+    def use_cache(self, cache: Optional[RowCache]) -> None:
+        """Read this session's steps (and, with ``cache.prefill == "admit"``, its prefills) through
+        ``cache`` from now on; None: no cache.  A measurement switches it off around steps it does not
+        want cached.
+
+        Raises
+        ------
+        ArgumentError
+            ``cache`` is not a RowCache or None.
+        CacheLayoutError
+            ``cache`` serves another model.
+        """
+        cache = self.model._bind_cache(cache, self.model.info)
+        self._group.attach_cache(cache, self.model.layer_ids)
+        for lid in self.model.layer_ids:
+            self.tables[lid].attach_cache(cache if cache is not None and cache.prefill == "admit" else None, lid)
+        self.cache = cache
 
     def _engine_client(self, engine, path):
         """What a table of ``path`` reads through: the session's client of the engine of the file's

@@ -39,6 +39,7 @@ from .backends import AUTO_ORDER, available_backends
 from .codec import ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
 from .io_engine import EngineClient, IOEngine, generation as _engine_generation, shared_engine
+from .rowcache import RowCache
 from .uncached import close_quietly, open_uncached
 
 __all__ = ["Table", "TableGroup", "ReadStats", "available_backends", "ROW_BYTES", "ROW_VALUES",
@@ -72,9 +73,12 @@ class ReadStats:
     Attributes
     ----------
     rows_requested : int
-        Row ids asked for (duplicates included).
+        Row ids asked for (duplicates included; row cache hits included).
     rows_distinct : int
-        Distinct rows read (per 2048-token chunk).
+        Distinct rows read (per 2048-token chunk): with a row cache, of its misses.
+    cache_hits : int
+        Row ids served by the row cache (:class:`engram.RowCache`; 0 without one): these
+        were neither read nor counted in ``rows_distinct``, ``reads`` or ``bytes_read``.
     reads : int
         I/O requests issued (one aligned span each).
     bytes_read : int
@@ -83,7 +87,8 @@ class ReadStats:
         Wall time in seconds, from the call to the published output.
     backend : str
         ``serial``, ``pread`` or ``io_uring``; ``+serial`` is appended when some
-        chunks of the call were small enough to be read serially.  After a
+        chunks of the call were small enough to be read serially; ``cache`` when
+        the row cache served every row.  After a
         fallback from the ring this says ``pread``.
     concurrency : int
         Readers or ring depth used (1 for serial reads).
@@ -104,6 +109,7 @@ class ReadStats:
     concurrency: int = 1
     calls: int = 0
     others_reads: int = 0
+    cache_hits: int = 0
 
     def add(self, other: "ReadStats") -> None:
         """Accumulate ``other`` into this record."""
@@ -114,6 +120,7 @@ class ReadStats:
         self.wall_s += other.wall_s
         self.calls += other.calls
         self.others_reads += other.others_reads
+        self.cache_hits += other.cache_hits
         self.concurrency = max(self.concurrency, other.concurrency)
         if other.backend and other.backend not in self.backend.split(","):
             self.backend = f"{self.backend},{other.backend}" if self.backend else other.backend
@@ -316,10 +323,18 @@ class _RowReads(Closing):
               seg_cols: Optional[int] = None) -> None:
         """Read ``ids`` into ``target``; a caller's multi-chunk ``out`` is staged so
         that a failure leaves it untouched.  Shared by :class:`TableGroup`."""
-        staged = caller_out is not None and ids.size > _reader.CHUNK_REQUESTS
+        cache = self._cache
+        staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
         t0 = time.perf_counter()
+        nh, extra = 0, ()
+        if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
+            n = ids.size
+            keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
+            nh = cache.serve(ids, self._cache_columns(ids.shape[1], seg_cols), keys,
+                             dest.reshape(n, ROW_VALUES), skip)
+            extra = (skip if nh else None, np.empty((n, ROW_BYTES), np.uint8) if nh < n else None)
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
@@ -327,23 +342,70 @@ class _RowReads(Closing):
                 self._reattach()
             self._follow_verdict()
             try:
-                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols)
+                if extra and nh == ids.size:
+                    res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
+                else:
+                    res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
-                res = self._reread_on_pool(f, ids, dest, seg_cols)
+                res = self._reread_on_pool(f, ids, dest, seg_cols, extra)
+        if extra and nh < ids.size:
+            cache.admit(keys, skip, extra[1])
         if staged:
             np.copyto(target, dest)
         req, dist, nreads, nbytes, conc, n_serial, n_pool, n_ring, others = res
         used = [name for name, n in (("io_uring", n_ring), ("pread", n_pool)) if n]
-        backend = "+".join(used) if used else "serial"
+        backend = "+".join(used) if used else "serial" if req or not nh else "cache"
         if used and n_serial:
             backend += "+serial"
-        st = ReadStats(rows_requested=req, rows_distinct=dist, reads=nreads, bytes_read=nbytes,
+        st = ReadStats(rows_requested=req + nh, rows_distinct=dist, reads=nreads, bytes_read=nbytes,
                        wall_s=time.perf_counter() - t0, backend=backend, concurrency=conc, calls=1,
-                       others_reads=others)
+                       others_reads=others, cache_hits=nh)
         self.last_stats = st
         self.stats.add(st)
+
+    # ------------------------------------------------- the row cache
+    _cache: Optional[RowCache] = None
+
+    def attach_cache(self, cache: Optional[RowCache], layer_ids) -> None:
+        """Serve repeated rows from ``cache`` (an :class:`engram.RowCache`; None: no cache).
+
+        ``layer_ids``: the decoder layer of this table (an int) or of each table of a group (a
+        sequence), the first part of the cache's keys ``(layer, row)``.  Batches then look their
+        rows up first; only the misses are read (sorted, deduplicated) and inserted;
+        ``ReadStats.cache_hits`` counts the hits.  :class:`engram.Session` attaches the model's cache.
+
+        Raises
+        ------
+        ArgumentError
+            ``cache`` is not a RowCache or None; ``layer_ids`` is not one layer id (>= 0) per table.
+        """
+        if cache is None:
+            self._cache = None
+            return
+        if not isinstance(cache, RowCache):
+            raise ArgumentError(f"cache must be an engram.RowCache or None, got {type(cache).__name__}")
+        lids = [layer_ids] if isinstance(layer_ids, (int, np.integer)) else list(layer_ids)
+        n = len(getattr(self, "tables", [self]))
+        if len(lids) != n or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < 2**31
+                                 for x in lids):
+            raise ArgumentError(f"layer_ids must give one layer id >= 0 for each of the {n} table(s), got {layer_ids!r}")
+        self._cache_layers = np.asarray(lids, np.uint64) << np.uint64(32)
+        self._cache_cols: dict = {}
+        self._cache = cache
+
+    @property
+    def cache(self) -> Optional[RowCache]:
+        """The row cache serving this table or group, or None."""
+        return self._cache
+
+    def _cache_columns(self, C: int, seg_cols: int) -> np.ndarray:
+        """uint64 ``[C]``: each column's layer id << 32 (the first part of its rows' cache keys)."""
+        lay = self._cache_cols.get((C, seg_cols))
+        if lay is None:
+            lay = self._cache_cols[(C, seg_cols)] = np.ascontiguousarray(self._cache_layers[np.arange(C) // seg_cols])
+        return lay
 
     # ------------------------------------------------- the engine
     def _attach(self, client: Optional[EngineClient]) -> None:
@@ -389,14 +451,14 @@ class _RowReads(Closing):
         return (self.requested_backend == "auto" and f.backend == "io_uring"
                 and (f.kind == "ring" or (f.kind == "io" and f.errno not in _backends.DEVICE_ERRNOS)))
 
-    def _reread_on_pool(self, f, ids, dest, seg_cols):
+    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=()):
         """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
         the ring is refused for the process (one warning) and this reader stays on the pool;
         when the pool fails too, its error is raised and the ring keeps its standing."""
         if self._reader.start_pool(self.readers):
             raise self._error(f, ids) from None
         try:
-            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols)
+            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra)
         except _reader.ReadFailure as g:
             raise self._error(g, ids) from None
         verdict = _backends.refuse_ring(f"{_backends.read_failure(f)} (a batch of {self.path}, re-read "

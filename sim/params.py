@@ -18,6 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.rowcache import POLICIES as CACHE_POLICIES, cache_rows as _cache_rows, parse_size
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
@@ -58,8 +59,20 @@ class Policy:
     cache_rows : int
         Per-session LRU row cache, rows (0: none, as the engine does).
     shared_cache_rows : int
-        One LRU row cache shared by every session, rows (0: none).  A request
-        goes to the session's cache first, then to the shared one.
+        One row cache shared by every session, rows (0: none): the engine's
+        :class:`engram.RowCache` of the model.  A request goes to the session's
+        cache first, then to the shared one, which sees each session's step as
+        one batch (looked up, then its misses inserted), as the engine does.
+    shared_cache_bytes : int or str
+        The shared cache as the engine sizes it: a budget in bytes (``"1G"``),
+        ``bytes // 264`` rows (:func:`engram.rowcache.cache_rows`); sets
+        ``shared_cache_rows`` (giving both with other rows is an ``ArgumentError``).
+        0: ``shared_cache_rows`` says.
+    cache_policy : str
+        The row caches' replacement policy, one of the engine's
+        (:data:`engram.rowcache.POLICIES`: ``"lru"``, default here as the simulator's
+        caches were; ``"tinylfu"``, the engine's default), run by the engine's own
+        code (:class:`engram.rowcache.CachePolicy`).
     dram_fraction : float
         Share of every table's rows resident in DRAM (0: none): a request for
         such a row costs no device read.  The resident rows are chosen by a
@@ -88,8 +101,21 @@ class Policy:
     batch_overhead: float = 0.0
     shared_cache_rows: int = 0
     dram_fraction: float = 0.0
+    shared_cache_bytes: int = 0
+    cache_policy: str = "lru"
 
     def __post_init__(self) -> None:
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ArgumentError(f"Policy.cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
+                                f"got {self.cache_policy!r}")
+        b = parse_size(self.shared_cache_bytes)
+        object.__setattr__(self, "shared_cache_bytes", b)
+        if b:
+            rows = _cache_rows(b, check_memory=False)
+            if self.shared_cache_rows and int(self.shared_cache_rows) != rows:
+                raise ArgumentError(f"Policy: shared_cache_bytes {b} holds {rows} rows, shared_cache_rows says "
+                                    f"{self.shared_cache_rows}; give one of them")
+            object.__setattr__(self, "shared_cache_rows", rows)
         if self.backend not in BACKENDS:
             raise ArgumentError(f"Policy.backend must be 'pread' or 'io_uring', got {self.backend!r}")
         readers, ring = self.readers, self.ring_depth

@@ -156,6 +156,7 @@ cdef class RowReader:
     cdef int eng_depth
     cdef int eng_depth_used
     cdef uint64_t others
+    cdef Py_ssize_t last_nr   # reads planned for the last chunk read (last_spans)
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
@@ -381,7 +382,8 @@ cdef class RowReader:
         return 0
 
     # ------------------------------------------------------------ read
-    def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols):
+    def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols,
+             cnp.ndarray skip=None, cnp.ndarray raw=None):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
 
         Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
@@ -394,14 +396,31 @@ cdef class RowReader:
         other jobs the engine granted meanwhile (0 when not attached).  Raises
         ReadFailure; ``out`` is then untouched only for single-chunk calls
         (``table.py`` stages larger ones).
+
+        ``skip``: uint8 ``[T, C]`` C-contiguous or None; positions where it is
+        nonzero are neither read nor published (a row cache serves them); the
+        counts then count the other positions only.  ``raw``: uint8
+        ``[T * C, 264]`` C-contiguous or None; receives the record of every
+        published position, as read (the row cache keeps records, not values).
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
-        cdef Py_ssize_t total = T * C, start = 0, n, nd, nr, i
+        cdef Py_ssize_t total = T * C, start = 0, n, m, nd, nr, i
         cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0, others = 0
         cdef int conc = 1, path, serial_chunks = 0, pool_chunks = 0, ring_chunks = 0
+        cdef const uint8_t* sk = NULL
+        cdef uint8_t* rp = NULL
+        if skip is not None:
+            if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
+                raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
+            sk = <const uint8_t*>cnp.PyArray_DATA(skip)
+        if raw is not None:
+            if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
+                raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
+            rp = <uint8_t*>cnp.PyArray_DATA(raw)
+        self.last_nr = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
         self._forget_if_forked()
@@ -422,14 +441,18 @@ cdef class RowReader:
         while start < total:
             n = min(<Py_ssize_t>CHUNK, total - start)
             with nogil:
-                self._sort_requests(idp, C, s0, s1, seg_cols, start, n)
-                nd = self._distinct_rows(n)
+                m = self._sort_requests(idp, C, s0, s1, seg_cols, start, n, sk)
+                nd = self._distinct_rows(m)
                 nr = self._plan_spans(nd)
+            if m == 0:  # every position of the chunk skipped
+                start += n
+                continue
             path = SERIAL if nd < threshold else backend
             path = self._read_spans(nr, path)
+            self.last_nr = nr
             self._check_rows(nd, path)
             with nogil:
-                self._publish(op + start * ROW_VALUES, n)
+                self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL)
             if path == SERIAL:
                 serial_chunks += 1
             elif path == PREAD:
@@ -444,7 +467,7 @@ cdef class RowReader:
                     conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
             for i in range(nr):
                 nbytes += self.reqs[i].span_len
-            requested += n
+            requested += m
             distinct += nd
             nreads += nr
             start += n
@@ -471,19 +494,25 @@ cdef class RowReader:
                               segment=(bad_at % C) // seg_cols, backend=_PATH_NAMES[backend])
         return 0
 
-    cdef void _sort_requests(self, const uint32_t* idp, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
-                             Py_ssize_t seg_cols, Py_ssize_t start, Py_ssize_t n) noexcept nogil:
-        """keys[i] = (segment, file offset of the row) << 16 | position i in the chunk, sorted."""
-        cdef Py_ssize_t i, t, c
+    cdef Py_ssize_t _sort_requests(self, const uint32_t* idp, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
+                                   Py_ssize_t seg_cols, Py_ssize_t start, Py_ssize_t n,
+                                   const uint8_t* skip) noexcept nogil:
+        """keys[j] = (segment, file offset of the row) << 16 | position i in the chunk, sorted, for the
+        positions not skipped; returns their count."""
+        cdef Py_ssize_t i, t, c, m = 0
         cdef int seg
         cdef uint64_t vk
         for i in range(n):
+            if skip != NULL and skip[start + i]:
+                continue
             t = (start + i) // C
             c = (start + i) % C
             seg = <int>(c // seg_cols)
             vk = (<uint64_t>seg << OFF_BITS) | (self.seg_off[seg] + <uint64_t>idp[t * s0 + c * s1] * ROW_BYTES)
-            self.keys[i] = (vk << POS_BITS) | <uint64_t>i
-        sort(self.keys, self.keys + n)
+            self.keys[m] = (vk << POS_BITS) | <uint64_t>i
+            m += 1
+        sort(self.keys, self.keys + m)
+        return m
 
     cdef Py_ssize_t _distinct_rows(self, Py_ssize_t n) noexcept nogil:
         """dkey / doff: the distinct (segment, offset) keys and file offsets; returns their count."""
@@ -593,8 +622,9 @@ cdef class RowReader:
                               backend=_PATH_NAMES[path])
         return 0
 
-    cdef void _publish(self, float* op, Py_ssize_t n) noexcept nogil:
-        """Decode each distinct row into its first position; copy it to the duplicates."""
+    cdef void _publish(self, float* op, Py_ssize_t n, uint8_t* rp) noexcept nogil:
+        """Decode each distinct row into its first position; copy it to the duplicates; the records to
+        ``rp`` (when not NULL) at every position."""
         cdef Py_ssize_t i, t, first = 0, d = -1
         cdef uint64_t vk, pos_mask = (<uint64_t>1 << POS_BITS) - 1
         for i in range(n):
@@ -606,6 +636,15 @@ cdef class RowReader:
                 d += 1
                 first = t
                 decode_row(self.staging + d * ROW_BYTES, op + t * ROW_VALUES)
+            if rp != NULL:
+                memcpy(rp + t * ROW_BYTES, self.staging + d * ROW_BYTES, ROW_BYTES)
+
+    def last_spans(self):
+        """The reads of the last chunk the last :meth:`read` submitted: a list of (segment's descriptor,
+        file offset, bytes), in submission order (sorted by file offset, one span per distinct block run)."""
+        if self.reqs == NULL:
+            return []
+        return [(self.reqs[i].fd, self.reqs[i].span_off, self.reqs[i].span_len) for i in range(self.last_nr)]
 
     def _where(self, Py_ssize_t d):
         """(row, file offset, segment) of distinct row ``d`` of the current chunk."""

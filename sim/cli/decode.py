@@ -58,7 +58,8 @@ def _cmd_decode(args) -> int:
     tr = _trace(args)
     dev = _device(args)
     policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers,
-                     shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction)
+                     shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction,
+                     shared_cache_bytes=args.shared_cache_bytes or 0, cache_policy=args.cache_policy)
     compute_s, fitted = _decode_compute(args, tr, dev, policy)
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
                         mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
@@ -101,7 +102,13 @@ def _add_decode(sub) -> None:
     g.add_argument("--start-spread-ms", type=float, help="deprecated: --phases spread:MS")
     g.add_argument("--cache-rows", type=int, default=0, help="per-session LRU row cache in rows (default 0)")
     g.add_argument("--shared-cache-rows", type=int, default=0,
-                   help="one LRU row cache shared by all sessions, rows (default 0)")
+                   help="one row cache shared by all sessions, rows (default 0)")
+    g.add_argument("--shared-cache-bytes", metavar="SIZE",
+                   help="the shared row cache as the engine sizes it (engram.RowCache): bytes, e.g. 64M, 1G "
+                        "(SIZE // 264 rows; instead of --shared-cache-rows)")
+    g.add_argument("--cache-policy", choices=("lru", "tinylfu"), default="lru",
+                   help="replacement policy of the row caches, the engine's code (default lru; the engine's "
+                        "RowCache defaults to tinylfu)")
     g.add_argument("--dram-fraction", type=float, default=0.0,
                    help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
     g.add_argument("--dram-rows", metavar="FILE.npy",

@@ -65,7 +65,8 @@ def _measure_settings(args) -> Settings:
                     compute_samples=20 if q else 100, mixer_samples=5 if q else 15, seed=args.seed,
                     max_background_cpu=None if (args.no_wait or q) else args.max_background,
                     max_background_iops=args.max_background_iops, wait_budget=args.wait_budget,
-                    capacity_target=args.capacity_target, probe_every=args.probe_every)
+                    capacity_target=args.capacity_target, probe_every=args.probe_every,
+                    cache_bytes=args.cache_bytes or 0, cache_policy=args.cache_policy)
 
 
 @_typed_errors
@@ -109,6 +110,14 @@ def _cmd_measure(args) -> int:
                   f"{np.median([r['step_ms']['p50'] for r in rs]):>8.3f} "
                   f"{np.median([r['step_ms']['p95'] for r in rs]):>8.3f} {max(r.get('threads', 0) for r in rs):>7}")
         print(f"          {THREADS_MEANING}")
+        cached = [r for r in doc["runs"] if r.get("row_cache")]
+        if cached:
+            err = max(abs(r["row_cache"]["hit_rate"] - r["row_cache"]["predicted_hit_rate"]) for r in cached)
+            c = cached[0]["row_cache"]
+            print(f"row cache {c['policy']} {c['bytes']:,} bytes ({c['rows']:,} rows): hit rate measured "
+                  f"{np.median([r['row_cache']['hit_rate'] for r in cached]):.4f}, predicted on the same trace "
+                  f"stretches {np.median([r['row_cache']['predicted_hit_rate'] for r in cached]):.4f} (median over "
+                  f"{len(cached)} runs; largest difference {err * 100:.2f} points)")
         print(f"capacity  the largest session count whose slowest session reaches {args.capacity_target:g} tokens/s: "
               "engram crosscheck gives it, measured and predicted")
     return 0
@@ -192,6 +201,12 @@ def _add_measure(sub) -> None:
                         "of a decode run and after its last: the device and compute of the run's own time window "
                         f"(default {Settings.probe_every}; closer in a run shorter than {PROBES_MIN} K steps, so "
                         f"that it has {PROBES_MIN}; 0: none)")
+    g.add_argument("--cache-bytes", metavar="SIZE",
+                   help="decode runs read through a row cache of this budget (engram.RowCache; e.g. 64M): a fresh "
+                        "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
+                        "records its hit rate beside the one predicted on the same trace stretch (default: none)")
+    g.add_argument("--cache-policy", choices=("tinylfu", "lru"), default="tinylfu",
+                   help="the row cache's policy (default tinylfu, the engine's)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

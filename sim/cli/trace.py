@@ -10,6 +10,7 @@ from engram.errors import ArgumentError
 
 from ..params import DEFAULT_READERS
 from ..trace import CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats, synthesize
+from ..trace.rowcache import OPTIMAL, cache_curve
 from ..trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables
 from ..trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from ..trace.sources import encoded_by_tokenizer
@@ -128,6 +129,44 @@ def _cmd_trace_profile(args) -> int:
     return 0
 
 
+def _sizes(text: str) -> list:
+    return [x for x in (t.strip() for t in text.split(",")) if x]
+
+
+def _policies(text: str) -> list:
+    return [x for x in (t.strip() for t in text.split(",")) if x]
+
+
+def _mib(b: int) -> str:
+    for unit, n in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= n:
+            return f"{b / n:g} {unit}"
+    return f"{b} B"
+
+
+def _cmd_trace_reuse(args) -> int:
+    tr = load_trace(args.source, limit=args.limit)
+    curve = cache_curve(tr, args.cache_bytes, args.policies, sessions=args.sessions, steps=args.steps,
+                        optimal=not args.no_optimal)
+    if args.json:
+        print_json(curve.to_dict())
+        return 0
+    names = list(curve.policies) + ([] if args.no_optimal else [OPTIMAL])
+    print(f"trace     {curve.source}: {curve.sessions} session(s) x {curve.steps} steps sharing one cache, "
+          f"{curve.reads:,} row reads, {curve.distinct_rows:,} distinct rows")
+    print(f"reuse     {curve.reuse_rate:.4f}: the hit rate of a cache that never evicts "
+          f"({_mib(curve.distinct_rows * 264)} of rows)")
+    print(f"{'cache':>12} {'rows':>12} " + " ".join(f"{n:>9}" for n in names))
+    for pt in curve.points:
+        print(f"{_mib(pt.bytes):>12} {pt.rows:>12,} " + " ".join(f"{pt.hit_rate[n]:>9.4f}" for n in names))
+    for pt in curve.points:
+        for n in names:
+            lay = "  ".join(f"layer {k} {v:.4f}" for k, v in pt.by_layer[n].items())
+            order = "  ".join(f"{k}-gram {v:.4f}" for k, v in pt.by_order[n].items())
+            print(f"{_mib(pt.bytes):>12} {n:>9}: {lay};  {order}")
+    return 0
+
+
 def _iolog_block(args, tables) -> tuple:
     """The read alignment and where it came from."""
     if args.block_size not in (None, "auto"):
@@ -236,6 +275,29 @@ def _add_trace(sub) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     _add_progress(s)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
+
+    s = tsub.add_parser("reuse", help="row cache hit rate against cache size: the engine's policies and the "
+                                      "optimal bound, by layer and n-gram order",
+                        description="Replay a trace through the engine's row cache (engram.RowCache: the same "
+                                    "policy code, a session's decode step one batch, looked up then its misses "
+                                    "inserted) for each --cache-bytes, and print the hit rate of each policy beside "
+                                    "Belady's optimal bound (with bypass), overall, by layer and by n-gram order. "
+                                    "--sessions N: N sessions share the cache and the text, as the decode model runs "
+                                    "them (session i starts at step i*T/N and wraps, steps interleaved), e.g. the "
+                                    "sessions of one server reading one system prompt. Use it to size "
+                                    "EngramModel.open(path, cache=RowCache(SIZE, POLICY)).")
+    s.add_argument("source", help=_SOURCE_HELP)
+    s.add_argument("--cache-bytes", type=_sizes, required=True, metavar="SIZES",
+                   help="cache budgets, comma separated: bytes with K, M, G, T (binary), e.g. 64M,1G,16G")
+    s.add_argument("--policies", type=_policies, default=["lru", "tinylfu"], metavar="P,Q",
+                   help="the engine's policies to replay (default lru,tinylfu)")
+    s.add_argument("--sessions", type=int, default=1, help="sessions sharing the cache (default 1)")
+    s.add_argument("--steps", type=int, help="steps per session (default the trace length; wraps around)")
+    s.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
+    s.add_argument("--no-optimal", action="store_true", help="leave out the optimal bound (Belady; slower than "
+                                                             "the policies, about a microsecond a read)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=_typed_os_errors(_cmd_trace_reuse))
 
     s = tsub.add_parser("iolog", help="the exact reads of a trace as an I/O log that fio --read_iolog replays",
                         description="Plan the engine's reads of every decode step (per table: distinct rows, "

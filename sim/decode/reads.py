@@ -6,10 +6,12 @@ columns]`` row ids, read in ``[table][column]`` order) go through, in turn:
 
 1. the DRAM-resident rows (:func:`resident_mask`): served from memory, no read;
 2. the session's LRU row cache (``Policy.cache_rows``);
-3. the LRU row cache shared by all sessions (``Policy.shared_cache_rows``),
+3. the row cache shared by all sessions (``Policy.shared_cache_rows``, the
+   engine's :class:`engram.RowCache` with its policy ``Policy.cache_policy``),
    which sees the sessions' requests interleaved step by step (step ``t`` of
    session 0, of session 1, ...: the order of sessions decoding at the same
-   pace);
+   pace), each session's step one batch as the engine reads it (looked up, then
+   its misses inserted: :func:`shared_cache_hits`);
 4. the engine's deduplication: each distinct row of a table is read once a
    step (SPEC §8).
 
@@ -22,19 +24,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 import numpy as np
 
 from engram.errors import ArgumentError, FormatError
+from engram.rowcache import CachePolicy
 
 from ..limits import check_memory
 from ..params import Policy
 from ..trace import Trace
 
-__all__ = ["StepReads", "cache_hits", "hot_rows", "resident_mask", "step_reads", "wrap_info"]
+__all__ = ["StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads", "wrap_info"]
 
 log = logging.getLogger("sim.decode")
 #: Warnings already logged by this process (each result still carries its own).
@@ -104,8 +106,9 @@ def resident_mask(rows: np.ndarray, fraction: float = 0.0, hot: Optional[np.ndar
     return out
 
 
-def _lru(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
-    """bool like ``keys`` (1-D): hits of an LRU cache of ``capacity`` keys fed the ``active`` keys in order."""
+def _lru(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = "lru") -> np.ndarray:
+    """bool like ``keys`` (1-D): hits of a row cache of ``capacity`` keys fed the ``active`` keys in order, one
+    at a time: the engine's ``policy`` (:class:`engram.rowcache.CachePolicy`; ``"lru"`` by default)."""
     hits = np.zeros(keys.size, dtype=bool)
     if capacity <= 0 or not active.any():
         return hits
@@ -116,18 +119,9 @@ def _lru(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
     if first.size <= capacity:  # never evicts: the hits are exactly the repeats
         hits[pos] = repeat
         return hits
-    cache: OrderedDict = OrderedDict()
-    move, pop = cache.move_to_end, cache.popitem
-    got = np.zeros(k.size, dtype=bool)
-    for i, key in enumerate(k.tolist()):
-        if key in cache:
-            move(key)
-            got[i] = True
-        else:
-            cache[key] = None
-            if len(cache) > capacity:
-                pop(last=False)
-    hits[pos] = got
+    got = np.zeros(k.size, dtype=np.uint8)
+    CachePolicy(int(capacity), policy).access(np.ascontiguousarray(k, np.uint64), got, 1)
+    hits[pos] = got.astype(bool)
     return hits
 
 
@@ -138,10 +132,34 @@ def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarra
     return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity))
 
 
-def _keys(rows: np.ndarray) -> np.ndarray:
-    """uint64 keys ``(table index << 32) | row`` of ``rows`` (``[..., layers, columns]``)."""
-    layers = rows.shape[-2]
-    return rows.astype(np.uint64) | (np.arange(layers, dtype=np.uint64) << np.uint64(32))[:, None]
+def shared_cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = "lru") -> np.ndarray:
+    """bool ``[batches, width]``: hits of the engine's row cache (``policy``, ``capacity`` rows) fed batch
+    after batch the ``active`` keys of each row of ``keys`` ``[batches, width]``: a batch's keys looked up
+    first, then its misses inserted, as :class:`engram.RowCache` serves a batch
+    (:meth:`engram.rowcache.CachePolicy.access_runs`)."""
+    hits = np.zeros(keys.shape, dtype=bool)
+    if capacity <= 0 or not active.any():
+        return hits
+    act = active.reshape(-1)
+    k = np.ascontiguousarray(keys.reshape(-1)[act], np.uint64)
+    counts = active.sum(axis=1)
+    _, first, inv = np.unique(k, return_index=True, return_inverse=True)
+    if first.size <= capacity:  # never evicts: the hits are the keys of an earlier batch
+        batch = np.repeat(np.arange(keys.shape[0]), counts)
+        got = batch > batch[first[inv.reshape(-1)]]
+    else:
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        g = np.zeros(k.size, np.uint8)
+        CachePolicy(int(capacity), policy).access_runs(k, bounds, g)
+        got = g.astype(bool)
+    hits.reshape(-1)[act] = got
+    return hits
+
+
+def _keys(rows: np.ndarray, layer_ids) -> np.ndarray:
+    """uint64 keys ``(layer id << 32) | row`` of ``rows`` (``[..., layers, columns]``): the keys of
+    :class:`engram.RowCache` (:func:`engram.rowcache.cache_key`), so that its policy sees the same keys."""
+    return rows.astype(np.uint64) | (np.asarray(layer_ids, dtype=np.uint64) << np.uint64(32))[:, None]
 
 
 @dataclass
@@ -202,18 +220,20 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
     miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
     dram = int((~miss).sum())
-    keys = _keys(rows)
+    keys = _keys(rows, trace.layer_ids)
     cache = 0
     if policy.cache_rows > 0:
         for s in range(sessions):
-            h = _lru(keys[s].reshape(-1), miss[s].reshape(-1), policy.cache_rows).reshape(miss[s].shape)
+            h = _lru(keys[s].reshape(-1), miss[s].reshape(-1), policy.cache_rows,
+                     policy.cache_policy).reshape(miss[s].shape)
             cache += int(h.sum())
             miss[s] &= ~h
     shared = 0
     if policy.shared_cache_rows > 0:
-        k2 = keys.transpose(1, 0, 2, 3).reshape(-1)
-        m2 = miss.transpose(1, 0, 2, 3).reshape(-1)
-        h = _lru(k2, m2, policy.shared_cache_rows).reshape(steps, sessions, L, C).transpose(1, 0, 2, 3)
+        k2 = keys.transpose(1, 0, 2, 3).reshape(-1, L * C)
+        m2 = miss.transpose(1, 0, 2, 3).reshape(-1, L * C)
+        h = shared_cache_hits(k2, m2, policy.shared_cache_rows, policy.cache_policy)
+        h = h.reshape(steps, sessions, L, C).transpose(1, 0, 2, 3)
         shared = int(h.sum())
         miss &= ~h
     big = np.int64(1) << np.int64(40)

@@ -22,6 +22,7 @@ from engram.errors import ArgumentError
 
 from ..schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
 from ..trace import Trace
+from ..trace.rowcache import policy_hits
 from .compute import compute_runner
 
 __all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "trace_tokens_needed"]
@@ -44,7 +45,7 @@ def _os_threads() -> int:
 
 def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
                  residual_seed: int = 0, ready: Optional[Callable[[], None]] = None, delay: float = 0.0,
-                 probe_every: int = 0, probe_seed: int = 0) -> dict:
+                 probe_every: int = 0, probe_seed: int = 0, cache=None) -> dict:
     """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``start``, with
     probe steps interleaved.
 
@@ -61,6 +62,9 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     and engine, with the same compute after it, at the same time as the
     trace steps around it.  They are the microbenchmark of the loop's own
     time window: the calibration reads them, never the trace steps.
+
+    ``cache`` (an :class:`engram.RowCache`, or None): the trace steps read through it, the warm-up and
+    probe steps past it (``cache_hits``: the trace steps' hits).
 
     Each step's time runs from the end of the step before (so the loop's own
     work is in it, and the steps of the loop add up to its wall time) to the
@@ -107,6 +111,8 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
         for tok in history:
             s.step_rows(int(tok))
         want = trace.rows[start:start + n]
+        hits = 0
+        s.use_cache(cache)
         if ready is not None:
             ready()
         if delay > 0:
@@ -115,7 +121,11 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
         j = 0
         for i in range(n + 1):
             while j < m and where[j] == i:
+                if cache is not None:
+                    s.use_cache(None)
                 t1, t_end, st = _probe_step(s, run, probe_tokens[j], clock)
+                if cache is not None:
+                    s.use_cache(cache)
                 p_read[j], p_comp[j], p_t[j] = t1 - t_prev, t_end - t1, t_prev - t_begin
                 p_distinct[j] = st.rows_distinct
                 nreads += st.reads
@@ -129,6 +139,7 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
             read_s[i], comp_s[i], step_s[i], distinct[i] = t1 - t_prev, t_end - t1, t_end - t_prev, st.rows_distinct
             t_prev = t_end
             nreads += st.reads
+            hits += st.cache_hits
             concurrent += st.backend != "serial"
             match = match and bool(np.array_equal(s.last_row_ids, want[i]))
             if i == n // 2:
@@ -137,7 +148,29 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     return {"t_first": t_begin, "t_end": t_end, "read_s": read_s, "comp_s": comp_s, "step_s": step_s,
             "distinct": distinct, "probe_read_s": p_read, "probe_comp_s": p_comp, "probe_t": p_t,
             "probe_distinct": p_distinct, "reads": nreads, "concurrent": int(concurrent), "rows_match": match,
-            "threads": threads}
+            "threads": threads, "cache_hits": int(hits)}
+
+
+def cache_record(cache, trace: Trace, starts: Sequence[int], steps: int, got: Sequence[dict],
+                 shared: bool) -> Optional[dict]:
+    """A run's row cache: measured hits of its trace steps beside the hits predicted by replaying the same
+    stretches through the same policy (:func:`sim.trace.rowcache.policy_hits`; ``shared``: the sessions'
+    steps interleaved step by step through one cache, else each session through a cache of its own)."""
+    if cache is None:
+        return None
+    lay = (np.asarray(trace.layer_ids, np.uint64) << np.uint64(32))[:, None]
+    keys = np.stack([trace.rows[a:a + steps].astype(np.uint64) | lay for a in starts], axis=1)  # [steps, S, L, C]
+    width = keys.shape[-1] * keys.shape[-2]
+    if shared:
+        predicted = int(policy_hits(keys, cache.capacity, cache.policy, width).sum())
+    else:
+        predicted = sum(int(policy_hits(keys[:, i], cache.capacity, cache.policy, width).sum())
+                        for i in range(keys.shape[1]))
+    requests = int(keys.size)
+    measured = sum(int(r["cache_hits"]) for r in got)
+    return {"bytes": cache.max_bytes, "rows": cache.capacity, "policy": cache.policy, "shared": bool(shared),
+            "requests": requests, "hits": measured, "hit_rate": measured / requests,
+            "predicted_hits": predicted, "predicted_hit_rate": predicted / requests}
 
 
 def _loop_inputs(trace: Trace, start: int, n: int) -> tuple:
@@ -177,7 +210,7 @@ def _probe_step(s, run, token: int, clock) -> tuple:
 
 
 def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-               residual_seed: int = 0, probe_every: int = 0, probe_seed: int = 0) -> dict:
+               residual_seed: int = 0, probe_every: int = 0, probe_seed: int = 0, cache=None) -> dict:
     """Run the real decode loop of ``config`` over ``config.steps`` tokens of ``trace`` from step ``start``.
 
     Each step: ``session.step(token)`` (hash + one batch of the 48 rows of both
@@ -206,8 +239,11 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
         A read failed.
     """
     r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
-                     probe_every=probe_every, probe_seed=probe_seed)
+                     probe_every=probe_every, probe_seed=probe_seed, cache=cache)
     rec = run_record(config, int(start), r)
+    c = cache_record(cache, trace, [int(start)], config.steps, [r], True)
+    if c is not None:
+        rec["row_cache"] = c
     rec["probe_every"] = int(probe_every)
     rec["_probe"] = [r]
     return rec

@@ -32,12 +32,12 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from engram import EngramModel
+from engram import EngramModel, RowCache
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from ..schema import ComputeSpec, RunConfig, percentiles_ms, us_list
 from ..trace import Trace
-from .runs import session_loop
+from .runs import cache_record, session_loop
 
 __all__ = ["default_stagger", "sessions_run"]
 
@@ -56,8 +56,11 @@ def default_stagger(config: RunConfig) -> float:
 
 
 def _one(model, trace, config, start, warmup, seed, ready, delay, probe) -> dict:
+    cache = probe[2] if len(probe) > 2 else None
+    if isinstance(cache, tuple):  # a process's own cache: (bytes, policy)
+        cache = RowCache(*cache)
     return session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=seed, ready=ready,
-                        delay=delay, probe_every=probe[0], probe_seed=probe[1])
+                        delay=delay, probe_every=probe[0], probe_seed=probe[1], cache=cache)
 
 
 def _threads(model, trace, config, starts, warmup, seed, delays, probe) -> List[dict]:
@@ -144,7 +147,7 @@ def _processes(model, trace, config, starts, warmup, seed, delays, probe) -> Lis
 
 def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
                  residual_seed: int = 0, stagger: Optional[float] = None, probe_every: int = 0,
-                 probe_seed: int = 0) -> dict:
+                 probe_seed: int = 0, cache=None) -> dict:
     """Run ``config.sessions`` concurrent decode sessions of ``config`` (threads or processes, ``config.mode``).
 
     Session ``i`` reads trace steps ``start + i * steps`` to ``start + (i + 1)
@@ -153,7 +156,10 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     With ``probe_every >= 1`` every session interleaves probe steps on random
     token ids (:func:`sim.measure.runs.session_loop`; seeds ``probe_seed + i``),
     so the probes see the device, the engine and the CPUs as shared by all
-    the sessions at once; their figures are in ``"_probe"``.
+    the sessions at once; their figures are in ``"_probe"``.  ``cache`` (an
+    :class:`engram.RowCache`): shared by the sessions in threads; with sessions
+    as processes each process reads through a fresh cache of the same budget
+    and policy (a cache is private to its process); ``row_cache`` in the record.
 
     Returns
     -------
@@ -183,7 +189,9 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     starts = [start + i * steps for i in range(n)]
     delays = [i * stagger / n for i in range(n)]
     body = _threads if config.mode == "threads" else _processes
-    probe = (int(probe_every), int(probe_seed))
+    threads = config.mode == "threads"
+    probe = (int(probe_every), int(probe_seed),
+             cache if threads or cache is None else (cache.max_bytes, cache.policy))
     try:
         got = body(model, trace, config, starts, warmup, int(residual_seed), delays, probe)
     except EngramError:
@@ -191,6 +199,9 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     except OSError as exc:
         raise TableIOError(f"{config.key}: the sessions could not run ({exc})") from None
     rec = _record(config, starts, stagger, got)
+    c = cache_record(cache, trace, starts, steps, got, threads)
+    if c is not None:
+        rec["row_cache"] = c
     rec["probe_every"] = int(probe_every)
     rec["_probe"] = list(got)
     return rec

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.rowcache import POLICIES as CACHE_POLICIES, RowCache, parse_size
 
 from ..params import BACKENDS
 from ..schema import RunConfig
@@ -72,6 +73,14 @@ class Settings:
         Timed calls of each compute spec (``mixer_samples`` when it holds the mixer).
     warmup : int
         Steps on random tokens before each decode run.
+    cache_bytes : int
+        Decode runs read through a row cache of this budget (:class:`engram.RowCache`; 0: none, the
+        default): a fresh cache each run, filled by its trace steps only (warm-up and probe steps go past
+        it), shared by the sessions of a run in threads, one a session with sessions as processes.
+        The runs record its hit rate beside the one predicted on the same stretch of the trace
+        (:mod:`sim.trace.rowcache`: the same policy code).
+    cache_policy : str
+        Its policy (``tinylfu``, the engine's default, or ``lru``).
     seed : int
         Seed of row ids, orders and residuals.
     max_background_cpu, max_background_iops, quiet_wait, redo, wait_budget
@@ -108,14 +117,25 @@ class Settings:
     quiet_wait: float = 20.0
     redo: int = 1
     wait_budget: float = 120.0
+    cache_bytes: int = 0
+    cache_policy: str = "tinylfu"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_bytes", parse_size(self.cache_bytes))
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ArgumentError(f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}")
+        if self.cache_bytes:
+            RowCache(self.cache_bytes, self.cache_policy)  # a budget below a row or beyond memory fails here
         if self.rounds < 1:
             raise ArgumentError(f"rounds must be >= 1, got {self.rounds}")
         if not (self.micro or self.decode):
             raise ArgumentError("nothing to measure: both microbenchmarks and decode runs are off")
         if not _whole(self.probe_every) or self.probe_every < 0:
             raise ArgumentError(f"probe_every must be a whole number >= 0, got {self.probe_every!r}")
+
+    def run_cache(self):
+        """A fresh row cache for one decode run (None without ``cache_bytes``)."""
+        return RowCache(self.cache_bytes, self.cache_policy) if self.cache_bytes else None
 
     def run_probe_every(self, steps: int) -> int:
         """The probe spacing of a decode run of ``steps`` trace steps a session: ``probe_every``, or less so

@@ -236,7 +236,7 @@ class DecodeRun(Task):
         window = f"r{round_}-c{self.index}"
         start = ctx.starts[(self.index, round_)]
         every = s.run_probe_every(c.steps)
-        probe = {"probe_every": every, "probe_seed": s.seed + 1 + round_}
+        probe = {"probe_every": every, "probe_seed": s.seed + 1 + round_, "cache": s.run_cache()}
         if c.multi:
             rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
                                residual_seed=s.seed, **probe)

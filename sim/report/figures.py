@@ -17,6 +17,7 @@ import numpy as np
 from ..device import SEED_REFERENCE
 from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..schema import trace_label
+from ..trace.rowcache import OPTIMAL
 from .document import Doc
 from .plots import ReportFolder, cache_axis, colors, pyplot
 from .whatif import CacheData, CdfData, PlannerData, ReadersData, ReuseData, ThresholdData, gain_points
@@ -188,9 +189,10 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
     """Reuse, row caches and what they buy (:func:`sim.report.whatif.cache_data`): two figures."""
     plt = pyplot()
     doc.h(1, "Reuse and row caches")
-    doc.p("The engine never caches the table (SPEC §8: the win is concurrency, not caching). How much would a "
-          "per-session LRU row cache buy? The share of row reads that repeat an earlier row of the session is "
-          "the most any cache can serve:")
+    doc.p("The engine reads the table uncached (SPEC §8: the win is concurrency, not caching); it can keep a row "
+          "cache in front of the reads, shared by a model's sessions (`engram.RowCache`: raw records, LRU or "
+          "W-TinyLFU). How much can a cache buy? The share of row reads that repeat an earlier row of the session "
+          "is the most any cache can serve:")
     doc.table(["trace", "tokens", "row reads", "repeat an earlier row", "2-gram", "3-gram", "4-gram"],
               [[trace_label(s), st.tokens, st.reads, f"{st.reuse_rate * 100:.1f}%",
                 *[f"{st.by_order.get(o, 0) * 100:.1f}%" for o in (2, 3, 4)]] for s, st in d.reuse.items()])
@@ -228,6 +230,7 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
     out.add(doc, rel, data, "Row cache per session: LRU hit rate (dotted: the reuse rate, the limit of an "
                             "unbounded cache) and predicted tokens/s by cache size, threshold 8 (16 readers) and "
                             "serial.")
+    engine_cache_figure(doc, out, d)
     # tokens/s against the reuse actually served
     fig, axes2 = plt.subplots(1, len(d.panels), figsize=(6.5 * len(d.panels), 4.6), squeeze=False)
     for pi, (name, title) in enumerate(d.panels):
@@ -249,6 +252,41 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
     out.add(doc, rel, data, "Tokens/s gain against the share of reads a cache serves (points: the cache sizes "
                             "above). Serial reads gain in proportion; concurrent reads gain less, since fewer rows "
                             "still take a round of reads.")
+
+
+def engine_cache_figure(doc: Doc, out: ReportFolder, d: CacheData) -> None:
+    """The engine's row cache by budget: each policy's hit rate beside the optimal bound, one session and several
+    sessions sharing the text (:func:`sim.trace.rowcache.cache_curve`, the engine's policy code)."""
+    if not d.engine:
+        return
+    plt = pyplot()
+    counts = sorted({n for _, n in d.engine})
+    fig, axes = plt.subplots(1, len(counts), figsize=(5.6 * len(counts), 4.6), squeeze=False)
+    styles = {"lru": "-o", "tinylfu": "-s", OPTIMAL: ":^"}
+    for ai, n in enumerate(counts):
+        ax = axes[0][ai]
+        for (spec, m), curve in d.engine.items():
+            if m != n:
+                continue
+            xs = [pt.bytes / 2**20 for pt in curve.points]
+            color = None
+            for name in (*curve.policies, OPTIMAL):
+                line, = ax.plot(xs, [pt.hit_rate[name] * 100 for pt in curve.points], styles.get(name, "-"), ms=4,
+                                color=color, label=f"{trace_label(spec)}: {name}")
+                color = line.get_color()
+        ax.set_xscale("log")
+        ax.set_xlabel("row cache budget (MiB of 264-byte records, log scale)")
+        ax.set_ylabel("row reads served by the cache (%)")
+        ax.set_title(f"{n} session{'s' if n > 1 else ''} sharing one cache" + (" and the text" if n > 1 else ""),
+                     fontsize=10)
+        ax.legend(loc="best", fontsize=8)
+    rel = out.save(fig, "engine_cache", "The engine's row cache: hit rate by budget and policy, and the optimal bound")
+    data = out.csv("engine_cache", ["trace", "sessions", "bytes", "rows", "policy", "hit_rate"], d.engine_rows)
+    out.add(doc, rel, data, "The engine's row cache (`EngramModel.open(path, cache=RowCache(SIZE, POLICY))`) replayed "
+                            "on each trace by the engine's own policy code, a session's decode step one batch: hit "
+                            "rate of LRU and W-TinyLFU by budget, dotted the optimal bound (Belady's MIN with "
+                            "bypass); right, sessions sharing one cache and the text as the decode model runs them "
+                            "(`engram sim trace reuse TRACE --cache-bytes ... --sessions N` prints these numbers).")
 
 
 def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
@@ -293,7 +331,7 @@ def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
 
 
 _AXIS_TITLES = {"drives": "Drives striped (rows spread by row id)",
-                "shared_cache_rows": "A row cache shared by every session",
+                "shared_cache_rows": "The engine's row cache (RowCache, W-TinyLFU) shared by every session",
                 "dram_fraction": "A share of every table resident in DRAM"}
 _AXIS_LABELS = {"drives": "identical drives the tables are striped over",
                 "shared_cache_rows": "shared row cache (rows of 264 B, log scale)",

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
 from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
                         phases_short)
@@ -24,6 +25,7 @@ from ..params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..schema import RunConfig, trace_label
 from ..sweep import AXES
 from ..trace import SynthSpec, Trace, load_trace, lru_hit_rate, reuse_stats
+from ..trace.rowcache import OPTIMAL, cache_curve
 from .inputs import WHATIF_TOKENS, Inputs, device_label
 
 __all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "DRAM_FRACTIONS", "DRIVES", "PLANNER_SSD", "READERS",
@@ -246,6 +248,8 @@ class CacheData:
     hit_rows: List[list] = field(default_factory=list)
     gain_rows: List[list] = field(default_factory=list)
     wraps: Dict[str, str] = field(default_factory=dict)
+    engine: Dict[tuple, Any] = field(default_factory=dict)
+    engine_rows: List[list] = field(default_factory=list)
 
 
 def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
@@ -258,6 +262,11 @@ def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
         d.wraps[spec] = tr.wraps(min(steps, tr.steps)).summary()
     sized = [c for c in d.sizes if c > 0]
     for spec, tr in inp.traces.items():
+        for n in (1, ENGINE_CACHE_SESSIONS):  # the engine's cache: its policies, replayed on the trace
+            curve = cache_curve(tr, ENGINE_CACHE_BYTES[:3] if quick else ENGINE_CACHE_BYTES, sessions=n)
+            d.engine[(spec, n)] = curve
+            d.engine_rows += [[trace_label(spec), n, pt.bytes, pt.rows, name, pt.hit_rate[name]]
+                              for pt in curve.points for name in (*curve.policies, OPTIMAL)]
         d.hit_rates[spec] = [lru_hit_rate(tr, c) for c in sized]
         d.hit_rows += [[trace_label(spec), c, h, d.reuse[spec].reuse_rate] for c, h in zip(sized, d.hit_rates[spec])]
     panels = []
@@ -428,6 +437,10 @@ PLANNER_SSD = "ssd:qd1_us=80,iops=100000"
 DRIVES = (1, 2, 4)
 #: Sizes of the row cache shared by every session, rows of 264 B (65,536 rows: 17 MB).
 SHARED_CACHE_ROWS = (0, 4096, 65536)
+#: Budgets of the engine's row cache (``engram.RowCache``) whose hit rates the report shows by policy, beside
+#: the optimal bound, for one session and for :data:`ENGINE_CACHE_SESSIONS` sessions sharing the text.
+ENGINE_CACHE_BYTES = ("256K", "1M", "4M", "16M", "64M")
+ENGINE_CACHE_SESSIONS = 4
 #: Shares of every table resident in DRAM.
 DRAM_FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 #: Sessions the planner's capacity searches bisect to: the capacity is found to within this many sessions.
@@ -485,6 +498,7 @@ def planner_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY_
     latency spread and a measured one (:func:`tail_shape`)."""
     steps = 20 if quick else 30
     spec = CapacitySpec(float(target), 1, 256 if quick else 512, resolution=PLANNER_RESOLUTION)
+    # the shared cache is the engine's (engram.RowCache with its default policy), run by its own code
     trace_spec = SynthSpec(PLANNER_REUSE, tokens=spec.max_sessions * steps).spec()
     tr = load_trace(trace_spec)
     comp_ms = float(compute_ms) if compute_ms is not None else ref_compute.mean * 1e3
@@ -498,7 +512,7 @@ def planner_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY_
     d.wrap = tr.wraps(steps, spec.max_sessions).summary()
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace=trace_spec, trace_limit=tr.steps, steps=steps, threshold=DEFAULT_THRESHOLD,
-                readers=DEFAULT_READERS, phases=DEFAULT_PHASES)
+                readers=DEFAULT_READERS, phases=DEFAULT_PHASES, cache_policy=DEFAULT_CACHE_POLICY)
     if compute_ms is None:
         base.update(compute="reference")
     else:

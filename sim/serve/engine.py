@@ -287,7 +287,7 @@ class Engine:
         self.ov = (policy.overlap_layers / compute.layers) if (policy.overlap_layers > 0 and self.L > 1) else 0.0
         self.fast_reads = (rows.resident is None and policy.cache_rows == 0 and policy.shared_cache_rows == 0
                            and self.drives == 1 and not self.ov)
-        self.shared = SharedRowCache(policy.shared_cache_rows) if policy.shared_cache_rows > 0 else None
+        self.shared = SharedRowCache(policy.shared_cache_rows, policy.cache_policy) if policy.shared_cache_rows > 0 else None
         # per-request row caches: a slot per running request
         self.hits = None
         if policy.cache_rows > 0:

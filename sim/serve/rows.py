@@ -24,20 +24,21 @@ Decode reads (:meth:`RowSource.decode_reads`)
     (cross-request deduplication), per table and per drive (``row id mod drives``).
 
 A shared row cache (``Policy.shared_cache_rows``, :class:`SharedRowCache`) sees every batch's
-distinct rows in the order the device gets them; it is exact (an LRU over Python dicts) and costs
-about a microsecond a row, outside the fast path.
+distinct rows in the order the device gets them; it is exact: the engine's own policy code
+(:class:`engram.rowcache.CachePolicy`, ``Policy.cache_policy``), a batch looked up, then its misses
+inserted, as :class:`engram.RowCache` does.
 
 Row keys are ``uint32``: ``row | (table << 30)`` (every V4.1 table has fewer than ``2**30`` rows).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.rowcache import CachePolicy
 
 from ..decode import resident_mask
 from ..params import Policy
@@ -258,27 +259,23 @@ class RowSource:
 
 
 class SharedRowCache:
-    """One LRU row cache shared by every request (``Policy.shared_cache_rows``): exact, in access order."""
+    """One row cache shared by every request (``Policy.shared_cache_rows``): the engine's policy, exact, in
+    access order (``policy``: ``"lru"`` or ``"tinylfu"``, :data:`engram.rowcache.POLICIES`)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, policy: str = "lru"):
         self.capacity = int(capacity)
-        self._d: OrderedDict = OrderedDict()
+        self._policy = CachePolicy(self.capacity, policy)
         self.hits = 0
         self.requests = 0
 
     def misses(self, keys: np.ndarray) -> np.ndarray:
         """The keys of a batch (distinct) that miss; every key then counts as used now (misses are inserted)."""
-        d, cap = self._d, self.capacity
-        move = d.move_to_end
-        out: List[int] = []
-        for k in keys.tolist():
-            if k in d:
-                move(k)
-            else:
-                out.append(k)
-                d[k] = None
-                if len(d) > cap:
-                    d.popitem(last=False)
-        self.requests += int(keys.size)
-        self.hits += int(keys.size) - len(out)
-        return np.asarray(out, dtype=np.uint32)
+        k = np.ascontiguousarray(keys, np.uint64)
+        slots = np.empty(k.size, np.int64)
+        self._policy.lookup(k, slots)
+        miss = slots < 0
+        out = np.ascontiguousarray(k[miss])
+        self._policy.insert(out, np.empty(out.size, np.int64))
+        self.requests += int(k.size)
+        self.hits += int(k.size) - int(out.size)
+        return out.astype(np.uint32)

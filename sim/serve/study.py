@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from engram.errors import ArgumentError
 
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
-from ..sweep.study import (coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
+from ..sweep.study import (check_cache_axes, coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
                            varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec
 from .compute import REFERENCE_STEP_MS, default_token_ms
@@ -78,6 +78,8 @@ SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
     "readers": (int, DEFAULT_READERS, "readers / ring depth"),
     "cache_rows": (int, 0, "row cache per request (rows)"),
     "shared_cache_rows": (int, 0, "shared row cache (rows)"),
+    "shared_cache_bytes": (str, "", "shared row cache (bytes: 64M, 1G; sets the rows)"),
+    "cache_policy": (str, "lru", "row cache policy (lru, tinylfu)"),
     "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
     "dram_rows": (str, "", "hot set in DRAM (file)"),
     "overlap_layers": (int, 0, "overlap (layers)"),
@@ -189,6 +191,7 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
                  "token_ms", "compute_cv", "repeat", "second_start_layer"):
         if p[name] < 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
+    check_cache_axes(p, where)
     for name in ("rate", "duration_s", "compute_scale", "cv"):
         if not p[name] > 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be > 0")

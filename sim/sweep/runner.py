@@ -153,7 +153,8 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
                     cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
                     batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
-                    dram_fraction=p["dram_fraction"])
+                    dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
+                    cache_policy=p.get("cache_policy") or "lru")
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])

@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
+from engram.rowcache import POLICIES as CACHE_POLICIES, parse_size
 
 from ..io import read_text
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
@@ -97,7 +98,8 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
         tomllib = None
 
 __all__ = ["AXES", "METRICS", "PHASES_COLUMN", "Study", "check_point", "coerce_axis", "load_study_toml",
-           "parse_study_toml", "point_phases", "point_seed", "point_trace", "study_fingerprint", "varying_axes"]
+           "parse_study_toml", "point_phases", "point_seed", "point_trace", "study_fingerprint", "varying_axes",
+           "check_cache_axes"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -116,6 +118,8 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "phases": (str, DEFAULT_PHASES, "session phases"),
     "drives": (int, 1, "drives striped"),
     "shared_cache_rows": (int, 0, "shared row cache (rows)"),
+    "shared_cache_bytes": (str, "", "shared row cache (bytes: 64M, 1G; sets the rows)"),
+    "cache_policy": (str, "lru", "row cache policy (lru, tinylfu)"),
     "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
     "dram_rows": (str, "", "hot set in DRAM (file)"),
     "tail": (str, "", "latency tail from device"),
@@ -425,6 +429,22 @@ def point_phases(p: Mapping[str, Any]) -> str:
     return str(Phases.parse(p.get("phases") or DEFAULT_PHASES))
 
 
+def check_cache_axes(p: Mapping[str, Any], where: str) -> None:
+    """``ArgumentError`` (naming ``where``) unless ``cache_policy`` is one of the engine's and
+    ``shared_cache_bytes`` a size (:func:`engram.rowcache.parse_size`) -- the row cache axes of
+    decode and serving studies alike."""
+    if p.get("cache_policy", "lru") not in CACHE_POLICIES:
+        raise ArgumentError(f"{where}: cache_policy = {p['cache_policy']!r} must be one of "
+                            f"{', '.join(CACHE_POLICIES)}")
+    if p.get("shared_cache_bytes"):
+        try:
+            b = parse_size(p["shared_cache_bytes"])
+        except ArgumentError as exc:
+            raise ArgumentError(f"{where}: shared_cache_bytes: {exc}") from None
+        if b and b < 264:
+            raise ArgumentError(f"{where}: shared_cache_bytes = {b} holds no row (264 bytes)")
+
+
 def check_point(p: Mapping[str, Any], where: str) -> None:
     """Check a complete point's values against their ranges.
 
@@ -440,6 +460,7 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
                  "compute_cv", "hash_us", "repeat", "shared_cache_rows"):
         if p[name] < 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
+    check_cache_axes(p, where)
     if not 0 <= p["dram_fraction"] <= 1:
         raise ArgumentError(f"{where}: dram_fraction = {p['dram_fraction']} must be in [0, 1]")
     Phases.parse(p["phases"])

@@ -5,6 +5,7 @@
 - :mod:`~sim.trace.base` -- :class:`Trace`: row ids ``uint32 [T, layers, columns]`` from token ids;
 - :mod:`~sim.trace.load` -- :func:`load_trace`: any source spec made into a trace;
 - :mod:`~sim.trace.reuse` -- reuse statistics: the share of row reads that repeat, LRU row caches;
+- :mod:`~sim.trace.rowcache` -- the engine's row cache policies replayed on a trace, beside Belady's bound;
 - :mod:`~sim.trace.wrap` -- whether a run of sessions x steps reads past the end of its trace;
 - :mod:`~sim.trace.shape` -- the per-order reuse shape of real text (measured profiles);
 - :mod:`~sim.trace.synth` -- synthetic traces with a target reuse rate and Zipf skew;

@@ -10,13 +10,13 @@ repeat of the same n-gram in the same column.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Union
 
 import numpy as np
 
 from engram.errors import ArgumentError
+from engram.rowcache import CachePolicy
 
 from ..progress import progress as progress_bar
 from .base import Trace
@@ -54,8 +54,10 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True, *,
              progress: Union[bool, str] = True) -> np.ndarray:
     """bool ``[T, layers, columns]``: hits of an LRU cache of ``capacity`` rows (both layers together).
 
-    Reads go through the cache in order ``[step][layer][column]``; a miss
-    inserts the row and evicts the least recently used one when full.  With
+    Reads go through the cache in order ``[step][layer][column]``, one at a time; a miss
+    inserts the row and evicts the least recently used one when full.  The cache is the engine's
+    (:class:`engram.rowcache.CachePolicy` ``"lru"``); :mod:`sim.trace.rowcache` replays it a step
+    at a time, as the engine reads, and with its other policies.  With
     ``per_sequence`` the cache is emptied at each sequence start.
     """
     if capacity < 0:
@@ -73,22 +75,15 @@ def lru_hits(trace: Trace, capacity: int, per_sequence: bool = True, *,
                 rep = repeat_mask(trace, per_sequence)
             out[a:b] = rep[a:b]
             continue
-        hits = np.zeros(seg.size, dtype=bool)
-        cache: OrderedDict = OrderedDict()
-        move, pop = cache.move_to_end, cache.popitem
-        keys_list = seg.tolist()
+        hits = np.zeros(seg.size, dtype=np.uint8)
+        policy = CachePolicy(int(capacity), "lru")  # the engine's policy code (engram.rowcache)
         step = 1 << 18
-        with progress_bar(len(keys_list), "LRU", "read", delay=2.0, mode=progress) as bar:
-            for lo in range(0, len(keys_list), step):
-                for i, key in enumerate(keys_list[lo:lo + step], lo):
-                    if key in cache:
-                        move(key)
-                        hits[i] = True
-                    else:
-                        cache[key] = None
-                        if len(cache) > capacity:
-                            pop(last=False)
-                bar.update(min(step, len(keys_list) - lo))
+        with progress_bar(seg.size, "LRU", "read", delay=2.0, mode=progress) as bar:
+            for lo in range(0, seg.size, step):
+                hi = min(seg.size, lo + step)
+                policy.access(np.ascontiguousarray(seg[lo:hi]), hits[lo:hi], 1)
+                bar.update(hi - lo)
+        hits = hits.astype(bool)
         out[a:b] = hits.reshape(b - a, trace.layers, trace.columns)
     return out
 

@@ -18,6 +18,7 @@ from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUN
                          compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
                          grid, hash_microbench, io_microbench, io_shared, is_quiet, measure, quick_grid,
                          probe_record, segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
+from sim.measure import Settings
 from sim.measure.microbench import open_tables
 from sim.measure.runs import session_loop
 from sim.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
@@ -507,3 +508,46 @@ def test_measure_refuses_an_unwritable_folder(model_path, tmp_path):
                     progress=False)
     finally:
         ro.chmod(0o700)
+
+
+# ------------------------------------------------------------------ the row cache on
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_decode_run_with_the_row_cache(model, policy):
+    """A run with the cache on: the trace steps' measured hit rate is the one predicted by replaying the same
+    stretch through the same policy, exactly (warm-up and probe steps go past the cache)."""
+    from engram import RowCache
+
+    tr = load_trace("shared:agent_prompt_long.txt", limit=700, layout=model.layout)
+    cfg = RunConfig("shared:agent_prompt_long.txt", 8, "pread", 4, "none", 600)
+    plain = decode_run(model, tr, cfg, start=50, warmup=3, probe_every=20)
+    r = decode_run(model, tr, cfg, start=50, warmup=3, probe_every=20, cache=RowCache(264 * 3000, policy))
+    c = r["row_cache"]
+    assert "row_cache" not in plain and r["rows_match"]
+    assert c["requests"] == 600 * 48 and c["policy"] == policy and c["rows"] == 3000
+    assert c["hits"] == c["predicted_hits"] > 0 and c["hit_rate"] == c["predicted_hit_rate"]
+    assert r["rows_distinct_mean"] < plain["rows_distinct_mean"]
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_sessions_run_with_the_row_cache(model, mode):
+    from engram import RowCache
+
+    tr = load_trace("shared:agent_prompt_long.txt", limit=700, layout=model.layout)
+    cfg = RunConfig("shared:agent_prompt_long.txt", 8, "pread", 2, "none", 200, 3, mode)
+    r = sessions_run(model, tr, cfg, start=50, warmup=2, stagger=0.0, cache=RowCache(264 * 4000, "lru"))
+    c = r["row_cache"]
+    assert c["shared"] == (mode == "threads") and c["requests"] == 3 * 200 * 48
+    # processes: each session its own cache, exact; threads: one cache, the sessions' order is the machine's
+    assert abs(c["hit_rate"] - c["predicted_hit_rate"]) <= (0.01 if mode == "threads" else 0.0)
+
+
+def test_measure_settings_check_the_cache():
+    from engram import CachePolicyError, CacheSizeError
+
+    assert Settings(cache_bytes="1M").run_cache().capacity == (1 << 20) // 264
+    assert Settings().run_cache() is None
+    with pytest.raises(CacheSizeError):
+        Settings(cache_bytes=100)
+    with pytest.raises(ArgumentError, match="cache_policy"):
+        Settings(cache_bytes="1M", cache_policy="fifo")
+    assert issubclass(CachePolicyError, ArgumentError)

@@ -30,7 +30,7 @@ from sim.trace import wrap_info
 from sim.sweep import Study, run_points, run_study
 from tests.mounts import tmpfs
 
-PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "reuse", "reuse_rate",
+PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "engine_cache", "reuse", "reuse_rate",
                      "capacity", "planner")
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError
-from sim.decode import cache_hits, resident_mask
+from sim.decode import resident_mask
+from sim.decode.reads import shared_cache_hits
 from sim.params import Policy
 from sim.serve.rows import TABLE_SHIFT, RowSource, SharedRowCache
 from sim.serve.workload import Workload, make_requests
@@ -93,12 +94,18 @@ def test_decode_keys_drop_resident_rows_and_cache_hits(text):
 
 
 def test_shared_cache_is_an_lru_of_every_batch(text, rows):
-    """The shared cache against sim.decode.cache_hits (the decode model's LRU) on the same batches in order."""
+    """The shared cache against sim.decode.shared_cache_hits (the decode model's shared cache: the engine's
+    policy, a batch looked up, then its misses inserted) on the same batches in order."""
     rng = np.random.default_rng(5)
     batches = [rows.decode_keys(rng.integers(0, 300, 8)) for _ in range(40)]
     cache = SharedRowCache(500)
     got = np.concatenate([np.isin(b, cache.misses(b), invert=True) for b in batches])
-    want = cache_hits(np.concatenate(batches), np.ones(sum(b.size for b in batches), bool), 500)
+    width = max(b.size for b in batches)
+    keys = np.zeros((len(batches), width), np.uint64)
+    active = np.zeros((len(batches), width), bool)
+    for i, b in enumerate(batches):
+        keys[i, :b.size], active[i, :b.size] = b, True
+    want = shared_cache_hits(keys, active, 500, "lru")[active]
     assert np.array_equal(got, want)
     assert cache.hits == int(want.sum()) > 0
 

@@ -1,0 +1,479 @@
+# distutils: language = c++
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The replacement policies of the row cache: which keys are kept, in which slot (engram/rowcache.py).
+
+One state machine per policy over ``capacity`` slots, written once and used by the engine's
+:class:`engram.RowCache` and by the simulator (``sim`` replays traces through the same class):
+
+- ``lru``: one recency list; a hit moves the key to the most recent end, a miss inserted into a
+  full cache evicts the least recently used key and takes its slot.
+- ``tinylfu``: W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient Cache Admission
+  Policy", ACM Transactions on Storage 13(4), 2017, section 4): a window LRU of 1% of the slots
+  (at least one) admits every new key; the key it pushes out enters the main segmented LRU
+  (probation 20%, protected 80%) only if a count-min sketch estimates it more frequent than the
+  main's victim (the probation LRU key), else it is evicted.  The sketch: 4 rows of saturating
+  4-bit counters (kept in bytes, at most 15) whose width is the power of two at least the
+  capacity (at most 2**24), blocked as Caffeine's is: a key's 4 counters lie in one 64-byte block
+  (one per row of 16), chosen by MurmurHash3's 64-bit finalizer, so that counting a key touches
+  one cache line; every looked-up key is counted, and after 10 x capacity counts every counter
+  is halved (the paper's reset, its aging).  The paper's doorkeeper Bloom filter is left out (it saves sketch memory;
+  it does not change which keys are admitted much, section 4.2).
+
+Keys are uint64 (the cache uses ``(layer << 32) | row``).  A batch is looked up first (every key
+counted in the sketch, hits touched), then its misses are inserted in order; a key inserted
+while already present (a duplicate of the batch, or a row another session inserted meanwhile)
+is only left where it is.  Slots are int32 indices into the caller's record arena.  Not
+thread-safe: :class:`engram.RowCache` holds a lock around every call.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, calloc
+from libc.string cimport memcpy, memset
+cimport numpy as cnp
+import numpy as np
+
+from engram._native.codec cimport decode_row, ROW_BYTES, ROW_VALUES
+
+cnp.import_array()
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
+cdef enum:
+    NONE = 0
+    WINDOW = 1
+    PROBATION = 2
+    PROTECTED = 3
+    SKETCH_ROWS = 4
+    COUNTER_MAX = 15
+
+#: Replacement policies a cache can be given.
+POLICIES = ("lru", "tinylfu")
+#: Largest sketch width (counters a row).
+MAX_SKETCH_WIDTH = 1 << 24
+
+
+cdef struct Node:
+    uint64_t key      # the key held in this slot
+    int32_t prev      # neighbours in its segment's list (-1: none)
+    int32_t nxt
+    uint8_t where     # NONE, WINDOW, PROBATION, PROTECTED
+
+
+cdef struct Entry:
+    uint64_t key      # the hash table holds the key beside its slot: a probe reads one line
+    int32_t slot      # -1: empty
+
+
+cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
+    k ^= k >> 33
+    k *= <uint64_t>0xff51afd7ed558ccd
+    k ^= k >> 33
+    k *= <uint64_t>0xc4ceb9fe1a85ec53
+    k ^= k >> 33
+    return k
+
+
+cdef class Policy:
+    """A replacement policy over ``capacity`` slots (see the module).
+
+    ``Policy(capacity, name)``: ``name`` in :data:`POLICIES`, ``capacity >= 1``.
+    ``lookup(keys, slots)`` and ``insert(keys, slots)`` take uint64 ``[n]`` keys and fill int64
+    ``[n]`` slots (-1: a miss, or nothing to write); both return the count of non-negative slots.
+    """
+
+    cdef readonly int64_t capacity
+    cdef readonly str name
+    cdef int tiny
+    cdef int64_t used
+    cdef Node* nodes
+    cdef Entry* table
+    cdef uint64_t tmask
+    cdef int32_t head[4]
+    cdef int32_t tail[4]
+    cdef int64_t size[4]
+    cdef int64_t window_cap
+    cdef int64_t protected_cap
+    cdef uint8_t* sketch
+    cdef uint64_t bmask
+    cdef int64_t swidth
+    cdef int64_t counted
+    cdef int64_t sample
+    cdef readonly int64_t resets
+
+    def __cinit__(self, int64_t capacity, str name="lru"):
+        cdef int64_t m = 16, w = 16
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r}")
+        if capacity < 1 or capacity > 0x7FFFFFFF:
+            raise ValueError(f"capacity must be in [1, 2**31), got {capacity}")
+        self.capacity = capacity
+        self.name = name
+        self.tiny = name == "tinylfu"
+        while m < 2 * capacity:
+            m <<= 1
+        self.tmask = <uint64_t>(m - 1)
+        self.nodes = <Node*>calloc(capacity, sizeof(Node))
+        self.table = <Entry*>malloc(m * sizeof(Entry))
+        if self.tiny:
+            while w < capacity and w < MAX_SKETCH_WIDTH:
+                w <<= 1
+            self.swidth = w
+            self.bmask = <uint64_t>(w // 16 - 1)   # blocks of 64 counters: 4 rows x 16
+            self.sketch = <uint8_t*>calloc(SKETCH_ROWS * w, 1)
+            self.sample = 10 * capacity
+        if self.nodes == NULL or self.table == NULL or (self.tiny and self.sketch == NULL):
+            raise MemoryError(f"cannot allocate the bookkeeping of {capacity} slots")
+        for i in range(m):
+            self.table[i].slot = -1
+            self.table[i].key = 0
+        for i in range(4):
+            self.head[i] = -1
+            self.tail[i] = -1
+            self.size[i] = 0
+        self.window_cap = max(1, capacity // 100) if self.tiny else capacity
+        self.protected_cap = (capacity - self.window_cap) * 4 // 5
+
+    def __dealloc__(self):
+        free(self.nodes)
+        free(self.table)
+        free(self.sketch)
+
+    # ----------------------------------------------------------- state
+    @property
+    def entries(self):
+        """Keys held now."""
+        return self.size[WINDOW] + self.size[PROBATION] + self.size[PROTECTED]
+
+    @property
+    def segments(self):
+        """Keys held by segment: ``{"window", "probation", "protected"}`` (LRU: all in the window)."""
+        return {"window": self.size[WINDOW], "probation": self.size[PROBATION], "protected": self.size[PROTECTED]}
+
+    @property
+    def bookkeeping_bytes(self):
+        """Bytes of this policy's own arrays (keys, links, hash table, sketch)."""
+        return (self.capacity * sizeof(Node) + (self.tmask + 1) * sizeof(Entry)
+                + (SKETCH_ROWS * self.swidth if self.tiny else 0))
+
+    def contains(self, uint64_t key):
+        """True when ``key`` is held (does not count or touch it)."""
+        return self._find(key) >= 0
+
+    def slot(self, uint64_t key):
+        """The slot of ``key``, or -1 (does not count or touch it)."""
+        return self._find(key)
+
+    def frequency(self, uint64_t key):
+        """The sketch's estimate of ``key``'s count (TinyLFU; 0 for LRU)."""
+        return self._estimate(key) if self.tiny else 0
+
+    def held_keys(self):
+        """uint64 ``[entries]``: the keys held, in no particular order."""
+        out = np.empty(self.entries, np.uint64)
+        cdef uint64_t[::1] o = out
+        cdef int64_t j = 0, s
+        for s in range(self.used):
+            if self.nodes[s].where != NONE:
+                o[j] = self.nodes[s].key
+                j += 1
+        return out
+
+    # ----------------------------------------------------------- batches
+    def lookup(self, const uint64_t[::1] keys, int64_t[::1] slots):
+        """Count every key (TinyLFU's sketch), touch the held ones; ``slots[i]`` = the slot of a hit, else -1."""
+        cdef Py_ssize_t i, n = keys.shape[0]
+        cdef int64_t hits = 0
+        cdef int32_t s
+        if slots.shape[0] < n:
+            raise ValueError("slots is shorter than keys")
+        with nogil:
+            for i in range(n):
+                if self.tiny:
+                    self._count(keys[i])
+                s = self._find(keys[i])
+                slots[i] = s
+                if s >= 0:
+                    hits += 1
+                    self._touch(s)
+        return hits
+
+    def insert(self, const uint64_t[::1] keys, int64_t[::1] slots):
+        """Insert missed keys in order; ``slots[i]`` = the slot to write key ``i``'s record to, or -1 when the
+        key was already held (a duplicate, or inserted meanwhile: nothing to write)."""
+        cdef Py_ssize_t i, n = keys.shape[0]
+        cdef int64_t wrote = 0
+        if slots.shape[0] < n:
+            raise ValueError("slots is shorter than keys")
+        with nogil:
+            for i in range(n):
+                if self._find(keys[i]) >= 0:
+                    slots[i] = -1
+                else:
+                    slots[i] = self._insert(keys[i])
+                    wrote += 1
+        return wrote
+
+    def access(self, const uint64_t[::1] keys, uint8_t[::1] hits, Py_ssize_t batch=1):
+        """Replay ``keys`` in batches of ``batch`` keys, each as :meth:`lookup` then :meth:`insert` of its
+        misses (what the engine does for a batch); ``hits[i]`` = 1 where key ``i`` hit.  Returns the hits."""
+        cdef Py_ssize_t n = keys.shape[0], a = 0, b, i
+        cdef int64_t total = 0
+        cdef int32_t s
+        if hits.shape[0] < n or batch < 1:
+            raise ValueError("hits is shorter than keys, or batch < 1")
+        with nogil:
+            while a < n:
+                b = min(n, a + batch)
+                for i in range(a, b):
+                    if self.tiny:
+                        self._count(keys[i])
+                    s = self._find(keys[i])
+                    hits[i] = s >= 0
+                    if s >= 0:
+                        total += 1
+                        self._touch(s)
+                for i in range(a, b):
+                    if hits[i] == 0 and self._find(keys[i]) < 0:
+                        self._insert(keys[i])
+                a = b
+        return total
+
+    def access_runs(self, const uint64_t[::1] keys, const int64_t[::1] bounds, uint8_t[::1] hits):
+        """As :meth:`access` with batches of any size: batch ``j`` is ``keys[bounds[j]:bounds[j + 1]]``
+        (``bounds`` non-decreasing, from 0 to ``len(keys)``).  Returns the hits."""
+        cdef Py_ssize_t j, i, nb = bounds.shape[0] - 1, n = keys.shape[0]
+        cdef int64_t total = 0
+        cdef int32_t s
+        if hits.shape[0] < n or nb < 0 or (nb >= 0 and (bounds[0] != 0 or bounds[nb] != n)):
+            raise ValueError("hits is shorter than keys, or bounds do not run from 0 to len(keys)")
+        for j in range(nb):
+            if bounds[j + 1] < bounds[j]:
+                raise ValueError("bounds must not decrease")
+        with nogil:
+            for j in range(nb):
+                for i in range(bounds[j], bounds[j + 1]):
+                    if self.tiny:
+                        self._count(keys[i])
+                    s = self._find(keys[i])
+                    hits[i] = s >= 0
+                    if s >= 0:
+                        total += 1
+                        self._touch(s)
+                for i in range(bounds[j], bounds[j + 1]):
+                    if hits[i] == 0 and self._find(keys[i]) < 0:
+                        self._insert(keys[i])
+        return total
+
+    # ----------------------------------------------------------- the engine's batches
+    def serve(self, const uint32_t[:, :] ids, const uint64_t[::1] col_layer, uint64_t[::1] keys,
+              const uint8_t[:, ::1] records, float[:, ::1] out, uint8_t[::1] skip):
+        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids, ``col_layer``
+        uint64 ``[C]`` the layer of each column shifted by 32; fills ``keys`` ``[T * C]`` with the keys, looks
+        them up as :meth:`lookup` does, decodes each hit's record of ``records`` ``[capacity, 264]`` into its
+        row of ``out`` ``[T * C, 256]`` and sets ``skip[i]`` (1: a hit, 0: a miss).  Returns the hits."""
+        cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1], t, c, i
+        cdef int64_t hits = 0
+        cdef int32_t s
+        cdef uint64_t k
+        if (col_layer.shape[0] != C or keys.shape[0] < T * C or out.shape[0] < T * C or out.shape[1] != ROW_VALUES
+                or skip.shape[0] < T * C or records.shape[0] < self.capacity or records.shape[1] != ROW_BYTES):
+            raise ValueError("serve: the arrays do not fit the batch or the cache")
+        with nogil:
+            for t in range(T):  # the keys first, their table entries and sketch blocks fetched ahead
+                for c in range(C):
+                    k = col_layer[c] | <uint64_t>ids[t, c]
+                    keys[t * C + c] = k
+                    self._prefetch(k)
+            for t in range(T):
+                for c in range(C):
+                    i = t * C + c
+                    k = keys[i]
+                    if self.tiny:
+                        self._count(k)
+                    s = self._find(k)
+                    if s >= 0:
+                        hits += 1
+                        self._touch(s)
+                        decode_row(&records[s, 0], &out[i, 0])
+                        skip[i] = 1
+                    else:
+                        skip[i] = 0
+        return hits
+
+    def admit(self, const uint64_t[::1] keys, const uint8_t[::1] skip, const uint8_t[:, ::1] raw,
+              uint8_t[:, ::1] records):
+        """The misses of a batch served by :meth:`serve` (``skip[i] == 0``), inserted in order with their
+        records ``raw`` ``[n, 264]`` as read, copied into ``records``; a key already held is left as it is.
+        Returns the records written."""
+        cdef Py_ssize_t n = keys.shape[0], i
+        cdef int64_t wrote = 0
+        cdef int32_t s
+        if skip.shape[0] < n or raw.shape[0] < n or raw.shape[1] != ROW_BYTES or records.shape[0] < self.capacity:
+            raise ValueError("admit: the arrays do not fit the batch or the cache")
+        with nogil:
+            for i in range(n):
+                if not skip[i]:
+                    self._prefetch(keys[i])
+            for i in range(n):
+                if skip[i] or self._find(keys[i]) >= 0:
+                    continue
+                s = self._insert(keys[i])
+                memcpy(&records[s, 0], &raw[i, 0], ROW_BYTES)
+                wrote += 1
+        return wrote
+
+    # ----------------------------------------------------------- hash table
+    cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
+        """Start fetching ``key``'s hash table entry (and sketch block): a batch's misses then overlap."""
+        __builtin_prefetch(&self.table[fmix64(key) & self.tmask])
+        if self.tiny:
+            __builtin_prefetch(self.sketch + ((fmix64(key) & self.bmask) << 6))
+
+    cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
+        cdef uint64_t i = fmix64(key) & self.tmask
+        while True:
+            if self.table[i].slot < 0:
+                return -1
+            if self.table[i].key == key:
+                return self.table[i].slot
+            i = (i + 1) & self.tmask
+
+    cdef inline void _put(self, int32_t slot) noexcept nogil:
+        cdef uint64_t key = self.nodes[slot].key
+        cdef uint64_t i = fmix64(key) & self.tmask
+        while self.table[i].slot >= 0:
+            i = (i + 1) & self.tmask
+        self.table[i].slot = slot
+        self.table[i].key = key
+
+    cdef void _remove(self, int32_t slot) noexcept nogil:
+        """Delete ``slot``'s key from the table (backward-shift deletion: no tombstones)."""
+        cdef uint64_t i = fmix64(self.nodes[slot].key) & self.tmask, j, k
+        while self.table[i].slot != slot:
+            i = (i + 1) & self.tmask
+        j = i
+        while True:
+            j = (j + 1) & self.tmask
+            if self.table[j].slot < 0:
+                break
+            k = fmix64(self.table[j].key) & self.tmask
+            # the entry at j may move to i unless its home k lies cyclically in (i, j]
+            if (i <= j and (k <= i or k > j)) or (i > j and (k <= i and k > j)):
+                self.table[i] = self.table[j]
+                i = j
+        self.table[i].slot = -1
+
+    # ----------------------------------------------------------- lists
+    cdef inline void _unlink(self, int32_t s) noexcept nogil:
+        cdef Node* n = &self.nodes[s]
+        cdef int w = n.where
+        if n.prev >= 0:
+            self.nodes[n.prev].nxt = n.nxt
+        else:
+            self.head[w] = n.nxt
+        if n.nxt >= 0:
+            self.nodes[n.nxt].prev = n.prev
+        else:
+            self.tail[w] = n.prev
+        self.size[w] -= 1
+        n.where = NONE
+
+    cdef inline void _push(self, int w, int32_t s) noexcept nogil:
+        """``s`` at the most recent end of list ``w``."""
+        cdef Node* n = &self.nodes[s]
+        n.prev = self.tail[w]
+        n.nxt = -1
+        if self.tail[w] >= 0:
+            self.nodes[self.tail[w]].nxt = s
+        else:
+            self.head[w] = s
+        self.tail[w] = s
+        self.size[w] += 1
+        n.where = w
+
+    cdef void _touch(self, int32_t s) noexcept nogil:
+        cdef int w = self.nodes[s].where
+        cdef int32_t d
+        if w != PROBATION and self.tail[w] == s:
+            return  # already the most recent of its list
+        self._unlink(s)
+        if w == PROBATION:
+            self._push(PROTECTED, s)
+            if self.size[PROTECTED] > self.protected_cap:
+                d = self.head[PROTECTED]
+                self._unlink(d)
+                self._push(PROBATION, d)
+        else:
+            self._push(w, s)
+
+    cdef int32_t _insert(self, uint64_t key) noexcept nogil:
+        """Insert ``key`` (not held); returns its slot."""
+        cdef int32_t s, cand, victim, freed
+        if self.used < self.capacity:
+            s = <int32_t>self.used
+            self.used += 1
+            self.nodes[s].key = key
+            self._put(s)
+            self._push(WINDOW, s)
+            if self.size[WINDOW] > self.window_cap:  # the main has room while the cache fills
+                cand = self.head[WINDOW]
+                self._unlink(cand)
+                self._push(PROBATION, cand)
+            return s
+        if not self.tiny:
+            freed = self.head[WINDOW]
+        else:
+            cand = self.head[WINDOW]
+            victim = self.head[PROBATION] if self.size[PROBATION] > 0 else self.head[PROTECTED]
+            if victim >= 0 and self._estimate(self.nodes[cand].key) > self._estimate(self.nodes[victim].key):
+                self._unlink(cand)
+                self._unlink(victim)
+                self._push(PROBATION, cand)
+                freed = victim
+            else:
+                freed = cand
+        if self.nodes[freed].where != NONE:
+            self._unlink(freed)
+        self._remove(freed)
+        self.nodes[freed].key = key
+        self._put(freed)
+        self._push(WINDOW, freed)
+        return freed
+
+    # ----------------------------------------------------------- sketch
+    cdef inline uint8_t* _block(self, uint64_t key, uint64_t* h) noexcept nogil:
+        """The 64-counter block of ``key`` (one cache line) and, in ``h``, the hash choosing its 4 counters."""
+        cdef uint64_t h1 = fmix64(key)
+        h[0] = fmix64(key ^ <uint64_t>0x9E3779B97F4A7C15)
+        return self.sketch + ((h1 & self.bmask) << 6)
+
+    cdef inline void _count(self, uint64_t key) noexcept nogil:
+        cdef uint64_t h
+        cdef uint8_t* blk = self._block(key, &h)
+        cdef uint8_t* c
+        cdef int r
+        for r in range(SKETCH_ROWS):
+            c = blk + (r << 4) + ((h >> (4 * r)) & 15)
+            if c[0] < COUNTER_MAX:
+                c[0] += 1
+        self.counted += 1
+        if self.counted >= self.sample:
+            self._age()
+
+    cdef inline int _estimate(self, uint64_t key) noexcept nogil:
+        cdef uint64_t h
+        cdef uint8_t* blk = self._block(key, &h)
+        cdef int r, m = COUNTER_MAX, v
+        for r in range(SKETCH_ROWS):
+            v = blk[(r << 4) + ((h >> (4 * r)) & 15)]
+            if v < m:
+                m = v
+        return m
+
+    cdef void _age(self) noexcept nogil:
+        cdef int64_t i
+        for i in range(SKETCH_ROWS * self.swidth):
+            self.sketch[i] >>= 1
+        self.counted //= 2
+        self.resets += 1

@@ -1,0 +1,347 @@
+"""A row cache shared by every session of a model: raw 264-byte records kept in memory (SPEC §5, §8).
+
+A decode step reads 48 rows (24 per table) and a prompt's chunks read thousands; n-grams repeat
+(SPEC §8: 22.5% of a coding generation's row reads repeat an earlier row of the session), and
+sessions of one server read the same system prompt.  :class:`RowCache` keeps the records of rows
+read, keyed by ``(layer, row)``, so that a repeated row costs a copy and a decode instead of a
+device read.  It keeps the records as the file holds them (264 bytes, not the 1 KiB of a decoded
+row): decoding a row is cheap (BENCHMARKS.md), memory is not.
+
+Which rows it keeps is its *policy* (:data:`POLICIES`, one implementation in
+``engram/_native/rowcache.pyx``, which the simulator replays traces through too,
+:class:`CachePolicy`):
+
+- ``"lru"``: least recently used out first.
+- ``"tinylfu"`` (default): W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient
+  Cache Admission Policy", ACM Transactions on Storage 13(4), 2017): a 1% window LRU, then a
+  segmented LRU that admits a row only if a count-min sketch (with aging) estimates it more
+  frequent than the row it would evict -- one long prompt of rows read once does not flush the
+  rows every step reads.
+
+How the engine uses it (:meth:`engram.EngramModel.open` ``cache=``, :meth:`EngramModel.session`
+``cache=``): a batch's keys are looked up first (hits touched, their records copied out under
+the lock); only the misses go to the reader, still sorted by file offset and deduplicated; the
+misses' records are then inserted.  Hits are decoded by the codec into their positions, so a
+hit gives exactly the values an uncached read gives.  ``ReadStats.cache_hits`` counts the hits.
+Prefill batches (:meth:`Session.prefill`) go through the cache too (``prefill="admit"``) or
+past it (``prefill="bypass"``: neither served nor admitted).
+
+Threads: one lock guards the policy and the records (each batch takes it twice: lookup, insert);
+concurrent sessions in threads share one cache safely.  Its cost is measured in BENCHMARKS.md
+("Row cache"); :meth:`RowCache.stats` counts ``contended`` acquisitions.
+
+Processes: a cache is private to its process; processes do not share one.  Shared memory could
+hold the records, but the policy changes its state on every lookup (recency links, sketch
+counters), so a cache shared between processes needs a lock in the shared segment taken by every
+process on every batch, and a process that dies holding it stalls the others; each process's
+own cache, sized for that process's sessions from the trace (``engram sim trace reuse TRACE
+--sessions N``), avoids both.  A child after ``fork()`` gets a copy of the parent's cache (its
+pages copy-on-write) with a fresh lock, and fills it on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import weakref
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from ._native import rowcache as _native
+from .codec import ROW_BYTES, decode_rows
+from .errors import CacheLayoutError, CachePolicyError, CacheSizeError
+
+__all__ = ["RowCache", "CachePolicy", "POLICIES", "PREFILL", "DEFAULT_POLICY", "DEFAULT_PREFILL",
+           "BOOKKEEPING_BYTES", "parse_size", "cache_rows", "cache_key", "physical_memory"]
+
+#: Replacement policies (``"lru"``, ``"tinylfu"``).
+POLICIES = tuple(_native.POLICIES)
+#: What prefill batches do: ``"admit"`` (looked up and inserted like decode batches) or ``"bypass"``.
+PREFILL = ("admit", "bypass")
+DEFAULT_POLICY = "tinylfu"
+DEFAULT_PREFILL = "admit"
+#: Bytes of bookkeeping a row slot costs at most besides its record: its node (key, links, segment: 24),
+#: hash table entries (key and slot, 16 bytes, 2 to 4 a slot: 32 to 64) and TinyLFU's sketch (4 bytes a
+#: slot up to 2**24 slots).  ``CachePolicy.bookkeeping_bytes`` gives a cache's own figure.
+BOOKKEEPING_BYTES = 92
+
+#: The policy class itself: ``CachePolicy(capacity_rows, name)`` with ``lookup``, ``insert`` and
+#: ``access`` (a whole stream of keys replayed batch by batch, the simulator's entry).
+CachePolicy = _native.Policy
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
+          "TIB": 1 << 40}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """Bytes of a size: an int, or a string such as ``"64M"``, ``"1G"``, ``"1.5GiB"``, ``"4096"``
+    (K, M, G, T are binary: 2**10, 2**20, 2**30, 2**40).
+
+    Raises
+    ------
+    CacheSizeError
+        Not a size (a negative number, a bool, an unknown unit).
+    """
+    if isinstance(size, bool):
+        raise CacheSizeError(f"cache size must be bytes (an int or a string like '64M'), got {size!r}")
+    if isinstance(size, (int, np.integer)):
+        v = int(size)
+    elif isinstance(size, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", size)
+        if not m or m.group(2).upper() not in _UNITS:
+            raise CacheSizeError(f"cache size {size!r}: need bytes with an optional unit K, M, G or T "
+                                 f"(binary), e.g. '64M', '1G'")
+        v = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    else:
+        raise CacheSizeError(f"cache size must be bytes (an int or a string like '64M'), got {type(size).__name__}")
+    if v < 0:
+        raise CacheSizeError(f"cache size must be >= 0 bytes, got {v}")
+    return v
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (``sysconf``; 0 where it cannot say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True) -> int:
+    """Rows a budget of ``max_bytes`` holds: ``max_bytes // 264`` records.
+
+    Raises
+    ------
+    CacheSizeError
+        The budget holds no row (below 264 bytes), or (``check_memory``) its records and
+        bookkeeping (:data:`BOOKKEEPING_BYTES` a row) exceed this machine's physical memory.
+    """
+    b = parse_size(max_bytes)
+    rows = b // ROW_BYTES
+    if rows < 1:
+        raise CacheSizeError(f"cache budget of {b} bytes holds no row: a row is {ROW_BYTES} bytes "
+                             f"(e4m3_e8m0_32_row264, SPEC §5)")
+    if rows >= 1 << 31:
+        raise CacheSizeError(f"cache budget of {b} bytes is {rows} rows; at most 2**31 - 1 rows (563 GiB)")
+    mem = physical_memory()
+    need = rows * (ROW_BYTES + BOOKKEEPING_BYTES)
+    if check_memory and mem and need > mem:
+        raise CacheSizeError(f"cache budget of {b} bytes ({rows} rows, {need / 2**30:.1f} GiB with bookkeeping) "
+                             f"exceeds this machine's memory ({mem / 2**30:.1f} GiB)")
+    return rows
+
+
+def _check_policy(policy, prefill) -> None:
+    if policy not in POLICIES:
+        raise CachePolicyError(f"unknown row cache policy {policy!r}; policies: {', '.join(POLICIES)}")
+    if prefill not in PREFILL:
+        raise CachePolicyError(f"unknown prefill rule {prefill!r} of the row cache; rules: {', '.join(PREFILL)}")
+
+
+def cache_key(layer_id, row) -> np.ndarray:
+    """uint64 keys ``(layer << 32) | row`` of layer ids and row ids (broadcast)."""
+    return (np.asarray(layer_id, np.uint64) << np.uint64(32)) | np.asarray(row, np.uint64)
+
+
+class RowCache:
+    """Raw 264-byte records of rows, keyed by ``(layer, row)``, shared by the sessions of one model.
+
+    Parameters
+    ----------
+    max_bytes : int or str
+        Budget of the records: ``max_bytes // 264`` rows (``"64M"``, ``"1G"``: :func:`parse_size`).
+        The bookkeeping adds about :data:`BOOKKEEPING_BYTES` bytes a row.  Record memory is taken
+        as rows arrive (untouched pages cost nothing).
+    policy : {"tinylfu", "lru"}
+        Replacement policy (see the module): ``tinylfu`` (default) admits by frequency.
+    prefill : {"admit", "bypass"}
+        Whether prefill batches use the cache (default ``admit``).
+
+    Attributes
+    ----------
+    capacity : int
+        Rows it holds at most.
+    max_bytes : int
+    policy, prefill : str
+
+    Raises
+    ------
+    CacheSizeError
+        A budget below one row (264 bytes) or beyond this machine's physical memory.
+    CachePolicyError
+        A policy or prefill rule that does not exist.
+    """
+
+    def __init__(self, max_bytes: Union[int, str], policy: str = DEFAULT_POLICY, *, prefill: str = DEFAULT_PREFILL):
+        _check_policy(policy, prefill)
+        self.capacity = cache_rows(max_bytes)
+        self.max_bytes = parse_size(max_bytes)
+        self.policy = policy
+        self.prefill = prefill
+        self._policy = CachePolicy(self.capacity, policy)
+        self._records = np.empty((self.capacity, ROW_BYTES), np.uint8)
+        self._lock = threading.Lock()
+        self._owner: Optional[Tuple[str, object, tuple]] = None
+        self.hits = 0
+        self.lookups = 0
+        self.inserts = 0
+        self.contended = 0
+        _CACHES.add(self)
+
+    # ------------------------------------------------------------- models
+    def bind(self, layout, tables, name: str = "") -> None:
+        """Serve the model of ``layout`` whose tables are ``tables`` (``{layer id: TableLocation}``).
+
+        The first model binds the cache; another model may share it only with the same layout and
+        the same tables (file, offset, rows), e.g. the same file opened twice.
+
+        Raises
+        ------
+        CacheLayoutError
+            Another layout or other tables than the model the cache serves (names both).
+        """
+        ident = tuple(sorted((int(lid), _file_id(loc.path), int(loc.offset), int(loc.rows))
+                             for lid, loc in tables.items()))
+        with self._lock:
+            if self._owner is None:
+                self._owner = (name, layout, ident)
+                return
+            owner, lay, have = self._owner
+        if lay != layout:
+            raise CacheLayoutError(f"row cache serves {owner or 'a model'} (layers {list(lay.layer_ids)}, rows "
+                                   f"{[int(r) for r in lay.rows]}); {name or 'this model'} has another layout "
+                                   f"(layers {list(layout.layer_ids)}, rows {[int(r) for r in layout.rows]}): its "
+                                   f"keys (layer, row) would name other rows; give it its own RowCache")
+        if have != ident:
+            raise CacheLayoutError(f"row cache serves {owner or 'a model'}; {name or 'this model'} has the same "
+                                   f"layout but other tables (file, offset): its rows differ; give it its own RowCache")
+
+    # ------------------------------------------------------------- batches
+    def _acquire(self) -> None:
+        if not self._lock.acquire(False):
+            self.contended += 1
+            self._lock.acquire()
+
+    def lookup(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The hits of a batch: (bool ``[n]`` hit flags, uint8 ``[hits, 264]`` their records in order).
+
+        ``keys``: uint64 ``[n]`` C-contiguous (:func:`cache_key`).  Every key counts as accessed
+        (recency; TinyLFU's sketch).  The records are copied out under the lock, so rows another
+        thread evicts meanwhile stay valid.
+        """
+        slots = np.empty(keys.shape[0], np.int64)
+        self._acquire()
+        try:
+            h = self._policy.lookup(keys, slots)
+            hit = slots >= 0
+            rec = self._records[slots[hit]] if h else _NO_RECORDS
+            self.hits += h
+            self.lookups += keys.shape[0]
+        finally:
+            self._lock.release()
+        return hit, rec
+
+    def serve(self, ids: np.ndarray, col_layer: np.ndarray, keys: np.ndarray, out: np.ndarray,
+              skip: np.ndarray) -> int:
+        """The engine's lookup of a batch, in one native call under the lock (``Table``'s read path).
+
+        ``ids`` uint32 ``[T, C]``; ``col_layer`` uint64 ``[C]`` (each column's layer id << 32); fills
+        ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` and
+        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  Returns the hits."""
+        self._acquire()
+        try:
+            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip)
+            self.hits += h
+            self.lookups += keys.shape[0]
+        finally:
+            self._lock.release()
+        return h
+
+    def admit(self, keys: np.ndarray, skip: np.ndarray, raw: np.ndarray) -> int:
+        """Insert the misses of a batch :meth:`serve` looked up (``skip == 0``) with their records ``raw``
+        uint8 ``[T * C, 264]`` as read.  Returns the records written."""
+        self._acquire()
+        try:
+            n = self._policy.admit(keys, skip, raw, self._records)
+            self.inserts += n
+        finally:
+            self._lock.release()
+        return n
+
+    def insert(self, keys: np.ndarray, records: np.ndarray) -> int:
+        """Insert the misses of a batch: uint64 ``[m]`` keys and uint8 ``[m, 264]`` records as read.
+        Keys already held (duplicates; a row another session inserted meanwhile) are left as they are.
+        Returns the records written."""
+        slots = np.empty(keys.shape[0], np.int64)
+        self._acquire()
+        try:
+            n = self._policy.insert(keys, slots)
+            put = slots >= 0
+            if n:
+                self._records[slots[put]] = records[put]
+            self.inserts += n
+        finally:
+            self._lock.release()
+        return n
+
+    def get(self, layer_id: int, rows) -> Tuple[np.ndarray, np.ndarray]:
+        """The held rows of ``layer_id`` among ``rows`` (int ``[n]``), without touching or counting them:
+        (bool ``[n]`` held, float32 ``[held, 256]`` decoded).  For inspection and tests."""
+        keys = cache_key(layer_id, np.asarray(rows).reshape(-1))
+        with self._lock:
+            slots = np.array([self._policy.slot(int(k)) for k in keys], dtype=np.int64)
+            rec = self._records[slots[slots >= 0]]
+        return slots >= 0, decode_rows(rec)
+
+    # ------------------------------------------------------------- state
+    @property
+    def entries(self) -> int:
+        """Rows held now."""
+        return int(self._policy.entries)
+
+    def stats(self) -> dict:
+        """``{"hits", "lookups", "hit_rate", "inserts", "entries", "capacity", "contended", "policy", "prefill",
+        "max_bytes"}``: counts since the cache was made (or :meth:`clear`)."""
+        with self._lock:
+            return {"hits": self.hits, "lookups": self.lookups,
+                    "hit_rate": self.hits / self.lookups if self.lookups else 0.0, "inserts": self.inserts,
+                    "entries": self.entries, "capacity": self.capacity, "contended": self.contended,
+                    "policy": self.policy, "prefill": self.prefill, "max_bytes": self.max_bytes}
+
+    def clear(self) -> None:
+        """Forget every row and count (the model binding stays)."""
+        with self._lock:
+            self._policy = CachePolicy(self.capacity, self.policy)
+            self.hits = self.lookups = self.inserts = self.contended = 0
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"RowCache({self.max_bytes}, policy={self.policy!r}, prefill={self.prefill!r}, "
+                f"capacity={self.capacity} rows, entries={self.entries})")
+
+
+def _file_id(path) -> tuple:
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return (os.path.realpath(path),)
+
+
+_NO_RECORDS = np.empty((0, ROW_BYTES), np.uint8)
+#: Every cache of the process, whose locks a fork() renews in the child.
+_CACHES: "weakref.WeakSet[RowCache]" = weakref.WeakSet()
+
+
+def _renew_locks() -> None:
+    for c in list(_CACHES):
+        c._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)

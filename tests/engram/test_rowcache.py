@@ -1,0 +1,331 @@
+"""The row cache: its policies against reference models, the engine's reads with it, bad input."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from engram import (ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError, EngramError, EngramModel,
+                    Hasher, RowCache, Table, decode_rows, synth)
+from engram.codec import ROW_BYTES
+from engram.rowcache import CachePolicy, cache_key, cache_rows, parse_size, physical_memory
+from tests.modelfiles import SCALE, token_map as _token_map
+
+
+# ---------------------------------------------------------------- the policies
+def _lru_reference(keys, capacity, batch):
+    """Hits of an LRU cache fed ``keys`` in batches: lookups first, then the batch's misses inserted."""
+    d: OrderedDict = OrderedDict()
+    hits = []
+    for a in range(0, len(keys), batch):
+        b = keys[a:a + batch]
+        got = []
+        for k in b:
+            if k in d:
+                d.move_to_end(k)
+                got.append(True)
+            else:
+                got.append(False)
+        for k, h in zip(b, got):
+            if not h and k not in d:
+                d[k] = None
+                if len(d) > capacity:
+                    d.popitem(last=False)
+        hits += got
+    return np.array(hits, dtype=bool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=400), st.integers(1, 40), st.integers(1, 50))
+def test_lru_equals_ordered_dict_model(keys, capacity, batch):
+    p = CachePolicy(capacity, "lru")
+    hits = np.zeros(len(keys), np.uint8)
+    n = p.access(np.array(keys, np.uint64), hits, batch)
+    ref = _lru_reference(keys, capacity, batch)
+    assert np.array_equal(hits.astype(bool), ref)
+    assert n == ref.sum() and p.entries == min(capacity, len(set(keys)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 80), min_size=1, max_size=500), st.integers(1, 60), st.integers(1, 50),
+       st.sampled_from(["lru", "tinylfu"]))
+def test_policy_invariants(keys, capacity, batch, name):
+    """Both policies: never more than the capacity; a hit is a key held; while distinct keys fit, every
+    repeat from an earlier batch hits (no eviction before full); held keys are distinct."""
+    p = CachePolicy(capacity, name)
+    k = np.array(keys, np.uint64)
+    hits = np.zeros(k.size, np.uint8)
+    p.access(k, hits, batch)
+    held = p.held_keys()
+    assert p.entries == held.size <= capacity and np.unique(held).size == held.size
+    assert set(held.tolist()) <= set(keys)
+    if len(set(keys)) <= capacity:
+        first = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i // batch)
+        want = np.array([i // batch > first[key] for i, key in enumerate(keys)])
+        assert np.array_equal(hits.astype(bool), want)
+
+
+def test_lookup_insert_equal_access():
+    """The engine's two calls a batch (lookup, then insert of the misses) are the simulator's access()."""
+    rng = np.random.default_rng(1)
+    keys = (rng.zipf(1.3, 20000) % 3000).astype(np.uint64)
+    for name in ("lru", "tinylfu"):
+        a, b = CachePolicy(500, name), CachePolicy(500, name)
+        hits = np.zeros(keys.size, np.uint8)
+        a.access(keys, hits, 48)
+        got = []
+        for i in range(0, keys.size, 48):
+            kb = np.ascontiguousarray(keys[i:i + 48])
+            slots = np.empty(kb.size, np.int64)
+            b.lookup(kb, slots)
+            got.append(slots >= 0)
+            b.insert(np.ascontiguousarray(kb[slots < 0]), np.empty(int((slots < 0).sum()), np.int64))
+        assert np.array_equal(np.concatenate(got), hits.astype(bool)), name
+        assert np.array_equal(np.sort(a.held_keys()), np.sort(b.held_keys()))
+
+
+def test_tinylfu_keeps_hot_rows_through_a_long_scan():
+    """A long prompt of rows read once flushes LRU's hot rows; W-TinyLFU keeps them (its admission)."""
+    cap = 1000
+    hot = np.arange(200, dtype=np.uint64)
+    warm = np.tile(hot, 20)                                  # 200 hot rows, each read 20 times
+    scan = np.arange(10**6, 10**6 + 20 * cap, dtype=np.uint64)  # 20,000 rows read once
+    stream = np.concatenate([warm, scan, hot])
+    rates = {}
+    for name in ("lru", "tinylfu"):
+        p = CachePolicy(cap, name)
+        hits = np.zeros(stream.size, np.uint8)
+        p.access(stream, hits, 48)
+        rates[name] = hits[-hot.size:].mean()
+    assert rates["lru"] == 0.0
+    assert rates["tinylfu"] >= 0.95
+
+
+def test_tinylfu_sketch_ages():
+    p = CachePolicy(10, "tinylfu")
+    k = np.full(50, 7, np.uint64)
+    p.access(k, np.zeros(50, np.uint8), 1)
+    assert p.frequency(7) == 15 and p.resets == 0            # saturated 4-bit counters
+    p.access(np.arange(100, 160, dtype=np.uint64), np.zeros(60, np.uint8), 1)  # 110 counts >= 10 x 10
+    assert p.resets == 1 and p.frequency(7) == 7             # halved once
+
+
+# ---------------------------------------------------------------- sizes and errors
+def test_sizes():
+    assert parse_size("64M") == 64 << 20 and parse_size("1G") == 1 << 30 and parse_size("1.5K") == 1536
+    assert parse_size(4096) == 4096 and cache_rows("1M") == (1 << 20) // 264
+    assert RowCache(264).capacity == 1 and RowCache(264 * 10 + 263, "lru").capacity == 10
+
+
+@pytest.mark.parametrize("size", [0, 263, "100", "12Q", -5, True, 1.5])
+def test_bad_sizes(size):
+    with pytest.raises(CacheSizeError) as e:
+        RowCache(size)
+    assert isinstance(e.value, EngramError) and isinstance(e.value, ArgumentError)
+
+
+def test_size_beyond_memory():
+    mem = physical_memory()
+    assert mem > 0
+    with pytest.raises(CacheSizeError, match="exceeds this machine's memory"):
+        RowCache(mem)
+
+
+def test_bad_policy():
+    with pytest.raises(CachePolicyError, match="'fifo'.*lru, tinylfu"):
+        RowCache("1M", "fifo")
+    with pytest.raises(CachePolicyError, match="prefill rule 'always'"):
+        RowCache("1M", prefill="always")
+
+
+# ---------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_ids(tokenizer, shared_data):
+    text = (shared_data / "promessi_sposi.txt").read_text(encoding="utf-8")[20000:26000]
+    return np.array(tokenizer.encode(text, add_special_tokens=False).ids[:800])
+
+
+def _expected(model, row_ids):
+    return {lid: decode_rows(synth.rows_at(lid, row_ids[:, li, :].reshape(-1), seed=3)).reshape(-1, 24, 256)
+            for li, lid in enumerate(model.layer_ids)}
+
+
+def test_table_reads_only_misses(model_path):
+    """A batch's reads are its misses only, sorted by offset and deduplicated; hits are counted."""
+    cache = RowCache(264 * 100, "lru")
+    info = EngramModel.open(model_path).info
+    loc = info.tables[1]
+    with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as t:
+        t.attach_cache(cache, 1)
+        first = t.read_rows([500, 90000, 7])
+        assert t.last_stats.cache_hits == 0 and t.last_stats.rows_distinct == 3
+        got = t.read_rows([90000, 123456, 500, 40000, 123456, 7])
+        s = t.last_stats
+        assert (s.cache_hits, s.rows_requested, s.rows_distinct) == (3, 6, 2)
+        spans = t._reader.last_spans()
+        assert [o for _, o, _ in spans] == sorted(loc.offset + r * ROW_BYTES for r in (123456, 40000))
+        assert all(n == ROW_BYTES for _, _, n in spans) and s.bytes_read == 2 * ROW_BYTES
+        want = decode_rows(synth.rows_at(1, np.array([90000, 123456, 500, 40000, 123456, 7]), seed=3))
+        assert np.array_equal(got, want) and np.array_equal(first, want[[2, 0, 5]])
+        again = t.read_rows([7, 40000])
+        assert t.last_stats.backend == "cache" and t.last_stats.reads == 0
+        assert np.array_equal(again, want[[5, 3]])
+        held, rows = cache.get(1, [7, 8, 123456])
+        assert held.tolist() == [True, False, True] and np.array_equal(rows, want[[5, 1]])
+
+
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_session_rows_identical_with_cache(model_path, text_ids, policy):
+    model = EngramModel.open(model_path, readers=8, cache=RowCache(264 * 20000, policy))
+    ids = np.concatenate([text_ids[:300], text_ids[:300]])     # the second pass repeats every row
+    ref_ids = Hasher(model.layout, model.token_map).hash(ids)
+    ref = _expected(model, ref_ids)
+    hits = 0
+    with model.session() as s:
+        for t, tok in enumerate(ids):
+            rows = s.step(int(tok))
+            for lid in model.layer_ids:
+                assert np.array_equal(rows[lid], ref[lid][t]), (t, lid)
+            hits += s.last_stats.cache_hits
+            assert s.last_stats.rows_requested == 48
+    st_ = model.cache.stats()
+    assert st_["hits"] == hits > 300 * 48 // 2 and st_["lookups"] == 600 * 48
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=120), st.integers(1, 200),
+       st.sampled_from(["lru", "tinylfu"]))
+def test_hits_never_change_rows(model_path, tokens, rows, policy):
+    """Random token streams over a small vocabulary (many repeats): rows with the cache equal rows without."""
+    model = EngramModel.open(model_path, readers=4, backend="serial")
+    cached = model.session(cache=RowCache(264 * rows, policy))
+    plain = model.session(cache=None)
+    try:
+        for tok in tokens:
+            a, b = cached.step(tok + 100), plain.step(tok + 100)
+            for lid in model.layer_ids:
+                assert np.array_equal(a[lid], b[lid])
+            assert plain.last_stats.cache_hits == 0
+    finally:
+        cached.close()
+        plain.close()
+
+
+def test_sessions_in_threads_share_one_cache(model_path, text_ids):
+    """Four sessions of one text in threads: three trail the first by a step, so every row they ask for
+    was inserted by it: their steps are all hits, and every row equals the uncached engine's."""
+    cache = RowCache(264 * 20000, "tinylfu")  # holds the text's 9,600 row reads
+    model = EngramModel.open(model_path, readers=4, cache=cache)
+    ids = text_ids[:200]
+    ref = _expected(model, Hasher(model.layout, model.token_map).hash(ids))
+    errors, hits = [], {}
+    done = [0]
+    cond = threading.Condition()
+
+    def run(i):
+        try:
+            with model.session() as s:
+                n = 0
+                for t, tok in enumerate(ids):
+                    if i:
+                        with cond:
+                            cond.wait_for(lambda: done[0] > t, timeout=60)
+                    rows = s.step(int(tok))
+                    for lid in model.layer_ids:
+                        if not np.array_equal(rows[lid], ref[lid][t]):
+                            errors.append((i, t, lid))
+                    n += s.last_stats.cache_hits
+                    if not i:
+                        with cond:
+                            done[0] = t + 1
+                            cond.notify_all()
+                hits[i] = n
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert [hits[i] for i in (1, 2, 3)] == [200 * 48] * 3
+    assert cache.stats()["hits"] == sum(hits.values()) and hits[0] < 200 * 48 // 4
+
+
+@pytest.mark.parametrize("prefill", ["admit", "bypass"])
+def test_prefill_admit_or_bypass(model_path, text_ids, prefill):
+    cache = RowCache("2M", "lru", prefill=prefill)
+    model = EngramModel.open(model_path, readers=4, cache=cache)
+    ids = text_ids[:256]
+    with model.session() as a:
+        p = a.prefill(ids, chunk_tokens=64)
+        ref = _expected(model, Hasher(model.layout, model.token_map).hash(ids))
+        for lid in model.layer_ids:
+            assert np.array_equal(p.rows(lid, 0, len(ids), timeout=60), ref[lid])
+    if prefill == "bypass":
+        assert cache.entries == 0 and cache.stats()["lookups"] == 0
+    else:
+        assert cache.entries > 0 and cache.stats()["lookups"] == 256 * 48
+    with model.session() as b:  # a decode of the same text then hits what the prompt admitted
+        for tok in ids[:50]:
+            b.step(int(tok))
+        assert (b.last_stats.cache_hits > 0) == (prefill == "admit")
+
+
+def test_long_prompt_keeps_hot_rows_with_tinylfu(model_path, text_ids, tokenizer, shared_data):
+    """Decode the same 40 tokens many times, prefill a long prompt (admitted), decode them again."""
+    long_text = (shared_data / "agent_prompt_long.txt").read_text(encoding="utf-8")[:40000]
+    prompt = np.array(tokenizer.encode(long_text, add_special_tokens=False).ids[:3000])
+    hot = text_ids[:40]
+    after = {}
+    for policy in ("lru", "tinylfu"):
+        model = EngramModel.open(model_path, readers=8, cache=RowCache(264 * 4000, policy, prefill="admit"))
+        for _ in range(8):
+            with model.session() as s:
+                for tok in hot:
+                    s.step(int(tok))
+        with model.session() as s:
+            s.prefill(prompt, chunk_tokens=512).wait(model.layer_ids[-1], len(prompt), timeout=120)
+        with model.session() as s:
+            n = 0
+            for tok in hot:
+                s.step(int(tok))
+                n += s.last_stats.cache_hits
+        after[policy] = n / (len(hot) * 48)
+    assert after["lru"] < 0.05 and after["tinylfu"] > 0.9, after
+
+
+def test_cache_between_models(model_path, tmp_path):
+    cache = RowCache("1M")
+    EngramModel.open(model_path, cache=cache)
+    EngramModel.open(model_path, cache=cache)  # the same file again: the same rows
+    other = tmp_path / "other.gguf"
+    synth.build_model(other, scale=SCALE * 2, token_map=_token_map(), progress=False, seed=3)
+    with pytest.raises(CacheLayoutError, match="another layout"):
+        EngramModel.open(other, cache=cache)
+    twin = tmp_path / "twin.gguf"
+    synth.build_model(twin, scale=SCALE, token_map=_token_map(), progress=False, seed=4)
+    m = EngramModel.open(twin)
+    with pytest.raises(CacheLayoutError, match="other tables"):
+        m.session(cache=cache)
+    with pytest.raises(ArgumentError, match="RowCache or None"):
+        EngramModel.open(model_path, cache="1M")
+
+
+def test_cache_key():
+    assert cache_key(14, 5).item() == (14 << 32) | 5
+    assert cache_key([1, 14], [[3], [4]]).shape == (2, 2)

@@ -1,0 +1,234 @@
+"""The engine's row cache replayed on traces: the engine's measured hit rate equals the predicted one;
+Belady's bound; the simulator's caches are the engine's policy code; the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engram import EngramModel, RowCache, synth
+from engram.errors import ArgumentError, CacheSizeError
+from engram.rowcache import CachePolicy
+from sim.decode.reads import shared_cache_hits, step_reads
+from sim.params import Policy
+from sim.serve.rows import SharedRowCache
+from sim.trace import Trace
+from sim.trace.rowcache import cache_curve, optimal_hits, policy_hits, replay_keys
+from engram.cli import main
+from tests.clirun import cli
+from tests.modelfiles import SCALE, token_map as _token_map
+
+
+def _brute_optimal(keys, cap):
+    """The optimal hit count by exhaustive search over what to keep (tiny inputs)."""
+    from functools import lru_cache
+
+    keys = tuple(keys)
+
+    @lru_cache(maxsize=None)
+    def best(i, held):
+        if i == len(keys):
+            return 0
+        k = keys[i]
+        if k in held:
+            return 1 + best(i + 1, held)
+        opts = [best(i + 1, held)]                                   # bypass
+        if len(held) < cap:
+            opts.append(best(i + 1, held | {k}))
+        else:
+            opts += [best(i + 1, (held - {v}) | {k}) for v in held]
+        return max(opts)
+
+    return best(0, frozenset())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=14), st.integers(1, 3))
+def test_optimal_is_belady(keys, cap):
+    got = optimal_hits(np.array(keys, np.uint64), cap)
+    assert got.sum() == _brute_optimal(keys, cap)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=300), st.integers(1, 25), st.sampled_from(["lru", "tinylfu"]))
+def test_optimal_bounds_the_policies(keys, cap, policy):
+    k = np.array(keys, np.uint64)
+    assert policy_hits(k, cap, policy, 1).sum() <= optimal_hits(k, cap).sum()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokens(tokenizer, shared_data):
+    text = (shared_data / "agent_prompt_long.txt").read_text(encoding="utf-8")[:12000]
+    return np.array(tokenizer.encode(text, add_special_tokens=False).ids[:1500])
+
+
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_engine_hit_rate_equals_prediction(model_path, tokens, policy):
+    """One session: the engine's hit rate on a trace equals the replay's exactly (the same policy code)."""
+    size = 264 * 6000
+    model = EngramModel.open(model_path, readers=8, cache=RowCache(size, policy))
+    trace = Trace.from_tokens(tokens, layout=model.layout)
+    with model.session() as s:
+        for t in tokens:
+            s.step(int(t))
+    measured = model.cache.stats()["hit_rate"]
+    predicted = cache_curve(trace, [size], [policy], optimal=False).points[0].hit_rate[policy]
+    assert 0.02 < measured == pytest.approx(predicted, abs=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_engine_sessions_hit_rate_within_a_point(model_path, tokens, policy):
+    """Three sessions sharing the cache, started as the decode model starts them: in one thread taking
+    turns a step each the engine's hit rate is the prediction exactly; in threads (their steps in whatever
+    order the machine runs them) within one point."""
+    size, S = 264 * 12000, 3
+    trace = Trace.from_tokens(tokens[:600], layout=EngramModel.open(model_path).layout)
+    predicted = cache_curve(trace, [size], [policy], sessions=S, optimal=False).points[0].hit_rate[policy]
+    T = trace.steps
+    starts = [i * T // S for i in range(S)]
+    # each session reads the trace's rows from its start on, wrapping, as the prediction has it (the
+    # sessions' reads go through their decode groups, as Session.step sends them)
+    rows = np.stack([trace.rows[(a + np.arange(T)) % T] for a in starts])
+    model = EngramModel.open(model_path, readers=4, cache=RowCache(size, policy))
+    sessions = [model.session() for _ in range(S)]
+    try:
+        group = [s._group for s in sessions]
+        for t in range(T):
+            for i in range(S):
+                group[i].read_batch(rows[i, t].reshape(1, -1))
+        turns = model.cache.stats()["hit_rate"]
+    finally:
+        for s in sessions:
+            s.close()
+    assert turns == pytest.approx(predicted, abs=1e-12)
+
+    model = EngramModel.open(model_path, readers=4, cache=RowCache(size, policy))
+    sessions = [model.session() for _ in range(S)]
+    barrier = threading.Barrier(S)
+
+    def run(i):
+        g = sessions[i]._group
+        for t in range(T):
+            if t % 50 == 0:
+                barrier.wait(60)  # keep the sessions at the same pace, as the prediction has them
+            g.read_batch(rows[i, t].reshape(1, -1))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(S)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for s in sessions:
+        s.close()
+    assert abs(model.cache.stats()["hit_rate"] - predicted) <= 0.01
+
+
+def test_replay_keys_order():
+    rows = np.arange(4 * 2 * 3, dtype=np.uint32).reshape(4, 2, 3)
+    tr = Trace(rows, np.arange(4), np.array([0]), (1, 14), 1, "t", ())
+    k = replay_keys(tr, sessions=2)
+    assert k.shape == (4, 2, 2, 3)
+    assert int(k[0, 1, 0, 0]) == (1 << 32) | int(rows[2, 0, 0])     # session 1 starts at step 2
+    assert int(k[3, 1, 1, 2]) == (14 << 32) | int(rows[1, 1, 2])    # and wraps
+
+
+def test_the_simulators_caches_are_the_engines():
+    """The decode model's and the serving model's shared caches give the hits of the engine's policy."""
+    rng = np.random.default_rng(5)
+    keys = (rng.zipf(1.2, (300, 48)) % 4000).astype(np.uint64)
+    active = rng.random((300, 48)) < 0.9
+    for policy in ("lru", "tinylfu"):
+        got = shared_cache_hits(keys, active, 700, policy)
+        p = CachePolicy(700, policy)
+        want = np.zeros(keys.shape, bool)
+        for b in range(keys.shape[0]):
+            kb = np.ascontiguousarray(keys[b][active[b]])
+            slots = np.empty(kb.size, np.int64)
+            p.lookup(kb, slots)
+            want[b, np.flatnonzero(active[b])] = slots >= 0
+            p.insert(np.ascontiguousarray(kb[slots < 0]), np.empty(int((slots < 0).sum()), np.int64))
+        assert np.array_equal(got, want), policy
+        c = SharedRowCache(700, policy)
+        n = sum(c.misses(np.unique(keys[b]).astype(np.uint32)).size for b in range(keys.shape[0]))
+        assert c.requests - c.hits == n and 0 < c.hits < c.requests
+
+
+def test_policy_bytes_and_policy():
+    assert Policy(shared_cache_bytes="1M").shared_cache_rows == (1 << 20) // 264
+    assert Policy(shared_cache_bytes=2640, shared_cache_rows=10).shared_cache_rows == 10
+    with pytest.raises(ArgumentError, match="give one of them"):
+        Policy(shared_cache_bytes=2640, shared_cache_rows=11)
+    with pytest.raises(ArgumentError, match="cache_policy"):
+        Policy(cache_policy="fifo")
+    with pytest.raises(CacheSizeError):
+        Policy(shared_cache_bytes=100)
+    rng = np.random.default_rng(2)
+    tr = Trace.from_tokens(100 + rng.zipf(1.3, 900) % 3000)
+    lru = step_reads(tr, 2, 600, Policy(shared_cache_rows=5000, cache_policy="lru"))
+    tiny = step_reads(tr, 2, 600, Policy(shared_cache_rows=5000, cache_policy="tinylfu"))
+    curve = cache_curve(tr, [264 * 5000], ["lru", "tinylfu"], sessions=2, steps=600, optimal=False)
+    reads = 2 * 600 * 48
+    assert 0 < lru.shared_hits < tiny.shared_hits
+    assert lru.shared_hits / reads == pytest.approx(curve.points[0].hit_rate["lru"], abs=1e-12)
+    assert tiny.shared_hits / reads == pytest.approx(curve.points[0].hit_rate["tinylfu"], abs=1e-12)
+
+
+def test_cli_reuse(capsys):
+    assert main(["sim", "trace", "reuse", "text:" + "the cat sat on the mat and the cat sat on the hat " * 20,
+                 "--cache-bytes", "2K,1M", "--sessions", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [p["rows"] for p in d["points"]] == [7, 3971] and d["sessions"] == 2
+    for p in d["points"]:
+        assert p["hit_rate"]["lru"] <= p["hit_rate"]["optimal"] + 1e-12
+        assert p["hit_rate"]["tinylfu"] <= p["hit_rate"]["optimal"] + 1e-12
+        assert set(p["by_layer"]["lru"]) == {"1", "14"} and set(p["by_order"]["optimal"]) == {"2", "3", "4"}
+    assert d["points"][1]["hit_rate"]["optimal"] == pytest.approx(d["reuse_rate"])
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--cache-bytes", "100"], "holds no row"),
+    (["--cache-bytes", "1Q"], "need bytes"),
+    (["--cache-bytes", "1M", "--policies", "fifo"], "unknown row cache policy 'fifo'"),
+])
+def test_cli_reuse_bad_input(capsys, argv, msg):
+    assert msg in cli(capsys, ["sim", "trace", "reuse", "text:hello world again and again"] + argv)
+
+
+def test_cli_reuse_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "trace", "reuse", "--help"])
+    assert e.value.code == 0 and "Belady" in capsys.readouterr().out
+
+
+def test_a_study_takes_the_cache_policy_and_bytes(tmp_path):
+    """Sweeps (and so capacity searches) take the engine's cache by policy and bytes: the shared hit rate of each
+    point is the replay's of the same reads."""
+    import csv
+
+    from sim.sweep import Study, run_study
+
+    study = Study.from_dict({"study": {"name": "cache"},
+                             "fixed": {"trace": "shared:agent_prompt_long.txt", "trace_limit": 400, "steps": 200,
+                                       "sessions": 2, "compute": "reference", "shared_cache_bytes": "2M"},
+                             "grid": {"cache_policy": ["lru", "tinylfu"]}})
+    run_study(study, jobs=1, progress=False, out=tmp_path / "c.csv")
+    rows = {r["cache_policy"]: r for r in csv.DictReader(open(tmp_path / "c.csv"))}
+    from sim.trace import load_trace
+
+    tr = load_trace("shared:agent_prompt_long.txt", limit=400)
+    curve = cache_curve(tr, ["2M"], ["lru", "tinylfu"], sessions=2, steps=200, optimal=False)
+    for p in ("lru", "tinylfu"):
+        assert float(rows[p]["shared_cache_hit_rate"]) == pytest.approx(curve.points[0].hit_rate[p], abs=1e-9)
+    with pytest.raises(ArgumentError, match="cache_policy"):
+        Study.from_dict({"study": {"name": "x"}, "fixed": {"cache_policy": "fifo"}, "grid": {"steps": [10]}}).points()
