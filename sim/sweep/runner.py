@@ -33,7 +33,8 @@ that started the worker ends, and the pool's workers are started by the
 thread that calls :meth:`PointRunner.run`, which holds the runner), and a
 watchdog thread of its own ends it within :data:`PARENT_POLL_S` seconds of
 ``os.getppid()`` changing (every platform).  Ctrl-C belongs to the parent:
-workers start with SIGINT blocked (the mask of the thread that starts them)
+workers start with SIGINT blocked (the mask of the thread that starts them,
+whose own KeyboardInterrupt waits until the worker is in the pool's list)
 and ignore it from their first instruction of ours, so a Ctrl-C while they
 start prints no traceback of theirs; the parent then ends every worker at
 once (SIGTERM, SIGKILL after :data:`STOP_GRACE_S` seconds) instead of waiting
@@ -292,16 +293,30 @@ def _init_worker(ctx: Context, parent: int) -> None:
 
 @contextlib.contextmanager
 def _sigint_blocked():
-    """SIGINT blocked in this thread meanwhile: processes started here inherit the mask, so a Ctrl-C while they
-    start waits until they ignore it (:func:`_init_worker`); this process receives it once the block ends."""
+    """Ctrl-C held back meanwhile: SIGINT blocked in this thread, so that processes started here inherit the
+    mask and a Ctrl-C while they start waits until they ignore it (:func:`_init_worker`); and, in the main
+    thread, its Python handler deferred to the end of the block (another thread may receive the signal, and the
+    handler would raise KeyboardInterrupt between a worker's start and its entry in the pool's list)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    caught: list = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+        else:
+            handler = None
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+            if caught:
+                handler(signal.SIGINT, None)  # KeyboardInterrupt, now that the worker is in the pool's list
 
 
 def _local_task(point_fn: Callable, index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
