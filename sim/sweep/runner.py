@@ -673,7 +673,9 @@ class SweepResult:
 def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """The finished rows of an earlier run of ``study`` in the table at ``path`` (none when there is no table).
 
-    Rows cut short (a run killed while writing one) are left out and run again.
+    Rows cut short (a run killed while writing one) are left out and run again.  Each row's axes hold the
+    study's own values (an unset axis None, not the empty cell it was read back as; a string axis a string),
+    so that resumed rows group with new ones wherever rows are grouped by axis values.
 
     Raises
     ------
@@ -705,7 +707,7 @@ def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, A
                                     f"{pts[i][a]!r}: a table of another study")
         if r["seed"] != point_seed(study.seed, pts[i]):
             raise ArgumentError(f"{path}: point {i} ran with seed {r['seed']}, not the study's: another study seed")
-        keep[i] = r
+        keep[i] = {**r, **{a: pts[i][a] for a in AXES}}  # the study's values, as a new row holds them
     return [keep[i] for i in sorted(keep)]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from engram import ArgumentError, FormatError
 from engram.cli import main
+from sim.capacity import probes_path
 from sim.decode import simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
 from sim.io import OutputError
@@ -601,3 +602,39 @@ def test_sweep_ctrl_c_ends_workers_at_once_with_one_line(tmp_path, when):
     while _alive(kids) and time.monotonic() < end:
         time.sleep(0.05)
     assert not _alive(kids)
+
+
+# ------------------------------------------------------------------ a resumed run prints what a fresh one prints
+GRID_TOML = ('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 100\ncompute = "reference"\n'
+             '[grid]\nsessions = [1, 16, 64, 96]\nreaders = [4, 16]\n')
+CAPACITY_TOML = ('[study]\nname = "cap"\nseed = 4\n[capacity]\ntarget = 20.0\nseeds = 2\nmax_sessions = 64\n'
+                 '[fixed]\ntrace_limit = 200\nsteps = 100\ncompute = "reference"\n'
+                 '[grid]\nreaders = [4, 16]\n')
+
+
+def _report_lines(text: str) -> list:
+    """What a run printed, but its wall time and how many rows it took from the earlier run."""
+    return [ln for ln in text.splitlines() if not ln.startswith("ran ")]
+
+
+@pytest.mark.parametrize("kind", ["sweep", "capacity"])
+def test_a_resumed_run_prints_what_a_fresh_run_prints(tmp_path, capsys, kind):
+    """Rows (or probes) read back from an unfinished table carry the study's own axis values (None, not the
+    empty cell), so they group with new ones: the findings printed after --resume are the fresh run's, for every
+    place the table was cut."""
+    study = tmp_path / f"{kind}.toml"
+    study.write_text(GRID_TOML if kind == "sweep" else CAPACITY_TOML)
+    out = tmp_path / f"{kind}.csv"
+    args = ["sim", kind, str(study), "--out", str(out), "--jobs", "1", "--quiet"]
+    assert main(args) == 0
+    fresh = _report_lines(capsys.readouterr().out)
+    table = probes_path(out) if kind == "capacity" else out
+    whole = table.read_text().splitlines(keepends=True)
+    meta = json.loads(meta_path(table).read_text())
+    for keep in (1, len(whole) // 2, len(whole) - 1):
+        table.write_text("".join(whole[:keep + 1]))  # the header and `keep` rows
+        meta_path(table).write_text(json.dumps({**meta, "complete": False}))
+        if kind == "capacity":
+            out.unlink(missing_ok=True)
+        assert main(args + ["--resume"]) == 0
+        assert _report_lines(capsys.readouterr().out) == fresh, f"resumed from {keep} rows"
