@@ -11,7 +11,7 @@ from pathlib import Path
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from ..device import DEVICE_FORMS, load_device
-from ..io import OutputError
+from ..io import OutputError, check_output_folder
 from ..params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD,
                       Compute, Phases, Policy)
 from ..trace import CODE_SOURCE, load_trace
@@ -176,4 +176,12 @@ def _add_run_options(p, what: str) -> None:
 
 
 def _out_path(args) -> Path:
-    return Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv")
+    """The table a study command writes (its folder must exist: :func:`sim.io.check_output_folder`)."""
+    return check_output_folder(Path(args.out) if args.out else Path(f"{Path(args.study).stem}.csv"))
+
+
+def _output_files(*paths) -> None:
+    """Refuse, before any work, an output file (one of ``paths`` that is set) whose folder does not exist."""
+    for p in paths:
+        if p:
+            check_output_folder(p)

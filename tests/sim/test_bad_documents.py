@@ -438,3 +438,12 @@ def test_zero_is_not_a_latency_in_any_document(measured, tmp_path, capsys, kind,
     f, args = _latency_document(kind, measured, tmp_path, value)
     err = cli(capsys, args)
     assert "is not a latency (a finite number > 0)" in err and str(f) in err, err
+
+
+@pytest.mark.parametrize("command", ["calibrate", "crosscheck"])
+def test_calibrate_and_crosscheck_refuse_a_missing_output_folder(measured, tmp_path, capsys, command):
+    """tests/sim/test_output_paths.py walks the other file outputs; these two read a measurement folder."""
+    out = tmp_path / "missing" / "out.json"
+    err = cli(capsys, [command, str(measured), "--out", str(out), *(["--no-progress"] if command == "crosscheck"
+                                                                    else [])])
+    assert f"the folder {tmp_path / 'missing'} does not exist" in err and not (tmp_path / "missing").exists()
