@@ -302,8 +302,11 @@ def _required(k: _Keys, table_layers: Sequence[int]) -> None:
         missing.append("layer_ids")
     if missing:
         keys = [f"{k.arch}.{_SUFFIX[n]}" for n in missing]
+        legacy = [f"{p}.{_SUFFIX[n]}" for n in missing for p in k.prefixes[1:]]
+        also = f" (nor under {'their' if len(keys) > 1 else 'its'} legacy spelling {', '.join(legacy)})" if legacy \
+            else ""
         raise FormatError(f"{k.h.path}: incomplete Engram metadata: required key{'s' if len(keys) > 1 else ''} "
-                          f"{', '.join(keys)} {'are' if len(keys) > 1 else 'is'} missing (the file has "
+                          f"{', '.join(keys)} {'are' if len(keys) > 1 else 'is'} missing{also} (the file has "
                           f"{len(have)} Engram key{'s' if len(have) != 1 else ''}: {', '.join(have)})")
 
 
