@@ -28,6 +28,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from . import forks as _forks
 from ._native import reader as _reader
 from .codec import ROW_BYTES, ROW_VALUES
 from .uncached import close_quietly, open_uncached
@@ -138,6 +139,13 @@ class _Verdict:
 
 
 _VERDICT = _Verdict()
+
+
+def _new_lock_in_child() -> None:
+    _VERDICT.lock = threading.Lock()  # engram.forks: may be held by a thread of the parent
+
+
+_forks.on_fork_child(_new_lock_in_child)
 
 
 def ring_verdict() -> Optional[BackendStatus]:

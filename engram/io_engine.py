@@ -62,6 +62,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Tuple, Union
 
+from . import forks as _forks
 from ._native import engine as _cengine
 from .errors import ArgumentError
 
@@ -300,6 +301,11 @@ class EngineClient:
         self._client = client
         self._generation = generation
         self._refs = 1
+        self._lock = threading.Lock()
+        _forks.track(self)
+
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): the lock may be held by a thread of the parent (engram.forks)."""
         self._lock = threading.Lock()
 
     def retain(self, readers: Optional[int] = None) -> "EngineClient":

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import forks as _forks
 from ._checks import as_mask, need_array, need_eps, need_finite, shape_str
 from .codec import ROW_VALUES
 from .errors import ArgumentError, HistoryError, TableIOError
@@ -73,6 +74,11 @@ class EngramModel:
         self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, eps=self.eps,
                              engine=engine, cache=self.cache)
         self._weights: Dict[int, LayerWeights] = {}
+        self._lock = threading.Lock()
+        _forks.track(self)
+
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): the weights' lock may be held by a thread of the parent (engram.forks)."""
         self._lock = threading.Lock()
 
     @classmethod

@@ -29,6 +29,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from . import forks as _forks
 from .errors import ArgumentError, EngramError
 from .table import ReadStats
 
@@ -85,7 +86,28 @@ class Prefetcher:
         self._cancelled = False
         self._cond = threading.Condition()
         self.stats = ReadStats()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._name = name
+        self._thread: Optional[threading.Thread] = None
+        self._thread_pid = -1  # the process whose thread reads (engram.forks: the parent's after fork())
+        _forks.track(self)
+        with self._cond:
+            self._start_reader()
+
+    # ------------------------------------------------------------ fork
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): the condition's lock may be held by the parent's reader thread."""
+        self._cond = threading.Condition()
+
+    def _finished(self) -> bool:
+        """Every table read, or the reader stopped on an error or a cancel (lock held)."""
+        return self._cancelled or self._error is not None or min(self._ready, default=self.tokens) >= self.tokens
+
+    def _start_reader(self) -> None:
+        """A reader thread of this process, unless one runs or nothing is left (lock held)."""
+        if self._thread_pid == _forks.pid() or self._finished():
+            return
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread_pid = _forks.pid()
         self._thread.start()
 
     # ------------------------------------------------------------ reader
@@ -143,8 +165,12 @@ class Prefetcher:
 
     @property
     def done(self) -> bool:
-        """Every table read (or the reader stopped on an error or a cancel)."""
-        return not self._thread.is_alive()
+        """Every table read (or the reader stopped on an error or a cancel).  In a child after
+        fork() whose reader has not resumed: whether anything is left to read."""
+        with self._cond:
+            if self._thread_pid != _forks.pid():
+                return self._finished()
+            return self._thread is None or not self._thread.is_alive()
 
     @property
     def error(self) -> Optional[BaseException]:
@@ -177,6 +203,7 @@ class Prefetcher:
             raise ArgumentError(f"upto must lie in [0, {self.tokens}], got {upto}")
         self.enter_layer(int(layer_id))
         with self._cond:
+            self._start_reader()  # in a child after fork(): the parent's thread does not read here
             ok = self._cond.wait_for(
                 lambda: self._ready[li] >= upto or self._error is not None or self._cancelled, timeout)
             if self._ready[li] >= upto:
@@ -208,8 +235,9 @@ class Prefetcher:
         with self._cond:
             self._cancelled = True
             self._cond.notify_all()
-        if wait and threading.current_thread() is not self._thread:
-            self._thread.join()
+            thread = self._thread if self._thread_pid == _forks.pid() else None  # never the parent's
+        if wait and thread is not None and threading.current_thread() is not thread:
+            thread.join()
 
     def __enter__(self) -> "Prefetcher":
         return self

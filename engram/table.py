@@ -34,6 +34,7 @@ from typing import Optional, Union
 import numpy as np
 
 from . import backends as _backends
+from . import forks as _forks
 from ._native import reader as _reader
 from .backends import AUTO_ORDER, available_backends
 from .codec import ROW_BYTES, ROW_VALUES
@@ -312,6 +313,11 @@ class Closing:
 class _RowReads(Closing):
     """Read machinery shared by :class:`Table` and :class:`TableGroup` (staging, stats, errors)."""
 
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): the lock may be held by a thread of the parent (a prefill reader
+        inside a read); the child's is new.  The reader forgets the parent's pool and ring itself."""
+        self._lock = threading.Lock()
+
     @staticmethod
     def _check_out(out, shape) -> None:
         if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape \
@@ -566,6 +572,7 @@ class Table(_RowReads):
         self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
+        _forks.track(self)  # a new lock in a child after fork() (engram.forks)
         self._reader = None
         self._client: Optional[EngineClient] = None
         self._fd = -1
@@ -765,6 +772,7 @@ class TableGroup(_RowReads):
         self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
+        _forks.track(self)  # a new lock in a child after fork() (engram.forks)
         self._client: Optional[EngineClient] = None
         self.path = ", ".join(sorted({t.path for t in tables}))
         flags = {t._reader.read_flags for t in tables}

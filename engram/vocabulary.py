@@ -52,6 +52,7 @@ from gguf import GGUFValueType, Keys, SpecialVocab, TokenType
 from gguf.vocab import bytes_to_unicode
 from tokenizers import Tokenizer
 
+from . import forks as _forks
 from .errors import ArgumentError, VocabularyError
 from .gguf import ModelInfo
 from .gguf.header import INT_TYPES, digest_of_strings, load_array
@@ -218,6 +219,14 @@ def _vocabulary_cached(key: Tuple[str, int, int, int, int]) -> Vocabulary:
 #: Vocabularies of tokenizers given as objects, by id (the entry holds the tokenizer, so the id stays its own).
 _OBJECTS: "collections.OrderedDict[int, Tuple[Tokenizer, Vocabulary]]" = collections.OrderedDict()
 _OBJECTS_LOCK = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _OBJECTS_LOCK
+    _OBJECTS_LOCK = threading.Lock()  # engram.forks: may be held by a thread of the parent
+
+
+_forks.on_fork_child(_new_lock_in_child)
 
 
 def tokenizer_vocabulary(tokenizer: TokenizerLike = None) -> Vocabulary:

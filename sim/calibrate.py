@@ -75,7 +75,7 @@ from engram.errors import ArgumentError, FormatError
 from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from .io import load_json, sha256_file, write_json
 from .params import BACKENDS, Compute, Policy
-from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench, check_windows
+from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench, check_numbers, check_windows
 from .windows import scale_device, window_compute, window_device, window_states
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
@@ -262,7 +262,8 @@ class Calibration:
         try:
             devices = {b: MeasuredBatchDevice.from_dict(v) for b, v in d["devices"].items()}
             fio = EmpiricalDevice.from_dict(d["fio_device"]) if d.get("fio_device") else None
-            comp = {label: Compute.empirical([float(x) * US for x in v["samples_us"]])
+            comp = {label: Compute.empirical([x * US for x in check_numbers(
+                        f"calibration: compute {label!r}", "samples_us", v["samples_us"], 0.0)])
                     for label, v in d["compute"].items()}
             think = {label: {b: MeasuredBatchDevice.from_dict(v) for b, v in devs.items()}
                      for label, devs in d.get("think_devices", {}).items()}

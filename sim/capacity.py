@@ -725,7 +725,7 @@ def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str
         if any(not same_axis_value(r.get(a), p[a]) for a in AXES) or r.get("seed") != point_seed(study.seed, p):
             raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
                                 "(other axis values or seed)")
-        keep.append(r)
+        keep.append({**r, **{a: p[a] for a in AXES}})  # the study's values, as a new probe holds them
     return keep
 
 

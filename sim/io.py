@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from typing import List, Optional, Tuple, Union
 from engram.cli import json_default
 from engram.errors import EngramError, FormatError
 
-__all__ = ["PACKAGED_DATA", "SHARED_DATA_ENV", "OutputError", "load_json", "now_iso", "output_error",
+__all__ = ["PACKAGED_DATA", "SHARED_DATA_ENV", "OutputError", "check_output_folder", "load_json", "now_iso", "output_error",
            "packaged_data_dir", "packaged_data_path", "read_jsonl", "read_text", "sha256_file", "shared_data_dir",
            "write_json"]
 
@@ -160,22 +161,45 @@ def read_jsonl(path: Union[str, os.PathLike], what: str) -> List[Tuple[int, dict
     return out
 
 
+def check_output_folder(path: Union[str, os.PathLike]) -> Path:
+    """``path`` (a file to write) when its folder exists; nothing is created.
+
+    As for ``cp`` and ``mv`` (and :func:`engram.gguf.write.check_outputs`), a missing folder is most often a
+    mistyped path: it is refused, not made.  Folders a command makes itself (a report folder, a measurement
+    folder) are made by that command, below a folder that exists.
+
+    Raises
+    ------
+    OutputError
+        The folder does not exist (``errno`` ENOENT) or a part of it is a file (ENOTDIR); names both.
+    """
+    path = Path(path)
+    folder = path.parent
+    if folder.is_dir():
+        return path
+    err = OutputError(f"{path}: cannot write: the folder {folder} does not exist; make it first"
+                      if not folder.exists() and not any(p.is_file() for p in folder.parents)
+                      else f"{path}: cannot write: a part of {folder} is a file, where a folder is needed")
+    err.errno = errno.ENOENT if "does not exist" in str(err) else errno.ENOTDIR
+    err.filename = str(folder)
+    raise err
+
+
 def write_json(path: Union[str, os.PathLike], obj) -> Path:
     """Write ``obj`` as indented JSON (NumPy scalars and arrays allowed), atomically; return the path.
 
     The document goes to ``PATH.tmp`` first and replaces ``PATH`` in one
     rename, so a reader (or an interrupted run) never sees half a file.
-    Missing parent folders are created.
+    Its folder must exist (:func:`check_output_folder`).
 
     Raises
     ------
     OutputError
         The file or its folder cannot be written (names the path and the reason).
     """
-    path = Path(path)
+    path = check_output_folder(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:

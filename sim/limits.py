@@ -11,6 +11,9 @@ One place checks each kind of input, so every command and every API call refuses
 * :func:`check_queue_depth` -- a queue depth is a whole number in ``[1, MAX_QUEUE_DEPTH]``: the largest queue
   an NVMe submission queue can hold (NVMe base specification: 64 Ki entries).
 * :func:`check_seed` -- a seed is a whole number >= 0 (NumPy's ``SeedSequence`` takes no negative entropy).
+* :data:`MAX_REQUEST_TOKENS` -- a serving request's prompt or output length is at most 2^20 tokens (a stated
+  maximum: the context window of a V4.1-class model is 1M tokens, and the largest ``max`` the length
+  spellings default to); a length past it is refused as a rate past the memory is, before anything is drawn.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from typing import Optional
 
 from engram.errors import ArgumentError
 
-__all__ = ["MAX_QUEUE_DEPTH", "MEMORY_SHARE", "check_memory", "check_queue_depth", "check_seed", "memory_limit"]
+__all__ = ["MAX_QUEUE_DEPTH", "MAX_REQUEST_TOKENS", "MEMORY_SHARE", "check_memory", "check_queue_depth", "check_seed", "memory_limit"]
 
 #: Share of physical memory one simulation may plan to use (the rest is the machine's, shared with others).
 MEMORY_SHARE = 0.5
+#: Longest prompt or output of one serving request, in tokens (a 1M-token context window; see the module docstring).
+MAX_REQUEST_TOKENS = 1 << 20
 #: Deepest queue a device table may name: an NVMe submission queue holds at most 65536 entries.
 MAX_QUEUE_DEPTH = 65536
 

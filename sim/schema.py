@@ -169,6 +169,7 @@ __all__ = [
     "RunConfig",
     "check_int",
     "check_microbench",
+    "LATENCY",
     "check_number",
     "check_numbers",
     "check_probe",
@@ -465,10 +466,17 @@ def check_int(where: str, key: str, value, low: int = 0) -> int:
     return int(value)
 
 
-def check_number(where: str, key: str, value, low: Optional[float] = 0.0, *, above: bool = False,
+#: ``check_number(..., low=LATENCY)``: the field is a latency (a read, a batch, a step, in s, ms or us): a finite
+#: number > 0.  Zero, negatives and NaN are not latencies (a device or calibration with zero latencies passed
+#: the checks and then divided by zero); every latency field of every document is checked with it.
+LATENCY = "latency"
+
+
+def check_number(where: str, key: str, value, low: Union[float, None, str] = 0.0, *, above: bool = False,
                  high: Optional[float] = None, none: bool = False) -> Optional[float]:
     """``value`` as a float when it is a finite number (not a bool or a string) ``>= low`` (``> low`` with
     ``above``; any finite number when ``low`` is None) and ``<= high``; None passes when ``none``.
+    ``low=LATENCY``: a latency, a finite number > 0 (:data:`LATENCY`).
 
     Raises
     ------
@@ -480,6 +488,10 @@ def check_number(where: str, key: str, value, low: Optional[float] = 0.0, *, abo
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise FormatError(f"{where}: {key} = {_show(value)} is not a number")
     x = float(value)
+    if low == LATENCY:
+        if not (np.isfinite(x) and x > 0):
+            raise FormatError(f"{where}: {key} = {x:g} is not a latency (a finite number > 0)")
+        return x
     ok = np.isfinite(x) and (low is None or (x > low if above else x >= low)) and (high is None or x <= high)
     if not ok:
         want = "a finite number" if low is None else f"a finite number {'>' if above else '>='} {low:g}"
@@ -487,7 +499,7 @@ def check_number(where: str, key: str, value, low: Optional[float] = 0.0, *, abo
     return x
 
 
-def check_numbers(where: str, key: str, value, low: Optional[float] = 0.0, *, above: bool = False,
+def check_numbers(where: str, key: str, value, low: Union[float, None, str] = 0.0, *, above: bool = False,
                   whole: bool = False, length: Optional[int] = None, of: str = "") -> list:
     """``value`` when it is a list of numbers each as :func:`check_number` (``whole``: :func:`check_int`)
     wants, of ``length`` values when given (``of`` names what sets it).
@@ -504,7 +516,10 @@ def check_numbers(where: str, key: str, value, low: Optional[float] = 0.0, *, ab
     kinds = (int,) if whole else (int, float)
     if all(type(x) in kinds for x in value):  # the common case, checked at once
         x = np.asarray(value, dtype=np.float64)
-        ok = np.isfinite(x) if low is None else np.isfinite(x) & ((x > low) if above else (x >= low))
+        if low == LATENCY:
+            ok = np.isfinite(x) & (x > 0)
+        else:
+            ok = np.isfinite(x) if low is None else np.isfinite(x) & ((x > low) if above else (x >= low))
         if ok.all():
             return list(value)
     for j, x in enumerate(value):
@@ -581,7 +596,7 @@ def check_probe(i: int, r: Mapping) -> str:
     if not isinstance(window, str) or not window:
         raise FormatError(f"record {i}: probe = {_show(window)} is not a window id (a non-empty string)")
     where = f"record {i} (probe steps of window {window!r})"
-    n = len(check_numbers(where, "batch_us", _field(where, r, "batch_us"), 0.0, above=True))
+    n = len(check_numbers(where, "batch_us", _field(where, r, "batch_us"), LATENCY))
     if n == 0:
         raise FormatError(f"{where}: batch_us is empty (one read time a probe step)")
     for key, low, whole in (("compute_us", 0.0, False), ("t_us", None, False), ("distinct", 1, True)):
@@ -605,11 +620,12 @@ def check_probe(i: int, r: Mapping) -> str:
 
 
 def check_windows(windows) -> Dict[str, dict]:
-    """The ``windows`` of a calibration document, checked: each a mapping with ``device`` a finite number
-    > 0, ``compute`` None or a finite number > 0, ``read_se``, ``compute_se`` and ``step_cv`` None or
+    """The ``windows`` of a calibration document, checked: each a mapping with ``device`` a latency (a finite
+    number > 0, :data:`LATENCY`), ``compute`` None or a latency, ``read_se``, ``compute_se`` and ``step_cv`` None or
     finite numbers >= 0, ``threshold``, ``readers``, ``sessions`` and ``probe_steps`` whole numbers >= 1,
-    ``batch_samples_us`` and ``compute_samples_us`` absent (calibrations before them) or lists of finite
-    numbers >= 0, and ``backend`` a string.  None (no windows) gives ``{}``.
+    ``batch_samples_us`` absent (calibrations before them) or a list of latencies (finite numbers > 0:
+    :data:`LATENCY`), ``compute_samples_us`` absent or a list of finite numbers >= 0, and ``backend`` a
+    string.  None (no windows) gives ``{}``.
 
     Raises
     ------
@@ -624,15 +640,16 @@ def check_windows(windows) -> Dict[str, dict]:
     for wid, w in windows.items():
         where = f"window {wid!r}"
         _mapping(where, "state", w)
-        check_number(where, "device", _field(where, w, "device"), 0.0, above=True)
-        check_number(where, "compute", w.get("compute"), 0.0, above=True, none=True)
+        check_number(where, "device", _field(where, w, "device"), LATENCY)
+        check_number(where, "compute", w.get("compute"), LATENCY, none=True)
         for key in ("read_se", "compute_se", "step_cv"):
             check_number(where, key, w.get(key), 0.0, none=True)
         for key in ("threshold", "readers", "sessions", "probe_steps"):
             check_int(where, key, _field(where, w, key), 1)
-        for key in ("batch_samples_us", "compute_samples_us"):
-            if w.get(key) is not None:
-                check_numbers(where, key, w[key], 0.0)
+        if w.get("batch_samples_us") is not None:
+            check_numbers(where, "batch_samples_us", w["batch_samples_us"], LATENCY)
+        if w.get("compute_samples_us") is not None:
+            check_numbers(where, "compute_samples_us", w["compute_samples_us"], 0.0)
         check_str(where, "backend", _field(where, w, "backend"))
         out[str(wid)] = dict(w)
     return out
@@ -723,6 +740,7 @@ def check_run(i: int, r: Mapping) -> None:
             check_int(where, key, r[key], 0)
     if r.get("starts") is not None:
         check_numbers(where, "starts", r["starts"], 0, whole=True)
-    for key in ("start_offsets_s", "step_us"):
-        if r.get(key) is not None:
-            check_numbers(where, key, r[key], 0.0)
+    if r.get("start_offsets_s") is not None:
+        check_numbers(where, "start_offsets_s", r["start_offsets_s"], 0.0)
+    if r.get("step_us") is not None:
+        check_numbers(where, "step_us", r["step_us"], LATENCY)

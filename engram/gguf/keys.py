@@ -46,13 +46,13 @@ from gguf import GGUFValueType
 
 from ..codec import ENCODING, ROW_VALUES
 from ..errors import FormatError, LayoutError
-from ..layout import Layout
+from ..layout import MAX_ROWS, Layout
 from .header import FLOAT_TYPES, INLINE_ARRAY_ELEMENTS, INT_TYPES, MAX_TOKEN_MAP, Header, KeyValue, load_array
 from .shards import SHARD_RE
 
 __all__ = [
     "ARCHITECTURE", "LEGACY_ARCHITECTURES", "ARCHITECTURES", "HIDDEN_SIZE", "HC_STREAMS", "MODEL_ALIGNMENT",
-    "DEFAULT_EPS", "EPS_KEY", "DERIVABLE", "KeySource", "EngramKeys", "engram_keys", "repair_command", "family_keys",
+    "DEFAULT_EPS", "EPS_KEY", "DERIVABLE", "REQUIRED", "KeySource", "EngramKeys", "engram_keys", "repair_command", "family_keys",
 ]
 
 #: ``general.architecture`` of DeepSeek V4.1 models; the Engram keys use it as prefix.
@@ -81,6 +81,9 @@ DEFAULT_EPS = 1e-6
 #: Constants a file may leave out (derived, see the module docstring).
 DERIVABLE = ("rows", "offsets", "max_ngram_size", "head_count", "key_length", "compressed_vocab_size",
              "layer_ids")
+#: Constants a file must carry (SPEC §6): neither derived nor defaulted.  A file with some Engram keys but not
+#: these is told which are missing, by name, all at once.
+REQUIRED = ("encoding", "primes", "multipliers", "token_map", "pad_id")
 
 _LAYOUT_FIELD_NAMES = {
     "layer_ids": "layer_ids", "primes": "primes", "multipliers": "multipliers",
@@ -284,6 +287,29 @@ def _architecture(h: Header) -> str:
     return kv.value
 
 
+def _required(k: _Keys, table_layers: Sequence[int]) -> None:
+    """Every :data:`REQUIRED` key present (and ``layer_ids``, unless table tensors name the layers), or one
+    error naming each missing key and the Engram keys the file has.  A file with no Engram key of its
+    architecture is left to :func:`_encoding` ("no Engram metadata")."""
+    def has(name: str) -> bool:
+        return any(f"{p}.{_SUFFIX[name]}" in k.kv for p in k.prefixes)
+
+    have = sorted(key for key in k.kv if any(key.startswith(f"{p}.engram.") for p in k.prefixes))
+    if not have:
+        return
+    missing = [n for n in REQUIRED if not has(n)]
+    if not table_layers and not has("layer_ids"):
+        missing.append("layer_ids")
+    if missing:
+        keys = [f"{k.arch}.{_SUFFIX[n]}" for n in missing]
+        legacy = [f"{p}.{_SUFFIX[n]}" for n in missing for p in k.prefixes[1:]]
+        also = f" (nor under {'their' if len(keys) > 1 else 'its'} legacy spelling {', '.join(legacy)})" if legacy \
+            else ""
+        raise FormatError(f"{k.h.path}: incomplete Engram metadata: required key{'s' if len(keys) > 1 else ''} "
+                          f"{', '.join(keys)} {'are' if len(keys) > 1 else 'is'} missing{also} (the file has "
+                          f"{len(have)} Engram key{'s' if len(have) != 1 else ''}: {', '.join(have)})")
+
+
 def _encoding(k: _Keys) -> str:
     enc = k.value("encoding", k.string)
     if enc is None:
@@ -399,11 +425,19 @@ def _check_entries(k: _Keys, layer_ids: Tuple[int, ...], primes: np.ndarray, mul
         if lid in seen:
             raise k.err(k.key("layer_ids"), f"entry [{i}] = {lid} repeats entry [{seen[lid]}]")
         seen[lid] = i
-    small = np.flatnonzero(primes.astype(np.uint64) < 2)
-    if small.size:
-        i = int(small[0])
+    p64 = primes.astype(np.uint64)
+    bad = np.flatnonzero((p64 < 2) | (p64 > MAX_ROWS))
+    if bad.size:
+        i = int(bad[0])
         raise k.err(k.key("primes"), f"entry [{i}] (layer {layer_ids[i // columns]} column {i % columns}) = "
-                                     f"{int(primes[i])}; a column's bucket count is a prime >= 2")
+                                     f"{int(primes[i])} is outside [2, {MAX_ROWS}]: a column's bucket count is a "
+                                     f"prime >= 2 whose rows fit uint32 row ids (SPEC §2)")
+    for li, lid in enumerate(layer_ids):
+        total = sum(int(x) for x in p64[li * columns:(li + 1) * columns])
+        if p64.size >= (li + 1) * columns and total > MAX_ROWS:
+            raise k.err(k.key("primes"), f"entries [{li * columns}, {(li + 1) * columns}) (layer {lid}) sum to "
+                                         f"{total} rows, more than the {MAX_ROWS} that uint32 row ids address "
+                                         f"(a layer's rows are the sum of its primes, SPEC §2)")
     for i, m in enumerate(int(x) for x in mults):
         where = f"entry [{i}] (layer {layer_ids[i // max_ngram]} lookback {i % max_ngram}) = {m}"
         if m % 2 == 0:
@@ -502,6 +536,7 @@ def engram_keys(h: Header, table_layers: Sequence[int] = (), *, derive_only: boo
     """
     arch = _architecture(h)
     k = _Keys(h, arch, prefer, [n for n in DERIVABLE if n != "layer_ids"] if derive_only else ())
+    _required(k, table_layers)
     enc = _encoding(k)
     layer_ids = _layer_ids(k, table_layers)
     primes = k.value("primes", k.int_array(max_len=1 << 16))

@@ -9,7 +9,7 @@ from ..decode import fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
 from ..prefill import simulate_prefill
-from .options import (_add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
+from .options import (_output_files, _add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
                       _add_progress, _progress_mode, _trace, _typed_os_errors)
 
 
@@ -174,6 +174,7 @@ def _add_prefill(sub) -> None:
 
 
 def _cmd_device(args) -> int:
+    _output_files(args.save)
     if args.name is None:
         names = preset_names()
         if args.json:

@@ -17,7 +17,7 @@ from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_C
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
 from ..params import BACKENDS
 from ..schema import SESSION_MODES, RunConfig
-from .options import _add_progress, _ints, _progress_mode, _strs, _typed_errors
+from .options import _add_progress, _ints, _output_files, _progress_mode, _strs, _typed_errors
 
 
 def _measure_configs(args) -> list:
@@ -232,6 +232,7 @@ def _cmd_calibrate(args) -> int:
     work = Path(args.workdir)
     micro = Path(args.microbench) if args.microbench else work / "microbench.json"
     out = Path(args.out) if args.out else work / "calibration.json"
+    _output_files(out)
     cal = calibrate_file(micro, out, seed=args.seed)
     if args.json:
         d = cal.to_dict()
@@ -263,6 +264,7 @@ def _cmd_crosscheck(args) -> int:
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
     runs = Path(args.runs) if args.runs else work / "runs.json"
     out = Path(args.out) if args.out else work / "crosscheck.json"
+    _output_files(out)
     res = crosscheck_files(cal, runs, out, sim_steps=args.sim_steps, seed=args.seed, progress=_progress_mode(args))
     if args.json:
         res["saved"] = str(out)

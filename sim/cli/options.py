@@ -12,7 +12,7 @@ from engram.cli import add_progress_flags, progress_choice
 from engram.errors import ArgumentError, EngramError, TableIOError
 
 from ..device import DEVICE_FORMS, load_device
-from ..io import OutputError
+from ..io import OutputError, check_output_folder
 from ..params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD,
                       Compute, Phases, Policy)
 from ..trace import CODE_SOURCE, load_trace
@@ -220,5 +220,13 @@ def _add_run_options(p, what: str, study_optional: bool = False) -> None:
 
 
 def _out_path(args, name: str = "") -> Path:
-    """``--out``, else STUDY.csv in the current directory (``name``.csv for a study of the command line)."""
-    return Path(args.out) if args.out else Path(f"{Path(args.study).stem if args.study else name}.csv")
+    """``--out``, else STUDY.csv in the current directory (``name``.csv for a study of the command line);
+    its folder must exist (:func:`sim.io.check_output_folder`)."""
+    return check_output_folder(Path(args.out) if args.out else Path(f"{Path(args.study).stem if args.study else name}.csv"))
+
+
+def _output_files(*paths) -> None:
+    """Refuse, before any work, an output file (one of ``paths`` that is set) whose folder does not exist."""
+    for p in paths:
+        if p:
+            check_output_folder(p)

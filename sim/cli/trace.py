@@ -16,7 +16,7 @@ from ..trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from ..trace.sources import encoded_by_tokenizer
 from ..trace.synth import DEFAULT_TOKENS
 from ..trace.tokens import check_model_vocabulary
-from .options import _add_progress, _ints, _progress_mode, _typed_os_errors
+from .options import _add_progress, _ints, _output_files, _progress_mode, _typed_os_errors
 
 
 class _DefaultSubcommand(argparse._SubParsersAction):
@@ -51,6 +51,7 @@ def _print_wrap(tr, args, out: dict) -> None:
 
 
 def _cmd_trace(args) -> int:
+    _output_files(args.out)
     tr = load_trace(args.source or CODE_SOURCE, limit=args.limit)
     saved = str(tr.save(args.out)) if args.out else None
     stats = reuse_stats(tr, args.lru or (), per_sequence=not args.one_session, progress=_progress_mode(args))
@@ -95,6 +96,7 @@ _SOURCE_HELP = ("trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, "
 
 
 def _cmd_trace_synth(args) -> int:
+    _output_files(args.out)
     tr = synthesize(args.reuse, zipf=args.zipf, tokens=args.tokens, seed=args.seed, profile=args.profile)
     saved = str(tr.save(args.out)) if args.out else None
     stats = reuse_stats(tr, args.lru or (), progress=_progress_mode(args))
@@ -185,6 +187,7 @@ def _iolog_block(args, tables) -> tuple:
 
 
 def _cmd_trace_iolog(args) -> int:
+    _output_files(args.out)
     tr = load_trace(args.trace, limit=args.limit)
     if args.model:
         tables, layout, token_map = model_tables(args.model)

@@ -32,6 +32,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from ..io import read_text
+from ..schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import EmpiricalDevice
 
@@ -104,6 +105,12 @@ def _num(v, path: str) -> float:
     return float(v)
 
 
+def _latency(v, where: str, key: str) -> float:
+    """``v`` (ns) as a float: a latency of fio's, a finite number > 0 (:data:`sim.schema.LATENCY`; names
+    the JSON path ``where.key`` and the value)."""
+    return check_number(where, key, v, LATENCY)
+
+
 def _shown(v) -> str:
     text = json.dumps(v) if not isinstance(v, float) else f"{v:g}"
     return text if len(text) <= 40 else text[:37] + "..."
@@ -137,17 +144,18 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     if "group_reporting" in _obj(job, "job options", f"{where}[\"job options\"]") or "group_reporting" in glob:
         depth *= clones
     lat, clat = _obj(r, "lat_ns", f"{where}.read.lat_ns"), _obj(r, "clat_ns", f"{where}.read.clat_ns")
-    mean = _num(lat["mean"], f"{where}.read.lat_ns.mean") * _NS if lat.get("mean") else depth / iops
+    rd = f"{where}.read"
+    mean = _latency(lat["mean"], rd, "lat_ns.mean") * _NS if "mean" in lat else depth / iops
     src = "read.lat_ns"
     if lat.get("percentile"):
         pct, shift, ends, at = _obj(lat, "percentile", f"{where}.read.lat_ns.percentile"), 0.0, lat, "lat_ns"
     else:
         src = "read.clat_ns + mean submission latency"
         pct = _obj(clat, "percentile", f"{where}.read.clat_ns.percentile")
-        cmean = _num(clat["mean"], f"{where}.read.clat_ns.mean") * _NS if "mean" in clat else mean
+        cmean = _latency(clat["mean"], rd, "clat_ns.mean") * _NS if "mean" in clat else mean
         shift, ends, at = mean - cmean, clat, "clat_ns"
-    lo = _num(ends["min"], f"{where}.read.{at}.min") * _NS + shift if "min" in ends else None
-    hi = _num(ends["max"], f"{where}.read.{at}.max") * _NS + shift if "max" in ends else None
+    lo = _latency(ends["min"], rd, f"{at}.min") * _NS + shift if "min" in ends else None
+    hi = _latency(ends["max"], rd, f"{at}.max") * _NS + shift if "max" in ends else None
     pcts = {}
     for p, v in pct.items():
         ppath = f"{where}.read.{at}.percentile[{json.dumps(p)}]"
@@ -156,7 +164,7 @@ def _job_figures(job, glob: dict, where: str) -> dict:
         except ValueError:
             raise FormatError(f"{ppath}: the key is not a percentile (a number in (0, 100))") from None
         if 0 < u < 100:
-            pcts[u] = _num(v, ppath) * _NS + shift
+            pcts[u] = _latency(v, rd, f"{at}.percentile[{json.dumps(p)}]") * _NS + shift
     return {"qd": depth, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi,
             "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
             "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),

@@ -15,7 +15,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..schema import US, check_number, check_numbers
+from ..schema import LATENCY, US, check_number, check_numbers
 
 __all__ = ["LatencyDist", "list_schedule"]
 
@@ -199,7 +199,7 @@ class LatencyDist:
         try:
             src = str(d.get("source", ""))
             if "u" in d and "q_us" in d:
-                return cls(_numbers(d["u"], "u"), _numbers(d["q_us"], "q_us") * US, src)
+                return cls(_numbers(d["u"], "u", 0.0), _numbers(d["q_us"], "q_us") * US, src)
             if "samples_us" in d:
                 return cls.from_samples(_numbers(d["samples_us"], "samples_us") * US, source=src)
             pct = {float(k[1:-3]): _number(v, k) * US for k, v in d.items()
@@ -227,19 +227,20 @@ def _shown(v) -> str:
 
 
 def _number(v, key: str) -> float:
-    """``v`` as a finite float >= 0 (a latency in us): :func:`sim.schema.check_number`.
+    """``v`` as a float: a latency in us, a finite number > 0 (:data:`sim.schema.LATENCY`).
 
     Raises
     ------
     FormatError
-        Not a number, not finite or negative (names ``key`` and the value).
+        Not a number, not finite, zero or negative (names ``key`` and the value).
     """
-    return check_number("latency distribution", key, v)
+    return check_number("latency distribution", key, v, LATENCY)
 
 
-def _numbers(v, key: str) -> np.ndarray:
-    """``v`` (a list of numbers) as a float64 array, each checked as :func:`_number` (``key[i]`` named)."""
-    return np.asarray(check_numbers("latency distribution", key, v), dtype=np.float64)
+def _numbers(v, key: str, low=LATENCY) -> np.ndarray:
+    """``v`` (a list of numbers) as a float64 array, each checked as :func:`_number` (``key[i]`` named);
+    ``low=0.0`` for quantile levels ``u``, which are not latencies."""
+    return np.asarray(check_numbers("latency distribution", key, v, low), dtype=np.float64)
 
 
 def _is_number(s: str) -> bool:

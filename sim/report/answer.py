@@ -327,6 +327,36 @@ def _label_note(e: Entry) -> str:
     return " (grid)"
 
 
+def target_reason(e: Entry) -> str:
+    """Why an entry's capacity is stated at its target, in words: this machine's measured runs have their own
+    target (:data:`sim.measure.configs.MEASURED_CAPACITY_TARGET`, for their own compute), the presets and studies
+    the report's (``--target``) or their table's."""
+    if e.checked is not None:
+        ms = e.checked.get("compute_ms")
+        ceiling = f", a ceiling of {1e3 / ms:.0f} tokens/s" if ms and np.isfinite(ms) and ms > 0 else ""
+        return (f"the target of this machine's measured multi-session runs, whose steps compute "
+                f"{ms:.3g} ms{ceiling} (engram measure --capacity-target)")
+    if e.grid is not None:
+        return "the target read off the sweep grid (the study's capacity plot)"
+    if e.source.startswith("this report"):
+        return "the target of this report's search on the device presets (engram report --target)"
+    return f"the target of {e.source}"
+
+
+def target_reasons(entries: Sequence[Entry]) -> List[str]:
+    """The distinct :func:`target_reason` of ``entries``, in order."""
+    return list(dict.fromkeys(target_reason(e) for e in entries))
+
+
+def by_target(entries: Sequence[Entry]) -> Dict[float, List[Entry]]:
+    """``entries`` grouped by target tokens/s (ascending): one table and one figure each, never two targets on
+    one axis."""
+    out: Dict[float, List[Entry]] = {}
+    for e in sorted(entries, key=lambda e: e.spec.target):
+        out.setdefault(e.spec.target, []).append(e)
+    return out
+
+
 def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], details: Optional[str]) -> List[str]:
     """The report's first section: the capacity of every entry, its band and assumptions, the figure and its
     data.  ``details`` is the heading of the section that says how it was found.  Returns the headline lines."""
@@ -336,8 +366,10 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
         return []
     targets = sorted({e.spec.target for e in entries})
     searched = [e for e in entries if e.searched]
-    doc.p(f"The largest number of sessions decoding at once on one device while **every session still reaches "
-          f"{' / '.join(f'{t:g}' for t in targets)} tokens/s** (the slowest session's rate). "
+    doc.p("The largest number of sessions decoding at once on one device while **every session still reaches "
+          + (f"{targets[0]:g} tokens/s** (the slowest session's rate). " if len(targets) == 1 else
+             "its target tokens/s** (the slowest session's rate; one table and one figure per target, each "
+             "with the reason for its target). ")
           + ("Found by search: 1, 2, 4, ... sessions until a count fails, then bisection, once per seed of an "
              f"ensemble; the capacity is {CAPACITY_RULE} and the band runs from the smallest to the "
              "largest. " if searched else "")
@@ -347,12 +379,15 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
              "largest session count of the measured grid whose slowest session reached the target, measured and "
              "as the calibrated simulator predicted it (band: the capacity of the prediction's 90% interval)."
              if any(e.checked is not None for e in entries) else ""))
-    doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "phases", "assumes",
-               "from"],
-              [[e.label, _policy_text(e.cap.config if e.cap is not None else e.config), e.shown(), e.band(),
-                f"{e.spec.target:g}", e.phases_short(), e.assumptions_short(),
-                e.source + (f" [{e.tag}]" if e.checked is not None else "")]
-               for e in entries])
+    groups = by_target(entries)
+    for target, es in groups.items():
+        doc.p(f"**Target {target:g} tokens/s**: {'; '.join(target_reasons(es))}.")
+        doc.table(["device", "read policy", "capacity (sessions)", "band", "target tokens/s", "phases", "assumes",
+                   "from"],
+                  [[e.label, _policy_text(e.cap.config if e.cap is not None else e.config), e.shown(), e.band(),
+                    f"{e.spec.target:g}", e.phases_short(), e.assumptions_short(),
+                    e.source + (f" [{e.tag}]" if e.checked is not None else "")]
+                   for e in es])
     said: Dict[str, List[str]] = {}
     for e in searched:
         said.setdefault(e.cap.assumptions(), [])
@@ -367,14 +402,12 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
     doc.p(text
           + " With batched decode several sessions would share one step's compute and every capacity here would "
             "change." + (f" How it was found: [{details}](#{anchor(details)})." if details else ""))
-    rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)
     checked = [e for e in entries if e.checked is not None]
     if checked:
         doc.p("For the measured and predicted capacities of this machine: " + " ".join(
             f"sessions as {e.checked['row']['mode']}: target {e.spec.target:g} tokens/s for the slowest session, "
             f"compute {e.compute()}, phases: {e.phases()}; batching {BATCHING}."
             for e in checked if e.checked["kind"] == "measured"))
-    rel = capacity_figure(out, "capacity", "Capacity: sessions a device sustains at the target tokens/s", entries)
     rows = []
     for e in entries:
         if e.cap is not None:
@@ -396,11 +429,15 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
     data = out.csv("capacity", ["device", "kind", "source", "seed_index", "seed", "sessions",
                                 "slowest_session_tokens_per_s", "target", "passed", "device_busy", "reads_per_s",
                                 "phases"], rows)
-    out.add(doc, rel, data, "Left: the slowest session's tokens/s at every session count the search probed "
-                            "(faint: the other seeds), with the sessions' phases. Right: each device's capacity, "
-                            f"{CAPACITY_RULE}, with a bar from the smallest to the largest"
-                            + ("; this machine's measured capacity next to the predicted one" if checked else "")
-                            + ".")
+    for i, (target, es) in enumerate(groups.items()):  # one figure, one axis, one target each
+        name = "capacity" if i == 0 else f"capacity_at_{target:g}".replace(".", "_")
+        rel = capacity_figure(out, name, f"Capacity: sessions a device sustains at {target:g} tokens/s", es)
+        out.add(doc, rel, data, f"At {target:g} tokens/s ({'; '.join(target_reasons(es))}). Left: the slowest "
+                                "session's tokens/s at every session count the search probed (faint: the other "
+                                f"seeds), with the sessions' phases. Right: each device's capacity, {CAPACITY_RULE}, "
+                                "with a bar from the smallest to the largest"
+                                + ("; this machine's measured capacity next to the predicted one"
+                                   if any(e.checked is not None for e in es) else "") + ".")
     return [f"Capacity at {e.spec.target:g} tokens/s per session: {e.label} {e.shown()} sessions "
             f"({e.band()}; {e.phases_short()}; {e.source} [{e.tag}])" for e in entries]
 

@@ -242,10 +242,10 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
             raise ArgumentError(f"sweep table {s} does not exist")
         if not (is_capacity_table(s) or is_serve_capacity_table(s)):
             read_table(s, metrics=METRICS)  # a table the sweep section cannot use is refused before any work
-    out = ReportFolder(Path(out_dir))
     say("loading inputs and traces")
     bars = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
     inp = load_inputs(wd, traces, quick, bars, say)
+    out = ReportFolder(Path(out_dir))  # made only once every input is read: a bad input leaves nothing behind
     doc = Doc(title or "Engram decode: measured, predicted and what-if")
     intro = (f"Generated {now_iso()} by `engram report`"
              + (f" from the measurements in `{wd}`" if wd else " (no measurements: predictions on device presets)")

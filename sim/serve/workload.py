@@ -14,13 +14,16 @@ Lengths (``prompt_tokens``, ``output_tokens``; :class:`Lengths`)
     ``fixed:n=512`` (or just ``512``), ``uniform:min=16,max=2048``,
     ``lognormal:mean=512,cv=1,min=16,max=16384``, ``exponential:mean=256,min=1``, or ``file``: the
     lengths of a requests file (a prompt's tokens through the real DeepSeek V4 tokenizer; an
-    output's ``output_tokens`` field).
+    output's ``output_tokens`` field).  Every length, drawn or read, is at most
+    :data:`sim.limits.MAX_REQUEST_TOKENS` (2^20 tokens, a 1M-token context window): a spelling or a
+    file past it is refused before anything is drawn.
 
 Requests file (``requests``)
     JSON lines in the shape of the packaged ``sim/data/prompts.jsonl`` (``shared:prompts.jsonl``) -- ``{"id": ..., "prompt": "..."}`` --
     with optional ``arrival_s`` (seconds, for ``replay``), ``output_tokens`` and ``prompt_tokens``
     (a length without a text: the prompt is then a stretch of the row-source text).  Without
-    ``replay`` the requests cycle through the file in order.
+    ``replay`` the requests cycle through the file in order.  A requests file is read only for
+    ``replay`` or ``file`` lengths: naming one that nothing reads is refused (it would be ignored).
 
 Common random numbers: every draw of request ``i`` (its gap at unit rate, its lengths, where its
 text starts) comes from its own stream in fixed blocks of :data:`BLOCK` requests, so request ``i``
@@ -40,7 +43,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from ..io import read_jsonl
-from ..limits import check_memory, check_seed
+from ..limits import MAX_REQUEST_TOKENS, check_memory, check_seed
 from ..trace.tokens import encode_text
 
 __all__ = ["ARRIVALS", "BLOCK", "LENGTH_KINDS", "Lengths", "RequestFile", "Requests", "Workload", "make_requests",
@@ -85,7 +88,7 @@ class Lengths:
     mean: float = 0.0
     cv: float = 1.0
     lo: int = 1
-    hi: int = 1 << 20
+    hi: int = MAX_REQUEST_TOKENS
 
     def __post_init__(self) -> None:
         if self.kind not in LENGTH_KINDS:
@@ -94,6 +97,10 @@ class Lengths:
             raise ArgumentError(f"lengths {self.spec()!r}: need 1 <= min <= max, got {self.lo}, {self.hi}")
         if self.kind in ("fixed", "lognormal", "exponential") and not (self.mean >= 1 and math.isfinite(self.mean)):
             raise ArgumentError(f"lengths {self.spec()!r}: the mean must be >= 1 token")
+        if max(self.hi, self.mean) > MAX_REQUEST_TOKENS:
+            raise ArgumentError(f"lengths {self.spec()!r}: {max(self.hi, int(self.mean))} tokens is past the longest "
+                                f"request, {MAX_REQUEST_TOKENS} tokens (sim.limits.MAX_REQUEST_TOKENS: a 1M-token "
+                                "context window)")
         if self.kind == "lognormal" and not (self.cv >= 0 and math.isfinite(self.cv)):
             raise ArgumentError(f"lengths {self.spec()!r}: cv must be >= 0")
 
@@ -144,7 +151,8 @@ class Lengths:
             return cls("uniform", (lo + hi) / 2, 0.0, lo, hi)
         if "mean" not in vals:
             raise ArgumentError(f"lengths {s!r}: {kind} needs mean=M")
-        return cls(kind, vals["mean"], vals.get("cv", 1.0), int(vals.get("min", 1)), int(vals.get("max", 1 << 20)))
+        return cls(kind, vals["mean"], vals.get("cv", 1.0), int(vals.get("min", 1)),
+                   int(vals.get("max", MAX_REQUEST_TOKENS)))
 
     def spec(self) -> str:
         """The spelling :meth:`parse` reads back."""
@@ -221,6 +229,11 @@ class Workload:
         uses_file = self.arrivals == "replay" or "file" in (self.prompt_tokens.kind, self.output_tokens.kind)
         if uses_file and not self.requests:
             raise ArgumentError("replay arrivals and 'file' lengths need a requests file (requests = FILE.jsonl)")
+        if self.requests and not uses_file:
+            raise ArgumentError(f"requests file {self.requests}: nothing would be read from it (the lengths are "
+                                f"{self.prompt_tokens.spec()!r} and {self.output_tokens.spec()!r}, arrivals "
+                                f"{self.arrivals!r}): give prompt_tokens = \"file\" and/or output_tokens = \"file\" "
+                                "(--prompt-tokens file --output-tokens file), or arrivals = \"replay\"; or drop it")
 
     def with_rate(self, rate: float) -> "Workload":
         return Workload(float(rate), self.duration, self.arrivals, self.cv, self.prompt_tokens, self.output_tokens,
@@ -265,9 +278,11 @@ class RequestFile:
 
 
 def _nonneg_int(obj: dict, key: str, where: str) -> int:
+    """A token count of a requests file's line: a whole number in ``[0, MAX_REQUEST_TOKENS]``."""
     v = obj.get(key, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise FormatError(f"{where}: {key} = {v!r} must be an integer >= 0")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_REQUEST_TOKENS:
+        raise FormatError(f"{where}: {key} = {v!r} must be an integer in [0, {MAX_REQUEST_TOKENS}] "
+                          "(sim.limits.MAX_REQUEST_TOKENS: a 1M-token context window)")
     return v
 
 
@@ -294,6 +309,9 @@ def read_request_file(path: Union[str, os.PathLike], encode=None) -> RequestFile
         t = np.asarray(encode(prompt), dtype=np.int64) if prompt is not None else None
         ids.append(str(obj.get("id", f"line{lineno}")))
         toks.append(t)
+        if t is not None and t.size > MAX_REQUEST_TOKENS:
+            raise FormatError(f"{where}: the prompt is {t.size} tokens, past the longest request, "
+                              f"{MAX_REQUEST_TOKENS} tokens (sim.limits.MAX_REQUEST_TOKENS)")
         plen.append(int(t.size) if t is not None else n_given)
         olen.append(_nonneg_int(obj, "output_tokens", where))
         a = obj.get("arrival_s")

@@ -22,6 +22,27 @@ Lost workers
 Either way a point runs at most ``attempts`` times (:data:`MAX_ATTEMPTS`)
 before :class:`SweepError` names it; an error raised by a point itself (a bad
 device) is not retried.
+
+Workers die with their parent
+-----------------------------
+A local worker never outlives the process that started it (a sweep whose
+parent was killed with SIGKILL left its ``multiprocessing`` spawn children
+blocked on a pipe for good): it asks the kernel for SIGKILL when its parent
+ends (Linux ``prctl(PR_SET_PDEATHSIG)``; the kernel sends it when the thread
+that started the worker ends, and the pool's workers are started by the
+thread that calls :meth:`PointRunner.run`, which holds the runner), and a
+watchdog thread of its own ends it within :data:`PARENT_POLL_S` seconds of
+``os.getppid()`` changing (every platform).  Ctrl-C belongs to the parent:
+workers start with SIGINT blocked (the mask of the thread that starts them,
+whose own KeyboardInterrupt waits until the worker is in the pool's list)
+and ignore it from their first instruction of ours, so a Ctrl-C while they
+start prints no traceback of theirs; the parent then ends every worker at
+once (SIGTERM, SIGKILL after :data:`STOP_GRACE_S` seconds) instead of waiting
+for their points.  The context reaches the workers through an unlinked
+temporary file whose descriptor they inherit (:class:`_SharedContext`), not
+through the pipe that starts them, so starting a worker never waits for it to
+read megabytes of traces (nor holds Ctrl-C back meanwhile), and nothing of it
+is left on disk whatever ends the sweep.
 """
 
 from __future__ import annotations
@@ -29,10 +50,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures as cf
+import contextlib
+import ctypes
+import mmap
 import multiprocessing as mp
 import os
+import pickle
 import signal
+import sys
+import tempfile
+import threading
 import time
+from multiprocessing import reduction
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -52,11 +81,18 @@ from ..trace import load_trace
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
-__all__ = ["MAX_ATTEMPTS", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
+__all__ = ["MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
            "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
+
+#: Seconds between a worker's checks that its parent is still the one that started it.
+PARENT_POLL_S = 0.5
+#: Seconds a worker is given to end after SIGTERM when the parent stops the pool at once, before SIGKILL.
+STOP_GRACE_S = 1.0
+#: Linux ``prctl`` option: the signal a process receives when its parent ends.
+_PR_SET_PDEATHSIG = 1
 
 #: A task: (point index, the point's axis values, its seed).
 Task = Tuple[int, Dict[str, Any], int]
@@ -200,11 +236,88 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
 _WORKER_CTX: Optional[Context] = None
 
 
-def _init_worker(ctx: Context) -> None:
-    """A local worker process: keeps the context; Ctrl-C is the parent's to handle."""
+def _die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` (the pid that started it) ends: ``PR_SET_PDEATHSIG`` where the kernel
+    has it, and a watchdog thread polling ``os.getppid()`` every :data:`PARENT_POLL_S` seconds everywhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the watchdog alone
+            pass
+    if os.getppid() != parent:  # the parent ended before the request was made
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="engram-parent-watch", daemon=True).start()
+
+
+class _SharedContext:
+    """The context pickled once into an unlinked temporary file; pickled for a spawned worker as the file's
+    descriptor (``multiprocessing.reduction.DupFd``), which the worker maps and unpickles (:func:`_load_context`)."""
+
+    def __init__(self, ctx: Context):
+        self._file = tempfile.TemporaryFile(prefix="engram-sweep-context-")
+        pickle.dump(ctx, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._file.flush()
+
+    def __reduce__(self):
+        return _load_context, (reduction.DupFd(self._file.fileno()),)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _load_context(dup) -> Context:
+    """In a worker: the context from the inherited descriptor (mapped: the file offset is shared with the others)."""
+    fd = dup.detach()
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+            return pickle.loads(m)
+    finally:
+        os.close(fd)
+
+
+def _init_worker(ctx: Context, parent: int) -> None:
+    """A local worker process: dies with ``parent``; keeps the context; Ctrl-C is the parent's to handle (the
+    worker started with SIGINT blocked: ignored now, then unblocked, so one that came meanwhile is dropped)."""
     global _WORKER_CTX
-    _WORKER_CTX = ctx
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with_parent(parent)
+    _WORKER_CTX = ctx
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """Ctrl-C held back meanwhile: SIGINT blocked in this thread, so that processes started here inherit the
+    mask and a Ctrl-C while they start waits until they ignore it (:func:`_init_worker`); and, in the main
+    thread, its Python handler deferred to the end of the block (another thread may receive the signal, and the
+    handler would raise KeyboardInterrupt between a worker's start and its entry in the pool's list)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    caught: list = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+        else:
+            handler = None
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+            if caught:
+                handler(signal.SIGINT, None)  # KeyboardInterrupt, now that the worker is in the pool's list
 
 
 def _local_task(point_fn: Callable, index: int, params: Dict[str, Any], seed: int) -> Dict[str, Any]:
@@ -270,6 +383,7 @@ class PointRunner:
         self.jobs = jobs if size is None else max(1, min(jobs, int(size)))
         self.lost = 0
         self._pool: Optional[cf.ProcessPoolExecutor] = None
+        self._shared: Optional[_SharedContext] = None
         self._client = None
         self._ctx_future = None
         if scheduler:
@@ -290,6 +404,9 @@ class PointRunner:
         """Stop the worker processes (at once when ``abort``) or disconnect from the cluster."""
         if self._pool is not None:
             self._stop_pool(abort)
+        if self._shared is not None:
+            shared, self._shared = self._shared, None
+            shared.close()
         if self._client is not None:
             client, self._client = self._client, None
             try:
@@ -309,13 +426,23 @@ class PointRunner:
 
     def _stop_pool(self, abort: bool) -> None:
         pool, self._pool = self._pool, None
-        if abort:
-            # the points still running are not wanted: end the workers now instead of waiting for them
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
-        else:
+        if not abort:
             pool.shutdown(wait=True)
+            return
+        # the points still running are not wanted: end the workers now instead of waiting for them (a worker
+        # is in the pool's list once started: SIGINT is blocked while submit starts one)
+        procs = dict(getattr(pool, "_processes", None) or {})
+        for p in procs.values():
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in procs.values():
+            with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    p.kill()
+                    p.join(STOP_GRACE_S)
+        pool.shutdown(wait=True, cancel_futures=True)  # its workers are gone: the manager thread ends at once
 
     # ------------------------------------------------------------ running
     def run(self, tasks: Sequence[Task], on_row: Callable[[Dict[str, Any]], None]) -> None:
@@ -357,14 +484,17 @@ class PointRunner:
         inflight: Dict[cf.Future, Task] = {}
         while pending or inflight:
             if self._pool is None:
+                if self._shared is None:
+                    self._shared = _SharedContext(self.ctx)
                 self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn"),
-                                                    initializer=_init_worker, initargs=(self.ctx,))
+                                                    initializer=_init_worker, initargs=(self._shared, os.getpid()))
             while pending and len(inflight) < self.jobs:
                 # a point that was in flight when a pool broke runs alone, so a second loss is its own
                 if any(attempts[x[0]] for x in inflight.values()) or (attempts[pending[0][0]] and inflight):
                     break
                 t = pending.popleft()
-                inflight[self._pool.submit(_local_task, self.point_fn, *t)] = t
+                with _sigint_blocked():  # submit starts the workers
+                    inflight[self._pool.submit(_local_task, self.point_fn, *t)] = t
             done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
             broken = [f for f in done if isinstance(f.exception(), cf.process.BrokenProcessPool)]
             if broken:  # the others fail with the pool: collect what finished before it broke
@@ -544,7 +674,9 @@ class SweepResult:
 def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     """The finished rows of an earlier run of ``study`` in the table at ``path`` (none when there is no table).
 
-    Rows cut short (a run killed while writing one) are left out and run again.
+    Rows cut short (a run killed while writing one) are left out and run again.  Each row's axes hold the
+    study's own values (an unset axis None, not the empty cell it was read back as; a string axis a string),
+    so that resumed rows group with new ones wherever rows are grouped by axis values.
 
     Raises
     ------
@@ -576,7 +708,7 @@ def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, A
                                     f"{pts[i][a]!r}: a table of another study")
         if r["seed"] != point_seed(study.seed, pts[i]):
             raise ArgumentError(f"{path}: point {i} ran with seed {r['seed']}, not the study's: another study seed")
-        keep[i] = r
+        keep[i] = {**r, **{a: pts[i][a] for a in AXES}}  # the study's values, as a new row holds them
     return [keep[i] for i in sorted(keep)]
 
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import OutputError, load_json, output_error, read_text, write_json
+from ..io import OutputError, check_output_folder, load_json, output_error, read_text, write_json
 from .study import AXES
 
 __all__ = ["TableWriter", "check_metrics", "check_table_target", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
@@ -101,8 +101,8 @@ def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]
         except ModuleNotFoundError:
             raise ArgumentError(f"{path}: Parquet output needs pyarrow (pip install pyarrow); "
                                 "or write .csv") from None
+    check_output_folder(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".parquet":
             pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in cols}), tmp)
         else:
@@ -153,8 +153,8 @@ class TableWriter:
         self.rows: Dict[int, Mapping[str, Any]] = {}
         self._meta_at = 0.0
         _check_target(self.partial)
+        check_output_folder(self.partial)
         try:
-            self.partial.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.partial, "w", newline="", encoding="utf-8")
             self._f.write(_line(self.columns))
             self._f.flush()

@@ -302,3 +302,80 @@ def test_legacy_epsilon_key(tmp_path):
         md["deepseek4.attention.layer_norm_rms_epsilon"] = md.pop(EPS)
     info = read_model(model(tmp_path, edit))
     assert info.eps == pytest.approx(1e-6) and info.sources["eps"].kind == "legacy key"
+
+
+# ---------------------------------------------------------------- what is missing or out of range, in the file's terms
+REQUIRED_KEYS = ("encoding", "primes", "multipliers", "token_map", "pad_id")
+
+
+def keep_only(*names):
+    def edit(md):
+        for k in list(md):
+            if k.startswith(P) and k[len(P):] not in names:
+                md.pop(k)
+    return edit
+
+
+@pytest.mark.parametrize("missing", [s for n in range(1, len(REQUIRED_KEYS) + 1)
+                                     for s in __import__("itertools").combinations(REQUIRED_KEYS, n)],
+                         ids=lambda s: "+".join(s))
+def test_every_missing_required_key_is_named(tmp_path, missing):
+    """Each subset of the required keys left out (the derivable ones kept): one error naming exactly those keys
+    with the file's spelling, never "no Engram metadata" while Engram keys are there."""
+    path = model(tmp_path, drop(*missing))
+    with pytest.raises(FormatError) as e:
+        read_model(path)
+    msg = str(e.value)
+    assert "no Engram metadata" not in msg and "incomplete Engram metadata" in msg, msg
+    named = msg.split(" missing")[0]
+    assert all(P + n in named for n in missing) and not any(P + n in named for n in REQUIRED_KEYS if n not in missing)
+
+
+def test_a_file_with_only_four_engram_keys_names_what_it_lacks(tmp_path):
+    path = model(tmp_path, keep_only("primes", "multipliers", "token_map", "rows"))
+    with pytest.raises(FormatError, match=rf"required keys {P}encoding, {P}pad_id are missing .*\(the file has 4 "
+                                          rf"Engram keys: {P}multipliers, {P}primes, {P}rows, {P}token_map\)"):
+        read_model(path)
+
+
+def test_a_file_without_any_engram_key_says_so(tmp_path):
+    path = model(tmp_path, keep_only())
+    with pytest.raises(FormatError, match=rf"no Engram metadata: required key {P}encoding is missing"):
+        read_model(path)
+
+
+def _prime(i, value):
+    def edit(md):
+        v, t, _ = md[P + "primes"]
+        v = list(v)
+        v[i] = value
+        md[P + "primes"] = (v, t, GGUFValueType.UINT64)
+    return edit
+
+
+@pytest.mark.parametrize("i", [0, 7, LAYOUT.columns + 3])
+@pytest.mark.parametrize("value", [2 ** 32 + 15, 2 ** 40 + 1, 2 ** 63 + 29, 1, 0])
+def test_a_prime_out_of_range_is_named_with_its_range(tmp_path, i, value):
+    """A prime past uint32 row ids (or below 2) is the primes key's entry, with its range; not a row count."""
+    path = model(tmp_path, _prime(i, value))
+    lid, col = LAYOUT.layer_ids[i // LAYOUT.columns], i % LAYOUT.columns
+    with pytest.raises(FormatError) as e:
+        read_model(path)
+    msg = str(e.value)
+    assert f"{P}primes: entry [{i}] (layer {lid} column {col}) = {value} is outside [2, {2 ** 32 - 1}]" in msg, msg
+    assert "rows" not in msg.split(":")[1]
+
+
+def test_primes_whose_rows_pass_uint32_name_the_layer_and_its_entries(tmp_path):
+    """Every prime in range, but a layer's sum past 2^32 - 1: the primes key and that layer's entries."""
+    c = LAYOUT.columns
+
+    def edit(md):
+        v, t, _ = md[P + "primes"]
+        v = list(v)
+        v[c] = v[c + 1] = 2 ** 31 + 11  # a prime, twice: layer 1's sum passes uint32
+        md[P + "primes"] = (v, t, GGUFValueType.UINT64)
+
+    with pytest.raises(FormatError, match=rf"{P}primes: entries \[{c}, {2 * c}\) \(layer {LAYOUT.layer_ids[1]}\) "
+                                          rf"sum to \d+ rows, more than the {2 ** 32 - 1}"):
+        read_model(model(tmp_path, edit))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ import sim.crosscheck
 import sim.windows
 from sim.calibrate import Calibration, calibrate, calibrate_file
 from sim.crosscheck import crosscheck, crosscheck_files
+from sim.device import load_device
 from sim.io import load_json
 from sim.measure import Settings, measure
 from sim.schema import RunConfig
@@ -39,6 +41,7 @@ def _set(doc, path, value):
 
 
 DEL = object()
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def _run_index(doc, multi: bool) -> int:
     (True, ("starts", 1), -5, "starts[1] = -5 must be >= 0"),
     (True, ("starts",), 7, "starts: expected a list, got 7"),
     (True, ("start_offsets_s", 0), NAN, "start_offsets_s[0] = nan must be a finite number >= 0"),
-    (False, ("step_us", 2), -3.0, "step_us[2] = -3 must be a finite number >= 0"),
+    (False, ("step_us", 2), -3.0, "step_us[2] = -3 is not a latency (a finite number > 0)"),
 ])
 def test_bad_runs_are_refused_naming_the_run_and_key(measured, tmp_path, capsys, no_work, multi, path, value, why):
     doc = load_json(measured / "runs.json")
@@ -183,12 +186,12 @@ def test_run_config_fields_are_typed(field, value, why):
 
 # ------------------------------------------------------------------ 2. calibration.json windows
 @pytest.mark.parametrize("key, value, why", [
-    ("device", NAN, "device = nan must be a finite number > 0"),
-    ("device", 0, "device = 0 must be a finite number > 0"),
+    ("device", NAN, "device = nan is not a latency (a finite number > 0)"),
+    ("device", 0, "device = 0 is not a latency (a finite number > 0)"),
     ("device", "x", "device = 'x' is not a number"),
     ("device", DEL, "missing field 'device'"),
-    ("compute", 0, "compute = 0 must be a finite number > 0"),
-    ("compute", INF, "compute = inf must be a finite number > 0"),
+    ("compute", 0, "compute = 0 is not a latency (a finite number > 0)"),
+    ("compute", INF, "compute = inf is not a latency (a finite number > 0)"),
     ("read_se", -1, "read_se = -1 must be a finite number >= 0"),
     ("compute_se", "x", "compute_se = 'x' is not a number"),
     ("step_cv", NAN, "step_cv = nan must be a finite number >= 0"),
@@ -196,8 +199,8 @@ def test_run_config_fields_are_typed(field, value, why):
     ("readers", 2.5, "readers = 2.5 is not a whole number"),
     ("sessions", True, "sessions = True is not a whole number"),
     ("probe_steps", DEL, "missing field 'probe_steps'"),
-    ("batch_samples_us", [1.0, NAN], "batch_samples_us[1] = nan must be a finite number >= 0"),
-    ("batch_samples_us", [1.0, -2.0], "batch_samples_us[1] = -2 must be a finite number >= 0"),
+    ("batch_samples_us", [1.0, NAN], "batch_samples_us[1] = nan is not a latency (a finite number > 0)"),
+    ("batch_samples_us", [1.0, -2.0], "batch_samples_us[1] = -2 is not a latency (a finite number > 0)"),
     ("compute_samples_us", "x", "compute_samples_us: expected a list, got 'x'"),
     ("compute_samples_us", [1, "2"], "compute_samples_us[1] = '2' is not a number"),
     ("backend", 5, "backend = 5 is not a string"),
@@ -257,8 +260,8 @@ def _probe_index(doc, multi: bool) -> int:
     (False, "batch_us", [], "batch_us is empty (one read time a probe step)"),
     (False, "batch_us", "x", "batch_us: expected a list, got 'x'"),
     (False, "batch_us", DEL, "missing field 'batch_us'"),
-    (False, "batch_us", lambda n: [100.0] * (n - 1) + [0.0], "batch_us[{last}] = 0 must be a finite number > 0"),
-    (False, "batch_us", lambda n: [NAN] + [100.0] * (n - 1), "batch_us[0] = nan must be a finite number > 0"),
+    (False, "batch_us", lambda n: [100.0] * (n - 1) + [0.0], "batch_us[{last}] = 0 is not a latency (a finite number > 0)"),
+    (False, "batch_us", lambda n: [NAN] + [100.0] * (n - 1), "batch_us[0] = nan is not a latency (a finite number > 0)"),
     (False, "batch_us", lambda n: [100.0, "x"] + [100.0] * (n - 2), "batch_us[1] = 'x' is not a number"),
     (False, "compute_us", lambda n: [0.0] * (n - 1), "compute_us has {short} values, batch_us has {n}"),
     (False, "compute_us", lambda n: [-1.0] + [0.0] * (n - 1), "compute_us[0] = -1 must be a finite number >= 0"),
@@ -372,3 +375,75 @@ def test_measure_checks_its_settings_before_building_the_model(tmp_path, capsys)
     line = cli(capsys, ["measure", str(work), "--quick", "--depths", "0", "--no-progress"])
     assert line.endswith("depths must be integers >= 1, got [0]")
     assert not work.exists() or not any(work.iterdir())
+
+
+# ------------------------------------------------------------------ zero is not a latency, in any document
+def _zero_latencies(doc, value):
+    """Every latency of a device document (``q_us`` of each distribution, its ``mean_us``) set to ``value``."""
+    for dist in doc["table"].values():
+        dist["q_us"] = [value] * len(dist["q_us"])
+        dist["mean_us"] = value
+    for b in doc.get("batches", []):
+        b["dist"]["q_us"] = [value] * len(b["dist"]["q_us"])
+    return doc
+
+
+def _latency_document(kind, measured, tmp_path, value) -> tuple:
+    """A document of ``kind`` whose latencies are ``value``: (path, the ``engram sim device`` arguments)."""
+    if kind == "device-json":
+        src = tmp_path / "preset.json"
+        load_device("vm-virtio-16core-4k").save(src)
+        doc = _zero_latencies(load_json(src), value)
+    elif kind == "measured-batch-json":
+        cal = load_json(measured / "calibration.json")
+        doc = _zero_latencies(next(iter(cal["devices"].values())), value)
+        doc["table"] = {q: d for q, d in list(doc["table"].items())}
+    elif kind == "microbench-jsonl":
+        f = tmp_path / "device.jsonl"
+        rows = [{"qd": q, "iops": 1000 * q, "p50_us": value, "p99_us": 100.0} for q in (1, 2, 4)]
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return f, ["sim", "device", str(f)]
+    elif kind == "fio-json":
+        doc = load_json(DATA / "fio-randread-4k-libaio.json")
+        for job in doc["jobs"]:
+            for lat in ("lat_ns", "clat_ns"):
+                if "mean" in job["read"].get(lat, {}):
+                    job["read"][lat]["mean"] = value
+    elif kind.startswith("calibration"):
+        doc = load_json(measured / "calibration.json")
+        if kind == "calibration-device":
+            for d in doc["devices"].values():
+                _zero_latencies(d, value)
+        else:
+            wid = sorted(doc["windows"])[0]
+            doc["windows"][wid]["device" if kind == "calibration-window" else "batch_samples_us"] = \
+                value if kind == "calibration-window" else [value]
+        f = tmp_path / "calibration.json"
+        f.write_text(json.dumps(doc))
+        if kind == "calibration-device":
+            return f, ["sim", "device", "calibrated", "--calibration", str(f)]
+        return f, ["crosscheck", str(measured), "--calibration", str(f), "--runs", str(measured / "runs.json"),
+                   "--no-progress"]  # the windows are read where a calibration is loaded whole
+    f = tmp_path / f"{kind}.json"
+    f.write_text(json.dumps(doc))
+    return f, ["sim", "device", str(f)]
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -1.0, NAN])
+@pytest.mark.parametrize("kind", ["device-json", "measured-batch-json", "microbench-jsonl", "fio-json",
+                                  "calibration-device", "calibration-window", "calibration-window-samples"])
+def test_zero_is_not_a_latency_in_any_document(measured, tmp_path, capsys, kind, value):
+    """A device or calibration document whose latencies are zero, negative or NaN is refused when read (one
+    line naming the file and the field, exit 2), never divided by later (sim.schema.LATENCY)."""
+    f, args = _latency_document(kind, measured, tmp_path, value)
+    err = cli(capsys, args)
+    assert "is not a latency (a finite number > 0)" in err and str(f) in err, err
+
+
+@pytest.mark.parametrize("command", ["calibrate", "crosscheck"])
+def test_calibrate_and_crosscheck_refuse_a_missing_output_folder(measured, tmp_path, capsys, command):
+    """tests/sim/test_output_paths.py walks the other file outputs; these two read a measurement folder."""
+    out = tmp_path / "missing" / "out.json"
+    err = cli(capsys, [command, str(measured), "--out", str(out), *(["--no-progress"] if command == "crosscheck"
+                                                                    else [])])
+    assert f"the folder {tmp_path / 'missing'} does not exist" in err and not (tmp_path / "missing").exists()

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError, FormatError
+from sim.limits import MAX_REQUEST_TOKENS
 from sim.serve.workload import Lengths, Workload, make_requests, read_request_file
+from tests.clirun import cli
 from sim.trace.tokens import encode_text
 
 
@@ -121,3 +123,54 @@ def test_bad_requests_files_name_the_line(tmp_path, lines, match):
 def test_bad_workloads(kw, match):
     with pytest.raises(ArgumentError, match=match):
         Workload(**kw)
+
+
+# ------------------------------------------------------------------ every length source is bounded
+HUGE = 10 ** 12
+
+
+@pytest.mark.parametrize("flag, spec", [
+    ("--prompt-tokens", f"fixed:n={HUGE}"), ("--output-tokens", f"fixed:n={HUGE}"), ("--prompt-tokens", str(HUGE)),
+    ("--prompt-tokens", f"uniform:min=1,max={HUGE}"), ("--output-tokens", f"lognormal:mean=256,cv=1,max={HUGE}"),
+    ("--output-tokens", f"exponential:mean={HUGE}"), ("--prompt-tokens", f"lognormal:mean={HUGE}"),
+])
+def test_a_drawn_length_past_the_longest_request_is_refused(capsys, flag, spec):
+    """Drawn lengths (every spelling): past sim.limits.MAX_REQUEST_TOKENS, one line and exit 2 before anything
+    is drawn (fixed:n=10^12 ended in a NumPy allocation traceback, or hung)."""
+    err = cli(capsys, ["sim", "serve", flag, spec, "--rate", "1", "--duration-s", "5"])
+    assert "sim.limits.MAX_REQUEST_TOKENS" in err and str(MAX_REQUEST_TOKENS) in err, err
+    with pytest.raises(ArgumentError, match="MAX_REQUEST_TOKENS"):
+        Lengths.parse(spec)
+
+
+@pytest.mark.parametrize("field", ["prompt_tokens", "output_tokens"])
+def test_a_requests_file_length_past_the_longest_request_is_refused(tmp_path, capsys, field):
+    """File lengths: a line's prompt_tokens or output_tokens past the bound names the line (it ran without bound,
+    15 GB resident)."""
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"prompt_tokens": 100, "output_tokens": 10}) + "\n"
+                 + json.dumps({"prompt_tokens": 100, "output_tokens": 10, field: HUGE}) + "\n")
+    err = cli(capsys, ["sim", "serve", "--requests", str(f), "--prompt-tokens", "file", "--output-tokens", "file",
+                       "--rate", "1", "--duration-s", "5"])
+    assert f"{f}: line 2: {field} = {HUGE}" in err and "MAX_REQUEST_TOKENS" in err, err
+    with pytest.raises(FormatError, match=f"line 2: {field}"):
+        read_request_file(f, encode=lambda s: [1])
+
+
+def test_a_requests_file_that_nothing_reads_is_refused(tmp_path, capsys):
+    """--requests F with drawn lengths and drawn arrivals read F and ignored it: now refused, naming what would
+    read it."""
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"prompt_tokens": 100, "output_tokens": 10}) + "\n")
+    err = cli(capsys, ["sim", "serve", "--requests", str(f), "--rate", "1", "--duration-s", "5"])
+    assert "nothing would be read from it" in err and "--prompt-tokens file" in err, err
+    with pytest.raises(ArgumentError, match="nothing would be read"):
+        Workload(1.0, 5.0, requests=str(f))
+    # any one reader of the file makes it meaningful
+    for kw in ({"prompt_tokens": "file"}, {"output_tokens": "file"}):
+        assert Workload(1.0, 5.0, requests=str(f), **kw).requests == str(f)
+
+
+def test_the_longest_request_is_accepted(tmp_path):
+    w = Workload(1.0, 5.0, prompt_tokens=f"fixed:n={MAX_REQUEST_TOKENS}")
+    assert make_requests(w, 0).prompt.max() == MAX_REQUEST_TOKENS

@@ -18,6 +18,7 @@ import pytest
 
 from engram import ArgumentError, FormatError
 from engram.cli import main
+from sim.capacity import probes_path
 from sim.decode import simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
 from sim.io import OutputError
@@ -512,3 +513,128 @@ def test_output_error_type():
     assert isinstance(e, OSError) and str(e) == "x: cannot write (y)"
     with pytest.raises(OutputError, match="not a regular file"):
         write_table([{"a": 1}], "/dev/null")
+
+
+# ------------------------------------------------------------------ workers and their parent
+LONG_STUDY = ('[study]\nname = "long"\nseed = 5\n[fixed]\ntrace_limit = 1000\nsteps = 20000\ncompute_ms = 5.0\n'
+              '[grid]\nreaders = [2, 16]\nsessions = [16, 24, 32]\n')
+
+
+def _workers_of(pid: int, want: int, proc, timeout: float = 120.0, ready: bool = False) -> list:
+    """The sweep's spawned worker processes (``multiprocessing.spawn`` children of ``pid``), once ``want`` run
+    (``ready``: and each has started its parent watch, a second thread)."""
+    psutil = pytest.importorskip("psutil")
+    parent = psutil.Process(pid)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            kids = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+            if len(kids) >= want and (not ready or all(k.num_threads() >= 2 for k in kids)):
+                return kids
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"the sweep started no {want} workers: {proc.poll()}")
+
+
+def _alive(procs) -> list:
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _sweep_process(tmp_path):
+    study = tmp_path / "long.toml"
+    study.write_text(LONG_STUDY)
+    cmd = [sys.executable, "-m", "engram.cli", "sim", "sweep", str(study), "--out", str(tmp_path / "long.csv"),
+           "--jobs", "2"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_sweep_workers_die_with_a_parent_killed_by_sigkill(tmp_path):
+    """SIGKILL of the sweep (no handler of ours runs): its workers end within a few seconds, not never."""
+    proc = _sweep_process(tmp_path)
+    try:
+        kids = _workers_of(proc.pid, 2, proc, ready=True)  # running points
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        end = time.monotonic() + 10
+        while _alive(kids) and time.monotonic() < end:
+            time.sleep(0.05)
+        left = _alive(kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for k in kids:
+        if k.pid in left:
+            k.kill()
+    assert not left, f"workers {left} outlived their parent"
+
+
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_sweep_ctrl_c_ends_workers_at_once_with_one_line(tmp_path, when):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while the workers start or run points
+    that take minutes: exit 130 within seconds, every worker gone, one line and no traceback (from the sweep or
+    from a worker)."""
+    proc = _sweep_process(tmp_path)
+    try:
+        kids = _workers_of(proc.pid, 1 if when == "starting" else 2, proc, ready=when == "running")
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if not ln.startswith("sweep long:")]  # the progress lines
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert len(lines) == 1 and "interrupted" in lines[0] and "--resume" in lines[0], err
+    assert took < 15, f"Ctrl-C took {took:.1f} s"
+    end = time.monotonic() + 5
+    while _alive(kids) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(kids)
+
+
+# ------------------------------------------------------------------ a resumed run prints what a fresh one prints
+GRID_TOML = ('[study]\nname = "grid"\n[fixed]\ntrace_limit = 200\nsteps = 100\ncompute = "reference"\n'
+             '[grid]\nsessions = [1, 16, 64, 96]\nreaders = [4, 16]\n')
+CAPACITY_TOML = ('[study]\nname = "cap"\nseed = 4\n[capacity]\ntarget = 20.0\nseeds = 2\nmax_sessions = 64\n'
+                 '[fixed]\ntrace_limit = 200\nsteps = 100\ncompute = "reference"\n'
+                 '[grid]\nreaders = [4, 16]\n')
+
+
+def _report_lines(text: str) -> list:
+    """What a run printed, but its wall time and how many rows it took from the earlier run."""
+    return [ln for ln in text.splitlines() if not ln.startswith("ran ")]
+
+
+@pytest.mark.parametrize("kind", ["sweep", "capacity"])
+def test_a_resumed_run_prints_what_a_fresh_run_prints(tmp_path, capsys, kind):
+    """Rows (or probes) read back from an unfinished table carry the study's own axis values (None, not the
+    empty cell), so they group with new ones: the findings printed after --resume are the fresh run's, for every
+    place the table was cut."""
+    study = tmp_path / f"{kind}.toml"
+    study.write_text(GRID_TOML if kind == "sweep" else CAPACITY_TOML)
+    out = tmp_path / f"{kind}.csv"
+    args = ["sim", kind, str(study), "--out", str(out), "--jobs", "1", "--quiet"]
+    assert main(args) == 0
+    fresh = _report_lines(capsys.readouterr().out)
+    table = probes_path(out) if kind == "capacity" else out
+    whole = table.read_text().splitlines(keepends=True)
+    meta = json.loads(meta_path(table).read_text())
+    for keep in (1, len(whole) // 2, len(whole) - 1):
+        table.write_text("".join(whole[:keep + 1]))  # the header and `keep` rows
+        meta_path(table).write_text(json.dumps({**meta, "complete": False}))
+        if kind == "capacity":
+            out.unlink(missing_ok=True)
+        assert main(args + ["--resume"]) == 0
+        assert _report_lines(capsys.readouterr().out) == fresh, f"resumed from {keep} rows"
