@@ -42,7 +42,7 @@ A rate-limited volume, recognised
     the raw device's speed and a few wait for the throttle's next grant.
     Such output becomes a :class:`~sim.device.models.RateLimitedDevice`:
 
-    - ``cap_iops``: the median IOPS over the flat depths;
+    - ``cap_iops``: the median of fio's ``read.iops`` over the flat depths;
     - the raw device: at each depth, fio's quantile function below the
       throttle's wait -- up to the last percentile within
       :data:`WAIT_FACTOR` (4x) of that depth's median -- stretched to the whole
@@ -342,7 +342,7 @@ def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict
     """``(raw table, cap_iops, burst_ios, derived)`` when fio's figures are those of a rate-limited volume
     (see the module), else ``(None, None, None, reason)``: why it is not taken as one."""
     qs = sorted(table)
-    iops = {q: q / table[q].mean for q in qs}
+    iops = {q: float(np.median([r["iops"] for r in recs_by_qd[q]])) for q in qs}  # fio's own read.iops
     peak = max(iops.values())
     flat_from = next(q for q in qs if iops[q] >= (1 - FLAT_IOPS) * peak)
     flat = [q for q in qs if q >= flat_from]
