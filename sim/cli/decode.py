@@ -215,8 +215,12 @@ def _cmd_device(args) -> int:
 def _add_device(sub) -> None:
     p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
                        description="Print a device model's per-read latency and IOPS at each queue depth and "
-                                   "what was derived from what was given; with no name, list the presets and "
-                                   "the accepted forms. Every command reads devices the same way.")
+                                   "what was derived from what was given and what was assumed; with no name, list "
+                                   "the presets and the accepted forms. Every command reads devices the same way. "
+                                   "A rate-limited volume (ssd:...,cap_iops=..,burst_ios=.., volume:..., or fio "
+                                   "output recognised as one) shows its token bucket and the raw device behind it; "
+                                   "fio output of another block size than the engine's 4 KiB is refused unless "
+                                   "stated: fio:FILE.json,assume_bs=16k.")
     p.add_argument("name", nargs="?", help=DEVICE_FORMS)
     p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
     p.add_argument("--backend", choices=BACKENDS, default="pread",
