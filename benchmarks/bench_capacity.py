@@ -37,6 +37,10 @@ def main(argv=None) -> dict:
                 threshold=8, readers=16, phases="random")
     rec: dict = {"max_sessions": args.max_sessions, "steps": args.steps, "jobs": args.jobs, "cpus": os.cpu_count(),
                  "load_average_before": os.getloadavg(), "devices": {}}
+    t0 = time.perf_counter()  # one-time costs apart (the tokenizer, the trace): a one-session search first
+    find_capacity([{**base, "device": "ssd:qd1_us=80,iops=600000"}], CapacitySpec(seeds=1, max_sessions=1),
+                  jobs=args.jobs, progress=False)
+    rec["warm_up_s"] = time.perf_counter() - t0
     print(f"   {'device':<44} {'search':<8} {'capacity':>8} {'probes':>6} {'session-steps':>13} {'CPU s':>7} "
           f"{'wall s':>7}")
     for dev in args.devices.split(";"):
