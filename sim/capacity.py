@@ -36,7 +36,11 @@ the reads as sessions grow) only makes the steps go on.  So the bounds choose
 where to look, not what is found: the answer is a count that passed next to
 one that failed, as with galloping, in a few probes near the knee instead of
 about ``2 log2(capacity)``, and without the probes far above the capacity
-(the largest and slowest).
+(the largest and slowest).  Where the upper bound is below
+:data:`SMALL_CAPACITY` sessions the bracketed search gallops as the other
+does (cheap probes; a few sessions can settle into convoys, so that the
+slowest one's rate does not fall with their count and the probes taken decide
+which of two adjacent counts is found).
 
 A configuration that passes at ``max_sessions`` has a capacity of at least
 that (a lower bound).  The searches of every configuration and seed advance
@@ -123,6 +127,10 @@ BATCHING = "none (each session computes alone; compute never contends)"
 CV_ROUNDING = 1e-9
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search")
+#: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
+#: sessions settle into convoys the slowest one's rate need not fall with their count, so the same probes give the
+#: same answer.
+SMALL_CAPACITY = 64
 #: How a search looks for the knee (see the module): by queueing bounds, or by doubling from 1 session.
 SEARCHES = ("bracket", "gallop")
 _SEARCHED = ("sessions", "repeat")
@@ -526,6 +534,16 @@ def _bracketed(max_sessions: int, resolution: int, target: float,
     if max_sessions == 1:
         return 1, True
     lower, est, upper = session_bounds(row, target, metric, max_sessions)
+    if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
+        g = _search(max_sessions, resolution)
+        next(g)
+        s = g.send(True)
+        while True:
+            row = yield s
+            try:
+                s = g.send(row[metric] >= target)
+            except StopIteration as stop:
+                return stop.value
     e = max(2, min(max_sessions, est if upper is not None else max_sessions))
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
     width = max(1, -(-e // 128))  # first steps away from the estimate: 1/128 of it, doubling
