@@ -29,7 +29,7 @@ at most behind every other session's reads served at the peak), so below
 ``floor((1 / target - C1) / D) + 1`` it can.  Within these bounds the search
 starts at the estimate of exact mean value analysis of that closed system
 (Reiser and Lavenberg, 1980: a delay of ``C1 - D`` and one FIFO server of
-demand ``D``), and steps away from it by 1/128 of it, doubling, until a pass
+demand ``D``), and steps away from it by 1/512 of it, doubling, until a pass
 and a failure enclose the capacity; a probe that contradicts the bounds (the
 slowest session is slower than the mean they speak of, a shared cache lowers
 the reads as sessions grow) only makes the steps go on.  So the bounds choose
@@ -546,7 +546,7 @@ def _bracketed(max_sessions: int, resolution: int, target: float,
                 return stop.value
     e = max(2, min(max_sessions, est if upper is not None else max_sessions))
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
-    width = max(1, -(-e // 128))  # first steps away from the estimate: 1/128 of it, doubling
+    width = max(1, -(-e // 512))  # first steps away from the estimate: 1/512 of it, doubling
     row = yield e
     if row[metric] >= target:  # at or above the estimate: step up until a failure (or max_sessions)
         lo = e
