@@ -266,3 +266,14 @@ def test_sim_device_says_what_it_derived_and_assumed(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["cap_iops"] == 4000 and d["burst_ios"] == 400 and "burst_ios" in d["assumed"]
     assert d["raw"]["kind"] == "ParametricSSD" and d["table"][0]["raw_iops"] > 4000
+
+
+def test_a_tail_keeps_the_bucket():
+    """--tail on a rate-limited volume gives its raw device the tail and keeps the bucket in front."""
+    from sim.device import with_tail
+
+    v = load_device("ssd:qd1_us=60,iops=200000,cap_iops=4000,burst_ios=400")
+    t = with_tail(v, load_device(str(DISK)))
+    assert isinstance(t, RateLimitedDevice) and (t.cap_iops, t.burst_ios) == (4000, 400)
+    assert t.raw.mean_latency(4) == pytest.approx(v.raw.mean_latency(4), rel=1e-9) and not t.raw.is_point()
+    assert with_tail(load_device(str(DISK)), load_device(str(DISK))).peak_bound
