@@ -9,9 +9,39 @@ more (the metric is the slowest session's tokens/s,
 Search
 ------
 For each of ``seeds`` seeds (the ``repeat`` axis: 0, 1, ...), independently:
-probe 1 session; double while the probe passes (1, 2, 4, ... up to
-``max_sessions``); then bisect between the last count that passed and the
-first that failed until they are ``resolution`` apart (1: the exact count).
+probe 1 session; then (``search = "bracket"``, the default) bracket the
+capacity by the bounds of queueing theory on what that probe measured, and
+probe only near the knee; or (``search = "gallop"``) double while the probe
+passes (1, 2, 4, ... up to ``max_sessions``).  Either way, bisect between the
+last count that passed and the first that failed until they are
+``resolution`` apart (1: the exact count).
+
+The bracket (:func:`session_bounds`) treats the sessions as a closed system
+(Denning and Buzen, "The operational analysis of queueing network models",
+1978; Lazowska et al., "Quantitative System Performance", 1984, ch. 5): each
+session is one customer cycling through its step -- ``C1`` seconds alone,
+compute and reads, the 1-session probe's own time -- and the device, which
+needs ``D = reads per step / peak IOPS`` seconds of each step at its peak.
+A session's rate is at most ``1 / (N D)`` (the asymptotic bound: ``N``
+sessions share the peak), so above ``floor(1 / (target x D))`` sessions the
+target cannot be met; and at least ``1 / (C1 + (N - 1) D)`` (each step waits
+at most behind every other session's reads served at the peak), so below
+``floor((1 / target - C1) / D) + 1`` it can.  Within these bounds the search
+starts at the estimate of exact mean value analysis of that closed system
+(Reiser and Lavenberg, 1980: a delay of ``C1 - D`` and one FIFO server of
+demand ``D``), and steps away from it by 1/512 of it, doubling, until a pass
+and a failure enclose the capacity; a probe that contradicts the bounds (the
+slowest session is slower than the mean they speak of, a shared cache lowers
+the reads as sessions grow) only makes the steps go on.  So the bounds choose
+where to look, not what is found: the answer is a count that passed next to
+one that failed, as with galloping, in a few probes near the knee instead of
+about ``2 log2(capacity)``, and without the probes far above the capacity
+(the largest and slowest).  Where the upper bound is below
+:data:`SMALL_CAPACITY` sessions the bracketed search gallops as the other
+does (cheap probes; a few sessions can settle into convoys, so that the
+slowest one's rate does not fall with their count and the probes taken decide
+which of two adjacent counts is found).
+
 A configuration that passes at ``max_sessions`` has a capacity of at least
 that (a lower bound).  The searches of every configuration and seed advance
 together, one round of probes at a time, so the probes of a round run in
@@ -49,6 +79,7 @@ A study with a ``[capacity]`` table (:mod:`sim.sweep.study`), run by
     seeds = 5            # searches per configuration, each with its own seeds
     max_sessions = 1024  # the largest count probed
     resolution = 1       # sessions: bisect until the bracket is this narrow
+    search = "bracket"   # or "gallop": 1, 2, 4, ... sessions first
 """
 
 from __future__ import annotations
@@ -76,8 +107,8 @@ from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, T
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
-           "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
-           "pooled_compute", "probes_path", "read_capacity", "run_capacity"]
+           "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
 #: tables' metadata): :func:`statistics.median_low`, a capacity one of the seeds reached.
@@ -98,7 +129,13 @@ BATCHING = "none (each session computes alone; compute never contends)"
 #: A drawn compute's cv below this is the rounding of a constant compute's standard deviation: 0.
 CV_ROUNDING = 1e-9
 
-_SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution")
+_SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search")
+#: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
+#: sessions settle into convoys the slowest one's rate need not fall with their count, so the same probes give the
+#: same answer.
+SMALL_CAPACITY = 64
+#: How a search looks for the knee (see the module): by queueing bounds, or by doubling from 1 session.
+SEARCHES = ("bracket", "gallop")
 _SEARCHED = ("sessions", "repeat")
 
 
@@ -118,6 +155,9 @@ class CapacitySpec:
         Result column compared with ``target`` (default the slowest session's tokens/s).
     resolution : int
         Bisect until the last pass and the first failure are this many sessions apart (>= 1).
+    search : str
+        ``"bracket"`` (queueing bounds first) or ``"gallop"`` (1, 2, 4, ...): where the search looks, not
+        what it finds (not part of the tables' fingerprint).
     """
 
     target: float = CAPACITY_TARGET
@@ -125,8 +165,11 @@ class CapacitySpec:
     max_sessions: int = CAPACITY_MAX_SESSIONS
     metric: str = CAPACITY_METRIC
     resolution: int = 1
+    search: str = "bracket"
 
     def __post_init__(self) -> None:
+        if self.search not in SEARCHES:
+            raise ArgumentError(f"capacity search = {self.search!r} must be one of {', '.join(SEARCHES)}")
         if not (isinstance(self.target, (int, float)) and math.isfinite(self.target) and self.target > 0):
             raise ArgumentError(f"capacity target = {self.target!r} must be a number of tokens/s > 0")
         for name in ("seeds", "max_sessions", "resolution"):
@@ -165,7 +208,7 @@ class CapacitySpec:
         return cls(**values)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in _SPEC_KEYS}
+        return {k: getattr(self, k) for k in _SPEC_KEYS if k != "search"}
 
 
 # =====================================================================================
@@ -537,6 +580,108 @@ class SearchProgress:
         self.bar.close()
 
 
+def session_bounds(row: Mapping[str, Any], target: float, metric: str = CAPACITY_METRIC,
+                   max_sessions: int = 1 << 20) -> Tuple[int, int, Optional[int]]:
+    """``(lower, estimate, upper)`` session counts for the capacity at ``target`` tokens/s, from the row of a probe
+    of one session (its ``metric``, ``reads_per_step``, ``reads_per_s`` and ``iops_utilization``; see the module).
+
+    ``C1`` is the session's step alone (seconds, ``1 / metric``) and ``D`` its reads at the device's peak
+    (seconds, ``reads_per_step / peak``, the peak being ``reads_per_s / iops_utilization``).  ``lower =
+    floor((1 / target - C1) / D) + 1`` (every other session's reads ahead of each step), ``upper = floor(1 /
+    (target x D))`` (the sessions share the peak), and ``estimate`` the largest count whose rate, by exact mean
+    value analysis of the closed system (a delay of ``C1 - D`` and one FIFO server of demand ``D``; Reiser and
+    Lavenberg 1980), still reaches the target, clipped to the bounds.  ``upper`` is None (and ``estimate`` 1)
+    when the row shows no reads at the peak; all three are 0 when one session misses the target.
+    """
+    rate = float(row[metric])
+    if not rate >= target:
+        return 0, 0, 0
+    reads, rps, util = (float(row.get(k) or 0.0) for k in ("reads_per_step", "reads_per_s", "iops_utilization"))
+    if not (reads > 0 and rps > 0 and util > 0):
+        return 1, 1, None
+    demand = reads / (rps / util)  # seconds of the device at its peak, per session-step
+    c1 = 1.0 / rate
+    lower = max(1, int(math.floor((1.0 / target - c1) / demand + 1e-9)) + 1)
+    upper = max(lower, int(math.floor(1.0 / (target * demand) + 1e-9)))
+    think, budget, queue, est = max(0.0, c1 - demand), 1.0 / target, 0.0, lower
+    for n in range(1, min(upper, max_sessions) + 1):  # exact MVA, one class: R(n) = D (1 + Q(n - 1))
+        resp = demand * (1.0 + queue)
+        if think + resp > budget * (1 + 1e-12):
+            break
+        est = max(est, n)
+        queue = n * resp / (think + resp)
+    return lower, min(est, upper), upper
+
+
+def _bracketed(max_sessions: int, resolution: int, target: float,
+               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+    """The bracketed search (see the module): yields the count to probe, receives its row; returns ``(capacity,
+    passed at max_sessions)``."""
+    row = yield 1
+    if not row[metric] >= target:
+        return 0, False
+    if max_sessions == 1:
+        return 1, True
+    lower, est, upper = session_bounds(row, target, metric, max_sessions)
+    if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
+        g = _search(max_sessions, resolution)
+        next(g)
+        s = g.send(True)
+        while True:
+            row = yield s
+            try:
+                s = g.send(row[metric] >= target)
+            except StopIteration as stop:
+                return stop.value
+    e = max(2, min(max_sessions, est if upper is not None else max_sessions))
+    lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
+    width = max(1, -(-e // 512))  # first steps away from the estimate: 1/512 of it, doubling
+    row = yield e
+    if row[metric] >= target:  # at or above the estimate: step up until a failure (or max_sessions)
+        lo = e
+        while hi > max_sessions:
+            if lo >= max_sessions:
+                return lo, True
+            s = min(max_sessions, lo + width)
+            row = yield s
+            if row[metric] >= target:
+                lo, width = s, 2 * width
+            else:
+                hi = s
+    else:  # below the estimate: step down until a pass (one session passed)
+        hi = e
+        while lo == 1:
+            s = max(1, hi - width)
+            if s == 1:
+                break
+            row = yield s
+            if row[metric] >= target:
+                lo = s
+            else:
+                hi, width = s, 2 * width
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        row = yield mid
+        if row[metric] >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo, False
+
+
+def _galloping(max_sessions: int, resolution: int, target: float,
+               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+    """:func:`_search` receiving rows."""
+    g = _search(max_sessions, resolution)
+    s = next(g)
+    while True:
+        row = yield s
+        try:
+            s = g.send(row[metric] >= target)
+        except StopIteration as stop:
+            return stop.value
+
+
 def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, int]:
     return int(row["config"]), int(row["sessions"]), int(row["repeat"])
 
@@ -588,10 +733,13 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     results: Dict[Tuple[int, int], Tuple[int, bool]] = {}
     for i in range(len(cfgs)):
         for r in range(spec.seeds):
-            g = _search(spec.max_sessions, spec.resolution)
+            g = (_bracketed if spec.search == "bracket" else _galloping)(spec.max_sessions, spec.resolution,
+                                                                          spec.target, spec.metric)
             searches[(i, r)] = g
             asked[(i, r)] = next(g)
     counter = max((int(r["point"]) for r in done), default=-1) + 1
+    # the time left counts the probes of the galloping search, the longer of the two (the bracketed one starts
+    # at its queueing estimate and mostly asks fewer): an upper bound for the time left, tightening as it goes
     bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
     bar = SearchProgress(bound, list(searches), desc, progress)
 
@@ -622,7 +770,7 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                 passed = row[spec.metric] >= spec.target
                 bar.answered((i, r), s, passed)
                 try:
-                    asked[(i, r)] = searches[(i, r)].send(passed)
+                    asked[(i, r)] = searches[(i, r)].send(row)
                 except StopIteration as stop:
                     results[(i, r)] = stop.value
                     del searches[(i, r)], asked[(i, r)]

@@ -198,11 +198,22 @@ def _cmd_device(args) -> int:
     print(f"device  {info['name']} ({info['kind']})")
     print(f"source  {info['source']}")
     for key, d in info.get("derived", {}).items():
-        print(f"derived {key} = {d['value']:g}: {d['rule']}")
+        word = "assumed" if str(d["rule"]).startswith("assumed") else "derived"
+        print(f"{word} {key} = {d['value']:g}: {d['rule']}")
+    if "cap_iops" in info:
+        raw = info["raw"]
+        print(f"bucket  {info['cap_iops']:.0f} IOPS, {info['burst_ios']:g} reads deep, in front of {raw['name']} "
+              f"({raw['kind']}, peak {raw['peak_iops']:.0f} IOPS): after a step's compute of c seconds "
+              f"min({info['burst_ios']:g}, {info['cap_iops']:.0f} x c) reads pass at the raw device's latency")
     print(f"serves  {_serves_text(dev, info)}")
-    print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}")
+    raw_cols = bool(info["table"]) and "raw_mean_us" in info["table"][0]
+    print(f"{'qd':>5} {'mean us':>10} {'p50 us':>10} {'p99 us':>10} {'IOPS':>10}"
+          + (f" {'raw mean us':>12} {'raw IOPS':>10}" if raw_cols else ""))
     for r in info["table"]:
-        print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}")
+        print(f"{r['qd']:>5} {r['mean_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {r['iops']:>10.0f}"
+              + (f" {r['raw_mean_us']:>12.1f} {r['raw_iops']:>10.0f}" if raw_cols else ""))
+    if raw_cols:
+        print("        (the long run of qd readers, each read at least qd / cap_iops; raw: the device behind the bucket)")
     if saved:
         print(f"saved   {saved}")
     return 0
@@ -211,8 +222,12 @@ def _cmd_device(args) -> int:
 def _add_device(sub) -> None:
     p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
                        description="Print a device model's per-read latency and IOPS at each queue depth and "
-                                   "what was derived from what was given; with no name, list the presets and "
-                                   "the accepted forms. Every command reads devices the same way.")
+                                   "what was derived from what was given and what was assumed; with no name, list "
+                                   "the presets and the accepted forms. Every command reads devices the same way. "
+                                   "A rate-limited volume (ssd:...,cap_iops=..,burst_ios=.., volume:..., or fio "
+                                   "output recognised as one) shows its token bucket and the raw device behind it; "
+                                   "fio output of another block size than the engine's 4 KiB is refused unless "
+                                   "stated: fio:FILE.json,assume_bs=16k.")
     p.add_argument("name", nargs="?", help=DEVICE_FORMS)
     p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
     p.add_argument("--backend", choices=BACKENDS, default="pread",

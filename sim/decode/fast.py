@@ -84,7 +84,8 @@ class FastRun:
         self.reads, self.by_drive, self.computes = reads, by_drive, computes
         self.hash_time, self.overlap = hash_time, overlap
         dev = sampler.device
-        self.queues = [sampler.queue] + [SegmentQueue(dev.saturation_depth(), dev.mean_latency, dev.straggler)
+        self.queues = [sampler.queue] + [SegmentQueue(dev.saturation_depth(), dev.mean_latency, dev.straggler,
+                                                      bucket=dev.bucket(), tail=dev.gate_tail())
                                          for _ in range(drives - 1)]
         S = len(reads)
         steps = len(computes[0])
@@ -112,7 +113,11 @@ class FastRun:
 
     # ---------------------------------------------------------- one session
     def run_alone(self, begin: float) -> None:
-        """One session: every step is its reads alone, then its compute (arrays, no events)."""
+        """One session: every step is its reads alone, then its compute (arrays, no events).  A rate-limited
+        device's bucket carries from step to step: it runs through the device's queue (:meth:`run`)."""
+        if self.queues[0].bucket is not None:
+            self.run([begin])
+            return
         ovh, h = self.policy.batch_overhead, self.hash_time
         draw = self.sampler.draw
         comp = self.computes[0]
@@ -251,6 +256,7 @@ class FastRun:
         seq = S
         # the queue's state
         L, Q, slack, shared = sq.L, sq.Q, sq.slack, sq.shared
+        gate, gate_tail = sq.bucket, sq.tail
         heap, wait, late = sq.heap, sq.wait, sq.late
         V, tq, q, d, qseq = sq.V, sq.t, sq.q, sq.d, sq.seq
         area = busy = 0.0
@@ -284,7 +290,12 @@ class FastRun:
                             busy += dt
                         tq = now
                     c = k if k < n else n
-                    bt = [i, n - c, c, sig[x], now, n, got[2][x], got[4]]
+                    if gate is None:
+                        nb = 0.0
+                    else:  # the device's not_before, inlined
+                        nb = gate.take(now, n)
+                        nb = nb + gate_tail if nb > now else 0.0
+                    bt = [i, n - c, c, sig[x], now, n, got[2][x], got[4], nb]
                     d += c
                     if not wait and q < Q and q + c <= Q + slack:
                         qseq += 1
@@ -343,7 +354,11 @@ class FastRun:
                     if c < 0:
                         q -= 1
                         d -= 1
-                        done.append(bt)
+                        if bt[8] > now:
+                            qseq += 1
+                            push(late, (bt[8], qseq, bt))
+                        else:
+                            done.append(bt)
                         continue
                     left = bt[1]
                     if not left and bt[6] > 0 and bt[2] == c:
@@ -355,7 +370,8 @@ class FastRun:
                             if q >= len(L):
                                 sq._deeper(q)
                         else:
-                            push(late, (now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q), qseq, bt))
+                            tl = now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q)
+                            push(late, (tl if tl > bt[8] else bt[8], qseq, bt))
                         bt[6] = -1.0
                     q -= c
                     d -= c
@@ -369,7 +385,11 @@ class FastRun:
                     else:
                         bt[2] -= c
                         if bt[2] == 0 and bt[6] >= 0:
-                            done.append(bt)
+                            if bt[8] > now:  # not before its last token (a rate-limited device)
+                                qseq += 1
+                                push(late, (bt[8], qseq, bt))
+                            else:
+                                done.append(bt)
                 while wait and q < Q:  # the device's _admit, inlined (hot loop)
                     seg = wait[0]
                     b2, c2 = seg

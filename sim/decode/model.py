@@ -358,7 +358,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     t0 = min(begin)
     t_end = max(finish)
     makespan = t_end - t0
-    if mode == "fast" and sessions == 1:
+    if mode == "fast" and run.boxes is not None:
         s, e, lv = run.boxes
         summ = summarize_boxes(s - t0, e - t0, lv, makespan, int(bins))
         n_reads, area, busy = run.reads_done, run.area_done, summ["busy_fraction"]

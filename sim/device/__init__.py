@@ -2,7 +2,9 @@
 
 - :mod:`~sim.device.latency` -- :class:`LatencyDist`, one read's latency as a quantile function;
 - :mod:`~sim.device.models` -- :class:`Device` and its kinds: :class:`EmpiricalDevice` (measured by queue
-  depth), :class:`MeasuredBatchDevice` (plus measured whole batches), :class:`ParametricSSD`;
+  depth), :class:`MeasuredBatchDevice` (plus measured whole batches), :class:`ParametricSSD`,
+  :class:`RateLimitedDevice` (a token bucket over any of them);
+- :mod:`~sim.device.bucket` -- :class:`TokenBucket`, the rate limit every simulator path applies;
 - :mod:`~sim.device.alone` -- one batch alone on a device, as the exact models simulate it;
 - :mod:`~sim.device.fluid` -- the fast mode's device: batches as segments of reads in slots and a FIFO queue;
 - :mod:`~sim.device.engines` -- simulating reads on a model: batches as segments, or every read as an event;
@@ -19,12 +21,13 @@ from __future__ import annotations
 from .. import io as _io
 from .. import schema as _schema
 from ..deprecation import moved
-from .datasheet import ssd_from_figures, ssd_from_spec
-from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
+from .bucket import TokenBucket
+from .datasheet import ssd_from_figures, ssd_from_spec, volume_from_spec
+from .engines import BucketExactDevice, ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
 from .fio import device_from_fio
 from .fluid import SegmentQueue
 from .latency import LatencyDist, list_schedule
-from .models import Device, EmpiricalDevice, MeasuredBatchDevice, ParametricSSD
+from .models import Device, EmpiricalDevice, MeasuredBatchDevice, ParametricSSD, RateLimitedDevice
 from .presets import (DEVICE_FORMS, PRESET_FILES, SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_REFERENCE, SEED_SERIAL_US_PER_ROW,
                       load_device, preset, preset_names)
 from .queueing import PoissonLoadResult, poisson_load
@@ -38,6 +41,7 @@ __all__ = [
     "SEED_READERS",
     "SEED_REFERENCE",
     "SEED_SERIAL_US_PER_ROW",
+    "BucketExactDevice",
     "ChannelExactDevice",
     "Device",
     "EmpiricalDevice",
@@ -47,9 +51,11 @@ __all__ = [
     "MeasuredBatchDevice",
     "ParametricSSD",
     "PoissonLoadResult",
+    "RateLimitedDevice",
     "Recorder",
     "SegmentQueue",
     "SlotExactDevice",
+    "TokenBucket",
     "device_from_fio",
     "list_schedule",
     "load_device",
@@ -59,6 +65,7 @@ __all__ = [
     "ssd_from_figures",
     "ssd_from_spec",
     "summarize_boxes",
+    "volume_from_spec",
     "summarize_counter",
     "time_average",
     "with_tail",

@@ -25,6 +25,36 @@ channel service cv
 
 A given ``parallelism`` that the QD1 latency cannot carry is an error that
 says which values would work.
+
+QD1 latency at or below 1/IOPS
+    ``qd1_us x iops < 1`` says one read at a time already reaches the IOPS
+    (a throttled volume measured by fio: its QD1 mean latency *is* 1/IOPS).
+    Within 2% of 1 (the rounding of printed figures) the drive is taken with
+    one channel whose service is ``1 / iops`` and no fixed delay: the QD1
+    latency is raised to ``1 / iops`` (said in ``derived``).  Further below,
+    the IOPS is below what one read at a time gives, which only a rate limit
+    explains: the drive is taken as a raw drive of one channel serving each
+    read in ``qd1_us`` behind a token bucket of ``iops`` tokens a second
+    (:class:`~sim.device.models.RateLimitedDevice`; depth as for ``cap_iops``
+    below), said in ``derived``.  Either reading with a given parallelism
+    above 1 is the error above.
+
+A rate-limited volume (``cap_iops``, ``burst_ios``)
+    ``cap_iops`` puts a token bucket (:mod:`sim.device.bucket`) of that rate
+    in front of the drive the other keys describe (the raw drive); a cap
+    above the raw drive's IOPS is an error (one line).  ``burst_ios``, the
+    bucket's depth in reads, when not given is ``cap_iops x 0.1 s``: the
+    100 ms slice over which the Linux block throttle grants its budget
+    (``DFL_THROTL_SLICE_HD = HZ / 10``, block/blk-throttle.c), an assumption
+    said in ``derived``.  ``volume:qd1_us=..,cap_iops=..[,iops=..][,..]`` is
+    the same with the raw drive's ``iops`` defaulting to ``cap_iops`` (only
+    the bursts are shaped; assumed, said in ``derived``), and
+    ``volume:type=gp2,size_gib=N,qd1_us=..`` an Amazon EBS gp2 volume: a
+    baseline of 3 IOPS per GiB (at least 100, at most 16,000) with a bucket of
+    5.4 million I/O credits and a burst ceiling of 3,000 IOPS (the raw drive's
+    IOPS) for volumes whose baseline is below it ("General Purpose SSD
+    volumes", Amazon EBS User Guide).  EBS documents no latency figure that a
+    model could use ("single-digit millisecond"), so ``qd1_us`` is required.
 """
 
 from __future__ import annotations
@@ -38,9 +68,9 @@ from engram.errors import ArgumentError
 
 from ..schema import US
 from ..limits import MAX_QUEUE_DEPTH
-from .models import MAX_IOPS, MAX_QD1_LATENCY, MAX_SERVICE_CV, ParametricSSD
+from .models import MAX_BURST_IOS, MAX_IOPS, MAX_QD1_LATENCY, MAX_SERVICE_CV, Device, ParametricSSD, RateLimitedDevice
 
-__all__ = ["SPEC_KEYS", "ssd_from_figures", "ssd_from_spec"]
+__all__ = ["SPEC_KEYS", "VOLUME_KEYS", "ssd_from_figures", "ssd_from_spec", "volume_from_spec"]
 
 #: Keys of ``ssd:...``: name -> meaning.
 SPEC_KEYS = {
@@ -51,11 +81,27 @@ SPEC_KEYS = {
     "cv": "coefficient of variation of a channel's service time (default: from p99_us, else 0.5)",
     "p99_us": "99th percentile latency at queue depth 1, microseconds (sets the cv)",
     "qd_peak": "queue depth at which the datasheet reaches its IOPS (caps the derived parallelism)",
+    "cap_iops": "a rate limit in front of the drive, reads/s: a token bucket (a throttled or provisioned volume)",
+    "burst_ios": "the bucket's depth, reads (default: cap_iops x 0.1 s, the Linux block throttle's slice)",
 }
+#: Keys of ``volume:...`` besides those of ``ssd:...``.
+VOLUME_KEYS = {
+    "type": "gp2: an Amazon EBS gp2 volume (with size_gib); omitted: a generic volume (cap_iops required)",
+    "size_gib": "the gp2 volume's size, GiB (its baseline is 3 IOPS a GiB, at least 100, at most 16,000)",
+}
+#: The Linux block throttle's slice (block/blk-throttle.c, ``DFL_THROTL_SLICE_HD = HZ / 10``), seconds: the
+#: bucket depth assumed when ``burst_ios`` is not given is ``cap_iops`` times it.
+THROTTLE_SLICE = 0.1
+#: Amazon EBS gp2 ("General Purpose SSD volumes", Amazon EBS User Guide): IOPS a GiB of baseline, its floor and
+#: ceiling, the burst ceiling, and the I/O credits a volume's bucket holds.
+GP2_IOPS_PER_GIB, GP2_MIN_IOPS, GP2_MAX_IOPS, GP2_BURST_IOPS, GP2_CREDITS = 3.0, 100.0, 16000.0, 3000.0, 5.4e6
+#: ``qd1_us x iops`` this close below 1 is the rounding of printed figures (one channel at 1/iops).
+KNEE_ROUNDING = 0.02
 #: Largest value of each key of ``ssd:...`` (its physical range, :data:`sim.device.models.MAX_IOPS` and its
 #: peers); every key is > 0 (cv >= 0), and ``parallelism`` and ``qd_peak`` are whole numbers.
 SPEC_MAX = {"qd1_us": MAX_QD1_LATENCY / US, "iops": MAX_IOPS, "iops_row": MAX_IOPS, "parallelism": MAX_QUEUE_DEPTH,
-            "cv": MAX_SERVICE_CV, "p99_us": 10 * MAX_QD1_LATENCY / US, "qd_peak": MAX_QUEUE_DEPTH}
+            "cv": MAX_SERVICE_CV, "p99_us": 10 * MAX_QD1_LATENCY / US, "qd_peak": MAX_QUEUE_DEPTH,
+            "cap_iops": MAX_IOPS, "burst_ios": MAX_BURST_IOS}
 #: Keys of ``ssd:...`` that count things: whole numbers.
 SPEC_WHOLE = ("parallelism", "qd_peak")
 #: The channel service cv assumed when neither cv nor p99_us is given.
@@ -91,18 +137,22 @@ def _cv_for_p99(qd1: float, service: float, p99: float) -> tuple:
 
 def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = None,
                      parallelism: Optional[int] = None, cv: Optional[float] = None, p99_us: Optional[float] = None,
-                     qd_peak: Optional[int] = None, name: Optional[str] = None) -> ParametricSSD:
+                     qd_peak: Optional[int] = None, name: Optional[str] = None, cap_iops: Optional[float] = None,
+                     burst_ios: Optional[float] = None) -> Device:
     """A :class:`ParametricSSD` from datasheet figures (see the module for the rules); ``derived`` lists
-    what was derived and how.
+    what was derived and how.  With ``cap_iops`` (or a QD1 latency well below ``1 / iops``: see the module) a
+    :class:`RateLimitedDevice` over that drive.
 
     Raises
     ------
     ArgumentError
-        Non-positive figures, a p99 below the QD1 latency, or a given
-        parallelism the QD1 latency cannot carry (names the values that work).
+        Non-positive figures, a p99 below the QD1 latency, a given
+        parallelism the QD1 latency cannot carry (names the values that work),
+        ``burst_ios`` without ``cap_iops``, or a cap above the drive's IOPS.
     """
     for key, v in (("qd1_us", qd1_us), ("iops", iops), ("iops_row", iops_row), ("p99_us", p99_us),
-                   ("qd_peak", qd_peak), ("parallelism", parallelism), ("cv", cv)):
+                   ("qd_peak", qd_peak), ("parallelism", parallelism), ("cv", cv), ("cap_iops", cap_iops),
+                   ("burst_ios", burst_ios)):
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
@@ -121,7 +171,25 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
     if iops_row is None:
         derived["iops_row"] = {"value": rate, "rule": "the 4 KiB IOPS: a row is read as one aligned 4 KiB block "
                                                       "(8 KiB for the 6.4% that straddle a boundary)"}
+    if burst_ios is not None and cap_iops is None:
+        raise ArgumentError("ssd: burst_ios is the depth of a rate limit: give cap_iops with it")
     knee = rate * qd1
+    capped_by_iops = False
+    if knee < 1.0 and (parallelism is None or parallelism == 1):
+        if knee >= 1.0 - KNEE_ROUNDING or cap_iops is not None:
+            qd1 = 1.0 / rate
+            derived["qd1_us"] = {"value": qd1 / US, "rule": f"raised from {qd1_us:g} to 1/row IOPS: qd1_us x IOPS = "
+                                                           f"{knee:.4g} < 1, one read at a time reaches the IOPS "
+                                                           "(one channel at 1/IOPS, no fixed delay)"}
+        else:  # IOPS below what one read at a time gives: a rate limit over a one-channel drive
+            capped_by_iops, cap_iops = True, rate
+            rate = 1.0 / qd1
+            derived["cap_iops"] = {"value": cap_iops, "rule": f"the IOPS: qd1_us x IOPS = {knee:.4g}, well below 1, "
+                                                             "is a rate limit over a drive serving one read at a time "
+                                                             "in qd1_us (a throttled volume)"}
+            derived["iops_row"] = {"value": rate, "rule": "1 / qd1_us: the raw drive behind the rate limit, "
+                                                          "one read at a time"}
+        knee = rate * qd1
     if knee > MAX_QUEUE_DEPTH:
         raise ArgumentError(f"ssd: row IOPS x QD1 latency = {knee:g} reads in flight to reach the ceiling, more than "
                             f"the deepest queue ({MAX_QUEUE_DEPTH}, sim.limits.MAX_QUEUE_DEPTH)")
@@ -145,33 +213,63 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
     derived["delay_us"] = {"value": delay / US, "rule": "qd1_us - parallelism / row IOPS (pipelined)"}
     derived["knee_qd"] = {"value": knee, "rule": "row IOPS x QD1 latency: the depth from which IOPS is at its peak"}
     label = name or f"ssd-qd1-{qd1_us:g}us-{rate:g}iops-p{int(parallelism)}"
-    guessed = [k for k in ("iops_row", "parallelism", "cv") if k in derived]
+    guessed = [k for k in ("qd1_us", "iops_row", "parallelism", "cv") if k in derived]
     source = "datasheet figures" + (f"; derived: {', '.join(guessed)} (see 'derived')" if guessed else "")
-    return ParametricSSD(qd1, rate, int(parallelism), float(cv), name=label, source=source, derived=derived)
+    drive = ParametricSSD(qd1, rate, int(parallelism), float(cv), name=label, source=source, derived=derived)
+    if cap_iops is None:
+        return drive
+    if burst_ios is None:
+        burst_ios = max(1.0, cap_iops * THROTTLE_SLICE)
+        derived["burst_ios"] = {"value": burst_ios, "rule": f"assumed: cap_iops x {THROTTLE_SLICE:g} s, the Linux "
+                                                            "block throttle's slice (block/blk-throttle.c)"}
+    if cap_iops > rate * (1 + 1e-9):
+        raise ArgumentError(f"ssd: cap_iops = {cap_iops:g} is above the drive's {rate:g} IOPS: the rate limit would "
+                            "never bind (give iops above the cap, or leave cap_iops out)")
+    what = "IOPS read as a rate limit" if capped_by_iops else "datasheet figures and a rate limit"
+    return RateLimitedDevice(drive, cap_iops, burst_ios, name=f"{label}-cap{cap_iops:g}-burst{burst_ios:g}",
+                             source=f"{what}: a token bucket of {cap_iops:g} IOPS, {burst_ios:g} reads deep, over "
+                                    f"{label}", derived=derived)
 
 
-def ssd_from_spec(spec: str) -> ParametricSSD:
-    """From ``"ssd:qd1_us=80,iops=500000[,iops_row=..][,parallelism=..][,cv=..][,p99_us=..][,qd_peak=..]"``.
+def _parse(spec: str, keys: dict, text: tuple = ()) -> dict:
+    """``key=value,...`` of a spec: numbers, except the keys in ``text``.
 
     Raises
     ------
     ArgumentError
-        Unknown or missing keys, values that are not numbers (names them and lists the keys).
+        An unknown key (lists the keys), a key given twice, a value that is not a number.
     """
     body = spec.split(":", 1)[1] if ":" in spec else spec
     kv = {}
     for part in filter(None, (x.strip() for x in body.split(","))):
         k, _, v = part.partition("=")
         k = k.strip()
-        if k not in SPEC_KEYS:
+        if k not in keys:
             raise ArgumentError(f"device spec {spec!r}: unknown key {k!r}; keys: " +
-                                "; ".join(f"{a} ({b})" for a, b in SPEC_KEYS.items()))
+                                "; ".join(f"{a} ({b})" for a, b in keys.items()))
         if k in kv:
             raise ArgumentError(f"device spec {spec!r}: key {k!r} given twice")
+        if k in text:
+            kv[k] = v.strip()
+            continue
         try:
             kv[k] = float(v)
         except ValueError:
             raise ArgumentError(f"device spec {spec!r}: {k}={v!r} is not a number") from None
+    return kv
+
+
+def ssd_from_spec(spec: str) -> Device:
+    """From ``"ssd:qd1_us=80,iops=500000[,iops_row=..][,parallelism=..][,cv=..][,p99_us=..][,qd_peak=..]
+    [,cap_iops=..][,burst_ios=..]"``: a :class:`ParametricSSD`, or with ``cap_iops`` (or a QD1 latency well
+    below 1/IOPS) a :class:`RateLimitedDevice` over one (see the module).
+
+    Raises
+    ------
+    ArgumentError
+        Unknown or missing keys, values that are not numbers (names them and lists the keys).
+    """
+    kv = _parse(spec, SPEC_KEYS)
     for need in ("qd1_us", "iops"):
         if need not in kv:
             raise ArgumentError(f"device spec {spec!r}: missing {need!r} ({SPEC_KEYS[need]}); "
@@ -179,6 +277,60 @@ def ssd_from_spec(spec: str) -> ParametricSSD:
     p, qp = kv.get("parallelism"), kv.get("qd_peak")
     try:
         return ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
-                                parallelism=p, cv=kv.get("cv"), p99_us=kv.get("p99_us"), qd_peak=qp)
+                                parallelism=p, cv=kv.get("cv"), p99_us=kv.get("p99_us"), qd_peak=qp,
+                                cap_iops=kv.get("cap_iops"), burst_ios=kv.get("burst_ios"))
     except ArgumentError as exc:
         raise ArgumentError(f"device spec {spec!r}: {exc}") from None
+
+
+def volume_from_spec(spec: str) -> RateLimitedDevice:
+    """From ``"volume:qd1_us=..,cap_iops=..[,burst_ios=..][,iops=..][,ssd keys]"`` (a generic rate-limited
+    volume; the raw drive's ``iops`` defaults to ``cap_iops``) or ``"volume:type=gp2,size_gib=N,qd1_us=.."``
+    (an Amazon EBS gp2 volume): see the module.
+
+    Raises
+    ------
+    ArgumentError
+        Unknown or missing keys, an unknown type, figures out of range (one line, naming the spec).
+    """
+    keys = {**SPEC_KEYS, **VOLUME_KEYS}
+    kv = _parse(spec, keys, text=("type",))
+    kind = kv.pop("type", None)
+    derived = {}
+    if kind is not None:
+        if kind != "gp2":
+            raise ArgumentError(f"device spec {spec!r}: unknown volume type {kind!r} (known: gp2; other volumes: "
+                                "volume:qd1_us=..,cap_iops=..,burst_ios=..)")
+        if "size_gib" not in kv:
+            raise ArgumentError(f"device spec {spec!r}: a gp2 volume needs size_gib ({VOLUME_KEYS['size_gib']})")
+        for k in ("cap_iops", "burst_ios", "iops"):
+            if k in kv:
+                raise ArgumentError(f"device spec {spec!r}: {k} is set by type=gp2 (from size_gib); leave it out")
+        size = kv.pop("size_gib")
+        if not (math.isfinite(size) and 1 <= size <= 16384):
+            raise ArgumentError(f"device spec {spec!r}: size_gib = {size:g} is outside a gp2 volume's [1, 16384] GiB")
+        base = min(GP2_MAX_IOPS, max(GP2_MIN_IOPS, GP2_IOPS_PER_GIB * size))
+        kv["cap_iops"] = base
+        kv["iops"] = max(base, GP2_BURST_IOPS)
+        kv["burst_ios"] = GP2_CREDITS if base < GP2_BURST_IOPS else max(1.0, base * THROTTLE_SLICE)
+        derived["gp2"] = {"value": base, "rule": f"baseline IOPS of a {size:g} GiB gp2 volume (3 a GiB, 100 to "
+                                                 "16,000); burst to 3,000 IOPS from 5.4 million credits below "
+                                                 "3,000 (Amazon EBS User Guide)"}
+    elif "size_gib" in kv:
+        raise ArgumentError(f"device spec {spec!r}: size_gib applies to type=gp2")
+    for need in ("qd1_us", "cap_iops"):
+        if need not in kv:
+            raise ArgumentError(f"device spec {spec!r}: missing {need!r} ({SPEC_KEYS[need]}); "
+                                "e.g. volume:qd1_us=500,cap_iops=3000,burst_ios=3000")
+    if "iops" not in kv:
+        kv["iops"] = kv["cap_iops"]
+        derived["iops"] = {"value": kv["iops"], "rule": "assumed: the raw drive's IOPS is the cap (the bucket "
+                                                        "shapes the bursts only)"}
+    try:
+        dev = ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
+                               parallelism=kv.get("parallelism"), cv=kv.get("cv"), p99_us=kv.get("p99_us"),
+                               qd_peak=kv.get("qd_peak"), cap_iops=kv["cap_iops"], burst_ios=kv.get("burst_ios"))
+    except ArgumentError as exc:
+        raise ArgumentError(f"device spec {spec!r}: {exc}") from None
+    dev.derived.update(derived)
+    return dev

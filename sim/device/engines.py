@@ -10,7 +10,10 @@ Two ways to simulate reads on a device, used by :mod:`sim.decode` and
   its latency is the measured distribution's), the others waiting in FIFO
   order.  :class:`ChannelExactDevice` (a
   :class:`~sim.device.models.ParametricSSD`): a fixed delay, then a FIFO queue
-  on ``parallelism`` channels.  Each read thus meets the queue depth it
+  on ``parallelism`` channels.  :class:`BucketExactDevice` (a
+  :class:`~sim.device.models.RateLimitedDevice`): each read waits for its token
+  (:class:`~sim.device.bucket.TokenBucket`), then goes to the raw device's own
+  exact model.  Each read thus meets the queue depth it
   actually finds, for its whole life;
 - fast: :class:`FastDevice` -- a batch's duration alone is drawn from the
   exact model's own distribution (:meth:`Device.batch_samples`), and batches
@@ -32,7 +35,7 @@ import numpy as np
 from .fluid import SegmentQueue
 from .recorder import Recorder
 
-__all__ = ["ChannelExactDevice", "ExactDevice", "FastDevice", "SlotExactDevice"]
+__all__ = ["BucketExactDevice", "ChannelExactDevice", "ExactDevice", "FastDevice", "SlotExactDevice"]
 
 
 class FastDevice:
@@ -49,7 +52,8 @@ class FastDevice:
     def __init__(self, device, rng: np.random.Generator, recorder: Optional[Recorder] = None,
                  samples: Optional[int] = None, env=None):
         self.device, self.rng, self.rec, self.samples, self.env = device, rng, recorder, samples, env
-        self.queue = SegmentQueue(device.saturation_depth(), device.mean_latency, device.straggler)
+        self.queue = SegmentQueue(device.saturation_depth(), device.mean_latency, device.straggler,
+                                  bucket=device.bucket(), tail=device.gate_tail())
         self._cache: dict = {}
         self._u: list = []
         self._ui = 0
@@ -335,3 +339,22 @@ class ChannelExactDevice(ExactDevice):
             if self.rec is not None:
                 self.rec.wait.append(env.now - t_q)
             yield env.timeout(self._service())
+
+
+class BucketExactDevice(ExactDevice):
+    """Per-read model of a :class:`~sim.device.models.RateLimitedDevice`: each read waits for its token of the
+    device's :class:`~sim.device.bucket.TokenBucket` (granted in issue order), then is served by ``inner``, the
+    raw device's own exact model.  The recorder's ``wait`` list gets the raw device's queue waits; the time
+    waiting for a token counts as time in the device (a volume's latency)."""
+
+    def __init__(self, device, inner: ExactDevice, env, rng: np.random.Generator, recorder: Optional[Recorder] = None):
+        super().__init__(device, env, rng, recorder)
+        self.inner = inner
+        self.gate = device.bucket()
+
+    def _serve(self):
+        env = self.env
+        t = self.gate.take(env.now, 1)
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        yield from self.inner._serve()

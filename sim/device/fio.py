@@ -18,6 +18,43 @@ each figure.
 
 Runs must not overlap: run the depths one after the other (``stonewall``
 between jobs, or one run per depth, concatenated in one file).
+
+Read size and direction
+    The engine reads a row as one aligned 4 KiB block (SPEC §8), so fio must
+    have read 4 KiB blocks: the block size is the bytes read over the reads
+    (``read.io_bytes / read.total_ios``, else the ``bs`` option).  Output of
+    another block size is refused (one line), unless the caller states the
+    assumption (``assume_bs``, ``fio:FILE,assume_bs=16k``): then the figures
+    are taken as they are, and ``derived`` says so.  A job that wrote or
+    trimmed is refused: its reads met a device busy with its writes.
+
+The measured peak as a bound
+    A device from fio never exceeds the peak IOPS it measured:
+    :class:`~sim.device.models.EmpiricalDevice` with ``peak_bound`` (a token
+    bucket of the peak, as deep as the deepest depth measured).
+
+A rate-limited volume, recognised
+    A throttled or provisioned volume (cgroup blkio/io.max, a cloud volume)
+    shows two things in fio's own figures: IOPS flat from the first depth
+    that reaches the peak to the deepest (:data:`FLAT_IOPS`: within 10%, at
+    least two depths), and at queue depth 1 a median latency far below the
+    mean (:data:`MEDIAN_OVER_MEAN`: below half), because most reads pass at
+    the raw device's speed and a few wait for the throttle's next grant.
+    Such output becomes a :class:`~sim.device.models.RateLimitedDevice`:
+
+    - ``cap_iops``: the median of fio's ``read.iops`` over the flat depths;
+    - the raw device: at each depth, fio's quantile function below the
+      throttle's wait -- up to the last percentile within
+      :data:`WAIT_FACTOR` (4x) of that depth's median -- stretched to the whole
+      ``[0, 1]`` (the reads that did not wait);
+    - ``burst_ios``: a throttle granting ``b`` tokens every ``b / cap``
+      seconds makes the read that finds them spent wait ``W = b (1 / cap -
+      1 / R)`` at a depth whose raw rate ``R`` exceeds the cap; ``W`` is fio's
+      maximum latency there (the shallowest such depth), so ``b = W / (1 /
+      cap - 1 / R)``; with no such depth, ``cap x 0.1 s`` (assumed: the Linux
+      block throttle's slice, :data:`sim.device.datasheet.THROTTLE_SLICE`).
+
+    Every figure derived, and the rule, is in the device's ``derived``.
 """
 
 from __future__ import annotations
@@ -34,11 +71,42 @@ from engram.errors import ArgumentError, FormatError
 from ..io import read_text
 from ..schema import LATENCY, check_number
 from .latency import LatencyDist
-from .models import EmpiricalDevice
+from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["device_from_fio", "fio_records", "is_fio_output", "read_fio_output"]
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "MEDIAN_OVER_MEAN", "WAIT_FACTOR", "device_from_fio", "fio_records",
+           "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
 
 _NS = 1e-9
+#: The engine's read: one aligned 4 KiB block a row (SPEC §8), bytes.
+ENGINE_READ_BYTES = 4096
+#: IOPS within this share of the peak count as flat (a rate limit's plateau).
+FLAT_IOPS = 0.10
+#: A QD1 median below this share of the QD1 mean is "far below" (most reads pass, a few wait long).
+MEDIAN_OVER_MEAN = 0.5
+#: A latency above this many times its depth's median is a read that waited for the throttle.
+WAIT_FACTOR = 4.0
+#: The Linux block throttle's slice, seconds (block/blk-throttle.c, ``DFL_THROTL_SLICE_HD = HZ / 10``).
+THROTTLE_SLICE = 0.1
+
+
+def parse_block_size(text: str) -> int:
+    """Bytes of a fio block size (``4k``, ``4096``, ``16KiB``, ``1m``; fio's ``kb_base=1024``); the read size of
+    ``bs=READ,WRITE``.
+
+    Raises
+    ------
+    ArgumentError
+        Not a block size (names it).
+    """
+    t = str(text).split(",")[0].strip().lower().replace("ib", "").replace("b", "")
+    mult = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    try:
+        v = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
+    except ValueError:
+        raise ArgumentError(f"block size {text!r} is not a size (e.g. 4k, 4096, 16KiB)") from None
+    if not (v >= 512 and v == int(v) and v <= 1 << 30):
+        raise ArgumentError(f"block size {text!r} is outside [512 B, 1 GiB]")
+    return int(v)
 
 
 def is_fio_output(text: str) -> bool:
@@ -165,7 +233,13 @@ def _job_figures(job, glob: dict, where: str) -> dict:
             raise FormatError(f"{ppath}: the key is not a percentile (a number in (0, 100))") from None
         if 0 < u < 100:
             pcts[u] = _latency(v, rd, f"{at}.percentile[{json.dumps(p)}]") * _NS + shift
-    return {"qd": depth, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi,
+    wr = _obj(job, "write", f"{where}.write")
+    tr = _obj(job, "trim", f"{where}.trim")
+    writes = _num(wr.get("total_ios", 0), f"{where}.write.total_ios") + \
+        _num(tr.get("total_ios", 0), f"{where}.trim.total_ios")
+    io_bytes = _num(r["io_bytes"], f"{where}.read.io_bytes") if "io_bytes" in r else None
+    return {"qd": depth, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
+            "read_bytes": io_bytes / ios if io_bytes else None, "where": where,
             "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
             "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),
             "pct_from": src}
@@ -228,23 +302,136 @@ def _dist(rs: Sequence[dict], where: str) -> LatencyDist:
     return LatencyDist(d.u, d.q * (mean / d.mean)) if d.mean > 0 else d
 
 
-def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-                    name: str = "") -> EmpiricalDevice:
-    """An :class:`EmpiricalDevice` from fio JSON output files (see the module for the rules).
+def _check_reads(recs: Sequence[dict], assume_bs, where: str) -> dict:
+    """Refuse jobs that wrote, and (unless assumed) a block size other than the engine's; returns ``derived``.
 
     Raises
     ------
     FormatError
-        Unreadable files, no read jobs, or percentiles fio could not have printed (names the depth).
+        A job that wrote or trimmed, a block size other than 4 KiB without ``assume_bs`` (one line each).
+    """
+    derived = {}
+    for r in recs:
+        if r["writes"]:
+            raise FormatError(f"{where}: {r['where']} (job {r['name']!r}, rw={r['rw']}) wrote or trimmed "
+                              f"{r['writes']:.0f} blocks: the device model needs reads only (rw=randread)")
+    sizes = set()
+    for r in recs:
+        try:
+            b = int(round(r["read_bytes"])) if r["read_bytes"] else parse_block_size(r["bs"])
+        except ArgumentError as exc:
+            raise FormatError(f"{where}: {r['where']}: {exc}") from None
+        sizes.add(b)
+    if sizes != {ENGINE_READ_BYTES}:
+        shown = ", ".join(f"{b} B" for b in sorted(sizes))
+        if assume_bs is None:
+            raise FormatError(f"{where}: fio read blocks of {shown}, the engine reads {ENGINE_READ_BYTES} B (one "
+                              "aligned 4 KiB block a row): rerun fio with --bs=4k, or state the assumption with "
+                              f"fio:{where},assume_bs={sorted(sizes)[0]}")
+        want = parse_block_size(assume_bs)
+        if want not in sizes or len(sizes) > 1:
+            raise FormatError(f"{where}: fio read blocks of {shown}, not the assumed {assume_bs}")
+        derived["block_size"] = {"value": float(want), "rule": f"assumed: fio's {want}-byte reads taken as the "
+                                                               f"engine's {ENGINE_READ_BYTES}-byte ones, as they are"}
+    return derived
+
+
+def _truncated(d: LatencyDist, u_cut: float) -> LatencyDist:
+    """The quantile function of ``d`` below ``u_cut``, stretched to ``[0, 1]`` (the reads that did not wait)."""
+    u = np.asarray(d.u)
+    q = np.asarray(d.q)
+    keep = u < u_cut
+    uu = np.concatenate([u[keep], [u_cut]]) / u_cut
+    qq = np.concatenate([q[keep], [float(np.interp(u_cut, u, q))]])
+    return LatencyDist(uu, np.maximum.accumulate(qq), d.source)
+
+
+def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict]]):
+    """``(raw table, cap_iops, burst_ios, derived)`` when fio's figures are those of a rate-limited volume
+    (see the module), else ``(None, None, None, reason)``: why it is not taken as one."""
+    qs = sorted(table)
+    iops = {q: float(np.median([r["iops"] for r in recs_by_qd[q]])) for q in qs}  # fio's own read.iops
+    peak = max(iops.values())
+    flat_from = next(q for q in qs if iops[q] >= (1 - FLAT_IOPS) * peak)
+    flat = [q for q in qs if q >= flat_from]
+    if len(flat) < 2 or any(iops[q] < (1 - FLAT_IOPS) * peak for q in flat):
+        return None, None, None, (f"not a rate-limited volume: IOPS rise to the deepest depth measured "
+                                  f"({', '.join(f'{iops[q]:.0f} at {q}' for q in qs)})")
+    d1 = table[qs[0]]
+    ratio = d1.percentile(50) / d1.mean
+    if ratio >= MEDIAN_OVER_MEAN:
+        return None, None, None, (f"not a rate-limited volume: at queue depth {qs[0]} the median latency is "
+                                  f"{ratio:.2f} of the mean (a throttle makes it far below, < {MEDIAN_OVER_MEAN})")
+    cap = float(np.median([iops[q] for q in flat]))
+    raw, cuts = {}, {}
+    for q in qs:
+        d = table[q]
+        med = d.percentile(50)
+        u = np.asarray(d.u)
+        ok = u[(np.asarray(d.q) <= WAIT_FACTOR * med) & (u > 0) & (u < 1)]
+        cut = float(ok.max()) if ok.size else 0.5
+        cuts[q] = cut
+        raw[q] = _truncated(d, cut)
+    raw_rate = {q: q / raw[q].mean for q in qs}
+    derived = {
+        "rate_limited": {"value": 1.0, "rule": (f"fio's IOPS flat within {FLAT_IOPS:.0%} from depth {flat_from} "
+                                                f"to {qs[-1]} and the median at depth {qs[0]} {ratio:.2f} of the "
+                                                "mean: a rate-limited volume (a token bucket over a raw device)")},
+        "cap_iops": {"value": cap, "rule": f"median IOPS over depths {', '.join(map(str, flat))}"},
+        "raw_device": {"value": float(max(raw_rate.values())),
+                       "rule": "peak IOPS of the raw device: fio's latencies below the throttle's wait (within "
+                               f"{WAIT_FACTOR:g}x of each depth's median; the slowest "
+                               f"{', '.join(f'{100 * (1 - cuts[q]):.1f}% at {q}' for q in qs)} cut)"},
+    }
+    over = [q for q in qs if raw_rate[q] > cap * (1 + FLAT_IOPS) and recs_by_qd[q][0]["hi"] is not None]
+    if over:
+        q = over[0]
+        wait = float(np.median([r["hi"] for r in recs_by_qd[q]]))
+        burst = max(1.0, wait / (1.0 / cap - 1.0 / raw_rate[q]))
+        derived["burst_ios"] = {"value": burst, "rule": (f"W / (1/cap - 1/R) at depth {q}: fio's longest wait W = "
+                                                         f"{wait * 1e6:.0f} us, the raw rate R = {raw_rate[q]:.0f}/s "
+                                                         "(a throttle granting burst_ios tokens every "
+                                                         "burst_ios/cap seconds)")}
+    else:
+        burst = max(1.0, cap * THROTTLE_SLICE)
+        derived["burst_ios"] = {"value": burst, "rule": f"assumed: cap x {THROTTLE_SLICE:g} s, the Linux block "
+                                                        "throttle's slice (no depth where the raw device outruns "
+                                                        "the cap)"}
+    if max(raw_rate.values()) < cap:
+        return None, None, None, "not a rate-limited volume: the reads that did not wait are no faster than the cap"
+    return raw, cap, burst, derived
+
+
+def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+                    name: str = "", *, assume_bs: Union[str, int, None] = None) -> Device:
+    """A device from fio JSON output files (see the module for the rules): an
+    :class:`EmpiricalDevice` bounded by its measured peak, or a :class:`RateLimitedDevice` when fio's figures are
+    those of a rate-limited volume; ``derived`` says which and why, with the derived bucket.
+
+    Parameters
+    ----------
+    paths : path or sequence of paths
+    name : str
+        Label (default: the first file's stem).
+    assume_bs : str or int, optional
+        fio's block size, stated as an assumption when it is not the engine's 4 KiB (e.g. ``"16k"``).
+
+    Raises
+    ------
+    FormatError
+        Unreadable files, no read jobs, percentiles fio could not have printed (names the depth), a job that
+        wrote, a block size other than 4 KiB without ``assume_bs``.
     ArgumentError
         No paths.
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
         raise ArgumentError("device_from_fio: no fio output file given")
-    recs = []
+    recs, derived = [], {}
     for p in paths:
-        recs += fio_records(read_fio_output(p), str(p))
+        got = fio_records(read_fio_output(p), str(p))
+        derived.update(_check_reads(got, assume_bs, str(p)))
+        recs += got
     by_qd: Dict[int, List[dict]] = {}
     for r in recs:
         by_qd.setdefault(r["qd"], []).append(r)
@@ -255,4 +442,17 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     src = (f"fio {first['rw']} {first['bs']} ({first['ioengine']}), {len(recs)} job(s) at queue depths "
            f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "
            f"{first['pct_from']} ({', '.join(str(p) for p in paths)})")
-    return EmpiricalDevice(table, name or Path(paths[0]).stem, src)
+    label = name or Path(paths[0]).stem
+    raw, cap, burst, why = rate_limit_of(table, by_qd) if len(table) > 1 else \
+        (None, None, None, "not checked for a rate limit: one depth measured")
+    if raw is None:
+        dev = EmpiricalDevice(table, label, src, peak_bound=True)
+        dev.derived = {**derived, "peak_bound": {
+            "value": dev.peak_iops(), "rule": f"the measured peak IOPS, never exceeded: a token bucket of it, "
+                                              f"{dev.saturation_depth()} reads deep (the deepest depth measured); "
+                                              f"{why}"}}
+        return dev
+    rawdev = EmpiricalDevice(raw, f"{label}-raw", f"{src}; the reads that did not wait for the rate limit")
+    return RateLimitedDevice(rawdev, cap, burst, name=label,
+                             source=f"{src}; recognised as a rate-limited volume ({cap:.0f} IOPS, {burst:.0f} reads "
+                                    "deep)", derived={**derived, **why})

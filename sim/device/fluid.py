@@ -45,6 +45,17 @@ keeps that structure but moves whole groups of reads at a time:
   exactly its drawn time; together with others, its reads wait and share
   slots as the exact model's would, group by group.
 
+A rate-limited device (:class:`~sim.device.models.RateLimitedDevice`) gives
+the queue a :class:`~sim.device.bucket.TokenBucket`: a batch takes its ``n``
+tokens when it arrives, its reads are served by the raw device as above, and
+it completes when they are done and not before its last token plus ``tail``
+(the raw device's QD1 latency: the last read, issued on its token): a batch
+whose tokens are there passes at the raw device's speed, one that finds the
+bucket empty at ``n / rate``.  Such a batch waits in the ``late`` heap, as an
+own straggler does.  (The raw device sees the batch's reads at once, not as
+their tokens come: when the bucket binds the raw queue is deeper than it is;
+the bucket's rate is the tighter bound then.)
+
 So the sharing of the device between sessions is the exact model's -- slots,
 FIFO order, the next round of a batch behind the reads that came meanwhile --
 while the events are a few per batch instead of a few per read.
@@ -59,8 +70,8 @@ from typing import Callable, List
 
 __all__ = ["SegmentQueue", "nominal_batch"]
 
-# Fields of a batch (a list, for speed).
-OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF = range(8)
+# Fields of a batch (a list, for speed); NB: not before this time (its last token plus the raw latency; 0: none).
+OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF, NB = range(9)
 
 
 class SegmentQueue:
@@ -76,6 +87,8 @@ class SegmentQueue:
         ``"shared"`` or ``"own"`` (see the module).
     record : bool
         Keep ``(time, reads in the device)`` at every change (for the timeline).
+    bucket : TokenBucket, optional
+        The rate limit in front of the device (see the module); ``tail``: seconds a read takes after its token.
 
     Attributes
     ----------
@@ -92,10 +105,10 @@ class SegmentQueue:
     """
 
     __slots__ = ("Q", "L", "V", "t", "q", "d", "heap", "wait", "seq", "area", "busy", "reads", "times", "depths",
-                 "record", "tnext", "max_depth", "late", "shared", "slack")
+                 "record", "tnext", "max_depth", "late", "shared", "slack", "bucket", "tail")
 
     def __init__(self, slots: int, mean_latency: Callable[[int], float], straggler: str = "shared",
-                 record: bool = True):
+                 record: bool = True, bucket=None, tail: float = 0.0):
         if straggler not in ("shared", "own"):
             raise ValueError(f"straggler must be 'shared' or 'own', got {straggler!r}")
         self.Q = int(slots)
@@ -121,6 +134,15 @@ class SegmentQueue:
         self.record = record
         self.tnext = math.inf
         self.max_depth = 0
+        self.bucket, self.tail = bucket, float(tail)
+
+    def not_before(self, now: float, n: int) -> float:
+        """Take ``n`` tokens at ``now``: when a batch of ``n`` reads arriving now may complete at the earliest
+        (0: whenever its reads are done; always 0 without a bucket)."""
+        if self.bucket is None:
+            return 0.0
+        t = self.bucket.take(now, n)
+        return t + self.tail if t > now else 0.0
 
     # --------------------------------------------------------------- internals
     def _advance(self, now: float) -> None:
@@ -190,7 +212,7 @@ class SegmentQueue:
                 self.busy += dt
             self.t = now
         c = k if k < n else n
-        b = [owner, n - c, c, sigma, now, n, extra, ref]
+        b = [owner, n - c, c, sigma, now, n, extra, ref, self.not_before(now, n) if self.bucket is not None else 0.0]
         self.d += c
         q = self.q
         if not self.wait and q + c <= self.Q + (self.slack if q < self.Q else -1):
@@ -232,7 +254,11 @@ class SegmentQueue:
             if c < 0:  # a straggler leaves
                 q -= 1
                 d -= 1
-                done.append(b)
+                if b[8] > now:  # not before its last token (a rate-limited device)
+                    self.seq += 1
+                    push(late, (b[8], self.seq, b))
+                else:
+                    done.append(b)
                 continue
             left = b[1]
             if not left and b[6] > 0 and b[2] == c:  # its last segment: the straggler follows
@@ -244,7 +270,8 @@ class SegmentQueue:
                     if q >= len(L):
                         self._deeper(q)
                 else:
-                    push(late, (now + b[6] * (b[7] + (1.0 - b[7]) * c / q), self.seq, b))
+                    tl = now + b[6] * (b[7] + (1.0 - b[7]) * c / q)
+                    push(late, (tl if tl > b[8] else b[8], self.seq, b))
                 b[6] = -1.0
             q -= c
             d -= c
@@ -258,7 +285,11 @@ class SegmentQueue:
             else:
                 b[2] -= c
                 if b[2] == 0 and b[6] >= 0:
-                    done.append(b)
+                    if b[8] > now:  # not before its last token (a rate-limited device)
+                        self.seq += 1
+                        push(late, (b[8], self.seq, b))
+                    else:
+                        done.append(b)
         # admit from the head of the queue (as _admit)
         Q = self.Q
         if wait and q < Q:

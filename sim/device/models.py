@@ -52,12 +52,13 @@ from ..io import read_jsonl, write_json
 from ..limits import MAX_QUEUE_DEPTH, check_queue_depth
 from ..schema import US
 from .alone import channel_batch, sample_size, slot_batch
-from .engines import ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
+from .bucket import TokenBucket
+from .engines import BucketExactDevice, ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
 from .fluid import nominal_batch
 from .latency import LatencyDist, list_schedule
 from .recorder import Recorder
 
-__all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD"]
+__all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD", "RateLimitedDevice"]
 
 
 class Device:
@@ -121,6 +122,15 @@ class Device:
     def is_point(self) -> bool:
         """True when every read at every depth takes a fixed time (one sample of a batch suffices)."""
         return False
+
+    def bucket(self) -> Optional[TokenBucket]:
+        """A fresh (full) token bucket in front of one simulated drive of this device, or None: no rate limit
+        (:class:`RateLimitedDevice` has one)."""
+        return None
+
+    def gate_tail(self) -> float:
+        """Seconds a read takes after its token (the raw device's mean latency at depth 1)."""
+        return self.mean_latency(1)
 
     def batch_samples(self, n: int, k: int, size: Optional[int] = None, rng: Optional[np.random.Generator] = None):
         """Durations of a batch of ``n`` reads issued by ``k`` readers alone on the device, as the exact
@@ -227,6 +237,8 @@ class Device:
             return EmpiricalDevice.from_dict(d)
         if kind == "measured_batch":
             return MeasuredBatchDevice.from_dict(d)
+        if kind == "rate_limited":
+            return RateLimitedDevice.from_dict(d)
         if kind == "parametric_ssd":
             f = {}
             for key in ("qd1_latency_us", "iops", "parallelism", "service_cv"):
@@ -244,8 +256,8 @@ class Device:
                                      source=d.get("source", ""), derived=d.get("derived"))
             except ArgumentError as exc:
                 raise FormatError(f"parametric_ssd device: {exc}") from None
-        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch' or "
-                          "'parametric_ssd'; a calibration file or fio output is read by load_device)")
+        raise FormatError(f"device: unknown kind {kind!r} (expected 'empirical', 'measured_batch', "
+                          "'parametric_ssd' or 'rate_limited'; a calibration file or fio output is read by load_device)")
 
     def table(self, depths: Optional[Sequence[int]] = None) -> list:
         """Rows ``{qd, mean_us, p50_us, p99_us, iops}`` for display."""
@@ -262,6 +274,7 @@ class Device:
         derived = getattr(self, "derived", None)
         if derived:
             d["derived"] = derived
+            d["assumed"] = [k for k, v in derived.items() if str(v.get("rule", "")).startswith("assumed")]
         return d
 
 
@@ -280,13 +293,21 @@ class EmpiricalDevice(Device):
     is ``qd / IOPS``); below the shallowest the shallowest is used; above the
     deepest (``Q``) the device is saturated: latency ``L_Q * qd / Q``.
 
+    With ``peak_bound`` (a device from fio's output, :mod:`sim.device.fio`)
+    its measured peak is a bound in every simulator path: a token bucket of
+    :meth:`peak_iops` tokens a second, :meth:`saturation_depth` reads deep
+    (:mod:`sim.device.bucket`), so that batches drawn alone one after the other
+    -- each as fast as a short burst measured -- never carry the device past
+    the peak fio measured in the long run.
+
     Raises
     ------
     ArgumentError
         An empty table or a queue depth below 1.
     """
 
-    def __init__(self, table: Mapping[int, LatencyDist], name: str = "empirical", source: str = ""):
+    def __init__(self, table: Mapping[int, LatencyDist], name: str = "empirical", source: str = "",
+                 peak_bound: bool = False):
         if not table:
             raise ArgumentError("EmpiricalDevice: empty table")
         items = sorted((check_queue_depth(q, f"{name}: table"), d) for q, d in table.items())
@@ -297,9 +318,18 @@ class EmpiricalDevice(Device):
         self._qs = [q for q, _ in items]
         self.name, self.source = name, source
         self._cache: dict = {}
+        self.peak_bound = bool(peak_bound)
 
     def depths(self) -> list:
         return list(self._qs)
+
+    def bucket(self) -> Optional[TokenBucket]:
+        """With ``peak_bound``: a bucket of the measured peak IOPS, as deep as the deepest measured depth."""
+        return TokenBucket(self.peak_iops(), self.saturation_depth()) if self.peak_bound else None
+
+    def exact(self, env, rng: np.random.Generator, recorder: Optional[Recorder] = None) -> "ExactDevice":
+        inner = SlotExactDevice(self, env, rng, recorder)
+        return BucketExactDevice(self, inner, env, rng, recorder) if self.peak_bound else inner
 
     def is_point(self) -> bool:
         return all(d.is_point for d in self.measured.values())
@@ -409,8 +439,11 @@ class EmpiricalDevice(Device):
                                      where=[f"{path}: line {n}" for n, _ in lines])
 
     def to_dict(self) -> dict:
-        return {"kind": "empirical", "name": self.name, "source": self.source,
-                "table": {str(q): d.to_dict() for q, d in self.measured.items()}}
+        d = {"kind": "empirical", "name": self.name, "source": self.source,
+             "table": {str(q): d.to_dict() for q, d in self.measured.items()}}
+        if self.peak_bound:
+            d["peak_bound"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "EmpiricalDevice":
@@ -426,8 +459,11 @@ class EmpiricalDevice(Device):
                 table[qd] = LatencyDist.from_dict(v)
             except FormatError as exc:
                 raise FormatError(f"empirical device: table[{q!r}]: {exc}") from None
+        bound = d.get("peak_bound", False)
+        if not isinstance(bound, bool):
+            raise FormatError(f"empirical device: peak_bound = {bound!r} is not true or false")
         try:
-            return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")))
+            return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")), peak_bound=bound)
         except ArgumentError as exc:
             raise FormatError(f"empirical device: {exc}") from None
 
@@ -723,3 +759,153 @@ class ParametricSSD(Device):
     def __repr__(self) -> str:
         return (f"ParametricSSD(qd1={self.qd1_latency / US:g} us, iops={self.iops_max:g}, "
                 f"parallelism={self.parallelism}, cv={self.service_cv:g})")
+
+
+#: Largest bucket depth of a :class:`RateLimitedDevice`, reads: 10^10 (a gp2 volume's 5.4 million credits fit).
+MAX_BURST_IOS = 1e10
+
+
+class RateLimitedDevice(Device):
+    """A rate-limited volume: a token bucket of ``cap_iops`` tokens a second and ``burst_ios`` tokens deep in
+    front of a raw device (any :class:`Device`) -- a cloud block volume's provisioned IOPS, a cgroup read-IOPS
+    throttle (:mod:`sim.device.bucket`).
+
+    A read waits for its token, then is served by the raw device.  After a
+    step's compute of ``c`` seconds, ``min(burst_ios, cap_iops x c)`` reads
+    pass at the raw device's latency; in the long run no more than
+    ``cap_iops`` reads a second pass.  Every simulator path applies the
+    bucket: the exact per-read models read by read
+    (:class:`~sim.device.engines.BucketExactDevice`), the fast mode's segment
+    queue and the serving model's fluid device batch by batch (a batch
+    completes when its raw reads are done and not before its last token plus
+    :meth:`gate_tail`, the raw QD1 latency).
+
+    The latency, batch and saturation methods are the raw device's (the queue
+    behind the bucket); :meth:`peak_iops` and :meth:`iops` are capped, and
+    :meth:`table` shows the steady closed loop: ``qd`` readers in the long run
+    wait ``qd / cap_iops`` for each read when that is longer than the raw
+    latency.
+
+    Parameters
+    ----------
+    raw : Device
+        The device behind the bucket.
+    cap_iops : float
+        Tokens a second, in ``(0, raw.peak_iops()]``.
+    burst_ios : float
+        Bucket depth, reads, in ``[1, MAX_BURST_IOS]``.
+    name, source : str
+    derived : mapping, optional
+        What was derived or assumed, and by which rule (shown by ``engram sim device``).
+
+    Raises
+    ------
+    ArgumentError
+        A raw device that is not a :class:`Device` or is itself rate-limited, figures out of range, or a
+        cap above the raw device's peak IOPS (the bucket would never bind: one line naming both).
+    """
+
+    def __init__(self, raw: Device, cap_iops: float, burst_ios: float, name: Optional[str] = None,
+                 source: str = "", derived: Optional[Mapping] = None):
+        if not isinstance(raw, Device) or isinstance(raw, RateLimitedDevice):
+            raise ArgumentError(f"RateLimitedDevice: raw must be a device without a bucket, got {raw!r:.60}")
+        for key, v, lo, hi in (("cap_iops", cap_iops, 0.0, MAX_IOPS), ("burst_ios", burst_ios, 1.0, MAX_BURST_IOS)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or \
+                    not math.isfinite(v) or not (v > lo if key == "cap_iops" else v >= lo) or v > hi:
+                raise ArgumentError(f"RateLimitedDevice: {key} = {v!r} is outside "
+                                    f"{'(0' if key == 'cap_iops' else '[1'}, {hi:g}]")
+        peak = raw.peak_iops()
+        if cap_iops > peak * (1 + 1e-9):
+            raise ArgumentError(f"cap_iops = {float(cap_iops):g} is above the raw device's peak of {peak:.0f} IOPS: "
+                                "the bucket would never bind (give the raw device's iops above the cap)")
+        self.raw, self.cap_iops, self.burst_ios = raw, float(cap_iops), float(burst_ios)
+        self.name = name or f"{raw.name}+cap{cap_iops:g}iops-burst{burst_ios:g}"
+        self.source = source or f"token bucket ({cap_iops:g} IOPS, {burst_ios:g} reads deep) over {raw.name}"
+        self.derived = dict(derived) if derived else {}
+        self.straggler = raw.straggler
+
+    # ------------------------------------------------ the queue behind the bucket: the raw device's
+    def latency(self, qd: int) -> LatencyDist:
+        return self.raw.latency(qd)
+
+    def saturation_depth(self) -> int:
+        return self.raw.saturation_depth()
+
+    def parallel_reads(self) -> int:
+        return self.raw.parallel_reads()
+
+    def depths(self) -> list:
+        return self.raw.depths()
+
+    def is_point(self) -> bool:
+        return self.raw.is_point()
+
+    def _alone(self, n: int, k: int, size: int, rng: np.random.Generator):
+        return self.raw._alone(n, k, size, rng)
+
+    def batch_samples(self, n: int, k: int, size: Optional[int] = None, rng: Optional[np.random.Generator] = None):
+        """The raw device's batch alone (a full bucket passes it whole when ``n <= burst_ios``)."""
+        return self.raw.batch_samples(n, k, size, rng)
+
+    def chain_excess(self, n: int, k: int) -> float:
+        return self.raw.chain_excess(n, k)
+
+    def nominal_batch(self, n: int, k: int) -> tuple:
+        return self.raw.nominal_batch(n, k)
+
+    # ------------------------------------------------------------ the bucket
+    def bucket(self) -> TokenBucket:
+        return TokenBucket(self.cap_iops, self.burst_ios)
+
+    def gate_tail(self) -> float:
+        return self.raw.mean_latency(1)
+
+    def iops(self, qd: int) -> float:
+        """Long-run reads a second of ``qd`` closed-loop readers: the raw device's, at most ``cap_iops``."""
+        return min(self.raw.iops(qd), self.cap_iops)
+
+    def peak_iops(self) -> float:
+        return min(self.raw.peak_iops(), self.cap_iops)
+
+    def table(self, depths: Optional[Sequence[int]] = None) -> list:
+        """Rows ``{qd, mean_us, p50_us, p99_us, iops}`` of the steady closed loop (each read at least
+        ``qd / cap_iops``), with the raw device's ``raw_mean_us`` and ``raw_iops``."""
+        out = []
+        for q in depths or self.depths():
+            d = self.raw.latency(q)
+            floor = q / self.cap_iops
+            out.append({"qd": int(q), "mean_us": max(d.mean, floor) / US, "p50_us": max(d.percentile(50), floor) / US,
+                        "p99_us": max(d.percentile(99), floor) / US, "iops": min(q / d.mean, self.cap_iops),
+                        "raw_mean_us": d.mean / US, "raw_iops": q / d.mean})
+        return out
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update({"cap_iops": self.cap_iops, "burst_ios": self.burst_ios, "raw": self.raw.describe()})
+        return d
+
+    # ------------------------------------------------------------ simulation
+    def exact(self, env, rng: np.random.Generator, recorder: Optional[Recorder] = None) -> "ExactDevice":
+        return BucketExactDevice(self, self.raw.exact(env, rng, recorder), env, rng, recorder)
+
+    def to_dict(self) -> dict:
+        d = {"kind": "rate_limited", "name": self.name, "source": self.source, "cap_iops": self.cap_iops,
+             "burst_ios": self.burst_ios, "raw": self.raw.to_dict()}
+        if self.derived:
+            d["derived"] = self.derived
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RateLimitedDevice":
+        for key in ("cap_iops", "burst_ios", "raw"):
+            if key not in d:
+                raise FormatError(f"rate_limited device: missing field {key!r}")
+        raw = Device.from_dict(d["raw"])
+        try:
+            return cls(raw, d["cap_iops"], d["burst_ios"], name=d.get("name"), source=d.get("source", ""),
+                       derived=d.get("derived"))
+        except ArgumentError as exc:
+            raise FormatError(f"rate_limited device: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"RateLimitedDevice({self.raw!r}, cap_iops={self.cap_iops:g}, burst_ios={self.burst_ios:g})"

@@ -18,7 +18,7 @@ from engram.errors import ArgumentError, FormatError
 
 from ..io import load_json, packaged_data_path, read_text
 from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
-from .datasheet import ssd_from_spec
+from .datasheet import ssd_from_spec, volume_from_spec
 from .fio import device_from_fio, is_fio_output
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice
@@ -107,7 +107,10 @@ def preset(name: str) -> Device:
 
 
 #: Every form :func:`load_device` accepts, for messages and ``--help``.
-DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,..] (datasheet figures); "
+DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,..,cap_iops=..,burst_ios=..] "
+                "(datasheet figures, optionally behind a rate limit); volume:qd1_us=..,cap_iops=..[,burst_ios=..] "
+                "or volume:type=gp2,size_gib=..,qd1_us=.. (a rate-limited volume); fio:FILE.json,assume_bs=16k "
+                "(fio output of another block size, taken as it is); "
                 "calibrated or calibrated:BACKEND (this machine, with a calibration file); a .json file (a saved "
                 "device, fio --output-format=json output, or an engram calibration); a .jsonl microbenchmark file")
 
@@ -147,6 +150,27 @@ def _from_json(path: Path, backend: str, compute: str) -> Device:
         raise FormatError(f"{path}: {exc}") from None
 
 
+def _fio_spec(spec: str) -> Device:
+    """``fio:FILE[,assume_bs=SIZE]``: fio's JSON output with its block size stated as an assumption.
+
+    Raises
+    ------
+    ArgumentError
+        No file, an unknown key (one line).
+    """
+    body = spec[len("fio:"):]
+    path, _, rest = body.partition(",")
+    kv = {}
+    for part in filter(None, (x.strip() for x in rest.split(","))):
+        k, _, v = part.partition("=")
+        if k.strip() != "assume_bs" or not v.strip():
+            raise ArgumentError(f"device spec {spec!r}: unknown key {part!r} (fio:FILE[,assume_bs=16k])")
+        kv["assume_bs"] = v.strip()
+    if not path:
+        raise ArgumentError(f"device spec {spec!r}: no fio output file (fio:FILE[,assume_bs=16k])")
+    return device_from_fio(path, assume_bs=kv.get("assume_bs"))
+
+
 def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, backend: str = "pread",
                 compute: str = "none") -> Device:
     """A device from any of the forms every command accepts (:data:`DEVICE_FORMS`).
@@ -155,7 +179,9 @@ def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, back
     ----------
     spec : str, path or Device
         A preset name; ``ssd:qd1_us=..,iops=..[,iops_row=..,parallelism=..,cv=..,p99_us=..,qd_peak=..]``
-        (datasheet figures, the rest derived: :mod:`sim.device.datasheet`);
+        (datasheet figures, the rest derived: :mod:`sim.device.datasheet`), with ``cap_iops=..,burst_ios=..``
+        a rate-limited volume over that drive; ``volume:...`` (a rate-limited volume, generic or
+        ``type=gp2``: :func:`sim.device.datasheet.volume_from_spec`);
         ``calibrated`` (this machine's device of ``backend``) or
         ``calibrated:BACKEND``, both from ``calibration``; a ``.json`` file --
         a device saved by :meth:`Device.save` (``{"kind": "empirical" |
@@ -188,6 +214,10 @@ def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, back
         return preset(s)
     if s.startswith("ssd:"):
         return ssd_from_spec(s)
+    if s.startswith("volume:"):
+        return volume_from_spec(s)
+    if s.startswith("fio:"):
+        return _fio_spec(s)
     if s == "calibrated" or s.startswith("calibrated:"):
         be = backend if s == "calibrated" else s.split(":", 1)[1]
         if calibration is None:

@@ -17,19 +17,23 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from .latency import LatencyDist
-from .models import Device, EmpiricalDevice
+from .models import Device, EmpiricalDevice, RateLimitedDevice
 
 __all__ = ["with_tail"]
 
 
-def with_tail(base: Device, shape: Device) -> EmpiricalDevice:
-    """``base``'s mean latency at every depth with ``shape``'s latency distribution (see the module).
+def with_tail(base: Device, shape: Device) -> Device:
+    """``base``'s mean latency at every depth with ``shape``'s latency distribution (see the module); a
+    rate-limited ``base`` keeps its bucket in front of its raw device with the tail, a peak-bounded one its bound.
 
     Raises
     ------
     ArgumentError
         A shape device whose distributions are single values (it has no tail to give).
     """
+    if isinstance(base, RateLimitedDevice):  # the tail is the raw device's; the bucket stays in front
+        return RateLimitedDevice(with_tail(base.raw, shape), base.cap_iops, base.burst_ios,
+                                 name=f"{base.name}+tail:{shape.name}", source=base.source, derived=base.derived)
     if shape.is_point():
         raise ArgumentError(f"tail: device {shape.name!r} has fixed latencies, no distribution to take the tail "
                             "from (use a measured device: a .jsonl microbenchmark, fio output, a preset with "
@@ -45,4 +49,5 @@ def with_tail(base: Device, shape: Device) -> EmpiricalDevice:
         table[q] = LatencyDist(s.u, np.asarray(s.q) * (m / s.mean), f"{shape.name} shape at depth {sq}")
     src = (f"{base.name} mean latency by queue depth ({base.source}); latency distribution (tail) of "
            f"{shape.name} at each depth, scaled to those means")
-    return EmpiricalDevice(table, f"{base.name}+tail:{shape.name}", src)
+    return EmpiricalDevice(table, f"{base.name}+tail:{shape.name}", src,
+                           peak_bound=bool(getattr(base, "peak_bound", False)))

@@ -20,6 +20,11 @@ serving hundreds of millions.  Here a batch is one fluid:
   (:meth:`sim.device.Device.batch_samples`), as the decode model's fast mode draws it, so a batch
   alone takes exactly its drawn time (:class:`BatchTimes`).
 
+A rate-limited device (:class:`~sim.device.RateLimitedDevice`) adds its token bucket
+(:class:`~sim.device.bucket.TokenBucket`), as the decode model's segment queue does: a batch takes its ``n``
+tokens when it arrives and completes when the fluid has served it and not before its last token plus the raw
+device's QD1 latency (held in a heap of its own until then).
+
 So a decode batch meeting a prefill chunk gets the share of the device its readers hold; the
 batch-level events (a submit and a completion per batch) keep an hour of serving at 10 requests/s
 to a few hundred thousand device events.  Little's law holds by construction: the integral of the
@@ -151,7 +156,7 @@ class SharedDevice:
     """
 
     __slots__ = ("Q", "L", "top", "V", "t", "q", "heap", "seq", "area", "busy", "reads", "times", "depths", "record",
-                 "tnext", "max_depth", "_mean", "batch_area", "batches")
+                 "tnext", "max_depth", "_mean", "batch_area", "batches", "gate", "tail", "late")
 
     def __init__(self, device: Device, record: bool = True):
         self.Q = int(device.saturation_depth())
@@ -173,6 +178,9 @@ class SharedDevice:
         self.max_depth = 0
         self.batch_area = 0.0
         self.batches = 0
+        self.gate, self.tail = device.bucket(), float(device.gate_tail())
+        #: Batches served whose last token comes later: (not before, seq, reads in device, reads, owner, start).
+        self.late: list = []
 
     def latency(self, q: int) -> float:
         """Mean latency of a read at depth ``q`` (saturated past ``Q``: ``L(Q) q / Q``)."""
@@ -196,6 +204,8 @@ class SharedDevice:
             self.tnext = self.t + (gap if gap > 0 else 0.0) * (self.L[q] if q <= self.Q else self.top * q / self.Q)
         else:
             self.tnext = math.inf
+        if self.late and self.late[0][0] < self.tnext:
+            self.tnext = self.late[0][0]
         if self.record:
             self.times.append(self.t)
             self.depths.append(self.q)
@@ -209,7 +219,11 @@ class SharedDevice:
         c = k if k < n else n
         sigma = alone / (self.L[c] if c <= self.Q else self.top * c / self.Q)
         self.seq += 1
-        heapq.heappush(self.heap, (self.V + sigma, self.seq, c, n, owner, now))
+        nb = 0.0
+        if self.gate is not None:
+            tok = self.gate.take(now, n)
+            nb = tok + self.tail if tok > now else 0.0
+        heapq.heappush(self.heap, (self.V + sigma, self.seq, c, n, owner, now, nb))
         self.q += c
         self._plan()
 
@@ -220,11 +234,21 @@ class SharedDevice:
         V = self.V
         eps = 1e-12 * (1.0 + abs(V))
         done = []
-        first = True
+        late = self.late
+        while late and late[0][0] <= now:  # served, and now their last token is there too
+            _, _, c, n, owner, t0 = heapq.heappop(late)
+            self.reads += n
+            self.batch_area += c * (now - t0)
+            self.batches += 1
+            done.append(owner)
+        first = not done
         while heap and (first or heap[0][0] <= V + eps):
             first = False
-            _, _, c, n, owner, t0 = heapq.heappop(heap)
-            self.q -= c
+            _, seq, c, n, owner, t0, nb = heapq.heappop(heap)
+            self.q -= c  # its reads leave the raw device's fluid
+            if nb > now:  # not before its last token (a rate-limited device)
+                heapq.heappush(late, (nb, seq, c, n, owner, t0))
+                continue
             self.reads += n
             self.batch_area += c * (now - t0)
             self.batches += 1

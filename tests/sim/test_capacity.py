@@ -13,7 +13,7 @@ from engram import ArgumentError
 from engram.cli import main
 from sim.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
                           read_capacity)
-from sim.capacity import _search
+from sim.capacity import CAPACITY_METRIC, SMALL_CAPACITY, _bracketed, _search, session_bounds
 from sim.decode import seed_reproduction
 from sim.device import load_device
 from sim.sweep import AXES, Study, point_seed, read_table, run_points
@@ -256,3 +256,69 @@ def test_capacity_on_a_dask_cluster_is_the_local_one():
     assert runner.startswith("dask:") and remote[0].per_seed == local[0].per_seed
     assert [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in remote[0].probes] == \
         [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in local[0].probes]
+
+
+# ------------------------------------------------------------------ the bracketed search (queueing bounds first)
+def drive_rows(search, capacity: int, first: dict, target: float = 20.0):
+    """Run a row-reading search against a device that sustains exactly ``capacity`` sessions, the 1-session
+    probe's row being ``first`` (its bounds may be wrong on purpose); (result, probes)."""
+    probes = []
+    s = next(search)
+    while True:
+        probes.append(s)
+        row = dict(first) if s == 1 else {}
+        row[CAPACITY_METRIC] = target + (1.0 if s <= capacity else -1.0)
+        if s == 1 and capacity >= 1:
+            row[CAPACITY_METRIC] = first[CAPACITY_METRIC]
+        try:
+            s = search.send(row)
+        except StopIteration as stop:
+            return stop.value, probes
+
+
+#: One session at 21 tokens/s (a 47.62 ms step), 48 reads a step at a peak of 600,000 IOPS (D = 80 us).
+FIRST = {CAPACITY_METRIC: 21.0, "reads_per_step": 48.0, "reads_per_s": 1008.0, "iops_utilization": 1008.0 / 600000}
+
+
+def test_session_bounds_known_answer():
+    """lower = floor((50 - 47.619) ms / 80 us) + 1 = 30; upper = floor(1 / (20 x 80 us)) = 625; the MVA estimate of
+    a 47.54 ms delay and one 80 us server lies between (the knee 1 + Z / D = 595 less the queue at the target)."""
+    lower, est, upper = session_bounds(FIRST, 20.0)
+    assert (lower, upper) == (30, 625) and lower < est <= upper
+    assert session_bounds({**FIRST, CAPACITY_METRIC: 19.0}, 20.0) == (0, 0, 0)
+    assert session_bounds({**FIRST, "reads_per_s": 0.0}, 20.0) == (1, 1, None)
+
+
+@pytest.mark.parametrize("true", [1, 2, 7, 29, 30, 31, 400, 590, 600, 624, 625, 626, 2000, 4095, 4096])
+def test_bracketed_search_finds_the_exact_count_whatever_the_bounds(true):
+    """The bounds only choose where to look: a device whose true capacity lies anywhere -- inside the bracket,
+    below its lower bound, above its upper -- is found exactly, in few probes near the estimate."""
+    (cap, bound), probes = drive_rows(_bracketed(4096, 1, 20.0, CAPACITY_METRIC), true, FIRST)
+    assert (cap, bound) == (true, true == 4096)
+    small = {**FIRST, "reads_per_s": FIRST["reads_per_s"] / 20}  # a peak of 30,000 IOPS: upper bound 31
+    assert drive_rows(_bracketed(4096, 1, 20.0, CAPACITY_METRIC), true, small) == drive(_search(4096, 1), true)
+    assert len(set(probes)) == len(probes)
+    if 30 <= true <= 625:
+        assert len(probes) <= 2 * math.ceil(math.log2(626)) + 2  # no more than galloping could take
+    gallop = drive(_search(4096, 1), true)[1]
+    if 560 <= true <= 625:  # near the estimate: fewer probes than galloping, none far above the capacity
+        assert len(probes) < len(gallop) and max(probes) < 2 * true
+
+
+def test_bracketed_and_galloping_searches_agree():
+    """Today's search (galloping) and the bracketed one on three devices, three seeds each: the same capacity
+    within one session (a count that passed next to one that failed), the bracketed one in fewer probes where
+    the capacity is not small."""
+    devices = ["seed-apple-m3-ultra", "ssd:qd1_us=80,iops=600000,parallelism=32",
+               "ssd:qd1_us=60,iops=200000,cap_iops=60000,burst_ios=64"]
+    configs = [c for d in devices for c in capacity_configs(device=d, steps=60)]
+    spec = dict(seeds=3, max_sessions=1024)
+    old, _ = find_capacity(configs, CapacitySpec(**spec, search="gallop"), 5, jobs=2, progress=False)
+    new, _ = find_capacity(configs, CapacitySpec(**spec, search="bracket"), 5, jobs=2, progress=False)
+    for a, b in zip(old, new):
+        assert all(abs(x - y) <= 1 for x, y in zip(a.per_seed, b.per_seed)), (a.config["device"], a.per_seed, b.per_seed)
+        assert len(b.probes) <= len(a.probes)
+        if max(a.per_seed) >= SMALL_CAPACITY:  # below it the bracketed search gallops too
+            assert len(b.probes) < len(a.probes)
+    with pytest.raises(ArgumentError, match="search = 'fast'"):
+        CapacitySpec(search="fast")

@@ -466,9 +466,13 @@ def test_fast_agrees_with_exact_on_a_measured_virtual_disk(code, sessions, reade
 
 
 @pytest.mark.parametrize("device", ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8",
-                                    "ssd:qd1_us=80,iops=400000,cv=0.4"])
+                                    "ssd:qd1_us=80,iops=400000,cv=0.4",
+                                    "ssd:qd1_us=60,iops=200000,cap_iops=20000,burst_ios=50",
+                                    str(Path(__file__).parent / "data" / "fio-throttled-4000-randread-4k.json"),
+                                    str(FIO_JSON)])
 def test_the_lean_loop_is_the_general_loop(code, device):
-    """The common case runs the device's queue inline (for speed): it must be the same run, read for read."""
+    """The common case runs the device's queue inline (for speed): it must be the same run, read for read --
+    also with a token bucket in front of the device (a rate-limited volume, a fio device's peak bound)."""
     from sim.decode.fast import FastRun
     from sim.decode.reads import step_reads
 
