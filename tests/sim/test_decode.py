@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from pathlib import Path
+
 
 from engram.errors import ArgumentError
 from sim.decode import reads as decode_reads
@@ -17,6 +19,7 @@ from sim.params import Compute, Policy
 from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats
 
 US = 1e-6
+FIO_JSON = Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
 
 
 @pytest.fixture(scope="module")
