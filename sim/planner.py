@@ -58,8 +58,8 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from .calibrate import Calibration
-from .crosscheck import crosscheck
+from .calibrate import Calibration, calibrate_file
+from .crosscheck import crosscheck, crosscheck_files
 from .device import Device
 from .device.fio import fio_records, read_fio_output
 from .device.presets import load_device
@@ -215,14 +215,18 @@ class PlannerModels(Calibration):
                    source={"planner": description}, date="")
 
 
-def _today(folder: Path) -> Optional[dict]:
+def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
     """Today's cross-check of a device (its ``crosscheck.json``: the calibrated device and compute in each
-    run's own window), summed up as the planner's modes are; None when there is none."""
+    run's own window), summed up as the planner's modes are; None when there is none (``run``: calibrate its
+    ``microbench.json`` and cross-check its runs first when it has none)."""
     p = folder / "crosscheck.json"
+    if not p.is_file() and run and (folder / "microbench.json").is_file():
+        calibrate_file(folder / "microbench.json", folder / "calibration.json", seed=seed)
+        crosscheck_files(folder / "calibration.json", folder / "runs.json", p, sim_steps=sim_steps, seed=seed)
     if not p.is_file():
         return None
     doc = load_json(p)
-    return _mode_result(doc, "the calibrated device and compute in each run's own window")
+    return _mode_result(doc, "calibration + windows")
 
 
 def _mode_result(doc: Mapping, device: str, refused: str = "") -> dict:
@@ -266,7 +270,7 @@ def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
 
 def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
                        fio: Sequence[str] = (), sim_steps: Optional[int] = None, seed: int = 0,
-                       progress: bool = False) -> dict:
+                       progress: bool = False, today: bool = False) -> dict:
     """Predict every run of every device of a measurement from its fio JSON and from a datasheet string only.
 
     Parameters
@@ -279,6 +283,9 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         ``DEVICE=FILE``: a planner's own fio JSON for a device instead of the one measured beside its runs.
     sim_steps, seed
         As :func:`sim.crosscheck.crosscheck`.
+    today : bool
+        Calibrate and cross-check (today's way: :mod:`sim.calibrate`, :mod:`sim.crosscheck`) each device
+        folder that has no ``crosscheck.json`` yet, to show beside the planner's figures.
 
     Returns
     -------
@@ -332,7 +339,7 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                 entry.update(built=False, reason=d.get("reason") or "not measured")
                 continue
             folder = work / d["folder"]
-            entry["today"] = _today(folder)
+            entry["today"] = _today(folder, today, sim_steps, seed)
             if d["name"] not in files:
                 entry["reason"] = "no fio beside its runs: " + (d.get("fio_skipped") or "not recorded")
                 continue
@@ -351,7 +358,8 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                     dev = load_device(described)
                 except ArgumentError as exc:
                     if mode == "datasheet" and fallback:
-                        entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({exc}); predicted "
+                        why = str(exc).split("; keys:")[0]
+                        entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({why}); predicted "
                                                        f"from {fallback!r}, without the volume's rate limit")
                         described = fallback
                         dev = load_device(fallback)

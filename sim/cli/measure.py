@@ -292,7 +292,7 @@ def _cmd_crosscheck(args) -> int:
     if args.planner:
         out = Path(args.out) if args.out else work / PLANNER_NAME
         res = planner_crosscheck(work, out, fio=args.fio or (), sim_steps=args.sim_steps, seed=args.seed,
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, today=args.with_today)
         if args.json:
             print_json(dict(res, saved=str(out)))
         else:
@@ -344,6 +344,9 @@ def _add_crosscheck(sub) -> None:
                         "it -- with the same regimes and intervals; per device class median and max |error| of "
                         "tokens/s and the capacity, next to today's cross-check where the device has one. Writes "
                         "WORKDIR/planner.json")
+    p.add_argument("--with-today", action="store_true",
+                   help="with --planner: first calibrate and cross-check (today's way, probes and all) every device "
+                        "folder that has no crosscheck.json, to show beside the planner's figures")
     p.add_argument("--fio", action="append", metavar="DEVICE=FILE",
                    help="with --planner: a fio JSON file of your own for a device (random reads at the engine's "
                         "read size; writes or another block size are refused)")
