@@ -30,7 +30,8 @@ Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read siz
   ``burst_ios`` = the budget of one throttle slice at that rate (:data:`THROTTLE_SLICE_S`, the kernel's
   ``throtl_slice`` of ``block/blk-throttle.c``: unused budget is kept up to a slice).  A simulator whose
   ``ssd:`` form has no ``cap_iops`` refuses that string; the device is then predicted from
-  ``ssd:qd1_us=<QD1 mean>,iops=<cap_iops>`` and the result says so (``datasheet_fallback``).
+  ``ssd:qd1_us=<QD1 mean>,iops=<cap_iops>`` (the QD1 mean raised to ``1 / cap_iops`` where it lies below: a
+  volume at its rate reads at QD1 at about that) and the result says so (``datasheet_fallback``).
 
 Refused, each with a one-line error: fio JSON of writes, or at a block size other than the engine's read
 size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list.
@@ -48,6 +49,7 @@ size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measur
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -174,7 +176,10 @@ def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool 
                          f"the throttle does not bind")
     burst = max(1, int(round(cap * THROTTLE_SLICE_S)))
     spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst}"
-    fallback = f"ssd:qd1_us={fig['qd1_mean_us']:.1f},iops={cap:.0f}"
+    # a rate-limited volume at QD1 reads at its rate: its QD1 mean is 1 / cap_iops within a little, and the
+    # ssd: form needs qd1_us >= 1 / iops -- raised to it where fio's mean lies just below
+    floor_us = math.ceil(1e6 / cap * 10) / 10
+    fallback = f"ssd:qd1_us={max(round(fig['qd1_mean_us'], 1), floor_us):.1f},iops={cap:.0f}"
     return spec, fallback, rules
 
 
@@ -362,7 +367,13 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                         entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({why}); predicted "
                                                        f"from {fallback!r}, without the volume's rate limit")
                         described = fallback
-                        dev = load_device(fallback)
+                        try:
+                            dev = load_device(fallback)
+                        except ArgumentError as exc2:
+                            entry["modes"][mode] = {"device": described, "refused": f"{why}; then {exc2}",
+                                                    "summary": {}, "capacity": [], "rows": []}
+                            bar.update(1, note=f"{d['name']} {mode}: refused")
+                            continue
                     else:
                         entry["modes"][mode] = {"device": described, "refused": str(exc), "summary": {},
                                                 "capacity": [], "rows": []}

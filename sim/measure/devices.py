@@ -247,14 +247,16 @@ def plan_devices(model_path: Union[str, os.PathLike], throttles: Sequence[int] =
 def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig],
                     out_dir: Union[str, os.PathLike], settings: Optional[Settings] = None, *,
                     throttles: Sequence[int] = (), tmpfs: bool = False, fio: bool = True, fio_seconds: float = 1.0,
-                    fio_depths: Sequence[int] = FIO_DEPTHS, progress: bool = True,
+                    fio_depths: Sequence[int] = FIO_DEPTHS, progress: bool = True, measure_disk: bool = True,
                     say: Callable[[str], None] = lambda s: None) -> dict:
     """Measure ``configs`` on each device of :func:`plan_devices` (see the module), with fio beside the runs.
 
     The disk's documents go to ``out_dir`` (as :func:`sim.measure.measure` writes them), the other devices'
     to ``out_dir/devices/NAME/``; ``out_dir/devices.json`` lists every device, built or skipped with the
     reason, and is rewritten after each device (an interrupted measurement keeps what it measured).  ``say``
-    gets a line per device as it starts, is skipped or ends.
+    gets a line per device as it starts, is skipped or ends.  ``measure_disk=False``: the disk gets its fio
+    files only, its runs being those ``out_dir`` already holds (a measurement of another grid: ``engram demo``
+    measures its full grid on the disk and a smaller one on the other devices).
 
     Returns
     -------
@@ -326,6 +328,10 @@ def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunCo
                 if d["fio_skipped"]:
                     say(f"fio       {d['name']}: skipped: {d['fio_skipped']}")
                 save()
+                if d["class"] == "disk" and not measure_disk:
+                    d.update(measured=(folder / "runs.json").is_file(), complete=(folder / "runs.json").is_file(),
+                             grid="the measurement already in the folder")
+                    continue
                 t0 = time.perf_counter()
                 res = measure(model, configs, folder, s, progress=progress, device=_device_head(d))
                 d.update(measured=True, complete=bool(res.get("complete")), seconds=time.perf_counter() - t0)

@@ -70,7 +70,7 @@ def test_planner_document(measured):
         else:
             assert e["datasheet"] == f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops={peak:.0f}"
         # a simulator without rate-limited volumes reads the string without the cap, and says so
-        fallback = f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops={peak:.0f}"
+        fallback = f"ssd:qd1_us={max(round(qd1['lat_ns']['mean'] / 1e3, 1), np.ceil(1e7 / peak) / 10):.1f},iops={peak:.0f}"
         assert e["datasheet_used"] == (fallback if e["datasheet_fallback"] else e["datasheet"])
         assert not e["datasheet_fallback"] or d["class"] == "throttled"
         assert set(e["modes"]) == {"fio", "datasheet"}
@@ -103,7 +103,7 @@ def test_datasheet_strings_known_answers():
     raw = {"qd1_mean_us": 80.0, "qd1_p50_us": 50.0, "peak_iops": 42000.0, "peak_qd": 64, "depths": [1, 64]}
     spec, fallback, rules = datasheet_spec(fig, raw, throttled=True)
     assert spec == "ssd:qd1_us=51.2,iops=42000,cap_iops=4003,burst_ios=400"
-    assert fallback == "ssd:qd1_us=249.4,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios"}
+    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios"}
     # no raw disk above the cap: the throttle does not bind, and iops is the cap itself
     spec, _, rules = datasheet_spec(fig, dict(raw, peak_iops=3000.0), throttled=True)
     assert ",iops=4003,cap_iops=4003," in spec and "does not bind" in rules["iops"]
