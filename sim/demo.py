@@ -40,6 +40,7 @@ every step (a 0.001-scale model, short runs) for smoke tests: under a minute.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -435,7 +436,10 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                         + "; fio beside each; every run predicted from fio JSON and a datasheet string only")
     dev_work = work / "devices-grid"
     planned = None
-    if thr or tmpfs:
+    if (thr or tmpfs) and not (fio and shutil.which("fio")):
+        st.end("skipped: planner mode predicts from the fio beside each device's runs, and fio is "
+               + ("turned off (--no-fio)" if not fio else "not installed (apt-get install fio)"))
+    elif thr or tmpfs:
         lines: List[str] = []
         dev_settings = measure_settings(1 if quick else min(rounds, 3), quick, fio=False, wait=False)
         if quick:  # the runs only: planner mode needs no microbenchmark (today's cross-check does)

@@ -65,7 +65,7 @@ from .crosscheck import crosscheck, crosscheck_files
 from .device import Device
 from .device.fio import fio_records, read_fio_output
 from .device.presets import load_device
-from .io import load_json, now_iso, write_json
+from .io import load_json, now_iso, sha256_file, write_json
 from .params import Compute, Policy
 from .progress import progress as progress_bar
 from .schema import ComputeSpec, check_runs
@@ -223,11 +223,18 @@ class PlannerModels(Calibration):
 def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
     """Today's cross-check of a device (its ``crosscheck.json``: the calibrated device and compute in each
     run's own window), summed up as the planner's modes are; None when there is none (``run``: calibrate its
-    ``microbench.json`` and cross-check its runs first when it has none)."""
+    ``microbench.json`` and cross-check its runs first when it has none).  A ``crosscheck.json`` of other runs
+    (its ``runs.sha256`` is not the folder's ``runs.json``'s: a later measurement in the same folder) is not
+    these runs' and is left alone: the runs' own goes to ``crosscheck-planner-today.json``."""
     p = folder / "crosscheck.json"
+    if p.is_file() and (load_json(p).get("runs") or {}).get("sha256") != sha256_file(folder / "runs.json"):
+        p = folder / "crosscheck-planner-today.json"  # another measurement's cross-check: not these runs'
+        if p.is_file() and (load_json(p).get("runs") or {}).get("sha256") != sha256_file(folder / "runs.json"):
+            p.unlink()
     if not p.is_file() and run and (folder / "microbench.json").is_file():
-        calibrate_file(folder / "microbench.json", folder / "calibration.json", seed=seed)
-        crosscheck_files(folder / "calibration.json", folder / "runs.json", p, sim_steps=sim_steps, seed=seed)
+        cal = folder / ("calibration.json" if p.name == "crosscheck.json" else "calibration-planner-today.json")
+        calibrate_file(folder / "microbench.json", cal, seed=seed)
+        crosscheck_files(cal, folder / "runs.json", p, sim_steps=sim_steps, seed=seed)
     if not p.is_file():
         return None
     doc = load_json(p)

@@ -14,6 +14,9 @@ from sim.measure import Settings
 from sim.measure.devices import engine_read_size, fio_json, measure_devices
 from sim.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
                          planner_compute, planner_crosscheck)
+from sim.report.devices import devices_section
+from sim.report.document import Doc
+from sim.report.inputs import Inputs
 from sim.schema import RunConfig
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
@@ -90,6 +93,17 @@ def test_planner_document(measured):
             (cap,) = m["capacity"]
             assert cap["sessions"] == [2] and cap["target_tokens_per_s"] == 50.0
             assert f"| {e['name']} | {e['class']} | {mode}: " in text
+    # the report's section: a row per built device and description, the devices built and skipped
+    doc = Doc("t")
+    devices_section(doc, Inputs(planner=res))
+    md = doc.markdown()
+    assert "Planner mode on devices made here" in md and "Devices built: " + ", ".join(res["built"]) in md
+    for e in res["devices"]:
+        if e["built"]:
+            for label in ("| fio |", "| datasheet |"):
+                assert f"| {e['name']} | {e['class']} {label}" in md
+        else:
+            assert f"Skipped {e['name']}: {e['reason']}" in md
     # per class: the errors of its devices' configurations pooled
     for cls, modes in res["classes"].items():
         for mode, c in modes.items():
