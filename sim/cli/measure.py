@@ -15,7 +15,7 @@ from ..crosscheck import crosscheck_files, markdown_table
 from ..io import load_json
 from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, PROBES_MIN, Settings,
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
-from ..measure.devices import measure_devices
+from ..measure.devices import check_rates, measure_devices
 from ..planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
 from ..params import BACKENDS
 from ..schema import SESSION_MODES, RunConfig
@@ -77,6 +77,7 @@ def _cmd_measure(args) -> int:
     configs = _measure_configs(args)
     settings = _measure_settings(args)  # checked before the model file is built
     settings.resolved_depths()
+    check_rates(args.throttle_iops or ())  # before the model file is built
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
     ensure_model(model, scale, build=not args.no_build, progress=not args.no_progress,

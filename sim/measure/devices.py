@@ -53,9 +53,9 @@ from ..io import now_iso, write_json
 from ..schema import RunConfig
 from .run import measure
 from .settings import Settings
-from .throttle import IopsThrottle, throttle_support
+from .throttle import MAX_THROTTLE_IOPS, IopsThrottle, throttle_support
 
-__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "FIO_DEPTHS", "FIO_SIZE_4K", "device_classes", "engine_read_size",
+__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "FIO_DEPTHS", "FIO_SIZE_4K", "check_rates", "device_classes", "engine_read_size",
            "fio_json", "measure_devices", "on_tmpfs", "plan_devices"]
 
 #: Schema name of ``devices.json``.
@@ -206,6 +206,25 @@ def _fs_type(path: str) -> str:
     return kind
 
 
+def check_rates(throttles: Sequence[int]) -> None:
+    """Refuse throttle rates that are not whole numbers in ``[1, MAX_THROTTLE_IOPS]`` or that repeat.
+
+    Raises
+    ------
+    ArgumentError
+        Names the rate.
+    """
+    seen = set()
+    for n in throttles:
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or int(n) != n or not \
+                1 <= int(n) <= MAX_THROTTLE_IOPS:
+            raise ArgumentError(f"--throttle-iops: {n!r} is not a whole number of read IOPS in "
+                                f"[1, {MAX_THROTTLE_IOPS}]")
+        if int(n) in seen:
+            raise ArgumentError(f"--throttle-iops: {int(n)} given twice")
+        seen.add(int(n))
+
+
 def plan_devices(model_path: Union[str, os.PathLike], throttles: Sequence[int] = (), tmpfs: bool = False) -> list:
     """The devices to measure, each ``{"name", "class", "built": None (to do) or False, "reason", "folder",
     ...}``: the disk; ``throttle-N`` for each rate (skipped with the reason where the kernel lets no throttle
@@ -219,13 +238,7 @@ def plan_devices(model_path: Union[str, os.PathLike], throttles: Sequence[int] =
     OutputError
         A throttle's cgroup can be made but not removed.
     """
-    seen = set()
-    for n in throttles:
-        if isinstance(n, bool) or int(n) != n or int(n) < 1:
-            raise ArgumentError(f"--throttle-iops: {n!r} is not a whole number of read IOPS >= 1")
-        if int(n) in seen:
-            raise ArgumentError(f"--throttle-iops: {int(n)} given twice")
-        seen.add(int(n))
+    check_rates(throttles)
     info = read_model(model_path)
     table_file = info.tables[sorted(info.tables)[0]].path
     out = [{"name": "disk", "class": "disk", "built": None, "reason": "", "folder": "."}]

@@ -23,6 +23,7 @@ from sim.measure.throttle import CGROUP_PREFIX, IopsThrottle, ThrottleSupport, b
 from sim.measure import Settings
 from sim.schema import RunConfig
 from sim.trace import CODE_SOURCE
+from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,6 +115,13 @@ def test_kernel_refusal_and_bad_rates(disk_file):
             pass
     after = sorted(p.name for p in Path(s.parent).iterdir() if p.name.startswith(CGROUP_PREFIX))
     assert after == before
+
+
+def test_cli_refuses_bad_rates(tmp_path, capsys):
+    work = tmp_path / "w"
+    assert "not a whole number of read IOPS" in cli(capsys, ["measure", str(work), "--throttle-iops", "0"])
+    assert "given twice" in cli(capsys, ["measure", str(work), "--throttle-iops", "4000,4000"])
+    assert not work.exists()  # refused before the model file is built
 
 
 def test_no_device_on_tmpfs():
