@@ -69,7 +69,7 @@ __all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "demo_grid", "demo_study", "device_gr
 #: Read-IOPS throttles of the disk the demo measures again on (``quick``: the first only).
 DEMO_THROTTLES = (4000, 15000)
 #: Session counts of the demo's grid on the devices made here (``quick``: 1 and 2).
-DEVICE_SESSIONS = (1, 2, 4, 8, 16)
+DEVICE_SESSIONS = (1, 2, 4, 8)
 
 #: The demo's what-if study (identical to ``studies/demo.toml``).
 DEMO_STUDY = """\
@@ -441,7 +441,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                + ("turned off (--no-fio)" if not fio else "not installed (apt-get install fio)"))
     elif thr or tmpfs:
         lines: List[str] = []
-        dev_settings = measure_settings(1 if quick else min(rounds, 3), quick, fio=False, wait=False)
+        dev_settings = measure_settings(1 if quick else min(rounds, 2), quick, fio=False, wait=False)
         if quick:  # the runs only: planner mode needs no microbenchmark (today's cross-check does)
             dev_settings = replace(dev_settings, micro=False, warmup=2)
         measure_devices(path, dev_grid, dev_work, dev_settings, throttles=thr, tmpfs=tmpfs, fio=fio,
