@@ -288,6 +288,8 @@ def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunCo
     s = settings or Settings()
     devices = plan_devices(model_path, throttles, tmpfs)
     read_size, _, _ = engine_read_size(model_path)
+    info = read_model(model_path)
+    table_file = info.tables[sorted(info.tables)[0]].path
     doc = {"schema": DEVICES_SCHEMA, "kind": "devices", "date": now_iso(), "model": str(model_path),
            "read_size": read_size, "fio_depths": [int(k) for k in fio_depths], "devices": devices}
     path = out_dir / DEVICES_NAME
@@ -311,8 +313,7 @@ def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunCo
                 model = Path(model_path)
                 try:
                     if d["class"] == "throttled":
-                        t = stack.enter_context(IopsThrottle(d["iops"], read_model(model_path).tables[
-                            sorted(read_model(model_path).tables)[0]].path))
+                        t = stack.enter_context(IopsThrottle(d["iops"], table_file))
                         d["throttle"] = dict(t.to_dict(), read_back=t.written())
                     elif d["class"] == "tmpfs":
                         model = stack.enter_context(on_tmpfs(model_path))
