@@ -12,6 +12,7 @@ Read top-down; each stage imports only the stages above it:
 - :mod:`sim.measure` -- the real engine timed (writes documents; nothing in the simulator imports it)
 - :mod:`sim.calibrate` -- microbenchmark documents -> device and compute models
 - :mod:`sim.crosscheck` -- predicted vs measured decode runs
+- :mod:`sim.planner` -- the same runs predicted from a device's fio JSON or datasheet string only (planner mode)
 - :mod:`sim.sweep` -- what-if studies (TOML grids) in local processes or on a Dask cluster
 - :mod:`sim.report` -- the plotted report
 - :mod:`sim.demo`, :mod:`sim.cli` -- the main job, and every command (``engram sim ...``, ``engram measure``, ...)

@@ -406,13 +406,16 @@ def _check_window(cal: Calibration, c: RunConfig, run: Mapping) -> None:
                           f"and the runs do not belong together")
 
 
-def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed) -> tuple:
+def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], sim_steps, seed,
+         baseline: bool = True) -> tuple:
     """One configuration: ``(row, its runs' predictions)``; the row holds measured (medians over repeats),
     predicted (median over its runs) and error; its interval comes once every row is known
-    (:func:`_add_interval`)."""
+    (:func:`_add_interval`).  ``baseline``: also predict with the calibrated device and compute alone (else
+    those figures are the windowed ones)."""
     m = _measured(runs)
     mid = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed) for r in runs]
-    base = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed, windows=False) for r in runs]
+    base = [predict_run(cal, c, trace, r, sim_steps=sim_steps, seed=seed, windows=False) for r in runs] \
+        if baseline else mid
     lat = np.concatenate([p["_lat"] for p in mid])
     p = {k: float(np.median([x[k] for x in mid])) for k in
          ("tokens_per_s", "slowest_tokens_per_s", "aggregate_tokens_per_s", "step_mean_ms", "read_mean_ms",
@@ -445,7 +448,8 @@ def _stats(rows: Sequence[Mapping], name: str) -> dict:
 
 def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union[str, os.PathLike]] = None,
                sim_steps: Optional[int] = None, seed: int = 0, targets: Mapping[str, float] = TARGETS,
-               quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: Union[bool, str] = False) -> dict:
+               quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: Union[bool, str] = False,
+               baseline: bool = True) -> dict:
     """Predict every measured run and tabulate the errors per configuration, the regime and the capacity.
 
     Parameters
@@ -460,6 +464,10 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         See :func:`predict_run`.
     targets, quiet_targets : mapping
         Acceptance targets on any machine and on a quiet one (see :data:`TARGETS`, :data:`QUIET_TARGETS`).
+    baseline : bool
+        Also predict every run with the calibrated device and compute alone (``calibrated_only``); False
+        where there are no windows to compare with (:mod:`sim.planner`): those figures are then the
+        predictions themselves.
 
     Returns
     -------
@@ -510,7 +518,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     built = []
     with progress_bar(len(configs), "crosscheck", "configuration", mode=progress) as bar:
         for c in configs:
-            row, mid = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed)
+            row, mid = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed, baseline)
             built.append((c, row, mid, _fit(cal, c, by_key[c.key], mid, row)))
             bar.update(1, note=c.key)
     fits = [b[3] for b in built]

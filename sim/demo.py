@@ -22,9 +22,15 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
 6. **crosscheck** -- every measured configuration predicted and compared,
    and the measured capacity (sessions whose slowest one reaches the target
    tokens/s) against the predicted one (:func:`sim.crosscheck.crosscheck_files`);
-7. **sweep** -- the small what-if study :data:`DEMO_STUDY` (this machine next to
+7. **devices** -- a smaller grid (one and several sessions) measured again on devices of known, other
+   speeds made here: read-IOPS throttles of the disk (:data:`DEMO_THROTTLES`, a cgroup; where the kernel
+   allows) and a copy of the model on tmpfs (where ``O_DIRECT`` works there), fio beside each
+   (:func:`sim.measure.devices.measure_devices`); every device's runs predicted the planner's way, from its fio
+   JSON and a datasheet string only, next to today's cross-check (:func:`sim.planner.planner_crosscheck`);
+   devices the machine cannot make are named with the reason;
+8. **sweep** -- the small what-if study :data:`DEMO_STUDY` (this machine next to
    the reference SSD, by readers, threshold and row cache), in local processes;
-8. **report** -- :func:`sim.report.build_report` into ``reports/demo/``.
+9. **report** -- :func:`sim.report.build_report` into ``reports/demo/``.
 
 The whole run takes several minutes on a 2-core machine with an SSD (the
 model file, 4.4 GiB, is written once and reused).  ``quick=True`` shrinks
@@ -34,7 +40,9 @@ every step (a 0.001-scale model, short runs) for smoke tests: under a minute.
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -50,12 +58,19 @@ from .io import write_json
 from .progress import progress_mode
 from .measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
                       trace_tokens_needed, usable_configs)
+from .measure.devices import measure_devices
+from .planner import planner_crosscheck
 from .report import build_report, default_traces
 from .schema import RunConfig
 from .sweep import Study, run_study
 from .trace import load_trace, reuse_stats
 
-__all__ = ["DEMO_STUDY", "demo_grid", "demo_study", "measure_settings", "run_demo"]
+__all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
+
+#: Read-IOPS throttles of the disk the demo measures again on (``quick``: the first only).
+DEMO_THROTTLES = (4000, 15000)
+#: Session counts of the demo's grid on the devices made here (``quick``: 1 and 2).
+DEVICE_SESSIONS = (1, 2, 4, 8)
 
 #: The demo's what-if study (identical to ``studies/demo.toml``).
 DEMO_STUDY = """\
@@ -194,6 +209,15 @@ def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
     return keep(out + session_grid(main, SESSION_STEPS, SESSION_COUNTS))
 
 
+def device_grid(main: str, steps: int, quick: bool = False, backends: Optional[Sequence[str]] = None) -> list:
+    """The demo's grid on the devices made here: serial and concurrent reads (threshold 256 and 8, pread x 4)
+    without compute, and :data:`DEVICE_SESSIONS` concurrent sessions as threads (``quick``: 1 and 2), pread x 4,
+    5 ms of stated compute a step -- every compute one a planner can state."""
+    out = [RunConfig(main, 256, "pread", 4, "none", steps), RunConfig(main, 8, "pread", 4, "none", steps)]
+    out += session_grid(main, steps, (1, 2) if quick else DEVICE_SESSIONS, ("threads",))
+    return out if backends is None else usable_configs(out, backends)[0]
+
+
 def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool = True) -> Settings:
     """The demo's measurement: short microbenchmarks; ``quick`` shorter still, never waiting for a quiet machine."""
     return Settings(rounds=rounds, depths=[1, 4, 16] if quick else [1, 2, 4, 8, 16, 32], fio=fio and not quick,
@@ -285,7 +309,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
              scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
              steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
              lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = False,
-             progress: Union[bool, str] = True) -> Path:
+             throttles: Optional[Sequence[int]] = None, tmpfs: bool = True, progress: Union[bool, str] = True) -> Path:
     """Run the main job and return the path of the report (``OUT/report.md``).
 
     Parameters
@@ -319,6 +343,11 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         in all) and redo one that others disturbed (default False: every run
         is predicted with the device of its own time window instead, and the
         cross-check says which regime it ran in); ``quick`` never waits.
+    throttles : sequence of int, optional
+        Read-IOPS throttles of the disk the devices step measures on (default :data:`DEMO_THROTTLES`; quick:
+        its first; ``()``: none).
+    tmpfs : bool
+        Also measure on a copy of the model on tmpfs (where ``O_DIRECT`` works there).
     progress : bool or str
         :mod:`sim.progress` mode: ``"auto"`` (``True``) step lines and progress bars on a terminal, plain
         progress lines elsewhere; ``"lines"`` step lines and plain progress lines, never a bar; ``"off"``
@@ -338,7 +367,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         raise ArgumentError(f"need steps >= 10, rounds >= 1 and lookups >= 1; got {steps}, {rounds}, {n_lookups}")
     work.mkdir(parents=True, exist_ok=True)
     progress = progress_mode(progress)
-    st = _Steps(8, progress != "off")
+    st = _Steps(9, progress != "off")
     t_start = time.perf_counter()
     if progress != "off":
         print(f"engram demo: work folder {work}, report folder {out}", flush=True)
@@ -403,14 +432,44 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
            f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% of the "
            f"configurations inside their 90% interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else ""))
 
-    # 7. sweep -------------------------------------------------------------------
+    # 7. devices -----------------------------------------------------------------
+    thr = list(DEMO_THROTTLES[:1] if quick else DEMO_THROTTLES) if throttles is None else list(throttles)
+    dev_grid = device_grid(main, 20 if quick else SESSION_STEPS, quick, usable)
+    st.begin("devices", f"{len(dev_grid)} configurations again on "
+                        + ", ".join([f"a {n}-IOPS throttle of the disk" for n in thr] + (["tmpfs"] if tmpfs else []))
+                        + "; fio beside each; every run predicted from fio JSON and a datasheet string only")
+    dev_work = work / "devices-grid"
+    planned = None
+    if (thr or tmpfs) and not (fio and shutil.which("fio")):
+        st.end("skipped: planner mode predicts from the fio beside each device's runs, and fio is "
+               + ("turned off (--no-fio)" if not fio else "not installed (apt-get install fio)"))
+    elif thr or tmpfs:
+        lines: List[str] = []
+        dev_settings = measure_settings(1 if quick else min(rounds, 2), quick, fio=False, wait=False)
+        if quick:  # the runs only: planner mode needs no microbenchmark (today's cross-check does)
+            dev_settings = replace(dev_settings, micro=False, warmup=2)
+        measure_devices(path, dev_grid, dev_work, dev_settings, throttles=thr, tmpfs=tmpfs, fio=fio,
+                        fio_seconds=0.1 if quick else 0.5, fio_depths=(1, 16) if quick else
+                        (1, 2, 4, 8, 16, 32, 64), progress=progress, say=lines.append)
+        planned = planner_crosscheck(dev_work, sim_steps=200 if quick else None, today=not quick)
+        write_json(work / "planner.json", planned)
+        told = "; ".join(f"{e['name']} " + ("built" if e["built"] else f"skipped ({e['reason']})")
+                         for e in planned["devices"])
+        errs = "; ".join(f"{e['name']} {mode} {m['summary']['tokens_per_s']['median_abs_error'] * 100:.0f}%"
+                         for e in planned["devices"] for mode, m in e["modes"].items()
+                         if m.get("summary", {}).get("tokens_per_s"))
+        st.end(f"{told}; planner mode tokens/s median |error|: {errs or 'none'}")
+    else:
+        st.end("none asked")
+
+    # 8. sweep -------------------------------------------------------------------
     study = demo_study(quick, sorted(cal.devices))
     sweep_path = work / "sweep-demo.csv"
     st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
     sw = run_study(study, jobs=jobs, calibration=work / "calibration.json", progress=progress, out=sweep_path)
     st.end(f"{sw.runner}, table {sweep_path}")
 
-    # 8. report ------------------------------------------------------------------
+    # 9. report ------------------------------------------------------------------
     st.begin("report", f"figures and tables into {out}")
     demo_doc = {"kind": "demo", "model": {"path": str(path), "bytes": size, "scale": scale,
                                           "rows": [int(r) for r in lay.rows], "table_bytes": table_bytes,
@@ -419,6 +478,8 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                 "backends": {"usable": list(usable), "left_out": dict(left_out),
                              "study_backends": sorted(cal.devices)},
                 "capacity": xc.get("capacity", []), "regime": s["regime"],
+                "devices": {"workdir": str(dev_work), "built": (planned or {}).get("built", []),
+                            "skipped": (planned or {}).get("skipped", {})},
                 "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}
     write_json(work / "demo.json", demo_doc)
     md = build_report(out, workdir=work, sweeps=[sweep_path], html_page=html_page, quick=quick, jobs=jobs,

@@ -15,6 +15,8 @@ from ..crosscheck import crosscheck_files, markdown_table
 from ..io import load_json
 from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, PROBES_MIN, Settings,
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
+from ..measure.devices import check_rates, measure_devices
+from ..planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
 from ..params import BACKENDS
 from ..schema import SESSION_MODES, RunConfig
 from .options import _add_progress, _ints, _output_files, _progress_mode, _strs, _typed_errors
@@ -76,15 +78,46 @@ def _cmd_measure(args) -> int:
     configs = _measure_configs(args)
     settings = _measure_settings(args)  # checked before the model file is built
     settings.resolved_depths()
+    check_rates(args.throttle_iops or ())  # before the model file is built
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"
     ensure_model(model, scale, build=not args.no_build, progress=_progress_mode(args) == "auto",
                  projections=need_mixer or not args.quick)
+    if args.throttle_iops or args.tmpfs:
+        return _measure_devices(args, model, configs, settings, work)
     res = measure(model, configs, work, settings, progress=_progress_mode(args))
     res["model"] = str(model)
     if args.json:
         print_json(res)
         return 0
+    _print_measured(res, model, args)
+    return 0
+
+
+def _measure_devices(args, model, configs, settings, work) -> int:
+    """``engram measure --throttle-iops ... / --tmpfs``: the grid on every device, each said built or skipped."""
+    say = (lambda line: None) if args.json else print
+    doc = measure_devices(model, configs, work, settings, throttles=args.throttle_iops or (), tmpfs=args.tmpfs,
+                          fio=not args.no_fio, fio_seconds=args.device_fio_seconds or (0.5 if args.quick else 1.0),
+                          progress=not args.no_progress, say=say)
+    if args.json:
+        print_json(doc)
+        return 0
+    for d in doc["devices"]:
+        res = doc["results"].get(d["name"])
+        if res is None:
+            continue
+        print(f"\n== device {d['name']} ({d['class']}) ==")
+        _print_measured(res, model, args)
+    built = [d["name"] for d in doc["devices"] if d.get("built")]
+    print(f"\ndevices   built: {', '.join(built) or 'none'}"
+          + "".join(f"; skipped {d['name']}: {d['reason']}" for d in doc["devices"] if not d.get("built")))
+    print(f"wrote     {doc['path']}")
+    return 0
+
+
+def _print_measured(res: dict, model, args) -> None:
+    """The text output of one measurement: what ran, the backends, warnings, files and the table."""
     print(f"measured  {res['configs']} configurations, {res['runs_done']} runs in {res['seconds']:.1f} s "
           f"({res['waited_s']:.1f} s waiting for a quiet machine; model {model})")
     print(f"backends  {', '.join(res['backends']['usable'])}"
@@ -120,7 +153,6 @@ def _cmd_measure(args) -> int:
                   f"{len(cached)} runs; largest difference {err * 100:.2f} points)")
         print(f"capacity  the largest session count whose slowest session reaches {args.capacity_target:g} tokens/s: "
               "engram crosscheck gives it, measured and predicted")
-    return 0
 
 
 #: What the ``threads`` column of ``engram measure`` counts (its table header, ``--help`` and README).
@@ -222,6 +254,19 @@ def _add_measure(sub) -> None:
                    help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
                         "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
     g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
+    g = p.add_argument_group("devices to check against (sim.measure.devices; WORKDIR/devices.json lists them)")
+    g.add_argument("--throttle-iops", type=_ints, metavar="N[,M...]",
+                   help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
+                        "blkio.throttle.read_iops_device or v2 io.max; the process and its session workers moved "
+                        "in, the cgroup removed after, also on Ctrl-C), one per rate, in WORKDIR/devices/throttle-N/; "
+                        "skipped with the reason where the kernel allows no throttle (not root, no blkio/io "
+                        "controller, the file on no block device); a rate the kernel refuses is an error")
+    g.add_argument("--tmpfs", action="store_true",
+                   help="also measure the grid on a copy of the model file on tmpfs read with O_DIRECT "
+                        "(WORKDIR/devices/tmpfs/; skipped with the reason where O_DIRECT fails there)")
+    g.add_argument("--device-fio-seconds", type=float,
+                   help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
+                        "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)")
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_measure)
@@ -261,6 +306,19 @@ def _add_calibrate(sub) -> None:
 @_typed_errors
 def _cmd_crosscheck(args) -> int:
     work = Path(args.workdir)
+    if args.planner:
+        out = Path(args.out) if args.out else work / PLANNER_NAME
+        res = planner_crosscheck(work, out, fio=args.fio or (), sim_steps=args.sim_steps, seed=args.seed,
+                                 progress=not args.no_progress, today=args.with_today)
+        if args.json:
+            print_json(dict(res, saved=str(out)))
+        else:
+            print(planner_table(res))
+            print(f"\nsaved {out}")
+        return 1 if args.strict and not all(m.get("summary", {}).get("passed") for e in res["devices"]
+                                            for m in e["modes"].values()) else 0
+    if args.fio:
+        raise ArgumentError("--fio DEVICE=FILE belongs to --planner")
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
     runs = Path(args.runs) if args.runs else work / "runs.json"
     out = Path(args.out) if args.out else work / "crosscheck.json"
@@ -297,6 +355,19 @@ def _add_crosscheck(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--strict", action="store_true", help="exit 1 when the verdict is FAIL (a goal of the regime the "
                                                           "runs ran in is missed)")
+    p.add_argument("--planner", action="store_true",
+                   help="planner mode (sim.planner): predict every run of every device of WORKDIR/devices.json "
+                        "(engram measure --throttle-iops/--tmpfs) from the device's fio JSON and from a datasheet "
+                        "string derived from it only -- no microbenchmark, no probes; compute as its spec states "
+                        "it -- with the same regimes and intervals; per device class median and max |error| of "
+                        "tokens/s and the capacity, next to today's cross-check where the device has one. Writes "
+                        "WORKDIR/planner.json")
+    p.add_argument("--with-today", action="store_true",
+                   help="with --planner: first calibrate and cross-check (today's way, probes and all) every device "
+                        "folder that has no crosscheck.json, to show beside the planner's figures")
+    p.add_argument("--fio", action="append", metavar="DEVICE=FILE",
+                   help="with --planner: a fio JSON file of your own for a device (random reads at the engine's "
+                        "read size; writes or another block size are refused)")
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_crosscheck)

@@ -7,9 +7,9 @@ import sys
 from engram.cli import print_json
 
 from ..capacity import CAPACITY_TARGET
-from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, run_demo
+from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
 from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
-from .options import _add_progress, _progress_mode, _typed_errors, _typed_os_errors
+from .options import _add_progress, _ints, _progress_mode, _typed_errors, _typed_os_errors
 
 
 def _cmd_report(args) -> int:
@@ -78,7 +78,8 @@ def add_report_command(subparsers) -> None:
 def _cmd_demo(args) -> int:
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
-                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=_progress_mode(args))
+                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=_progress_mode(args),
+                  throttles=() if args.no_devices else args.throttle_iops, tmpfs=not (args.no_tmpfs or args.no_devices))
     html_path = md.with_suffix(".html")
     print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
     return 0
@@ -110,6 +111,13 @@ def add_demo_command(subparsers) -> None:
                    help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
                         "each run is predicted with the device of its own time window)")
     p.add_argument("--no-wait", action="store_true", help="never wait for a quiet machine (the default)")
+    p.add_argument("--throttle-iops", type=_ints, metavar="N[,M...]",
+                   help="read-IOPS throttles of the disk (cgroups) the devices step measures a smaller grid on, "
+                        "predicted the planner's way from fio JSON and a datasheet string (default "
+                        f"{','.join(str(n) for n in DEMO_THROTTLES)}; --quick {DEMO_THROTTLES[0]}); skipped with "
+                        "the reason where the kernel allows no throttle")
+    p.add_argument("--no-tmpfs", action="store_true", help="leave tmpfs out of the devices step")
+    p.add_argument("--no-devices", action="store_true", help="no devices step (no throttles, no tmpfs)")
     p.add_argument("--no-html", action="store_true", help="Markdown report only")
     _add_progress(p)
     p.set_defaults(func=_cmd_demo)

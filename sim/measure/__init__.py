@@ -13,7 +13,9 @@ nothing in the simulator imports this package.
 - :mod:`~sim.measure.environment` -- the machine and the model file;
 - :mod:`~sim.measure.background` -- the load of other processes, and waiting for a quiet machine;
 - :mod:`~sim.measure.settings`, :mod:`~sim.measure.tasks`, :mod:`~sim.measure.run` -- the whole
-  measurement: typed tasks in interleaved, shuffled rounds.
+  measurement: typed tasks in interleaved, shuffled rounds;
+- :mod:`~sim.measure.throttle`, :mod:`~sim.measure.devices` -- devices to check against, made here: the disk
+  behind read-IOPS throttles (cgroups), a copy on tmpfs, with fio beside each device's runs.
 
 The rest of the model's layers (attention, experts) does not exist here: the
 step's compute is the Engram projection and gated add (``mixer``), optionally

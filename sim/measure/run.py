@@ -37,7 +37,7 @@ CACHE_RATIO = 0.8
 
 def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], out_dir: Union[str, os.PathLike],
             settings: Optional[Settings] = None, *, progress: Union[bool, str] = True, micro_name: str = "microbench.json",
-            runs_name: str = "runs.json", **options) -> dict:
+            runs_name: str = "runs.json", device: Optional[dict] = None, **options) -> dict:
     """Measure microbenchmarks and decode runs of ``configs`` on the model at ``model_path``.
 
     ``settings`` (default :class:`Settings`), with any of its fields given as
@@ -60,7 +60,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
 
     Only configurations whose backend starts and reads here are measured
     (:func:`sim.measure.configs.usable_configs`); both documents say which
-    backends were left out and why (``"backends"``), and carry ``"warnings"``
+    backends were left out and why (``"backends"``), the ``device`` measured when given (a device of
+    :func:`sim.measure.devices.measure_devices`: its name, class, throttle, fio files), and carry ``"warnings"``
     about what the figures may have measured besides the device (a table
     small against the machine's memory, re-reads faster than first reads).
 
@@ -106,6 +107,8 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     be_doc = {"usable": list(usable), "left_out": dict(left_out), "configs_left_out": [c.key for c in dropped]}
     head = {"date": now_iso(), "machine": machine, "file": finfo, "params": s.params(configs, usable),
             "backends": be_doc, "warnings": warnings}
+    if device is not None:
+        head["device"] = dict(device)
     micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", **head, "records": []}
     runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", **head, "machine": machine_info(),
                 "configs": [c.to_dict() for c in configs], "runs": []}

@@ -63,6 +63,7 @@ from .figures import (cache_section, cdf_section, devices_figure, planner_sectio
                       reuse_rate_section, seed_section, threshold_section)
 from .inputs import Inputs, load_inputs
 from .plots import ReportFolder
+from .devices import devices_section
 from .sections import crosscheck_section, inputs_section, run_section, sweeps_section
 from .serving import serve_counterpart_section
 from .whatif import (cache_data, capacity_data, cdf_data, device_curves, planner_data, readers_data, reuse_data,
@@ -259,6 +260,7 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     run_section(doc, inp)
     say("predicted vs measured")
     crosscheck_section(doc, out, inp)
+    devices_section(doc, inp)
     say("tokens/s by threshold")
     threshold_section(doc, out, threshold_data(inp, ref_compute, quick), ref_compute)
     say("tokens/s by readers")

@@ -72,6 +72,7 @@ class Inputs:
     micro: Optional[dict] = None       # microbench.json
     xc: Optional[dict] = None          # crosscheck.json
     demo: Optional[dict] = None        # demo.json
+    planner: Optional[dict] = None     # planner.json (engram crosscheck --planner)
     traces: Dict[str, Any] = field(default_factory=dict)
     run_traces: Dict[str, Any] = field(default_factory=dict)
 
@@ -135,6 +136,8 @@ def load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick:
             inp.micro = load_json(micro_p, "microbench")
         if demo_p.exists():  # a folder in its place is refused when read
             inp.demo = load_json(demo_p)
+        if (workdir / "planner.json").exists():  # a folder in its place is refused when read
+            inp.planner = load_json(workdir / "planner.json", "planner_crosscheck")
         if xc_p.exists():  # a folder in its place is refused when read
             inp.xc = load_json(xc_p, "crosscheck")
         elif inp.cal is not None and inp.runs is not None:

@@ -71,15 +71,18 @@ def test_quick_demo(tmp_path, capsys):
                  "--workdir", str(work), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"report: {out / 'report.md'}" in printed  # says where the report is
-    for step in ("[1/8] traces", "[2/8] model", "[3/8] lookups", "[4/8] measure", "[5/8] calibrate",
-                 "[6/8] crosscheck", "[7/8] sweep", "[8/8] report"):
+    for step in ("[1/9] traces", "[2/9] model", "[3/9] lookups", "[4/9] measure", "[5/9] calibrate",
+                 "[6/9] crosscheck", "[7/9] devices", "[8/9] sweep", "[9/9] report"):
         assert step in printed, step
+    # planner mode reads the fio beside each device's runs: without fio the devices step says why it is skipped
+    assert "skipped: planner mode predicts from the fio beside each device's runs, and fio is turned off" in printed
     text = check_report(out / "report.md")
     demo = json.loads((work / "demo.json").read_text())
     assert demo["lookups"]["rows_verified"] and demo["lookups"]["tokens"] == 4
     assert all(0 < g < 1 for r in demo["lookups"]["records"] for layer in r["gates"] for g in layer)
     assert [s["name"] for s in demo["steps"]] == ["traces", "model", "lookups", "measure", "calibrate",
-                                                  "crosscheck", "sweep", "report"]
+                                                  "crosscheck", "devices", "sweep", "report"]
+    assert demo["devices"]["built"] == []
     assert demo["model"]["rows"] == [int(r) for r in Layout.deepseek_v41_flash(scale=0.0005).rows]
     assert demo["model"]["build_s"] > 0
     runs = json.loads((work / "runs.json").read_text())

@@ -1,0 +1,366 @@
+"""Devices to check the simulator against, made on this machine: the disk, throttled volumes, tmpfs.
+
+A capacity planner describes a drive by fio's output or its datasheet; to check what the simulator makes of
+such a description, :func:`measure_devices` makes devices of known, different speeds on one machine and
+measures the same grid on each (:func:`sim.measure.measure`), with fio beside the runs:
+
+``disk``
+    the model file where it lies (the measurement folder itself: ``WORKDIR/microbench.json``, ...).
+``throttle-N``
+    the same disk behind a read-IOPS throttle of ``N`` requests a second: the measuring process and the
+    processes it starts run in a throttled cgroup (:class:`sim.measure.throttle.IopsThrottle`; cgroup v1
+    ``blkio.throttle.read_iops_device`` or v2 ``io.max``), in ``WORKDIR/devices/throttle-N/``.  The kernel's
+    throttle is a budget a time slice, not a queue: reads pass at the disk's own speed while the budget
+    lasts, so a volume of this kind is a rate limit over a raw device, as a cloud block volume is.
+``tmpfs``
+    a copy of the model file on a tmpfs (``/dev/shm``, else one mounted for the purpose), read with
+    ``O_DIRECT`` (Linux >= 6.6): memory as the device, in ``WORKDIR/devices/tmpfs/``.  Removed afterwards.
+
+Each device gets fio random reads (``--direct=1``) of the first table's extent at the engine's read size
+(its read unit on that file, :attr:`engram.Table.alignment`: 512 B on a disk of 512-byte logical blocks) and
+at 4 KiB, at queue depths 1 to 64, saved as fio wrote them (one JSON document a depth) in the device's
+folder: ``fio-<bytes>.json``.  A device that cannot be made here is skipped with the reason (not root, no
+blkio or io controller, the file on no block device, no room on tmpfs, ``O_DIRECT`` refused there), fio
+with the reason when it is not installed.  ``WORKDIR/devices.json`` says which devices were built and which
+skipped, and why (layout: :data:`DEVICES_SCHEMA`, below); each device's documents carry their ``device``.
+
+``devices.json``::
+
+    {"schema": "engram.devices/1", "kind": "devices", "date", "model", "read_size", "fio_depths",
+     "devices": [{"name", "class": "disk"|"throttled"|"tmpfs", "built": bool, "reason": str (skipped),
+                  "folder": relative path, "iops": throttle (throttled), "throttle": {...} (throttled),
+                  "read_size": bytes, "fio": {"<bytes>": relative path} , "fio_skipped": reason or "",
+                  "measured": bool, "complete": bool}]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+
+from engram import Table, read_model
+from engram.codec import ROW_BYTES
+from engram.errors import ArgumentError, OutputError, TableIOError
+
+from ..io import now_iso, write_json
+from ..schema import RunConfig
+from .run import measure
+from .settings import Settings
+from .throttle import MAX_THROTTLE_IOPS, IopsThrottle, throttle_support
+
+__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "FIO_DEPTHS", "FIO_SIZE_4K", "check_rates", "device_classes", "engine_read_size",
+           "fio_json", "measure_devices", "on_tmpfs", "plan_devices"]
+
+#: Schema name of ``devices.json``.
+DEVICES_SCHEMA = "engram.devices/1"
+#: Its file name in the measurement folder.
+DEVICES_NAME = "devices.json"
+#: Queue depths of each device's fio runs.
+FIO_DEPTHS = (1, 2, 4, 8, 16, 32, 64)
+#: The datasheet block size fio also runs at (bytes).
+FIO_SIZE_4K = 4096
+#: Where a tmpfs copy goes first (a tmpfs on most Linux machines).
+SHM = "/dev/shm"
+
+
+def device_classes() -> tuple:
+    """The device classes of :func:`measure_devices`, in the order they are measured."""
+    return ("disk", "throttled", "tmpfs")
+
+
+def engine_read_size(model_path: Union[str, os.PathLike]) -> tuple:
+    """``(read unit in bytes, O_DIRECT in use?, why not)`` of the engine on the first table of a model file:
+    the alignment of its uncached reads (:class:`engram.Table`); a 264-byte row is one unit, two for the rows
+    that straddle a unit boundary."""
+    info = read_model(model_path)
+    loc = info.tables[sorted(info.tables)[0]]
+    with Table(loc.path, loc.offset, loc.rows, backend="serial") as t:
+        return int(t.alignment), bool(t.direct), getattr(t, "direct_fallback", None) or ""
+
+
+def fio_json(model_path: Union[str, os.PathLike], out: Union[str, os.PathLike], bs: int,
+             depths: Sequence[int] = FIO_DEPTHS, seconds: float = 1.0, progress: Optional[Callable] = None) -> Path:
+    """fio random reads (``--direct=1``, io_uring, else libaio) of the first table's extent at block size
+    ``bs`` bytes, one run a depth one after the other, written to ``out`` as fio printed them (one JSON
+    document a depth: :func:`sim.device.fio.read_fio_output` reads them back).
+
+    Raises
+    ------
+    TableIOError
+        fio is not installed, or fails at a depth (its message kept); nothing is left at ``out``.
+    """
+    exe = shutil.which("fio")
+    if exe is None:
+        raise TableIOError("fio is not installed (apt-get install fio)")
+    info = read_model(model_path)
+    loc = info.tables[sorted(info.tables)[0]]
+    off = loc.offset // bs * bs
+    size = (loc.offset + loc.rows * ROW_BYTES - off) // bs * bs
+    docs, engine = [], "io_uring"
+    for qd in depths:
+        for attempt in ("io_uring", "libaio") if engine == "io_uring" else (engine,):
+            cmd = [exe, "--name=engram-randread", f"--filename={loc.path}", "--rw=randread", f"--bs={int(bs)}",
+                   "--direct=1", f"--ioengine={attempt}", f"--iodepth={int(qd)}", f"--offset={off}",
+                   f"--size={size}", f"--runtime={max(1, int(round(seconds * 1000)))}ms", "--time_based",
+                   "--randrepeat=0", "--norandommap", "--output-format=json"]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode == 0 and '"fio version"' in res.stdout:
+                engine = attempt
+                break
+        else:
+            said = (res.stderr or res.stdout or "").strip()[-400:] or "nothing"
+            raise TableIOError(f"fio failed on {loc.path} at bs {bs}, qd {qd} (exit {res.returncode}): {said}")
+        doc = json.loads(res.stdout[res.stdout.index("{"):])
+        doc["engram"] = {"cmd": " ".join(cmd), "read_size": int(bs)}
+        docs.append(doc)
+        if progress is not None:
+            progress(1)
+    out = Path(out)
+    try:
+        out.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    except OSError as exc:
+        raise TableIOError(f"{out}: cannot write fio's output ({exc.strerror or exc})", errno_=exc.errno or 0) \
+            from None
+    return out
+
+
+def _model_files(model_path: Union[str, os.PathLike]) -> List[Path]:
+    info = read_model(model_path)
+    return list(dict.fromkeys([Path(info.path)] + [Path(t.path) for t in info.tables.values()]))
+
+
+@contextlib.contextmanager
+def on_tmpfs(model_path: Union[str, os.PathLike]) -> Iterator[Path]:
+    """A copy of the model file(s) on a tmpfs read with ``O_DIRECT``: yields the copy's path; removes it (and
+    unmounts a tmpfs mounted for it) afterwards, also on errors and Ctrl-C.
+
+    ``/dev/shm`` when it is a tmpfs with room, else a tmpfs mounted in a temporary folder (root only).
+
+    Raises
+    ------
+    OutputError
+        No tmpfs with room (names the sizes), the copy fails, or the engine's ``O_DIRECT`` is refused on it
+        (the kernel's reason).
+    """
+    files = _model_files(model_path)
+    need = sum(f.stat().st_size for f in files)
+    base, mounted = None, None
+    try:
+        if os.path.ismount(SHM) or Path(SHM).is_dir():
+            st = os.statvfs(SHM)
+            if _fs_type(SHM) == "tmpfs" and st.f_bavail * st.f_frsize > need * 1.1 + (256 << 20):
+                base = Path(tempfile.mkdtemp(prefix="engram-tmpfs-", dir=SHM))
+        if base is None:
+            if os.geteuid() != 0:
+                raise OutputError(f"no tmpfs with room for {need / 2**30:.2f} GiB: {SHM} is not a tmpfs or too "
+                                  f"full, and only root may mount one")
+            mounted = Path(tempfile.mkdtemp(prefix="engram-tmpfs-"))
+            res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={need + (64 << 20)}", "tmpfs", str(mounted)],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise OutputError(f"cannot mount a tmpfs at {mounted}: {(res.stderr or res.stdout).strip()}")
+            base = mounted
+        copies = []
+        for f in files:
+            dst = base / f.name
+            try:
+                shutil.copyfile(f, dst)
+            except OSError as exc:
+                raise OutputError(f"{dst}: the tmpfs copy failed ({exc.strerror or exc})") from None
+            copies.append(dst)
+        copy = copies[0]
+        _, direct, why = engine_read_size(copy)
+        if not direct:
+            raise OutputError(f"O_DIRECT is refused on tmpfs here ({why or 'the engine reads it buffered'}): "
+                              f"a table on tmpfs would be read through the page cache (Linux >= 6.6 needed)")
+        yield copy
+    finally:
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
+        if mounted is not None:
+            subprocess.run(["umount", str(mounted)], capture_output=True)
+            with contextlib.suppress(OSError):
+                mounted.rmdir()
+
+
+def _fs_type(path: str) -> str:
+    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1]
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def check_rates(throttles: Sequence[int]) -> None:
+    """Refuse throttle rates that are not whole numbers in ``[1, MAX_THROTTLE_IOPS]`` or that repeat.
+
+    Raises
+    ------
+    ArgumentError
+        Names the rate.
+    """
+    seen = set()
+    for n in throttles:
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or int(n) != n or not \
+                1 <= int(n) <= MAX_THROTTLE_IOPS:
+            raise ArgumentError(f"--throttle-iops: {n!r} is not a whole number of read IOPS in "
+                                f"[1, {MAX_THROTTLE_IOPS}]")
+        if int(n) in seen:
+            raise ArgumentError(f"--throttle-iops: {int(n)} given twice")
+        seen.add(int(n))
+
+
+def plan_devices(model_path: Union[str, os.PathLike], throttles: Sequence[int] = (), tmpfs: bool = False) -> list:
+    """The devices to measure, each ``{"name", "class", "built": None (to do) or False, "reason", "folder",
+    ...}``: the disk; ``throttle-N`` for each rate (skipped with the reason where the kernel lets no throttle
+    be made: :func:`sim.measure.throttle.throttle_support`); ``tmpfs`` when asked.  A throttle the kernel
+    refuses is refused here, before anything is measured: each is made and removed once.
+
+    Raises
+    ------
+    ArgumentError
+        A rate that is not a whole number >= 1, given twice, or one the kernel refuses (its reason).
+    OutputError
+        A throttle's cgroup can be made but not removed.
+    """
+    check_rates(throttles)
+    info = read_model(model_path)
+    table_file = info.tables[sorted(info.tables)[0]].path
+    out = [{"name": "disk", "class": "disk", "built": None, "reason": "", "folder": "."}]
+    support = throttle_support(table_file) if throttles else None
+    for n in throttles:
+        d = {"name": f"throttle-{int(n)}", "class": "throttled", "iops": int(n), "built": None, "reason": "",
+             "folder": f"devices/throttle-{int(n)}"}
+        if not support.ok:
+            d.update(built=False, reason=support.reason)
+        else:
+            with IopsThrottle(int(n), table_file, support) as t:  # refused by the kernel: ArgumentError
+                d["throttle"] = dict(t.to_dict(), read_back=t.written())
+        out.append(d)
+    if tmpfs:
+        out.append({"name": "tmpfs", "class": "tmpfs", "built": None, "reason": "", "folder": "devices/tmpfs"})
+    return out
+
+
+def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig],
+                    out_dir: Union[str, os.PathLike], settings: Optional[Settings] = None, *,
+                    throttles: Sequence[int] = (), tmpfs: bool = False, fio: bool = True, fio_seconds: float = 1.0,
+                    fio_depths: Sequence[int] = FIO_DEPTHS, progress: Union[bool, str] = True, measure_disk: bool = True,
+                    say: Callable[[str], None] = lambda s: None) -> dict:
+    """Measure ``configs`` on each device of :func:`plan_devices` (see the module), with fio beside the runs.
+
+    The disk's documents go to ``out_dir`` (as :func:`sim.measure.measure` writes them), the other devices'
+    to ``out_dir/devices/NAME/``; ``out_dir/devices.json`` lists every device, built or skipped with the
+    reason, and is rewritten after each device (an interrupted measurement keeps what it measured).  ``say``
+    gets a line per device as it starts, is skipped or ends.  ``measure_disk=False``: the disk gets its fio
+    files only, its runs being those ``out_dir`` already holds (a measurement of another grid: ``engram demo``
+    measures its full grid on the disk and a smaller one on the other devices).
+
+    Returns
+    -------
+    dict
+        The ``devices.json`` document, with ``"path"`` and ``"results"`` (device name -> what
+        :func:`sim.measure.measure` returned).
+
+    Raises
+    ------
+    ArgumentError
+        See :func:`plan_devices` and :func:`sim.measure.measure`.
+    OutputError, TableIOError
+        A document cannot be written, a cgroup not removed.
+    """
+    out_dir = Path(out_dir)
+    s = settings or Settings()
+    devices = plan_devices(model_path, throttles, tmpfs)
+    read_size, _, _ = engine_read_size(model_path)
+    info = read_model(model_path)
+    table_file = info.tables[sorted(info.tables)[0]].path
+    doc = {"schema": DEVICES_SCHEMA, "kind": "devices", "date": now_iso(), "model": str(model_path),
+           "read_size": read_size, "fio_depths": [int(k) for k in fio_depths], "devices": devices}
+    path = out_dir / DEVICES_NAME
+    results: Dict[str, dict] = {}
+
+    def save() -> None:
+        try:
+            write_json(path, doc)
+        except OSError as exc:
+            raise OutputError(f"{path}: cannot write the device list ({exc.strerror or exc})") from None
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for d in devices:
+            if d["built"] is False:
+                say(f"skipped   {d['name']}: {d['reason']}")
+                continue
+            folder = out_dir / d["folder"]
+            folder.mkdir(parents=True, exist_ok=True)
+            with contextlib.ExitStack() as stack:
+                model = Path(model_path)
+                try:
+                    if d["class"] == "throttled":
+                        t = stack.enter_context(IopsThrottle(d["iops"], table_file))
+                        d["throttle"] = dict(t.to_dict(), read_back=t.written())
+                    elif d["class"] == "tmpfs":
+                        model = stack.enter_context(on_tmpfs(model_path))
+                except OutputError as exc:
+                    d.update(built=False, reason=str(exc))
+                    say(f"skipped   {d['name']}: {d['reason']}")
+                    save()
+                    continue
+                d["built"] = True
+                d["read_size"], _, _ = engine_read_size(model)
+                d["fio"], d["fio_skipped"] = {}, ""
+                say(f"device    {d['name']} ({d['class']}): measuring in {folder}")
+                sizes = list(dict.fromkeys([d["read_size"], FIO_SIZE_4K]))
+                if not fio:
+                    d["fio_skipped"] = "fio turned off (--no-fio)"
+                elif shutil.which("fio") is None:
+                    d["fio_skipped"] = "fio is not installed (apt-get install fio)"
+                else:
+                    for bs in sizes:
+                        try:
+                            p = fio_json(model, folder / f"fio-{bs}.json", bs, fio_depths, fio_seconds)
+                            d["fio"][str(bs)] = str(p.relative_to(out_dir))
+                        except TableIOError as exc:
+                            d["fio_skipped"] = str(exc)
+                            break
+                if d["fio_skipped"]:
+                    say(f"fio       {d['name']}: skipped: {d['fio_skipped']}")
+                save()
+                if d["class"] == "disk" and not measure_disk:
+                    d.update(measured=(folder / "runs.json").is_file(), complete=(folder / "runs.json").is_file(),
+                             grid="the measurement already in the folder")
+                    continue
+                t0 = time.perf_counter()
+                res = measure(model, configs, folder, s, progress=progress, device=_device_head(d))
+                d.update(measured=True, complete=bool(res.get("complete")), seconds=time.perf_counter() - t0)
+                results[d["name"]] = res
+                say(f"measured  {d['name']}: {res['runs_done']} runs in {res['seconds']:.1f} s")
+            save()
+    finally:
+        for d in devices:
+            if d["built"] is None:
+                d.update(built=False, reason="not reached: the measurement stopped before it")
+        save()
+    return dict(doc, path=str(path), results=results)
+
+
+def _device_head(d: dict) -> dict:
+    """What a device's own documents say about it."""
+    keep = ("name", "class", "iops", "throttle", "read_size", "fio", "fio_skipped")
+    return {k: d[k] for k in keep if k in d}

@@ -1,0 +1,470 @@
+"""The planner-mode cross-check: every measured run predicted from a description of its device only.
+
+A capacity planner has no engine microbenchmark and no probe steps of the drive they are about to buy:
+they have fio's JSON for it, or a datasheet.  :func:`planner_crosscheck` puts the simulator in their place on
+every device a measurement made (:func:`sim.measure.devices.measure_devices`: the disk, throttled volumes,
+tmpfs) and predicts each device's runs twice:
+
+``fio``
+    the device from the fio JSON saved beside its runs, at the engine's read size
+    (:func:`sim.device.presets.load_device`, which reads fio JSON with :mod:`sim.device.fio`).
+``datasheet``
+    the device from a datasheet string derived from those fio figures (:func:`datasheet_spec`), read by
+    :func:`sim.device.presets.load_device` (``ssd:...``: :mod:`sim.device.datasheet`).
+
+The rest of the step is what a planner states: the compute of a step as its spec says (``sleep:5``: 5 ms,
+constant; ``none``: 0; specs whose time only a microbenchmark knows -- ``mixer``, ``blas:N`` -- are left out
+with the reason), the hash at the simulator's default (0), the read policy of the configuration with the
+simulator's defaults (:class:`sim.params.Policy`).  Each run is then predicted, compared and summed up
+exactly as in :func:`sim.crosscheck.crosscheck` -- run by run, with today's 90% intervals
+(:mod:`sim.intervals`: no window, so the simulator's own error and the model's scatter on the other
+configurations) and today's regime and goals (:mod:`sim.regimes`) -- through a :class:`PlannerModels` in
+place of the calibration.
+
+Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read size):
+
+- an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>``;
+- a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = fio's QD1 median latency (the
+  raw device's, which reads see while the volume's budget lasts), ``iops`` = the raw disk's highest fio IOPS
+  (the disk's own fio beside it), ``cap_iops`` = the volume's highest fio IOPS (its provisioned rate),
+  ``burst_ios`` = the budget of one throttle slice at that rate (:data:`THROTTLE_SLICE_S`, the kernel's
+  ``throtl_slice`` of ``block/blk-throttle.c``: unused budget is kept up to a slice).  A simulator whose
+  ``ssd:`` form has no ``cap_iops`` refuses that string; the device is then predicted from
+  ``ssd:qd1_us=<QD1 mean>,iops=<cap_iops>`` (the QD1 mean raised to ``1 / cap_iops`` where it lies below: a
+  volume at its rate reads at QD1 at about that) and the result says so (``datasheet_fallback``).
+
+Refused, each with a one-line error: fio JSON of writes, or at a block size other than the engine's read
+size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list.
+
+``planner.json`` (schema :data:`PLANNER_SCHEMA`)::
+
+    {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
+      "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "left_out":
+      {config: reason}, "modes": {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s":
+      {"median_abs_error", "max_abs_error", ...}, "regime", "pass", "passed", ...}, "capacity": [...],
+      "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
+      "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
+      "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from engram.errors import ArgumentError, FormatError
+
+from .calibrate import Calibration, calibrate_file
+from .crosscheck import crosscheck, crosscheck_files
+from .device import Device
+from .device.fio import fio_records, read_fio_output
+from .device.presets import load_device
+from .io import load_json, now_iso, sha256_file, write_json
+from .params import Compute, Policy
+from .progress import progress as progress_bar
+from .schema import ComputeSpec, check_runs
+
+__all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
+           "check_fio", "datasheet_spec", "fio_figures", "markdown_table", "planner_compute", "planner_crosscheck"]
+
+#: Schema name of ``planner.json``.
+PLANNER_SCHEMA = "engram.planner-crosscheck/1"
+#: Its file name in the measurement folder.
+PLANNER_NAME = "planner.json"
+#: The device list a measurement writes (:data:`sim.measure.devices.DEVICES_NAME`; the simulator does not
+#: import the measuring package).
+DEVICES_NAME = "devices.json"
+#: The two descriptions a device is predicted from.
+MODES = ("fio", "datasheet")
+#: Unused budget the kernel's read throttle keeps, seconds: one ``throtl_slice`` (HZ / 10; block/blk-throttle.c).
+THROTTLE_SLICE_S = 0.1
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b?)\s*$", re.I)
+
+
+def _bytes(text: str) -> Optional[int]:
+    """fio's block size text (``"4k"``, ``"512"``, ``"4KiB"``) in bytes; None when it is not one size."""
+    m = _SIZE.match(str(text))
+    if not m:
+        return None
+    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
+
+
+def check_fio(path: Union[str, os.PathLike], read_size: int) -> List[dict]:
+    """The read jobs of a fio JSON file (:func:`sim.device.fio.fio_records`), checked to describe random reads
+    at the engine's read size ``read_size`` (bytes).
+
+    Raises
+    ------
+    FormatError
+        Unreadable, no read job, a job that wrote (names the job and its write count), a block size other than
+        ``read_size`` (names it, and the fio option that would match).
+    """
+    docs = read_fio_output(path)
+    for di, doc in enumerate(docs):
+        glob = doc.get("global options") or {}
+        for ji, job in enumerate(doc.get("jobs") or []):
+            if not isinstance(job, dict):
+                continue
+            w = job.get("write") or {}
+            rw = str((job.get("job options") or {}).get("rw", glob.get("rw", "")))
+            if (isinstance(w, dict) and (w.get("total_ios") or 0) > 0) or "write" in rw or rw in ("rw", "randrw",
+                                                                                                   "trim", "randtrim"):
+                raise FormatError(f"{path}: run {di} job {job.get('jobname', ji)!r} is fio of writes (rw={rw or '?'}, "
+                                  f"{(w or {}).get('total_ios', 0)} writes): the engine only reads; give fio of "
+                                  f"random reads (--rw=randread)")
+    recs = fio_records(docs, str(path))
+    for r in recs:
+        n = _bytes(r["bs"])
+        if n != int(read_size):
+            raise FormatError(f"{path}: fio ran at block size {r['bs']} ({n if n is not None else '?'} bytes), but "
+                              f"the engine reads {int(read_size)}-byte units on this device: run fio with "
+                              f"--bs={int(read_size)}")
+    return recs
+
+
+def fio_figures(recs: Sequence[Mapping]) -> dict:
+    """``{"qd1_mean_us", "qd1_p50_us", "peak_iops", "peak_qd", "depths"}`` of checked fio records (medians
+    where a depth ran more than once).
+
+    Raises
+    ------
+    FormatError
+        No run at queue depth 1.
+    """
+    by: Dict[int, List[Mapping]] = {}
+    for r in recs:
+        by.setdefault(int(r["qd"]), []).append(r)
+    if 1 not in by:
+        raise FormatError(f"fio output without a run at queue depth 1 (depths {sorted(by)}): a datasheet's QD1 "
+                          f"latency needs one")
+    iops = {k: float(np.median([r["iops"] for r in v])) for k, v in by.items()}
+    peak_qd = max(iops, key=lambda k: iops[k])
+    p50 = [r["pct"].get(50.0) for r in by[1] if r["pct"].get(50.0) is not None]
+    return {"qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
+            "qd1_p50_us": float(np.median(p50)) * 1e6 if p50 else None,
+            "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by)}
+
+
+def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False) -> tuple:
+    """``(spec, fallback spec or None, rules)``: the datasheet string of a device from its fio figures
+    (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume) -- see the module for the
+    rules; ``fallback`` is the string without ``cap_iops`` and ``burst_ios``, for a simulator that has no
+    rate-limited volume; ``rules`` says where each figure came from."""
+    if not throttled:
+        qd1, iops = fig["qd1_mean_us"], fig["peak_iops"]
+        spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f}"
+        return spec, None, {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
+    cap = fig["peak_iops"]
+    qd1 = fig["qd1_p50_us"] if fig.get("qd1_p50_us") else fig["qd1_mean_us"]
+    rules = {"qd1_us": "fio's QD1 median latency (the raw device's, while the budget lasts)",
+             "cap_iops": f"the volume's highest fio IOPS (QD {fig['peak_qd']})",
+             "burst_ios": f"one throttle slice ({THROTTLE_SLICE_S:g} s, blk-throttle's throtl_slice) at cap_iops"}
+    if raw is not None and raw["peak_iops"] > cap:
+        iops = raw["peak_iops"]
+        rules["iops"] = f"the raw disk's highest fio IOPS (QD {raw['peak_qd']})"
+    else:
+        iops = cap
+        rules["iops"] = ("cap_iops: no fio of the raw disk above the cap" if raw is None else
+                         f"cap_iops: the raw disk's fio ({raw['peak_iops']:.0f} IOPS) is not above the cap, so "
+                         f"the throttle does not bind")
+    burst = max(1, int(round(cap * THROTTLE_SLICE_S)))
+    spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst}"
+    # a rate-limited volume at QD1 reads at its rate: its QD1 mean is 1 / cap_iops within a little, and the
+    # ssd: form needs qd1_us >= 1 / iops -- raised to it where fio's mean lies just below
+    floor_us = math.ceil(1e6 / cap * 10) / 10
+    fallback = f"ssd:qd1_us={max(round(fig['qd1_mean_us'], 1), floor_us):.1f},iops={cap:.0f}"
+    return spec, fallback, rules
+
+
+def planner_compute(spec: str) -> Compute:
+    """A step's compute as a planner states it: the sum of the ``sleep:MS`` and ``spin:MS`` parts, constant
+    (``none``: 0).
+
+    Raises
+    ------
+    ArgumentError
+        The spec holds ``mixer`` or ``blas:N``, whose time only a microbenchmark knows (names the spec).
+    """
+    cs = ComputeSpec.parse(spec)
+    if cs.mixer or any(k == "blas" for k, _ in cs.extra):
+        raise ArgumentError(f"compute {cs.label!r}: its time is known only from a microbenchmark (mixer, blas); "
+                            f"planner mode states a step's compute as sleep:MS or spin:MS")
+    return Compute(sum(float(a) for _, a in cs.extra) * 1e-3)
+
+
+@dataclass
+class PlannerModels(Calibration):
+    """A :class:`sim.calibrate.Calibration` holding only what a planner has: one device for every backend,
+    computes as stated (:func:`planner_compute`), hash 0, no windows, the simulator's default policy."""
+
+    def device(self, backend: str, compute: str = "none") -> Device:
+        return self.devices[backend if backend in self.devices else next(iter(self.devices))]
+
+    def policy(self, threshold: int, backend: str, readers: int) -> Policy:
+        return Policy(threshold=int(threshold), backend=backend, readers=int(readers))
+
+    def compute_model(self, spec: str) -> Compute:
+        return planner_compute(spec)
+
+    @classmethod
+    def of(cls, device: Device, description: str) -> "PlannerModels":
+        """The planner's models of one device described by ``description`` (a path or a spec string)."""
+        return cls(devices={"pread": device, "io_uring": device}, compute={}, hash_s=0.0,
+                   source={"planner": description}, date="")
+
+
+def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
+    """Today's cross-check of a device (its ``crosscheck.json``: the calibrated device and compute in each
+    run's own window), summed up as the planner's modes are; None when there is none (``run``: calibrate its
+    ``microbench.json`` and cross-check its runs first when it has none).  A ``crosscheck.json`` of other runs
+    (its ``runs.sha256`` is not the folder's ``runs.json``'s: a later measurement in the same folder) is not
+    these runs' and is left alone: the runs' own goes to ``crosscheck-planner-today.json``."""
+    p = folder / "crosscheck.json"
+    if p.is_file() and (load_json(p).get("runs") or {}).get("sha256") != sha256_file(folder / "runs.json"):
+        p = folder / "crosscheck-planner-today.json"  # another measurement's cross-check: not these runs'
+        if p.is_file() and (load_json(p).get("runs") or {}).get("sha256") != sha256_file(folder / "runs.json"):
+            p.unlink()
+    if not p.is_file() and run and (folder / "microbench.json").is_file():
+        cal = folder / ("calibration.json" if p.name == "crosscheck.json" else "calibration-planner-today.json")
+        calibrate_file(folder / "microbench.json", cal, seed=seed)
+        crosscheck_files(cal, folder / "runs.json", p, sim_steps=sim_steps, seed=seed)
+    if not p.is_file():
+        return None
+    doc = load_json(p)
+    return _mode_result(doc, "calibration + windows")
+
+
+def _mode_result(doc: Mapping, device: str, refused: str = "") -> dict:
+    s = doc["summary"]
+    rows = [{"config": r["key"], "sessions": r["sessions"], "mode": r.get("mode"),
+             "measured": r["measured"]["tokens_per_s"], "predicted": r["predicted"]["tokens_per_s"],
+             "error": r["error"]["tokens_per_s"], "error_low": r["interval"].get("error_low"),
+             "error_high": r["interval"].get("error_high"), "inside": r["inside_interval"]}
+            for r in list(doc.get("rows") or []) + list(doc.get("session_rows") or [])]
+    keep = ("configurations", "runs", "tokens_per_s", "step_p50", "sessions", "inside_interval",
+            "inside_interval_share", "regime", "goals", "pass", "passed")
+    caps = [{k: c[k] for k in ("mode", "sessions", "target_tokens_per_s", "measured_capacity", "predicted_capacity",
+                               "all_met", "within_one_step", "measured_slowest", "predicted_slowest")}
+            for c in doc.get("capacity") or []]
+    return {"device": device, "refused": refused, "summary": {k: s[k] for k in keep if k in s}, "capacity": caps,
+            "rows": rows}
+
+
+def _planner_runs(runs_doc: Mapping) -> tuple:
+    """``(runs document with the configurations a planner can state, {config key: why left out})``."""
+    left, keep = {}, []
+    for c in runs_doc.get("configs") or []:
+        try:
+            planner_compute(c.get("compute", "none"))
+            keep.append(c)
+        except ArgumentError as exc:
+            left[c.get("key", "?")] = str(exc)
+    keys = {c.get("key") for c in keep}
+    return dict(runs_doc, configs=keep, runs=[r for r in runs_doc.get("runs") or [] if r.get("config") in keys]), left
+
+
+def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
+    out = {}
+    for it in items or ():
+        name, sep, path = str(it).partition("=")
+        if not sep or not name or not path:
+            raise ArgumentError(f"--fio {it!r}: give DEVICE=FILE (a device of devices.json and a fio JSON file)")
+        out[name.strip()] = Path(path.strip())
+    return out
+
+
+def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
+                       fio: Sequence[str] = (), sim_steps: Optional[int] = None, seed: int = 0,
+                       progress: Union[bool, str] = False, today: bool = False) -> dict:
+    """Predict every run of every device of a measurement from its fio JSON and from a datasheet string only.
+
+    Parameters
+    ----------
+    workdir : path
+        A measurement folder of ``engram measure --throttle-iops ... [--tmpfs]`` (its ``devices.json``).
+    out : path, optional
+        Where to write ``planner.json`` (default ``workdir/planner.json``).
+    fio : sequence of str
+        ``DEVICE=FILE``: a planner's own fio JSON for a device instead of the one measured beside its runs.
+    sim_steps, seed
+        As :func:`sim.crosscheck.crosscheck`.
+    today : bool
+        Calibrate and cross-check (today's way: :mod:`sim.calibrate`, :mod:`sim.crosscheck`) each device
+        folder that has no ``crosscheck.json`` yet, to show beside the planner's figures.
+
+    Returns
+    -------
+    dict
+        The ``planner.json`` document (see the module).
+
+    Raises
+    ------
+    ArgumentError
+        No device list in ``workdir``, ``--fio`` naming no device of it, bad ``--fio`` text.
+    FormatError
+        A fio file of writes, of another block size than the engine's read size, without a QD1 run;
+        malformed documents (names the file).
+    """
+    work = Path(workdir)
+    dpath = work / DEVICES_NAME
+    if not dpath.is_file():
+        raise ArgumentError(f"{dpath}: no device list: measure with engram measure --throttle-iops N (or --tmpfs) "
+                            f"first, which writes it")
+    ddoc = load_json(dpath, "devices")
+    devices = list(ddoc.get("devices") or [])
+    overrides = _fio_overrides(fio)
+    names = [d.get("name") for d in devices]
+    for n in overrides:
+        if n not in names:
+            raise ArgumentError(f"--fio {n}=...: no device {n!r} in {dpath} (devices: {', '.join(map(str, names))})")
+    built = [d for d in devices if d.get("built") and d.get("measured")]
+    # Check every fio file before anything is simulated.
+    figs, files = {}, {}
+    for d in built:
+        size = int(d.get("read_size") or ddoc.get("read_size") or 4096)
+        rel = (d.get("fio") or {}).get(str(size))
+        path = overrides.get(d["name"]) or (work / rel if rel else None)
+        if path is None:
+            continue
+        files[d["name"]] = path
+        figs[d["name"]] = fio_figures(check_fio(path, size))
+    raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
+    result = []
+    total = sum(len(MODES) for d in built if d["name"] in files)
+    with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
+        for d in devices:
+            entry = {"name": d.get("name"), "class": d.get("class"), "built": bool(d.get("built")),
+                     "reason": d.get("reason", ""), "folder": d.get("folder"), "modes": {}, "left_out": {},
+                     "fio_file": str(files.get(d.get("name"), "")), "datasheet": "", "datasheet_used": "",
+                     "datasheet_fallback": "", "today": None}
+            result.append(entry)
+            if not entry["built"]:
+                continue
+            if not d.get("measured"):
+                entry.update(built=False, reason=d.get("reason") or "not measured")
+                continue
+            folder = work / d["folder"]
+            entry["today"] = _today(folder, today, sim_steps, seed)
+            if d["name"] not in files:
+                entry["reason"] = "no fio beside its runs: " + (d.get("fio_skipped") or "not recorded")
+                continue
+            runs_path = folder / "runs.json"
+            runs_doc, entry["left_out"] = _planner_runs(load_json(runs_path, "decode_runs"))
+            if not runs_doc["runs"]:
+                entry["reason"] = "no run a planner can state the compute of"
+                continue
+            check_runs(runs_doc, runs_path)
+            spec, fallback, rules = datasheet_spec(figs[d["name"]], raw if d["class"] == "throttled" else None,
+                                                   d["class"] == "throttled")
+            entry.update(datasheet=spec, datasheet_rules=rules)
+            for mode in MODES:
+                described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
+                try:
+                    dev = load_device(described)
+                except ArgumentError as exc:
+                    if mode == "datasheet" and fallback:
+                        why = str(exc).split("; keys:")[0]
+                        entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({why}); predicted "
+                                                       f"from {fallback!r}, without the volume's rate limit")
+                        described = fallback
+                        try:
+                            dev = load_device(fallback)
+                        except ArgumentError as exc2:
+                            entry["modes"][mode] = {"device": described, "refused": f"{why}; then {exc2}",
+                                                    "summary": {}, "capacity": [], "rows": []}
+                            bar.update(1, note=f"{d['name']} {mode}: refused")
+                            continue
+                    else:
+                        entry["modes"][mode] = {"device": described, "refused": str(exc), "summary": {},
+                                                "capacity": [], "rows": []}
+                        bar.update(1, note=f"{d['name']} {mode}: refused")
+                        continue
+                if mode == "datasheet":
+                    entry["datasheet_used"] = described
+                doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
+                                 sim_steps=sim_steps, seed=seed, baseline=False)
+                entry["modes"][mode] = _mode_result(doc, described, refused)
+                bar.update(1, note=f"{d['name']} {mode}")
+    res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
+           "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
+           "built": [e["name"] for e in result if e["built"]],
+           "skipped": {e["name"]: e["reason"] for e in result if not e["built"]}}
+    write_json(Path(out) if out is not None else work / PLANNER_NAME, res)
+    return res
+
+
+def _classes(entries: Sequence[Mapping]) -> dict:
+    """Per device class and mode: the configurations' tokens/s errors pooled over the class's devices."""
+    out: Dict[str, dict] = {}
+    for e in entries:
+        for mode, m in list(e["modes"].items()) + ([("windows", e["today"])] if e.get("today") else []):
+            if not m or not m.get("rows"):
+                continue
+            c = out.setdefault(e["class"], {}).setdefault(mode, {"errors": [], "capacity": [], "devices": []})
+            c["errors"] += [r["error"] for r in m["rows"]]
+            c["devices"].append(e["name"])
+            c["capacity"] += [dict(x, device=e["name"]) for x in m.get("capacity") or []]
+    for cls in out.values():
+        for mode, c in cls.items():
+            e = np.abs(np.array(c.pop("errors")))
+            c.update(configurations=int(e.size), median_abs_error=float(np.median(e)), max_abs_error=float(e.max()))
+    return out
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def markdown_table(res: Mapping) -> str:
+    """The planner cross-check as Markdown: a row per device and description (fio, datasheet, and today's
+    windowed cross-check beside them), the capacity, and which devices were built and skipped."""
+    lines = ["| device | class | predicted from | configurations | tokens/s median abs error | max | capacity "
+             "measured / predicted | regime | verdict |", "|" + "---|" * 9]
+    for e in res["devices"]:
+        if not e["built"]:
+            continue
+        shown = list(e["modes"].items()) + ([("today (windows)", e["today"])] if e.get("today") else [])
+        for mode, m in shown:
+            if m.get("refused"):
+                lines.append(f"| {e['name']} | {e['class']} | {mode}: `{m['device']}` | - | refused: "
+                             f"{m['refused']} | | | | |")
+                continue
+            s = m["summary"]
+            t = s.get("tokens_per_s") or {}
+            caps = "; ".join(f"{c['mode']} {'>= ' if c['all_met']['measured'] else ''}{c['measured_capacity']} / "
+                             f"{'>= ' if c['all_met']['predicted'] else ''}{c['predicted_capacity']}"
+                             f"{'' if c['within_one_step'] else ' (NOT within one step)'}" for c in m["capacity"]) \
+                or "-"
+            rg = (s.get("regime") or {}).get("name", "?")
+            what = m["device"] if mode != "fio" else Path(m["device"]).name
+            lines.append(f"| {e['name']} | {e['class']} | {mode}: `{what}` | {s.get('configurations', 0)} | "
+                         f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {caps} | {rg} | "
+                         f"{'PASS' if s.get('passed') else 'FAIL'} |")
+    lines += ["", "| class | predicted from | devices | configurations | median abs error | max |",
+              "|" + "---|" * 6]
+    for cls, modes in res["classes"].items():
+        for mode, c in modes.items():
+            lines.append(f"| {cls} | {mode} | {', '.join(c['devices'])} | {c['configurations']} | "
+                         f"{_pct(c['median_abs_error'])} | {_pct(c['max_abs_error'])} |")
+    lines.append("")
+    lines.append("Devices built: " + (", ".join(res["built"]) or "none") + ".")
+    if res["skipped"]:
+        lines.append("Skipped: " + "; ".join(f"{n} ({why})" for n, why in res["skipped"].items()) + ".")
+    left: Dict[str, str] = {}
+    for e in res["devices"]:
+        left.update(e.get("left_out") or {})
+    for k, why in left.items():
+        lines.append(f"Left out of planner mode: {k}: {why}.")
+    for e in res["devices"]:
+        if e.get("datasheet_fallback"):
+            lines.append(f"{e['name']}: {e['datasheet_fallback']}.")
+        if e["built"] and e.get("reason"):
+            lines.append(f"{e['name']}: {e['reason']}.")
+    return "\n".join(lines)

@@ -1,0 +1,195 @@
+"""sim.planner: the planner-mode cross-check's document on a real small measurement, its datasheet strings and
+its refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from engram import ArgumentError, FormatError, synth
+from sim.measure import Settings
+from sim.measure.devices import engine_read_size, fio_json, measure_devices
+from sim.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
+                         planner_compute, planner_crosscheck)
+from sim.report.devices import devices_section
+from sim.report.document import Doc
+from sim.report.inputs import Inputs
+from sim.schema import RunConfig
+from sim.trace import CODE_SOURCE
+from tests.clirun import cli
+from tests.modelfiles import SCALE, token_map as _token_map
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Runs on every device this machine builds (the disk; a 6000-IOPS throttle and tmpfs where they work), fio
+    beside them at depths 1 and 4: one configuration a planner can state, one it cannot (blas), two sessions."""
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed: planner mode reads the fio beside the runs")
+    d = tmp_path_factory.mktemp("planner")
+    path = d / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=6)
+    cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 20), RunConfig(CODE_SOURCE, 8, "pread", 4, "blas:1", 20),
+            RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 15, 2, "threads")]
+    s = Settings(rounds=2, micro=False, warmup=2, probe_every=2, capacity_target=50.0)
+    measure_devices(path, cfgs, d / "w", s, throttles=[6000], tmpfs=True, fio_seconds=0.1, fio_depths=(1, 4),
+                    progress=False)
+    return d / "w"
+
+
+@pytest.mark.heavy
+def test_planner_document(measured):
+    res = planner_crosscheck(measured, sim_steps=300)
+    saved = json.loads((measured / "planner.json").read_text())
+    assert saved["schema"] == PLANNER_SCHEMA == res["schema"] and saved["kind"] == "planner_crosscheck"
+    devices = json.loads((measured / "devices.json").read_text())["devices"]
+    assert [e["name"] for e in res["devices"]] == [d["name"] for d in devices]
+    assert res["built"] == [d["name"] for d in devices if d["built"]]
+    assert set(res["skipped"]) == {d["name"] for d in devices if not d["built"]}
+    assert "disk" in res["built"]
+    text = markdown_table(res)
+    assert "Devices built: " + ", ".join(res["built"]) in text
+    for e, d in zip(res["devices"], devices):
+        if not e["built"]:
+            assert e["reason"] == d["reason"] and e["reason"] in text
+            continue
+        # the configuration whose compute only a microbenchmark knows is left out, with the reason
+        assert len(e["left_out"]) == 1 and "blas:1" in next(iter(e["left_out"]))
+        assert "microbenchmark" in next(iter(e["left_out"].values()))
+        size = d["read_size"]
+        figs = fio_figures(check_fio(measured / d["fio"][str(size)], size))
+        # the datasheet string, from the fio JSON as fio wrote it
+        raw = [json.loads(x) for x in (measured / d["fio"][str(size)]).read_text().splitlines() if x.strip()]
+        qd1 = next(r for r in raw if r["jobs"][0]["job options"]["iodepth"] == "1")["jobs"][0]["read"]
+        peak = max(r["jobs"][0]["read"]["iops"] for r in raw)
+        assert figs["qd1_mean_us"] == pytest.approx(qd1["lat_ns"]["mean"] / 1e3)
+        assert figs["peak_iops"] == pytest.approx(peak)
+        if d["class"] == "throttled":
+            assert e["datasheet"].startswith(f"ssd:qd1_us={qd1['clat_ns']['percentile']['50.000000'] / 1e3 + (qd1['lat_ns']['mean'] - qd1['clat_ns']['mean']) / 1e3:.1f},")
+            assert f"cap_iops={peak:.0f},burst_ios={max(1, round(peak * THROTTLE_SLICE_S))}" in e["datasheet"]
+        else:
+            assert e["datasheet"] == f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops={peak:.0f}"
+        # a simulator without rate-limited volumes reads the string without the cap, and says so
+        fallback = f"ssd:qd1_us={max(round(qd1['lat_ns']['mean'] / 1e3, 1), np.ceil(1e7 / peak) / 10):.1f},iops={peak:.0f}"
+        if e["modes"]["datasheet"]["refused"]:  # e.g. a QD1 latency below 1 / IOPS: said, nothing predicted
+            assert e["datasheet_used"] == "" and e["modes"]["datasheet"]["rows"] == []
+        else:
+            assert e["datasheet_used"] == (fallback if e["datasheet_fallback"] else e["datasheet"])
+        assert not e["datasheet_fallback"] or d["class"] == "throttled"
+        assert set(e["modes"]) == {"fio", "datasheet"}
+        for mode, m in e["modes"].items():
+            if m["refused"]:
+                assert m["refused"] in text
+                continue
+            rows = m["rows"]
+            assert [r["sessions"] for r in rows] == [1, 2]
+            err = np.abs([r["error"] for r in rows])
+            t = m["summary"]["tokens_per_s"]
+            assert t["median_abs_error"] == pytest.approx(np.median(err)) and t["max_abs_error"] == pytest.approx(err.max())
+            for r in rows:
+                assert r["error_low"] < 0 < r["error_high"] and r["measured"] > 0 and r["predicted"] > 0
+            assert m["summary"]["regime"]["name"] in ("quiet", "busy", "loaded", "unmeasured")
+            assert set(m["summary"]["pass"]) >= {"inside_interval"} or m["summary"]["regime"]["name"] == "quiet"
+            (cap,) = m["capacity"]
+            assert cap["sessions"] == [2] and cap["target_tokens_per_s"] == 50.0
+            assert f"| {e['name']} | {e['class']} | {mode}: " in text
+    # the report's section: a row per built device and description, the devices built and skipped
+    doc = Doc("t")
+    devices_section(doc, Inputs(planner=res))
+    md = doc.markdown()
+    assert "Planner mode on devices made here" in md and "Devices built: " + ", ".join(res["built"]) in md
+    for e in res["devices"]:
+        if e["built"]:
+            for label in ("| fio |", "| datasheet |"):
+                assert f"| {e['name']} | {e['class']} {label}" in md
+        else:
+            assert f"Skipped {e['name']}: {e['reason']}" in md
+    # per class: the errors of its devices' configurations pooled
+    for cls, modes in res["classes"].items():
+        for mode, c in modes.items():
+            errs = [r["error"] for e in res["devices"] if e["class"] == cls and e["built"]
+                    for r in (e["modes"].get(mode) or e.get("today") or {}).get("rows", [])]
+            assert c["configurations"] == len(errs) and c["max_abs_error"] == pytest.approx(np.abs(errs).max())
+
+
+def test_datasheet_strings_known_answers():
+    fig = {"qd1_mean_us": 249.4, "qd1_p50_us": 51.2, "peak_iops": 4003.0, "peak_qd": 16, "depths": [1, 16]}
+    raw = {"qd1_mean_us": 80.0, "qd1_p50_us": 50.0, "peak_iops": 42000.0, "peak_qd": 64, "depths": [1, 64]}
+    spec, fallback, rules = datasheet_spec(fig, raw, throttled=True)
+    assert spec == "ssd:qd1_us=51.2,iops=42000,cap_iops=4003,burst_ios=400"
+    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios"}
+    # no raw disk above the cap: the throttle does not bind, and iops is the cap itself
+    spec, _, rules = datasheet_spec(fig, dict(raw, peak_iops=3000.0), throttled=True)
+    assert ",iops=4003,cap_iops=4003," in spec and "does not bind" in rules["iops"]
+    assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000", None)
+
+
+def test_planner_compute():
+    assert planner_compute("sleep:5").mean == pytest.approx(5e-3)
+    assert planner_compute("sleep:5+spin:1.5").mean == pytest.approx(6.5e-3)
+    assert planner_compute("none").mean == 0.0
+    for spec in ("mixer", "blas:4", "mixer+sleep:5"):
+        with pytest.raises(ArgumentError, match="only from a microbenchmark"):
+            planner_compute(spec)
+
+
+def _fio_copy(src, dst, **change):
+    docs = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    for d in docs:
+        for j in d["jobs"]:
+            j["job options"].update(change.get("options", {}))
+            if "write_ios" in change:
+                j["write"]["total_ios"] = change["write_ios"]
+    dst.write_text("\n".join(json.dumps(d) for d in docs))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def fio_only(tmp_path_factory):
+    """A device list with the disk and a real fio file beside it (no runs: the refusals come before them)."""
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    d = tmp_path_factory.mktemp("planner-fio")
+    path = d / "m.gguf"
+    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=6)
+    size = engine_read_size(path)[0]
+    fio_json(path, d / f"fio-{size}.json", size, depths=(1, 4), seconds=0.1)
+    (d / "devices.json").write_text(json.dumps({
+        "schema": "engram.devices/1", "kind": "devices", "read_size": size, "devices": [
+            {"name": "disk", "class": "disk", "built": True, "measured": True, "folder": ".", "read_size": size,
+             "fio": {str(size): f"fio-{size}.json"}}]}))
+    return d
+
+
+def test_refusals(fio_only, tmp_path, capsys):
+    measured = fio_only
+    devices = json.loads((measured / "devices.json").read_text())["devices"]
+    disk = devices[0]
+    src = measured / disk["fio"][str(disk["read_size"])]
+    before = (measured / "planner.json").read_bytes() if (measured / "planner.json").exists() else None
+    # fio of writes
+    w = _fio_copy(src, tmp_path / "w.json", options={"rw": "randwrite"}, write_ios=1000)
+    with pytest.raises(FormatError, match="fio of writes"):
+        check_fio(w, disk["read_size"])
+    line = cli(capsys, ["crosscheck", str(measured), "--planner", "--fio", f"disk={w}", "--no-progress"])
+    assert "fio of writes" in line and str(w) in line
+    # fio at another block size than the engine reads
+    other = 4096 if disk["read_size"] != 4096 else 512
+    b = _fio_copy(src, tmp_path / "b.json", options={"bs": str(other)})
+    with pytest.raises(FormatError, match=f"block size {other}"):
+        check_fio(b, disk["read_size"])
+    line = cli(capsys, ["crosscheck", str(measured), "--planner", "--fio", f"disk={b}", "--no-progress"])
+    assert f"--bs={disk['read_size']}" in line
+    # no QD1 run: no datasheet latency
+    with pytest.raises(FormatError, match="queue depth 1"):
+        fio_figures([r for r in check_fio(src, disk["read_size"]) if r["qd"] != 1])
+    # a device the measurement does not have, bad --fio text, no device list
+    assert "no device 'nvme'" in cli(capsys, ["crosscheck", str(measured), "--planner", "--fio", f"nvme={src}"])
+    assert "DEVICE=FILE" in cli(capsys, ["crosscheck", str(measured), "--planner", "--fio", str(src)])
+    assert "no device list" in cli(capsys, ["crosscheck", str(tmp_path), "--planner"])
+    assert "belongs to --planner" in cli(capsys, ["crosscheck", str(measured), "--fio", f"disk={src}"])
+    after = (measured / "planner.json").read_bytes() if (measured / "planner.json").exists() else None
+    assert after == before  # refused before anything was written
