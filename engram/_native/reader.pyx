@@ -381,8 +381,13 @@ cdef class RowReader:
         return 0
 
     # ------------------------------------------------------------ read
-    def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols):
+    def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols,
+             bint raw=False):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
+
+        ``raw``: ``out`` is uint8 [T, C, 264] instead and receives each row's 264-byte record as
+        stored (checked to decode to finite values, not decoded): the records a consumer decodes
+        elsewhere (an accelerator).
 
         Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
         BACKEND_PREAD or BACKEND_URING for chunks with at least ``threshold``
@@ -399,6 +404,7 @@ cdef class RowReader:
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
+        cdef uint8_t* rp = <uint8_t*>cnp.PyArray_DATA(out)
         cdef Py_ssize_t total = T * C, start = 0, n, nd, nr, i
         cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0, others = 0
         cdef int conc = 1, path, serial_chunks = 0, pool_chunks = 0, ring_chunks = 0
@@ -429,7 +435,10 @@ cdef class RowReader:
             path = self._read_spans(nr, path)
             self._check_rows(nd, path)
             with nogil:
-                self._publish(op + start * ROW_VALUES, n)
+                if raw:
+                    self._publish_raw(rp + start * ROW_BYTES, n)
+                else:
+                    self._publish(op + start * ROW_VALUES, n)
             if path == SERIAL:
                 serial_chunks += 1
             elif path == PREAD:
@@ -606,6 +615,17 @@ cdef class RowReader:
                 d += 1
                 first = t
                 decode_row(self.staging + d * ROW_BYTES, op + t * ROW_VALUES)
+
+    cdef void _publish_raw(self, uint8_t* rp, Py_ssize_t n) noexcept nogil:
+        """Copy each distinct row's record to every position that asked for it."""
+        cdef Py_ssize_t i, t, d = -1
+        cdef uint64_t vk, pos_mask = (<uint64_t>1 << POS_BITS) - 1
+        for i in range(n):
+            vk = self.keys[i] >> POS_BITS
+            t = <Py_ssize_t>(self.keys[i] & pos_mask)
+            if d < 0 or self.dkey[d] != vk:
+                d += 1
+            memcpy(rp + t * ROW_BYTES, self.staging + d * ROW_BYTES, ROW_BYTES)
 
     def _where(self, Py_ssize_t d):
         """(row, file offset, segment) of distinct row ``d`` of the current chunk."""
