@@ -115,10 +115,11 @@ class RowsReady:
     ``torch.cuda.Event`` (None on the CPU, where the copy is synchronous).
     """
 
-    def __init__(self, future: Future, layer_id: int, on_error):
+    def __init__(self, future: Future, layer_id: int, on_error, device: torch.device):
         self._future = future
         self.layer_id = layer_id
         self._on_error = on_error
+        self.device = device
 
     @property
     def event(self) -> Optional["torch.cuda.Event"]:
@@ -146,7 +147,7 @@ class RowsReady:
         """
         ev = self._result()
         if ev is not None:
-            (stream or torch.cuda.current_stream(ev.device if hasattr(ev, "device") else None)).wait_event(ev)
+            (stream or torch.cuda.current_stream(self.device)).wait_event(ev)
 
 
 class StepHandle:
@@ -429,9 +430,10 @@ class GpuSession:
         except BaseException:
             restore()
             raise
-        ready[self.layer_ids[0]] = RowsReady(first, self.layer_ids[0], restore)
+        ready[self.layer_ids[0]] = RowsReady(first, self.layer_ids[0], restore, self.device)
         for i in range(1, len(self.layer_ids)):
-            ready[self.layer_ids[i]] = RowsReady(self._reader().submit(read_layer, i), self.layer_ids[i], restore)
+            ready[self.layer_ids[i]] = RowsReady(self._reader().submit(read_layer, i), self.layer_ids[i], restore,
+                                                 self.device)
         for r in rows.values():
             self._publish(r)
         host.last_row_ids = ids
