@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError
 
-from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
+from ..params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..sweep.study import (coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
                            varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec
@@ -105,6 +105,7 @@ SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
     "compute_scale": (float, 1.0, "compute speed-up"),
     "compute_dist": (str, "constant", "compute distribution"),
     "compute_cv": (float, 0.0, "compute CV"),
+    "consumer": (str, "none", "Engram consumer preset (none, cpu, h200)"),
     "layers": (int, DEFAULT_LAYERS, "decoder layers"),
     "repeat": (int, 0, "replicate"),
 }
@@ -205,6 +206,8 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
     if p["compute_dist"] not in COMPUTE_DISTS:
         raise ArgumentError(f"{where}: compute_dist = {p['compute_dist']!r} is not a distribution")
     Compute(1.0, p["compute_dist"], p["compute_cv"])
+    if p["consumer"] not in CONSUMERS:
+        raise ArgumentError(f"{where}: consumer = {p['consumer']!r} must be one of {', '.join(CONSUMERS)}")
     for name in ("prompt_tokens", "output_tokens"):
         lg = Lengths.parse(p[name])
         if lg.kind == "file" and not p["requests"]:
