@@ -221,8 +221,11 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
 
 
 def serve_point_seed(study_seed: int, p: Mapping[str, Any]) -> int:
-    """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``."""
-    return point_seed(study_seed, {k: v for k, v in p.items() if k != "rate"})
+    """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``
+    (and without ``consumer`` at its default ``none``: the axis came later, and a point without it keeps
+    the seed, so the results, it had before)."""
+    return point_seed(study_seed, {k: v for k, v in p.items()
+                                   if k != "rate" and not (k == "consumer" and v == "none")})
 
 
 @dataclass(frozen=True)
