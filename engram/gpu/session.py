@@ -202,7 +202,9 @@ class GpuSession:
     model : engram.EngramModel
     device : str or torch.device
         ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the same torch code on the CPU:
-        nothing pinned, the copy a plain ``copy_``; how CI tests it).
+        nothing pinned, the copy a plain ``copy_``, the projection on float32
+        blocks of the weights; how CI tests the logic, not a fast path: the host
+        :class:`engram.Session` is the CPU consumer).
     max_batch : int
         Tokens of :func:`step_batch` the staging is first sized for (it grows on demand).
     **overrides
@@ -244,7 +246,8 @@ class GpuSession:
         except BaseException:
             self.host.close()
             raise
-        self._exact: Dict[int, tuple] = {}  # data_ptr of a rows buffer -> (end, f16-exact)
+        self._exact: Dict[int, tuple] = {}  # data_ptr of a rows buffer -> (end, f16-exact, weakref)
+        self._prefills: List["DevicePrefill"] = []
         self._lock = threading.Lock()
         self.last_handle: Optional[StepHandle] = None
 
@@ -314,13 +317,16 @@ class GpuSession:
         with self._lock:
             if len(self._exact) > 64:
                 self._exact.pop(next(iter(self._exact)))
-            self._exact[start] = (start + rows.numel() * rows.element_size(), exact)
+            # a weak reference: once the rows are gone their memory may hold other values
+            self._exact[start] = (start + rows.numel() * rows.element_size(), exact, weakref.ref(rows))
 
     def _is_exact(self, rows: torch.Tensor, x16: torch.Tensor) -> bool:
         p = rows.data_ptr()
         with self._lock:
-            for start, (end, exact) in self._exact.items():
-                if start <= p < end:
+            for start, (end, exact, alive) in list(self._exact.items()):
+                if alive() is None:
+                    del self._exact[start]
+                elif start <= p < end:
                     return exact
         # rows made elsewhere: check on the device (one host synchronisation)
         return bool(torch.equal(x16.to(torch.bfloat16), rows.reshape(x16.shape)))
@@ -484,10 +490,12 @@ class GpuSession:
         before = self.host.history.copy()
         row_ids = self.model.hasher.hash(token_ids, mask, self.host.history)
         try:
-            return DevicePrefill(self, row_ids, int(chunk_tokens))
+            p = DevicePrefill(self, row_ids, int(chunk_tokens))
         except BaseException:
             self.host.history = before
             raise
+        self._prefills = [q for q in self._prefills if not q.done] + [p]
+        return p
 
     # -------------------------------------------------------------- mixing
     def apply(self, layer_id: int, residual: torch.Tensor, rows: torch.Tensor, mask=None,
@@ -589,8 +597,11 @@ class GpuSession:
 
     # -------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Close the host session, stop the reader thread (idempotent)."""
-        pool, self._pool = self._pool, None
+        """Cancel running prefills, stop the reader thread, close the host session (idempotent)."""
+        for p in getattr(self, "_prefills", []):
+            p.cancel()
+        self._prefills = []
+        pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:
             pool.shutdown(wait=True)
         self.host.close()
@@ -603,7 +614,8 @@ class GpuSession:
 
     def __del__(self):
         try:
-            self.close()
+            if getattr(self, "host", None) is not None:
+                self.close()
         except Exception:
             pass
 
