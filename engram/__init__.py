@@ -18,6 +18,8 @@ The public API, re-exported here:
 - :func:`check_tokenizer`, :func:`file_tokenizer`, :func:`tokenizer_vocabulary` -- the vocabulary a model
   file carries against the tokenizer that encodes text for it (:mod:`engram.vocabulary`)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
+- :mod:`engram.gpu` (optional extra ``engram[gpu]``, not imported here) -- sessions on a PyTorch device:
+  ``EngramModel.session(device="cuda")``, ``engram.gpu.step_batch``
 - errors: :class:`EngramError` and its kinds
 """
 
@@ -28,6 +30,7 @@ from .errors import (
     CachePolicyError,
     CacheSizeError,
     DecodeError,
+    DeviceError,
     EngramError,
     FormatError,
     HistoryError,
@@ -55,7 +58,7 @@ from .vocabulary import Vocabulary, check_tokenizer, file_tokenizer, model_token
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "DecodeError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
+    "ArgumentError", "DecodeError", "DeviceError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
     "RowRangeError", "TableIOError", "TokenError", "VocabularyError", "OutputError",
     "CacheError", "CacheSizeError", "CachePolicyError", "CacheLayoutError", "RowCache",
     "DEAD", "Hasher", "History", "Layout",

@@ -6,7 +6,8 @@ from the closest built-in (``ValueError``, ``OSError``) so generic handlers keep
 working.  Messages name the row, column, key, tensor or file offset involved;
 a :class:`VocabularyError` names the tokenizer, the model file and the first
 token id that differs; an :class:`OutputError` the file that could not be
-written and why.
+written and why; a :class:`DeviceError` the accelerator device, or the extra
+(``engram[gpu]``) to install.
 """
 
 from __future__ import annotations
@@ -123,3 +124,18 @@ class CachePolicyError(CacheError, ArgumentError):
 class CacheLayoutError(CacheError, LayoutError):
     """A row cache already serving one model was given to a model of another layout or other tables: its
     keys ``(layer, row)`` would name other rows."""
+
+
+class DeviceError(EngramError, RuntimeError):
+    """The accelerator path (:mod:`engram.gpu`) cannot run: PyTorch is not installed (the message
+    names the extra ``engram[gpu]``), the device does not exist, or it ran out of memory.
+
+    Attributes
+    ----------
+    device : str
+        The device asked for (``"cuda:1"``), or ``""`` when none was reached.
+    """
+
+    def __init__(self, message: str, device: str = ""):
+        super().__init__(message)
+        self.device = device

@@ -11,6 +11,7 @@ tokenizer against the vocabulary the file carries (:mod:`engram.vocabulary`).
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 from . import forks as _forks
 from ._checks import as_mask, need_array, need_eps, need_finite, shape_str
 from .codec import ROW_VALUES
-from .errors import ArgumentError, HistoryError, TableIOError
+from .errors import ArgumentError, DeviceError, HistoryError, TableIOError
 from .gguf import HC_STREAMS, ModelInfo, check_finite, read_model
 from .hashing import Hasher, History
 from .mixer import gated_add, project
@@ -31,7 +32,36 @@ from .rowcache import RowCache
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
 from .vocabulary import TokenizerLike, check_tokenizer, model_tokenizer
 
-__all__ = ["EngramModel", "Session", "LayerWeights"]
+__all__ = ["EngramModel", "Session", "LayerWeights", "SESSION_GROUP", "device_session_factory"]
+
+#: Entry-point group of the session factories of other devices: ``torch = engram.gpu:session_factory``
+#: (setup.cfg).  ``EngramModel.session(device=...)`` loads it, so that ``engram`` never imports torch.
+SESSION_GROUP = "engram.sessions"
+
+
+def device_session_factory(name: str = "torch"):
+    """The session factory registered as ``name`` in :data:`SESSION_GROUP` (loaded on each call).
+
+    Raises
+    ------
+    DeviceError
+        None is registered (the package was installed without its entry points:
+        reinstall), or loading it failed, e.g. torch is missing (the message names
+        the extra ``engram[gpu]``).
+    """
+    eps = importlib.metadata.entry_points()
+    group = eps.select(group=SESSION_GROUP) if hasattr(eps, "select") else eps.get(SESSION_GROUP, ())
+    found = [ep for ep in group if ep.name == name]
+    if not found:
+        raise DeviceError(f"no session factory {name!r} in the entry points {SESSION_GROUP!r}: reinstall engram "
+                          f"(pip install --no-build-isolation -e '.[gpu]') to register engram.gpu")
+    try:
+        return found[0].load()
+    except DeviceError:
+        raise
+    except Exception as exc:
+        raise DeviceError(f"the session factory {found[0].value} could not be loaded ({type(exc).__name__}: "
+                          f"{exc}); install the extra engram[gpu]") from None
 
 
 @dataclass(frozen=True)
@@ -233,8 +263,14 @@ class EngramModel:
         tok = self.tokenizer(tokenizer, vocabulary=vocabulary)
         return np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
-    def session(self, **overrides) -> "Session":
+    def session(self, device=None, **overrides) -> "Session":
         """A new decode session with its own descriptors and a fresh history.
+
+        ``device``: None (default) gives a host :class:`Session` (NumPy rows, the
+        Cython consumer).  A torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``) gives an
+        :class:`engram.gpu.GpuSession` whose rows land decoded on that device, made by
+        the ``engram.sessions`` entry point ``torch`` (:func:`device_session_factory`;
+        needs the extra ``engram[gpu]``, else :class:`~engram.errors.DeviceError`).
 
         Keyword overrides: ``backend``, ``readers``, ``threshold``, ``direct`` (the session's
         tables), ``engine`` (``"shared"``, the default: the reads go through the process's engine
@@ -252,6 +288,8 @@ class EngramModel:
         CacheLayoutError
             ``cache`` already serves a model of another layout or other tables.
         """
+        if device is not None:
+            return device_session_factory("torch")(self, device, **overrides)
         unknown = set(overrides) - set(self.defaults)
         if unknown:
             raise ArgumentError(f"unknown session options: {sorted(unknown)} (known: {sorted(self.defaults)})")

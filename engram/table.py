@@ -325,11 +325,20 @@ class _RowReads(Closing):
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
             raise ArgumentError(f"out must be a writable C-contiguous float32 array of shape {shape}, got {got}")
 
+    @staticmethod
+    def _check_raw_out(out, shape) -> None:
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != shape \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise ArgumentError(f"out must be a writable C-contiguous uint8 array of shape {shape} (raw "
+                                f"{ROW_BYTES}-byte records), got {got}")
+
     def _read(self, ids: np.ndarray, target: np.ndarray, caller_out: Optional[np.ndarray],
-              seg_cols: Optional[int] = None) -> None:
-        """Read ``ids`` into ``target``; a caller's multi-chunk ``out`` is staged so
-        that a failure leaves it untouched.  Shared by :class:`TableGroup`."""
-        cache = self._cache
+              seg_cols: Optional[int] = None, raw: bool = False) -> None:
+        """Read ``ids`` into ``target`` (decoded rows, or with ``raw`` the 264-byte records); a
+        caller's multi-chunk ``out`` is staged so that a failure leaves it untouched.  Shared by
+        :class:`TableGroup`.  Raw reads pass by the row cache (it serves decoded rows)."""
+        cache = None if raw else self._cache
         staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
@@ -351,11 +360,11 @@ class _RowReads(Closing):
                 if extra and nh == ids.size:
                     res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
                 else:
-                    res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra)
+                    res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra, decode=not raw)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
-                res = self._reread_on_pool(f, ids, dest, seg_cols, extra)
+                res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw)
         if extra and nh < ids.size:
             cache.admit(keys, skip, extra[1])
         if staged:
@@ -457,14 +466,14 @@ class _RowReads(Closing):
         return (self.requested_backend == "auto" and f.backend == "io_uring"
                 and (f.kind == "ring" or (f.kind == "io" and f.errno not in _backends.DEVICE_ERRNOS)))
 
-    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=()):
+    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False):
         """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
         the ring is refused for the process (one warning) and this reader stays on the pool;
         when the pool fails too, its error is raised and the ring keeps its standing."""
         if self._reader.start_pool(self.readers):
             raise self._error(f, ids) from None
         try:
-            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra)
+            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra, decode=not raw)
         except _reader.ReadFailure as g:
             raise self._error(g, ids) from None
         verdict = _backends.refuse_ring(f"{_backends.read_failure(f)} (a batch of {self.path}, re-read "
@@ -668,6 +677,42 @@ class Table(_RowReads):
         self._read(a, res, None)
         return res
 
+    def read_raw(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The stored 264-byte records of a batch of tokens, in token order, not decoded.
+
+        The same read as :meth:`read_batch` (sorted, each distinct row read once,
+        concurrent from ``threshold`` distinct rows), but the records are copied
+        as stored into ``out``: for a consumer that decodes them itself, e.g. an
+        accelerator (:mod:`engram.gpu` hands page-locked buffers here).  Every
+        record is checked to decode to finite values (SPEC §5) before any is
+        published, so a bad row raises here as it would from :meth:`read_batch`.
+
+        Parameters
+        ----------
+        ids : array_like of int, shape ``[T, C]``
+        out : numpy.ndarray, optional
+            uint8 ``[T, C, 264]``, C-contiguous and writable (a pinned
+            ``torch.uint8`` tensor's ``.numpy()`` view works).
+
+        Returns
+        -------
+        numpy.ndarray
+            uint8 ``[T, C, 264]``: record ``[t, c]`` is row ``ids[t, c]``'s bytes.
+
+        Raises
+        ------
+        Same as :meth:`read_rows`; on every error ``out`` is left untouched.
+        """
+        a = self._ids(ids, ndim=2)
+        T, C = a.shape
+        if out is not None:
+            self._check_raw_out(out, (T, C, ROW_BYTES))
+            self._read(a, out, out, raw=True)
+            return out
+        res = np.empty((T, C, ROW_BYTES), dtype=np.uint8)
+        self._read(a, res, None, raw=True)
+        return res
+
     def _ids(self, ids, ndim: int) -> np.ndarray:
         return _row_ids(ids, ndim, None, self._range_message)
 
@@ -823,6 +868,42 @@ class TableGroup(_RowReads):
             return out
         res = np.empty(shape, np.float32)
         self._read(a, res, None, self.columns)
+        return res
+
+    def read_raw(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The stored 264-byte records of every table for a batch of tokens, not decoded.
+
+        As :meth:`read_batch` (one deduplicated batch over all tables), with
+        the records copied as stored into ``out`` (see :meth:`Table.read_raw`).
+
+        Parameters
+        ----------
+        ids : array_like of int, shape ``[T, len(tables) * columns]``
+        out : numpy.ndarray, optional
+            uint8 ``[T, len(tables) * columns, 264]``, C-contiguous, writable.
+
+        Returns
+        -------
+        numpy.ndarray
+            uint8 ``[T, len(tables) * columns, 264]``.
+
+        Raises
+        ------
+        RowRangeError, TableIOError, DecodeError, ArgumentError
+            As :meth:`read_batch`; ``out`` is left untouched on every error.
+        """
+        width = len(self.tables) * self.columns
+        a = _row_ids(ids, 2, width, self._range_message)
+        for i, t in enumerate(self.tables):
+            if t.closed:
+                raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
+        shape = (a.shape[0], width, ROW_BYTES)
+        if out is not None:
+            self._check_raw_out(out, shape)
+            self._read(a, out, out, self.columns, raw=True)
+            return out
+        res = np.empty(shape, np.uint8)
+        self._read(a, res, None, self.columns, raw=True)
         return res
 
     def _error(self, f, ids) -> Exception:

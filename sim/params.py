@@ -22,7 +22,7 @@ from engram.rowcache import POLICIES as CACHE_POLICIES, cache_rows as _cache_row
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
-           "NORMAL_MAX_CV", "Compute", "Phases", "Policy", "compute_stats"]
+           "NORMAL_MAX_CV", "Compute", "Consumer", "CONSUMERS", "consumer_preset", "Phases", "Policy", "compute_stats"]
 
 #: Decoder layers of DeepSeek V4 Flash (ds4: ``DS4_N_LAYER = 43``).
 DEFAULT_LAYERS = 43
@@ -297,6 +297,96 @@ class Compute:
         if self.samples:
             d["samples"] = len(self.samples)
         return d
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """The Engram consumer of a step (copy, decode, projection, gated add), per Engram layer, by batch size.
+
+    A what-if input of the decode and serving models: what the two Engram layers add to a step's
+    compute on the processor that runs them (``none``: already inside the step compute, the default).
+    ``ms(batch)`` is piecewise linear through ``knots`` (extended past the last with its slope).
+
+    Attributes
+    ----------
+    name : str
+    knots : tuple of (int, float)
+        ``(batch, ms a layer)``, batches increasing from 1.
+    layers : int
+        Engram layers a step runs (2 in V4.1).
+    source : str
+        Where the figures come from.
+
+    Raises
+    ------
+    ArgumentError
+        No knot, batches not increasing from >= 1, negative times, ``layers < 0``.
+    """
+
+    name: str
+    knots: Tuple[Tuple[int, float], ...]
+    layers: int = 2
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        ks = tuple((int(b), float(m)) for b, m in self.knots)
+        if not ks or ks[0][0] < 1 or any(b2 <= b1 for (b1, _), (b2, _) in zip(ks, ks[1:])):
+            raise ArgumentError(f"Consumer {self.name!r}: knots need batches increasing from >= 1, got {ks}")
+        if any(not (m >= 0 and math.isfinite(m)) for _, m in ks) or self.layers < 0:
+            raise ArgumentError(f"Consumer {self.name!r}: times must be finite and >= 0, layers >= 0")
+        object.__setattr__(self, "knots", ks)
+
+    def slope_ms(self) -> float:
+        """Milliseconds a layer adds per token past the last knot (0 with one knot)."""
+        ks = self.knots
+        return (ks[-1][1] - ks[-2][1]) / (ks[-1][0] - ks[-2][0]) if len(ks) > 1 else 0.0
+
+    def ms(self, batch: int) -> float:
+        """Milliseconds of one Engram layer's consumer for ``batch`` tokens (0 tokens: 0)."""
+        if batch <= 0:
+            return 0.0
+        xs = [b for b, _ in self.knots]
+        ys = [m for _, m in self.knots]
+        if batch >= xs[-1]:
+            return ys[-1] + (batch - xs[-1]) * self.slope_ms()
+        return float(np.interp(batch, xs, ys))
+
+    def step_s(self, batch: int = 1) -> float:
+        """Seconds the consumer adds to a step of ``batch`` tokens: every Engram layer."""
+        return self.layers * self.ms(batch) * 1e-3
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "knots": [list(k) for k in self.knots], "layers": self.layers,
+                "source": self.source}
+
+
+#: Consumer presets (``--consumer``): ``none`` (inside the step compute: the default), ``cpu`` (the host path on
+#: a 16-core host, issue 22: ``Session.apply`` 4.46 and 4.29 ms for layers 1 and 14, the step's read and decode
+#: 0.71 ms, halved between the layers: 4.73 ms a layer at batch 1; the F16 projection reads its 315 MB once for
+#: every token up to 256, and a token's gate costs about what the batch-1 gate does (8.9 us), so 64 tokens add
+#: 0.56 ms) and ``h200`` (the lent H200, issue 22: the consumer of both layers as a CUDA-graph replay of plain
+#: torch ops took 0.31 ms at batch 1, 0.155 ms a layer; batch 64 at issue 22's bound of 0.5 ms a step, 0.25 ms a
+#: layer, until ``benchmarks/bench_gpu.py``'s figure replaces it).
+CONSUMERS = {
+    "none": Consumer("none", ((1, 0.0),), source="inside the step compute"),
+    "cpu": Consumer("cpu", ((1, 4.73), (64, 5.29)), source="16-core host, Session.step + apply (issue 22)"),
+    "h200": Consumer("h200", ((1, 0.155), (64, 0.25)),
+                     source="H200, CUDA-graph replay (issue 22; batch 64: the issue's bound)"),
+}
+
+
+def consumer_preset(name: str) -> Consumer:
+    """The preset ``name`` of :data:`CONSUMERS`.
+
+    Raises
+    ------
+    ArgumentError
+        An unknown name (lists the presets).
+    """
+    try:
+        return CONSUMERS[name]
+    except KeyError:
+        raise ArgumentError(f"unknown consumer {name!r} (one of {', '.join(CONSUMERS)})") from None
 
 
 @dataclass(frozen=True)

@@ -383,8 +383,12 @@ cdef class RowReader:
 
     # ------------------------------------------------------------ read
     def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols,
-             cnp.ndarray skip=None, cnp.ndarray raw=None):
+             cnp.ndarray skip=None, cnp.ndarray raw=None, bint decode=True):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
+
+        ``decode`` False: ``out`` is uint8 [T, C, 264] instead and receives each row's 264-byte
+        record as stored (checked to decode to finite values, not decoded): the records a consumer
+        decodes elsewhere (an accelerator); ``raw`` must then be None.
 
         Column ``c`` reads from segment ``c // seg_cols``.  ``backend``:
         BACKEND_PREAD or BACKEND_URING for chunks with at least ``threshold``
@@ -420,6 +424,13 @@ cdef class RowReader:
             if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
                 raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
             rp = <uint8_t*>cnp.PyArray_DATA(raw)
+        if not decode:
+            if raw is not None:
+                raise ValueError("raw must be None when decode is off (the records go to out)")
+            if out.dtype != np.uint8 or out.size != total * ROW_BYTES or not out.flags.c_contiguous:
+                raise ValueError("out must be a C-contiguous uint8 array of T * C records when decode is off")
+            rp = <uint8_t*>cnp.PyArray_DATA(out)
+            op = NULL
         self.last_nr = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
@@ -452,7 +463,10 @@ cdef class RowReader:
             self.last_nr = nr
             self._check_rows(nd, path)
             with nogil:
-                self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL)
+                if op == NULL:
+                    self._publish_raw(rp + start * ROW_BYTES, m)
+                else:
+                    self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL)
             if path == SERIAL:
                 serial_chunks += 1
             elif path == PREAD:
@@ -645,6 +659,17 @@ cdef class RowReader:
         if self.reqs == NULL:
             return []
         return [(self.reqs[i].fd, self.reqs[i].span_off, self.reqs[i].span_len) for i in range(self.last_nr)]
+
+    cdef void _publish_raw(self, uint8_t* rp, Py_ssize_t n) noexcept nogil:
+        """Copy each distinct row's record to every position that asked for it."""
+        cdef Py_ssize_t i, t, d = -1
+        cdef uint64_t vk, pos_mask = (<uint64_t>1 << POS_BITS) - 1
+        for i in range(n):
+            vk = self.keys[i] >> POS_BITS
+            t = <Py_ssize_t>(self.keys[i] & pos_mask)
+            if d < 0 or self.dkey[d] != vk:
+                d += 1
+            memcpy(rp + t * ROW_BYTES, self.staging + d * ROW_BYTES, ROW_BYTES)
 
     def _where(self, Py_ssize_t d):
         """(row, file offset, segment) of distinct row ``d`` of the current chunk."""

@@ -13,8 +13,8 @@ from engram.errors import ArgumentError, EngramError, TableIOError
 
 from ..device import DEVICE_FORMS, load_device
 from ..io import OutputError, check_output_folder
-from ..params import (BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD,
-                      Compute, Phases, Policy)
+from ..params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
+                      DEFAULT_THRESHOLD, Compute, Phases, Policy, consumer_preset)
 from ..trace import CODE_SOURCE, load_trace
 
 
@@ -117,6 +117,10 @@ def _add_common(p) -> None:
                    help="coefficient of variation of compute (normal: at most 0.85; exponential: 1 by definition)")
     p.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                    help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})")
+    p.add_argument("--consumer", choices=tuple(CONSUMERS), default="none",
+                   help="Engram consumer added to each step's compute, both layers at batch 1: none (inside the "
+                        "compute, default), cpu (the host path, 16 cores) or h200 (the GPU path); see "
+                        "sim.params.CONSUMERS")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: batches of reads share the device as segments; exact: every read is an event "
                         "(default fast)")
@@ -155,8 +159,10 @@ def _device(args):
 
 
 def _compute(args, mean: float):
+    """The step compute of ``--compute-*``, plus ``--consumer``'s Engram layers at batch 1 (a session's own step)."""
     cv = 0.0 if args.compute_cv is None else args.compute_cv
-    return Compute(mean, args.compute_dist, cv, (), args.layers)
+    consumer = consumer_preset(getattr(args, "consumer", "none"))
+    return Compute(mean + consumer.step_s(1), args.compute_dist, cv, (), args.layers)
 
 
 def _phases(args) -> Phases:

@@ -7,7 +7,7 @@ from engram import EngramModel
 from engram.cli import print_json
 from engram.errors import ArgumentError
 
-from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
+from ..params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..serve import SLO, ServeStudy, simulate_serve
 from ..serve.counterpart import counterpart_table, predict_counterpart
 from ..serve.engine import GATES
@@ -106,7 +106,7 @@ def _add_serve(sub) -> None:
     p.add_argument("study", nargs="?", help="a serving study TOML file (optional)")
     p.add_argument("--point", type=int, default=0, help="the study's point to run (default 0)")
     g = p.add_argument_group("axes (as in a serving study; default: the study's point, else the axis default)")
-    choices = {"arrivals": ARRIVALS, "gate": GATES}
+    choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS)}
     for name, (typ, default, label) in SERVE_AXES.items():
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name),
                        help=f"{label} (default {default!r})")

@@ -48,7 +48,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..params import DEFAULT_LAYERS, Compute
+from ..params import DEFAULT_LAYERS, Compute, Consumer
 
 __all__ = ["DS4_PREFILL_TOKENS_PER_S", "REFERENCE_STEP_MS", "StepCompute", "default_token_ms"]
 
@@ -220,6 +220,21 @@ class StepCompute:
         sc = StepCompute(self.knots, self.token_ms, dist or self.dist, self.cv if cv is None else cv,
                          self.scale if scale is None else scale, self.layers if layers is None else layers,
                          self.source)
+        object.__setattr__(sc, "fit", self.fit)
+        return sc
+
+    def with_consumer(self, consumer: Consumer) -> "StepCompute":
+        """This compute plus an Engram consumer (:class:`sim.params.Consumer`): every Engram layer's
+        ``consumer.ms`` of the step's decode requests added at each knot (the knots of both, unscaled:
+        ``scale`` speeds up the rest of the step, not the consumer), and the consumer's per-token slope
+        added to ``token_ms`` (a prompt token through the consumer)."""
+        if consumer.layers == 0 or all(m == 0 for _, m in consumer.knots):
+            return self
+        bs = sorted({b for b, _ in self.knots} | {b for b, _ in consumer.knots})
+        knots = tuple((b, self.mean_ms(b) * self.scale + consumer.layers * consumer.ms(b) * self.scale) for b in bs)
+        tok = self.token_ms + consumer.layers * consumer.slope_ms() * self.scale
+        sc = StepCompute(knots, tok, self.dist, self.cv, self.scale, self.layers,
+                         f"{self.source}; + consumer {consumer.name} ({consumer.source})")
         object.__setattr__(sc, "fit", self.fit)
         return sc
 

@@ -22,7 +22,7 @@ from engram.errors import ArgumentError
 from ..calibrate import Calibration
 from ..decode import hot_rows
 from ..device import load_device, with_tail
-from ..params import Policy
+from ..params import Policy, consumer_preset
 from ..sweep import PointRunner
 from ..trace import load_trace
 from .compute import StepCompute
@@ -116,7 +116,7 @@ def point_objects(p: Mapping[str, Any], ctx: Optional[ServeContext] = None) -> d
         tok = None if p["token_ms"] == SERVE_AXES["token_ms"][1] else p["token_ms"]  # None: the cited default
         base = StepCompute.reference(p["step_ms"], tok)
     compute = base.with_options(scale=p["compute_scale"], dist=p["compute_dist"], cv=p["compute_cv"],
-                                layers=p["layers"])
+                                layers=p["layers"]).with_consumer(consumer_preset(p["consumer"]))
     sched = Scheduler(p["max_running"], p["prefill_chunk"], p["read_chunk"], p["gate"], p["second_start_layer"])
     work = Workload(p["rate"], p["duration_s"], p["arrivals"], p["cv"], p["prompt_tokens"], p["output_tokens"],
                     p["requests"])

@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError
 
-from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
+from ..params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..sweep.study import (check_cache_axes, coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
                            varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec
@@ -107,6 +107,7 @@ SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
     "compute_scale": (float, 1.0, "compute speed-up"),
     "compute_dist": (str, "constant", "compute distribution"),
     "compute_cv": (float, 0.0, "compute CV"),
+    "consumer": (str, "none", "Engram consumer preset (none, cpu, h200)"),
     "layers": (int, DEFAULT_LAYERS, "decoder layers"),
     "repeat": (int, 0, "replicate"),
 }
@@ -208,6 +209,8 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
     if p["compute_dist"] not in COMPUTE_DISTS:
         raise ArgumentError(f"{where}: compute_dist = {p['compute_dist']!r} is not a distribution")
     Compute(1.0, p["compute_dist"], p["compute_cv"])
+    if p["consumer"] not in CONSUMERS:
+        raise ArgumentError(f"{where}: consumer = {p['consumer']!r} must be one of {', '.join(CONSUMERS)}")
     for name in ("prompt_tokens", "output_tokens"):
         lg = Lengths.parse(p[name])
         if lg.kind == "file" and not p["requests"]:
@@ -221,8 +224,11 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
 
 
 def serve_point_seed(study_seed: int, p: Mapping[str, Any]) -> int:
-    """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``."""
-    return point_seed(study_seed, {k: v for k, v in p.items() if k != "rate"})
+    """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``
+    (and without ``consumer`` at its default ``none``: the axis came later, and a point without it keeps
+    the seed, so the results, it had before)."""
+    return point_seed(study_seed, {k: v for k, v in p.items()
+                                   if k != "rate" and not (k == "consumer" and v == "none")})
 
 
 @dataclass(frozen=True)
