@@ -351,7 +351,8 @@ def test_report_numbers_are_the_figures(preset_report):
     with open(root / "data" / "capacity.csv") as f:
         cap = list(csv.DictReader(f))
     seed = [r for r in cap if r["device"] == "seed-apple-m3-ultra"]
-    assert [int(r["sessions"]) for r in seed] == [1, 2, 4, 8, 16] and all(r["passed"] == "True" for r in seed)
+    # the bracketed search: one session, then the most the search may probe (its bounds put the knee above it)
+    assert [int(r["sessions"]) for r in seed] == [1, 16] and all(r["passed"] == "True" for r in seed)
 
 
 def test_html_is_self_contained_and_has_no_raw_markdown(preset_report):
