@@ -5,8 +5,8 @@
 # vm-virtio-16core-4k preset's device file) and the README's main commands that are quick.
 #
 # Usage: .ci/wheel_smoke.sh [PYTHON]   (default .venv/bin/python: it has Cython and numpy for the build)
-# About 4 minutes on a busy 2-core machine: the build (it compiles the Cython kernels) and the install take
-# half of it.
+# 5.2 minutes on a 2-core machine at load average 15 (the build compiles the Cython kernels; it and the install
+# take a third of it); less on an idle CI machine.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${1:-$repo/.venv/bin/python}
