@@ -46,6 +46,7 @@ within 1e-5) and the residual to one bf16 rounding at most.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from typing import Optional
@@ -293,7 +294,7 @@ def _gated_add_torch(residual, kv, w64, eps, mask8, gates):
     width = float(W)
     scaled = dot * (1.0 / torch.sqrt(shh / width + eps))
     scaled = scaled * (1.0 / torch.sqrt(skk / width + eps))
-    scaled = scaled * (1.0 / torch.sqrt(torch.tensor(width, dtype=torch.float64)))
+    scaled = scaled * (1.0 / math.sqrt(width))  # IEEE sqrt, as the Triton kernel's float64 one
     dot = torch.where(dot != 0.0, scaled, dot)
     a = torch.clamp(torch.abs(dot), min=1e-6)
     x = torch.copysign(torch.sqrt(a), dot)

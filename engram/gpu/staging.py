@@ -30,6 +30,9 @@ from ..errors import ArgumentError, DeviceError
 __all__ = ["resolve_device", "Staging", "device_memory", "new_stream", "pinned"]
 
 
+_OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # torch.OutOfMemoryError from 2.2
+
+
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
     """The torch device ``device`` names, checked to exist.
 
@@ -76,7 +79,7 @@ def device_memory(device: torch.device, what: str):
     """Turn a device out-of-memory error inside the block into :class:`DeviceError` naming ``what``."""
     try:
         yield
-    except torch.OutOfMemoryError as exc:
+    except _OOM as exc:
         raise DeviceError(f"{device}: out of memory allocating {what} ({str(exc).splitlines()[0]})",
                           device=str(device)) from None
     except RuntimeError as exc:  # the CPU allocator says "can't allocate memory"
