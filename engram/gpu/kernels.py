@@ -53,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from ..codec import BLOCK, ROW_BYTES, ROW_VALUES
+from ..codec import BLOCK, ROW_VALUES
 
 try:  # Triton is optional: the torch twins run without it
     import triton

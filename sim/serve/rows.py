@@ -33,7 +33,7 @@ Row keys are ``uint32``: ``row | (table << 30)`` (every V4.1 table has fewer tha
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the extra e
 
 from engram import ArgumentError, DeviceError, EngramModel, TableIOError, decode_rows, gated_add, project, synth  # noqa: E402
 from engram.codec import bf16_round  # noqa: E402
-from engram.gpu import CapturedStep, GpuSession, kernels, resolve_device, step_batch  # noqa: E402
+from engram.gpu import GpuSession, kernels, resolve_device, step_batch  # noqa: E402
 from tests.modelfiles import SCALE, token_map as _token_map  # noqa: E402
 from tests.reference import gated_add_twin  # noqa: E402
 
@@ -432,19 +432,18 @@ def test_cuda_step_apply_and_graph_match_cpu(model):
 @gpu
 def test_cuda_batch_and_async(model):
     sessions = [model.session(device="cuda", max_batch=8) for _ in range(8)]
-    with model.session() as h:
-        rows = step_batch(sessions, np.arange(8) + 100)
-        torch.cuda.synchronize()
-        for b in range(8):
-            with model.session() as one:
-                ref = one.step(100 + b)
-            for i, lid in enumerate(model.layer_ids):
-                assert np.array_equal(bf16_np(rows[b, i]), ref[lid])
-        hd = sessions[0].step_async(555)
-        hd.rows_ready(14).wait()
-        hd.rows_ready(1).wait()
-        torch.cuda.synchronize()
-        assert rows.shape == (8, 2, 24, 256) and rows.is_cuda
+    rows = step_batch(sessions, np.arange(8) + 100)
+    torch.cuda.synchronize()
+    for b in range(8):
+        with model.session() as one:
+            ref = one.step(100 + b)
+        for i, lid in enumerate(model.layer_ids):
+            assert np.array_equal(bf16_np(rows[b, i]), ref[lid])
+    hd = sessions[0].step_async(555)
+    hd.rows_ready(14).wait()
+    hd.rows_ready(1).wait()
+    torch.cuda.synchronize()
+    assert rows.shape == (8, 2, 24, 256) and rows.is_cuda
     for s in sessions:
         s.close()
 
