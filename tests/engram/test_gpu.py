@@ -7,7 +7,13 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before engram.gpu: Triton's kernels run in its interpreter
+try:  # without a GPU, Triton's kernels run in its interpreter (set before engram.gpu compiles them)
+    import torch as _torch
+    _HAS_CUDA = _torch.cuda.is_available()
+except ImportError:
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ml_dtypes
 import numpy as np
