@@ -92,6 +92,11 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             f": every one needs a backend that does not start here ({_left_text(left_out)})" if dropped else ""))
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
+    try:  # the measurement folder is this command's to make (its documents' folders must exist: sim.io)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TableIOError(f"{out_dir}: cannot make the measurement folder ({exc.strerror or exc})",
+                           errno_=exc.errno or 0) from None
     model = EngramModel.open(model_path)
     backends = s.resolved_backends(configs, usable)
     depths = s.resolved_depths()

@@ -17,8 +17,6 @@ from tests.modelfiles import token_map as _token_map
 SWEEP = '[study]\nname = "s"\n[fixed]\ntrace_limit = 100\nsteps = 50\ncompute_ms = 10.0\n[grid]\nreaders = [4, 8]\n'
 CAPACITY = ('[study]\nname = "c"\n[capacity]\ntarget = 20.0\nseeds = 1\nmax_sessions = 4\n'
             '[fixed]\ntrace_limit = 100\nsteps = 50\ncompute = "reference"\n')
-SERVE = ('[study]\nname = "v"\n[serve]\nrequests = 20\n[slo]\nttft_p99_ms = 2000\ntbt_p99_ms = 200\n'
-         '[grid]\nrate = [1.0]\n')
 
 #: (command words, the output option, the file name, the rest of the arguments) of every file output;
 #: "{m}" is a small model file, "{s}" a study file.  calibrate and crosscheck read a measurement folder:
