@@ -366,6 +366,9 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
             entry.update(datasheet=spec, datasheet_rules=rules)
             for mode in MODES:
                 described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
+                rsize = int(d.get("read_size") or 4096)
+                if mode == "fio" and rsize != 4096:  # fio at the engine's own read on this device (a 512-byte
+                    described = f"fio:{described},assume_bs={rsize}"  # sector disk): the planner states it
                 try:
                     dev = load_device(described)
                 except ArgumentError as exc:

@@ -149,7 +149,7 @@ def _mib(b: int) -> str:
 def _cmd_trace_reuse(args) -> int:
     tr = load_trace(args.source, limit=args.limit)
     curve = cache_curve(tr, args.cache_bytes, args.policies, sessions=args.sessions, steps=args.steps,
-                        optimal=not args.no_optimal)
+                        optimal=not args.no_optimal, progress=_progress_mode(args))
     if args.json:
         print_json(curve.to_dict())
         return 0
@@ -299,6 +299,7 @@ def _add_trace(sub) -> None:
     s.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
     s.add_argument("--no-optimal", action="store_true", help="leave out the optimal bound (Belady; slower than "
                                                              "the policies, about a microsecond a read)")
+    _add_progress(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_typed_os_errors(_cmd_trace_reuse))
 

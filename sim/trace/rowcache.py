@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -84,8 +84,9 @@ def policy_hits(keys: np.ndarray, capacity: int, policy: str, batch: int = 1) ->
     return hits.astype(bool).reshape(keys.shape)
 
 
-def optimal_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
-    """bool like ``keys``: the hits of Belady's MIN with bypass with ``capacity`` rows (see the module)."""
+def optimal_hits(keys: np.ndarray, capacity: int, progress: Union[bool, str] = True) -> np.ndarray:
+    """bool like ``keys``: the hits of Belady's MIN with bypass with ``capacity`` rows (see the module);
+    ``progress``: a :mod:`sim.progress` mode."""
     flat = np.ascontiguousarray(keys, np.uint64).reshape(-1)
     n = flat.size
     if capacity < 1 or n == 0:
@@ -103,7 +104,7 @@ def optimal_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
     cap = int(capacity)
     keys_l, nxt_l = flat.tolist(), nxt.tolist()
     step = 1 << 18
-    with progress_bar(n, "optimal", "read", delay=2.0) as bar:
+    with progress_bar(n, "optimal", "read", delay=2.0, mode=progress) as bar:
         for lo in range(0, n, step):
             for i in range(lo, min(n, lo + step)):
                 k, nu = keys_l[i], nxt_l[i]
@@ -202,7 +203,7 @@ def _rates(hits: np.ndarray, trace: Trace) -> tuple:
 
 
 def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIES, *, sessions: int = 1,
-                steps: Optional[int] = None, optimal: bool = True) -> CacheCurve:
+                steps: Optional[int] = None, optimal: bool = True, progress: Union[bool, str] = True) -> CacheCurve:
     """Hit rates of the engine's ``policies`` (and the optimal bound) for each cache size in ``sizes``
     (bytes, or strings such as ``"64M"``), ``sessions`` sessions sharing the cache (see the module).
 
@@ -230,7 +231,7 @@ def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIE
         pt = CachePoint(bytes=b, rows=rows)
         names = list(policies) + ([OPTIMAL] if optimal else [])
         for name in names:
-            h = optimal_hits(keys, rows) if name == OPTIMAL else policy_hits(keys, rows, name, batch)
+            h = optimal_hits(keys, rows, progress) if name == OPTIMAL else policy_hits(keys, rows, name, batch)
             pt.hit_rate[name] = float(h.mean())
             pt.by_layer[name], pt.by_order[name] = _rates(h, trace)
         points.append(pt)

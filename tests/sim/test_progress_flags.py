@@ -49,9 +49,9 @@ def test_the_walk_finds_every_kind_of_command():
     for want in ("engram synth", "engram repair", "engram demo", "engram report", "engram measure",
                  "engram crosscheck", "engram sim decode", "engram sim serve", "engram sim capacity",
                  "engram sim sweep", "engram sim prefill", "engram sim trace synth", "engram sim trace stats",
-                 "engram sim trace profile", *QUICK):
+                 "engram sim trace profile", "engram sim trace reuse", *QUICK):
         assert want in progs, want
-    assert len(progs) == 22  # 6 engine commands, 5 top-level simulator ones, 6 of sim, trace and its 4
+    assert len(progs) == 23  # 6 engine commands, 5 top-level simulator ones, 6 of sim, trace and its 5
 
 
 @pytest.mark.parametrize("prog", sorted(set(leaves()) - QUICK))
