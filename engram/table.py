@@ -333,6 +333,18 @@ class _RowReads(Closing):
             raise ArgumentError(f"out must be a writable C-contiguous uint8 array of shape {shape} (raw "
                                 f"{ROW_BYTES}-byte records), got {got}")
 
+    def _read_into(self, ids: np.ndarray, out: Optional[np.ndarray], shape: tuple, raw: bool = False,
+                   seg_cols: Optional[int] = None) -> np.ndarray:
+        """Read ``ids`` into the caller's ``out`` (checked: float32 rows, or with ``raw`` uint8 records, of
+        ``shape``) or into a new array; the one body of ``read_batch`` and ``read_raw``."""
+        if out is not None:
+            (self._check_raw_out if raw else self._check_out)(out, shape)
+            self._read(ids, out, out, seg_cols, raw=raw)
+            return out
+        res = np.empty(shape, np.uint8 if raw else np.float32)
+        self._read(ids, res, None, seg_cols, raw=raw)
+        return res
+
     def _read(self, ids: np.ndarray, target: np.ndarray, caller_out: Optional[np.ndarray],
               seg_cols: Optional[int] = None, raw: bool = False) -> None:
         """Read ``ids`` into ``target`` (decoded rows, or with ``raw`` the 264-byte records); a
@@ -668,14 +680,7 @@ class Table(_RowReads):
         Same as :meth:`read_rows`; on every error ``out`` is left untouched.
         """
         a = self._ids(ids, ndim=2)
-        T, C = a.shape
-        if out is not None:
-            self._check_out(out, (T, C, ROW_VALUES))
-            self._read(a, out, out)
-            return out
-        res = np.empty((T, C, ROW_VALUES), dtype=np.float32)
-        self._read(a, res, None)
-        return res
+        return self._read_into(a, out, (*a.shape, ROW_VALUES))
 
     def read_raw(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The stored 264-byte records of a batch of tokens, in token order, not decoded.
@@ -704,14 +709,7 @@ class Table(_RowReads):
         Same as :meth:`read_rows`; on every error ``out`` is left untouched.
         """
         a = self._ids(ids, ndim=2)
-        T, C = a.shape
-        if out is not None:
-            self._check_raw_out(out, (T, C, ROW_BYTES))
-            self._read(a, out, out, raw=True)
-            return out
-        res = np.empty((T, C, ROW_BYTES), dtype=np.uint8)
-        self._read(a, res, None, raw=True)
-        return res
+        return self._read_into(a, out, (*a.shape, ROW_BYTES), raw=True)
 
     def _ids(self, ids, ndim: int) -> np.ndarray:
         return _row_ids(ids, ndim, None, self._range_message)
@@ -861,14 +859,7 @@ class TableGroup(_RowReads):
         for i, t in enumerate(self.tables):
             if t.closed:  # its descriptor is gone (and its number may already name another file)
                 raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
-        shape = (a.shape[0], width, ROW_VALUES)
-        if out is not None:
-            self._check_out(out, shape)
-            self._read(a, out, out, self.columns)
-            return out
-        res = np.empty(shape, np.float32)
-        self._read(a, res, None, self.columns)
-        return res
+        return self._read_into(a, out, (a.shape[0], width, ROW_VALUES), seg_cols=self.columns)
 
     def read_raw(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The stored 264-byte records of every table for a batch of tokens, not decoded.
@@ -897,14 +888,7 @@ class TableGroup(_RowReads):
         for i, t in enumerate(self.tables):
             if t.closed:
                 raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
-        shape = (a.shape[0], width, ROW_BYTES)
-        if out is not None:
-            self._check_raw_out(out, shape)
-            self._read(a, out, out, self.columns, raw=True)
-            return out
-        res = np.empty(shape, np.uint8)
-        self._read(a, res, None, self.columns, raw=True)
-        return res
+        return self._read_into(a, out, (a.shape[0], width, ROW_BYTES), raw=True, seg_cols=self.columns)
 
     def _error(self, f, ids) -> Exception:
         return _failure_to_error(f, [t.path for t in self.tables], [t.rows for t in self.tables], True,
