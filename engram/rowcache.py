@@ -51,7 +51,7 @@ import numpy as np
 
 from ._native import rowcache as _native
 from .codec import ROW_BYTES, decode_rows
-from .errors import CacheLayoutError, CachePolicyError, CacheSizeError
+from .errors import ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError
 
 __all__ = ["RowCache", "CachePolicy", "POLICIES", "PREFILL", "DEFAULT_POLICY", "DEFAULT_PREFILL",
            "BOOKKEEPING_BYTES", "parse_size", "cache_rows", "cache_key", "physical_memory"]
@@ -146,6 +146,13 @@ def cache_key(layer_id, row) -> np.ndarray:
     return (np.asarray(layer_id, np.uint64) << np.uint64(32)) | np.asarray(row, np.uint64)
 
 
+def _check_keys(keys) -> None:
+    """``keys`` must be uint64 ``[n]``, C-contiguous (:func:`cache_key`); else ArgumentError."""
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1 or not keys.flags.c_contiguous:
+        got = f"{keys.dtype} {keys.shape}" if isinstance(keys, np.ndarray) else type(keys).__name__
+        raise ArgumentError(f"keys must be a C-contiguous uint64 array [n] (engram.rowcache.cache_key), got {got}")
+
+
 class RowCache:
     """Raw 264-byte records of rows, keyed by ``(layer, row)``, shared by the sessions of one model.
 
@@ -232,6 +239,7 @@ class RowCache:
         (recency; TinyLFU's sketch).  The records are copied out under the lock, so rows another
         thread evicts meanwhile stay valid.
         """
+        _check_keys(keys)
         slots = np.empty(keys.shape[0], np.int64)
         self._acquire()
         try:
@@ -274,7 +282,18 @@ class RowCache:
     def insert(self, keys: np.ndarray, records: np.ndarray) -> int:
         """Insert the misses of a batch: uint64 ``[m]`` keys and uint8 ``[m, 264]`` records as read.
         Keys already held (duplicates; a row another session inserted meanwhile) are left as they are.
-        Returns the records written."""
+        Returns the records written.
+
+        Raises
+        ------
+        ArgumentError
+            ``keys`` not uint64 ``[m]``, or ``records`` not uint8 ``[m, 264]``: checked before anything is
+            inserted, so the cache is unchanged."""
+        _check_keys(keys)
+        if not isinstance(records, np.ndarray) or records.dtype != np.uint8 or records.shape != (keys.shape[0], ROW_BYTES):
+            got = f"{records.dtype} {records.shape}" if isinstance(records, np.ndarray) else type(records).__name__
+            raise ArgumentError(f"records must be a uint8 array [{keys.shape[0]}, {ROW_BYTES}] (one record a key), "
+                                f"got {got}")
         slots = np.empty(keys.shape[0], np.int64)
         self._acquire()
         try:

@@ -329,3 +329,29 @@ def test_cache_between_models(model_path, tmp_path):
 def test_cache_key():
     assert cache_key(14, 5).item() == (14 << 32) | 5
     assert cache_key([1, 14], [[3], [4]]).shape == (2, 2)
+
+
+@pytest.mark.parametrize("keys, records, what", [
+    (np.array([7, 8], np.uint64), np.zeros((2, 100), np.uint8), "records must be a uint8 array \\[2, 264\\]"),
+    (np.array([7, 8], np.uint64), np.zeros((2, 264), np.float32), "records must be a uint8 array"),
+    (np.array([7, 8], np.uint64), np.zeros((3, 264), np.uint8), "records must be a uint8 array \\[2, 264\\]"),
+    (np.array([7, 8], np.int64), np.zeros((2, 264), np.uint8), "keys must be a C-contiguous uint64"),
+    ([7, 8], np.zeros((2, 264), np.uint8), "keys must be a C-contiguous uint64"),
+])
+def test_bad_inserts_are_refused_before_anything_is_inserted(keys, records, what):
+    """A refused insert leaves the cache as it was: the keys stay misses, and a good insert then takes."""
+    c = RowCache(1 << 20, policy="lru")
+    with pytest.raises(ArgumentError, match=what):
+        c.insert(keys, records)
+    good = np.array([7, 8], np.uint64)
+    hit, _ = c.lookup(good)
+    assert not hit.any() and c.entries == 0
+    rec = np.arange(2 * 264, dtype=np.uint8).reshape(2, 264)
+    assert c.insert(good, rec) == 2
+    hit, got = c.lookup(good)
+    assert hit.all() and np.array_equal(got, rec)
+
+
+def test_lookup_refuses_keys_that_are_not_uint64():
+    with pytest.raises(ArgumentError, match="keys must be a C-contiguous uint64"):
+        RowCache(1 << 20).lookup(np.zeros((2, 2), np.uint64))
