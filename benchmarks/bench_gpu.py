@@ -188,7 +188,12 @@ def main(argv=None) -> dict:
             out = torch.empty((T, kv16.shape[0]), dtype=torch.float32, device=dev)
             t = clock.ms(lambda: kernels.project(x16, x, kv16, out=out), 20 if cuda else 1, rounds)
             bw = kv16.numel() * 2 / t / 1e6
-            proj[T] = {"ms": t, "GBps_weights": bw, "pct_of_copy": 100 * bw / copy_gbs}
+            proj[T] = {"ms": t, "GBps_weights": bw, "pct_of_copy": 100 * bw / copy_gbs,
+                       "path": kernels.projection_path(dev, T)}
+            if cuda and proj[T]["path"] == "lanes":  # its peer in the same run: cuBLAS on the same operands
+                mode = kernels.project_mode(dev)
+                tc = clock.ms(lambda: kernels.project(x16, x, kv16, out=out, path=mode), 20, rounds)
+                proj[T].update({"cublas_ms": tc, "cublas_pct_of_copy": 100 * kv16.numel() * 2 / tc / 1e6 / copy_gbs})
         rec["projection"] = proj
 
         # -- batch 1: graph replay and eager
@@ -367,7 +372,7 @@ def _numerics(torch, model, s, host, res0, kernels, decode_rows) -> dict:
         out["decode_raw_equals_decode_rows"] = bool(np.array_equal(
             kernels.decode_raw(torch.from_numpy(raw.reshape(-1, 264)).to(s.device)).float().cpu().numpy(),
             decode_rows(raw.reshape(-1, 264))))
-        g_err, r_diff, kv_err, bf_err, bf_gate = [], [], [], [], []
+        g_err, r_diff, kv_err, bf_err, bf_gate, kv_same = [], [], [], [], [], []
         for lid in L:
             r_h = res0[:1].copy()
             g_h = np.zeros((1, 4), np.float32)
@@ -376,6 +381,7 @@ def _numerics(torch, model, s, host, res0, kernels, decode_rows) -> dict:
             g_d = torch.zeros((1, 4), device=s.device)
             kv_d = s2.apply(lid, r_d, rows_d[lid][None], gates_out=g_d)
             g_err.append(float(np.abs(g_d.cpu().numpy() - g_h).max()))
+            kv_same.append(bool(np.array_equal(kv_d.cpu().numpy().view(np.uint32), kv_h.view(np.uint32))))
             r_diff.append(float(np.mean(r_d.float().cpu().numpy() != r_h)))
             kv_err.append(float(np.abs(kv_d.cpu().numpy() - kv_h).max() / np.abs(kv_h).max()))
             # the alternative: BF16 weights
@@ -388,7 +394,21 @@ def _numerics(torch, model, s, host, res0, kernels, decode_rows) -> dict:
             kernels.gated_add(r_b, kv_b.contiguous(), s2.weights(lid).w64, s2.eps, None, g_b)
             bf_gate.append(float(np.abs(g_b.cpu().numpy() - g_h).max()))
             del wb
-        out.update({"gate_max_abs_err": max(g_err), "gate_target": 1e-5,
+        # a batch of 8 tokens (more than the lanes kernel takes on CUDA: cuBLAS's order)
+        B = 8
+        res8 = np.repeat(res0[:1], B, axis=0)
+        rows8_h = {lid: np.stack([rows_h[lid]] * B) for lid in L}
+        g8_err = []
+        for lid in L:
+            r_h, g_h = res8.copy(), np.zeros((B, 4), np.float32)
+            h2.apply(lid, r_h, rows8_h[lid], gates_out=g_h)
+            r_d = torch.from_numpy(res8).to(torch.bfloat16).to(s.device)
+            g_d = torch.zeros((B, 4), device=s.device)
+            s2.apply(lid, r_d, torch.stack([rows_d[lid]] * B), gates_out=g_d)
+            g8_err.append(float(np.abs(g_d.cpu().numpy() - g_h).max()))
+        out.update({"batch8_gate_max_abs_err": max(g8_err),
+                    "batch8_projection_path": kernels.projection_path(s.device, B)})
+        out.update({"gate_max_abs_err": max(g_err), "gate_target": 1e-5, "kv_bit_identical_b1": all(kv_same),
                     "residual_values_differing": max(r_diff), "kv_max_rel_err_f16": max(kv_err),
                     "bf16_weights_kv_max_rel_err": max(bf_err), "bf16_weights_gate_max_abs_err": max(bf_gate)})
     return out
@@ -401,7 +421,9 @@ def _print(rec: dict) -> None:
           f"projection {rec['project_mode']}")
     print(f"   copy                  {rec['copy']['GBps_read_plus_write']:10.1f} GB/s (read + write)")
     for T, v in rec["projection"].items():
-        print(f"   projection T={T:<3}      {v['ms']:10.4f} ms  {v['pct_of_copy']:5.1f}% of the copy's bandwidth")
+        peer = (f"; cuBLAS {v['cublas_ms']:.4f} ms, {v['cublas_pct_of_copy']:.1f}%" if "cublas_ms" in v else "")
+        print(f"   projection T={T:<3}      {v['ms']:10.4f} ms  {v['pct_of_copy']:5.1f}% of the copy's bandwidth "
+              f"({v['path']}{peer})")
     c1, c64 = rec["consumer_b1"], rec["consumer_b64"]
     print(f"   batch 1 graph replay  {c1['graph_replay_ms']:10.4f} ms  (target 0.20; eager {c1['eager_step_apply_ms']:.3f} ms,"
           f" with the read {c1['graph_step_with_read_ms']:.3f} ms)")
@@ -415,8 +437,9 @@ def _print(rec: dict) -> None:
     print(f"   reads                 pinned {r['pinned_rows_per_s']:.0f} rows/s, pageable {r['pageable_rows_per_s']:.0f} "
           f"rows/s ({r['pinned_over_pageable']:.2f}x)")
     n = rec["numerics"]
-    print(f"   numerics              rows identical {n['rows_bit_identical']}, gate err {n['gate_max_abs_err']:.2e}, "
-          f"bf16 weights: gate err {n['bf16_weights_gate_max_abs_err']:.2e}")
+    print(f"   numerics              rows identical {n['rows_bit_identical']}, kv identical {n['kv_bit_identical_b1']}, "
+          f"gate err {n['gate_max_abs_err']:.2e} (batch 8, {n['batch8_projection_path']}: "
+          f"{n['batch8_gate_max_abs_err']:.2e}), bf16 weights: gate err {n['bf16_weights_gate_max_abs_err']:.2e}")
     print(f"   GPUDirect Storage     {rec['gds']['gds']}; wall {rec['wall_s']:.0f} s")
 
 

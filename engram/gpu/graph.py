@@ -2,7 +2,7 @@
 
 Per Engram layer one graph holds the whole consumer: the async copy of the
 raw records from the layer's pinned staging buffer, the decode kernel, the
-projection (cuBLAS, F16 weights resident) and the gated add into the fixed
+projection (F16 weights resident; :func:`engram.gpu.kernels.projection_path`) and the gated add into the fixed
 residual buffer ``residual[layer]`` (bf16 ``[B, 4, 5120]``), with the gates in
 ``gates[layer]``.  The host's read fills the staging buffer; launching the
 graph after the read releases the copy (stream order), so nothing in the graph
@@ -13,7 +13,7 @@ while the caller's kernels of layers 2-13 keep the device busy.
 
 Before a replay the host checks that the records' scales keep the f16
 projection exact (:data:`engram.gpu.kernels.F16_EXACT_SCALES`); a step whose
-records do not runs the same consumer eagerly on the exact path.  On the CPU
+records do not runs the same consumer eagerly on the path for such records.  On the CPU
 there are no graphs: the same sequence runs eagerly (how the logic is tested).
 """
 

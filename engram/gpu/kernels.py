@@ -19,19 +19,28 @@ records before they are published, SPEC §5).  The same kernel writes the f16
 copy the projection reads (fused: one pass over the records).
 
 **Projection** (:func:`project`): ``kv = rows @ engram_kv.T`` with the F16
-weights resident on the device.  On CUDA, cuBLAS through ``torch.mm(x16,
-w16.T, out_dtype=torch.float32)``: f16 inputs, float32 accumulation, float32
-output.  The rows are bf16 values; a bf16 value is exact in f16 when its E8M0
-scale byte lies in :data:`F16_EXACT_SCALES` (every E4M3 value times ``2^(s-127)``
-is then an f16 normal or an exact f16 subnormal and at most 57,344), so every
-product ``x_i w_i`` is exact in float32 and only the sums round: SPEC §7's
-numerics, as the CPU path (:func:`engram.project`), with another summation
-order.  Records with a scale outside that range go through the exact path
-(float32 weights in blocks, the CPU path's ``sgemm`` route).  BF16 weights were
-rejected: rounding F16 weights to bf16 drops 3 of their 11 significant bits
-(``benchmarks/bench_gpu.py`` prints the error it gives against the CPU path).
-On the CPU the projection is float32 ``matmul`` on blocks of weights converted
-to float32 (:data:`CPU_BLOCK_ROWS` at a time).
+weights resident on the device, by one of three paths (:func:`projection_path`):
+
+- up to :data:`LANES_MAX_TOKENS` tokens on CUDA (a decode step of one session,
+  or two), a Triton kernel that sums in the CPU kernel's own order (64 float32
+  partial sums, folded pairwise; ``engram/_native/project_simd.h``): the keys
+  and value are bit-identical to :func:`engram.project`, so the gates equal the
+  CPU path's.  It reads the weights at the speed of cuBLAS there (88.9% of a
+  device-to-device copy on an H200);
+- more tokens on CUDA, cuBLAS through ``torch.mm(x16, w16.T,
+  out_dtype=torch.float32)``: f16 inputs, float32 accumulation in cuBLAS's
+  order.  The rows are bf16 values; a bf16 value is exact in f16 when its E8M0
+  scale byte lies in :data:`F16_EXACT_SCALES`, so every product is exact in
+  float32 and only the sums round (SPEC §7's numerics with another order: a key
+  next to a bf16 rounding boundary may then round the other way before the
+  gate, moving that gate by up to ~1e-4).  Records with a scale outside that
+  range go through float32 weights in blocks;
+- on the CPU device, the CPU path's own F16 kernel on the tensors' memory: the
+  host session's bits.
+
+BF16 weights were rejected: rounding F16 weights to bf16 drops 3 of their 11
+significant bits (``benchmarks/bench_gpu.py`` prints the error it gives against
+the CPU path).
 
 **Gated add** (:func:`gated_add`): the CPU kernel's contract
 (:mod:`engram.mixer`): ``dot``, ``sum(h^2)``, ``sum(k^2)`` in float64, the
@@ -53,7 +62,11 @@ from typing import Optional
 
 import torch
 
+import numpy as np
+
+from .._native import project as _native_project
 from ..codec import BLOCK, ROW_VALUES
+from ..mixer import F16_KERNEL_MAX_TOKENS
 
 try:  # Triton is optional: the torch twins run without it
     import triton
@@ -63,7 +76,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     tl = None
 
 __all__ = ["decode_raw", "project", "gated_add", "gate_weights", "kernel_path", "f16_exact", "triton_available",
-           "project_mode", "F16_EXACT_SCALES", "CPU_BLOCK_ROWS", "GATE_BLOCK"]
+           "project_mode", "projection_path", "LANES_MAX_TOKENS", "PROJECT_LANES", "F16_EXACT_SCALES", "CPU_BLOCK_ROWS", "GATE_BLOCK"]
 
 #: E8M0 scale bytes whose decoded values are all exact in float16 (so the f16 projection is exact
 #: in its products): ``2^(s-127)`` from ``2^-15`` (the smallest E4M3 step, 2^-9, times 2^-15 is the
@@ -71,8 +84,10 @@ __all__ = ["decode_raw", "project", "gated_add", "gate_weights", "kernel_path", 
 F16_EXACT_SCALES = (112, 134)
 #: Weight rows converted to float32 per matmul of the CPU and exact projections (24 MB at 6144 inputs).
 CPU_BLOCK_ROWS = 1024
-#: Elements of a stream one Triton gate program handles per loop iteration.
-GATE_BLOCK = 1024
+#: Elements of a stream one Triton gate program handles per loop iteration, and its warps (a gate is one
+#: program per token and stream: 2048 x 8 warps took 3.4 us less a call than 1024 x 4 on an H200).
+GATE_BLOCK = 2048
+GATE_WARPS = 8
 
 
 def triton_available() -> bool:
@@ -236,6 +251,97 @@ def project_mode(device: torch.device) -> str:
     return {"out": "f16-cublas", "new": "f16-cublas-new"}.get(_OUT_DTYPE[key], "f16-cublas-f16out")
 
 
+if triton is not None:
+    @triton.jit
+    def _lanes_fold(p, BLOCK_N: tl.constexpr, LANES: tl.constexpr):
+        """``p[:, j] += p[:, j + s]`` for s = LANES/2 .. 1 (the CPU kernel's fold): ``[BLOCK_N]``."""
+        if LANES >= 64:
+            p = tl.sum(tl.reshape(p, [BLOCK_N, 2, LANES // 2]), axis=1)
+        if LANES >= 32:
+            p = tl.sum(tl.reshape(p, [BLOCK_N, 2, 16]), axis=1)
+        p = tl.sum(tl.reshape(p, [BLOCK_N, 2, 8]), axis=1)
+        p = tl.sum(tl.reshape(p, [BLOCK_N, 2, 4]), axis=1)
+        p = tl.sum(tl.reshape(p, [BLOCK_N, 2, 2]), axis=1)
+        p = tl.sum(tl.reshape(p, [BLOCK_N, 2, 1]), axis=1)
+        return tl.reshape(p, [BLOCK_N])
+
+    @triton.jit
+    def _project_lanes4_kernel(x_ptr, w_ptr, out_ptr, T, N, K, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                               LANES: tl.constexpr, UNROLL: tl.constexpr):
+        """``out[t, n] = sum_i w[n, i] * x[t, i]`` for up to 4 tokens in the CPU kernel's order
+        (engram/_native/project_simd.h): input ``i`` into float32 partial sum ``i % LANES`` in increasing
+        ``i``, then ``p[j] += p[j + s]`` for s = LANES/2 .. 1.  ``x`` bf16 ``[T, K]``, ``w`` f16 ``[N, K]``,
+        ``out`` float32 ``[T, N]``.  A 2-D accumulator per token, so the weights' loads vectorise as in a
+        GEMV and each weight is loaded once for all tokens; ``UNROLL`` blocks of ``LANES`` inputs are
+        loaded an iteration and added in increasing ``i``.  Compiled with fused multiply-add only where every
+        product is exact in float32 (then ``fma(x, w, p)`` rounds as ``p + x * w`` does)."""
+        pid = tl.program_id(0)
+        n = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        j = tl.arange(0, LANES)
+        a0 = tl.zeros([BLOCK_N, LANES], dtype=tl.float32)
+        a1 = tl.zeros([BLOCK_N, LANES], dtype=tl.float32)
+        a2 = tl.zeros([BLOCK_N, LANES], dtype=tl.float32)
+        a3 = tl.zeros([BLOCK_N, LANES], dtype=tl.float32)
+        tj = j * 0 + T  # the token count as a tensor (masks must be tensors under the interpreter)
+        tn = n * 0 + T
+        for c0 in range(0, K, LANES * UNROLL):
+            for u in tl.static_range(UNROLL):
+                c = c0 + u * LANES
+                km = (c + j) < K
+                w = tl.load(w_ptr + n[:, None] * K + c + j[None, :], mask=nm[:, None] & km[None, :],
+                            other=0.0).to(tl.float32)
+                x0 = tl.load(x_ptr + c + j, mask=km, other=0.0).to(tl.float32)
+                a0 = a0 + x0[None, :] * w
+                if T_PAD > 1:
+                    x1 = tl.load(x_ptr + K + c + j, mask=km & (tj > 1), other=0.0).to(tl.float32)
+                    a1 = a1 + x1[None, :] * w
+                if T_PAD > 2:
+                    x2 = tl.load(x_ptr + 2 * K + c + j, mask=km & (tj > 2), other=0.0).to(tl.float32)
+                    a2 = a2 + x2[None, :] * w
+                    x3 = tl.load(x_ptr + 3 * K + c + j, mask=km & (tj > 3), other=0.0).to(tl.float32)
+                    a3 = a3 + x3[None, :] * w
+        tl.store(out_ptr + n, _lanes_fold(a0, BLOCK_N, LANES), mask=nm)
+        if T_PAD > 1:
+            tl.store(out_ptr + N + n, _lanes_fold(a1, BLOCK_N, LANES), mask=nm & (tn > 1))
+        if T_PAD > 2:
+            tl.store(out_ptr + 2 * N + n, _lanes_fold(a2, BLOCK_N, LANES), mask=nm & (tn > 2))
+            tl.store(out_ptr + 3 * N + n, _lanes_fold(a3, BLOCK_N, LANES), mask=nm & (tn > 3))
+
+
+#: Token counts up to which the projection on a CUDA device sums in the CPU kernel's order
+#: (:func:`projection_path`'s ``"lanes"``): there it runs at the speed of cuBLAS (88.9% of a
+#: device-to-device copy at 1 and 2 tokens on an H200, 0.084 ms a layer); at 3-4 tokens it takes 0.12 ms
+#: against cuBLAS's 0.084, and beyond it is compute-bound on CUDA cores, so more tokens go to cuBLAS.
+LANES_MAX_TOKENS = 2
+#: The CPU kernel's partial sums per output (engram/_native/project_simd.h's EP_LANES).
+PROJECT_LANES = 64
+#: Launch settings of the lanes kernel by padded token count: BLOCK_N, UNROLL, num_warps, num_stages
+#: (the best of a sweep inside CUDA graphs on an H200: 76.2 us a layer at 1 and 2 tokens, cuBLAS 81.0).
+_LANES_CONFIG = {1: (16, 8, 8, 1), 2: (8, 8, 4, 3), 4: (64, 2, 4, 3)}
+
+
+def _project_lanes(rows: torch.Tensor, w16: torch.Tensor, out: torch.Tensor, fuse: bool = True) -> None:
+    """The lanes kernel over ``rows`` in launches of up to 4 tokens (tokens are independent: same bits)."""
+    T, K = rows.shape
+    N = w16.shape[0]
+    for t0 in range(0, T, 4):
+        n = min(4, T - t0)
+        t_pad = 1 if n == 1 else (2 if n == 2 else 4)
+        block_n, unroll, warps, stages = _LANES_CONFIG[t_pad]
+        with _launching():
+            _project_lanes4_kernel[(triton.cdiv(N, block_n),)](
+                rows[t0:t0 + n], w16, out[t0:t0 + n], n, N, K, T_PAD=t_pad, BLOCK_N=block_n,
+                LANES=PROJECT_LANES, UNROLL=unroll, num_warps=warps, num_stages=stages, enable_fp_fusion=fuse)
+
+
+def _project_host(rows: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
+    """The CPU path's own F16 kernel (``engram/_native/project.pyx``, as :func:`engram.project` calls it up to
+    :data:`engram.mixer.F16_KERNEL_MAX_TOKENS` tokens) on CPU tensors: the host session's bits."""
+    x = rows.to(torch.float32).numpy()
+    _native_project.f16_project_into(w16.numpy().view(np.uint16), x, out.numpy())
+
+
 def _project_f32_blocks(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
     x32 = x.to(torch.float32)
     for r0 in range(0, w16.shape[0], CPU_BLOCK_ROWS):
@@ -243,33 +349,67 @@ def _project_f32_blocks(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -
         torch.matmul(x32, w16[r0:r1].to(torch.float32).t(), out=out[:, r0:r1])
 
 
+def projection_path(device: torch.device, tokens: int, exact: bool = True) -> str:
+    """Which implementation :func:`project` uses for ``tokens`` tokens on ``device``:
+
+    - ``"lanes"``: the Triton kernel that sums in the CPU kernel's order (CUDA with Triton), up to
+      :data:`LANES_MAX_TOKENS` tokens: bit-identical to :func:`engram.project` (forced with ``path=``, it
+      also runs any token count, and on the CPU under Triton's interpreter);
+    - ``"host"``: the CPU path's own F16 kernel on CPU tensors (up to
+      :data:`engram.mixer.F16_KERNEL_MAX_TOKENS` tokens): bit-identical to :func:`engram.project`;
+    - ``"f16-cublas"`` (or its variants, :func:`project_mode`): cuBLAS on tensor cores, f16 inputs, float32
+      accumulation in cuBLAS's order (more tokens on CUDA: a batch of many sessions, a prefill chunk);
+    - ``"f32-blocks"``: float32 matmul on weight blocks (records outside the f16-exact scales on CUDA past
+      :data:`LANES_MAX_TOKENS`, and more tokens than the F16 kernel takes on the CPU).
+    """
+    if device.type == "cpu":  # also under Triton's interpreter, where the lanes kernel is tested on its own
+        return "host" if tokens <= F16_KERNEL_MAX_TOKENS else "f32-blocks"
+    if kernel_path(device) == "triton" and tokens <= LANES_MAX_TOKENS:
+        return "lanes"
+    mode = project_mode(device)
+    return mode if exact else "f32-blocks"
+
+
 def project(x16: torch.Tensor, rows: torch.Tensor, w16: torch.Tensor, *, exact: bool = True,
-            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            out: Optional[torch.Tensor] = None, path: Optional[str] = None) -> torch.Tensor:
     """``kv = rows @ w16.T`` (SPEC §7): float32 ``[T, out_features]``.
+
+    Numerics by path (:func:`projection_path`): ``"lanes"`` and ``"host"`` give the CPU path's bits (its 64
+    float32 partial sums, SPEC §7's float32 accumulation, products exact); cuBLAS sums in its own order
+    (each output within the float32 bound of :mod:`engram.mixer`, so a key next to a bf16 rounding boundary
+    may round the other way before the gate: gates then differ from the CPU path's by up to ~1e-4).
 
     Parameters
     ----------
     x16 : torch.Tensor
-        float16 ``[T, in_features]``: the rows as f16 (:func:`decode_raw`'s ``x16``).
+        float16 ``[T, in_features]``: the rows as f16 (:func:`decode_raw`'s ``x16``; read by cuBLAS only).
     rows : torch.Tensor
-        bfloat16 ``[T, in_features]``: the same rows (read by the exact path).
+        bfloat16 ``[T, in_features]``, contiguous: the same rows.
     w16 : torch.Tensor
-        float16 ``[out_features, in_features]``, resident on the device.
+        float16 ``[out_features, in_features]``, contiguous, resident on the device.
     exact : bool
-        ``x16`` holds the rows exactly (:func:`f16_exact` of their records);
-        False takes the float32 block path.
+        ``x16`` holds the rows exactly (:func:`f16_exact` of their records: then every product is also
+        exact in float32); False keeps cuBLAS off them and the lanes kernel off fused multiply-adds.
     out : torch.Tensor, optional
-        float32 ``[T, out_features]``.
+        float32 ``[T, out_features]``, contiguous.
+    path : str, optional
+        Force a path (tests and benchmarks); default :func:`projection_path`.
     """
     T = rows.shape[0]
     if out is None:
         out = torch.empty((T, w16.shape[0]), dtype=torch.float32, device=rows.device)
-    mode = project_mode(rows.device)
-    if mode == "f32-blocks" or not exact:
+    if T == 0:
+        return out
+    path = path or projection_path(rows.device, T, exact)
+    if path == "lanes":
+        _project_lanes(rows, w16, out, fuse=exact)
+    elif path == "host":
+        _project_host(rows, w16, out)
+    elif path == "f32-blocks":
         _project_f32_blocks(rows, w16, out)
-    elif mode == "f16-cublas":
+    elif path == "f16-cublas":
         torch.mm(x16, w16.t(), out_dtype=torch.float32, out=out)
-    elif mode == "f16-cublas-new":
+    elif path == "f16-cublas-new":
         out.copy_(torch.mm(x16, w16.t(), out_dtype=torch.float32))
     else:  # pragma: no cover - torch < 2.8 on CUDA
         out.copy_(torch.mm(x16, w16.t()))
@@ -409,6 +549,6 @@ def gated_add(residual: torch.Tensor, kv: torch.Tensor, w64: torch.Tensor, eps: 
             eps_t = torch.full((1,), float(eps), dtype=torch.float64, device=dev)
         with _launching():
             _gate_kernel[(T, S)](residual, residual.view(torch.int16), kv, w64, mask8, g, eps_t, S=S, W=W,
-                                 BLOCK=GATE_BLOCK, enable_fp_fusion=False)
+                                 BLOCK=GATE_BLOCK, num_warps=GATE_WARPS, enable_fp_fusion=False)
     else:
         _gated_add_torch(residual, kv, w64, float(eps), mask8, gates)

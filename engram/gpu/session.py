@@ -502,9 +502,11 @@ class GpuSession:
               gates_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Project ``rows`` and add them into ``residual`` through the gate, in place (SPEC §7), on the device.
 
-        Runs on the current stream.  Numerics: :mod:`engram.gpu.kernels`
-        (gates within 1e-5 of the CPU path, the residual within one bf16
-        rounding).  The first call for a layer on a device loads its weights
+        Runs on the current stream.  Numerics: :mod:`engram.gpu.kernels`: up to
+        :data:`~engram.gpu.kernels.LANES_MAX_TOKENS` tokens (and on the CPU device) the keys and value are
+        the CPU path's bits, the gates agree with it to float64 rounding; more tokens on CUDA go through
+        cuBLAS (gates within ~1e-4, a key next to a bf16 rounding boundary rounding the other way); the
+        residual within one bf16 rounding either way.  The first call for a layer on a device loads its weights
         there (315 MB from the file).
 
         Parameters
