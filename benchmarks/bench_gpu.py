@@ -312,7 +312,8 @@ def _overlap(torch, clock, cs, L, busy_us, rounds, cuda) -> dict:
     ``overlapped``: the same with layer 14's read started on the background reader as soon as the token is
     known (``CapturedStep.begin``'s order); ``serial``: layer 14's read started once the device has finished
     the busy kernel (the read at the layer that needs it).  hidden = 1 - (overlapped - no_read) / read, with
-    ``read`` the layer's read timed alone.  On the CPU the consumers are left out (they would run on the
+    ``read`` the layer's read timed alone; the three are called in turn (interleaved) and the exposure is the
+    median of the paired differences ``overlapped - no_read``.  On the CPU the consumers are left out (they would run on the
     host and dwarf the read): only reads and a sleep of ``busy_us``.
     """
     cps = 1.0
@@ -348,12 +349,19 @@ def _overlap(torch, clock, cs, L, busy_us, rounds, cuda) -> dict:
         launch(second)
 
     n = 20 if cuda else 5
-    t = {}
-    for name, fn in (("no_read", noread), ("serial", serial), ("overlapped", overlapped)):
+    fns = (("no_read", noread), ("serial", serial), ("overlapped", overlapped))
+    for _, fn in fns:
         fn()
-        t[name] = clock.wall_ms(fn, n, rounds)
+    # interleaved: one call of each in turn, so that the host's drift (other processes, clocks) falls on all
+    # three alike; the exposure is the median of the paired differences
+    samples = {name: [] for name, _ in fns}
+    for _ in range(n * rounds):
+        for name, fn in fns:
+            samples[name].append(clock.wall_ms(fn, 1, 1))
+    t = {name: statistics.median(v) for name, v in samples.items()}
+    paired = [o - r for o, r in zip(samples["overlapped"], samples["no_read"])]
     read = clock.wall_ms(lambda: cs._read(1, second), n, rounds)
-    exposed = max(0.0, t["overlapped"] - t["no_read"])
+    exposed = max(0.0, statistics.median(paired))
     hidden = 1 - min(1.0, exposed / read) if read > 0 else None
     return {"busy_us": busy_us, "ms": t, "read_ms": read, "exposed_ms": exposed, "hidden_fraction": hidden,
             "serial_exposed_ms": t["serial"] - t["no_read"], "target": 0.95,
