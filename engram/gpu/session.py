@@ -202,8 +202,8 @@ class GpuSession:
     model : engram.EngramModel
     device : str or torch.device
         ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the same torch code on the CPU:
-        nothing pinned, the copy a plain ``copy_``, the projection on float32
-        blocks of the weights; how CI tests the logic, not a fast path: the host
+        nothing pinned, the copy a plain ``copy_``, the projection by the CPU
+        path's own F16 kernel; how CI tests the logic, not a fast path: the host
         :class:`engram.Session` is the CPU consumer).
     max_batch : int
         Tokens of :func:`step_batch` the staging is first sized for (it grows on demand).
@@ -541,8 +541,10 @@ class GpuSession:
             The device ran out of memory (``residual`` untouched).
         """
         self._check_open("apply")
-        layer_id = int(layer_id) if isinstance(layer_id, (int, np.integer)) and not isinstance(layer_id, bool) \
-            else layer_id
+        if not isinstance(layer_id, (int, np.integer)) or isinstance(layer_id, (bool, np.bool_)):
+            raise ArgumentError(f"layer must be an integer layer id (layers: {list(self.layer_ids)}), got "
+                                f"{type(layer_id).__name__} {layer_id!r}; residual and gates_out are untouched")
+        layer_id = int(layer_id)
         if layer_id not in self.layer_ids:
             raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {list(self.layer_ids)})")
         info = self.model.info
@@ -555,6 +557,9 @@ class GpuSession:
         _need_tensor("residual", residual, torch.bfloat16, self.device, (T, HC_STREAMS, width), untouched)
         if not residual.is_contiguous():
             raise ArgumentError(f"residual must be contiguous (it is updated in place){untouched}")
+        if residual.requires_grad:
+            raise ArgumentError(f"residual requires grad: the gated add writes it in place, outside autograd "
+                                f"(pass residual.detach() or run under torch.no_grad()){untouched}")
         _need_tensor("rows", rows, torch.bfloat16, self.device, (T, C, ROW_VALUES), untouched)
         if rows.stride(2) != 1 or rows.stride(1) != ROW_VALUES:
             raise ArgumentError(f"rows must hold each token's {C} x {ROW_VALUES} values contiguously "
@@ -564,6 +569,8 @@ class GpuSession:
             _need_tensor("gates_out", gates_out, torch.float32, self.device, (T, HC_STREAMS), untouched)
             if not gates_out.is_contiguous():
                 raise ArgumentError(f"gates_out must be contiguous{untouched}")
+            if gates_out.requires_grad:
+                raise ArgumentError(f"gates_out requires grad: it is written in place, outside autograd{untouched}")
         w = self.weights(layer_id)
         x = rows.reshape(T, C * ROW_VALUES)
         with device_memory(self.device, f"the projection of {T} tokens"):

@@ -373,6 +373,15 @@ def test_bad_tensors_are_refused_untouched(model):
             s.apply(1, good, rows, gates_out=g.double())
         with pytest.raises(ArgumentError, match="layer 2"):
             s.apply(2, good, rows)
+        for bad_layer in (True, 1.0, "1", None):
+            with pytest.raises(ArgumentError, match="layer must be an integer"):
+                s.apply(bad_layer, good, rows, gates_out=g)
+        leaf = torch.zeros((1, 4, 5120), dtype=torch.bfloat16, requires_grad=True)
+        with pytest.raises(ArgumentError, match="residual requires grad"):
+            s.apply(1, leaf, rows, gates_out=g)
+        assert torch.all(leaf.detach() == 0)
+        with pytest.raises(ArgumentError, match="gates_out requires grad"):
+            s.apply(1, good, rows, gates_out=torch.zeros((1, 4), requires_grad=True))
         with pytest.raises(ArgumentError, match="mask"):
             s.apply(1, good, rows, mask=[2])
         assert torch.all(good == 0) and torch.all(g == 3.0)
