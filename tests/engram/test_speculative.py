@@ -409,3 +409,15 @@ def test_fork_with_a_prefetch_pending(model_path, text_ids):
     got = run_child(FORK, env={"M_PATH": str(model_path), "IDS": json.dumps(text_ids[:10].tolist())}, timeout=120)
     assert got == {"use": {"exact": True, "hits": 144}, "use_exit": 0, "use_parent": [True, 192],
                    "close": {"closed": True, "done": True}, "close_exit": 0, "close_parent": [True, 192]}
+
+
+def test_read_stats_add_counts_prefetch_hits(model, text_ids):
+    with model.session() as s:
+        s.step_many(text_ids[:3])
+        s.prefetch(text_ids[3:5]).wait(timeout=60)
+        s.step_many(text_ids[3:6])
+        a = s.last_stats
+        total = type(a)()
+        total.add(a)
+        total.add(a)
+        assert (a.prefetch_hits, a.rows_requested, total.prefetch_hits, total.rows_requested) == (96, 144, 192, 288)
