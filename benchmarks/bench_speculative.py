@@ -16,11 +16,11 @@ as one batch, so this is layer 1's wait).
 - Speculative, ``k`` drafts (``--k``, 2) at acceptance ``a`` (``--acceptance``, 0.7): right after a step
   returns, the drafter proposes the next ``k`` tokens (each the true next token of the text with
   probability ``a``, else a random id of the vocabulary) and ``prefetch(drafts)`` starts reading their
-  rows; the compute runs; the verification step ``step_many(drafts)`` takes their rows from the prefetch
-  (waiting while its read is in flight); the drafts are accepted up to the first wrong one
-  (``rollback`` the rest).  When the first draft was wrong, the true token is stepped (``step``: a
-  read on the critical path).  A step thus advances ``1 + accepted`` tokens when the first draft is
-  right, else 1.
+  rows; the compute runs and ends with the next token known.  When it is the first draft, the step
+  verifies the drafts, ``step_many(drafts)``, taking their rows from the prefetch (waiting while its
+  read is in flight), accepts them up to the first wrong one and rolls the rest back (``rollback``):
+  it advances by the accepted drafts.  When it is not, ``step(token)`` drops the prefetch and reads the
+  token's rows on the critical path: it advances by one.
 
 Reported: the mean critical-path read time a step, speculative over not (target <= 0.35), the same a
 token generated, and the share of steps whose first draft was right.
@@ -102,18 +102,18 @@ def speculative_block(s, toks: np.ndarray, steps: int, compute_s: float, k: int,
         drafts = np.where(right, truth, rng.integers(0, vocab, k))
         drafts[~right & (drafts == truth)] = (truth[~right & (drafts == truth)] + 1) % vocab
         pf = s.prefetch(drafts)                       # right after the step returned
-        time.sleep(compute_s)                         # the step's compute
+        time.sleep(compute_s)                         # the step's compute; it ends with the next token known
         t0 = time.perf_counter()
-        s.step_many(drafts)                           # verification of the drafts
-        hits += s.last_stats.prefetch_hits
-        waits.append(max(0.0, (pf.ready_at or t0) - t0))
-        m = int(np.argmin(right)) if not right.all() else k
-        s.rollback(k - m)
-        if m == 0:                                    # the first draft was wrong: the true token, read now
-            s.step(int(toks[p]))
-            m = 1
-        else:
+        if right[0]:                                  # the next token is the first draft: verify the drafts
+            s.step_many(drafts)
+            m = int(np.argmin(right)) if not right.all() else k
+            s.rollback(k - m)
             first_right += 1
+            waits.append(max(0.0, (pf.ready_at or t0) - t0))
+        else:                                         # it is not: the prefetch is dropped, the token read now
+            s.step(int(truth[0]))
+            m = 1
+        hits += s.last_stats.prefetch_hits
         crit.append(time.perf_counter() - t0)
         (right_s if right[0] else wrong_s).append(crit[-1])
         p += m

@@ -62,6 +62,7 @@ class DraftPrefetch:
 
     def __init__(self, tokens: np.ndarray, history: History, row_ids: np.ndarray):
         self.tokens = tokens
+        self._token_list = tokens.tolist()
         self.history = history
         self.row_ids = row_ids
         k, L, C = row_ids.shape
@@ -98,11 +99,12 @@ class DraftPrefetch:
         0 when the history differs or the prefetch was cancelled or failed."""
         if self.state in (_CANCELLED, _FAILED) or history != self.history:
             return 0
-        n = min(len(self), int(tokens.shape[0]))
-        if n == 0:
-            return 0
-        diff = np.flatnonzero(self.tokens[:n] != tokens[:n])
-        return int(diff[0]) if diff.size else n
+        n = 0
+        for a, b in zip(self._token_list, tokens.tolist()):
+            if a != b:
+                break
+            n += 1
+        return n
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the rows are read (seconds; None: no limit).

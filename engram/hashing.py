@@ -97,7 +97,12 @@ class Hasher:
             Not 1-D, not integers, or an id negative or ``>= vocab_size`` (the message names the first
             such id and its position).
         """
-        tok = np.ascontiguousarray(_as_token_array(tokens, self.vocab_size), dtype=np.int64)
+        if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 and tokens.ndim == 1:
+            tok = np.ascontiguousarray(tokens)  # the decode fast path: no conversion
+        else:
+            tok = np.ascontiguousarray(_as_token_array(tokens, self.vocab_size), dtype=np.int64)
+        if tok.size and 0 <= int(tok.min()) and int(tok.max()) < self.vocab_size:
+            return tok
         bad = np.flatnonzero((tok < 0) | (tok >= self.vocab_size))
         if bad.size:
             i = int(bad[0])

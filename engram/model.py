@@ -503,15 +503,22 @@ class Session(Closing):
         t0 = time.perf_counter()
         p, self._prefetch = self._prefetch, None
         m = p.matched(self.history, tok) if p is not None else 0
-        rows = np.empty((T, L * C, ROW_VALUES), np.float32)
+        rows = None
         if m:
             try:
                 self._drafts.ensure_reading(p)  # after fork(): read by this process's thread
-                rows[:m] = p.rows(m)
+                p.wait()
+                if m == T:
+                    rows = p._rows[:T]  # the prefetch is used up: its buffer becomes the step's
+                else:
+                    rows = np.empty((T, L * C, ROW_VALUES), np.float32)
+                    rows[:m] = p._rows[:m]
             except Exception:  # cancelled or failed: this step reads them itself (and raises its own error)
-                m = 0
+                m, rows = 0, None
         elif p is not None:
             p.cancel()
+        if rows is None:
+            rows = np.empty((T, L * C, ROW_VALUES), np.float32)
         if m < T:
             self._group.read_batch(ids[m:].reshape(T - m, L * C), out=rows[m:])
             st = replace(self._group.last_stats)
