@@ -32,6 +32,7 @@ import numpy as np
 from . import forks as _forks
 from .errors import EngramError, TableIOError
 from .hashing import History
+from .io_engine import EngineClient
 from .table import ReadStats, TableGroup
 
 __all__ = ["DraftPrefetch", "DraftReader", "DraftCancelled"]
@@ -154,9 +155,11 @@ class DraftPrefetch:
 class DraftReader:
     """One background reader of a session's drafts: a thread and a :class:`~engram.TableGroup` of its own.
 
-    The group reads the session's tables through the same engine client (or private readers) and the
-    same row cache as the session's steps, but with its own staging and lock, so that a step never
-    waits on a prefetch it does not use.  One prefetch at a time: a new one cancels the one before.
+    The group reads the session's tables through the same I/O engine (as a client of its own, so that
+    the engine's fairness between clients interleaves a step's reads with a prefetch still in flight)
+    or private readers, and the same row cache as the session's steps, with its own staging and lock,
+    so that a step never waits on a prefetch it does not use.  One prefetch at a time: a new one
+    cancels the one before.
 
     Parameters
     ----------
@@ -165,8 +168,8 @@ class DraftReader:
     columns : int
         Columns per table (24 for V4.1).
     engine
-        What the session's group reads through (an :class:`~engram.io_engine.EngineClient` or
-        ``"private"``).
+        What the session's group reads through (an :class:`~engram.io_engine.EngineClient`: the drafts
+        are read by a new client of its engine; or ``"private"``).
 
     Raises
     ------
@@ -175,6 +178,10 @@ class DraftReader:
     """
 
     def __init__(self, tables, columns: int, engine):
+        if isinstance(engine, EngineClient):
+            # a client of its own on the session's engine: the engine interleaves a step's reads with a
+            # prefetch still in flight (fair between clients) instead of queueing them behind it
+            engine = engine.engine
         self.group = TableGroup(list(tables), columns, engine=engine)
         self._cond = threading.Condition()
         self._job: Optional[DraftPrefetch] = None
