@@ -8,7 +8,8 @@ held there forever, and a thread the child waits for would never answer.  The
 rules, one per kind of object:
 
 - **Locks.** Every lock of a :class:`~engram.Table`, :class:`~engram.TableGroup`,
-  :class:`~engram.Prefetcher`, :class:`~engram.io_engine.EngineClient` and
+  :class:`~engram.Prefetcher`, :class:`~engram.DraftPrefetch` and its reader
+  (:mod:`engram.drafts`), :class:`~engram.io_engine.EngineClient` and
   :class:`~engram.EngramModel`, and the module locks of :mod:`engram.backends`
   and :mod:`engram.vocabulary`, is made new in the child
   (``os.register_at_fork(after_in_child=...)``, run before any other thread
@@ -18,7 +19,9 @@ rules, one per kind of object:
   that started it (:func:`pid`, compared per object): a prefill reader whose
   thread was reading at the fork resumes, in the child, on the child's next
   :meth:`~engram.Prefetcher.wait` (from the first chunk not yet complete: a
-  chunk is published only once read whole), and is never joined there.
+  chunk is published only once read whole), and is never joined there.  A
+  prefetch of drafted tokens that was queued or being read at the fork is
+  read again in the child, by a reader thread of its own, when a step takes it.
 - **Readers, pools, rings, engines** (native): the pool's threads and the
   ring's kernel queue are the parent's; the child abandons them and starts its
   own on its next read (``engram/_native/reader.pyx``, ``_forget_if_forked``;

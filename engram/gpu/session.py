@@ -373,6 +373,7 @@ class GpuSession:
         except BaseException:
             host.history = before
             raise
+        host._undo.append(before)
         host.last_stats = host._group.last_stats
         host.last_row_ids = ids.copy()
         self._note_exact(rows, st.host_np[:1])
@@ -382,6 +383,63 @@ class GpuSession:
         self._publish(rows)
         rows = rows.view(L, C, ROW_VALUES)
         return {lid: rows[i] for i, lid in enumerate(self.layer_ids)}
+
+    def step_many(self, token_ids) -> Dict[int, torch.Tensor]:
+        """Rows of ``T`` decode tokens at once, on the device: a verification step of speculative decoding.
+
+        As :meth:`engram.Session.step_many` (the tokens hashed one after the other from the history,
+        which advances by ``T``; all ``T x 48`` rows read as one deduplicated batch), the raw records
+        landing in the session's pinned batch staging (grown to ``T`` tokens if smaller), copied to
+        the device in one async copy and decoded there.  Drafts prefetched on the host session
+        (``session.host.prefetch``) are not taken here: every row is read.
+
+        Returns
+        -------
+        dict[int, torch.Tensor]
+            Layer id -> bfloat16 ``[T, 24, 256]`` on the device (a view of one ``[T, layers, 24, 256]``
+            buffer); row ``[t]`` is bit-identical to what :meth:`step` gives for token ``t``.
+
+        Raises
+        ------
+        ArgumentError
+            ``T = 0``.
+        TokenError
+            An id is not an integer or outside the vocabulary (names it and its position).
+        TableIOError, DeviceError
+            As :meth:`step`.  On every error the history is left as it was.
+        """
+        self._check_open("step_many")
+        host = self.host
+        tok = self.model.hasher.check_tokens(token_ids)
+        T = int(tok.shape[0])
+        if T == 0:
+            raise ArgumentError("step_many needs at least one token id, got none; the history is untouched")
+        ids, before, after = host._hash_steps(tok, host.history)
+        L, C = len(self.layer_ids), self.columns
+        st = self._batch_staging
+        if st.capacity < T:
+            st = self._batch_staging = Staging(T, L * C, self.device)
+        self._wait_copied(st)
+        host._group.read_raw(ids.reshape(T, L * C), st.host_np[:T])
+        rows = self._new_rows(T * L * C)
+        host.history = after
+        host._undo.extend(before)
+        host.last_stats = host._group.last_stats
+        host.last_row_ids = ids[-1].copy()
+        self._note_exact(rows, st.host_np[:T])
+        done = self._to_device(st, T, rows)
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+        self._publish(rows)
+        rows = rows.view(T, L, C, ROW_VALUES)
+        return {lid: rows[:, i] for i, lid in enumerate(self.layer_ids)}
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` decode tokens from the history (:meth:`engram.Session.rollback`: the
+        tokens of :meth:`step`, :meth:`step_many`, :meth:`step_async` and :func:`step_batch` since the
+        session began or its last prefill; same errors, the history then untouched)."""
+        self._check_open("rollback")
+        self.host.rollback(n)
 
     def _reader(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -419,6 +477,8 @@ class GpuSession:
 
         def restore():
             host.history = before
+            if host._undo and host._undo[-1] is before:
+                host._undo.pop()
 
         def read_layer(i: int):
             lid = self.layer_ids[i]
@@ -442,6 +502,7 @@ class GpuSession:
                                                  self.device)
         for r in rows.values():
             self._publish(r)
+        host._undo.append(before)
         host.last_row_ids = ids
         self.last_handle = StepHandle(rows, ready, ids)
         return self.last_handle
@@ -494,6 +555,7 @@ class GpuSession:
         except BaseException:
             self.host.history = before
             raise
+        self.host._undo.clear()  # rollback does not reach behind a prompt
         self._prefills = [q for q in self._prefills if not q.done] + [p]
         return p
 
@@ -695,6 +757,7 @@ def step_batch(sessions: Sequence[GpuSession], tokens) -> torch.Tensor:
         raise
     for b, s in enumerate(sessions):
         s.host.last_row_ids = ids[b].copy()
+        s.host._undo.append(befores[b])
     lead.host.last_stats = group.last_stats
     lead._note_exact(rows, st.host_np[:B])
     done = lead._to_device(st, B, rows)

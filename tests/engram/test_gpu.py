@@ -275,6 +275,40 @@ def test_step_batch_one_deduplicated_read(model):
             s.close()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _HAS_CUDA, reason="no CUDA device"))])
+def test_step_many_and_rollback_equal_host_steps(model, device):
+    """step_many on the device: rows bit-identical to the host session stepping one by one; rollback
+    undoes device steps of every kind; T = 0 and ids outside the vocabulary are typed errors."""
+    from engram import HistoryError, TokenError
+
+    with model.session(device=device, max_batch=2) as s, model.session() as h:
+        got = s.step_many(TOKENS[:5])  # more tokens than the batch staging held: it grows
+        ref = [h.step(t) for t in TOKENS[:5]]
+        for lid in model.layer_ids:
+            assert got[lid].shape == (5, 24, 256) and got[lid].dtype == torch.bfloat16
+            for t in range(5):
+                assert np.array_equal(bf16_np(got[lid][t].cpu()), ref[t][lid])
+        assert s.host.last_stats.rows_requested == 5 * 48 and s.history == h.history
+        s.step(TOKENS[5])
+        s.step_async(TOKENS[6]).rows_ready(14).wait()
+        s.rollback(4)  # back to after TOKENS[:3]
+        h.rollback(2)
+        assert s.history == h.history
+        before = s.history.copy()
+        for bad, kind in (([], ArgumentError), ([1, 10**9], TokenError)):
+            with pytest.raises(kind):
+                s.step_many(bad)
+        with pytest.raises(HistoryError, match="only 3"):
+            s.rollback(4)
+        assert s.history == before
+        again = s.step_many(TOKENS[3:5])
+        for lid in model.layer_ids:
+            assert torch.equal(again[lid].cpu(), got[lid][3:5].cpu())
+        kv = s.apply(14, torch.zeros((2, 4, 5120), dtype=torch.bfloat16, device=s.device), again[14])
+        assert kv.shape == (2, 5, 5120)
+
+
 def test_apply_matches_cpu_path(model):
     with model.session(device="cpu") as s, model.session() as h:
         for t in TOKENS[:2]:
