@@ -14,7 +14,9 @@ The public API, re-exported here:
 - :func:`usable_backends`, :func:`auto_backend`, :func:`probe_backends` -> :class:`BackendStatus` -- which read
   backends start and read on this machine now, and the one ``backend="auto"`` uses
 - :class:`EngramModel`, :class:`Session`, :class:`Prefetcher` -- models, decode sessions, prefill (SPEC §8);
-  ``EngramModel.encode(text)`` -- token ids of text, by a tokenizer checked against the file's vocabulary
+  ``EngramModel.encode(text)`` -- token ids of text, by a tokenizer checked against the file's vocabulary;
+  ``Session.step_many``, ``rollback``, ``prefetch`` -> :class:`DraftPrefetch` -- speculative decoding
+  (:mod:`engram.drafts`)
 - :func:`check_tokenizer`, :func:`file_tokenizer`, :func:`tokenizer_vocabulary` -- the vocabulary a model
   file carries against the tokenizer that encodes text for it (:mod:`engram.vocabulary`)
 - :func:`project`, :func:`gated_add`, :func:`kv_weights` -- projection and gated add of a layer (SPEC §7)
@@ -52,6 +54,7 @@ from .rowcache import RowCache
 from .table import ReadStats, Table, TableGroup, available_backends
 from .model import EngramModel, LayerWeights, Session
 from .prefetch import PrefetchCancelled, Prefetcher
+from .drafts import DraftCancelled, DraftPrefetch
 from .tokenmap import build_token_map, default_tokenizer_json, load_tokenizer
 from .vocabulary import Vocabulary, check_tokenizer, file_tokenizer, model_tokenizer, tokenizer_vocabulary
 
@@ -68,7 +71,7 @@ __all__ = [
     "project", "gated_add", "kv_weights",
     "Table", "TableGroup", "ReadStats", "available_backends",
     "usable_backends", "auto_backend", "probe_backends", "BackendStatus",
-    "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled",
+    "EngramModel", "Session", "LayerWeights", "Prefetcher", "PrefetchCancelled", "DraftPrefetch", "DraftCancelled",
     "read_model", "repair_model", "ModelInfo", "TableLocation", "TensorLocation", "EngramLayer", "KeyValue",
     "KeySource",
 ]

@@ -88,6 +88,22 @@ class Hasher:
         """Number of valid input ids: the token map's length, or the compressed size."""
         return int(self.token_map.shape[0]) if self.token_map is not None else self.layout.compressed_vocab_size
 
+    def check_tokens(self, tokens) -> np.ndarray:
+        """int64 ``[T]``: ``tokens`` (array_like of int, 1-D) checked against the vocabulary, hashing nothing.
+
+        Raises
+        ------
+        TokenError
+            Not 1-D, not integers, or an id negative or ``>= vocab_size`` (the message names the first
+            such id and its position).
+        """
+        tok = np.ascontiguousarray(_as_token_array(tokens, self.vocab_size), dtype=np.int64)
+        bad = np.flatnonzero((tok < 0) | (tok >= self.vocab_size))
+        if bad.size:
+            i = int(bad[0])
+            raise TokenError(f"token {int(tok[i])} at position {i} is outside the vocabulary [0, {self.vocab_size})")
+        return tok
+
     def new_history(self) -> History:
         """A fresh history (all DEAD) of the right length for this layout."""
         return History(n=self.layout.max_ngram - 1)

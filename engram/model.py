@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import threading
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -22,6 +24,7 @@ import numpy as np
 from . import forks as _forks
 from ._checks import as_mask, need_array, need_eps, need_finite, shape_str
 from .codec import ROW_VALUES
+from .drafts import DraftPrefetch, DraftReader
 from .errors import ArgumentError, DeviceError, HistoryError, TableIOError
 from .gguf import HC_STREAMS, ModelInfo, check_finite, read_model
 from .hashing import Hasher, History
@@ -32,7 +35,11 @@ from .rowcache import RowCache
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD, Closing, ReadStats, Table, TableGroup
 from .vocabulary import TokenizerLike, check_tokenizer, model_tokenizer
 
-__all__ = ["EngramModel", "Session", "LayerWeights", "SESSION_GROUP", "device_session_factory"]
+__all__ = ["EngramModel", "Session", "LayerWeights", "SESSION_GROUP", "device_session_factory", "ROLLBACK_TOKENS"]
+
+#: Most tokens :meth:`Session.rollback` can undo: the history before each of the last this many decode
+#: tokens is kept (3 compressed ids a token).  Speculative decoding rolls back at most its k drafts a step.
+ROLLBACK_TOKENS = 1024
 
 #: Entry-point group of the session factories of other devices: ``torch = engram.gpu:session_factory``
 #: (setup.cfg).  ``EngramModel.session(device=...)`` loads it, so that ``engram`` never imports torch.
@@ -314,9 +321,10 @@ class Session(Closing):
     tables : dict[int, Table]
         Layer id -> this session's table.
     last_stats : ReadStats
-        Statistics of the last :meth:`step` read.
+        Statistics of the last :meth:`step` or :meth:`step_many` read (``prefetch_hits``: rows it took
+        from a :meth:`prefetch`).
     last_row_ids : numpy.ndarray
-        uint32 ``[layers, 24]``: row ids of the last :meth:`step`.
+        uint32 ``[layers, 24]``: row ids of the last token of the last :meth:`step` or :meth:`step_many`.
     eps : float
         The gate epsilon of :meth:`apply`.
     cache : RowCache or None
@@ -332,6 +340,10 @@ class Session(Closing):
         self.tables: Dict[int, Table] = {}
         self._prefetchers: List[Prefetcher] = []
         self._clients: Dict[object, EngineClient] = {}
+        #: The history before each of the last decode tokens (at most ROLLBACK_TOKENS), for rollback().
+        self._undo: deque = deque(maxlen=ROLLBACK_TOKENS)
+        self._drafts: Optional[DraftReader] = None  # the background reader of prefetch(), made on first use
+        self._prefetch: Optional[DraftPrefetch] = None  # the drafts the next step may take rows from
         try:
             for lid in model.layer_ids:
                 loc = model.info.tables[lid]
@@ -364,6 +376,8 @@ class Session(Closing):
         """
         cache = self.model._bind_cache(cache, self.model.info)
         self._group.attach_cache(cache, self.model.layer_ids)
+        if self._drafts is not None:
+            self._drafts.attach_cache(cache, self.model.layer_ids)
         for lid in self.model.layer_ids:
             self.tables[lid].attach_cache(cache if cache is not None and cache.prefill == "admit" else None, lid)
         self.cache = cache
@@ -387,7 +401,9 @@ class Session(Closing):
         """Rows of one decode token for every Engram layer.
 
         Hashes ``token_id`` with the session's history and reads the 48 rows of
-        both tables as one concurrent batch.
+        both tables as one concurrent batch; when a pending :meth:`prefetch`
+        from this history drafted ``token_id`` first, its rows come from there
+        instead (see :meth:`step_many`).  :meth:`rollback` can undo the step.
 
         Returns
         -------
@@ -405,21 +421,199 @@ class Session(Closing):
         """
         if self.closed:
             raise TableIOError("step: the session is closed; open a new one with model.session()")
+        C = self.model.layout.columns
+        if self._prefetch is not None:
+            rows = self._advance(self.model.hasher.check_tokens([token_id]))
+            return {lid: rows[0, i * C:(i + 1) * C] for i, lid in enumerate(self.model.layer_ids)}
         before = self.history.copy()
         ids = self.model.hasher.step(token_id, self.history, self._ids)
-        L, C = ids.shape
+        L = ids.shape[0]
         try:
             rows = self._group.read_batch(ids.reshape(1, L * C))
         except BaseException:
             self.history = before
             raise
+        self._undo.append(before)
         self.last_stats = self._group.last_stats
         self.last_row_ids = ids.copy()
         return {lid: rows[0, i * C:(i + 1) * C] for i, lid in enumerate(self.model.layer_ids)}
 
+    def step_many(self, token_ids) -> Dict[int, np.ndarray]:
+        """Rows of ``T`` decode tokens at once: a verification step of speculative decoding.
+
+        The tokens are hashed one after the other from the session's history, exactly as ``T`` calls
+        of :meth:`step` would (the history advances by ``T``), and the rows of all of them, both
+        tables, are read as one batch: sorted, each distinct row read once, concurrently (up to
+        ``T x 48`` rows), through the session's reader, I/O engine and row cache.  When a
+        :meth:`prefetch` of drafts from this same history is pending and the leading tokens are its
+        drafts, those tokens' rows come from it (waiting while its read is in flight) and only the
+        rest are read; the rest of the prefetch is dropped.  :meth:`rollback` undoes the tokens
+        that verification rejects.
+
+        Parameters
+        ----------
+        token_ids : array_like of int, shape ``[T]``, ``T >= 1``
+            Token ids in ``[0, vocab)``, in sequence order.
+
+        Returns
+        -------
+        dict[int, numpy.ndarray]
+            Layer id -> float32 ``[T, 24, 256]`` (bf16 values, C-contiguous): row ``[t]`` is what
+            :meth:`step` returns for token ``t``.  ``last_stats`` counts the ``T x 48`` rows
+            (``prefetch_hits`` those from the prefetch); ``last_row_ids`` is the last token's.
+
+        Raises
+        ------
+        ArgumentError
+            ``T = 0``.
+        TokenError
+            A token id is not an integer or lies outside the vocabulary (the message names it and
+            its position).
+        TableIOError
+            The session is closed; or the read failed (as RowRangeError and DecodeError can).
+        On every error the history is left as it was (nothing was stepped).
+        """
+        if self.closed:
+            raise TableIOError("step_many: the session is closed; open a new one with model.session()")
+        tok = self.model.hasher.check_tokens(token_ids)
+        if tok.shape[0] == 0:
+            raise ArgumentError("step_many needs at least one token id, got none; the history is untouched")
+        rows = self._advance(tok)
+        C = self.model.layout.columns
+        return {lid: np.ascontiguousarray(rows[:, i * C:(i + 1) * C]) for i, lid in enumerate(self.model.layer_ids)}
+
+    def _hash_steps(self, tok: np.ndarray, history: History) -> tuple:
+        """Row ids uint32 ``[T, layers, 24]`` of checked tokens hashed one by one (as :meth:`step`) from
+        a copy of ``history``, the history before each token, and the history after the last."""
+        hasher = self.model.hasher
+        ids = np.empty((tok.shape[0], *hasher.step_shape), np.uint32)
+        h = history.copy()
+        before = []
+        for t in range(tok.shape[0]):
+            before.append(h.copy())
+            hasher.step(int(tok[t]), h, ids[t])
+        return ids, before, h
+
+    def _advance(self, tok: np.ndarray) -> np.ndarray:
+        """Step checked tokens ``tok`` (int64 ``[T]``, ``T >= 1``): one batch read of the rows the pending
+        prefetch does not hold; float32 ``[T, layers * 24, 256]``.  The history, the undo record and the
+        statistics change only once every row is in."""
+        ids, before, after = self._hash_steps(tok, self.history)
+        T, L, C = ids.shape
+        t0 = time.perf_counter()
+        p, self._prefetch = self._prefetch, None
+        m = p.matched(self.history, tok) if p is not None else 0
+        rows = np.empty((T, L * C, ROW_VALUES), np.float32)
+        if m:
+            try:
+                self._drafts.ensure_reading(p)  # after fork(): read by this process's thread
+                rows[:m] = p.rows(m)
+            except Exception:  # cancelled or failed: this step reads them itself (and raises its own error)
+                m = 0
+        elif p is not None:
+            p.cancel()
+        if m < T:
+            self._group.read_batch(ids[m:].reshape(T - m, L * C), out=rows[m:])
+            st = replace(self._group.last_stats)
+        else:
+            st = ReadStats(backend="prefetch", calls=1)
+        st.rows_requested += m * L * C
+        st.prefetch_hits = m * L * C
+        st.wall_s = time.perf_counter() - t0
+        self.history = after
+        self._undo.extend(before)
+        self.last_stats = st
+        self.last_row_ids = ids[-1].copy()
+        return rows
+
+    def prefetch(self, draft_ids) -> DraftPrefetch:
+        """Start reading, in the background, the rows of drafted tokens given the current history.
+
+        The drafts are hashed from the session's history as :meth:`step_many` would hash them (the
+        history does not move) and handed to the session's one background reader
+        (:class:`engram.drafts.DraftReader`), which reads all ``k x 48`` rows as one batch through the
+        session's I/O engine and row cache while the caller computes.  The next :meth:`step` or
+        :meth:`step_many` from this same history whose leading tokens are the drafts takes their rows
+        from here (waiting if the read is still in flight; ``last_stats.prefetch_hits`` counts them)
+        and drops the rest; a step whose first token is not the first draft, or that comes after the
+        history moved otherwise, cancels it.  A new prefetch cancels the one before; :meth:`close`
+        cancels it too.
+
+        Parameters
+        ----------
+        draft_ids : array_like of int, shape ``[k]``, ``k >= 1``
+            The drafted token ids, in sequence order, following the tokens stepped so far.
+
+        Returns
+        -------
+        DraftPrefetch
+            ``wait()``, ``rows()`` (float32 ``[k, layers * 24, 256]``), ``done``, ``stats``,
+            ``cancel()``.  Memory: 48 KiB per draft.
+
+        Raises
+        ------
+        ArgumentError
+            No drafts (``k = 0``).
+        TokenError
+            A draft is not an integer or lies outside the vocabulary (names it and its position).
+        TableIOError
+            The session is closed.
+        On every error nothing is read and a pending prefetch stays as it was.
+        """
+        if self.closed:
+            raise TableIOError("prefetch: the session is closed; open a new one with model.session()")
+        tok = self.model.hasher.check_tokens(draft_ids)
+        if tok.shape[0] == 0:
+            raise ArgumentError("prefetch needs at least one drafted token id (k >= 1), got none")
+        ids, _, _ = self._hash_steps(tok, self.history)
+        if self._drafts is None:
+            first = self.tables[self.model.layer_ids[0]]
+            self._drafts = DraftReader([self.tables[lid] for lid in self.model.layer_ids], self.model.layout.columns,
+                                       engine=first.engine_client or "private")
+            self._drafts.attach_cache(self.cache, self.model.layer_ids)
+        job = DraftPrefetch(tok, self.history.copy(), ids)
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+        self._prefetch = self._drafts.submit(job)
+        return job
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` decode tokens from the history: the drafts verification rejected.
+
+        Afterwards the session steps exactly as one that never saw those tokens.  Undoable are the
+        tokens of :meth:`step`, :meth:`step_many` and :meth:`step_rows` since the session began or its
+        last :meth:`prefill` or :meth:`restore`, at most :data:`ROLLBACK_TOKENS` (1024).  A pending
+        :meth:`prefetch` stays: it serves a later step only from the history it was issued at.
+
+        Raises
+        ------
+        ArgumentError
+            ``n`` is not an integer ``>= 0``.
+        HistoryError
+            ``n`` exceeds the tokens that can be undone (the message gives both).
+        On every error the history is untouched.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ArgumentError(f"rollback needs a number of tokens >= 0, got {n!r}; the history is untouched")
+        n = int(n)
+        if n > len(self._undo):
+            raise HistoryError(f"rollback({n}): only {len(self._undo)} decode token(s) can be undone (those stepped "
+                               f"since the session began or its last prefill or restore, at most {ROLLBACK_TOKENS}); "
+                               f"the history is untouched")
+        if n == 0:
+            return
+        target = self._undo[-n]
+        for _ in range(n):
+            self._undo.pop()
+        self.history = target
+
     def step_rows(self, token_id: int) -> np.ndarray:
-        """Row ids of one decode token without reading: uint32 ``[layers, 24]`` (advances the history)."""
-        return self.model.hasher.step(token_id, self.history).copy()
+        """Row ids of one decode token without reading: uint32 ``[layers, 24]`` (advances the history;
+        :meth:`rollback` can undo it)."""
+        before = self.history.copy()
+        ids = self.model.hasher.step(token_id, self.history).copy()
+        self._undo.append(before)
+        return ids
 
     # --------------------------------------------------------------- prefill
     def prefill(self, token_ids, mask=None, *, chunk_tokens: int = 2048,
@@ -458,6 +652,7 @@ class Session(Closing):
         if self.closed:
             raise TableIOError("prefill: the session is closed")
         row_ids = self.model.hasher.hash(token_ids, mask, self.history)
+        self._undo.clear()  # rollback does not reach behind a prompt
         p = Prefetcher([self.tables[lid] for lid in self.model.layer_ids], self.model.layer_ids, row_ids,
                        chunk_tokens=chunk_tokens, second_table_layer=second_table_layer, order=order)
         self._prefetchers = [q for q in self._prefetchers if not q.done] + [p]
@@ -541,6 +736,7 @@ class Session(Closing):
         if not isinstance(history, History):
             raise HistoryError(f"restore needs an engram.History, got {type(history).__name__}")
         self.history = self.model.hasher.check_history(history).copy()
+        self._undo.clear()
 
     # -------------------------------------------------------------- lifetime
     @property
@@ -552,6 +748,9 @@ class Session(Closing):
         for p in getattr(self, "_prefetchers", []):
             p.cancel()
         self._prefetchers = []
+        drafts, self._drafts, self._prefetch = getattr(self, "_drafts", None), None, None
+        if drafts is not None:
+            drafts.close()  # cancels the pending prefetch; waits for a read in flight
         group = getattr(self, "_group", None)
         if group is not None:
             group.close()

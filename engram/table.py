@@ -80,6 +80,10 @@ class ReadStats:
     cache_hits : int
         Row ids served by the row cache (:class:`engram.RowCache`; 0 without one): these
         were neither read nor counted in ``rows_distinct``, ``reads`` or ``bytes_read``.
+    prefetch_hits : int
+        Row ids of a decode step taken from a prefetch of drafted tokens (:meth:`engram.Session.prefetch`,
+        speculative decoding; 0 otherwise): read in the background before the step, so neither read by
+        the step nor counted in ``rows_distinct``, ``reads``, ``bytes_read`` or ``cache_hits``.
     reads : int
         I/O requests issued (one aligned span each).
     bytes_read : int
@@ -89,7 +93,7 @@ class ReadStats:
     backend : str
         ``serial``, ``pread`` or ``io_uring``; ``+serial`` is appended when some
         chunks of the call were small enough to be read serially; ``cache`` when
-        the row cache served every row.  After a
+        the row cache served every row; ``prefetch`` when a prefetch did.  After a
         fallback from the ring this says ``pread``.
     concurrency : int
         Readers or ring depth used (1 for serial reads).
@@ -111,6 +115,7 @@ class ReadStats:
     calls: int = 0
     others_reads: int = 0
     cache_hits: int = 0
+    prefetch_hits: int = 0
 
     def add(self, other: "ReadStats") -> None:
         """Accumulate ``other`` into this record."""
@@ -122,6 +127,7 @@ class ReadStats:
         self.calls += other.calls
         self.others_reads += other.others_reads
         self.cache_hits += other.cache_hits
+        self.prefetch_hits += other.prefetch_hits
         self.concurrency = max(self.concurrency, other.concurrency)
         if other.backend and other.backend not in self.backend.split(","):
             self.backend = f"{self.backend},{other.backend}" if self.backend else other.backend
