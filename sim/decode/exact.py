@@ -48,8 +48,9 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
     ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step).
 
     ``prefetch`` (int64 ``[steps]``, one drive): rows of step ``t`` read in the background from the moment
-    step ``t - 1``'s rows have arrived; step ``t`` waits for them before its compute (speculative decoding,
-    :mod:`sim.decode.speculative`; ``reads`` then holds the rest)."""
+    step ``t - 1``'s rows have arrived; step ``t`` waits for them, then reads the rest (as
+    ``engram.Session.step_many`` does; speculative decoding, :mod:`sim.decode.speculative`; ``reads`` then
+    holds the rest)."""
     ovh = policy.batch_overhead
     pre = None if prefetch is None else np.asarray(prefetch).tolist()
     pending = None
@@ -73,18 +74,18 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
             yield env.timeout(hash_time)
         if not two:
             n = int(reads[t].sum())
+            if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
+                yield pending
             if n:
                 yield from _read(env, devs, seq_of(t, slice(None)), n, policy.concurrency(n), ovh)
-            if pending is not None:
-                yield pending
             pending = issue(t + 1)
             yield env.timeout(c)
         else:
             n1, n2 = int(reads[t, 0]), int(reads[t, 1:].sum())
-            if n1:
-                yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             if pending is not None:
                 yield pending
+            if n1:
+                yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             p2 = env.process(_read(env, devs, seq_of(t, slice(1, None)), n2, policy.concurrency(n2), ovh)) \
                 if n2 else None
             yield env.timeout(c * overlap)

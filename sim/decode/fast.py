@@ -78,8 +78,8 @@ class FastRun:
     prefetch : list of int64 [steps], optional
         Speculative runs with the drafts' rows prefetched (:mod:`sim.decode.speculative`; one drive): per
         session, the rows of step ``t`` read in the background from the moment step ``t - 1``'s rows have
-        arrived (``reads`` then holds only the rest, the critical path's); step ``t`` waits for them before
-        its compute.
+        arrived (``reads`` then holds only the rest, the critical path's); step ``t`` waits for them, then
+        reads the rest, as ``engram.Session.step_many`` takes a prefetch's rows before reading the others.
     """
 
     def __init__(self, sampler: FastDevice, drives: int, policy: Policy, reads: List[np.ndarray],
@@ -221,26 +221,26 @@ class FastRun:
             if h:
                 now = yield (WAIT, h)
             if not overlap:
+                if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
+                    now = yield (JOIN, pending)
+                    pending = None
                 for ph in phases(s, t, every):
                     if ovh and any(k > 1 for _, _, k in ph):
                         now = yield (WAIT, ovh)
                     now = yield (IO, ph)
-                if pending is not None:
-                    now = yield (JOIN, pending)
-                    pending = None
                 cmd = prefetch(t + 1)
                 if cmd is not None:
                     now = yield cmd
                     pending = self._handle
                 now = yield (WAIT, c)
             else:
+                if pending is not None:
+                    now = yield (JOIN, pending)
+                    pending = None
                 for ph in phases(s, t, first):
                     if ovh and any(k > 1 for _, _, k in ph):
                         now = yield (WAIT, ovh)
                     now = yield (IO, ph)
-                if pending is not None:
-                    now = yield (JOIN, pending)
-                    pending = None
                 later = phases(s, t, rest)
                 handle = None
                 if later:

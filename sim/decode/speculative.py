@@ -19,7 +19,8 @@ one batch, read at the queue depth its distinct rows give (``Policy.concurrency`
 Prefetch (``prefetch_drafts``): the drafted tokens' rows (positions ``p + 1 .. p + k`` of the next step) are
 issued to the device as soon as the previous step's rows have arrived, in the background, overlapping that
 step's compute; the verification step then reads on its critical path only its rows that are not among the
-drafts' (the confirmed token's own) and waits for what of the prefetch is still in flight.  This takes the
+drafts' (the confirmed token's own), after waiting for what of the prefetch is still in flight (the order
+of ``engram.Session.step_many``, which takes a prefetch's rows before it reads the others).  This takes the
 issue's premise that a drafted token is known a step before it is verified.  Rows of rejected drafts are
 read either way: wasted reads that still load the device.
 
