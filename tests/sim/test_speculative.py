@@ -181,6 +181,7 @@ def test_serving_without_drafts_unchanged_and_with_them_more_tokens():
     assert r1.row()["e2e_mean_ms"] < a["e2e_mean_ms"]
     r2 = simulate_serve(w, seed=1, text_limit=4000, speculation=Speculation(2, 1.0, True))
     assert r2.config["speculation"]["prefetched_reads"] > 0
+    assert "drafts    2 a step, acceptance 1 (3.000 tokens a verification step expected), prefetch on" in r2.summary()
     assert r2.row()["e2e_mean_ms"] <= r1.row()["e2e_mean_ms"]
 
 
