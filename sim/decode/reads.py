@@ -287,17 +287,19 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
                    for s in range(sessions)]
     return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, cache,
                      shared, wrap_info(trace, sessions, steps if batch is None else wrap_steps, policy,
-                                       replay=replay), drafts, wasted)
+                                       replay=replay, unit="steps" if batch is None else "tokens"), drafts, wasted)
 
 
 def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *,
-              replay: Optional[str] = None) -> dict:
+              replay: Optional[str] = None, unit: str = "steps") -> dict:
     """Whether a run replays its trace, and the warnings that say what that does to its figures.
 
     ``replay``: the name of an internal run that replays its trace on purpose (a cross-check prediction,
     a report's what-if, the demo's): a wrap is then warned only when a row cache is on (the replay
     inflates its hit rate; without one, replaying a stretch only averages out simulation noise), and the
     warnings name the run instead of advising a longer trace.  ``None``: a run the user configured.
+    ``unit``: what ``steps`` counts, in the warnings (``"tokens"``: the trace positions a speculative run
+    covers, :mod:`sim.decode.speculative`).
 
     Returns
     -------
@@ -318,8 +320,8 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
     caches = policy.cache_rows > 0 or policy.shared_cache_rows > 0
     if steps > T and replay is None:
         out["warnings"].append(
-            f"trace wraps: each session runs {steps} steps over a trace of {T} (replayed {steps / T:.2f} times), "
-            f"so {out['repeated_steps']:.0%} of its steps re-read rows it read before"
+            f"trace wraps: each session runs {steps} {unit} over a trace of {T} (replayed {steps / T:.2f} times), "
+            f"so {out['repeated_steps']:.0%} of its {unit} re-read rows it read before"
             + ("; the row cache hit rate is inflated by the replay" if caches else "")
             + ": use a longer trace (or fewer steps)")
     elif steps > T and caches:

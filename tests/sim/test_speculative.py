@@ -213,3 +213,10 @@ def test_cli_decode_json(capsys):
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["speculative"]["tokens_per_step"] == 3.0 and d["config"]["speculation"]["draft_tokens"] == 2
     assert d["speculative"]["prefetched_reads"] > 0
+
+
+def test_wrap_warning_counts_tokens(trace):
+    """A speculative run covers more trace positions than it has steps: its wrap warning counts tokens."""
+    r = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.01, steps=600, speculation=Speculation(2, 1.0))
+    assert r.wrap["wrapped"] and r.wrap["replays"] == pytest.approx(1800 / trace.steps)
+    assert any("each session runs 1800 tokens over a trace of 1500" in w for w in r.warnings)
