@@ -65,6 +65,7 @@ from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration
 from .decode import simulate_decode
+from .decode.speculative import Speculation
 from .io import load_json, now_iso, sha256_file, write_json
 from .params import Phases
 from .progress import progress as progress_bar
@@ -257,8 +258,12 @@ def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -
     n = config.steps
     tr = _stretches(trace, [int(run.get("start", 0))], n)
     steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
+    spec = None
+    if config.draft_tokens:  # a speculative run: its verification steps cover about as many tokens
+        spec = Speculation(config.draft_tokens, config.acceptance, config.prefetch_drafts)
+        steps = max(1, int(steps / spec.expected_tokens()))
     r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                        replay=f"cross-check prediction of {config.key}")
+                        replay=f"cross-check prediction of {config.key}", speculation=spec)
     lat = r.step_latencies.reshape(-1)
     sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
     return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
@@ -615,6 +620,14 @@ def _pct_or(x: Optional[float]) -> str:
     return "-" if x is None else f"{x * 100:.2f}%"
 
 
+def _drafts_text(r: Mapping) -> str:
+    """A speculative configuration's drafts in the compute column (empty without drafts)."""
+    if not r.get("draft_tokens"):
+        return ""
+    return (f", {r['draft_tokens']} drafts at acceptance {r['acceptance']:g}"
+            + (", prefetched" if r.get("prefetch_drafts") else ""))
+
+
 def markdown_table(res: Mapping) -> str:
     """The cross-check as Markdown: single-session and multi-session tables, capacity, and a summary that says
     the regime, its targets and the verdict."""
@@ -627,7 +640,8 @@ def markdown_table(res: Mapping) -> str:
         pol = "serial" if r["serial"] else r["backend"]
         rd = "-" if r["serial"] else str(r["readers"])
         lines.append(
-            f"| {r['trace_label']} | {r['threshold']} | {pol} | {rd} | {r['compute']} | {r['steps']} x{r['repeats']} | "
+            f"| {r['trace_label']} | {r['threshold']} | {pol} | {rd} | {r['compute']}{_drafts_text(r)} | "
+            f"{r['steps']} x{r['repeats']} | "
             f"{m['tokens_per_s']:.1f} ({s['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
             f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | {_pct(e['step_p50'])} | "
             f"{m['step_p95_ms']:.3f} | {p['step_p95_ms']:.3f} | {_pct(e['step_p95'])} |")

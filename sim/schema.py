@@ -297,6 +297,14 @@ class RunConfig:
         Concurrent decode sessions on the one device, each on its own stretch of the trace (default 1).
     mode : {"threads", "processes"}
         Sessions as threads of one process, or as processes sharing the device (default threads).
+    draft_tokens : int
+        Speculative decoding (:mod:`sim.measure.runs`, :mod:`sim.decode.speculative`): tokens drafted a
+        verification step (0: off, the default).  ``steps`` then counts the tokens of the stretch the run
+        emits, not its verification steps.  One session in a thread, a compute other than the mixer.
+    acceptance : float
+        Probability that a draft is the true next token of the replayed text (else a random id), in [0, 1].
+    prefetch_drafts : bool
+        The drafts' rows read in the background (``Session.prefetch``) while the step before computes.
     """
 
     trace: str
@@ -307,6 +315,9 @@ class RunConfig:
     steps: int = 300
     sessions: int = 1
     mode: str = "threads"
+    draft_tokens: int = 0
+    acceptance: float = 0.0
+    prefetch_drafts: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -317,6 +328,16 @@ class RunConfig:
         if self.mode not in SESSION_MODES:
             raise ArgumentError(f"mode must be one of {SESSION_MODES}, got {self.mode!r}")
         object.__setattr__(self, "compute", ComputeSpec.parse(self.compute).label)
+        k, a = self.draft_tokens, self.acceptance
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ArgumentError(f"draft_tokens must be an integer >= 0 (0: off), got {k!r}")
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            raise ArgumentError(f"acceptance must be a number in [0, 1], got {a!r}")
+        object.__setattr__(self, "acceptance", float(a))
+        object.__setattr__(self, "prefetch_drafts", bool(self.prefetch_drafts))
+        if k and (self.multi or ComputeSpec.parse(self.compute).mixer):
+            raise ArgumentError(f"speculative runs (draft_tokens {k}) are single sessions in a thread with a "
+                                f"compute other than the mixer, got {self.sessions} x {self.mode}, {self.compute}")
 
     @property
     def multi(self) -> bool:
@@ -333,10 +354,15 @@ class RunConfig:
         """Unique name: ``trace/tTHRESHOLD/BACKEND/rREADERS/COMPUTE/STEPS``, and ``/xSESSIONS-MODE`` when
         :attr:`multi`."""
         base = f"{trace_label(self.trace)}/t{self.threshold}/{self.backend}/r{self.readers}/{self.compute}/{self.steps}"
+        if self.draft_tokens:  # speculative: /dK-aA[-prefetch]
+            base += f"/d{self.draft_tokens}-a{self.acceptance:g}" + ("-prefetch" if self.prefetch_drafts else "")
         return f"{base}/x{self.sessions}-{self.mode}" if self.multi else base
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.draft_tokens:  # a run without drafts keeps the document it had
+            for name in ("draft_tokens", "acceptance", "prefetch_drafts"):
+                d.pop(name)
         d.update(key=self.key, trace_label=trace_label(self.trace), serial=self.serial)
         return d
 
@@ -362,7 +388,9 @@ class RunConfig:
                        check_str(where, "compute", d.get("compute", "none")),
                        check_int(where, "steps", d.get("steps", 300), 1),
                        check_int(where, "sessions", d.get("sessions", 1), 1),
-                       check_str(where, "mode", d.get("mode", "threads")))
+                       check_str(where, "mode", d.get("mode", "threads")),
+                       check_int(where, "draft_tokens", d.get("draft_tokens", 0), 0),
+                       d.get("acceptance", 0.0), d.get("prefetch_drafts", False) is True)
         except KeyError as exc:
             raise FormatError(f"{where}: missing field {exc}") from None
         except ArgumentError as exc:

@@ -10,7 +10,7 @@ from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
 from ..prefill import simulate_prefill
 from .options import (_output_files, _add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
-                      _add_progress, _progress_mode, _trace, _typed_os_errors)
+                      _add_progress, _add_speculation, _progress_mode, _speculation, _trace, _typed_os_errors)
 
 
 def _decode_compute(args, tr, dev, policy) -> tuple:
@@ -60,11 +60,12 @@ def _cmd_decode(args) -> int:
     policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers,
                      shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction,
                      shared_cache_bytes=args.shared_cache_bytes or 0, cache_policy=args.cache_policy)
+    spec = _speculation(args)
     compute_s, fitted = _decode_compute(args, tr, dev, policy)
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
                         mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
                         hot=args.dram_rows, tail=args.tail, calibration=args.calibration, bins=args.bins,
-                        progress=_progress_mode(args))
+                        progress=_progress_mode(args), speculation=spec)
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted
@@ -93,7 +94,8 @@ def _add_decode(sub) -> None:
     _add_policy(p)
     g = p.add_argument_group("decode")
     g.add_argument("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)")
-    g.add_argument("--steps", type=int, help="steps per session (default: the trace length; longer runs replay "
+    g.add_argument("--steps", type=int, help="steps per session (default: the trace length, with --draft-tokens the "
+                                             "verification steps that cover it on average; longer runs replay "
                                              "the trace, with a warning)")
     g.add_argument("--phases", metavar="random|lockstep|spread:MS",
                    help="when sessions start: random (default; each at a random time within one step, seeded: "
@@ -120,6 +122,7 @@ def _add_decode(sub) -> None:
     g.add_argument("--overlap-layers", type=int, default=0,
                    help="layers of compute before the second table's rows are needed (default 0: none; at most "
                         "--layers)")
+    _add_speculation(p.add_argument_group("speculative decoding (sim.decode.speculative)"))
     c = g.add_mutually_exclusive_group()
     _add_compute_ms_option(c)
     c.add_argument("--fit-tokens-per-s", type=float,

@@ -3,6 +3,7 @@ to its microbenchmarks, and every measured run predicted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_C
 from ..measure.devices import check_rates, measure_devices
 from ..planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
 from ..params import BACKENDS
-from ..schema import SESSION_MODES, RunConfig
+from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
+from ..schema import SESSION_MODES, ComputeSpec, RunConfig
 from .options import _add_progress, _ints, _output_files, _progress_mode, _strs, _typed_errors
 
 
@@ -47,12 +49,37 @@ def _measure_configs(args) -> list:
     for be in args.backends or ():
         if be not in BACKENDS:
             raise ArgumentError(f"--backends: unknown backend {be!r} (pread, io_uring)")
+    configs += _speculative_configs(args, configs)
     seen, unique = set(), []
     for c in configs:
         if c.key not in seen:
             seen.add(c.key)
             unique.append(c)
     return unique
+
+
+def _speculative_configs(args, configs) -> list:
+    """``--draft-tokens K``: each single-session configuration (the mixer's left out) again, decoding
+    speculatively at ``--acceptance``, with prefetch off and/or on (``--prefetch-drafts``).
+
+    Raises
+    ------
+    ArgumentError
+        K below 0, an acceptance outside [0, 1] or NaN, no configuration to decode speculatively.
+    """
+    k = args.draft_tokens
+    if k is None or k == 0:
+        return []
+    acc = Speculation(k, args.acceptance).acceptance  # k >= 0 and the acceptance in [0, 1], or ArgumentError
+    if len(acc) != 1:
+        raise ArgumentError(f"--acceptance {args.acceptance}: engram measure takes one acceptance rate, not a profile")
+    prefetch = {"off": (False,), "on": (True,), "both": (False, True)}[args.prefetch_drafts]
+    out = [replace(c, draft_tokens=k, acceptance=acc[0], prefetch_drafts=pf)
+           for c in configs if not c.multi and not ComputeSpec.parse(c.compute).mixer for pf in prefetch]
+    if not out:
+        raise ArgumentError("--draft-tokens: no single-session configuration without the mixer to decode "
+                            "speculatively")
+    return out
 
 
 def _measure_settings(args) -> Settings:
@@ -222,6 +249,17 @@ def _add_measure(sub) -> None:
     g.add_argument("--io-steps", type=int, default=800,
                    help="steps of the default grid's runs without compute (default 800)")
     g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
+    g.add_argument("--draft-tokens", type=int, metavar="K",
+                   help="also run every single-session configuration (the mixer's left out) decoding "
+                        "speculatively: K drafts a step, each the replayed text's true next token with probability "
+                        "--acceptance, else a random id; a step reads its tokens with Session.step_many and rolls "
+                        "back the rejected drafts (Session.rollback); --steps then counts the tokens emitted; no "
+                        "probe steps (the cross-check predicts these runs with the calibrated device alone)")
+    g.add_argument("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A",
+                   help=f"probability a draft is the true next token, in [0, 1] (default {DEFAULT_ACCEPTANCE:g})")
+    g.add_argument("--prefetch-drafts", choices=("off", "on", "both"), default="both",
+                   help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
+                        "off, on, or each configuration both ways (default both)")
     g = p.add_argument_group("measurement")
     g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from engram.cli import add_progress_flags, progress_choice
 from engram.errors import ArgumentError, EngramError, TableIOError
 
+from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..device import DEVICE_FORMS, load_device
 from ..io import OutputError, check_output_folder
 from ..params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
@@ -163,6 +164,45 @@ def _compute(args, mean: float):
     cv = 0.0 if args.compute_cv is None else args.compute_cv
     consumer = consumer_preset(getattr(args, "consumer", "none"))
     return Compute(mean + consumer.step_s(1), args.compute_dist, cv, (), args.layers)
+
+
+#: What ``--draft-tokens`` and its companions mean, said once for ``engram sim decode`` and ``sim serve``.
+SPECULATION_HELP = {
+    "draft_tokens": "speculative decoding (DeepSeek V4 MTP): tokens drafted a step, k >= 0; each step verifies "
+                    "k + 1 tokens in one forward pass, their rows read as one deduplicated batch, and emits 1 + the "
+                    "accepted prefix; tokens/s counts emitted tokens (default 0: off). A verification step computes "
+                    "as long as a one-token step (the compute model has no per-token term: decode reads the "
+                    "weights once for all k + 1 tokens), plus --consumer's cost of the k extra tokens",
+    "acceptance": "probability that a draft is right: one number in [0, 1], or a profile by draft position such "
+                  f"as 0.8,0.6 (at most k values, the last repeated; default {DEFAULT_ACCEPTANCE:g})",
+    "prefetch_drafts": "read the drafted tokens' rows in the background as soon as the previous step's rows "
+                       "arrive, overlapping its compute; a verification step then waits only for what is not yet "
+                       "read (rejected drafts' rows are read either way)",
+}
+
+
+def _add_speculation(g) -> None:
+    """``--draft-tokens``, ``--acceptance`` and ``--prefetch-drafts`` (:mod:`sim.decode.speculative`)."""
+    g.add_argument("--draft-tokens", type=int, default=0, metavar="K", help=SPECULATION_HELP["draft_tokens"])
+    g.add_argument("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A[,A...]",
+                   help=SPECULATION_HELP["acceptance"])
+    g.add_argument("--prefetch-drafts", action="store_true", help=SPECULATION_HELP["prefetch_drafts"])
+
+
+def _speculation(args) -> Speculation:
+    """The :class:`~sim.decode.speculative.Speculation` of the flags; ``--consumer``'s cost of the drafted
+    tokens (its batch of k + 1 over its batch of 1) is what a verification step computes beyond a one-token
+    step.
+
+    Raises
+    ------
+    ArgumentError
+        ``--draft-tokens`` below 0, an acceptance outside [0, 1] or NaN, a profile longer than k.
+    """
+    k = args.draft_tokens
+    consumer = consumer_preset(getattr(args, "consumer", "none"))
+    extra = consumer.step_s(k + 1) - consumer.step_s(1) if isinstance(k, int) and k > 0 else 0.0
+    return Speculation(k, args.acceptance, args.prefetch_drafts, extra)
 
 
 def _phases(args) -> Phases:

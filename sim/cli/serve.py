@@ -16,7 +16,7 @@ from ..serve.runner import point_objects, resolve_serve_context
 from ..serve.study import SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
 from ..trace import CODE_SOURCE, load_trace
-from .options import _add_progress, _progress_mode, _typed_os_errors
+from .options import SPECULATION_HELP, _add_progress, _progress_mode, _typed_os_errors
 
 
 def _serve_point(args) -> tuple:
@@ -80,7 +80,8 @@ def _cmd_serve(args) -> int:
     key_dev = next(iter(ctx.devices.values()))
     r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo, drives=p["drives"],
                        seed=seed, warmup=p["warmup_s"], bins=args.bins, requests_file=ctx.files.get(p["requests"]),
-                       rows=next(iter(ctx.rows.values())), progress=_progress_mode(args))
+                       rows=next(iter(ctx.rows.values())), progress=_progress_mode(args),
+                       speculation=o["speculation"])
     if args.json:
         d = r.to_dict()
         d["point"] = p
@@ -106,10 +107,11 @@ def _add_serve(sub) -> None:
     p.add_argument("study", nargs="?", help="a serving study TOML file (optional)")
     p.add_argument("--point", type=int, default=0, help="the study's point to run (default 0)")
     g = p.add_argument_group("axes (as in a serving study; default: the study's point, else the axis default)")
-    choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS)}
+    choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS), "prefetch_drafts": ("off", "on")}
     for name, (typ, default, label) in SERVE_AXES.items():
+        more = f"; {SPECULATION_HELP[name]}" if name in SPECULATION_HELP else ""
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name),
-                       help=f"{label} (default {default!r})")
+                       help=f"{label} (default {default!r}){more}")
     g = p.add_argument_group("latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)")
     g.add_argument("--ttft-s", type=float, help="time to first token target, seconds")
     g.add_argument("--tbt-ms", type=float, help="time between tokens target, ms")

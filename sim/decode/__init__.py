@@ -4,6 +4,7 @@
   deduplication, drives; whether a run replays its trace;
 - :mod:`~sim.decode.fast` -- the fast mode: sessions on a plain event loop, batches on segment queues;
 - :mod:`~sim.decode.exact` -- the exact mode: every read a simpy event;
+- :mod:`~sim.decode.speculative` -- speculative decoding: drafts, their acceptance, a verification step's rows;
 - :mod:`~sim.decode.model` -- :func:`simulate_decode`, its result, and the compute of the reference run.
 """
 

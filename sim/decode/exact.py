@@ -43,10 +43,22 @@ def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
 
 def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list], compute: np.ndarray,
                   policy: Policy, hash_time: float, overlap: float, lat: np.ndarray, stall: np.ndarray,
-                  tick: Optional[Callable[[int], None]]):
+                  tick: Optional[Callable[[int], None]], prefetch: Optional[np.ndarray] = None):
     """One session (generator): per step, hash, read (the first table, then the rest in the background under
-    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step)."""
+    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step).
+
+    ``prefetch`` (int64 ``[steps]``, one drive): rows of step ``t`` read in the background from the moment
+    step ``t - 1``'s rows have arrived; step ``t`` waits for them, then reads the rest (as
+    ``engram.Session.step_many`` does; speculative decoding, :mod:`sim.decode.speculative`; ``reads`` then
+    holds the rest)."""
     ovh = policy.batch_overhead
+    pre = None if prefetch is None else np.asarray(prefetch).tolist()
+    pending = None
+
+    def issue(t):
+        n = pre[t] if pre is not None and t < len(pre) else 0
+        return env.process(_read(env, devs, None, n, policy.concurrency(n), ovh)) if n else None
+
     two = overlap > 0 and reads.shape[1] > 1
     comp = compute.tolist()
 
@@ -62,11 +74,16 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
             yield env.timeout(hash_time)
         if not two:
             n = int(reads[t].sum())
+            if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
+                yield pending
             if n:
                 yield from _read(env, devs, seq_of(t, slice(None)), n, policy.concurrency(n), ovh)
+            pending = issue(t + 1)
             yield env.timeout(c)
         else:
             n1, n2 = int(reads[t, 0]), int(reads[t, 1:].sum())
+            if pending is not None:
+                yield pending
             if n1:
                 yield from _read(env, devs, seq_of(t, slice(0, 1)), n1, policy.concurrency(n1), ovh)
             p2 = env.process(_read(env, devs, seq_of(t, slice(1, None)), n2, policy.concurrency(n2), ovh)) \
@@ -74,6 +91,7 @@ def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list],
             yield env.timeout(c * overlap)
             if p2 is not None:
                 yield p2
+            pending = issue(t + 1)
             yield env.timeout(c * (1 - overlap))
         lat[t] = env.now - t0
         stall[t] = env.now - t0 - c - hash_time

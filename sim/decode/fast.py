@@ -75,11 +75,17 @@ class FastRun:
     hash_time : float
     overlap : float
         Share of the compute that overlaps the second table's read (0: none).
+    prefetch : list of int64 [steps], optional
+        Speculative runs with the drafts' rows prefetched (:mod:`sim.decode.speculative`; one drive): per
+        session, the rows of step ``t`` read in the background from the moment step ``t - 1``'s rows have
+        arrived (``reads`` then holds only the rest, the critical path's); step ``t`` waits for them, then
+        reads the rest, as ``engram.Session.step_many`` takes a prefetch's rows before reading the others.
     """
 
     def __init__(self, sampler: FastDevice, drives: int, policy: Policy, reads: List[np.ndarray],
                  by_drive: Optional[List[np.ndarray]], computes: List[np.ndarray], hash_time: float,
-                 overlap: float):
+                 overlap: float, prefetch: Optional[List[np.ndarray]] = None):
+        self.prefetch = None if prefetch is None else [np.asarray(p).tolist() for p in prefetch]
         self.sampler, self.drives, self.policy = sampler, drives, policy
         self.reads, self.by_drive, self.computes = reads, by_drive, computes
         self.hash_time, self.overlap = hash_time, overlap
@@ -111,11 +117,16 @@ class FastRun:
         parts = self.by_drive[s][t, tables].sum(axis=0).tolist()
         return split_readers(self._k(sum(parts)), parts)
 
+    def _prefetch_phases(self, s: int, t: int) -> list:
+        """Phases of the prefetched rows of session ``s``'s step ``t`` (one drive)."""
+        n = self.prefetch[s][t] if self.prefetch is not None and t < len(self.prefetch[s]) else 0
+        return [[(0, n, self._k(n))]] if n else []
+
     # ---------------------------------------------------------- one session
     def run_alone(self, begin: float) -> None:
         """One session: every step is its reads alone, then its compute (arrays, no events).  A rate-limited
         device's bucket carries from step to step: it runs through the device's queue (:meth:`run`)."""
-        if self.queues[0].bucket is not None:
+        if self.queues[0].bucket is not None or self.prefetch is not None:
             self.run([begin])
             return
         ovh, h = self.policy.batch_overhead, self.hash_time
@@ -175,7 +186,7 @@ class FastRun:
         overlap = self.overlap > 0 and self.reads[s].shape[1] > 1
         lat, stl = self.lats[s], self.stalls[s]
         now = yield None
-        if self.drives == 1 and not overlap and not ovh:  # the common case, lean
+        if self.drives == 1 and not overlap and not ovh and self.prefetch is None:  # the common case, lean
             thr, width = self.policy.threshold, self.policy.readers
             ns = self._n["all"][s]
             for t in range(len(comp)):
@@ -194,18 +205,38 @@ class FastRun:
         phases = self._phases
         every = slice(None)
         first, rest = slice(0, 1), slice(1, None)
+        pending = None  # the prefetch of this step's drafts' rows, issued during the step before
+
+        def prefetch(t):
+            """Issue step ``t``'s prefetch (generator step): the handle, or None."""
+            later = self._prefetch_phases(s, t)
+            if not later:
+                return None
+            o = ovh if any(k > 1 for ph in later for _, _, k in ph) else 0.0
+            return (ASYNC, later, o)
+
         for t in range(len(comp)):
             t0 = now
             c = comp[t]
             if h:
                 now = yield (WAIT, h)
             if not overlap:
+                if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
+                    now = yield (JOIN, pending)
+                    pending = None
                 for ph in phases(s, t, every):
                     if ovh and any(k > 1 for _, _, k in ph):
                         now = yield (WAIT, ovh)
                     now = yield (IO, ph)
+                cmd = prefetch(t + 1)
+                if cmd is not None:
+                    now = yield cmd
+                    pending = self._handle
                 now = yield (WAIT, c)
             else:
+                if pending is not None:
+                    now = yield (JOIN, pending)
+                    pending = None
                 for ph in phases(s, t, first):
                     if ovh and any(k > 1 for _, _, k in ph):
                         now = yield (WAIT, ovh)
@@ -219,6 +250,10 @@ class FastRun:
                 now = yield (WAIT, c * frac)
                 if handle is not None:
                     now = yield (JOIN, handle)
+                cmd = prefetch(t + 1)
+                if cmd is not None:
+                    now = yield cmd
+                    pending = self._handle
                 now = yield (WAIT, c * (1 - frac))
             lat[t] = now - t0
             stl[t] = now - t0 - c - h
@@ -226,7 +261,7 @@ class FastRun:
     def _lean(self) -> bool:
         """The common case (one drive, no overlap, no hash or batch overhead): :meth:`_run_lean`."""
         p = self.policy
-        return (self.drives == 1 and not self.hash_time and not p.batch_overhead
+        return (self.drives == 1 and not self.hash_time and not p.batch_overhead and self.prefetch is None
                 and not (self.overlap > 0 and self.reads[0].shape[1] > 1))
 
     def _run_lean(self, begin: Sequence[float], tick) -> None:

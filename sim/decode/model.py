@@ -45,6 +45,7 @@ from ..trace import CODE_SOURCE, Trace, load_trace
 from .exact import exact_session
 from .fast import FastRun
 from .reads import StepReads, hot_rows, step_reads
+from .speculative import Speculation, verification_rows
 
 __all__ = [
     "DecodeResult",
@@ -103,6 +104,15 @@ class DecodeResult:
         Simulated duration and the simulator's own run time.
     step_latencies : numpy.ndarray
         float64 ``[sessions, steps]`` seconds (not in :meth:`to_dict`).
+    speculative : dict
+        Speculative runs only (``draft_tokens > 0``; empty otherwise and left out of :meth:`to_dict`):
+        the settings (:meth:`sim.decode.speculative.Speculation.to_dict`), ``tokens`` emitted,
+        ``verification_steps``, ``tokens_per_step`` (mean emitted), ``accepted_share`` (drafts accepted over
+        drafted), ``tbt_ms`` (percentiles of the time between emitted tokens: a step's latency before its
+        first token, 0 between the tokens one step emits), ``time_per_token_ms`` (percentiles over steps of
+        a step's latency over its tokens), ``wasted_reads`` (rows only rejected drafts asked for) and
+        ``prefetched_reads`` (rows read in the background ahead of their step).  In a speculative run
+        ``steps`` counts verification steps and ``tokens_per_s`` emitted tokens.
     """
 
     tokens_per_s: float
@@ -124,6 +134,7 @@ class DecodeResult:
     warnings: list = field(default_factory=list)
     shared_cache_hit_rate: float = 0.0
     dram_hit_rate: float = 0.0
+    speculative: dict = field(default_factory=dict)
 
     @property
     def mean_session_tokens_per_s(self) -> float:
@@ -141,6 +152,7 @@ class DecodeResult:
             "wrap": self.wrap, "warnings": self.warnings,
             "device": self.device, "timeline": self.timeline, "config": self.config,
             "sim_seconds": self.sim_seconds, "wall_seconds": self.wall_seconds,
+            **({"speculative": self.speculative} if self.speculative else {}),
         }
 
     def summary(self) -> str:
@@ -159,6 +171,7 @@ class DecodeResult:
             f"compute   {comp['mean_ms']:.3f} ms ({comp['dist']}, cv {comp['cv']:.3g}); drawn: mean "
             f"{real.get('mean_ms', 0.0):.3f} ms, cv {real.get('cv', 0.0):.3f}",
             f"tokens/s  {self.tokens_per_s:.3f} overall, {self.mean_session_tokens_per_s:.3f} per session",
+            *([self._speculative_line()] if self.speculative else []),
             "step ms   " + "  ".join(f"{k} {v:.3f}" for k, v in self.step_ms.items()),
             "stall ms  " + "  ".join(f"{k} {v:.3f}" for k, v in self.stall_ms.items()),
             f"reads     {self.reads} of {self.row_requests} requested (row caches {self.cache_hit_rate:.4f}, "
@@ -170,6 +183,14 @@ class DecodeResult:
         ]
         lines += [f"WARNING   {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def _speculative_line(self) -> str:
+        sp = self.speculative
+        return (f"drafts    {sp['draft_tokens']} a step, acceptance {','.join(f'{a:g}' for a in sp['acceptance'])}, "
+                f"prefetch {'on' if sp['prefetch_drafts'] else 'off'}: {sp['tokens_per_step']:.3f} tokens a "
+                f"verification step ({sp['accepted_share']:.3f} of drafts accepted); TBT p50 "
+                f"{sp['tbt_ms']['p50']:.3f} p99 {sp['tbt_ms']['p99']:.3f} ms; {sp['wasted_reads']} reads for "
+                f"rejected drafts, {sp['prefetched_reads']} prefetched")
 
 
 def session_reads(trace: Trace, sessions: int, steps: int, cache_rows: int = 0):
@@ -247,7 +268,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                     phases: Union[Phases, str, None] = None, start_spread: Optional[float] = None,
                     drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                     tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
-                    progress: Union[bool, str] = False, replay: Optional[str] = None) -> DecodeResult:
+                    progress: Union[bool, str] = False, replay: Optional[str] = None,
+                    speculation: Optional[Speculation] = None) -> DecodeResult:
     """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
 
     Parameters
@@ -263,8 +285,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     sessions : int
         Concurrent sessions (>= 1).
     steps : int, optional
-        Steps per session (default: the trace length; longer runs replay the
-        trace, which the result's ``warnings`` say).
+        Steps per session (default: the trace length, or with ``speculation`` the verification steps that
+        cover it on average; longer runs replay the trace, which the result's ``warnings`` say).
     mode : str
         ``"fast"`` or ``"exact"``.
     seed : int
@@ -296,6 +318,12 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
         warnings then name it and give no advice to the user; a wrap without a row cache is not warned at all
         (:func:`sim.decode.reads.wrap_info`).  ``None`` (a run the user configured): the warnings as they are.
+    speculation : Speculation, optional
+        Speculative decoding (:mod:`sim.decode.speculative`): ``draft_tokens`` k a step, each step a
+        verification step of ``k + 1`` tokens whose rows are read as one deduplicated batch, emitting
+        ``1 + accepted`` tokens (acceptance drawn from ``seed``); ``prefetch_drafts`` reads the drafts' rows
+        in the background during the previous step's compute.  ``None`` or ``k = 0``: off (the run is the
+        one it was without it, bit for bit).  ``steps`` then counts verification steps.
 
     Returns
     -------
@@ -306,7 +334,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     ArgumentError
         Bad sessions, steps, mode, bins, drives or phases, ``overlap_layers``
         beyond ``compute.layers``, both ``phases`` and ``start_spread``, a negative seed, or a run whose
-        reads would not fit in memory (:func:`sim.decode.reads.step_reads`).
+        reads would not fit in memory (:func:`sim.decode.reads.step_reads`); ``prefetch_drafts`` with
+        ``drives > 1`` (not modelled).
     """
     t_wall = time.perf_counter()
     if isinstance(trace, str):
@@ -316,6 +345,9 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         device = with_tail(device, load_device(tail, calibration, backend=policy.backend))
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
+    spec = speculation if speculation is not None and speculation.on else None
+    if steps is None and spec is not None:  # the verification steps that cover the trace on average
+        steps = max(1, int((trace.steps - spec.draft_tokens) / spec.expected_tokens()))
     steps = trace.steps if steps is None else int(steps)
     seed = check_seed(seed)
     _checks(mode, sessions, steps, hash_time, bins, drives, policy, compute)
@@ -327,12 +359,33 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         phases = Phases("spread", float(start_spread)) if start_spread > 0 else Phases("lockstep")
     ph = Phases.parse(phases if phases is not None else DEFAULT_PHASES)
     hot_arr = hot_rows(hot) if hot is not None else None
+    if spec is not None and spec.prefetch_drafts and int(drives) > 1:
+        raise ArgumentError("prefetch_drafts with drives > 1 is not modelled (the drafts' reads per drive); "
+                            "use one drive or prefetch off")
 
-    rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1, replay=replay)
     ss = np.random.SeedSequence(seed)
     dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + sessions)
+    batch = None
+    if spec is not None:  # its own stream, spawned after the others: a run without drafts keeps its draws
+        rows, accepted, covered = verification_rows(trace, sessions, steps, spec,
+                                                    np.random.default_rng(ss.spawn(1)[0]))
+        batch = (rows, accepted, covered, trace.columns)
+    rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
+                    order=mode == "exact" and drives > 1, replay=replay, batch=batch)
     comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
+    prefetch = None
+    if spec is not None:
+        if spec.verify_s:
+            comp = [c + spec.verify_s for c in comp]
+        if spec.prefetch_drafts:  # step t's drafts' rows read during step t - 1; the first step reads all
+            prefetch = []
+            crit = []
+            for r, d in zip(rd.reads, rd.drafts):
+                p = d.copy()
+                p[0] = 0
+                prefetch.append(p.sum(axis=1))
+                crit.append(r - p)
+            rd.reads = crit
     overlap = min(policy.overlap_layers, compute.layers) / compute.layers
     period = _period(rd, device, policy, compute, hash_time)
     begin = ph.offsets(sessions, period, np.random.default_rng(phase_seed))
@@ -343,7 +396,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     tick = bar.update if bar is not None else None
     dev_rng = np.random.default_rng(dev_seed)
     if mode == "fast":
-        run = FastRun(device.fast(dev_rng), int(drives), policy, rd.reads, rd.by_drive, comp, hash_time, overlap)
+        run = FastRun(device.fast(dev_rng), int(drives), policy, rd.reads, rd.by_drive, comp, hash_time, overlap,
+                      prefetch)
         if sessions == 1:
             run.run_alone(begin[0])
         else:
@@ -351,7 +405,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         lat, st, finish = run.lats, run.stalls, run.finish
     else:
         lat, st, finish, recs = _run_exact(device, int(drives), policy, rd, comp, hash_time, overlap, begin,
-                                           dev_rng, tick)
+                                           dev_rng, tick, prefetch)
     if bar is not None:
         bar.close()
 
@@ -393,9 +447,18 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         "tail": None if tail is None else (tail.name if isinstance(tail, Device) else str(tail)),
     }
     lat_all = np.asarray(lat, dtype=np.float64)
+    tokens, per_session, speculative = sessions * steps, [steps] * sessions, {}
+    if spec is not None:
+        emitted = 1 + accepted                                                    # [S, steps]
+        tokens, per_session = int(emitted.sum()), emitted.sum(axis=1).tolist()
+        config["speculation"] = spec.to_dict()
+        speculative = {**spec.to_dict(), **_speculative_figures(lat_all, emitted, spec)}
+        speculative.update(wasted_reads=int(rd.wasted),
+                           prefetched_reads=int(sum(int(p.sum()) for p in prefetch)) if prefetch else 0)
     return DecodeResult(
-        tokens_per_s=sessions * steps / makespan if makespan > 0 else float("inf"),
-        tokens_per_s_per_session=[steps / (f - b) if f > b else float("inf") for f, b in zip(finish, begin)],
+        tokens_per_s=tokens / makespan if makespan > 0 else float("inf"),
+        tokens_per_s_per_session=[n / (f - b) if f > b else float("inf")
+                                  for n, f, b in zip(per_session, finish, begin)],
         step_ms=percentiles_ms(lat_all.reshape(-1)),
         stall_ms=percentiles_ms(np.maximum(np.asarray(st, dtype=np.float64), 0.0).reshape(-1)),
         row_requests=req, reads=int(n_reads),
@@ -404,12 +467,24 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         wall_seconds=time.perf_counter() - t_wall, step_latencies=lat_all,
         compute_realised=compute_stats(np.concatenate(comp)), phases=str(ph), wrap=rd.wrap,
         warnings=list(rd.wrap["warnings"]), shared_cache_hit_rate=rd.shared_hits / req if req else 0.0,
-        dram_hit_rate=rd.dram_hits / req if req else 0.0,
+        dram_hit_rate=rd.dram_hits / req if req else 0.0, speculative=speculative,
     )
 
 
+def _speculative_figures(lat: np.ndarray, emitted: np.ndarray, spec: Speculation) -> dict:
+    """Tokens, acceptance and time between tokens of a speculative run (:attr:`DecodeResult.speculative`):
+    ``lat`` float64 ``[S, steps]`` seconds, ``emitted`` int64 ``[S, steps]`` tokens a step."""
+    e = emitted.reshape(-1)
+    lt = lat.reshape(-1)
+    gaps = np.zeros(int(e.sum()))
+    gaps[np.concatenate([[0], np.cumsum(e)[:-1]])] = lt          # each step's first token after its latency
+    return {"tokens": int(e.sum()), "verification_steps": int(e.size), "tokens_per_step": float(e.mean()),
+            "accepted_share": float((e - 1).sum() / (e.size * spec.draft_tokens)),
+            "tbt_ms": percentiles_ms(gaps), "time_per_token_ms": percentiles_ms(lt / e)}
+
+
 def _run_exact(device: Device, drives: int, policy: Policy, rd: StepReads, comp: list, hash_time: float,
-               overlap: float, begin: list, dev_rng: np.random.Generator, tick):
+               overlap: float, begin: list, dev_rng: np.random.Generator, tick, prefetch=None):
     """The exact mode: (latencies, stalls, finish times, recorders per drive)."""
     import simpy
 
@@ -424,7 +499,8 @@ def _run_exact(device: Device, drives: int, policy: Policy, rd: StepReads, comp:
         if begin[i] > 0:
             yield env.timeout(begin[i])
         yield from exact_session(env, devs, rd.reads[i], rd.order[i] if rd.order else None, comp[i], policy,
-                                 hash_time, overlap, lat[i], st[i], tick)
+                                 hash_time, overlap, lat[i], st[i], tick,
+                                 None if prefetch is None else prefetch[i])
         finish[i] = env.now
 
     for i in range(S):

@@ -181,6 +181,11 @@ class StepReads:
         caches and the shared cache.
     wrap : dict
         :func:`wrap_info`.
+    drafts : list of numpy.ndarray or None
+        Speculative runs (``batch`` given): per session, int64 ``[steps, layers]``, the distinct rows read
+        among the drafts' requests (the part a prefetch can read early, :mod:`sim.decode.speculative`).
+    wasted : int
+        Speculative runs: reads of rows only rejected drafts asked for.
     """
 
     reads: List[np.ndarray]
@@ -191,6 +196,8 @@ class StepReads:
     cache_hits: int
     shared_hits: int
     wrap: dict = field(default_factory=dict)
+    drafts: Optional[List[np.ndarray]] = None
+    wasted: int = 0
 
 
 #: Bytes the reads of one row slot of one step of one session take while :func:`step_reads` works (row id,
@@ -198,9 +205,24 @@ class StepReads:
 BYTES_PER_ROW_SLOT = 24
 
 
+def _distinct(s_rows: np.ndarray, big: np.int64) -> np.ndarray:
+    """bool like ``s_rows`` (sorted along the last axis, ``big`` for no request): the first of each row id."""
+    first = np.ones(s_rows.shape, dtype=bool)
+    first[..., 1:] = s_rows[..., 1:] != s_rows[..., :-1]
+    return first & (s_rows != big)
+
+
 def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, drives: int = 1,
-               hot: Optional[np.ndarray] = None, order: bool = False, replay: Optional[str] = None) -> StepReads:
+               hot: Optional[np.ndarray] = None, order: bool = False, replay: Optional[str] = None,
+               batch: Optional[tuple] = None) -> StepReads:
     """The reads of every session and step (see the module); ``replay``: see :func:`wrap_info`.
+
+    ``batch``: a speculative run's verification steps, ``(rows, accepted, positions, lead)`` -- ``rows``
+    int64 ``[S, steps, layers, W]`` (every request of a step per table, the confirmed token's ``lead``
+    columns first, then the drafts' ``lead`` columns each), ``accepted`` int64 ``[S, steps]`` and
+    ``positions`` int64 ``[S]`` as :func:`sim.decode.speculative.verification_rows` returns them.  The ``W``
+    requests of a table are deduplicated as one batch; :attr:`StepReads.drafts` and
+    :attr:`StepReads.wasted` are filled in.
 
     Raises
     ------
@@ -214,10 +236,15 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     if sessions < 1 or steps < 1 or drives < 1:
         raise ArgumentError(f"need sessions, steps and drives >= 1, got {sessions}, {steps}, {drives}")
     L, C = trace.layers, trace.columns
-    check_memory(float(sessions) * steps * L * C * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
-                 f"{steps} steps x {sessions} sessions x {L * C} row slots a step "
+    W = C if batch is None else int(batch[0].shape[3])
+    check_memory(float(sessions) * steps * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
+                 f"{steps} steps x {sessions} sessions x {L * W} row slots a step "
                  f"(~{BYTES_PER_ROW_SLOT} bytes a slot)")
-    rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
+    if batch is None:
+        rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
+    else:
+        rows = batch[0]
+        C = W
     miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
     dram = int((~miss).sum())
     keys = _keys(rows, trace.layer_ids)
@@ -238,10 +265,18 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
         miss &= ~h
     big = np.int64(1) << np.int64(40)
     s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)
-    first = np.ones(s_rows.shape, dtype=bool)
-    first[..., 1:] = s_rows[..., 1:] != s_rows[..., :-1]
-    first &= s_rows != big
+    first = _distinct(s_rows, big)
     reads = first.sum(axis=3).astype(np.int64)                        # [S, steps, L]
+    drafts, wasted = None, 0
+    if batch is not None:
+        lead = int(batch[3])
+        r64 = rows.astype(np.int64)
+        d = _distinct(np.sort(np.where(miss[..., lead:], r64[..., lead:], big), axis=3), big).sum(axis=3)
+        drafts = [d[s].astype(np.int64) for s in range(sessions)]
+        kept = (np.arange(W) // lead)[None, None, :] <= batch[1][:, :, None]     # [S, steps, W]: not rejected
+        good = _distinct(np.sort(np.where(miss & kept[:, :, None, :], r64, big), axis=3), big).sum(axis=3)
+        wasted = int(reads.sum() - good.sum())
+        wrap_steps = int(np.max(batch[2]))
     by_drive = seq = None
     if drives > 1:
         dj = s_rows % drives
@@ -251,17 +286,20 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
             seq = [[[dj[s, t, li][first[s, t, li]].astype(np.int8) for li in range(L)] for t in range(steps)]
                    for s in range(sessions)]
     return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, cache,
-                     shared, wrap_info(trace, sessions, steps, policy, replay=replay))
+                     shared, wrap_info(trace, sessions, steps if batch is None else wrap_steps, policy,
+                                       replay=replay, unit="steps" if batch is None else "tokens"), drafts, wasted)
 
 
 def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *,
-              replay: Optional[str] = None) -> dict:
+              replay: Optional[str] = None, unit: str = "steps") -> dict:
     """Whether a run replays its trace, and the warnings that say what that does to its figures.
 
     ``replay``: the name of an internal run that replays its trace on purpose (a cross-check prediction,
     a report's what-if, the demo's): a wrap is then warned only when a row cache is on (the replay
     inflates its hit rate; without one, replaying a stretch only averages out simulation noise), and the
     warnings name the run instead of advising a longer trace.  ``None``: a run the user configured.
+    ``unit``: what ``steps`` counts, in the warnings (``"tokens"``: the trace positions a speculative run
+    covers, :mod:`sim.decode.speculative`).
 
     Returns
     -------
@@ -282,8 +320,8 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
     caches = policy.cache_rows > 0 or policy.shared_cache_rows > 0
     if steps > T and replay is None:
         out["warnings"].append(
-            f"trace wraps: each session runs {steps} steps over a trace of {T} (replayed {steps / T:.2f} times), "
-            f"so {out['repeated_steps']:.0%} of its steps re-read rows it read before"
+            f"trace wraps: each session runs {steps} {unit} over a trace of {T} (replayed {steps / T:.2f} times), "
+            f"so {out['repeated_steps']:.0%} of its {unit} re-read rows it read before"
             + ("; the row cache hit rate is inflated by the replay" if caches else "")
             + ": use a longer trace (or fewer steps)")
     elif steps > T and caches:

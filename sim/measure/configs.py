@@ -10,6 +10,7 @@ which it left out and why.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from engram.backends import probe_backends
@@ -55,7 +56,7 @@ def usable_configs(configs: Sequence[RunConfig],
             if not (c.serial and usable):
                 left.append(c)
                 continue
-            c = RunConfig(c.trace, c.threshold, usable[0], c.readers, c.compute, c.steps, c.sessions, c.mode)
+            c = replace(c, backend=usable[0])
         if c.key not in seen:
             seen.add(c.key)
             kept.append(c)

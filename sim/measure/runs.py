@@ -9,6 +9,13 @@ them (:func:`session_loop`), the microbenchmark of the run's own time window
 (:func:`segments`): no run re-reads the rows of another, which a virtual
 disk's host cache would serve faster than the fresh random rows of the
 microbenchmarks.
+
+A speculative configuration (``config.draft_tokens = k > 0``) decodes its stretch with drafts
+(:func:`speculative_loop`): the draft of a position is the replayed text's true token with probability
+``config.acceptance``, else a random id of the vocabulary; a verification step reads its tokens' rows with
+``Session.step_many``, rolls the rejected drafts back with ``Session.rollback``, and with
+``config.prefetch_drafts`` reads the next drafts' rows in the background (``Session.prefetch``) while it
+computes.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from ..trace import Trace
 from ..trace.rowcache import policy_hits
 from .compute import compute_runner
 
-__all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "trace_tokens_needed"]
+__all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "speculative_loop",
+           "trace_tokens_needed"]
 
 #: Percentiles of a run's step, read and compute times.
 _PCT = (50, 90, 95, 99)
@@ -151,6 +159,155 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
             "threads": threads, "cache_hits": int(hits)}
 
 
+def _drafts(rng: np.random.Generator, truth: Sequence[int], acceptance: float, vocab: int) -> list:
+    """Drafts of the positions whose true tokens are ``truth``: each the true token with probability
+    ``acceptance``, else a random id of the vocabulary (which may be the true one by chance)."""
+    right = rng.random(len(truth)) < acceptance
+    other = rng.integers(0, vocab, len(truth))
+    return [int(t) if ok else int(o) for t, ok, o in zip(truth, right, other)]
+
+
+def _accepted(drafts: Sequence[int], truth: Sequence[int]) -> int:
+    """The accepted prefix: drafts equal to the true tokens, up to the first that is not."""
+    a = 0
+    for d, t in zip(drafts, truth):
+        if d != t:
+            break
+        a += 1
+    return a
+
+
+def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
+                     residual_seed: int = 0, cache=None) -> dict:
+    """One session decoding ``config.steps`` tokens of ``trace`` from step ``start`` speculatively (see the
+    module); no probe steps (a probe's saved and restored history would drop a prefetch).
+
+    Without prefetch a verification step is ``session.step_many([c, d1..dk])`` -- ``c`` the token the step
+    before emitted, ``d`` the drafts of the positions after it -- then ``rollback(k - a)`` of the rejected
+    drafts (``a`` the accepted prefix) and the compute: one batch of up to ``(k + 1) x 48`` rows, ``1 + a``
+    tokens emitted.  With prefetch the drafts follow the history (``Session.prefetch`` hashes them from it),
+    so a step is ``step_many([d1..dk])`` (rows from the prefetch, waiting for what is still in flight),
+    ``rollback(k - a)``, ``step(b)`` of the token the step emits after its accepted drafts (its rows on the
+    critical path), then ``prefetch`` of the next drafts and the compute: the same rows a step as without,
+    the drafts' read off the critical path; the first step reads its token alone.  Drafts stop at the end of
+    the stretch.  Each step's read time runs from the end of the step before to the last row's arrival.
+
+    Returns
+    -------
+    dict
+        :func:`session_loop`'s figures (per verification step), plus ``emitted`` (int64 ``[steps]``),
+        ``prefetch_hits`` (rows served by prefetches), ``drafts`` and ``accepted`` (drafts made and accepted).
+
+    Raises
+    ------
+    ArgumentError
+        The trace is too short.
+    TableIOError, DecodeError
+        A read failed.
+    """
+    n, k, acc = config.steps, config.draft_tokens, config.acceptance
+    start = int(start)
+    tokens, restarts, history = _loop_inputs(trace, start, n)
+    if restarts:  # a new sequence in the stretch: a draft across it would follow the wrong history
+        raise ArgumentError(f"speculative runs need a stretch within one sequence: {trace.source!r} starts a "
+                            f"sequence inside steps {start}..{start + n}")
+    spec = ComputeSpec.parse(config.compute)
+    clock = time.perf_counter
+    rng = np.random.default_rng([residual_seed, start, 6])
+    draft_rng = np.random.default_rng([residual_seed, start, 27])
+    read_s, comp_s, step_s, emitted, distinct = [], [], [], [], []
+    nreads = hits = pf_hits = made = taken = concurrent = threads = 0
+    with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
+        run = compute_runner(spec, model, s, residual_seed)
+        vocab = len(model.token_map)
+        for tok in rng.integers(0, vocab, warmup).tolist():
+            run(s.step(tok))
+        s.restore(model.hasher.new_history())
+        for tok in history:
+            s.step_rows(int(tok))
+        s.use_cache(cache)
+        t_begin = t_prev = clock()
+        q = 0  # the next position to emit
+
+        def count(st):
+            nonlocal nreads, hits, pf_hits, concurrent
+            nreads += st.reads
+            hits += st.cache_hits
+            pf_hits += getattr(st, "prefetch_hits", 0)
+            concurrent += st.backend != "serial"
+
+        if config.prefetch_drafts:
+            rows = s.step(tokens[0])  # the first token alone; from here the drafts are always ahead
+            count(s.last_stats)
+            nd = s.last_stats.rows_distinct
+            q = 1
+            drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
+            if drafts:
+                s.prefetch(drafts)
+            t1 = clock()
+            run(rows)
+            t_end = clock()
+            read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
+            emitted.append(1), distinct.append(nd)
+            t_prev = t_end
+            while q < n:
+                truth = tokens[q:q + len(drafts)]
+                a = _accepted(drafts, truth)
+                made, taken = made + len(drafts), taken + a
+                nd = 0
+                if drafts:
+                    s.step_many(drafts)
+                    count(s.last_stats)
+                    nd += s.last_stats.rows_distinct
+                    s.rollback(len(drafts) - a)
+                e = a
+                if q + a < n:  # the token the step emits after its accepted drafts
+                    rows = s.step(tokens[q + a])
+                    count(s.last_stats)
+                    nd += s.last_stats.rows_distinct
+                    e += 1
+                q += e
+                drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
+                if drafts:
+                    s.prefetch(drafts)
+                t1 = clock()
+                run(rows)
+                t_end = clock()
+                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
+                emitted.append(e), distinct.append(nd)
+                t_prev = t_end
+                if len(step_s) == 20:
+                    threads = _os_threads()
+        else:
+            while q < n:
+                truth = tokens[q + 1:q + 1 + k]
+                drafts = _drafts(draft_rng, truth, acc, vocab)
+                a = _accepted(drafts, truth)
+                made, taken = made + len(drafts), taken + a
+                got = s.step_many([tokens[q]] + drafts)
+                count(s.last_stats)
+                nd = s.last_stats.rows_distinct
+                if len(drafts) > a:
+                    s.rollback(len(drafts) - a)
+                t1 = clock()
+                run({lid: x[-1] for lid, x in got.items()})
+                t_end = clock()
+                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
+                emitted.append(1 + a), distinct.append(nd)
+                q += 1 + a
+                t_prev = t_end
+                if len(step_s) == 20:
+                    threads = _os_threads()
+        t_end = clock()
+    empty = np.zeros(0)
+    return {"t_first": t_begin, "t_end": t_end, "read_s": np.asarray(read_s), "comp_s": np.asarray(comp_s),
+            "step_s": np.asarray(step_s), "distinct": np.asarray(distinct, np.int64), "probe_read_s": empty,
+            "probe_comp_s": empty, "probe_t": empty, "probe_distinct": np.zeros(0, np.int64), "reads": nreads,
+            "concurrent": int(concurrent), "rows_match": True, "threads": threads, "cache_hits": int(hits),
+            "emitted": np.asarray(emitted, np.int64), "prefetch_hits": int(pf_hits), "drafts": int(made),
+            "accepted": int(taken)}
+
+
 def cache_record(cache, trace: Trace, starts: Sequence[int], steps: int, got: Sequence[dict],
                  shared: bool) -> Optional[dict]:
     """A run's row cache: measured hits of its trace steps beside the hits predicted by replaying the same
@@ -238,8 +395,13 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
     TableIOError, DecodeError
         A read failed.
     """
-    r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
-                     probe_every=probe_every, probe_seed=probe_seed, cache=cache)
+    if config.draft_tokens:
+        r = speculative_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
+                             cache=cache)
+        probe_every = 0
+    else:
+        r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
+                         probe_every=probe_every, probe_seed=probe_seed, cache=cache)
     rec = run_record(config, int(start), r)
     c = cache_record(cache, trace, [int(start)], config.steps, [r], True)
     if c is not None:
@@ -253,7 +415,17 @@ def run_record(config: RunConfig, start: int, r: dict) -> dict:
     """The run record of one session's raw figures (:func:`session_loop`)."""
     n = config.steps
     step_s, read_s, comp_s = r["step_s"], r["read_s"], r["comp_s"]
-    return {"start": start, "steps": n, "wall_s": r["t_end"] - r["t_first"], "tokens_per_s": n / step_s.sum(),
+    extra = {}
+    if "emitted" in r:  # a speculative run: its verification steps, the tokens they emitted
+        e = r["emitted"]
+        extra = {"speculative": {"draft_tokens": config.draft_tokens, "acceptance": config.acceptance,
+                                 "prefetch_drafts": config.prefetch_drafts, "verification_steps": int(e.size),
+                                 "tokens": int(e.sum()), "tokens_per_step": float(e.mean()),
+                                 "drafts": r["drafts"], "accepted": r["accepted"],
+                                 "accepted_share": r["accepted"] / r["drafts"] if r["drafts"] else 0.0,
+                                 "prefetch_hits": r["prefetch_hits"], "emitted": e.astype(int).tolist()}}
+    return {**extra, "start": start, "steps": n, "wall_s": r["t_end"] - r["t_first"],
+            "tokens_per_s": n / step_s.sum(),
             "step_ms": percentiles_ms(step_s, _PCT), "read_ms": percentiles_ms(read_s, _PCT),
             "compute_ms": percentiles_ms(comp_s, _PCT), "concurrent_steps": r["concurrent"],
             "rows_distinct_mean": float(np.mean(r["distinct"])), "reads": r["reads"], "rows_match": r["rows_match"],

@@ -60,14 +60,14 @@ from ..sweep import METRICS, read_table
 from .answer import Entry, answer_section, entries_from_crosscheck, search_section
 from .document import Doc, anchor
 from .figures import (cache_section, cdf_section, devices_figure, planner_section, readers_section,
-                      reuse_rate_section, seed_section, threshold_section)
+                      reuse_rate_section, seed_section, speculative_section, threshold_section)
 from .inputs import Inputs, load_inputs
 from .plots import ReportFolder
 from .devices import devices_section
 from .sections import crosscheck_section, inputs_section, run_section, sweeps_section
 from .serving import serve_counterpart_section
 from .whatif import (cache_data, capacity_data, cdf_data, device_curves, planner_data, readers_data, reuse_data,
-                     seed_figures, threshold_data)
+                     seed_figures, speculative_data, threshold_data)
 
 __all__ = ["build_report"]
 
@@ -271,6 +271,8 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     say("reuse and row caches")
     cache_section(doc, out, cache_data(inp, ref_compute, quick))
     reuse_rate_section(doc, out, reuse_data(inp, ref_compute, quick))
+    say("speculative decoding")
+    speculative_section(doc, out, speculative_data(inp, ref_compute, quick))
     say("capacity search")
     cap = capacity_data(inp, ref_compute, target=target, compute_ms=compute_ms, seeds=seeds,
                         max_sessions=max_sessions, quick=quick, jobs=jobs, progress=mode)

@@ -20,10 +20,11 @@ from ..schema import trace_label
 from ..trace.rowcache import OPTIMAL
 from .document import Doc
 from .plots import ReportFolder, cache_axis, colors, pyplot
-from .whatif import CacheData, CdfData, PlannerData, ReadersData, ReuseData, ThresholdData, gain_points
+from .whatif import (CacheData, CdfData, PlannerData, ReadersData, ReuseData, SpeculativeData, ThresholdData,
+                     gain_points)
 
 __all__ = ["cache_section", "cdf_section", "devices_figure", "planner_section", "readers_section",
-           "reuse_rate_section", "seed_section", "threshold_section"]
+           "reuse_rate_section", "seed_section", "speculative_section", "threshold_section"]
 
 _ENGRAM_ONLY = "Engram reads only, no model compute"
 
@@ -445,3 +446,37 @@ def reuse_rate_section(doc: Doc, out: ReportFolder, d: ReuseData) -> None:
     out.add(doc, rel, data, "Synthetic traces from no repeats to 80% of row reads repeating: the hit rate of a "
                             "per-session LRU cache and one session's tokens/s, with the SPEC §8 compute (where the "
                             "reads are a few percent of a step) and without compute (the reads alone).")
+
+
+def speculative_section(doc: Doc, out: ReportFolder, d: SpeculativeData) -> None:
+    """Tokens/s against the acceptance of a draft, k = 1, 2, 3, with and without prefetch, on two devices
+    (:func:`sim.report.whatif.speculative_data`): one figure."""
+    plt = pyplot()
+    doc.h(1, "Speculative decoding")
+    doc.p("DeepSeek V4 drafts the next k tokens and verifies them in one forward pass of k + 1 tokens, keeping "
+          "the accepted prefix and one token of its own. For Engram a verification step reads the rows of all "
+          "k + 1 tokens as one deduplicated batch (up to (k + 1) x 48 rows, at a higher queue depth), and the "
+          "drafts' rows can be read a step early, while the previous step computes (prefetch). One session, "
+          f"threshold {DEFAULT_THRESHOLD} with {DEFAULT_READERS} readers, the SPEC §8 compute ({d.compute_ms:.1f} ms "
+          "a step, the same for a verification step: the model has no per-token term), "
+          f"{d.steps} verification steps of {trace_label(d.trace)}; a rejected draft's rows are other rows of the "
+          "table, read all the same.")
+    fig, axes = plt.subplots(1, len(d.base), figsize=(6.5 * len(d.base), 4.6), squeeze=False)
+    cmap = colors()
+    for ai, dev in enumerate(d.base):
+        ax = axes[0][ai]
+        for ki, k in enumerate(d.drafts):
+            for pf in (False, True):
+                ax.plot(d.acceptance, d.tokens[(dev, k, pf)], "-" if pf else "--", marker="o" if pf else "s", ms=4,
+                        color=cmap[ki], label=f"k = {k}, prefetch {'on' if pf else 'off'}")
+        ax.axhline(d.base[dev], color="k", ls=":", lw=1, label="no drafts")
+        ax.set_xlabel("acceptance of a draft (probability it is right)")
+        ax.set_ylabel("decode tokens/s (one session, emitted tokens)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(dev, fontsize=10)
+        ax.legend(loc="upper left", fontsize=8)
+    rel = out.save(fig, "speculative", "Speculative decoding: tokens/s against the acceptance of a draft")
+    data = out.csv("speculative", ["device", "draft_tokens", "prefetch", "acceptance", "tokens_per_s",
+                                   "tokens_per_step", "stall_mean_ms"], d.rows)
+    out.add(doc, rel, data, "Tokens/s by acceptance for k = 1, 2, 3 draft tokens a step, the drafts' rows read "
+                            "a step early (solid) or with the step (dashed); dotted: decoding without drafts.")

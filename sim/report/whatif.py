@@ -20,6 +20,7 @@ from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
                         phases_short)
 from ..decode import seed_reproduction, simulate_decode
+from ..decode.speculative import Speculation
 from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tail
 from ..params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
 from ..schema import RunConfig, trace_label
@@ -30,7 +31,8 @@ from .inputs import WHATIF_TOKENS, Inputs, device_label
 
 __all__ = ["CACHE_ROWS", "CAPACITY_TARGET", "DRAM_FRACTIONS", "DRIVES", "PLANNER_SSD", "READERS",
            "REPORT_MAX_SESSIONS", "REPORT_SEEDS", "REUSE_RATES", "SHARED_CACHE_ROWS", "SIM_STEPS", "THRESHOLDS",
-           "capacity_data", "capacity_of", "planner_data", "reuse_data", "simulate", "tail_shape"]
+           "SPECULATIVE_ACCEPTANCE", "SPECULATIVE_DEVICES", "SpeculativeData", "capacity_data", "capacity_of",
+           "planner_data", "reuse_data", "simulate", "speculative_data", "tail_shape"]
 
 #: The largest session count the report's capacity search probes (the capacity search's: the galloping stops at the
 #: first count that fails, so only a device that sustains more than 512 sessions probes 1,024).
@@ -51,7 +53,7 @@ SEED_DEVICE = SEED_REFERENCE["device"]
 
 
 def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, seed: int = 0, hash_time: float = 0.0,
-             sessions: int = 1, phases: str = DEFAULT_PHASES):
+             sessions: int = 1, phases: str = DEFAULT_PHASES, speculation: Optional[Speculation] = None):
     """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at ``phases``).
 
     The report picks ``steps`` itself (a stretch replayed to average out simulation noise), so the run is
@@ -61,7 +63,7 @@ def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, see
     name = (f"report what-if on {dev} ({src}, threshold {policy.threshold}, {policy.backend} x{policy.readers}"
             f"{f', cache {policy.cache_rows} rows' if policy.cache_rows else ''}, {sessions} session(s), {steps} steps)")
     return simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode="fast", seed=seed,
-                           hash_time=hash_time, phases=phases, bins=4, replay=name)
+                           hash_time=hash_time, phases=phases, bins=4, replay=name, speculation=speculation)
 
 
 def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:
@@ -623,4 +625,54 @@ def reuse_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ReuseData:
                 d.hit[(rate, c)] = r.cache_hit_rate
                 d.tokens[(title, rate, c)] = r.tokens_per_s
                 d.rows.append([title, rate, st.reuse_rate, c, r.cache_hit_rate, r.tokens_per_s, tr.source])
+    return d
+
+
+# --------------------------------------------------------------------- speculative decoding
+#: Acceptance rates of the speculative-decoding figure.
+SPECULATIVE_ACCEPTANCE = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+#: Draft tokens of the speculative-decoding figure.
+SPECULATIVE_DRAFTS = (1, 2, 3)
+#: Its devices: a slow SSD from datasheet figures (500 us a read alone, 20,000 IOPS, 8 in parallel: its reads
+#: are a tenth of a step, where the presets' are a few percent) and the reference SSD.
+SPECULATIVE_DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8", SEED_DEVICE)
+
+
+@dataclass
+class SpeculativeData:
+    """One session's tokens/s against the acceptance of a draft (:mod:`sim.decode.speculative`): per device,
+    draft tokens and prefetch, at each acceptance; ``base``: the device's tokens/s without drafts."""
+
+    acceptance: Sequence[float]
+    drafts: Sequence[int]
+    steps: int
+    trace: str = ""
+    compute_ms: float = 0.0
+    tokens: Dict[Tuple[str, int, bool], List[float]] = field(default_factory=dict)
+    base: Dict[str, float] = field(default_factory=dict)
+    rows: List[list] = field(default_factory=list)
+
+
+def speculative_data(inp: Inputs, ref_compute: Compute, quick: bool) -> SpeculativeData:
+    """Tokens/s of one session decoding speculatively (``k`` = 1, 2, 3 drafts a step, acceptance 0..1, the
+    drafts' rows prefetched or not) on a slow and a fast device, threshold 8 with 16 readers, the SPEC §8
+    compute (a verification step computes as long as a one-token step: :mod:`sim.decode.speculative`)."""
+    steps = _steps(quick)
+    tr = next(iter(inp.traces.values()))
+    d = SpeculativeData((0.0, 0.5, 1.0) if quick else SPECULATIVE_ACCEPTANCE, SPECULATIVE_DRAFTS, steps,
+                        tr.source, ref_compute.mean * 1e3)
+    pol = policy(DEFAULT_THRESHOLD, "pread", DEFAULT_READERS)
+    for dev in SPECULATIVE_DEVICES:
+        device = load_device(dev)
+        d.base[dev] = simulate(tr, device, pol, ref_compute, steps=steps).tokens_per_s
+        d.rows.append([dev, 0, "off", "", d.base[dev], 1.0, ""])
+        for k in d.drafts:
+            for pf in (False, True):
+                ys = []
+                for a in d.acceptance:
+                    r = simulate(tr, device, pol, ref_compute, steps=steps, speculation=Speculation(k, a, pf))
+                    ys.append(r.tokens_per_s)
+                    d.rows.append([dev, k, "on" if pf else "off", a, r.tokens_per_s,
+                                   r.speculative["tokens_per_step"], r.stall_ms["mean"]])
+                d.tokens[(dev, k, pf)] = ys
     return d

@@ -27,6 +27,17 @@ batching:
    token was computed emits its first token (its time to first token); a request that emitted its
    ``output`` tokens leaves.  The next step starts at once; the engine idles only with nothing to do.
 
+Speculative decoding (``speculation``, :mod:`sim.decode.speculative`): every decoding request verifies
+``k + 1`` tokens a step -- its last token and ``k`` drafts -- and emits ``1 + a`` (its accepted prefix,
+drawn from the run's seed, at most the tokens it has left); the rows of all of them, rejected drafts'
+other rows included, are the step's one decode batch, deduplicated across requests.  The compute takes
+the ``k`` extra tokens of each request at the compute's per-token term (``ms(B, P + B k)``: they run
+through the forward pass as prompt tokens do).  With ``prefetch_drafts`` (one drive, no resident rows,
+caches or overlap) the next step's drafts' rows of the requests still decoding are read in the
+background once this step's rows have arrived, and the next step reads on its critical path only the
+rest, then waits for the prefetch before computing.  Its tokens come at once: the time between them is
+the step's time before the first, 0 after.
+
 Every batch of reads -- decode steps and prefill chunks -- shares the device
 (:class:`~sim.serve.device.SharedDevice`): prefill reads slow decode reads down, and a stalled
 step holds every decode token of the batch.
@@ -49,6 +60,7 @@ from engram.errors import ArgumentError
 
 from ..decode import cache_hits
 from ..decode.fast import split_readers
+from ..decode.speculative import Speculation, accepted_prefix
 from ..device import Device
 from ..params import Policy
 from ..progress import progress as progress_bar
@@ -65,7 +77,7 @@ GATES = ("ready", "stall")
 PREFILL_READERS = ("one", "per_table")
 
 # owner kinds of device batches, timer kinds, waypoint kinds
-_DECODE, _DECODE_T1, _CHUNK = range(3)
+_DECODE, _DECODE_T1, _CHUNK, _PREFETCH = range(4)
 _WAYPOINT, _END, _SUBMIT = range(3)
 _W_READY, _W_START, _W_T1 = range(3)
 
@@ -124,7 +136,7 @@ class Scheduler:
 
 class _Step:
     __slots__ = ("t0", "D", "alloc", "t_read", "alone", "c", "wp", "wi", "frac", "t1_done", "t1_wait", "t_comp",
-                 "B", "P", "t1_n", "running", "waiting")
+                 "B", "P", "t1_n", "running", "waiting", "emit")
 
     def __init__(self, t0, D, alloc):
         self.t0, self.D, self.alloc = t0, D, alloc
@@ -142,6 +154,7 @@ class _Step:
         self.t1_n = None
         self.running = 0
         self.waiting = 0
+        self.emit = None
 
 
 @dataclass
@@ -220,18 +233,22 @@ class Engine:
         Stop as soon as more measured requests have waited longer than this for their first token than the
         SLO percentile ``abort_percentile`` allows (the TTFT SLO can no longer be met; a capacity search
         needs no more of the run).
+    speculation : Speculation, optional
+        Draft tokens, their acceptance, the drafts' rows prefetched (see the module; ``None`` or ``k = 0``:
+        off, the run as it was without it).
 
     Raises
     ------
     ArgumentError
         ``overlap_layers`` beyond the compute's layers, an Engram layer beyond them, a read chunk other than
-        the row source's.
+        the row source's; speculation with per-request row caches, or its prefetch with resident rows, row
+        caches, drives or overlap (not modelled).
     """
 
     def __init__(self, reqs: Requests, rows: RowSource, device: Device, policy: Policy, compute: StepCompute,
                  sched: Scheduler, *, drives: int = 1, seed: int = 0, measured: Optional[np.ndarray] = None,
                  t_cap: float = math.inf, positions: Optional[tuple] = None, abort_ttft: Optional[float] = None,
-                 abort_percentile: float = 99.0):
+                 abort_percentile: float = 99.0, speculation: Optional[Speculation] = None):
         if policy.overlap_layers > compute.layers:
             raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the {compute.layers} layers")
         if max(rows.layer_ids) >= compute.layers:
@@ -245,7 +262,8 @@ class Engine:
         self.drives = int(drives)
         self.t_cap = float(t_cap)
         n = len(reqs)
-        dev_ss, comp_ss = np.random.SeedSequence(seed).spawn(2)
+        ss = np.random.SeedSequence(seed)
+        dev_ss, comp_ss = ss.spawn(2)
         self.times = BatchTimes(device, np.random.default_rng(dev_ss))
         self.devs = [SharedDevice(device) for _ in range(self.drives)]
         self._comp_rng = np.random.default_rng(comp_ss)
@@ -294,6 +312,20 @@ class Engine:
             self.slot = np.zeros(n, dtype=np.int64)
             self.free_slots = list(range(sched.max_running - 1, -1, -1))
             self.hits = np.zeros((sched.max_running, max(int(self.O.max()) - 1, 1), rows.keys.shape[1]), dtype=bool)
+        self.spec = speculation if speculation is not None and speculation.on else None
+        self._pf_box = None        # the prefetch in flight: [done, waiting step]
+        self._pf_pos: Dict[int, np.ndarray] = {}   # per request: its prefetched drafts' positions
+        self._pf_acc: Dict[int, int] = {}          # per request: the accepted drafts of its next step, drawn
+        self.prefetched_reads = self.wasted_reads = 0
+        if self.spec is not None:
+            if policy.cache_rows > 0:
+                raise ArgumentError("speculative decoding with per-request row caches is not modelled "
+                                    "(cache_rows = 0, or a shared cache)")
+            if self.spec.prefetch_drafts and not self.fast_reads:
+                raise ArgumentError("prefetch_drafts in the serving model needs one drive, no resident rows, no "
+                                    "row caches and no overlap (not modelled otherwise)")
+            self._spec_rng = np.random.default_rng(ss.spawn(1)[0])
+            self._J = np.arange(self.spec.draft_tokens + 1)
         # records
         self.tbt_parts: List[np.ndarray] = []
         self.rec = {k: [] for k in ("t0", "t_read", "t_end", "B", "P", "alone", "compute", "running", "waiting")}
@@ -478,10 +510,20 @@ class Engine:
             self._start_compute(st, now)
             return
         pos = (self._dec_dpos + self._dec_em) % self.rows.text_tokens
-        self.decode_rows_asked += int(D.size) * self.rows.keys.shape[1]
+        extra = 0
+        if self.spec is not None:
+            pos, extra = self._verification(st, D)
+        self.decode_rows_asked += int(D.size) * self.rows.keys.shape[1] * (1 + (self.spec.draft_tokens
+                                                                                 if self.spec else 0))
         if self.fast_reads:
-            n = self.rows.count_distinct(pos)
+            n = self.rows.count_distinct(pos) + extra
             self.decode_reads += n
+            if self.spec is not None and self._pf_pos:
+                n -= self._prefetched_now(D)
+            if n <= 0:
+                st.alone = 0.0
+                self._read_done(st, now)
+                return
             st.alone = self._read(now, [n], [0, _DECODE, st])
             return
         hits = self.hits[self.slot[D], self._dec_em - 1] if self.hits is not None else None
@@ -489,8 +531,13 @@ class Engine:
         if self.shared is not None:
             keys = self.shared.misses(keys)
         by_table, by_drive = self.rows.split(keys, self.drives)
-        self.decode_reads += int(keys.size)
-        if not keys.size:
+        if extra:  # rejected drafts' other rows: spread evenly over the tables and drives
+            share = np.full(by_table.shape, extra // by_table.size, dtype=np.int64)
+            share.reshape(-1)[: extra % by_table.size] += 1
+            by_table = by_table + share
+            by_drive = by_table.sum(axis=0)
+        self.decode_reads += int(keys.size) + extra
+        if not keys.size and not extra:
             self._start_compute(st, now)
             return
         if self.ov:
@@ -504,7 +551,72 @@ class Engine:
             return
         st.alone = self._read(now, by_drive.tolist(), [0, _DECODE, st])
 
+    def _verification(self, st: _Step, D: np.ndarray) -> tuple:
+        """The step's verification tokens: (positions of the tokens whose rows are the text's, int64; reads of
+        the rejected drafts' other rows); sets ``st.emit``, the tokens each request emits."""
+        k = self.spec.draft_tokens
+        a = accepted_prefix(self.spec, self._spec_rng, D.size)
+        if self._pf_acc:  # drawn when the drafts' rows were prefetched
+            for i, r in enumerate(D.tolist()):
+                got = self._pf_acc.pop(r, None)
+                if got is not None:
+                    a[i] = got
+        st.emit = np.minimum(1 + a, self._dec_O - self._dec_em)
+        base = self._dec_dpos + self._dec_em
+        keep = self._J[None, :] <= a[:, None]
+        pos = ((base[:, None] + self._J[None, :])[keep]) % self.rows.text_tokens
+        extra = int((k - a).sum()) * int(self.rows.keys.shape[1])
+        self.wasted_reads += extra
+        return pos, extra
+
+    def _prefetched_now(self, D: np.ndarray) -> int:
+        """Reads of this step already prefetched (the drafts' rows of its requests that had theirs read);
+        the prefetched positions of requests no longer decoding are dropped."""
+        pos, extra = [], 0
+        for r in D.tolist():
+            got = self._pf_pos.get(r)
+            if got is not None:
+                pos.append(got[0])
+                extra += got[1]
+        self._pf_pos.clear()
+        return (self.rows.count_distinct(np.concatenate(pos)) if pos and sum(p.size for p in pos) else 0) + extra
+
+    def _prefetch_next(self, st: _Step, now: float) -> None:
+        """Read in the background the next step's drafts' rows of the requests that go on decoding."""
+        D = st.D
+        go_on = (self._dec_em + st.emit) < self._dec_O
+        if not go_on.any():
+            return
+        k = self.spec.draft_tokens
+        ids = D[go_on]
+        a = accepted_prefix(self.spec, self._spec_rng, ids.size)
+        base = (self._dec_dpos + self._dec_em + st.emit)[go_on]
+        cols = int(self.rows.keys.shape[1])
+        pos_all, extra = [], 0
+        for i, r in enumerate(ids.tolist()):
+            p = (base[i] + np.arange(1, int(a[i]) + 1)) % self.rows.text_tokens
+            self._pf_pos[r] = (p, (k - int(a[i])) * cols)
+            self._pf_acc[r] = int(a[i])
+            pos_all.append(p)
+            extra += (k - int(a[i])) * cols
+        flat = np.concatenate(pos_all)
+        n = (self.rows.count_distinct(flat) if flat.size else 0) + extra
+        if n <= 0:
+            return
+        self.prefetched_reads += n
+        box = [False, None]
+        self._pf_box = box
+        self._read(now, [n], [0, _PREFETCH, box])
+
     def _read_done(self, st: _Step, now: float) -> None:
+        box = self._pf_box
+        if box is not None:
+            if not box[0]:  # the prefetch of this step's drafts is still reading: wait for it
+                box[1] = st
+                return
+            self._pf_box = None
+        if self.spec is not None and self.spec.prefetch_drafts and st.D.size:
+            self._prefetch_next(st, now)
         st.t_read = now
         if st.t1_n is not None:
             st.t1_done = False
@@ -513,7 +625,8 @@ class Engine:
 
     def _start_compute(self, st: _Step, now: float) -> None:
         st.t_comp = now
-        c = self.compute.mean_ms(st.B, st.P) * 1e-3
+        extra = st.B * self.spec.draft_tokens if self.spec is not None else 0
+        c = self.compute.mean_ms(st.B, st.P + extra) * 1e-3
         if self.compute.dist != "constant" and self.compute.cv > 0:
             c *= self._multiplier()
         st.c = c
@@ -571,7 +684,12 @@ class Engine:
             self.tbt_parts.append(gaps if meas is None else gaps[meas])
             last.fill(now)
             em = self._dec_em
-            em += 1
+            if st.emit is None:
+                em += 1
+            else:  # a verification step's tokens come at once: 0 between them
+                more = st.emit - 1
+                self.tbt_parts.append(np.zeros(int((more if meas is None else more[meas]).sum())))
+                em += st.emit
             done = em >= self._dec_O
             if done.any():
                 fin = D[done]
@@ -628,6 +746,12 @@ class Engine:
             self._chunk_done(o[2], o[3], o[4], o[5], now)
         elif kind == _DECODE:
             self._read_done(o[2], now)
+        elif kind == _PREFETCH:
+            box = o[2]
+            box[0] = True
+            if box[1] is not None:
+                st, box[1] = box[1], None
+                self._read_done(st, now)
         else:
             st = o[2]
             st.t1_done = True

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 
@@ -257,6 +257,7 @@ class ServeResult:
             + (f", cache {pol['cache_rows']} rows/request" if pol["cache_rows"] else "")
             + (f", shared cache {pol['shared_cache_rows']} rows" if pol["shared_cache_rows"] else "")
             + (f", DRAM {pol['dram_fraction']:.3g}" if pol["dram_fraction"] else ""),
+            *([_drafts_line(c["speculation"])] if c.get("speculation") else []),
             f"requests  {r['measured']} measured of {r['arrived']} ({r['completed']} completed, {r['censored']} cut "
             f"short); {self.throughput['requests_per_s']:.3f} requests/s, "
             f"{self.throughput['output_tokens_per_s']:.1f} output tokens/s",
@@ -429,3 +430,11 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
         per_request={"arrival": a, "admit": trace.admit, "first": trace.first, "finish": fin, "prompt": reqs.prompt,
                      "output": O, "emitted": trace.emitted, "measured": meas},
         tbt_samples=trace.tbt)
+
+
+def _drafts_line(sp: Mapping) -> str:
+    """The summary line of a speculative run (``config["speculation"]`` of :func:`sim.serve.simulate_serve`)."""
+    return (f"drafts    {sp['draft_tokens']} a step, acceptance {','.join(f'{a:g}' for a in sp['acceptance'])} "
+            f"({sp['expected_tokens_per_step']:.3f} tokens a verification step expected), prefetch "
+            f"{'on' if sp['prefetch_drafts'] else 'off'}: {sp['wasted_reads']} reads for rejected drafts, "
+            f"{sp['prefetched_reads']} prefetched")

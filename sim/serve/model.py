@@ -17,6 +17,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..decode import hot_rows
+from ..decode.speculative import Speculation
 from ..device import Device, load_device, with_tail
 from ..params import Policy
 from ..trace import Trace, load_trace
@@ -48,7 +49,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
                    tail: Union[Device, str, None] = None, calibration=None, seed: int = 0, warmup: float = 0.0,
                    drain: Optional[float] = None, bins: int = 100, requests_file: Optional[RequestFile] = None,
                    rows: Optional[RowSource] = None, fail_fast: bool = False,
-                   progress: Union[bool, str] = False) -> ServeResult:
+                   progress: Union[bool, str] = False, speculation: Optional[Speculation] = None) -> ServeResult:
     """Simulate serving ``workload`` on one engine whose Engram tables sit on ``device``.
 
     Parameters
@@ -89,6 +90,9 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
     progress : bool or str
         :mod:`sim.progress` mode of the run, one item a request arrived (default off: a study's points run
         many at once).
+    speculation : Speculation, optional
+        Speculative decoding: draft tokens a step, their acceptance, the drafts' rows prefetched
+        (:mod:`sim.serve.engine`, :mod:`sim.decode.speculative`); ``None`` or ``k = 0``: off.
 
     Returns
     -------
@@ -124,7 +128,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
     measured = (reqs.arrival >= warmup) & (reqs.arrival < workload.duration)
     eng = Engine(reqs, rows, device, policy, compute, scheduler, drives=int(drives), seed=seed, measured=measured,
                  t_cap=workload.duration + drain, abort_ttft=slo.ttft_s if fail_fast else None,
-                 abort_percentile=slo.percentile)
+                 abort_percentile=slo.percentile, speculation=speculation)
     trace = eng.run(progress=progress)
     warnings = _warnings(reqs, rows, trace)
     config = {"workload": workload.to_dict(), "scheduler": scheduler.to_dict(), "policy": policy.to_dict(),
@@ -132,6 +136,9 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
               "drives": int(drives), "seed": seed, "slo": slo.to_dict(), "warmup_s": warmup, "drain_s": drain,
               "text": {"source": rows.source, "tokens": rows.text_tokens}, "aborted": trace.aborted,
               "hot_rows": 0 if hot is None else int(len(hot_rows(hot)))}
+    if eng.spec is not None:
+        config["speculation"] = {**eng.spec.to_dict(), "wasted_reads": int(eng.wasted_reads),
+                                 "prefetched_reads": int(eng.prefetched_reads)}
     res = summarize(trace, reqs, slo, window=(warmup, workload.duration), device=device, drives=int(drives),
                     config=config, bins=int(bins), warnings=warnings)
     res.wall_seconds = time.perf_counter() - t_wall

@@ -22,6 +22,7 @@ from engram.errors import ArgumentError
 from ..calibrate import Calibration
 from ..decode import hot_rows
 from ..device import load_device, with_tail
+from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..params import Policy, consumer_preset
 from ..sweep import PointRunner
 from ..trace import load_trace
@@ -120,7 +121,9 @@ def point_objects(p: Mapping[str, Any], ctx: Optional[ServeContext] = None) -> d
     sched = Scheduler(p["max_running"], p["prefill_chunk"], p["read_chunk"], p["gate"], p["second_start_layer"])
     work = Workload(p["rate"], p["duration_s"], p["arrivals"], p["cv"], p["prompt_tokens"], p["output_tokens"],
                     p["requests"])
-    return {"workload": work, "policy": policy, "compute": compute, "scheduler": sched}
+    spec = Speculation(p.get("draft_tokens", 0), p.get("acceptance", str(DEFAULT_ACCEPTANCE)),
+                       p.get("prefetch_drafts", "off") == "on")
+    return {"workload": work, "policy": policy, "compute": compute, "scheduler": sched, "speculation": spec}
 
 
 def run_serve_point(index: int, params: Dict[str, Any], seed: int, ctx: ServeContext) -> Dict[str, Any]:
@@ -132,7 +135,7 @@ def run_serve_point(index: int, params: Dict[str, Any], seed: int, ctx: ServeCon
     r = simulate_serve(o["workload"], ctx.devices[_device_key(p) + (p["tail"],)], o["policy"], o["compute"],
                        o["scheduler"], ctx.slo, drives=p["drives"], seed=seed, warmup=p["warmup_s"], bins=8,
                        requests_file=ctx.files.get(p["requests"]), rows=ctx.rows[_rows_key(p)],
-                       fail_fast=ctx.fail_fast)
+                       fail_fast=ctx.fail_fast, speculation=o["speculation"])
     return {"point": index, **params, "seed": seed, **r.row()}
 
 

@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError
 
+from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..sweep.study import (check_cache_axes, coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
                            varying_axes)
@@ -109,8 +110,16 @@ SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
     "compute_cv": (float, 0.0, "compute CV"),
     "consumer": (str, "none", "Engram consumer preset (none, cpu, h200)"),
     "layers": (int, DEFAULT_LAYERS, "decoder layers"),
+    "draft_tokens": (int, 0, "draft tokens a step (speculative decoding; 0: off)"),
+    "acceptance": (str, str(DEFAULT_ACCEPTANCE), "acceptance of a draft (or a profile by position: 0.8,0.6)"),
+    "prefetch_drafts": (str, "off", "drafts' rows prefetched (off, on)"),
     "repeat": (int, 0, "replicate"),
 }
+
+#: Axes that came later, and their values at which a point keeps the seed it had before them
+#: (:func:`serve_point_seed`).
+_LATER_AXES = {"consumer": "none", "draft_tokens": 0, "acceptance": str(DEFAULT_ACCEPTANCE),
+               "prefetch_drafts": "off"}
 
 #: Result columns of a serving point: name -> label with unit (:meth:`sim.serve.ServeResult.row`).
 SERVE_METRICS: Dict[str, str] = {
@@ -211,6 +220,12 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
     Compute(1.0, p["compute_dist"], p["compute_cv"])
     if p["consumer"] not in CONSUMERS:
         raise ArgumentError(f"{where}: consumer = {p['consumer']!r} must be one of {', '.join(CONSUMERS)}")
+    if p.get("prefetch_drafts", "off") not in ("off", "on"):
+        raise ArgumentError(f"{where}: prefetch_drafts = {p['prefetch_drafts']!r} must be 'off' or 'on'")
+    try:
+        Speculation(p.get("draft_tokens", 0), p.get("acceptance", str(DEFAULT_ACCEPTANCE)))
+    except ArgumentError as exc:
+        raise ArgumentError(f"{where}: {exc}") from None
     for name in ("prompt_tokens", "output_tokens"):
         lg = Lengths.parse(p[name])
         if lg.kind == "file" and not p["requests"]:
@@ -225,10 +240,11 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
 
 def serve_point_seed(study_seed: int, p: Mapping[str, Any]) -> int:
     """The seed of a point: :func:`sim.sweep.point_seed` of the study seed and the point without ``rate``
-    (and without ``consumer`` at its default ``none``: the axis came later, and a point without it keeps
-    the seed, so the results, it had before)."""
+    (and without the axes that came later -- ``consumer``, ``draft_tokens``, ``acceptance``,
+    ``prefetch_drafts`` -- at their defaults: a point without them keeps the seed, so the results, it had
+    before)."""
     return point_seed(study_seed, {k: v for k, v in p.items()
-                                   if k != "rate" and not (k == "consumer" and v == "none")})
+                                   if k != "rate" and not (k in _LATER_AXES and v == _LATER_AXES[k])})
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from sim.sweep import Study, run_points, run_study
 from tests.mounts import tmpfs
 
 PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "engine_cache", "reuse", "reuse_rate",
-                     "capacity", "planner")
+                     "speculative", "capacity", "planner")
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
@@ -221,6 +221,26 @@ def test_a_study_whose_cache_replays_its_trace_says_so(preset_report):
     assert want.startswith("1 session(s) x 150 steps on a trace of 100 steps: each session wraps (1.50 laps)")
     assert "**Warning**: the cache figures of this study depend on replaying its trace" in part and want in part
     assert "Warning" not in text.split("## Study: tiny", 1)[1].split("\n## ", 1)[0]  # no cache, no wrap
+
+
+def test_speculative_figure(preset_report):
+    """Tokens/s against acceptance for k = 1, 2, 3 with and without prefetch on two devices: more acceptance never
+    lowers tokens/s, prefetch never does, and at acceptance 1 a step emits k + 1 tokens."""
+    root = Path(preset_report[0]).parent
+    rows = list(csv.DictReader(open(root / "data" / "speculative.csv")))
+    devices = {r["device"] for r in rows}
+    assert len(devices) == 2
+    for dev in devices:
+        for k in ("1", "2", "3"):
+            curve = {pf: [(float(r["acceptance"]), float(r["tokens_per_s"])) for r in rows
+                          if r["device"] == dev and r["draft_tokens"] == k and r["prefetch"] == pf] for pf in ("off", "on")}
+            for pf, pts in curve.items():
+                ys = [y for _, y in sorted(pts)]
+                assert len(ys) == 3 and all(b >= a for a, b in zip(ys, ys[1:])), (dev, k, pf, ys)
+            assert all(on >= off for (_, off), (_, on) in zip(sorted(curve["off"]), sorted(curve["on"])))
+            full = [r for r in rows if r["device"] == dev and r["draft_tokens"] == k and r["acceptance"] == "1.0"]
+            assert all(float(r["tokens_per_step"]) == int(k) + 1 for r in full)
+    assert "\n## Speculative decoding\n" in Path(preset_report[0]).read_text()
 
 
 def test_reuse_rate_figure(preset_report):
