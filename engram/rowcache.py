@@ -253,19 +253,24 @@ class RowCache:
         return hit, rec
 
     def serve(self, ids: np.ndarray, col_layer: np.ndarray, keys: np.ndarray, out: np.ndarray,
-              skip: np.ndarray) -> int:
+              skip: np.ndarray, col_rows: Optional[np.ndarray] = None) -> int:
         """The engine's lookup of a batch, in one native call under the lock (``Table``'s read path).
 
         ``ids`` uint32 ``[T, C]``; ``col_layer`` uint64 ``[C]`` (each column's layer id << 32); fills
         ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` and
-        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  Returns the hits."""
-        self._acquire()
+        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
+        each column's table; an id beyond its table is left a miss, uncounted, for the reader's range error.
+        Returns the hits."""
+        lock = self._lock
+        if not lock.acquire(False):
+            self.contended += 1
+            lock.acquire()
         try:
-            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip)
+            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip, col_rows)
             self.hits += h
             self.lookups += keys.shape[0]
         finally:
-            self._lock.release()
+            lock.release()
         return h
 
     def admit(self, keys: np.ndarray, skip: np.ndarray, raw: np.ndarray) -> int:

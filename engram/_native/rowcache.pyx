@@ -37,7 +37,29 @@ from engram._native.codec cimport decode_row, ROW_BYTES, ROW_VALUES
 cnp.import_array()
 
 cdef extern from *:
+    """
+    #include <string.h>
+    #if defined(__x86_64__) || defined(__SSE2__)
+    #include <emmintrin.h>
+    /* a record into its slot with non-temporal stores: the slot's old lines are not read first */
+    static inline void _stream_record(unsigned char* dst, const unsigned char* src) {
+        if (((size_t)dst & 7) == 0) {
+            long long v;
+            int k;
+            for (k = 0; k < 264; k += 8) { memcpy(&v, src + k, 8); _mm_stream_si64((long long*)(dst + k), v); }
+        } else {
+            memcpy(dst, src, 264);
+        }
+    }
+    static inline void _store_fence(void) { _mm_sfence(); }
+    #else
+    static inline void _stream_record(unsigned char* dst, const unsigned char* src) { memcpy(dst, src, 264); }
+    static inline void _store_fence(void) { }
+    #endif
+    """
     void __builtin_prefetch(const void* addr) nogil
+    void _stream_record(uint8_t* dst, const uint8_t* src) nogil
+    void _store_fence() nogil
 
 cdef enum:
     NONE = 0
@@ -63,6 +85,33 @@ cdef struct Node:
 cdef struct Entry:
     uint64_t key      # the hash table holds the key beside its slot: a probe reads one line
     int32_t slot      # -1: empty
+
+
+cdef char* _vector(object a, int typenum, Py_ssize_t n, bint write, str name) except NULL:
+    """The data of ``a``, a C-contiguous 1-D array of ``typenum`` with ``n`` items (``-n``: at least ``n``),
+    writable with ``write``; else ValueError naming it."""
+    cdef cnp.ndarray x
+    if not isinstance(a, cnp.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
+    x = <cnp.ndarray>a
+    if (cnp.PyArray_TYPE(x) != typenum or cnp.PyArray_NDIM(x) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
+            or (cnp.PyArray_DIMS(x)[0] != n if n >= 0 else cnp.PyArray_DIMS(x)[0] < -n)
+            or (write and not cnp.PyArray_ISWRITEABLE(x))):
+        raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
+    return cnp.PyArray_BYTES(x)
+
+
+cdef char* _matrix(object a, int typenum, Py_ssize_t rows, Py_ssize_t cols, bint write, str name) except NULL:
+    """The data of ``a``, a C-contiguous 2-D array of ``typenum``, at least ``rows`` x exactly ``cols``."""
+    cdef cnp.ndarray x
+    if not isinstance(a, cnp.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
+    x = <cnp.ndarray>a
+    if (cnp.PyArray_TYPE(x) != typenum or cnp.PyArray_NDIM(x) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
+            or cnp.PyArray_DIMS(x)[0] < rows or cnp.PyArray_DIMS(x)[1] != cols
+            or (write and not cnp.PyArray_ISWRITEABLE(x))):
+        raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
+    return cnp.PyArray_BYTES(x)
 
 
 cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
@@ -266,48 +315,83 @@ cdef class Policy:
         return total
 
     # ----------------------------------------------------------- the engine's batches
-    def serve(self, const uint32_t[:, :] ids, const uint64_t[::1] col_layer, uint64_t[::1] keys,
-              const uint8_t[:, ::1] records, float[:, ::1] out, uint8_t[::1] skip):
-        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids, ``col_layer``
-        uint64 ``[C]`` the layer of each column shifted by 32; fills ``keys`` ``[T * C]`` with the keys, looks
-        them up as :meth:`lookup` does, decodes each hit's record of ``records`` ``[capacity, 264]`` into its
-        row of ``out`` ``[T * C, 256]`` and sets ``skip[i]`` (1: a hit, 0: a miss).  Returns the hits."""
-        cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1], t, c, i
+    def serve(self, ids, col_layer, keys, records, out, skip, col_rows=None):
+        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids (any strides,
+        multiples of 4 bytes), ``col_layer`` uint64 ``[C]`` the layer of each column shifted by 32; fills
+        ``keys`` uint64 ``[T * C]`` with the keys, looks them up as :meth:`lookup` does, decodes each hit's
+        record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]`` and
+        sets ``skip[i]`` uint8 (1: a hit, 0: a miss).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
+        each column's table; an id at or beyond it is neither looked up nor counted (a miss: the reader then
+        raises its range error).  Every array but ``ids`` C-contiguous; the outputs writable.  Returns the
+        hits.
+
+        The arrays are taken as NumPy arrays and checked here (dtype, shape, layout), not as typed
+        memoryviews: a hit's whole cost is a few microseconds, and a memoryview's acquisition is a good
+        share of it (BENCHMARKS.md, "Row cache")."""
+        cdef Py_ssize_t T, C, t, c, i, s0, s1
         cdef int64_t hits = 0
         cdef int32_t s
         cdef uint64_t k
-        if (col_layer.shape[0] != C or keys.shape[0] < T * C or out.shape[0] < T * C or out.shape[1] != ROW_VALUES
-                or skip.shape[0] < T * C or records.shape[0] < self.capacity or records.shape[1] != ROW_BYTES):
-            raise ValueError("serve: the arrays do not fit the batch or the cache")
+        cdef uint32_t r
+        cdef bint bound = col_rows is not None
+        cdef const char* idp
+        cdef const uint64_t* lay
+        cdef const uint32_t* rows = NULL
+        cdef uint64_t* kp
+        cdef const uint8_t* rec
+        cdef float* op
+        cdef uint8_t* sp
+        if not isinstance(ids, cnp.ndarray) or cnp.PyArray_TYPE(<cnp.ndarray>ids) != cnp.NPY_UINT32 \
+                or cnp.PyArray_NDIM(<cnp.ndarray>ids) != 2:
+            raise ValueError("serve: ids must be a uint32 array [T, C]")
+        T, C = cnp.PyArray_DIMS(<cnp.ndarray>ids)[0], cnp.PyArray_DIMS(<cnp.ndarray>ids)[1]
+        s0, s1 = cnp.PyArray_STRIDES(<cnp.ndarray>ids)[0], cnp.PyArray_STRIDES(<cnp.ndarray>ids)[1]
+        if s0 % 4 or s1 % 4:
+            raise ValueError("serve: ids' strides must be multiples of 4 bytes")
+        idp = cnp.PyArray_BYTES(<cnp.ndarray>ids)
+        lay = <const uint64_t*>_vector(col_layer, cnp.NPY_UINT64, C, False, "col_layer")
+        if bound:
+            rows = <const uint32_t*>_vector(col_rows, cnp.NPY_UINT32, C, False, "col_rows")
+        kp = <uint64_t*>_vector(keys, cnp.NPY_UINT64, -T * C, True, "keys")
+        sp = <uint8_t*>_vector(skip, cnp.NPY_UINT8, -T * C, True, "skip")
+        rec = <const uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, False, "records")
+        op = <float*>_matrix(out, cnp.NPY_FLOAT32, T * C, ROW_VALUES, True, "out")
         with nogil:
             for t in range(T):  # the keys first, their table entries and sketch blocks fetched ahead
                 for c in range(C):
-                    k = col_layer[c] | <uint64_t>ids[t, c]
-                    keys[t * C + c] = k
+                    k = lay[c] | <uint64_t>(<const uint32_t*>(idp + t * s0 + c * s1))[0]
+                    kp[t * C + c] = k
                     self._prefetch(k)
             for t in range(T):
                 for c in range(C):
                     i = t * C + c
-                    k = keys[i]
+                    sp[i] = 0
+                    if bound and (<const uint32_t*>(idp + t * s0 + c * s1))[0] >= rows[c]:
+                        continue
+                    k = kp[i]
                     if self.tiny:
                         self._count(k)
                     s = self._find(k)
                     if s >= 0:
                         hits += 1
                         self._touch(s)
-                        decode_row(&records[s, 0], &out[i, 0])
-                        skip[i] = 1
-                    else:
-                        skip[i] = 0
+                        decode_row(rec + <int64_t>s * ROW_BYTES, op + i * ROW_VALUES)
+                        sp[i] = 1
         return hits
 
     def admit(self, const uint64_t[::1] keys, const uint8_t[::1] skip, const uint8_t[:, ::1] raw,
               uint8_t[:, ::1] records):
         """The misses of a batch served by :meth:`serve` (``skip[i] == 0``), inserted in order with their
         records ``raw`` ``[n, 264]`` as read, copied into ``records``; a key already held is left as it is.
-        Returns the records written."""
+        Returns the records written.
+
+        The insertions of a batch are dependent memory accesses (each victim's node, hash entry and record
+        slot); before inserting, the keys' hash entries and the slots the next evictions will free (the
+        oldest nodes of the window and probation lists, their hash entries and record slots) are prefetched,
+        so that the misses of a batch overlap instead of queueing; records are written with non-temporal
+        stores (no read of the evicted record's lines)."""
         cdef Py_ssize_t n = keys.shape[0], i
-        cdef int64_t wrote = 0
+        cdef int64_t wrote = 0, m = 0
         cdef int32_t s
         if skip.shape[0] < n or raw.shape[0] < n or raw.shape[1] != ROW_BYTES or records.shape[0] < self.capacity:
             raise ValueError("admit: the arrays do not fit the batch or the cache")
@@ -315,13 +399,39 @@ cdef class Policy:
             for i in range(n):
                 if not skip[i]:
                     self._prefetch(keys[i])
+                    m += 1
+            if m and self.used >= self.capacity:
+                self._prefetch_victims(m, &records[0, 0])
             for i in range(n):
                 if skip[i] or self._find(keys[i]) >= 0:
                     continue
                 s = self._insert(keys[i])
-                memcpy(&records[s, 0], &raw[i, 0], ROW_BYTES)
+                _stream_record(&records[s, 0], &raw[i, 0])
                 wrote += 1
+            _store_fence()
         return wrote
+
+    cdef void _prefetch_victims(self, int64_t m, const uint8_t* records) noexcept nogil:
+        """Prefetch what the next ``m`` evictions touch: the ``m`` oldest nodes of the window (LRU: the
+        victims; TinyLFU: the candidates) and of probation (TinyLFU's victims), with their hash entries,
+        sketch blocks and record slots."""
+        cdef int w, j
+        cdef int32_t s
+        cdef uint64_t h
+        for w in range(WINDOW, PROTECTED):
+            if w == PROBATION and not self.tiny:
+                break
+            s = self.head[w]
+            j = 0
+            while s >= 0 and j < m:
+                __builtin_prefetch(&self.table[fmix64(self.nodes[s].key) & self.tmask])
+                if self.tiny:
+                    __builtin_prefetch(self.sketch + ((fmix64(self.nodes[s].key) & self.bmask) << 6))
+                __builtin_prefetch(records + <int64_t>s * ROW_BYTES)
+                s = self.nodes[s].nxt
+                if s >= 0:
+                    __builtin_prefetch(&self.nodes[s])
+                j += 1
 
     # ----------------------------------------------------------- hash table
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
