@@ -56,8 +56,26 @@ cdef extern from *:
     static inline void _stream_record(unsigned char* dst, const unsigned char* src) { memcpy(dst, src, 264); }
     static inline void _store_fence(void) { }
     #endif
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    /* bookkeeping arrays of 1 MiB or more on 2 MiB-aligned memory advised as huge pages (Linux THP in
+       "madvise" mode): the random accesses of lookups and inserts then miss the TLB far less often */
+    static void* _big_alloc(size_t size, int zero) {
+        void* p = NULL;
+        if (size >= ((size_t)1 << 20)) {
+            size_t huge = (size_t)2 << 20, n = (size + huge - 1) / huge * huge;
+            if (posix_memalign(&p, huge, n) != 0) return NULL;
+    #ifdef MADV_HUGEPAGE
+            madvise(p, n, MADV_HUGEPAGE);
+    #endif
+            if (zero) memset(p, 0, n);
+            return p;
+        }
+        return zero ? calloc(size ? size : 1, 1) : malloc(size ? size : 1);
+    }
     """
     void __builtin_prefetch(const void* addr) nogil
+    void* _big_alloc(size_t size, int zero) nogil
     void _stream_record(uint8_t* dst, const uint8_t* src) nogil
     void _store_fence() nogil
 
@@ -87,15 +105,26 @@ cdef struct Entry:
     int32_t slot      # -1: empty
 
 
+cdef Py_ssize_t ANY_LENGTH = -(1 << 62)
+cdef bint _PREFETCH_VICTIMS = True
+
+
+def prefetch_victims(bint on):
+    """Whether :meth:`Policy.admit` prefetches what the next evictions touch (default on; off: for
+    measuring what it saves, ``benchmarks/bench_rowcache.py``)."""
+    global _PREFETCH_VICTIMS
+    _PREFETCH_VICTIMS = on
+
+
 cdef char* _vector(object a, int typenum, Py_ssize_t n, bint write, str name) except NULL:
-    """The data of ``a``, a C-contiguous 1-D array of ``typenum`` with ``n`` items (``-n``: at least ``n``),
-    writable with ``write``; else ValueError naming it."""
+    """The data of ``a``, a C-contiguous 1-D array of ``typenum`` with ``n`` items (``-n``: at least ``n``;
+    ``ANY_LENGTH``: any), writable with ``write``; else ValueError naming it."""
     cdef cnp.ndarray x
     if not isinstance(a, cnp.ndarray):
         raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
     x = <cnp.ndarray>a
     if (cnp.PyArray_TYPE(x) != typenum or cnp.PyArray_NDIM(x) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
-            or (cnp.PyArray_DIMS(x)[0] != n if n >= 0 else cnp.PyArray_DIMS(x)[0] < -n)
+            or (n != ANY_LENGTH and (cnp.PyArray_DIMS(x)[0] != n if n >= 0 else cnp.PyArray_DIMS(x)[0] < -n))
             or (write and not cnp.PyArray_ISWRITEABLE(x))):
         raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
     return cnp.PyArray_BYTES(x)
@@ -162,14 +191,14 @@ cdef class Policy:
         while m < 2 * capacity:
             m <<= 1
         self.tmask = <uint64_t>(m - 1)
-        self.nodes = <Node*>calloc(capacity, sizeof(Node))
-        self.table = <Entry*>malloc(m * sizeof(Entry))
+        self.nodes = <Node*>_big_alloc(capacity * sizeof(Node), 0)  # a slot is written before it is read
+        self.table = <Entry*>_big_alloc(m * sizeof(Entry), 0)
         if self.tiny:
             while w < capacity and w < MAX_SKETCH_WIDTH:
                 w <<= 1
             self.swidth = w
             self.bmask = <uint64_t>(w // 16 - 1)   # blocks of 64 counters: 4 rows x 16
-            self.sketch = <uint8_t*>calloc(SKETCH_ROWS * w, 1)
+            self.sketch = <uint8_t*>_big_alloc(SKETCH_ROWS * w, 1)
             self.sample = 10 * capacity
         if self.nodes == NULL or self.table == NULL or (self.tiny and self.sketch == NULL):
             raise MemoryError(f"cannot allocate the bookkeeping of {capacity} slots")
@@ -379,34 +408,41 @@ cdef class Policy:
                         sp[i] = 1
         return hits
 
-    def admit(self, const uint64_t[::1] keys, const uint8_t[::1] skip, const uint8_t[:, ::1] raw,
-              uint8_t[:, ::1] records):
-        """The misses of a batch served by :meth:`serve` (``skip[i] == 0``), inserted in order with their
-        records ``raw`` ``[n, 264]`` as read, copied into ``records``; a key already held is left as it is.
+    def admit(self, keys, skip, raw, records):
+        """The misses of a batch served by :meth:`serve` (uint8 ``skip[i] == 0``), inserted in order with their
+        records ``raw`` uint8 ``[n, 264]`` as read, copied into ``records`` uint8 ``[capacity, 264]``; ``keys``
+        uint64 ``[n]``; a key already held is left as it is.  C-contiguous arrays (NumPy, checked here).
         Returns the records written.
 
         The insertions of a batch are dependent memory accesses (each victim's node, hash entry and record
-        slot); before inserting, the keys' hash entries and the slots the next evictions will free (the
-        oldest nodes of the window and probation lists, their hash entries and record slots) are prefetched,
-        so that the misses of a batch overlap instead of queueing; records are written with non-temporal
-        stores (no read of the evicted record's lines)."""
-        cdef Py_ssize_t n = keys.shape[0], i
+        slot); before inserting, the keys' hash entries and what the next evictions will touch (the oldest
+        nodes of the window and probation lists, their hash entries, sketch blocks and record slots) are
+        prefetched, so that the misses of a batch overlap instead of queueing; records are written with
+        non-temporal stores (the evicted record's lines are not read first)."""
+        cdef Py_ssize_t n, i
         cdef int64_t wrote = 0, m = 0
         cdef int32_t s
-        if skip.shape[0] < n or raw.shape[0] < n or raw.shape[1] != ROW_BYTES or records.shape[0] < self.capacity:
-            raise ValueError("admit: the arrays do not fit the batch or the cache")
+        cdef const uint64_t* kp
+        cdef const uint8_t* sp
+        cdef const uint8_t* rp
+        cdef uint8_t* rec
+        kp = <const uint64_t*>_vector(keys, cnp.NPY_UINT64, ANY_LENGTH, False, "keys")
+        n = cnp.PyArray_DIMS(<cnp.ndarray>keys)[0]
+        sp = <const uint8_t*>_vector(skip, cnp.NPY_UINT8, -n, False, "skip")
+        rp = <const uint8_t*>_matrix(raw, cnp.NPY_UINT8, n, ROW_BYTES, False, "raw")
+        rec = <uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, True, "records")
         with nogil:
             for i in range(n):
-                if not skip[i]:
-                    self._prefetch(keys[i])
+                if not sp[i]:
+                    self._prefetch(kp[i])
                     m += 1
-            if m and self.used >= self.capacity:
-                self._prefetch_victims(m, &records[0, 0])
+            if m and self.used >= self.capacity and _PREFETCH_VICTIMS:
+                self._prefetch_victims(m, rec)
             for i in range(n):
-                if skip[i] or self._find(keys[i]) >= 0:
+                if sp[i] or self._find(kp[i]) >= 0:
                     continue
-                s = self._insert(keys[i])
-                _stream_record(&records[s, 0], &raw[i, 0])
+                s = self._insert(kp[i])
+                _stream_record(rec + <int64_t>s * ROW_BYTES, rp + i * ROW_BYTES)
                 wrote += 1
             _store_fence()
         return wrote
