@@ -247,7 +247,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                     phases: Union[Phases, str, None] = None, start_spread: Optional[float] = None,
                     drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                     tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
-                    progress: Union[bool, str] = False, replay: Optional[str] = None) -> DecodeResult:
+                    progress: Union[bool, str] = False, replay: Optional[str] = None,
+                    served: Optional[np.ndarray] = None) -> DecodeResult:
     """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
 
     Parameters
@@ -296,6 +297,9 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
         warnings then name it and give no advice to the user; a wrap without a row cache is not warned at all
         (:func:`sim.decode.reads.wrap_info`).  ``None`` (a run the user configured): the warnings as they are.
+    served : numpy.ndarray, optional
+        bool like ``trace.rows``: requests a row cache replayed beforehand serves (no read), e.g. a measured
+        run's own cache in the cross-check (:func:`sim.decode.reads.step_reads`); counted as shared-cache hits.
 
     Returns
     -------
@@ -329,7 +333,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     hot_arr = hot_rows(hot) if hot is not None else None
 
     rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1, replay=replay)
+                    order=mode == "exact" and drives > 1, replay=replay, served=served)
     ss = np.random.SeedSequence(seed)
     dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + sessions)
     comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
