@@ -236,7 +236,8 @@ def _add_measure(sub) -> None:
     g.add_argument("--cache-bytes", metavar="SIZE",
                    help="decode runs read through a row cache of this budget (engram.RowCache; e.g. 64M): a fresh "
                         "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
-                        "records its hit rate beside the one predicted on the same trace stretch (default: none)")
+                        "records its hit rate beside the one predicted on the same trace stretch, and engram "
+                        "crosscheck predicts the runs' tokens/s from their misses (default: none; 0: none)")
     g.add_argument("--cache-policy", choices=("tinylfu", "lru"), default="tinylfu",
                    help="the row cache's policy (default tinylfu, the engine's)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
