@@ -294,12 +294,15 @@ class RowCache:
     def admit(self, keys: np.ndarray, skip: np.ndarray, raw: np.ndarray) -> int:
         """Insert the misses of a batch :meth:`serve` looked up (``skip == 0``) with their records ``raw``
         uint8 ``[T * C, 264]`` as read.  Returns the records written."""
-        self._acquire()
+        lock = self._lock
+        if not lock.acquire(False):
+            self.contended += 1
+            lock.acquire()
         try:
             n = self._policy.admit(keys, skip, raw, self._records)
             self.inserts += n
         finally:
-            self._lock.release()
+            lock.release()
         return n
 
     def insert(self, keys: np.ndarray, records: np.ndarray) -> int:

@@ -38,24 +38,6 @@ cnp.import_array()
 
 cdef extern from *:
     """
-    #include <string.h>
-    #if defined(__x86_64__) || defined(__SSE2__)
-    #include <emmintrin.h>
-    /* a record into its slot with non-temporal stores: the slot's old lines are not read first */
-    static inline void _stream_record(unsigned char* dst, const unsigned char* src) {
-        if (((size_t)dst & 7) == 0) {
-            long long v;
-            int k;
-            for (k = 0; k < 264; k += 8) { memcpy(&v, src + k, 8); _mm_stream_si64((long long*)(dst + k), v); }
-        } else {
-            memcpy(dst, src, 264);
-        }
-    }
-    static inline void _store_fence(void) { _mm_sfence(); }
-    #else
-    static inline void _stream_record(unsigned char* dst, const unsigned char* src) { memcpy(dst, src, 264); }
-    static inline void _store_fence(void) { }
-    #endif
     #include <stdlib.h>
     #include <sys/mman.h>
     /* bookkeeping arrays of 1 MiB or more on 2 MiB-aligned memory advised as huge pages (Linux THP in
@@ -76,8 +58,6 @@ cdef extern from *:
     """
     void __builtin_prefetch(const void* addr) nogil
     void* _big_alloc(size_t size, int zero) nogil
-    void _stream_record(uint8_t* dst, const uint8_t* src) nogil
-    void _store_fence() nogil
 
 cdef enum:
     NONE = 0
@@ -106,15 +86,6 @@ cdef struct Entry:
 
 
 cdef Py_ssize_t ANY_LENGTH = -(1 << 62)
-cdef bint _PREFETCH_VICTIMS = True
-
-
-def prefetch_victims(bint on):
-    """Whether :meth:`Policy.admit` prefetches what the next evictions touch (default on; off: for
-    measuring what it saves, ``benchmarks/bench_rowcache.py``)."""
-    global _PREFETCH_VICTIMS
-    _PREFETCH_VICTIMS = on
-
 
 cdef char* _vector(object a, int typenum, Py_ssize_t n, bint write, str name) except NULL:
     """The data of ``a``, a C-contiguous 1-D array of ``typenum`` with ``n`` items (``-n``: at least ``n``;
@@ -414,13 +385,12 @@ cdef class Policy:
         uint64 ``[n]``; a key already held is left as it is.  C-contiguous arrays (NumPy, checked here).
         Returns the records written.
 
-        The insertions of a batch are dependent memory accesses (each victim's node, hash entry and record
-        slot); before inserting, the keys' hash entries and what the next evictions will touch (the oldest
-        nodes of the window and probation lists, their hash entries, sketch blocks and record slots) are
-        prefetched, so that the misses of a batch overlap instead of queueing; records are written with
-        non-temporal stores (the evicted record's lines are not read first)."""
+        The keys' hash entries and sketch blocks are prefetched first.  (Prefetching what the next evictions
+        touch -- the oldest nodes of the window and probation lists, their entries and record slots -- and
+        writing the records with non-temporal stores were measured slower inside real decode steps, 2026-12-02:
+        BENCHMARKS.md, "Row cache".)"""
         cdef Py_ssize_t n, i
-        cdef int64_t wrote = 0, m = 0
+        cdef int64_t wrote = 0
         cdef int32_t s
         cdef const uint64_t* kp
         cdef const uint8_t* sp
@@ -435,39 +405,13 @@ cdef class Policy:
             for i in range(n):
                 if not sp[i]:
                     self._prefetch(kp[i])
-                    m += 1
-            if m and self.used >= self.capacity and _PREFETCH_VICTIMS:
-                self._prefetch_victims(m, rec)
             for i in range(n):
                 if sp[i] or self._find(kp[i]) >= 0:
                     continue
                 s = self._insert(kp[i])
-                _stream_record(rec + <int64_t>s * ROW_BYTES, rp + i * ROW_BYTES)
+                memcpy(rec + <int64_t>s * ROW_BYTES, rp + i * ROW_BYTES, ROW_BYTES)
                 wrote += 1
-            _store_fence()
         return wrote
-
-    cdef void _prefetch_victims(self, int64_t m, const uint8_t* records) noexcept nogil:
-        """Prefetch what the next ``m`` evictions touch: the ``m`` oldest nodes of the window (LRU: the
-        victims; TinyLFU: the candidates) and of probation (TinyLFU's victims), with their hash entries,
-        sketch blocks and record slots."""
-        cdef int w, j
-        cdef int32_t s
-        cdef uint64_t h
-        for w in range(WINDOW, PROTECTED):
-            if w == PROBATION and not self.tiny:
-                break
-            s = self.head[w]
-            j = 0
-            while s >= 0 and j < m:
-                __builtin_prefetch(&self.table[fmix64(self.nodes[s].key) & self.tmask])
-                if self.tiny:
-                    __builtin_prefetch(self.sketch + ((fmix64(self.nodes[s].key) & self.bmask) << 6))
-                __builtin_prefetch(records + <int64_t>s * ROW_BYTES)
-                s = self.nodes[s].nxt
-                if s >= 0:
-                    __builtin_prefetch(&self.nodes[s])
-                j += 1
 
     # ----------------------------------------------------------- hash table
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
