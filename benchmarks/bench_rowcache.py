@@ -7,8 +7,9 @@ them (lookup under the lock, copy of the 264-byte record, decode).  Rows/s, medi
 Beside it the same for whole decode steps (48 rows of both tables through a ``TableGroup``).
 
 Part 2, the cost of a miss: decode steps of 48 rows never read before (so every row misses) through a
-``TableGroup`` with a full 16 MiB W-TinyLFU cache on (every miss evicts) and off, interleaved step by step; the ratio of the p50 step times (and the
-means), the bookkeeping alone timed by itself.
+``TableGroup`` with a full 16 MiB W-TinyLFU cache on (every miss evicts) and off, interleaved step by step; the ratio of the p50 step times (and the means),
+the calling thread's CPU a step (median), the load average before and after; the bookkeeping alone timed by
+itself.
 
 Part 3, the lock: a 48-key batch's lookup and insert calls of the policy alone, with the cache's lock, and with
 the lock taken by two threads at once.  Parts 2 and 3 also give CPU time (``time.thread_time``), which a
@@ -121,46 +122,81 @@ def _fill(cache) -> None:
 
 
 def miss_cost(model, steps: int, rounds: int, seed: int) -> dict:
-    """Decode steps whose 48 rows were never read: the cache on (every row misses) against off."""
+    """Decode steps whose 48 rows were never read: the cache on (every row misses) against off, and on with a cache
+    of 96 rows (its structures stay in the CPU's caches: the fixed part of the cost, calls and bookkeeping, without
+    the memory accesses of a big cache), the three interleaved step by step in a rotating order.  Per step the wall time, the calling thread's CPU time (the cache's work is
+    all there) and the process's CPU time (the readers' threads too)."""
+    import os
+
     from engram import RowCache, Table, TableGroup
 
     info = model.info
     tables = [info.tables[lid] for lid in model.layer_ids]
     rng = np.random.default_rng(seed)
-    need = rounds * steps * 2 * 24
-    perm = [rng.permutation(x.rows)[:need].reshape(rounds, 2, steps, 24) for x in tables]
+    need = rounds * steps * 3 * 24
+    perm = [rng.permutation(x.rows)[:need].reshape(rounds, 3, steps, 24) for x in tables]
     opened = [Table(x.path, x.offset, x.rows, direct=True, readers=48) for x in tables]
-    on_s, off_s, on_c, off_c = [], [], [], []
+    arms = ("off", "on", "on_96_rows")
+    wall = {a: [] for a in arms}
+    cpu = {a: [] for a in arms}
+    proc = {a: [] for a in arms}
+    timed = {"serve": [], "admit": []}
+    load0 = os.getloadavg()
     try:
-        g_off = TableGroup(opened, 24, readers=48)
-        g_on = TableGroup(opened, 24, readers=48)
+        groups = {a: TableGroup(opened, 24, readers=48) for a in arms}
         cache = RowCache("16M", "tinylfu")
         _fill(cache)  # a full cache: every miss now evicts, as in a long-running server
-        g_on.attach_cache(cache, model.layer_ids)
+        groups["on"].attach_cache(cache, model.layer_ids)
+        small = RowCache(96 * 264, "tinylfu")
+        _fill(small)
+        groups["on_96_rows"].attach_cache(small, model.layer_ids)
+        serve, admit = cache.serve, cache.admit
+
+        def timed_serve(*a):
+            c0 = time.thread_time()
+            h = serve(*a)
+            timed["serve"].append(time.thread_time() - c0)
+            return h
+
+        def timed_admit(*a):
+            c0 = time.thread_time()
+            n = admit(*a)
+            timed["admit"].append(time.thread_time() - c0)
+            return n
+
         for r in range(rounds):
-            a = np.concatenate([perm[0][r, 0], perm[1][r, 0]], axis=1)
-            b = np.concatenate([perm[0][r, 1], perm[1][r, 1]], axis=1)
-            for i in range(steps):  # interleaved step by step, the order alternating
-                first, second = (((g_on, a, on_s, on_c), (g_off, b, off_s, off_c)) if i % 2 else
-                                 ((g_off, b, off_s, off_c), (g_on, a, on_s, on_c)))
-                for g, ids, out, cpu in (first, second):
-                    c0, t0 = time.thread_time(), time.perf_counter()
-                    g.read_batch(ids[i].reshape(1, 48))
-                    out.append(time.perf_counter() - t0)
-                    cpu.append(time.thread_time() - c0)
-            assert g_on.last_stats.cache_hits == 0
-        g_on.close()
-        g_off.close()
+            ids = {a: np.concatenate([perm[0][r, j], perm[1][r, j]], axis=1) for j, a in enumerate(arms)}
+            if r == rounds - 1:  # the last round also times the two calls inside real steps
+                cache.serve, cache.admit = timed_serve, timed_admit
+            for i in range(steps):  # interleaved step by step, the order rotating
+                for a in arms[i % 3:] + arms[:i % 3]:
+                    p0, c0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
+                    groups[a].read_batch(ids[a][i].reshape(1, 48))
+                    wall[a].append(time.perf_counter() - t0)
+                    cpu[a].append(time.thread_time() - c0)
+                    proc[a].append(time.process_time() - p0)
+            assert groups["on"].last_stats.cache_hits == 0
+        for g in groups.values():
+            g.close()
     finally:
         for x in opened:
             x.close()
-    on, off = np.array(on_s), np.array(off_s)
-    cpu_on, cpu_off = float(np.mean(on_c) * 1e6), float(np.mean(off_c) * 1e6)
-    return {"steps": int(on.size), "p50_ms_on": float(np.median(on) * 1e3), "p50_ms_off": float(np.median(off) * 1e3),
-            "mean_ms_on": float(on.mean() * 1e3), "mean_ms_off": float(off.mean() * 1e3),
-            "p50_ratio": float(np.median(on) / np.median(off)), "mean_ratio": float(on.mean() / off.mean()),
-            "cpu_us_on": cpu_on, "cpu_us_off": cpu_off,
-            "cpu_share_of_step": (cpu_on - cpu_off) / float(np.median(off) * 1e6)}
+    load1 = os.getloadavg()
+    out = {"steps": len(wall["off"]), "load_before": list(load0), "load_after": list(load1)}
+    for a in arms:
+        w, c, p = np.array(wall[a]), np.array(cpu[a]), np.array(proc[a])
+        out[a] = {"p50_ms": float(np.median(w) * 1e3), "mean_ms": float(w.mean() * 1e3),
+                  "cpu_p50_us": float(np.median(c) * 1e6), "cpu_mean_us": float(c.mean() * 1e6),
+                  "process_cpu_p50_us": float(np.median(p) * 1e6)}
+    off = out["off"]
+    for a in arms[1:]:
+        o = out[a]
+        o.update(p50_ratio=o["p50_ms"] / off["p50_ms"], mean_ratio=o["mean_ms"] / off["mean_ms"],
+                 cpu_p50_extra_us=o["cpu_p50_us"] - off["cpu_p50_us"],
+                 cpu_share_of_p50_step=(o["cpu_p50_us"] - off["cpu_p50_us"]) / (off["p50_ms"] * 1e3))
+    out["serve_p50_us"] = float(np.median(timed["serve"]) * 1e6)
+    out["admit_p50_us"] = float(np.median(timed["admit"]) * 1e6)
+    return out
 
 
 def bookkeeping(repeat: int = 20000) -> dict:
@@ -279,10 +315,14 @@ def main(argv=None) -> dict:
         print(f"   decode step (48 rows): hit {h['rows_per_s']['step']['hit']:,.0f} steps/s, read "
               f"{h['rows_per_s']['step']['read']:,.0f} steps/s: {h['ratio_step']:.1f}x")
         rec["miss_cost"] = m = miss_cost(model, args.steps, args.rounds, 2)
-        print(f"   miss: p50 step {m['p50_ms_on']:.3f} ms cache on, {m['p50_ms_off']:.3f} ms off: "
-              f"{(m['p50_ratio'] - 1) * 100:+.2f}% (means {(m['mean_ratio'] - 1) * 100:+.2f}%); the caller's CPU "
-              f"{m['cpu_us_on']:.1f} us on, {m['cpu_us_off']:.1f} us off a step: "
-              f"{m['cpu_share_of_step'] * 100:+.2f}% of the p50 step")
+        for a in ("on", "on_96_rows"):
+            o = m[a]
+            print(f"   miss ({a}): p50 step {o['p50_ms']:.3f} ms vs {m['off']['p50_ms']:.3f} ms off: "
+                  f"{(o['p50_ratio'] - 1) * 100:+.2f}% (means {(o['mean_ratio'] - 1) * 100:+.2f}%); the caller's CPU "
+                  f"p50 {o['cpu_p50_us']:.1f} us vs {m['off']['cpu_p50_us']:.1f} us: {o['cpu_p50_extra_us']:+.1f} us, "
+                  f"{o['cpu_share_of_p50_step'] * 100:+.2f}% of the p50 step")
+        print(f"   inside real steps: serve {m['serve_p50_us']:.1f} us, admit {m['admit_p50_us']:.1f} us (CPU p50); "
+              f"load average {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after")
         rec["bookkeeping"] = b = bookkeeping()
         print(f"   48-row batch bookkeeping: policy {b['policy_us']:.1f} us, with the lock and records "
               f"{b['cache_us']:.1f} us, two threads {b['two_threads_us']:.1f} us a batch ({b['contended']} contended)")

@@ -123,7 +123,9 @@ def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True) -> int:
     rows = b // ROW_BYTES
     if rows < 1:
         raise CacheSizeError(f"cache budget of {b} bytes holds no row: a row is {ROW_BYTES} bytes "
-                             f"(e4m3_e8m0_32_row264, SPEC §5)")
+                             f"(e4m3_e8m0_32_row264, SPEC §5)"
+                             + ("; for no row cache give cache=None (what a size of 0 means on the command line: "
+                                "--cache-bytes 0, --shared-cache-bytes 0)" if b == 0 else ""))
     if rows >= 1 << 31:
         raise CacheSizeError(f"cache budget of {b} bytes is {rows} rows; at most 2**31 - 1 rows (563 GiB)")
     mem = physical_memory()
@@ -177,9 +179,25 @@ class RowCache:
     Raises
     ------
     CacheSizeError
-        A budget below one row (264 bytes) or beyond this machine's physical memory.
+        A budget below one row (264 bytes; 0 too: a cache holds at least one row, and "no cache" is
+        ``cache=None``, which is what a size of 0 means on the command line) or beyond this machine's
+        physical memory.
     CachePolicyError
         A policy or prefill rule that does not exist.
+    CacheLayoutError
+        (:meth:`bind`, at ``EngramModel.open(..., cache=)``) the cache already serves a model of another
+        layout or other tables.
+
+    Notes
+    -----
+    Threads: safe; one lock guards a batch's lookup and its insert (:meth:`stats` counts ``contended``).
+    Processes: not shared.  A cache lives in its process; sessions in other processes each need their own
+    ``RowCache``, sized for that process's sessions (``engram sim trace reuse TRACE --sessions N``).  Why not
+    shared memory: every lookup changes the policy's state (recency links, sketch counters), so a shared
+    cache would need a lock in the shared segment taken by every process on every batch, and a process dying
+    while it holds the lock stalls the others.  After ``fork()`` the child gets a copy-on-write copy with a
+    fresh lock and fills it on its own.  ``engram measure`` with sessions as processes gives each process a
+    fresh cache of the same budget and policy.
     """
 
     def __init__(self, max_bytes: Union[int, str], policy: str = DEFAULT_POLICY, *, prefill: str = DEFAULT_PREFILL):
@@ -253,30 +271,38 @@ class RowCache:
         return hit, rec
 
     def serve(self, ids: np.ndarray, col_layer: np.ndarray, keys: np.ndarray, out: np.ndarray,
-              skip: np.ndarray) -> int:
+              skip: np.ndarray, col_rows: Optional[np.ndarray] = None) -> int:
         """The engine's lookup of a batch, in one native call under the lock (``Table``'s read path).
 
         ``ids`` uint32 ``[T, C]``; ``col_layer`` uint64 ``[C]`` (each column's layer id << 32); fills
         ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` and
-        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  Returns the hits."""
-        self._acquire()
+        flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
+        each column's table; an id beyond its table is left a miss, uncounted, for the reader's range error.
+        Returns the hits."""
+        lock = self._lock
+        if not lock.acquire(False):
+            self.contended += 1
+            lock.acquire()
         try:
-            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip)
+            h = self._policy.serve(ids, col_layer, keys, self._records, out, skip, col_rows)
             self.hits += h
             self.lookups += keys.shape[0]
         finally:
-            self._lock.release()
+            lock.release()
         return h
 
     def admit(self, keys: np.ndarray, skip: np.ndarray, raw: np.ndarray) -> int:
         """Insert the misses of a batch :meth:`serve` looked up (``skip == 0``) with their records ``raw``
         uint8 ``[T * C, 264]`` as read.  Returns the records written."""
-        self._acquire()
+        lock = self._lock
+        if not lock.acquire(False):
+            self.contended += 1
+            lock.acquire()
         try:
             n = self._policy.admit(keys, skip, raw, self._records)
             self.inserts += n
         finally:
-            self._lock.release()
+            lock.release()
         return n
 
     def insert(self, keys: np.ndarray, records: np.ndarray) -> int:

@@ -209,12 +209,26 @@ def _engine_client(engine, fd: int, readers: int, path: str) -> Optional[EngineC
                         f"got {type(engine).__name__}")
 
 
+#: Largest row id (row ids are uint32, SPEC §4).
+_ROW_ID_MAX = 0xFFFFFFFF
+#: Lists up to this long are checked element by element in Python (cheaper than NumPy's reductions).
+_SHORT_LIST = 16
+
+
 def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     """``ids`` as a uint32 array of ``ndim`` dims (strides kept when already uint32).
 
     ``describe(row, where)`` gives the message of a ``RowRangeError`` for an id
     that is negative or beyond uint32; the per-table bound is checked in C.
     """
+    if ndim == 1 and type(ids) is list and len(ids) <= _SHORT_LIST:
+        # a short list of Python ints in range (a single row, a decode step's column): converted directly;
+        # anything else (bools, floats, NumPy scalars, out of range) takes the general path and its errors
+        for x in ids:
+            if type(x) is not int or not 0 <= x <= _ROW_ID_MAX:
+                break
+        else:
+            return np.array(ids, np.uint32)
     if isinstance(ids, np.ndarray):
         a = ids
     else:
@@ -228,11 +242,10 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     if a.size and a.dtype.kind not in "iu":
         raise ArgumentError(f"row ids must be integers, got dtype {a.dtype}")
     if a.dtype != np.uint32:
-        if a.size:
-            bad = (a < 0) | (a > np.iinfo(np.uint32).max)
-            if bad.any():
-                where = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise RowRangeError(describe(int(a[where]), where))
+        if a.size and (a.min() < 0 or a.max() > _ROW_ID_MAX):
+            bad = (a < 0) | (a > _ROW_ID_MAX)
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise RowRangeError(describe(int(a[where]), where))
         a = a.astype(np.uint32)
     elif any(s % 4 for s in a.strides):
         a = np.ascontiguousarray(a)
@@ -356,18 +369,28 @@ class _RowReads(Closing):
         """Read ``ids`` into ``target`` (decoded rows, or with ``raw`` the 264-byte records); a
         caller's multi-chunk ``out`` is staged so that a failure leaves it untouched.  Shared by
         :class:`TableGroup`.  Raw reads pass by the row cache (it serves decoded rows)."""
+        t0 = time.perf_counter()
         cache = None if raw else self._cache
         staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
-        t0 = time.perf_counter()
         nh, extra = 0, ()
         if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
+            if self._reader is None:
+                raise TableIOError(f"{self.path}: closed")
             n = ids.size
             keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
-            nh = cache.serve(ids, self._cache_columns(ids.shape[1], seg_cols), keys,
-                             dest.reshape(n, ROW_VALUES), skip)
-            extra = (skip if nh else None, np.empty((n, ROW_BYTES), np.uint8) if nh < n else None)
+            lay, bound = self._cache_columns(ids.shape[1], seg_cols)
+            nh = cache.serve(ids, lay, keys, dest.reshape(n, ROW_VALUES), skip, bound)
+            if nh == n:  # every row served: no read machinery, no lock of the readers
+                if staged:
+                    np.copyto(target, dest)
+                st = ReadStats(rows_requested=n, wall_s=time.perf_counter() - t0, backend="cache", calls=1,
+                               cache_hits=n)
+                self.last_stats = st
+                self.stats.add(st)
+                return
+            extra = (skip if nh else None, np.empty((n, ROW_BYTES), np.uint8))
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
@@ -375,15 +398,12 @@ class _RowReads(Closing):
                 self._reattach()
             self._follow_verdict()
             try:
-                if extra and nh == ids.size:
-                    res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
-                else:
-                    res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra, decode=not raw)
+                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra, decode=not raw)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
                 res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw)
-        if extra and nh < ids.size:
+        if extra:
             cache.admit(keys, skip, extra[1])
         if staged:
             np.copyto(target, dest)
@@ -425,6 +445,7 @@ class _RowReads(Closing):
                                  for x in lids):
             raise ArgumentError(f"layer_ids must give one layer id >= 0 for each of the {n} table(s), got {layer_ids!r}")
         self._cache_layers = np.asarray(lids, np.uint64) << np.uint64(32)
+        self._cache_bounds = np.asarray([t.rows for t in getattr(self, "tables", [self])], np.uint32)
         self._cache_cols: dict = {}
         self._cache = cache
 
@@ -433,12 +454,15 @@ class _RowReads(Closing):
         """The row cache serving this table or group, or None."""
         return self._cache
 
-    def _cache_columns(self, C: int, seg_cols: int) -> np.ndarray:
-        """uint64 ``[C]``: each column's layer id << 32 (the first part of its rows' cache keys)."""
-        lay = self._cache_cols.get((C, seg_cols))
-        if lay is None:
-            lay = self._cache_cols[(C, seg_cols)] = np.ascontiguousarray(self._cache_layers[np.arange(C) // seg_cols])
-        return lay
+    def _cache_columns(self, C: int, seg_cols: int) -> tuple:
+        """``(uint64 [C] each column's layer id << 32, the first part of its rows' cache keys; uint32 [C] the
+        rows of each column's table)``."""
+        got = self._cache_cols.get((C, seg_cols))
+        if got is None:
+            seg = np.arange(C) // seg_cols
+            got = self._cache_cols[(C, seg_cols)] = (np.ascontiguousarray(self._cache_layers[seg]),
+                                                     np.ascontiguousarray(self._cache_bounds[seg]))
+        return got
 
     # ------------------------------------------------- the engine
     def _attach(self, client: Optional[EngineClient]) -> None:

@@ -71,17 +71,20 @@ from .params import Phases
 from .progress import progress as progress_bar
 from .schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
 from .trace import Trace, load_trace
+from .trace.rowcache import stretch_hits
 from .intervals import INTERVAL_Z, error_band, peer_model_sd, run_interval, run_sd
 from .regimes import COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks, verdict
 from .windows import insert_probes
 
 __all__ = ["CDF_PERCENTILES", "SESSION_SIM_SEEDS", "SINGLE_SIM_STEPS", "capacity", "capacity_shown", "crosscheck",
-           "crosscheck_files", "markdown_table", "predict", "predict_run"]
+           "crosscheck_files", "markdown_table", "predict", "predict_run", "run_cache_hits"]
 
 #: Simulated steps of a single-session run's prediction at least (its stretch, replayed).
 SINGLE_SIM_STEPS = 1000
 #: Seeds averaged in a multi-session run's prediction (the simulated run has the measured run's length).
 SESSION_SIM_SEEDS = 3
+#: Largest gap between a row cache's measured and predicted hit rate on the same trace steps (issue 26: 1 point).
+ROW_CACHE_HIT_RATE_TOLERANCE = 0.01
 #: Percentiles of the step-latency CDFs kept for plotting.
 CDF_PERCENTILES = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 98, 99)
 
@@ -224,13 +227,21 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     windows : bool
         Use the window's state (False: the calibrated device and compute as they are).
 
+    A run read through the engine's row cache (``row_cache`` of the record: ``engram measure
+    --cache-bytes``) is predicted with the cache it had: its trace steps replayed through the same policy
+    and budget, fresh at the run's start, in the run's order (:func:`sim.trace.rowcache.stretch_hits`:
+    one cache for sessions in threads, one each for processes); the rows it serves are not read, so the
+    tokens/s comes from the misses only, and a replay of the stretch meets the same hits at the same
+    positions (no inflation).  Warm-up and probe steps go past the cache in the run and here.
+
     Returns
     -------
     dict
         ``tokens_per_s`` (mean over sessions), ``slowest_tokens_per_s``, ``aggregate_tokens_per_s``,
         ``step_p50_ms``, ``step_p95_ms``, ``step_mean_ms``, ``read_mean_ms``, ``compute_mean_ms``,
         ``read_share`` and ``compute_share`` (of a step's mean time), ``sim_se`` (relative standard error
-        of the simulated tokens/s), ``device``, and the trace steps' latencies ``_lat`` (seconds).
+        of the simulated tokens/s), ``device``, ``cache_hit_rate`` (the row cache's predicted hit rate on the
+        run's trace steps; None without a cache), and the trace steps' latencies ``_lat`` (seconds).
 
     Raises
     ------
@@ -240,7 +251,8 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None)
     pol = cal.policy(config.threshold, config.backend, config.readers)
     sim = _simulate_sessions if config.multi else _simulate_single
-    lat, per, reads, sim_se = sim(cal, config, trace, run, dev, pol, comp, sim_steps, seed)
+    hits = run_cache_hits(config, trace, run)
+    lat, per, reads, sim_se = sim(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits)
     read = float(np.mean(reads)) + cal.hash_s
     step = float(lat.mean())
     return {"tokens_per_s": float(per.mean()), "slowest_tokens_per_s": float(per.min(axis=1).mean()),
@@ -249,12 +261,42 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
             "step_mean_ms": step * 1e3, "read_mean_ms": read * 1e3, "compute_mean_ms": comp.mean * 1e3,
             "read_share": min(1.0, read / step) if step > 0 else 0.0,
             "compute_share": min(1.0, comp.mean / step) if step > 0 else 0.0, "sim_se": sim_se,
-            "device": dev.name, "_lat": lat}
+            "device": dev.name, "cache_hit_rate": None if hits is None else float(hits.mean()), "_lat": lat}
 
 
-def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -> tuple:
+def _run_starts(config: RunConfig, run: Mapping) -> List[int]:
+    """The first trace step of each session of ``run``."""
+    if not config.multi:
+        return [int(run.get("start", 0))]
+    n = config.steps
+    return [int(x) for x in run.get("starts") or [int(run.get("start", 0)) + i * n for i in range(config.sessions)]]
+
+
+def run_cache_hits(config: RunConfig, trace: Trace, run: Mapping) -> Optional[np.ndarray]:
+    """bool ``[steps, sessions, layers, columns]``: the requests of ``run``'s trace steps its row cache serves
+    (the cache of its ``row_cache`` record -- budget in rows, policy, shared or one a process -- replayed
+    fresh over its stretches: :func:`sim.trace.rowcache.stretch_hits`); None for a run without a cache.
+
+    Raises
+    ------
+    FormatError
+        A ``row_cache`` record without its ``rows`` or ``policy``, or with a policy the engine lacks.
+    """
+    rc = run.get("row_cache")
+    if not rc:
+        return None
+    try:
+        rows, policy = int(rc["rows"]), str(rc["policy"])
+        return stretch_hits(trace, _run_starts(config, run), config.steps, rows, policy,
+                            bool(rc.get("shared", True)))
+    except (KeyError, TypeError, ValueError, ArgumentError) as exc:
+        raise FormatError(f"run of {config.key} (round {run.get('round')}): row_cache {rc!r} is not a row cache "
+                          f"record (rows, policy, shared): {exc}") from None
+
+
+def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits=None) -> tuple:
     """One session on its stretch, replayed to ``sim_steps``: ``(latencies [s], tokens/s [[1]], [mean read],
-    relative standard error of the mean step)``."""
+    relative standard error of the mean step)``; ``hits``: :func:`run_cache_hits`."""
     n = config.steps
     tr = _stretches(trace, [int(run.get("start", 0))], n)
     steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
@@ -263,25 +305,34 @@ def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -
         spec = Speculation(config.draft_tokens, config.acceptance, config.prefetch_drafts)
         steps = max(1, int(steps / spec.expected_tokens()))
     r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                        replay=f"cross-check prediction of {config.key}", speculation=spec)
+                        replay=f"cross-check prediction of {config.key}", speculation=spec,
+                        served=None if hits is None else hits[:, 0])
     lat = r.step_latencies.reshape(-1)
     sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
     return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
 
 
-def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed) -> tuple:
+def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits=None) -> tuple:
     """The measured loop of several sessions -- each on its stretch with the probe steps where the run had them,
     started at its measured offset -- over :data:`SESSION_SIM_SEEDS` seeds: ``(trace steps' latencies [s],
-    tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``."""
+    tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``;
+    ``hits``: :func:`run_cache_hits` (served at the trace steps, never at a probe step)."""
     n, k = config.steps, config.sessions
-    starts = [int(x) for x in run.get("starts") or [int(run.get("start", 0)) + i * n for i in range(k)]]
+    starts = _run_starts(config, run)
     tr, mask = _session_rows(trace, starts, n, int(run.get("probe_every") or 0), seed)
+    served = None
+    if hits is not None:
+        served = np.zeros((k, mask.size) + tr.rows.shape[1:], dtype=bool)
+        for i in range(k):
+            served[i, mask] = hits[:, i]
+        served = served.reshape(tr.rows.shape)
     offsets = [float(x) for x in run.get("start_offsets_s") or ()]
     phases = Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
     lats, per, reads = [], [], []
     for j in range(SESSION_SIM_SEEDS):
         r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                            hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}")
+                            hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}",
+                            served=served)
         own = r.step_latencies[:, mask]
         lats.append(own.reshape(-1))
         per.append(n / own.sum(axis=1))
@@ -439,8 +490,30 @@ def _row(cal: Calibration, c: RunConfig, trace: Trace, runs: Sequence[Mapping], 
     lo, hi = m.pop("_min_max")
     err = _errors(runs, mid, base, c.multi)
     err["tokens_per_s_of_medians"] = p["tokens_per_s"] / m["tokens_per_s"] - 1
-    return {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "error": err, "spread": spread,
-            "within_spread": bool(lo <= p["tokens_per_s"] <= hi)}, mid
+    row = {**c.to_dict(), "repeats": len(runs), "measured": m, "predicted": p, "error": err, "spread": spread,
+           "within_spread": bool(lo <= p["tokens_per_s"] <= hi)}
+    rc = _cache_row(runs, mid)
+    if rc is not None:
+        row["row_cache"] = rc
+    return row, mid
+
+
+def _cache_row(runs: Sequence[Mapping], mid: Sequence[Mapping]) -> Optional[dict]:
+    """A configuration's row cache, when its runs had one: the policy and budget, the measured hit rate of
+    each run (its ``row_cache`` record) beside the one the prediction replayed, and the largest gap."""
+    recs = [r.get("row_cache") for r in runs]
+    if not any(recs):
+        return None
+    if not all(recs):
+        raise FormatError("a configuration's runs read some through a row cache and some without: "
+                          "measure them apart (engram measure --cache-bytes applies to every run)")
+    meas = [float(x["hit_rate"]) for x in recs]
+    pred = [float(x["cache_hit_rate"]) for x in mid]
+    return {"policy": recs[0]["policy"], "bytes": int(recs[0]["bytes"]), "rows": int(recs[0]["rows"]),
+            "shared": bool(recs[0].get("shared", True)), "hit_rate_measured_runs": meas,
+            "hit_rate_predicted_runs": pred, "hit_rate_measured": float(np.median(meas)),
+            "hit_rate_predicted": float(np.median(pred)),
+            "hit_rate_max_abs_error": float(max(abs(a - b) for a, b in zip(meas, pred)))}
 
 
 def _stats(rows: Sequence[Mapping], name: str) -> dict:
@@ -495,19 +568,13 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         raise ArgumentError(f"crosscheck needs a Calibration, got {type(cal).__name__}")
     configs = check_runs(runs_doc, runs_path)
     by_key: Dict[str, List[Mapping]] = {c.key: [] for c in configs}
-    cached = 0
     for r in runs_doc.get("runs", []):
         if r.get("config") not in by_key:
             raise ArgumentError(f"run of unknown configuration {r.get('config')!r}")
-        if r.get("row_cache"):  # its hit rate is checked in the run itself (measured beside predicted)
-            cached += 1
-            continue
         by_key[r["config"]].append(r)
     configs = [c for c in configs if by_key[c.key]]
     if not configs:
-        raise ArgumentError("the runs document holds no runs" + (
-            f" without a row cache ({cached} ran with one: their tokens/s are not predicted here; each records "
-            f"its hit rate beside the predicted one, row_cache in runs.json)" if cached else ""))
+        raise ArgumentError("the runs document holds no runs")
     cal.check_backends([c.backend for c in configs], "the measured runs")
     cal, other = _own_windows(cal, runs_doc)
     for c in configs:
@@ -556,6 +623,11 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                "windows_probed": int(sum(r["predicted"]["windows"] for r in every)),
                "regime": regime([r.get("background") for r in runs_doc.get("runs", [])]),
                "rows_match": all(r["measured"]["rows_match"] for r in every)}
+    cached = [r["row_cache"] for r in every if "row_cache" in r]
+    if cached:  # the measured hit rate against the replayed one, within a point (issue 26)
+        gap = max(x["hit_rate_max_abs_error"] for x in cached)
+        summary["row_cache"] = {"configurations": len(cached), "hit_rate_max_abs_error": gap,
+                                "hit_rate_within_one_point": bool(gap <= ROW_CACHE_HIT_RATE_TOLERANCE)}
     summary["background_cpu_median"] = summary["regime"]["cpu"]
     which, coverage, _ = regime_checks(summary["regime"]["name"])
     summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps)}
@@ -573,10 +645,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
                 "session_seeds": SESSION_SIM_SEEDS},
         "targets": dict(targets), "quiet_targets": dict(quiet_targets), "coverage_target": COVERAGE_TARGET,
         "backends": {"usable": sorted(cal.devices), "left_out": left},
-        "warnings": list(runs_doc.get("warnings") or []) + ([other] if other else []) + (
-            [f"{cached} run(s) read through a row cache (engram measure --cache-bytes) are left out: the "
-             f"cross-check predicts tokens/s without one; their hit rates, measured beside predicted, are in "
-             f"runs.json (row_cache)"] if cached else []),
+        "warnings": list(runs_doc.get("warnings") or []) + ([other] if other else []),
         "summary": summary, "rows": rows, "session_rows": session_rows, "capacity": caps,
         "cdf_percentiles": list(CDF_PERCENTILES),
     }
@@ -672,6 +741,15 @@ def markdown_table(res: Mapping) -> str:
                       f"slowest session reaches {c['target_tokens_per_s']:g} tokens/s is "
                       f"{cap('measured')} measured and {cap('predicted')} predicted "
                       f"({'within' if c['within_one_step'] else 'NOT within'} one grid step)."]
+    cached = [r for r in res["rows"] + srows if r.get("row_cache")]
+    if cached:
+        lines += ["", "Row cache (engram measure --cache-bytes; predicted from the misses of the same policy and budget "
+                      "replayed over each run's trace steps): "
+                  + "; ".join(f"{r['key']}: {r['row_cache']['policy']} {r['row_cache']['bytes'] / 2**20:.3g} MiB "
+                              f"({r['row_cache']['rows']} rows{'' if r['row_cache']['shared'] else ', one a process'}), "
+                              f"hit rate measured {r['row_cache']['hit_rate_measured']:.4f}, predicted "
+                              f"{r['row_cache']['hit_rate_predicted']:.4f} (largest gap of a run "
+                              f"{r['row_cache']['hit_rate_max_abs_error'] * 100:.2f} points)" for r in cached) + "."]
     s = res["summary"]
     t = res["targets"]
     q = res.get("quiet_targets", t)

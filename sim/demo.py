@@ -22,6 +22,10 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
 6. **crosscheck** -- every measured configuration predicted and compared,
    and the measured capacity (sessions whose slowest one reaches the target
    tokens/s) against the predicted one (:func:`sim.crosscheck.crosscheck_files`);
+   then one single-session configuration measured again through the engine's
+   row cache (:data:`DEMO_CACHE_BYTES`, its default policy) in ``rowcache/``
+   and cross-checked: hit rate measured beside predicted, tokens/s predicted
+   from its misses (:func:`cache_run`);
 7. **devices** -- a smaller grid (one and several sessions) measured again on devices of known, other
    speeds made here: read-IOPS throttles of the disk (:data:`DEMO_THROTTLES`, a cgroup; where the kernel
    allows) and a copy of the model on tmpfs (where ``O_DIRECT`` works there), fio beside each
@@ -51,6 +55,7 @@ import numpy as np
 from engram import EngramModel, Layout, decode_rows, load_tokenizer, synth
 from engram.codec import ROW_BYTES, bf16_round
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
 from .calibrate import calibrate_file
 from .crosscheck import capacity_shown, crosscheck_files
@@ -67,6 +72,9 @@ from .trace import load_trace, reuse_stats
 
 __all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
 
+#: Budget of the row cache the demo measures one configuration again with (the engine's ``RowCache`` and its
+#: default policy), cross-checked like the others: its tokens/s predicted from its misses (issue 26).
+DEMO_CACHE_BYTES = "4M"
 #: Read-IOPS throttles of the disk the demo measures again on (``quick``: the first only).
 DEMO_THROTTLES = (4000, 15000)
 #: Session counts of the demo's grid on the devices made here (``quick``: 1 and 2).
@@ -227,6 +235,28 @@ def measure_settings(rounds: int, quick: bool, *, fio: bool = True, wait: bool =
                     shared_seconds=0.03 if quick else 0.08, probe_every=2 if quick else 3,
                     cache_batches=20 if quick else 100,
                     max_background_cpu=None if (quick or not wait) else 0.25, wait_budget=120.0)
+
+
+def cache_run(path: Path, work: Path, configs: Sequence[RunConfig], main: str, rounds: int, quick: bool,
+              progress) -> Optional[dict]:
+    """The first single-session configuration of ``main`` measured again (into ``work``) through a fresh
+    :data:`DEMO_CACHE_BYTES` row cache of the engine's default policy, calibrated from its own
+    microbenchmarks and cross-checked: ``{"config", the cross-check's row_cache figures, "tokens_per_s"
+    measured / predicted, "error", "inside_interval"}``, or None when the grid has no such configuration."""
+    one = next((c for c in configs if not c.multi and c.trace == main), None)
+    if one is None:
+        return None
+    settings = replace(measure_settings(min(rounds, 2), quick, fio=False, wait=False), cache_bytes=DEMO_CACHE_BYTES,
+                       cache_policy=DEFAULT_CACHE_POLICY)
+    measure(path, [one], work, settings, progress=progress)
+    calibrate_file(work / "microbench.json", work / "calibration.json")
+    xc = crosscheck_files(work / "calibration.json", work / "runs.json", work / "crosscheck.json",
+                          sim_steps=400 if quick else None, progress=progress)
+    (row,) = xc["rows"]
+    return {"config": row["key"], **row["row_cache"], "tokens_per_s": {"measured": row["measured"]["tokens_per_s"],
+                                                                     "predicted": row["predicted"]["tokens_per_s"]},
+            "error": row["error"]["tokens_per_s"], "inside_interval": bool(row["inside_interval"]),
+            "workdir": str(work)}
 
 
 def demo_study(quick: bool, backends: Optional[Sequence[str]] = None) -> Study:
@@ -427,10 +457,16 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     s = xc["summary"]
     caps = "; ".join(f"capacity ({c['mode']}) at {c['target_tokens_per_s']:g} tokens/s: measured "
                      f"{capacity_shown(c, 'measured')}, predicted {capacity_shown(c, 'predicted')}" for c in xc.get("capacity", []))
+    rc = cache_run(path, work / "rowcache", configs, main, rounds, quick, progress)
+    cached = (f"; again with a {DEMO_CACHE_BYTES} {rc['policy']} row cache ({rc['config']}): hit rate measured "
+              f"{rc['hit_rate_measured']:.3f}, predicted {rc['hit_rate_predicted']:.3f}, tokens/s error "
+              f"{rc['error'] * 100:+.1f}%, {'inside' if rc['inside_interval'] else 'OUTSIDE'} its 90% interval"
+              if rc else "")
     st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
            f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
            f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% of the "
-           f"configurations inside their 90% interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else ""))
+           f"configurations inside their 90% interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else "")
+           + cached)
 
     # 7. devices -----------------------------------------------------------------
     thr = list(DEMO_THROTTLES[:1] if quick else DEMO_THROTTLES) if throttles is None else list(throttles)
@@ -477,7 +513,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
                 "traces": trace_info, "lookups": lk, "steps": st.log,
                 "backends": {"usable": list(usable), "left_out": dict(left_out),
                              "study_backends": sorted(cal.devices)},
-                "capacity": xc.get("capacity", []), "regime": s["regime"],
+                "capacity": xc.get("capacity", []), "regime": s["regime"], "row_cache": rc,
                 "devices": {"workdir": str(dev_work), "built": (planned or {}).get("built", []),
                             "skipped": (planned or {}).get("skipped", {})},
                 "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}

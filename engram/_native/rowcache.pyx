@@ -37,7 +37,27 @@ from engram._native.codec cimport decode_row, ROW_BYTES, ROW_VALUES
 cnp.import_array()
 
 cdef extern from *:
+    """
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    /* bookkeeping arrays of 1 MiB or more on 2 MiB-aligned memory advised as huge pages (Linux THP in
+       "madvise" mode): the random accesses of lookups and inserts then miss the TLB far less often */
+    static void* _big_alloc(size_t size, int zero) {
+        void* p = NULL;
+        if (size >= ((size_t)1 << 20)) {
+            size_t huge = (size_t)2 << 20, n = (size + huge - 1) / huge * huge;
+            if (posix_memalign(&p, huge, n) != 0) return NULL;
+    #ifdef MADV_HUGEPAGE
+            madvise(p, n, MADV_HUGEPAGE);
+    #endif
+            if (zero) memset(p, 0, n);
+            return p;
+        }
+        return zero ? calloc(size ? size : 1, 1) : malloc(size ? size : 1);
+    }
+    """
     void __builtin_prefetch(const void* addr) nogil
+    void* _big_alloc(size_t size, int zero) nogil
 
 cdef enum:
     NONE = 0
@@ -63,6 +83,35 @@ cdef struct Node:
 cdef struct Entry:
     uint64_t key      # the hash table holds the key beside its slot: a probe reads one line
     int32_t slot      # -1: empty
+
+
+cdef Py_ssize_t ANY_LENGTH = -(1 << 62)
+
+cdef char* _vector(object a, int typenum, Py_ssize_t n, bint write, str name) except NULL:
+    """The data of ``a``, a C-contiguous 1-D array of ``typenum`` with ``n`` items (``-n``: at least ``n``;
+    ``ANY_LENGTH``: any), writable with ``write``; else ValueError naming it."""
+    cdef cnp.ndarray x
+    if not isinstance(a, cnp.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
+    x = <cnp.ndarray>a
+    if (cnp.PyArray_TYPE(x) != typenum or cnp.PyArray_NDIM(x) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
+            or (n != ANY_LENGTH and (cnp.PyArray_DIMS(x)[0] != n if n >= 0 else cnp.PyArray_DIMS(x)[0] < -n))
+            or (write and not cnp.PyArray_ISWRITEABLE(x))):
+        raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
+    return cnp.PyArray_BYTES(x)
+
+
+cdef char* _matrix(object a, int typenum, Py_ssize_t rows, Py_ssize_t cols, bint write, str name) except NULL:
+    """The data of ``a``, a C-contiguous 2-D array of ``typenum``, at least ``rows`` x exactly ``cols``."""
+    cdef cnp.ndarray x
+    if not isinstance(a, cnp.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
+    x = <cnp.ndarray>a
+    if (cnp.PyArray_TYPE(x) != typenum or cnp.PyArray_NDIM(x) != 2 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
+            or cnp.PyArray_DIMS(x)[0] < rows or cnp.PyArray_DIMS(x)[1] != cols
+            or (write and not cnp.PyArray_ISWRITEABLE(x))):
+        raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
+    return cnp.PyArray_BYTES(x)
 
 
 cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
@@ -113,14 +162,14 @@ cdef class Policy:
         while m < 2 * capacity:
             m <<= 1
         self.tmask = <uint64_t>(m - 1)
-        self.nodes = <Node*>calloc(capacity, sizeof(Node))
-        self.table = <Entry*>malloc(m * sizeof(Entry))
+        self.nodes = <Node*>_big_alloc(capacity * sizeof(Node), 0)  # a slot is written before it is read
+        self.table = <Entry*>_big_alloc(m * sizeof(Entry), 0)
         if self.tiny:
             while w < capacity and w < MAX_SKETCH_WIDTH:
                 w <<= 1
             self.swidth = w
             self.bmask = <uint64_t>(w // 16 - 1)   # blocks of 64 counters: 4 rows x 16
-            self.sketch = <uint8_t*>calloc(SKETCH_ROWS * w, 1)
+            self.sketch = <uint8_t*>_big_alloc(SKETCH_ROWS * w, 1)
             self.sample = 10 * capacity
         if self.nodes == NULL or self.table == NULL or (self.tiny and self.sketch == NULL):
             raise MemoryError(f"cannot allocate the bookkeeping of {capacity} slots")
@@ -266,60 +315,101 @@ cdef class Policy:
         return total
 
     # ----------------------------------------------------------- the engine's batches
-    def serve(self, const uint32_t[:, :] ids, const uint64_t[::1] col_layer, uint64_t[::1] keys,
-              const uint8_t[:, ::1] records, float[:, ::1] out, uint8_t[::1] skip):
-        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids, ``col_layer``
-        uint64 ``[C]`` the layer of each column shifted by 32; fills ``keys`` ``[T * C]`` with the keys, looks
-        them up as :meth:`lookup` does, decodes each hit's record of ``records`` ``[capacity, 264]`` into its
-        row of ``out`` ``[T * C, 256]`` and sets ``skip[i]`` (1: a hit, 0: a miss).  Returns the hits."""
-        cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1], t, c, i
+    def serve(self, ids, col_layer, keys, records, out, skip, col_rows=None):
+        """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids (any strides,
+        multiples of 4 bytes), ``col_layer`` uint64 ``[C]`` the layer of each column shifted by 32; fills
+        ``keys`` uint64 ``[T * C]`` with the keys, looks them up as :meth:`lookup` does, decodes each hit's
+        record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]`` and
+        sets ``skip[i]`` uint8 (1: a hit, 0: a miss).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
+        each column's table; an id at or beyond it is neither looked up nor counted (a miss: the reader then
+        raises its range error).  Every array but ``ids`` C-contiguous; the outputs writable.  Returns the
+        hits.
+
+        The arrays are taken as NumPy arrays and checked here (dtype, shape, layout), not as typed
+        memoryviews: a hit's whole cost is a few microseconds, and a memoryview's acquisition is a good
+        share of it (BENCHMARKS.md, "Row cache")."""
+        cdef Py_ssize_t T, C, t, c, i, s0, s1
         cdef int64_t hits = 0
         cdef int32_t s
         cdef uint64_t k
-        if (col_layer.shape[0] != C or keys.shape[0] < T * C or out.shape[0] < T * C or out.shape[1] != ROW_VALUES
-                or skip.shape[0] < T * C or records.shape[0] < self.capacity or records.shape[1] != ROW_BYTES):
-            raise ValueError("serve: the arrays do not fit the batch or the cache")
+        cdef uint32_t r
+        cdef bint bound = col_rows is not None
+        cdef const char* idp
+        cdef const uint64_t* lay
+        cdef const uint32_t* rows = NULL
+        cdef uint64_t* kp
+        cdef const uint8_t* rec
+        cdef float* op
+        cdef uint8_t* sp
+        if not isinstance(ids, cnp.ndarray) or cnp.PyArray_TYPE(<cnp.ndarray>ids) != cnp.NPY_UINT32 \
+                or cnp.PyArray_NDIM(<cnp.ndarray>ids) != 2:
+            raise ValueError("serve: ids must be a uint32 array [T, C]")
+        T, C = cnp.PyArray_DIMS(<cnp.ndarray>ids)[0], cnp.PyArray_DIMS(<cnp.ndarray>ids)[1]
+        s0, s1 = cnp.PyArray_STRIDES(<cnp.ndarray>ids)[0], cnp.PyArray_STRIDES(<cnp.ndarray>ids)[1]
+        if s0 % 4 or s1 % 4:
+            raise ValueError("serve: ids' strides must be multiples of 4 bytes")
+        idp = cnp.PyArray_BYTES(<cnp.ndarray>ids)
+        lay = <const uint64_t*>_vector(col_layer, cnp.NPY_UINT64, C, False, "col_layer")
+        if bound:
+            rows = <const uint32_t*>_vector(col_rows, cnp.NPY_UINT32, C, False, "col_rows")
+        kp = <uint64_t*>_vector(keys, cnp.NPY_UINT64, -T * C, True, "keys")
+        sp = <uint8_t*>_vector(skip, cnp.NPY_UINT8, -T * C, True, "skip")
+        rec = <const uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, False, "records")
+        op = <float*>_matrix(out, cnp.NPY_FLOAT32, T * C, ROW_VALUES, True, "out")
         with nogil:
             for t in range(T):  # the keys first, their table entries and sketch blocks fetched ahead
                 for c in range(C):
-                    k = col_layer[c] | <uint64_t>ids[t, c]
-                    keys[t * C + c] = k
+                    k = lay[c] | <uint64_t>(<const uint32_t*>(idp + t * s0 + c * s1))[0]
+                    kp[t * C + c] = k
                     self._prefetch(k)
             for t in range(T):
                 for c in range(C):
                     i = t * C + c
-                    k = keys[i]
+                    sp[i] = 0
+                    if bound and (<const uint32_t*>(idp + t * s0 + c * s1))[0] >= rows[c]:
+                        continue
+                    k = kp[i]
                     if self.tiny:
                         self._count(k)
                     s = self._find(k)
                     if s >= 0:
                         hits += 1
                         self._touch(s)
-                        decode_row(&records[s, 0], &out[i, 0])
-                        skip[i] = 1
-                    else:
-                        skip[i] = 0
+                        decode_row(rec + <int64_t>s * ROW_BYTES, op + i * ROW_VALUES)
+                        sp[i] = 1
         return hits
 
-    def admit(self, const uint64_t[::1] keys, const uint8_t[::1] skip, const uint8_t[:, ::1] raw,
-              uint8_t[:, ::1] records):
-        """The misses of a batch served by :meth:`serve` (``skip[i] == 0``), inserted in order with their
-        records ``raw`` ``[n, 264]`` as read, copied into ``records``; a key already held is left as it is.
-        Returns the records written."""
-        cdef Py_ssize_t n = keys.shape[0], i
+    def admit(self, keys, skip, raw, records):
+        """The misses of a batch served by :meth:`serve` (uint8 ``skip[i] == 0``), inserted in order with their
+        records ``raw`` uint8 ``[n, 264]`` as read, copied into ``records`` uint8 ``[capacity, 264]``; ``keys``
+        uint64 ``[n]``; a key already held is left as it is.  C-contiguous arrays (NumPy, checked here).
+        Returns the records written.
+
+        The keys' hash entries and sketch blocks are prefetched first.  (Prefetching what the next evictions
+        touch -- the oldest nodes of the window and probation lists, their entries and record slots -- and
+        writing the records with non-temporal stores were measured slower inside real decode steps, 2026-12-02:
+        BENCHMARKS.md, "Row cache".)"""
+        cdef Py_ssize_t n, i
         cdef int64_t wrote = 0
         cdef int32_t s
-        if skip.shape[0] < n or raw.shape[0] < n or raw.shape[1] != ROW_BYTES or records.shape[0] < self.capacity:
-            raise ValueError("admit: the arrays do not fit the batch or the cache")
+        cdef const uint64_t* kp
+        cdef const uint8_t* sp
+        cdef const uint8_t* rp
+        cdef uint8_t* rec
+        kp = <const uint64_t*>_vector(keys, cnp.NPY_UINT64, ANY_LENGTH, False, "keys")
+        n = cnp.PyArray_DIMS(<cnp.ndarray>keys)[0]
+        sp = <const uint8_t*>_vector(skip, cnp.NPY_UINT8, -n, False, "skip")
+        rp = <const uint8_t*>_matrix(raw, cnp.NPY_UINT8, n, ROW_BYTES, False, "raw")
+        rec = <uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, True, "records")
         with nogil:
             for i in range(n):
-                if not skip[i]:
-                    self._prefetch(keys[i])
+                if not sp[i]:
+                    self._prefetch(kp[i])
             for i in range(n):
-                if skip[i] or self._find(keys[i]) >= 0:
+                if sp[i] or self._find(kp[i]) >= 0:
                     continue
-                s = self._insert(keys[i])
-                memcpy(&records[s, 0], &raw[i, 0], ROW_BYTES)
+                s = self._insert(kp[i])
+                memcpy(rec + <int64_t>s * ROW_BYTES, rp + i * ROW_BYTES, ROW_BYTES)
                 wrote += 1
         return wrote
 

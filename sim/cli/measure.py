@@ -65,11 +65,15 @@ def _speculative_configs(args, configs) -> list:
     Raises
     ------
     ArgumentError
-        K below 0, an acceptance outside [0, 1] or NaN, no configuration to decode speculatively.
+        K below 0, an acceptance outside [0, 1] or NaN, no configuration to decode speculatively, a row
+        cache at the same time (``--cache-bytes``).
     """
     k = args.draft_tokens
     if k is None or k == 0:
         return []
+    if getattr(args, "cache_bytes", None):
+        raise ArgumentError("--draft-tokens with --cache-bytes: speculative runs through a row cache are not "
+                            "predicted by the cross-check (measure them in two measurements)")
     acc = Speculation(k, args.acceptance).acceptance  # k >= 0 and the acceptance in [0, 1], or ArgumentError
     if len(acc) != 1:
         raise ArgumentError(f"--acceptance {args.acceptance}: engram measure takes one acceptance rate, not a profile")
@@ -274,7 +278,8 @@ def _add_measure(sub) -> None:
     g.add_argument("--cache-bytes", metavar="SIZE",
                    help="decode runs read through a row cache of this budget (engram.RowCache; e.g. 64M): a fresh "
                         "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
-                        "records its hit rate beside the one predicted on the same trace stretch (default: none)")
+                        "records its hit rate beside the one predicted on the same trace stretch, and engram "
+                        "crosscheck predicts the runs' tokens/s from their misses (default: none; 0: none)")
     g.add_argument("--cache-policy", choices=("tinylfu", "lru"), default="tinylfu",
                    help="the row cache's policy (default tinylfu, the engine's)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")

@@ -269,7 +269,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                     drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
                     tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
                     progress: Union[bool, str] = False, replay: Optional[str] = None,
-                    speculation: Optional[Speculation] = None) -> DecodeResult:
+                    speculation: Optional[Speculation] = None,
+                    served: Optional[np.ndarray] = None) -> DecodeResult:
     """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
 
     Parameters
@@ -324,6 +325,10 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         ``1 + accepted`` tokens (acceptance drawn from ``seed``); ``prefetch_drafts`` reads the drafts' rows
         in the background during the previous step's compute.  ``None`` or ``k = 0``: off (the run is the
         one it was without it, bit for bit).  ``steps`` then counts verification steps.
+    served : numpy.ndarray, optional
+        bool like ``trace.rows``: requests a row cache replayed beforehand serves (no read), e.g. a measured
+        run's own cache in the cross-check (:func:`sim.decode.reads.step_reads`); counted as shared-cache hits.
+        Not with ``speculation`` (a verification batch is not a trace step).
 
     Returns
     -------
@@ -371,7 +376,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
                                                     np.random.default_rng(ss.spawn(1)[0]))
         batch = (rows, accepted, covered, trace.columns)
     rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1, replay=replay, batch=batch)
+                    order=mode == "exact" and drives > 1, replay=replay, batch=batch,
+                    served=served)
     comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
     prefetch = None
     if spec is not None:

@@ -214,7 +214,7 @@ def _distinct(s_rows: np.ndarray, big: np.int64) -> np.ndarray:
 
 def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, drives: int = 1,
                hot: Optional[np.ndarray] = None, order: bool = False, replay: Optional[str] = None,
-               batch: Optional[tuple] = None) -> StepReads:
+               batch: Optional[tuple] = None, served: Optional[np.ndarray] = None) -> StepReads:
     """The reads of every session and step (see the module); ``replay``: see :func:`wrap_info`.
 
     ``batch``: a speculative run's verification steps, ``(rows, accepted, positions, lead)`` -- ``rows``
@@ -223,6 +223,11 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     ``positions`` int64 ``[S]`` as :func:`sim.decode.speculative.verification_rows` returns them.  The ``W``
     requests of a table are deduplicated as one batch; :attr:`StepReads.drafts` and
     :attr:`StepReads.wasted` are filled in.
+
+    ``served``: bool like ``trace.rows`` (``[trace steps, layers, columns]``), the requests of the trace that a
+    row cache replayed beforehand serves (a measured run's own cache: :func:`sim.crosscheck.run_cache_hits`);
+    a session replaying the trace meets them at the same positions, so a replay does not inflate their rate.
+    Counted with the shared cache's hits (``shared_hits``).  Not with ``batch``.
 
     Raises
     ------
@@ -236,6 +241,12 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     if sessions < 1 or steps < 1 or drives < 1:
         raise ArgumentError(f"need sessions, steps and drives >= 1, got {sessions}, {steps}, {drives}")
     L, C = trace.layers, trace.columns
+    if served is not None and (not isinstance(served, np.ndarray) or served.shape != trace.rows.shape):
+        got = served.shape if isinstance(served, np.ndarray) else type(served).__name__
+        raise ArgumentError(f"served must be a bool array shaped like the trace's rows {trace.rows.shape}, got {got}")
+    if served is not None and batch is not None:
+        raise ArgumentError("a replayed row cache (served) is not modelled with speculative verification "
+                            "batches: predict such a run without one of them")
     W = C if batch is None else int(batch[0].shape[3])
     check_memory(float(sessions) * steps * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
                  f"{steps} steps x {sessions} sessions x {L * W} row slots a step "
@@ -262,6 +273,11 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
         h = shared_cache_hits(k2, m2, policy.shared_cache_rows, policy.cache_policy)
         h = h.reshape(steps, sessions, L, C).transpose(1, 0, 2, 3)
         shared = int(h.sum())
+        miss &= ~h
+    if served is not None:
+        sv = served.astype(bool, copy=False)
+        h = np.stack([sv[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)]) & miss
+        shared += int(h.sum())
         miss &= ~h
     big = np.int64(1) << np.int64(40)
     s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)

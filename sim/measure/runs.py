@@ -29,7 +29,7 @@ from engram.errors import ArgumentError
 
 from ..schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
 from ..trace import Trace
-from ..trace.rowcache import policy_hits
+from ..trace.rowcache import stretch_hits
 from .compute import compute_runner
 
 __all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "speculative_loop",
@@ -311,19 +311,12 @@ def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, 
 def cache_record(cache, trace: Trace, starts: Sequence[int], steps: int, got: Sequence[dict],
                  shared: bool) -> Optional[dict]:
     """A run's row cache: measured hits of its trace steps beside the hits predicted by replaying the same
-    stretches through the same policy (:func:`sim.trace.rowcache.policy_hits`; ``shared``: the sessions'
+    stretches through the same policy (:func:`sim.trace.rowcache.stretch_hits`; ``shared``: the sessions'
     steps interleaved step by step through one cache, else each session through a cache of its own)."""
     if cache is None:
         return None
-    lay = (np.asarray(trace.layer_ids, np.uint64) << np.uint64(32))[:, None]
-    keys = np.stack([trace.rows[a:a + steps].astype(np.uint64) | lay for a in starts], axis=1)  # [steps, S, L, C]
-    width = keys.shape[-1] * keys.shape[-2]
-    if shared:
-        predicted = int(policy_hits(keys, cache.capacity, cache.policy, width).sum())
-    else:
-        predicted = sum(int(policy_hits(keys[:, i], cache.capacity, cache.policy, width).sum())
-                        for i in range(keys.shape[1]))
-    requests = int(keys.size)
+    hits = stretch_hits(trace, starts, steps, cache.capacity, cache.policy, shared)
+    predicted, requests = int(hits.sum()), int(hits.size)
     measured = sum(int(r["cache_hits"]) for r in got)
     return {"bytes": cache.max_bytes, "rows": cache.capacity, "policy": cache.policy, "shared": bool(shared),
             "requests": requests, "hits": measured, "hit_rate": measured / requests,

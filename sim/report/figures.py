@@ -14,6 +14,9 @@ from typing import List, Sequence
 
 import numpy as np
 
+from engram.codec import ROW_BYTES
+from engram.rowcache import DEFAULT_POLICY
+
 from ..device import SEED_REFERENCE
 from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..schema import trace_label
@@ -331,8 +334,10 @@ def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
     out.add(doc, rel, data, "Predicted step-latency CDFs (compute gamma-distributed, CV 0.05).")
 
 
+_POLICY_NAMES = {"tinylfu": "W-TinyLFU", "lru": "LRU"}
 _AXIS_TITLES = {"drives": "Drives striped (rows spread by row id)",
-                "shared_cache_rows": "The engine's row cache (RowCache, W-TinyLFU) shared by every session",
+                "shared_cache_rows": f"The engine's row cache (RowCache, {_POLICY_NAMES[DEFAULT_POLICY]}) shared by "
+                                     "every session",
                 "dram_fraction": "A share of every table resident in DRAM"}
 _AXIS_LABELS = {"drives": "identical drives the tables are striped over",
                 "shared_cache_rows": "shared row cache (rows of 264 B, log scale)",
@@ -348,7 +353,11 @@ def planner_section(doc: Doc, out: ReportFolder, d: PlannerData) -> None:
     doc.p(f"Capacity (the most sessions whose slowest session reaches {d.spec.target:g} tokens/s, searched with "
           f"one seed up to {d.spec.max_sessions} sessions) on the reference SSD and a datasheet SSD whose other "
           f"figures are derived from its QD1 latency and IOPS, by what a planner can add: drives the tables are "
-          f"striped over, a row cache shared by every session, a share of the tables kept in DRAM. Each session "
+          f"striped over, a row cache shared by every session (the engine's own: "
+          f"`EngramModel.open(path, cache=RowCache(SIZE))`, its default policy {_POLICY_NAMES[DEFAULT_POLICY]}, run "
+          f"by the same policy code here; "
+          + ", ".join(f"{int(v):,} rows = {int(v) * ROW_BYTES / 2**20:.3g} MiB" for v in d.axes.get("shared_cache_rows", ())
+                      if int(v)) + f"), a share of the tables kept in DRAM. Each session "
           f"runs {d.steps} steps of a synthetic trace with SPEC §8's reuse rate ({d.trace_steps:,} tokens, "
           f"`{d.trace}`; {d.wrap}), threshold {DEFAULT_THRESHOLD}, {DEFAULT_READERS} readers. Assumptions: "
           f"{first.assumptions()}.")

@@ -30,7 +30,7 @@ from .base import Trace
 from .wrap import session_offsets
 
 __all__ = ["CacheCurve", "CachePoint", "batch_bounds", "cache_curve", "optimal_hits", "policy_hits", "replay_keys",
-           "OPTIMAL"]
+           "stretch_hits", "OPTIMAL"]
 
 #: The name of the optimal bound beside the policies.
 OPTIMAL = "optimal"
@@ -82,6 +82,32 @@ def policy_hits(keys: np.ndarray, capacity: int, policy: str, batch: int = 1) ->
     hits = np.zeros(flat.size, np.uint8)
     CachePolicy(int(capacity), policy).access(flat, hits, int(batch))
     return hits.astype(bool).reshape(keys.shape)
+
+
+def stretch_hits(trace: Trace, starts: Sequence[int], steps: int, capacity: int, policy: str,
+                 shared: bool = True) -> np.ndarray:
+    """bool ``[steps, sessions, layers, columns]``: the hits of a measured run's row cache (``policy``,
+    ``capacity`` rows, fresh at the run's start) on its trace steps: session ``i`` reads trace steps
+    ``starts[i]`` to ``starts[i] + steps``, one batch of ``layers x columns`` keys a step (:func:`policy_hits`).
+    ``shared``: the sessions' steps interleaved step by step through one cache (sessions in threads);
+    else each session through a cache of its own (sessions as processes).  The one replay behind both a
+    run's predicted hit rate (``row_cache`` of a run record) and its cross-check prediction.
+
+    Raises
+    ------
+    ArgumentError
+        A stretch outside the trace, or an unknown policy.
+    """
+    starts = [int(a) for a in starts]
+    if not starts or min(starts) < 0 or max(starts) + steps > trace.steps:
+        raise ArgumentError(f"stretches {starts[:4]} of {steps} steps do not fit the trace ({trace.steps} steps)")
+    lay = (np.asarray(trace.layer_ids, np.uint64) << np.uint64(32))[:, None]
+    keys = np.stack([trace.rows[a:a + steps].astype(np.uint64) | lay for a in starts], axis=1)  # [steps, S, L, C]
+    width = keys.shape[-1] * keys.shape[-2]
+    if shared:
+        return policy_hits(keys, int(capacity), policy, width)
+    return np.stack([policy_hits(np.ascontiguousarray(keys[:, i]), int(capacity), policy, width)
+                     for i in range(keys.shape[1])], axis=1)
 
 
 def optimal_hits(keys: np.ndarray, capacity: int, progress: Union[bool, str] = True) -> np.ndarray:

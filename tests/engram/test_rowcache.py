@@ -355,3 +355,71 @@ def test_bad_inserts_are_refused_before_anything_is_inserted(keys, records, what
 def test_lookup_refuses_keys_that_are_not_uint64():
     with pytest.raises(ArgumentError, match="keys must be a C-contiguous uint64"):
         RowCache(1 << 20).lookup(np.zeros((2, 2), np.uint64))
+
+
+# ---------------------------------------------------------------- the lean hit path keeps every check
+def test_fully_hit_reads_keep_the_checks(model_path):
+    """A batch the cache serves whole skips the readers, but not a check: ids beyond this table (held for
+    another table of the same layer id), bad ids and bad ``out`` raise as without a cache, ``out`` untouched."""
+    from engram import RowRangeError, TableIOError
+
+    info = EngramModel.open(model_path).info
+    loc = info.tables[1]
+    cache = RowCache(264 * 100, "lru")
+    with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as big, \
+            Table(loc.path, loc.offset, 1000, backend="serial", direct=False) as small:
+        big.attach_cache(cache, 1)
+        small.attach_cache(cache, 1)          # the same layer id, fewer rows: a misuse the range check catches
+        want = big.read_rows([5, 5000])
+        out = np.full((2, 256), 7.0, np.float32)
+        with pytest.raises(RowRangeError, match="row id 5000 at position 1 is outside the table"):
+            small.read_rows([5, 5000], out=out)
+        assert (out == 7.0).all()
+        assert np.array_equal(small.read_rows([5]), want[:1]) and small.last_stats.backend == "cache"
+        assert np.array_equal(big.read_rows([5000, 5], out=out), want[::-1]) and big.last_stats.cache_hits == 2
+        for bad, err in (([-1], RowRangeError), ([2 ** 32], RowRangeError), ([True], ArgumentError),
+                         ([5.0], ArgumentError), ([[5]], ArgumentError), (np.array([5], np.int8)[:0], None)):
+            if err is None:
+                assert big.read_rows(bad).shape == (0, 256)
+                continue
+            with pytest.raises(err):
+                big.read_rows(bad)
+        with pytest.raises(ArgumentError, match="out must be"):
+            big.read_rows([5], out=np.zeros((1, 256), np.float64))
+        assert np.array_equal(big.read_rows(np.array([5], np.int64)), want[:1])
+        assert np.array_equal(big.read_rows([np.uint32(5)]), want[:1])   # a NumPy scalar: the general path
+    with pytest.raises(TableIOError, match="closed"):
+        big.read_rows([5])
+
+
+def test_serve_and_admit_check_their_arrays():
+    """The native batch calls take NumPy arrays and check dtype, shape, layout and writability."""
+    c = RowCache(264 * 10, "tinylfu")
+    ids = np.array([[3, 4]], np.uint32)
+    col = np.zeros(2, np.uint64)
+    keys, skip, out = np.empty(2, np.uint64), np.empty(2, np.uint8), np.empty((2, 256), np.float32)
+    assert c.serve(ids, col, keys, out, skip) == 0 and keys.tolist() == [3, 4] and skip.tolist() == [0, 0]
+    raw = synth.rows_at(1, np.array([3, 4]), seed=3)
+    assert c.admit(keys, skip, raw) == 2
+    assert c.serve(ids, col, keys, out, skip) == 2 and np.array_equal(out, decode_rows(raw))
+    # strided ids (a column of a wider batch) are read in place
+    wide = np.array([[9, 3, 9, 4]], np.uint32)[:, 1::2]
+    assert c.serve(wide, col, keys, out, skip) == 2
+    # an id at or beyond its column's table is neither looked up nor counted
+    before = c.stats()["hits"]
+    assert c.serve(ids, col, keys, out, skip, np.array([10, 4], np.uint32)) == 1 and skip.tolist() == [1, 0]
+    assert c.stats()["hits"] == before + 1
+    bad = [(ids.astype(np.int64), col, keys, out, skip), (ids, col[:1], keys, out, skip),
+           (ids, col, keys[:1], out, skip), (ids, col, keys, out.astype(np.float64), skip),
+           (ids, col, keys, out[:, :128], skip), (ids, col, keys, out, skip.astype(bool)),
+           (ids, col, keys, out, skip, np.array([10], np.uint32)), (ids.tolist(), col, keys, out, skip)]
+    ro = out.copy()
+    ro.setflags(write=False)
+    bad.append((ids, col, keys, ro, skip))
+    for args in bad:
+        with pytest.raises(ValueError):
+            c.serve(*args)
+    for args in ((keys, skip[:1], raw), (keys, skip, raw[:1]), (keys, skip, raw[:, :200]),
+                 (keys.astype(np.int64), skip, raw), (keys, skip, raw.astype(np.int8))):
+        with pytest.raises(ValueError):
+            c.admit(*args)

@@ -83,6 +83,10 @@ def test_quick_demo(tmp_path, capsys):
     assert [s["name"] for s in demo["steps"]] == ["traces", "model", "lookups", "measure", "calibrate",
                                                   "crosscheck", "devices", "sweep", "report"]
     assert demo["devices"]["built"] == []
+    # one configuration again through the engine's row cache, cross-checked: predicted from its misses
+    rc = demo["row_cache"]
+    assert rc["policy"] == "tinylfu" and rc["bytes"] == 4 << 20 and rc["hit_rate_max_abs_error"] <= 0.01
+    assert rc["tokens_per_s"]["predicted"] > 0 and "row cache" in printed
     assert demo["model"]["rows"] == [int(r) for r in Layout.deepseek_v41_flash(scale=0.0005).rows]
     assert demo["model"]["build_s"] > 0
     runs = json.loads((work / "runs.json").read_text())

@@ -291,7 +291,10 @@ def test_planner_panels(preset_report):
     assert float(own[0]["step_p999_ms"]) == pytest.approx(float(own[0]["step_p50_ms"]), rel=1e-6)
     assert float(lent[0]["step_p999_ms"]) > float(lent[0]["step_p50_ms"]) * 1.001
     text = preset_report[0].read_text()
-    assert "no wrap, sessions read distinct steps" in text.split("## What a planner can buy", 1)[1]
+    planner = text.split("## What a planner can buy", 1)[1]
+    assert "no wrap, sessions read distinct steps" in planner
+    # the cache a planner can buy is the engine's: its class, its default policy, the budgets in bytes
+    assert "cache=RowCache(SIZE))`, its default policy W-TinyLFU" in planner and "65,536 rows = 16.5 MiB" in planner
 
 
 def answer_rows(text: str):

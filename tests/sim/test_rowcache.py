@@ -232,3 +232,19 @@ def test_a_study_takes_the_cache_policy_and_bytes(tmp_path):
         assert float(rows[p]["shared_cache_hit_rate"]) == pytest.approx(curve.points[0].hit_rate[p], abs=1e-9)
     with pytest.raises(ArgumentError, match="cache_policy"):
         Study.from_dict({"study": {"name": "x"}, "fixed": {"cache_policy": "fifo"}, "grid": {"steps": [10]}}).points()
+
+
+def test_zero_bytes_is_no_cache_on_the_command_line_and_an_error_here():
+    """RowCache(0) is a CacheSizeError that says cache=None; a size of 0 elsewhere means no cache."""
+    from sim.measure.settings import Settings
+    from sim.params import Policy
+
+    with pytest.raises(CacheSizeError, match="holds no row.*cache=None"):
+        RowCache(0)
+    with pytest.raises(CacheSizeError, match="holds no row") as e:
+        RowCache(263)
+    assert "cache=None" not in str(e.value)
+    assert Settings(cache_bytes=0).run_cache() is None and Settings(cache_bytes="0").run_cache() is None
+    assert Policy(shared_cache_bytes=0).shared_cache_rows == 0
+    with pytest.raises(CacheSizeError, match="holds no row"):
+        Policy(shared_cache_bytes=263)
