@@ -24,8 +24,13 @@ place of the calibration.
 Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read size):
 
 - an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>``;
-- a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = fio's QD1 median latency (the
-  raw device's, which reads see while the volume's budget lasts), ``iops`` = the raw disk's highest fio IOPS
+- a memory-backed device (fio's QD1 median below :data:`sim.device.fio.MEMORY_QD1_P50`: tmpfs, a memory
+  copy in the reading thread): ``iops`` = fio's highest IOPS x the CPUs of the runs' machine / fio's jobs,
+  and its fio JSON as ``fio:FILE,cpus=<those CPUs>`` -- fio's figures are the copy rate of its jobs' CPUs,
+  the engine's readers copy on all the machine's (assumed; said in the result's ``memory_backed``);
+- a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = the raw disk's fio QD1 mean
+  latency (the drive behind the volume: without the disk's fio, the volume's QD1 median, the reads that
+  did not wait), ``iops`` = the raw disk's highest fio IOPS
   (the disk's own fio beside it), ``cap_iops`` = the volume's highest fio IOPS (its provisioned rate),
   ``burst_ios`` = the budget of one throttle slice at that rate (:data:`THROTTLE_SLICE_S`, the kernel's
   ``throtl_slice`` of ``block/blk-throttle.c``: unused budget is kept up to a slice).  A simulator whose
@@ -63,7 +68,7 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from .device import Device
-from .device.fio import fio_records, read_fio_output
+from .device.fio import MEMORY_QD1_P50, fio_records, read_fio_output
 from .device.presets import load_device
 from .io import load_json, now_iso, sha256_file, write_json
 from .params import Compute, Policy
@@ -71,7 +76,7 @@ from .progress import progress as progress_bar
 from .schema import ComputeSpec, check_runs
 
 __all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
-           "check_fio", "datasheet_spec", "fio_figures", "markdown_table", "planner_compute", "planner_crosscheck"]
+           "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
 
 #: Schema name of ``planner.json``.
 PLANNER_SCHEMA = "engram.planner-crosscheck/1"
@@ -149,21 +154,41 @@ def fio_figures(recs: Sequence[Mapping]) -> dict:
     p50 = [r["pct"].get(50.0) for r in by[1] if r["pct"].get(50.0) is not None]
     return {"qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
             "qd1_p50_us": float(np.median(p50)) * 1e6 if p50 else None,
-            "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by)}
+            "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by),
+            "jobs": int(np.median([r.get("jobs", 1) for r in recs]))}
 
 
-def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False) -> tuple:
+def is_memory(fig: Mapping) -> bool:
+    """True when fio's figures (:func:`fio_figures`) are a memory copy's: a QD1 median below
+    :data:`sim.device.fio.MEMORY_QD1_P50`."""
+    return fig.get("qd1_p50_us") is not None and fig["qd1_p50_us"] < MEMORY_QD1_P50 * 1e6
+
+
+def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False,
+                   cpus: Optional[int] = None) -> tuple:
     """``(spec, fallback spec or None, rules)``: the datasheet string of a device from its fio figures
-    (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume) -- see the module for the
-    rules; ``fallback`` is the string without ``cap_iops`` and ``burst_ios``, for a simulator that has no
-    rate-limited volume; ``rules`` says where each figure came from."""
+    (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume; ``cpus``: the CPUs the
+    engine's readers had, for a memory-backed device) -- see the module for the rules; ``fallback`` is the
+    string without ``cap_iops`` and ``burst_ios``, for a simulator that has no rate-limited volume; ``rules``
+    says where each figure came from."""
     if not throttled:
         qd1, iops = fig["qd1_mean_us"], fig["peak_iops"]
+        rules = {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
+        if cpus is not None and is_memory(fig):
+            jobs = max(1, int(fig.get("jobs") or 1))
+            iops = iops * cpus / jobs
+            rules["iops"] += (f" x {cpus} / {jobs}: a memory copy (QD1 median {fig['qd1_p50_us']:.1f} us) runs on "
+                              f"the readers' {cpus} CPU(s) where fio's {jobs} job(s) had {jobs} (assumed)")
         spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f}"
-        return spec, None, {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
+        return spec, None, rules
     cap = fig["peak_iops"]
-    qd1 = fig["qd1_p50_us"] if fig.get("qd1_p50_us") else fig["qd1_mean_us"]
-    rules = {"qd1_us": "fio's QD1 median latency (the raw device's, while the budget lasts)",
+    if raw is not None:
+        qd1 = raw["qd1_mean_us"]
+        qrule = "the raw disk's fio QD1 mean latency (the drive behind the volume, its own datasheet figure)"
+    else:
+        qd1 = fig["qd1_p50_us"] if fig.get("qd1_p50_us") else fig["qd1_mean_us"]
+        qrule = "fio's QD1 median latency (the raw device's, while the budget lasts)"
+    rules = {"qd1_us": qrule,
              "cap_iops": f"the volume's highest fio IOPS (QD {fig['peak_qd']})",
              "burst_ios": f"one throttle slice ({THROTTLE_SLICE_S:g} s, blk-throttle's throtl_slice) at cap_iops"}
     if raw is not None and raw["peak_iops"] > cap:
@@ -270,6 +295,12 @@ def _planner_runs(runs_doc: Mapping) -> tuple:
     return dict(runs_doc, configs=keep, runs=[r for r in runs_doc.get("runs") or [] if r.get("config") in keys]), left
 
 
+def _cores(runs_doc: Mapping) -> int:
+    """CPUs of the machine the runs ran on (``machine.cores`` of ``runs.json``; 1 when not recorded)."""
+    c = (runs_doc.get("machine") or {}).get("cores")
+    return int(c) if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 else 1
+
+
 def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
     out = {}
     for it in items or ():
@@ -361,14 +392,23 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                 entry["reason"] = "no run a planner can state the compute of"
                 continue
             check_runs(runs_doc, runs_path)
+            cores = _cores(runs_doc) if is_memory(figs[d["name"]]) else None
             spec, fallback, rules = datasheet_spec(figs[d["name"]], raw if d["class"] == "throttled" else None,
-                                                   d["class"] == "throttled")
+                                                   d["class"] == "throttled", cpus=cores)
+            if cores is not None:
+                entry["memory_backed"] = (f"fio's QD1 median {figs[d['name']]['qd1_p50_us']:.1f} us: a memory copy "
+                                          f"in the reading thread, not a drive; fio's IOPS are its "
+                                          f"{figs[d['name']]['jobs']} job(s)' CPU(s), the runs' readers had "
+                                          f"{cores} (assumed: the reads scale to them, cpus={cores})")
             entry.update(datasheet=spec, datasheet_rules=rules)
             for mode in MODES:
                 described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
                 rsize = int(d.get("read_size") or 4096)
-                if mode == "fio" and rsize != 4096:  # fio at the engine's own read on this device (a 512-byte
-                    described = f"fio:{described},assume_bs={rsize}"  # sector disk): the planner states it
+                if mode == "fio" and (rsize != 4096 or cores is not None):
+                    # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
+                    # copy runs on: the planner states them
+                    described = (f"fio:{described}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
+                                 (f",cpus={cores}" if cores is not None else ""))
                 try:
                     dev = load_device(described)
                 except ArgumentError as exc:
@@ -468,6 +508,8 @@ def markdown_table(res: Mapping) -> str:
     for e in res["devices"]:
         if e.get("datasheet_fallback"):
             lines.append(f"{e['name']}: {e['datasheet_fallback']}.")
+        if e.get("memory_backed"):
+            lines.append(f"{e['name']}: {e['memory_backed']}.")
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
     return "\n".join(lines)
