@@ -106,6 +106,7 @@ from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, T
                     same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
+           "MAX_CAPACITY_SESSIONS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
            "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
@@ -128,6 +129,11 @@ BATCHING = "none (each session computes alone; compute never contends)"
 
 #: A drawn compute's cv below this is the rounding of a constant compute's standard deviation: 0.
 CV_ROUNDING = 1e-9
+
+#: The most sessions a capacity search may probe: 16x the studies' 4,096, a simulation of hours a probe on a
+#: laptop core (the fast decode loop runs about 55,000 session-steps a CPU second), and a search bound
+#: (:class:`SearchBound`) of well under a second.
+MAX_CAPACITY_SESSIONS = 1 << 16
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search")
 #: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
@@ -176,6 +182,9 @@ class CapacitySpec:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ArgumentError(f"capacity {name} = {v!r} must be an integer >= 1")
+        if self.max_sessions > MAX_CAPACITY_SESSIONS:
+            raise ArgumentError(f"capacity max_sessions = {self.max_sessions} is above {MAX_CAPACITY_SESSIONS} "
+                                f"(sim.capacity.MAX_CAPACITY_SESSIONS: concurrent sessions a search may probe)")
         if self.metric not in METRICS or not self.metric.startswith("session_tokens_per_s"):
             raise ArgumentError(f"capacity metric = {self.metric!r} must be session_tokens_per_s_min or "
                                 "session_tokens_per_s")

@@ -76,7 +76,7 @@ from .progress import progress as progress_bar
 from .schema import ComputeSpec, check_runs
 
 __all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
-           "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
+           "DEVICE_CLASSES", "check_devices", "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
 
 #: Schema name of ``planner.json``.
 PLANNER_SCHEMA = "engram.planner-crosscheck/1"
@@ -301,6 +301,53 @@ def _cores(runs_doc: Mapping) -> int:
     return int(c) if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 else 1
 
 
+#: Device classes a measurement makes (:mod:`sim.measure.devices`).
+DEVICE_CLASSES = ("disk", "throttled", "tmpfs")
+
+
+def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
+    """The ``devices`` of a ``devices.json`` document, checked field by field before anything is read.
+
+    Raises
+    ------
+    FormatError
+        Not an object, no ``devices`` list, an entry that is not an object, a ``name`` that is not a non-empty
+        string or repeats, a ``class`` other than disk/throttled/tmpfs, ``built``/``measured`` not true or
+        false, a ``folder`` that is not a relative path inside the measurement, a ``read_size`` that is not a
+        whole number of bytes in [512, 1 MiB], ``fio`` not an object of size -> file (names the entry and key).
+    """
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
+        raise FormatError(f"{where}: no 'devices' list (a device list of engram measure --throttle-iops/--tmpfs)")
+    seen = set()
+    for i, d in enumerate(doc["devices"]):
+        at = f"{where}: devices[{i}]"
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{at} is not an object")
+        name = d.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise FormatError(f"{at}.name = {name!r} is not a device name")
+        if name in seen:
+            raise FormatError(f"{at}.name = {name!r} is given twice")
+        seen.add(name)
+        if d.get("class") not in DEVICE_CLASSES:
+            raise FormatError(f"{at} ({name}).class = {d.get('class')!r}: expected one of {', '.join(DEVICE_CLASSES)}")
+        for key in ("built", "measured"):
+            if key in d and not isinstance(d[key], bool):
+                raise FormatError(f"{at} ({name}).{key} = {d[key]!r} is not true or false")
+        if d.get("built") and d.get("measured"):
+            folder = d.get("folder")
+            if not isinstance(folder, str) or not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
+                raise FormatError(f"{at} ({name}).folder = {folder!r} is not a folder inside the measurement")
+        rs = d.get("read_size", doc.get("read_size"))
+        if rs is not None and (isinstance(rs, bool) or not isinstance(rs, int) or not 512 <= rs <= 1 << 20):
+            raise FormatError(f"{at} ({name}).read_size = {rs!r} is not a whole number of bytes in [512, 1048576]")
+        fio = d.get("fio")
+        if fio is not None and (not isinstance(fio, Mapping) or
+                                not all(isinstance(k, str) and isinstance(v, str) and v for k, v in fio.items())):
+            raise FormatError(f"{at} ({name}).fio = {fio!r:.80} is not an object of block size -> fio JSON file")
+    return list(doc["devices"])
+
+
 def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
     out = {}
     for it in items or ():
@@ -349,7 +396,7 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         raise ArgumentError(f"{dpath}: no device list: measure with engram measure --throttle-iops N (or --tmpfs) "
                             f"first, which writes it")
     ddoc = load_json(dpath, "devices")
-    devices = list(ddoc.get("devices") or [])
+    devices = check_devices(ddoc, dpath)
     overrides = _fio_overrides(fio)
     names = [d.get("name") for d in devices]
     for n in overrides:

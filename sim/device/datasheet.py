@@ -17,7 +17,7 @@ parallelism
     the rounding); at most ``qd_peak``, the queue depth at which the datasheet
     reaches its IOPS, when given.
 routing
-    when the parallelism is derived and no ``qd_peak`` is given, each read
+    when the parallelism is derived (two channels or more) and no ``qd_peak`` is given, each read
     queues at one channel drawn at random (``routing="random"`` of
     :class:`~sim.device.models.ParametricSSD`: the die that holds its page):
     the mean latency grows by ``1 / IOPS`` a read in flight from the QD1
@@ -84,7 +84,7 @@ from engram.errors import ArgumentError
 
 from ..schema import US
 from ..limits import MAX_QUEUE_DEPTH
-from .models import MAX_BURST_IOS, MAX_IOPS, MAX_QD1_LATENCY, MAX_SERVICE_CV, Device, ParametricSSD, RateLimitedDevice
+from .models import MAX_BURST_IOS, MAX_IOPS, MAX_QD1_LATENCY, MIN_IOPS, MAX_SERVICE_CV, Device, ParametricSSD, RateLimitedDevice
 
 __all__ = ["SPEC_KEYS", "VOLUME_KEYS", "ssd_from_figures", "ssd_from_spec", "volume_from_spec"]
 
@@ -118,6 +118,8 @@ KNEE_ROUNDING = 0.02
 SPEC_MAX = {"qd1_us": MAX_QD1_LATENCY / US, "iops": MAX_IOPS, "iops_row": MAX_IOPS, "parallelism": MAX_QUEUE_DEPTH,
             "cv": MAX_SERVICE_CV, "p99_us": 10 * MAX_QD1_LATENCY / US, "qd_peak": MAX_QUEUE_DEPTH,
             "cap_iops": MAX_IOPS, "burst_ios": MAX_BURST_IOS}
+#: Keys of ``ssd:...`` that are rates (reads a second): at least :data:`sim.device.models.MIN_IOPS`.
+RATE_KEYS = ("iops", "iops_row", "cap_iops")
 #: Keys of ``ssd:...`` that count things: whole numbers.
 SPEC_WHOLE = ("parallelism", "qd_peak")
 #: The channel service cv assumed when neither cv nor p99_us is given.
@@ -175,10 +177,11 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise ArgumentError(f"ssd: {key} = {v!r} is not a number")
-        low_ok = v >= 0 if key == "cv" else v > 0
+        low_ok = v >= 0 if key == "cv" else (v >= MIN_IOPS if key in RATE_KEYS else v > 0)
         if not (math.isfinite(v) and low_ok and v <= SPEC_MAX[key]):
+            low = "[0" if key == "cv" else (f"[{MIN_IOPS:g}" if key in RATE_KEYS else "(0")
             raise ArgumentError(f"ssd: {key} = {float(v):g} is outside its physical range "
-                                f"{'[0' if key == 'cv' else '(0'}, {SPEC_MAX[key]:g}] (sim.device.datasheet.SPEC_MAX)")
+                                f"{low}, {SPEC_MAX[key]:g}] (sim.device.datasheet.SPEC_MAX, MIN_IOPS)")
         if key in SPEC_WHOLE and v != int(v):
             raise ArgumentError(f"ssd: {key} = {float(v):g} must be a whole number")
     parallelism = None if parallelism is None else int(parallelism)
@@ -219,7 +222,7 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
             p, rule = int(qd_peak), rule + f", capped at qd_peak {int(qd_peak)}"
         parallelism = p
         derived["parallelism"] = {"value": p, "rule": rule}
-        if qd_peak is None:
+        if qd_peak is None and p > 1:
             routing = "random"
             derived["routing"] = {"value": routing, "rule": "no parallelism or qd_peak given: each read queues at "
                                                             "a channel drawn at random (the die holding its page), "

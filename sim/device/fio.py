@@ -233,6 +233,9 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     rd = f"{where}.read"
     mean = _latency(lat["mean"], rd, "lat_ns.mean") * _NS if "mean" in lat else depth / iops
     src = "read.lat_ns"
+    if "mean" in clat and "mean" in lat and _latency(clat["mean"], rd, "clat_ns.mean") * _NS > mean * (1 + 1e-6):
+        raise FormatError(f"{rd}.clat_ns.mean = {clat['mean']:g} ns is above lat_ns.mean = {lat['mean']:g} ns: "
+                          "fio's total latency (lat) is submission plus completion (clat), never less")
     if lat.get("percentile"):
         pct, shift, ends, at = _obj(lat, "percentile", f"{where}.read.lat_ns.percentile"), 0.0, lat, "lat_ns"
     else:

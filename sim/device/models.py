@@ -60,7 +60,8 @@ from .fluid import nominal_batch
 from .latency import LatencyDist, list_schedule
 from .recorder import Recorder
 
-__all__ = ["Device", "EmpiricalDevice", "MeasuredBatchDevice", "ParametricSSD", "RateLimitedDevice"]
+__all__ = ["Device", "EmpiricalDevice", "MAX_IOPS", "MIN_IOPS", "MeasuredBatchDevice", "ParametricSSD",
+           "RateLimitedDevice"]
 
 
 class Device:
@@ -592,6 +593,9 @@ class MeasuredBatchDevice(EmpiricalDevice):
 #: of variation up to 10; ``parallelism`` and ``iops x qd1_latency`` up to :data:`sim.limits.MAX_QUEUE_DEPTH`.
 MAX_QD1_LATENCY = 1.0
 MAX_IOPS = 1e9
+#: The slowest rate a device or a rate limit may have, reads a second: below one read a second (a disk does
+#: about 100, the smallest gp2 volume 100) the figure is a typo or a unit slip, not a device.
+MIN_IOPS = 1.0
 MAX_SERVICE_CV = 10.0
 
 
@@ -647,9 +651,11 @@ class ParametricSSD(Device):
                            ("parallelism", parallelism, MAX_QUEUE_DEPTH), ("service_cv", service_cv, MAX_SERVICE_CV)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise ArgumentError(f"ParametricSSD: {key} = {v!r} is not a number")
-            low_ok = v >= 0 if key == "service_cv" else (v >= 1 if key == "parallelism" else v > 0)
+            low_ok = v >= 0 if key == "service_cv" else (v >= 1 if key == "parallelism" else
+                                                         (v >= MIN_IOPS if key == "iops" else v > 0))
             if not (math.isfinite(v) and low_ok and v <= hi):
-                low = "[0" if key == "service_cv" else ("[1" if key == "parallelism" else "(0")
+                low = "[0" if key == "service_cv" else ("[1" if key == "parallelism" else
+                                                        (f"[{MIN_IOPS:g}" if key == "iops" else "(0"))
                 raise ArgumentError(f"ParametricSSD: {key} = {float(v):g} is outside its physical range "
                                     f"{low}, {hi:g}] (sim.device.models.MAX_*)")
         if routing not in self.ROUTINGS:
@@ -853,11 +859,10 @@ class RateLimitedDevice(Device):
                  source: str = "", derived: Optional[Mapping] = None):
         if not isinstance(raw, Device) or isinstance(raw, RateLimitedDevice):
             raise ArgumentError(f"RateLimitedDevice: raw must be a device without a bucket, got {raw!r:.60}")
-        for key, v, lo, hi in (("cap_iops", cap_iops, 0.0, MAX_IOPS), ("burst_ios", burst_ios, 1.0, MAX_BURST_IOS)):
+        for key, v, lo, hi in (("cap_iops", cap_iops, MIN_IOPS, MAX_IOPS), ("burst_ios", burst_ios, 1.0, MAX_BURST_IOS)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or \
-                    not math.isfinite(v) or not (v > lo if key == "cap_iops" else v >= lo) or v > hi:
-                raise ArgumentError(f"RateLimitedDevice: {key} = {v!r} is outside "
-                                    f"{'(0' if key == 'cap_iops' else '[1'}, {hi:g}]")
+                    not math.isfinite(v) or not v >= lo or v > hi:
+                raise ArgumentError(f"RateLimitedDevice: {key} = {v!r} is outside [{lo:g}, {hi:g}]")
         peak = raw.peak_iops()
         if cap_iops > peak * (1 + 1e-9):
             raise ArgumentError(f"cap_iops = {float(cap_iops):g} is above the raw device's peak of {peak:.0f} IOPS: "

@@ -201,3 +201,30 @@ def test_refusals(fio_only, tmp_path, capsys):
     assert "belongs to --planner" in cli(capsys, ["crosscheck", str(measured), "--fio", f"disk={src}"])
     after = (measured / "planner.json").read_bytes() if (measured / "planner.json").exists() else None
     assert after == before  # refused before anything was written
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"devices": 3}, "no 'devices' list"),
+    ({"devices": [3]}, "devices[0] is not an object"),
+    ({"devices": [{"name": "", "class": "disk"}]}, "devices[0].name = '' is not a device name"),
+    ({"devices": [{"name": "d", "class": "disk"}, {"name": "d", "class": "disk"}]}, "devices[1].name = 'd' is given twice"),
+    ({"devices": [{"name": "d", "class": "nvme"}]}, "(d).class = 'nvme': expected one of disk, throttled, tmpfs"),
+    ({"devices": [{"name": "d", "class": "disk", "built": "yes"}]}, "(d).built = 'yes' is not true or false"),
+    ({"devices": [{"name": "d", "class": "disk", "built": True, "measured": True, "folder": "/etc"}]},
+     "(d).folder = '/etc' is not a folder inside the measurement"),
+    ({"devices": [{"name": "d", "class": "disk", "built": True, "measured": True, "folder": "../x"}]},
+     "(d).folder = '../x' is not a folder inside"),
+    ({"devices": [{"name": "d", "class": "disk", "read_size": 12.5}]}, "(d).read_size = 12.5 is not a whole number"),
+    ({"devices": [{"name": "d", "class": "disk", "fio": ["x.json"]}]}, "(d).fio = ['x.json'] is not an object"),
+])
+def test_a_malformed_device_list_gets_one_line(tmp_path, capsys, change, why):
+    (tmp_path / "devices.json").write_text(json.dumps({"schema": "engram.devices/1", "kind": "devices", **change}))
+    assert why in cli(capsys, ["crosscheck", str(tmp_path), "--planner", "--no-progress"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["devices.json"]
+
+
+def test_an_empty_throttle_list_is_refused(tmp_path, capsys):
+    assert "--throttle-iops: no rate given" in cli(capsys, ["measure", str(tmp_path / "w"), "--throttle-iops", ""])
+    assert "--throttle-iops: no rate given" in cli(capsys, ["demo", "--workdir", str(tmp_path / "d"),
+                                                            "--throttle-iops", ","])
+    assert not list(tmp_path.iterdir())
