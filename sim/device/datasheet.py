@@ -23,12 +23,13 @@ routing
     the mean latency grows by ``1 / IOPS`` a read in flight from the QD1
     latency on, ``R(N) = qd1 + (N - 1) / iops`` (mean-value analysis), and the
     IOPS near the datasheet's figure only at deep queues, where datasheets
-    measure it (QD 32 to 256).  Checked on measured drives: fio on this
-    machine's virtual disk at 512 B (QD1 97.4 us, 54,211 IOPS at QD 64: 226,
-    373, 668 us at QD 8, 16, 32 against fio's 267, 390, 753) and the packaged
-    ``vm-virtio-16core-4k`` (within 12% at QD 2 to 64), where the first free
-    channel (the knee rule: the full IOPS from QD ``N*`` on) runs 1.3 to 3.4x
-    too fast between QD 2 and 16.  With ``qd_peak`` (the datasheet says where
+    measure it (QD 32 to 256).  Checked on measured drives: fio on a virtual
+    disk at 512 B (QD1 97.4 us, 54,211 IOPS at QD 64: 150, 223, 376, 666 us at
+    QD 4, 8, 16, 32 against fio's 349, 267, 390, 753; the first free channel
+    97, 148, 295, 594) and the packaged ``vm-virtio-16core-4k`` from its QD1
+    latency and peak (``ssd:qd1_us=31.9,iops=115802``: 12-18% below its
+    latency at QD 2 to 16, within 8% at 32 and 64; the first free channel
+    28-46% below at QD 2 to 8).  With ``qd_peak`` (the datasheet says where
     the IOPS is reached) or a given ``parallelism``: the first free channel
     (``routing="shared"``).
 channel service cv

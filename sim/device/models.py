@@ -619,7 +619,8 @@ class ParametricSSD(Device):
     the latency grows by ``1 / iops`` a read in flight from QD1 on, and the
     IOPS ``N / R(N)`` approach the ceiling only at deep queues (94% of it at
     ``N = 16 x knee``), as measured drives do (the packaged
-    ``vm-virtio-16core-4k`` within 12% at every depth from 2 to 64).
+    ``vm-virtio-16core-4k`` within 18% at every depth from 2 to 64, where the
+    first free channel is up to 46% below its latency).
     From a datasheet's figures, :func:`sim.device.datasheet.ssd_from_figures`
     derives the parallelism and the cv (``derived`` says how).
 

@@ -381,3 +381,17 @@ def test_a_tail_keeps_the_means_and_takes_the_spread():
         assert t.latency(q).percentile(99.9) / t.mean_latency(q) == pytest.approx(s.percentile(99.9) / s.mean, rel=1e-6)
     with pytest.raises(ArgumentError, match="fixed latencies"):
         with_tail(shape, preset("seed-apple-m3-ultra"))
+
+
+def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():
+    """The packaged vm-virtio-16core-4k from its QD1 latency and peak alone: randomly routed channels stay within
+    20% of its measured latency at every depth from 2 to 64; the first free channel (the knee rule) is 28-46%
+    below it at QD 2 to 8 (it reaches the peak from QD 4 on)."""
+    measured = load_device("vm-virtio-16core-4k")
+    qd1, peak = measured.mean_latency(1), measured.peak_iops()
+    routed = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f}")
+    first_free = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f},parallelism={routed.parallelism}")
+    for q in (2, 4, 8, 16, 32, 64):
+        assert routed.mean_latency(q) == pytest.approx(measured.mean_latency(q), rel=0.20), q
+    for q in (2, 4, 8):
+        assert first_free.mean_latency(q) < 0.75 * measured.mean_latency(q), q
