@@ -39,14 +39,15 @@ Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read siz
   volume at its rate reads at QD1 at about that) and the result says so (``datasheet_fallback``).
 
 Refused, each with a one-line error: fio JSON of writes, or at a block size other than the engine's read
-size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list.
+size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list,
+a device list malformed field by field (:func:`check_devices`).
 
 ``planner.json`` (schema :data:`PLANNER_SCHEMA`)::
 
     {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
-      "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "left_out":
-      {config: reason}, "modes": {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s":
-      {"median_abs_error", "max_abs_error", ...}, "regime", "pass", "passed", ...}, "capacity": [...],
+      "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "memory_backed"
+      (only where fio's figures are a memory copy's: the assumption), "left_out": {config: reason}, "modes":
+      {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error", ...}, "regime", "pass", "passed", ...}, "capacity": [...],
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
       "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
       "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
