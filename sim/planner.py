@@ -47,7 +47,8 @@ a device list malformed field by field (:func:`check_devices`).
     {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
       "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "memory_backed"
       (only where fio's figures are a memory copy's: the assumption), "left_out": {config: reason}, "modes":
-      {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error", ...}, "regime", "pass", "passed", ...}, "capacity": [...],
+      {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error",
+      ...}, "regime", "pass", "passed", ...}, "capacity": [...],
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
       "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
       "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
