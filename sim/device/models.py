@@ -641,8 +641,9 @@ class ParametricSSD(Device):
 
     #: How a read picks its channel: the first free one, or one at random (see the class).
     ROUTINGS = ("shared", "random")
-    #: With random routing, the characterised depths run to this many times the parallelism (IOPS at 97% of
-    #: the ceiling there).
+    #: With random routing, the fast mode serves up to this many times the parallelism at once (IOPS at 97% of
+    #: the ceiling there); above the characterised depths each read in flight adds ``1 / iops`` to the mean
+    #: latency (the mean-value analysis line of the class), so that no deep depth is simulated.
     ROUTED_DEPTHS = 32
 
     def __init__(self, qd1_latency: float, iops: float, parallelism: int, service_cv: float = 0.5,
@@ -696,12 +697,9 @@ class ParametricSSD(Device):
 
     def depths(self) -> list:
         """Characterised depths: 1 to 4, powers of two up to ``max(64, 4 x parallelism)``, and around the
-        knee ``iops x qd1_latency`` (the parallelism, the knee, 1.25 and 1.5 times it), where latency bends;
-        with random routing the powers of two run to ``ROUTED_DEPTHS x parallelism`` (at most
-        MAX_QUEUE_DEPTH), where the IOPS near the ceiling."""
+        knee ``iops x qd1_latency`` (the parallelism, the knee, 1.25 and 1.5 times it), where latency bends."""
         out, q = {1, 2, 3, 4}, 1
-        top = min(MAX_QUEUE_DEPTH, (self.ROUTED_DEPTHS if self.routing == "random" else 4) * self.parallelism)
-        while q < top or q <= 64:
+        while q < 4 * self.parallelism or q <= 64:
             out.add(q)
             q *= 2
         knee = self.iops_max * self.qd1_latency
@@ -713,10 +711,11 @@ class ParametricSSD(Device):
         IOPS ceiling: the fast mode serves this many reads at once (their latency the closed loop's at the
         depth in service) and queues the rest; the exact model queues at the channels.  The knee
         ``iops x qd1_latency`` (operational analysis: ``N* = X_max x R_min``) is where the ceiling would be
-        reached with fixed service times; random ones reach it later.  With random routing, the deepest
-        characterised depth (the IOPS rise towards the ceiling at every depth)."""
+        reached with fixed service times; random ones reach it later.  With random routing,
+        ``ROUTED_DEPTHS x parallelism`` (the IOPS rise towards the ceiling at every depth), at least the
+        deepest characterised depth."""
         if self.routing == "random":  # the queues are at the channels: every read is in the device
-            return self.depths()[-1]
+            return max(self.depths()[-1], min(MAX_QUEUE_DEPTH, self.ROUTED_DEPTHS * self.parallelism))
         knee = max(1, int(math.ceil(self.iops_max * self.qd1_latency * (1 - 1e-9))))
         for q in self.depths():
             if q >= knee and self.iops(q) >= 0.995 * self.iops_max:
@@ -738,6 +737,9 @@ class ParametricSSD(Device):
             grid = self.__dict__.get("_grid") or self.__dict__.setdefault("_grid", self.depths())
             if self.service_cv == 0 and qd <= self.parallelism and (self.routing == "shared" or qd == 1):
                 got = LatencyDist.point(self.delay + self.service, self.source)
+            elif qd > grid[-1] and self.routing == "random":  # the line: each read in flight adds 1 / iops
+                top = self.latency(grid[-1])
+                got = top.scaled((top.mean + (qd - grid[-1]) / self.iops_max) / top.mean)
             elif qd in grid or qd > grid[-1]:
                 got = LatencyDist.from_samples(self.closed_loop(qd), knots=513, source=self.source)
             else:  # between characterised depths: quantile mixing linear in qd, like a measured table
