@@ -181,8 +181,9 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
         low_ok = v >= 0 if key == "cv" else (v >= MIN_IOPS if key in RATE_KEYS else v > 0)
         if not (math.isfinite(v) and low_ok and v <= SPEC_MAX[key]):
             low = "[0" if key == "cv" else (f"[{MIN_IOPS:g}" if key in RATE_KEYS else "(0")
+            src = "sim.device.datasheet.SPEC_MAX" + (", sim.device.models.MIN_IOPS" if key in RATE_KEYS else "")
             raise ArgumentError(f"ssd: {key} = {float(v):g} is outside its physical range "
-                                f"{low}, {SPEC_MAX[key]:g}] (sim.device.datasheet.SPEC_MAX, MIN_IOPS)")
+                                f"{low}, {SPEC_MAX[key]:g}] ({src})")
         if key in SPEC_WHOLE and v != int(v):
             raise ArgumentError(f"ssd: {key} = {float(v):g} must be a whole number")
     parallelism = None if parallelism is None else int(parallelism)
