@@ -23,7 +23,8 @@ place of the calibration.
 
 Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read size):
 
-- an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>``;
+- an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>,
+  routing=random`` (every string here states ``routing=random``: :data:`ROUTING_RULE`);
 - a memory-backed device (fio's QD1 median below :data:`sim.device.fio.MEMORY_QD1_P50`: tmpfs, a memory
   copy in the reading thread): ``iops`` = fio's highest IOPS x the CPUs of the runs' machine / fio's jobs,
   and its fio JSON as ``fio:FILE,cpus=<those CPUs>`` -- fio's figures are the copy rate of its jobs' CPUs,
@@ -91,6 +92,11 @@ DEVICES_NAME = "devices.json"
 MODES = ("fio", "datasheet")
 #: Unused budget the kernel's read throttle keeps, seconds: one ``throtl_slice`` (HZ / 10; block/blk-throttle.c).
 THROTTLE_SLICE_S = 0.1
+
+#: Why the planner's datasheet strings state ``routing=random`` (:mod:`sim.device.datasheet`).
+ROUTING_RULE = ("random: a read queues at the channel holding its page, so the latency grows by 1 / iops a read "
+                "in flight from QD1 (fio's curves on the disk and the packaged vm-virtio-16core-4k follow it; the "
+                "first free channel reaches the IOPS from the knee on, 1.3-1.8x too fast at QD 2 to 8)")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b?)\s*$", re.I)
 
@@ -181,7 +187,8 @@ def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool 
             iops = iops * cpus / jobs
             rules["iops"] += (f" x {cpus} / {jobs}: a memory copy (QD1 median {fig['qd1_p50_us']:.1f} us) runs on "
                               f"the readers' {cpus} CPU(s) where fio's {jobs} job(s) had {jobs} (assumed)")
-        spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f}"
+        rules["routing"] = ROUTING_RULE
+        spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},routing=random"
         return spec, None, rules
     cap = fig["peak_iops"]
     if raw is not None:
@@ -202,7 +209,8 @@ def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool 
                          f"cap_iops: the raw disk's fio ({raw['peak_iops']:.0f} IOPS) is not above the cap, so "
                          f"the throttle does not bind")
     burst = max(1, int(round(cap * THROTTLE_SLICE_S)))
-    spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst}"
+    rules["routing"] = ROUTING_RULE
+    spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst},routing=random"
     # a rate-limited volume at QD1 reads at its rate: its QD1 mean is 1 / cap_iops within a little, and the
     # ssd: form needs qd1_us >= 1 / iops -- raised to it where fio's mean lies just below
     floor_us = math.ceil(1e6 / cap * 10) / 10

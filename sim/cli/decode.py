@@ -231,9 +231,9 @@ def _add_device(sub) -> None:
                                    "fio output of another block size than the engine's 4 KiB is refused unless "
                                    "stated: fio:FILE.json,assume_bs=16k. fio output of a memory-backed device "
                                    "(tmpfs: a QD1 median below 15 us) is said to be one; fio:FILE.json,cpus=N "
-                                   "scales it to the CPUs the readers will copy on (assumed, said). A datasheet "
-                                   "string's drive routes each read to a random channel (latency qd1_us + (N - 1) "
-                                   "/ iops at N in flight) unless parallelism or qd_peak is given.")
+                                   "scales it to the CPUs the readers will copy on (assumed, said). ssd:...,routing=random "
+                                   "routes each read to a random channel (latency qd1_us + (N - 1) / iops at N in "
+                                   "flight; the default is the first free channel).")
     p.add_argument("name", nargs="?", help=DEVICE_FORMS)
     p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
     p.add_argument("--backend", choices=BACKENDS, default="pread",

@@ -17,7 +17,7 @@ parallelism
     the rounding); at most ``qd_peak``, the queue depth at which the datasheet
     reaches its IOPS, when given.
 routing
-    when the parallelism is derived (two channels or more) and no ``qd_peak`` is given, each read
+    ``routing=random`` (stated, as the planner's datasheet strings do: :mod:`sim.planner`): each read
     queues at one channel drawn at random (``routing="random"`` of
     :class:`~sim.device.models.ParametricSSD`: the die that holds its page):
     the mean latency grows by ``1 / IOPS`` a read in flight from the QD1
@@ -29,9 +29,9 @@ routing
     97, 148, 295, 594) and the packaged ``vm-virtio-16core-4k`` from its QD1
     latency and peak (``ssd:qd1_us=31.9,iops=115802``: 12-18% below its
     latency at QD 2 to 16, within 8% at 32 and 64; the first free channel
-    28-46% below at QD 2 to 8).  With ``qd_peak`` (the datasheet says where
-    the IOPS is reached) or a given ``parallelism``: the first free channel
-    (``routing="shared"``).
+    28-46% below at QD 2 to 8).  The default, ``routing=shared``, is the first
+    free channel, as before (the simulator's studies and figures were made
+    with it; its fast mode is checked against the exact one on it).
 channel service cv
     ``cv`` when given; else, with ``p99_us`` (the 99th percentile latency at
     QD1), the cv of the gamma service time that puts the model's QD1 p99 there
@@ -100,6 +100,8 @@ SPEC_KEYS = {
     "qd_peak": "queue depth at which the datasheet reaches its IOPS (caps the derived parallelism)",
     "cap_iops": "a rate limit in front of the drive, reads/s: a token bucket (a throttled or provisioned volume)",
     "burst_ios": "the bucket's depth, reads (default: cap_iops x 0.1 s, the Linux block throttle's slice)",
+    "routing": "shared (default: a read takes the first free channel) or random (the channel holding its page: "
+               "mean latency qd1_us + (N - 1) / iops at N in flight)",
 }
 #: Keys of ``volume:...`` besides those of ``ssd:...``.
 VOLUME_KEYS = {
@@ -159,7 +161,7 @@ def _cv_for_p99(qd1: float, service: float, p99: float) -> tuple:
 def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = None,
                      parallelism: Optional[int] = None, cv: Optional[float] = None, p99_us: Optional[float] = None,
                      qd_peak: Optional[int] = None, name: Optional[str] = None, cap_iops: Optional[float] = None,
-                     burst_ios: Optional[float] = None) -> Device:
+                     burst_ios: Optional[float] = None, routing: Optional[str] = None) -> Device:
     """A :class:`ParametricSSD` from datasheet figures (see the module for the rules); ``derived`` lists
     what was derived and how.  With ``cap_iops`` (or a QD1 latency well below ``1 / iops``: see the module) a
     :class:`RateLimitedDevice` over that drive.
@@ -169,8 +171,11 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
     ArgumentError
         Non-positive figures, a p99 below the QD1 latency, a given
         parallelism the QD1 latency cannot carry (names the values that work),
-        ``burst_ios`` without ``cap_iops``, or a cap above the drive's IOPS.
+        ``burst_ios`` without ``cap_iops``, a cap above the drive's IOPS, a routing other than shared or
+        random.
     """
+    if routing is not None and routing not in ParametricSSD.ROUTINGS:
+        raise ArgumentError(f"ssd: routing = {routing!r}: expected one of {', '.join(ParametricSSD.ROUTINGS)}")
     for key, v in (("qd1_us", qd1_us), ("iops", iops), ("iops_row", iops_row), ("p99_us", p99_us),
                    ("qd_peak", qd_peak), ("parallelism", parallelism), ("cv", cv), ("cap_iops", cap_iops),
                    ("burst_ios", burst_ios)):
@@ -189,7 +194,7 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
     parallelism = None if parallelism is None else int(parallelism)
     qd_peak = None if qd_peak is None else int(qd_peak)
     qd1 = qd1_us * US
-    routing = "shared"
+    routing = routing or "shared"
     rate = float(iops_row if iops_row is not None else iops)
     derived = {}
     if iops_row is None:
@@ -224,11 +229,6 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
             p, rule = int(qd_peak), rule + f", capped at qd_peak {int(qd_peak)}"
         parallelism = p
         derived["parallelism"] = {"value": p, "rule": rule}
-        if qd_peak is None and p > 1:
-            routing = "random"
-            derived["routing"] = {"value": routing, "rule": "no parallelism or qd_peak given: each read queues at "
-                                                            "a channel drawn at random (the die holding its page), "
-                                                            "mean latency qd1_us + (N - 1) / IOPS at N in flight"}
     if cv is None:
         if p99_us is not None:
             svc = int(parallelism) / rate
@@ -245,7 +245,7 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
     derived["delay_us"] = {"value": delay / US, "rule": "qd1_us - parallelism / row IOPS (pipelined)"}
     derived["knee_qd"] = {"value": knee, "rule": "row IOPS x QD1 latency: the depth from which IOPS is at its peak"}
     label = name or f"ssd-qd1-{qd1_us:g}us-{rate:g}iops-p{int(parallelism)}"
-    guessed = [k for k in ("qd1_us", "iops_row", "parallelism", "routing", "cv") if k in derived]
+    guessed = [k for k in ("qd1_us", "iops_row", "parallelism", "cv") if k in derived]
     source = "datasheet figures" + (f"; derived: {', '.join(guessed)} (see 'derived')" if guessed else "")
     drive = ParametricSSD(qd1, rate, int(parallelism), float(cv), name=label, source=source, derived=derived,
                           routing=routing)
@@ -302,7 +302,7 @@ def ssd_from_spec(spec: str) -> Device:
     ArgumentError
         Unknown or missing keys, values that are not numbers (names them and lists the keys).
     """
-    kv = _parse(spec, SPEC_KEYS)
+    kv = _parse(spec, SPEC_KEYS, text=("routing",))
     for need in ("qd1_us", "iops"):
         if need not in kv:
             raise ArgumentError(f"device spec {spec!r}: missing {need!r} ({SPEC_KEYS[need]}); "
@@ -311,7 +311,7 @@ def ssd_from_spec(spec: str) -> Device:
     try:
         return ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
                                 parallelism=p, cv=kv.get("cv"), p99_us=kv.get("p99_us"), qd_peak=qp,
-                                cap_iops=kv.get("cap_iops"), burst_ios=kv.get("burst_ios"))
+                                cap_iops=kv.get("cap_iops"), burst_ios=kv.get("burst_ios"), routing=kv.get("routing"))
     except ArgumentError as exc:
         raise ArgumentError(f"device spec {spec!r}: {exc}") from None
 
@@ -327,7 +327,7 @@ def volume_from_spec(spec: str) -> RateLimitedDevice:
         Unknown or missing keys, an unknown type, figures out of range (one line, naming the spec).
     """
     keys = {**SPEC_KEYS, **VOLUME_KEYS}
-    kv = _parse(spec, keys, text=("type",))
+    kv = _parse(spec, keys, text=("type", "routing"))
     kind = kv.pop("type", None)
     derived = {}
     if kind is not None:
@@ -362,7 +362,8 @@ def volume_from_spec(spec: str) -> RateLimitedDevice:
     try:
         dev = ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
                                parallelism=kv.get("parallelism"), cv=kv.get("cv"), p99_us=kv.get("p99_us"),
-                               qd_peak=kv.get("qd_peak"), cap_iops=kv["cap_iops"], burst_ios=kv.get("burst_ios"))
+                               qd_peak=kv.get("qd_peak"), cap_iops=kv["cap_iops"], burst_ios=kv.get("burst_ios"),
+                               routing=kv.get("routing"))
     except ArgumentError as exc:
         raise ArgumentError(f"device spec {spec!r}: {exc}") from None
     dev.derived.update(derived)

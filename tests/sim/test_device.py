@@ -272,20 +272,20 @@ def test_summary_of_a_counter_is_the_summary_of_its_boxes():
 
 # ------------------------------------------------------- devices from a datasheet (issue 19.1)
 def test_a_datasheet_is_enough():
-    """QD1 latency and IOPS: the parallelism is the knee IOPS x QD1 latency, each read at a channel drawn at
-    random (exponential service): the mean latency line qd1 + (N - 1) / iops, and the device says so."""
+    """QD1 latency and IOPS: the parallelism is the knee IOPS x QD1 latency, and the device says so."""
     d = load_device("ssd:qd1_us=80,iops=500000")
-    assert d.parallelism == 40 and d.delay == pytest.approx(0.0, abs=1e-12) and d.service_cv == 1.0
-    assert d.routing == "random" and "drawn at random" in d.derived["routing"]["rule"]
-    assert set(d.derived) >= {"parallelism", "cv", "iops_row", "routing"} and "floor(row IOPS x QD1" in d.derived[
+    assert d.parallelism == 40 and d.delay == pytest.approx(0.0, abs=1e-12) and d.service_cv == 0.5
+    assert set(d.derived) >= {"parallelism", "cv", "iops_row"} and "floor(row IOPS x QD1" in d.derived[
         "parallelism"]["rule"]
-    assert d.mean_latency(1) == pytest.approx(80 * US, rel=0.02)  # 20,000 exponential draws: 0.7% sd
-    for n in (16, 128, 1024):  # mean-value analysis of p random-routed exponential channels: R(N) = qd1 + (N-1)/X
-        assert d.mean_latency(n) == pytest.approx((80 + (n - 1) * 2) * US, rel=0.03)
-    assert d.iops(1024) == pytest.approx(5e5 * 1024 / (40 + 1023), rel=0.03) and d.peak_iops() == 5e5
-    # the first free channel where a parallelism is given: the full IOPS from the knee on
-    d = load_device("ssd:qd1_us=80,iops=500000,parallelism=40")
-    assert d.routing == "shared" and d.service_cv == 0.5 and d.iops(128) == pytest.approx(5e5, rel=0.01)
+    assert d.mean_latency(1) == pytest.approx(80 * US, rel=0.01) and d.iops(128) == pytest.approx(5e5, rel=0.01)
+    # routing=random: each read at a channel drawn at random, exponential service: the latency line
+    # qd1 + (N - 1) / iops (mean-value analysis of p random-routed channels)
+    r = load_device("ssd:qd1_us=80,iops=500000,routing=random")
+    assert r.routing == "random" and r.parallelism == 40 and r.service_cv == 1.0
+    assert r.mean_latency(1) == pytest.approx(80 * US, rel=0.02)  # 20,000 exponential draws: 0.7% sd
+    for n in (16, 128, 1024):
+        assert r.mean_latency(n) == pytest.approx((80 + (n - 1) * 2) * US, rel=0.03)
+    assert r.peak_iops() == 5e5 and d.routing == "shared"
     assert d.to_dict()["derived"] == d.derived and "derived" in d.describe()
     # what the drive delivers at the row's size overrides the 4 KiB figure; the depth at peak caps the channels
     d = load_device("ssd:qd1_us=80,iops=500000,iops_row=400000,qd_peak=16")
@@ -389,8 +389,8 @@ def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():
     below it at QD 2 to 8 (it reaches the peak from QD 4 on)."""
     measured = load_device("vm-virtio-16core-4k")
     qd1, peak = measured.mean_latency(1), measured.peak_iops()
-    routed = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f}")
-    first_free = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f},parallelism={routed.parallelism}")
+    routed = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f},routing=random")
+    first_free = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f}")
     for q in (2, 4, 8, 16, 32, 64):
         assert routed.mean_latency(q) == pytest.approx(measured.mean_latency(q), rel=0.20), q
     for q in (2, 4, 8):

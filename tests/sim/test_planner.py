@@ -120,19 +120,19 @@ def test_datasheet_strings_known_answers():
     raw = {"qd1_mean_us": 80.0, "qd1_p50_us": 50.0, "peak_iops": 42000.0, "peak_qd": 64, "depths": [1, 64]}
     spec, fallback, rules = datasheet_spec(fig, raw, throttled=True)
     # the drive behind the volume reads as the raw disk does: its QD1 mean, not the volume's median
-    assert spec == "ssd:qd1_us=80.0,iops=42000,cap_iops=4003,burst_ios=400" and "raw disk" in rules["qd1_us"]
-    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios"}
+    assert spec == "ssd:qd1_us=80.0,iops=42000,cap_iops=4003,burst_ios=400,routing=random" and "raw disk" in rules["qd1_us"]
+    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios", "routing"}
     # without the raw disk's fio: the volume's QD1 median (the reads that did not wait)
-    assert datasheet_spec(fig, None, throttled=True)[0] == "ssd:qd1_us=51.2,iops=4003,cap_iops=4003,burst_ios=400"
+    assert datasheet_spec(fig, None, throttled=True)[0] == "ssd:qd1_us=51.2,iops=4003,cap_iops=4003,burst_ios=400,routing=random"
     # a memory copy (QD1 median below 15 us): fio's one job's IOPS scaled to the readers' CPUs, said
     mem = {"qd1_mean_us": 25.1, "qd1_p50_us": 6.9, "peak_iops": 54612.0, "peak_qd": 16, "depths": [1, 16], "jobs": 1}
     spec, _, rules = datasheet_spec(mem, cpus=2)
-    assert spec == "ssd:qd1_us=25.1,iops=109224" and "memory copy" in rules["iops"] and "assumed" in rules["iops"]
-    assert datasheet_spec(dict(mem, qd1_p50_us=40.0), cpus=2)[0] == "ssd:qd1_us=25.1,iops=54612"
+    assert spec == "ssd:qd1_us=25.1,iops=109224,routing=random" and "memory copy" in rules["iops"] and "assumed" in rules["iops"]
+    assert datasheet_spec(dict(mem, qd1_p50_us=40.0), cpus=2)[0] == "ssd:qd1_us=25.1,iops=54612,routing=random"
     # no raw disk above the cap: the throttle does not bind, and iops is the cap itself
     spec, _, rules = datasheet_spec(fig, dict(raw, peak_iops=3000.0), throttled=True)
     assert ",iops=4003,cap_iops=4003," in spec and "does not bind" in rules["iops"]
-    assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000", None)
+    assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000,routing=random", None)
 
 
 def test_planner_compute():
