@@ -1,9 +1,11 @@
-"""Capacity search speed: the bracketed search (queueing bounds, then probes near the knee) against galloping.
+"""Capacity search speed: the bracketed search (queueing bounds, then secant steps on the probes' rates) against
+the same bracket stepping away from its estimate (the search before the secant steps) and galloping.
 
 Side by side in one run, for each device, the same configuration -- the SPEC §8 reference compute, threshold 8,
 16 readers, random phases, 300 steps of a 1000-token real trace, the target 20 tokens/s -- searched up to
-``--max-sessions`` (default 4096) for one seed, once galloping (1, 2, 4, ... then bisection: the search before)
-and once bracketed (:func:`sim.capacity.session_bounds`): wall seconds, probes, the session-steps simulated, and
+``--max-sessions`` (default 4096) for one seed, galloping (1, 2, 4, ... then bisection), bracketed stepping
+(:func:`sim.capacity.session_bounds`, then steps of 1/512 of the estimate, doubling: kept here as
+:func:`_stepping`) and bracketed with secant steps (``sim.capacity._bracketed``): wall seconds, probes, the session-steps simulated, and
 the capacities found (the same within one session where the slowest session's rate falls with the count; where
 it does not -- a few sessions settling into a convoy -- each search returns one of the counts that passed next to
 one that failed).  With ``--jobs 1`` the probes run in this process, so its CPU seconds
@@ -17,12 +19,73 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any, Generator, Mapping, Tuple
+from unittest import mock
+
+from sim.capacity import SMALL_CAPACITY, _search, session_bounds
 
 DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,parallelism=32;"
            "ssd:qd1_us=64,iops=3400000,parallelism=200")
 
 
+def _stepping(max_sessions: int, resolution: int, target: float,
+               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+    """The bracketed search as it was before the secant steps (``sim.capacity._bracketed`` of 2026-12-02): from
+    the queueing estimate, steps of 1/512 of it, doubling, then bisection; kept here to measure against."""
+    row = yield 1
+    if not row[metric] >= target:
+        return 0, False
+    if max_sessions == 1:
+        return 1, True
+    lower, est, upper = session_bounds(row, target, metric, max_sessions)
+    if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
+        g = _search(max_sessions, resolution)
+        next(g)
+        s = g.send(True)
+        while True:
+            row = yield s
+            try:
+                s = g.send(row[metric] >= target)
+            except StopIteration as stop:
+                return stop.value
+    e = max(2, min(max_sessions, est if upper is not None else max_sessions))
+    lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
+    width = max(1, -(-e // 512))  # first steps away from the estimate: 1/512 of it, doubling
+    row = yield e
+    if row[metric] >= target:  # at or above the estimate: step up until a failure (or max_sessions)
+        lo = e
+        while hi > max_sessions:
+            if lo >= max_sessions:
+                return lo, True
+            s = min(max_sessions, lo + width)
+            row = yield s
+            if row[metric] >= target:
+                lo, width = s, 2 * width
+            else:
+                hi = s
+    else:  # below the estimate: step down until a pass (one session passed)
+        hi = e
+        while lo == 1:
+            s = max(1, hi - width)
+            if s == 1:
+                break
+            row = yield s
+            if row[metric] >= target:
+                lo = s
+            else:
+                hi, width = s, 2 * width
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        row = yield mid
+        if row[metric] >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo, False
+
+
 def main(argv=None) -> dict:
+    import sim.capacity
     from sim.capacity import CapacitySpec, find_capacity
     from sim.sweep import AXES
 
@@ -45,11 +108,14 @@ def main(argv=None) -> dict:
           f"{'wall s':>7}")
     for dev in args.devices.split(";"):
         out = {}
-        for search in ("gallop", "bracket"):
+        for search in ("gallop", "stepping", "bracket"):
             t0, c0 = time.perf_counter(), time.process_time()
-            (cap,), _ = find_capacity([{**base, "device": dev}],
-                                      CapacitySpec(seeds=1, max_sessions=args.max_sessions, search=search),
-                                      jobs=args.jobs, progress=False)
+            with mock.patch.object(sim.capacity, "_bracketed", _stepping if search == "stepping" else
+                                   sim.capacity._bracketed):
+                (cap,), _ = find_capacity([{**base, "device": dev}],
+                                          CapacitySpec(seeds=1, max_sessions=args.max_sessions,
+                                                       search="gallop" if search == "gallop" else "bracket"),
+                                          jobs=args.jobs, progress=False)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             work = sum(int(p["sessions"]) for p in cap.probes) * args.steps
             out[search] = {"capacity": cap.per_seed[0], "lower_bound": cap.bound[0], "probes": len(cap.probes),
@@ -60,8 +126,10 @@ def main(argv=None) -> dict:
                   flush=True)
         out["speedup_cpu"] = out["gallop"]["cpu_s"] / out["bracket"]["cpu_s"]
         out["speedup_wall"] = out["gallop"]["wall_s"] / out["bracket"]["wall_s"]
+        out["speedup_cpu_vs_stepping"] = out["stepping"]["cpu_s"] / out["bracket"]["cpu_s"]
         print(f"   {'':<44} {'ratio':<8} {'':>8} {'':>6} {'':>13} {out['speedup_cpu']:>6.2f}x "
-              f"{out['speedup_wall']:>6.2f}x")
+              f"{out['speedup_wall']:>6.2f}x  (gallop / bracket); {out['speedup_cpu_vs_stepping']:.2f}x CPU "
+              f"(stepping / bracket)")
         rec["devices"][dev] = out
     rec["load_average_after"] = os.getloadavg()
     return rec

@@ -29,8 +29,12 @@ at most behind every other session's reads served at the peak), so below
 ``floor((1 / target - C1) / D) + 1`` it can.  Within these bounds the search
 starts at the estimate of exact mean value analysis of that closed system
 (Reiser and Lavenberg, 1980: a delay of ``C1 - D`` and one FIFO server of
-demand ``D``), and steps away from it by 1/512 of it, doubling, until a pass
-and a failure enclose the capacity; a probe that contradicts the bounds (the
+demand ``D``), and goes from each probe to the count its measured rate points
+at (:func:`_secant`: once the device is the bottleneck the sessions'
+aggregate ``N x rate`` is flat, so the capacity is ``N x rate / target``;
+after two probes, the secant of their rates), falling back to steps of
+1/512 of the estimate, doubling, or to bisection when the rates do not
+behave so (:data:`SECANT_TRIES`); a probe that contradicts the bounds (the
 slowest session is slower than the mean they speak of, a shared cache lowers
 the reads as sessions grow) only makes the steps go on.  So the bounds choose
 where to look, not what is found: the answer is a count that passed next to
@@ -106,6 +110,7 @@ from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, T
                     same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
+           "MAX_CAPACITY_SESSIONS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
            "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
@@ -128,6 +133,11 @@ BATCHING = "none (each session computes alone; compute never contends)"
 
 #: A drawn compute's cv below this is the rounding of a constant compute's standard deviation: 0.
 CV_ROUNDING = 1e-9
+
+#: The most sessions a capacity search may probe: 16x the studies' 4,096, a simulation of hours a probe on a
+#: laptop core (the fast decode loop runs about 55,000 session-steps a CPU second), and a search bound
+#: (:class:`SearchBound`) of well under a second.
+MAX_CAPACITY_SESSIONS = 1 << 16
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search")
 #: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
@@ -176,6 +186,9 @@ class CapacitySpec:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ArgumentError(f"capacity {name} = {v!r} must be an integer >= 1")
+        if self.max_sessions > MAX_CAPACITY_SESSIONS:
+            raise ArgumentError(f"capacity max_sessions = {self.max_sessions} is above {MAX_CAPACITY_SESSIONS} "
+                                f"(sim.capacity.MAX_CAPACITY_SESSIONS: concurrent sessions a search may probe)")
         if self.metric not in METRICS or not self.metric.startswith("session_tokens_per_s"):
             raise ArgumentError(f"capacity metric = {self.metric!r} must be session_tokens_per_s_min or "
                                 "session_tokens_per_s")
@@ -635,38 +648,64 @@ def _bracketed(max_sessions: int, resolution: int, target: float,
                 return stop.value
     e = max(2, min(max_sessions, est if upper is not None else max_sessions))
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
-    width = max(1, -(-e // 512))  # first steps away from the estimate: 1/512 of it, doubling
-    row = yield e
-    if row[metric] >= target:  # at or above the estimate: step up until a failure (or max_sessions)
-        lo = e
-        while hi > max_sessions:
-            if lo >= max_sessions:
-                return lo, True
-            s = min(max_sessions, lo + width)
-            row = yield s
-            if row[metric] >= target:
-                lo, width = s, 2 * width
-            else:
-                hi = s
-    else:  # below the estimate: step down until a pass (one session passed)
-        hi = e
-        while lo == 1:
-            s = max(1, hi - width)
-            if s == 1:
-                break
-            row = yield s
-            if row[metric] >= target:
-                lo = s
-            else:
-                hi, width = s, 2 * width
+    rates: Dict[int, float] = {}  # sessions -> the probe's rate (the metric), beyond the 1-session probe
+    width = max(1, -(-e // 512))  # steps away from the estimate when the rates say nothing: 1/512 of it, doubling
+    s, wild = e, 0
     while hi - lo > resolution:
-        mid = (lo + hi) // 2
-        row = yield mid
-        if row[metric] >= target:
-            lo = mid
+        row = yield s
+        r = float(row[metric])
+        rates[s] = r
+        if r >= target:
+            lo = s
         else:
-            hi = mid
+            hi = s
+        if lo >= max_sessions:
+            return lo, True
+        if hi - lo <= resolution:
+            break
+        nxt = _secant(rates, lo, hi, target, max_sessions)
+        if nxt is None or wild >= SECANT_TRIES:  # no rate to go by, or the secant keeps missing: bisect / step
+            if hi > max_sessions:
+                nxt = min(max_sessions, lo + width)
+            elif lo == 1:
+                nxt = max(2, hi - width)
+            else:
+                nxt = (lo + hi) // 2
+            width *= 2
+        else:
+            span = hi - lo
+            wild = wild + 1 if span > 4 * resolution else wild
+        s = min(max(nxt, lo + 1), hi - 1)
     return lo, False
+
+
+#: Secant steps a bracketed search takes before it bisects (each lands next to the count the probes' rates
+#: point at; more than these without closing the bracket to a few sessions means the rates do not fall as
+#: ``1 / sessions``, and halving is the safer step).
+SECANT_TRIES = 4
+
+
+def _secant(rates: Mapping[int, float], lo: int, hi: int, target: float, max_sessions: int) -> Optional[int]:
+    """The next count of a bracketed search from the rates its probes measured (sessions -> the metric, in the
+    order probed): the secant through the last two probes' rates (the rate falls smoothly with the sessions
+    near the knee), or from the last one alone where the aggregate ``N x rate`` -- flat once the device is
+    the bottleneck -- gives the capacity ``N x rate / target`` (the asymptotic bound, Denning and Buzen 1978);
+    the largest count it predicts to pass, for the caller to keep inside the bracket ``(lo, hi)``.  None with
+    no probe to go by."""
+    seen = [(n, r) for n, r in rates.items() if r > 0]
+    if not seen:
+        return None
+    (n1, r1) = seen[-1]
+    if len(seen) >= 2:
+        n0, r0 = seen[-2]
+        if n0 != n1 and (r1 - r0) / (n1 - n0) < 0:  # the rate falls with the sessions: where it meets the target
+            x = n1 + (target - r1) * (n1 - n0) / (r1 - r0)
+            if math.isfinite(x):
+                return int(math.floor(min(max(x, 1.0), float(max_sessions)) + 1e-9))
+    x = n1 * r1 / target  # the aggregate flat: capacity = N x rate(N) / target
+    if not math.isfinite(x):
+        return None
+    return int(math.floor(min(x, float(max_sessions)) + 1e-9))
 
 
 def _galloping(max_sessions: int, resolution: int, target: float,

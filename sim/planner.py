@@ -23,9 +23,15 @@ place of the calibration.
 
 Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read size):
 
-- an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>``;
-- a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = fio's QD1 median latency (the
-  raw device's, which reads see while the volume's budget lasts), ``iops`` = the raw disk's highest fio IOPS
+- an unthrottled device: ``ssd:qd1_us=<fio QD1 mean latency>,iops=<fio's highest IOPS over its depths>,
+  routing=random`` (every string here states ``routing=random``: :data:`ROUTING_RULE`);
+- a memory-backed device (fio's QD1 median below :data:`sim.device.fio.MEMORY_QD1_P50`: tmpfs, a memory
+  copy in the reading thread): ``iops`` = fio's highest IOPS x the CPUs of the runs' machine / fio's jobs,
+  and its fio JSON as ``fio:FILE,cpus=<those CPUs>`` -- fio's figures are the copy rate of its jobs' CPUs,
+  the engine's readers copy on all the machine's (assumed; said in the result's ``memory_backed``);
+- a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = the raw disk's fio QD1 mean
+  latency (the drive behind the volume: without the disk's fio, the volume's QD1 median, the reads that
+  did not wait), ``iops`` = the raw disk's highest fio IOPS
   (the disk's own fio beside it), ``cap_iops`` = the volume's highest fio IOPS (its provisioned rate),
   ``burst_ios`` = the budget of one throttle slice at that rate (:data:`THROTTLE_SLICE_S`, the kernel's
   ``throtl_slice`` of ``block/blk-throttle.c``: unused budget is kept up to a slice).  A simulator whose
@@ -34,14 +40,16 @@ Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read siz
   volume at its rate reads at QD1 at about that) and the result says so (``datasheet_fallback``).
 
 Refused, each with a one-line error: fio JSON of writes, or at a block size other than the engine's read
-size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list.
+size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list,
+a device list malformed field by field (:func:`check_devices`).
 
 ``planner.json`` (schema :data:`PLANNER_SCHEMA`)::
 
     {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
-      "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "left_out":
-      {config: reason}, "modes": {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s":
-      {"median_abs_error", "max_abs_error", ...}, "regime", "pass", "passed", ...}, "capacity": [...],
+      "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "memory_backed"
+      (only where fio's figures are a memory copy's: the assumption), "left_out": {config: reason}, "modes":
+      {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error",
+      ...}, "regime", "pass", "passed", ...}, "capacity": [...],
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
       "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
       "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
@@ -63,7 +71,7 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from .device import Device
-from .device.fio import fio_records, read_fio_output
+from .device.fio import MEMORY_QD1_P50, fio_records, read_fio_output
 from .device.presets import load_device
 from .io import load_json, now_iso, sha256_file, write_json
 from .params import Compute, Policy
@@ -71,7 +79,7 @@ from .progress import progress as progress_bar
 from .schema import ComputeSpec, check_runs
 
 __all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
-           "check_fio", "datasheet_spec", "fio_figures", "markdown_table", "planner_compute", "planner_crosscheck"]
+           "DEVICE_CLASSES", "check_devices", "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
 
 #: Schema name of ``planner.json``.
 PLANNER_SCHEMA = "engram.planner-crosscheck/1"
@@ -84,6 +92,11 @@ DEVICES_NAME = "devices.json"
 MODES = ("fio", "datasheet")
 #: Unused budget the kernel's read throttle keeps, seconds: one ``throtl_slice`` (HZ / 10; block/blk-throttle.c).
 THROTTLE_SLICE_S = 0.1
+
+#: Why the planner's datasheet strings state ``routing=random`` (:mod:`sim.device.datasheet`).
+ROUTING_RULE = ("random: a read queues at the channel holding its page, so the latency grows by 1 / iops a read "
+                "in flight from QD1 (fio's curves on the disk and the packaged vm-virtio-16core-4k follow it; the "
+                "first free channel reaches the IOPS from the knee on, 1.3-1.8x too fast at QD 2 to 8)")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b?)\s*$", re.I)
 
@@ -149,21 +162,42 @@ def fio_figures(recs: Sequence[Mapping]) -> dict:
     p50 = [r["pct"].get(50.0) for r in by[1] if r["pct"].get(50.0) is not None]
     return {"qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
             "qd1_p50_us": float(np.median(p50)) * 1e6 if p50 else None,
-            "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by)}
+            "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by),
+            "jobs": int(np.median([r.get("jobs", 1) for r in recs]))}
 
 
-def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False) -> tuple:
+def is_memory(fig: Mapping) -> bool:
+    """True when fio's figures (:func:`fio_figures`) are a memory copy's: a QD1 median below
+    :data:`sim.device.fio.MEMORY_QD1_P50`."""
+    return fig.get("qd1_p50_us") is not None and fig["qd1_p50_us"] < MEMORY_QD1_P50 * 1e6
+
+
+def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False,
+                   cpus: Optional[int] = None) -> tuple:
     """``(spec, fallback spec or None, rules)``: the datasheet string of a device from its fio figures
-    (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume) -- see the module for the
-    rules; ``fallback`` is the string without ``cap_iops`` and ``burst_ios``, for a simulator that has no
-    rate-limited volume; ``rules`` says where each figure came from."""
+    (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume; ``cpus``: the CPUs the
+    engine's readers had, for a memory-backed device) -- see the module for the rules; ``fallback`` is the
+    string without ``cap_iops`` and ``burst_ios``, for a simulator that has no rate-limited volume; ``rules``
+    says where each figure came from."""
     if not throttled:
         qd1, iops = fig["qd1_mean_us"], fig["peak_iops"]
-        spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f}"
-        return spec, None, {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
+        rules = {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
+        if cpus is not None and is_memory(fig):
+            jobs = max(1, int(fig.get("jobs") or 1))
+            iops = iops * cpus / jobs
+            rules["iops"] += (f" x {cpus} / {jobs}: a memory copy (QD1 median {fig['qd1_p50_us']:.1f} us) runs on "
+                              f"the readers' {cpus} CPU(s) where fio's {jobs} job(s) had {jobs} (assumed)")
+        rules["routing"] = ROUTING_RULE
+        spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},routing=random"
+        return spec, None, rules
     cap = fig["peak_iops"]
-    qd1 = fig["qd1_p50_us"] if fig.get("qd1_p50_us") else fig["qd1_mean_us"]
-    rules = {"qd1_us": "fio's QD1 median latency (the raw device's, while the budget lasts)",
+    if raw is not None:
+        qd1 = raw["qd1_mean_us"]
+        qrule = "the raw disk's fio QD1 mean latency (the drive behind the volume, its own datasheet figure)"
+    else:
+        qd1 = fig["qd1_p50_us"] if fig.get("qd1_p50_us") else fig["qd1_mean_us"]
+        qrule = "fio's QD1 median latency (the raw device's, while the budget lasts)"
+    rules = {"qd1_us": qrule,
              "cap_iops": f"the volume's highest fio IOPS (QD {fig['peak_qd']})",
              "burst_ios": f"one throttle slice ({THROTTLE_SLICE_S:g} s, blk-throttle's throtl_slice) at cap_iops"}
     if raw is not None and raw["peak_iops"] > cap:
@@ -175,7 +209,8 @@ def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool 
                          f"cap_iops: the raw disk's fio ({raw['peak_iops']:.0f} IOPS) is not above the cap, so "
                          f"the throttle does not bind")
     burst = max(1, int(round(cap * THROTTLE_SLICE_S)))
-    spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst}"
+    rules["routing"] = ROUTING_RULE
+    spec = f"ssd:qd1_us={qd1:.1f},iops={iops:.0f},cap_iops={cap:.0f},burst_ios={burst},routing=random"
     # a rate-limited volume at QD1 reads at its rate: its QD1 mean is 1 / cap_iops within a little, and the
     # ssd: form needs qd1_us >= 1 / iops -- raised to it where fio's mean lies just below
     floor_us = math.ceil(1e6 / cap * 10) / 10
@@ -270,6 +305,59 @@ def _planner_runs(runs_doc: Mapping) -> tuple:
     return dict(runs_doc, configs=keep, runs=[r for r in runs_doc.get("runs") or [] if r.get("config") in keys]), left
 
 
+def _cores(runs_doc: Mapping) -> int:
+    """CPUs of the machine the runs ran on (``machine.cores`` of ``runs.json``; 1 when not recorded)."""
+    c = (runs_doc.get("machine") or {}).get("cores")
+    return int(c) if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 else 1
+
+
+#: Device classes a measurement makes (:mod:`sim.measure.devices`).
+DEVICE_CLASSES = ("disk", "throttled", "tmpfs")
+
+
+def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
+    """The ``devices`` of a ``devices.json`` document, checked field by field before anything is read.
+
+    Raises
+    ------
+    FormatError
+        Not an object, no ``devices`` list, an entry that is not an object, a ``name`` that is not a non-empty
+        string or repeats, a ``class`` other than disk/throttled/tmpfs, ``built``/``measured`` not true or
+        false, a ``folder`` that is not a relative path inside the measurement, a ``read_size`` that is not a
+        whole number of bytes in [512, 1 MiB], ``fio`` not an object of size -> file (names the entry and key).
+    """
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
+        raise FormatError(f"{where}: no 'devices' list (a device list of engram measure --throttle-iops/--tmpfs)")
+    seen = set()
+    for i, d in enumerate(doc["devices"]):
+        at = f"{where}: devices[{i}]"
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{at} is not an object")
+        name = d.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise FormatError(f"{at}.name = {name!r} is not a device name")
+        if name in seen:
+            raise FormatError(f"{at}.name = {name!r} is given twice")
+        seen.add(name)
+        if d.get("class") not in DEVICE_CLASSES:
+            raise FormatError(f"{at} ({name}).class = {d.get('class')!r}: expected one of {', '.join(DEVICE_CLASSES)}")
+        for key in ("built", "measured"):
+            if key in d and not isinstance(d[key], bool):
+                raise FormatError(f"{at} ({name}).{key} = {d[key]!r} is not true or false")
+        if d.get("built") and d.get("measured"):
+            folder = d.get("folder")
+            if not isinstance(folder, str) or not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
+                raise FormatError(f"{at} ({name}).folder = {folder!r} is not a folder inside the measurement")
+        rs = d.get("read_size", doc.get("read_size"))
+        if rs is not None and (isinstance(rs, bool) or not isinstance(rs, int) or not 512 <= rs <= 1 << 20):
+            raise FormatError(f"{at} ({name}).read_size = {rs!r} is not a whole number of bytes in [512, 1048576]")
+        fio = d.get("fio")
+        if fio is not None and (not isinstance(fio, Mapping) or
+                                not all(isinstance(k, str) and isinstance(v, str) and v for k, v in fio.items())):
+            raise FormatError(f"{at} ({name}).fio = {fio!r:.80} is not an object of block size -> fio JSON file")
+    return list(doc["devices"])
+
+
 def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
     out = {}
     for it in items or ():
@@ -318,7 +406,7 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         raise ArgumentError(f"{dpath}: no device list: measure with engram measure --throttle-iops N (or --tmpfs) "
                             f"first, which writes it")
     ddoc = load_json(dpath, "devices")
-    devices = list(ddoc.get("devices") or [])
+    devices = check_devices(ddoc, dpath)
     overrides = _fio_overrides(fio)
     names = [d.get("name") for d in devices]
     for n in overrides:
@@ -361,14 +449,23 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                 entry["reason"] = "no run a planner can state the compute of"
                 continue
             check_runs(runs_doc, runs_path)
+            cores = _cores(runs_doc) if is_memory(figs[d["name"]]) else None
             spec, fallback, rules = datasheet_spec(figs[d["name"]], raw if d["class"] == "throttled" else None,
-                                                   d["class"] == "throttled")
+                                                   d["class"] == "throttled", cpus=cores)
+            if cores is not None:
+                entry["memory_backed"] = (f"fio's QD1 median {figs[d['name']]['qd1_p50_us']:.1f} us: a memory copy "
+                                          f"in the reading thread, not a drive; fio's IOPS are its "
+                                          f"{figs[d['name']]['jobs']} job(s)' CPU(s), the runs' readers had "
+                                          f"{cores} (assumed: the reads scale to them, cpus={cores})")
             entry.update(datasheet=spec, datasheet_rules=rules)
             for mode in MODES:
                 described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
                 rsize = int(d.get("read_size") or 4096)
-                if mode == "fio" and rsize != 4096:  # fio at the engine's own read on this device (a 512-byte
-                    described = f"fio:{described},assume_bs={rsize}"  # sector disk): the planner states it
+                if mode == "fio" and (rsize != 4096 or cores is not None):
+                    # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
+                    # copy runs on: the planner states them
+                    described = (f"fio:{described}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
+                                 (f",cpus={cores}" if cores is not None else ""))
                 try:
                     dev = load_device(described)
                 except ArgumentError as exc:
@@ -468,6 +565,8 @@ def markdown_table(res: Mapping) -> str:
     for e in res["devices"]:
         if e.get("datasheet_fallback"):
             lines.append(f"{e['name']}: {e['datasheet_fallback']}.")
+        if e.get("memory_backed"):
+            lines.append(f"{e['name']}: {e['memory_backed']}.")
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
     return "\n".join(lines)

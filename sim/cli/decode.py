@@ -8,6 +8,7 @@ from engram.errors import ArgumentError
 from ..decode import fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
+from ..limits import check_queue_depth
 from ..prefill import simulate_prefill
 from .options import (_output_files, _add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
                       _add_progress, _add_speculation, _progress_mode, _speculation, _trace, _typed_os_errors)
@@ -193,7 +194,7 @@ def _cmd_device(args) -> int:
     saved = str(dev.save(args.save)) if args.save else None
     info = dev.describe()
     if args.qd:
-        info["table"] = dev.table(args.qd)
+        info["table"] = dev.table([check_queue_depth(q, "--qd") for q in args.qd])
     if args.json:
         info["saved"] = saved
         print_json(info)
@@ -202,7 +203,8 @@ def _cmd_device(args) -> int:
     print(f"source  {info['source']}")
     for key, d in info.get("derived", {}).items():
         word = "assumed" if str(d["rule"]).startswith("assumed") else "derived"
-        print(f"{word} {key} = {d['value']:g}: {d['rule']}")
+        v = d["value"]
+        print(f"{word} {key} = {v:g}: {d['rule']}" if isinstance(v, (int, float)) else f"{word} {key} = {v}: {d['rule']}")
     if "cap_iops" in info:
         raw = info["raw"]
         print(f"bucket  {info['cap_iops']:.0f} IOPS, {info['burst_ios']:g} reads deep, in front of {raw['name']} "
@@ -230,7 +232,11 @@ def _add_device(sub) -> None:
                                    "A rate-limited volume (ssd:...,cap_iops=..,burst_ios=.., volume:..., or fio "
                                    "output recognised as one) shows its token bucket and the raw device behind it; "
                                    "fio output of another block size than the engine's 4 KiB is refused unless "
-                                   "stated: fio:FILE.json,assume_bs=16k.")
+                                   "stated: fio:FILE.json,assume_bs=16k. fio output of a memory-backed device "
+                                   "(tmpfs: a QD1 median below 15 us) is said to be one; fio:FILE.json,cpus=N "
+                                   "scales it to the CPUs the readers will copy on (assumed, said). ssd:...,routing=random "
+                                   "routes each read to a random channel (latency qd1_us + (N - 1) / iops at N in "
+                                   "flight; the default is the first free channel).")
     p.add_argument("name", nargs="?", help=DEVICE_FORMS)
     p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
     p.add_argument("--backend", choices=BACKENDS, default="pread",

@@ -109,6 +109,9 @@ def _cmd_measure(args) -> int:
     configs = _measure_configs(args)
     settings = _measure_settings(args)  # checked before the model file is built
     settings.resolved_depths()
+    if args.throttle_iops is not None and not args.throttle_iops:
+        raise ArgumentError("--throttle-iops: no rate given (e.g. --throttle-iops 4000,15000); leave the flag out "
+                            "to measure the disk alone")
     check_rates(args.throttle_iops or ())  # before the model file is built
     need_mixer = any(c.compute.startswith("mixer") for c in configs)
     model = Path(args.model) if args.model else work / f"model-s{scale:g}.gguf"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from engram.cli import print_json
+from engram.errors import ArgumentError
 
 from ..capacity import CAPACITY_TARGET
 from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
@@ -76,6 +77,9 @@ def add_report_command(subparsers) -> None:
 
 @_typed_errors
 def _cmd_demo(args) -> int:
+    if args.throttle_iops is not None and not args.throttle_iops:
+        raise ArgumentError("--throttle-iops: no rate given (e.g. --throttle-iops 4000,15000); --no-devices "
+                            "measures the disk alone")
     md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
                   steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
                   fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=_progress_mode(args),

@@ -17,7 +17,9 @@ read, the distribution of the exact mode (:mod:`sim.device.engines`):
     shallower depths of a batch's last partial wave;
 :func:`channel_batch`
     the model of :class:`~sim.device.models.ParametricSSD`: a fixed pipelined
-    delay, then a FIFO queue on ``parallelism`` channels.
+    delay, then a FIFO queue on ``parallelism`` channels (shared: the first
+    free channel; routed: a channel drawn at random for each read, the one
+    that holds its page).
 
 Both return ``(times, areas)``: float64 ``[size]`` batch durations and the
 integral over the batch of the reads in the device (issued, not completed;
@@ -87,13 +89,15 @@ def slot_batch(latency: Callable[[int], LatencyDist], slots: int, n: int, k: int
 
 
 def channel_batch(delay: float, channels: int, service: Callable, n: int, k: int, size: int,
-                  rng: np.random.Generator):
+                  rng: np.random.Generator, routed: bool = False):
     """Makespans of ``n`` reads by ``k`` readers: each read spends ``delay``, then queues FIFO for one of
     ``channels`` channels and is served for a time drawn by ``service(rng, shape)``.
 
     Reads are issued in non-decreasing time (a reader issues when its read
     completes), so they reach the channel queue in issue order and each takes
     the earliest free channel: the FIFO multi-server queue, read by read.
+    ``routed``: each read queues at a channel drawn uniformly at random instead
+    (its own FIFO queue; the channel that holds the read's page).
     """
     kk = min(k, n)
     rows = np.arange(size)
@@ -104,7 +108,7 @@ def channel_batch(delay: float, channels: int, service: Callable, n: int, k: int
     for j in range(n):
         r = reader_free.argmin(axis=1)
         issue = reader_free[rows, r]
-        c = chan_free.argmin(axis=1)
+        c = rng.integers(0, channels, size) if routed else chan_free.argmin(axis=1)
         done = np.maximum(issue + delay, chan_free[rows, c]) + svc[:, j]
         chan_free[rows, c] = done
         reader_free[rows, r] = done

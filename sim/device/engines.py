@@ -308,7 +308,8 @@ class SlotExactDevice(ExactDevice):
 
 
 class ChannelExactDevice(ExactDevice):
-    """Per-read model of :class:`ParametricSSD`: fixed delay, then a FIFO queue on ``parallelism`` channels.
+    """Per-read model of :class:`ParametricSSD`: fixed delay, then a FIFO queue on ``parallelism`` channels
+    (``routing="random"``: a FIFO queue of its own at each channel, a read joining a channel drawn at random).
 
     The recorder's ``wait`` list gets each read's time in the channel queue.
     """
@@ -317,7 +318,9 @@ class ChannelExactDevice(ExactDevice):
         import simpy
 
         super().__init__(device, env, rng, recorder)
+        self.routed = getattr(device, "routing", "shared") == "random"
         self.channels = simpy.Resource(env, capacity=device.parallelism)
+        self.queues = [simpy.Resource(env, capacity=1) for _ in range(device.parallelism)] if self.routed else None
         self._svc: list = []
         self._si = 0
 
@@ -333,7 +336,8 @@ class ChannelExactDevice(ExactDevice):
         env, dev = self.env, self.device
         if dev.delay > 0:
             yield env.timeout(dev.delay)
-        with self.channels.request() as req:
+        res = self.queues[int(self.rng.integers(len(self.queues)))] if self.routed else self.channels
+        with res.request() as req:
             t_q = env.now
             yield req
             if self.rec is not None:

@@ -54,6 +54,19 @@ A rate-limited volume, recognised
       cap - 1 / R)``; with no such depth, ``cap x 0.1 s`` (assumed: the Linux
       block throttle's slice, :data:`sim.device.datasheet.THROTTLE_SLICE`).
 
+A memory-backed device, recognised
+    tmpfs or a page-cache hit reads by copying memory in the reading thread:
+    a QD1 median latency below :data:`MEMORY_QD1_P50` (15 us) says so, and
+    ``derived`` does (``memory_backed``).  fio's IOPS there are the copy rate
+    of the CPUs its jobs ran on (one a job), not a device's: the engine's
+    readers copy on as many CPUs as they get.  ``fio:FILE,cpus=N`` states the
+    CPUs the readers will have: the ``N / jobs`` times as many reads in flight
+    see the latency fio measured at each depth (a read at depth ``q x N /
+    jobs`` takes what one took at ``q``; up to ``N / jobs`` reads at once take
+    the QD1 latency), so the peak scales by ``N / jobs`` -- an assumption,
+    said in ``derived``.  Without ``cpus`` the figures are taken as they are
+    (``derived`` says that they are one CPU's a job).
+
     Every figure derived, and the rule, is in the device's ``derived``.
 """
 
@@ -62,7 +75,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -73,7 +86,7 @@ from ..schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "MEDIAN_OVER_MEAN", "WAIT_FACTOR", "device_from_fio", "fio_records",
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR", "device_from_fio", "fio_records",
            "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
 
 _NS = 1e-9
@@ -87,6 +100,9 @@ MEDIAN_OVER_MEAN = 0.5
 WAIT_FACTOR = 4.0
 #: The Linux block throttle's slice, seconds (block/blk-throttle.c, ``DFL_THROTL_SLICE_HD = HZ / 10``).
 THROTTLE_SLICE = 0.1
+#: A QD1 median latency below this (seconds) is a memory copy, not a drive's read: the fastest flash reads a
+#: 4 KiB block in about 40-80 us at QD1, tmpfs or the page cache in a few microseconds.
+MEMORY_QD1_P50 = 15e-6
 
 
 def parse_block_size(text: str) -> int:
@@ -209,12 +225,17 @@ def _job_figures(job, glob: dict, where: str) -> dict:
         depth, clones = int(iodepth), int(numjobs)
     except ValueError as exc:
         raise FormatError(f"{where}: job {job.get('jobname')!r}: bad iodepth or numjobs ({exc})") from None
+    jobs = 1
     if "group_reporting" in _obj(job, "job options", f"{where}[\"job options\"]") or "group_reporting" in glob:
         depth *= clones
+        jobs = clones
     lat, clat = _obj(r, "lat_ns", f"{where}.read.lat_ns"), _obj(r, "clat_ns", f"{where}.read.clat_ns")
     rd = f"{where}.read"
     mean = _latency(lat["mean"], rd, "lat_ns.mean") * _NS if "mean" in lat else depth / iops
     src = "read.lat_ns"
+    if "mean" in clat and "mean" in lat and _latency(clat["mean"], rd, "clat_ns.mean") * _NS > mean * (1 + 1e-6):
+        raise FormatError(f"{rd}.clat_ns.mean = {clat['mean']:g} ns is above lat_ns.mean = {lat['mean']:g} ns: "
+                          "fio's total latency (lat) is submission plus completion (clat), never less")
     if lat.get("percentile"):
         pct, shift, ends, at = _obj(lat, "percentile", f"{where}.read.lat_ns.percentile"), 0.0, lat, "lat_ns"
     else:
@@ -238,7 +259,7 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     writes = _num(wr.get("total_ios", 0), f"{where}.write.total_ios") + \
         _num(tr.get("total_ios", 0), f"{where}.trim.total_ios")
     io_bytes = _num(r["io_bytes"], f"{where}.read.io_bytes") if "io_bytes" in r else None
-    return {"qd": depth, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
+    return {"qd": depth, "jobs": jobs, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,
             "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
             "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),
@@ -272,6 +293,7 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
                 continue
             keys = set.intersection(*(set(g["pct"]) for g in group))
             out.append(dict(group[0], qd=sum(g["qd"] for g in group), iops=sum(g["iops"] for g in group),
+                            jobs=sum(g.get("jobs", 1) for g in group),
                             mean=float(np.mean([g["mean"] for g in group])),
                             pct={p: float(np.median([g["pct"][p] for g in group])) for p in keys}))
     if not out:
@@ -322,8 +344,12 @@ def _check_reads(recs: Sequence[dict], assume_bs, where: str) -> dict:
         except ArgumentError as exc:
             raise FormatError(f"{where}: {r['where']}: {exc}") from None
         sizes.add(b)
+    shown = ", ".join(f"{b} B" for b in sorted(sizes))
+    if sizes == {ENGINE_READ_BYTES} and assume_bs is not None:
+        if parse_block_size(assume_bs) != ENGINE_READ_BYTES:
+            raise FormatError(f"{where}: fio read blocks of {shown}, not the assumed {assume_bs}: leave "
+                              "assume_bs out (fio ran at the engine's 4 KiB)")
     if sizes != {ENGINE_READ_BYTES}:
-        shown = ", ".join(f"{b} B" for b in sorted(sizes))
         if assume_bs is None:
             raise FormatError(f"{where}: fio read blocks of {shown}, the engine reads {ENGINE_READ_BYTES} B (one "
                               "aligned 4 KiB block a row): rerun fio with --bs=4k, or state the assumption with "
@@ -402,8 +428,43 @@ def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict
     return raw, cap, burst, derived
 
 
+def _memory_backed(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], cpus: Optional[int]) -> tuple:
+    """``(table, derived)``: the table of a memory-backed device (see the module) scaled to ``cpus`` CPUs of
+    readers when given; ``derived`` empty when fio's figures are not those of a memory copy."""
+    q1 = min(table)
+    p50 = table[q1].percentile(50)
+    if p50 >= MEMORY_QD1_P50:
+        if cpus is None:
+            return table, {}
+        return _scaled_cpus(table, by_qd, cpus, f"cpus={cpus} stated (fio's QD{q1} median {p50 * 1e6:.1f} us is "
+                                                f"a drive's, not a memory copy's)")
+    why = (f"fio's QD{q1} median latency {p50 * 1e6:.1f} us is below {MEMORY_QD1_P50 * 1e6:g} us: a memory copy "
+           "in the reading thread (tmpfs, page cache), not a drive: its IOPS are the copy rate of the CPUs fio's "
+           "jobs ran on")
+    if cpus is None:
+        return table, {"memory_backed": {"value": 1.0, "rule": why + "; taken as they are (give cpus=N for the "
+                                                                      "CPUs the engine's readers will have)"}}
+    return _scaled_cpus(table, by_qd, cpus, why)
+
+
+def _scaled_cpus(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], cpus: int, why: str) -> tuple:
+    jobs = max(1, int(np.median([r.get("jobs", 1) for rs in by_qd.values() for r in rs])))
+    f = cpus / jobs
+    out = {1: table[min(table)]}
+    if f > 1:
+        out[max(1, int(round(f)))] = table[min(table)]
+    for q, d in sorted(table.items()):
+        if q > min(table) or f < 1:
+            out[max(1, int(round(q * f)))] = d
+    return out, {"memory_backed": {"value": float(cpus), "rule": f"{why}; assumed: the readers copy on {cpus} "
+                                                                 f"CPU(s) where fio's {jobs} job(s) had {jobs}: a "
+                                                                 f"read at depth q x {f:g} takes what one took at q "
+                                                                 f"(peak IOPS x {f:g})"}}
+
+
 def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-                    name: str = "", *, assume_bs: Union[str, int, None] = None) -> Device:
+                    name: str = "", *, assume_bs: Union[str, int, None] = None,
+                    cpus: Optional[int] = None) -> Device:
     """A device from fio JSON output files (see the module for the rules): an
     :class:`EmpiricalDevice` bounded by its measured peak, or a :class:`RateLimitedDevice` when fio's figures are
     those of a rate-limited volume; ``derived`` says which and why, with the derived bucket.
@@ -415,15 +476,20 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
         Label (default: the first file's stem).
     assume_bs : str or int, optional
         fio's block size, stated as an assumption when it is not the engine's 4 KiB (e.g. ``"16k"``).
+    cpus : int, optional
+        CPUs the engine's readers will copy on, for a memory-backed device (see the module), 1 to 4096.
 
     Raises
     ------
     FormatError
         Unreadable files, no read jobs, percentiles fio could not have printed (names the depth), a job that
-        wrote, a block size other than 4 KiB without ``assume_bs``.
+        wrote, a block size other than 4 KiB without ``assume_bs``, ``assume_bs`` other than what fio read.
     ArgumentError
-        No paths.
+        No paths, ``cpus`` not a whole number in [1, 4096].
     """
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, np.integer)) or
+                             not 1 <= cpus <= 4096):
+        raise ArgumentError(f"device_from_fio: cpus = {cpus!r} must be a whole number of CPUs in [1, 4096]")
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
         raise ArgumentError("device_from_fio: no fio output file given")
@@ -443,8 +509,10 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
            f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "
            f"{first['pct_from']} ({', '.join(str(p) for p in paths)})")
     label = name or Path(paths[0]).stem
-    raw, cap, burst, why = rate_limit_of(table, by_qd) if len(table) > 1 else \
-        (None, None, None, "not checked for a rate limit: one depth measured")
+    table, mem = _memory_backed(table, by_qd, cpus)
+    derived.update(mem)
+    raw, cap, burst, why = rate_limit_of(table, by_qd) if len(table) > 1 and not mem else \
+        (None, None, None, "not checked for a rate limit: " + ("a memory copy" if mem else "one depth measured"))
     if raw is None:
         dev = EmpiricalDevice(table, label, src, peak_bound=True)
         dev.derived = {**derived, "peak_bound": {

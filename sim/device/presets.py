@@ -109,7 +109,7 @@ def preset(name: str) -> Device:
 #: Every form :func:`load_device` accepts, for messages and ``--help``.
 DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,..,cap_iops=..,burst_ios=..] "
                 "(datasheet figures, optionally behind a rate limit); volume:qd1_us=..,cap_iops=..[,burst_ios=..] "
-                "or volume:type=gp2,size_gib=..,qd1_us=.. (a rate-limited volume); fio:FILE.json,assume_bs=16k "
+                "or volume:type=gp2,size_gib=..,qd1_us=.. (a rate-limited volume); fio:FILE.json[,assume_bs=16k][,cpus=N] "
                 "(fio output of another block size, taken as it is); "
                 "calibrated or calibrated:BACKEND (this machine, with a calibration file); a .json file (a saved "
                 "device, fio --output-format=json output, or an engram calibration); a .jsonl microbenchmark file")
@@ -151,24 +151,37 @@ def _from_json(path: Path, backend: str, compute: str) -> Device:
 
 
 def _fio_spec(spec: str) -> Device:
-    """``fio:FILE[,assume_bs=SIZE]``: fio's JSON output with its block size stated as an assumption.
+    """``fio:FILE[,assume_bs=SIZE][,cpus=N]``: fio's JSON output with its block size stated as an assumption,
+    and for a memory-backed device the CPUs the readers will copy on (:mod:`sim.device.fio`).
 
     Raises
     ------
     ArgumentError
-        No file, an unknown key (one line).
+        No file, an unknown key or one given twice, ``cpus`` not a whole number in [1, 4096] (one line).
     """
     body = spec[len("fio:"):]
     path, _, rest = body.partition(",")
     kv = {}
+    form = "fio:FILE[,assume_bs=16k][,cpus=N]"
     for part in filter(None, (x.strip() for x in rest.split(","))):
         k, _, v = part.partition("=")
-        if k.strip() != "assume_bs" or not v.strip():
-            raise ArgumentError(f"device spec {spec!r}: unknown key {part!r} (fio:FILE[,assume_bs=16k])")
-        kv["assume_bs"] = v.strip()
+        k = k.strip()
+        if k not in ("assume_bs", "cpus") or not v.strip():
+            raise ArgumentError(f"device spec {spec!r}: unknown key {part!r} ({form})")
+        if k in kv:
+            raise ArgumentError(f"device spec {spec!r}: key {k!r} given twice ({form})")
+        kv[k] = v.strip()
     if not path:
-        raise ArgumentError(f"device spec {spec!r}: no fio output file (fio:FILE[,assume_bs=16k])")
-    return device_from_fio(path, assume_bs=kv.get("assume_bs"))
+        raise ArgumentError(f"device spec {spec!r}: no fio output file ({form})")
+    cpus = None
+    if "cpus" in kv:
+        try:
+            cpus = int(kv["cpus"])
+        except ValueError:
+            raise ArgumentError(f"device spec {spec!r}: cpus={kv['cpus']!r} is not a whole number of CPUs") from None
+        if not 1 <= cpus <= 4096:
+            raise ArgumentError(f"device spec {spec!r}: cpus={cpus} is outside [1, 4096]")
+    return device_from_fio(path, assume_bs=kv.get("assume_bs"), cpus=cpus)
 
 
 def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, backend: str = "pread",

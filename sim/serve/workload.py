@@ -128,9 +128,12 @@ class Lengths:
             try:
                 if not eq:
                     raise ValueError
-                vals[key.strip()] = float(v)
+                val = float(v)
             except ValueError:
                 raise ArgumentError(f"lengths {s!r}: expected key=value items, got {part!r}") from None
+            if key.strip() in vals:
+                raise ArgumentError(f"lengths {s!r}: key {key.strip()!r} given twice")
+            vals[key.strip()] = val
         allowed = {"fixed": {"n"}, "uniform": {"min", "max"}, "lognormal": {"mean", "cv", "min", "max"},
                    "exponential": {"mean", "min", "max"}}.get(kind)
         if allowed is None:

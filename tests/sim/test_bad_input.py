@@ -89,7 +89,11 @@ RANGE = "is outside its physical range"
     ("qd_peak=nan", f"ssd: qd_peak = nan {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
     ("parallelism=inf", f"ssd: parallelism = inf {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
     ("qd_peak=inf", f"ssd: qd_peak = inf {RANGE} (0, 65536] (sim.device.datasheet.SPEC_MAX)"),
-    ("iops_row=1e300", f"ssd: iops_row = 1e+300 {RANGE} (0, 1e+09] (sim.device.datasheet.SPEC_MAX)"),
+    # rates have a floor of one read a second (sim.device.models.MIN_IOPS): 1e-30 is a typo, not a drive
+    ("iops_row=1e300", f"ssd: iops_row = 1e+300 {RANGE} [1, 1e+09] (sim.device.datasheet.SPEC_MAX, "
+                       "sim.device.models.MIN_IOPS)"),
+    ("iops_row=1e-30", f"ssd: iops_row = 1e-30 {RANGE} [1, 1e+09] (sim.device.datasheet.SPEC_MAX, "
+                       "sim.device.models.MIN_IOPS)"),
     ("cv=-1", f"ssd: cv = -1 {RANGE} [0, 10] (sim.device.datasheet.SPEC_MAX)"),
     ("qd_peak=2.5", "ssd: qd_peak = 2.5 must be a whole number"),
     ("qd1_us=5", "key 'qd1_us' given twice"),
@@ -103,7 +107,8 @@ def test_ssd_spec_fields_are_checked(capsys, extra, why):
 
 
 @pytest.mark.parametrize("spec, why", [
-    ("ssd:qd1_us=80,iops=1e30", f"ssd: iops = 1e+30 {RANGE} (0, 1e+09] (sim.device.datasheet.SPEC_MAX)"),
+    ("ssd:qd1_us=80,iops=1e30", f"ssd: iops = 1e+30 {RANGE} [1, 1e+09] (sim.device.datasheet.SPEC_MAX, "
+                                "sim.device.models.MIN_IOPS)"),
     ("ssd:qd1_us=1e300,iops=1000", f"ssd: qd1_us = 1e+300 {RANGE} (0, 1e+06] (sim.device.datasheet.SPEC_MAX)"),
     ("ssd:qd1_us=900000,iops=1e9", "ssd: row IOPS x QD1 latency = 9e+08 reads in flight to reach the ceiling, "
                                    "more than the deepest queue (65536, sim.limits.MAX_QUEUE_DEPTH)"),
@@ -171,7 +176,7 @@ PARAM = {"kind": "parametric_ssd", "name": "p", "qd1_latency_us": 80.0, "iops": 
     (dict(PARAM, parallelism=float("nan")), "parametric_ssd device: parallelism = nan is not a whole number"),
     (dict(PARAM, parallelism=2.5), "parametric_ssd device: parallelism = 2.5 is not a whole number"),
     (dict(PARAM, iops=1e30), "parametric_ssd device: ParametricSSD: iops = 1e+30 is outside its physical range "
-                             "(0, 1e+09] (sim.device.models.MAX_*)"),
+                             "[1, 1e+09] (sim.device.models.MAX_*)"),
     ({"kind": "empirical", "table": {"1": "x"}},
      "empirical device: table['1']: latency distribution: expected an object, got 'x'"),
     ({"kind": "empirical", "table": {"1": {"mean_us": "x"}}},

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
-from sim.capacity import SearchBound, SearchProgress, _search
+from sim.capacity import MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound, SearchProgress, _search
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch
 from tests.clirun import cli
@@ -80,7 +80,7 @@ def test_a_configuration_flag_with_a_study_file_is_refused(flag, tmp_path, capsy
 
 
 @pytest.mark.parametrize("argv", [["--drives", "1,x"], ["--reuse", "0.2,abc"], ["--drives", "0"], ["--reuse", "1.5"],
-                                  ["--device", "ssd:qd1_us=-1,iops=5"]])
+                                  ["--device", "ssd:qd1_us=-1,iops=5"], ["--device", "ssd:qd1_us=80,iops=1e-30"]])
 def test_bad_planner_values_get_one_line(argv, tmp_path, capsys):
     out = tmp_path / "c.csv"
     try:
@@ -165,3 +165,11 @@ def test_the_progress_line_says_the_time_left_and_tightens_to_the_count():
     assert lines[0] == f"capacity: {3 * 12} probes"  # 3 searches of at most 1, 2, .., 64 then 5 halvings of 32..64
     assert any(re.search(r"\d+/\d+ probes \(\d+%\) after \d+ s, about \d+ s left", x) for x in lines[1:])
     assert lines[-1].startswith(f"capacity: {total}/{total} probes in ")
+
+
+def test_a_search_beyond_the_largest_count_is_refused_at_once(tmp_path, capsys):
+    """--max-sessions 10^9 would walk every count to bound the search's length: refused, one line, nothing left."""
+    out = tmp_path / "c.csv"
+    err = cli(capsys, ["sim", "capacity", "--max-sessions", "1000000000", "--out", str(out), "--seeds", "1"])
+    assert "max_sessions = 1000000000 is above 65536" in err and not list(tmp_path.iterdir())
+    assert CapacitySpec(max_sessions=MAX_CAPACITY_SESSIONS).max_sessions == 65536

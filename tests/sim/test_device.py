@@ -278,6 +278,14 @@ def test_a_datasheet_is_enough():
     assert set(d.derived) >= {"parallelism", "cv", "iops_row"} and "floor(row IOPS x QD1" in d.derived[
         "parallelism"]["rule"]
     assert d.mean_latency(1) == pytest.approx(80 * US, rel=0.01) and d.iops(128) == pytest.approx(5e5, rel=0.01)
+    # routing=random: each read at a channel drawn at random, exponential service: the latency line
+    # qd1 + (N - 1) / iops (mean-value analysis of p random-routed channels)
+    r = load_device("ssd:qd1_us=80,iops=500000,routing=random")
+    assert r.routing == "random" and r.parallelism == 40 and r.service_cv == 1.0
+    assert r.mean_latency(1) == pytest.approx(80 * US, rel=0.02)  # 20,000 exponential draws: 0.7% sd
+    for n in (16, 128, 1024):
+        assert r.mean_latency(n) == pytest.approx((80 + (n - 1) * 2) * US, rel=0.03)
+    assert r.peak_iops() == 5e5 and d.routing == "shared"
     assert d.to_dict()["derived"] == d.derived and "derived" in d.describe()
     # what the drive delivers at the row's size overrides the 4 KiB figure; the depth at peak caps the channels
     d = load_device("ssd:qd1_us=80,iops=500000,iops_row=400000,qd_peak=16")
@@ -373,3 +381,17 @@ def test_a_tail_keeps_the_means_and_takes_the_spread():
         assert t.latency(q).percentile(99.9) / t.mean_latency(q) == pytest.approx(s.percentile(99.9) / s.mean, rel=1e-6)
     with pytest.raises(ArgumentError, match="fixed latencies"):
         with_tail(shape, preset("seed-apple-m3-ultra"))
+
+
+def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():
+    """The packaged vm-virtio-16core-4k from its QD1 latency and peak alone: randomly routed channels stay within
+    20% of its measured latency at every depth from 2 to 64; the first free channel (the knee rule) is 28-46%
+    below it at QD 2 to 8 (it reaches the peak from QD 4 on)."""
+    measured = load_device("vm-virtio-16core-4k")
+    qd1, peak = measured.mean_latency(1), measured.peak_iops()
+    routed = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f},routing=random")
+    first_free = load_device(f"ssd:qd1_us={qd1 / US:.1f},iops={peak:.0f}")
+    for q in (2, 4, 8, 16, 32, 64):
+        assert routed.mean_latency(q) == pytest.approx(measured.mean_latency(q), rel=0.20), q
+    for q in (2, 4, 8):
+        assert first_free.mean_latency(q) < 0.75 * measured.mean_latency(q), q

@@ -119,12 +119,20 @@ def test_datasheet_strings_known_answers():
     fig = {"qd1_mean_us": 249.4, "qd1_p50_us": 51.2, "peak_iops": 4003.0, "peak_qd": 16, "depths": [1, 16]}
     raw = {"qd1_mean_us": 80.0, "qd1_p50_us": 50.0, "peak_iops": 42000.0, "peak_qd": 64, "depths": [1, 64]}
     spec, fallback, rules = datasheet_spec(fig, raw, throttled=True)
-    assert spec == "ssd:qd1_us=51.2,iops=42000,cap_iops=4003,burst_ios=400"
-    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios"}
+    # the drive behind the volume reads as the raw disk does: its QD1 mean, not the volume's median
+    assert spec == "ssd:qd1_us=80.0,iops=42000,cap_iops=4003,burst_ios=400,routing=random" and "raw disk" in rules["qd1_us"]
+    assert fallback == "ssd:qd1_us=249.9,iops=4003" and set(rules) == {"qd1_us", "iops", "cap_iops", "burst_ios", "routing"}
+    # without the raw disk's fio: the volume's QD1 median (the reads that did not wait)
+    assert datasheet_spec(fig, None, throttled=True)[0] == "ssd:qd1_us=51.2,iops=4003,cap_iops=4003,burst_ios=400,routing=random"
+    # a memory copy (QD1 median below 15 us): fio's one job's IOPS scaled to the readers' CPUs, said
+    mem = {"qd1_mean_us": 25.1, "qd1_p50_us": 6.9, "peak_iops": 54612.0, "peak_qd": 16, "depths": [1, 16], "jobs": 1}
+    spec, _, rules = datasheet_spec(mem, cpus=2)
+    assert spec == "ssd:qd1_us=25.1,iops=109224,routing=random" and "memory copy" in rules["iops"] and "assumed" in rules["iops"]
+    assert datasheet_spec(dict(mem, qd1_p50_us=40.0), cpus=2)[0] == "ssd:qd1_us=25.1,iops=54612,routing=random"
     # no raw disk above the cap: the throttle does not bind, and iops is the cap itself
     spec, _, rules = datasheet_spec(fig, dict(raw, peak_iops=3000.0), throttled=True)
     assert ",iops=4003,cap_iops=4003," in spec and "does not bind" in rules["iops"]
-    assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000", None)
+    assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000,routing=random", None)
 
 
 def test_planner_compute():
@@ -193,3 +201,30 @@ def test_refusals(fio_only, tmp_path, capsys):
     assert "belongs to --planner" in cli(capsys, ["crosscheck", str(measured), "--fio", f"disk={src}"])
     after = (measured / "planner.json").read_bytes() if (measured / "planner.json").exists() else None
     assert after == before  # refused before anything was written
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"devices": 3}, "no 'devices' list"),
+    ({"devices": [3]}, "devices[0] is not an object"),
+    ({"devices": [{"name": "", "class": "disk"}]}, "devices[0].name = '' is not a device name"),
+    ({"devices": [{"name": "d", "class": "disk"}, {"name": "d", "class": "disk"}]}, "devices[1].name = 'd' is given twice"),
+    ({"devices": [{"name": "d", "class": "nvme"}]}, "(d).class = 'nvme': expected one of disk, throttled, tmpfs"),
+    ({"devices": [{"name": "d", "class": "disk", "built": "yes"}]}, "(d).built = 'yes' is not true or false"),
+    ({"devices": [{"name": "d", "class": "disk", "built": True, "measured": True, "folder": "/etc"}]},
+     "(d).folder = '/etc' is not a folder inside the measurement"),
+    ({"devices": [{"name": "d", "class": "disk", "built": True, "measured": True, "folder": "../x"}]},
+     "(d).folder = '../x' is not a folder inside"),
+    ({"devices": [{"name": "d", "class": "disk", "read_size": 12.5}]}, "(d).read_size = 12.5 is not a whole number"),
+    ({"devices": [{"name": "d", "class": "disk", "fio": ["x.json"]}]}, "(d).fio = ['x.json'] is not an object"),
+])
+def test_a_malformed_device_list_gets_one_line(tmp_path, capsys, change, why):
+    (tmp_path / "devices.json").write_text(json.dumps({"schema": "engram.devices/1", "kind": "devices", **change}))
+    assert why in cli(capsys, ["crosscheck", str(tmp_path), "--planner", "--no-progress"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["devices.json"]
+
+
+def test_an_empty_throttle_list_is_refused(tmp_path, capsys):
+    assert "--throttle-iops: no rate given" in cli(capsys, ["measure", str(tmp_path / "w"), "--throttle-iops", ""])
+    assert "--throttle-iops: no rate given" in cli(capsys, ["demo", "--workdir", str(tmp_path / "d"),
+                                                            "--throttle-iops", ","])
+    assert not list(tmp_path.iterdir())

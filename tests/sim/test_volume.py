@@ -277,3 +277,50 @@ def test_a_tail_keeps_the_bucket():
     assert isinstance(t, RateLimitedDevice) and (t.cap_iops, t.burst_ios) == (4000, 400)
     assert t.raw.mean_latency(4) == pytest.approx(v.raw.mean_latency(4), rel=1e-9) and not t.raw.is_point()
     assert with_tail(load_device(str(DISK)), load_device(str(DISK))).peak_bound
+
+
+# ------------------------------------------------------------------ memory-backed fio, bad fio and rate figures
+def test_a_memory_copy_is_recognised_and_scaled_to_the_readers_cpus(tmp_path):
+    """A 6 us median at QD1 is a memory copy, not a drive: said, taken as it is; with cpus=2 (fio's one job had
+    one CPU) a read at depth 2q takes what one took at q, so the peak doubles: 1 / 40 us x 2 ... at depth 16:
+    16 / (16 / 60,000 s) = 60,000 IOPS measured, 120,000 stated."""
+    p = tmp_path / "tmpfs.json"
+    p.write_text(json.dumps(_synthetic_fio({1: 40000.0, 4: 50000.0, 16: 60000.0}, 6.0, 3000.0)))
+    dev = load_device(f"fio:{p}")
+    assert isinstance(dev, EmpiricalDevice) and "memory copy" in dev.derived["memory_backed"]["rule"]
+    assert dev.peak_iops() == pytest.approx(60000.0)
+    two = load_device(f"fio:{p},cpus=2")
+    assert two.peak_iops() == pytest.approx(120000.0) and "assumed" in two.derived["memory_backed"]["rule"]
+    assert two.depths() == [1, 2, 8, 32] and two.mean_latency(2) == pytest.approx(dev.mean_latency(1))
+    assert two.mean_latency(32) == pytest.approx(dev.mean_latency(16))
+    # a drive's fio (a 50 us median) is not a memory copy: nothing said
+    assert "memory_backed" not in load_device(str(THROTTLED_15000)).derived
+
+
+@pytest.mark.parametrize("spec, why", [
+    (f"fio:{DISK},assume_bs=512", "not the assumed 512"),
+    (f"fio:{DISK},assume_bs=4k,assume_bs=4k", "key 'assume_bs' given twice"),
+    (f"fio:{DISK},cpus=2,cpus=4", "key 'cpus' given twice"),
+    (f"fio:{DISK},cpus=0", "cpus=0 is outside [1, 4096]"),
+    (f"fio:{DISK},cpus=1.5", "not a whole number of CPUs"),
+    ("ssd:qd1_us=80,iops=1e-30", "iops = 1e-30 is outside its physical range [1,"),
+    ("ssd:qd1_us=80,iops=100000,cap_iops=1e-30", "cap_iops = 1e-30 is outside its physical range [1,"),
+    ("ssd:qd1_us=80,iops=100000,iops_row=0.5", "iops_row = 0.5 is outside"),
+])
+def test_bad_fio_options_and_rates_get_one_line(capsys, spec, why):
+    assert why in cli(capsys, ["sim", "device", spec])
+
+
+def test_fio_whose_completion_latency_exceeds_its_total_is_refused(tmp_path, capsys):
+    doc = _synthetic_fio({1: 1000.0, 8: 1000.0}, 50.0, 150_000.0)
+    doc["jobs"][0]["read"]["clat_ns"] = {"mean": doc["jobs"][0]["read"]["lat_ns"]["mean"] * 100}
+    p = tmp_path / "clat.json"
+    p.write_text(json.dumps(doc))
+    line = cli(capsys, ["sim", "device", str(p)])
+    assert "jobs[0].read.clat_ns.mean" in line and "above lat_ns.mean" in line
+    assert "queue depth 100000000 is outside [1, 65536]" in cli(capsys, ["sim", "device", "ssd:qd1_us=80,iops=1000",
+                                                                        "--qd", "1,100000000"])
+    with pytest.raises(ArgumentError, match="cap_iops = 1e-30 is outside"):
+        RateLimitedDevice(point_drive(), 1e-30, 10)
+    with pytest.raises(ArgumentError, match="iops = 1e-30 is outside"):
+        ParametricSSD(80 * US, 1e-30, 1)
