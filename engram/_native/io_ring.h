@@ -17,7 +17,7 @@
  * fails with ENOSYS (kernel without io_uring, some sandboxes), EPERM
  * (kernel.io_uring_disabled, seccomp), ENOMEM (locked memory); some kernels
  * and filters let the ring start but complete every read with -EINVAL.
- * engram/table.py proves a ring with a real read before trusting it.
+ * engram/backends.py proves a ring with a real read before trusting it.
  * ENGRAM_DISABLE_IO_URING=1 in the environment refuses the ring at run time
  * as kernel.io_uring_disabled=2 would (EPERM, io_uring_setup never called).
  * ENGRAM_NO_URING defined at build time leaves the ring out.
