@@ -15,6 +15,21 @@ kernel's, or reads that fail where the pread pool reads the same rows) falls
 every ``auto`` reader of the process back to the pool, once, with one
 ``logging`` warning naming the reason.  :func:`probe_backends` runs the same
 proof live on a file of the package (what ``engram info`` reports).
+
+This module is the one place that decides which executor a reader starts and
+when it leaves the ring, for a table's own readers and for readers attached to
+the shared engine alike (:class:`engram.Table` and :class:`engram.TableGroup`
+call it):
+
+- :func:`start_backend` at open: ``serial``; ``pread`` (the pool); ``io_uring``
+  (the ring, proved, or ``TableIOError``); ``auto`` (the ring where the
+  process's verdict allows and it starts and reads, else the pool, with the
+  reason in ``Table.fallback``);
+- :func:`ring_at_fault` on a failed batch: a failure the pool may not share
+  (not the device's own error), so ``auto`` re-reads the batch on the pool
+  and, when that reads, :func:`refuse_after_reread` refuses the ring for the
+  process; :func:`verdict_moves_to_pool` moves every other ``auto`` reader on
+  the ring to the pool at its next read (:func:`move_to_pool`).
 """
 
 from __future__ import annotations
@@ -31,10 +46,12 @@ import numpy as np
 from . import forks as _forks
 from ._native import reader as _reader
 from .codec import ROW_BYTES, ROW_VALUES
+from .errors import TableIOError
 from .uncached import close_quietly, open_uncached
 
 __all__ = ["BackendStatus", "available_backends", "probe_backends", "usable_backends", "auto_backend",
-           "ring_build", "AUTO_ORDER", "AUTO_RING_REASON", "DISABLE_ENV"]
+           "ring_build", "start_backend", "ring_at_fault", "refuse_after_reread", "verdict_moves_to_pool",
+           "move_to_pool", "AUTO_ORDER", "AUTO_RING_REASON", "DISABLE_ENV"]
 
 log = logging.getLogger("engram")
 
@@ -204,6 +221,97 @@ def prove_ring(reader) -> Tuple[Optional[bool], Optional[str], int]:
         if f.kind != "decode":
             return None, None, 0
     return False, read_failure(ring_failure), ring_failure.errno
+
+
+# ------------------------------------------------------------------ a reader's executor
+def _start_pool(reader, readers: int, path: str, why: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    err = reader.start_pool(readers)
+    if err:
+        pool = f"pread could not start: {os.strerror(err)}"
+        raise TableIOError(f"{path}: {why + '; ' if why else ''}{pool}", errno_=err)
+    return "pread", why
+
+
+def _start_ring(reader, backend: str, readers: int, path: str) -> Tuple[str, Optional[str]]:
+    """Start and, unless the process has proved it already, prove the ring.
+
+    Returns ("io_uring", None), or ("pread", why) for ``auto`` when the ring
+    cannot be used; raises ``TableIOError`` naming io_uring and the errno for
+    an explicit ``io_uring``.
+    """
+    verdict = ring_verdict()
+    if backend == "auto" and verdict is not None and not verdict.usable:
+        return _start_pool(reader, readers, path, verdict.reason)
+    err = reader.start_ring(readers)
+    if err:
+        why = start_failure(err)
+        if backend != "auto":
+            raise TableIOError(f"{path}: {why}", errno_=err)
+        if err in KERNEL_REFUSALS:
+            refuse_ring(why, err)
+        else:  # a shortage in this table (descriptors, memory): the next table may start one
+            warn_once(("ring start", err), "%s: %s; this table reads with the pread pool", path, why)
+        return _start_pool(reader, readers, path, why)
+    if verdict is None or not verdict.usable:
+        ok, why, eno = prove_ring(reader)
+        if ok is False:
+            reader.stop_ring()
+            if backend != "auto":
+                raise TableIOError(f"{path}: {why}", errno_=eno)
+            refuse_ring(why, eno)
+            return _start_pool(reader, readers, path, ring_verdict().reason)
+        if ok:
+            accept_ring()
+    return "io_uring", None
+
+
+def start_backend(reader, backend: str, readers: int, path: str) -> Tuple[str, Optional[str]]:
+    """Start the executor of ``reader`` (a native row reader, its own engine or attached to a
+    shared one) for ``backend``, ``readers`` reads in flight: returns (the backend in use, why
+    ``auto`` is not on the ring, or None).
+
+    Raises
+    ------
+    TableIOError
+        An explicit ``io_uring`` that cannot start or read (naming the errno), or a pool that
+        cannot start (``path`` names the table's file).
+    """
+    if backend == "serial":
+        return "serial", None
+    if backend == "pread":
+        return _start_pool(reader, readers, path)
+    return _start_ring(reader, backend, readers, path)
+
+
+def ring_at_fault(requested: str, f) -> bool:
+    """A failed batch (``f``, a native ``ReadFailure``) of an ``auto`` reader on the ring that the
+    pool may not share: the ring itself failed, or a read failed with an errno that is not the
+    device's (:data:`DEVICE_ERRNOS`)."""
+    return (requested == "auto" and f.backend == "io_uring"
+            and (f.kind == "ring" or (f.kind == "io" and f.errno not in DEVICE_ERRNOS)))
+
+
+def refuse_after_reread(f, path: str) -> str:
+    """The pool read the batch the ring failed (``f``): refuse the ring for the process (one
+    warning) and return the verdict's reason."""
+    return refuse_ring(f"{read_failure(f)} (a batch of {path}, re-read on the pread pool)", f.errno).reason
+
+
+def verdict_moves_to_pool(requested: str, backend: str) -> Optional[str]:
+    """Why an ``auto`` reader on the ring must move to the pool now (the process refused the ring
+    since it started), or None."""
+    if requested != "auto" or backend != "io_uring":
+        return None
+    v = ring_verdict()
+    return v.reason if v is not None and not v.usable else None
+
+
+def move_to_pool(reader, readers: int) -> bool:
+    """Start ``reader``'s pool and leave its ring; False (still on the ring) when the pool cannot start."""
+    if reader.start_pool(readers) != 0:
+        return False
+    reader.stop_ring()
+    return True
 
 
 # ------------------------------------------------------------------ live probe

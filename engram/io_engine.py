@@ -45,6 +45,22 @@ The rules of an engine (the C side is ``engram/_native/io_engine.h``):
   abandoned in the child (``os.register_at_fork``) and each client starts a
   new engine there on its next read.
 
+**Private and shared: one engine, two defaults.**  Every concurrent read runs
+through an engine's two executors (the pread pool and the io_uring ring, one
+submission loop each, ``io_engine.h``).  ``engine="private"`` gives a table or
+group an engine of its own: one client, its ``readers`` as the queue depth,
+``readers - 1`` pool threads (the caller is the last reader), no fairness to
+keep; ``engine="shared"`` reads through the process's engine of the file's
+device (:func:`shared_engine`).  The defaults follow who reads:
+:data:`TABLE_ENGINE` (``"private"``) for a :class:`~engram.Table` or
+:class:`~engram.TableGroup` opened by itself -- a table alone has no one to
+share a queue with, and its ``backend="auto"`` stays on the ring for batches of
+any size (benchmarks/BENCHMARKS.md, storage engine) -- and :data:`SESSION_ENGINE`
+(``"shared"``) for :meth:`engram.EngramModel.session`, whose many sessions on
+one device must share one queue depth and one pool (16 sessions: 64 threads,
+not 721; "Shared I/O engine").  Which backend a reader starts, and its fallback
+from the ring, are decided in one place for both: :mod:`engram.backends`.
+
 "Per device" means the ``st_dev`` of the open table file, a partition mapped
 to its whole disk (``/sys/dev/block``), since partitions share the disk's
 queue.  A FUSE, overlay or tmpfs mount is a device of its own (its anonymous
@@ -67,7 +83,7 @@ from ._native import engine as _cengine
 from .errors import ArgumentError
 
 __all__ = ["IOEngine", "EngineClient", "EngineStats", "shared_engine", "device_key", "engines", "generation",
-           "ENGINE_READERS", "ENGINE_MAX_JOBS", "RING_BATCH"]
+           "ENGINE_READERS", "ENGINE_MAX_JOBS", "RING_BATCH", "TABLE_ENGINE", "SESSION_ENGINE"]
 
 #: Default queue depth of a device's engine: reads in flight for all its sessions together (and
 #: the threads of its pool).  benchmarks/BENCHMARKS.md, storage engine: fio reaches the VM disk's
@@ -80,6 +96,11 @@ ENGINE_MAX_JOBS = 256
 #: rows) is faster on the ring in every measurement; from 4,800 rows on the two are level on a
 #: quiet machine and the pool is 1.3-1.9x faster when other processes load the cores.
 RING_BATCH = 1024
+
+#: The engine a table or group opened by itself reads through (``Table(engine=...)``): its own.
+TABLE_ENGINE = "private"
+#: The engine a model's sessions read through (``EngramModel.open(engine=...)``): the device's, shared.
+SESSION_ENGINE = "shared"
 
 #: Most readers (queue depth) an engine may be given.
 MAX_ENGINE_READERS = 4096

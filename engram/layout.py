@@ -62,6 +62,46 @@ def _next_prime(n: int) -> int:
     return c
 
 
+def _order_sizes(vocab_per_ngram, max_ngram: int) -> list[int]:
+    """The target bucket count of each order ``2..max_ngram`` (one value for all, or one per order),
+    checked: ``LayoutError`` naming ``vocab_per_ngram``."""
+    orders = max_ngram - 1
+    try:
+        if isinstance(vocab_per_ngram, (int, np.integer)):
+            sizes = [operator.index(vocab_per_ngram)] * orders
+        else:
+            sizes = [operator.index(v) for v in vocab_per_ngram]
+    except TypeError:
+        raise LayoutError(f"vocab_per_ngram: expected an integer or a sequence of integers, "
+                          f"got {vocab_per_ngram!r:.200}") from None
+    if len(sizes) != orders:
+        raise LayoutError(f"vocab_per_ngram: expected {orders} sizes (orders 2..{max_ngram}), got {len(sizes)}")
+    if any(s < 1 for s in sizes):
+        raise LayoutError(f"vocab_per_ngram: sizes must be >= 1, got {sizes}")
+    if any(s > MAX_ROWS for s in sizes):
+        # every prime of the order exceeds the size, so the rows could not fit uint32 row ids
+        raise LayoutError(f"vocab_per_ngram: sizes must be at most {MAX_ROWS} (rows are uint32 row ids), "
+                          f"got {sizes}")
+    return sizes
+
+
+def _derive_primes(sizes: Sequence[int], n_layers: int, heads: int) -> np.ndarray:
+    """uint64 ``[n_layers, orders * heads]``: for each layer, order and head the next prime above the
+    order's size not taken yet (one ``seen`` set across layers, walked in order; SPEC §2)."""
+    seen: set[int] = set()
+    primes = np.zeros((n_layers, len(sizes) * heads), dtype=np.uint64)
+    for li in range(n_layers):
+        for o, size in enumerate(sizes):
+            candidate = size - 1
+            for h in range(heads):
+                candidate = _next_prime(candidate)
+                while candidate in seen:
+                    candidate = _next_prime(candidate)
+                seen.add(candidate)
+                primes[li, o * heads + h] = candidate
+    return primes
+
+
 @dataclass(frozen=True, eq=False)
 class Layout:
     """Constants of the Engram hash for every Engram layer (SPEC §2).
@@ -253,36 +293,10 @@ class Layout:
             raise LayoutError(f"layer_ids: expected a sequence of integers, got {layer_ids!r:.200}") from None
         if any(x < 0 for x in layer_ids):
             raise LayoutError(f"layer_ids: negative layer id in {layer_ids}")
-        orders = max_ngram - 1
-        try:
-            if isinstance(vocab_per_ngram, (int, np.integer)):
-                sizes = [operator.index(vocab_per_ngram)] * orders
-            else:
-                sizes = [operator.index(v) for v in vocab_per_ngram]
-        except TypeError:
-            raise LayoutError(f"vocab_per_ngram: expected an integer or a sequence of integers, "
-                              f"got {vocab_per_ngram!r:.200}") from None
-        if len(sizes) != orders:
-            raise LayoutError(f"vocab_per_ngram: expected {orders} sizes (orders 2..{max_ngram}), got {len(sizes)}")
-        if any(s < 1 for s in sizes):
-            raise LayoutError(f"vocab_per_ngram: sizes must be >= 1, got {sizes}")
-        if any(s > MAX_ROWS for s in sizes):
-            # every prime of the order exceeds the size, so the rows could not fit uint32 row ids
-            raise LayoutError(f"vocab_per_ngram: sizes must be at most {MAX_ROWS} (rows are uint32 row ids), "
-                              f"got {sizes}")
+        sizes = _order_sizes(vocab_per_ngram, max_ngram)
         if compressed_vocab_size < 1:
             raise LayoutError(f"compressed_vocab_size: must be >= 1, got {compressed_vocab_size}")
-        seen: set[int] = set()
-        primes = np.zeros((len(layer_ids), orders * heads), dtype=np.uint64)
-        for li, _ in enumerate(layer_ids):
-            for o, size in enumerate(sizes):
-                candidate = size - 1
-                for h in range(heads):
-                    candidate = _next_prime(candidate)
-                    while candidate in seen:
-                        candidate = _next_prime(candidate)
-                    seen.add(candidate)
-                    primes[li, o * heads + h] = candidate
+        primes = _derive_primes(sizes, len(layer_ids), heads)
         bound = max(1, (int(INT64_MAX) // compressed_vocab_size) // 2)
         mults = np.zeros((len(layer_ids), max_ngram), dtype=np.uint64)
         for li, lid in enumerate(layer_ids):

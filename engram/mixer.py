@@ -51,7 +51,7 @@ about 7600, only with very large norm weights) and so a float32 subnormal.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -216,6 +216,32 @@ def _check_layer_weights(q_w: np.ndarray, k_w: np.ndarray) -> tuple:
     return S, W
 
 
+def _gate_shapes(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.ndarray) -> Tuple[int, int, int]:
+    """(T, S, W) of a gated add: ``residual`` [T, S, W] and ``kv`` [T, S + 1, W] checked against the layer's
+    weights ``q_w``, ``k_w`` [S, W] (``ArgumentError`` naming the array that does not fit)."""
+    S, W = _check_layer_weights(q_w, k_w)
+    need_array("residual", residual, np.float32, 3)
+    T = residual.shape[0]
+    if residual.shape[1:] != (S, W):
+        raise ArgumentError(f"residual must have shape [T, {S}, {W}] ({S} streams of the layer's width {W}, "
+                            f"from q_w {shape_str(q_w)}), got {shape_str(residual)}")
+    need_array("kv", kv, np.float32, 3)
+    if kv.shape != (T, S + 1, W):
+        raise ArgumentError(f"kv must have shape [{T}, {S + 1}, {W}] (keys of {S} streams + value) "
+                            f"for residual of shape {shape_str(residual)}, got {shape_str(kv)}")
+    return T, S, W
+
+
+def _check_gates_out(gates_out, shape: Tuple[int, int], m8, **others: np.ndarray) -> None:
+    """``gates_out``: float32 of ``shape`` [T, S], C-contiguous, writable, sharing no memory with ``others``
+    or the mask ``m8``."""
+    need_array("gates_out", gates_out, np.float32, 2)
+    if gates_out.shape != shape:
+        raise ArgumentError(f"gates_out must have shape [{shape[0]}, {shape[1]}], got {shape_str(gates_out)}")
+    need_output("gates_out", gates_out)
+    no_overlap("gates_out", gates_out, **others, mask=m8)
+
+
 def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.ndarray, eps: float,
               mask=None, *, gates_out: Optional[np.ndarray] = None) -> None:
     """Add the Engram value to every residual stream through its gate, in place (SPEC §7).
@@ -281,25 +307,12 @@ def gated_add(residual: np.ndarray, kv: np.ndarray, q_w: np.ndarray, k_w: np.nda
         value ``S`` -- and the column of the first one, in C order).  Raised
         before anything is written: ``residual`` and ``gates_out`` stay untouched.
     """
-    S, W = _check_layer_weights(q_w, k_w)
-    need_array("residual", residual, np.float32, 3)
-    T = residual.shape[0]
-    if residual.shape[1:] != (S, W):
-        raise ArgumentError(f"residual must have shape [T, {S}, {W}] ({S} streams of the layer's width {W}, "
-                            f"from q_w {shape_str(q_w)}), got {shape_str(residual)}")
-    need_array("kv", kv, np.float32, 3)
-    if kv.shape != (T, S + 1, W):
-        raise ArgumentError(f"kv must have shape [{T}, {S + 1}, {W}] (keys of {S} streams + value) "
-                            f"for residual of shape {shape_str(residual)}, got {shape_str(kv)}")
+    T, S, W = _gate_shapes(residual, kv, q_w, k_w)
     eps = need_eps(eps)
     need_output("residual", residual)
     m8 = None if mask is None else as_mask(mask, T)
     if gates_out is not None:
-        need_array("gates_out", gates_out, np.float32, 2)
-        if gates_out.shape != (T, S):
-            raise ArgumentError(f"gates_out must have shape [{T}, {S}], got {shape_str(gates_out)}")
-        need_output("gates_out", gates_out)
-        no_overlap("gates_out", gates_out, residual=residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
+        _check_gates_out(gates_out, (T, S), m8, residual=residual, kv=kv, q_w=q_w, k_w=k_w)
     no_overlap("residual", residual, kv=kv, q_w=q_w, k_w=k_w, mask=m8)
     untouched = "; residual and gates_out are untouched"
     need_finite("residual", residual, ("token", "stream", "column"), m8, untouched)

@@ -16,10 +16,12 @@ GIL is released while reading and decoding.  Which backends start on this
 machine, and the process's fallback from the ring, live in
 :mod:`engram.backends`.
 
-By default a table or group has its own readers.  With ``engine=`` it reads
-through an I/O engine instead (:mod:`engram.io_engine`): ``"shared"``, the
-process's engine of the file's device, whose queue depth, pool threads and
-rings all its sessions share, fairly; :class:`engram.Session` does this.
+By default a table or group has its own readers: an I/O engine of its own
+(:mod:`engram.io_engine`, the same pool and ring loops as the shared one).
+With ``engine="shared"`` it reads through the process's engine of the file's
+device, whose queue depth, pool threads and rings all its sessions share,
+fairly; :class:`engram.Session` does this (the two defaults and why:
+:mod:`engram.io_engine`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ._native import reader as _reader
 from .backends import AUTO_ORDER, available_backends
 from .codec import ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError, DecodeError, RowRangeError, TableIOError
-from .io_engine import EngineClient, IOEngine, generation as _engine_generation, shared_engine
+from .io_engine import TABLE_ENGINE, EngineClient, IOEngine, generation as _engine_generation, shared_engine
 from .rowcache import RowCache
 from .uncached import close_quietly, open_uncached
 
@@ -134,56 +136,6 @@ class ReadStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _start_pool(reader, readers: int, path: str, why: Optional[str] = None) -> tuple:
-    err = reader.start_pool(readers)
-    if err:
-        pool = f"pread could not start: {os.strerror(err)}"
-        raise TableIOError(f"{path}: {why + '; ' if why else ''}{pool}", errno_=err)
-    return "pread", why
-
-
-def _start_ring(reader, backend: str, readers: int, path: str) -> tuple:
-    """Start and, unless the process has proved it already, prove the ring.
-
-    Returns ("io_uring", None), or ("pread", why) for ``auto`` when the ring
-    cannot be used; raises ``TableIOError`` naming io_uring and the errno for
-    an explicit ``io_uring``.
-    """
-    verdict = _backends.ring_verdict()
-    if backend == "auto" and verdict is not None and not verdict.usable:
-        return _start_pool(reader, readers, path, verdict.reason)
-    err = reader.start_ring(readers)
-    if err:
-        why = _backends.start_failure(err)
-        if backend != "auto":
-            raise TableIOError(f"{path}: {why}", errno_=err)
-        if err in _backends.KERNEL_REFUSALS:
-            _backends.refuse_ring(why, err)
-        else:  # a shortage in this table (descriptors, memory): the next table may start one
-            _backends.warn_once(("ring start", err), "%s: %s; this table reads with the pread pool", path, why)
-        return _start_pool(reader, readers, path, why)
-    if verdict is None or not verdict.usable:
-        ok, why, eno = _backends.prove_ring(reader)
-        if ok is False:
-            reader.stop_ring()
-            if backend != "auto":
-                raise TableIOError(f"{path}: {why}", errno_=eno)
-            _backends.refuse_ring(why, eno)
-            return _start_pool(reader, readers, path, _backends.ring_verdict().reason)
-        if ok:
-            _backends.accept_ring()
-    return "io_uring", None
-
-
-def _start_backend(reader, backend: str, readers: int, path: str) -> tuple:
-    """Start the pool or ring of ``reader``: returns (backend in use, fallback reason or None)."""
-    if backend == "serial":
-        return "serial", None
-    if backend == "pread":
-        return _start_pool(reader, readers, path)
-    return _start_ring(reader, backend, readers, path)
 
 
 def _engine_client(engine, fd: int, readers: int, path: str) -> Optional[EngineClient]:
@@ -494,38 +446,32 @@ class _RowReads(Closing):
         """The engine client this reads through (shared with a session's other tables), or None."""
         return self._client
 
-    # ------------------------------------------------- fallback from the ring (auto)
+    # ------------------------------------------------- fallback from the ring (auto): engram.backends decides
     def _follow_verdict(self) -> None:
         """``auto`` on the ring while the process has refused it since: move to the pool."""
-        if self.requested_backend != "auto" or self.backend != "io_uring":
-            return
-        v = _backends.ring_verdict()
-        if v is not None and not v.usable:
-            self._to_pool(v.reason)
+        why = _backends.verdict_moves_to_pool(self.requested_backend, self.backend)
+        if why is not None:
+            self._to_pool(why)
 
     def _ring_at_fault(self, f) -> bool:
-        """A failure of the ring in ``auto`` mode that the pool may not share (not the device's error)."""
-        return (self.requested_backend == "auto" and f.backend == "io_uring"
-                and (f.kind == "ring" or (f.kind == "io" and f.errno not in _backends.DEVICE_ERRNOS)))
+        return _backends.ring_at_fault(self.requested_backend, f)
 
     def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False):
         """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
-        the ring is refused for the process (one warning) and this reader stays on the pool;
-        when the pool fails too, its error is raised and the ring keeps its standing."""
+        the ring is refused for the process (one warning, :func:`engram.backends.refuse_after_reread`)
+        and this reader stays on the pool; when the pool fails too, its error is raised and the ring
+        keeps its standing."""
         if self._reader.start_pool(self.readers):
             raise self._error(f, ids) from None
         try:
             res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra, decode=not raw)
         except _reader.ReadFailure as g:
             raise self._error(g, ids) from None
-        verdict = _backends.refuse_ring(f"{_backends.read_failure(f)} (a batch of {self.path}, re-read "
-                                        f"on the pread pool)", f.errno)
-        self._to_pool(verdict.reason)
+        self._to_pool(_backends.refuse_after_reread(f, self.path))
         return res
 
     def _to_pool(self, reason: str) -> None:
-        if self._reader.start_pool(self.readers) == 0:
-            self._reader.stop_ring()
+        if _backends.move_to_pool(self._reader, self.readers):
             self.backend = "pread"
             self.fallback = reason
 
@@ -565,7 +511,8 @@ class Table(_RowReads):
         With ``direct="auto"``, a ``block_size`` that ends without ``O_DIRECT``
         warns (``RuntimeWarning``).
     engine : "private", "shared", IOEngine or EngineClient
-        ``private`` (default): the table's own pool or ring.  ``shared``: the
+        ``private`` (default, :data:`engram.io_engine.TABLE_ENGINE`): the table's own pool or
+        ring (an engine of its own: one client, ``readers`` deep).  ``shared``: the
         process's engine of the file's device (:mod:`engram.io_engine`): one
         queue depth, pool and cache of rings for every session on the device,
         fair between them; ``readers`` stays this table's batch depth.  An
@@ -602,7 +549,7 @@ class Table(_RowReads):
     def __init__(self, path: Union[str, os.PathLike], offset: int, rows: int, *, backend: str = "auto",
                  readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD,
                  direct: Union[bool, str] = "auto", block_size: Optional[int] = None,
-                 engine: Union[str, IOEngine, EngineClient, None] = "private"):
+                 engine: Union[str, IOEngine, EngineClient, None] = TABLE_ENGINE):
         try:
             self.path = os.fspath(path)
         except TypeError:
@@ -643,7 +590,7 @@ class Table(_RowReads):
                                        self.path)
             if backend != "serial":
                 self._attach(_engine_client(engine, f.fd, self.readers, self.path))
-            self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
+            self.backend, self.fallback = _backends.start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
             raise
@@ -855,7 +802,7 @@ class TableGroup(_RowReads):
         try:
             if backend != "serial":
                 self._attach(_engine_client(engine, first._fd, self.readers, first.path))
-            self.backend, self.fallback = _start_backend(self._reader, backend, self.readers, self.path)
+            self.backend, self.fallback = _backends.start_backend(self._reader, backend, self.readers, self.path)
         except BaseException:
             self.close()
             raise

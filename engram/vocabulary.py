@@ -38,11 +38,9 @@ mapping, are what a wrong tokenizer gets wrong.
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -52,7 +50,6 @@ from gguf import GGUFValueType, Keys, SpecialVocab, TokenType
 from gguf.vocab import bytes_to_unicode
 from tokenizers import Tokenizer
 
-from . import forks as _forks
 from .errors import ArgumentError, VocabularyError
 from .gguf import ModelInfo
 from .gguf.header import INT_TYPES, digest_of_strings, load_array
@@ -216,17 +213,25 @@ def _vocabulary_cached(key: Tuple[str, int, int, int, int]) -> Vocabulary:
     return _vocabulary_of(_load_cached(key), Path(key[0]))
 
 
-#: Vocabularies of tokenizers given as objects, by id (the entry holds the tokenizer, so the id stays its own).
-_OBJECTS: "collections.OrderedDict[int, Tuple[Tokenizer, Vocabulary]]" = collections.OrderedDict()
-_OBJECTS_LOCK = threading.Lock()
+class _ByIdentity:
+    """A tokenizer object as a memo key: equal only to itself (it holds the object, so the id stays its own)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ByIdentity) and other.obj is self.obj
 
 
-def _new_lock_in_child() -> None:
-    global _OBJECTS_LOCK
-    _OBJECTS_LOCK = threading.Lock()  # engram.forks: may be held by a thread of the parent
-
-
-_forks.on_fork_child(_new_lock_in_child)
+@functools.lru_cache(maxsize=4)
+def _vocabulary_of_object(key: _ByIdentity) -> Vocabulary:
+    """Vocabularies of tokenizers given as objects, the last 4 used."""
+    return _vocabulary_of(key.obj, None)
 
 
 def tokenizer_vocabulary(tokenizer: TokenizerLike = None) -> Vocabulary:
@@ -251,16 +256,7 @@ def tokenizer_vocabulary(tokenizer: TokenizerLike = None) -> Vocabulary:
     path = _path_of(tokenizer)
     if path is not None:
         return _vocabulary_cached(_file_key(path))
-    with _OBJECTS_LOCK:
-        hit = _OBJECTS.get(id(tokenizer))
-        if hit is not None:
-            return hit[1]
-    vocab = _vocabulary_of(tokenizer, None)  # type: ignore[arg-type]
-    with _OBJECTS_LOCK:
-        _OBJECTS[id(tokenizer)] = (tokenizer, vocab)  # type: ignore[assignment]
-        while len(_OBJECTS) > 4:
-            _OBJECTS.popitem(last=False)
-    return vocab
+    return _vocabulary_of_object(_ByIdentity(tokenizer))
 
 
 @functools.lru_cache(maxsize=4)

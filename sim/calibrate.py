@@ -617,6 +617,52 @@ def check_study_backends(calibration: Union["Calibration", str, os.PathLike], po
     cal.check_backends(wanted, where)
 
 
+def _fio_means(fio: Sequence[Mapping]) -> Dict[int, float]:
+    """Mean latency (seconds) of fio's reads by iodepth, over its records."""
+    samples: Dict[int, List[float]] = {}
+    for r in fio:
+        samples.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
+    return {q: float(np.mean(v)) for q, v in samples.items()}
+
+
+def _fio_device(shapes: "_Shapes", fio_mean: Mapping[int, float]) -> Optional[EmpiricalDevice]:
+    """fio's 4 KiB random reads as a device (its latency shapes at its means), or None without fio."""
+    if not shapes.fio:
+        return None
+    return EmpiricalDevice({q: _shape_dist(shapes.fio[q], fio_mean[q], "fio") for q in shapes.fio if q in fio_mean},
+                           name="fio-randread-4k",
+                           source="fio random 4 KiB reads, --direct=1, io_uring engine, by iodepth")
+
+
+def _serial_fit_row(device: MeasuredBatchDevice, qd1_mean: float, fio_qd1: Optional[float], batch48_serial,
+                    serial_mean: float, seed: int) -> dict:
+    """The fit table's row of serial reads: one read at a time, its 48-row batch measured and simulated."""
+    m1, p1 = _batch_stats(EmpiricalDevice(device.measured), STEP_ROWS, 1, seed)
+    return _fit_row("serial", 1, qd1_mean, fio_qd1, batch48_serial, serial_mean, m1, p1)
+
+
+def _hash_seconds(recs: Sequence[Mapping]) -> float:
+    """Mean time to hash one token (seconds) over the hash records; 0 without any."""
+    hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
+    return float(np.mean(hs)) if hs else 0.0
+
+
+def _backends_doc(doc: Mapping, backends: Sequence[str]) -> dict:
+    """The backends the measurement found usable (default: those it measured) and those it left out, why."""
+    be_doc = dict(doc.get("backends") or {})
+    return {"usable": list(be_doc.get("usable", backends)), "left_out": dict(be_doc.get("left_out") or {})}
+
+
+def _provenance(doc: Mapping, source: Optional[Mapping], records: int, windows: str) -> dict:
+    """The calibration's ``source``: the caller's provenance, the document's schema and date, counts."""
+    src = dict(source or {})
+    src.setdefault("schema", doc.get("schema"))
+    src.setdefault("date", doc.get("date"))
+    src["records"] = records
+    src["windows"] = windows
+    return src
+
+
 def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
               windows: str = "median") -> Calibration:
     """Fit the device, compute and hash models from a microbenchmark document.
@@ -670,10 +716,7 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
     if not backends:
         raise ArgumentError("microbenchmarks hold no concurrent (pread / io_uring) reads")
     machine = dict(doc.get("machine", {}))
-    fio_samples: Dict[int, List[float]] = {}
-    for r in fio:
-        fio_samples.setdefault(int(r["qd"]), []).append(float(r["mean_us"]) * US)
-    fio_mean = {q: float(np.mean(v)) for q, v in fio_samples.items()}
+    fio_mean = _fio_means(fio)
     serial_dist = _dist_from_samples(batch48_serial, "serial 48-row batches", serial_mean)
 
     devices: Dict[str, MeasuredBatchDevice] = {}
@@ -682,23 +725,12 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         devices[be], rows = _backend_device(be, engine, shapes, qd1_mean, serial_dist, fio_mean,
                                             machine.get("cpu", "this machine"), windows, seed)
         fit += rows
-    m1, p1 = _batch_stats(EmpiricalDevice(devices[backends[0]].measured), STEP_ROWS, 1, seed)
-    fit.insert(0, _fit_row("serial", 1, qd1_mean, fio_mean.get(1), batch48_serial, serial_mean, m1, p1))
+    fit.insert(0, _serial_fit_row(devices[backends[0]], qd1_mean, fio_mean.get(1), batch48_serial, serial_mean, seed))
     think_devices, think_fit = _think_devices(think_recs, devices, backends, windows)
 
-    fio_dev = None
-    if shapes.fio:
-        fio_dev = EmpiricalDevice({q: _shape_dist(shapes.fio[q], fio_mean[q], "fio") for q in shapes.fio
-                                   if q in fio_mean}, name="fio-randread-4k",
-                                  source="fio random 4 KiB reads, --direct=1, io_uring engine, by iodepth")
-    hs = [float(x) * US for r in recs if r["kind"] == "hash" for x in r["samples_us"]]
-    hash_s = float(np.mean(hs)) if hs else 0.0
-
-    src = dict(source or {})
-    src.setdefault("schema", doc.get("schema"))
-    src.setdefault("date", doc.get("date"))
-    src["records"] = len(recs) + len(probes)
-    src["windows"] = windows
+    fio_dev = _fio_device(shapes, fio_mean)
+    hash_s = _hash_seconds(recs)
+    src = _provenance(doc, source, len(recs) + len(probes), windows)
     computes = _compute_models(recs, think_recs, windows)
 
     def device_of(be: str, label: str) -> Optional[MeasuredBatchDevice]:
@@ -706,8 +738,7 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         return None if base is None else think_devices.get(label, {}).get(be, base)
 
     states = window_states(probes, device_of, computes, hash_s, seed)
-    be_doc = dict(doc.get("backends") or {})
-    backends_doc = {"usable": list(be_doc.get("usable", backends)), "left_out": dict(be_doc.get("left_out") or {})}
+    backends_doc = _backends_doc(doc, backends)
     # The date is that of the measurements: the fit is a pure function of the document.
     return Calibration(devices, computes, hash_s, fio_dev, fit, think_devices, think_fit, machine,
                        dict(doc.get("file", {})), src, str(doc.get("date", "")), states, _shared_fit(engine),

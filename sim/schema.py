@@ -160,6 +160,7 @@ __all__ = [
     "RUNS_SCHEMA",
     "RUN_FIELDS",
     "RUN_SUMMARIES",
+    "SERVE_SCHEMA",
     "SESSION_MODES",
     "STEP_ROWS",
     "SWEEP_SCHEMA",
@@ -189,6 +190,8 @@ CALIBRATION_SCHEMA = "engram.calibration/1"
 CROSSCHECK_SCHEMA = "engram.crosscheck/1"
 SWEEP_SCHEMA = "engram.sweep/1"
 CAPACITY_SCHEMA = "engram.capacity/1"
+#: Schema of serving tables (their ``.meta.json``; :mod:`sim.serve`).
+SERVE_SCHEMA = "engram.serve/1"
 
 #: Seconds in a microsecond: documents hold times in microseconds, the simulator works in seconds.
 US = 1e-6

@@ -25,7 +25,7 @@ with atheris.instrument_imports(include=["engram"]):
     import numpy as np
 
     from engram import DecodeError, FormatError, Hasher, History, HistoryError, Layout, TokenError, decode_rows
-    from engram.gguf_file import read_kv, read_model
+    from engram.gguf import read_kv, read_model
 
 from tests.reference import decode_rows_reference, hash_reference  # noqa: E402
 

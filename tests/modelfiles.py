@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from engram import build_token_map, synth
-from engram.gguf_file import read_model
+from engram.gguf import read_model
 
 #: Layout scale of the small test models: ~195k rows (~50 MB) a table.
 SCALE = 0.0005

@@ -17,14 +17,15 @@ cdef class Engine:
     ``readers``: reads in flight in all (queue depth; also the pool's threads, started on
     first use); ``max_jobs``: jobs admitted at a time (the bounded queue); ``ring_batch``:
     with ``BACKEND_AUTO``, chunks of at most this many reads go on a ring, larger ones on
-    the pool.  :meth:`close` stops the threads and rings; it must be called with no reader
-    reading through the engine.
+    the pool; ``pool_threads``: the pool's threads (-1: ``readers``; a reader's own engine
+    keeps ``readers - 1``, the caller being the last reader).  :meth:`close` stops the
+    threads and rings; it must be called with no reader reading through the engine.
     """
 
-    def __cinit__(self, int readers, int max_jobs, int ring_batch):
+    def __cinit__(self, int readers, int max_jobs, int ring_batch, int pool_threads=-1):
         cdef int err = 0
         self.abandoned = False
-        self.e = engram_engine_create(readers, max_jobs, ring_batch, &err)
+        self.e = engram_engine_create(readers, max_jobs, ring_batch, pool_threads, &err)
         if self.e == NULL:
             raise MemoryError()
 
@@ -61,6 +62,18 @@ cdef class Engine:
         with nogil:
             err = engram_engine_start_pool(e)
         return err
+
+    def set_pool_threads(self, int threads):
+        """The pool keeps ``threads`` threads (started by :meth:`start_pool`; never fewer than run)."""
+        cdef engram_engine* e = self._get()
+        with nogil:
+            engram_engine_set_pool_threads(e, threads)
+
+    def drop_rings(self):
+        """Destroy the cached rings no job holds (a later ring job starts a new one)."""
+        cdef engram_engine* e = self._get()
+        with nogil:
+            engram_engine_drop_rings(e)
 
     def ready_ring(self, int depth, size_t buf_bytes, size_t align):
         """Make sure a ring for ``depth`` reads of ``buf_bytes`` can start (kept in the cache):

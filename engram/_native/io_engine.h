@@ -28,6 +28,10 @@
  *             is abandoned (its threads do not exist there; ring descriptors are closed) and
  *             the caller starts a new one.
  *
+ *   own       A reader's own pool or ring (a table's private readers) is an engine too, with one
+ *             client: the same two loops, `readers` credits (all its own), `readers - 1` pool
+ *             threads (pool_threads; the caller is the last reader), a cache of one ring.
+ *
  * Every function but the fork hooks takes the engine's mutex itself; none is called with it held.
  * Pool threads woken by a grant are woken once the mutex is released (engram_engine_unlock).
  */
@@ -105,6 +109,9 @@ struct engram_engine {
     pthread_t *threads;
     engram_pool_worker **workers;     /* each its own allocation: a running thread holds it */
     int nthreads, cap_threads, idle, stop;
+    int pool_threads;          /* threads the pool starts: -1 = the queue depth (a device's shared engine);
+                                  a reader's own engine: readers - 1, the caller being the last reader */
+    int pool_ready;            /* the pool started (its threads, or none needed) */
     int wake;                  /* pool threads to wake once the mutex is released */
     /* the rings: all of them, and whether each is free */
     engram_ring **rings;
@@ -113,7 +120,8 @@ struct engram_engine {
 };
 
 /* ------------------------------------------------------------------ lifetime */
-static engram_engine *engram_engine_create(int readers, int max_jobs, int ring_batch, int *err) {
+/* `pool_threads`: the threads the pool starts (-1: as many as the queue depth). */
+static engram_engine *engram_engine_create(int readers, int max_jobs, int ring_batch, int pool_threads, int *err) {
     engram_engine *e = (engram_engine *)calloc(1, sizeof(engram_engine));
     *err = 0;
     if (!e) { *err = ENOMEM; return NULL; }
@@ -130,6 +138,7 @@ static engram_engine *engram_engine_create(int readers, int max_jobs, int ring_b
     e->readers = readers > 0 ? readers : 1;
     e->max_jobs = max_jobs > 0 ? max_jobs : 1;
     e->ring_batch = ring_batch;
+    e->pool_threads = pool_threads;
     return e;
 }
 
@@ -388,12 +397,13 @@ static void *engram_engine_worker(void *arg) {
     return NULL;
 }
 
-/* Start pool threads up to the queue depth.  0, or the errno of the first thread that could
- * not start when none runs (the threads that started keep running). */
+/* Start pool threads up to the queue depth (or `pool_threads`).  0, or the errno of the first
+ * thread that could not start: for a shared engine when none runs (the threads that started keep
+ * running), for a reader's own engine (pool_threads >= 0) when any did not start. */
 static int engram_engine_start_pool(engram_engine *e) {
     int err = 0;
     pthread_mutex_lock(&e->mu);
-    int want = e->readers;
+    int want = e->pool_threads >= 0 ? e->pool_threads : e->readers;
     if (want > e->cap_threads) {
         pthread_t *t = (pthread_t *)realloc(e->threads, sizeof(pthread_t) * want);
         if (t) e->threads = t;
@@ -415,9 +425,21 @@ static int engram_engine_start_pool(engram_engine *e) {
         e->workers[e->nthreads++] = w;
     }
     pthread_attr_destroy(&attr);
-    int n = e->nthreads;
+    int n = e->nthreads, own = e->pool_threads >= 0;
+    if (n >= want || (n > 0 && !own)) e->pool_ready = 1;
     pthread_mutex_unlock(&e->mu);
+    if (own)  /* a reader's own pool: all its threads or an error (the caller stops the engine) */
+        return n >= want ? 0 : (err ? err : EAGAIN);
     return n > 0 ? 0 : (err ? err : EAGAIN);
+}
+
+/* A reader's own engine: the pool keeps `threads` threads (started by engram_engine_start_pool;
+ * never fewer than run already). */
+static void engram_engine_set_pool_threads(engram_engine *e, int threads) {
+    pthread_mutex_lock(&e->mu);
+    e->pool_threads = threads;
+    if (threads > e->nthreads) e->pool_ready = 0;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* The caller of pool job j reads its granted reads too until the job is finished (mutex held). */
@@ -507,26 +529,10 @@ static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring 
             continue;
         }
         engram_engine_unlock(e);
-        int slot = 0, res = 0, got;
-        int64_t r = 0;
+        int slot = 0;
         engram_ioerr le;
         memset(&le, 0, sizeof(le));
-        for (;;) {
-            got = engram_ring_reap(g, &slot, &res);
-            if (got < 0) break;
-            if (got == 0) continue;
-            r = g->slot_req[slot];
-            const engram_req *q = &job->reqs[r];
-            if (res == -EINTR || res == -EAGAIN) { engram_ring_prep(g, job, slot); continue; }
-            if (res < 0) {
-                engram_err_set(NULL, &le, -res, r, q->span_off + g->slot_got[slot], g->slot_got[slot]);
-                break;
-            }
-            g->slot_got[slot] += res;
-            if (res > 0 && g->slot_got[slot] < (int64_t)q->span_len) { engram_ring_prep(g, job, slot); continue; }
-            engram_finish(job, r, g->bufs[slot], g->slot_got[slot], NULL, &le);
-            break;
-        }
+        int got = engram_ring_wait(g, job, &slot, &le);
         pthread_mutex_lock(&e->mu);
         if (got < 0) {  /* the ring failed: every read of this job is abandoned with it */
             engram_ioerr fe;
@@ -589,11 +595,11 @@ static int engram_engine_run(engram_engine *e, engram_client *c, const engram_jo
     }
 #endif
     j.on_ring = g != NULL;
-    if (!j.on_ring && e->nthreads == 0) {  /* the pool starts on first use */
+    if (!j.on_ring && !e->pool_ready) {  /* the pool starts on first use */
         pthread_mutex_unlock(&e->mu);
         rc = engram_engine_start_pool(e);
         pthread_mutex_lock(&e->mu);
-        if (rc && e->nthreads == 0 && mode == ENGRAM_RUN_POOL) {
+        if (rc && !e->pool_ready && mode == ENGRAM_RUN_POOL) {
             pthread_mutex_unlock(&e->mu);
             pthread_cond_destroy(&j.cv);
             err->err = rc; err->req = ENGRAM_REQ_POOL;
@@ -638,6 +644,27 @@ static int engram_engine_ready_ring(engram_engine *e, int depth, size_t buf_byte
     (void)e; (void)depth; (void)buf_bytes; (void)align;
     int rc = engram_ring_refused_by_env();
     return rc ? rc : ENOSYS;
+#endif
+}
+
+/* Destroy the rings of the cache that no job holds (a reader's own engine leaving the ring). */
+static void engram_engine_drop_rings(engram_engine *e) {
+#if ENGRAM_HAVE_URING
+    pthread_mutex_lock(&e->mu);
+    int n = 0;
+    engram_ring **gone = e->nrings ? (engram_ring **)malloc(sizeof(engram_ring *) * e->nrings) : NULL;
+    for (int i = 0; i < e->nrings;) {
+        if (!e->ring_free[i] || !gone) { i++; continue; }
+        gone[n++] = e->rings[i];
+        e->rings[i] = e->rings[e->nrings - 1];
+        e->ring_free[i] = e->ring_free[e->nrings - 1];
+        e->nrings--;
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n; i++) engram_ring_destroy(gone[i]);
+    free(gone);
+#else
+    (void)e;
 #endif
 }
 

@@ -17,7 +17,7 @@
  * fails with ENOSYS (kernel without io_uring, some sandboxes), EPERM
  * (kernel.io_uring_disabled, seccomp), ENOMEM (locked memory); some kernels
  * and filters let the ring start but complete every read with -EINVAL.
- * engram/table.py proves a ring with a real read before trusting it.
+ * engram/backends.py proves a ring with a real read before trusting it.
  * ENGRAM_DISABLE_IO_URING=1 in the environment refuses the ring at run time
  * as kernel.io_uring_disabled=2 would (EPERM, io_uring_setup never called).
  * ENGRAM_NO_URING defined at build time leaves the ring out.
@@ -98,7 +98,7 @@ typedef struct engram_ring {
     uint8_t **bufs;
     int64_t *slot_req;            /* request held by each slot */
     int64_t *slot_got;            /* bytes already read into the slot */
-    int *free_slots;              /* slots without a read (the shared engine's ring loop, io_engine.h) */
+    int *free_slots;              /* slots without a read (the engine's ring loop, io_engine.h) */
 } engram_ring;
 
 static int engram_uring_setup(unsigned entries, struct io_uring_params *p) {
@@ -255,36 +255,6 @@ static void engram_ring_prep(engram_ring *g, const engram_job *job, int slot) {
     g->inflight++;
 }
 
-/* Give slot the next request, if any is left and nothing failed. */
-static void engram_ring_next(engram_ring *g, const engram_job *job, int slot, int64_t *next, const engram_ioerr *e) {
-    if (e->err || *next >= job->nreq) return;
-    g->slot_req[slot] = (*next)++;
-    g->slot_got[slot] = 0;
-    engram_ring_prep(g, job, slot);
-}
-
-/* One completion of slot with result res. */
-static void engram_ring_complete(engram_ring *g, const engram_job *job, int slot, int res, int64_t *next,
-                                 engram_ioerr *e) {
-    int64_t r = g->slot_req[slot];
-    const engram_req *q = &job->reqs[r];
-    if (res == -EINTR || res == -EAGAIN) {                 /* retry the same read */
-        if (!e->err) engram_ring_prep(g, job, slot);
-        return;
-    }
-    if (res < 0) {
-        engram_err_set(NULL, e, -res, r, q->span_off + g->slot_got[slot], g->slot_got[slot]);
-        return;
-    }
-    g->slot_got[slot] += res;
-    if (res > 0 && g->slot_got[slot] < (int64_t)q->span_len) {   /* partial: read the rest */
-        if (!e->err) engram_ring_prep(g, job, slot);
-        return;
-    }
-    if (engram_finish(job, r, g->bufs[slot], g->slot_got[slot], NULL, e) == 0)
-        engram_ring_next(g, job, slot, next, e);
-}
-
 /* Submit the reads queued since the last call and take one completion: 1 with *slot and *res
  * set, 0 when none is ready yet (call again), or -errno when io_uring_enter itself failed (the
  * ring must then be destroyed: reads may still be in flight).
@@ -313,22 +283,27 @@ static int engram_ring_reap(engram_ring *g, int *slot, int *res) {
     return 1;
 }
 
-/* Keep up to `depth` reads in flight until every request is done or one fails (a reader's own
- * ring; the shared engine's loop is in io_engine.h).  A failure of io_uring_enter itself is
- * reported with req = -1 (the ring must then be destroyed: reads may still be in flight). */
-static int engram_ring_run(engram_ring *g, const engram_job *job, engram_ioerr *e) {
-    int64_t next = 0;
-    memset(e, 0, sizeof(*e));
-    for (int s = 0; s < g->depth; s++) engram_ring_next(g, job, s, &next, e);
-    while (g->inflight > 0) {
-        int slot = 0, res = 0, got = engram_ring_reap(g, &slot, &res);
-        if (got < 0) {
-            e->err = -got; e->req = -1; e->offset = 0; e->got = 0;
-            return -1;
+/* Wait for the next read of `job` on g to end: 1 with *slot when the request in that slot is done
+ * (its rows copied out) or failed (the error in *le); -errno when io_uring_enter itself failed
+ * (the ring must then be destroyed: reads may still be in flight).  A read interrupted (-EINTR,
+ * -EAGAIN) or short of the span is queued again on the same slot and waited for. */
+static int engram_ring_wait(engram_ring *g, const engram_job *job, int *slot, engram_ioerr *le) {
+    for (;;) {
+        int res = 0, got = engram_ring_reap(g, slot, &res);
+        if (got < 0) return got;
+        if (got == 0) continue;
+        int64_t r = g->slot_req[*slot];
+        const engram_req *q = &job->reqs[r];
+        if (res == -EINTR || res == -EAGAIN) { engram_ring_prep(g, job, *slot); continue; }
+        if (res < 0) {
+            engram_err_set(NULL, le, -res, r, q->span_off + g->slot_got[*slot], g->slot_got[*slot]);
+            return 1;
         }
-        if (got) engram_ring_complete(g, job, slot, res, &next, e);
+        g->slot_got[*slot] += res;
+        if (res > 0 && g->slot_got[*slot] < (int64_t)q->span_len) { engram_ring_prep(g, job, *slot); continue; }
+        engram_finish(job, r, g->bufs[*slot], g->slot_got[*slot], NULL, le);
+        return 1;
     }
-    return e->err ? -1 : 0;
 }
 
 #else  /* no ring in this build */
@@ -341,9 +316,6 @@ static engram_ring *engram_ring_create(int depth, size_t buf_bytes, size_t align
     *err = engram_ring_refused_by_env();
     if (!*err) *err = ENOSYS;
     return NULL;
-}
-static int engram_ring_run(engram_ring *g, const engram_job *job, engram_ioerr *e) {
-    (void)g; (void)job; e->err = ENOSYS; e->req = -1; return -1;
 }
 
 #endif

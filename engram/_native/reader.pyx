@@ -10,8 +10,9 @@ one decode step's 48 rows of two tables go out as one concurrent batch.
 sort the requests by row, keep the distinct rows, plan aligned spans (rows
 sharing or touching a block go in one read), read the spans, check every row,
 and only then publish (decode into the output, copying duplicates).  The reads
-run serially, on a persistent pool of pread threads or on an io_uring ring
-(``readers.h``); the GIL is released throughout.  Descriptors are opened by
+run serially, on a persistent pool of pread threads or on an io_uring ring, both
+the executors of an engine (``io_engine.h``): the reader's own, or the shared
+engine of its device it is attached to; the GIL is released throughout.  Descriptors are opened by
 the Python caller.
 """
 
@@ -143,16 +144,15 @@ cdef class RowReader:
     cdef engram_req* reqs
     cdef uint8_t* staging
     cdef uint8_t* bounce
-    cdef engram_pool* pool
-    cdef engram_ring* ring
     cdef public int pool_readers
     cdef public int ring_depth
-    cdef unsigned ring_flags
     cdef int ring_want
-    cdef pid_t owner          # process that started the pool / ring
-    # attached to a shared engine: reads of concurrent chunks go through it
+    cdef pid_t owner          # process that started the reader's own engine
+    # concurrent chunks go through an engine (io_engine.h): the reader's own (``own``: its pool
+    # and ring, one client), or an attached one (a device's engine shared with other readers)
     cdef Engine eng
     cdef Client cl
+    cdef bint own
     cdef int eng_depth
     cdef int eng_depth_used
     cdef uint64_t others
@@ -166,16 +166,14 @@ cdef class RowReader:
         self.reqs = NULL
         self.staging = NULL
         self.bounce = NULL
-        self.pool = NULL
-        self.ring = NULL
         self.cap = 0
         self.pool_readers = 0
         self.ring_depth = 0
         self.ring_want = 0
-        self.ring_flags = 0
         self.owner = getpid()
         self.eng = None
         self.cl = None
+        self.own = False
         self.eng_depth = 0
         segs = list(segments)
         if not 1 <= len(segs) <= MAX_SEGMENTS:
@@ -200,15 +198,13 @@ cdef class RowReader:
         self.close()
 
     def close(self):
-        """Stop the reader threads and the ring, free the buffers (the fd is the caller's);
-        an attached reader is detached (the engine is the caller's)."""
+        """Stop the reader's own engine (threads joined, rings closed), free the buffers (the fd
+        is the caller's); an attached reader is detached (the engine is the caller's)."""
         self.detach()
         self._forget_if_forked()
-        if self.pool != NULL:
-            with nogil:
-                engram_pool_destroy(self.pool)
-            self.pool = NULL
-        self._stop_ring()
+        self._close_own()
+        self.pool_readers = 0
+        self.ring_depth = 0
         self.ring_want = 0
         free(self.keys); self.keys = NULL
         free(self.dkey); self.dkey = NULL
@@ -240,11 +236,9 @@ cdef class RowReader:
         if client.engine is not engine:
             raise ValueError("the client belongs to another engine")
         engine._get()
-        if self.pool != NULL:
-            with nogil:
-                engram_pool_destroy(self.pool)
-            self.pool = NULL
-        self._stop_ring()
+        self._forget_if_forked()
+        self._close_own()
+        self.ring_depth = 0
         self.ring_want = 0
         self.pool_readers = 0
         self.eng = engine
@@ -254,6 +248,8 @@ cdef class RowReader:
 
     def detach(self):
         """Stop reading through the engine (a no-op when not attached)."""
+        if self.own:
+            return
         self.eng = None
         self.cl = None
         self.eng_depth = 0
@@ -261,12 +257,12 @@ cdef class RowReader:
 
     @property
     def engine(self):
-        """The :class:`Engine` this reader reads through, or None (its own readers)."""
-        return self.eng
+        """The :class:`Engine` this reader is attached to, or None (its own readers)."""
+        return None if self.own else self.eng
 
     @property
     def client(self):
-        return self.cl
+        return None if self.own else self.cl
 
     @property
     def last_others(self):
@@ -274,88 +270,88 @@ cdef class RowReader:
         return self.others
 
     cdef void _forget_if_forked(self) noexcept:
-        """In a child after fork(): the pool's threads do not exist and the ring is the parent's;
-        leave both (never joined or drained here) and close the ring's descriptor."""
+        """In a child after fork(): the own engine's threads do not exist and its rings are the
+        parent's; abandon it (never joined or drained here; its ring descriptors closed).  The
+        next read starts a new own engine with the same pool and ring."""
         if self.owner == getpid():
             return
         self.owner = getpid()
-        self.pool = NULL
-        if self.ring != NULL:
-            engram_ring_abandon(self.ring)
-            self.ring = NULL
-        self.ring_depth = 0
+        if self.own and self.eng is not None:
+            self.eng.fork_child()
+            self.eng = None
+            self.cl = None
+            self.own = False
+
+    cdef Engine _own_engine(self):
+        """The reader's own engine (one client: this reader), made on first use: queue depth the
+        deeper of its pool and ring, ``readers - 1`` pool threads (the caller is the last reader)."""
+        if self.eng is None:
+            self.eng = Engine(max(1, self.pool_readers, self.ring_want), 8, 0, max(0, self.pool_readers - 1))
+            self.cl = Client(self.eng)
+            self.own = True
+        return self.eng
+
+    cdef void _close_own(self):
+        if self.own and self.eng is not None:
+            self.eng.close()
+        if self.own:
+            self.eng = None
+            self.cl = None
+            self.own = False
 
     # ------------------------------------------------------------ backends
     def start_pool(self, int readers):
-        """Start ``readers - 1`` persistent threads (the caller is the last reader).
+        """Start the pread pool of ``readers`` reads in flight: ``readers - 1`` persistent threads
+        of the reader's own engine (the caller is the last reader).
 
         Attached to an engine: start the engine's pool instead (its queue depth raised to
         ``readers`` if lower).  Returns 0 or the errno of a thread that could not start
         (nothing runs then).
         """
         cdef int err = 0
+        cdef Engine e
         self._forget_if_forked()
-        if self.eng is not None:
+        if self.eng is not None and not self.own:
             self.eng.grow(readers)
             err = self.eng.start_pool()
             if err == 0:
                 self.pool_readers = readers
             return err
-        if self.pool != NULL and self.pool_readers == readers:
-            return 0
-        if self.pool != NULL:
-            engram_pool_destroy(self.pool)
-            self.pool = NULL
-            self.pool_readers = 0
-        self.pool = engram_pool_create(readers, self.span_cap, max(self.align, 64), &err)
-        if self.pool != NULL:
-            self.pool_readers = readers
+        e = self._own_engine()
+        e.grow(readers)
+        e.set_pool_threads(readers - 1)
+        err = e.start_pool()
+        if err:  # all or nothing: the threads that started are joined with the engine (a ring of
+            self._close_own()  # ring_want starts again in a new one on the next ring read)
+        self.pool_readers = readers if err == 0 else 0
         return err
 
-    def start_ring(self, int depth, unsigned flags=0):
-        """Set up an io_uring ring of ``depth`` entries; returns 0 or an errno.
-
-        ``flags``: extra ``IORING_SETUP_*`` flags to try (dropped when the kernel
-        does not know them).  ENOSYS when the ring is not built, EPERM when
-        refused by ``ENGRAM_DISABLE_IO_URING``, else what io_uring_setup said.
-        Attached to an engine: make sure the engine can start a ring of ``depth``
-        (``flags`` unused).
+    def start_ring(self, int depth):
+        """Set up an io_uring ring of ``depth`` entries (in the reader's own engine); returns 0
+        or an errno: ENOSYS when the ring is not built, EPERM when refused by
+        ``ENGRAM_DISABLE_IO_URING``, else what io_uring_setup said.  Attached to an engine: make
+        sure the engine can start a ring of ``depth``.
         """
         cdef int err = 0
+        cdef Engine e
         self._forget_if_forked()
-        if self.eng is not None:
+        if self.eng is not None and not self.own:
             err = self.eng.ready_ring(depth, self.span_cap, max(self.align, 64))
-            self.ring_want = depth if err == 0 else 0
-            self.ring_depth = self.ring_want
-            return err
-        if self.ring != NULL and self.ring_depth == depth and self.ring_flags == flags:
-            return 0
-        self._stop_ring()
-        self.ring_want = depth
-        self.ring_flags = flags
-        err = self._open_ring()
-        if err:
-            self.ring_want = 0
+        else:
+            e = self._own_engine()
+            e.grow(depth)
+            err = e.ready_ring(depth, self.span_cap, max(self.align, 64))
+        self.ring_want = depth if err == 0 else 0
+        self.ring_depth = self.ring_want
         return err
 
     def stop_ring(self):
-        """Tear the ring down (a later ``read`` on the ring path restarts it); attached: stop
-        using the engine's rings."""
+        """Tear the ring down (a later ``read`` on the ring path needs :meth:`start_ring`);
+        attached: stop using the engine's rings."""
         self._forget_if_forked()
-        self._stop_ring()
+        if self.own and self.eng is not None:
+            self.eng.drop_rings()
         self.ring_want = 0
-
-    cdef int _open_ring(self) noexcept nogil:
-        cdef int err = 0
-        self.ring = engram_ring_create(self.ring_want, self.span_cap, max(self.align, 64), self.ring_flags, &err)
-        if self.ring != NULL:
-            self.ring_depth = self.ring_want
-        return err
-
-    cdef void _stop_ring(self) noexcept nogil:
-        if self.ring != NULL:
-            engram_ring_destroy(self.ring)
-            self.ring = NULL
         self.ring_depth = 0
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
@@ -435,8 +431,8 @@ cdef class RowReader:
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
         self._forget_if_forked()
-        if self.eng is None:
-            if backend == PREAD and self.pool == NULL and self.pool_readers == 0:
+        if self.eng is None or self.own:
+            if backend == PREAD and self.pool_readers == 0:
                 raise ValueError("the pread pool is not started")
             if backend == URING and self.ring_want == 0:
                 raise ValueError("the io_uring ring is not started")
@@ -474,11 +470,8 @@ cdef class RowReader:
             else:
                 ring_chunks += 1
             if path != SERIAL:
-                if self.eng is not None:
-                    conc = max(conc, self.eng_depth_used)
-                    others += self.others
-                else:
-                    conc = max(conc, self.pool_readers if path == PREAD else self.ring_depth)
+                conc = max(conc, self.eng_depth_used)
+                others += self.others
             for i in range(nr):
                 nbytes += self.reqs[i].span_len
             requested += m
@@ -570,7 +563,7 @@ cdef class RowReader:
         cdef engram_job job
         cdef engram_ioerr err
         cdef engram_run_info info
-        cdef int rc = 0, start_err = 0, mode
+        cdef int rc = 0, mode, depth
         cdef engram_engine* e
         job.drop_granule = self.drop_granule
         job.rw_flags = self.rw_flags
@@ -581,42 +574,35 @@ cdef class RowReader:
         job.staging = self.staging
         err.err = 0
         err.req = 0
-        if self.eng is not None and path != SERIAL:
-            e = self.eng._get()
-            mode = ENGRAM_RUN_POOL if path == PREAD else ENGRAM_RUN_RING if path == URING else ENGRAM_RUN_AUTO
+        if path == SERIAL:
             with nogil:
-                rc = engram_engine_run(e, &self.cl.c, &job, self.eng_depth, mode, self.span_cap,
-                                       max(self.align, 64), self.bounce, &err, &info)
-            path = URING if info.on_ring else PREAD
-            self.others = info.others
-            self.eng_depth_used = info.depth
+                rc = engram_read_serial(&job, self.bounce, &err)
             if rc != 0:
-                if err.req == ENGRAM_REQ_RING:
-                    raise ReadFailure("ring", errno=err.err, backend="io_uring")
-                if err.req == ENGRAM_REQ_RING_START:
-                    raise ReadFailure("start", errno=err.err, backend="io_uring")
-                if err.req == ENGRAM_REQ_POOL:
-                    raise ReadFailure("start", errno=err.err, backend="pread")
                 self._raise_io(err, path)
             return path
+        # the pool or the ring: the engine's executors, the reader's own engine or an attached one
+        if self.own or self.eng is None:
+            e = self._own_engine()._get()
+            depth = self.pool_readers if path == PREAD else self.ring_want
+        else:
+            e = self.eng._get()
+            depth = self.eng_depth
+        mode = ENGRAM_RUN_POOL if path == PREAD else ENGRAM_RUN_RING if path == URING else ENGRAM_RUN_AUTO
         with nogil:
-            if path == URING:
-                if self.ring == NULL:
-                    start_err = self._open_ring()
-                if start_err == 0:
-                    rc = engram_ring_run(self.ring, &job, &err)
-            elif path == PREAD:
-                if self.pool == NULL:  # forgotten after fork(): a new pool in this process
-                    self.pool = engram_pool_create(self.pool_readers, self.span_cap, max(self.align, 64), &start_err)
-                if start_err == 0:
-                    rc = engram_pool_run(self.pool, &job, &err)
-            else:
-                rc = engram_read_serial(&job, self.bounce, &err)
-        if start_err != 0:
-            if path == PREAD:
-                raise ReadFailure("start", errno=start_err, backend="pread")
-            raise ReadFailure("ring", errno=start_err, backend="io_uring")
+            rc = engram_engine_run(e, &self.cl.c, &job, depth, mode, self.span_cap,
+                                   max(self.align, 64), self.bounce, &err, &info)
+        path = URING if info.on_ring else PREAD
+        self.others = info.others
+        self.eng_depth_used = info.depth
         if rc != 0:
+            if err.req == ENGRAM_REQ_RING:
+                raise ReadFailure("ring", errno=err.err, backend="io_uring")
+            if err.req == ENGRAM_REQ_RING_START:
+                # a reader's own ring that cannot start again (after a failure or fork()): the
+                # ring's fault, as at its first start; an attached engine's: its executor's start
+                raise ReadFailure("ring" if self.own else "start", errno=err.err, backend="io_uring")
+            if err.req == ENGRAM_REQ_POOL:
+                raise ReadFailure("start", errno=err.err, backend="pread")
             self._raise_io(err, path)
         return path
 
@@ -681,10 +667,8 @@ cdef class RowReader:
         cdef uint64_t d
         cdef uint32_t k
         if r < 0:
-            # io_uring_enter itself failed: tear the ring down (reads may still be in
-            # flight); the next read on the ring path starts a new one
-            if self.eng is None:
-                self._stop_ring()
+            # io_uring_enter itself failed: the engine tore the ring down (reads may still
+            # have been in flight); the next read on the ring path starts a new one
             raise ReadFailure("ring", errno=err.err, backend="io_uring")
         # name the first row of the failing span that was not fully read
         d = self.reqs[r].first

@@ -1,5 +1,5 @@
 # C-level interface of the row readers (readers.h, SPEC §8): the job, the serial reader, the
-# pread pool, the io_uring ring and the shared engine.  Declarations only, cimported by
+# io_uring ring and the engine (its pread pool and its ring loop).  Declarations only, cimported by
 # reader.pyx and engine.pyx (no module of its own).
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
@@ -30,18 +30,9 @@ cdef extern from "readers.h" nogil:
         int64_t nreq
         const uint64_t* row_off
         uint8_t* staging
-    ctypedef struct engram_pool:
-        pass
     ctypedef struct engram_ring:
         pass
     int engram_read_serial(const engram_job* job, uint8_t* buf, engram_ioerr* e)
-    engram_pool* engram_pool_create(int readers, size_t buf_bytes, size_t align, int* err)
-    int engram_pool_run(engram_pool* p, const engram_job* job, engram_ioerr* e)
-    void engram_pool_destroy(engram_pool* p)
-    engram_ring* engram_ring_create(int depth, size_t buf_bytes, size_t align, unsigned flags, int* err)
-    int engram_ring_run(engram_ring* g, const engram_job* job, engram_ioerr* e)
-    void engram_ring_destroy(engram_ring* g)
-    void engram_ring_abandon(engram_ring* g)
     int posix_memalign(void** p, size_t align, size_t size)
     # the shared engine (io_engine.h)
     int ENGRAM_RUN_POOL
@@ -64,13 +55,15 @@ cdef extern from "readers.h" nogil:
         int readers, threads, idle, rings, free_rings, jobs, active_clients, max_jobs, ring_batch
         int64_t held
         uint64_t issued, ring_jobs, pool_jobs, waiting
-    engram_engine* engram_engine_create(int readers, int max_jobs, int ring_batch, int* err)
+    engram_engine* engram_engine_create(int readers, int max_jobs, int ring_batch, int pool_threads, int* err)
     void engram_engine_destroy(engram_engine* e)
     void engram_engine_fork_prepare(engram_engine* e)
     void engram_engine_fork_parent(engram_engine* e)
     void engram_engine_fork_child(engram_engine* e)
     void engram_engine_grow(engram_engine* e, int readers)
     int engram_engine_start_pool(engram_engine* e)
+    void engram_engine_set_pool_threads(engram_engine* e, int threads)
+    void engram_engine_drop_rings(engram_engine* e)
     int engram_engine_ready_ring(engram_engine* e, int depth, size_t buf_bytes, size_t align)
     int engram_engine_run(engram_engine* e, engram_client* c, const engram_job* job, int depth, int mode,
                           size_t buf_bytes, size_t align, uint8_t* caller_buf, engram_ioerr* err,

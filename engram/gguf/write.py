@@ -440,6 +440,17 @@ def _copy_tensor(h: Header, t, src: int, dst: int, to: int, out: Path, bar) -> N
 
 
 # ====================================================================== repair
+def _repair_outputs(headers, dst: Path) -> List[Path]:
+    """The files a repair of ``headers`` (one per shard) writes as ``dst``: ``dst`` itself, or its split
+    set's names; ``ArgumentError`` when one of them is an input."""
+    n = len(headers)
+    outs = [dst] if n == 1 else [shard_name(dst, i + 1, n) for i in range(n)]
+    ins = {h.path.resolve() for h in headers}
+    if any(o.resolve() in ins for o in outs):
+        raise ArgumentError(f"repair writes a new file: {dst} is one of the inputs")
+    return outs
+
+
 def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, prefer: Optional[str] = None,
                  eps: Optional[float] = None, progress: bool = True, parents: bool = False) -> List[Path]:
     """Write ``src`` again as ``dst`` with the current Engram keys, every derived constant re-derived and checked.
@@ -502,12 +513,8 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     except FormatError as exc:
         raise FormatError(f"cannot repair: the constants derived from the primary keys contradict the tensors: "
                           f"{exc}") from None
-    n = len(headers)
     dst = Path(dst)
-    outs = [dst] if n == 1 else [shard_name(dst, i + 1, n) for i in range(n)]
-    ins = {h.path.resolve() for h in headers}
-    if any(o.resolve() in ins for o in outs):
-        raise ArgumentError(f"repair writes a new file: {dst} is one of the inputs")
+    outs = _repair_outputs(headers, dst)
     need = sum(os.stat(h.path).st_blocks * 512 for h in headers) + (16 << 20)
     check_outputs(outs, parents)
     check_room(dst, need, "repairing")

@@ -201,40 +201,15 @@ def _grid_counts(configs) -> str:
     return f"{len(configs) - multi} single-session + {multi} multi-session configurations"
 
 
-def _add_measure(sub) -> None:
-    quick = _grid_counts(quick_grid())
-    full = _grid_counts(default_grid())
-    p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
-                       description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
-                                   "file in the real format -> decode -> projection + gated add as the step's "
-                                   "compute) over real traces, for a grid of thresholds x readers x backends x "
-                                   "traces x compute, recording per step the read, compute and step time; and the "
-                                   "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
-                                   "by iodepth when installed, the step's compute, the hash). Writes "
-                                   "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
-                                   "other layers do not exist here: add an emulated load per step with a compute "
-                                   "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
-                                   f"join with +). Default grid ({full}): compute spin:2 on the "
-                                   "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
-                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
-                                   "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
-                                   "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
-                                   "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; 2 to 32 as "
-                                   "processes sharing the device) on the novel, each session on its own stretch, "
-                                   "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
-                                   "recording every session's tokens/s, step latency, start offset and the threads "
-                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
-                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
-                                   "read backends that start here are measured; the others are named with the "
-                                   f"reason. The table printed at the end: tokens/s (median over the repeats), "
-                                   f"their spread, the slowest session's tokens/s, step p50/p95, and "
-                                   f"{THREADS_MEANING}.")
-    p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
+def _add_measure_model(p) -> None:
     g = p.add_argument_group("model file")
     g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
     g.add_argument("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
                                                "--quick 0.001)")
     g.add_argument("--no-build", action="store_true", help="fail instead of building a missing model file")
+
+
+def _add_measure_grid(p) -> None:
     g = p.add_argument_group("grid (any axis given replaces the default grid by the product of the axes)")
     g.add_argument("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)")
     g.add_argument("--thresholds", type=_ints, help="thresholds (default 8,256)")
@@ -267,6 +242,9 @@ def _add_measure(sub) -> None:
     g.add_argument("--prefetch-drafts", choices=("off", "on", "both"), default="both",
                    help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
                         "off, on, or each configuration both ways (default both)")
+
+
+def _add_measure_measurement(p, quick: str) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
     g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
@@ -300,6 +278,9 @@ def _add_measure(sub) -> None:
                    help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
                         "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
     g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
+
+
+def _add_measure_devices(p) -> None:
     g = p.add_argument_group("devices to check against (sim.measure.devices; WORKDIR/devices.json lists them)")
     g.add_argument("--throttle-iops", type=_ints, metavar="N[,M...]",
                    help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
@@ -313,6 +294,41 @@ def _add_measure(sub) -> None:
     g.add_argument("--device-fio-seconds", type=float,
                    help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
                         "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)")
+
+
+def _add_measure(sub) -> None:
+    quick = _grid_counts(quick_grid())
+    full = _grid_counts(default_grid())
+    p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
+                       description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
+                                   "file in the real format -> decode -> projection + gated add as the step's "
+                                   "compute) over real traces, for a grid of thresholds x readers x backends x "
+                                   "traces x compute, recording per step the read, compute and step time; and the "
+                                   "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
+                                   "by iodepth when installed, the step's compute, the hash). Writes "
+                                   "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
+                                   "other layers do not exist here: add an emulated load per step with a compute "
+                                   "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
+                                   f"join with +). Default grid ({full}): compute spin:2 on the "
+                                   "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
+                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
+                                   "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
+                                   "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
+                                   "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; 2 to 32 as "
+                                   "processes sharing the device) on the novel, each session on its own stretch, "
+                                   "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
+                                   "recording every session's tokens/s, step latency, start offset and the threads "
+                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
+                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
+                                   "read backends that start here are measured; the others are named with the "
+                                   f"reason. The table printed at the end: tokens/s (median over the repeats), "
+                                   f"their spread, the slowest session's tokens/s, step p50/p95, and "
+                                   f"{THREADS_MEANING}.")
+    p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
+    _add_measure_model(p)
+    _add_measure_grid(p)
+    _add_measure_measurement(p, quick)
+    _add_measure_devices(p)
     _add_progress(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_measure)

@@ -232,24 +232,15 @@ def _cmd_trace_iolog(args) -> int:
     return 0
 
 
-def _add_trace(sub) -> None:
-    p = sub.add_parser("trace", help="traces: build from real text or synthesize, reuse statistics, fio I/O logs",
-                       description="With a SOURCE (or none): tokenize real text with the DeepSeek V4 tokenizer, hash "
-                                   "it under the V4.1 layout into row ids per step [T, 2, 24], optionally save them "
-                                   "(.npz), and print how often row reads repeat (by n-gram order and layer), LRU hit "
-                                   "rates, and whether a planned run (--steps, --sessions) wraps past its end. "
-                                   "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
-                                   "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
-    _add_trace_stats_options(p)
-    p.set_defaults(func=_typed_os_errors(_cmd_trace), source=None)
-    tsub = p.add_subparsers(dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", action=_DefaultSubcommand)
-
+def _add_trace_stats(tsub) -> None:
     s = tsub.add_parser("stats", help="reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
                         description="Build or load a trace and print its reuse statistics (see engram sim trace).")
     s.add_argument("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})")
     _add_trace_stats_options(s, argparse.SUPPRESS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace))
 
+
+def _add_trace_synth(tsub) -> None:
     s = tsub.add_parser("synth", help="a synthetic trace with a target reuse rate and Zipf skew",
                         description="Synthesize a token stream whose hashed rows repeat at the target reuse rate "
                                     "(share of row reads that repeat an earlier (layer, row) of the trace), with the "
@@ -269,6 +260,8 @@ def _add_trace(sub) -> None:
     _add_progress(s)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_synth))
 
+
+def _add_trace_profile(tsub) -> None:
     s = tsub.add_parser("profile", help="the per-order reuse shape of a text (what synth reproduces)",
                         description="Measure a trace's reuse profile on windows of --window tokens: reuse by n-gram "
                                     "order, the match-level transition law, the copy-distance law.")
@@ -279,6 +272,8 @@ def _add_trace(sub) -> None:
     _add_progress(s)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
 
+
+def _add_trace_reuse(tsub) -> None:
     s = tsub.add_parser("reuse", help="row cache hit rate against cache size: the engine's policies and the "
                                       "optimal bound, by layer and n-gram order",
                         description="Replay a trace through the engine's row cache (engram.RowCache: the same "
@@ -303,6 +298,8 @@ def _add_trace(sub) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_typed_os_errors(_cmd_trace_reuse))
 
+
+def _add_trace_iolog(tsub) -> None:
     s = tsub.add_parser("iolog", help="the exact reads of a trace as an I/O log that fio --read_iolog replays",
                         description="Plan the engine's reads of every decode step (per table: distinct rows, "
                                     "block-aligned spans, rows sharing or touching a block in one read) and write them "
@@ -328,4 +325,22 @@ def _add_trace(sub) -> None:
                    help=f"queue depth in the suggested fio command (default {DEFAULT_READERS}, the engine's readers)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_typed_os_errors(_cmd_trace_iolog))
+
+
+def _add_trace(sub) -> None:
+    p = sub.add_parser("trace", help="traces: build from real text or synthesize, reuse statistics, fio I/O logs",
+                       description="With a SOURCE (or none): tokenize real text with the DeepSeek V4 tokenizer, hash "
+                                   "it under the V4.1 layout into row ids per step [T, 2, 24], optionally save them "
+                                   "(.npz), and print how often row reads repeat (by n-gram order and layer), LRU hit "
+                                   "rates, and whether a planned run (--steps, --sessions) wraps past its end. "
+                                   "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
+                                   "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
+    _add_trace_stats_options(p)
+    p.set_defaults(func=_typed_os_errors(_cmd_trace), source=None)
+    tsub = p.add_subparsers(dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", action=_DefaultSubcommand)
+    _add_trace_stats(tsub)
+    _add_trace_synth(tsub)
+    _add_trace_profile(tsub)
+    _add_trace_reuse(tsub)
+    _add_trace_iolog(tsub)
     tsub.default_to("stats")

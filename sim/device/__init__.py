@@ -18,9 +18,6 @@
 
 from __future__ import annotations
 
-from .. import io as _io
-from .. import schema as _schema
-from ..deprecation import moved
 from .bucket import TokenBucket
 from .datasheet import ssd_from_figures, ssd_from_spec, volume_from_spec
 from .engines import BucketExactDevice, ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
@@ -70,5 +67,3 @@ __all__ = [
     "time_average",
     "with_tail",
 ]
-
-__getattr__ = moved(__name__, {"read_jsonl": (_io.read_jsonl, "sim.io"), "US": (_schema.US, "sim.schema")})

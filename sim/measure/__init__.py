@@ -26,9 +26,6 @@ is the read alone).  Compute specs combine with ``+`` (``mixer+spin:5``).
 
 from __future__ import annotations
 
-from .. import io as _io
-from .. import schema as _schema
-from ..deprecation import moved
 from .background import Background, QuietGuard, is_quiet
 from .compute import compute_runner
 from .configs import (MEASURED_CAPACITY_COMPUTE, MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS, DEFAULT_POLICIES,
@@ -79,9 +76,3 @@ __all__ = [
     "segments",
     "trace_tokens_needed",
 ]
-
-__getattr__ = moved(__name__, {
-    "load_json": (_io.load_json, "sim.io"),
-    **{name: (getattr(_schema, name), "sim.schema")
-       for name in ("MICRO_SCHEMA", "RUNS_SCHEMA", "STEP_ROWS", "US", "ComputeSpec", "RunConfig", "trace_label")},
-})

@@ -357,6 +357,44 @@ def by_target(entries: Sequence[Entry]) -> Dict[float, List[Entry]]:
     return out
 
 
+def _assumptions_text(searched: Sequence[Entry]) -> str:
+    """The sentence of assumptions of the searched entries (one per distinct set, naming its sources)."""
+    said: Dict[str, List[str]] = {}
+    for e in searched:
+        said.setdefault(e.cap.assumptions(), [])
+        if e.source not in said[e.cap.assumptions()]:
+            said[e.cap.assumptions()].append(e.source)
+    if len(said) == 1:
+        return "Assumptions: " + "".join(f"{a[0].upper()}{a[1:]}." for a in said)
+    if said:
+        return "Assumptions: " + " ".join(f"for {' and '.join(srcs)}: {a}." for a, srcs in said.items())
+    return f"Assumptions: batching {BATCHING}."
+
+
+def _capacity_rows(entries: Sequence[Entry]) -> List[list]:
+    """The rows of ``capacity.csv``: every probe of a search, every session count of a cross-check, or
+    the grid point a capacity was read off."""
+    rows = []
+    for e in entries:
+        if e.cap is not None:
+            for p in e.cap.probes:
+                if p["sessions"] > 0:
+                    rows.append([e.label, e.tag, e.source, p["repeat"], p["seed"], p["sessions"], p[e.spec.metric],
+                                 e.spec.target, p[e.spec.metric] >= e.spec.target, p["device_busy"],
+                                 p["reads_per_s"], e.phases_short()])
+        elif e.checked is not None:
+            c = e.checked["row"]
+            ys = c["measured_slowest"] if e.checked["kind"] == "measured" else c["predicted_slowest"]
+            rows += [[e.label, e.tag, e.source, 0, "", n, y, e.spec.target, y >= e.spec.target, "", "",
+                      e.phases_short()] for n, y in zip(c["sessions"], ys)]
+        else:
+            at = e.grid[3]
+            rows.append([e.label, e.tag, e.source, 0, at.get("seed", ""), at["sessions"], at[e.spec.metric],
+                         e.spec.target, at[e.spec.metric] >= e.spec.target, at["device_busy"], at["reads_per_s"],
+                         e.phases_short()])
+    return rows
+
+
 def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], details: Optional[str]) -> List[str]:
     """The report's first section: the capacity of every entry, its band and assumptions, the figure and its
     data.  ``details`` is the heading of the section that says how it was found.  Returns the headline lines."""
@@ -388,18 +426,7 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
                     f"{e.spec.target:g}", e.phases_short(), e.assumptions_short(),
                     e.source + (f" [{e.tag}]" if e.checked is not None else "")]
                    for e in es])
-    said: Dict[str, List[str]] = {}
-    for e in searched:
-        said.setdefault(e.cap.assumptions(), [])
-        if e.source not in said[e.cap.assumptions()]:
-            said[e.cap.assumptions()].append(e.source)
-    if len(said) == 1:
-        text = "Assumptions: " + "".join(f"{a[0].upper()}{a[1:]}." for a in said)
-    elif said:
-        text = "Assumptions: " + " ".join(f"for {' and '.join(srcs)}: {a}." for a, srcs in said.items())
-    else:
-        text = f"Assumptions: batching {BATCHING}."
-    doc.p(text
+    doc.p(_assumptions_text(searched)
           + " With batched decode several sessions would share one step's compute and every capacity here would "
             "change." + (f" How it was found: [{details}](#{anchor(details)})." if details else ""))
     checked = [e for e in entries if e.checked is not None]
@@ -408,27 +435,9 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
             f"sessions as {e.checked['row']['mode']}: target {e.spec.target:g} tokens/s for the slowest session, "
             f"compute {e.compute()}, phases: {e.phases()}; batching {BATCHING}."
             for e in checked if e.checked["kind"] == "measured"))
-    rows = []
-    for e in entries:
-        if e.cap is not None:
-            for p in e.cap.probes:
-                if p["sessions"] > 0:
-                    rows.append([e.label, e.tag, e.source, p["repeat"], p["seed"], p["sessions"], p[e.spec.metric],
-                                 e.spec.target, p[e.spec.metric] >= e.spec.target, p["device_busy"],
-                                 p["reads_per_s"], e.phases_short()])
-        elif e.checked is not None:
-            c = e.checked["row"]
-            ys = c["measured_slowest"] if e.checked["kind"] == "measured" else c["predicted_slowest"]
-            rows += [[e.label, e.tag, e.source, 0, "", n, y, e.spec.target, y >= e.spec.target, "", "",
-                      e.phases_short()] for n, y in zip(c["sessions"], ys)]
-        else:
-            at = e.grid[3]
-            rows.append([e.label, e.tag, e.source, 0, at.get("seed", ""), at["sessions"], at[e.spec.metric],
-                         e.spec.target, at[e.spec.metric] >= e.spec.target, at["device_busy"], at["reads_per_s"],
-                         e.phases_short()])
     data = out.csv("capacity", ["device", "kind", "source", "seed_index", "seed", "sessions",
                                 "slowest_session_tokens_per_s", "target", "passed", "device_busy", "reads_per_s",
-                                "phases"], rows)
+                                "phases"], _capacity_rows(entries))
     for i, (target, es) in enumerate(groups.items()):  # one figure, one axis, one target each
         name = "capacity" if i == 0 else f"capacity_at_{target:g}".replace(".", "_")
         rel = capacity_figure(out, name, f"Capacity: sessions a device sustains at {target:g} tokens/s", es)

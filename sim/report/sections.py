@@ -47,48 +47,25 @@ def _interval_note(s: dict) -> str:
             f"{s.get('runs_inside', 0)} of {s['runs']}.")
 
 
-def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
-    """Predicted vs measured: the cross-check's figure and table (or a note that there is none)."""
-    plt = pyplot()
-    xc = inp.xc
-    doc.h(1, "Predicted vs measured")
-    if not xc:
-        doc.p("No cross-check: run `engram measure`, `engram calibrate` and `engram crosscheck` on a folder and "
-              "pass it to `engram report`.")
-        return
-    s = xc["summary"]
-    which, _, rule = regime_checks((s.get("regime") or {}).get("name", "loaded"))
-    t = xc.get("quiet_targets", xc["targets"]) if which == "quiet" else xc["targets"]
-
-    def target(key: str) -> str:
-        return (f"target <= {t[key] * 100:g}%" if which is not None else
-                f"any-machine target <= {t[key] * 100:g}%, not held under load")
-
-    doc.p(f"Every measured configuration predicted by the simulator calibrated from microbenchmarks only (the "
-          f"calibration never saw a decode run); each run against its own prediction, the median over a "
-          f"configuration's runs. tokens/s: median |error| "
-          f"**{s['tokens_per_s']['median_abs_error'] * 100:.2f}%** ({target('tokens_per_s_median_abs')}), "
-          f"max {s['tokens_per_s']['max_abs_error'] * 100:.2f}% ({target('tokens_per_s_max_abs')}); "
-          f"step p50 max |error| {s['step_p50']['max_abs_error'] * 100:.2f}% ({target('step_p50_max_abs')}); "
-          f"{rule}. The spread of repeated measurements of one configuration "
-          f"((max - min) / median) has median {s['spread']['tokens_per_s_median'] * 100:.1f}% and max "
-          f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
-          f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
-          f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
-    if s.get("regime"):
-        doc.p(_interval_note(s))
+def _background_note(doc: Doc, inp: Inputs) -> None:
+    """A paragraph on the load of other processes while the runs were measured (none when not recorded)."""
     bg = [r["background"] for r in (inp.runs or {}).get("runs", []) if isinstance(r.get("background"), dict)]
-    if bg:
-        cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100
-        io = np.array([float(b.get("disk_iops", 0.0)) for b in bg])
-        waited = (inp.runs or {}).get("waited_s")
-        doc.p(f"Other processes while the runs were measured: CPU median {np.median(cpu):.0f}% of the machine "
-              f"(max {cpu.max():.0f}%), disk requests median {np.median(io):.0f}/s (max {io.max():.0f}/s)"
-              + (f"; {waited:.0f} s were spent waiting for a quiet machine" if waited else "")
-              + ". A shared machine's load widens the spread of the repeats and moves the microbenchmarks the "
-                "calibration is fitted from.")
+    if not bg:
+        return
+    cpu = np.array([float(b.get("cpu", 0.0)) for b in bg]) * 100
+    io = np.array([float(b.get("disk_iops", 0.0)) for b in bg])
+    waited = (inp.runs or {}).get("waited_s")
+    doc.p(f"Other processes while the runs were measured: CPU median {np.median(cpu):.0f}% of the machine "
+          f"(max {cpu.max():.0f}%), disk requests median {np.median(io):.0f}/s (max {io.max():.0f}/s)"
+          + (f"; {waited:.0f} s were spent waiting for a quiet machine" if waited else "")
+          + ". A shared machine's load widens the spread of the repeats and moves the microbenchmarks the "
+            "calibration is fitted from.")
+
+
+def _predicted_vs_measured_figure(plt, rows: Sequence[Mapping], t: Mapping[str, float]):
+    """The cross-check's figure: predicted against measured tokens/s (log-log, the target bands) and the
+    error of each configuration beside half the spread of its repeats (``t``: the targets)."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
-    rows = xc["rows"]
     m = np.array([r["measured"]["tokens_per_s"] for r in rows])
     p = np.array([r["predicted"]["tokens_per_s"] for r in rows])
     lo = np.array([min(r["measured"]["tokens_per_s_runs"]) for r in rows])
@@ -130,6 +107,59 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
     ax2.set_ylabel("configuration (trace, reads, compute)")
     ax2.set_title("Error by configuration")
     ax2.legend(loc="lower right")
+    return fig
+
+
+def _crosscheck_table(doc: Doc, rows: Sequence[Mapping]) -> None:
+    """The cross-check table: measured, predicted and the error of tokens/s, step p50 and p95 per configuration."""
+    def pct(x: float) -> str:
+        return f"{x * 100:+.1f}%"
+
+    doc.table(["trace", "threshold", "reads", "readers", "compute", "steps x repeats", "tokens/s measured",
+               "spread", "predicted", "error", "step p50 ms measured", "predicted", "error",
+               "step p95 ms measured", "predicted", "error"],
+              [[r["trace_label"], r["threshold"], "serial" if r["serial"] else r["backend"],
+                "-" if r["serial"] else r["readers"], r["compute"], f"{r['steps']} x{r['repeats']}",
+                r["measured"]["tokens_per_s"], f"{r['spread']['tokens_per_s'] * 100:.1f}%",
+                r["predicted"]["tokens_per_s"], f"{pct(r['error']['tokens_per_s'])} {error_band(r['interval'])}",
+                r["measured"]["step_p50_ms"],
+                r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
+                r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
+
+
+def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
+    """Predicted vs measured: the cross-check's figure and table (or a note that there is none)."""
+    plt = pyplot()
+    xc = inp.xc
+    doc.h(1, "Predicted vs measured")
+    if not xc:
+        doc.p("No cross-check: run `engram measure`, `engram calibrate` and `engram crosscheck` on a folder and "
+              "pass it to `engram report`.")
+        return
+    s = xc["summary"]
+    which, _, rule = regime_checks((s.get("regime") or {}).get("name", "loaded"))
+    t = xc.get("quiet_targets", xc["targets"]) if which == "quiet" else xc["targets"]
+
+    def target(key: str) -> str:
+        return (f"target <= {t[key] * 100:g}%" if which is not None else
+                f"any-machine target <= {t[key] * 100:g}%, not held under load")
+
+    doc.p(f"Every measured configuration predicted by the simulator calibrated from microbenchmarks only (the "
+          f"calibration never saw a decode run); each run against its own prediction, the median over a "
+          f"configuration's runs. tokens/s: median |error| "
+          f"**{s['tokens_per_s']['median_abs_error'] * 100:.2f}%** ({target('tokens_per_s_median_abs')}), "
+          f"max {s['tokens_per_s']['max_abs_error'] * 100:.2f}% ({target('tokens_per_s_max_abs')}); "
+          f"step p50 max |error| {s['step_p50']['max_abs_error'] * 100:.2f}% ({target('step_p50_max_abs')}); "
+          f"{rule}. The spread of repeated measurements of one configuration "
+          f"((max - min) / median) has median {s['spread']['tokens_per_s_median'] * 100:.1f}% and max "
+          f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
+          f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
+          f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+    if s.get("regime"):
+        doc.p(_interval_note(s))
+    _background_note(doc, inp)
+    rows = xc["rows"]
+    fig = _predicted_vs_measured_figure(plt, rows, t)
     rel = out.save(fig, "predicted_vs_measured", "Predicted vs measured decode tokens/s, with the error band")
     data = out.csv("predicted_vs_measured",
                    ["config", "trace", "threshold", "backend", "readers", "compute", "steps", "repeats",
@@ -148,20 +178,7 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
           "of the repeats' tokens/s; error: each run's predicted / measured - 1, the median over the runs, so it can "
           "differ from the ratio of the two medians when they are different runs; the 90% band of the tokens/s "
           "error beside it):")
-
-    def pct(x: float) -> str:
-        return f"{x * 100:+.1f}%"
-
-    doc.table(["trace", "threshold", "reads", "readers", "compute", "steps x repeats", "tokens/s measured",
-               "spread", "predicted", "error", "step p50 ms measured", "predicted", "error",
-               "step p95 ms measured", "predicted", "error"],
-              [[r["trace_label"], r["threshold"], "serial" if r["serial"] else r["backend"],
-                "-" if r["serial"] else r["readers"], r["compute"], f"{r['steps']} x{r['repeats']}",
-                r["measured"]["tokens_per_s"], f"{r['spread']['tokens_per_s'] * 100:.1f}%",
-                r["predicted"]["tokens_per_s"], f"{pct(r['error']['tokens_per_s'])} {error_band(r['interval'])}",
-                r["measured"]["step_p50_ms"],
-                r["predicted"]["step_p50_ms"], pct(r["error"]["step_p50"]), r["measured"]["step_p95_ms"],
-                r["predicted"]["step_p95_ms"], pct(r["error"]["step_p95"])] for r in rows])
+    _crosscheck_table(doc, rows)
     sessions_section(doc, out, xc)
     # the cross-check's own summary: its last block of lines (errors, spread, interval, regime, backends left out)
     for line in markdown_table(xc).rsplit("\n\n", 1)[-1].split("\n"):
@@ -384,6 +401,32 @@ def _default_plot(axes: Sequence[str], rows: Sequence[Mapping]) -> dict:
             "logx": x in ("sessions", "readers", "cache_rows", "threshold")}
 
 
+def _capacity_stars(ax, spec: Mapping, part: Sequence[Mapping], keys: Sequence[tuple], series: Sequence[str],
+                    y: str) -> list:
+    """A capacity plot's target line on ``ax`` and a star at each series' capacity read off the grid;
+    returns the stars' labels (x, y, text, colour) for :func:`spread_labels`."""
+    stars = []
+    tgt = float(spec.get("target", CAPACITY_TARGET))
+    ax.axhline(tgt, color="k", ls="--", lw=1, label=f"target {tgt:g}")
+    for key in keys:
+        pts = [r for r in part if tuple(r[s] for s in series) == key]
+        cap, bound = capacity_of(pts, tgt, y)
+        if cap:
+            r = next(r for r in pts if r["sessions"] == cap)
+            ax.plot([cap], [r[y]], "*", ms=13, color="gold", markeredgecolor="k")
+            stars.append((cap, r[y], f"{'>=' if bound else ''}{cap}", "k"))
+    return stars
+
+
+def _figure_legend(fig) -> None:
+    """One legend for the whole figure, at its right: every label of its axes once."""
+    seen: Dict[str, Any] = {}
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=8)
+
+
 def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes: Sequence[str], name: str,
                 study: str) -> Tuple[str, str, str]:
     plt = pyplot()
@@ -424,17 +467,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
             line, = ax.plot(xp, ym, "-o", ms=4, label=lab)
             if any(h > l for h, l in zip(yhi, ylo)):
                 ax.fill_between(xp, ylo, yhi, color=line.get_color(), alpha=0.15)
-        stars = []
-        if spec.get("kind") == "capacity":
-            tgt = float(spec.get("target", CAPACITY_TARGET))
-            ax.axhline(tgt, color="k", ls="--", lw=1, label=f"target {tgt:g}")
-            for key in keys:
-                pts = [r for r in part if tuple(r[s] for s in series) == key]
-                cap, bound = capacity_of(pts, tgt, y)
-                if cap:
-                    r = next(r for r in pts if r["sessions"] == cap)
-                    ax.plot([cap], [r[y]], "*", ms=13, color="gold", markeredgecolor="k")
-                    stars.append((cap, r[y], f"{'>=' if bound else ''}{cap}", "k"))
+        stars = _capacity_stars(ax, spec, part, keys, series, y) if spec.get("kind") == "capacity" else []
         if cat:
             ax.set_xticks(range(len(xcats)), [device_label(str(c)) for c in xcats], rotation=20, ha="right")
         elif spec.get("logx"):
@@ -453,11 +486,7 @@ def _plot_sweep(out: ReportFolder, rows: Sequence[Mapping], spec: Mapping, axes:
     for j in range(len(facets), nrows * cols):
         axs[j // cols][j % cols].set_visible(False)
     if outside:
-        seen: Dict[str, Any] = {}
-        for ax in fig.axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                seen.setdefault(lab, h)
-        fig.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=8)
+        _figure_legend(fig)
     title = spec.get("title") or f"{study}: {METRICS.get(y, y)} by {AXES.get(x, (0, 0, x))[2]}"
     rel = out.save(fig, name, title)
     data = out.csv(name, [facet or "facet", *series, x, f"{y}_mean", f"{y}_min", f"{y}_max", "points"], data_rows)

@@ -51,10 +51,11 @@ from engram.errors import ArgumentError
 from ..capacity import CAPACITY_RULE, CapacityTable, SearchBound, SearchProgress, SeedBand, earlier_probes, probes_path
 from ..io import load_json
 from ..progress import progress_label
+from ..schema import SERVE_SCHEMA
 from ..sweep import TableWriter, check_table_target, meta_path, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
-from .study import SERVE_AXES, SERVE_METRICS, SERVE_SCHEMA, RateSearch, ServeStudy, check_serve_point, \
+from .study import SERVE_AXES, SERVE_METRICS, RateSearch, ServeStudy, check_serve_point, \
     serve_point_seed
 
 __all__ = ["CAPACITY_COLUMNS", "KNEE_CAUSES", "MAX_HALVINGS", "PROBE_COLUMNS", "ServeCapacity", "ServeCapacityResult",

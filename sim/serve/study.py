@@ -63,11 +63,8 @@ from .model import DEFAULT_TEXT, DEFAULT_TEXT_TOKENS
 from .rows import DEFAULT_READ_CHUNK
 from .workload import ARRIVALS, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, Lengths
 
-__all__ = ["MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "SERVE_SCHEMA", "ServeStudy",
+__all__ = ["MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "ServeStudy",
            "check_serve_point", "is_serve_study", "serve_point_seed", "serve_text"]
-
-#: Schema of serving tables (their ``.meta.json``).
-SERVE_SCHEMA = "engram.serve/1"
 
 #: Axes of a serving study: name -> (type, default, label with unit).
 SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {

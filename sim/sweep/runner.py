@@ -712,6 +712,20 @@ def resume_rows(study: Study, path: Union[str, os.PathLike]) -> List[Dict[str, A
     return [keep[i] for i in sorted(keep)]
 
 
+def _points_to_run(study: Study, cal: Optional[Path], out, resume: bool) -> Tuple[list, list, list]:
+    """The study's points (checked, and against the calibration's backends before any simulation
+    runs), the rows an earlier run finished (``resume``), and the (index, point, seed) still to run."""
+    if resume and out is None:
+        raise ArgumentError("resume needs the table of the earlier run (out)")
+    pts = check_points(study.points())
+    if cal is not None:
+        check_study_backends(cal, pts, where=str(study.source))
+    seeds = [point_seed(study.seed, p) for p in pts]
+    done = resume_rows(study, out) if resume else []
+    have = {r["point"] for r in done}
+    return pts, done, [(i, p, s) for i, (p, s) in enumerate(zip(pts, seeds)) if i not in have]
+
+
 def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = None, scheduler: Optional[str] = None,
               calibration: Union[str, os.PathLike, None] = None, progress: Union[bool, str] = True,
               out: Union[str, os.PathLike, None] = None, connect_timeout: float = 30.0, resume: bool = False,
@@ -760,17 +774,9 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     """
     if not isinstance(study, Study):
         study = Study.load(study)
-    if resume and out is None:
-        raise ArgumentError("resume needs the table of the earlier run (out)")
     cal = Path(calibration) if calibration else study.calibration
     t0 = time.perf_counter()
-    pts = check_points(study.points())
-    if cal is not None:  # a backend the calibration lacks is named before any simulation runs
-        check_study_backends(cal, pts, where=str(study.source))
-    seeds = [point_seed(study.seed, p) for p in pts]
-    done = resume_rows(study, out) if resume else []
-    have = {r["point"] for r in done}
-    todo = [(i, p, s) for i, (p, s) in enumerate(zip(pts, seeds)) if i not in have]
+    pts, done, todo = _points_to_run(study, cal, out, resume)
     ctx = resolve_context([t[1] for t in todo] or pts[:1], cal)
     res = SweepResult(study, [], 0.0, "", resumed=len(done))
     writer = TableWriter(out, res.columns, res.meta(), len(pts), done) if out is not None else None

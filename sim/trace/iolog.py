@@ -43,7 +43,7 @@ from engram import Hasher, Layout, Table, read_model
 from engram._native.reader import MAX_SPAN_BYTES
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError, RowRangeError, TableIOError
-from engram.gguf_file import MODEL_ALIGNMENT
+from engram.gguf import MODEL_ALIGNMENT
 from engram.synth import REAL_TABLE_OFFSET
 
 from .base import Trace, default_layout

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from engram import (ArgumentError, DecodeError, FormatError, Hasher, History, HistoryError, Layout, RowRangeError,
                     Table, TokenError, decode_rows, synth)
-from engram.gguf_file import read_kv, read_model
+from engram.gguf import read_kv, read_model
 from tests.reference import decode_rows_reference, hash_reference
 from tests.tablefiles import rows_raw, write_table
 
@@ -222,7 +222,7 @@ def test_absurd_counts_allocate_nothing(seed_header, tmp_path):
 RSS_CHILD = r'''
 import json, os, struct, sys
 from engram import FormatError
-from engram.gguf_file import read_kv, read_model
+from engram.gguf import read_kv, read_model
 src, size, fields, nhead = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 with open(src, "rb") as f:
     head = f.read(nhead)

@@ -322,7 +322,7 @@ def test_shard_missing(split):
 def test_split_keys_contradict(split, tmp_path):
     info = read_model(split[0])
     # the last shard claims a different shard count
-    from engram.gguf_file import read_kv
+    from engram.gguf import read_kv
 
     kv = read_kv(split[2])["split.count"]
     where = kv.offset + 8 + len("split.count") + 4

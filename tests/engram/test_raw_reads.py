@@ -7,7 +7,7 @@ import pytest
 
 from engram import ArgumentError, DecodeError, RowRangeError, Table, TableGroup, decode_rows, synth
 from tests.modelfiles import SCALE, token_map as _token_map
-from engram.gguf_file import read_model
+from engram.gguf import read_model
 
 
 @pytest.fixture(scope="module")

@@ -239,25 +239,28 @@ int main(void) {
     engram_run_info info;
     engram_engine_stats st;
     uint8_t buf[4096];
-    engram_pool *p = engram_pool_create(2, 4096, 512, &err);
     engram_ring *g = engram_ring_create(2, 4096, 512, 0, &err);
-    engram_engine *x = engram_engine_create(4, 8, 64, &err);
+    engram_engine *x = engram_engine_create(4, 8, 64, -1, &err);
+    engram_engine *own = engram_engine_create(2, 8, 0, 1, &err);
     engram_read_serial(&job, 0, &e);
-    if (p) engram_pool_run(p, &job, &e);
-    if (g) engram_ring_run(g, &job, &e);
     engram_engine_grow(x, 8);
     engram_engine_set_ring_batch(x, 32);
     engram_engine_start_pool(x);
     engram_engine_ready_ring(x, 4, 4096, 512);
     engram_engine_run(x, &c, &job, 4, ENGRAM_RUN_AUTO, 4096, 512, buf, &e, &info);
+    engram_engine_set_pool_threads(own, 1);
+    engram_engine_start_pool(own);
+    engram_engine_run(own, &c, &job, 2, ENGRAM_RUN_POOL, 4096, 512, buf, &e, &info);
+    engram_engine_run(own, &c, &job, 2, ENGRAM_RUN_RING, 4096, 512, buf, &e, &info);
+    engram_engine_drop_rings(own);
     engram_engine_get_stats(x, &st);
     engram_engine_fork_prepare(x);
     engram_engine_fork_parent(x);
     if (err == 12345) engram_engine_fork_child(x);
     engram_engine_destroy(x);
+    engram_engine_destroy(own);
     engram_ring_abandon(g);
     engram_ring_destroy(g);
-    engram_pool_destroy(p);
     return ENGRAM_HAVE_URING;
 }
 '''
