@@ -124,3 +124,86 @@ def test_lanes_projection_of_a_strided_batch_view_equals_its_contiguous_copy():
         ref = kernels.project(x.contiguous().to(torch.float16), x.contiguous(), w, path="host")
         got = kernels.project(x.to(torch.float16), x, w, path="lanes")
         assert torch.equal(got, ref)
+
+
+# ------------------------------------------------------------------ sessions: layer ids, ranges, grads
+def test_layer_ids_that_are_not_integers_are_argument_errors(model):
+    from engram.gpu import CapturedStep
+
+    with model.session(device="cpu") as s:
+        hd = s.step_async(100)
+        hd.wait()
+        p = s.prefill([1, 2, 3])
+        cs = CapturedStep([s])
+        for bad in ("x", None, 1.5, True, [1]):
+            for call in (lambda: s.weights(bad), lambda: hd.rows_ready(bad), lambda: s.rows_ready(bad),
+                         lambda: p.wait(bad), lambda: p.rows(bad), lambda: cs.launch(bad)) + \
+                    ((lambda: cs.finish(bad)),) * (bad is not None):  # finish(None) finishes every layer
+                with pytest.raises(ArgumentError, match="layer must be an integer"):
+                    call()
+        for call in (lambda: s.weights(3), lambda: hd.rows_ready(3), lambda: p.rows(3), lambda: cs.launch(3),
+                     lambda: cs.finish(3)):
+            with pytest.raises(ArgumentError, match="layer 3 has no Engram table"):
+                call()
+        assert s.weights(np.int64(1)) is s.weights(1)
+        cs.close()
+
+
+def test_prefill_rows_refuse_negative_and_reversed_ranges(model):
+    with model.session(device="cpu") as s, model.session(device="cpu") as ref:
+        p = s.prefill([100, 2000, 31337])
+        for start, stop, msg in [(-2, None, "start must be an integer in"), (3, 1, "start must be an integer in"),
+                                 (0, 4, "stop must be an integer in"), (0, -1, "stop must be an integer in"),
+                                 ("0", None, "start must be an integer"), (0, 2.0, "stop must be an integer")]:
+            with pytest.raises(ArgumentError, match=msg):
+                p.rows(1, start, stop)
+        with pytest.raises(ArgumentError, match="upto must be an integer"):
+            p.wait(1, "x")
+        assert p.rows(1, 3).shape == (0, 24, 256)
+        want = torch.stack([ref.step(t)[14] for t in (100, 2000, 31337)])
+        assert torch.equal(p.rows(14, 1, 3), want[1:3])
+
+
+def test_apply_refuses_rows_that_require_grad_and_takes_a_mask_that_does(model):
+    with model.session(device="cpu") as s:
+        rows = s.step(100)[1][None]
+        res = torch.zeros((1, 4, 5120), dtype=torch.bfloat16)
+        with pytest.raises(ArgumentError, match="rows require grad"):
+            s.apply(1, res, rows.clone().requires_grad_())
+        with pytest.raises(ArgumentError, match=r"residual must have shape \[T, 4, 5120\], got \[4, 5120\]"):
+            s.apply(1, res[0], rows)
+        assert torch.all(res == 0)
+        a, b = res.clone(), res.clone()
+        s.apply(1, a, rows, mask=torch.ones(1, requires_grad=True).bool())
+        s.apply(1, b, rows)
+        assert torch.equal(a, b) and not torch.all(a == 0)
+        with pytest.raises(ArgumentError, match="mask"):
+            s.apply(1, res, rows, mask=torch.full((1,), 0.5, requires_grad=True))
+        assert torch.all(res == 0)
+
+
+# ------------------------------------------------------------------ the captured step and step_batch
+def test_captured_step_refuses_empty_and_repeated_layers_and_sessions(model):
+    from engram.gpu import CapturedStep, step_batch
+
+    with model.session(device="cpu") as s, model.session() as host:
+        h = s.history.copy()
+        with pytest.raises(ArgumentError, match="one or more layers"):
+            s.capture(1, layers=[])
+        with pytest.raises(ArgumentError, match="a layer appears twice"):
+            s.capture(1, layers=[1, 1])  # its gated add ran twice a step
+        with pytest.raises(ArgumentError, match="a session appears twice"):
+            CapturedStep([s, s])  # its history advanced twice a step
+        with pytest.raises(ArgumentError, match="not an engram.gpu.GpuSession"):
+            CapturedStep([host])
+        with pytest.raises(ArgumentError, match="one GpuSession"):
+            step_batch(s, [1])
+        with pytest.raises(ArgumentError, match="sequence of GpuSession"):
+            step_batch(7, [1])
+        assert np.array_equal(s.history.ids, h.ids)
+        one = s.capture(1, layers=[14])
+        one.step(100)
+        with model.session(device="cpu") as r:
+            want = r.step(100)[14]
+        assert one.layer_ids == (14,) and torch.equal(one.rows[14][0], want)
+        one.close()
