@@ -25,7 +25,7 @@ from .errors import ArgumentError, EngramError, MaskError
 
 __all__ = [
     "shape_str", "need_array", "need_output", "need_contiguous", "no_overlap", "as_mask", "need_eps",
-    "need_int", "need_int_array", "need_finite",
+    "need_int", "need_int_array", "need_finite", "need_layer",
 ]
 
 DTypes = Union[np.dtype, type, Tuple[Union[np.dtype, type], ...]]
@@ -128,6 +128,15 @@ def need_int(name: str, v, lo: Optional[int] = None, hi: Optional[int] = None,
         rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
         raise error(f"{name} must be an integer {rng}, got {x}")
     return x
+
+
+def need_layer(layer_id, layer_ids, name: str = "layer") -> int:
+    """``layer_id`` as an int (bool refused) that is one of ``layer_ids`` (the model's Engram layers);
+    :class:`ArgumentError` otherwise."""
+    lid = need_int(name, layer_id)
+    if lid not in tuple(layer_ids):
+        raise ArgumentError(f"{name} {lid} has no Engram table (layers: {list(layer_ids)})")
+    return lid
 
 
 def need_int_array(name: str, value, shape: Tuple[int, ...], dtype, error: Type[EngramError] = ArgumentError

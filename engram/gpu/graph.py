@@ -25,6 +25,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
+from .._checks import need_layer
 from ..codec import ROW_BYTES, ROW_VALUES
 from ..errors import ArgumentError
 from ..gguf import HC_STREAMS
@@ -64,7 +65,8 @@ class CapturedStep:
     Raises
     ------
     ArgumentError
-        No sessions, sessions of another model or device, an unknown layer.
+        No sessions, a session twice or one that is not a GpuSession, sessions of another model or
+        device; no layers, an unknown layer or one twice.
     DeviceError
         Out of memory on the device.
     """
@@ -75,6 +77,12 @@ class CapturedStep:
         sessions = list(sessions)
         if not sessions:
             raise ArgumentError("CapturedStep needs one or more sessions")
+        for i, s in enumerate(sessions):
+            if not hasattr(s, "_check_open") or not hasattr(s, "device"):  # a GpuSession (not imported: a cycle)
+                raise ArgumentError(f"CapturedStep: session {i} is a {type(s).__name__}, not an engram.gpu."
+                                    f"GpuSession (make one with model.session(device=...))")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise ArgumentError("CapturedStep: a session appears twice (each holds one sequence)")
         if batch is not None and batch != len(sessions):
             raise ArgumentError(f"a captured step of batch {batch} needs {batch} sessions, got {len(sessions)} "
                                 f"(pass them as engram.gpu.CapturedStep(sessions))")
@@ -86,10 +94,13 @@ class CapturedStep:
         self.sessions = sessions
         self.device = dev = lead.device
         self.batch = B = len(sessions)
-        self.layer_ids = tuple(lead.layer_ids if layers is None else (int(x) for x in layers))
-        for lid in self.layer_ids:
-            if lid not in lead.layer_ids:
-                raise ArgumentError(f"layer {lid} has no Engram table (layers: {list(lead.layer_ids)})")
+        self.layer_ids = tuple(lead.layer_ids if layers is None else
+                               (need_layer(x, lead.layer_ids) for x in layers))
+        if not self.layer_ids:
+            raise ArgumentError(f"CapturedStep needs one or more layers (layers: {list(lead.layer_ids)})")
+        if len(set(self.layer_ids)) != len(self.layer_ids):
+            raise ArgumentError(f"CapturedStep: a layer appears twice in {list(self.layer_ids)} (its gated add "
+                                f"would run twice a step)")
         C, W = lead.columns, lead.model.info.hidden_size
         self.columns, self.width = C, W
         self.weights = {lid: lead.weights(lid) for lid in self.layer_ids}
@@ -166,7 +177,14 @@ class CapturedStep:
         self._exact[lid] = bool(((s >= lo) & (s <= hi)).all())
 
     def launch(self, lid: int) -> None:
-        """Replay layer ``lid``'s graph on the current stream (its staging holds the step's records)."""
+        """Replay layer ``lid``'s graph on the current stream (its staging holds the step's records).
+
+        Raises
+        ------
+        ArgumentError
+            ``lid`` is not a captured layer.
+        """
+        lid = need_layer(lid, self.layer_ids)
         if self.graphs and self._exact[lid]:
             self.graphs[lid].replay()
         else:
@@ -220,8 +238,10 @@ class CapturedStep:
         ------
         TableIOError, RowRangeError, DecodeError
             That read failed; every history is put back to before the step.
+        ArgumentError
+            ``layer_id`` is not a captured layer.
         """
-        lids = list(self._pending) if layer_id is None else [int(layer_id)]
+        lids = list(self._pending) if layer_id is None else [need_layer(layer_id, self.layer_ids)]
         for lid in lids:
             fut = self._pending.pop(lid, None)
             if fut is None:

@@ -65,7 +65,8 @@ import torch
 import numpy as np
 
 from .._native import project as _native_project
-from ..codec import BLOCK, ROW_VALUES
+from ..codec import BLOCK, ROW_BYTES, ROW_VALUES
+from ..errors import ArgumentError
 from ..mixer import F16_KERNEL_MAX_TOKENS
 
 try:  # Triton is optional: the torch twins run without it
@@ -115,6 +116,32 @@ def kernel_path(device: torch.device) -> str:
     if device.type == "cuda" or (device.type == "cpu" and _interpreting()):
         return "triton"
     return "torch"
+
+
+# ------------------------------------------------------------------ argument checks
+def _need(name: str, t, dtype: torch.dtype, shape: tuple, device: Optional[torch.device] = None,
+          contiguous: bool = True) -> None:
+    """``t`` is a tensor of ``dtype`` and ``shape`` (-1: any size) on ``device``, contiguous if asked: the
+    kernels index raw pointers, so a tensor of another size or layout would be read or written out of
+    bounds.  Metadata only (no device synchronisation).  Raises :class:`ArgumentError`."""
+    want = "[" + ", ".join("n" if d == -1 else str(d) for d in shape) + "]"
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor {str(dtype)[6:]} {want}, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise ArgumentError(f"{name} must have dtype {str(dtype)[6:]}, got {str(t.dtype)[6:]}")
+    if t.dim() != len(shape) or any(d != -1 and d != n for d, n in zip(shape, t.shape)):
+        raise ArgumentError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if device is not None and t.device != device:
+        raise ArgumentError(f"{name} is on {t.device}, the other tensors on {device}")
+    if contiguous and not t.is_contiguous():
+        raise ArgumentError(f"{name} must be contiguous (strides {list(t.stride())})")
+    if t.requires_grad and name in ("out", "x16", "residual", "gates"):
+        raise ArgumentError(f"{name} requires grad: the kernel writes it in place, outside autograd")
+
+
+def _need_path(path: Optional[str], known: tuple) -> None:
+    if path is not None and path not in known:
+        raise ArgumentError(f"path must be one of {list(known)}, got {path!r}")
 
 
 # ------------------------------------------------------------------ decode
@@ -194,8 +221,20 @@ def decode_raw(raw: torch.Tensor, out: Optional[torch.Tensor] = None, x16: Optio
     -------
     torch.Tensor
         ``out``.
+
+    Raises
+    ------
+    ArgumentError
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``
+        (``out`` and ``x16`` are then untouched).
     """
+    _need("raw", raw, torch.uint8, (-1, ROW_BYTES))
     n = raw.shape[0]
+    if out is not None:
+        _need("out", out, torch.bfloat16, (n, ROW_VALUES), raw.device)
+    if x16 is not None:
+        _need("x16", x16, torch.float16, (n, ROW_VALUES), raw.device)
+    _need_path(path, ("triton", "torch"))
     if out is None:
         out = torch.empty((n, ROW_VALUES), dtype=torch.bfloat16, device=raw.device)
     if n == 0:
@@ -349,6 +388,10 @@ def _project_f32_blocks(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -
         torch.matmul(x32, w16[r0:r1].to(torch.float32).t(), out=out[:, r0:r1])
 
 
+#: The implementations :func:`project` knows (``path=``).
+PROJECTION_PATHS = ("lanes", "host", "f32-blocks", "f16-cublas", "f16-cublas-new", "f16-cublas-f16out")
+
+
 def projection_path(device: torch.device, tokens: int, exact: bool = True) -> str:
     """Which implementation :func:`project` uses for ``tokens`` tokens on ``device``:
 
@@ -381,8 +424,9 @@ def project(x16: torch.Tensor, rows: torch.Tensor, w16: torch.Tensor, *, exact: 
 
     Parameters
     ----------
-    x16 : torch.Tensor
-        float16 ``[T, in_features]``: the rows as f16 (:func:`decode_raw`'s ``x16``; read by cuBLAS only).
+    x16 : torch.Tensor or None
+        float16 ``[T, in_features]``: the rows as f16 (:func:`decode_raw`'s ``x16``; read by cuBLAS only,
+        so None on the other paths).
     rows : torch.Tensor
         bfloat16 ``[T, in_features]``, contiguous: the same rows.
     w16 : torch.Tensor
@@ -394,15 +438,32 @@ def project(x16: torch.Tensor, rows: torch.Tensor, w16: torch.Tensor, *, exact: 
         float32 ``[T, out_features]``, contiguous.
     path : str, optional
         Force a path (tests and benchmarks); default :func:`projection_path`.
+
+    Raises
+    ------
+    ArgumentError
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path`` (``out`` untouched).
     """
-    T = rows.shape[0]
+    _need("rows", rows, torch.bfloat16, (-1, -1), contiguous=False)
+    T, K = rows.shape
+    dev = rows.device
+    if x16 is not None:
+        _need("x16", x16, torch.float16, (T, K), dev, contiguous=False)
+    _need("w16", w16, torch.float16, (-1, K), dev)
+    if out is not None:
+        _need("out", out, torch.float32, (T, w16.shape[0]), dev)
+    _need_path(path, PROJECTION_PATHS)
+    if path == "host" and dev.type != "cpu":
+        raise ArgumentError(f"the host projection runs on CPU tensors, got {dev}")
     if out is None:
         out = torch.empty((T, w16.shape[0]), dtype=torch.float32, device=rows.device)
     if T == 0:
         return out
     path = path or projection_path(rows.device, T, exact)
-    if path == "lanes":
-        _project_lanes(rows, w16, out, fuse=exact)
+    if x16 is None and path.startswith("f16-cublas"):
+        raise ArgumentError(f"the {path} projection multiplies x16, got None")
+    if path == "lanes":  # the kernel indexes token t at t * K: a strided view (a batch's layer) is copied
+        _project_lanes(rows if rows.is_contiguous() else rows.contiguous(), w16, out, fuse=exact)
     elif path == "host":
         _project_host(rows, w16, out)
     elif path == "f32-blocks":
@@ -514,7 +575,7 @@ if triton is not None:
 def gated_add(residual: torch.Tensor, kv: torch.Tensor, w64: torch.Tensor, eps: float,
               mask8: Optional[torch.Tensor] = None, gates: Optional[torch.Tensor] = None, *,
               path: Optional[str] = None, eps_t: Optional[torch.Tensor] = None) -> None:
-    """Add the value into every residual stream through its gate, in place (SPEC §7; arguments trusted).
+    """Add the value into every residual stream through its gate, in place (SPEC §7; shapes checked, values trusted).
 
     Parameters
     ----------
@@ -535,8 +596,25 @@ def gated_add(residual: torch.Tensor, kv: torch.Tensor, w64: torch.Tensor, eps: 
         float32 ``[T, S]``: receives the gates (0 at masked tokens).
     path : {"triton", "torch"}, optional
         Force an implementation; default :func:`kernel_path` of the device.
+
+    Raises
+    ------
+    ArgumentError
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``
+        (``residual`` and ``gates`` are then untouched; the values themselves are trusted).
     """
+    _need("residual", residual, torch.bfloat16, (-1, -1, -1))
     T, S, W = residual.shape
+    dev = residual.device
+    _need("kv", kv, torch.float32, (T, S + 1, W), dev)
+    _need("w64", w64, torch.float64, (S, W), dev)
+    if mask8 is not None:
+        _need("mask8", mask8, torch.uint8, (T,), dev)
+    if gates is not None:
+        _need("gates", gates, torch.float32, (T, S), dev)
+    if eps_t is not None:
+        _need("eps_t", eps_t, torch.float64, (1,), dev)
+    _need_path(path, ("triton", "torch"))
     if T == 0:
         return
     dev = residual.device

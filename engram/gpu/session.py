@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .._checks import as_mask
+from .._checks import as_mask, need_int, need_layer
 from ..codec import ROW_BYTES, ROW_VALUES
 from ..errors import ArgumentError, TableIOError
 from ..gguf import HC_STREAMS
@@ -169,10 +169,7 @@ class StepHandle:
 
     def rows_ready(self, layer_id: int) -> RowsReady:
         """The signal of ``layer_id``'s rows (see :class:`RowsReady`)."""
-        try:
-            return self._ready[int(layer_id)]
-        except KeyError:
-            raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {sorted(self._ready)})") from None
+        return self._ready[need_layer(layer_id, sorted(self._ready))]
 
     def wait(self) -> Dict[int, torch.Tensor]:
         """Wait for every layer (the current stream ordered after each) and return :attr:`rows`."""
@@ -275,9 +272,7 @@ class GpuSession:
 
     def weights(self, layer_id: int) -> DeviceWeights:
         """The layer's weights on this device (:func:`device_weights`)."""
-        if int(layer_id) not in self.layer_ids:
-            raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {list(self.layer_ids)})")
-        return device_weights(self.model, int(layer_id), self.device, self.eps)
+        return device_weights(self.model, need_layer(layer_id, self.layer_ids), self.device, self.eps)
 
     # -------------------------------------------------------------- the device half of a read
     def _wait_copied(self, staging: Staging) -> None:
@@ -615,7 +610,10 @@ class GpuSession:
         if not isinstance(residual, torch.Tensor):
             raise ArgumentError(f"residual must be a torch.Tensor bfloat16 [T, {HC_STREAMS}, {width}] on "
                                 f"{self.device}, got {type(residual).__name__}{untouched}")
-        T = residual.shape[0] if residual.dim() == 3 else -1
+        if residual.dim() != 3:
+            raise ArgumentError(f"residual must have shape [T, {HC_STREAMS}, {width}], got {list(residual.shape)}"
+                                f"{untouched}")
+        T = residual.shape[0]
         _need_tensor("residual", residual, torch.bfloat16, self.device, (T, HC_STREAMS, width), untouched)
         if not residual.is_contiguous():
             raise ArgumentError(f"residual must be contiguous (it is updated in place){untouched}")
@@ -626,6 +624,9 @@ class GpuSession:
         if rows.stride(2) != 1 or rows.stride(1) != ROW_VALUES:
             raise ArgumentError(f"rows must hold each token's {C} x {ROW_VALUES} values contiguously "
                                 f"(strides {list(rows.stride())}){untouched}")
+        if rows.requires_grad:
+            raise ArgumentError(f"rows require grad: the projection runs outside autograd (pass rows.detach() or "
+                                f"run under torch.no_grad()){untouched}")
         mask8 = self._mask(mask, T, untouched)
         if gates_out is not None:
             _need_tensor("gates_out", gates_out, torch.float32, self.device, (T, HC_STREAMS), untouched)
@@ -654,7 +655,7 @@ class GpuSession:
                     raise ArgumentError(f"a mask on the device must be bool of shape [{T}], got "
                                         f"{str(mask.dtype)[6:]} {list(mask.shape)}{untouched}")
                 return mask.to(torch.uint8)
-            mask = mask.numpy()
+            mask = mask.detach().numpy()
         m8 = as_mask(mask, T)
         return torch.from_numpy(np.ascontiguousarray(m8, dtype=np.uint8)).to(self.device)
 
@@ -723,7 +724,13 @@ def step_batch(sessions: Sequence[GpuSession], tokens) -> torch.Tensor:
     TokenError, TableIOError, DeviceError
         As :meth:`GpuSession.step`; on a failure every session's history is put back.
     """
-    sessions = list(sessions)
+    if isinstance(sessions, GpuSession):
+        raise ArgumentError("step_batch takes a sequence of GpuSession objects (one a token), got one GpuSession")
+    try:
+        sessions = list(sessions)
+    except TypeError:
+        raise ArgumentError(f"step_batch takes a sequence of GpuSession objects, got {type(sessions).__name__}") \
+            from None
     if not sessions or not all(isinstance(s, GpuSession) for s in sessions):
         raise ArgumentError("step_batch needs one or more engram.gpu.GpuSession objects")
     lead = sessions[0]
@@ -833,9 +840,7 @@ class DevicePrefill:
             self._cond.notify_all()
 
     def _layer(self, layer_id) -> int:
-        if layer_id not in self._rows:
-            raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {list(self.layer_ids)})")
-        return layer_id
+        return need_layer(layer_id, self.layer_ids)
 
     def wait(self, layer_id: int, upto: Optional[int] = None, timeout: Optional[float] = None) -> None:
         """Block until tokens ``[0, upto)`` of ``layer_id`` are on the device; order the current stream after them.
@@ -850,9 +855,7 @@ class DevicePrefill:
             ``timeout`` seconds passed.
         """
         lid = self._layer(layer_id)
-        upto = self.tokens if upto is None else int(upto)
-        if not 0 <= upto <= self.tokens:
-            raise ArgumentError(f"upto must lie in [0, {self.tokens}], got {upto}")
+        upto = self.tokens if upto is None else need_int("upto", upto, 0, self.tokens)
         with self._cond:
             if not self._cond.wait_for(lambda: self.progress[lid] >= upto or self._error is not None, timeout):
                 raise TimeoutError(f"layer {lid}: {self.progress[lid]} of {upto} tokens after {timeout} s")
@@ -865,10 +868,18 @@ class DevicePrefill:
                 cur.wait_event(ev)
 
     def rows(self, layer_id: int, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
-        """bfloat16 ``[stop - start, 24, 256]`` on the device (waits for them first)."""
-        stop = self.tokens if stop is None else int(stop)
-        self.wait(layer_id, stop)
-        return self._rows[self._layer(layer_id)][int(start):stop]
+        """bfloat16 ``[stop - start, 24, 256]`` on the device (waits for them first).
+
+        Raises
+        ------
+        ArgumentError
+            Unknown layer, or not ``0 <= start <= stop <= tokens`` (no negative or reversed ranges).
+        """
+        lid = self._layer(layer_id)
+        stop = self.tokens if stop is None else need_int("stop", stop, 0, self.tokens)
+        start = need_int("start", start, 0, stop)
+        self.wait(lid, stop)
+        return self._rows[lid][start:stop]
 
     def cancel(self) -> None:
         """Stop after the chunk being read (waiters then get PrefetchCancelled)."""
