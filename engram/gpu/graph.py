@@ -19,6 +19,7 @@ there are no graphs: the same sequence runs eagerly (how the logic is tested).
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Optional, Sequence
 
@@ -211,6 +212,12 @@ class CapturedStep:
         tok = np.atleast_1d(np.asarray(tokens))
         if tok.shape != (self.batch,) or tok.dtype.kind not in "iu":
             raise ArgumentError(f"tokens must be {self.batch} integers, got {tok.dtype} {list(tok.shape)}")
+        with contextlib.ExitStack() as held:  # the sessions' use locks (GpuSession.step's), in one order
+            for s in sorted(self.sessions, key=id):
+                held.enter_context(s._use_lock)
+            self._begin(tok)
+
+    def _begin(self, tok: np.ndarray) -> None:
         for s in self.sessions:
             s._check_open("step")
         befores = [s.host.history.copy() for s in self.sessions]

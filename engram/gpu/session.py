@@ -25,6 +25,8 @@ Made by ``EngramModel.session(device=...)`` through the entry point
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import warnings
 import weakref
@@ -179,6 +181,17 @@ class StepHandle:
 
 
 # ------------------------------------------------------------------ the session
+def _one_thread_at_a_time(method):
+    """Run ``method`` under the session's use lock: a second thread waits for the first (a session's history
+    and staging buffers hold one sequence; two threads interleaved left a token's rows made from another
+    token's records)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._use_lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 def _need_tensor(name: str, t, dtype: torch.dtype, device: torch.device, shape: tuple, untouched: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor {str(dtype)[6:]} of shape {list(shape)} on {device}, "
@@ -215,6 +228,10 @@ class GpuSession:
     ArgumentError, TableIOError
         As :meth:`engram.EngramModel.session`.
 
+    Calls from several threads are serialised (``step``, ``step_async``, ``prefill``, :func:`step_batch`,
+    :meth:`CapturedStep.begin` take the session's lock): a session holds one sequence, so the order of
+    two threads' tokens is theirs to choose.
+
     Attributes
     ----------
     device : torch.device
@@ -229,6 +246,7 @@ class GpuSession:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ArgumentError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.model = model
+        self._use_lock = threading.RLock()
         self.layer_ids = tuple(model.layer_ids)
         self.columns = model.layout.columns
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -331,6 +349,7 @@ class GpuSession:
             rows.record_stream(torch.cuda.current_stream(self.device))
 
     # -------------------------------------------------------------- decode
+    @_one_thread_at_a_time
     def step(self, token_id: int) -> Dict[int, torch.Tensor]:
         """Rows of one decode token for every Engram layer, on the device.
 
@@ -441,6 +460,7 @@ class GpuSession:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-gpu-read")
         return self._pool
 
+    @_one_thread_at_a_time
     def step_async(self, token_id: int) -> StepHandle:
         """Start one decode token: layer 1's read now, layer 14's in the background.
 
@@ -515,6 +535,7 @@ class GpuSession:
         return self.last_handle.rows_ready(layer_id)
 
     # -------------------------------------------------------------- prefill
+    @_one_thread_at_a_time
     def prefill(self, token_ids, mask=None, *, chunk_tokens: int = 2048) -> "DevicePrefill":
         """Stream a prompt's rows to the device chunk by chunk (SPEC §8).
 
@@ -741,6 +762,14 @@ def step_batch(sessions: Sequence[GpuSession], tokens) -> torch.Tensor:
         s._check_open(f"step_batch (session {i})")
     if len({id(s) for s in sessions}) != len(sessions):
         raise ArgumentError("step_batch: a session appears twice (each holds one sequence)")
+    with contextlib.ExitStack() as held:  # every session's use lock, in one order (no deadlock between batches)
+        for s in sorted(sessions, key=id):
+            held.enter_context(s._use_lock)
+        return _step_batch(sessions, tokens)
+
+
+def _step_batch(sessions: List[GpuSession], tokens) -> torch.Tensor:
+    lead = sessions[0]
     tok = np.asarray(tokens)
     B = len(sessions)
     if tok.shape != (B,) or tok.dtype.kind not in "iu":

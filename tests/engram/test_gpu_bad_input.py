@@ -207,3 +207,48 @@ def test_captured_step_refuses_empty_and_repeated_layers_and_sessions(model):
             want = r.step(100)[14]
         assert one.layer_ids == (14,) and torch.equal(one.rows[14][0], want)
         one.close()
+
+
+# ------------------------------------------------------------------ two threads on one session
+def test_two_threads_stepping_one_session_get_the_rows_of_their_own_row_ids(model):
+    """Two threads interleaved in step_async and step_batch on one session: each handle's rows are the
+    decoded records of its own row ids (they were another token's: one staging buffer, one history)."""
+    import threading
+
+    from engram.gpu import step_batch
+
+    with model.session(device="cpu") as s, model.session(device="cpu") as other:
+        bad, errors = [], []
+
+        def check(rows: dict, row_ids: np.ndarray, tag) -> None:
+            for i, lid in enumerate(model.layer_ids):
+                raw = np.empty((1, 24, 264), np.uint8)
+                s.host.tables[lid].read_raw(row_ids[i:i + 1], raw)
+                if not np.array_equal(rows[lid].float().numpy(), decode_rows(raw[0])):
+                    bad.append(tag)
+
+        def run(tokens):
+            try:
+                for t in tokens:
+                    hd = s.step_async(t)
+                    check(hd.wait(), hd.row_ids, t)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        def run_batch(tokens):
+            try:
+                for t in tokens:
+                    rows = step_batch([other, s], [t, t + 1])
+                    # other is stepped by this thread only: its row ids of this batch are still its last
+                    check({lid: rows[0, i] for i, lid in enumerate(model.layer_ids)}, other.host.last_row_ids,
+                          ("batch", t))
+            except Exception as exc:  # pragma: no cover
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(range(100 + k, 160, 2),)) for k in range(2)]
+        threads.append(threading.Thread(target=run_batch, args=(range(500, 515),)))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert errors == [] and bad == []
