@@ -96,7 +96,12 @@ def test_measure_and_crosscheck_speculative_runs(model_path, tmp_path, capsys):
     # predicted as speculative: a verification step reads three tokens' rows and emits about 2.7 tokens (the
     # measured speeds are the machine's, compared in benchmarks/BENCHMARKS.md, not here)
     assert spec["predicted"]["step_mean_ms"] > base["predicted"]["step_mean_ms"]
-    assert spec["predicted"]["tokens_per_s"] > 1.5 * base["predicted"]["tokens_per_s"]
+    # tokens a step = tokens/s x mean step: 1 + 0.9 + 0.81 = 2.71 expected at k = 2 (whether that beats the
+    # plain run depends on this machine's reads against the 1 ms compute, so it is not asserted)
+    per_step = {k: r["predicted"]["tokens_per_s"] * r["predicted"]["step_mean_ms"] * 1e-3 for k, r in
+                (("base", base), ("spec", spec))}
+    assert per_step["base"] == pytest.approx(1.0, rel=1e-6)
+    assert 2.3 < per_step["spec"] < 3.0
     assert spec["error"]["tokens_per_s"] == pytest.approx(
         spec["predicted"]["tokens_per_s"] / spec["measured"]["tokens_per_s"] - 1, abs=1e-9)
     assert "2 drafts at acceptance 0.9, prefetched" in markdown_table(res)
