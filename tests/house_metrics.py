@@ -25,7 +25,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engram", "sim")

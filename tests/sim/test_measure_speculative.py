@@ -3,7 +3,6 @@ by the cross-check: real model file, real reads, the replayed text's true tokens
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
