@@ -104,6 +104,8 @@ from .io import load_json
 from .progress import progress as progress_bar
 from .progress import progress_label
 from .schema import CAPACITY_SCHEMA
+from .device import load_device
+from .device.models import RateLimitedDevice
 from .params import Phases
 from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
                     check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
@@ -449,7 +451,35 @@ class Capacity(SeedBand):
             return head + (f"the target is above the compute-only ceiling of {self.ceiling:.2f} tokens/s: "
                            "no device can reach it")
         return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
-                       f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads")
+                       f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
+                       + self.burst_note())
+
+    def burst_note(self) -> str:
+        """For a rate-limited volume (:class:`sim.device.models.RateLimitedDevice`) whose probes at the capacity
+        read faster than its ``cap_iops``: how long its burst lasts at that rate against the probes' simulated
+        time, and the sustained bound ``floor(cap_iops / (reads a step x target))``; ``""`` otherwise.  A probe
+        starts with a full bucket, so a burst deeper than its window raises the answer (a planner's long-run
+        question is the sustained one)."""
+        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
+        if not at or not isinstance(self.config.get("device"), str):
+            return ""
+        try:
+            dev = load_device(self.config["device"])
+        except Exception:  # noqa: BLE001 - a device this note cannot load says nothing here
+            return ""
+        if not isinstance(dev, RateLimitedDevice):
+            return ""
+        rps, reads = float(at.get("reads_per_s") or 0.0), float(at.get("reads_per_step") or 0.0)
+        if not (rps > dev.cap_iops * 1.01 and reads > 0):
+            return ""
+        lasts = dev.burst_ios / (rps - dev.cap_iops)
+        rate = float(at.get(self.spec.metric) or 0.0)
+        window = float(at.get("steps") or 0.0) / rate if rate > 0 else float("nan")
+        sustained = int(math.floor(dev.cap_iops / (reads * self.spec.target) + 1e-9))
+        return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, above the volume's cap of "
+                f"{dev.cap_iops:,.0f}: its burst of {dev.burst_ios:,.0f} reads lasts about {lasts:,.1f} s at that "
+                f"rate (the probes simulated {window:,.1f} s), so this capacity holds only while the burst lasts; "
+                f"sustained, at most {sustained} sessions (cap_iops / (reads a step x target))")
 
     def row(self) -> Dict[str, Any]:
         """The configuration's row of the capacity table."""

@@ -173,3 +173,16 @@ def test_a_search_beyond_the_largest_count_is_refused_at_once(tmp_path, capsys):
     err = cli(capsys, ["sim", "capacity", "--max-sessions", "1000000000", "--out", str(out), "--seeds", "1"])
     assert "max_sessions = 1000000000 is above 65536" in err and not list(tmp_path.iterdir())
     assert CapacitySpec(max_sessions=MAX_CAPACITY_SESSIONS).max_sessions == 65536
+
+
+def test_a_burst_longer_than_the_probes_is_said_with_the_sustained_bound(capsys, tmp_path):
+    """A capped volume whose burst outlasts the probes' window: the capacity (24 here) holds only while the
+    burst lasts, and the answer says so with the sustained bound floor(20000 / (48 x 20)) = 20; a burst that
+    the probes spend (or none) adds nothing."""
+    doc = capacity_json(capsys, ["--device", "ssd:qd1_us=80,iops=500000,cap_iops=20000,burst_ios=50000",
+                                 "--out", str(tmp_path / "a.csv")])
+    c = doc["configurations"][0]
+    assert c["capacity"] > 20
+    assert "holds only while the burst lasts; sustained, at most 20 sessions" in c["assumptions"]
+    doc = capacity_json(capsys, ["--device", FAST, "--out", str(tmp_path / "b.csv")])
+    assert "burst" not in doc["configurations"][0]["assumptions"]
