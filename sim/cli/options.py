@@ -184,9 +184,10 @@ SPECULATION_HELP = {
 def _add_speculation(g) -> None:
     """``--draft-tokens``, ``--acceptance`` and ``--prefetch-drafts`` (:mod:`sim.decode.speculative`)."""
     g.add_argument("--draft-tokens", type=int, default=0, metavar="K", help=SPECULATION_HELP["draft_tokens"])
-    g.add_argument("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A[,A...]",
-                   help=SPECULATION_HELP["acceptance"])
-    g.add_argument("--prefetch-drafts", action="store_true", help=SPECULATION_HELP["prefetch_drafts"])
+    g.add_argument("--acceptance", default=None, metavar="A[,A...]",
+                   help=SPECULATION_HELP["acceptance"] + " (only with --draft-tokens)")
+    g.add_argument("--prefetch-drafts", action="store_true",
+                   help=SPECULATION_HELP["prefetch_drafts"] + " (only with --draft-tokens)")
 
 
 def _speculation(args) -> Speculation:
@@ -197,12 +198,18 @@ def _speculation(args) -> Speculation:
     Raises
     ------
     ArgumentError
-        ``--draft-tokens`` below 0, an acceptance outside [0, 1] or NaN, a profile longer than k.
+        ``--draft-tokens`` below 0, an acceptance outside [0, 1] or NaN, a profile longer than k;
+        ``--acceptance`` or ``--prefetch-drafts`` without drafts (they would change nothing).
     """
     k = args.draft_tokens
+    if not k and (args.acceptance is not None or args.prefetch_drafts):
+        given = "--acceptance" if args.acceptance is not None else "--prefetch-drafts"
+        raise ArgumentError(f"{given} takes effect only with --draft-tokens K (K >= 1): without drafts it would "
+                            f"change nothing")
+    acceptance = str(DEFAULT_ACCEPTANCE) if args.acceptance is None else args.acceptance
     consumer = consumer_preset(getattr(args, "consumer", "none"))
     extra = consumer.step_s(k + 1) - consumer.step_s(1) if isinstance(k, int) and k > 0 else 0.0
-    return Speculation(k, args.acceptance, args.prefetch_drafts, extra)
+    return Speculation(k, acceptance, args.prefetch_drafts, extra)
 
 
 def _phases(args) -> Phases:

@@ -206,6 +206,13 @@ def test_cli_bad_input_one_line_exit_2(capsys, cmd, flags):
     assert "draft" in err or "acceptance" in err
 
 
+@pytest.mark.parametrize("flags", [["--acceptance", "0.5"], ["--prefetch-drafts"], ["--draft-tokens", "0", "--prefetch-drafts"]])
+def test_cli_decode_refuses_draft_settings_without_drafts(capsys, flags):
+    rc = main(["sim", "decode", "--limit", "50", "--compute-ms", "10", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "only with --draft-tokens" in err, err
+
+
 def test_cli_decode_json(capsys):
     import json
     rc = main(["sim", "decode", "--limit", "300", "--compute-ms", "20", "--draft-tokens", "2", "--acceptance",
