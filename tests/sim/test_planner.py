@@ -67,11 +67,17 @@ def test_planner_document(measured):
         peak = max(r["jobs"][0]["read"]["iops"] for r in raw)
         assert figs["qd1_mean_us"] == pytest.approx(qd1["lat_ns"]["mean"] / 1e3)
         assert figs["peak_iops"] == pytest.approx(peak)
-        if d["class"] == "throttled":
-            assert e["datasheet"].startswith(f"ssd:qd1_us={qd1['clat_ns']['percentile']['50.000000'] / 1e3 + (qd1['lat_ns']['mean'] - qd1['clat_ns']['mean']) / 1e3:.1f},")
+        # every string states the routed drive (sim.planner.ROUTING_RULE)
+        assert e["datasheet"].startswith("ssd:qd1_us=") and e["datasheet"].endswith(",routing=random")
+        if d["class"] == "throttled":  # the drive behind the volume: the raw disk's QD1 mean (its fio beside)
+            disk = next(x for x in devices if x["name"] == "disk")
+            dfigs = fio_figures(check_fio(measured / disk["fio"][str(disk["read_size"])], disk["read_size"]))
+            assert e["datasheet"].startswith(f"ssd:qd1_us={dfigs['qd1_mean_us']:.1f},")
             assert f"cap_iops={peak:.0f},burst_ios={max(1, round(peak * THROTTLE_SLICE_S))}" in e["datasheet"]
-        else:
-            assert e["datasheet"] == f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops={peak:.0f}"
+        elif d["class"] == "disk":
+            assert e["datasheet"] == f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops={peak:.0f},routing=random"
+        else:  # memory-backed: fio's IOPS scaled to the readers' CPUs where fio's figures say a memory copy
+            assert e["datasheet"].startswith(f"ssd:qd1_us={qd1['lat_ns']['mean'] / 1e3:.1f},iops=")
         # a simulator without rate-limited volumes reads the string without the cap, and says so
         fallback = f"ssd:qd1_us={max(round(qd1['lat_ns']['mean'] / 1e3, 1), np.ceil(1e7 / peak) / 10):.1f},iops={peak:.0f}"
         if e["modes"]["datasheet"]["refused"]:  # e.g. a QD1 latency below 1 / IOPS: said, nothing predicted
