@@ -22,7 +22,7 @@ import time
 from typing import Any, Generator, Mapping, Tuple
 from unittest import mock
 
-from sim.capacity import SMALL_CAPACITY, _search, session_bounds
+from sim.capacity import bracket_opening
 
 DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,parallelism=32;"
            "ssd:qd1_us=64,iops=3400000,parallelism=200")
@@ -32,23 +32,9 @@ def _stepping(max_sessions: int, resolution: int, target: float,
                metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
     """The bracketed search as it was before the secant steps (``sim.capacity._bracketed`` of 2026-12-02): from
     the queueing estimate, steps of 1/512 of it, doubling, then bisection; kept here to measure against."""
-    row = yield 1
-    if not row[metric] >= target:
-        return 0, False
-    if max_sessions == 1:
-        return 1, True
-    lower, est, upper = session_bounds(row, target, metric, max_sessions)
-    if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
-        g = _search(max_sessions, resolution)
-        next(g)
-        s = g.send(True)
-        while True:
-            row = yield s
-            try:
-                s = g.send(row[metric] >= target)
-            except StopIteration as stop:
-                return stop.value
-    e = max(2, min(max_sessions, est if upper is not None else max_sessions))
+    done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
+    if done:
+        return e
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
     width = max(1, -(-e // 512))  # first steps away from the estimate: 1/512 of it, doubling
     row = yield e

@@ -656,15 +656,16 @@ def session_bounds(row: Mapping[str, Any], target: float, metric: str = CAPACITY
     return lower, min(est, upper), upper
 
 
-def _bracketed(max_sessions: int, resolution: int, target: float,
-               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
-    """The bracketed search (see the module): yields the count to probe, receives its row; returns ``(capacity,
-    passed at max_sessions)``."""
+def bracket_opening(max_sessions: int, resolution: int, target: float,
+                    metric: str) -> Generator[int, Mapping[str, Any], Tuple[bool, Any]]:
+    """The opening of a bracketed search (``yield from`` it): the 1-session probe, then galloping's answer
+    below :data:`SMALL_CAPACITY`; returns ``(True, (capacity, passed at max_sessions))`` when that is the
+    answer, else ``(False, e)`` with ``e`` the queueing estimate to probe next (:func:`session_bounds`)."""
     row = yield 1
     if not row[metric] >= target:
-        return 0, False
+        return True, (0, False)
     if max_sessions == 1:
-        return 1, True
+        return True, (1, True)
     lower, est, upper = session_bounds(row, target, metric, max_sessions)
     if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
         g = _search(max_sessions, resolution)
@@ -675,8 +676,17 @@ def _bracketed(max_sessions: int, resolution: int, target: float,
             try:
                 s = g.send(row[metric] >= target)
             except StopIteration as stop:
-                return stop.value
-    e = max(2, min(max_sessions, est if upper is not None else max_sessions))
+                return True, stop.value
+    return False, max(2, min(max_sessions, est if upper is not None else max_sessions))
+
+
+def _bracketed(max_sessions: int, resolution: int, target: float,
+               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+    """The bracketed search (see the module): yields the count to probe, receives its row; returns ``(capacity,
+    passed at max_sessions)``."""
+    done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
+    if done:
+        return e
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
     rates: Dict[int, float] = {}  # sessions -> the probe's rate (the metric), beyond the 1-session probe
     width = max(1, -(-e // 512))  # steps away from the estimate when the rates say nothing: 1/512 of it, doubling

@@ -241,15 +241,22 @@ def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, 
             count(s.last_stats)
             nd = s.last_stats.rows_distinct
             q = 1
-            drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
-            if drafts:
-                s.prefetch(drafts)
-            t1 = clock()
-            run(rows)
-            t_end = clock()
-            read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
-            emitted.append(1), distinct.append(nd)
-            t_prev = t_end
+
+            def prefetch_and_compute(rows, e: int, nd: int) -> list:
+                """Prefetch the drafts after ``tokens[q]``, compute on ``rows``, record the step; the drafts."""
+                nonlocal t_prev
+                drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
+                if drafts:
+                    s.prefetch(drafts)
+                t1 = clock()
+                run(rows)
+                t_end = clock()
+                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
+                emitted.append(e), distinct.append(nd)
+                t_prev = t_end
+                return drafts
+
+            drafts = prefetch_and_compute(rows, 1, nd)
             while q < n:
                 truth = tokens[q:q + len(drafts)]
                 a = _accepted(drafts, truth)
@@ -267,15 +274,7 @@ def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, 
                     nd += s.last_stats.rows_distinct
                     e += 1
                 q += e
-                drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
-                if drafts:
-                    s.prefetch(drafts)
-                t1 = clock()
-                run(rows)
-                t_end = clock()
-                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
-                emitted.append(e), distinct.append(nd)
-                t_prev = t_end
+                drafts = prefetch_and_compute(rows, e, nd)
                 if len(step_s) == 20:
                     threads = _os_threads()
         else:
