@@ -146,7 +146,7 @@ BATCHING = "none (each session computes alone; compute never contends)"
 CV_ROUNDING = 1e-9
 
 #: The most sessions a capacity search may probe: 16x the studies' 4,096, a simulation of hours a probe on a
-#: laptop core (the fast decode loop runs about 55,000 session-steps a CPU second), and a search bound
+#: laptop core (the fast decode loop runs about 150,000 session-steps a CPU second), and a search bound
 #: (:class:`SearchBound`) of well under a second.
 MAX_CAPACITY_SESSIONS = 1 << 16
 
