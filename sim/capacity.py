@@ -632,7 +632,7 @@ class SearchProgress:
     def asked(self, key: Any, value: float) -> None:
         """Search ``key`` asks ``value`` next (the bound needs only the answers)."""
 
-    def ran(self, work: int, seconds: float) -> None:
+    def ran(self, work: int, seconds: float, probes: int = 1) -> None:
         """A round of probes ran (the bound counts probes, not their work)."""
 
     def retotal(self) -> None:
@@ -668,9 +668,10 @@ class WorkProgress:
     each one's probe asked now, and one more of about its size unless the answer to this one can close its
     bracket (a pass next to a failure, ``resolution`` apart, or a pass at ``max_sessions``) -- so the work to go
     is a lower bound, exact when the search closes in as few probes as it can; a search that misses the knee
-    adds a probe at a time.  The time left is that work at the session-steps a second the rounds of probes
-    measured (:meth:`ran`, rounds of at least :data:`RATE_MIN_WORK`), or before any such round at
-    :data:`ASSUMED_SESSION_STEPS_PER_S` a probe running side by side (``workers``), which the line says.
+    adds a probe at a time.  The time left is that work at the session-steps a second of a probe the rounds of
+    probes measured (:meth:`ran`, rounds of at least :data:`RATE_MIN_WORK`; a round of ``p`` probes ran
+    ``min(p, workers)`` side by side), or before any such round at :data:`ASSUMED_SESSION_STEPS_PER_S`, which the
+    line says, times the probes the open searches run side by side.
     The bar (on a terminal) counts session-steps.
 
     ``keys`` name the searches, ``steps`` their probes' steps and ``asked`` their first probes' sessions
@@ -687,6 +688,7 @@ class WorkProgress:
         self.probes = 0
         self.work_done = 0
         self.measured_work, self.measured_s = 0, 0.0
+        self._pending, self._note = 0, ""  # answered work and the last news, shown once the next probe is asked
         self.bar = progress_bar(0, desc, "session-step", mode=mode, text=self.text, **kw)
 
     # ------------------------------------------------------------ the estimate
@@ -709,12 +711,14 @@ class WorkProgress:
         return probes, work
 
     def rate(self) -> Tuple[float, bool]:
-        """``(session-steps a second, measured)``: the rounds' own rate, or the assumed one before any round
-        of :data:`RATE_MIN_WORK` has run."""
-        if self.measured_work >= RATE_MIN_WORK and self.measured_s > 0:
-            return self.measured_work / self.measured_s, True
+        """``(session-steps a second, measured)``: a probe's rate -- the rounds' own, per probe running side by
+        side, or the assumed one before any round of :data:`RATE_MIN_WORK` has run -- times the probes the open
+        searches run side by side (at most ``workers``)."""
         open_ = sum(1 for st in self.state.values() if st["asked"] is not None)
-        return ASSUMED_SESSION_STEPS_PER_S * max(1, min(self.workers, open_)), False
+        side = max(1, min(self.workers, open_))
+        if self.measured_work >= RATE_MIN_WORK and self.measured_s > 0:
+            return self.measured_work / self.measured_s * side, True
+        return ASSUMED_SESSION_STEPS_PER_S * side, False
 
     def text(self, elapsed: float, closing: bool) -> str:
         """The line after the label (see the class); ``closing``: the search is over."""
@@ -735,12 +739,19 @@ class WorkProgress:
                 + ("(measured)" if measured else "(assumed: no probe of many sessions has finished yet)"))
 
     # ------------------------------------------------------------ the searches' news
+    def _show(self) -> None:
+        """The answered work and the last news to the bar (a line when its interval has passed): called after a
+        round (:meth:`retotal`), once every search has asked its next probe or returned, so that a line's work to
+        go is the searches' own (not probes of the round already run)."""
+        work, self._pending = self._pending, 0
+        self.bar.update(work, self._note)
+
     def asked(self, key: Any, value: int) -> None:
         """Search ``key`` asks a probe of ``value`` sessions next."""
         self.state[key]["asked"] = int(value)
 
     def answered(self, key: Any, value: int, passed: bool, note: str = "") -> None:
-        """The probe of search ``key`` at ``value`` sessions answered."""
+        """The probe of search ``key`` at ``value`` sessions answered (shown after the round)."""
         st = self.state[key]
         if passed:
             st["lo"] = value if st["lo"] is None else max(st["lo"], value)
@@ -750,25 +761,29 @@ class WorkProgress:
         self.probes += 1
         work = int(value) * self.steps[key]
         self.work_done += work
-        self.bar.update(work, note)
+        self._pending += work
+        self._note = note or self._note
 
-    def ran(self, work: int, seconds: float) -> None:
-        """A round of probes simulated ``work`` session-steps in ``seconds`` (wall)."""
+    def ran(self, work: int, seconds: float, probes: int = 1) -> None:
+        """A round of ``probes`` probes simulated ``work`` session-steps in ``seconds`` (wall), at most
+        ``workers`` of them side by side."""
         if work >= RATE_MIN_WORK and seconds > 0:
             self.measured_work += int(work)
-            self.measured_s += float(seconds)
+            self.measured_s += float(seconds) * max(1, min(self.workers, int(probes)))
 
     def finished(self, key: Any, note: str = "") -> None:
         """Search ``key`` returned."""
         self.state.pop(key, None)
-        self.bar.update(0, note)
+        self._note = note or self._note
 
     def retotal(self) -> None:
-        """After a round: the bar's total is the session-steps done plus the fewest to go."""
-        self.bar.set_total(self.bar.n + self.to_go()[1])
+        """After a round: the bar's total is the session-steps done plus the fewest to go; the line."""
+        self.bar.set_total(self.bar.n + self._pending + self.to_go()[1])
+        self._show()
 
     def note(self, text: str) -> None:
-        self.bar.update(0, text)
+        """News (a probe finished): shown with the next line, after the round."""
+        self._note = text
 
     def __enter__(self) -> "WorkProgress":
         return self
@@ -1011,7 +1026,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                     counter += 1
             t_round = time.perf_counter()
             runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
-            bar.ran(sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks), time.perf_counter() - t_round)
+            bar.ran(sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks), time.perf_counter() - t_round,
+                    len(tasks))
             for (i, r), s in list(asked.items()):
                 row = cache[(i, s, r)]
                 caps[i].probes.append(row)

@@ -236,18 +236,19 @@ def test_a_bracketed_search_says_its_probes_and_the_session_steps_to_go():
                         stream=out, interval=0.0)
     with prog:
         prog.ran(300, 0.5)
+        prog.note("probe of configuration 0, seed 0: 1 sessions")
         prog.answered(key, 1, True)
         prog.asked(key, 3541)
         prog.retotal()
-        prog.note("probe of configuration 0, seed 0: 1 sessions")
         prog.ran(3541 * 300, 15.0)
+        prog.note("probe of configuration 0, seed 0: 3541 sessions")
         prog.answered(key, 3541, False)
         prog.asked(key, 3540)
         prog.retotal()
-        prog.note("next")
         prog.ran(3540 * 300, 15.0)
+        prog.note("probe of configuration 0, seed 0: 3540 sessions")
         prog.answered(key, 3540, True)
-        prog.finished(key)
+        prog.finished(key, "configuration 0, seed 0: 3540 sessions (3 probes)")
         prog.retotal()
     lines = out.getvalue().splitlines()
     assert lines[0] == "capacity: 0 probes (0 session-steps) done after 0 s; the 1-session probe first: its reads " \
@@ -257,14 +258,17 @@ def test_a_bracketed_search_says_its_probes_and_the_session_steps_to_go():
     assert re.fullmatch(r"capacity: 1 probe \(300 session-steps\)" + after + r"at least 2 more probes \(2,124,600 "
                         r"session-steps\), " + assumed + r" session-steps a second \(assumed: no probe of "
                         r"many sessions has finished yet\); last: probe of configuration 0, seed 0: 1 sessions",
-                        lines[2]), lines[2]
+                        lines[1]), lines[1]
     assert assumed == "about 21 s left at 100,000"  # 2,124,600 session-steps at the assumed 100,000 a second
     rate = 3541 * 300 / 15.0  # 70,820 session-steps a second: 1,062,000 to go take 15.0 s
     assert re.fullmatch(r"capacity: 2 probes \(1,062,600 session-steps\)" + after + r"at least 1 more probe "
                         r"\(1,062,000 session-steps\), about 15 s left at 70,820 session-steps a second \(measured\); "
-                        r"last: next", lines[4]), lines[4]
+                        r"last: probe of configuration 0, seed 0: 3541 sessions", lines[2]), lines[2]
     assert f"{rate:,.0f}" == "70,820"
+    assert re.fullmatch(r"capacity: 3 probes \(2,124,600 session-steps\) done after \d+ s; last: configuration 0, "
+                        r"seed 0: 3540 sessions \(3 probes\)", lines[3]), lines[3]
     assert re.fullmatch(r"capacity: 3 probes \(2,124,600 session-steps\) in \d+ s", lines[-1]), lines[-1]
+    assert len(lines) == 5
     assert prog.bar.n == prog.bar.total == 2_124_600
 
 
@@ -299,3 +303,29 @@ def test_a_sustained_search_finds_the_cap_not_the_burst(capsys, tmp_path):
     assert f"bounding it at {bound} sessions" in c["assumptions"]
     err = cli(capsys, ["sim", "capacity", *dev, "--out", str(tmp_path / "s.csv"), "--resume", *SEARCH[:-1]])
     assert "probes of a search with --sustained" in err
+
+
+def test_the_time_left_counts_the_probes_that_run_side_by_side():
+    """Two searches on two workers: a round of two probes of 1,000 sessions x 100 steps in 1 s is 100,000
+    session-steps a second a probe; while both searches are open they run side by side (200,000 a second),
+    once one has returned the other's last probe runs alone (100,000)."""
+    out = io.StringIO()
+    prog = WorkProgress(["a", "b"], {"a": 100, "b": 100}, "capacity", "lines", asked={"a": 1, "b": 1},
+                        workers=2, stream=out, interval=0.0)
+    with prog:
+        prog.ran(200, 0.1, 2)
+        for k in "ab":
+            prog.answered(k, 1, True)
+            prog.asked(k, 1000)
+        prog.retotal()
+        assert prog.to_go() == (4, 400_000) and prog.rate() == (2 * ASSUMED_SESSION_STEPS_PER_S, False)
+        prog.ran(200_000, 1.0, 2)
+        assert prog.rate() == (200_000.0, True)
+        for k in "ab":
+            prog.answered(k, 1000, False)
+        prog.asked("a", 999)
+        prog.finished("b")
+        prog.retotal()
+        assert prog.to_go() == (1, 99_900) and prog.rate() == (100_000.0, True)
+    assert "at least 1 more probe (99,900 session-steps), about 1 s left at 100,000 session-steps a second " \
+           "(measured)" in out.getvalue().splitlines()[-2]
