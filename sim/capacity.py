@@ -959,8 +959,9 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     calibration, jobs, scheduler, connect_timeout, traces
         As for :func:`sim.sweep.run_points`.
     progress : bool or str
-        :mod:`sim.progress` mode; one item per finished search (configuration x seed), a line every few
-        seconds naming the last probe.
+        :mod:`sim.progress` mode: for bracketed searches the probes done with their session-steps and the fewest
+        still needed with their time (:class:`WorkProgress`), for galloping probes against the most its searches
+        may still ask (:class:`SearchProgress`); a line every few seconds naming the last probe.
     done : sequence of dict
         Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
     on_probe : callable, optional
