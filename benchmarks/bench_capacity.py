@@ -1,14 +1,18 @@
 """Capacity search speed: the bracketed search (queueing bounds, then secant steps on the probes' rates) against
-the same bracket stepping away from its estimate (the search before the secant steps) and galloping.
+the same bracket stepping away from its estimate (the search before the secant steps), galloping, and the
+bracketed search on the simulator as it was before its fast loop and reads were reworked.
 
 Side by side in one run, for each device, the same configuration -- the SPEC §8 reference compute, threshold 8,
 16 readers, random phases, 300 steps of a 1000-token real trace, the target 20 tokens/s -- searched up to
 ``--max-sessions`` (default 4096) for one seed, galloping (1, 2, 4, ... then bisection), bracketed stepping
 (:func:`sim.capacity.session_bounds`, then steps of 1/512 of the estimate, doubling: kept here as
-:func:`_stepping`) and bracketed with secant steps (``sim.capacity._bracketed``): wall seconds, probes, the session-steps simulated, and
+:func:`_stepping`), bracketed with secant steps (``sim.capacity._bracketed``) on the simulator as it was
+(``before``: :func:`_before` patches in the fast decode loop, the sessions' reads and the queue's timeline of
+2026-12-02) and as it is: wall seconds, probes, the session-steps simulated, and
 the capacities found (the same within one session where the slowest session's rate falls with the count; where
 it does not -- a few sessions settling into a convoy -- each search returns one of the counts that passed next to
-one that failed).  With ``--jobs 1`` the probes run in this process, so its CPU seconds
+one that failed), and whether the probe rows before and after are the same (every metric, bit for bit).  With
+``--jobs 1`` the probes run in this process, so its CPU seconds
 (:func:`time.process_time`) are the search's work whatever else loads the machine; wall seconds are shown beside.
 
 ``python -m benchmarks.run capacity [--max-sessions N] [--steps N] [--jobs N] [--devices A;B]``
@@ -17,12 +21,21 @@ one that failed).  With ``--jobs 1`` the probes run in this process, so its CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import heapq
+import math
 import os
 import time
-from typing import Any, Generator, Mapping, Tuple
+from typing import Any, Generator, Mapping, Sequence, Tuple
 from unittest import mock
 
+import numpy as np
+
+import sim.decode.model
 from sim.capacity import bracket_opening
+from sim.decode.fast import FastRun
+from sim.decode.reads import step_reads
 
 DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,parallelism=32;"
            "ssd:qd1_us=64,iops=3400000,parallelism=200")
@@ -70,10 +83,244 @@ def _stepping(max_sessions: int, resolution: int, target: float,
     return lo, False
 
 
+def _run_lean_before(self, begin: Sequence[float], tick) -> None:
+    """``sim.decode.fast.FastRun._run_lean`` as it was before its sampler lookups, uniform draws and stalls were
+    taken inline (2026-12-02): kept here to measure against."""
+    S = len(self.reads)
+    sq = self.queues[0]
+    thr, width = self.policy.threshold, self.policy.readers
+    ns = self._n["all"]
+    comps = [c.tolist() for c in self.computes]
+    steps = len(comps[0])
+    lat_rows = [[0.0] * steps for _ in range(S)]
+    stl_rows = [[0.0] * steps for _ in range(S)]
+    step = [0] * S
+    t0 = [0.0] * S
+    finish = self.finish
+    sampler = self.sampler
+    cache, samples_of, uniform = sampler._cache, sampler.samples_of, sampler._uniform
+    wake = [(float(b), i, i) for i, b in enumerate(begin)]
+    heapq.heapify(wake)
+    push, pop = heapq.heappush, heapq.heappop
+    seq = S
+    # the queue's state
+    L, Q, slack, shared = sq.L, sq.Q, sq.slack, sq.shared
+    gate, gate_tail = sq.bucket, sq.tail
+    heap, wait, late = sq.heap, sq.wait, sq.late
+    V, tq, q, d, qseq = sq.V, sq.t, sq.q, sq.d, sq.seq
+    area = busy = 0.0
+    reads = 0
+    times, depths = sq.times, sq.depths
+    record = sq.record
+    tnext = math.inf
+    inf = math.inf
+    done: list = []
+
+    while True:
+        if wake and wake[0][0] < tnext:  # at a tie, the device first (see the module)
+            now, _, i = pop(wake)   # session i starts its step
+            t = step[i]
+            t0[i] = now
+            n = ns[i][t]
+            if n:
+                k = 1 if n < thr else (n if n < width else width)
+                got = cache.get((n, k))
+                if got is None:
+                    got = samples_of(n, k)
+                sig = got[1]
+                x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+                # submit (SegmentQueue.submit)
+                dt = now - tq
+                if dt > 0:
+                    if q:
+                        V += dt / L[q]
+                    if d:
+                        area += dt * d
+                        busy += dt
+                    tq = now
+                c = k if k < n else n
+                if gate is None:
+                    nb = 0.0
+                else:  # the device's not_before, inlined
+                    nb = gate.take(now, n)
+                    nb = nb + gate_tail if nb > now else 0.0
+                bt = [i, n - c, c, sig[x], now, n, got[2][x], got[4], nb]
+                d += c
+                if not wait and q < Q and q + c <= Q + slack:
+                    qseq += 1
+                    push(heap, (V + bt[3], qseq, bt, c))
+                    q += c
+                else:
+                    wait.append([bt, c])
+                    while wait and q < Q:  # the device's _admit, inlined (hot loop)
+                        seg = wait[0]
+                        b2, c2 = seg
+                        take = Q - q
+                        if take + slack >= c2:
+                            wait.popleft()
+                            take = c2
+                        else:
+                            seg[1] = c2 - take
+                        qseq += 1
+                        push(heap, (V + b2[3], qseq, b2, take))
+                        q += take
+                if q >= len(L):
+                    sq._deeper(q)
+            else:  # nothing to read: the compute follows at once, the device untouched
+                c = comps[i][t]
+                end = now + c
+                lat_rows[i][t] = end - now
+                stl_rows[i][t] = end - now - c
+                step[i] = t + 1
+                if t + 1 == steps:
+                    finish[i] = end
+                    if tick is not None:
+                        tick(1)
+                else:
+                    seq += 1
+                    push(wake, (end, seq, i))
+                continue
+        else:
+            if tnext == inf:
+                break
+            now = tnext
+            # complete (SegmentQueue.complete)
+            dt = now - tq
+            if dt > 0:
+                if q:
+                    V += dt / L[q]
+                if d:
+                    area += dt * d
+                    busy += dt
+                tq = now
+            eps = 1e-12 * (1.0 + (V if V > 0 else -V))
+            while late and late[0][0] <= now:
+                done.append(pop(late)[2])
+            first = not done
+            while heap and (first or heap[0][0] <= V + eps):
+                first = False
+                _, _, bt, c = pop(heap)
+                if c < 0:
+                    q -= 1
+                    d -= 1
+                    if bt[8] > now:
+                        qseq += 1
+                        push(late, (bt[8], qseq, bt))
+                    else:
+                        done.append(bt)
+                    continue
+                left = bt[1]
+                if not left and bt[6] > 0 and bt[2] == c:
+                    qseq += 1
+                    if shared:
+                        push(heap, (V + bt[6] / L[1], qseq, bt, -1))
+                        q += 1
+                        d += 1
+                        if q >= len(L):
+                            sq._deeper(q)
+                    else:
+                        tl = now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q)
+                        push(late, (tl if tl > bt[8] else bt[8], qseq, bt))
+                    bt[6] = -1.0
+                q -= c
+                d -= c
+                reads += c
+                if left:
+                    x = c if c < left else left
+                    bt[1] = left - x
+                    bt[2] += x - c
+                    d += x
+                    wait.append([bt, x])
+                else:
+                    bt[2] -= c
+                    if bt[2] == 0 and bt[6] >= 0:
+                        if bt[8] > now:  # not before its last token (a rate-limited device)
+                            qseq += 1
+                            push(late, (bt[8], qseq, bt))
+                        else:
+                            done.append(bt)
+            while wait and q < Q:  # the device's _admit, inlined (hot loop)
+                seg = wait[0]
+                b2, c2 = seg
+                take = Q - q
+                if take + slack >= c2:
+                    wait.popleft()
+                    take = c2
+                else:
+                    seg[1] = c2 - take
+                qseq += 1
+                push(heap, (V + b2[3], qseq, b2, take))
+                q += take
+            if q >= len(L):
+                sq._deeper(q)
+            now_done = now
+        # the queue's next event
+        if heap:
+            gap = heap[0][0] - V
+            tnext = tq + (gap if gap > 0 else 0.0) * L[q]
+        else:
+            tnext = inf
+        if late and late[0][0] < tnext:
+            tnext = late[0][0]
+        if record:
+            times.append(tq)
+            depths.append(d)
+        # sessions whose reads are done: their compute follows
+        for bt in done:
+            i = bt[0]
+            t = step[i]
+            c = comps[i][t]
+            end = now_done + c
+            lat_rows[i][t] = end - t0[i]
+            stl_rows[i][t] = end - t0[i] - c
+            step[i] = t + 1
+            if t + 1 == steps:
+                finish[i] = end
+                if tick is not None:
+                    tick(1)
+            else:
+                seq += 1
+                push(wake, (end, seq, i))
+        done.clear()
+    sq.V, sq.t, sq.q, sq.d, sq.seq, sq.tnext = V, tq, q, d, qseq, tnext
+    sq.area += area
+    sq.busy += busy
+    sq.reads += reads
+    sq.max_depth = max(depths) if depths else 0
+    self.lats = np.asarray(lat_rows)
+    self.stalls = np.maximum(np.asarray(stl_rows), 0.0)
+
+
+def _merge_before(counters: list, t0: float) -> tuple:
+    """``sim.decode.model._merge`` as it was (2026-12-02: a stable sort of every counter, also of one in time
+    order), kept here to measure against."""
+    ts, ds = [], []
+    for times, values in counters:
+        if len(times):
+            v = np.asarray(values, dtype=np.float64)
+            ts.append(np.asarray(times, dtype=np.float64))
+            ds.append(np.diff(v, prepend=0.0))
+    if not ts:
+        return np.zeros(0), np.zeros(0)
+    t = np.concatenate(ts)
+    d = np.concatenate(ds)
+    o = np.argsort(t, kind="stable")
+    return t[o] - t0, np.cumsum(d[o])
+
+
+def _before():
+    """The fast decode loop, the sessions' reads and the queue's timeline as they were (:func:`_run_lean_before`;
+    every session's steps sorted on their own, ``step_reads(by_position=False)``; :func:`_merge_before`),
+    patched in for one search."""
+    return [mock.patch.object(FastRun, "_run_lean", _run_lean_before),
+            mock.patch.object(sim.decode.model, "_merge", _merge_before),
+            mock.patch.object(sim.decode.model, "step_reads", functools.partial(step_reads, by_position=False))]
+
+
 def main(argv=None) -> dict:
     import sim.capacity
     from sim.capacity import CapacitySpec, find_capacity
-    from sim.sweep import AXES
+    from sim.sweep import AXES, METRICS
 
     p = argparse.ArgumentParser(prog="bench_capacity")
     p.add_argument("--max-sessions", type=int, default=4096)
@@ -94,28 +341,37 @@ def main(argv=None) -> dict:
           f"{'wall s':>7}")
     for dev in args.devices.split(";"):
         out = {}
-        for search in ("gallop", "stepping", "bracket"):
+        rows = {}
+        for search in ("gallop", "stepping", "before", "bracket"):
+            patches = [mock.patch.object(sim.capacity, "_bracketed", _stepping if search == "stepping" else
+                                         sim.capacity._bracketed)] + (_before() if search == "before" else [])
             t0, c0 = time.perf_counter(), time.process_time()
-            with mock.patch.object(sim.capacity, "_bracketed", _stepping if search == "stepping" else
-                                   sim.capacity._bracketed):
+            with contextlib.ExitStack() as stack:
+                for patch in patches:
+                    stack.enter_context(patch)
                 (cap,), _ = find_capacity([{**base, "device": dev}],
                                           CapacitySpec(seeds=1, max_sessions=args.max_sessions,
                                                        search="gallop" if search == "gallop" else "bracket"),
                                           jobs=args.jobs, progress=False)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             work = sum(int(p["sessions"]) for p in cap.probes) * args.steps
+            rows[search] = [{k: p[k] for k in METRICS} for p in cap.probes]
             out[search] = {"capacity": cap.per_seed[0], "lower_bound": cap.bound[0], "probes": len(cap.probes),
                            "sessions_probed": [int(p["sessions"]) for p in cap.probes], "session_steps": work,
                            "wall_s": wall, "cpu_s": cpu}
             shown = f"{cap.per_seed[0]}{'+' if cap.bound[0] else ''}"
             print(f"   {dev:<44} {search:<8} {shown:>8} {len(cap.probes):>6} {work:>13,} {cpu:>7.1f} {wall:>7.1f}",
                   flush=True)
+        out["same_probe_rows_as_before"] = rows["before"] == rows["bracket"]  # every metric, bit for bit
+        out["speedup_cpu_vs_before"] = out["before"]["cpu_s"] / out["bracket"]["cpu_s"]
+        out["speedup_wall_vs_before"] = out["before"]["wall_s"] / out["bracket"]["wall_s"]
         out["speedup_cpu"] = out["gallop"]["cpu_s"] / out["bracket"]["cpu_s"]
         out["speedup_wall"] = out["gallop"]["wall_s"] / out["bracket"]["wall_s"]
         out["speedup_cpu_vs_stepping"] = out["stepping"]["cpu_s"] / out["bracket"]["cpu_s"]
         print(f"   {'':<44} {'ratio':<8} {'':>8} {'':>6} {'':>13} {out['speedup_cpu']:>6.2f}x "
               f"{out['speedup_wall']:>6.2f}x  (gallop / bracket); {out['speedup_cpu_vs_stepping']:.2f}x CPU "
-              f"(stepping / bracket)")
+              f"(stepping / bracket); {out['speedup_cpu_vs_before']:.2f}x CPU (before / bracket, "
+              f"{'the same' if out['same_probe_rows_as_before'] else 'OTHER'} probe rows)")
         rec["devices"][dev] = out
     rec["load_average_after"] = os.getloadavg()
     return rec

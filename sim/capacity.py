@@ -84,6 +84,15 @@ A study with a ``[capacity]`` table (:mod:`sim.sweep.study`), run by
     max_sessions = 1024  # the largest count probed
     resolution = 1       # sessions: bisect until the bracket is this narrow
     search = "bracket"   # or "gallop": 1, 2, 4, ... sessions first
+    sustained = false    # true: rate-limited volumes probed with their bucket drained
+
+Sustained capacity
+------------------
+A rate-limited volume (:class:`sim.device.models.RateLimitedDevice`) starts every probe with a full bucket, so
+where its burst outlasts the probe the answer is the burst's (:meth:`Capacity.burst_note` says so).  With
+``sustained`` every probe starts with the bucket empty -- the volume's steady state under a load above its cap
+-- and the bucket refills only while the sessions read less than the cap: the answer is the sustained one,
+about ``cap_iops / (reads a step x target)`` sessions.
 """
 
 from __future__ import annotations
@@ -114,7 +123,7 @@ from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, T
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "MAX_CAPACITY_SESSIONS",
            "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
-           "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -137,11 +146,11 @@ BATCHING = "none (each session computes alone; compute never contends)"
 CV_ROUNDING = 1e-9
 
 #: The most sessions a capacity search may probe: 16x the studies' 4,096, a simulation of hours a probe on a
-#: laptop core (the fast decode loop runs about 55,000 session-steps a CPU second), and a search bound
+#: laptop core (the fast decode loop runs about 150,000 session-steps a CPU second), and a search bound
 #: (:class:`SearchBound`) of well under a second.
 MAX_CAPACITY_SESSIONS = 1 << 16
 
-_SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search")
+_SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search", "sustained")
 #: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
 #: sessions settle into convoys the slowest one's rate need not fall with their count, so the same probes give the
 #: same answer.
@@ -170,6 +179,8 @@ class CapacitySpec:
     search : str
         ``"bracket"`` (queueing bounds first) or ``"gallop"`` (1, 2, 4, ...): where the search looks, not
         what it finds (not part of the tables' fingerprint).
+    sustained : bool
+        Probe rate-limited volumes with their bucket drained at the start (see the module).
     """
 
     target: float = CAPACITY_TARGET
@@ -178,8 +189,11 @@ class CapacitySpec:
     metric: str = CAPACITY_METRIC
     resolution: int = 1
     search: str = "bracket"
+    sustained: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sustained, bool):
+            raise ArgumentError(f"capacity sustained = {self.sustained!r} must be true or false")
         if self.search not in SEARCHES:
             raise ArgumentError(f"capacity search = {self.search!r} must be one of {', '.join(SEARCHES)}")
         if not (isinstance(self.target, (int, float)) and math.isfinite(self.target) and self.target > 0):
@@ -459,7 +473,8 @@ class Capacity(SeedBand):
         read faster than its ``cap_iops``: how long its burst lasts at that rate against the probes' simulated
         time, and the sustained bound ``floor(cap_iops / (reads a step x target))``; ``""`` otherwise.  A probe
         starts with a full bucket, so a burst deeper than its window raises the answer (a planner's long-run
-        question is the sustained one)."""
+        question is the sustained one).  A sustained search (:attr:`CapacitySpec.sustained`) says instead that its
+        probes started with the bucket drained, with the same bound."""
         at = self.at(self.capacity, self.median_seed()) if self.capacity else None
         if not at or not isinstance(self.config.get("device"), str):
             return ""
@@ -470,16 +485,21 @@ class Capacity(SeedBand):
         if not isinstance(dev, RateLimitedDevice):
             return ""
         rps, reads = float(at.get("reads_per_s") or 0.0), float(at.get("reads_per_step") or 0.0)
+        sustained = int(math.floor(dev.cap_iops / (reads * self.spec.target) + 1e-9)) if reads > 0 else 0
+        if self.spec.sustained:
+            return (f"; the rate-limited volume was probed with its bucket of {dev.burst_ios:,.0f} reads drained at "
+                    f"the start of every probe (sustained: no burst credit), its cap of {dev.cap_iops:,.0f} IOPS "
+                    f"bounding it at {sustained} sessions (cap_iops / (reads a step x target))")
         if not (rps > dev.cap_iops * 1.01 and reads > 0):
             return ""
         lasts = dev.burst_ios / (rps - dev.cap_iops)
         rate = float(at.get(self.spec.metric) or 0.0)
         window = float(at.get("steps") or 0.0) / rate if rate > 0 else float("nan")
-        sustained = int(math.floor(dev.cap_iops / (reads * self.spec.target) + 1e-9))
         return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, above the volume's cap of "
                 f"{dev.cap_iops:,.0f}: its burst of {dev.burst_ios:,.0f} reads lasts about {lasts:,.1f} s at that "
                 f"rate (the probes simulated {window:,.1f} s), so this capacity holds only while the burst lasts; "
-                f"sustained, at most {sustained} sessions (cap_iops / (reads a step x target))")
+                f"sustained, at most {sustained} sessions (cap_iops / (reads a step x target); "
+                f"--sustained probes with the bucket drained)")
 
     def row(self) -> Dict[str, Any]:
         """The configuration's row of the capacity table."""
@@ -609,6 +629,12 @@ class SearchProgress:
         self.state.pop(key, None)
         self.bar.update(0, note)
 
+    def asked(self, key: Any, value: float) -> None:
+        """Search ``key`` asks ``value`` next (the bound needs only the answers)."""
+
+    def ran(self, work: int, seconds: float, probes: int = 1) -> None:
+        """A round of probes ran (the bound counts probes, not their work)."""
+
     def retotal(self) -> None:
         """After a round: the total is the probes answered plus the most the open searches still ask."""
         self.bar.set_total(self.bar.n + sum(self.bound.left(*st) for st in self.state.values()))
@@ -617,6 +643,149 @@ class SearchProgress:
         self.bar.update(0, text)
 
     def __enter__(self) -> "SearchProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
+#: Session-steps a second a probe is taken to simulate until a round of probes of many sessions has run (the
+#: fast decode loop, probes of thousands of sessions, on one core of the 2-core development VM: about 150,000 a
+#: CPU second on a quiet machine, fewer with other jobs running: benchmarks/BENCHMARKS.md); only the time left
+#: before the first such round rests on it, and the line says so.
+ASSUMED_SESSION_STEPS_PER_S = 100_000.0
+#: A round of probes simulating fewer session-steps than this says little of the simulator's rate (its fixed
+#: costs -- the device's batch samples, the sessions' reads -- dominate): the time left goes by the others.
+RATE_MIN_WORK = 50_000
+
+
+class WorkProgress:
+    """The progress of bracketed searches (:func:`_bracketed`) in session-steps: a probe of ``S`` sessions of
+    ``T`` steps simulates ``S x T`` of them, so its time is about proportional to that while the count of
+    probes says little (the first probe has one session, the next ones thousands).
+
+    The line says the probes done and their session-steps, and the fewest probes the open searches still need:
+    each one's probe asked now, and one more of about its size unless the answer to this one can close its
+    bracket (a pass next to a failure, ``resolution`` apart, or a pass at ``max_sessions``) -- so the work to go
+    is a lower bound, exact when the search closes in as few probes as it can; a search that misses the knee
+    adds a probe at a time.  The time left is that work at the session-steps a second of a probe the rounds of
+    probes measured (:meth:`ran`, rounds of at least :data:`RATE_MIN_WORK`; a round of ``p`` probes ran
+    ``min(p, workers)`` side by side), or before any such round at :data:`ASSUMED_SESSION_STEPS_PER_S`, which the
+    line says, times the probes the open searches run side by side.
+    The bar (on a terminal) counts session-steps.
+
+    ``keys`` name the searches, ``steps`` their probes' steps and ``asked`` their first probes' sessions
+    (mappings key -> int); ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.progress.progress`.
+    """
+
+    def __init__(self, keys: Sequence[Any], steps: Mapping[Any, int], desc: str, mode: Union[bool, str], *,
+                 asked: Optional[Mapping[Any, int]] = None, resolution: int = 1,
+                 max_sessions: int = CAPACITY_MAX_SESSIONS, workers: int = 1, **kw: Any):
+        self.state: Dict[Any, Dict[str, Optional[int]]] = {
+            k: {"lo": None, "hi": None, "asked": None if asked is None else int(asked[k])} for k in keys}
+        self.steps = {k: int(steps[k]) for k in keys}
+        self.resolution, self.max_sessions, self.workers = int(resolution), int(max_sessions), max(1, int(workers))
+        self.probes = 0
+        self.work_done = 0
+        self.measured_work, self.measured_s = 0, 0.0
+        self._pending, self._note = 0, ""  # answered work and the last news, shown once the next probe is asked
+        self.bar = progress_bar(0, desc, "session-step", mode=mode, text=self.text, **kw)
+
+    # ------------------------------------------------------------ the estimate
+    def _more(self, st: Mapping[str, Optional[int]]) -> int:
+        """Probes certain to follow the one asked of a search in state ``st`` (0 or 1)."""
+        s, lo, hi = st["asked"], st["lo"], st["hi"]
+        ends_on_pass = s >= self.max_sessions or (hi is not None and hi - s <= self.resolution)
+        ends_on_fail = lo is None or s - lo <= self.resolution
+        return 0 if ends_on_pass or ends_on_fail else 1
+
+    def to_go(self) -> Tuple[int, int]:
+        """``(probes, session-steps)``: the fewest the open searches still need, the probes asked now included."""
+        probes = work = 0
+        for k, st in self.state.items():
+            if st["asked"] is None:
+                continue
+            m = 1 + self._more(st)
+            probes += m
+            work += m * int(st["asked"]) * self.steps[k]
+        return probes, work
+
+    def rate(self) -> Tuple[float, bool]:
+        """``(session-steps a second, measured)``: a probe's rate -- the rounds' own, per probe running side by
+        side, or the assumed one before any round of :data:`RATE_MIN_WORK` has run -- times the probes the open
+        searches run side by side (at most ``workers``)."""
+        open_ = sum(1 for st in self.state.values() if st["asked"] is not None)
+        side = max(1, min(self.workers, open_))
+        if self.measured_work >= RATE_MIN_WORK and self.measured_s > 0:
+            return self.measured_work / self.measured_s * side, True
+        return ASSUMED_SESSION_STEPS_PER_S * side, False
+
+    def text(self, elapsed: float, closing: bool) -> str:
+        """The line after the label (see the class); ``closing``: the search is over."""
+        done = (f"{self.probes} probe{'' if self.probes == 1 else 's'} ({self.work_done:,} session-steps)")
+        if closing:
+            return f"{done} in {elapsed:.0f} s"
+        done += f" done after {elapsed:.0f} s"
+        first = [st for st in self.state.values() if st["asked"] is not None and st["lo"] is None]
+        if first:
+            return (done + f"; the 1-session probe{'' if len(first) == 1 else 's'} first: "
+                    f"{'its' if len(first) == 1 else 'their'} reads give the knee's estimate and the work to go")
+        probes, work = self.to_go()
+        if not probes:
+            return done
+        rate, measured = self.rate()
+        return (done + f"; at least {probes} more probe{'' if probes == 1 else 's'} ({work:,} session-steps), "
+                f"about {work / rate:.0f} s left at {rate:,.0f} session-steps a second "
+                + ("(measured)" if measured else "(assumed: no probe of many sessions has finished yet)"))
+
+    # ------------------------------------------------------------ the searches' news
+    def _show(self) -> None:
+        """The answered work and the last news to the bar (a line when its interval has passed): called after a
+        round (:meth:`retotal`), once every search has asked its next probe or returned, so that a line's work to
+        go is the searches' own (not probes of the round already run)."""
+        work, self._pending = self._pending, 0
+        self.bar.update(work, self._note)
+
+    def asked(self, key: Any, value: int) -> None:
+        """Search ``key`` asks a probe of ``value`` sessions next."""
+        self.state[key]["asked"] = int(value)
+
+    def answered(self, key: Any, value: int, passed: bool, note: str = "") -> None:
+        """The probe of search ``key`` at ``value`` sessions answered (shown after the round)."""
+        st = self.state[key]
+        if passed:
+            st["lo"] = value if st["lo"] is None else max(st["lo"], value)
+        else:
+            st["hi"] = value if st["hi"] is None else min(st["hi"], value)
+        st["asked"] = None
+        self.probes += 1
+        work = int(value) * self.steps[key]
+        self.work_done += work
+        self._pending += work
+        self._note = note or self._note
+
+    def ran(self, work: int, seconds: float, probes: int = 1) -> None:
+        """A round of ``probes`` probes simulated ``work`` session-steps in ``seconds`` (wall), at most
+        ``workers`` of them side by side."""
+        if work >= RATE_MIN_WORK and seconds > 0:
+            self.measured_work += int(work)
+            self.measured_s += float(seconds) * max(1, min(self.workers, int(probes)))
+
+    def finished(self, key: Any, note: str = "") -> None:
+        """Search ``key`` returned."""
+        self.state.pop(key, None)
+        self._note = note or self._note
+
+    def retotal(self) -> None:
+        """After a round: the bar's total is the session-steps done plus the fewest to go; the line."""
+        self.bar.set_total(self.bar.n + self._pending + self.to_go()[1])
+        self._show()
+
+    def note(self, text: str) -> None:
+        """News (a probe finished): shown with the next line, after the round."""
+        self._note = text
+
+    def __enter__(self) -> "WorkProgress":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -765,6 +934,13 @@ def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, int]:
     return int(row["config"]), int(row["sessions"]), int(row["repeat"])
 
 
+def sustained_context(ctx: Context) -> Context:
+    """``ctx`` with every rate-limited volume starting its runs with the bucket drained
+    (:meth:`sim.device.models.RateLimitedDevice.sustained`); other devices as they are."""
+    devices = {k: (d.sustained() if isinstance(d, RateLimitedDevice) else d) for k, d in ctx.devices.items()}
+    return Context(ctx.traces, devices, ctx.computes, ctx.extras)
+
+
 def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = CapacitySpec(), study_seed: int = 0, *,
                   calibration=None, jobs: Optional[int] = None, scheduler: Optional[str] = None,
                   connect_timeout: float = 30.0, progress: Union[bool, str] = True, desc: str = "capacity",
@@ -783,8 +959,9 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     calibration, jobs, scheduler, connect_timeout, traces
         As for :func:`sim.sweep.run_points`.
     progress : bool or str
-        :mod:`sim.progress` mode; one item per finished search (configuration x seed), a line every few
-        seconds naming the last probe.
+        :mod:`sim.progress` mode: for bracketed searches the probes done with their session-steps and the fewest
+        still needed with their time (:class:`WorkProgress`), for galloping probes against the most its searches
+        may still ask (:class:`SearchProgress`); a line every few seconds naming the last probe.
     done : sequence of dict
         Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
     on_probe : callable, optional
@@ -805,6 +982,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     ctx = context if context is not None else \
         resolve_context([{**c, "repeat": r} for c in cfgs for r in range(spec.seeds)],
                         Path(calibration) if calibration else None, traces)
+    if spec.sustained:
+        ctx = sustained_context(ctx)
     cache: Dict[Tuple[int, int, int], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
     searches: Dict[Tuple[int, int], Generator] = {}
@@ -817,10 +996,14 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
             searches[(i, r)] = g
             asked[(i, r)] = next(g)
     counter = max((int(r["point"]) for r in done), default=-1) + 1
-    # the time left counts the probes of the galloping search, the longer of the two (the bracketed one starts
-    # at its queueing estimate and mostly asks fewer): an upper bound for the time left, tightening as it goes
-    bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
-    bar = SearchProgress(bound, list(searches), desc, progress)
+    if spec.search == "bracket":  # probes done and the session-steps to go, with their time (WorkProgress)
+        workers = 1 if scheduler else (jobs if jobs else (os.cpu_count() or 1))
+        bar: Union[SearchProgress, WorkProgress] = WorkProgress(
+            list(searches), {(i, r): int(cfgs[i]["steps"]) for (i, r) in searches}, desc, progress,
+            asked=asked, resolution=spec.resolution, max_sessions=spec.max_sessions, workers=workers)
+    else:  # galloping's length is known for every capacity: the most probes to go bound the time left
+        bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
+        bar = SearchProgress(bound, list(searches), desc, progress)
 
     def probe_point(i: int, s: int, r: int) -> Dict[str, Any]:
         return {**cfgs[i], "sessions": s, "repeat": r}
@@ -842,7 +1025,10 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                     tasks.append((counter, p, point_seed(study_seed, p)))
                     config_of[counter] = i
                     counter += 1
+            t_round = time.perf_counter()
             runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
+            bar.ran(sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks), time.perf_counter() - t_round,
+                    len(tasks))
             for (i, r), s in list(asked.items()):
                 row = cache[(i, s, r)]
                 caps[i].probes.append(row)
@@ -850,6 +1036,7 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                 bar.answered((i, r), s, passed)
                 try:
                     asked[(i, r)] = searches[(i, r)].send(row)
+                    bar.asked((i, r), asked[(i, r)])
                 except StopIteration as stop:
                     results[(i, r)] = stop.value
                     del searches[(i, r)], asked[(i, r)]
@@ -942,6 +1129,10 @@ def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str
     """Probe rows of an earlier run of ``study`` at ``out`` that still hold (same configurations and seeds)."""
     path = probes_path(out)
     rows = earlier_probes(out, study.fingerprint(), study.source)
+    if rows and bool((read_table(path)[1].get("capacity") or {}).get("sustained", False)) != spec.sustained:
+        raise ArgumentError(f"{path}: probes of a search {'without' if spec.sustained else 'with'} --sustained "
+                            "(the buckets of rate-limited volumes started otherwise); give another --out, or drop "
+                            "--resume")
     cfgs = study.points()
     keep = []
     for r in rows:

@@ -12,15 +12,19 @@ Modes: ``"auto"`` (a bar on a terminal, lines elsewhere), ``"bar"``,
 ``False`` means ``"off"``.  ``delay``: nothing is shown before that many
 seconds (a short run stays quiet); ``eta=False``: no time-left estimate, for
 items that do not finish at an even pace (decode sessions running side by side
-all finish near the end).  Everything goes to ``stream`` (default standard
-error), never to standard output, so ``--json`` output stays clean.
+all finish near the end).  ``text``: work whose count says little of the time
+it takes (a capacity search's probes of one session and of thousands) says
+its own state instead of ``n/total`` and the time left (a callable of the
+elapsed seconds and whether it is the closing line; on a bar, after it).
+Everything goes to ``stream`` (default standard error), never to standard
+output, so ``--json`` output stays clean.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO, Union
+from typing import Callable, Optional, TextIO, Union
 
 from tqdm import tqdm
 
@@ -57,8 +61,9 @@ class Progress:
 
     def __init__(self, total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
                  stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
-                 delay: float = 0.0, eta: bool = True):
+                 delay: float = 0.0, eta: bool = True, text: Optional[Callable[[float, bool], str]] = None):
         self.total, self.desc, self.unit = int(total), desc, unit
+        self.text = text
         self.delay, self.eta = float(delay), bool(eta)
         self.n = int(initial)
         self.stream = stream if stream is not None else sys.stderr
@@ -76,6 +81,8 @@ class Progress:
         self._opened = False
         if mode == "bar":
             fmt = None if self.eta else "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]"
+            if text is not None:
+                fmt = "{l_bar}{bar}| {postfix}"
             self._bar = tqdm(total=self.total, initial=self.n, desc=desc, unit=unit, file=self.stream, leave=False,
                              delay=self.delay, bar_format=fmt)
         elif mode == "lines" and self.delay <= 0:
@@ -85,6 +92,9 @@ class Progress:
         """The opening plain line."""
         self._opened = True
         done = f", {self._n0} already done" if self._n0 else ""
+        if self.text is not None:
+            self._line(f"{self.desc}: {self.text(time.monotonic() - self._t0, False)}")
+            return
         self._line(f"{self.desc}: {self.total} {self._units(self.total)}{done}")
 
     def _units(self, n: int) -> str:
@@ -97,6 +107,8 @@ class Progress:
 
     def _status(self, note: str = "") -> str:
         elapsed = time.monotonic() - self._t0
+        if self.text is not None:
+            return f"{self.desc}: {self.text(elapsed, False)}" + (f"; last: {note}" if note else "")
         pct = f" ({self.n / self.total:.0%})" if self.total else ""
         text = f"{self.desc}: {self.n}/{self.total} {self._units(self.total)}{pct} after {elapsed:.0f} s"
         ran = self.n - self._n0
@@ -108,6 +120,8 @@ class Progress:
         """``n`` more items finished; ``note`` names the last one (shown on plain lines)."""
         self.n += n
         if self._bar is not None:
+            if self.text is not None:
+                self._bar.set_postfix_str(self.text(time.monotonic() - self._t0, False), refresh=False)
             self._bar.update(n)
         elif self.mode == "lines":
             now = time.monotonic()
@@ -115,7 +129,7 @@ class Progress:
                 if now - self._t0 < self.delay:
                     return
                 self._open()
-            if now - self._last >= self.interval and self.n < self.total:
+            if now - self._last >= self.interval and (self.n < self.total or self.text is not None):
                 self._last = now
                 self._line(self._status(note))
 
@@ -148,6 +162,9 @@ class Progress:
                 if time.monotonic() - self._t0 < self.delay:
                     return
                 self._open()
+            if self.text is not None:
+                self._line(f"{self.desc}: {self.text(time.monotonic() - self._t0, True)}")
+                return
             self._line(self._status() if self.n < self.total
                        else f"{self.desc}: {self.n}/{self.total} {self._units(self.total)} "
                             f"in {time.monotonic() - self._t0:.0f} s")
@@ -171,7 +188,7 @@ def progress_label(kind: str, name: str) -> str:
 
 def progress(total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
              stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
-             delay: float = 0.0, eta: bool = True) -> Progress:
+             delay: float = 0.0, eta: bool = True, text: Optional[Callable[[float, bool], str]] = None) -> Progress:
     """A :class:`Progress` of ``total`` items (``initial`` already done) labelled ``desc``."""
     return Progress(total, desc, unit, mode=mode, stream=stream, interval=interval, initial=initial, delay=delay,
-                    eta=eta)
+                    eta=eta, text=text)

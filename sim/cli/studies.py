@@ -49,6 +49,26 @@ def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
     return 130
 
 
+def _refuse_an_earlier_default(args, out: Path, probes: Path) -> None:
+    """Without ``--out`` a capacity search writes STUDY.csv (``capacity.csv`` without a study file) in the current
+    directory: an earlier run's table or probes there are refused in one line (naming the file, the ``--out`` that
+    replaces it and the ``--resume`` that continues it) rather than overwritten.  An ``--out`` given says which
+    file to write, as a sweep's does; ``--resume`` continues the table there.
+
+    Raises
+    ------
+    ArgumentError
+        The default table, its probes or their unfinished rows exist.
+    """
+    if args.out or args.resume:
+        return
+    for p in (out, probes, partial_path(probes)):
+        if p.exists():
+            again = f"--resume{'' if args.study else f' --out {out}'}"
+            raise ArgumentError(f"{p} exists (an earlier capacity search): give --out {out} to replace it, "
+                                f"{again} to continue it, or another --out")
+
+
 def _cmd_sweep(args) -> int:
     if is_serve_study(args.study):
         raise ArgumentError(f"{args.study} is a serving study ([serve], [slo]): engram sim capacity {args.study} "
@@ -157,10 +177,12 @@ def _cmd_capacity(args) -> int:
         raise ArgumentError("--resume needs the --out of the run to continue")
     study = Study.load(args.study) if args.study is not None else planner_study(args)
     out = _out_path(args, study.name)
+    _refuse_an_earlier_default(args, out, probes_path(out))
     try:
         res = run_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
                            progress=_progress_mode(args), out=out, resume=args.resume, target=args.target,
-                           seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution)
+                           seeds=args.seeds, max_sessions=args.max_sessions, resolution=args.resolution,
+                           sustained=args.sustained)
     except KeyboardInterrupt:
         return _interrupted(out, "capacity", probes_path(out))
     axes = [a for a in study.axes()]
@@ -211,8 +233,12 @@ def _add_capacity(sub) -> None:
                                    "instead: the most requests/s whose p99 TTFT and TBT meet the targets. "
                                    "Without a study file the configurations come from --device (repeatable), "
                                    "--drives, --reuse and --compute-ms, e.g. engram sim capacity --device "
-                                   "ssd:qd1_us=80,iops=100000 --drives 1,2 --target 20; the progress line counts "
-                                   "probes against the most the searches may still ask, with the time left.")
+                                   "ssd:qd1_us=80,iops=100000 --drives 1,2 --target 20. The progress line says the "
+                                   "probes done and their session-steps, and the fewest probes still needed with "
+                                   "their time at the rate measured so far (galloping: probes against the most it "
+                                   "may still ask). Without --out, an earlier run's table in the current directory "
+                                   "is refused, not replaced: --out names the file to replace, --resume continues "
+                                   "it.")
     _add_run_options(p, "capacity table", study_optional=True)
     g = p.add_argument_group("configurations without a study file (as engram sim decode takes them; the rest as "
                              "studies/capacity.toml: threshold 8, 16 readers, sessions at random phases)")
@@ -231,6 +257,10 @@ def _add_capacity(sub) -> None:
                                               f"(default {CAPACITY_SEEDS})")
     g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
     g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
+    g.add_argument("--sustained", action="store_true", default=None,
+                   help="probe rate-limited volumes (cap_iops, burst_ios) with their bucket drained at the start of "
+                        "every probe: the sustained capacity, about cap_iops / (reads a step x target), instead of "
+                        "the burst's where the burst outlasts the probes (default: a full bucket)")
     g = p.add_argument_group("serving studies (override the study's [search] table)")
     g.add_argument("--min-rate", type=float, help="requests/s probed first (default 0.5)")
     g.add_argument("--max-rate", type=float, help="the largest requests/s probed (default 64)")
@@ -240,12 +270,13 @@ def _add_capacity(sub) -> None:
 
 
 def _cmd_serve_capacity(args) -> int:
-    for flag in ("target", "max_sessions", "resolution"):
+    for flag in ("target", "max_sessions", "resolution", "sustained"):
         if getattr(args, flag) is not None:
             raise ArgumentError(f"--{flag.replace('_', '-')} applies to session capacity studies; a serving study "
                                 "takes --min-rate, --max-rate, --rate-resolution")
     study = ServeStudy.load(args.study)
     out = _out_path(args)
+    _refuse_an_earlier_default(args, out, serve_probes_path(out))
     try:
         res = run_serve_capacity(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
                                  progress=_progress_mode(args), out=out, resume=args.resume, seeds=args.seeds,

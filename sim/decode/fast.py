@@ -269,7 +269,10 @@ class FastRun:
 
         The device's :class:`~sim.device.fluid.SegmentQueue` is run inline here -- its ``submit`` and
         ``complete``, statement for statement, on local variables -- because this loop is where hundreds of
-        sessions spend their time; its figures are written back to the queue at the end.
+        sessions spend their time; its figures are written back to the queue at the end.  So are the
+        sampler's: its batch samples are looked up by the batch's reads (the readers follow from them) and
+        its uniform draws taken from its buffer here, in the order :meth:`FastDevice.draw` takes them; a
+        step's stall is its latency less its compute, computed once at the end (the same subtraction).
         (``tests/sim/test_decode.py`` checks that this loop and the general one give the same run.)
         """
         S = len(self.reads)
@@ -279,28 +282,39 @@ class FastRun:
         comps = [c.tolist() for c in self.computes]
         steps = len(comps[0])
         lat_rows = [[0.0] * steps for _ in range(S)]
-        stl_rows = [[0.0] * steps for _ in range(S)]
         step = [0] * S
         t0 = [0.0] * S
         finish = self.finish
         sampler = self.sampler
-        cache, samples_of, uniform = sampler._cache, sampler.samples_of, sampler._uniform
+        samples_of = sampler.samples_of
+        # per batch size n: its readers k and (sigmas, their count, extras, ref), filled as sizes first appear
+        top = max((max(r) for r in ns if r), default=0)
+        kof = [1 if n < thr else (n if n < width else width) for n in range(top + 1)]
+        byn: list = [None] * (top + 1)
+        # the sampler's uniform draws (FastDevice._uniform, inline)
+        ubuf, ui = sampler._u, sampler._ui
+        ulen = len(ubuf)
+        urng = sampler.rng
         wake = [(float(b), i, i) for i, b in enumerate(begin)]
         heapq.heapify(wake)
         push, pop = heapq.heappush, heapq.heappop
         seq = S
         # the queue's state
         L, Q, slack, shared = sq.L, sq.Q, sq.slack, sq.shared
+        nL = len(L)
         gate, gate_tail = sq.bucket, sq.tail
         heap, wait, late = sq.heap, sq.wait, sq.late
+        popleft, wappend = wait.popleft, wait.append
         V, tq, q, d, qseq = sq.V, sq.t, sq.q, sq.d, sq.seq
         area = busy = 0.0
         reads = 0
         times, depths = sq.times, sq.depths
+        tappend, dappend = times.append, depths.append
         record = sq.record
         tnext = math.inf
         inf = math.inf
         done: list = []
+        dappend_done = done.append
 
         while True:
             if wake and wake[0][0] < tnext:  # at a tie, the device first (see the module)
@@ -309,12 +323,22 @@ class FastRun:
                 t0[i] = now
                 n = ns[i][t]
                 if n:
-                    k = 1 if n < thr else (n if n < width else width)
-                    got = cache.get((n, k))
-                    if got is None:
-                        got = samples_of(n, k)
-                    sig = got[1]
-                    x = 0 if len(sig) == 1 else int(uniform() * len(sig))
+                    g = byn[n]
+                    if g is None:
+                        k = kof[n]
+                        got = sampler._cache.get((n, k))
+                        if got is None:
+                            got = samples_of(n, k)
+                        g = byn[n] = (got[1], len(got[1]), got[2], got[4], k)
+                    sig, nsig, ext, ref, k = g
+                    if nsig == 1:
+                        x = 0
+                    else:
+                        if ui >= ulen:
+                            ubuf = urng.random(65536).tolist()
+                            ui, ulen = 0, len(ubuf)
+                        x = int(ubuf[ui] * nsig)
+                        ui += 1
                     # submit (SegmentQueue.submit)
                     dt = now - tq
                     if dt > 0:
@@ -330,33 +354,33 @@ class FastRun:
                     else:  # the device's not_before, inlined
                         nb = gate.take(now, n)
                         nb = nb + gate_tail if nb > now else 0.0
-                    bt = [i, n - c, c, sig[x], now, n, got[2][x], got[4], nb]
+                    sx = sig[x]
+                    bt = [i, n - c, c, sx, now, n, ext[x], ref, nb]
                     d += c
                     if not wait and q < Q and q + c <= Q + slack:
                         qseq += 1
-                        push(heap, (V + bt[3], qseq, bt, c))
+                        push(heap, (V + sx, qseq, bt, c))
                         q += c
                     else:
-                        wait.append([bt, c])
+                        wappend([bt, c])
                         while wait and q < Q:  # the device's _admit, inlined (hot loop)
                             seg = wait[0]
                             b2, c2 = seg
                             take = Q - q
                             if take + slack >= c2:
-                                wait.popleft()
+                                popleft()
                                 take = c2
                             else:
                                 seg[1] = c2 - take
                             qseq += 1
                             push(heap, (V + b2[3], qseq, b2, take))
                             q += take
-                    if q >= len(L):
+                    if q >= nL:
                         sq._deeper(q)
+                        nL = len(L)
                 else:  # nothing to read: the compute follows at once, the device untouched
-                    c = comps[i][t]
-                    end = now + c
+                    end = now + comps[i][t]
                     lat_rows[i][t] = end - now
-                    stl_rows[i][t] = end - now - c
                     step[i] = t + 1
                     if t + 1 == steps:
                         finish[i] = end
@@ -379,11 +403,11 @@ class FastRun:
                         area += dt * d
                         busy += dt
                     tq = now
-                eps = 1e-12 * (1.0 + (V if V > 0 else -V))
+                Ve = V + 1e-12 * (1.0 + (V if V > 0 else -V))  # V + eps: V holds while the segments finish
                 while late and late[0][0] <= now:
-                    done.append(pop(late)[2])
+                    dappend_done(pop(late)[2])
                 first = not done
-                while heap and (first or heap[0][0] <= V + eps):
+                while heap and (first or heap[0][0] <= Ve):
                     first = False
                     _, _, bt, c = pop(heap)
                     if c < 0:
@@ -393,7 +417,7 @@ class FastRun:
                             qseq += 1
                             push(late, (bt[8], qseq, bt))
                         else:
-                            done.append(bt)
+                            dappend_done(bt)
                         continue
                     left = bt[1]
                     if not left and bt[6] > 0 and bt[2] == c:
@@ -402,8 +426,9 @@ class FastRun:
                             push(heap, (V + bt[6] / L[1], qseq, bt, -1))
                             q += 1
                             d += 1
-                            if q >= len(L):
+                            if q >= nL:
                                 sq._deeper(q)
+                                nL = len(L)
                         else:
                             tl = now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q)
                             push(late, (tl if tl > bt[8] else bt[8], qseq, bt))
@@ -416,7 +441,7 @@ class FastRun:
                         bt[1] = left - x
                         bt[2] += x - c
                         d += x
-                        wait.append([bt, x])
+                        wappend([bt, x])
                     else:
                         bt[2] -= c
                         if bt[2] == 0 and bt[6] >= 0:
@@ -424,22 +449,37 @@ class FastRun:
                                 qseq += 1
                                 push(late, (bt[8], qseq, bt))
                             else:
-                                done.append(bt)
+                                dappend_done(bt)
                 while wait and q < Q:  # the device's _admit, inlined (hot loop)
                     seg = wait[0]
                     b2, c2 = seg
                     take = Q - q
                     if take + slack >= c2:
-                        wait.popleft()
+                        popleft()
                         take = c2
                     else:
                         seg[1] = c2 - take
                     qseq += 1
                     push(heap, (V + b2[3], qseq, b2, take))
                     q += take
-                if q >= len(L):
+                if q >= nL:
                     sq._deeper(q)
-                now_done = now
+                    nL = len(L)
+                if done:  # sessions whose reads are done: their compute follows
+                    for bt in done:
+                        i = bt[0]
+                        t = step[i]
+                        end = now + comps[i][t]
+                        lat_rows[i][t] = end - t0[i]
+                        step[i] = t + 1
+                        if t + 1 == steps:
+                            finish[i] = end
+                            if tick is not None:
+                                tick(1)
+                        else:
+                            seq += 1
+                            push(wake, (end, seq, i))
+                    done.clear()
             # the queue's next event
             if heap:
                 gap = heap[0][0] - V
@@ -449,32 +489,16 @@ class FastRun:
             if late and late[0][0] < tnext:
                 tnext = late[0][0]
             if record:
-                times.append(tq)
-                depths.append(d)
-            # sessions whose reads are done: their compute follows
-            for bt in done:
-                i = bt[0]
-                t = step[i]
-                c = comps[i][t]
-                end = now_done + c
-                lat_rows[i][t] = end - t0[i]
-                stl_rows[i][t] = end - t0[i] - c
-                step[i] = t + 1
-                if t + 1 == steps:
-                    finish[i] = end
-                    if tick is not None:
-                        tick(1)
-                else:
-                    seq += 1
-                    push(wake, (end, seq, i))
-            done.clear()
+                tappend(tq)
+                dappend(d)
         sq.V, sq.t, sq.q, sq.d, sq.seq, sq.tnext = V, tq, q, d, qseq, tnext
         sq.area += area
         sq.busy += busy
         sq.reads += reads
         sq.max_depth = max(depths) if depths else 0
+        sampler._u, sampler._ui = ubuf, ui
         self.lats = np.asarray(lat_rows)
-        self.stalls = np.maximum(np.asarray(stl_rows), 0.0)
+        self.stalls = np.maximum(self.lats - np.asarray(comps), 0.0)
 
     def run(self, begin: Sequence[float], tick: Optional[Callable[[int], None]] = None,
             lean: bool = True) -> None:

@@ -214,8 +214,13 @@ def _distinct(s_rows: np.ndarray, big: np.int64) -> np.ndarray:
 
 def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, drives: int = 1,
                hot: Optional[np.ndarray] = None, order: bool = False, replay: Optional[str] = None,
-               batch: Optional[tuple] = None, served: Optional[np.ndarray] = None) -> StepReads:
+               batch: Optional[tuple] = None, served: Optional[np.ndarray] = None,
+               by_position: bool = True) -> StepReads:
     """The reads of every session and step (see the module); ``replay``: see :func:`wrap_info`.
+
+    Without row caches (and without ``batch``) a step's reads depend only on its trace position, and they are
+    counted once per position and gathered (:func:`_positional_reads`: the same result);
+    ``by_position=False`` counts every session's steps on their own even then (to check one against the other).
 
     ``batch``: a speculative run's verification steps, ``(rows, accepted, positions, lead)`` -- ``rows``
     int64 ``[S, steps, layers, W]`` (every request of a step per table, the confirmed token's ``lead``
@@ -251,6 +256,8 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     check_memory(float(sessions) * steps * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
                  f"{steps} steps x {sessions} sessions x {L * W} row slots a step "
                  f"(~{BYTES_PER_ROW_SLOT} bytes a slot)")
+    if by_position and batch is None and policy.cache_rows <= 0 and policy.shared_cache_rows <= 0:
+        return _positional_reads(trace, sessions, steps, policy, drives, hot, order, replay, served)
     if batch is None:
         rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
     else:
@@ -304,6 +311,46 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, cache,
                      shared, wrap_info(trace, sessions, steps if batch is None else wrap_steps, policy,
                                        replay=replay, unit="steps" if batch is None else "tokens"), drafts, wasted)
+
+
+def _positional_reads(trace: Trace, sessions: int, steps: int, policy: Policy, drives: int,
+                      hot: Optional[np.ndarray], order: bool, replay: Optional[str],
+                      served: Optional[np.ndarray]) -> StepReads:
+    """:func:`step_reads` without row caches (nor verification batches): a step's reads then depend only on its
+    trace position (DRAM-resident rows, a replayed cache's ``served`` requests and the deduplication are each a
+    function of the position's requests), so they are counted once per position of the trace and gathered for
+    every session and step -- the same arrays and counts, in ``O(T)`` work instead of ``O(sessions x steps)``
+    sorts (a capacity probe of thousands of sessions)."""
+    T, L, C = trace.steps, trace.layers, trace.columns
+    rows = trace.rows
+    miss = ~resident_mask(rows, policy.dram_fraction, hot)                       # [T, L, C]
+    dram_at = (~miss).sum(axis=(1, 2))                                            # [T]
+    shared_at = None
+    if served is not None:
+        h = served.astype(bool, copy=False) & miss
+        shared_at = h.sum(axis=(1, 2))
+        miss &= ~h
+    big = np.int64(1) << np.int64(40)
+    s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=2)
+    first = _distinct(s_rows, big)
+    at = first.sum(axis=2).astype(np.int64)                                       # [T, L]
+    pos = (np.arange(sessions, dtype=np.int64)[:, None] * T // sessions + np.arange(steps, dtype=np.int64)) % T
+    reads = at[pos]                                                               # [S, steps, L]
+    dram = int(dram_at[pos].sum())
+    shared = int(shared_at[pos].sum()) if shared_at is not None else 0
+    by_drive = seq = None
+    if drives > 1:
+        dj = s_rows % drives
+        by = np.stack([(first & (dj == j)).sum(axis=2) for j in range(drives)], axis=-1).astype(np.int64)
+        by_s = by[pos]                                                            # [S, steps, L, drives]
+        by_drive = [by_s[s] for s in range(sessions)]
+        if order:
+            at_seq: dict = {}
+            for p in np.unique(pos).tolist():
+                at_seq[p] = [dj[p, li][first[p, li]].astype(np.int8) for li in range(L)]
+            seq = [[[a.copy() for a in at_seq[p]] for p in pos[s].tolist()] for s in range(sessions)]
+    return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, 0, shared,
+                     wrap_info(trace, sessions, steps, policy, replay=replay, unit="steps"))
 
 
 def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *,

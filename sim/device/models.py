@@ -850,6 +850,10 @@ class RateLimitedDevice(Device):
     name, source : str
     derived : mapping, optional
         What was derived or assumed, and by which rule (shown by ``engram sim device``).
+    drained : bool
+        Every simulated run starts with the bucket empty instead of full (:meth:`sustained`): the volume's
+        steady state under a load above its cap, so that a run shorter than the burst measures the
+        sustained rate, not the burst.
 
     Raises
     ------
@@ -859,7 +863,7 @@ class RateLimitedDevice(Device):
     """
 
     def __init__(self, raw: Device, cap_iops: float, burst_ios: float, name: Optional[str] = None,
-                 source: str = "", derived: Optional[Mapping] = None):
+                 source: str = "", derived: Optional[Mapping] = None, drained: bool = False):
         if not isinstance(raw, Device) or isinstance(raw, RateLimitedDevice):
             raise ArgumentError(f"RateLimitedDevice: raw must be a device without a bucket, got {raw!r:.60}")
         for key, v, lo, hi in (("cap_iops", cap_iops, MIN_IOPS, MAX_IOPS), ("burst_ios", burst_ios, 1.0, MAX_BURST_IOS)):
@@ -875,6 +879,7 @@ class RateLimitedDevice(Device):
         self.source = source or f"token bucket ({cap_iops:g} IOPS, {burst_ios:g} reads deep) over {raw.name}"
         self.derived = dict(derived) if derived else {}
         self.straggler = raw.straggler
+        self.drained = bool(drained)
 
     # ------------------------------------------------ the queue behind the bucket: the raw device's
     def latency(self, qd: int) -> LatencyDist:
@@ -907,7 +912,17 @@ class RateLimitedDevice(Device):
 
     # ------------------------------------------------------------ the bucket
     def bucket(self) -> TokenBucket:
-        return TokenBucket(self.cap_iops, self.burst_ios)
+        """A bucket for one simulated drive: full, or empty when :attr:`drained`."""
+        b = TokenBucket(self.cap_iops, self.burst_ios)
+        if self.drained:
+            b.level = 0.0
+        return b
+
+    def sustained(self) -> "RateLimitedDevice":
+        """This volume with every run starting at an empty bucket (see ``drained``): same name and figures."""
+        return RateLimitedDevice(self.raw, self.cap_iops, self.burst_ios, self.name,
+                                 self.source + "; runs start with the bucket drained (sustained)", self.derived,
+                                 drained=True)
 
     def gate_tail(self) -> float:
         return self.raw.mean_latency(1)
@@ -945,6 +960,8 @@ class RateLimitedDevice(Device):
              "burst_ios": self.burst_ios, "raw": self.raw.to_dict()}
         if self.derived:
             d["derived"] = self.derived
+        if self.drained:
+            d["drained"] = True
         return d
 
     @classmethod
@@ -955,7 +972,7 @@ class RateLimitedDevice(Device):
         raw = Device.from_dict(d["raw"])
         try:
             return cls(raw, d["cap_iops"], d["burst_ios"], name=d.get("name"), source=d.get("source", ""),
-                       derived=d.get("derived"))
+                       derived=d.get("derived"), drained=d.get("drained") is True)
         except ArgumentError as exc:
             raise FormatError(f"rate_limited device: {exc}") from None
 

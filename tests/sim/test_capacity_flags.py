@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
-from sim.capacity import MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound, SearchProgress, _search
+from sim.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound,
+                          SearchProgress, WorkProgress, _search, find_capacity, read_capacity)
+from sim.sweep import AXES
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch
 from tests.clirun import cli
@@ -186,3 +188,144 @@ def test_a_burst_longer_than_the_probes_is_said_with_the_sustained_bound(capsys,
     assert "holds only while the burst lasts; sustained, at most 20 sessions" in c["assumptions"]
     doc = capacity_json(capsys, ["--device", FAST, "--out", str(tmp_path / "b.csv")])
     assert "burst" not in doc["configurations"][0]["assumptions"]
+
+
+def test_an_earlier_default_table_is_refused_not_overwritten(tmp_path, capsys, monkeypatch):
+    """Without --out the search writes capacity.csv in the current directory: a second run there is refused in
+    one line naming the file, the --out that replaces it and the --resume that continues it, and leaves the
+    earlier table as it was; with --out named it is replaced, with --resume --out continued."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["sim", "capacity", "--device", SLOW, "--limit", "100", "--steps", "20", "--seeds", "1",
+            "--max-sessions", "4", "--jobs", "1", "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert {"capacity.csv", "capacity.csv.probes.csv"} <= set(before)
+    err = cli(capsys, argv)
+    assert err.endswith("capacity.csv exists (an earlier capacity search): give --out capacity.csv to replace it, "
+                        "--resume --out capacity.csv to continue it, or another --out"), err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    (tmp_path / "capacity.csv").unlink()  # the probes alone are an earlier search too
+    assert "capacity.csv.probes.csv exists" in cli(capsys, argv)
+    assert main([*argv, "--out", "capacity.csv", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--out", "capacity.csv", "--resume", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["resumed_probes"] == first["configurations"][0]["probes"] > 0
+    assert answers(again) == answers(first)
+    # a study file's default table is its own name's, resumed without --out
+    study = tmp_path / "mine.toml"
+    study.write_text('[study]\nname = "mine"\n[capacity]\ntarget = 20.0\nseeds = 1\nmax_sessions = 4\n'
+                     '[fixed]\ntrace_limit = 100\nsteps = 20\ncompute = "reference"\n')
+    assert main(["sim", "capacity", str(study), "--jobs", "1", "--quiet"]) == 0
+    err = cli(capsys, ["sim", "capacity", str(study), "--jobs", "1", "--quiet"])
+    assert err.endswith("mine.csv exists (an earlier capacity search): give --out mine.csv to replace it, "
+                        "--resume to continue it, or another --out"), err
+    assert main(["sim", "capacity", str(study), "--jobs", "1", "--quiet", "--resume"]) == 0
+
+
+def test_a_bracketed_search_says_its_probes_and_the_session_steps_to_go():
+    """The progress of a bracketed search (the 3.4 M-IOPS SSD of benchmarks/bench_capacity.py: probes of 1,
+    3541 (failed) and 3540 sessions of 300 steps): probes done with their session-steps, the fewest still needed
+    (two probes of about 3,541 sessions after the first: a pass or a failure there cannot close the bracket;
+    one after the failure: 3,540 passing closes it) and their time at the assumed rate, then at the rate the
+    round of many sessions measured; the first probe's round is too small to measure a rate."""
+    out = io.StringIO()
+    key = (0, 0)
+    prog = WorkProgress([key], {key: 300}, "capacity", "lines", asked={key: 1}, resolution=1, max_sessions=4096,
+                        stream=out, interval=0.0)
+    with prog:
+        prog.ran(300, 0.5)
+        prog.note("probe of configuration 0, seed 0: 1 sessions")
+        prog.answered(key, 1, True)
+        prog.asked(key, 3541)
+        prog.retotal()
+        prog.ran(3541 * 300, 15.0)
+        prog.note("probe of configuration 0, seed 0: 3541 sessions")
+        prog.answered(key, 3541, False)
+        prog.asked(key, 3540)
+        prog.retotal()
+        prog.ran(3540 * 300, 15.0)
+        prog.note("probe of configuration 0, seed 0: 3540 sessions")
+        prog.answered(key, 3540, True)
+        prog.finished(key, "configuration 0, seed 0: 3540 sessions (3 probes)")
+        prog.retotal()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "capacity: 0 probes (0 session-steps) done after 0 s; the 1-session probe first: its reads " \
+                       "give the knee's estimate and the work to go"
+    after = r" done after \d+ s; "
+    assumed = f"about {2_124_600 / ASSUMED_SESSION_STEPS_PER_S:.0f} s left at {ASSUMED_SESSION_STEPS_PER_S:,.0f}"
+    assert re.fullmatch(r"capacity: 1 probe \(300 session-steps\)" + after + r"at least 2 more probes \(2,124,600 "
+                        r"session-steps\), " + assumed + r" session-steps a second \(assumed: no probe of "
+                        r"many sessions has finished yet\); last: probe of configuration 0, seed 0: 1 sessions",
+                        lines[1]), lines[1]
+    assert assumed == "about 21 s left at 100,000"  # 2,124,600 session-steps at the assumed 100,000 a second
+    rate = 3541 * 300 / 15.0  # 70,820 session-steps a second: 1,062,000 to go take 15.0 s
+    assert re.fullmatch(r"capacity: 2 probes \(1,062,600 session-steps\)" + after + r"at least 1 more probe "
+                        r"\(1,062,000 session-steps\), about 15 s left at 70,820 session-steps a second \(measured\); "
+                        r"last: probe of configuration 0, seed 0: 3541 sessions", lines[2]), lines[2]
+    assert f"{rate:,.0f}" == "70,820"
+    assert re.fullmatch(r"capacity: 3 probes \(2,124,600 session-steps\) done after \d+ s; last: configuration 0, "
+                        r"seed 0: 3540 sessions \(3 probes\)", lines[3]), lines[3]
+    assert re.fullmatch(r"capacity: 3 probes \(2,124,600 session-steps\) in \d+ s", lines[-1]), lines[-1]
+    assert len(lines) == 5
+    assert prog.bar.n == prog.bar.total == 2_124_600
+
+
+def test_a_bracketed_search_prints_its_progress(capsys):
+    """find_capacity's bracketed search goes through WorkProgress: its lines name probes and session-steps."""
+    base = {k: v[1] for k, v in AXES.items()}
+    base.update(trace_limit=100, steps=20, compute="reference", threshold=8, readers=16, device=SLOW)
+    (cap,), _ = find_capacity([base], CapacitySpec(seeds=1, max_sessions=24), jobs=1, progress="lines")
+    err = capsys.readouterr().err.strip().splitlines()
+    work = sum(int(p["sessions"]) for p in cap.probes) * 20
+    assert err[0].startswith("capacity: 0 probes (0 session-steps) done after 0 s; the 1-session probe first")
+    assert re.fullmatch(rf"capacity: {len(cap.probes)} probes \({work:,} session-steps\) in \d+ s", err[-1]), err
+
+
+def test_a_sustained_search_finds_the_cap_not_the_burst(capsys, tmp_path):
+    """The capped volume whose burst outlasts the probes, searched with --sustained (every probe starts with the
+    bucket drained): the capacity is the sustained one, floor(cap_iops / (reads a step x target)) -- the cap of
+    20,000 reads/s over the probes' reads a step at 20 tokens/s -- or one session under it (the sessions' reads
+    come in bursts at random phases), below the burst's answer; the answer says how it was probed; a resumed
+    table of the other kind is refused."""
+    dev = ["--device", "ssd:qd1_us=80,iops=500000,cap_iops=20000,burst_ios=50000"]
+    burst = capacity_json(capsys, [*dev, "--out", str(tmp_path / "a.csv")])["configurations"][0]
+    doc = capacity_json(capsys, [*dev, "--sustained", "--out", str(tmp_path / "s.csv")])
+    c = doc["configurations"][0]
+    probes = read_capacity(tmp_path / "s.csv")[1]
+    at = next(p for p in probes if p["sessions"] == c["capacity"])
+    bound = int(np.floor(20000 / (at["reads_per_step"] * 20.0) + 1e-9))
+    assert bound - 1 <= c["capacity"] <= bound < burst["capacity"], (c["capacity"], bound, burst["capacity"])
+    assert at["reads_per_s"] <= 20000 * 1.001  # the cap holds: no burst credit carried the probe
+    assert doc["capacity"]["sustained"] is True
+    assert "drained at the start of every probe (sustained: no burst credit)" in c["assumptions"]
+    assert f"bounding it at {bound} sessions" in c["assumptions"]
+    err = cli(capsys, ["sim", "capacity", *dev, "--out", str(tmp_path / "s.csv"), "--resume", *SEARCH[:-1]])
+    assert "probes of a search with --sustained" in err
+
+
+def test_the_time_left_counts_the_probes_that_run_side_by_side():
+    """Two searches on two workers: a round of two probes of 1,000 sessions x 100 steps in 1 s is 100,000
+    session-steps a second a probe; while both searches are open they run side by side (200,000 a second),
+    once one has returned the other's last probe runs alone (100,000)."""
+    out = io.StringIO()
+    prog = WorkProgress(["a", "b"], {"a": 100, "b": 100}, "capacity", "lines", asked={"a": 1, "b": 1},
+                        workers=2, stream=out, interval=0.0)
+    with prog:
+        prog.ran(200, 0.1, 2)
+        for k in "ab":
+            prog.answered(k, 1, True)
+            prog.asked(k, 1000)
+        prog.retotal()
+        assert prog.to_go() == (4, 400_000) and prog.rate() == (2 * ASSUMED_SESSION_STEPS_PER_S, False)
+        prog.ran(200_000, 1.0, 2)
+        assert prog.rate() == (200_000.0, True)
+        for k in "ab":
+            prog.answered(k, 1000, False)
+        prog.asked("a", 999)
+        prog.finished("b")
+        prog.retotal()
+        assert prog.to_go() == (1, 99_900) and prog.rate() == (100_000.0, True)
+    assert "at least 1 more probe (99,900 session-steps), about 1 s left at 100,000 session-steps a second " \
+           "(measured)" in out.getvalue().splitlines()[-2]

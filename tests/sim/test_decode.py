@@ -495,3 +495,30 @@ def test_the_lean_loop_is_the_general_loop(code, device):
     qa, qb = a.queues[0], b.queues[0]
     assert (qa.reads, qa.times, qa.depths) == (qb.reads, qb.times, qb.depths)
     assert qa.area == pytest.approx(qb.area, rel=1e-12) and qa.busy == pytest.approx(qb.busy, rel=1e-12)
+
+
+@pytest.mark.parametrize("sessions, steps", [(1, 40), (7, 300), (24, 3500)])
+def test_reads_counted_by_position_are_every_sessions_own(code, sessions, steps):
+    """Without row caches a step's reads are counted once per trace position and gathered: the same arrays and
+    counts as sorting every session's steps on their own -- with rows resident in DRAM (a share, a hot set), a
+    replayed cache's served requests, striped drives and their read order, and runs that wrap the trace."""
+    from sim.decode.reads import step_reads
+
+    hot = np.stack([np.zeros(50, dtype=np.int64), np.unique(code.rows[:40, 0, :])[:50]], axis=1)
+    served = np.random.default_rng(3).random(code.rows.shape) < 0.2
+    for pol, kw in [(Policy(), {}), (Policy(dram_fraction=0.3), {"hot": hot}), (Policy(), {"served": served}),
+                    (Policy(dram_fraction=0.1), {"drives": 3, "order": True})]:
+        a = step_reads(code, sessions, steps, pol, **kw)
+        b = step_reads(code, sessions, steps, pol, by_position=False, **kw)
+        assert len(a.reads) == sessions
+        assert all(x.dtype == y.dtype == np.int64 and np.array_equal(x, y) for x, y in zip(a.reads, b.reads))
+        assert (a.requests, a.dram_hits, a.cache_hits, a.shared_hits) == \
+            (b.requests, b.dram_hits, b.cache_hits, b.shared_hits)
+        assert a.wrap == b.wrap and a.drafts is b.drafts is None and a.wasted == b.wasted == 0
+        if "drives" in kw:
+            assert all(np.array_equal(x, y) for x, y in zip(a.by_drive, b.by_drive))
+            assert all(np.array_equal(x, y) and x.dtype == y.dtype
+                       for sa, sb in zip(a.order, b.order) for ta, tb in zip(sa, sb) for x, y in zip(ta, tb))
+        else:
+            assert a.by_drive is b.by_drive is None and a.order is b.order is None
+    assert any(r.sum() for r in a.reads)

@@ -86,6 +86,29 @@ def test_sessions_share_the_cap(mode):
     assert r.tokens_per_s == pytest.approx(4000 / 48, rel=0.03)
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_a_drained_bucket_gives_the_sustained_rate_from_the_start(mode):
+    """Four sessions on a 4000-IOPS volume with a 5000-read burst, 100 steps each (19,200 reads): a full bucket
+    lets the burst through on top of the cap, the run taking (19200 - 5000) / 4000 = 3.55 s, i.e. 5408 reads/s;
+    the same
+    volume drained at the start (its steady state under a load above the cap: RateLimitedDevice.sustained)
+    reads at the cap, 4000 reads/s, and keeps its figures and name through to_dict."""
+    full = RateLimitedDevice(point_drive(), 4000, 5000)
+    drained = full.sustained()
+    assert drained.drained and not full.drained and drained.name == full.name
+    assert drained.bucket().level == 0.0 and full.bucket().level == 5000.0
+    back = Device.from_dict(json.loads(json.dumps(drained.to_dict())))
+    assert back.drained and back.cap_iops == 4000 and back.burst_ios == 5000
+    assert "drained" not in full.to_dict()
+    runs = {}
+    for name, dev in (("full", full), ("drained", drained)):
+        runs[name] = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=4, steps=100,
+                                     mode=mode)
+    assert runs["full"].reads == runs["drained"].reads == 19200
+    assert runs["full"].reads / runs["full"].sim_seconds == pytest.approx(19200 / ((19200 - 5000) / 4000), rel=0.02)
+    assert runs["drained"].reads / runs["drained"].sim_seconds == pytest.approx(4000, rel=0.02)
+
+
 def test_the_serving_models_device_applies_the_bucket():
     """SharedDevice: 48 reads at 0 on a bucket of 1000/s, 10 deep: 38 owed, the last token at 38 ms, done at
     38 ms + the raw 50 us; the fluid itself finishes them at their 150 us alone.  A second batch at 40 ms finds
