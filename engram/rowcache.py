@@ -12,7 +12,7 @@ Which rows it keeps is its *policy* (:data:`POLICIES`, one implementation in
 :class:`CachePolicy`):
 
 - ``"lru"``: least recently used out first.
-- ``"tinylfu"`` (default): W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient
+- ``"tinylfu"`` (the default, :data:`DEFAULT_POLICY`, there why): W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient
   Cache Admission Policy", ACM Transactions on Storage 13(4), 2017): a 1% window LRU, then a
   segmented LRU that admits a row only if a count-min sketch (with aging) estimates it more
   frequent than the row it would evict -- one long prompt of rows read once does not flush the
@@ -21,12 +21,14 @@ Which rows it keeps is its *policy* (:data:`POLICIES`, one implementation in
 How the engine uses it (:meth:`engram.EngramModel.open` ``cache=``, :meth:`EngramModel.session`
 ``cache=``): a batch's keys are looked up first (hits touched, their records copied out under
 the lock); only the misses go to the reader, still sorted by file offset and deduplicated; the
-misses' records are then inserted.  Hits are decoded by the codec into their positions, so a
+reader then inserts the misses itself, their records copied from its staged reads in one native call
+(``admit_records`` of ``engram/_native/rowcache.pyx``: it takes this cache's ``_lock``, ``_policy`` and
+``_records``).  Hits are decoded by the codec into their positions, so a
 hit gives exactly the values an uncached read gives.  ``ReadStats.cache_hits`` counts the hits.
 Prefill batches (:meth:`Session.prefill`) go through the cache too (``prefill="admit"``) or
 past it (``prefill="bypass"``: neither served nor admitted).
 
-Threads: one lock guards the policy and the records (each batch takes it twice: lookup, insert);
+Threads: one lock guards the policy and the records (each batch takes it twice: lookup, insert of each chunk);
 concurrent sessions in threads share one cache safely.  Its cost is measured in BENCHMARKS.md
 ("Row cache"); :meth:`RowCache.stats` counts ``contended`` acquisitions.
 
@@ -41,6 +43,7 @@ pages copy-on-write) with a fresh lock, and fills it on its own.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import threading
@@ -54,12 +57,21 @@ from .codec import ROW_BYTES, decode_rows
 from .errors import ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError
 
 __all__ = ["RowCache", "CachePolicy", "POLICIES", "PREFILL", "DEFAULT_POLICY", "DEFAULT_PREFILL",
-           "BOOKKEEPING_BYTES", "parse_size", "cache_rows", "cache_key", "physical_memory"]
+           "BOOKKEEPING_BYTES", "SIZE_RULE", "parse_size", "size_arg", "sizes_arg", "cache_rows", "cache_key",
+           "physical_memory"]
 
 #: Replacement policies (``"lru"``, ``"tinylfu"``).
 POLICIES = tuple(_native.POLICIES)
 #: What prefill batches do: ``"admit"`` (looked up and inserted like decode batches) or ``"bypass"``.
 PREFILL = ("admit", "bypass")
+#: The one default policy: of :class:`RowCache` and of everything that predicts or measures it (``engram sim
+#: decode --cache-policy``, :class:`sim.params.Policy`, ``engram measure``, studies), so that a prediction and the
+#: engine run the same policy unless told otherwise.  W-TinyLFU because the cache is shared by a model's
+#: sessions: on the shipped texts (BENCHMARKS.md, "Row cache") 4 sessions sharing ``agent_prompt_long`` hit
+#: 0.048 / 0.221 of their reads at 1 / 16 MiB against LRU's 0.020 / 0.112, and a long prompt of rows read once
+#: keeps the hot rows; one session alone reuses recent rows, where LRU does better from 4 MiB on (0.106 against
+#: 0.074 at 16 MiB on promessi_sposi): a single-session engine should ask for ``"lru"``, and
+#: ``engram sim trace reuse TRACE --cache-bytes ... --sessions N`` says which for a given load.
 DEFAULT_POLICY = "tinylfu"
 DEFAULT_PREFILL = "admit"
 #: Bytes of bookkeeping a row slot costs at most besides its record: its node (key, links, segment: 24),
@@ -71,35 +83,74 @@ BOOKKEEPING_BYTES = 92
 #: ``access`` (a whole stream of keys replayed batch by batch, the simulator's entry).
 CachePolicy = _native.Policy
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
-          "TIB": 1 << 40}
+#: The rule of sizes (:func:`parse_size`), said in every option's help and error that takes one.
+SIZE_RULE = ("bytes, or a number with a unit: K, M, G, T or KiB, MiB, GiB, TiB binary (2**10 ...), "
+             "KB, MB, GB, TB decimal (10**3 ...), any case (64M = 67108864, 64MB = 64000000)")
+
+#: Bytes of each unit (case folded): a bare letter and ``?iB`` binary, ``?B`` decimal (SI), as GNU dd,
+#: head -c and truncate read them.
+_UNITS = {"": 1, "b": 1}
+for _i, _u in enumerate("kmgt", 1):
+    _UNITS[_u] = _UNITS[_u + "ib"] = 1 << (10 * _i)
+    _UNITS[_u + "b"] = 1000 ** _i
+del _i, _u
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+_EXPONENT = re.compile(r"\s*[0-9.]+[eE][-+]?[0-9]+\s*[A-Za-z]*\s*")
 
 
-def parse_size(size: Union[int, str]) -> int:
-    """Bytes of a size: an int, or a string such as ``"64M"``, ``"1G"``, ``"1.5GiB"``, ``"4096"``
-    (K, M, G, T are binary: 2**10, 2**20, 2**30, 2**40).
+def parse_size(size: Union[int, str], what: str = "cache size") -> int:
+    """Bytes of a size: an int >= 0, or a string, a number (fractions allowed) with an optional unit.
+
+    K, M, G, T and KiB, MiB, GiB, TiB are binary (2**10, 2**20, 2**30, 2**40); KB, MB, GB, TB decimal
+    (10**3, 10**6, 10**9, 10**12); B or none: bytes; any case (``"64m"`` is ``"64M"``, ``"64mb"`` is
+    ``"64MB"``).  So ``"64M"`` = ``"64MiB"`` = 67,108,864 and ``"64MB"`` = 64,000,000 bytes: the rule of
+    GNU ``dd``, ``head -c`` and ``truncate`` (and of the IEC and SI prefixes: ``MiB`` binary, ``MB``
+    decimal), with a bare letter binary as ``dd``, ``ls -h`` and ``free`` print it.  (``fio`` in its default
+    ``kb_base=1024`` reads ``MB`` as binary too, and ``numfmt --from=auto`` reads ``M`` as decimal; this
+    rule is neither.)  A fraction is rounded down to a whole byte (``"1.5K"`` = 1536, ``"0.5"`` = 0).
+    Exponents (``"1e3"``), signs, floats and bools are refused: a size is written as a user writes it,
+    and ``1e3`` or a float may come from arithmetic that lost bytes.  See :data:`SIZE_RULE`.
+
+    ``what`` names the value in the error (an option, e.g. ``"--cache-bytes"``).
 
     Raises
     ------
     CacheSizeError
-        Not a size (a negative number, a bool, an unknown unit).
+        Not a size: a negative number, a bool, a float, an exponent, an unknown unit (the message gives
+        the rule).
     """
-    if isinstance(size, bool):
-        raise CacheSizeError(f"cache size must be bytes (an int or a string like '64M'), got {size!r}")
-    if isinstance(size, (int, np.integer)):
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer, str)):
+        raise CacheSizeError(f"{what} must be bytes (an int, or a string like '64M' or '64MB'), got "
+                             f"{type(size).__name__} {size!r}")
+    if not isinstance(size, str):
         v = int(size)
-    elif isinstance(size, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", size)
-        if not m or m.group(2).upper() not in _UNITS:
-            raise CacheSizeError(f"cache size {size!r}: need bytes with an optional unit K, M, G or T "
-                                 f"(binary), e.g. '64M', '1G'")
-        v = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    else:
-        raise CacheSizeError(f"cache size must be bytes (an int or a string like '64M'), got {type(size).__name__}")
-    if v < 0:
-        raise CacheSizeError(f"cache size must be >= 0 bytes, got {v}")
-    return v
+        if v < 0:
+            raise CacheSizeError(f"{what} must be >= 0 bytes, got {v}")
+        return v
+    m = _SIZE.fullmatch(size)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        why = ("a negative size" if size.strip().startswith("-")
+               else "an exponent is not a size (write 1000 or 1KB for 1e3)" if _EXPONENT.fullmatch(size)
+               else f"unknown unit {m.group(2)!r}" if m else "not a number with a unit")
+        raise CacheSizeError(f"{what} {size!r}: {why}; need {SIZE_RULE}")
+    whole, _, frac = m.group(1).partition(".")
+    scale = _UNITS[unit]
+    return int(whole or 0) * scale + (int(frac) * scale // 10 ** len(frac) if frac.strip("0") else 0)
+
+
+def size_arg(text: str) -> int:
+    """``argparse`` ``type=`` of a size option (:func:`parse_size`): a bad size is the parser's error, which names
+    the option, with the rule."""
+    try:
+        return parse_size(text, "size")
+    except CacheSizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def sizes_arg(text: str) -> list:
+    """As :func:`size_arg`, a comma separated list of sizes (``"1M,64M,1G"``): a list of ints."""
+    return [size_arg(t) for t in (x.strip() for x in text.split(",")) if t]
 
 
 def physical_memory() -> int:
@@ -161,11 +212,13 @@ class RowCache:
     Parameters
     ----------
     max_bytes : int or str
-        Budget of the records: ``max_bytes // 264`` rows (``"64M"``, ``"1G"``: :func:`parse_size`).
+        Budget of the records: ``max_bytes // 264`` rows (``"64M"`` = 64 MiB, ``"64MB"`` = 64,000,000 bytes,
+        ``"1G"``: :func:`parse_size`).
         The bookkeeping adds about :data:`BOOKKEEPING_BYTES` bytes a row.  Record memory is taken
         as rows arrive (untouched pages cost nothing).
     policy : {"tinylfu", "lru"}
-        Replacement policy (see the module): ``tinylfu`` (default) admits by frequency.
+        Replacement policy (see the module): ``tinylfu`` (default, :data:`DEFAULT_POLICY`: why there) admits by
+        frequency; ``lru`` suits a cache of one session.
     prefill : {"admit", "bypass"}
         Whether prefill batches use the cache (default ``admit``).
 

@@ -326,7 +326,7 @@ class _RowReads(Closing):
         staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
-        nh, extra = 0, ()
+        nh, extra, fused = 0, (), {}
         if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
@@ -342,7 +342,8 @@ class _RowReads(Closing):
                 self.last_stats = st
                 self.stats.add(st)
                 return
-            extra = (skip if nh else None, np.empty((n, ROW_BYTES), np.uint8))
+            # the misses are inserted by the reader itself, from its staged reads (no raw copy, no admit call)
+            extra, fused = (skip if nh else None,), {"cache": cache, "keys": keys}
         with self._lock:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
@@ -350,13 +351,12 @@ class _RowReads(Closing):
                 self._reattach()
             self._follow_verdict()
             try:
-                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra, decode=not raw)
+                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra,
+                                        decode=not raw, **fused)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
-                res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw)
-        if extra:
-            cache.admit(keys, skip, extra[1])
+                res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw, fused)
         if staged:
             np.copyto(target, dest)
         req, dist, nreads, nbytes, conc, n_serial, n_pool, n_ring, others = res
@@ -456,7 +456,7 @@ class _RowReads(Closing):
     def _ring_at_fault(self, f) -> bool:
         return _backends.ring_at_fault(self.requested_backend, f)
 
-    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False):
+    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False, fused=None):
         """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
         the ring is refused for the process (one warning, :func:`engram.backends.refuse_after_reread`)
         and this reader stays on the pool; when the pool fails too, its error is raised and the ring
@@ -464,7 +464,8 @@ class _RowReads(Closing):
         if self._reader.start_pool(self.readers):
             raise self._error(f, ids) from None
         try:
-            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra, decode=not raw)
+            res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra, decode=not raw,
+                                    **(fused or {}))
         except _reader.ReadFailure as g:
             raise self._error(g, ids) from None
         self._to_pool(_backends.refuse_after_reread(f, self.path))

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
-from engram.rowcache import POLICIES as CACHE_POLICIES, cache_rows as _cache_rows, parse_size
+from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, cache_rows as _cache_rows, parse_size
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
@@ -57,7 +57,7 @@ class Policy:
         with different values is an ``ArgumentError``.  Always equal to
         ``readers`` once built.
     cache_rows : int
-        Per-session LRU row cache, rows (0: none, as the engine does).
+        Per-session row cache, rows (0: none, as the engine does); its policy ``cache_policy``.
     shared_cache_rows : int
         One row cache shared by every session, rows (0: none): the engine's
         :class:`engram.RowCache` of the model.  A request goes to the session's
@@ -70,9 +70,11 @@ class Policy:
         0: ``shared_cache_rows`` says.
     cache_policy : str
         The row caches' replacement policy, one of the engine's
-        (:data:`engram.rowcache.POLICIES`: ``"lru"``, default here as the simulator's
-        caches were; ``"tinylfu"``, the engine's default), run by the engine's own
-        code (:class:`engram.rowcache.CachePolicy`).
+        (:data:`engram.rowcache.POLICIES`: ``"lru"`` or ``"tinylfu"``), run by the engine's
+        own code (:class:`engram.rowcache.CachePolicy`); default the engine's,
+        :data:`engram.rowcache.DEFAULT_POLICY` (``"tinylfu"``: why there), so that a
+        prediction and the engine run the same policy unless told otherwise.  It applies
+        to the per-session caches (``cache_rows``) too.
     dram_fraction : float
         Share of every table's rows resident in DRAM (0: none): a request for
         such a row costs no device read.  The resident rows are chosen by a
@@ -102,13 +104,13 @@ class Policy:
     shared_cache_rows: int = 0
     dram_fraction: float = 0.0
     shared_cache_bytes: int = 0
-    cache_policy: str = "lru"
+    cache_policy: str = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         if self.cache_policy not in CACHE_POLICIES:
             raise ArgumentError(f"Policy.cache_policy must be one of {', '.join(CACHE_POLICIES)}, "
                                 f"got {self.cache_policy!r}")
-        b = parse_size(self.shared_cache_bytes)
+        b = parse_size(self.shared_cache_bytes, "Policy.shared_cache_bytes")
         object.__setattr__(self, "shared_cache_bytes", b)
         if b:
             rows = _cache_rows(b, check_memory=False)

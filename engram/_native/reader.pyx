@@ -21,14 +21,22 @@ from posix.unistd cimport getpid, pid_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
+from cpython.pycapsule cimport PyCapsule_GetPointer
 cimport numpy as cnp
 import numpy as np
+
+from engram._native import rowcache as _rowcache
 
 from engram._native.codec cimport check_row, decode_row, ROW_BYTES, ROW_VALUES
 from engram._native.engine cimport Client, Engine
 from engram._native.readers cimport *
 
 cnp.import_array()
+
+# The row cache's insert of a batch's misses (rowcache.pyx admit_records), called on the records in staging.
+ctypedef int64_t (*admit_fn)(object, object, const uint64_t*, const uint8_t**, Py_ssize_t) except -1
+cdef admit_fn _admit_records = <admit_fn>PyCapsule_GetPointer(_rowcache.ADMIT_RECORDS,
+                                                              b"engram._native.rowcache.admit_records")
 
 # A request key packs (segment, file offset, position in the chunk): 4 + 44 + 16 bits.
 cdef enum:
@@ -144,6 +152,8 @@ cdef class RowReader:
     cdef engram_req* reqs
     cdef uint8_t* staging
     cdef uint8_t* bounce
+    cdef uint64_t* ckey       # a chunk's misses for the row cache: keys, in position order
+    cdef const uint8_t** crec  # and their records in staging
     cdef public int pool_readers
     cdef public int ring_depth
     cdef int ring_want
@@ -166,6 +176,8 @@ cdef class RowReader:
         self.reqs = NULL
         self.staging = NULL
         self.bounce = NULL
+        self.ckey = NULL
+        self.crec = NULL
         self.cap = 0
         self.pool_readers = 0
         self.ring_depth = 0
@@ -212,6 +224,8 @@ cdef class RowReader:
         free(self.reqs); self.reqs = NULL
         free(self.staging); self.staging = NULL
         free(self.bounce); self.bounce = NULL
+        free(self.ckey); self.ckey = NULL
+        free(self.crec); self.crec = NULL
         self.cap = 0
 
     @property
@@ -374,12 +388,19 @@ cdef class RowReader:
         p = realloc(self.staging, c * ROW_BYTES)
         if p == NULL: raise MemoryError()
         self.staging = <uint8_t*>p
+        p = realloc(self.ckey, c * sizeof(uint64_t))
+        if p == NULL: raise MemoryError()
+        self.ckey = <uint64_t*>p
+        p = realloc(self.crec, c * sizeof(uint8_t*))
+        if p == NULL: raise MemoryError()
+        self.crec = <const uint8_t**>p
         self.cap = c
         return 0
 
     # ------------------------------------------------------------ read
     def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols,
-             cnp.ndarray skip=None, cnp.ndarray raw=None, bint decode=True):
+             cnp.ndarray skip=None, cnp.ndarray raw=None, bint decode=True, object cache=None,
+             cnp.ndarray keys=None):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
 
         ``decode`` False: ``out`` is uint8 [T, C, 264] instead and receives each row's 264-byte
@@ -402,16 +423,25 @@ cdef class RowReader:
         counts then count the other positions only.  ``raw``: uint8
         ``[T * C, 264]`` C-contiguous or None; receives the record of every
         published position, as read (the row cache keeps records, not values).
+
+        ``cache``: an ``engram.RowCache`` or None, with ``keys`` uint64 ``[T * C]`` C-contiguous (the keys
+        ``RowCache.serve`` filled; ``skip`` its hits): after each chunk is checked and published, its misses
+        (positions not skipped, in position order) are inserted into the cache under its lock, their records
+        copied from the staged reads (one native call, ``rowcache.pyx`` ``admit_records``: no ``raw`` array,
+        no Python call between).  Decoded reads only, ``raw`` None.  A failing chunk inserts nothing; the
+        chunks before it (multi-chunk calls) stay inserted, rows read and checked.
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
         cdef float* op = <float*>cnp.PyArray_DATA(out)
-        cdef Py_ssize_t total = T * C, start = 0, n, m, nd, nr, i
+        cdef Py_ssize_t total = T * C, start = 0, n, m, nd, nr, i, nm
         cdef uint64_t requested = 0, distinct = 0, nreads = 0, nbytes = 0, others = 0
         cdef int conc = 1, path, serial_chunks = 0, pool_chunks = 0, ring_chunks = 0
         cdef const uint8_t* sk = NULL
         cdef uint8_t* rp = NULL
+        cdef const uint64_t* kp = NULL
+        cdef const uint8_t** cr = NULL
         if skip is not None:
             if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
                 raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
@@ -420,6 +450,13 @@ cdef class RowReader:
             if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
                 raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
             rp = <uint8_t*>cnp.PyArray_DATA(raw)
+        if cache is not None:
+            if not decode or raw is not None:
+                raise ValueError("cache needs decoded reads and no raw")
+            if keys is None or keys.dtype != np.uint64 or keys.ndim != 1 or keys.shape[0] < total \
+                    or not keys.flags.c_contiguous:
+                raise ValueError("keys must be a C-contiguous uint64 array of at least T * C keys")
+            kp = <const uint64_t*>cnp.PyArray_DATA(keys)
         if not decode:
             if raw is not None:
                 raise ValueError("raw must be None when decode is off (the records go to out)")
@@ -445,6 +482,8 @@ cdef class RowReader:
             return (0, 0, 0, 0, 1, 0, 0, 0, 0)
         self._check_range(idp, T, C, s0, s1, seg_cols, backend)
         self._reserve(min(total, <Py_ssize_t>CHUNK))
+        if kp != NULL:
+            cr = self.crec
         while start < total:
             n = min(<Py_ssize_t>CHUNK, total - start)
             with nogil:
@@ -462,7 +501,11 @@ cdef class RowReader:
                 if op == NULL:
                     self._publish_raw(rp + start * ROW_BYTES, m)
                 else:
-                    self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL)
+                    self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL, cr)
+            if kp != NULL:
+                with nogil:
+                    nm = self._gather_misses(kp + start, sk + start if sk != NULL else NULL, n)
+                self._admit(cache, nm)
             if path == SERIAL:
                 serial_chunks += 1
             elif path == PREAD:
@@ -622,9 +665,9 @@ cdef class RowReader:
                               backend=_PATH_NAMES[path])
         return 0
 
-    cdef void _publish(self, float* op, Py_ssize_t n, uint8_t* rp) noexcept nogil:
+    cdef void _publish(self, float* op, Py_ssize_t n, uint8_t* rp, const uint8_t** cr) noexcept nogil:
         """Decode each distinct row into its first position; copy it to the duplicates; the records to
-        ``rp`` (when not NULL) at every position."""
+        ``rp`` (when not NULL) at every position; in ``cr`` (when not NULL) each position's record in staging."""
         cdef Py_ssize_t i, t, first = 0, d = -1
         cdef uint64_t vk, pos_mask = (<uint64_t>1 << POS_BITS) - 1
         for i in range(n):
@@ -638,6 +681,32 @@ cdef class RowReader:
                 decode_row(self.staging + d * ROW_BYTES, op + t * ROW_VALUES)
             if rp != NULL:
                 memcpy(rp + t * ROW_BYTES, self.staging + d * ROW_BYTES, ROW_BYTES)
+            if cr != NULL:
+                cr[t] = self.staging + d * ROW_BYTES
+
+    cdef Py_ssize_t _gather_misses(self, const uint64_t* kp, const uint8_t* sk, Py_ssize_t n) noexcept nogil:
+        """The chunk's published positions (not skipped), in position order: their keys into ``ckey`` and their
+        records' places in staging (``crec``, by position from :meth:`_publish`) compacted; returns their count."""
+        cdef Py_ssize_t t, j = 0
+        for t in range(n):
+            if sk != NULL and sk[t]:
+                continue
+            self.ckey[j] = kp[t]
+            self.crec[j] = self.crec[t]
+            j += 1
+        return j
+
+    cdef int _admit(self, object cache, Py_ssize_t m) except -1:
+        """Insert the gathered misses into ``cache`` (an ``engram.RowCache``) under its lock."""
+        lock = cache._lock
+        if not lock.acquire(False):
+            cache.contended += 1
+            lock.acquire()
+        try:
+            cache.inserts += _admit_records(cache._policy, cache._records, self.ckey, self.crec, m)
+        finally:
+            lock.release()
+        return 0
 
     def last_spans(self):
         """The reads of the last chunk the last :meth:`read` submitted: a list of (segment's descriptor,

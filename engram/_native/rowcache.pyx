@@ -29,6 +29,7 @@ thread-safe: :class:`engram.RowCache` holds a lock around every call.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, calloc
 from libc.string cimport memcpy, memset
+from cpython.pycapsule cimport PyCapsule_New
 cimport numpy as cnp
 import numpy as np
 
@@ -413,6 +414,23 @@ cdef class Policy:
                 wrote += 1
         return wrote
 
+    cdef int64_t _admit_at(self, const uint64_t* kp, const uint8_t** rp, Py_ssize_t n,
+                           uint8_t* rec) noexcept nogil:
+        """:meth:`admit`'s loop over ``n`` misses given as keys ``kp`` and pointers ``rp`` to their records
+        (the reader's staging, :func:`admit_records`)."""
+        cdef Py_ssize_t i
+        cdef int64_t wrote = 0
+        cdef int32_t s
+        for i in range(n):
+            self._prefetch(kp[i])
+        for i in range(n):
+            if self._find(kp[i]) >= 0:
+                continue
+            s = self._insert(kp[i])
+            memcpy(rec + <int64_t>s * ROW_BYTES, rp[i], ROW_BYTES)
+            wrote += 1
+        return wrote
+
     # ----------------------------------------------------------- hash table
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
         """Start fetching ``key``'s hash table entry (and sketch block): a batch's misses then overlap."""
@@ -567,3 +585,27 @@ cdef class Policy:
             self.sketch[i] >>= 1
         self.counted //= 2
         self.resets += 1
+
+
+cdef int64_t admit_records(object policy, object records, const uint64_t* keys, const uint8_t** recs,
+                           Py_ssize_t n) except -1:
+    """The misses of a batch inserted in order, as :meth:`Policy.admit`, their records read where the table reader
+    left them: ``keys[i]`` (uint64) with the record at ``recs[i]`` (264 bytes), copied into ``records`` uint8
+    ``[capacity, 264]`` (checked); a key already held is left as it is.  The caller holds the cache's lock.
+    Returns the records written.  The reader (``reader.pyx``) calls it through :data:`ADMIT_RECORDS`: one
+    native call from the read to the insert, no Python call, no copy of the records in between."""
+    cdef Policy p
+    cdef uint8_t* rec
+    cdef int64_t wrote
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a rowcache Policy, got {type(policy).__name__}")
+    p = <Policy>policy
+    rec = <uint8_t*>_matrix(records, cnp.NPY_UINT8, p.capacity, ROW_BYTES, True, "records")
+    with nogil:
+        wrote = p._admit_at(keys, recs, n, rec)
+    return wrote
+
+
+#: :func:`admit_records` for other kernels (the table reader): a capsule named ``ADMIT_RECORDS_NAME``.
+ADMIT_RECORDS_NAME = "engram._native.rowcache.admit_records"
+ADMIT_RECORDS = PyCapsule_New(<void*>admit_records, b"engram._native.rowcache.admit_records", NULL)

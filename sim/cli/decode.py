@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engram.cli import print_json
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
@@ -103,15 +104,16 @@ def _add_decode(sub) -> None:
                         "independent sessions as a server sees them), lockstep (all at once: the worst case), "
                         "spread:MS (session i at i x MS / sessions ms)")
     g.add_argument("--start-spread-ms", type=float, help="deprecated: --phases spread:MS")
-    g.add_argument("--cache-rows", type=int, default=0, help="per-session LRU row cache in rows (default 0)")
+    g.add_argument("--cache-rows", type=int, default=0,
+                   help="per-session row cache in rows, policy --cache-policy (default 0)")
     g.add_argument("--shared-cache-rows", type=int, default=0,
                    help="one row cache shared by all sessions, rows (default 0)")
-    g.add_argument("--shared-cache-bytes", metavar="SIZE",
-                   help="the shared row cache as the engine sizes it (engram.RowCache): bytes, e.g. 64M, 1G "
-                        "(SIZE // 264 rows; instead of --shared-cache-rows)")
-    g.add_argument("--cache-policy", choices=("lru", "tinylfu"), default="lru",
-                   help="replacement policy of the row caches, the engine's code (default lru; the engine's "
-                        "RowCache defaults to tinylfu)")
+    g.add_argument("--shared-cache-bytes", metavar="SIZE", type=size_arg,
+                   help="the shared row cache as the engine sizes it (engram.RowCache): SIZE // 264 rows, instead "
+                        f"of --shared-cache-rows; SIZE is {SIZE_RULE}")
+    g.add_argument("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY,
+                   help=f"replacement policy of the row caches, the engine's code (default {DEFAULT_POLICY}, the "
+                        "engine's RowCache default)")
     g.add_argument("--dram-fraction", type=float, default=0.0,
                    help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
     g.add_argument("--dram-rows", metavar="FILE.npy",

@@ -10,6 +10,7 @@ import numpy as np
 
 from engram.cli import print_json
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..calibrate import calibrate_file
 from ..crosscheck import crosscheck_files, markdown_table
@@ -256,13 +257,13 @@ def _add_measure_measurement(p, quick: str) -> None:
                         "of a decode run and after its last: the device and compute of the run's own time window "
                         f"(default {Settings.probe_every}; closer in a run shorter than {PROBES_MIN} K steps, so "
                         f"that it has {PROBES_MIN}; 0: none)")
-    g.add_argument("--cache-bytes", metavar="SIZE",
-                   help="decode runs read through a row cache of this budget (engram.RowCache; e.g. 64M): a fresh "
+    g.add_argument("--cache-bytes", metavar="SIZE", type=size_arg,
+                   help=f"decode runs read through a row cache of this budget (engram.RowCache; {SIZE_RULE}): a fresh "
                         "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
                         "records its hit rate beside the one predicted on the same trace stretch, and engram "
                         "crosscheck predicts the runs' tokens/s from their misses (default: none; 0: none)")
-    g.add_argument("--cache-policy", choices=("tinylfu", "lru"), default="tinylfu",
-                   help="the row cache's policy (default tinylfu, the engine's)")
+    g.add_argument("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY,
+                   help=f"the row cache's policy (default {DEFAULT_POLICY}, the engine's)")
     g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
     g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
     g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")

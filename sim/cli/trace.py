@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engram.cli import print_json
 from engram.errors import ArgumentError
+from engram.rowcache import SIZE_RULE, sizes_arg
 
 from ..params import DEFAULT_READERS
 from ..trace import CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats, synthesize
@@ -129,10 +130,6 @@ def _cmd_trace_profile(args) -> int:
         print(f"          from level {i + 1} to 1..4: " + "  ".join(f"{x:.4f}" for x in row))
     print(f"copies    distance law d**-{prof.zipf:g} for d >= {prof.min_distance}")
     return 0
-
-
-def _sizes(text: str) -> list:
-    return [x for x in (t.strip() for t in text.split(",")) if x]
 
 
 def _policies(text: str) -> list:
@@ -285,8 +282,8 @@ def _add_trace_reuse(tsub) -> None:
                                     "sessions of one server reading one system prompt. Use it to size "
                                     "EngramModel.open(path, cache=RowCache(SIZE, POLICY)).")
     s.add_argument("source", help=_SOURCE_HELP)
-    s.add_argument("--cache-bytes", type=_sizes, required=True, metavar="SIZES",
-                   help="cache budgets, comma separated: bytes with K, M, G, T (binary), e.g. 64M,1G,16G")
+    s.add_argument("--cache-bytes", type=sizes_arg, required=True, metavar="SIZES",
+                   help=f"cache budgets, comma separated, e.g. 64M,1G,16G; each {SIZE_RULE}")
     s.add_argument("--policies", type=_policies, default=["lru", "tinylfu"], metavar="P,Q",
                    help="the engine's policies to replay (default lru,tinylfu)")
     s.add_argument("--sessions", type=int, default=1, help="sessions sharing the cache (default 1)")

@@ -30,7 +30,7 @@ from typing import List, Optional, Union
 import numpy as np
 
 from engram.errors import ArgumentError, FormatError
-from engram.rowcache import CachePolicy
+from engram.rowcache import DEFAULT_POLICY, CachePolicy
 
 from ..limits import check_memory
 from ..params import Policy
@@ -132,7 +132,8 @@ def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarra
     return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity))
 
 
-def shared_cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = "lru") -> np.ndarray:
+def shared_cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int,
+                      policy: str = DEFAULT_POLICY) -> np.ndarray:
     """bool ``[batches, width]``: hits of the engine's row cache (``policy``, ``capacity`` rows) fed batch
     after batch the ``active`` keys of each row of ``keys`` ``[batches, width]``: a batch's keys looked up
     first, then its misses inserted, as :class:`engram.RowCache` serves a batch

@@ -38,7 +38,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
-from engram.rowcache import CachePolicy
+from engram.rowcache import DEFAULT_POLICY, CachePolicy
 
 from ..decode import resident_mask
 from ..params import Policy
@@ -260,9 +260,10 @@ class RowSource:
 
 class SharedRowCache:
     """One row cache shared by every request (``Policy.shared_cache_rows``): the engine's policy, exact, in
-    access order (``policy``: ``"lru"`` or ``"tinylfu"``, :data:`engram.rowcache.POLICIES`)."""
+    access order (``policy``: ``"lru"`` or ``"tinylfu"``, :data:`engram.rowcache.POLICIES`; default the
+    engine's, :data:`engram.rowcache.DEFAULT_POLICY`)."""
 
-    def __init__(self, capacity: int, policy: str = "lru"):
+    def __init__(self, capacity: int, policy: str = DEFAULT_POLICY):
         self.capacity = int(capacity)
         self._policy = CachePolicy(self.capacity, policy)
         self.hits = 0

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY
 
 from ..calibrate import Calibration
 from ..decode import hot_rows
@@ -110,7 +111,7 @@ def point_objects(p: Mapping[str, Any], ctx: Optional[ServeContext] = None) -> d
     policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"], cache_rows=p["cache_rows"],
                     overlap_layers=p["overlap_layers"], batch_overhead=p["batch_overhead_us"] * 1e-6,
                     shared_cache_rows=p["shared_cache_rows"], dram_fraction=p["dram_fraction"],
-                    shared_cache_bytes=p.get("shared_cache_bytes") or 0, cache_policy=p.get("cache_policy") or "lru")
+                    shared_cache_bytes=p.get("shared_cache_bytes") or 0, cache_policy=p.get("cache_policy") or DEFAULT_POLICY)
     if p["compute_file"]:
         base = ctx.computes[p["compute_file"]] if ctx is not None else StepCompute.from_file(p["compute_file"])
     else:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from engram.errors import ArgumentError
+from engram.rowcache import DEFAULT_POLICY
 
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
@@ -77,7 +78,7 @@ SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
     "cache_rows": (int, 0, "row cache per request (rows)"),
     "shared_cache_rows": (int, 0, "shared row cache (rows)"),
     "shared_cache_bytes": (str, "", "shared row cache (bytes: 64M, 1G; sets the rows)"),
-    "cache_policy": (str, "lru", "row cache policy (lru, tinylfu)"),
+    "cache_policy": (str, DEFAULT_POLICY, "row cache policy (lru, tinylfu)"),
     "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
     "dram_rows": (str, "", "hot set in DRAM (file)"),
     "overlap_layers": (int, 0, "overlap (layers)"),

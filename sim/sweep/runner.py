@@ -69,6 +69,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError, EngramError
+from engram.rowcache import DEFAULT_POLICY
 
 from ..calibrate import Calibration, check_study_backends
 from ..decode import hot_rows, seed_reproduction, simulate_decode
@@ -190,7 +191,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
                     cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
                     batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
                     dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
-                    cache_policy=p.get("cache_policy") or "lru")
+                    cache_policy=p.get("cache_policy") or DEFAULT_POLICY)
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])

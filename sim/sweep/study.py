@@ -83,7 +83,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
-from engram.rowcache import POLICIES as CACHE_POLICIES, parse_size
+from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
 from ..io import read_text
 from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
@@ -119,7 +119,7 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "drives": (int, 1, "drives striped"),
     "shared_cache_rows": (int, 0, "shared row cache (rows)"),
     "shared_cache_bytes": (str, "", "shared row cache (bytes: 64M, 1G; sets the rows)"),
-    "cache_policy": (str, "lru", "row cache policy (lru, tinylfu)"),
+    "cache_policy": (str, DEFAULT_POLICY, "row cache policy (lru, tinylfu)"),
     "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
     "dram_rows": (str, "", "hot set in DRAM (file)"),
     "tail": (str, "", "latency tail from device"),
@@ -433,14 +433,14 @@ def check_cache_axes(p: Mapping[str, Any], where: str) -> None:
     """``ArgumentError`` (naming ``where``) unless ``cache_policy`` is one of the engine's and
     ``shared_cache_bytes`` a size (:func:`engram.rowcache.parse_size`) -- the row cache axes of
     decode and serving studies alike."""
-    if p.get("cache_policy", "lru") not in CACHE_POLICIES:
+    if p.get("cache_policy", DEFAULT_POLICY) not in CACHE_POLICIES:
         raise ArgumentError(f"{where}: cache_policy = {p['cache_policy']!r} must be one of "
                             f"{', '.join(CACHE_POLICIES)}")
     if p.get("shared_cache_bytes"):
         try:
-            b = parse_size(p["shared_cache_bytes"])
+            b = parse_size(p["shared_cache_bytes"], "shared_cache_bytes")
         except ArgumentError as exc:
-            raise ArgumentError(f"{where}: shared_cache_bytes: {exc}") from None
+            raise ArgumentError(f"{where}: {exc}") from None
         if b and b < 264:
             raise ArgumentError(f"{where}: shared_cache_bytes = {b} holds no row (264 bytes)")
 

@@ -119,6 +119,43 @@ def test_tinylfu_sketch_ages():
 # ---------------------------------------------------------------- sizes and errors
 def test_sizes():
     assert parse_size("64M") == 64 << 20 and parse_size("1G") == 1 << 30 and parse_size("1.5K") == 1536
+    # binary: a bare letter and KiB..TiB; decimal: KB..TB; any case, spaces, fractions rounded down
+    known = {"64MB": 64_000_000, "64M": 67_108_864, "64MiB": 67_108_864, "64mib": 67_108_864, "64m": 67_108_864,
+             "64mb": 64_000_000, "1KB": 1000, "1kB": 1000, "1K": 1024, "1KiB": 1024, "2GB": 2 * 10**9,
+             "2GiB": 2 << 30, "1TB": 10**12, "1T": 1 << 40, "1.5MB": 1_500_000, "0.5K": 512, "1.1K": 1126,
+             ".5KB": 500, "3.": 3, "0.5": 0, "4096": 4096, "4096B": 4096, " 8 K ": 8192, "1.2345KB": 1234}
+    assert {k: parse_size(k) for k in known} == known
+    assert parse_size(np.int64(5)) == 5 and parse_size(0) == 0
+
+
+@pytest.mark.parametrize("size, why", [("1e3", "exponent"), ("1E6M", "exponent"), ("-1M", "negative"),
+                                       ("12Q", "unknown unit 'Q'"), ("1KiBB", "unknown unit"), ("M", "not a number"),
+                                       ("", "not a number"), ("1,5M", "not a number"), ("+5M", "not a number"),
+                                       (True, "got bool"), (1.5, "got float"), (1000.0, "got float"),
+                                       (None, "got NoneType"), (-5, ">= 0")])
+def test_bad_sizes_name_the_rule(size, why):
+    with pytest.raises(CacheSizeError, match=why) as e:
+        parse_size(size, "--cache-bytes")
+    assert str(e.value).startswith("--cache-bytes") and "\n" not in str(e.value)
+    if isinstance(size, str):
+        assert "64MB = 64000000" in str(e.value)          # the rule is in the message
+
+
+def test_size_options_read_sizes_as_written():
+    """The command line's size options parse with parse_size; a bad size is the parser's error naming the flag."""
+    from engram.cli import build_parser
+
+    def parse(argv):
+        return build_parser(argv).parse_args(argv)
+
+    assert parse(["sim", "trace", "reuse", "x", "--cache-bytes", "64MB,64M, 1g"]).cache_bytes == \
+        [64_000_000, 64 << 20, 1 << 30]
+    assert parse(["sim", "decode", "--shared-cache-bytes", "1.5MB"]).shared_cache_bytes == 1_500_000
+    assert parse(["measure", "m.gguf", "--cache-bytes", "4MiB"]).cache_bytes == 4 << 20
+    for argv in (["sim", "trace", "reuse", "x", "--cache-bytes", "64M,1e3"], ["sim", "decode", "--shared-cache-bytes=-1M"], ["measure", "m.gguf", "--cache-bytes", "4Q"]):
+        with pytest.raises(SystemExit) as e:
+            parse(argv)
+        assert e.value.code == 2
     assert parse_size(4096) == 4096 and cache_rows("1M") == (1 << 20) // 264
     assert RowCache(264).capacity == 1 and RowCache(264 * 10 + 263, "lru").capacity == 10
 
@@ -423,3 +460,60 @@ def test_serve_and_admit_check_their_arrays():
                  (keys.astype(np.int64), skip, raw), (keys, skip, raw.astype(np.int8))):
         with pytest.raises(ValueError):
             c.admit(*args)
+
+
+# ---------------------------------------------------------------- the reader inserts the misses itself
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_reader_inserts_misses_as_the_policy_twin(model_path, policy):
+    """The reader inserts a batch's misses from its staged reads (one native call): the cache then holds exactly
+    the keys of a policy fed the same batches (lookup, then the misses inserted in position order: the twin),
+    every held record is the file's record of its row, and the rows returned are the uncached ones.  Batches
+    with duplicates, hits and one of two chunks (more than ``CHUNK_REQUESTS`` ids)."""
+    from engram._native.reader import CHUNK_REQUESTS
+
+    info = EngramModel.open(model_path).info
+    loc = info.tables[1]
+    rng = np.random.default_rng(7)
+    cap = 3000
+    cache, twin = RowCache(264 * cap, policy), CachePolicy(cap, policy)
+    inserted = 0
+    batches = [rng.integers(0, 5000, n) for n in (48, 48, 300, 7, 48)]
+    batches += [rng.integers(0, loc.rows, CHUNK_REQUESTS + 100), rng.integers(0, 5000, 48)]
+    with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as t:
+        t.attach_cache(cache, 1)
+        for b in batches:
+            keys = cache_key(1, b)
+            slots = np.empty(keys.size, np.int64)
+            twin.lookup(keys, slots)
+            miss = np.ascontiguousarray(keys[slots < 0])
+            inserted += twin.insert(miss, np.empty(miss.size, np.int64))
+            out = np.full((b.size + 1, 256), 7.0, np.float32)   # a sentinel row past the batch's rows
+            t.read_rows(b, out=out[:-1])
+            assert (out[-1] == 7.0).all()
+            assert np.array_equal(out[:-1], decode_rows(synth.rows_at(1, b, seed=3)))
+            assert t.last_stats.cache_hits == int((slots >= 0).sum())
+            held = twin.held_keys()
+            assert np.array_equal(np.sort(cache._policy.held_keys()), np.sort(held))
+    rows = (held & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    ok, got = cache.get(1, rows)
+    assert ok.all() and np.array_equal(got, decode_rows(synth.rows_at(1, rows, seed=3)))
+    assert cache.stats()["inserts"] == inserted > cap      # every distinct miss written once; evictions happened
+
+
+def test_reader_refuses_a_cache_without_keys(model_path):
+    """The reader's cache arguments are checked (decoded reads only, keys of the batch)."""
+    from engram._native.reader import BACKEND_SERIAL
+
+    info = EngramModel.open(model_path).info
+    loc = info.tables[1]
+    cache = RowCache(264 * 10, "lru")
+    with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as t:
+        ids = np.array([[3, 4]], np.uint32)
+        out = np.empty((1, 2, 256), np.float32)
+        for kw in ({"keys": None}, {"keys": np.zeros(1, np.uint64)}, {"keys": np.zeros(2, np.int64)}):
+            with pytest.raises(ValueError, match="keys must be"):
+                t._reader.read(ids, out, 0, BACKEND_SERIAL, 2, None, None, True, cache, **kw)
+        with pytest.raises(ValueError, match="decoded reads"):
+            t._reader.read(ids, np.empty((1, 2, 264), np.uint8), 0, BACKEND_SERIAL, 2, None, None, False, cache,
+                           np.zeros(2, np.uint64))
+        assert cache.entries == 0

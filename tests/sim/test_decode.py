@@ -134,8 +134,9 @@ def test_row_cache_hits_are_the_reuse_of_the_trace(code):
     big = simulate_decode(code, dev, Policy(cache_rows=10**7), Compute(1e-3))
     assert big.cache_hit_rate == pytest.approx(reuse_stats(code).reuse_rate, rel=1e-12)
     assert big.reads == big.row_requests - round(big.cache_hit_rate * big.row_requests)
-    small = simulate_decode(code, dev, Policy(cache_rows=5000), Compute(1e-3))
+    small = simulate_decode(code, dev, Policy(cache_rows=5000, cache_policy="lru"), Compute(1e-3))
     assert small.cache_hit_rate == pytest.approx(lru_hit_rate(code, 5000), rel=1e-12)
+    assert Policy().cache_policy == "tinylfu"  # the default is the engine's (engram.rowcache.DEFAULT_POLICY)
     none = simulate_decode(code, dev, Policy(), Compute(1e-3))
     assert none.cache_hit_rate == 0 and none.tokens_per_s < small.tokens_per_s <= big.tokens_per_s
 

@@ -198,11 +198,19 @@ def test_cli_reuse(capsys):
 
 @pytest.mark.parametrize("argv, msg", [
     (["--cache-bytes", "100"], "holds no row"),
-    (["--cache-bytes", "1Q"], "need bytes"),
     (["--cache-bytes", "1M", "--policies", "fifo"], "unknown row cache policy 'fifo'"),
 ])
 def test_cli_reuse_bad_input(capsys, argv, msg):
     assert msg in cli(capsys, ["sim", "trace", "reuse", "text:hello world again and again"] + argv)
+
+
+@pytest.mark.parametrize("sizes, why", [("1Q", "unknown unit 'Q'"), ("1M,1e3", "exponent"), ("-1M", "negative")])
+def test_cli_reuse_bad_size_is_the_parsers_error(capsys, sizes, why):
+    """A size that is not one is refused by the parser: exit 2, one line naming the flag, the unit rule."""
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "trace", "reuse", "text:hello world again and again", "--cache-bytes=" + sizes])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "argument --cache-bytes" in err and why in err and "64MB = 64000000" in err
 
 
 def test_cli_reuse_help(capsys):

@@ -98,7 +98,7 @@ def test_shared_cache_is_an_lru_of_every_batch(text, rows):
     policy, a batch looked up, then its misses inserted) on the same batches in order."""
     rng = np.random.default_rng(5)
     batches = [rows.decode_keys(rng.integers(0, 300, 8)) for _ in range(40)]
-    cache = SharedRowCache(500)
+    cache = SharedRowCache(500, "lru")
     got = np.concatenate([np.isin(b, cache.misses(b), invert=True) for b in batches])
     width = max(b.size for b in batches)
     keys = np.zeros((len(batches), width), np.uint64)
