@@ -208,47 +208,72 @@ _MEASUREMENT = "measurement"
 _DEVICES = "devices to check against (sim.measure.devices; WORKDIR/devices.json lists them)"
 
 
+#: The model file of ``engram measure``.
+MEASURE_MODEL_OPTIONS = (
+    Option("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)",
+           group=_MODEL),
+    Option("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
+                                       "--quick 0.001)", group=_MODEL),
+    Option("--no-build", action="store_true", help="fail instead of building a missing model file", group=_MODEL),
+)
+#: The grid of ``engram measure``.
+MEASURE_GRID_OPTIONS = (
+    Option("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)", group=_GRID),
+    Option("--thresholds", type=_ints, help="thresholds (default 8,256)", group=_GRID),
+    Option("--backends", type=_strs, help="pread and/or io_uring (default both)", group=_GRID),
+    Option("--readers", type=_ints, help="readers = ring depths (default 4,16)", group=_GRID),
+    Option("--computes", type=_strs, help="compute specs (default none)", group=_GRID),
+    Option("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
+           help="an extra configuration (repeatable)", group=_GRID),
+    Option("--sessions", type=_ints, metavar="N,N,...",
+           help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
+                "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)", group=_GRID),
+    Option("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
+                                       "device (default threads,processes)", group=_GRID),
+    Option("--session-steps", type=int, help="steps of each session (default --steps)", group=_GRID),
+    Option("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
+           help=f"tokens/s the slowest session must reach to count in the capacity (default "
+                f"{MEASURED_CAPACITY_TARGET:g})", group=_GRID),
+    Option("--steps", type=int, help="decode steps per run (default 200; --quick 60)", group=_GRID),
+    Option("--io-steps", type=int, default=800,
+           help="steps of the default grid's runs without compute (default 800)", group=_GRID),
+    Option("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)",
+           group=_GRID),
+    Option("--draft-tokens", type=int, metavar="K",
+           help="also run every single-session configuration (the mixer's left out) decoding "
+                "speculatively: K drafts a step, each the replayed text's true next token with probability "
+                "--acceptance, else a random id; a step reads its tokens with Session.step_many and rolls "
+                "back the rejected drafts (Session.rollback); --steps then counts the tokens emitted; no "
+                "probe steps (the cross-check predicts these runs with the calibrated device alone)", group=_GRID),
+    Option("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A",
+           help=f"probability a draft is the true next token, in [0, 1] (default {DEFAULT_ACCEPTANCE:g})", group=_GRID),
+    Option("--prefetch-drafts", choices=("off", "on", "both"), default="both",
+           help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
+                "off, on, or each configuration both ways (default both)", group=_GRID),
+)
+#: The devices ``engram measure`` checks against.
+MEASURE_DEVICES_OPTIONS = (
+    Option("--throttle-iops", type=_ints, metavar="N[,M...]",
+           help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
+                "blkio.throttle.read_iops_device or v2 io.max; the process and its session workers moved "
+                "in, the cgroup removed after, also on Ctrl-C), one per rate, in WORKDIR/devices/throttle-N/; "
+                "skipped with the reason where the kernel allows no throttle (not root, no blkio/io "
+                "controller, the file on no block device); a rate the kernel refuses is an error", group=_DEVICES),
+    Option("--tmpfs", action="store_true",
+           help="also measure the grid on a copy of the model file on tmpfs read with O_DIRECT "
+                "(WORKDIR/devices/tmpfs/; skipped with the reason where O_DIRECT fails there)", group=_DEVICES),
+    Option("--device-fio-seconds", type=float,
+           help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
+                "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)", group=_DEVICES),
+)
+
+
 def measure_options(quick: str) -> tuple:
     """The options of ``engram measure`` (``quick``: what ``--quick`` runs, in words)."""
     return (
         Option("workdir", help="directory for the results (and the model file unless --model)"),
-        Option("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)",
-               group=_MODEL),
-        Option("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
-                                           "--quick 0.001)", group=_MODEL),
-        Option("--no-build", action="store_true", help="fail instead of building a missing model file", group=_MODEL),
-        Option("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)", group=_GRID),
-        Option("--thresholds", type=_ints, help="thresholds (default 8,256)", group=_GRID),
-        Option("--backends", type=_strs, help="pread and/or io_uring (default both)", group=_GRID),
-        Option("--readers", type=_ints, help="readers = ring depths (default 4,16)", group=_GRID),
-        Option("--computes", type=_strs, help="compute specs (default none)", group=_GRID),
-        Option("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
-               help="an extra configuration (repeatable)", group=_GRID),
-        Option("--sessions", type=_ints, metavar="N,N,...",
-               help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
-                    "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)", group=_GRID),
-        Option("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
-                                           "device (default threads,processes)", group=_GRID),
-        Option("--session-steps", type=int, help="steps of each session (default --steps)", group=_GRID),
-        Option("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
-               help=f"tokens/s the slowest session must reach to count in the capacity (default "
-                    f"{MEASURED_CAPACITY_TARGET:g})", group=_GRID),
-        Option("--steps", type=int, help="decode steps per run (default 200; --quick 60)", group=_GRID),
-        Option("--io-steps", type=int, default=800,
-               help="steps of the default grid's runs without compute (default 800)", group=_GRID),
-        Option("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)",
-               group=_GRID),
-        Option("--draft-tokens", type=int, metavar="K",
-               help="also run every single-session configuration (the mixer's left out) decoding "
-                    "speculatively: K drafts a step, each the replayed text's true next token with probability "
-                    "--acceptance, else a random id; a step reads its tokens with Session.step_many and rolls "
-                    "back the rejected drafts (Session.rollback); --steps then counts the tokens emitted; no "
-                    "probe steps (the cross-check predicts these runs with the calibrated device alone)", group=_GRID),
-        Option("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A",
-               help=f"probability a draft is the true next token, in [0, 1] (default {DEFAULT_ACCEPTANCE:g})", group=_GRID),
-        Option("--prefetch-drafts", choices=("off", "on", "both"), default="both",
-               help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
-                    "off, on, or each configuration both ways (default both)", group=_GRID),
+        *MEASURE_MODEL_OPTIONS,
+        *MEASURE_GRID_OPTIONS,
         Option("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)",
                group=_MEASUREMENT),
         Option("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)",
@@ -289,18 +314,7 @@ def measure_options(quick: str) -> tuple:
                help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
                     "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine", group=_MEASUREMENT),
         Option("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)", group=_MEASUREMENT),
-        Option("--throttle-iops", type=_ints, metavar="N[,M...]",
-               help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
-                    "blkio.throttle.read_iops_device or v2 io.max; the process and its session workers moved "
-                    "in, the cgroup removed after, also on Ctrl-C), one per rate, in WORKDIR/devices/throttle-N/; "
-                    "skipped with the reason where the kernel allows no throttle (not root, no blkio/io "
-                    "controller, the file on no block device); a rate the kernel refuses is an error", group=_DEVICES),
-        Option("--tmpfs", action="store_true",
-               help="also measure the grid on a copy of the model file on tmpfs read with O_DIRECT "
-                    "(WORKDIR/devices/tmpfs/; skipped with the reason where O_DIRECT fails there)", group=_DEVICES),
-        Option("--device-fio-seconds", type=float,
-               help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
-                    "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)", group=_DEVICES),
+        *MEASURE_DEVICES_OPTIONS,
         *PROGRESS_OPTIONS,
         JSON_OPTION,
     )
