@@ -39,6 +39,7 @@ from .hashing import Hasher
 from .layout import Layout
 from .mixer import gate_path, project_path
 from .model import EngramModel
+from .options import Exclusive, Option, add_options, replaced
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD
 from .tokenmap import build_token_map, load_tokenizer
 
@@ -69,18 +70,22 @@ NO_PROGRESS_HELP = ("never a progress bar (what a log file wants): plain progres
                     "seconds instead, where the command has them")
 #: ``--quiet``, the same words on every command that can take a while.
 QUIET_HELP = "no progress output at all (results, warnings and errors are still printed)"
+_PROGRESS_GROUP = "progress (on stderr; a bar on a terminal, plain lines elsewhere)"
+#: ``--no-progress`` and ``--quiet``: the one declaration of both flags (:func:`add_progress_flags`).
+PROGRESS_OPTIONS = (Option("--no-progress", action="store_true", help=NO_PROGRESS_HELP, group=_PROGRESS_GROUP),
+                    Option("--quiet", action="store_true", help=QUIET_HELP, group=_PROGRESS_GROUP))
+#: ``--json``, the same on every command.
+JSON_OPTION = Option("--json", action="store_true", help="machine-readable output")
 
 
 def add_progress_flags(p: argparse.ArgumentParser, **kw) -> None:
     """Add ``--no-progress`` and ``--quiet`` to the parser of a command that can take a while.
 
     The one declaration of both flags: every long command of ``engram`` and of its plugins calls this, and
-    :func:`progress_choice` reads them, so they mean the same everywhere.  ``kw`` goes to ``add_argument``
-    (``default=argparse.SUPPRESS`` on a subcommand that repeats its parent's options).
+    :func:`progress_choice` reads them, so they mean the same everywhere.  ``kw`` replaces fields of
+    :data:`PROGRESS_OPTIONS` (``default=argparse.SUPPRESS`` on a subcommand that repeats its parent's options).
     """
-    g = p.add_argument_group("progress (on stderr; a bar on a terminal, plain lines elsewhere)")
-    g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP, **kw)
-    g.add_argument("--quiet", action="store_true", help=QUIET_HELP, **kw)
+    add_options(p, replaced(PROGRESS_OPTIONS, **kw))
 
 
 def progress_choice(args: argparse.Namespace) -> str:
@@ -136,7 +141,7 @@ def _add_info(sub) -> None:
                                    "machine now (each proved live with a real read: the io_uring ring may be "
                                    "refused by the kernel, kernel.io_uring_disabled, seccomp or "
                                    "ENGRAM_DISABLE_IO_URING), and the one backend=\"auto\" uses, with the reason.")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, (JSON_OPTION,))
     p.set_defaults(func=_cmd_info)
 
 
@@ -195,15 +200,21 @@ def _cmd_hash(args) -> int:
     return 0
 
 
+_TEXT_SOURCE = Exclusive("text or tokens", required=True)
+#: The options of ``engram hash``.
+HASH_OPTIONS = (
+    Option("--text", help="text to tokenize with the DeepSeek V4 tokenizer", exclusive=_TEXT_SOURCE),
+    Option("--tokens", help="file of token ids (integers, or .npy)", exclusive=_TEXT_SOURCE),
+    Option("--compressed", action="store_true", help="the token ids are already compressed ids"),
+    Option("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)"),
+    Option("--scale", type=float, default=1.0, help="bucket-size scale of the layout (default 1)"),
+    JSON_OPTION,
+)
+
+
 def _add_hash(sub) -> None:
     p = sub.add_parser("hash", help="row ids of a text or token file under the V4.1 layout")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="text to tokenize with the DeepSeek V4 tokenizer")
-    src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
-    p.add_argument("--compressed", action="store_true", help="the token ids are already compressed ids")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: the DeepSeek V4 one)")
-    p.add_argument("--scale", type=float, default=1.0, help="bucket-size scale of the layout (default 1)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, HASH_OPTIONS)
     p.set_defaults(func=_cmd_hash)
 
 
@@ -269,18 +280,17 @@ def _add_inspect(sub) -> None:
                                    "layout, every tensor with type/shape/offset/size, and the table offsets. "
                                    "Constants the file leaves out are shown as derived (or defaulted), keys "
                                    "read under their legacy deepseek4.* spelling as legacy keys.")
-    p.add_argument("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, (Option("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths"),
+                    JSON_OPTION))
     p.set_defaults(func=_cmd_inspect)
 
 
 # -------------------------------------------------------------------- output paths
-def _add_output_args(p) -> None:
-    """The rule of an output path (:func:`engram.gguf.write.check_outputs`), said once for synth and repair."""
-    p.add_argument("--parents", action="store_true",
-                   help="make OUT's folder (and its parents) when missing; without it a missing folder is refused "
-                        "(a mistyped path), as cp does. OUT may be absent or a regular file (replaced); a "
-                        "directory, device, FIFO or socket is refused")
+#: The rule of an output path (:func:`engram.gguf.write.check_outputs`), said once for synth and repair.
+PARENTS_OPTION = Option("--parents", action="store_true",
+                        help="make OUT's folder (and its parents) when missing; without it a missing folder is "
+                             "refused (a mistyped path), as cp does. OUT may be absent or a regular file (replaced); "
+                             "a directory, device, FIFO or socket is refused")
 
 
 # -------------------------------------------------------------------- synth
@@ -320,37 +330,43 @@ def _cmd_synth(args) -> int:
     return 0
 
 
+_TRACE = Exclusive("trace")
+#: The options of ``engram synth``.
+SYNTH_OPTIONS = (
+    Option("out", help="output .gguf (shards become OUT-0000k-of-0000N.gguf)"),
+    Option("--scale", type=float, help="bucket-size scale of the layout, e.g. 0.001 (~101 MB a table)"),
+    Option("--full-size", action="store_true",
+           help="released layout (~94 GiB a table, sparse, tables at the released offsets)"),
+    Option("--trace-text", metavar="FILE", help="text whose tokens' rows are written (sparse tables)",
+           exclusive=_TRACE),
+    Option("--trace-tokens", metavar="FILE", help="token ids (integers or .npy) whose rows are written",
+           exclusive=_TRACE),
+    Option("--trace-chars", type=int, default=0, help="use only the first N characters of --trace-text"),
+    Option("--fill", choices=("all", "trace", "none"), help="table rows to write (default: trace with a trace, else all)"),
+    Option("--shards", type=int, default=1, help="number of files of a split set (default 1)"),
+    Option("--seed", type=int, default=0, help="content seed (default 0)"),
+    Option("--eps", type=float, default=1e-6, help="gate epsilon stored in the file (default 1e-6)"),
+    Option("--no-projections", action="store_true", help="leave engram_kv and the norms as zero holes"),
+    Option("--optional-keys", action="store_true", help="also write offsets, head_count, key_length and max_ngram_size"),
+    Option("--tokenizer", metavar="JSON",
+           help="tokenizer.json the model is made for: its vocabulary and token map go in the file, and "
+                "--trace-text is encoded with it (default: the DeepSeek V4 one)"),
+    Option("--no-vocabulary", action="store_true",
+           help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file"),
+    Option("--sync", action="store_true", help="fsync the files before exiting"),
+    PARENTS_OPTION,
+    *PROGRESS_OPTIONS,
+    JSON_OPTION,
+)
+
+
 def _add_synth(sub) -> None:
     p = sub.add_parser("synth", help="write a synthetic model in the real Engram GGUF format",
                        description="Write a DeepSeek V4.1 Flash-format model (GGUF v3, all Engram keys, real token "
                                    "map, engram_kv + norms, tables last) with deterministic rows. --scale shrinks "
                                    "the tables; --full-size keeps the released layout with sparse tables, writing "
                                    "only the rows a trace reads.")
-    p.add_argument("out", help="output .gguf (shards become OUT-0000k-of-0000N.gguf)")
-    p.add_argument("--scale", type=float, help="bucket-size scale of the layout, e.g. 0.001 (~101 MB a table)")
-    p.add_argument("--full-size", action="store_true",
-                   help="released layout (~94 GiB a table, sparse, tables at the released offsets)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace-text", metavar="FILE", help="text whose tokens' rows are written (sparse tables)")
-    src.add_argument("--trace-tokens", metavar="FILE", help="token ids (integers or .npy) whose rows are written")
-    p.add_argument("--trace-chars", type=int, default=0, help="use only the first N characters of --trace-text")
-    p.add_argument("--fill", choices=("all", "trace", "none"),
-                   help="table rows to write (default: trace with a trace, else all)")
-    p.add_argument("--shards", type=int, default=1, help="number of files of a split set (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="content seed (default 0)")
-    p.add_argument("--eps", type=float, default=1e-6, help="gate epsilon stored in the file (default 1e-6)")
-    p.add_argument("--no-projections", action="store_true", help="leave engram_kv and the norms as zero holes")
-    p.add_argument("--optional-keys", action="store_true",
-                   help="also write offsets, head_count, key_length and max_ngram_size")
-    p.add_argument("--tokenizer", metavar="JSON",
-                   help="tokenizer.json the model is made for: its vocabulary and token map go in the file, and "
-                        "--trace-text is encoded with it (default: the DeepSeek V4 one)")
-    p.add_argument("--no-vocabulary", action="store_true",
-                   help="leave the tokenizer keys (tokenizer.ggml.tokens, merges, ...) out of the file")
-    p.add_argument("--sync", action="store_true", help="fsync the files before exiting")
-    _add_output_args(p)
-    add_progress_flags(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, SYNTH_OPTIONS)
     p.set_defaults(func=_cmd_synth)
 
 
@@ -370,6 +386,20 @@ def _cmd_repair(args) -> int:
     return 0
 
 
+_MODEL = Option("model", help="model .gguf (or one shard of a split set)")
+#: The options of ``engram repair``.
+REPAIR_OPTIONS = (
+    _MODEL,
+    Option("out", help="output .gguf (a split set becomes OUT-0000k-of-0000N.gguf)"),
+    Option("--prefer", choices=ARCHITECTURES,
+           help="where the two spellings of a primary key disagree, keep this prefix's value"),
+    Option("--eps", type=float, help="gate epsilon to write (default: the file's own)"),
+    PARENTS_OPTION,
+    *PROGRESS_OPTIONS,
+    JSON_OPTION,
+)
+
+
 def _add_repair(sub) -> None:
     p = sub.add_parser("repair", help="rewrite a model with the current Engram keys (legacy, missing or wrong "
                                       "derived keys)",
@@ -379,14 +409,7 @@ def _add_repair(sub) -> None:
                                    "compressed_vocab_size) derived from the primary keys and checked against the "
                                    "tensors, every other key and all tensor data copied (holes stay holes). "
                                    "OUT appears only once complete.")
-    p.add_argument("model", help="model .gguf (or one shard of a split set)")
-    p.add_argument("out", help="output .gguf (a split set becomes OUT-0000k-of-0000N.gguf)")
-    p.add_argument("--prefer", choices=ARCHITECTURES,
-                   help="where the two spellings of a primary key disagree, keep this prefix's value")
-    p.add_argument("--eps", type=float, help="gate epsilon to write (default: the file's own)")
-    _add_output_args(p)
-    add_progress_flags(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, REPAIR_OPTIONS)
     p.set_defaults(func=_cmd_repair)
 
 
@@ -445,6 +468,29 @@ def _cmd_lookup(args) -> int:
     return 0
 
 
+_LOOKUP_SOURCE = Exclusive("text or tokens", required=True)
+#: The options of ``engram lookup``.
+LOOKUP_OPTIONS = (
+    _MODEL,
+    Option("--text", help="text to tokenize (checked against the model's vocabulary first)", exclusive=_LOOKUP_SOURCE),
+    Option("--tokens", help="file of token ids (integers, or .npy)", exclusive=_LOOKUP_SOURCE),
+    Option("--tokenizer", metavar="JSON",
+           help="tokenizer.json that encodes --text (default: the DeepSeek V4 one); refused when its "
+                "vocabulary is not the model's"),
+    Option("--file-vocabulary", action="store_true",
+           help="encode --text with the model file's own vocabulary and merges (tokenizer.ggml.*), "
+                "with the pipeline of --tokenizer"),
+    Option("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial")),
+    Option("--readers", type=int, default=DEFAULT_READERS, help=f"pread readers or io_uring depth (default {DEFAULT_READERS})"),
+    Option("--threshold", type=int, default=DEFAULT_THRESHOLD,
+           help=f"distinct rows for a concurrent read (default {DEFAULT_THRESHOLD})"),
+    Option("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)"),
+    Option("--eps", type=float, help="gate epsilon (default: the file's, else 1e-6)"),
+    Option("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)"),
+    JSON_OPTION,
+)
+
+
 def _add_lookup(sub) -> None:
     p = sub.add_parser("lookup", help="per token: row ids, read timings and gates of a model",
                        description="Hash a text (or token file) with a model's layout, read each decode step's "
@@ -453,25 +499,7 @@ def _add_lookup(sub) -> None:
                                    "other layers. --text is encoded only by a tokenizer whose vocabulary is the "
                                    "model file's (tokenizer.ggml.tokens, or its token map in files without one): "
                                    "another tokenizer's ids would read other rows.")
-    p.add_argument("model", help="model .gguf (or one shard of a split set)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="text to tokenize (checked against the model's vocabulary first)")
-    src.add_argument("--tokens", help="file of token ids (integers, or .npy)")
-    p.add_argument("--tokenizer", metavar="JSON",
-                   help="tokenizer.json that encodes --text (default: the DeepSeek V4 one); refused when its "
-                        "vocabulary is not the model's")
-    p.add_argument("--file-vocabulary", action="store_true",
-                   help="encode --text with the model file's own vocabulary and merges (tokenizer.ggml.*), "
-                        "with the pipeline of --tokenizer")
-    p.add_argument("--backend", default="auto", choices=("auto", "io_uring", "pread", "serial"))
-    p.add_argument("--readers", type=int, default=DEFAULT_READERS,
-                   help=f"pread readers or io_uring depth (default {DEFAULT_READERS})")
-    p.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
-                   help=f"distinct rows for a concurrent read (default {DEFAULT_THRESHOLD})")
-    p.add_argument("--no-gates", action="store_true", help="skip projection and gates (no weights loaded)")
-    p.add_argument("--eps", type=float, help="gate epsilon (default: the file's, else 1e-6)")
-    p.add_argument("--residual-seed", type=int, default=0, help="seed of the stand-in residual (default 0)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, LOOKUP_OPTIONS)
     p.set_defaults(func=_cmd_lookup)
 
 

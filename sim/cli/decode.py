@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from engram.cli import print_json
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
+from engram.options import Exclusive, Option, add_options
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import fit_compute, reference_compute, simulate_decode
@@ -11,8 +12,9 @@ from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from ..params import BACKENDS, Policy
 from ..limits import check_queue_depth
 from ..prefill import simulate_prefill
-from .options import (_output_files, _add_common, _add_compute_ms_option, _add_drives_option, _add_policy, _add_trace_source, _compute, _device, _ints, _phases, _policy,
-                      _add_progress, _add_speculation, _progress_mode, _speculation, _trace, _typed_os_errors)
+from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
+                      _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
+                      drives_option, trace_source_options)
 
 
 def _decode_compute(args, tr, dev, policy) -> tuple:
@@ -82,6 +84,56 @@ def _cmd_decode(args) -> int:
     return 0
 
 
+_DECODE = "decode"
+_COMPUTE = Exclusive("compute")
+#: The options of ``engram sim decode``.
+DECODE_OPTIONS = (
+    *trace_source_options("stdlib:asyncio/base_events.py"),
+    *COMMON_OPTIONS,
+    *POLICY_OPTIONS,
+    Option("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)", group=_DECODE),
+    Option("--steps", type=int, group=_DECODE,
+           help="steps per session (default: the trace length, with --draft-tokens the verification steps that "
+                "cover it on average; longer runs replay the trace, with a warning)"),
+    Option("--phases", metavar="random|lockstep|spread:MS", group=_DECODE,
+           help="when sessions start: random (default; each at a random time within one step, seeded: "
+                "independent sessions as a server sees them), lockstep (all at once: the worst case), "
+                "spread:MS (session i at i x MS / sessions ms)"),
+    Option("--start-spread-ms", type=float, help="deprecated: --phases spread:MS", group=_DECODE),
+    Option("--cache-rows", type=int, default=0, group=_DECODE,
+           help="per-session row cache in rows, policy --cache-policy (default 0)"),
+    Option("--shared-cache-rows", type=int, default=0, group=_DECODE,
+           help="one row cache shared by all sessions, rows (default 0)"),
+    Option("--shared-cache-bytes", metavar="SIZE", type=size_arg, group=_DECODE,
+           help="the shared row cache as the engine sizes it (engram.RowCache): SIZE // 264 rows, instead "
+                f"of --shared-cache-rows; SIZE is {SIZE_RULE}"),
+    Option("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY, group=_DECODE,
+           help=f"replacement policy of the row caches, the engine's code (default {DEFAULT_POLICY}, the "
+                "engine's RowCache default)"),
+    Option("--dram-fraction", type=float, default=0.0, group=_DECODE,
+           help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)"),
+    Option("--dram-rows", metavar="FILE.npy", group=_DECODE,
+           help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]"),
+    drives_option(group=_DECODE),
+    Option("--tail", metavar="DEVICE", group=_DECODE,
+           help="take the latency distribution (tail) of this measured device at every depth, keeping "
+                "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)"),
+    Option("--overlap-layers", type=int, default=0, group=_DECODE,
+           help="layers of compute before the second table's rows are needed (default 0: none; at most "
+                "--layers)"),
+    *SPECULATION_OPTIONS,
+    compute_ms_option(group=_DECODE, exclusive=_COMPUTE),
+    Option("--fit-tokens-per-s", type=float, group=_DECODE, exclusive=_COMPUTE,
+           help="fit the compute so that --fit-threshold gives this rate on the reference device "
+                "(default 19.16)"),
+    Option("--fit-threshold", type=int, help="threshold of the fitting run (default 256)", group=_DECODE),
+    Option("--refit", action="store_true", group=_DECODE,
+           help="fit the compute on --device instead of the reference device (a slower disk then "
+                "gets less compute: for reproducing a measured run, not for comparing devices)"),
+    *PROGRESS_OPTIONS,
+)
+
+
 def _add_decode(sub) -> None:
     p = sub.add_parser("decode", help="predict decode tokens/s (simpy model)",
                        description="Replay real token traces through a device model and a read policy and "
@@ -91,51 +143,7 @@ def _add_decode(sub) -> None:
                                    "19.16 tokens/s -- and kept whatever --device: compute belongs to the model "
                                    "and its accelerator, not to the disk (--refit fits it on --device instead). "
                                    "Sessions start at random phases (--phases).")
-    _add_trace_source(p, "stdlib:asyncio/base_events.py")
-    _add_common(p)
-    _add_policy(p)
-    g = p.add_argument_group("decode")
-    g.add_argument("--sessions", type=int, default=1, help="concurrent sessions sharing the device (default 1)")
-    g.add_argument("--steps", type=int, help="steps per session (default: the trace length, with --draft-tokens the "
-                                             "verification steps that cover it on average; longer runs replay "
-                                             "the trace, with a warning)")
-    g.add_argument("--phases", metavar="random|lockstep|spread:MS",
-                   help="when sessions start: random (default; each at a random time within one step, seeded: "
-                        "independent sessions as a server sees them), lockstep (all at once: the worst case), "
-                        "spread:MS (session i at i x MS / sessions ms)")
-    g.add_argument("--start-spread-ms", type=float, help="deprecated: --phases spread:MS")
-    g.add_argument("--cache-rows", type=int, default=0,
-                   help="per-session row cache in rows, policy --cache-policy (default 0)")
-    g.add_argument("--shared-cache-rows", type=int, default=0,
-                   help="one row cache shared by all sessions, rows (default 0)")
-    g.add_argument("--shared-cache-bytes", metavar="SIZE", type=size_arg,
-                   help="the shared row cache as the engine sizes it (engram.RowCache): SIZE // 264 rows, instead "
-                        f"of --shared-cache-rows; SIZE is {SIZE_RULE}")
-    g.add_argument("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY,
-                   help=f"replacement policy of the row caches, the engine's code (default {DEFAULT_POLICY}, the "
-                        "engine's RowCache default)")
-    g.add_argument("--dram-fraction", type=float, default=0.0,
-                   help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)")
-    g.add_argument("--dram-rows", metavar="FILE.npy",
-                   help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]")
-    _add_drives_option(g)
-    g.add_argument("--tail", metavar="DEVICE",
-                   help="take the latency distribution (tail) of this measured device at every depth, keeping "
-                        "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)")
-    g.add_argument("--overlap-layers", type=int, default=0,
-                   help="layers of compute before the second table's rows are needed (default 0: none; at most "
-                        "--layers)")
-    _add_speculation(p.add_argument_group("speculative decoding (sim.decode.speculative)"))
-    c = g.add_mutually_exclusive_group()
-    _add_compute_ms_option(c)
-    c.add_argument("--fit-tokens-per-s", type=float,
-                   help="fit the compute so that --fit-threshold gives this rate on the reference device "
-                        "(default 19.16)")
-    g.add_argument("--fit-threshold", type=int, help="threshold of the fitting run (default 256)")
-    g.add_argument("--refit", action="store_true",
-                   help="fit the compute on --device instead of the reference device (a slower disk then "
-                        "gets less compute: for reproducing a measured run, not for comparing devices)")
-    _add_progress(p)
+    add_options(p, DECODE_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_decode))
 
 
@@ -159,23 +167,31 @@ def _cmd_prefill(args) -> int:
     return 0
 
 
+_PREFILL = "prefill"
+_PREFILL_COMPUTE = Exclusive("compute", required=True)
+#: The options of ``engram sim prefill``.
+PREFILL_OPTIONS = (
+    *trace_source_options("shared:agent_prompt_long.txt"),
+    *COMMON_OPTIONS,
+    *POLICY_OPTIONS,
+    Option("--compute-tokens-per-s", type=float, help="prefill speed of compute alone, tokens/s", group=_PREFILL,
+           exclusive=_PREFILL_COMPUTE),
+    Option("--compute-us-per-token", type=float, help="compute per token through all layers, us", group=_PREFILL,
+           exclusive=_PREFILL_COMPUTE),
+    Option("--chunk", type=int, default=2048, help="tokens per reader chunk (default 2048)", group=_PREFILL),
+    Option("--ubatch", type=int, help="tokens per compute micro-batch (default: --chunk)", group=_PREFILL),
+    Option("--second-start-layer", type=int, default=2, group=_PREFILL,
+           help="layer at which the second table's reader starts (default 2)"),
+    *PROGRESS_OPTIONS,
+)
+
+
 def _add_prefill(sub) -> None:
     p = sub.add_parser("prefill", help="predict prefill time and stalls of one prompt",
                        description="A prompt's rows are hashed, then streamed by one background reader per "
                                    "table in chunks; compute runs layer by layer and waits at an Engram layer "
                                    "until its chunk is read (SPEC §8). Predicts prefill time and stalls.")
-    _add_trace_source(p, "shared:agent_prompt_long.txt")
-    _add_common(p)
-    _add_policy(p)
-    g = p.add_argument_group("prefill")
-    c = g.add_mutually_exclusive_group(required=True)
-    c.add_argument("--compute-tokens-per-s", type=float, help="prefill speed of compute alone, tokens/s")
-    c.add_argument("--compute-us-per-token", type=float, help="compute per token through all layers, us")
-    g.add_argument("--chunk", type=int, default=2048, help="tokens per reader chunk (default 2048)")
-    g.add_argument("--ubatch", type=int, help="tokens per compute micro-batch (default: --chunk)")
-    g.add_argument("--second-start-layer", type=int, default=2,
-                   help="layer at which the second table's reader starts (default 2)")
-    _add_progress(p)
+    add_options(p, PREFILL_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_prefill))
 
 
@@ -226,6 +242,18 @@ def _cmd_device(args) -> int:
     return 0
 
 
+#: The options of ``engram sim device``.
+DEVICE_OPTIONS = (
+    Option("name", nargs="?", help=DEVICE_FORMS),
+    Option("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'"),
+    Option("--backend", choices=BACKENDS, default="pread",
+           help="backend whose device to take from a calibration (default pread)"),
+    Option("--qd", type=_ints, help="queue depths to show, comma separated"),
+    Option("--save", help="write the model as JSON (reload with --device FILE.json)"),
+    JSON_OPTION,
+)
+
+
 def _add_device(sub) -> None:
     p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
                        description="Print a device model's per-read latency and IOPS at each queue depth and "
@@ -239,11 +267,5 @@ def _add_device(sub) -> None:
                                    "scales it to the CPUs the readers will copy on (assumed, said). ssd:...,routing=random "
                                    "routes each read to a random channel (latency qd1_us + (N - 1) / iops at N in "
                                    "flight; the default is the first free channel).")
-    p.add_argument("name", nargs="?", help=DEVICE_FORMS)
-    p.add_argument("--calibration", metavar="FILE", help="calibration file for the device 'calibrated'")
-    p.add_argument("--backend", choices=BACKENDS, default="pread",
-                   help="backend whose device to take from a calibration (default pread)")
-    p.add_argument("--qd", type=_ints, help="queue depths to show, comma separated")
-    p.add_argument("--save", help="write the model as JSON (reload with --device FILE.json)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, DEVICE_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_device))

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engram.cli import print_json
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
+from engram.options import Option, add_options
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..calibrate import calibrate_file
@@ -22,7 +23,7 @@ from ..planner import PLANNER_NAME, markdown_table as planner_table, planner_cro
 from ..params import BACKENDS
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..schema import SESSION_MODES, ComputeSpec, RunConfig
-from .options import _add_progress, _ints, _output_files, _progress_mode, _strs, _typed_errors
+from .options import _ints, _output_files, _progress_mode, _strs, _typed_errors
 
 
 def _measure_configs(args) -> list:
@@ -202,99 +203,122 @@ def _grid_counts(configs) -> str:
     return f"{len(configs) - multi} single-session + {multi} multi-session configurations"
 
 
-def _add_measure_model(p) -> None:
-    g = p.add_argument_group("model file")
-    g.add_argument("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)")
-    g.add_argument("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
-                                               "--quick 0.001)")
-    g.add_argument("--no-build", action="store_true", help="fail instead of building a missing model file")
+_MODEL = "model file"
+_GRID = "grid (any axis given replaces the default grid by the product of the axes)"
+_MEASUREMENT = "measurement"
+_DEVICES = "devices to check against (sim.measure.devices; WORKDIR/devices.json lists them)"
 
 
-def _add_measure_grid(p) -> None:
-    g = p.add_argument_group("grid (any axis given replaces the default grid by the product of the axes)")
-    g.add_argument("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)")
-    g.add_argument("--thresholds", type=_ints, help="thresholds (default 8,256)")
-    g.add_argument("--backends", type=_strs, help="pread and/or io_uring (default both)")
-    g.add_argument("--readers", type=_ints, help="readers = ring depths (default 4,16)")
-    g.add_argument("--computes", type=_strs, help="compute specs (default none)")
-    g.add_argument("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
-                   help="an extra configuration (repeatable)")
-    g.add_argument("--sessions", type=_ints, metavar="N,N,...",
-                   help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
-                        "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)")
-    g.add_argument("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
-                                               "device (default threads,processes)")
-    g.add_argument("--session-steps", type=int, help="steps of each session (default --steps)")
-    g.add_argument("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
-                   help=f"tokens/s the slowest session must reach to count in the capacity (default "
-                        f"{MEASURED_CAPACITY_TARGET:g})")
-    g.add_argument("--steps", type=int, help="decode steps per run (default 200; --quick 60)")
-    g.add_argument("--io-steps", type=int, default=800,
-                   help="steps of the default grid's runs without compute (default 800)")
-    g.add_argument("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)")
-    g.add_argument("--draft-tokens", type=int, metavar="K",
-                   help="also run every single-session configuration (the mixer's left out) decoding "
-                        "speculatively: K drafts a step, each the replayed text's true next token with probability "
-                        "--acceptance, else a random id; a step reads its tokens with Session.step_many and rolls "
-                        "back the rejected drafts (Session.rollback); --steps then counts the tokens emitted; no "
-                        "probe steps (the cross-check predicts these runs with the calibrated device alone)")
-    g.add_argument("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A",
-                   help=f"probability a draft is the true next token, in [0, 1] (default {DEFAULT_ACCEPTANCE:g})")
-    g.add_argument("--prefetch-drafts", choices=("off", "on", "both"), default="both",
-                   help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
-                        "off, on, or each configuration both ways (default both)")
+#: The model file of ``engram measure``.
+MEASURE_MODEL_OPTIONS = (
+    Option("--model", help="model .gguf to read (built there when missing; default WORKDIR/model-sSCALE.gguf)",
+           group=_MODEL),
+    Option("--scale", type=float, help="layout scale of the model (default 0.02: two 2.03 GB tables; "
+                                       "--quick 0.001)", group=_MODEL),
+    Option("--no-build", action="store_true", help="fail instead of building a missing model file", group=_MODEL),
+)
+#: The grid of ``engram measure``.
+MEASURE_GRID_OPTIONS = (
+    Option("--traces", type=_strs, help="comma-separated trace sources (default: the 4 default traces)", group=_GRID),
+    Option("--thresholds", type=_ints, help="thresholds (default 8,256)", group=_GRID),
+    Option("--backends", type=_strs, help="pread and/or io_uring (default both)", group=_GRID),
+    Option("--readers", type=_ints, help="readers = ring depths (default 4,16)", group=_GRID),
+    Option("--computes", type=_strs, help="compute specs (default none)", group=_GRID),
+    Option("--config", action="append", metavar="TRACE/THRESHOLD/BACKEND/READERS[/COMPUTE[/STEPS]]",
+           help="an extra configuration (repeatable)", group=_GRID),
+    Option("--sessions", type=_ints, metavar="N,N,...",
+           help="also run N concurrent decode sessions on the first trace, each on its own stretch, "
+                "threshold 8, pread x 4, compute sleep:5 (e.g. 1,2,4,8,16,32; the default grid has them)", group=_GRID),
+    Option("--modes", type=_strs, help="sessions as threads of one process and/or processes sharing the "
+                                       "device (default threads,processes)", group=_GRID),
+    Option("--session-steps", type=int, help="steps of each session (default --steps)", group=_GRID),
+    Option("--capacity-target", type=float, default=MEASURED_CAPACITY_TARGET,
+           help=f"tokens/s the slowest session must reach to count in the capacity (default "
+                f"{MEASURED_CAPACITY_TARGET:g})", group=_GRID),
+    Option("--steps", type=int, help="decode steps per run (default 200; --quick 60)", group=_GRID),
+    Option("--io-steps", type=int, default=800,
+           help="steps of the default grid's runs without compute (default 800)", group=_GRID),
+    Option("--mixer-steps", type=int, default=30, help="steps of the default grid's mixer runs (default 30)",
+           group=_GRID),
+    Option("--draft-tokens", type=int, metavar="K",
+           help="also run every single-session configuration (the mixer's left out) decoding "
+                "speculatively: K drafts a step, each the replayed text's true next token with probability "
+                "--acceptance, else a random id; a step reads its tokens with Session.step_many and rolls "
+                "back the rejected drafts (Session.rollback); --steps then counts the tokens emitted; no "
+                "probe steps (the cross-check predicts these runs with the calibrated device alone)", group=_GRID),
+    Option("--acceptance", default=str(DEFAULT_ACCEPTANCE), metavar="A",
+           help=f"probability a draft is the true next token, in [0, 1] (default {DEFAULT_ACCEPTANCE:g})", group=_GRID),
+    Option("--prefetch-drafts", choices=("off", "on", "both"), default="both",
+           help="read the next drafts' rows in the background (Session.prefetch) while a step computes: "
+                "off, on, or each configuration both ways (default both)", group=_GRID),
+)
+#: The devices ``engram measure`` checks against.
+MEASURE_DEVICES_OPTIONS = (
+    Option("--throttle-iops", type=_ints, metavar="N[,M...]",
+           help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
+                "blkio.throttle.read_iops_device or v2 io.max; the process and its session workers moved "
+                "in, the cgroup removed after, also on Ctrl-C), one per rate, in WORKDIR/devices/throttle-N/; "
+                "skipped with the reason where the kernel allows no throttle (not root, no blkio/io "
+                "controller, the file on no block device); a rate the kernel refuses is an error", group=_DEVICES),
+    Option("--tmpfs", action="store_true",
+           help="also measure the grid on a copy of the model file on tmpfs read with O_DIRECT "
+                "(WORKDIR/devices/tmpfs/; skipped with the reason where O_DIRECT fails there)", group=_DEVICES),
+    Option("--device-fio-seconds", type=float,
+           help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
+                "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)", group=_DEVICES),
+)
 
 
-def _add_measure_measurement(p, quick: str) -> None:
-    g = p.add_argument_group("measurement")
-    g.add_argument("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)")
-    g.add_argument("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)")
-    g.add_argument("--io-batches", type=int, help="48-row batches per microbenchmark chunk (default 150)")
-    g.add_argument("--io-chunks", type=int,
-                   help="chunks a round of 48-row batches where runs without compute read (default 8; --quick 2)")
-    g.add_argument("--probe-every", type=int, default=Settings.probe_every, metavar="K",
-                   help="a probe step (a random token id through the run's own sessions) before every K-th step "
-                        "of a decode run and after its last: the device and compute of the run's own time window "
-                        f"(default {Settings.probe_every}; closer in a run shorter than {PROBES_MIN} K steps, so "
-                        f"that it has {PROBES_MIN}; 0: none)")
-    g.add_argument("--cache-bytes", metavar="SIZE", type=size_arg,
-                   help=f"decode runs read through a row cache of this budget (engram.RowCache; {SIZE_RULE}): a fresh "
-                        "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
-                        "records its hit rate beside the one predicted on the same trace stretch, and engram "
-                        "crosscheck predicts the runs' tokens/s from their misses (default: none; 0: none)")
-    g.add_argument("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY,
-                   help=f"the row cache's policy (default {DEFAULT_POLICY}, the engine's)")
-    g.add_argument("--no-fio", action="store_true", help="skip fio even when installed")
-    g.add_argument("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)")
-    g.add_argument("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs")
-    g.add_argument("--max-background", type=float, default=0.25, metavar="SHARE",
-                   help="wait before each task until other processes use at most this share of all CPUs (and "
-                        "--max-background-iops), and redo a task when they used more during it (default 0.25)")
-    g.add_argument("--max-background-iops", type=float, default=1000.0,
-                   help="disk requests a second by others on the model's device tolerated (default 1000)")
-    g.add_argument("--wait-budget", type=float, default=120.0,
-                   help="seconds of waiting for a quiet machine in all, then measure regardless (default 120)")
-    g.add_argument("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)")
-    g.add_argument("--quick", action="store_true",
-                   help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
-                        "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine")
-    g.add_argument("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)")
-
-
-def _add_measure_devices(p) -> None:
-    g = p.add_argument_group("devices to check against (sim.measure.devices; WORKDIR/devices.json lists them)")
-    g.add_argument("--throttle-iops", type=_ints, metavar="N[,M...]",
-                   help="also measure the grid inside a cgroup throttling the table's disk to N read IOPS (cgroup v1 "
-                        "blkio.throttle.read_iops_device or v2 io.max; the process and its session workers moved "
-                        "in, the cgroup removed after, also on Ctrl-C), one per rate, in WORKDIR/devices/throttle-N/; "
-                        "skipped with the reason where the kernel allows no throttle (not root, no blkio/io "
-                        "controller, the file on no block device); a rate the kernel refuses is an error")
-    g.add_argument("--tmpfs", action="store_true",
-                   help="also measure the grid on a copy of the model file on tmpfs read with O_DIRECT "
-                        "(WORKDIR/devices/tmpfs/; skipped with the reason where O_DIRECT fails there)")
-    g.add_argument("--device-fio-seconds", type=float,
-                   help="seconds of each fio depth (1..64) run on every device at the engine's read size and at "
-                        "4 KiB, saved as WORKDIR/.../fio-BYTES.json (default 1; --quick 0.5)")
+def measure_options(quick: str) -> tuple:
+    """The options of ``engram measure`` (``quick``: what ``--quick`` runs, in words)."""
+    return (
+        Option("workdir", help="directory for the results (and the model file unless --model)"),
+        *MEASURE_MODEL_OPTIONS,
+        *MEASURE_GRID_OPTIONS,
+        Option("--rounds", type=int, help="interleaved rounds: repeats of every run (default 7; --quick 2)",
+               group=_MEASUREMENT),
+        Option("--depths", type=_ints, help="queue depths of the I/O microbenchmarks (default 1,2,4,8,16,32,64)",
+               group=_MEASUREMENT),
+        Option("--io-batches", type=int, help="48-row batches per microbenchmark chunk (default 150)", group=_MEASUREMENT),
+        Option("--io-chunks", type=int,
+               help="chunks a round of 48-row batches where runs without compute read (default 8; --quick 2)",
+               group=_MEASUREMENT),
+        Option("--probe-every", type=int, default=Settings.probe_every, metavar="K",
+               help="a probe step (a random token id through the run's own sessions) before every K-th step "
+                    "of a decode run and after its last: the device and compute of the run's own time window "
+                    f"(default {Settings.probe_every}; closer in a run shorter than {PROBES_MIN} K steps, so "
+                    f"that it has {PROBES_MIN}; 0: none)", group=_MEASUREMENT),
+        Option("--cache-bytes", metavar="SIZE", type=size_arg,
+               help=f"decode runs read through a row cache of this budget (engram.RowCache; {SIZE_RULE}): a fresh "
+                    "cache each run, filled by its trace steps (warm-up and probe steps go past it); runs.json "
+                    "records its hit rate beside the one predicted on the same trace stretch, and engram "
+                    "crosscheck predicts the runs' tokens/s from their misses (default: none; 0: none)",
+               group=_MEASUREMENT),
+        Option("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY,
+               help=f"the row cache's policy (default {DEFAULT_POLICY}, the engine's)", group=_MEASUREMENT),
+        Option("--no-fio", action="store_true", help="skip fio even when installed", group=_MEASUREMENT),
+        Option("--fio-seconds", type=float, help="seconds per fio depth (default 0.5)", group=_MEASUREMENT),
+        Option("--only", choices=("micro", "runs"), help="only the microbenchmarks or only the decode runs",
+               group=_MEASUREMENT),
+        Option("--max-background", type=float, default=0.25, metavar="SHARE",
+               help="wait before each task until other processes use at most this share of all CPUs (and "
+                    "--max-background-iops), and redo a task when they used more during it (default 0.25)",
+               group=_MEASUREMENT),
+        Option("--max-background-iops", type=float, default=1000.0,
+               help="disk requests a second by others on the model's device tolerated (default 1000)", group=_MEASUREMENT),
+        Option("--wait-budget", type=float, default=120.0,
+               help="seconds of waiting for a quiet machine in all, then measure regardless (default 120)",
+               group=_MEASUREMENT),
+        Option("--no-wait", action="store_true", help="never wait or redo (background load is still recorded)",
+               group=_MEASUREMENT),
+        Option("--quick", action="store_true",
+               help=f"small and fast: {quick} x 60 steps, 2 rounds, depths 1,4,16, short "
+                    "microbenchmarks, a scale-0.001 model, no waiting for a quiet machine", group=_MEASUREMENT),
+        Option("--seed", type=int, default=0, help="seed of row ids, orders and residuals (default 0)", group=_MEASUREMENT),
+        *MEASURE_DEVICES_OPTIONS,
+        *PROGRESS_OPTIONS,
+        JSON_OPTION,
+    )
 
 
 def _add_measure(sub) -> None:
@@ -325,13 +349,7 @@ def _add_measure(sub) -> None:
                                    f"reason. The table printed at the end: tokens/s (median over the repeats), "
                                    f"their spread, the slowest session's tokens/s, step p50/p95, and "
                                    f"{THREADS_MEANING}.")
-    p.add_argument("workdir", help="directory for the results (and the model file unless --model)")
-    _add_measure_model(p)
-    _add_measure_grid(p)
-    _add_measure_measurement(p, quick)
-    _add_measure_devices(p)
-    _add_progress(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, measure_options(quick))
     p.set_defaults(func=_cmd_measure)
 
 
@@ -352,17 +370,23 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+#: The options of ``engram calibrate``.
+CALIBRATE_OPTIONS = (
+    Option("workdir", help="directory of engram measure's results"),
+    Option("--microbench", help="microbenchmark file (default WORKDIR/microbench.json)"),
+    Option("--out", help="calibration file (default WORKDIR/calibration.json)"),
+    Option("--seed", type=int, default=0, help="seed of the diagnostic makespan sampling (default 0)"),
+    JSON_OPTION,
+)
+
+
 def _add_calibrate(sub) -> None:
     p = sub.add_parser("calibrate", help="fit the simulator's device and compute models from microbenchmarks",
                        description="Fit the device model (per backend: 48-row batch service time by readers, read "
                                    "latency by queue depth) and the compute model (measured step compute, "
                                    "resampled) from WORKDIR/microbench.json only; decode runs are refused. "
                                    "Writes WORKDIR/calibration.json (machine, file, date, fitted parameters).")
-    p.add_argument("workdir", help="directory of engram measure's results")
-    p.add_argument("--microbench", help="microbenchmark file (default WORKDIR/microbench.json)")
-    p.add_argument("--out", help="calibration file (default WORKDIR/calibration.json)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the diagnostic makespan sampling (default 0)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, CALIBRATE_OPTIONS)
     p.set_defaults(func=_cmd_calibrate)
 
 
@@ -396,6 +420,34 @@ def _cmd_crosscheck(args) -> int:
     return 1 if args.strict and not res["summary"]["passed"] else 0
 
 
+#: The options of ``engram crosscheck``.
+CROSSCHECK_OPTIONS = (
+    Option("workdir", help="directory of engram measure's and engram calibrate's results"),
+    Option("--calibration", help="calibration file (default WORKDIR/calibration.json)"),
+    Option("--runs", help="decode runs file (default WORKDIR/runs.json)"),
+    Option("--out", help="output file (default WORKDIR/crosscheck.json)"),
+    Option("--sim-steps", type=int, help="simulated steps per configuration (default max(steps, 2000))"),
+    Option("--seed", type=int, default=0, help="simulator seed (default 0)"),
+    Option("--strict", action="store_true", help="exit 1 when the verdict is FAIL (a goal of the regime the "
+                                                  "runs ran in is missed)"),
+    Option("--planner", action="store_true",
+           help="planner mode (sim.planner): predict every run of every device of WORKDIR/devices.json "
+                "(engram measure --throttle-iops/--tmpfs) from the device's fio JSON and from a datasheet "
+                "string derived from it only -- no microbenchmark, no probes; compute as its spec states "
+                "it -- with the same regimes and intervals; per device class median and max |error| of "
+                "tokens/s and the capacity, next to today's cross-check where the device has one. Writes "
+                "WORKDIR/planner.json"),
+    Option("--with-today", action="store_true",
+           help="with --planner: first calibrate and cross-check (today's way, probes and all) every device "
+                "folder that has no crosscheck.json, to show beside the planner's figures"),
+    Option("--fio", action="append", metavar="DEVICE=FILE",
+           help="with --planner: a fio JSON file of your own for a device (random reads at the engine's "
+                "read size; writes or another block size are refused)"),
+    *PROGRESS_OPTIONS,
+    JSON_OPTION,
+)
+
+
 def _add_crosscheck(sub) -> None:
     p = sub.add_parser("crosscheck", help="predict every measured run with the calibrated simulator; error table",
                        description="Replay each measured run's stretch of trace through the simulator with the "
@@ -410,27 +462,5 @@ def _add_crosscheck(sub) -> None:
                                    "loaded: the interval coverage (the errors are shown, not held). In every "
                                    "regime measured and predicted capacity within one grid step. Writes "
                                    "WORKDIR/crosscheck.json.")
-    p.add_argument("workdir", help="directory of engram measure's and engram calibrate's results")
-    p.add_argument("--calibration", help="calibration file (default WORKDIR/calibration.json)")
-    p.add_argument("--runs", help="decode runs file (default WORKDIR/runs.json)")
-    p.add_argument("--out", help="output file (default WORKDIR/crosscheck.json)")
-    p.add_argument("--sim-steps", type=int, help="simulated steps per configuration (default max(steps, 2000))")
-    p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
-    p.add_argument("--strict", action="store_true", help="exit 1 when the verdict is FAIL (a goal of the regime the "
-                                                          "runs ran in is missed)")
-    p.add_argument("--planner", action="store_true",
-                   help="planner mode (sim.planner): predict every run of every device of WORKDIR/devices.json "
-                        "(engram measure --throttle-iops/--tmpfs) from the device's fio JSON and from a datasheet "
-                        "string derived from it only -- no microbenchmark, no probes; compute as its spec states "
-                        "it -- with the same regimes and intervals; per device class median and max |error| of "
-                        "tokens/s and the capacity, next to today's cross-check where the device has one. Writes "
-                        "WORKDIR/planner.json")
-    p.add_argument("--with-today", action="store_true",
-                   help="with --planner: first calibrate and cross-check (today's way, probes and all) every device "
-                        "folder that has no crosscheck.json, to show beside the planner's figures")
-    p.add_argument("--fio", action="append", metavar="DEVICE=FILE",
-                   help="with --planner: a fio JSON file of your own for a device (random reads at the engine's "
-                        "read size; writes or another block size are refused)")
-    _add_progress(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, CROSSCHECK_OPTIONS)
     p.set_defaults(func=_cmd_crosscheck)

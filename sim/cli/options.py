@@ -1,5 +1,5 @@
-"""What the simulator's commands share: argument groups, parsing of their values into the simulator's objects,
-and the decorators that make a command's ordinary file failures typed errors."""
+"""What the simulator's commands share: option tables (:mod:`engram.options`), parsing of their values into
+the simulator's objects, and the decorators that make a command's ordinary file failures typed errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import functools
 import sys
 from pathlib import Path
 
-from engram.cli import add_progress_flags, progress_choice
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, progress_choice
 from engram.errors import ArgumentError, EngramError, TableIOError
+from engram.options import Option, check_requires
 
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..device import DEVICE_FORMS, load_device
@@ -58,76 +59,78 @@ def _trace(args):
     return load_trace(args.trace or CODE_SOURCE, limit=args.limit)
 
 
-def _add_trace_source(p, default_help: str) -> None:
-    p.add_argument("--trace", metavar="SOURCE",
+def trace_source_options(default_help: str, group=None) -> tuple:
+    """``--trace`` and ``--limit`` (``default_help``: the default source, in words), in ``group``."""
+    return (Option("--trace", metavar="SOURCE", group=group,
                    help="trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, text:TEXT, tokens:FILE, "
-                        f"or a .jsonl/.npz/.npy/text file (default {default_help})")
-    p.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
+                        f"or a .jsonl/.npz/.npy/text file (default {default_help})"),
+            Option("--limit", type=int, help="keep the first N tokens of the trace", group=group))
 
 
-def _add_policy(p) -> None:
-    g = p.add_argument_group("read policy (SPEC §8)")
-    g.add_argument("--threshold", type=int, default=DEFAULT_THRESHOLD,
-                   help=f"read concurrently from this many distinct rows a batch (default {DEFAULT_THRESHOLD})")
-    g.add_argument("--backend", choices=BACKENDS, default="pread",
-                   help="concurrent reads by a pread pool or an io_uring ring (default pread)")
-    g.add_argument("--readers", type=int,
-                   help="reads in flight of a concurrent batch, for either backend: pread threads or io_uring "
-                        f"queue depth, as in engram.Table and engram measure (default {DEFAULT_READERS})")
-    g.add_argument("--ring-depth", type=int, help="deprecated alias of --readers (io_uring only)")
-    g.add_argument("--batch-overhead-us", type=float, default=0.0,
-                   help="microseconds added to every concurrent batch (default 0)")
+_POLICY = "read policy (SPEC §8)"
+#: The read policy of a prediction (:func:`_policy` reads it).
+POLICY_OPTIONS = (
+    Option("--threshold", type=int, default=DEFAULT_THRESHOLD, group=_POLICY,
+           help=f"read concurrently from this many distinct rows a batch (default {DEFAULT_THRESHOLD})"),
+    Option("--backend", choices=BACKENDS, default="pread", group=_POLICY,
+           help="concurrent reads by a pread pool or an io_uring ring (default pread)"),
+    Option("--readers", type=int, group=_POLICY,
+           help="reads in flight of a concurrent batch, for either backend: pread threads or io_uring "
+                f"queue depth, as in engram.Table and engram measure (default {DEFAULT_READERS})"),
+    Option("--ring-depth", type=int, help="deprecated alias of --readers (io_uring only)", group=_POLICY),
+    Option("--batch-overhead-us", type=float, default=0.0, group=_POLICY,
+           help="microseconds added to every concurrent batch (default 0)"),
+)
 
 
-def _add_device_option(p, many: bool = False) -> None:
+def device_option(many: bool = False, group=None) -> Option:
     """``--device``: the one device of a prediction (decode, prefill), or with ``many`` repeatable, each device
     a configuration of its own (capacity)."""
     forms = f"device: {DEVICE_FORMS}"
     if many:
-        p.add_argument("--device", action="append", metavar="SPEC",
-                       help=f"{forms}; repeat for several, each its own configuration (default {_DEFAULT_DEVICE}; "
-                            "see engram sim device)")
-    else:
-        p.add_argument("--device", default=_DEFAULT_DEVICE,
-                       help=f"{forms} (default {_DEFAULT_DEVICE}; see engram sim device)")
+        return Option("--device", action="append", metavar="SPEC", group=group,
+                      help=f"{forms}; repeat for several, each its own configuration (default {_DEFAULT_DEVICE}; "
+                           "see engram sim device)")
+    return Option("--device", default=_DEFAULT_DEVICE, group=group,
+                  help=f"{forms} (default {_DEFAULT_DEVICE}; see engram sim device)")
 
 
-def _add_drives_option(g, many: bool = False) -> None:
+def drives_option(many: bool = False, group=None) -> Option:
     """``--drives``: one count (decode), or with ``many`` a comma-separated list, each a configuration."""
     what = "identical drives the tables are striped over by row id"
     if many:
-        g.add_argument("--drives", type=_ints, metavar="N[,N...]",
-                       help=f"{what}, comma separated, each its own configuration (default 1)")
-    else:
-        g.add_argument("--drives", type=int, default=1, help=f"{what} (default 1)")
+        return Option("--drives", type=_ints, metavar="N[,N...]", group=group,
+                      help=f"{what}, comma separated, each its own configuration (default 1)")
+    return Option("--drives", type=int, default=1, help=f"{what} (default 1)", group=group)
 
 
-def _add_compute_ms_option(g, default: str = "") -> None:
+def compute_ms_option(default: str = "", group=None, exclusive=None) -> Option:
     """``--compute-ms``: the mean compute of a step (``default``: what stands in without it, in words)."""
-    g.add_argument("--compute-ms", type=float,
-                   help="mean compute time of a step, ms" + (f" (default: {default})" if default else ""))
+    return Option("--compute-ms", type=float, group=group, exclusive=exclusive,
+                  help="mean compute time of a step, ms" + (f" (default: {default})" if default else ""))
 
 
-def _add_common(p) -> None:
-    _add_device_option(p)
-    p.add_argument("--calibration", metavar="FILE",
-                   help="calibration file (engram calibrate) for --device calibrated or calibrated:BACKEND")
-    p.add_argument("--compute-dist", default="constant", choices=COMPUTE_DISTS,
-                   help="distribution of compute time, with the given mean and --compute-cv (default constant)")
-    p.add_argument("--compute-cv", type=float,
-                   help="coefficient of variation of compute (normal: at most 0.85; exponential: 1 by definition)")
-    p.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
-                   help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})")
-    p.add_argument("--consumer", choices=tuple(CONSUMERS), default="none",
-                   help="Engram consumer added to each step's compute, both layers at batch 1: none (inside the "
-                        "compute, default), cpu (the host path, 16 cores) or h200 (the GPU path); see "
-                        "sim.params.CONSUMERS")
-    p.add_argument("--mode", choices=("fast", "exact"), default="fast",
-                   help="fast: batches of reads share the device as segments; exact: every read is an event "
-                        "(default fast)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--bins", type=int, default=100, help="bins of the queue-depth timeline (default 100)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+#: What a prediction of one device takes beside its trace and policy (decode, prefill).
+COMMON_OPTIONS = (
+    device_option(),
+    Option("--calibration", metavar="FILE",
+           help="calibration file (engram calibrate) for --device calibrated or calibrated:BACKEND"),
+    Option("--compute-dist", default="constant", choices=COMPUTE_DISTS,
+           help="distribution of compute time, with the given mean and --compute-cv (default constant)"),
+    Option("--compute-cv", type=float,
+           help="coefficient of variation of compute (normal: at most 0.85; exponential: 1 by definition)"),
+    Option("--layers", type=int, default=DEFAULT_LAYERS, help=f"decoder layers compute spreads over (default {DEFAULT_LAYERS})"),
+    Option("--consumer", choices=tuple(CONSUMERS), default="none",
+           help="Engram consumer added to each step's compute, both layers at batch 1: none (inside the "
+                "compute, default), cpu (the host path, 16 cores) or h200 (the GPU path); see "
+                "sim.params.CONSUMERS"),
+    Option("--mode", choices=("fast", "exact"), default="fast",
+           help="fast: batches of reads share the device as segments; exact: every read is an event "
+                "(default fast)"),
+    Option("--seed", type=int, default=0, help="random seed (default 0)"),
+    Option("--bins", type=int, default=100, help="bins of the queue-depth timeline (default 100)"),
+    JSON_OPTION,
+)
 
 
 def _readers(args) -> int:
@@ -181,13 +184,18 @@ SPECULATION_HELP = {
 }
 
 
-def _add_speculation(g) -> None:
-    """``--draft-tokens``, ``--acceptance`` and ``--prefetch-drafts`` (:mod:`sim.decode.speculative`)."""
-    g.add_argument("--draft-tokens", type=int, default=0, metavar="K", help=SPECULATION_HELP["draft_tokens"])
-    g.add_argument("--acceptance", default=None, metavar="A[,A...]",
-                   help=SPECULATION_HELP["acceptance"] + " (only with --draft-tokens)")
-    g.add_argument("--prefetch-drafts", action="store_true",
-                   help=SPECULATION_HELP["prefetch_drafts"] + " (only with --draft-tokens)")
+_SPECULATION = "speculative decoding (sim.decode.speculative)"
+#: ``--draft-tokens``, ``--acceptance`` and ``--prefetch-drafts`` of ``engram sim decode``
+#: (:mod:`sim.decode.speculative`); the last two take effect only with drafts (:func:`_speculation`).
+SPECULATION_OPTIONS = (
+    Option("--draft-tokens", type=int, default=0, metavar="K", help=SPECULATION_HELP["draft_tokens"],
+           group=_SPECULATION),
+    Option("--acceptance", default=None, metavar="A[,A...]", group=_SPECULATION,
+           help=SPECULATION_HELP["acceptance"] + " (only with --draft-tokens)", requires=("draft_tokens", "K (K >= 1)")),
+    Option("--prefetch-drafts", action="store_true", group=_SPECULATION,
+           help=SPECULATION_HELP["prefetch_drafts"] + " (only with --draft-tokens)",
+           requires=("draft_tokens", "K (K >= 1)")),
+)
 
 
 def _speculation(args) -> Speculation:
@@ -201,11 +209,8 @@ def _speculation(args) -> Speculation:
         ``--draft-tokens`` below 0, an acceptance outside [0, 1] or NaN, a profile longer than k;
         ``--acceptance`` or ``--prefetch-drafts`` without drafts (they would change nothing).
     """
+    check_requires(SPECULATION_OPTIONS, args)
     k = args.draft_tokens
-    if not k and (args.acceptance is not None or args.prefetch_drafts):
-        given = "--acceptance" if args.acceptance is not None else "--prefetch-drafts"
-        raise ArgumentError(f"{given} takes effect only with --draft-tokens K (K >= 1): without drafts it would "
-                            f"change nothing")
     acceptance = str(DEFAULT_ACCEPTANCE) if args.acceptance is None else args.acceptance
     consumer = consumer_preset(getattr(args, "consumer", "none"))
     extra = consumer.step_s(k + 1) - consumer.step_s(1) if isinstance(k, int) and k > 0 else 0.0
@@ -246,30 +251,23 @@ def _progress_mode(args) -> str:
     return progress_choice(args)
 
 
-def _add_progress(p, **kw) -> None:
-    """``--no-progress`` and ``--quiet`` on a command that can take a while (:func:`engram.cli.add_progress_flags`:
-    one declaration for every command)."""
-    add_progress_flags(p, **kw)
-
-
-def _add_run_options(p, what: str, study_optional: bool = False) -> None:
+def run_options(what: str, study_optional: bool = False) -> tuple:
     """Options shared by ``sweep`` and ``capacity``: where and how the points run (``study_optional``: the
     study file may be left out, the configurations then given by options)."""
-    if study_optional:
-        p.add_argument("study", nargs="?", help="study TOML file (optional: without one, the configurations "
-                                                "come from the options below)")
-    else:
-        p.add_argument("study", help="study TOML file")
-    p.add_argument("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
-                                 "are written as they finish")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run: keep the finished rows of --out and run only the others")
-    p.add_argument("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)")
-    p.add_argument("--calibration", help="calibration.json for 'calibrated' devices and computes")
-    _add_progress(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    study = (Option("study", nargs="?", help="study TOML file (optional: without one, the configurations "
+                                             "come from the options below)")
+             if study_optional else Option("study", help="study TOML file"))
+    return (study,
+            Option("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
+                                 "are written as they finish"),
+            Option("--resume", action="store_true",
+                   help="continue an unfinished run: keep the finished rows of --out and run only the others"),
+            Option("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)"),
+            Option("--scheduler", metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://10.0.0.5:8786)"),
+            Option("--calibration", help="calibration.json for 'calibrated' devices and computes"),
+            *PROGRESS_OPTIONS,
+            JSON_OPTION)
 
 
 def _out_path(args, name: str = "") -> Path:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from engram.cli import print_json
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
+from engram.options import Option, add_options
 
 from ..capacity import CAPACITY_TARGET
 from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
 from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
-from .options import _add_progress, _ints, _progress_mode, _typed_errors, _typed_os_errors
+from .options import _ints, _progress_mode, _typed_errors, _typed_os_errors
 
 
 def _cmd_report(args) -> int:
@@ -33,6 +34,37 @@ def _cmd_report(args) -> int:
     return 0
 
 
+_SEARCH = "capacity search of the report"
+_JOBS = Option("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
+#: The options of ``engram report``.
+REPORT_OPTIONS = (
+    Option("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
+                                      "crosscheck.json)"),
+    Option("--out", default="reports/latest", help="report folder (default reports/latest)"),
+    Option("--sweep", action="append", metavar="TABLE",
+           help="sweep or capacity table to include (engram sim sweep / capacity; repeatable)"),
+    Option("--trace", action="append", metavar="SOURCE",
+           help="trace source of the what-if curves (repeatable; default: the measured traces, else "
+                "Python source and prose from the standard library)"),
+    Option("--target", type=float, default=CAPACITY_TARGET, group=_SEARCH,
+           help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})"),
+    Option("--compute-ms", type=float, help="compute per step, ms (default: the SPEC §8 reference, ~47 ms)",
+           group=_SEARCH),
+    Option("--seeds", type=int, help=f"searches per device, each its own seeds (default {REPORT_SEEDS}; --quick 2)",
+           group=_SEARCH),
+    Option("--max-sessions", type=int, help=f"largest session count probed (default {REPORT_MAX_SESSIONS}; --quick 128)",
+           group=_SEARCH),
+    _JOBS,
+    Option("--title", help="report title"),
+    Option("--quick", action="store_true", help="shorter simulations, fewer points"),
+    Option("--no-html", action="store_true", help="Markdown only"),
+    Option("--linked-figures", action="store_true",
+           help="report.html links figures/ and data/ by relative path instead of embedding them"),
+    *PROGRESS_OPTIONS,
+    JSON_OPTION,
+)
+
+
 def add_report_command(subparsers) -> None:
     """Add ``engram report``."""
     p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
@@ -47,31 +79,7 @@ def add_report_command(subparsers) -> None:
                                           "/ calibrate (/ crosscheck) results for this machine's figures; without "
                                           "one, the figures use the device presets. report.html is one "
                                           "self-contained file (figures and data embedded) to send on.")
-    p.add_argument("workdir", nargs="?", help="measurement folder (microbench.json, runs.json, calibration.json, "
-                                              "crosscheck.json)")
-    p.add_argument("--out", default="reports/latest", help="report folder (default reports/latest)")
-    p.add_argument("--sweep", action="append", metavar="TABLE",
-                   help="sweep or capacity table to include (engram sim sweep / capacity; repeatable)")
-    p.add_argument("--trace", action="append", metavar="SOURCE",
-                   help="trace source of the what-if curves (repeatable; default: the measured traces, else "
-                        "Python source and prose from the standard library)")
-    g = p.add_argument_group("capacity search of the report")
-    g.add_argument("--target", type=float, default=CAPACITY_TARGET,
-                   help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
-    g.add_argument("--compute-ms", type=float,
-                   help="compute per step, ms (default: the SPEC §8 reference, ~47 ms)")
-    g.add_argument("--seeds", type=int, help=f"searches per device, each its own seeds (default {REPORT_SEEDS}; "
-                                              "--quick 2)")
-    g.add_argument("--max-sessions", type=int,
-                   help=f"largest session count probed (default {REPORT_MAX_SESSIONS}; --quick 128)")
-    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
-    p.add_argument("--title", help="report title")
-    p.add_argument("--quick", action="store_true", help="shorter simulations, fewer points")
-    p.add_argument("--no-html", action="store_true", help="Markdown only")
-    p.add_argument("--linked-figures", action="store_true",
-                   help="report.html links figures/ and data/ by relative path instead of embedding them")
-    _add_progress(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(p, REPORT_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_report))
 
 
@@ -89,6 +97,35 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+#: The options of ``engram demo``.
+DEMO_OPTIONS = (
+    Option("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})"),
+    Option("--workdir", default=DEFAULT_WORKDIR,
+           help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})"),
+    Option("--text", action="append", metavar="FILE",
+           help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable"),
+    Option("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)"),
+    Option("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)"),
+    Option("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)"),
+    _JOBS,
+    Option("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)"),
+    Option("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed"),
+    Option("--wait", action="store_true",
+           help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
+                "each run is predicted with the device of its own time window)"),
+    Option("--no-wait", action="store_true", help="never wait for a quiet machine (the default)"),
+    Option("--throttle-iops", type=_ints, metavar="N[,M...]",
+           help="read-IOPS throttles of the disk (cgroups) the devices step measures a smaller grid on, "
+                "predicted the planner's way from fio JSON and a datasheet string (default "
+                f"{','.join(str(n) for n in DEMO_THROTTLES)}; --quick {DEMO_THROTTLES[0]}); skipped with "
+                "the reason where the kernel allows no throttle"),
+    Option("--no-tmpfs", action="store_true", help="leave tmpfs out of the devices step"),
+    Option("--no-devices", action="store_true", help="no devices step (no throttles, no tmpfs)"),
+    Option("--no-html", action="store_true", help="Markdown report only"),
+    *PROGRESS_OPTIONS,
+)
+
+
 def add_demo_command(subparsers) -> None:
     """Add ``engram demo``."""
     p = subparsers.add_parser("demo", help="the main job: build, trace, look up, measure, calibrate, cross-check, "
@@ -100,28 +137,5 @@ def add_demo_command(subparsers) -> None:
                                           "sweep, and write the report (default reports/demo/). Several minutes "
                                           "on 2 cores with an SSD (README states the measured time); the 4.4 GiB "
                                           "model file is written once and reused on later runs.")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})")
-    p.add_argument("--workdir", default=DEFAULT_WORKDIR,
-                   help=f"work folder: model file, measurements, calibration (default {DEFAULT_WORKDIR})")
-    p.add_argument("--text", action="append", metavar="FILE",
-                   help="your own text (UTF-8 file, or .jsonl prompts) instead of the built-in texts; repeatable")
-    p.add_argument("--scale", type=float, help="layout scale of the model file (default 0.02: 4.4 GiB; --quick 0.001)")
-    p.add_argument("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)")
-    p.add_argument("--jobs", type=int, help="local processes for the simulations (default: CPU count)")
-    p.add_argument("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)")
-    p.add_argument("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed")
-    p.add_argument("--wait", action="store_true",
-                   help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
-                        "each run is predicted with the device of its own time window)")
-    p.add_argument("--no-wait", action="store_true", help="never wait for a quiet machine (the default)")
-    p.add_argument("--throttle-iops", type=_ints, metavar="N[,M...]",
-                   help="read-IOPS throttles of the disk (cgroups) the devices step measures a smaller grid on, "
-                        "predicted the planner's way from fio JSON and a datasheet string (default "
-                        f"{','.join(str(n) for n in DEMO_THROTTLES)}; --quick {DEMO_THROTTLES[0]}); skipped with "
-                        "the reason where the kernel allows no throttle")
-    p.add_argument("--no-tmpfs", action="store_true", help="leave tmpfs out of the devices step")
-    p.add_argument("--no-devices", action="store_true", help="no devices step (no throttles, no tmpfs)")
-    p.add_argument("--no-html", action="store_true", help="Markdown report only")
-    _add_progress(p)
+    add_options(p, DEMO_OPTIONS)
     p.set_defaults(func=_cmd_demo)

@@ -4,8 +4,9 @@ measured and predicted."""
 from __future__ import annotations
 
 from engram import EngramModel
-from engram.cli import print_json
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
+from engram.options import Option, add_options, check_requires
 
 from ..params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..serve import SLO, ServeStudy, simulate_serve
@@ -16,7 +17,7 @@ from ..serve.runner import point_objects, resolve_serve_context
 from ..serve.study import SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
 from ..trace import CODE_SOURCE, load_trace
-from .options import SPECULATION_HELP, _add_progress, _progress_mode, _typed_os_errors
+from .options import SPECULATION_HELP, _progress_mode, _typed_os_errors
 
 
 def _serve_point(args) -> tuple:
@@ -33,6 +34,7 @@ def _serve_point(args) -> tuple:
         p = {k: d for k, (_, d, _) in SERVE_AXES.items()}
         slo, cal, study_seed = SLO(), None, None
     p.update(flags)
+    check_requires(SERVE_OPTIONS, args, p)  # drafts' settings without drafts (the study's or the flags') change nothing
     slo = SLO(args.ttft_s if args.ttft_s is not None else slo.ttft_s,
               args.tbt_ms if args.tbt_ms is not None else slo.tbt_ms,
               args.percentile if args.percentile is not None else slo.percentile)
@@ -91,6 +93,41 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _axis_options() -> tuple:
+    """An option per axis of a serving study (:data:`sim.serve.study.SERVE_AXES`), with no default (a flag given
+    overrides the study's point); ``--acceptance`` and ``--prefetch-drafts`` take effect only with drafts."""
+    group = "axes (as in a serving study; default: the study's point, else the axis default)"
+    choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS), "prefetch_drafts": ("off", "on")}
+    out = []
+    for name, (typ, default, label) in SERVE_AXES.items():
+        more = f"; {SPECULATION_HELP[name]}" if name in SPECULATION_HELP else ""
+        needs = ("draft_tokens", "K (K >= 1)") if name in ("acceptance", "prefetch_drafts") else ()
+        out.append(Option(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name), group=group,
+                          help=f"{label} (default {default!r}){more}", requires=needs))
+    return tuple(out)
+
+
+_SLO = "latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)"
+#: The options of ``engram sim serve``.
+SERVE_OPTIONS = (
+    Option("study", nargs="?", help="a serving study TOML file (optional)"),
+    Option("--point", type=int, default=0, help="the study's point to run (default 0)"),
+    *_axis_options(),
+    Option("--ttft-s", type=float, help="time to first token target, seconds", group=_SLO),
+    Option("--tbt-ms", type=float, help="time between tokens target, ms", group=_SLO),
+    Option("--percentile", type=float, help="percentile both targets apply to (default 99)", group=_SLO),
+    Option("--calibration", metavar="FILE", help="calibration file for --device calibrated"),
+    Option("--seed", type=int, help="random seed (default: the study point's, else 0)"),
+    Option("--bins", type=int, default=100, help="bins of the timeline (default 100)"),
+    Option("--counterpart", metavar="MODEL.gguf",
+           help="instead: measure the real engine on MODEL (8 requests decoding in one batched read a step "
+                "while a 4,096-token prompt prefills in the background; the device probed first) and print "
+                "the serving model's prediction of it beside the measurement (--trace is the text)"),
+    JSON_OPTION,
+    *PROGRESS_OPTIONS,
+)
+
+
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="a serving what-if: requests arriving, prefilled and decoded in batches",
                        description="Simulate one serving configuration: requests arrive open-loop (Poisson, gamma "
@@ -104,25 +141,5 @@ def _add_serve(sub) -> None:
                                    "SPEC §8 reference step (47.01 ms at batch 1) plus 2.137 ms a token (ds4's "
                                    "468 tokens/s prefill on an M3 Ultra): --compute-scale for a faster "
                                    "accelerator, --compute-file for measured steps.")
-    p.add_argument("study", nargs="?", help="a serving study TOML file (optional)")
-    p.add_argument("--point", type=int, default=0, help="the study's point to run (default 0)")
-    g = p.add_argument_group("axes (as in a serving study; default: the study's point, else the axis default)")
-    choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS), "prefetch_drafts": ("off", "on")}
-    for name, (typ, default, label) in SERVE_AXES.items():
-        more = f"; {SPECULATION_HELP[name]}" if name in SPECULATION_HELP else ""
-        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name),
-                       help=f"{label} (default {default!r}){more}")
-    g = p.add_argument_group("latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)")
-    g.add_argument("--ttft-s", type=float, help="time to first token target, seconds")
-    g.add_argument("--tbt-ms", type=float, help="time between tokens target, ms")
-    g.add_argument("--percentile", type=float, help="percentile both targets apply to (default 99)")
-    p.add_argument("--calibration", metavar="FILE", help="calibration file for --device calibrated")
-    p.add_argument("--seed", type=int, help="random seed (default: the study point's, else 0)")
-    p.add_argument("--bins", type=int, default=100, help="bins of the timeline (default 100)")
-    p.add_argument("--counterpart", metavar="MODEL.gguf",
-                   help="instead: measure the real engine on MODEL (8 requests decoding in one batched read a step "
-                        "while a 4,096-token prompt prefills in the background; the device probed first) and print "
-                        "the serving model's prediction of it beside the measurement (--trace is the text)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_progress(p)
+    add_options(p, SERVE_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_serve))

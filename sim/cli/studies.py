@@ -9,6 +9,7 @@ from typing import Optional
 
 from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError
+from engram.options import Option, add_options
 
 from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
                         phases_text, probes_path, run_capacity)
@@ -19,8 +20,8 @@ from ..serve.search import knee_words, run_serve_capacity
 from ..serve.study import is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from ..trace import CODE_SOURCE
-from .options import (_DEFAULT_DEVICE, _add_compute_ms_option, _add_device_option, _add_drives_option, _add_run_options,
-                      _add_trace_source, _floats, _out_path, _progress_mode, _typed_os_errors)
+from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
+                      device_option, drives_option, run_options, trace_source_options)
 
 #: The configuration a capacity of the command line shares with ``studies/capacity.toml``'s ``[fixed]`` table
 #: (the SPEC §8 compute unless --compute-ms; threshold 8 and 16 readers; sessions at random phases); --trace,
@@ -47,26 +48,6 @@ def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
     print(f"engram sim {what}: interrupted; {done} {partial_path(rows)} (complete: false in {meta}); "
           f"continue with --resume --out {out}", file=sys.stderr)
     return 130
-
-
-def _refuse_an_earlier_default(args, out: Path, probes: Path) -> None:
-    """Without ``--out`` a capacity search writes STUDY.csv (``capacity.csv`` without a study file) in the current
-    directory: an earlier run's table or probes there are refused in one line (naming the file, the ``--out`` that
-    replaces it and the ``--resume`` that continues it) rather than overwritten.  An ``--out`` given says which
-    file to write, as a sweep's does; ``--resume`` continues the table there.
-
-    Raises
-    ------
-    ArgumentError
-        The default table, its probes or their unfinished rows exist.
-    """
-    if args.out or args.resume:
-        return
-    for p in (out, probes, partial_path(probes)):
-        if p.exists():
-            again = f"--resume{'' if args.study else f' --out {out}'}"
-            raise ArgumentError(f"{p} exists (an earlier capacity search): give --out {out} to replace it, "
-                                f"{again} to continue it, or another --out")
 
 
 def _cmd_sweep(args) -> int:
@@ -133,7 +114,7 @@ def _add_sweep(sub) -> None:
                                    "(at most 3 times); an interrupted run keeps its rows and continues with "
                                    "--resume. Capacity studies (with a [capacity] table) run with engram sim "
                                    "capacity.")
-    _add_run_options(p, "results table")
+    add_options(p, run_options("results table"))
     p.set_defaults(func=_typed_os_errors(_cmd_sweep))
 
 
@@ -161,6 +142,26 @@ def planner_study(args) -> Study:
     return Study.from_dict({"study": {"name": "capacity", "seed": 0,
                                       "description": "capacity of the configurations of the command line"},
                             "capacity": {}, "fixed": fixed, "grid": grid}, source="the command line")
+
+
+def _refuse_an_earlier_default(args, out: Path, probes: Path) -> None:
+    """Without ``--out`` a capacity search writes STUDY.csv (``capacity.csv`` without a study file) in the current
+    directory: an earlier run's table or probes there are refused in one line (naming the file, the ``--out`` that
+    replaces it and the ``--resume`` that continues it) rather than overwritten.  An ``--out`` given says which
+    file to write, as a sweep's does; ``--resume`` continues the table there.
+
+    Raises
+    ------
+    ArgumentError
+        The default table, its probes or their unfinished rows exist.
+    """
+    if args.out or args.resume:
+        return
+    for p in (out, probes, partial_path(probes)):
+        if p.exists():
+            again = f"--resume{'' if args.study else f' --out {out}'}"
+            raise ArgumentError(f"{p} exists (an earlier capacity search): give --out {out} to replace it, "
+                                f"{again} to continue it, or another --out")
 
 
 def _cmd_capacity(args) -> int:
@@ -217,6 +218,41 @@ def _cmd_capacity(args) -> int:
     return 0
 
 
+_CONFIGS = ("configurations without a study file (as engram sim decode takes them; the rest as studies/capacity.toml: "
+            "threshold 8, 16 readers, sessions at random phases)")
+_SEARCH = "search (override the study's [capacity] table)"
+_SERVING = "serving studies (override the study's [search] table)"
+#: The options of ``engram sim capacity``.
+CAPACITY_OPTIONS = (
+    *run_options("capacity table", study_optional=True),
+    device_option(many=True, group=_CONFIGS),
+    drives_option(many=True, group=_CONFIGS),
+    Option("--reuse", type=_floats, metavar="R[,R...]", group=_CONFIGS,
+           help="target reuse rates of the text, comma separated, each its own configuration: the trace "
+                "becomes the synthetic trace of that rate (synth:reuse=R; default: the trace as it is)"),
+    compute_ms_option("the SPEC §8 reference step, fitted so that threshold 256 gives 19.16 tokens/s on the reference "
+                      "device", group=_CONFIGS),
+    *trace_source_options(f"{CODE_SOURCE}, its first {PLANNER_FIXED['trace_limit']} tokens", group=_CONFIGS),
+    Option("--steps", type=int, help=f"steps per session of each probe (default {PLANNER_FIXED['steps']})",
+           group=_CONFIGS),
+    Option("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})",
+           group=_SEARCH),
+    Option("--seeds", type=int, help=f"searches per configuration, each its own seeds (default {CAPACITY_SEEDS})",
+           group=_SEARCH),
+    Option("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})", group=_SEARCH),
+    Option("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)",
+           group=_SEARCH),
+    Option("--sustained", action="store_true", default=None, group=_SEARCH,
+           help="probe rate-limited volumes (cap_iops, burst_ios) with their bucket drained at the start of "
+                "every probe: the sustained capacity, about cap_iops / (reads a step x target), instead of "
+                "the burst's where the burst outlasts the probes (default: a full bucket)"),
+    Option("--min-rate", type=float, help="requests/s probed first (default 0.5)", group=_SERVING),
+    Option("--max-rate", type=float, help="the largest requests/s probed (default 64)", group=_SERVING),
+    Option("--rate-resolution", type=float, help="bisect until the bracket is this share of its top (default 0.05)",
+           group=_SERVING),
+)
+
+
 def _add_capacity(sub) -> None:
     """Add ``capacity`` to the ``engram sim`` subcommands."""
     p = sub.add_parser("capacity", help="search the sessions each configuration of a study sustains at a target",
@@ -239,33 +275,7 @@ def _add_capacity(sub) -> None:
                                    "may still ask). Without --out, an earlier run's table in the current directory "
                                    "is refused, not replaced: --out names the file to replace, --resume continues "
                                    "it.")
-    _add_run_options(p, "capacity table", study_optional=True)
-    g = p.add_argument_group("configurations without a study file (as engram sim decode takes them; the rest as "
-                             "studies/capacity.toml: threshold 8, 16 readers, sessions at random phases)")
-    _add_device_option(g, many=True)
-    _add_drives_option(g, many=True)
-    g.add_argument("--reuse", type=_floats, metavar="R[,R...]",
-                   help="target reuse rates of the text, comma separated, each its own configuration: the trace "
-                        "becomes the synthetic trace of that rate (synth:reuse=R; default: the trace as it is)")
-    _add_compute_ms_option(g, "the SPEC §8 reference step, fitted so that threshold 256 gives 19.16 tokens/s on "
-                              "the reference device")
-    _add_trace_source(g, f"{CODE_SOURCE}, its first {PLANNER_FIXED['trace_limit']} tokens")
-    g.add_argument("--steps", type=int, help=f"steps per session of each probe (default {PLANNER_FIXED['steps']})")
-    g = p.add_argument_group("search (override the study's [capacity] table)")
-    g.add_argument("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})")
-    g.add_argument("--seeds", type=int, help=f"searches per configuration, each its own seeds "
-                                              f"(default {CAPACITY_SEEDS})")
-    g.add_argument("--max-sessions", type=int, help=f"largest count probed (default {CAPACITY_MAX_SESSIONS})")
-    g.add_argument("--resolution", type=int, help="bisect until the bracket is this many sessions wide (default 1)")
-    g.add_argument("--sustained", action="store_true", default=None,
-                   help="probe rate-limited volumes (cap_iops, burst_ios) with their bucket drained at the start of "
-                        "every probe: the sustained capacity, about cap_iops / (reads a step x target), instead of "
-                        "the burst's where the burst outlasts the probes (default: a full bucket)")
-    g = p.add_argument_group("serving studies (override the study's [search] table)")
-    g.add_argument("--min-rate", type=float, help="requests/s probed first (default 0.5)")
-    g.add_argument("--max-rate", type=float, help="the largest requests/s probed (default 64)")
-    g.add_argument("--rate-resolution", type=float,
-                   help="bisect until the bracket is this share of its top (default 0.05)")
+    add_options(p, CAPACITY_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_capacity))
 
 

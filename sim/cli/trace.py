@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engram.cli import print_json
+from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
+from engram.options import Exclusive, Option, add_options, replaced
 from engram.rowcache import SIZE_RULE, sizes_arg
 
 from ..params import DEFAULT_READERS
@@ -17,7 +18,7 @@ from ..trace.shape import DEFAULT_PROFILE, PROFILE_WINDOW
 from ..trace.sources import encoded_by_tokenizer
 from ..trace.synth import DEFAULT_TOKENS
 from ..trace.tokens import check_model_vocabulary
-from .options import _add_progress, _ints, _output_files, _progress_mode, _typed_os_errors
+from .options import _ints, _output_files, _progress_mode, _typed_os_errors
 
 
 class _DefaultSubcommand(argparse._SubParsersAction):
@@ -74,21 +75,21 @@ def _cmd_trace(args) -> int:
     return 0
 
 
-def _add_trace_stats_options(p, default=None) -> None:
-    """The options of ``engram sim trace [stats]`` (``default=SUPPRESS`` on the ``stats`` subcommand, whose
-    values then add to those given before it)."""
-    kw = {} if default is None else {"default": default}
-    p.add_argument("--limit", type=int, help="keep the first N tokens", **kw)
-    p.add_argument("--out", help="save the trace to this .npz file", **kw)
-    p.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated", **kw)
-    p.add_argument("--one-session", action="store_true",
-                   help="treat all sequences of the trace as one session (default: each is its own)", **kw)
-    p.add_argument("--steps", type=int, metavar="N",
-                   help="a planned run of N steps per session: say whether it wraps past the end of the trace", **kw)
-    p.add_argument("--sessions", type=int, metavar="S",
-                   help="sessions of the planned run (default 1; with --steps)", **({"default": 1} if not kw else kw))
-    p.add_argument("--json", action="store_true", help="machine-readable output", **kw)
-    _add_progress(p, **kw)
+#: The options of ``engram sim trace [stats]`` (on the ``stats`` subcommand with ``default=SUPPRESS``, so that
+#: its values add to those given before it).
+TRACE_STATS_OPTIONS = (
+    Option("--limit", type=int, help="keep the first N tokens"),
+    Option("--out", help="save the trace to this .npz file"),
+    Option("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated"),
+    Option("--one-session", action="store_true",
+           help="treat all sequences of the trace as one session (default: each is its own)"),
+    Option("--steps", type=int, metavar="N",
+           help="a planned run of N steps per session: say whether it wraps past the end of the trace"),
+    Option("--sessions", type=int, metavar="S", default=1,
+           help="sessions of the planned run (default 1; with --steps)"),
+    JSON_OPTION,
+    *PROGRESS_OPTIONS,
+)
 
 
 _SOURCE_HELP = ("trace source: stdlib:PATH, package:PKG/PATH, shared:FILE, "
@@ -229,11 +230,74 @@ def _cmd_trace_iolog(args) -> int:
     return 0
 
 
+#: The options of ``engram sim trace synth``.
+TRACE_SYNTH_OPTIONS = (
+    Option("--reuse", type=float, required=True, help="target reuse rate in [0, 1), e.g. 0.225"),
+    Option("--zipf", type=float, help="exponent of the copy-distance law (default: the profile's, "
+                                      f"code {PROFILES['code'].zipf:g}, prose {PROFILES['prose'].zipf:g})"),
+    Option("--tokens", type=int, default=DEFAULT_TOKENS, help=f"steps (default {DEFAULT_TOKENS})"),
+    Option("--seed", type=int, default=0, help="seed (default 0)"),
+    Option("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+           help=f"per-order shape: code (coding-agent context) or prose (a novel) (default {DEFAULT_PROFILE})"),
+    Option("--out", help="save the trace to this .npz file"),
+    Option("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated"),
+    JSON_OPTION,
+    *PROGRESS_OPTIONS,
+)
+_LIMIT = Option("--limit", type=int, help="keep the first N tokens of the trace")
+_STEPS = Option("--steps", type=int, help="steps per session (default the trace length; wraps around)")
+#: The options of ``engram sim trace profile``.
+TRACE_PROFILE_OPTIONS = (
+    Option("source", help=_SOURCE_HELP),
+    Option("--window", type=int, default=PROFILE_WINDOW, help=f"tokens per window (default {PROFILE_WINDOW})"),
+    Option("--limit", type=int, help="keep the first N tokens"),
+    JSON_OPTION,
+    *PROGRESS_OPTIONS,
+)
+#: The options of ``engram sim trace reuse``.
+TRACE_REUSE_OPTIONS = (
+    Option("source", help=_SOURCE_HELP),
+    Option("--cache-bytes", type=sizes_arg, required=True, metavar="SIZES",
+           help=f"cache budgets, comma separated, e.g. 64M,1G,16G; each {SIZE_RULE}"),
+    Option("--policies", type=_policies, default=["lru", "tinylfu"], metavar="P,Q",
+           help="the engine's policies to replay (default lru,tinylfu)"),
+    Option("--sessions", type=int, default=1, help="sessions sharing the cache (default 1)"),
+    _STEPS,
+    _LIMIT,
+    Option("--no-optimal", action="store_true", help="leave out the optimal bound (Belady; slower than "
+                                                     "the policies, about a microsecond a read)"),
+    *PROGRESS_OPTIONS,
+    JSON_OPTION,
+)
+_STEP_RATE = Exclusive("step rate")
+#: The options of ``engram sim trace iolog``.
+TRACE_IOLOG_OPTIONS = (
+    Option("trace", help=_SOURCE_HELP),
+    Option("--out", required=True, help="the .iolog file (with --sessions S: STEM.sK.iolog each)"),
+    Option("--model", help="model file (GGUF, or one shard) whose table offsets and layout to use"),
+    Option("--filename", default=RELEASED_FILE,
+           help=f"file name written for the released layout's tables (default {RELEASED_FILE})"),
+    Option("--block-size", help="read alignment in bytes, or 'auto' (with --model: the engine's alignment "
+                                "for that file here); default auto with --model, else 4096"),
+    _LIMIT,
+    _STEPS,
+    Option("--sessions", type=int, default=1,
+           help="sessions, each its own log, started as the decode model starts them (default 1)"),
+    Option("--step-ms", type=float, help="one step every this many ms (iolog version 3 timestamps)",
+           exclusive=_STEP_RATE),
+    Option("--tokens-per-s", type=float, help="one step every 1/R s (iolog version 3 timestamps)",
+           exclusive=_STEP_RATE),
+    Option("--iodepth", type=int, default=DEFAULT_READERS,
+           help=f"queue depth in the suggested fio command (default {DEFAULT_READERS}, the engine's readers)"),
+    JSON_OPTION,
+)
+
+
 def _add_trace_stats(tsub) -> None:
     s = tsub.add_parser("stats", help="reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
                         description="Build or load a trace and print its reuse statistics (see engram sim trace).")
-    s.add_argument("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})")
-    _add_trace_stats_options(s, argparse.SUPPRESS)
+    add_options(s, (Option("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})"),
+                    *replaced(TRACE_STATS_OPTIONS, default=argparse.SUPPRESS)))
     s.set_defaults(func=_typed_os_errors(_cmd_trace))
 
 
@@ -244,17 +308,7 @@ def _add_trace_synth(tsub) -> None:
                                     "per-order shape measured on real text (--profile) and a Zipf law of how far back "
                                     "repeats copy from (--zipf); hash it with the real tokenizer map and layout. Any "
                                     "command loads it by its spec, e.g. synth:reuse=0.225,zipf=1.1,tokens=2000,seed=0.")
-    s.add_argument("--reuse", type=float, required=True, help="target reuse rate in [0, 1), e.g. 0.225")
-    s.add_argument("--zipf", type=float, help="exponent of the copy-distance law (default: the profile's, "
-                                              f"code {PROFILES['code'].zipf:g}, prose {PROFILES['prose'].zipf:g})")
-    s.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"steps (default {DEFAULT_TOKENS})")
-    s.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    s.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
-                   help=f"per-order shape: code (coding-agent context) or prose (a novel) (default {DEFAULT_PROFILE})")
-    s.add_argument("--out", help="save the trace to this .npz file")
-    s.add_argument("--lru", type=_ints, help="LRU cache sizes in rows to report, comma separated")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_progress(s)
+    add_options(s, TRACE_SYNTH_OPTIONS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_synth))
 
 
@@ -262,11 +316,7 @@ def _add_trace_profile(tsub) -> None:
     s = tsub.add_parser("profile", help="the per-order reuse shape of a text (what synth reproduces)",
                         description="Measure a trace's reuse profile on windows of --window tokens: reuse by n-gram "
                                     "order, the match-level transition law, the copy-distance law.")
-    s.add_argument("source", help=_SOURCE_HELP)
-    s.add_argument("--window", type=int, default=PROFILE_WINDOW, help=f"tokens per window (default {PROFILE_WINDOW})")
-    s.add_argument("--limit", type=int, help="keep the first N tokens")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_progress(s)
+    add_options(s, TRACE_PROFILE_OPTIONS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
 
 
@@ -281,18 +331,7 @@ def _add_trace_reuse(tsub) -> None:
                                     "them (session i starts at step i*T/N and wraps, steps interleaved), e.g. the "
                                     "sessions of one server reading one system prompt. Use it to size "
                                     "EngramModel.open(path, cache=RowCache(SIZE, POLICY)).")
-    s.add_argument("source", help=_SOURCE_HELP)
-    s.add_argument("--cache-bytes", type=sizes_arg, required=True, metavar="SIZES",
-                   help=f"cache budgets, comma separated, e.g. 64M,1G,16G; each {SIZE_RULE}")
-    s.add_argument("--policies", type=_policies, default=["lru", "tinylfu"], metavar="P,Q",
-                   help="the engine's policies to replay (default lru,tinylfu)")
-    s.add_argument("--sessions", type=int, default=1, help="sessions sharing the cache (default 1)")
-    s.add_argument("--steps", type=int, help="steps per session (default the trace length; wraps around)")
-    s.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
-    s.add_argument("--no-optimal", action="store_true", help="leave out the optimal bound (Belady; slower than "
-                                                             "the policies, about a microsecond a read)")
-    _add_progress(s)
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(s, TRACE_REUSE_OPTIONS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_reuse))
 
 
@@ -304,23 +343,7 @@ def _add_trace_iolog(tsub) -> None:
                                     "--step-ms/--tokens-per-s, version 3 with one timestamp a step. Offsets are those "
                                     "of --model (its layout hashes the trace's tokens), else of the released V4.1 "
                                     "Flash file (SPEC §6); replay on a device with --replay_redirect.")
-    s.add_argument("trace", help=_SOURCE_HELP)
-    s.add_argument("--out", required=True, help="the .iolog file (with --sessions S: STEM.sK.iolog each)")
-    s.add_argument("--model", help="model file (GGUF, or one shard) whose table offsets and layout to use")
-    s.add_argument("--filename", default=RELEASED_FILE,
-                   help=f"file name written for the released layout's tables (default {RELEASED_FILE})")
-    s.add_argument("--block-size", help="read alignment in bytes, or 'auto' (with --model: the engine's alignment "
-                                        "for that file here); default auto with --model, else 4096")
-    s.add_argument("--limit", type=int, help="keep the first N tokens of the trace")
-    s.add_argument("--steps", type=int, help="steps per session (default the trace length; wraps around)")
-    s.add_argument("--sessions", type=int, default=1,
-                   help="sessions, each its own log, started as the decode model starts them (default 1)")
-    t = s.add_mutually_exclusive_group()
-    t.add_argument("--step-ms", type=float, help="one step every this many ms (iolog version 3 timestamps)")
-    t.add_argument("--tokens-per-s", type=float, help="one step every 1/R s (iolog version 3 timestamps)")
-    s.add_argument("--iodepth", type=int, default=DEFAULT_READERS,
-                   help=f"queue depth in the suggested fio command (default {DEFAULT_READERS}, the engine's readers)")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    add_options(s, TRACE_IOLOG_OPTIONS)
     s.set_defaults(func=_typed_os_errors(_cmd_trace_iolog))
 
 
@@ -332,7 +355,7 @@ def _add_trace(sub) -> None:
                                    "rates, and whether a planned run (--steps, --sessions) wraps past its end. "
                                    "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
                                    "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
-    _add_trace_stats_options(p)
+    add_options(p, TRACE_STATS_OPTIONS)
     p.set_defaults(func=_typed_os_errors(_cmd_trace), source=None)
     tsub = p.add_subparsers(dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", action=_DefaultSubcommand)
     _add_trace_stats(tsub)

@@ -213,6 +213,14 @@ def test_cli_decode_refuses_draft_settings_without_drafts(capsys, flags):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "only with --draft-tokens" in err, err
 
 
+@pytest.mark.parametrize("flags", [["--acceptance", "0.5"], ["--prefetch-drafts", "on"],
+                                   ["--draft-tokens", "0", "--prefetch-drafts", "off"]])
+def test_cli_serve_refuses_draft_settings_without_drafts(capsys, flags):
+    rc = main(["sim", "serve", "--duration-s", "2", "--trace-limit", "500", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "only with --draft-tokens" in err, err
+
+
 def test_cli_decode_json(capsys):
     import json
     rc = main(["sim", "decode", "--limit", "300", "--compute-ms", "20", "--draft-tokens", "2", "--acceptance",
