@@ -423,8 +423,12 @@ class Session(Closing):
             raise TableIOError("step: the session is closed; open a new one with model.session()")
         C = self.model.layout.columns
         if self._prefetch is not None:
-            rows = self._advance(self.model.hasher.check_tokens([token_id]))
-            return {lid: r[0] for lid, r in rows.items()}
+            tok = self.model.hasher.check_tokens([token_id])
+            if self._prefetch.matched(self.history, tok):
+                rows = self._advance(tok)
+                return {lid: r[0] for lid, r in rows.items()}
+            self._prefetch, p = None, self._prefetch  # not a draft: dropped, and the step reads as any other
+            p.cancel()
         before = self.history.copy()
         ids = self.model.hasher.step(token_id, self.history, self._ids)
         L = ids.shape[0]
