@@ -182,6 +182,26 @@ def test_apply_refuses_rows_that_require_grad_and_takes_a_mask_that_does(model):
         assert torch.all(res == 0)
 
 
+def test_apply_refuses_gates_out_that_alias_residual_or_rows(model):
+    """gates_out over residual's (or the rows') memory would be written while they are read: refused in one
+    line, residual untouched; a gates_out of its own still works."""
+    with model.session(device="cpu") as s:
+        rows = s.step(100)[1][None].clone()
+        res = torch.zeros((1, 4, 5120), dtype=torch.bfloat16)
+        over_res = res.view(-1).view(torch.float32)[1000:1004].view(1, 4)
+        with pytest.raises(ArgumentError, match="gates_out shares memory with residual"):
+            s.apply(1, res, rows, gates_out=over_res)
+        assert torch.all(res == 0)
+        over_rows = rows.view(-1).view(torch.float32)[8:12].view(1, 4)
+        before = rows.clone()
+        with pytest.raises(ArgumentError, match="gates_out shares memory with rows"):
+            s.apply(1, res, rows, gates_out=over_rows)
+        assert torch.all(res == 0) and torch.equal(rows, before)
+        g = torch.empty((1, 4), dtype=torch.float32)
+        s.apply(1, res, rows, gates_out=g)
+        assert not torch.all(res == 0) and torch.all(g > 0)
+
+
 # ------------------------------------------------------------------ the captured step and step_batch
 def test_captured_step_refuses_empty_and_repeated_layers_and_sessions(model):
     from engram.gpu import CapturedStep, step_batch
