@@ -398,14 +398,14 @@ class GpuSession:
             self._wait_copied(st)
             host._group.read_raw(ids.reshape(1, L * C), st.host_np[:1])
             rows = self._new_rows(L * C)
+            self._note_exact(rows, st.host_np[:1])
+            done = self._to_device(st, 1, rows)  # a failed copy or decode after a good read: the history goes back too
         except BaseException:
             host.history = before
             raise
         host._undo.append(before)
         host.last_stats = host._group.last_stats
         host.last_row_ids = ids.copy()
-        self._note_exact(rows, st.host_np[:1])
-        done = self._to_device(st, 1, rows)
         if done is not None:
             torch.cuda.current_stream(self.device).wait_event(done)
         self._publish(rows)
@@ -806,6 +806,8 @@ def _step_batch(sessions: List[GpuSession], tokens) -> torch.Tensor:
         group = lead.host._group
         group.read_raw(ids.reshape(B, L * C), st.host_np[:B])
         rows = lead._new_rows(B * L * C)
+        lead._note_exact(rows, st.host_np[:B])
+        done = lead._to_device(st, B, rows)  # a failed copy or decode after a good read: the histories go back too
     except BaseException:
         for s, h in zip(sessions, befores):
             s.host.history = h
@@ -814,8 +816,6 @@ def _step_batch(sessions: List[GpuSession], tokens) -> torch.Tensor:
         s.host.last_row_ids = ids[b].copy()
         s.host._undo.append(befores[b])
     lead.host.last_stats = group.last_stats
-    lead._note_exact(rows, st.host_np[:B])
-    done = lead._to_device(st, B, rows)
     if done is not None:
         torch.cuda.current_stream(lead.device).wait_event(done)
     lead._publish(rows)
