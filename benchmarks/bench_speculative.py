@@ -32,16 +32,20 @@ sorted, deduplicated batch through the shared I/O engine) against ``step`` of on
 on fresh text, the kinds of call interleaved call by call; ratio of the p50s (target <= 1.5) and of the
 means.  A session's ``readers`` bound the reads in flight of one batch, so the pairs are measured with
 sessions at ``--readers`` (16, the default) and at ``48 (k + 1)`` (every row of the batch in flight at
-once: the higher queue depth a verification step reads at), and the verification step at that depth
-against the one-token step at the default.
+once: the higher queue depth a verification step reads at), at 48 and at ``48 (k + 1)``, and each kind at
+the readers that minimise it.  Beside it, fio on the same file: IOPS at depths 16 to 144 (the time of
+``n`` reads at the best depth ``d <= n`` is ``n / IOPS(d)``), and reads in bursts as a step makes them
+(``n`` submitted together, all waited for): the device's own floor of the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -98,12 +102,15 @@ def speculative_block(s, toks: np.ndarray, steps: int, compute_s: float, k: int,
     s.step_many(toks[:3])
     p = 3
     crit, first_right, tokens, hits, waits, right_s, wrong_s = [], 0, 0, 0, [], [], []
+    call_s, begun_s, ready_s = [], [], []
     for _ in range(steps):
         truth = toks[p:p + k]
         right = rng.random(k) < acceptance
         drafts = np.where(right, truth, rng.integers(0, vocab, k))
         drafts[~right & (drafts == truth)] = (truth[~right & (drafts == truth)] + 1) % vocab
+        c0 = time.perf_counter()
         pf = s.prefetch(drafts)                       # right after the step returned
+        call_s.append(time.perf_counter() - c0)
         time.sleep(compute_s)                         # the step's compute; it ends with the next token known
         t0 = time.perf_counter()
         if right[0]:                                  # the next token is the first draft: verify the drafts
@@ -117,11 +124,16 @@ def speculative_block(s, toks: np.ndarray, steps: int, compute_s: float, k: int,
             m = 1
         hits += s.last_stats.prefetch_hits
         crit.append(time.perf_counter() - t0)
+        if pf.begun_at is not None:
+            begun_s.append(pf.begun_at - pf.issued_at)
+        if pf.ready_at is not None:
+            ready_s.append(pf.ready_at - pf.issued_at)
         (right_s if right[0] else wrong_s).append(crit[-1])
         p += m
         tokens += m
     return {"crit_s": crit, "tokens": tokens, "steps": steps, "first_right": first_right,
-            "prefetch_hits": hits, "wait_s": waits, "right_s": right_s, "wrong_s": wrong_s}
+            "prefetch_hits": hits, "wait_s": waits, "right_s": right_s, "wrong_s": wrong_s,
+            "call_s": call_s, "begun_s": begun_s, "ready_s": ready_s}
 
 
 def part_a(model, text: Text, rounds: int, steps: int, compute_s: float, k: int, acceptance: float,
@@ -161,6 +173,12 @@ def part_a(model, text: Text, rounds: int, steps: int, compute_s: float, k: int,
         "spec_crit_ms_first_right_mean": statistics.fmean(t for b in per["spec"] for t in b["right_s"]) * 1e3,
         "spec_crit_ms_first_wrong_mean": statistics.fmean(t for b in per["spec"] for t in b["wrong_s"]) * 1e3,
         "share_per_step_p50_weighted": None,
+        # where a prefetch's time goes: the prefetch() call (the caller's thread), from the call until its
+        # reads were handed to the engine, and until its rows were decoded (p50s over all steps)
+        "prefetch_call_ms_p50": statistics.median(t for b in per["spec"] for t in b["call_s"]) * 1e3,
+        "prefetch_begun_ms_p50": statistics.median(t for b in per["spec"] for t in b["begun_s"]) * 1e3,
+        "prefetch_ready_ms_p50": statistics.median(t for b in per["spec"] for t in b["ready_s"]) * 1e3,
+        "prefetch_ready_ms_p90": float(np.percentile([t for b in per["spec"] for t in b["ready_s"]], 90)) * 1e3,
         "spec_prefetch_hits_per_step": statistics.fmean(b["prefetch_hits"] / b["steps"] for b in per["spec"]),
     }
     f = statistics.fmean(b["first_right"] / b["steps"] for b in per["spec"])
@@ -176,6 +194,9 @@ def part_a(model, text: Text, rounds: int, steps: int, compute_s: float, k: int,
           f"{out['spec_crit_ms_first_right_p50']:.3f} / mean {out['spec_crit_ms_first_right_mean']:.3f} ms, "
           f"wrong: p50 {out['spec_crit_ms_first_wrong_p50']:.3f} / mean {out['spec_crit_ms_first_wrong_mean']:.3f} ms; "
           f"share from the p50s (weighted by the steps of each kind) {out['share_per_step_p50_weighted']:.3f}")
+    print(f"       prefetch: the call {out['prefetch_call_ms_p50']:.3f} ms, reads handed to the engine after "
+          f"{out['prefetch_begun_ms_p50']:.3f} ms, rows ready after {out['prefetch_ready_ms_p50']:.3f} ms p50 "
+          f"(p90 {out['prefetch_ready_ms_p90']:.3f})")
     return out
 
 
@@ -230,8 +251,49 @@ def part_b(model, text: Text, rounds: int, calls: int, tokens: int, depths) -> d
               f"{tokens * 48}) at readers {a[0]} vs step of one (48) at readers {b[0]}: p50 "
               f"{row['many_p50_ms']:.3f} vs {row['one_p50_ms']:.3f} ms, ratio {row['ratio_p50']:.3f} "
               f"(rounds {row['ratio_p50_rounds']}), means {row['ratio_mean']:.3f}")
-    out["ratio_p50"] = out["pairs"][-1]["ratio_p50"]
+    # each side at the readers that minimise it
+    best = {n: min((d for d in depths), key=lambda d: statistics.median(x[0] for x in times[(d, n)]))
+            for n in (1, tokens)}
+    row = {"many_readers": best[tokens], "one_readers": best[1],
+           "ratio_p50": ratio((best[tokens], tokens), (best[1], 1), 0),
+           "ratio_mean": ratio((best[tokens], tokens), (best[1], 1), 1),
+           "many_p50_ms": statistics.median(x[0] for x in times[(best[tokens], tokens)]) * 1e3,
+           "one_p50_ms": statistics.median(x[0] for x in times[(best[1], 1)]) * 1e3}
+    out["best"] = row
+    print(f"   (b) each at its best readers: {tokens} tokens at {row['many_readers']} vs one at {row['one_readers']}: "
+          f"p50 {row['many_p50_ms']:.3f} vs {row['one_p50_ms']:.3f} ms, ratio {row['ratio_p50']:.3f} "
+          f"(means {row['ratio_mean']:.3f})")
+    out["ratio_p50"] = row["ratio_p50"]
     return out
+
+
+def fio_bursts(path, offset: int, size: int, n: int, seconds: float, bs: int) -> dict:
+    """fio reading in bursts as a decode step does: ``n`` random ``bs``-byte O_DIRECT reads submitted
+    together, all of them waited for, then the next ``n`` (``iodepth_batch_submit`` = ``iodepth_batch_complete_min``
+    = ``n``).  One burst at a time, so a burst takes ``n / IOPS``."""
+    cmd = ["fio", "--name=engram-bursts", f"--filename={path}", "--rw=randread", f"--bs={bs}", "--direct=1",
+           "--ioengine=io_uring", f"--iodepth={n}", f"--iodepth_batch_submit={n}",
+           f"--iodepth_batch_complete_min={n}", f"--iodepth_batch_complete_max={n}",
+           f"--offset={offset // 4096 * 4096}", f"--size={size // 4096 * 4096}", f"--runtime={seconds}",
+           "--time_based", "--randrepeat=0", "--norandommap", "--output-format=json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"fio failed (exit {res.returncode}, bursts of {n}): {res.stderr.strip()}")
+    job = json.loads(res.stdout)["jobs"][0]["read"]
+    return {"iops": job["iops"], "burst_ms": n / job["iops"] * 1e3 if job["iops"] else float("nan"),
+            "cmd": " ".join(cmd)}
+
+
+def fio_floor(fio: dict, rows_one: int, rows_many: int) -> dict:
+    """The device's own floor from fio's IOPS at each depth: the time of ``n`` reads at depth ``d <= n``
+    is ``n / IOPS(d)`` (Little's law; at ``d = n`` it is one read's mean latency at that depth); the best
+    depth for each batch, and the ratio of the two times."""
+    def best(n):
+        got = [(n / fio[d]["iops"], d) for d in fio if d <= n and fio[d]["iops"] > 0]
+        return min(got) if got else (float("nan"), 0)
+    t1, d1 = best(rows_one)
+    tn, dn = best(rows_many)
+    return {"one_ms": t1 * 1e3, "one_depth": d1, "many_ms": tn * 1e3, "many_depth": dn, "ratio": tn / t1}
 
 
 def main(argv=None) -> dict:
@@ -261,16 +323,29 @@ def main(argv=None) -> dict:
     ids = np.asarray(load_tokenizer().encode(real_text(), add_special_tokens=False).ids, dtype=np.int64)
     text = Text(ids)
     a = part_a(model, text, args.rounds, args.steps, args.compute_ms / 1e3, args.k, args.acceptance, args.seed)
-    depths = sorted({args.readers, 48 * (args.k + 1)})
+    depths = sorted({args.readers, 48, 48 * (args.k + 1)})
     b = part_b(model, text, args.rounds, args.calls, args.k + 1, depths)
     fio = {}
     if shutil.which("fio"):  # what the device gives at the depths of a step and of a verification batch
-        for qd in sorted({args.readers, 48, 48 * (args.k + 1)}):
+        for qd in sorted({args.readers, 32, 48, 64, 96, 48 * (args.k + 1)}):
             r = fio_randread(loc.path, loc.offset, loc.rows * 264, qd, args.fio_s, bs=setup["alignment"])
             fio[qd] = {"iops": r["iops"], "p50_us": r["p50_us"]}
             print(f"   fio randread {setup['alignment']} B, O_DIRECT, queue depth {qd}: {r['iops']:.0f} IOPS, "
                   f"p50 {r['p50_us']:.0f} us")
-    return {"args": vars(args), "setup": setup, "prefetch": a, "verification": b, "fio": fio,
+    floor = fio_floor(fio, 48, 48 * (args.k + 1)) if fio else {}
+    if floor:  # the same floor read in bursts: n reads submitted together and all waited for
+        n = 48 * (args.k + 1)
+        b1 = fio_bursts(loc.path, loc.offset, loc.rows * 264, 48, args.fio_s, setup["alignment"])
+        bn = fio_bursts(loc.path, loc.offset, loc.rows * 264, n, args.fio_s, setup["alignment"])
+        floor["bursts"] = {"one_ms": b1["burst_ms"], "many_ms": bn["burst_ms"],
+                           "many_in_bursts_of_48_ms": (args.k + 1) * b1["burst_ms"],
+                           "ratio": min(bn["burst_ms"], (args.k + 1) * b1["burst_ms"]) / b1["burst_ms"]}
+        print(f"   fio bursts: {n} reads at once {bn['burst_ms']:.3f} ms, 48 at once {b1['burst_ms']:.3f} ms: floor "
+              f"ratio {floor['bursts']['ratio']:.3f}")
+        print(f"   fio floor: {48 * (args.k + 1)} reads at depth {floor['many_depth']} {floor['many_ms']:.3f} ms vs 48 "
+              f"at depth {floor['one_depth']} {floor['one_ms']:.3f} ms: ratio {floor['ratio']:.3f}; the engine's "
+              f"{b['ratio_p50']:.3f}")
+    return {"args": vars(args), "setup": setup, "prefetch": a, "verification": b, "fio": fio, "fio_floor": floor,
             "load_average": os.getloadavg(),
             "targets": {"share_per_step_le": 0.35, "verification_ratio_le": 1.5},
             "met": {"share_per_step": a["share_per_step"] <= 0.35, "verification_ratio": b["ratio_p50"] <= 1.5}}

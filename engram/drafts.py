@@ -4,32 +4,42 @@ With multi-token prediction (DeepSeek V4) a decode step drafts the next ``k``
 tokens; their Engram rows depend only on the history and the drafts, so they
 are known a whole step before the drafts are confirmed.
 :meth:`engram.Session.prefetch` hashes the drafts against the session's
-current history (without advancing it) and hands their rows to the session's
-:class:`DraftReader`: one background thread a session, started on the first
-prefetch, that reads every drafted token's rows as one sorted, deduplicated
-batch (``k x 48`` rows, through the session's I/O engine and row cache) while
-the caller computes.  The next :meth:`~engram.Session.step` or
-:meth:`~engram.Session.step_many` whose leading tokens are the drafts (from the
-same history) takes those tokens' rows from the :class:`DraftPrefetch`
-(waiting if its read is still in flight) and drops the rest;
-``ReadStats.prefetch_hits`` counts the rows so served.  A prefetch that no step
-uses is cancelled: one still queued is never read; one being read finishes its
-batch in the background and is dropped.
+current history (without advancing it) and begins their read at once, from the
+calling thread (:meth:`engram.TableGroup.begin_layers`): every drafted token's
+rows as one sorted, deduplicated batch (``k x 48`` rows, through the session's
+I/O engine and row cache), handed to the engine before ``prefetch`` returns --
+on the io_uring ring submitted to the kernel with one ``io_uring_enter``, on the
+pread pool given to its threads -- with all of the batch's reads in flight where
+the engine's queue depth allows.  The session's :class:`DraftReader` (one
+background thread a session, started on the first prefetch) then collects the
+completions (it reaps, checks and decodes the rows, returning the engine's
+credits as reads end) while the caller computes; a step that comes first
+collects them itself instead of waiting for the thread.
 
-After ``fork()`` (:mod:`engram.forks`) the reader thread is the parent's: the
-child starts its own on its next prefetch or wait, and a prefetch that was
-queued or being read at the fork is read again there.
+The next :meth:`~engram.Session.step` or :meth:`~engram.Session.step_many`
+whose leading tokens are the drafts (from the same history) takes those tokens'
+rows from the :class:`DraftPrefetch` (waiting if its read is still in flight)
+and drops the rest; ``ReadStats.prefetch_hits`` counts the rows so served.  The
+rows are kept table after table (``[layers, k, 24, 256]``), so a step hands
+each layer a contiguous view, no copy.  A prefetch that no step uses is
+cancelled: its reads, already in flight, end in the background and are dropped.
+
+After ``fork()`` (:mod:`engram.forks`) the reader thread and the engine's reads
+are the parent's: a prefetch in flight at the fork is read again in the child
+when it is waited for (by the child's step, or the child's own thread).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from collections import deque
+from typing import List, Optional
 
 import numpy as np
 
 from . import forks as _forks
+from .codec import ROW_VALUES
 from .errors import EngramError, TableIOError
 from .hashing import History
 from .io_engine import EngineClient
@@ -37,7 +47,10 @@ from .table import ReadStats, TableGroup
 
 __all__ = ["DraftPrefetch", "DraftReader", "DraftCancelled"]
 
-_QUEUED, _READING, _READY, _FAILED, _CANCELLED = "queued", "reading", "ready", "failed", "cancelled"
+_BEGUN, _READY, _FAILED, _CANCELLED = "reading", "ready", "failed", "cancelled"
+#: Groups (native readers) a session's drafts read through: a new prefetch begins on a free one while
+#: the dropped prefetch before it may still be in flight on the other.
+DRAFT_GROUPS = 2
 
 
 class DraftCancelled(EngramError):
@@ -55,33 +68,44 @@ class DraftPrefetch:
         The session's history the drafts follow (a snapshot taken at the prefetch).
     row_ids : numpy.ndarray
         uint32 ``[k, layers, 24]``: the drafts' row ids, as :meth:`engram.Session.step` would hash them.
+    histories : list of History
+        ``k + 1`` snapshots: the history before each draft, and after the last.
     stats : ReadStats
-        The background read's statistics (once it has run; ``wall_s`` is its own read time).
-    issued_at, ready_at : float
-        ``time.perf_counter()`` at the prefetch and when its rows were ready (None until then).
+        The background read's statistics (once it has run; ``wall_s`` from the prefetch's begin to its
+        rows decoded).
+    issued_at, begun_at, ready_at : float
+        ``time.perf_counter()`` at the prefetch, when its reads had been handed to the I/O engine, and
+        when its rows were ready (None until then).
     """
 
-    def __init__(self, tokens: np.ndarray, history: History, row_ids: np.ndarray):
+    def __init__(self, tokens: np.ndarray, history: History, row_ids: np.ndarray,
+                 histories: Optional[List[History]] = None):
+        self.issued_at = time.perf_counter()
         self.tokens = tokens
         self._token_list = tokens.tolist()
         self.history = history
         self.row_ids = row_ids
+        self.histories = histories
         k, L, C = row_ids.shape
-        self._rows = np.empty((k, L * C, 256), np.float32)
-        self.state = _QUEUED
+        self._rows = np.empty((L, k, C, ROW_VALUES), np.float32)  # table-major: each layer's rows contiguous
+        self.state = _BEGUN
         self.error: Optional[BaseException] = None
         self.stats = ReadStats()
-        self.issued_at = time.perf_counter()
+        self.begun_at: Optional[float] = None
         self.ready_at: Optional[float] = None
         self._cond = threading.Condition()
+        self._reader: Optional["DraftReader"] = None
+        self._group: Optional[TableGroup] = None  # the group holding its begun read, until collected
+        self._claimed = False                      # someone is collecting it
+        self._pid = -1                             # the process that began its read
         _forks.track(self)
 
     def _after_fork_child(self) -> None:
-        """In a child after fork(): the lock may be held by the parent's reader; a read the parent's
-        thread was making is not the child's, so the prefetch is queued again (engram.forks)."""
+        """In a child after fork(): the lock may be held by the parent's reader thread, which does not
+        exist here; a collection it was making is left to this process (its group reads the batch
+        again, engram.forks)."""
         self._cond = threading.Condition()
-        if self.state == _READING:
-            self.state = _QUEUED
+        self._claimed = False
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -110,6 +134,10 @@ class DraftPrefetch:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the rows are read (seconds; None: no limit).
 
+        When the background thread has not begun collecting the reads yet, the caller collects them
+        itself (reaps the completions, checks and decodes the rows: the reads are already in flight,
+        so this takes no longer than they do, whatever ``timeout``).
+
         Raises
         ------
         DraftCancelled
@@ -119,6 +147,9 @@ class DraftPrefetch:
         TimeoutError
             ``timeout`` passed first.
         """
+        reader = self._reader
+        if self.state == _BEGUN and reader is not None and reader._claim(self):
+            reader._collect(self)
         with self._cond:
             ok = self._cond.wait_for(lambda: self.state in (_READY, _FAILED, _CANCELLED), timeout)
             if self.state == _READY:
@@ -134,17 +165,25 @@ class DraftPrefetch:
     def rows(self, upto: Optional[int] = None, timeout: Optional[float] = None) -> np.ndarray:
         """float32 ``[upto, layers * 24, 256]`` (bf16 values): the rows of the first ``upto`` drafts
         (default all), layer after layer as :meth:`engram.TableGroup.read_batch` returns them; a
-        read-only view.  Waits first (:meth:`wait`, same errors)."""
+        read-only array.  Waits first (:meth:`wait`, same errors)."""
         self.wait(timeout)
-        view = self._rows[: len(self) if upto is None else int(upto)]
-        view.flags.writeable = False
-        return view
+        L, k, C, V = self._rows.shape
+        n = k if upto is None else int(upto)
+        out = np.ascontiguousarray(self._rows[:, :n].transpose(1, 0, 2, 3)).reshape(-1, L * C, V)
+        out.flags.writeable = False
+        return out
+
+    def layer_rows(self, layer: int, upto: int) -> np.ndarray:
+        """float32 ``[upto, 24, 256]``: the rows of table ``layer`` (its index in the session's layers)
+        for the first ``upto`` drafts, a C-contiguous view of the prefetch's buffer (call after
+        :meth:`wait`)."""
+        return self._rows[layer, :upto]
 
     def cancel(self) -> None:
-        """Drop the prefetch: queued, it is never read; being read, its batch finishes in the background
-        and is thrown away; waiters get :class:`DraftCancelled` (idempotent; a read one stays readable)."""
+        """Drop the prefetch: its reads, already in flight, end in the background and are thrown away;
+        waiters get :class:`DraftCancelled` (idempotent; a read one stays readable)."""
         with self._cond:
-            if self.state in (_QUEUED, _READING):
+            if self.state == _BEGUN:
                 self.state = _CANCELLED
                 self._cond.notify_all()
 
@@ -153,13 +192,15 @@ class DraftPrefetch:
 
 
 class DraftReader:
-    """One background reader of a session's drafts: a thread and a :class:`~engram.TableGroup` of its own.
+    """A session's drafts' reader: :data:`DRAFT_GROUPS` :class:`~engram.TableGroup` of its own and one
+    background thread that collects their begun reads.
 
-    The group reads the session's tables through the same I/O engine (as a client of its own, so that
-    the engine's fairness between clients interleaves a step's reads with a prefetch still in flight)
-    or private readers, and the same row cache as the session's steps, with its own staging and lock,
-    so that a step never waits on a prefetch it does not use.  One prefetch at a time: a new one
-    cancels the one before.
+    The groups read the session's tables through the same I/O engine (each as a client of its own, so
+    that the engine's fairness between clients interleaves a step's reads with a prefetch still in
+    flight) or private readers, and the same row cache as the session's steps, with their own staging
+    and lock, so that a step never waits on a prefetch it does not use.  :meth:`submit` begins a
+    prefetch's read from the calling thread; the thread (or a waiter that comes first) finishes it.
+    A new prefetch cancels the one before.
 
     Parameters
     ----------
@@ -169,7 +210,7 @@ class DraftReader:
         Columns per table (24 for V4.1).
     engine
         What the session's group reads through (an :class:`~engram.io_engine.EngineClient`: the drafts
-        are read by a new client of its engine; or ``"private"``).
+        are read by new clients of its engine; or ``"private"``).
 
     Raises
     ------
@@ -179,10 +220,14 @@ class DraftReader:
 
     def __init__(self, tables, columns: int, engine):
         if isinstance(engine, EngineClient):
-            # a client of its own on the session's engine: the engine interleaves a step's reads with a
+            # clients of their own on the session's engine: the engine interleaves a step's reads with a
             # prefetch still in flight (fair between clients) instead of queueing them behind it
             engine = engine.engine
-        self.group = TableGroup(list(tables), columns, engine=engine)
+        self._tables, self._columns, self._engine = list(tables), columns, engine
+        self._cache, self._cache_layers = None, None
+        self.groups: List[TableGroup] = [TableGroup(self._tables, columns, engine=engine)]
+        self._free: List[TableGroup] = list(self.groups)
+        self._todo: deque = deque()  # begun prefetches for the thread to collect
         self._cond = threading.Condition()
         self._job: Optional[DraftPrefetch] = None
         self._closed = False
@@ -190,16 +235,50 @@ class DraftReader:
         self._thread_pid = -1
         _forks.track(self)
 
+    @property
+    def group(self) -> TableGroup:
+        """The first of the groups the drafts are read through."""
+        return self.groups[0]
+
     def _after_fork_child(self) -> None:
         """In a child after fork(): the parent's thread does not exist here (engram.forks)."""
         self._cond = threading.Condition()
 
     def attach_cache(self, cache, layer_ids) -> None:
         """Read the drafts through ``cache`` (the session's row cache; None: none)."""
-        self.group.attach_cache(cache, layer_ids)
+        self._cache, self._cache_layers = cache, layer_ids
+        for g in self.groups:
+            g.attach_cache(cache, layer_ids)
+
+    def _group_for(self) -> TableGroup:
+        """A group with no begun read: a free one, a new one (up to DRAFT_GROUPS), or the oldest busy one
+        once its read is collected (by this thread if nobody collects it yet)."""
+        while True:
+            with self._cond:
+                if self._free:
+                    return self._free.pop()
+                make = len(self.groups) < DRAFT_GROUPS
+                if make:
+                    self.groups.append(None)  # its place, taken under the lock
+                oldest = self._todo[0] if self._todo and not make else None
+            if make:
+                g = TableGroup(self._tables, self._columns, engine=self._engine)
+                if self._cache is not None:
+                    g.attach_cache(self._cache, self._cache_layers)
+                with self._cond:
+                    self.groups[self.groups.index(None)] = g
+                return g
+            if oldest is not None and self._claim(oldest):
+                self._collect(oldest)
+                continue
+            with self._cond:  # being collected by the thread or a waiter
+                if not self._free:
+                    self._cond.wait(0.05)
 
     def submit(self, job: DraftPrefetch) -> DraftPrefetch:
-        """Queue ``job`` for the reader (cancelling the one before); returns it.
+        """Begin ``job``'s read from the calling thread (cancelling the prefetch before) and hand its
+        collection to the thread; returns it.  An error of the begin is the job's (raised by its
+        :meth:`~DraftPrefetch.wait`).
 
         Raises
         ------
@@ -213,18 +292,65 @@ class DraftReader:
                 self._job.cancel()
             self._job = job
             self._start()
+        job._reader = self
+        job._pid = _forks.pid()
+        g = self._group_for()
+        try:
+            g.begin_layers(np.ascontiguousarray(job.row_ids.transpose(1, 0, 2)), job._rows)
+        except BaseException as exc:  # surfaced by wait()
+            with job._cond:
+                job.error, job.state = exc, _FAILED
+                job._cond.notify_all()
+            with self._cond:
+                self._free.append(g)
+                self._cond.notify_all()
+            return job
+        job.begun_at = time.perf_counter()
+        with self._cond:
+            job._group = g
+            self._todo.append(job)
             self._cond.notify_all()
         return job
 
-    def ensure_reading(self, job: DraftPrefetch) -> None:
-        """In a child after fork(): a job the parent's thread held is read by a thread of this process."""
+    def _claim(self, job: DraftPrefetch) -> bool:
+        """Take ``job``'s collection (False: it has none left, or someone else has it)."""
+        with job._cond:
+            if job._group is None or job._claimed:
+                return False
+            job._claimed = True
+            return True
+
+    def _collect(self, job: DraftPrefetch) -> None:
+        """Finish the claimed ``job``'s begun read (reap, check, decode), publish its state, free its group."""
+        g = job._group
+        try:
+            if job._pid == _forks.pid():
+                st, err = g.finish(), None
+            else:  # begun in the parent before fork(): its reads are the parent's; read them here
+                g.read_layers(np.ascontiguousarray(job.row_ids.transpose(1, 0, 2)), out=job._rows)
+                st, err = g.last_stats, None
+        except BaseException as exc:  # surfaced by wait(); the thread never dies silently
+            st, err = None, exc
+        with job._cond:
+            if job.state == _BEGUN:
+                if err is None:
+                    job.stats = st
+                    job.ready_at = time.perf_counter()
+                    job.state = _READY
+                else:
+                    job.error, job.state = err, _FAILED
+            job._group = None  # last: a fork() in between leaves the job to the child's collection
+            job._cond.notify_all()
         with self._cond:
-            if job.state == _QUEUED and not self._closed:
-                self._start()
-                self._cond.notify_all()
+            try:
+                self._todo.remove(job)
+            except ValueError:
+                pass
+            self._free.append(g)
+            self._cond.notify_all()
 
     def _start(self) -> None:
-        """A reader thread of this process, unless one runs (lock held)."""
+        """A collecting thread of this process, unless one runs (lock held)."""
         if self._thread_pid == _forks.pid() and self._thread is not None and self._thread.is_alive():
             return
         self._thread = threading.Thread(target=self._run, name="engram-drafts", daemon=True)
@@ -234,34 +360,24 @@ class DraftReader:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (self._job is None or self._job.state != _QUEUED):
+                while not self._closed and not self._todo:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._job
-                with job._cond:
-                    if job.state != _QUEUED:
-                        continue
-                    job.state = _READING
-            k, L, C = job.row_ids.shape
-            try:
-                self.group.read_batch(job.row_ids.reshape(k, L * C), out=job._rows)
-                err = None
-            except BaseException as exc:  # surfaced by wait(); the thread never dies silently
-                err = exc
-            with job._cond:
-                if job.state == _READING:
-                    if err is None:
-                        job.stats = self.group.last_stats
-                        job.ready_at = time.perf_counter()
-                        job.state = _READY
-                    else:
-                        job.error, job.state = err, _FAILED
-                job._cond.notify_all()
+                todo = list(self._todo)
+            for job in todo:  # the oldest that nobody collects yet
+                if self._claim(job):
+                    self._collect(job)
+                    break
+            else:
+                with self._cond:  # waiters collect them all: wait until one is off the list
+                    if list(self._todo) == todo:
+                        self._cond.wait(0.05)
 
     def close(self) -> None:
-        """Cancel the queued or running prefetch, stop the thread (waiting for a read in flight), close
-        the group (idempotent; never waits on the parent's thread after fork())."""
+        """Cancel the pending prefetch, stop the thread (waiting for a collection in progress), close
+        the groups (waiting for reads in flight; idempotent; never waits on the parent's thread after
+        fork())."""
         with self._cond:
             self._closed = True
             if self._job is not None:
@@ -270,4 +386,12 @@ class DraftReader:
             thread = self._thread if self._thread_pid == _forks.pid() else None
         if thread is not None and threading.current_thread() is not thread:
             thread.join()
-        self.group.close()
+        with self._cond:
+            todo, self._todo = list(self._todo), deque()
+        for job in todo:
+            with job._cond:
+                job._group = None
+                job._cond.notify_all()
+        for g in self.groups:
+            if g is not None:
+                g.close()

@@ -423,8 +423,12 @@ class Session(Closing):
             raise TableIOError("step: the session is closed; open a new one with model.session()")
         C = self.model.layout.columns
         if self._prefetch is not None:
-            rows = self._advance(self.model.hasher.check_tokens([token_id]))
-            return {lid: rows[0, i * C:(i + 1) * C] for i, lid in enumerate(self.model.layer_ids)}
+            tok = self.model.hasher.check_tokens([token_id])
+            if self._prefetch.matched(self.history, tok):
+                rows = self._advance(tok)
+                return {lid: r[0] for lid, r in rows.items()}
+            self._prefetch, p = None, self._prefetch  # not a draft: dropped, and the step reads as any other
+            p.cancel()
         before = self.history.copy()
         ids = self.model.hasher.step(token_id, self.history, self._ids)
         L = ids.shape[0]
@@ -478,9 +482,7 @@ class Session(Closing):
         tok = self.model.hasher.check_tokens(token_ids)
         if tok.shape[0] == 0:
             raise ArgumentError("step_many needs at least one token id, got none; the history is untouched")
-        rows = self._advance(tok)
-        C = self.model.layout.columns
-        return {lid: np.ascontiguousarray(rows[:, i * C:(i + 1) * C]) for i, lid in enumerate(self.model.layer_ids)}
+        return self._advance(tok)
 
     def _hash_steps(self, tok: np.ndarray, history: History) -> tuple:
         """Row ids uint32 ``[T, layers, 24]`` of checked tokens hashed one by one (as :meth:`step`) from
@@ -494,52 +496,62 @@ class Session(Closing):
             hasher.step(int(tok[t]), h, ids[t])
         return ids, before, h
 
-    def _advance(self, tok: np.ndarray) -> np.ndarray:
-        """Step checked tokens ``tok`` (int64 ``[T]``, ``T >= 1``): one batch read of the rows the pending
-        prefetch does not hold; float32 ``[T, layers * 24, 256]``.  The history, the undo record and the
-        statistics change only once every row is in."""
-        ids, before, after = self._hash_steps(tok, self.history)
-        T, L, C = ids.shape
+    def _advance(self, tok: np.ndarray) -> Dict[int, np.ndarray]:
+        """Step checked tokens ``tok`` (int64 ``[T]``, ``T >= 1``): the rows the pending prefetch holds
+        are taken from it (its hashes and histories too), the others read as one batch; layer id ->
+        float32 ``[T, 24, 256]``, C-contiguous (views of the prefetch's buffer when it holds every
+        token).  The history, the undo record and the statistics change only once every row is in."""
         t0 = time.perf_counter()
+        T = tok.shape[0]
+        layers = self.model.layer_ids
         p, self._prefetch = self._prefetch, None
         m = p.matched(self.history, tok) if p is not None else 0
-        rows = None
         if m:
             try:
-                self._drafts.ensure_reading(p)  # after fork(): read by this process's thread
                 p.wait()
-                if m == T:
-                    rows = p._rows[:T]  # the prefetch is used up: its buffer becomes the step's
-                else:
-                    rows = np.empty((T, L * C, ROW_VALUES), np.float32)
-                    rows[:m] = p._rows[:m]
             except Exception:  # cancelled or failed: this step reads them itself (and raises its own error)
-                m, rows = 0, None
+                m = 0
         elif p is not None:
             p.cancel()
-        if rows is None:
-            rows = np.empty((T, L * C, ROW_VALUES), np.float32)
-        if m < T:
-            self._group.read_batch(ids[m:].reshape(T - m, L * C), out=rows[m:])
-            st = replace(self._group.last_stats)
-        else:
+        if m == T:  # every row from the prefetch: its buffer becomes the step's, its hashes the step's
             st = ReadStats(backend="prefetch", calls=1)
+            rows = {lid: p.layer_rows(i, T) for i, lid in enumerate(layers)}
+            before = [h.copy() for h in p.histories[:T]]
+            after = p.histories[T].copy()
+            last = p.row_ids[T - 1].copy()
+        else:
+            ids, before, after = self._hash_steps(tok[m:], p.histories[m] if m else self.history)
+            rest = self._group.read_layers(np.ascontiguousarray(ids.transpose(1, 0, 2)))
+            st = replace(self._group.last_stats)
+            last = ids[-1].copy()
+            if m:
+                before = [h.copy() for h in p.histories[:m]] + before
+                rows = {}
+                for i, lid in enumerate(layers):
+                    r = rows[lid] = np.empty((T, *rest.shape[2:]), np.float32)
+                    r[:m] = p.layer_rows(i, m)
+                    r[m:] = rest[i]
+            else:
+                rows = {lid: rest[i] for i, lid in enumerate(layers)}
+        L, C = last.shape
         st.rows_requested += m * L * C
         st.prefetch_hits = m * L * C
         st.wall_s = time.perf_counter() - t0
         self.history = after
         self._undo.extend(before)
         self.last_stats = st
-        self.last_row_ids = ids[-1].copy()
+        self.last_row_ids = last
         return rows
 
     def prefetch(self, draft_ids) -> DraftPrefetch:
         """Start reading, in the background, the rows of drafted tokens given the current history.
 
         The drafts are hashed from the session's history as :meth:`step_many` would hash them (the
-        history does not move) and handed to the session's one background reader
-        (:class:`engram.drafts.DraftReader`), which reads all ``k x 48`` rows as one batch through the
-        session's I/O engine and row cache while the caller computes.  The next :meth:`step` or
+        history does not move) and all ``k x 48`` rows are handed to the session's I/O engine as one
+        batch before this returns (through the row cache; on io_uring submitted to the kernel from
+        this thread, every read in flight at once where the engine's queue depth allows); the
+        session's one background thread (:class:`engram.drafts.DraftReader`) collects and decodes
+        them while the caller computes.  The next :meth:`step` or
         :meth:`step_many` from this same history whose leading tokens are the drafts takes their rows
         from here (waiting if the read is still in flight; ``last_stats.prefetch_hits`` counts them)
         and drops the rest; a step whose first token is not the first draft, or that comes after the
@@ -572,13 +584,13 @@ class Session(Closing):
         tok = self.model.hasher.check_tokens(draft_ids)
         if tok.shape[0] == 0:
             raise ArgumentError("prefetch needs at least one drafted token id (k >= 1), got none")
-        ids, _, _ = self._hash_steps(tok, self.history)
+        ids, before, after = self._hash_steps(tok, self.history)
         if self._drafts is None:
             first = self.tables[self.model.layer_ids[0]]
             self._drafts = DraftReader([self.tables[lid] for lid in self.model.layer_ids], self.model.layout.columns,
                                        engine=first.engine_client or "private")
             self._drafts.attach_cache(self.cache, self.model.layer_ids)
-        job = DraftPrefetch(tok, self.history.copy(), ids)
+        job = DraftPrefetch(tok, self.history.copy(), ids, before + [after])
         if self._prefetch is not None:
             self._prefetch.cancel()
         self._prefetch = self._drafts.submit(job)

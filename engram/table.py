@@ -286,8 +286,10 @@ class _RowReads(Closing):
 
     def _after_fork_child(self) -> None:
         """In a child after fork(): the lock may be held by a thread of the parent (a prefill reader
-        inside a read); the child's is new.  The reader forgets the parent's pool and ring itself."""
+        inside a read); the child's is new.  The reader forgets the parent's pool and ring itself, and
+        a read the parent began is forgotten here (its engine job is the parent's)."""
         self._lock = threading.Lock()
+        self._begun = None
 
     @staticmethod
     def _check_out(out, shape) -> None:
@@ -359,6 +361,11 @@ class _RowReads(Closing):
                 res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw, fused)
         if staged:
             np.copyto(target, dest)
+        self._count(res, nh, t0)
+
+    def _count(self, res: tuple, nh: int, t0: float) -> ReadStats:
+        """Record the statistics of a read: ``res`` the native reader's tuple, ``nh`` the row cache's
+        hits, ``t0`` the call's start (``time.perf_counter()``)."""
         req, dist, nreads, nbytes, conc, n_serial, n_pool, n_ring, others = res
         used = [name for name, n in (("io_uring", n_ring), ("pread", n_pool)) if n]
         backend = "+".join(used) if used else "serial" if req or not nh else "cache"
@@ -369,6 +376,67 @@ class _RowReads(Closing):
                        others_reads=others, cache_hits=nh)
         self.last_stats = st
         self.stats.add(st)
+        return st
+
+    # ------------------------------------------------- a read begun now, finished later
+    _begun: Optional[tuple] = None
+
+    def _begin(self, ids: np.ndarray, target: np.ndarray, seg_cols: int) -> None:
+        """Begin reading ``ids`` (uint32 ``[T, C]``, one chunk at most) into ``target`` (float32, C-contiguous)
+        without waiting: the row cache's hits are decoded now, the misses' reads handed to the engine from
+        this thread, every read in flight at once where the engine's queue depth allows
+        (``RowReader.begin``).  :meth:`_finish` completes it; until then this object reads nothing else."""
+        t0 = time.perf_counter()
+        cache = self._cache
+        n = ids.size
+        nh, keys, skip, raw = 0, None, None, None
+        if self._begun is not None:
+            raise ArgumentError(f"{self.path}: a begun read is not finished")
+        if cache is not None and n:
+            if self._reader is None:
+                raise TableIOError(f"{self.path}: closed")
+            keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
+            lay, bound = self._cache_columns(ids.shape[1], seg_cols)
+            nh = cache.serve(ids, lay, keys, target.reshape(n, ROW_VALUES), skip, bound)
+            if nh == n:  # every row served: nothing to read
+                self._begun = (t0, ids, target, seg_cols, cache, keys, None, None, nh, False)
+                return
+            raw = np.empty((n, ROW_BYTES), np.uint8)
+        with self._lock:
+            if self._reader is None:
+                raise TableIOError(f"{self.path}: closed")
+            if self._client is not None and self._client_gen != _engine_generation():
+                self._reattach()
+            self._follow_verdict()
+            try:
+                self._reader.begin(ids, target, self._backend_code(), seg_cols, skip if nh else None, raw, n)
+            except _reader.ReadFailure as f:
+                raise self._error(f, ids) from None
+        self._begun = (t0, ids, target, seg_cols, cache, keys, skip, raw, nh, True)
+
+    def _finish(self) -> ReadStats:
+        """Wait for the read :meth:`_begin` began, check and publish its rows; its statistics (also in
+        ``last_stats``).  Errors as a read's (``TableIOError``, ``DecodeError``); a ring failure is
+        read again on the pool as a read's is."""
+        if self._begun is None:
+            raise ArgumentError(f"{self.path}: no begun read to finish")
+        (t0, ids, target, seg_cols, cache, keys, skip, raw, nh, reading), self._begun = self._begun, None
+        extra = (skip if nh else None, raw) if raw is not None else ()
+        if reading:
+            with self._lock:
+                if self._reader is None:
+                    raise TableIOError(f"{self.path}: closed")
+                try:
+                    res = self._reader.finish()
+                except _reader.ReadFailure as f:
+                    if not self._ring_at_fault(f):
+                        raise self._error(f, ids) from None
+                    res = self._reread_on_pool(f, ids, target, seg_cols, extra)
+        else:
+            res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
+        if raw is not None:
+            cache.admit(keys, skip, raw)
+        return self._count(res, nh, t0)
 
     # ------------------------------------------------- the row cache
     _cache: Optional[RowCache] = None
@@ -868,6 +936,102 @@ class TableGroup(_RowReads):
                 raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
         return self._read_into(a, out, (a.shape[0], width, ROW_BYTES), raw=True, seg_cols=self.columns)
 
+    def _layer_ids(self, ids, what: str):
+        """``ids`` as uint32 ``[tables, T, columns]`` (C-contiguous) and the shape of their rows."""
+        n = len(self.tables)
+        a = _row_ids(ids, 3, None, lambda row, where: (
+            f"{self.tables[where[0]].path} (table {where[0]}): row id {row} at token {where[1]}, column {where[2]} "
+            f"is outside the table [0, {self.tables[where[0]].rows})"))
+        if a.shape[0] != n or a.shape[2] != self.columns:
+            raise ArgumentError(f"{what}: row ids must have shape [{n}, T, {self.columns}], got {a.shape}")
+        a = np.ascontiguousarray(a)
+        for i, t in enumerate(self.tables):
+            if t.closed:
+                raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it")
+        return a, (n, a.shape[1], self.columns, ROW_VALUES)
+
+    def read_layers(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows of every table for a batch of tokens, table-major: each table's rows contiguous.
+
+        The same one deduplicated batch as :meth:`read_batch`, laid out so that ``out[l]`` (table
+        ``l``'s rows, float32 ``[T, columns, 256]``) is C-contiguous: a caller that hands each layer
+        its rows needs no copy.
+
+        Parameters
+        ----------
+        ids : array_like of int, shape ``[len(tables), T, columns]``
+            Row ids, ``ids[l]`` those of table ``l`` (e.g. a hasher output ``[T, 2, 24]`` transposed).
+        out : numpy.ndarray, optional
+            float32 ``[len(tables), T, columns, 256]``, C-contiguous, writable.
+
+        Raises
+        ------
+        RowRangeError, TableIOError, DecodeError, ArgumentError
+            As :meth:`read_batch`; ``out`` is left untouched on every error.
+        """
+        a, shape = self._layer_ids(ids, "read_layers")
+        flat, seg_cols = a.reshape(1, -1), a.shape[1] * self.columns
+        if out is not None:
+            self._check_out(out, shape)
+            o = out.reshape(1, -1, ROW_VALUES)
+            self._read(flat, o, o, seg_cols)
+            return out
+        res = np.empty(shape, np.float32)
+        self._read(flat, res.reshape(1, -1, ROW_VALUES), None, seg_cols)
+        return res
+
+    def begin_layers(self, ids, out: np.ndarray) -> None:
+        """Begin reading the rows of :meth:`read_layers` into ``out`` and return at once.
+
+        The requests are planned and handed to the I/O engine from the calling thread: on the ring,
+        submitted to the kernel with one ``io_uring_enter``; on the pread pool, to its threads.  All
+        of the batch's reads go in flight at once where the engine's queue depth and fairness allow
+        (not bounded by the group's ``readers``); on the ring the rest, if any, are read by
+        :meth:`finish`, which must follow before the group reads anything else.  The row cache's
+        hits are decoded into ``out`` now.  At most ``CHUNK_REQUESTS`` (2048 x 24) ids.
+
+        Parameters
+        ----------
+        ids : array_like of int, shape ``[len(tables), T, columns]``
+        out : numpy.ndarray
+            float32 ``[len(tables), T, columns, 256]``, C-contiguous, writable; filled by
+            :meth:`finish` (untouched if it fails, but for the cache's hits).
+
+        Raises
+        ------
+        ArgumentError
+            Bad ``ids`` or ``out``, more than one chunk of ids, or a begun read not finished.
+        RowRangeError, TableIOError
+            An id outside its table, or the group is closed (nothing read).
+        """
+        a, shape = self._layer_ids(ids, "begin_layers")
+        self._check_out(out, shape)
+        if a.size > _reader.CHUNK_REQUESTS:
+            raise ArgumentError(f"begin_layers: at most {_reader.CHUNK_REQUESTS} row ids, got {a.size}")
+        self._begin(a.reshape(1, -1), out.reshape(1, -1, ROW_VALUES), a.shape[1] * self.columns)
+
+    @property
+    def begun(self) -> bool:
+        """:meth:`begin_layers` began a read that :meth:`finish` has not completed."""
+        return self._begun is not None
+
+    def finish(self) -> ReadStats:
+        """Wait for the read :meth:`begin_layers` began, check and publish its rows into its ``out``.
+
+        Returns
+        -------
+        ReadStats
+            Its statistics (also ``last_stats``; ``wall_s`` from the begin to the rows published).
+
+        Raises
+        ------
+        ArgumentError
+            No read was begun.
+        TableIOError, DecodeError
+            As :meth:`read_batch` (a failed ring read again on the pool first).
+        """
+        return self._finish()
+
     def _error(self, f, ids) -> Exception:
         return _failure_to_error(f, [t.path for t in self.tables], [t.rows for t in self.tables], True,
                                  [f"table {i}" for i in range(len(self.tables))])
@@ -882,7 +1046,9 @@ class TableGroup(_RowReads):
         return self._reader is None
 
     def close(self) -> None:
-        """Stop this group's readers or leave its engine (the tables stay open)."""
+        """Stop this group's readers or leave its engine (the tables stay open); a begun read is waited
+        for and dropped."""
+        self._begun = None
         with self._lock:
             if self._reader is not None:
                 self._reader.close()

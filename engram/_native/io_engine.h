@@ -72,6 +72,8 @@ typedef struct engram_ejob {
     int64_t running;           /* reads started, not finished */
     engram_ioerr err;
     int sleeping;              /* the caller waits on cv */
+    int detached;              /* a begun ring job nobody drives yet (engram_engine_begin): granted nothing */
+    int64_t offbook;           /* its reads in flight then, their credits given back (counted again at finish) */
     pthread_cond_t cv;
     struct engram_ejob *prev_job, *next_job;   /* circular list of the jobs in progress */
     uint64_t issued0, own;     /* engine reads at admission; reads granted to this job */
@@ -189,7 +191,7 @@ static int engram_engine_share(const engram_engine *e) {
 }
 
 static int engram_ejob_eligible(const engram_ejob *j) {
-    return !j->err.err && j->next + j->granted < j->job->nreq && j->running + j->granted < j->depth;
+    return !j->detached && !j->err.err && j->next + j->granted < j->job->nreq && j->running + j->granted < j->depth;
 }
 
 /* The next job to grant a credit to.  `self`: the job whose read just ended (its thread is
@@ -504,16 +506,15 @@ static void engram_engine_return_ring(engram_engine *e, engram_ring *g, int brok
     }
 }
 
-/* The caller drives ring g for job j: each granted read goes into a free slot; a completion
- * returns its credit, which the dispatcher grants again (mutex held on entry and exit).
- * Returns 1 when io_uring_enter failed (the ring must be destroyed), else 0. */
-static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring *g) {
+/* The caller drives ring g for job j: each granted read goes into a free slot (*nfree of them, the
+ * slots' indices in g->free_slots); a completion returns its credit, which the dispatcher grants
+ * again (mutex held on entry and exit).  Returns 1 when io_uring_enter failed (the ring must be
+ * destroyed), else 0. */
+static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring *g, int *nfree) {
     const engram_job *job = j->job;
-    int nfree = 0;
-    for (int s = g->depth - 1; s >= 0; s--) g->free_slots[nfree++] = s;
     for (;;) {
-        while (j->granted > 0 && nfree > 0 && !j->err.err) {
-            int slot = g->free_slots[--nfree];
+        while (j->granted > 0 && *nfree > 0 && !j->err.err) {
+            int slot = g->free_slots[--*nfree];
             g->slot_req[slot] = j->next++;
             g->slot_got[slot] = 0;
             j->granted--;
@@ -545,84 +546,161 @@ static int engram_engine_ring_job(engram_engine *e, engram_ejob *j, engram_ring 
             engram_engine_release(e, j, n, 0, 0);
             return 1;
         }
-        g->free_slots[nfree++] = slot;
+        g->free_slots[(*nfree)++] = slot;
         engram_ejob_read_done(e, j, &le, 0);
     }
 }
 #endif
 
 /* ------------------------------------------------------------------ a job */
-/* Read `job` through the engine as client c: at most `depth` reads in flight, on the ring or
- * the pool (`mode`: ENGRAM_RUN_*).  `caller_buf`: a bounce buffer of buf_bytes for the caller's
- * own pool reads.  Returns 0, or -1 with *err: the first failed read (req >= 0), the ring that
- * failed (req = ENGRAM_REQ_RING) or would not start (ENGRAM_REQ_RING_START), the pool that
- * would not start (ENGRAM_REQ_POOL). */
-static int engram_engine_run(engram_engine *e, engram_client *c, const engram_job *job, int depth, int mode,
-                             size_t buf_bytes, size_t align, uint8_t *caller_buf, engram_ioerr *err,
-                             engram_run_info *info) {
+/* A job in progress: begun by engram_engine_begin, finished by engram_engine_finish (the caller's
+ * storage, which must stay in place in between: pool threads read its job). */
+typedef struct engram_async {
     engram_ejob j;
-    memset(&j, 0, sizeof(j));
-    memset(err, 0, sizeof(*err));
-    if (info) memset(info, 0, sizeof(*info));
-    if (job->nreq == 0) return 0;
-    j.job = job;
-    j.client = c;
-    j.buf_bytes = buf_bytes;
-    j.align = align;
-    pthread_cond_init(&j.cv, NULL);
+    engram_engine *e;
+    engram_ring *g;            /* the borrowed ring of a ring job, else NULL */
+    int nfree;                 /* the ring's free slots */
+    int active;                /* begun and entered the queue: engram_engine_finish must follow */
+    engram_ioerr err;          /* a failure before the job entered the queue */
+} engram_async;
+
+/* Read `job` through the engine as client c: at most `depth` reads in flight, on the ring or
+ * the pool (`mode`: ENGRAM_RUN_*).  Begins the job without waiting for any read: the job enters
+ * the queue, and the reads granted at once are started (a ring job's submitted to the kernel by
+ * this thread with one io_uring_enter, a pool job's handed to the pool's threads).  With `detach`,
+ * a ring job is granted nothing more until engram_engine_finish (nobody drives its ring in
+ * between), and the reads it submitted give their credits back until then (a job waiting for
+ * credits must never wait for a finish that may come after its own); a pool job goes on in the
+ * pool.
+ * engram_engine_finish must follow on the same `a` (it is 0 or -1 as engram_engine_run; a failure
+ * to start is reported there). */
+static void engram_engine_begin(engram_engine *e, engram_client *c, const engram_job *job, int depth, int mode,
+                                size_t buf_bytes, size_t align, int detach, engram_async *a) {
+    engram_ejob *j = &a->j;
+    memset(a, 0, sizeof(*a));
+    a->e = e;
+    if (job->nreq == 0) return;
+    j->job = job;
+    j->client = c;
+    j->buf_bytes = buf_bytes;
+    j->align = align;
     pthread_mutex_lock(&e->mu);
-    j.depth = depth < e->readers ? depth : e->readers;
-    if (j.depth < 1) j.depth = 1;
+    j->depth = depth < e->readers ? depth : e->readers;
+    if (j->depth < 1) j->depth = 1;
     engram_ring *g = NULL;
     int rc = 0;
 #if ENGRAM_HAVE_URING
     if (mode == ENGRAM_RUN_RING || (mode == ENGRAM_RUN_AUTO && job->nreq <= e->ring_batch)) {
-        g = engram_engine_borrow_ring(e, &j, &rc);
+        g = engram_engine_borrow_ring(e, j, &rc);
         if (!g && mode == ENGRAM_RUN_RING) {
             pthread_mutex_unlock(&e->mu);
-            pthread_cond_destroy(&j.cv);
-            err->err = rc; err->req = ENGRAM_REQ_RING_START;
-            return -1;
+            a->err.err = rc; a->err.req = ENGRAM_REQ_RING_START;
+            return;
         }
     }
 #else
     if (mode == ENGRAM_RUN_RING) {
         pthread_mutex_unlock(&e->mu);
-        pthread_cond_destroy(&j.cv);
         rc = engram_ring_refused_by_env();
-        err->err = rc ? rc : ENOSYS; err->req = ENGRAM_REQ_RING_START;
-        return -1;
+        a->err.err = rc ? rc : ENOSYS; a->err.req = ENGRAM_REQ_RING_START;
+        return;
     }
 #endif
-    j.on_ring = g != NULL;
-    if (!j.on_ring && !e->pool_ready) {  /* the pool starts on first use */
+    j->on_ring = g != NULL;
+    if (!j->on_ring && !e->pool_ready) {  /* the pool starts on first use */
         pthread_mutex_unlock(&e->mu);
         rc = engram_engine_start_pool(e);
         pthread_mutex_lock(&e->mu);
         if (rc && !e->pool_ready && mode == ENGRAM_RUN_POOL) {
             pthread_mutex_unlock(&e->mu);
-            pthread_cond_destroy(&j.cv);
-            err->err = rc; err->req = ENGRAM_REQ_POOL;
-            return -1;
+            a->err.err = rc; a->err.req = ENGRAM_REQ_POOL;
+            return;
         }
     }
-    if (j.on_ring) e->ring_jobs++; else e->pool_jobs++;
-    engram_engine_enter(e, &j);
+    pthread_cond_init(&j->cv, NULL);
+    a->g = g;
+    a->active = 1;
+    if (j->on_ring) e->ring_jobs++; else e->pool_jobs++;
+    engram_engine_enter(e, j);
+#if ENGRAM_HAVE_URING
+    if (g) {
+        a->nfree = 0;
+        for (int s = g->depth - 1; s >= 0; s--) g->free_slots[a->nfree++] = s;
+        if (detach) {  /* the reads granted now go to the kernel at once; no more until finish */
+            while (j->granted > 0 && a->nfree > 0) {
+                int slot = g->free_slots[--a->nfree];
+                g->slot_req[slot] = j->next++;
+                g->slot_got[slot] = 0;
+                j->granted--;
+                j->running++;
+                engram_ring_prep(g, job, slot);
+            }
+            /* Nobody reaps this ring until finish: its reads give their credits back now, so that no
+             * other job waits for credits that only this job's finish would return (another job's
+             * finish may be the one waiting).  The engine may so have up to one begun batch's reads in
+             * flight above its queue depth; finish counts them again. */
+            j->detached = 1;
+            j->offbook = j->running;
+            if (j->offbook) engram_engine_release(e, j, j->offbook, 0, 0);
+            engram_engine_unlock(e);
+            engram_ring_submit(g);  /* a failure shows again at the first wait, in finish */
+            return;
+        }
+    }
+#endif
+    (void)detach;
+    engram_engine_unlock(e);   /* a pool job's granted reads: the woken pool threads start them */
+}
+
+/* Finish the job begun on `a`: the caller drives its ring, or reads its pool job's granted reads
+ * too, until every read ended; then it leaves the queue.  `caller_buf`: a bounce buffer of
+ * buf_bytes for the caller's own pool reads.  Returns 0, or -1 with *err: the first failed read
+ * (req >= 0), the ring that failed (req = ENGRAM_REQ_RING) or would not start
+ * (ENGRAM_REQ_RING_START), the pool that would not start (ENGRAM_REQ_POOL). */
+static int engram_engine_finish(engram_async *a, uint8_t *caller_buf, engram_ioerr *err, engram_run_info *info) {
+    engram_engine *e = a->e;
+    engram_ejob *j = &a->j;
+    if (info) memset(info, 0, sizeof(*info));
+    if (!a->active) {
+        *err = a->err;
+        return err->err ? -1 : 0;
+    }
+    a->active = 0;
+    engram_ring *g = a->g;
+    pthread_mutex_lock(&e->mu);
     int broken = 0;
 #if ENGRAM_HAVE_URING
-    if (g) broken = engram_engine_ring_job(e, &j, g);
-    else
+    if (g) {
+        if (j->detached) {
+            j->detached = 0;
+            j->client->held += j->offbook;       /* its reads still in flight hold credits again */
+            e->held += j->offbook;
+            j->offbook = 0;
+            engram_engine_dispatch(e, 0, NULL);  /* it may be granted credits again */
+        }
+        broken = engram_engine_ring_job(e, j, g, &a->nfree);
+    } else
 #endif
-        engram_engine_pool_job(e, &j, caller_buf);
-    engram_engine_leave(e, &j, info);
+        engram_engine_pool_job(e, j, caller_buf);
+    engram_engine_leave(e, j, info);
 #if ENGRAM_HAVE_URING
     if (g) engram_engine_return_ring(e, g, broken);
 #endif
     engram_engine_unlock(e);
-    pthread_cond_destroy(&j.cv);
+    pthread_cond_destroy(&j->cv);
     if (broken) engram_ring_destroy(g);  /* drains the reads the kernel may still hold */
-    *err = j.err;
+    *err = j->err;
     return err->err ? -1 : 0;
+}
+
+/* Read `job` through the engine as client c and wait for it (engram_engine_begin, then
+ * engram_engine_finish; the same arguments and results). */
+static int engram_engine_run(engram_engine *e, engram_client *c, const engram_job *job, int depth, int mode,
+                             size_t buf_bytes, size_t align, uint8_t *caller_buf, engram_ioerr *err,
+                             engram_run_info *info) {
+    engram_async a;
+    engram_engine_begin(e, c, job, depth, mode, buf_bytes, align, 0, &a);
+    return engram_engine_finish(&a, caller_buf, err, info);
 }
 
 /* Make sure a ring for jobs of `depth` reads and buf_bytes / align buffers can start: 0 or the

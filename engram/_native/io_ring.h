@@ -283,6 +283,18 @@ static int engram_ring_reap(engram_ring *g, int *slot, int *res) {
     return 1;
 }
 
+/* Hand the reads queued since the last call to the kernel without waiting for any (one
+ * io_uring_enter): 0, or -errno (the reads stay queued; the next engram_ring_reap submits them
+ * again and reports the failure). */
+static int engram_ring_submit(engram_ring *g) {
+    unsigned to_submit = g->sq_local - __atomic_load_n(g->sq_head, __ATOMIC_ACQUIRE);
+    __atomic_store_n(g->sq_tail, g->sq_local, __ATOMIC_RELEASE);
+    if (!to_submit) return 0;
+    if (engram_uring_enter(g->fd, to_submit, 0, 0) < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+        return -errno;
+    return 0;
+}
+
 /* Wait for the next read of `job` on g to end: 1 with *slot when the request in that slot is done
  * (its rows copied out) or failed (the error in *le); -errno when io_uring_enter itself failed
  * (the ring must then be destroyed: reads may still be in flight).  A read interrupted (-EINTR,

@@ -167,6 +167,16 @@ cdef class RowReader:
     cdef int eng_depth_used
     cdef uint64_t others
     cdef Py_ssize_t last_nr   # reads planned for the last chunk read (last_spans)
+    # a begun read (begin / finish): its engine job, request list and where it publishes
+    cdef engram_async aj
+    cdef engram_job ajob
+    cdef bint apending
+    cdef pid_t apid
+    cdef int apath
+    cdef Py_ssize_t am, and_, anr
+    cdef float* aop
+    cdef uint8_t* arp
+    cdef object aref          # the arrays the begun read publishes into, kept alive
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
@@ -187,6 +197,8 @@ cdef class RowReader:
         self.cl = None
         self.own = False
         self.eng_depth = 0
+        self.apending = False
+        self.aref = None
         segs = list(segments)
         if not 1 <= len(segs) <= MAX_SEGMENTS:
             raise ValueError(f"a reader serves 1..{MAX_SEGMENTS} tables, got {len(segs)}")
@@ -211,7 +223,16 @@ cdef class RowReader:
 
     def close(self):
         """Stop the reader's own engine (threads joined, rings closed), free the buffers (the fd
-        is the caller's); an attached reader is detached (the engine is the caller's)."""
+        is the caller's); an attached reader is detached (the engine is the caller's).  A begun
+        read is waited for first (its rows are not published)."""
+        cdef engram_ioerr err
+        cdef engram_run_info info
+        if self.apending:
+            self.apending = False
+            self.aref = None
+            if self.apid == getpid() and self.apath != SERIAL and self.apath >= 0:
+                with nogil:
+                    engram_engine_finish(&self.aj, self.bounce, &err, &info)
         self.detach()
         self._forget_if_forked()
         self._close_own()
@@ -287,6 +308,9 @@ cdef class RowReader:
         """In a child after fork(): the own engine's threads do not exist and its rings are the
         parent's; abandon it (never joined or drained here; its ring descriptors closed).  The
         next read starts a new own engine with the same pool and ring."""
+        if self.apending and self.apid != getpid():
+            self.apending = False  # the parent's begun read: its engine job is not this process's
+            self.aref = None
         if self.owner == getpid():
             return
         self.owner = getpid()
@@ -468,6 +492,8 @@ cdef class RowReader:
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
         self._forget_if_forked()
+        if self.apending:
+            raise ValueError("the reader has a begun read: finish() it first")
         if self.eng is None or self.own:
             if backend == PREAD and self.pool_readers == 0:
                 raise ValueError("the pread pool is not started")
@@ -523,6 +549,139 @@ cdef class RowReader:
             start += n
         self.others = others
         return (requested, distinct, nreads, nbytes, conc, serial_chunks, pool_chunks, ring_chunks, others)
+
+    # ------------------------------------------------------------ a read begun now, finished later
+    def begin(self, cnp.ndarray ids, cnp.ndarray out, int backend, Py_ssize_t seg_cols, cnp.ndarray skip=None,
+              cnp.ndarray raw=None, int depth=0):
+        """Begin reading the rows of ``ids`` (uint32 [T, C], at most ``CHUNK_REQUESTS`` of them) into
+        ``out`` (float32 [T, C, 256], C-contiguous) without waiting: the requests are planned and
+        handed to the engine at once from the calling thread (on the ring: submitted to the kernel
+        with one io_uring_enter, as many as the engine grants now; on the pool: to its threads).
+        :meth:`finish` waits for them, checks and publishes, and must follow before any other read
+        of this reader.  ``depth``: reads in flight for this batch, above the reader's (0: the
+        reader's); the engine bounds it by its queue depth.  A ring batch is granted nothing more
+        until :meth:`finish` (nobody drives the ring in between), so the rest of a batch deeper than
+        what the engine granted is read then.  The threshold does not apply: a begun batch is never
+        read serially unless ``backend`` is BACKEND_SERIAL (then :meth:`finish` reads it).
+        ``skip`` and ``raw`` as for :meth:`read`.  Raises ValueError for bad arguments or a read
+        already begun, ReadFailure("range") before any I/O; the other failures are raised by
+        :meth:`finish`."""
+        cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
+        cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
+        cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
+        cdef Py_ssize_t total = T * C, m, nd, nr
+        cdef const uint8_t* sk = NULL
+        cdef int mode, d
+        cdef engram_engine* e
+        self._forget_if_forked()
+        if self.apending:
+            raise ValueError("the reader has a begun read: finish() it first")
+        if total > CHUNK:
+            raise ValueError(f"a begun read holds at most {CHUNK} ids, got {total}")
+        if out.dtype != np.float32 or out.size != total * ROW_VALUES or not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous float32 array of T * C rows")
+        if skip is not None:
+            if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
+                raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
+            sk = <const uint8_t*>cnp.PyArray_DATA(skip)
+        self.arp = NULL
+        if raw is not None:
+            if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
+                raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
+            self.arp = <uint8_t*>cnp.PyArray_DATA(raw)
+        if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
+            raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
+        if self.eng is None or self.own:
+            if backend == PREAD and self.pool_readers == 0:
+                raise ValueError("the pread pool is not started")
+            if backend == URING and self.ring_want == 0:
+                raise ValueError("the io_uring ring is not started")
+            if backend == AUTO:
+                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
+        elif self.eng.closed or self.eng.abandoned:
+            raise ValueError("the engine is stopped")
+        self.aop = <float*>cnp.PyArray_DATA(out)
+        self.others = 0
+        self.am = self.and_ = self.anr = 0
+        self.apath = -1  # nothing to read
+        if total:
+            self._check_range(idp, T, C, s0, s1, seg_cols, backend)
+            self._reserve(total)
+            with nogil:
+                m = self._sort_requests(idp, C, s0, s1, seg_cols, 0, total, sk)
+                nd = self._distinct_rows(m)
+                nr = self._plan_spans(nd)
+            self.am, self.and_, self.anr = m, nd, nr
+            self.last_nr = nr
+            self.ajob.drop_granule = self.drop_granule
+            self.ajob.rw_flags = self.rw_flags
+            self.ajob.row_bytes = ROW_BYTES
+            self.ajob.reqs = self.reqs
+            self.ajob.nreq = nr
+            self.ajob.row_off = self.doff
+            self.ajob.staging = self.staging
+            if m > 0:
+                self.apath = backend
+        self.aref = (ids, out, skip, raw)
+        self.apid = getpid()
+        self.apending = True
+        if self.apath < 0 or self.apath == SERIAL:
+            return
+        if self.own or self.eng is None:
+            e = self._own_engine()._get()
+            d = self.pool_readers if backend == PREAD else self.ring_want
+        else:
+            e = self.eng._get()
+            d = max(self.eng_depth, depth)
+        mode = ENGRAM_RUN_POOL if backend == PREAD else ENGRAM_RUN_RING if backend == URING else ENGRAM_RUN_AUTO
+        with nogil:
+            engram_engine_begin(e, &self.cl.c, &self.ajob, d, mode, self.span_cap, max(self.align, 64), 1,
+                                &self.aj)
+
+    @property
+    def begun(self):
+        """A read was begun and not finished (in this process)."""
+        return bool(self.apending) and self.apid == getpid()
+
+    def finish(self):
+        """Wait for the read :meth:`begin` began, check every row, publish: returns what :meth:`read`
+        returns.  Raises ValueError when none was begun (in this process: a child after fork() does
+        not finish its parent's), ReadFailure as :meth:`read` (``out`` untouched)."""
+        cdef engram_ioerr err
+        cdef engram_run_info info
+        cdef int rc = 0, path = self.apath
+        cdef Py_ssize_t i
+        cdef uint64_t nbytes = 0
+        if not self.apending or self.apid != getpid():
+            self._forget_if_forked()
+            raise ValueError("no begun read to finish")
+        self.apending = False
+        ref, self.aref = self.aref, None
+        if path < 0:
+            return (0, 0, 0, 0, 1, 0, 0, 0, 0)
+        err.err = 0
+        err.req = 0
+        if path == SERIAL:
+            with nogil:
+                rc = engram_read_serial(&self.ajob, self.bounce, &err)
+            if rc != 0:
+                self._raise_io(err, path)
+        else:
+            with nogil:
+                rc = engram_engine_finish(&self.aj, self.bounce, &err, &info)
+            path = URING if info.on_ring else PREAD
+            self.others = info.others
+            self.eng_depth_used = info.depth
+            if rc != 0:
+                self._run_failed(err, path)
+        self._check_rows(self.and_, path)
+        with nogil:
+            self._publish(self.aop, self.am, self.arp)
+        for i in range(self.anr):
+            nbytes += self.reqs[i].span_len
+        conc = 1 if path == SERIAL else max(1, self.eng_depth_used)
+        return (self.am, self.and_, self.anr, nbytes, conc, int(path == SERIAL), int(path == PREAD),
+                int(path == URING), self.others if path != SERIAL else 0)
 
     cdef int _check_range(self, const uint32_t* idp, Py_ssize_t T, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
                           Py_ssize_t seg_cols, int backend) except -1:
@@ -638,6 +797,12 @@ cdef class RowReader:
         self.others = info.others
         self.eng_depth_used = info.depth
         if rc != 0:
+            self._run_failed(err, path)
+        return path
+
+    cdef int _run_failed(self, engram_ioerr err, int path) except -1:
+        """Raise the ReadFailure of an engine job that failed on ``path``."""
+        if True:
             if err.req == ENGRAM_REQ_RING:
                 raise ReadFailure("ring", errno=err.err, backend="io_uring")
             if err.req == ENGRAM_REQ_RING_START:
@@ -647,7 +812,7 @@ cdef class RowReader:
             if err.req == ENGRAM_REQ_POOL:
                 raise ReadFailure("start", errno=err.err, backend="pread")
             self._raise_io(err, path)
-        return path
+        return 0
 
     cdef int _check_rows(self, Py_ssize_t nd, int path) except -1:
         """Every staged row decodes to finite values; else ReadFailure("decode")."""

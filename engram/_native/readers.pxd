@@ -65,6 +65,11 @@ cdef extern from "readers.h" nogil:
     void engram_engine_set_pool_threads(engram_engine* e, int threads)
     void engram_engine_drop_rings(engram_engine* e)
     int engram_engine_ready_ring(engram_engine* e, int depth, size_t buf_bytes, size_t align)
+    ctypedef struct engram_async:
+        pass
+    void engram_engine_begin(engram_engine* e, engram_client* c, const engram_job* job, int depth, int mode,
+                             size_t buf_bytes, size_t align, int detach, engram_async* a)
+    int engram_engine_finish(engram_async* a, uint8_t* caller_buf, engram_ioerr* err, engram_run_info* info)
     int engram_engine_run(engram_engine* e, engram_client* c, const engram_job* job, int depth, int mode,
                           size_t buf_bytes, size_t align, uint8_t* caller_buf, engram_ioerr* err,
                           engram_run_info* info)

@@ -51,6 +51,20 @@ __all__ = ["GpuSession", "StepHandle", "RowsReady", "DevicePrefill", "DeviceWeig
 
 
 # ------------------------------------------------------------------ resident weights
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The bytes ``a`` and ``b`` may address overlap (same device; from the first to the last element)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
+        return lo, lo + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 @dataclass(frozen=True)
 class DeviceWeights:
     """A layer's consumer weights on a device.
@@ -384,14 +398,14 @@ class GpuSession:
             self._wait_copied(st)
             host._group.read_raw(ids.reshape(1, L * C), st.host_np[:1])
             rows = self._new_rows(L * C)
+            self._note_exact(rows, st.host_np[:1])
+            done = self._to_device(st, 1, rows)  # a failed copy or decode after a good read: the history goes back too
         except BaseException:
             host.history = before
             raise
         host._undo.append(before)
         host.last_stats = host._group.last_stats
         host.last_row_ids = ids.copy()
-        self._note_exact(rows, st.host_np[:1])
-        done = self._to_device(st, 1, rows)
         if done is not None:
             torch.cuda.current_stream(self.device).wait_event(done)
         self._publish(rows)
@@ -611,7 +625,8 @@ class GpuSession:
         ------
         ArgumentError
             ``layer_id`` has no table; a tensor of the wrong type, dtype,
-            device, shape or memory layout; a bad mask.  ``residual`` and
+            device, shape or memory layout; a bad mask; ``gates_out`` sharing
+            memory with ``residual`` or ``rows``.  ``residual`` and
             ``gates_out`` are then untouched.
         TableIOError
             The session is closed.
@@ -655,6 +670,10 @@ class GpuSession:
                 raise ArgumentError(f"gates_out must be contiguous{untouched}")
             if gates_out.requires_grad:
                 raise ArgumentError(f"gates_out requires grad: it is written in place, outside autograd{untouched}")
+            for name, other in (("residual", residual), ("rows", rows)):
+                if _overlap(gates_out, other):
+                    raise ArgumentError(f"gates_out shares memory with {name}: the gates would overwrite it while "
+                                        f"it is read{untouched}")
         w = self.weights(layer_id)
         x = rows.reshape(T, C * ROW_VALUES)
         with device_memory(self.device, f"the projection of {T} tokens"):
@@ -787,6 +806,8 @@ def _step_batch(sessions: List[GpuSession], tokens) -> torch.Tensor:
         group = lead.host._group
         group.read_raw(ids.reshape(B, L * C), st.host_np[:B])
         rows = lead._new_rows(B * L * C)
+        lead._note_exact(rows, st.host_np[:B])
+        done = lead._to_device(st, B, rows)  # a failed copy or decode after a good read: the histories go back too
     except BaseException:
         for s, h in zip(sessions, befores):
             s.host.history = h
@@ -795,8 +816,6 @@ def _step_batch(sessions: List[GpuSession], tokens) -> torch.Tensor:
         s.host.last_row_ids = ids[b].copy()
         s.host._undo.append(befores[b])
     lead.host.last_stats = group.last_stats
-    lead._note_exact(rows, st.host_np[:B])
-    done = lead._to_device(st, B, rows)
     if done is not None:
         torch.cuda.current_stream(lead.device).wait_event(done)
     lead._publish(rows)

@@ -182,6 +182,54 @@ def test_apply_refuses_rows_that_require_grad_and_takes_a_mask_that_does(model):
         assert torch.all(res == 0)
 
 
+def test_apply_refuses_gates_out_that_alias_residual_or_rows(model):
+    """gates_out over residual's (or the rows') memory would be written while they are read: refused in one
+    line, residual untouched; a gates_out of its own still works."""
+    with model.session(device="cpu") as s:
+        rows = s.step(100)[1][None].clone()
+        res = torch.zeros((1, 4, 5120), dtype=torch.bfloat16)
+        over_res = res.view(-1).view(torch.float32)[1000:1004].view(1, 4)
+        with pytest.raises(ArgumentError, match="gates_out shares memory with residual"):
+            s.apply(1, res, rows, gates_out=over_res)
+        assert torch.all(res == 0)
+        over_rows = rows.view(-1).view(torch.float32)[8:12].view(1, 4)
+        before = rows.clone()
+        with pytest.raises(ArgumentError, match="gates_out shares memory with rows"):
+            s.apply(1, res, rows, gates_out=over_rows)
+        assert torch.all(res == 0) and torch.equal(rows, before)
+        g = torch.empty((1, 4), dtype=torch.float32)
+        s.apply(1, res, rows, gates_out=g)
+        assert not torch.all(res == 0) and torch.all(g > 0)
+
+
+def test_a_failed_decode_after_a_good_read_puts_the_history_back(model, monkeypatch):
+    """step and step_batch: when the device's copy or decode fails after the rows were read (a device error
+    the CPU device cannot produce, injected into the decode kernel), the history is as before the call and
+    the next step gives the rows of a session that never saw the failed token."""
+    from engram import DeviceError
+    from engram.gpu import step_batch
+    with model.session(device="cpu") as s, model.session(device="cpu") as t, model.session(device="cpu") as ref:
+        for x in (s, t, ref):
+            x.step(11)
+        h_s, h_t = s.host.history.copy(), t.host.history.copy()
+
+        def broken(*a, **k):
+            raise DeviceError("the device failed the decode")
+
+        with monkeypatch.context() as mp:
+            mp.setattr(kernels, "decode_raw", broken)
+            with pytest.raises(DeviceError):
+                s.step(12)
+            with pytest.raises(DeviceError):
+                step_batch([s, t], [12, 13])
+        assert s.host.history == h_s and t.host.history == h_t
+        got, want = s.step(40), ref.step(40)
+        assert all(torch.equal(got[lid], want[lid]) for lid in model.layer_ids)
+        s.rollback(1)
+        ref.rollback(1)
+        assert s.host.history == ref.host.history
+
+
 # ------------------------------------------------------------------ the captured step and step_batch
 def test_captured_step_refuses_empty_and_repeated_layers_and_sessions(model):
     from engram.gpu import CapturedStep, step_batch

@@ -421,3 +421,92 @@ def test_read_stats_add_counts_prefetch_hits(model, text_ids):
         total.add(a)
         total.add(a)
         assert (a.prefetch_hits, a.rows_requested, total.prefetch_hits, total.rows_requested) == (96, 144, 192, 288)
+
+
+# ---------------------------------------------------------------- reads begun now, finished later
+def _layer_ids_of(model, toks):
+    """uint32 [layers, T, 24]: the row ids of ``toks`` hashed from a new history, table after table."""
+    return np.ascontiguousarray(model.hasher.hash(np.asarray(toks, np.int64)).transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("backend", ["auto", "pread", "serial"])
+@pytest.mark.parametrize("engine", ["shared", "private"])
+def test_begin_layers_and_read_layers_are_read_batch(model_path, text_ids, backend, engine):
+    """read_layers and begin_layers + finish give read_batch's rows, table after table, with its counts;
+    a second begin before finish, and finish without begin, are refused."""
+    from engram import TableGroup
+    m = EngramModel.open(model_path, readers=8, backend=backend, engine=engine)
+    with m.session() as s:
+        g = TableGroup([s.tables[lid] for lid in m.layer_ids], 24, engine=engine)
+        try:
+            ids = _layer_ids_of(m, text_ids[:30])
+            want = expected(m, text_ids[:30])
+            flat = g.read_batch(ids.transpose(1, 0, 2).reshape(30, 48))
+            st_batch = g.last_stats
+            got = g.read_layers(ids)
+            assert got.shape == (2, 30, 24, 256) and all(got[i].flags.c_contiguous for i in range(2))
+            out = np.full((2, 30, 24, 256), np.nan, np.float32)
+            g.begin_layers(ids, out)
+            assert g.begun
+            with pytest.raises(ArgumentError, match="not finished"):
+                g.begin_layers(ids, np.empty_like(out))
+            with pytest.raises(ValueError, match="begun read"):
+                g.read_batch(ids.transpose(1, 0, 2).reshape(30, 48))
+            st_ = g.finish()
+            assert not g.begun
+            with pytest.raises(ArgumentError, match="no begun read"):
+                g.finish()
+            for i, lid in enumerate(m.layer_ids):
+                assert np.array_equal(got[i], want[lid]) and np.array_equal(out[i], want[lid])
+                assert np.array_equal(flat[:, i * 24:(i + 1) * 24], want[lid])
+            assert (st_.rows_requested, st_.rows_distinct, st_.reads) == \
+                (st_batch.rows_requested, st_batch.rows_distinct, st_batch.reads) and g.last_stats is st_
+        finally:
+            g.close()
+
+
+def test_begun_batches_deeper_than_the_engine_finish_in_any_order(model_path, text_ids):
+    """Two batches begun on one engine of 8 credits, 144 rows each, finished newest first: neither waits for
+    credits that only the other's finish would return (the begun ring reads give theirs back)."""
+    from engram import TableGroup
+    from engram.io_engine import IOEngine
+    eng = IOEngine(8)
+    m = EngramModel.open(model_path, readers=8, engine=eng)
+    with m.session() as s:
+        groups = [TableGroup([s.tables[lid] for lid in m.layer_ids], 24, engine=eng) for _ in range(2)]
+        outs, done = [np.empty((2, 3, 24, 256), np.float32) for _ in range(2)], []
+
+        def run():
+            for r in range(5):
+                for gi, g in enumerate(groups):
+                    g.begin_layers(_layer_ids_of(m, text_ids[6 * r + 3 * gi:6 * r + 3 * gi + 3]), outs[gi])
+                for gi in (1, 0):
+                    groups[gi].finish()
+                    want = expected(m, text_ids[6 * r + 3 * gi:6 * r + 3 * gi + 3])
+                    done.append(all(np.array_equal(outs[gi][i], want[lid]) for i, lid in enumerate(m.layer_ids)))
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(120)
+        try:
+            assert not t.is_alive(), "a begun batch waited for credits held by the other"
+            assert done == [True] * 10
+        finally:
+            for g in groups:
+                g.close()
+
+
+def test_a_fully_prefetched_step_returns_views_of_the_prefetch(model, text_ids):
+    with model.session() as s, model.session() as ref:
+        s.step_many(text_ids[:4])
+        ref.step_many(text_ids[:4])
+        p = s.prefetch(text_ids[4:7])
+        got = s.step_many(text_ids[4:7])
+        want = ref.step_many(text_ids[4:7])
+        assert s.last_stats.prefetch_hits == 144 and s.history == ref.history
+        for lid in model.layer_ids:
+            assert got[lid].flags.c_contiguous and np.shares_memory(got[lid], p._rows)
+            assert np.array_equal(got[lid], want[lid])
+        s.rollback(2)
+        ref.rollback(2)
+        assert np.array_equal(s.step(int(text_ids[9]))[model.layer_ids[0]], ref.step(int(text_ids[9]))[model.layer_ids[0]])

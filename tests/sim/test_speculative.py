@@ -114,7 +114,13 @@ def test_all_accepted_emits_k_plus_one_a_step(trace):
     assert r.tokens_per_s == pytest.approx(300 / r.sim_seconds)
     # the tokens of a step come at once: two of every three gaps are 0
     assert sp["tbt_ms"]["p50"] == 0.0 and sp["tbt_ms"]["max"] == pytest.approx(r.step_ms["max"])
+    # the summary says why the p50 is 0, and gives the time between steps beside it
+    text = r.summary()
+    assert "TBT p50 0.000" in text  # the line users script stays
+    assert (f"so 0.667 of the gaps are 0; between steps (each step's first token) p50 {r.step_ms['p50']:.3f} "
+            f"p99 {r.step_ms['p99']:.3f} ms") in text
     r0 = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=100, speculation=Speculation(2, 0.0))
+    assert "so 0.000 of the gaps are 0" in r0.summary()
     assert r0.speculative["tokens"] == 100 and r0.speculative["wasted_reads"] > 0
     assert r0.reads == r.reads  # 3 x 48 distinct rows a step either way
 
