@@ -676,7 +676,7 @@ cdef class RowReader:
                 self._run_failed(err, path)
         self._check_rows(self.and_, path)
         with nogil:
-            self._publish(self.aop, self.am, self.arp)
+            self._publish(self.aop, self.am, self.arp, NULL)
         for i in range(self.anr):
             nbytes += self.reqs[i].span_len
         conc = 1 if path == SERIAL else max(1, self.eng_depth_used)
