@@ -38,7 +38,7 @@ E="$tmp/venv/bin/engram"
 import sys
 from pathlib import Path
 import engram, sim
-from sim.io import packaged_data_dir
+from sim.core.io import packaged_data_dir
 repo = Path(sys.argv[1]).resolve()
 for m in (engram, sim):
     where = Path(m.__file__).resolve()

@@ -5,8 +5,8 @@ bracketed search on the simulator as it was before its fast loop and reads were 
 Side by side in one run, for each device, the same configuration -- the SPEC §8 reference compute, threshold 8,
 16 readers, random phases, 300 steps of a 1000-token real trace, the target 20 tokens/s -- searched up to
 ``--max-sessions`` (default 4096) for one seed, galloping (1, 2, 4, ... then bisection), bracketed stepping
-(:func:`sim.capacity.session_bounds`, then steps of 1/512 of the estimate, doubling: kept here as
-:func:`_stepping`), bracketed with secant steps (``sim.capacity._bracketed``) on the simulator as it was
+(:func:`sim.sweep.capacity.session_bounds`, then steps of 1/512 of the estimate, doubling: kept here as
+:func:`_stepping`), bracketed with secant steps (``sim.sweep.capacity._bracketed``) on the simulator as it was
 (``before``: :func:`_before` patches in the fast decode loop, the sessions' reads and the queue's timeline of
 2026-12-02) and as it is: wall seconds, probes, the session-steps simulated, and
 the capacities found (the same within one session where the slowest session's rate falls with the count; where
@@ -33,7 +33,7 @@ from unittest import mock
 import numpy as np
 
 import sim.decode.model
-from sim.capacity import bracket_opening
+from sim.sweep.capacity import bracket_opening
 from sim.decode.fast import FastRun
 from sim.decode.reads import step_reads
 
@@ -43,7 +43,7 @@ DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,pa
 
 def _stepping(max_sessions: int, resolution: int, target: float,
                metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
-    """The bracketed search as it was before the secant steps (``sim.capacity._bracketed`` of 2026-12-02): from
+    """The bracketed search as it was before the secant steps (``sim.sweep.capacity._bracketed`` of 2026-12-02): from
     the queueing estimate, steps of 1/512 of it, doubling, then bisection; kept here to measure against."""
     done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
     if done:
@@ -318,8 +318,8 @@ def _before():
 
 
 def main(argv=None) -> dict:
-    import sim.capacity
-    from sim.capacity import CapacitySpec, find_capacity
+    import sim.sweep.capacity
+    from sim.sweep.capacity import CapacitySpec, find_capacity
     from sim.sweep import AXES, METRICS
 
     p = argparse.ArgumentParser(prog="bench_capacity")
@@ -343,8 +343,8 @@ def main(argv=None) -> dict:
         out = {}
         rows = {}
         for search in ("gallop", "stepping", "before", "bracket"):
-            patches = [mock.patch.object(sim.capacity, "_bracketed", _stepping if search == "stepping" else
-                                         sim.capacity._bracketed)] + (_before() if search == "before" else [])
+            patches = [mock.patch.object(sim.sweep.capacity, "_bracketed", _stepping if search == "stepping" else
+                                         sim.sweep.capacity._bracketed)] + (_before() if search == "before" else [])
             t0, c0 = time.perf_counter(), time.process_time()
             with contextlib.ExitStack() as stack:
                 for patch in patches:

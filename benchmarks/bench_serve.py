@@ -29,7 +29,7 @@ DEVICE = "ssd:qd1_us=60,iops=1500000"
 
 def main(argv=None) -> dict:
     from sim.decode import simulate_decode
-    from sim.params import Compute, Policy
+    from sim.core.params import Compute, Policy
     from sim.serve import RowSource, Scheduler, StepCompute, Workload, simulate_serve
     from sim.trace import load_trace
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sim.io import shared_data_dir
+from sim.core.io import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -22,7 +22,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def shared_data() -> Path:
     """The folder of the real corpora: the package's own copies (``sim/data/``), or ``$ENGRAM_SHARED_DATA``
-    when set (:func:`sim.io.shared_data_dir`)."""
+    when set (:func:`sim.core.io.shared_data_dir`)."""
     return shared_data_dir()
 
 

@@ -92,7 +92,7 @@ def progress_choice(args: argparse.Namespace) -> str:
     """What the flags of :func:`add_progress_flags` ask for: ``"off"`` (``--quiet``), ``"lines"``
     (``--no-progress``: plain lines, never a bar) or ``"auto"`` (a bar on a terminal, plain lines elsewhere).
 
-    These are the modes of ``sim.progress``; a command whose progress is a bar only (``engram synth``) shows
+    These are the modes of ``sim.core.progress``; a command whose progress is a bar only (``engram synth``) shows
     it for ``"auto"`` and nothing otherwise.
     """
     if getattr(args, "quiet", False):

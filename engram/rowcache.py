@@ -65,7 +65,7 @@ POLICIES = tuple(_native.POLICIES)
 #: What prefill batches do: ``"admit"`` (looked up and inserted like decode batches) or ``"bypass"``.
 PREFILL = ("admit", "bypass")
 #: The one default policy: of :class:`RowCache` and of everything that predicts or measures it (``engram sim
-#: decode --cache-policy``, :class:`sim.params.Policy`, ``engram measure``, studies), so that a prediction and the
+#: decode --cache-policy``, :class:`sim.core.params.Policy`, ``engram measure``, studies), so that a prediction and the
 #: engine run the same policy unless told otherwise.  W-TinyLFU because the cache is shared by a model's
 #: sessions: on the shipped texts (BENCHMARKS.md, "Row cache") 4 sessions sharing ``agent_prompt_long`` hit
 #: 0.048 / 0.221 of their reads at 1 / 16 MiB against LRU's 0.020 / 0.112, and a long prompt of rows read once

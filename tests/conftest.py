@@ -34,6 +34,6 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real corpora the package ships (``sim/data/``, read through importlib.resources): always there."""
-    from sim.io import packaged_data_dir
+    from sim.core.io import packaged_data_dir
 
     return packaged_data_dir()

@@ -9,9 +9,9 @@ from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
-from ..params import BACKENDS, Policy
-from ..limits import check_queue_depth
-from ..prefill import simulate_prefill
+from sim.core.params import BACKENDS, Policy
+from sim.core.limits import check_queue_depth
+from sim.decode.prefill import simulate_prefill
 from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
                       _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
                       drives_option, trace_source_options)

@@ -13,16 +13,16 @@ from engram.errors import ArgumentError
 from engram.options import Option, add_options
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
-from ..calibrate import calibrate_file
-from ..crosscheck import crosscheck_files, markdown_table
-from ..io import load_json
+from sim.check.calibrate import calibrate_file
+from sim.check.crosscheck import crosscheck_files, markdown_table
+from sim.core.io import load_json
 from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, PROBES_MIN, Settings,
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
 from ..measure.devices import check_rates, measure_devices
-from ..planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
-from ..params import BACKENDS
+from sim.check.planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
+from sim.core.params import BACKENDS
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
-from ..schema import SESSION_MODES, ComputeSpec, RunConfig
+from sim.core.schema import SESSION_MODES, ComputeSpec, RunConfig
 from .options import _ints, _output_files, _progress_mode, _strs, _typed_errors
 
 
@@ -431,7 +431,7 @@ CROSSCHECK_OPTIONS = (
     Option("--strict", action="store_true", help="exit 1 when the verdict is FAIL (a goal of the regime the "
                                                   "runs ran in is missed)"),
     Option("--planner", action="store_true",
-           help="planner mode (sim.planner): predict every run of every device of WORKDIR/devices.json "
+           help="planner mode (sim.check.planner): predict every run of every device of WORKDIR/devices.json "
                 "(engram measure --throttle-iops/--tmpfs) from the device's fio JSON and from a datasheet "
                 "string derived from it only -- no microbenchmark, no probes; compute as its spec states "
                 "it -- with the same regimes and intervals; per device class median and max |error| of "

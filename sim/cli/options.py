@@ -14,9 +14,9 @@ from engram.options import Option, check_requires
 
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..device import DEVICE_FORMS, load_device
-from ..io import OutputError, check_output_folder
-from ..params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
-                      DEFAULT_THRESHOLD, Compute, Phases, Policy, consumer_preset)
+from sim.core.io import OutputError, check_output_folder
+from sim.core.params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
+                             DEFAULT_THRESHOLD, Compute, Phases, Policy, consumer_preset)
 from ..trace import CODE_SOURCE, load_trace
 
 
@@ -123,7 +123,7 @@ COMMON_OPTIONS = (
     Option("--consumer", choices=tuple(CONSUMERS), default="none",
            help="Engram consumer added to each step's compute, both layers at batch 1: none (inside the "
                 "compute, default), cpu (the host path, 16 cores) or h200 (the GPU path); see "
-                "sim.params.CONSUMERS"),
+                "sim.core.params.CONSUMERS"),
     Option("--mode", choices=("fast", "exact"), default="fast",
            help="fast: batches of reads share the device as segments; exact: every read is an event "
                 "(default fast)"),
@@ -246,7 +246,7 @@ def _strs(text: str) -> list:
 
 
 def _progress_mode(args) -> str:
-    """The :mod:`sim.progress` mode of the progress flags (:func:`engram.cli.progress_choice`): ``--quiet``:
+    """The :mod:`sim.core.progress` mode of the progress flags (:func:`engram.cli.progress_choice`): ``--quiet``:
     nothing; ``--no-progress``: plain periodic lines, never a bar; else a bar on a terminal."""
     return progress_choice(args)
 
@@ -272,7 +272,7 @@ def run_options(what: str, study_optional: bool = False) -> tuple:
 
 def _out_path(args, name: str = "") -> Path:
     """``--out``, else STUDY.csv in the current directory (``name``.csv for a study of the command line);
-    its folder must exist (:func:`sim.io.check_output_folder`)."""
+    its folder must exist (:func:`sim.core.io.check_output_folder`)."""
     return check_output_folder(Path(args.out) if args.out else Path(f"{Path(args.study).stem if args.study else name}.csv"))
 
 

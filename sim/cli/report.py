@@ -8,8 +8,8 @@ from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
 from engram.options import Option, add_options
 
-from ..capacity import CAPACITY_TARGET
-from ..demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
+from sim.sweep.capacity import CAPACITY_TARGET
+from sim.cli.demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
 from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
 from .options import _ints, _progress_mode, _typed_errors, _typed_os_errors
 

@@ -8,7 +8,7 @@ from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
 from engram.options import Option, add_options, check_requires
 
-from ..params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
+from sim.core.params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..serve import SLO, ServeStudy, simulate_serve
 from ..serve.counterpart import counterpart_table, predict_counterpart
 from ..serve.engine import GATES

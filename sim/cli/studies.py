@@ -11,9 +11,9 @@ from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError
 from engram.options import Option, add_options
 
-from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
-                        phases_text, probes_path, run_capacity)
-from ..io import load_json
+from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
+                                phases_text, probes_path, run_capacity)
+from sim.core.io import load_json
 from ..serve import ServeStudy
 from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity

@@ -10,7 +10,7 @@ from engram.errors import ArgumentError
 from engram.options import Exclusive, Option, add_options, replaced
 from engram.rowcache import SIZE_RULE, sizes_arg
 
-from ..params import DEFAULT_READERS
+from sim.core.params import DEFAULT_READERS
 from ..trace import CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats, synthesize
 from ..trace.rowcache import OPTIMAL, cache_curve
 from ..trace.iolog import DEFAULT_BLOCK, RELEASED_FILE, engine_block, model_tables, plan_reads, released_tables

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from ..params import Compute, Phases, Policy
+from sim.core.params import Compute, Phases, Policy
 from .model import (DecodeResult, fit_compute, percentiles_ms, reference_compute, seed_reproduction, session_reads,
                     simulate_decode)
 from .reads import StepReads, cache_hits, hot_rows, resident_mask, step_reads, wrap_info

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..params import Policy
+from sim.core.params import Policy
 
 __all__ = ["exact_session"]
 

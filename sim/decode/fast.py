@@ -37,7 +37,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..device import FastDevice, SegmentQueue
-from ..params import Policy
+from sim.core.params import Policy
 
 __all__ = ["FastRun", "split_readers"]
 

@@ -16,7 +16,7 @@ caches and deduplication).  A step:
 Sessions share the device: reads of every session meet each other in the
 device's slots and FIFO queue (:mod:`sim.device.engines`).  Compute does not
 contend (each session has its own, or the compute model already includes
-batching).  Sessions start at random phases by default (:class:`~sim.params.Phases`).
+batching).  Sessions start at random phases by default (:class:`~sim.core.params.Phases`).
 
 Two modes: ``"exact"`` (every read a simpy event on the device's per-read
 model: :mod:`sim.decode.exact`) and ``"fast"`` (batches of reads as segments
@@ -37,10 +37,10 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
-from ..limits import check_seed
-from ..params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
-from ..progress import progress as progress_bar
-from ..schema import percentiles_ms as _percentiles_ms
+from sim.core.limits import check_seed
+from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
+from sim.core.progress import progress as progress_bar
+from sim.core.schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
 from .exact import exact_session
 from .fast import FastRun
@@ -93,7 +93,7 @@ class DecodeResult:
         ``mean_ms``, ``cv``, ``samples`` of the compute times drawn (beside the
         nominal ``config["compute"]``).
     phases : str
-        How the sessions started (:class:`~sim.params.Phases`).
+        How the sessions started (:class:`~sim.core.params.Phases`).
     wrap : dict
         Whether the run replays its trace (:func:`sim.decode.reads.wrap_info`).
     warnings : list of str
@@ -302,7 +302,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         Seconds per step for hashing (default 0).
     phases : Phases or str, optional
         ``"random"`` (default), ``"lockstep"``, ``"spread:MS"`` or explicit starts (``Phases.at([...])``,
-        ``"offsets:MS,..."``; one per session) (:class:`~sim.params.Phases`).
+        ``"offsets:MS,..."``; one per session) (:class:`~sim.core.params.Phases`).
     start_spread : float, optional
         Older form of ``phases="spread:MS"``, in seconds.
     drives : int
@@ -318,7 +318,7 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         Bins of the queue-depth timeline (>= 1).
     progress : bool or str
         Show progress when the run takes more than a couple of seconds: a bar on a terminal, plain lines
-        elsewhere (:func:`sim.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
+        elsewhere (:func:`sim.core.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
         counted without a time-left estimate.
     replay : str, optional
         For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if

@@ -32,8 +32,8 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, CachePolicy
 
-from ..limits import check_memory
-from ..params import Policy
+from sim.core.limits import check_memory
+from sim.core.params import Policy
 from ..trace import Trace
 
 __all__ = ["StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads", "wrap_info"]
@@ -127,7 +127,7 @@ def _lru(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = "lru
 
 def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
     """bool, the shape of ``keys`` (1-D): hits of an LRU row cache of ``capacity`` keys fed the ``active`` keys
-    in order -- the per-session and shared row caches of :class:`~sim.params.Policy`, for other models of a
+    in order -- the per-session and shared row caches of :class:`~sim.core.params.Policy`, for other models of a
     session's reads (the serving model's per-request caches)."""
     return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity))
 
@@ -231,7 +231,7 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     :attr:`StepReads.wasted` are filled in.
 
     ``served``: bool like ``trace.rows`` (``[trace steps, layers, columns]``), the requests of the trace that a
-    row cache replayed beforehand serves (a measured run's own cache: :func:`sim.crosscheck.run_cache_hits`);
+    row cache replayed beforehand serves (a measured run's own cache: :func:`sim.check.crosscheck.run_cache_hits`);
     a session replaying the trace meets them at the same positions, so a replay does not inflate their rate.
     Counted with the shared cache's hits (``shared_hits``).  Not with ``batch``.
 
@@ -239,7 +239,7 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     ------
     ArgumentError
         A trace without steps, fewer than one session, step or drive, or a run whose reads would take more
-        memory than :func:`sim.limits.check_memory` allows (``BYTES_PER_ROW_SLOT`` a row slot).
+        memory than :func:`sim.core.limits.check_memory` allows (``BYTES_PER_ROW_SLOT`` a row slot).
     """
     T = trace.steps
     if T == 0:

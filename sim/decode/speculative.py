@@ -24,7 +24,7 @@ of ``engram.Session.step_many``, which takes a prefetch's rows before it reads t
 issue's premise that a drafted token is known a step before it is verified.  Rows of rejected drafts are
 read either way: wasted reads that still load the device.
 
-Compute: :class:`sim.params.Compute` has no per-token term (a decode step is bound by reading the weights,
+Compute: :class:`sim.core.params.Compute` has no per-token term (a decode step is bound by reading the weights,
 which one forward pass over ``k + 1`` tokens reads once), so a verification step computes as long as a
 one-token step plus :attr:`Speculation.verify_s` (0 by default; ``engram sim decode --consumer`` adds its
 Engram consumer's per-token cost for the ``k`` extra tokens).

@@ -17,7 +17,7 @@ parallelism
     the rounding); at most ``qd_peak``, the queue depth at which the datasheet
     reaches its IOPS, when given.
 routing
-    ``routing=random`` (stated, as the planner's datasheet strings do: :mod:`sim.planner`): each read
+    ``routing=random`` (stated, as the planner's datasheet strings do: :mod:`sim.check.planner`): each read
     queues at one channel drawn at random (``routing="random"`` of
     :class:`~sim.device.models.ParametricSSD`: the die that holds its page):
     the mean latency grows by ``1 / IOPS`` a read in flight from the QD1
@@ -83,8 +83,8 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..schema import US
-from ..limits import MAX_QUEUE_DEPTH
+from sim.core.schema import US
+from sim.core.limits import MAX_QUEUE_DEPTH
 from .models import MAX_BURST_IOS, MAX_IOPS, MAX_QD1_LATENCY, MIN_IOPS, MAX_SERVICE_CV, Device, ParametricSSD, RateLimitedDevice
 
 __all__ = ["SPEC_KEYS", "VOLUME_KEYS", "ssd_from_figures", "ssd_from_spec", "volume_from_spec"]
@@ -221,7 +221,7 @@ def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = 
         knee = rate * qd1
     if knee > MAX_QUEUE_DEPTH:
         raise ArgumentError(f"ssd: row IOPS x QD1 latency = {knee:g} reads in flight to reach the ceiling, more than "
-                            f"the deepest queue ({MAX_QUEUE_DEPTH}, sim.limits.MAX_QUEUE_DEPTH)")
+                            f"the deepest queue ({MAX_QUEUE_DEPTH}, sim.core.limits.MAX_QUEUE_DEPTH)")
     if parallelism is None:
         p = max(1, int(math.floor(knee * (1 + 1e-9))))
         rule = "floor(row IOPS x QD1 latency): the knee N* = X_max x R_min, all QD1 latency as channel service"

@@ -1,7 +1,7 @@
 """Simulating reads on a device model: batches as segments (fast), or every read as an event (exact).
 
 Two ways to simulate reads on a device, used by :mod:`sim.decode` and
-:mod:`sim.prefill`:
+:mod:`sim.decode.prefill`:
 
 - exact: every read is its own simpy event.  :class:`SlotExactDevice` (any
   device described by its latency at each queue depth): ``slots`` reads are

@@ -81,8 +81,8 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import read_text
-from ..schema import LATENCY, check_number
+from sim.core.io import read_text
+from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
@@ -190,7 +190,7 @@ def _num(v, path: str) -> float:
 
 
 def _latency(v, where: str, key: str) -> float:
-    """``v`` (ns) as a float: a latency of fio's, a finite number > 0 (:data:`sim.schema.LATENCY`; names
+    """``v`` (ns) as a float: a latency of fio's, a finite number > 0 (:data:`sim.core.schema.LATENCY`; names
     the JSON path ``where.key`` and the value)."""
     return check_number(where, key, v, LATENCY)
 

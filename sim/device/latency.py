@@ -15,7 +15,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..schema import LATENCY, US, check_number, check_numbers
+from sim.core.schema import LATENCY, US, check_number, check_numbers
 
 __all__ = ["LatencyDist", "list_schedule"]
 
@@ -227,7 +227,7 @@ def _shown(v) -> str:
 
 
 def _number(v, key: str) -> float:
-    """``v`` as a float: a latency in us, a finite number > 0 (:data:`sim.schema.LATENCY`).
+    """``v`` as a float: a latency in us, a finite number > 0 (:data:`sim.core.schema.LATENCY`).
 
     Raises
     ------

@@ -50,9 +50,9 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import read_jsonl, write_json
-from ..limits import MAX_QUEUE_DEPTH, check_queue_depth
-from ..schema import US
+from sim.core.io import read_jsonl, write_json
+from sim.core.limits import MAX_QUEUE_DEPTH, check_queue_depth
+from sim.core.schema import US
 from .alone import channel_batch, sample_size, slot_batch
 from .bucket import TokenBucket
 from .engines import BucketExactDevice, ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
@@ -478,7 +478,7 @@ class EmpiricalDevice(Device):
 class MeasuredBatchDevice(EmpiricalDevice):
     """An :class:`EmpiricalDevice` plus the measured service time of whole batches.
 
-    Built from a reader's own microbenchmark (:mod:`sim.calibrate`): the time
+    Built from a reader's own microbenchmark (:mod:`sim.check.calibrate`): the time
     of a batch of ``n`` reads issued by ``k`` readers, measured as one
     distribution per ``(n, k)``.  A short burst of reads need not behave like
     ``n`` independent draws of the steady-state latency at depth ``k``: slow
@@ -590,7 +590,7 @@ class MeasuredBatchDevice(EmpiricalDevice):
 
 #: Physical ranges of a :class:`ParametricSSD`'s figures: a QD1 read within 1 s (a disk is slower than
 #: flash at 10 ms), at most 10^9 reads/s (the fastest flash arrays are near 10^8), a service-time coefficient
-#: of variation up to 10; ``parallelism`` and ``iops x qd1_latency`` up to :data:`sim.limits.MAX_QUEUE_DEPTH`.
+#: of variation up to 10; ``parallelism`` and ``iops x qd1_latency`` up to :data:`sim.core.limits.MAX_QUEUE_DEPTH`.
 MAX_QD1_LATENCY = 1.0
 MAX_IOPS = 1e9
 #: The slowest rate a device or a rate limit may have, reads a second: below one read a second (a disk does
@@ -665,7 +665,7 @@ class ParametricSSD(Device):
         if iops * qd1_latency > MAX_QUEUE_DEPTH:
             raise ArgumentError(f"ParametricSSD: iops x qd1_latency = {iops * qd1_latency:g} reads in flight to reach "
                                 f"the ceiling, more than the deepest queue ({MAX_QUEUE_DEPTH}, "
-                                "sim.limits.MAX_QUEUE_DEPTH)")
+                                "sim.core.limits.MAX_QUEUE_DEPTH)")
         s = parallelism / iops
         if qd1_latency < s * (1 - 1e-9):
             most = max(1, int(math.floor(qd1_latency * iops * (1 + 1e-9))))

@@ -5,7 +5,7 @@
     of the seed run: rows, readers, thresholds, microseconds a row, tokens/s);
 ``vm-virtio-16core-4k``
     a measured virtual disk, read at run time from the package data
-    (``sim/data/devices/vm-virtio-16core-4k.jsonl``, :func:`sim.io.packaged_data_path`).
+    (``sim/data/devices/vm-virtio-16core-4k.jsonl``, :func:`sim.core.io.packaged_data_path`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Mapping, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import load_json, packaged_data_path, read_text
-from ..schema import CALIBRATION_SCHEMA, US, ComputeSpec
+from sim.core.io import load_json, packaged_data_path, read_text
+from sim.core.schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec, volume_from_spec
 from .fio import device_from_fio, is_fio_output
 from .latency import LatencyDist
@@ -70,7 +70,7 @@ def _vm_virtio() -> EmpiricalDevice:
         f"3 s each ({path}); mean latency = qd / iops, percentiles p50/p95/p99")
 
 
-#: The package data file of the ``vm-virtio-16core-4k`` preset (:func:`sim.io.packaged_data_path`).
+#: The package data file of the ``vm-virtio-16core-4k`` preset (:func:`sim.core.io.packaged_data_path`).
 VM_VIRTIO_FILE = "devices/vm-virtio-16core-4k.jsonl"
 
 #: The package data file each measured preset reads (presets not named here are built from figures).
@@ -117,7 +117,7 @@ DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,
 
 def _from_calibration(doc: Mapping, where: str, backend: str, compute: str) -> Device:
     """The device of ``backend`` in a calibration document: the batches measured with ``compute`` as think
-    time where there are any, else back to back (as :meth:`sim.calibrate.Calibration.device`)."""
+    time where there are any, else back to back (as :meth:`sim.check.calibrate.Calibration.device`)."""
     if doc.get("schema") != CALIBRATION_SCHEMA:
         raise FormatError(f"{where}: calibration of schema {doc.get('schema')!r}, expected {CALIBRATION_SCHEMA!r}")
     devices = doc.get("devices") or {}
@@ -206,11 +206,11 @@ def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, back
         (any of ``iops``/``rows_per_s``, ``mean_us``, ``pNN_us``, ``samples_us``).
     calibration : path, mapping or Calibration, optional
         The calibration for ``calibrated``: a file, its document, or a
-        :class:`sim.calibrate.Calibration`.
+        :class:`sim.check.calibrate.Calibration`.
     backend : str
         Read backend whose calibrated device to take (``pread`` or ``io_uring``).
     compute : str
-        Compute spec of the steps (:class:`sim.schema.ComputeSpec`): a
+        Compute spec of the steps (:class:`sim.core.schema.ComputeSpec`): a
         calibration's batches measured with that compute as think time are
         used where it has them.
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..schema import US
+from sim.core.schema import US
 from .models import Device
 from .recorder import Recorder, summarize_boxes, time_average
 

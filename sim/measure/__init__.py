@@ -1,8 +1,8 @@
 """Measured runs of the real engine: decode loops over real traces, and microbenchmarks (SPEC §8, §9).
 
 Two kinds of measurement, written to two separate documents (their layout:
-:mod:`sim.schema`) so that the calibration (:mod:`sim.calibrate`) can be
-shown never to read the runs it is checked against (:mod:`sim.crosscheck`);
+:mod:`sim.core.schema`) so that the calibration (:mod:`sim.check.calibrate`) can be
+shown never to read the runs it is checked against (:mod:`sim.check.crosscheck`);
 nothing in the simulator imports this package.
 
 - :mod:`~sim.measure.configs` -- the measured grid (trace x threshold x backend x readers x compute);

@@ -1,6 +1,6 @@
 """The compute of a measured decode step: the Engram mixer and emulated loads, run on the step's rows.
 
-A :class:`sim.schema.ComputeSpec` names the compute (``none``, ``mixer``,
+A :class:`sim.core.schema.ComputeSpec` names the compute (``none``, ``mixer``,
 ``spin:MS``, ``sleep:MS``, ``blas:N``, joined with ``+``);
 :func:`compute_runner` makes the callable the decode loop and the
 microbenchmarks run after each read.
@@ -16,7 +16,7 @@ import numpy as np
 from engram.codec import bf16_round
 from engram.errors import ArgumentError
 
-from ..schema import ComputeSpec
+from sim.core.schema import ComputeSpec
 
 __all__ = ["compute_runner"]
 

@@ -1,6 +1,6 @@
 """The measured grid: which configurations ``engram measure`` runs by default, and products of axes.
 
-A configuration (:class:`sim.schema.RunConfig`) is a trace, a read policy
+A configuration (:class:`sim.core.schema.RunConfig`) is a trace, a read policy
 (threshold, backend, readers), a compute, and the sessions that run it at
 once; a grid is a list of them without duplicates.  Every grid keeps only
 the read backends that start and read on this machine now
@@ -15,8 +15,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from engram.backends import probe_backends
 
-from ..params import BACKENDS
-from ..schema import SESSION_MODES, ComputeSpec, RunConfig
+from sim.core.params import BACKENDS
+from sim.core.schema import SESSION_MODES, ComputeSpec, RunConfig
 from ..trace import CODE_SOURCE
 
 __all__ = ["MEASURED_CAPACITY_COMPUTE", "MEASURED_CAPACITY_TARGET", "DEFAULT_DEPTHS", "DEFAULT_POLICIES",

@@ -49,8 +49,8 @@ from engram import Table, read_model
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError, OutputError, TableIOError
 
-from ..io import now_iso, write_json
-from ..schema import RunConfig
+from sim.core.io import now_iso, write_json
+from sim.core.schema import RunConfig
 from .run import measure
 from .settings import Settings
 from .throttle import MAX_THROTTLE_IOPS, IopsThrottle, throttle_support

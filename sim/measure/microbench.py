@@ -19,7 +19,7 @@ Backend ``"serial"`` reads every batch serially; the other backends read
 every batch concurrently (threshold 1), through the process's I/O engine of
 the device (:mod:`engram.io_engine`) as decode sessions do.  The probes of
 each decode run's own time window are steps of the run's session
-(:func:`sim.measure.runs.session_loop`).  Records follow :mod:`sim.schema`.
+(:func:`sim.measure.runs.session_loop`).  Records follow :mod:`sim.core.schema`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from engram import Table, TableGroup
 from engram.codec import ROW_BYTES, ROW_VALUES
 from engram.errors import TableIOError
 
-from ..schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, us_list
+from sim.core.schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, us_list
 from .compute import compute_runner
 from .configs import DEFAULT_DEPTHS
 
@@ -312,7 +312,7 @@ def io_microbench(info, *, backends: Sequence[str] = ("pread", "io_uring"),
     Returns
     -------
     list of dict
-        Records of kind ``"io"``, tool ``"engine"`` (see :mod:`sim.schema`).
+        Records of kind ``"io"``, tool ``"engine"`` (see :mod:`sim.core.schema`).
 
     Raises
     ------

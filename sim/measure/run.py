@@ -15,9 +15,9 @@ from engram import EngramModel
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError, TableIOError
 
-from ..io import now_iso, write_json
-from ..progress import progress as progress_bar
-from ..schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
+from sim.core.io import now_iso, write_json
+from sim.core.progress import progress as progress_bar
+from sim.core.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from ..trace import Trace, load_trace
 from ..trace.sources import encoded_by_tokenizer
 from ..trace.tokens import check_model_vocabulary
@@ -92,7 +92,7 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
             f": every one needs a backend that does not start here ({_left_text(left_out)})" if dropped else ""))
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
-    try:  # the measurement folder is this command's to make (its documents' folders must exist: sim.io)
+    try:  # the measurement folder is this command's to make (its documents' folders must exist: sim.core.io)
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TableIOError(f"{out_dir}: cannot make the measurement folder ({exc.strerror or exc})",
@@ -167,7 +167,7 @@ def _left_text(left_out: Dict[str, str]) -> str:
 
 
 def _write(path: Path, doc: dict) -> None:
-    """:func:`sim.io.write_json`, with a failure (permissions, a full disk) as a typed error naming the path."""
+    """:func:`sim.core.io.write_json`, with a failure (permissions, a full disk) as a typed error naming the path."""
     try:
         write_json(path, doc)
     except OSError as exc:

@@ -27,7 +27,7 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
+from sim.core.schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
 from ..trace import Trace
 from ..trace.rowcache import stretch_hits
 from .compute import compute_runner
@@ -63,7 +63,7 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     other sessions, when given), sleeps ``delay`` seconds (its phase) and runs
     the timed loop.  Every step: ``session.step(token)``, then the compute.
 
-    Probe steps (``probe_every >= 1``, :func:`sim.schema.probe_positions`): before every
+    Probe steps (``probe_every >= 1``, :func:`sim.core.schema.probe_positions`): before every
     ``probe_every``-th trace step and after the last, the same session steps a
     random token id (seeded by ``probe_seed``) with its hash history saved
     and restored around it -- fresh random rows, through the same readers
@@ -377,7 +377,7 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
     Returns
     -------
     dict
-        A run record (see :mod:`sim.schema`), without ``config``/``round``/``window``;
+        A run record (see :mod:`sim.core.schema`), without ``config``/``round``/``window``;
         tokens/s is the trace steps over their own time (the probe steps left out).
 
     Raises
@@ -434,7 +434,7 @@ def probe_record(config: RunConfig, window: str, round_: int, got: Sequence[dict
     readers, 1 for a serial configuration), ``compute``, ``sessions``,
     ``mode``, ``every`` (``probe_every`` of the loop), ``session_steps``
     (steps of each session's loop, probes included: placed by
-    :func:`sim.schema.probe_positions`) and ``offsets_s`` (each session's
+    :func:`sim.core.schema.probe_positions`) and ``offsets_s`` (each session's
     loop start after the first's), and per probe step, session after
     session: ``session``,
     ``batch_us`` (read time: hash, rows, decode), ``compute_us``, ``t_us``

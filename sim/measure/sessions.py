@@ -35,7 +35,7 @@ import numpy as np
 from engram import EngramModel, RowCache
 from engram.errors import ArgumentError, EngramError, TableIOError
 
-from ..schema import ComputeSpec, RunConfig, percentiles_ms, us_list
+from sim.core.schema import ComputeSpec, RunConfig, percentiles_ms, us_list
 from ..trace import Trace
 from .runs import cache_record, session_loop
 
@@ -164,7 +164,7 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     Returns
     -------
     dict
-        A run record (see :mod:`sim.schema`): ``tokens_per_s`` (the mean over
+        A run record (see :mod:`sim.core.schema`): ``tokens_per_s`` (the mean over
         sessions of each one's trace steps over their own time),
         ``session_tokens_per_s``, ``slowest_tokens_per_s``,
         ``aggregate_tokens_per_s`` (the sum of the sessions' tokens/s),

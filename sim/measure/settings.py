@@ -10,8 +10,8 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import POLICIES as CACHE_POLICIES, RowCache, parse_size
 
-from ..params import BACKENDS
-from ..schema import RunConfig
+from sim.core.params import BACKENDS
+from sim.core.schema import RunConfig
 from .configs import MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS
 
 __all__ = ["PROBES_MIN", "Settings"]
@@ -63,7 +63,7 @@ class Settings:
         ``probe_every``-th step of a decode run and after its last (0: no probes; the cross-check then
         predicts with the calibrated device alone).  A short run probes more often, so that it has
         :data:`PROBES_MIN` probe steps a session at least (:meth:`run_probe_every`): a window's own shape
-        of read and compute needs them (:mod:`sim.windows`).
+        of read and compute needs them (:mod:`sim.check.windows`).
     cache_batches : int
         48-row batches of the cold/warm cache check (0: none).
     capacity_target : float

@@ -18,7 +18,7 @@ import numpy as np
 
 from engram.errors import TableIOError
 
-from ..schema import ComputeSpec, RunConfig
+from sim.core.schema import ComputeSpec, RunConfig
 from ..trace import Trace
 from .compute import compute_runner
 from .microbench import (BACKEND_TAG, cache_check, compute_microbench, fio_microbench, hash_microbench, io_batches,

@@ -16,7 +16,7 @@ Data first, drawing last:
 
 from __future__ import annotations
 
-from ..capacity import CAPACITY_TARGET, capacity_of
+from sim.sweep.capacity import CAPACITY_TARGET, capacity_of
 from .build import build_report, regime
 from .document import Doc, anchor, render_html
 from .inputs import WHATIF_TOKENS, Inputs, default_traces, device_label, load_inputs

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..capacity import (BATCHING, CAPACITY_METRIC, CAPACITY_RULE, Capacity, CapacitySpec, capacity_of, compute_text,
-                        phases_short, phases_text, pooled_compute, read_capacity)
+from sim.sweep.capacity import (BATCHING, CAPACITY_METRIC, CAPACITY_RULE, Capacity, CapacitySpec, capacity_of, compute_text,
+                                phases_short, phases_text, pooled_compute, read_capacity)
 from ..sweep import AXES
 from .document import Doc, anchor
 from .inputs import device_label
@@ -32,7 +32,7 @@ __all__ = ["Entry", "answer_section", "capacity_figure", "compute_phrase", "entr
 @dataclass
 class Entry:
     """One capacity of the answer: ``label`` (the device and what else varies), where it comes from
-    (``source``), and the :class:`~sim.capacity.Capacity` (``cap``) or, read off a grid, ``grid``
+    (``source``), and the :class:`~sim.sweep.capacity.Capacity` (``cap``) or, read off a grid, ``grid``
     ``(capacity, lower bound, largest count, row at capacity)`` with the ``spec`` it was read at, or, from
     the cross-check of measured runs, ``checked`` (:func:`entries_from_crosscheck`)."""
 

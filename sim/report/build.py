@@ -11,7 +11,7 @@
 What goes in depends on what it is given:
 
 - first, the answer: the concurrent sessions each device sustains at a target
-  tokens/s, searched with a seed ensemble (:mod:`sim.capacity`), with its band
+  tokens/s, searched with a seed ensemble (:mod:`sim.sweep.capacity`), with its band
   and assumptions, from the report's own search and every capacity table
   given (:mod:`sim.report.answer`);
 - always: the SPEC §8 seed reproduction; tokens/s by threshold and by readers,
@@ -49,12 +49,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_TARGET, is_capacity_table
-from ..crosscheck import capacity_shown
-from ..regimes import regime as xc_regime, regime_checks as xc_regime_checks
+from sim.sweep.capacity import CAPACITY_TARGET, is_capacity_table
+from sim.check.crosscheck import capacity_shown
+from sim.check.regimes import regime as xc_regime, regime_checks as xc_regime_checks
 from ..device import SEED_REFERENCE
-from ..io import now_iso, output_error
-from ..progress import progress_mode
+from sim.core.io import now_iso, output_error
+from sim.core.progress import progress_mode
 from ..serve.search import is_serve_capacity_table
 from ..sweep import METRICS, read_table
 from .answer import Entry, answer_section, entries_from_crosscheck, search_section
@@ -76,7 +76,7 @@ _SEARCH_HEADING = "Capacity: how the report searched it"
 
 def regime(inp: Inputs) -> str:
     """The machine regime the measurements ran in, in words: the cross-check's (``summary["regime"]``, from the
-    background load measured during the runs, by :func:`sim.regimes.regime`), else that rule applied to the
+    background load measured during the runs, by :func:`sim.check.regimes.regime`), else that rule applied to the
     runs' background load, else what was not measured."""
     rg = ((inp.xc or {}).get("summary") or {}).get("regime")
     if rg is None and inp.runs is not None:
@@ -212,14 +212,14 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
         Compute per step of the capacity search (default: the SPEC §8 reference compute).
     seeds, max_sessions : int, optional
         Seeds per device and the largest session count of the capacity search
-        (default 3 and 1,024, :data:`sim.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
+        (default 3 and 1,024, :data:`sim.sweep.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
     jobs : int, optional
         Local processes for the capacity search (default: the CPU count).
     title : str, optional
     progress : bool or str
-        :mod:`sim.progress` mode of the capacity search; section lines go to standard error unless ``False``.
+        :mod:`sim.core.progress` mode of the capacity search; section lines go to standard error unless ``False``.
     log : callable, optional
         Receives a line as each section starts (default: print to standard error unless progress is off).
 

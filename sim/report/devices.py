@@ -1,6 +1,6 @@
 """The report's section on the devices made on the machine: planner-mode errors per device beside today's.
 
-It draws ``planner.json`` (:mod:`sim.planner`: every device's runs predicted from its fio JSON and from a
+It draws ``planner.json`` (:mod:`sim.check.planner`: every device's runs predicted from its fio JSON and from a
 datasheet string only) and each device's own cross-check (the calibrated device and compute in each run's
 window), and never simulates.
 """

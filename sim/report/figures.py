@@ -18,8 +18,8 @@ from engram.codec import ROW_BYTES
 from engram.rowcache import DEFAULT_POLICY
 
 from ..device import SEED_REFERENCE
-from ..params import DEFAULT_READERS, DEFAULT_THRESHOLD
-from ..schema import trace_label
+from sim.core.params import DEFAULT_READERS, DEFAULT_THRESHOLD
+from sim.core.schema import trace_label
 from ..trace.rowcache import OPTIMAL
 from .document import Doc
 from .plots import ReportFolder, cache_axis, colors, pyplot

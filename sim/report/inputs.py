@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from engram.errors import ArgumentError
 
-from ..calibrate import Calibration
-from ..crosscheck import crosscheck
-from ..io import load_json
+from sim.check.calibrate import Calibration
+from sim.check.crosscheck import crosscheck
+from sim.core.io import load_json
 from ..trace import CODE_SOURCE, Trace, load_trace, resolve_source
 
 __all__ = ["WHATIF_TOKENS", "Inputs", "default_traces", "device_label", "load_inputs"]

@@ -21,7 +21,7 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from ..io import output_error
+from sim.core.io import output_error
 from .document import Doc
 
 __all__ = ["ReportFolder", "cache_axis", "colors", "plain_log_ticks", "pyplot", "spread_labels", "zero_based"]

@@ -13,12 +13,12 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table, phases_short, phases_text, pooled_compute,
-                        probes_path, read_capacity)
-from ..crosscheck import markdown_table
-from ..intervals import error_band
-from ..regimes import regime_checks
-from ..io import sha256_file, write_json
+from sim.sweep.capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table, phases_short, phases_text, pooled_compute,
+                                probes_path, read_capacity)
+from sim.check.crosscheck import markdown_table
+from sim.check.intervals import error_band
+from sim.check.regimes import regime_checks
+from sim.core.io import sha256_file, write_json
 from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
 from ..trace import wrap_info

@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ..io import load_json
+from sim.core.io import load_json
 from ..serve.metrics import SLO
 from ..serve.panels import (goodput_by_device, knee_breakdown, latency_vs_load, plot_counterpart, plot_goodput,
                             plot_knee, plot_latency_vs_load)
-from ..capacity import CAPACITY_RULE
+from sim.sweep.capacity import CAPACITY_RULE
 from ..serve.search import MAX_HALVINGS, knee_words, probes_path
 from ..sweep import meta_path, read_table
 from .document import Doc, anchor

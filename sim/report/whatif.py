@@ -17,13 +17,13 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
-from ..capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
-                        phases_short)
+from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
+                                phases_short)
 from ..decode import seed_reproduction, simulate_decode
 from ..decode.speculative import Speculation
 from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tail
-from ..params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
-from ..schema import RunConfig, trace_label
+from sim.core.params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
+from sim.core.schema import RunConfig, trace_label
 from ..sweep import AXES
 from ..trace import SynthSpec, Trace, load_trace, lru_hit_rate, reuse_stats
 from ..trace.rowcache import OPTIMAL, cache_curve
@@ -399,8 +399,8 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
                   max_sessions: Optional[int] = None, quick: bool = False, jobs: Optional[int] = None,
                   progress=True) -> CapacityData:
     """The capacity of each device (this machine's calibrated backends and every preset) at ``target``, found
-    by :func:`sim.capacity.find_capacity`: the default threshold and readers, each session with its own compute
-    (the SPEC §8 reference unless ``compute_ms``), sessions at random phases (:data:`sim.params.DEFAULT_PHASES`,
+    by :func:`sim.sweep.capacity.find_capacity`: the default threshold and readers, each session with its own compute
+    (the SPEC §8 reference unless ``compute_ms``), sessions at random phases (:data:`sim.core.params.DEFAULT_PHASES`,
     set explicitly: the capacities state it as the probes ran it).  Seeds come from the report's
     fixed study seed (0) and each probe's point, so the same inputs give the same capacities."""
     spec = CapacitySpec(float(target), int(seeds or (2 if quick else REPORT_SEEDS)),

@@ -48,7 +48,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..params import DEFAULT_LAYERS, Compute, Consumer
+from sim.core.params import DEFAULT_LAYERS, Compute, Consumer
 
 __all__ = ["DS4_PREFILL_TOKENS_PER_S", "REFERENCE_STEP_MS", "StepCompute", "default_token_ms"]
 
@@ -75,7 +75,7 @@ class StepCompute:
     token_ms : float
         Milliseconds a prompt token adds.
     dist, cv : str, float
-        Spread of a step's time around its mean (:class:`sim.params.Compute` distributions).
+        Spread of a step's time around its mean (:class:`sim.core.params.Compute` distributions).
     scale : float
         Every time is divided by it (> 0).
     layers : int
@@ -224,7 +224,7 @@ class StepCompute:
         return sc
 
     def with_consumer(self, consumer: Consumer) -> "StepCompute":
-        """This compute plus an Engram consumer (:class:`sim.params.Consumer`): every Engram layer's
+        """This compute plus an Engram consumer (:class:`sim.core.params.Consumer`): every Engram layer's
         ``consumer.ms`` of the step's decode requests added at each knot (the knots of both, unscaled:
         ``scale`` speeds up the rest of the step, not the consumer), and the consumer's per-token slope
         added to ``token_ms`` (a prompt token through the consumer)."""

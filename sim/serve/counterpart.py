@@ -28,7 +28,7 @@ from engram import Layout
 from engram.errors import FormatError
 
 from ..device import EmpiricalDevice
-from ..params import Policy
+from sim.core.params import Policy
 from ..trace import Trace
 from .compute import StepCompute
 from .engine import Engine, Scheduler

@@ -8,7 +8,7 @@ batching:
    ``engram.Session.prefill``): every prompt row hashed up front, then the reader streams the rows in
    chunks of ``read_chunk`` tokens, chunk ``c`` of each table before chunk ``c + 1``, each chunk one
    batch of its distinct rows, and publishes how far it got (``prefill_readers = "per_table"``: one
-   reader per table side by side, as :func:`sim.prefill.simulate_prefill` models it).
+   reader per table side by side, as :func:`sim.decode.prefill.simulate_prefill` models it).
 2. **A step's work**: every running request past its prefill decodes one token (``B`` requests),
    and up to ``prefill_chunk`` prompt tokens are computed, given to the prefilling requests in
    admission order.  ``gate = "ready"``: only prompt tokens whose rows are already read are
@@ -16,7 +16,7 @@ batching:
    ``gate = "stall"``: the scheduled prompt tokens are computed at once and each Engram layer waits
    until its table's reader has the chunk it needs (the second table's reader starts when the
    request's first prefill step reaches layer ``second_start_layer``) -- the reference engine's
-   behaviour, which :func:`sim.prefill.simulate_prefill` models for one prompt.
+   behaviour, which :func:`sim.decode.prefill.simulate_prefill` models for one prompt.
 3. **Decode reads**: the ``B x 48`` rows of the step's decode tokens are read as one batch, each
    distinct row once across requests (:class:`~sim.serve.rows.RowSource`), serially below
    ``threshold`` distinct rows and else by ``readers`` (``Policy``), before compute starts (with
@@ -62,8 +62,8 @@ from ..decode import cache_hits
 from ..decode.fast import split_readers
 from ..decode.speculative import Speculation, accepted_prefix
 from ..device import Device
-from ..params import Policy
-from ..progress import progress as progress_bar
+from sim.core.params import Policy
+from sim.core.progress import progress as progress_bar
 from .compute import StepCompute
 from .device import BatchTimes, SharedDevice
 from .rows import DEFAULT_READ_CHUNK, RowSource, SharedRowCache
@@ -102,7 +102,7 @@ class Scheduler:
     prefill_readers : str
         ``"one"``: one background reader per prompt reading chunk ``c`` of every open table before chunk
         ``c + 1`` (``engram.Prefetcher``, the engine); ``"per_table"``: one reader per table, side by side
-        (:func:`sim.prefill.simulate_prefill`).
+        (:func:`sim.decode.prefill.simulate_prefill`).
 
     Raises
     ------
@@ -763,7 +763,7 @@ class Engine:
     def run(self, progress: Union[bool, str] = False) -> EngineTrace:
         """Run until every request finished or the time cap; return what happened.
 
-        ``progress``: :mod:`sim.progress` mode, one item a request arrived (shown after 2 s).
+        ``progress``: :mod:`sim.core.progress` mode, one item a request arrived (shown after 2 s).
         """
         arr = self.reqs.arrival.tolist()
         N = len(arr)

@@ -46,7 +46,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import summarize_counter
-from ..schema import percentiles_ms
+from sim.core.schema import percentiles_ms
 from .engine import EngineTrace
 from .workload import Requests
 

@@ -19,7 +19,7 @@ from engram.errors import ArgumentError
 from ..decode import hot_rows
 from ..decode.speculative import Speculation
 from ..device import Device, load_device, with_tail
-from ..params import Policy
+from sim.core.params import Policy
 from ..trace import Trace, load_trace
 from .compute import StepCompute
 from .engine import Engine, Scheduler
@@ -88,7 +88,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
     fail_fast : bool
         Stop as soon as the TTFT target can no longer be met (for a capacity search).
     progress : bool or str
-        :mod:`sim.progress` mode of the run, one item a request arrived (default off: a study's points run
+        :mod:`sim.core.progress` mode of the run, one item a request arrived (default off: a study's points run
         many at once).
     speculation : Speculation, optional
         Speculative decoding: draft tokens a step, their acceptance, the drafts' rows prefetched

@@ -41,7 +41,7 @@ from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY, CachePolicy
 
 from ..decode import resident_mask
-from ..params import Policy
+from sim.core.params import Policy
 from ..trace import Trace
 from .workload import RequestFile, Requests
 

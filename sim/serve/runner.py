@@ -20,11 +20,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY
 
-from ..calibrate import Calibration
+from sim.check.calibrate import Calibration
 from ..decode import hot_rows
 from ..device import load_device, with_tail
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
-from ..params import Policy, consumer_preset
+from sim.core.params import Policy, consumer_preset
 from ..sweep import PointRunner
 from ..trace import load_trace
 from .compute import StepCompute

@@ -6,7 +6,7 @@ TTFT and TBT percentiles under their targets, every measured request finished). 
 the largest such rate, in requests/s: how many users one device carries.
 
 Search (per seed, Vidur-Search's and DistServe's binary search on the rate, galloping first, as
-:mod:`sim.capacity` searches session counts): probe ``min_rate``; while it passes double it (up to
+:mod:`sim.sweep.capacity` searches session counts): probe ``min_rate``; while it passes double it (up to
 ``max_rate``: a capacity there is a lower bound); if ``min_rate`` fails, halve it (at most
 :data:`MAX_HALVINGS` times: below that the capacity is reported as 0); then bisect between the
 last rate that passed and the first that failed until they are ``resolution`` (a share of the
@@ -48,10 +48,10 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..capacity import CAPACITY_RULE, CapacityTable, SearchBound, SearchProgress, SeedBand, earlier_probes, probes_path
-from ..io import load_json
-from ..progress import progress_label
-from ..schema import SERVE_SCHEMA
+from sim.sweep.capacity import CAPACITY_RULE, CapacityTable, SearchBound, SearchProgress, SeedBand, earlier_probes, probes_path
+from sim.core.io import load_json
+from sim.core.progress import progress_label
+from sim.core.schema import SERVE_SCHEMA
 from ..sweep import TableWriter, check_table_target, meta_path, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context

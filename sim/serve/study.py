@@ -53,7 +53,7 @@ from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY
 
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
-from ..params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
+from sim.core.params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
 from ..sweep.study import (check_cache_axes, coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
                            varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec

@@ -15,7 +15,7 @@ Lengths (``prompt_tokens``, ``output_tokens``; :class:`Lengths`)
     ``lognormal:mean=512,cv=1,min=16,max=16384``, ``exponential:mean=256,min=1``, or ``file``: the
     lengths of a requests file (a prompt's tokens through the real DeepSeek V4 tokenizer; an
     output's ``output_tokens`` field).  Every length, drawn or read, is at most
-    :data:`sim.limits.MAX_REQUEST_TOKENS` (2^20 tokens, a 1M-token context window): a spelling or a
+    :data:`sim.core.limits.MAX_REQUEST_TOKENS` (2^20 tokens, a 1M-token context window): a spelling or a
     file past it is refused before anything is drawn.
 
 Requests file (``requests``)
@@ -42,8 +42,8 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import read_jsonl
-from ..limits import MAX_REQUEST_TOKENS, check_memory, check_seed
+from sim.core.io import read_jsonl
+from sim.core.limits import MAX_REQUEST_TOKENS, check_memory, check_seed
 from ..trace.tokens import encode_text
 
 __all__ = ["ARRIVALS", "BLOCK", "LENGTH_KINDS", "Lengths", "RequestFile", "Requests", "Workload", "make_requests",
@@ -57,7 +57,7 @@ LENGTH_KINDS = ("fixed", "uniform", "lognormal", "exponential", "file")
 BLOCK = 4096
 #: Bytes one request takes in a serving run, planned before the requests are drawn (its drawn figures and
 #: gaps, and its state and records in the simulation): ``rate x duration x BYTES_PER_REQUEST`` must pass
-#: :func:`sim.limits.check_memory`.
+#: :func:`sim.core.limits.check_memory`.
 BYTES_PER_REQUEST = 1024
 #: The default prompt lengths: a chat/RAG mix (lognormal, mean 512 tokens).
 DEFAULT_PROMPT_TOKENS = "lognormal:mean=512,cv=1,min=16,max=16384"
@@ -99,7 +99,7 @@ class Lengths:
             raise ArgumentError(f"lengths {self.spec()!r}: the mean must be >= 1 token")
         if max(self.hi, self.mean) > MAX_REQUEST_TOKENS:
             raise ArgumentError(f"lengths {self.spec()!r}: {max(self.hi, int(self.mean))} tokens is past the longest "
-                                f"request, {MAX_REQUEST_TOKENS} tokens (sim.limits.MAX_REQUEST_TOKENS: a 1M-token "
+                                f"request, {MAX_REQUEST_TOKENS} tokens (sim.core.limits.MAX_REQUEST_TOKENS: a 1M-token "
                                 "context window)")
         if self.kind == "lognormal" and not (self.cv >= 0 and math.isfinite(self.cv)):
             raise ArgumentError(f"lengths {self.spec()!r}: cv must be >= 0")
@@ -285,7 +285,7 @@ def _nonneg_int(obj: dict, key: str, where: str) -> int:
     v = obj.get(key, 0)
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_REQUEST_TOKENS:
         raise FormatError(f"{where}: {key} = {v!r} must be an integer in [0, {MAX_REQUEST_TOKENS}] "
-                          "(sim.limits.MAX_REQUEST_TOKENS: a 1M-token context window)")
+                          "(sim.core.limits.MAX_REQUEST_TOKENS: a 1M-token context window)")
     return v
 
 
@@ -314,7 +314,7 @@ def read_request_file(path: Union[str, os.PathLike], encode=None) -> RequestFile
         toks.append(t)
         if t is not None and t.size > MAX_REQUEST_TOKENS:
             raise FormatError(f"{where}: the prompt is {t.size} tokens, past the longest request, "
-                              f"{MAX_REQUEST_TOKENS} tokens (sim.limits.MAX_REQUEST_TOKENS)")
+                              f"{MAX_REQUEST_TOKENS} tokens (sim.core.limits.MAX_REQUEST_TOKENS)")
         plen.append(int(t.size) if t is not None else n_given)
         olen.append(_nonneg_int(obj, "output_tokens", where))
         a = obj.get("arrival_s")

@@ -71,13 +71,13 @@ import numpy as np
 from engram.errors import ArgumentError, EngramError
 from engram.rowcache import DEFAULT_POLICY
 
-from ..calibrate import Calibration, check_study_backends
+from sim.check.calibrate import Calibration, check_study_backends
 from ..decode import hot_rows, seed_reproduction, simulate_decode
 from ..device import load_device
-from ..params import Compute, Policy
-from ..progress import progress as progress_bar
-from ..progress import progress_label
-from ..schema import SWEEP_SCHEMA
+from sim.core.params import Compute, Policy
+from sim.core.progress import progress as progress_bar
+from sim.core.progress import progress_label
+from sim.core.schema import SWEEP_SCHEMA
 from ..trace import load_trace
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
 from .table import TableWriter, partial_path, read_table, same_axis_value
@@ -585,7 +585,7 @@ def run_points(points: Sequence[Mapping[str, Any]], study_seed: int = 0, *, cali
     or the Dask cluster at ``scheduler`` (``tcp://host:port``) when given
     (``connect_timeout`` seconds to reach it).  ``traces``: loaded traces by
     spec (see :func:`resolve_context`).  ``progress``: ``True``/``"auto"``,
-    ``"lines"``, ``False`` (:mod:`sim.progress`).  Rows come back in point
+    ``"lines"``, ``False`` (:mod:`sim.core.progress`).  Rows come back in point
     order whatever the runner; each point's seed is
     ``point_seed(study_seed, point)``.
 

@@ -34,7 +34,7 @@ Study file
 over ``[fixed]``.
 
 A ``[capacity]`` table makes it a capacity study (``engram sim capacity``,
-:mod:`sim.capacity`): each point of the grid is a configuration whose largest
+:mod:`sim.sweep.capacity`): each point of the grid is a configuration whose largest
 session count meeting a target is searched for, instead of a grid over
 ``sessions``::
 
@@ -51,7 +51,7 @@ machine's calibrated device of the point's ``backend`` -- or
 ``overlap_layers``, ``batch_overhead_us``, ``sessions``, ``steps``,
 ``start_spread_ms`` (older form of ``phases = "spread:MS"``, :func:`point_phases`), ``phases``
 (``random`` -- the default --, ``lockstep`` or ``spread:MS``:
-:class:`sim.params.Phases`), ``drives`` (drives striped by row id),
+:class:`sim.core.params.Phases`), ``drives`` (drives striped by row id),
 ``shared_cache_rows``, ``dram_fraction`` (share of the tables resident in
 DRAM), ``dram_rows`` (a hot set, ``.npy``), ``tail`` (a measured device whose
 latency distribution the point's device takes), ``compute`` (``""``: ``compute_ms`` with
@@ -85,8 +85,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
-from ..io import read_text
-from ..params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
+from sim.core.io import read_text
+from sim.core.params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
 try:
@@ -200,7 +200,7 @@ def parse_study_toml(text: str, source: str) -> dict:
 
 
 def load_study_toml(path: Path) -> dict:
-    """The tables of the study file at ``path`` (UTF-8 text, :func:`sim.io.read_text`)."""
+    """The tables of the study file at ``path`` (UTF-8 text, :func:`sim.core.io.read_text`)."""
     return parse_study_toml(read_text(path, "study"), str(path))
 
 
@@ -254,7 +254,7 @@ class Study:
     source : str
         Where the study came from (a path, or ``"<dict>"``).
     capacity : dict or None
-        The ``[capacity]`` table of a capacity study (read by :class:`sim.capacity.CapacitySpec`), else ``None``.
+        The ``[capacity]`` table of a capacity study (read by :class:`sim.sweep.capacity.CapacitySpec`), else ``None``.
     """
 
     name: str
@@ -421,7 +421,7 @@ def point_trace(p: Mapping[str, Any]) -> str:
 
 
 def point_phases(p: Mapping[str, Any]) -> str:
-    """The session phases a point runs with (:class:`sim.params.Phases` as text): ``spread:MS`` when the older
+    """The session phases a point runs with (:class:`sim.core.params.Phases` as text): ``spread:MS`` when the older
     ``start_spread_ms`` axis is set above 0, else its ``phases`` (``random`` unless the study says otherwise)."""
     spread = float(p.get("start_spread_ms") or 0.0)
     if spread > 0:

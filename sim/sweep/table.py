@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import OutputError, check_output_folder, load_json, output_error, read_text, write_json
+from sim.core.io import OutputError, check_output_folder, load_json, output_error, read_text, write_json
 from .study import AXES
 
 __all__ = ["TableWriter", "check_metrics", "check_table_target", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]

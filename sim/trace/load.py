@@ -7,7 +7,7 @@ from typing import Optional
 from engram import Layout
 from engram.errors import ArgumentError
 
-from ..io import read_text
+from sim.core.io import read_text
 from .base import Trace
 from .sources import read_token_file, resolve_source
 from .synth import synthesize_spec

@@ -18,7 +18,7 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import CachePolicy
 
-from ..progress import progress as progress_bar
+from sim.core.progress import progress as progress_bar
 from .base import Trace
 
 __all__ = ["ReuseStats", "lru_hit_rate", "lru_hits", "repeat_mask", "reuse_stats"]
@@ -154,7 +154,7 @@ def reuse_stats(trace: Trace, lru_sizes: Iterable[int] = (), per_sequence: bool 
         Each sequence of the trace is its own session (default); otherwise the
         whole trace is one session.
     progress : bool or str
-        :mod:`sim.progress` mode of the LRU replays (shown after 2 s).
+        :mod:`sim.core.progress` mode of the LRU replays (shown after 2 s).
     """
     rep = repeat_mask(trace, per_sequence)
     orders = trace.orders

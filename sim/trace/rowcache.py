@@ -25,7 +25,7 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import POLICIES, CachePolicy, cache_rows, parse_size
 
-from ..progress import progress as progress_bar
+from sim.core.progress import progress as progress_bar
 from .base import Trace
 from .wrap import session_offsets
 
@@ -112,7 +112,7 @@ def stretch_hits(trace: Trace, starts: Sequence[int], steps: int, capacity: int,
 
 def optimal_hits(keys: np.ndarray, capacity: int, progress: Union[bool, str] = True) -> np.ndarray:
     """bool like ``keys``: the hits of Belady's MIN with bypass with ``capacity`` rows (see the module);
-    ``progress``: a :mod:`sim.progress` mode."""
+    ``progress``: a :mod:`sim.core.progress` mode."""
     flat = np.ascontiguousarray(keys, np.uint64).reshape(-1)
     n = flat.size
     if capacity < 1 or n == 0:

@@ -43,7 +43,7 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..progress import progress as progress_bar
+from sim.core.progress import progress as progress_bar
 from .base import Trace
 from .reuse import repeat_mask
 
@@ -198,7 +198,7 @@ def measure_profile(trace: Trace, *, window: int = PROFILE_WINDOW, name: Optiona
     """Measure a :class:`ReuseProfile` on consecutive windows of ``window`` tokens of ``trace``.
 
     Each window is its own session (a trace of several sequences is cut
-    within each sequence); rates are rounded to 4 decimals.  ``progress``: :mod:`sim.progress` mode, one item
+    within each sequence); rates are rounded to 4 decimals.  ``progress``: :mod:`sim.core.progress` mode, one item
     a window (shown after 2 s).
 
     Raises

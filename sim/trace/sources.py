@@ -33,7 +33,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from ..io import SHARED_DATA_ENV, read_jsonl, read_text, shared_data_dir
+from sim.core.io import SHARED_DATA_ENV, read_jsonl, read_text, shared_data_dir
 
 __all__ = ["CODE_SOURCE", "SHARED_SOURCES", "SYNTH_PREFIX", "TOKENIZED_KINDS", "builtin_sources", "encoded_by_tokenizer",
            "read_prompts", "read_token_file", "resolve_source"]

@@ -13,16 +13,16 @@ import pytest
 
 from engram import synth
 from engram.errors import ArgumentError, FormatError
-import sim.crosscheck
-import sim.windows
-from sim.calibrate import Calibration, calibrate, calibrate_file
-from sim.crosscheck import crosscheck, crosscheck_files
+import sim.check.crosscheck
+import sim.check.windows
+from sim.check.calibrate import Calibration, calibrate, calibrate_file
+from sim.check.crosscheck import crosscheck, crosscheck_files
 from sim.device import load_device
-from sim.io import load_json
+from sim.core.io import load_json
 from sim.measure import Settings, measure
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE
-from sim.windows import FIT_MAX_STEPS, WINDOW_MIN_STEPS
+from sim.check.windows import FIT_MAX_STEPS, WINDOW_MIN_STEPS
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
 
@@ -64,9 +64,9 @@ def no_work(monkeypatch):
     """Any trace loading or simulation of the cross-check or the calibration's window fit fails the test."""
     def ran(*a, **k):
         raise AssertionError("work began before the input was checked")
-    monkeypatch.setattr(sim.crosscheck, "_load_traces", ran)
-    monkeypatch.setattr(sim.crosscheck, "predict_run", ran)
-    monkeypatch.setattr(sim.windows, "window_state", ran)
+    monkeypatch.setattr(sim.check.crosscheck, "_load_traces", ran)
+    monkeypatch.setattr(sim.check.crosscheck, "predict_run", ran)
+    monkeypatch.setattr(sim.check.windows, "window_state", ran)
 
 
 # ------------------------------------------------------------------ 1. runs.json
@@ -341,12 +341,12 @@ def test_the_several_session_fit_simulates_a_bounded_loop(measured, monkeypatch)
     i = _probe_index(doc, True)
     doc["records"][i]["session_steps"] = 1_000_000
     steps = []
-    real = sim.windows.simulate_decode
+    real = sim.check.windows.simulate_decode
 
     def spy(*a, **k):
         steps.append(k["steps"])
         return real(*a, **k)
-    monkeypatch.setattr(sim.windows, "simulate_decode", spy)
+    monkeypatch.setattr(sim.check.windows, "simulate_decode", spy)
     cal = calibrate(doc)
     assert steps and max(steps) == FIT_MAX_STEPS
     assert cal.window(doc["records"][i]["probe"])["fit_simulations"] >= 1
@@ -434,7 +434,7 @@ def _latency_document(kind, measured, tmp_path, value) -> tuple:
                                   "calibration-device", "calibration-window", "calibration-window-samples"])
 def test_zero_is_not_a_latency_in_any_document(measured, tmp_path, capsys, kind, value):
     """A device or calibration document whose latencies are zero, negative or NaN is refused when read (one
-    line naming the file and the field, exit 2), never divided by later (sim.schema.LATENCY)."""
+    line naming the file and the field, exit 2), never divided by later (sim.core.schema.LATENCY)."""
     f, args = _latency_document(kind, measured, tmp_path, value)
     err = cli(capsys, args)
     assert "is not a latency (a finite number > 0)" in err and str(f) in err, err

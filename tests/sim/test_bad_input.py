@@ -11,7 +11,7 @@ import pytest
 
 from engram.cli import main
 from engram.errors import ArgumentError, FormatError
-from sim import limits
+from sim.core import limits
 from sim.decode import simulate_decode
 from sim.device import load_device
 from sim.serve.workload import Workload, make_requests
@@ -38,7 +38,7 @@ def test_a_decode_run_too_large_for_memory_is_refused_before_allocating(eight_gb
     L, C = tr.layers, tr.columns
     want = (f"2000000 steps x 64 sessions x {L * C} row slots a step (~24 bytes a slot) needs about "
             f"{2000000 * 64 * L * C * 24 / 1e9:.3g} GB of memory, more than the limit of 4 GB (0.5 of this "
-            "machine's 8 GB physical memory, sim.limits.MEMORY_SHARE): make the run smaller")
+            "machine's 8 GB physical memory, sim.core.limits.MEMORY_SHARE): make the run smaller")
     with pytest.raises(ArgumentError) as e:
         simulate_decode(tr, "seed-apple-m3-ultra", compute=0.01, sessions=64, steps=2000000)
     assert str(e.value) == want
@@ -49,7 +49,7 @@ def test_a_decode_run_too_large_for_memory_is_refused_before_allocating(eight_gb
 def test_a_serving_run_with_too_many_requests_is_refused(eight_gb, capsys):
     want = ("rate 1e+09 requests/s x duration 5 s = 5e+09 requests (~1024 bytes a request) needs about "
             "5.12e+03 GB of memory, more than the limit of 4 GB (0.5 of this machine's 8 GB physical memory, "
-            "sim.limits.MEMORY_SHARE): make the run smaller")
+            "sim.core.limits.MEMORY_SHARE): make the run smaller")
     with pytest.raises(ArgumentError) as e:
         make_requests(Workload(1e9, 5.0), 0)
     assert str(e.value) == want
@@ -61,7 +61,7 @@ def test_a_serving_run_with_too_many_requests_is_refused(eight_gb, capsys):
 def test_device_table_queue_depths_are_bounded(tmp_path, capsys, qd):
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"kind": "empirical", "name": "d", "table": {"1": {"mean_us": 80}, qd: {"mean_us": 90}}}))
-    why = (f"queue depth {int(qd)} is outside [1, 65536] (sim.limits.MAX_QUEUE_DEPTH: an NVMe queue's largest size)"
+    why = (f"queue depth {int(qd)} is outside [1, 65536] (sim.core.limits.MAX_QUEUE_DEPTH: an NVMe queue's largest size)"
            if qd.isdigit() else f"queue depth {qd!r} is not a whole number")
     with pytest.raises(FormatError) as e:
         load_device(path)
@@ -111,7 +111,7 @@ def test_ssd_spec_fields_are_checked(capsys, extra, why):
                                 "sim.device.models.MIN_IOPS)"),
     ("ssd:qd1_us=1e300,iops=1000", f"ssd: qd1_us = 1e+300 {RANGE} (0, 1e+06] (sim.device.datasheet.SPEC_MAX)"),
     ("ssd:qd1_us=900000,iops=1e9", "ssd: row IOPS x QD1 latency = 9e+08 reads in flight to reach the ceiling, "
-                                   "more than the deepest queue (65536, sim.limits.MAX_QUEUE_DEPTH)"),
+                                   "more than the deepest queue (65536, sim.core.limits.MAX_QUEUE_DEPTH)"),
 ])
 def test_ssd_spec_figures_are_bounded_to_physical_ranges(spec, why):
     with pytest.raises(ArgumentError) as e:
@@ -216,7 +216,7 @@ def test_microbenchmark_records_are_typed(tmp_path, capsys, lines, why):
 
 # ------------------------------------------------------------------ 6. text files that are not UTF-8
 def test_read_text_names_the_file_and_the_byte(tmp_path):
-    from sim.io import read_text
+    from sim.core.io import read_text
     f = tmp_path / "x.toml"
     f.write_bytes(b'name = "caf\xe9"\n')
     with pytest.raises(FormatError) as e:
@@ -364,12 +364,12 @@ SERVE = '[study]\nname = "s"\n[serve]\ntrace_limit = 8192\nduration_s = 5\n[slo]
 @pytest.mark.parametrize("body", [CAPACITY, SERVE])
 @pytest.mark.parametrize("out", ["/dev/full", "folder"])
 def test_capacity_output_is_checked_before_the_search(tmp_path, capsys, monkeypatch, body, out):
-    import sim.capacity
+    import sim.sweep.capacity
     import sim.serve.search
 
     def ran(*a, **k):
         raise AssertionError("the search ran")
-    monkeypatch.setattr(sim.capacity, "find_capacity", ran)
+    monkeypatch.setattr(sim.sweep.capacity, "find_capacity", ran)
     monkeypatch.setattr(sim.serve.search, "find_serve_capacity", ran)
     study = tmp_path / "s.toml"
     study.write_text(body)

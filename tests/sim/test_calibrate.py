@@ -1,4 +1,4 @@
-"""sim.calibrate: fits from hand-made microbenchmarks (known answers), the batch device, persistence, and the
+"""sim.check.calibrate: fits from hand-made microbenchmarks (known answers), the batch device, persistence, and the
 pin that the calibration never reads decode runs."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 
 from engram import ArgumentError, FormatError, synth
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.calibrate import Calibration, calibrate, calibrate_file, check_study_backends
+from sim.check.calibrate import Calibration, calibrate, calibrate_file, check_study_backends
 from sim.sweep import Study, run_study, runner
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, load_device
-from sim.io import load_json
+from sim.core.io import load_json
 from sim.measure import measure
-from sim.params import Compute
-from sim.schema import CALIBRATION_SCHEMA, MICRO_SCHEMA, RunConfig
+from sim.core.params import Compute
+from sim.core.schema import CALIBRATION_SCHEMA, MICRO_SCHEMA, RunConfig
 from sim.trace import CODE_SOURCE
 
 US = 1e-6

@@ -1,4 +1,4 @@
-"""sim.capacity: the search (galloping, bisection, seed ensembles), its seeds, its assumptions, capacity studies
+"""sim.sweep.capacity: the search (galloping, bisection, seed ensembles), its seeds, its assumptions, capacity studies
 and the CLI."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from engram import ArgumentError
 from engram.cli import main
-from sim.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
-                          read_capacity)
-from sim.capacity import CAPACITY_METRIC, SMALL_CAPACITY, _bracketed, _search, session_bounds
+from sim.sweep.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
+                                read_capacity)
+from sim.sweep.capacity import CAPACITY_METRIC, SMALL_CAPACITY, _bracketed, _search, session_bounds
 from sim.decode import seed_reproduction
 from sim.device import load_device
 from sim.sweep import AXES, Study, point_seed, read_table, run_points

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
-from sim.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound,
-                          SearchProgress, WorkProgress, _search, find_capacity, read_capacity)
+from sim.sweep.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound,
+                                SearchProgress, WorkProgress, _search, find_capacity, read_capacity)
 from sim.sweep import AXES
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch

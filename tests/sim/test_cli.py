@@ -142,7 +142,7 @@ def test_phases_and_wrapped_traces_in_the_output(capsys, caplog, monkeypatch):
 
 # ------------------------------------------------------------- one device syntax (19.2)
 def test_every_command_takes_every_device_form(capsys, tmp_path):
-    from sim.calibrate import calibrate
+    from sim.check.calibrate import calibrate
     from tests.sim.test_calibrate import micro_doc
 
     cal = str(calibrate(micro_doc()).save(tmp_path / "calibration.json"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engram.errors import ArgumentError
-from sim.params import CONSUMERS, Consumer, consumer_preset
+from sim.core.params import CONSUMERS, Consumer, consumer_preset
 from sim.serve.compute import StepCompute
 from sim.serve.runner import point_objects
 from sim.serve.study import SERVE_AXES, check_serve_point

@@ -1,4 +1,4 @@
-"""sim.crosscheck: known-answer predictions, the error table of a real measurement, the three commands."""
+"""sim.check.crosscheck: known-answer predictions, the error table of a real measurement, the three commands."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from engram.cli import main
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.calibrate import Calibration, calibrate_file
+from sim.check.calibrate import Calibration, calibrate_file
 from engram.backends import usable_backends
-from sim.crosscheck import CDF_PERCENTILES, capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, \
+from sim.check.crosscheck import CDF_PERCENTILES, capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, \
     predict, _by_chance
-from sim.intervals import INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, median_interval, model_sd, run_sd
-from sim.regimes import QUIET_TARGETS, TARGETS, chance_of_fewer, regime, regime_checks, verdict
+from sim.check.intervals import INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, median_interval, model_sd, run_sd
+from sim.check.regimes import QUIET_TARGETS, TARGETS, chance_of_fewer, regime, regime_checks, verdict
 from sim.device import LatencyDist, MeasuredBatchDevice
-from sim.io import load_json
+from sim.core.io import load_json
 from sim.measure import measure
-from sim.params import Compute
-from sim.schema import RunConfig
+from sim.core.params import Compute
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
 
 US = 1e-6

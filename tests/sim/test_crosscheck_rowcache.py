@@ -1,4 +1,4 @@
-"""sim.crosscheck with the engine's row cache on: a run is predicted from its misses, with the cache it had."""
+"""sim.check.crosscheck with the engine's row cache on: a run is predicted from its misses, with the cache it had."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from engram import FormatError, synth
-from sim.calibrate import calibrate_file
-from sim.crosscheck import ROW_CACHE_HIT_RATE_TOLERANCE, crosscheck_files, markdown_table, predict_run, run_cache_hits
+from sim.check.calibrate import calibrate_file
+from sim.check.crosscheck import ROW_CACHE_HIT_RATE_TOLERANCE, crosscheck_files, markdown_table, predict_run, run_cache_hits
 from sim.decode.reads import step_reads
-from sim.io import load_json
+from sim.core.io import load_json
 from sim.measure import measure
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
 from sim.trace.rowcache import policy_hits, stretch_hits
 from tests.modelfiles import SCALE, token_map as _token_map

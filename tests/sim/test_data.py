@@ -13,7 +13,7 @@ import pytest
 
 from engram.errors import ArgumentError
 from sim.device import PRESET_FILES, preset, preset_names
-from sim.io import PACKAGED_DATA, packaged_data_dir, packaged_data_path, shared_data_dir
+from sim.core.io import PACKAGED_DATA, packaged_data_dir, packaged_data_path, shared_data_dir
 from sim.trace import SHARED_SOURCES, builtin_sources, load_trace, resolve_source
 from sim.trace.shape import PROFILES
 

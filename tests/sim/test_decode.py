@@ -15,7 +15,7 @@ from engram.errors import ArgumentError
 from sim.decode import reads as decode_reads
 from sim.decode import fit_compute, reference_compute, resident_mask, seed_reproduction, simulate_decode
 from sim.device import SEED_REFERENCE, ParametricSSD, load_device, preset, with_tail
-from sim.params import Compute, Policy
+from sim.core.params import Compute, Policy
 from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats
 
 US = 1e-6
@@ -303,7 +303,7 @@ def test_random_phases_are_the_default_and_lockstep_is_an_option(code):
 
 def test_measured_start_offsets_as_phases(code):
     """``Phases.at``: each session starts at its own given time; the same starts as ``spread`` give its answer."""
-    from sim.params import Phases
+    from sim.core.params import Phases
 
     args = dict(policy=Policy(), compute=Compute(47.013e-3), sessions=4, steps=30)
     at = Phases.at([0.0, 0.01, 0.02, 0.03])

@@ -12,8 +12,8 @@ import pytest
 from engram import Layout
 from engram.backends import usable_backends
 from engram.cli import main
-from sim.demo import demo_grid, run_demo
-from sim.schema import RunConfig
+from sim.cli.demo import demo_grid, run_demo
+from sim.core.schema import RunConfig
 
 FIGURES = ("seed_reproduction", "predicted_vs_measured", "capacity_measured", "threshold", "readers", "devices",
            "step_cdf", "cache", "reuse", "reuse_rate", "capacity", "planner", "sweep_demo_0", "sweep_demo_1")

@@ -14,11 +14,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from sim.calibrate import calibrate
+from sim.check.calibrate import calibrate
 from sim.device import (DEVICE_FORMS, Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice, ParametricSSD,
                         device_from_fio, load_device, poisson_load, preset, preset_names, summarize_boxes,
                         summarize_counter, time_average, with_tail)
-from sim.io import packaged_data_path
+from sim.core.io import packaged_data_path
 from tests.sim.test_calibrate import micro_doc
 
 US = 1e-6

@@ -13,7 +13,7 @@ import pytest
 from engram import ArgumentError, EngramModel, FormatError, Hasher, synth
 from engram.backends import usable_backends
 from tests.modelfiles import SCALE, token_map as _token_map
-from sim.io import load_json
+from sim.core.io import load_json
 from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUNTS, Background, cache_check,
                          compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
                          grid, hash_microbench, io_microbench, io_shared, is_quiet, measure, quick_grid,
@@ -21,7 +21,7 @@ from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUN
 from sim.measure import Settings
 from sim.measure.microbench import open_tables
 from sim.measure.runs import session_loop
-from sim.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
+from sim.core.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from sim.trace import CODE_SOURCE, load_trace
 
 
@@ -467,7 +467,7 @@ def test_measure_multi_session_and_left_out_backends(model_path, tmp_path):
     code = f"""
 import json
 from sim.measure import measure
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 cfgs = [RunConfig({CODE_SOURCE!r}, 8, "io_uring", 4, "none", 20),
         RunConfig({CODE_SOURCE!r}, 8, "pread", 2, "sleep:1", 20, 2, "threads")]
 res = measure({str(model_path)!r}, cfgs, {str(tmp_path)!r}, rounds=1, depths=(1, 2), fio=False, io_batches=3,

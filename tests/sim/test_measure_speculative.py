@@ -9,12 +9,12 @@ import pytest
 
 from engram import ArgumentError, EngramModel, FormatError, synth
 from engram.cli import main
-from sim.calibrate import calibrate_file
-from sim.crosscheck import crosscheck_files, markdown_table
-from sim.io import load_json
+from sim.check.calibrate import calibrate_file
+from sim.check.crosscheck import crosscheck_files, markdown_table
+from sim.core.io import load_json
 from sim.measure import decode_run, measure
 from sim.measure.runs import _accepted, _drafts
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
 from tests.modelfiles import SCALE, token_map as _token_map
 

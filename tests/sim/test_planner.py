@@ -1,4 +1,4 @@
-"""sim.planner: the planner-mode cross-check's document on a real small measurement, its datasheet strings and
+"""sim.check.planner: the planner-mode cross-check's document on a real small measurement, its datasheet strings and
 its refusals."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import engine_read_size, fio_json, measure_devices
-from sim.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
-                         planner_compute, planner_crosscheck)
+from sim.check.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
+                               planner_compute, planner_crosscheck)
 from sim.report.devices import devices_section
 from sim.report.document import Doc
 from sim.report.inputs import Inputs
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
@@ -67,7 +67,7 @@ def test_planner_document(measured):
         peak = max(r["jobs"][0]["read"]["iops"] for r in raw)
         assert figs["qd1_mean_us"] == pytest.approx(qd1["lat_ns"]["mean"] / 1e3)
         assert figs["peak_iops"] == pytest.approx(peak)
-        # every string states the routed drive (sim.planner.ROUTING_RULE)
+        # every string states the routed drive (sim.check.planner.ROUTING_RULE)
         assert e["datasheet"].startswith("ssd:qd1_us=") and e["datasheet"].endswith(",routing=random")
         if d["class"] == "throttled":  # the drive behind the volume: the raw disk's QD1 mean (its fio beside)
             disk = next(x for x in devices if x["name"] == "disk")

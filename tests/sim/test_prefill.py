@@ -1,4 +1,4 @@
-"""sim.prefill: closed forms of the chunked background reader behind layer compute (SPEC §8)."""
+"""sim.decode.prefill: closed forms of the chunked background reader behind layer compute (SPEC §8)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from engram.errors import ArgumentError
 from sim.device import preset
-from sim.params import Compute, Policy
-from sim.prefill import simulate_prefill
+from sim.core.params import Compute, Policy
+from sim.decode.prefill import simulate_prefill
 from sim.trace import CODE_SOURCE, Trace, load_trace
 
 US = 1e-6

@@ -1,4 +1,4 @@
-"""sim.progress: a bar on a terminal, plain periodic lines elsewhere, nothing when off."""
+"""sim.core.progress: a bar on a terminal, plain periodic lines elsewhere, nothing when off."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sim.progress import Progress, progress, progress_mode
+from sim.core.progress import Progress, progress, progress_mode
 
 
 class Terminal(io.StringIO):
@@ -79,7 +79,7 @@ def test_a_delay_keeps_short_runs_quiet_and_eta_can_be_left_out():
 
 
 def test_sim_decode_off_a_terminal_prints_plain_lines(monkeypatch):
-    """simulate_decode(progress=True) off a terminal: sim.progress's plain lines, no tqdm bar, no time left."""
+    """simulate_decode(progress=True) off a terminal: sim.core.progress's plain lines, no tqdm bar, no time left."""
     import sim.decode.model as model
     from sim.decode import simulate_decode
     from sim.trace import CODE_SOURCE, load_trace

@@ -21,7 +21,7 @@ from matplotlib.text import Text
 
 from engram import ArgumentError
 from engram.cli import main
-from sim.capacity import run_capacity
+from sim.sweep.capacity import run_capacity
 from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
 from sim.report.plots import spread_labels
 from sim.device import load_device

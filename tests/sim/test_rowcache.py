@@ -14,7 +14,7 @@ from engram import EngramModel, RowCache, synth
 from engram.errors import ArgumentError, CacheSizeError
 from engram.rowcache import CachePolicy
 from sim.decode.reads import shared_cache_hits, step_reads
-from sim.params import Policy
+from sim.core.params import Policy
 from sim.serve.rows import SharedRowCache
 from sim.trace import Trace
 from sim.trace.rowcache import cache_curve, optimal_hits, policy_hits, replay_keys
@@ -245,7 +245,7 @@ def test_a_study_takes_the_cache_policy_and_bytes(tmp_path):
 def test_zero_bytes_is_no_cache_on_the_command_line_and_an_error_here():
     """RowCache(0) is a CacheSizeError that says cache=None; a size of 0 elsewhere means no cache."""
     from sim.measure.settings import Settings
-    from sim.params import Policy
+    from sim.core.params import Policy
 
     with pytest.raises(CacheSizeError, match="holds no row.*cache=None"):
         RowCache(0)

@@ -80,7 +80,7 @@ def test_sim_serve_bad_input(capsys, argv, match):
 def test_errors_and_progress_labels_say_no_word_twice(capsys):
     """`engram sim: error: serve: rate ...`, not `engram sim: error: engram sim serve: ...`; a study named like
     its kind gives `capacity: 2/15 searches`, not `capacity capacity: ...`."""
-    from sim.progress import progress_label
+    from sim.core.progress import progress_label
     assert main(["sim", "serve", "--rate", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == "engram sim: error: serve: rate = 0.0 must be > 0"

@@ -8,8 +8,8 @@ import pytest
 from engram import ArgumentError
 from sim.decode import simulate_decode
 from sim.device import load_device
-from sim.params import Compute, Policy
-from sim.prefill import simulate_prefill
+from sim.core.params import Compute, Policy
+from sim.decode.prefill import simulate_prefill
 from sim.serve import SLO, RowSource, Scheduler, StepCompute, Workload, make_requests, simulate_serve
 from sim.serve.engine import Engine
 from sim.serve.workload import Requests

@@ -8,7 +8,7 @@ import pytest
 from engram import ArgumentError
 from sim.decode import resident_mask
 from sim.decode.reads import shared_cache_hits
-from sim.params import Policy
+from sim.core.params import Policy
 from sim.serve.rows import TABLE_SHIFT, RowSource, SharedRowCache
 from sim.serve.workload import Workload, make_requests
 from sim.trace import CODE_SOURCE, load_trace

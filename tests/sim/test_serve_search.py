@@ -12,7 +12,7 @@ from engram import ArgumentError
 from sim.serve import SLO, RateSearch, ServeStudy, find_serve_capacity, knee_cause, run_serve_capacity
 from sim.serve.panels import PANELS, goodput_by_device, knee_breakdown, latency_vs_load
 from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, knee_words, probes_path
-from sim.capacity import CAPACITY_RULE
+from sim.sweep.capacity import CAPACITY_RULE
 from sim.serve.study import SERVE_AXES, SERVE_METRICS, is_serve_study, serve_point_seed
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -254,7 +254,7 @@ def test_the_report_section_of_a_serving_capacity_table(study, tmp_path):
 
 def test_the_capacity_of_an_even_count_of_seeds_is_the_lower_median():
     """Per-seed 9 and 12 give 9, as CAPACITY_RULE (every output's wording) says."""
-    from sim.capacity import Capacity, CapacitySpec
+    from sim.sweep.capacity import Capacity, CapacitySpec
     from sim.serve.search import ServeCapacity
     assert Capacity(0, {}, CapacitySpec(), per_seed=[9, 12], bound=[False, False]).capacity == 9
     assert ServeCapacity(0, {}, RateSearch(), SLO(), per_seed=[12.0, 9.0]).capacity == 9.0

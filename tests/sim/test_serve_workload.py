@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError, FormatError
-from sim.limits import MAX_REQUEST_TOKENS
+from sim.core.limits import MAX_REQUEST_TOKENS
 from sim.serve.workload import Lengths, Workload, make_requests, read_request_file
 from tests.clirun import cli
 from sim.trace.tokens import encode_text
@@ -135,10 +135,10 @@ HUGE = 10 ** 12
     ("--output-tokens", f"exponential:mean={HUGE}"), ("--prompt-tokens", f"lognormal:mean={HUGE}"),
 ])
 def test_a_drawn_length_past_the_longest_request_is_refused(capsys, flag, spec):
-    """Drawn lengths (every spelling): past sim.limits.MAX_REQUEST_TOKENS, one line and exit 2 before anything
+    """Drawn lengths (every spelling): past sim.core.limits.MAX_REQUEST_TOKENS, one line and exit 2 before anything
     is drawn (fixed:n=10^12 ended in a NumPy allocation traceback, or hung)."""
     err = cli(capsys, ["sim", "serve", flag, spec, "--rate", "1", "--duration-s", "5"])
-    assert "sim.limits.MAX_REQUEST_TOKENS" in err and str(MAX_REQUEST_TOKENS) in err, err
+    assert "sim.core.limits.MAX_REQUEST_TOKENS" in err and str(MAX_REQUEST_TOKENS) in err, err
     with pytest.raises(ArgumentError, match="MAX_REQUEST_TOKENS"):
         Lengths.parse(spec)
 

@@ -13,7 +13,7 @@ from engram.cli import main
 from engram.errors import ArgumentError
 from sim.decode import simulate_decode, step_reads
 from sim.decode.speculative import Speculation, accepted_prefix, parse_acceptance, verification_rows
-from sim.params import Compute, Policy
+from sim.core.params import Compute, Policy
 from sim.serve import simulate_serve
 from sim.serve.workload import Workload
 from sim.trace import CODE_SOURCE, load_trace

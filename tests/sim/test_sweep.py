@@ -18,13 +18,13 @@ import pytest
 
 from engram import ArgumentError, FormatError
 from engram.cli import main
-from sim.capacity import probes_path
+from sim.sweep.capacity import probes_path
 from sim.decode import simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
-from sim.io import OutputError
+from sim.core.io import OutputError
 from sim.serve import ServeStudy
 from sim.serve.study import is_serve_study
-from sim.params import Compute, Policy
+from sim.core.params import Compute, Policy
 from sim.report.sections import wrap_warnings
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
@@ -239,7 +239,7 @@ def test_example_studies_parse():
         assert s.plots, p
         for spec in s.plots:
             assert spec["x"] in s.axes(), (p, spec)
-    from sim.demo import DEMO_STUDY
+    from sim.cli.demo import DEMO_STUDY
 
     assert (STUDIES / "demo.toml").read_text() == DEMO_STUDY
 

@@ -21,7 +21,7 @@ from sim.device.fio import fio_records, read_fio_output
 from sim.measure.devices import engine_read_size, fio_json, measure_devices, on_tmpfs, plan_devices
 from sim.measure.throttle import CGROUP_PREFIX, IopsThrottle, ThrottleSupport, block_device_of, throttle_support
 from sim.measure import Settings
-from sim.schema import RunConfig
+from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map

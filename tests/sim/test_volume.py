@@ -19,7 +19,7 @@ from engram.errors import ArgumentError, EngramError, FormatError
 from sim.decode import simulate_decode
 from sim.device import (Device, EmpiricalDevice, ParametricSSD, RateLimitedDevice, TokenBucket, device_from_fio,
                         load_device)
-from sim.params import Policy
+from sim.core.params import Policy
 from sim.serve.device import SharedDevice
 from tests.clirun import cli
 

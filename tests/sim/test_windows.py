@@ -1,4 +1,4 @@
-"""sim.windows: a run's own device and compute from its interleaved probe steps, checked against NumPy."""
+"""sim.check.windows: a run's own device and compute from its interleaved probe steps, checked against NumPy."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from hypothesis import given, settings, strategies as st
 from engram import ArgumentError
 from sim.decode import simulate_decode
 from sim.device import LatencyDist, MeasuredBatchDevice
-from sim.params import Compute, Phases, Policy
-from sim.schema import probe_positions
+from sim.core.params import Compute, Phases, Policy
+from sim.core.schema import probe_positions
 from sim.trace import Trace
 from sim.measure import PROBES_MIN, Settings
-from sim.windows import (FIT_ITERATIONS, FIT_TOL, SHAPE_MIN_STEPS, _fit_sessions, insert_probes, random_rows,
-                         scale_device, step_noise, window_compute, window_device, window_noise, window_state,
-                         window_states)
+from sim.check.windows import (FIT_ITERATIONS, FIT_TOL, SHAPE_MIN_STEPS, _fit_sessions, insert_probes, random_rows,
+                               scale_device, step_noise, window_compute, window_device, window_noise, window_state,
+                               window_states)
 
 US = 1e-6
 HASH = 3 * US

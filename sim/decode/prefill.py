@@ -28,10 +28,10 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from .device import Device, Recorder, load_device, summarize_boxes
-from .params import Compute, Policy, compute_stats
-from .progress import progress as progress_bar
-from .trace import Trace, load_trace
+from sim.device import Device, Recorder, load_device, summarize_boxes
+from sim.core.params import Compute, Policy, compute_stats
+from sim.core.progress import progress as progress_bar
+from sim.trace import Trace, load_trace
 
 __all__ = ["PrefillResult", "simulate_prefill"]
 

@@ -12,7 +12,7 @@ state moves from second to second.  The probes are a microbenchmark
 ``runs.json`` and are never read here.
 
 :func:`window_state` turns one run's probes into the factors the run is
-predicted with (:meth:`sim.calibrate.Calibration.window_models`):
+predicted with (:meth:`sim.check.calibrate.Calibration.window_models`):
 
 compute factor ``g``
     the probes' mean compute over the calibrated compute's mean (None for
@@ -75,11 +75,11 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from .decode import simulate_decode
-from .device import LatencyDist, MeasuredBatchDevice
-from .params import Compute, Phases, Policy
-from .schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, probe_positions
-from .trace import Trace
+from sim.decode import simulate_decode
+from sim.device import LatencyDist, MeasuredBatchDevice
+from sim.core.params import Compute, Phases, Policy
+from sim.core.schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, probe_positions
+from sim.trace import Trace
 
 __all__ = ["FIT_ITERATIONS", "FIT_MAX_STEPS", "FIT_TOL", "SHAPE_MIN_STEPS", "WINDOW_MIN_STEPS", "insert_probes", "random_rows", "scale_device",
            "step_noise", "window_compute", "window_device", "window_noise", "window_state", "window_states"]
@@ -148,7 +148,7 @@ def random_rows(steps: int, seed, layers: int = 2, columns: int = TABLE_COLUMNS)
 
 def insert_probes(rows: np.ndarray, every: int, seed) -> tuple:
     """``(rows with probe steps, bool mask of the trace steps)``: random-row steps inserted into one session's
-    ``[n, layers, columns]`` rows where :func:`sim.schema.probe_positions` puts them."""
+    ``[n, layers, columns]`` rows where :func:`sim.core.schema.probe_positions` puts them."""
     n = rows.shape[0]
     where = probe_positions(n, every)
     if not where.size:
@@ -305,7 +305,7 @@ def window_states(probes: Sequence[Mapping], device_of: Callable[[str, str], Opt
     (``device_of(backend, compute label)``, None when it has none) and that holds :data:`WINDOW_MIN_STEPS`
     probe steps at least; see :func:`window_state`.  A window left out has no state: its run is predicted
     with the calibrated device and compute, as a run without probes is.  The records are those
-    :func:`sim.schema.check_microbench` checked."""
+    :func:`sim.core.schema.check_microbench` checked."""
     out = {}
     for i, r in enumerate(probes):
         if r.get("tool") != "session" or len(r.get("batch_us") or ()) < WINDOW_MIN_STEPS:

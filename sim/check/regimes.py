@@ -18,7 +18,7 @@ no prediction made before the run can know; what a prediction can promise
 there is an interval that holds the measurement, and the errors are reported
 against the any-machine targets without being held to them.
 
-The coverage goal counts configurations inside their 90% interval (:mod:`sim.intervals`); on few
+The coverage goal counts configurations inside their 90% interval (:mod:`sim.check.intervals`); on few
 configurations :func:`chance_of_fewer` says how often an honest interval shows as few.
 """
 

@@ -109,16 +109,16 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from .io import load_json
-from .progress import progress as progress_bar
-from .progress import progress_label
-from .schema import CAPACITY_SCHEMA
-from .device import load_device
-from .device.models import RateLimitedDevice
-from .params import Phases
-from .sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
-                    check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
-                    same_axis_value)
+from sim.core.io import load_json
+from sim.core.progress import progress as progress_bar
+from sim.core.progress import progress_label
+from sim.core.schema import CAPACITY_SCHEMA
+from sim.device import load_device
+from sim.device.models import RateLimitedDevice
+from sim.core.params import Phases
+from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
+                       check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
+                       same_axis_value)
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
            "MAX_CAPACITY_SESSIONS",
@@ -204,7 +204,7 @@ class CapacitySpec:
                 raise ArgumentError(f"capacity {name} = {v!r} must be an integer >= 1")
         if self.max_sessions > MAX_CAPACITY_SESSIONS:
             raise ArgumentError(f"capacity max_sessions = {self.max_sessions} is above {MAX_CAPACITY_SESSIONS} "
-                                f"(sim.capacity.MAX_CAPACITY_SESSIONS: concurrent sessions a search may probe)")
+                                f"(sim.sweep.capacity.MAX_CAPACITY_SESSIONS: concurrent sessions a search may probe)")
         if self.metric not in METRICS or not self.metric.startswith("session_tokens_per_s"):
             raise ArgumentError(f"capacity metric = {self.metric!r} must be session_tokens_per_s_min or "
                                 "session_tokens_per_s")
@@ -261,7 +261,7 @@ def compute_text(point: Mapping[str, Any], compute_ms: float,
     return text
 
 
-#: How each kind of session phases reads in an assumption (:class:`sim.params.Phases`).
+#: How each kind of session phases reads in an assumption (:class:`sim.core.params.Phases`).
 _PHASES_WORDS = {"random": "random (each session starts at a uniformly random time within one step, seeded)",
                  "lockstep": "lockstep (every session starts at once)"}
 
@@ -606,7 +606,7 @@ class SearchProgress:
     (:class:`SearchBound`), so that the line's time left is an estimate from the probes to come (probes
     of many sessions take longer than the first ones: the estimate is of the count, not the cost).
 
-    ``keys`` name the searches; ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.progress.progress`.
+    ``keys`` name the searches; ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.core.progress.progress`.
     """
 
     def __init__(self, bound: SearchBound, keys: Sequence[Any], desc: str, mode: Union[bool, str], **kw: Any):
@@ -675,7 +675,7 @@ class WorkProgress:
     The bar (on a terminal) counts session-steps.
 
     ``keys`` name the searches, ``steps`` their probes' steps and ``asked`` their first probes' sessions
-    (mappings key -> int); ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.progress.progress`.
+    (mappings key -> int); ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.core.progress.progress`.
     """
 
     def __init__(self, keys: Sequence[Any], steps: Mapping[Any, int], desc: str, mode: Union[bool, str], *,
@@ -959,7 +959,7 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     calibration, jobs, scheduler, connect_timeout, traces
         As for :func:`sim.sweep.run_points`.
     progress : bool or str
-        :mod:`sim.progress` mode: for bracketed searches the probes done with their session-steps and the fewest
+        :mod:`sim.core.progress` mode: for bracketed searches the probes done with their session-steps and the fewest
         still needed with their time (:class:`WorkProgress`), for galloping probes against the most its searches
         may still ask (:class:`SearchProgress`); a line every few seconds naming the last probe.
     done : sequence of dict

@@ -67,7 +67,7 @@ def check_memory(need_bytes: float, what: str) -> None:
     if limit is not None and need_bytes > limit:
         raise ArgumentError(f"{what} needs about {_gb(need_bytes)} of memory, more than the limit of "
                             f"{_gb(limit)} ({MEMORY_SHARE:g} of this machine's {_gb(physical_memory())} physical "
-                            "memory, sim.limits.MEMORY_SHARE): make the run smaller")
+                            "memory, sim.core.limits.MEMORY_SHARE): make the run smaller")
 
 
 def check_queue_depth(q, where: str) -> int:
@@ -92,7 +92,7 @@ def check_queue_depth(q, where: str) -> int:
     v = int(v)
     if not 1 <= v <= MAX_QUEUE_DEPTH:
         raise ArgumentError(f"{where}: queue depth {v} is outside [1, {MAX_QUEUE_DEPTH}] "
-                            "(sim.limits.MAX_QUEUE_DEPTH: an NVMe queue's largest size)")
+                            "(sim.core.limits.MAX_QUEUE_DEPTH: an NVMe queue's largest size)")
     return v
 
 

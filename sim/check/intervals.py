@@ -2,12 +2,12 @@
 
 Prediction interval: what separates a run's measured tokens/s from its
 prediction, besides the model, is the window's uncertainty
-(:func:`sim.windows.window_state`): the probes' mean read and compute are
+(:func:`sim.check.windows.window_state`): the probes' mean read and compute are
 estimates (``read_se``, ``compute_se``; they move the prediction by the
 share of a step they make up), the run's own mean over its ``n`` trace steps
 varies (``step_cv / sqrt(n)``), and the simulator's own estimate has its
 sampling error.  A window's noise is taken as at least the median of its
-configuration's windows over all rounds (:func:`sim.windows.window_noise`):
+configuration's windows over all rounds (:func:`sim.check.windows.window_noise`):
 a short window that missed the machine's rare stalls looks steadier than it
 was.  The model itself errs too, and how much shows on the other
 configurations of the same cross-check: :func:`model_sd` is the robust scale
@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .calibrate import Calibration
-from .schema import RunConfig
+from sim.core.schema import RunConfig
 from .windows import window_noise
 
 __all__ = ["INTERVAL_DRAWS", "INTERVAL_Z", "MODEL_PEERS_MIN", "MODEL_RUNS_MIN", "error_band", "median_interval",
@@ -62,7 +62,7 @@ MODEL_PEERS_MIN = 4
 
 def run_sd(cal: Calibration, config: RunConfig, run: Mapping, pred: Mapping, slowest: bool = False) -> float:
     """The standard deviation of ``log(measured / predicted)`` tokens/s of one run that its window's
-    uncertainty explains (see the module docstring; the noise is :func:`sim.windows.window_noise`'s, at least
+    uncertainty explains (see the module docstring; the noise is :func:`sim.check.windows.window_noise`'s, at least
     its configuration's); ``slowest``: of its slowest session (the steps of one session, not of all).  A run
     whose window was not probed: the simulation's own error alone."""
     if cal.window(run.get("window")) is None:

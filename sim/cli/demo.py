@@ -18,10 +18,10 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
    only the read backends that start on this machine (the others are named,
    with the reason, in every document and the report);
 5. **calibrate** -- the simulator's device and compute models from the
-   microbenchmarks only (:func:`sim.calibrate.calibrate_file`);
+   microbenchmarks only (:func:`sim.check.calibrate.calibrate_file`);
 6. **crosscheck** -- every measured configuration predicted and compared,
    and the measured capacity (sessions whose slowest one reaches the target
-   tokens/s) against the predicted one (:func:`sim.crosscheck.crosscheck_files`);
+   tokens/s) against the predicted one (:func:`sim.check.crosscheck.crosscheck_files`);
    then one single-session configuration measured again through the engine's
    row cache (:data:`DEMO_CACHE_BYTES`, its default policy) in ``rowcache/``
    and cross-checked: hit rate measured beside predicted, tokens/s predicted
@@ -30,7 +30,7 @@ Steps (each prints a line with its wall time; long ones show a progress bar):
    speeds made here: read-IOPS throttles of the disk (:data:`DEMO_THROTTLES`, a cgroup; where the kernel
    allows) and a copy of the model on tmpfs (where ``O_DIRECT`` works there), fio beside each
    (:func:`sim.measure.devices.measure_devices`); every device's runs predicted the planner's way, from its fio
-   JSON and a datasheet string only, next to today's cross-check (:func:`sim.planner.planner_crosscheck`);
+   JSON and a datasheet string only, next to today's cross-check (:func:`sim.check.planner.planner_crosscheck`);
    devices the machine cannot make are named with the reason;
 8. **sweep** -- the small what-if study :data:`DEMO_STUDY` (this machine next to
    the reference SSD, by readers, threshold and row cache), in local processes;
@@ -57,18 +57,18 @@ from engram.codec import ROW_BYTES, bf16_round
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
-from .calibrate import calibrate_file
-from .crosscheck import capacity_shown, crosscheck_files
-from .io import write_json
-from .progress import progress_mode
-from .measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
-                      trace_tokens_needed, usable_configs)
-from .measure.devices import measure_devices
-from .planner import planner_crosscheck
-from .report import build_report, default_traces
-from .schema import RunConfig
-from .sweep import Study, run_study
-from .trace import load_trace, reuse_stats
+from sim.check.calibrate import calibrate_file
+from sim.check.crosscheck import capacity_shown, crosscheck_files
+from sim.core.io import write_json
+from sim.core.progress import progress_mode
+from sim.measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
+                         trace_tokens_needed, usable_configs)
+from sim.measure.devices import measure_devices
+from sim.check.planner import planner_crosscheck
+from sim.report import build_report, default_traces
+from sim.core.schema import RunConfig
+from sim.sweep import Study, run_study
+from sim.trace import load_trace, reuse_stats
 
 __all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
 
@@ -167,7 +167,7 @@ QUICK_SESSIONS = (1, 2, 4)
 
 def demo_grid(main: str, others: Sequence[str], steps: int, quick: bool = False,
               mixer_steps: int = 30, backends: Optional[Sequence[str]] = None) -> list:
-    """The measured configurations of the demo (:class:`sim.schema.RunConfig`).
+    """The measured configurations of the demo (:class:`sim.core.schema.RunConfig`).
 
     On the main trace: serial (thresholds 256 and 49) and concurrent
     (thresholds 48 and 8) reads with 16 pread readers; pread and io_uring at
@@ -263,7 +263,7 @@ def demo_study(quick: bool, backends: Optional[Sequence[str]] = None) -> Study:
     """:data:`DEMO_STUDY`; ``quick`` keeps 200 steps, readers 1 and 16, no row cache.  ``backends``: the
     backends the calibration has; the calibrated grid keeps only those (the others are left out, as the
     measurement left them out)."""
-    study = Study.loads(DEMO_STUDY, source="sim.demo.DEMO_STUDY")
+    study = Study.loads(DEMO_STUDY, source="sim.cli.demo.DEMO_STUDY")
     if quick:
         study.fixed.update(steps=200, trace_limit=200)
         for g in study.grids:
@@ -379,7 +379,7 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     tmpfs : bool
         Also measure on a copy of the model on tmpfs (where ``O_DIRECT`` works there).
     progress : bool or str
-        :mod:`sim.progress` mode: ``"auto"`` (``True``) step lines and progress bars on a terminal, plain
+        :mod:`sim.core.progress` mode: ``"auto"`` (``True``) step lines and progress bars on a terminal, plain
         progress lines elsewhere; ``"lines"`` step lines and plain progress lines, never a bar; ``"off"``
         (``False``) nothing.
 

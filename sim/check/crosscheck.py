@@ -4,14 +4,14 @@ For every run of a ``runs.json`` document (:mod:`sim.measure`) the simulator
 (:func:`sim.decode.simulate_decode`, fast mode) replays the exact stretch of
 trace the run read, with the calibrated device of the configuration's
 backend, the policy (threshold, readers = ring depth), the compute model of
-its compute spec and the hash time (:class:`sim.calibrate.Calibration`) --
+its compute spec and the hash time (:class:`sim.check.calibrate.Calibration`) --
 each scaled to the device and compute state of the run's own time window,
 fitted from the probe steps interleaved with the run (random token ids
-through the same sessions: :mod:`sim.windows`,
+through the same sessions: :mod:`sim.check.windows`,
 :meth:`Calibration.window_models`).  A multi-session run is simulated with
 the same number of sessions, each on its own stretch with the probe steps
 where the run had them, started at the measured start of each session
-(:meth:`sim.params.Phases.at`); each simulated session's tokens/s counts its
+(:meth:`sim.core.params.Phases.at`); each simulated session's tokens/s counts its
 trace steps only, as the measured one does.  A configuration's prediction
 shown is the median of its runs' predictions, next to the median of the
 measured runs and the spread of the repeats; its error is taken run by run
@@ -21,10 +21,10 @@ what the microbenchmarks say without the window's state).
 
 Prediction interval: each run's prediction carries a 90% interval from its window's uncertainty
 and the model's scatter on the other configurations; a configuration is inside when the median of its
-runs' log errors lies within its band (:mod:`sim.intervals`).
+runs' log errors lies within its band (:mod:`sim.check.intervals`).
 
 Regime: from the background load measured during the runs, ``quiet``, ``busy``, ``loaded`` or
-``unmeasured``, each with its goals (:mod:`sim.regimes`).
+``unmeasured``, each with its goals (:mod:`sim.check.regimes`).
 
 Capacity: per group of multi-session configurations that differ only in
 their session count, the largest count whose slowest session reaches the
@@ -48,7 +48,7 @@ Definitions
   steps over their own time; ``slowest``: the slowest session's;
   ``aggregate``: the sum over sessions.
 
-The layout of ``crosscheck.json`` is in :mod:`sim.schema`.
+The layout of ``crosscheck.json`` is in :mod:`sim.core.schema`.
 """
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ from engram import read_model
 from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration
-from .decode import simulate_decode
-from .decode.speculative import Speculation
-from .io import load_json, now_iso, sha256_file, write_json
-from .params import Phases
-from .progress import progress as progress_bar
-from .schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
-from .trace import Trace, load_trace
-from .trace.rowcache import stretch_hits
+from sim.decode import simulate_decode
+from sim.decode.speculative import Speculation
+from sim.core.io import load_json, now_iso, sha256_file, write_json
+from sim.core.params import Phases
+from sim.core.progress import progress as progress_bar
+from sim.core.schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
+from sim.trace import Trace, load_trace
+from sim.trace.rowcache import stretch_hits
 from .intervals import INTERVAL_Z, error_band, peer_model_sd, run_interval, run_sd
 from .regimes import COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks, verdict
 from .windows import insert_probes
@@ -533,7 +533,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     Parameters
     ----------
     cal : Calibration
-        From :func:`sim.calibrate.calibrate` (microbenchmarks only).
+        From :func:`sim.check.calibrate.calibrate` (microbenchmarks only).
     runs_doc : mapping
         A ``runs.json`` document (schema ``engram.decode-runs/1``).
     runs_path : path, optional
@@ -544,13 +544,13 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         Acceptance targets on any machine and on a quiet one (see :data:`TARGETS`, :data:`QUIET_TARGETS`).
     baseline : bool
         Also predict every run with the calibrated device and compute alone (``calibrated_only``); False
-        where there are no windows to compare with (:mod:`sim.planner`): those figures are then the
+        where there are no windows to compare with (:mod:`sim.check.planner`): those figures are then the
         predictions themselves.
 
     Returns
     -------
     dict
-        The ``crosscheck.json`` document (layout: :mod:`sim.schema`): single-session ``rows``,
+        The ``crosscheck.json`` document (layout: :mod:`sim.core.schema`): single-session ``rows``,
         multi-session ``session_rows``, ``capacity``, the ``summary`` with the ``regime`` and its verdict,
         and the backends left out (``backends``).
 
@@ -562,7 +562,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     FormatError
         A configuration or run of ``runs_doc`` with a field missing, of the wrong type or out of range
         (names ``runs_path`` when given, the run -- its configuration and round -- the field and the value;
-        :func:`sim.schema.check_runs`), before anything is simulated.
+        :func:`sim.core.schema.check_runs`), before anything is simulated.
     """
     if not isinstance(cal, Calibration):
         raise ArgumentError(f"crosscheck needs a Calibration, got {type(cal).__name__}")

@@ -3,7 +3,7 @@
 Input: a ``microbench.json`` document of :mod:`sim.measure` (the engine's own
 reads by queue depth, fio, the compute and hash microbenchmarks).  Decode runs
 are refused (:func:`calibrate` raises on a decode-run document or record), so
-the cross-check (:mod:`sim.crosscheck`) predicts runs the calibration never saw.
+the cross-check (:mod:`sim.check.crosscheck`) predicts runs the calibration never saw.
 
 The fitted model, per read backend ``b`` (``pread``, ``io_uring``), is a
 :class:`~sim.device.MeasuredBatchDevice`:
@@ -32,7 +32,7 @@ read latency by queue depth (for other clients in flight and per-read simulation
 compute
     per compute spec, the measured times of one step's compute (the compute
     microbenchmark and the think times of the think-time batches), resampled
-    (:meth:`sim.params.Compute.empirical`).
+    (:meth:`sim.core.params.Compute.empirical`).
 
 Each batch and compute distribution describes a typical measurement window
 (a record: one chunk of batches, one round of compute samples): its mean is
@@ -46,7 +46,7 @@ hash
 windows
     per decode run, the device and compute of its own time window, from the
     probe steps interleaved with it (random token ids through the run's own
-    session or sessions, :mod:`sim.windows`): the factors by which the
+    session or sessions, :mod:`sim.check.windows`): the factors by which the
     calibrated device and compute are scaled so that the simulator
     reproduces the probes, at the run's number of sessions.  On a shared
     machine this is what carries the state of the device, the engine and the
@@ -58,7 +58,7 @@ batch with the makespan of 48 independent reads drawn from the per-read
 model (``overhead_raw_us`` = the difference): the gap shows why the batch
 is modelled as measured.
 
-The layout of ``calibration.json`` is in :mod:`sim.schema`.
+The layout of ``calibration.json`` is in :mod:`sim.core.schema`.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
-from .device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
-from .io import load_json, sha256_file, write_json
-from .params import BACKENDS, Compute, Policy
-from .schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench, check_numbers, check_windows
+from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
+from sim.core.io import load_json, sha256_file, write_json
+from sim.core.params import BACKENDS, Compute, Policy
+from sim.core.schema import CALIBRATION_SCHEMA, STEP_ROWS, US, ComputeSpec, check_microbench, check_numbers, check_windows
 from .windows import scale_device, window_compute, window_device, window_states
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "check_study_backends", "scale_device"]
@@ -94,7 +94,7 @@ class Calibration:
         Backend (``pread``, ``io_uring``) -> batch service times by readers and
         read latency by queue depth.
     compute : dict[str, Compute]
-        Compute label (:class:`sim.schema.ComputeSpec`) -> step compute model.
+        Compute label (:class:`sim.core.schema.ComputeSpec`) -> step compute model.
     hash_s : float
         Seconds of the hash part of a step.
     fio_device : EmpiricalDevice or None
@@ -112,7 +112,7 @@ class Calibration:
         Date of the microbenchmarks.
     windows : dict[str, dict]
         Window id (``rROUND-cINDEX``, shared with one decode run) -> the device and compute of that window,
-        from the probe steps interleaved with the run (:func:`sim.windows.window_state`: ``"device"`` and
+        from the probe steps interleaved with the run (:func:`sim.check.windows.window_state`: ``"device"`` and
         ``"compute"`` factors over the calibrated ones, their relative standard errors ``"read_se"`` and
         ``"compute_se"``, the steps' own variation ``"step_cv"``, ...).
     shared_fit : list of dict
@@ -173,8 +173,8 @@ class Calibration:
     def window_models(self, backend: str, compute: str, window: Optional[str] = None) -> tuple:
         """``(device, compute model)`` of ``backend`` and ``compute`` in measurement window ``window``: the
         calibrated ones scaled by the window's device factor, one session's batch and the compute in the
-        shape of the window's own probe steps (:func:`sim.windows.window_device`,
-        :func:`sim.windows.window_compute`), or the calibrated ones when the window was not probed."""
+        shape of the window's own probe steps (:func:`sim.check.windows.window_device`,
+        :func:`sim.check.windows.window_compute`), or the calibrated ones when the window was not probed."""
         dev = self.device(backend, compute)
         comp = self.compute_model(compute)
         w = self.window(window)
@@ -200,7 +200,7 @@ class Calibration:
         return self.think_devices.get(label, {}).get(backend, base)
 
     def policy(self, threshold: int, backend: str, readers: int) -> Policy:
-        """The simulator's :class:`~sim.params.Policy` for an engine configuration (ring depth = readers;
+        """The simulator's :class:`~sim.core.params.Policy` for an engine configuration (ring depth = readers;
         no batch overhead: the measured batch times hold it)."""
         self.device(backend)
         return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers))
@@ -246,7 +246,7 @@ class Calibration:
         ------
         FormatError
             Not a calibration document, or a field is missing or malformed (names it; a window's fields as
-            :func:`sim.schema.check_windows` wants them, naming the window).
+            :func:`sim.core.schema.check_windows` wants them, naming the window).
         """
         if not isinstance(d, Mapping):
             raise FormatError(f"not a calibration document (a {type(d).__name__}, not a JSON object)")
@@ -694,7 +694,7 @@ def calibrate(doc: Mapping, *, source: Optional[Mapping] = None, seed: int = 0,
         never reads decode runs.  Also: no serial or concurrent engine records.
     FormatError
         A probe record with a field missing, of the wrong type or out of range, or a window probed twice
-        (names the record, its window, the field and the value; :func:`sim.schema.check_probe`).
+        (names the record, its window, the field and the value; :func:`sim.core.schema.check_probe`).
     """
     recs = check_microbench(doc)
     probes = [r for r in recs if r.get("probe")]
@@ -753,7 +753,7 @@ def calibrate_file(microbench: Union[str, os.PathLike], out: Optional[Union[str,
     ------
     FormatError
         The file cannot be read as JSON, or holds a malformed probe record (names the file, the record and
-        the field; see :func:`sim.schema.check_microbench`).
+        the field; see :func:`sim.core.schema.check_microbench`).
     ArgumentError
         It is not a microbenchmark document (see :func:`calibrate`).
     """

@@ -15,10 +15,10 @@ tmpfs) and predicts each device's runs twice:
 The rest of the step is what a planner states: the compute of a step as its spec says (``sleep:5``: 5 ms,
 constant; ``none``: 0; specs whose time only a microbenchmark knows -- ``mixer``, ``blas:N`` -- are left out
 with the reason), the hash at the simulator's default (0), the read policy of the configuration with the
-simulator's defaults (:class:`sim.params.Policy`).  Each run is then predicted, compared and summed up
-exactly as in :func:`sim.crosscheck.crosscheck` -- run by run, with today's 90% intervals
-(:mod:`sim.intervals`: no window, so the simulator's own error and the model's scatter on the other
-configurations) and today's regime and goals (:mod:`sim.regimes`) -- through a :class:`PlannerModels` in
+simulator's defaults (:class:`sim.core.params.Policy`).  Each run is then predicted, compared and summed up
+exactly as in :func:`sim.check.crosscheck.crosscheck` -- run by run, with today's 90% intervals
+(:mod:`sim.check.intervals`: no window, so the simulator's own error and the model's scatter on the other
+configurations) and today's regime and goals (:mod:`sim.check.regimes`) -- through a :class:`PlannerModels` in
 place of the calibration.
 
 Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read size):
@@ -70,13 +70,13 @@ from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
-from .device import Device
-from .device.fio import MEMORY_QD1_P50, fio_records, read_fio_output
-from .device.presets import load_device
-from .io import load_json, now_iso, sha256_file, write_json
-from .params import Compute, Policy
-from .progress import progress as progress_bar
-from .schema import ComputeSpec, check_runs
+from sim.device import Device
+from sim.device.fio import MEMORY_QD1_P50, fio_records, read_fio_output
+from sim.device.presets import load_device
+from sim.core.io import load_json, now_iso, sha256_file, write_json
+from sim.core.params import Compute, Policy
+from sim.core.progress import progress as progress_bar
+from sim.core.schema import ComputeSpec, check_runs
 
 __all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
            "DEVICE_CLASSES", "check_devices", "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
@@ -236,7 +236,7 @@ def planner_compute(spec: str) -> Compute:
 
 @dataclass
 class PlannerModels(Calibration):
-    """A :class:`sim.calibrate.Calibration` holding only what a planner has: one device for every backend,
+    """A :class:`sim.check.calibrate.Calibration` holding only what a planner has: one device for every backend,
     computes as stated (:func:`planner_compute`), hash 0, no windows, the simulator's default policy."""
 
     def device(self, backend: str, compute: str = "none") -> Device:
@@ -382,9 +382,9 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
     fio : sequence of str
         ``DEVICE=FILE``: a planner's own fio JSON for a device instead of the one measured beside its runs.
     sim_steps, seed
-        As :func:`sim.crosscheck.crosscheck`.
+        As :func:`sim.check.crosscheck.crosscheck`.
     today : bool
-        Calibrate and cross-check (today's way: :mod:`sim.calibrate`, :mod:`sim.crosscheck`) each device
+        Calibrate and cross-check (today's way: :mod:`sim.check.calibrate`, :mod:`sim.check.crosscheck`) each device
         folder that has no ``crosscheck.json`` yet, to show beside the planner's figures.
 
     Returns

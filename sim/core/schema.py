@@ -89,7 +89,7 @@ JSON schema of ``calibration.json``::
      "windows": {WINDOW: {"backend", "qd", "threshold", "readers", "sessions", "mode", "compute_label",
                           "probe_steps", "read_mean_us", "device", "device_first", "device_second", "read_se",
                           "compute", "compute_se", "step_cv", "fit_residual", "fit_simulations"}},
-                                                          # sim.windows.window_state
+                                                          # sim.check.windows.window_state
      "shared_fit": [{"backend", "qd", "submitters", "readers", "reads_per_s", "one_group_reads_per_s", "gain"}],
      "backends": {"usable": [...], "left_out": {backend: reason}}}
 
@@ -114,7 +114,7 @@ JSON schema of ``crosscheck.json``::
      #   "independent_high"}, "inside_interval", "runs_inside", predicted "tokens_per_s_calibrated" (the
      #   calibrated device and compute alone), predicted "tokens_per_s_runs", "step_p50_ms_runs",
      #   "tokens_per_s_calibrated_runs" (each run's), and error "tokens_per_s_calibrated" and
-     #   "tokens_per_s_of_medians" (errors are the median over runs of each run's; see sim.crosscheck)
+     #   "tokens_per_s_of_medians" (errors are the median over runs of each run's; see sim.check.crosscheck)
      # "capacity": [{"trace", "threshold", "backend", "readers", "compute", "steps", "mode",
      #   "target_tokens_per_s", "sessions": [...], "measured_slowest": [...], "predicted_slowest": [...],
      #   "predicted_slowest_low", "predicted_slowest_high", "measured_capacity", "predicted_capacity",
