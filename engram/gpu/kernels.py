@@ -139,9 +139,24 @@ def _need(name: str, t, dtype: torch.dtype, shape: tuple, device: Optional[torch
         raise ArgumentError(f"{name} requires grad: the kernel writes it in place, outside autograd")
 
 
-def _need_path(path: Optional[str], known: tuple) -> None:
-    if path is not None and path not in known:
+#: The paths that launch a Triton kernel.
+TRITON_PATHS = ("triton", "lanes")
+
+
+def _need_path(path: Optional[str], known: tuple, device: torch.device) -> None:
+    """``path`` is None or one of ``known``; a Triton path has Triton and tensors it can reach: on a CUDA
+    device, or on the CPU under ``TRITON_INTERPRET=1`` (on a CUDA host the interpreter is off, and a
+    compiled kernel given CPU tensors fails inside Triton's launcher).  Raises :class:`ArgumentError`."""
+    if path is None:
+        return
+    if path not in known:
         raise ArgumentError(f"path must be one of {list(known)}, got {path!r}")
+    if path in TRITON_PATHS:
+        if triton is None:
+            raise ArgumentError(f"path {path!r} needs Triton, which is not installed")
+        if device.type != "cuda" and not (device.type == "cpu" and _interpreting()):
+            raise ArgumentError(f"path {path!r} runs Triton on a CUDA device, or on the CPU under "
+                                f"TRITON_INTERPRET=1; the tensors are on {device}")
 
 
 # ------------------------------------------------------------------ decode
@@ -225,8 +240,8 @@ def decode_raw(raw: torch.Tensor, out: Optional[torch.Tensor] = None, x16: Optio
     Raises
     ------
     ArgumentError
-        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``
-        (``out`` and ``x16`` are then untouched).
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``, or a Triton
+        path its tensors cannot take (:func:`_need_path`) (``out`` and ``x16`` are then untouched).
     """
     _need("raw", raw, torch.uint8, (-1, ROW_BYTES))
     n = raw.shape[0]
@@ -234,7 +249,7 @@ def decode_raw(raw: torch.Tensor, out: Optional[torch.Tensor] = None, x16: Optio
         _need("out", out, torch.bfloat16, (n, ROW_VALUES), raw.device)
     if x16 is not None:
         _need("x16", x16, torch.float16, (n, ROW_VALUES), raw.device)
-    _need_path(path, ("triton", "torch"))
+    _need_path(path, ("triton", "torch"), raw.device)
     if out is None:
         out = torch.empty((n, ROW_VALUES), dtype=torch.bfloat16, device=raw.device)
     if n == 0:
@@ -442,7 +457,8 @@ def project(x16: torch.Tensor, rows: torch.Tensor, w16: torch.Tensor, *, exact: 
     Raises
     ------
     ArgumentError
-        A tensor of another type, dtype, shape, device or layout, or an unknown ``path`` (``out`` untouched).
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``, or a Triton path
+        its tensors cannot take (:func:`_need_path`) (``out`` untouched).
     """
     _need("rows", rows, torch.bfloat16, (-1, -1), contiguous=False)
     T, K = rows.shape
@@ -452,7 +468,7 @@ def project(x16: torch.Tensor, rows: torch.Tensor, w16: torch.Tensor, *, exact: 
     _need("w16", w16, torch.float16, (-1, K), dev)
     if out is not None:
         _need("out", out, torch.float32, (T, w16.shape[0]), dev)
-    _need_path(path, PROJECTION_PATHS)
+    _need_path(path, PROJECTION_PATHS, dev)
     if path == "host" and dev.type != "cpu":
         raise ArgumentError(f"the host projection runs on CPU tensors, got {dev}")
     if out is None:
@@ -600,8 +616,8 @@ def gated_add(residual: torch.Tensor, kv: torch.Tensor, w64: torch.Tensor, eps: 
     Raises
     ------
     ArgumentError
-        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``
-        (``residual`` and ``gates`` are then untouched; the values themselves are trusted).
+        A tensor of another type, dtype, shape, device or layout, or an unknown ``path``, or a Triton
+        path its tensors cannot take (:func:`_need_path`) (``residual`` and ``gates`` are then untouched; the values themselves are trusted).
     """
     _need("residual", residual, torch.bfloat16, (-1, -1, -1))
     T, S, W = residual.shape
@@ -614,7 +630,7 @@ def gated_add(residual: torch.Tensor, kv: torch.Tensor, w64: torch.Tensor, eps: 
         _need("gates", gates, torch.float32, (T, S), dev)
     if eps_t is not None:
         _need("eps_t", eps_t, torch.float64, (1,), dev)
-    _need_path(path, ("triton", "torch"))
+    _need_path(path, ("triton", "torch"), residual.device)
     if T == 0:
         return
     dev = residual.device

@@ -28,6 +28,8 @@ from tests.modelfiles import SCALE, token_map as _token_map  # noqa: E402
 from tests.reference import gated_add_twin  # noqa: E402
 
 CPU = torch.device("cpu")
+#: Where the kernel tests run: the GPU of a CUDA host (compiled Triton), else the CPU (Triton's interpreter).
+KDEV = torch.device("cuda") if _HAS_CUDA else CPU
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
 
@@ -79,8 +81,8 @@ def all_pairs():
 @pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_decode_every_pair_bit_identical_to_decode_rows(path):
     raw, valid = all_pairs()
-    out = kernels.decode_raw(torch.from_numpy(raw), path=path)
-    got = out.view(torch.int16).numpy().view(np.uint16)
+    out = kernels.decode_raw(torch.from_numpy(raw).to(KDEV), path=path)
+    got = out.cpu().view(torch.int16).numpy().view(np.uint16)
     # decode_rows refuses records with a NaN or overflow: decode the valid values through it one block at a time
     fixed = raw.copy()
     fixed[:, :256][~valid] = 0
@@ -94,15 +96,16 @@ def test_decode_every_pair_bit_identical_to_decode_rows(path):
     one = np.zeros((1, 264), np.uint8)
     one[0, 0], one[0, 1], one[0, 256:] = 0x38, 0x38, 127
     one[0, 257] = 130
-    o = bf16_np(kernels.decode_raw(torch.from_numpy(one), path=path))
+    o = bf16_np(kernels.decode_raw(torch.from_numpy(one).to(KDEV), path=path))
     assert o[0, 0] == 1.0 and o[0, 32] == 0.0 and o[0, 1] == 1.0
 
 
 @needs_triton
 def test_decode_triton_equals_torch_on_table_rows():
     raw = synth.rows_at(14, np.arange(0, 5000, 3), seed=9)
-    t = torch.from_numpy(raw)
-    x16a, x16b = torch.empty((len(raw), 256), dtype=torch.float16), torch.empty((len(raw), 256), dtype=torch.float16)
+    t = torch.from_numpy(raw).to(KDEV)
+    x16a = torch.empty((len(raw), 256), dtype=torch.float16, device=KDEV)
+    x16b = torch.empty((len(raw), 256), dtype=torch.float16, device=KDEV)
     a = kernels.decode_raw(t, x16=x16a, path="triton")
     b = kernels.decode_raw(t, x16=x16b, path="torch")
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
@@ -129,12 +132,14 @@ def test_gate_against_numpy_engine(path):
     cpu = residual.copy()
     cpu_g = np.zeros((3, 4), np.float32)
     gated_add(cpu, kv, q, k, 1e-6, mask=mask, gates_out=cpu_g)
-    r = torch.from_numpy(residual).to(torch.bfloat16)
-    g = torch.zeros((3, 4), dtype=torch.float32)
-    kernels.gated_add(r, torch.from_numpy(kv), kernels.gate_weights(torch.from_numpy(q), torch.from_numpy(k)), 1e-6,
-                      torch.from_numpy(mask), g, path=path)
-    np.testing.assert_allclose(g.numpy(), cpu_g, rtol=0, atol=1e-5)
-    assert np.array_equal(g.numpy(), expect_g) or np.abs(g.numpy() - expect_g).max() < 1e-7
+    r = torch.from_numpy(residual).to(torch.bfloat16).to(KDEV)
+    g = torch.zeros((3, 4), dtype=torch.float32, device=KDEV)
+    kernels.gated_add(r, torch.from_numpy(kv).to(KDEV),
+                      kernels.gate_weights(torch.from_numpy(q).to(KDEV), torch.from_numpy(k).to(KDEV)), 1e-6,
+                      torch.from_numpy(mask).to(KDEV), g, path=path)
+    gn = g.cpu().numpy()
+    np.testing.assert_allclose(gn, cpu_g, rtol=0, atol=1e-5)
+    assert np.array_equal(gn, expect_g) or np.abs(gn - expect_g).max() < 1e-7
     assert bf16_ulps(bf16_np(r), cpu).max() <= 1
     assert np.array_equal(bf16_np(r)[1], residual[1]) and g[1].abs().max() == 0
     assert (bf16_np(r) != residual).any()
@@ -147,12 +152,12 @@ def test_gate_triton_equals_torch_bit_for_bit(eps):
     for seed in range(3):
         residual, kv, q, k = gate_inputs(T=4, W=5120, seed=seed)
         residual[2, 3] = 0  # an all-zero stream: dot 0, gate sigmoid(1e-3)
-        w64 = kernels.gate_weights(torch.from_numpy(q), torch.from_numpy(k))
+        w64 = kernels.gate_weights(torch.from_numpy(q).to(KDEV), torch.from_numpy(k).to(KDEV))
         outs = []
         for path in ("triton", "torch"):
-            r = torch.from_numpy(residual).to(torch.bfloat16)
-            g = torch.empty((4, 4), dtype=torch.float32)
-            kernels.gated_add(r, torch.from_numpy(kv), w64, eps, None, g, path=path)
+            r = torch.from_numpy(residual).to(torch.bfloat16).to(KDEV)
+            g = torch.empty((4, 4), dtype=torch.float32, device=KDEV)
+            kernels.gated_add(r, torch.from_numpy(kv).to(KDEV), w64, eps, None, g, path=path)
             outs.append((r, g))
         assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
         assert torch.equal(outs[0][1], outs[1][1])
@@ -171,10 +176,10 @@ def test_lanes_projection_bit_identical_to_the_cpu_kernel(T, n_out, n_in, exact)
     rng = np.random.default_rng(T * 1000 + n_in)
     x = torch.from_numpy(rng.standard_normal((T, n_in)).astype(np.float32) * 3).to(torch.bfloat16)
     w = torch.from_numpy((rng.standard_normal((n_out, n_in)) * 0.05).astype(np.float16))
-    buf = torch.full((T + 1, n_out), float("nan"))
-    kernels.project(x.to(torch.float16), x, w, exact=exact, out=buf[:T], path="lanes")
+    buf = torch.full((T + 1, n_out), float("nan"), device=KDEV)
+    kernels.project(x.to(KDEV).to(torch.float16), x.to(KDEV), w.to(KDEV), exact=exact, out=buf[:T], path="lanes")
     twin = project_f16_twin(x.to(torch.float32).numpy(), w.numpy())
-    assert np.array_equal(buf[:T].numpy().view(np.uint32), twin.view(np.uint32))
+    assert np.array_equal(buf[:T].cpu().numpy().view(np.uint32), twin.view(np.uint32))
     assert torch.isnan(buf[T]).all()
     host = torch.full((T, n_out), float("nan"))
     kernels.project(None, x, w, out=host, path="host")

@@ -24,6 +24,8 @@ from tests.modelfiles import SCALE, token_map as _token_map  # noqa: E402
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 PATHS = ["torch", pytest.param("triton", marks=needs_triton)]
+#: Where the kernels run: the GPU of a CUDA host (compiled Triton), else the CPU (Triton's interpreter).
+KDEV = torch.device("cuda") if _HAS_CUDA else torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,30 @@ def test_decode_raw_refuses_what_it_would_index_out_of_bounds(path):
     with pytest.raises(ArgumentError, match="path must be one of"):
         kernels.decode_raw(raw, path="cuda")
     # the good call still decodes SPEC's values
-    assert np.array_equal(kernels.decode_raw(raw, good, path=path).float().numpy(), decode_rows(raw.numpy()))
+    got = kernels.decode_raw(raw.to(KDEV), good.to(KDEV), path=path)
+    assert np.array_equal(got.float().cpu().numpy(), decode_rows(raw.numpy()))
+
+
+@needs_triton
+@pytest.mark.parametrize("what", ["decode", "project", "gate"])
+def test_a_triton_path_on_tensors_it_cannot_reach_is_an_argument_error(monkeypatch, what):
+    """With the interpreter off (any CUDA host; here forced), CPU tensors on a Triton path are refused
+    before a launch (Triton's launcher would fail with a ValueError), the caller's tensors untouched."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    raw = torch.from_numpy(synth.rows_at(1, np.arange(2), seed=2))
+    out = torch.full((2, 256), 7.0, dtype=torch.bfloat16)
+    x = torch.ones((1, 64), dtype=torch.bfloat16)
+    w = torch.ones((8, 64), dtype=torch.float16)
+    res, g = torch.ones((1, 2, 64), dtype=torch.bfloat16), torch.full((1, 2), 3.0)
+    w64 = kernels.gate_weights(torch.ones((2, 64)), torch.ones((2, 64)))
+    calls = {"decode": lambda: kernels.decode_raw(raw, out, path="triton"),
+             "project": lambda: kernels.project(x.to(torch.float16), x, w, out=torch.zeros((1, 8)), path="lanes"),
+             "gate": lambda: kernels.gated_add(res, torch.ones((1, 3, 64)), w64, 1e-6, None, g, path="triton")}
+    keep = (out.clone(), res.clone(), g.clone())
+    with pytest.raises(ArgumentError, match=r"runs Triton on a CUDA device, or on the CPU under TRITON_INTERPRET=1; "
+                                            r"the tensors are on cpu"):
+        calls[what]()
+    assert torch.equal(out, keep[0]) and torch.equal(res, keep[1]) and torch.equal(g, keep[2])
 
 
 def test_project_refuses_mismatched_tensors_and_paths():
@@ -118,12 +143,13 @@ def test_lanes_projection_of_a_strided_batch_view_equals_its_contiguous_copy():
     g = torch.Generator().manual_seed(0)
     w = (torch.randn((64, 512), generator=g) / 8).to(torch.float16)
     batch = torch.randn((2, 2, 512), generator=g).to(torch.bfloat16)  # [B, layers, K]
+    on = batch.to(KDEV)
     for i in range(2):
-        x = batch[:, i]
-        assert not x.is_contiguous()
+        x, xd = batch[:, i], on[:, i]
+        assert not xd.is_contiguous()
         ref = kernels.project(x.contiguous().to(torch.float16), x.contiguous(), w, path="host")
-        got = kernels.project(x.to(torch.float16), x, w, path="lanes")
-        assert torch.equal(got, ref)
+        got = kernels.project(xd.to(torch.float16), xd, w.to(KDEV), path="lanes")
+        assert torch.equal(got.cpu(), ref)
 
 
 # ------------------------------------------------------------------ sessions: layer ids, ranges, grads
