@@ -258,8 +258,9 @@ def run_options(what: str, study_optional: bool = False) -> tuple:
                                              "come from the options below)")
              if study_optional else Option("study", help="study TOML file"))
     return (study,
-            Option("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory); rows "
-                                 "are written as they finish"),
+            Option("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory, where an "
+                                 "earlier run's table is refused, not overwritten: name it with --out to replace it); "
+                                 "rows are written as they finish"),
             Option("--resume", action="store_true",
                    help="continue an unfinished run: keep the finished rows of --out and run only the others"),
             Option("--jobs", type=int, help="local worker processes (default: CPU count; 1 = in this process)"),

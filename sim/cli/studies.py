@@ -60,6 +60,7 @@ def _cmd_sweep(args) -> int:
         raise ArgumentError(f"{args.study} is a capacity study ([capacity]): run it with engram sim capacity "
                             f"{args.study}")
     out = _out_path(args)
+    _refuse_an_earlier_default(args, out, None, "sweep")
     try:
         res = run_study(study, jobs=args.jobs, scheduler=args.scheduler, calibration=args.calibration,
                         progress=_progress_mode(args), out=out, resume=args.resume)
@@ -144,23 +145,23 @@ def planner_study(args) -> Study:
                             "capacity": {}, "fixed": fixed, "grid": grid}, source="the command line")
 
 
-def _refuse_an_earlier_default(args, out: Path, probes: Path) -> None:
-    """Without ``--out`` a capacity search writes STUDY.csv (``capacity.csv`` without a study file) in the current
-    directory: an earlier run's table or probes there are refused in one line (naming the file, the ``--out`` that
-    replaces it and the ``--resume`` that continues it) rather than overwritten.  An ``--out`` given says which
-    file to write, as a sweep's does; ``--resume`` continues the table there.
+def _refuse_an_earlier_default(args, out: Path, probes: Optional[Path], what: str = "capacity search") -> None:
+    """Without ``--out`` a sweep or a capacity search writes STUDY.csv (a capacity search without a study file:
+    ``capacity.csv``) in the current directory: an earlier run's table, probes or unfinished rows there are
+    refused in one line (naming the file, the ``--out`` that replaces it and the ``--resume`` that continues it)
+    rather than overwritten.  An ``--out`` given says which file to write; ``--resume`` continues the table there.
 
     Raises
     ------
     ArgumentError
-        The default table, its probes or their unfinished rows exist.
+        The default table, its probes (``probes``; None: a sweep has none) or their unfinished rows exist.
     """
     if args.out or args.resume:
         return
-    for p in (out, probes, partial_path(probes)):
+    for p in (out, partial_path(out)) if probes is None else (out, probes, partial_path(probes)):
         if p.exists():
             again = f"--resume{'' if args.study else f' --out {out}'}"
-            raise ArgumentError(f"{p} exists (an earlier capacity search): give --out {out} to replace it, "
+            raise ArgumentError(f"{p} exists (an earlier {what}): give --out {out} to replace it, "
                                 f"{again} to continue it, or another --out")
 
 

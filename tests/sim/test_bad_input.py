@@ -307,6 +307,25 @@ def sweep_csv(tmp_path_factory):
     return (d / "t.csv").read_text()
 
 
+def test_a_sweep_refuses_to_overwrite_its_default_table(tmp_path, capsys, monkeypatch):
+    """Without --out a sweep writes STUDY.csv (s.csv here) in the current directory: a second run there is refused in one line
+    (the file, the --out that replaces it, the --resume that continues it), the earlier table byte for byte as it
+    was; named with --out it is replaced."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(STUDY)
+    argv = ["sim", "sweep", "s.toml", "--quiet", "--jobs", "1"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert "s.csv" in before
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("s.csv exists (an earlier sweep): give --out s.csv to replace it, --resume to continue "
+                        "it, or another --out"), err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert main([*argv, "--out", "s.csv"]) == 0
+
+
 def _edit(text, how):
     lines = text.splitlines(keepends=True)
     head = lines[0].rstrip("\n").split(",")
