@@ -392,6 +392,20 @@ cdef class RowReader:
         self.ring_want = 0
         self.ring_depth = 0
 
+    cdef int _check_backend(self, int backend) except -1:
+        """The executor ``backend`` asks for is there: a private reader's pool or ring started (AUTO only on
+        an engine's), an attached engine not stopped; else ValueError."""
+        if self.eng is None or self.own:
+            if backend == PREAD and self.pool_readers == 0:
+                raise ValueError("the pread pool is not started")
+            if backend == URING and self.ring_want == 0:
+                raise ValueError("the io_uring ring is not started")
+            if backend == AUTO:
+                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
+        elif self.eng.closed or self.eng.abandoned:
+            raise ValueError("the engine is stopped")
+        return 0
+
     cdef int _reserve(self, Py_ssize_t n) except -1:
         if n <= self.cap:
             return 0
@@ -494,15 +508,7 @@ cdef class RowReader:
         self._forget_if_forked()
         if self.apending:
             raise ValueError("the reader has a begun read: finish() it first")
-        if self.eng is None or self.own:
-            if backend == PREAD and self.pool_readers == 0:
-                raise ValueError("the pread pool is not started")
-            if backend == URING and self.ring_want == 0:
-                raise ValueError("the io_uring ring is not started")
-            if backend == AUTO:
-                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
-        elif self.eng.closed or self.eng.abandoned:
-            raise ValueError("the engine is stopped")
+        self._check_backend(backend)
         self.others = 0
         if total == 0:
             return (0, 0, 0, 0, 1, 0, 0, 0, 0)
@@ -591,15 +597,7 @@ cdef class RowReader:
             self.arp = <uint8_t*>cnp.PyArray_DATA(raw)
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
-        if self.eng is None or self.own:
-            if backend == PREAD and self.pool_readers == 0:
-                raise ValueError("the pread pool is not started")
-            if backend == URING and self.ring_want == 0:
-                raise ValueError("the io_uring ring is not started")
-            if backend == AUTO:
-                raise ValueError("BACKEND_AUTO needs a reader attached to an engine")
-        elif self.eng.closed or self.eng.abandoned:
-            raise ValueError("the engine is stopped")
+        self._check_backend(backend)
         self.aop = <float*>cnp.PyArray_DATA(out)
         self.others = 0
         self.am = self.and_ = self.anr = 0
