@@ -571,6 +571,8 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"{e['name']}: {e['datasheet_fallback']}.")
         if e.get("memory_backed"):
             lines.append(f"{e['name']}: {e['memory_backed']}.")
+        if e.get("assumed"):
+            lines.append(f"{e['name']}: {e['assumed']}.")
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
     return "\n".join(lines)
