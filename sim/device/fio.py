@@ -68,6 +68,18 @@ A memory-backed device, recognised
     (``derived`` says that they are one CPU's a job).
 
     Every figure derived, and the rule, is in the device's ``derived``.
+
+After an idle spell (not modelled; :func:`idle_jobs`)
+    A device measured back-to-back never shows a slowdown after the idle
+    time between decode steps.  fio on this project's development VM disk
+    (4 KiB random direct reads, QD4, ``thinktime_blocks=48``, 2026-12-02):
+    back-to-back 79.5-92.1 us mean, after 5 ms idle 102.5-106.5 us; the
+    per-read log puts the extra 30-40 us on the first queue depth's reads of
+    each burst, the rest at the back-to-back rate.  An earlier quiet run of
+    the same pair gave 81.3 vs 180.2 us: the penalty's size moved 4x within
+    hours, so no wake-up figure is fitted from fio; thinktime jobs are only
+    named, and the planner states "device measured back-to-back only" where
+    a file has none (benchmarks/BENCHMARKS.md has the full sweep).
 """
 
 from __future__ import annotations
