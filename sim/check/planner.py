@@ -47,7 +47,8 @@ a device list malformed field by field (:func:`check_devices`).
 
     {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
       "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "memory_backed"
-      (only where fio's figures are a memory copy's: the assumption), "left_out": {config: reason}, "modes":
+      (only where fio's figures are a memory copy's: the assumption), "assumed" (only where the fio file has
+      no thinktime job: "device measured back-to-back only ..."), "left_out": {config: reason}, "modes":
       {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error",
       ...}, "regime", "pass", "passed", ...}, "capacity": [...],
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
@@ -71,7 +72,7 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from sim.device import Device
-from sim.device.fio import MEMORY_QD1_P50, fio_records, read_fio_output
+from sim.device.fio import MEMORY_QD1_P50, fio_records, idle_jobs, read_fio_output
 from sim.device.presets import load_device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.params import Compute, Policy
@@ -457,6 +458,9 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                                           f"in the reading thread, not a drive; fio's IOPS are its "
                                           f"{figs[d['name']]['jobs']} job(s)' CPU(s), the runs' readers had "
                                           f"{cores} (assumed: the reads scale to them, cpus={cores})")
+            if not idle_jobs(read_fio_output(files[d["name"]])):
+                entry["assumed"] = ("device measured back-to-back only: no fio job with thinktime, so a slowdown "
+                                    "after idle between decode steps is not in the prediction")
             entry.update(datasheet=spec, datasheet_rules=rules)
             for mode in MODES:
                 described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
@@ -567,6 +571,8 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"{e['name']}: {e['datasheet_fallback']}.")
         if e.get("memory_backed"):
             lines.append(f"{e['name']}: {e['memory_backed']}.")
+        if e.get("assumed"):
+            lines.append(f"{e['name']}: {e['assumed']}.")
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
     return "\n".join(lines)

@@ -68,12 +68,25 @@ A memory-backed device, recognised
     (``derived`` says that they are one CPU's a job).
 
     Every figure derived, and the rule, is in the device's ``derived``.
+
+After an idle spell (not modelled; :func:`idle_jobs`)
+    A device measured back-to-back never shows a slowdown after the idle
+    time between decode steps.  fio on this project's development VM disk
+    (4 KiB random direct reads, QD4, ``thinktime_blocks=48``, 2026-12-02):
+    back-to-back 79.5-92.1 us mean, after 5 ms idle 102.5-106.5 us; the
+    per-read log puts the extra 30-40 us on the first queue depth's reads of
+    each burst, the rest at the back-to-back rate.  An earlier quiet run of
+    the same pair gave 81.3 vs 180.2 us: the penalty's size moved 4x within
+    hours, so no wake-up figure is fitted from fio; thinktime jobs are only
+    named, and the planner states "device measured back-to-back only" where
+    a file has none (benchmarks/BENCHMARKS.md has the full sweep).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -87,7 +100,7 @@ from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
 __all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR", "device_from_fio", "fio_records",
-           "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
+           "idle_jobs", "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
 
 _NS = 1e-9
 #: The engine's read: one aligned 4 KiB block a row (SPEC §8), bytes.
@@ -202,6 +215,22 @@ def _shown(v) -> str:
 
 def _opt(job: dict, glob: dict, key: str, default: str, where: str) -> str:
     return str(_obj(job, "job options", f"{where}[\"job options\"]").get(key, glob.get(key, default)))
+
+
+def idle_jobs(docs: Sequence[dict]) -> List[str]:
+    """Names of the jobs in fio JSON ``docs`` (:func:`read_fio_output`) that ran with a nonzero ``thinktime``
+    (job or global option): an idle pattern, not back-to-back reads. An empty list: the device was measured
+    back-to-back only, which the planner states as an assumption (the after-idle slowdown is not modelled;
+    benchmarks/BENCHMARKS.md, "The plain disk after an idle spell")."""
+    out = []
+    for doc in docs:
+        glob = doc.get("global options") or {}
+        for job in doc.get("jobs") or []:
+            opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
+            tt = str(opts.get("thinktime", glob.get("thinktime", "0"))).strip()
+            if tt and re.sub(r"[^0-9.]", "", tt) not in ("", "0", "0.0"):
+                out.append(str(job.get("jobname", "?")))
+    return out
 
 
 def _job_figures(job, glob: dict, where: str) -> dict:

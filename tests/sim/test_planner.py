@@ -18,6 +18,7 @@ from sim.report.devices import devices_section
 from sim.report.document import Doc
 from sim.report.inputs import Inputs
 from sim.core.schema import RunConfig
+from sim.device.fio import idle_jobs
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
@@ -234,3 +235,12 @@ def test_an_empty_throttle_list_is_refused(tmp_path, capsys):
     assert "--throttle-iops: no rate given" in cli(capsys, ["demo", "--workdir", str(tmp_path / "d"),
                                                             "--throttle-iops", ","])
     assert not list(tmp_path.iterdir())
+
+
+def test_idle_jobs_thinktime_job_or_global():
+    job = {"jobname": "a", "job options": {"rw": "randread"}}
+    assert idle_jobs([{"fio version": "fio-3.33", "jobs": [job]}]) == []
+    assert idle_jobs([{"fio version": "fio-3.33", "global options": {"thinktime": "5ms"}, "jobs": [job]}]) == ["a"]
+    tt = {"jobname": "b", "job options": {"thinktime": "5000us", "thinktime_blocks": "48"}}
+    assert idle_jobs([{"fio version": "fio-3.33", "jobs": [job, tt]}]) == ["b"]
+    assert idle_jobs([{"fio version": "fio-3.33", "jobs": [{"jobname": "c", "job options": {"thinktime": "0"}}]}]) == []
