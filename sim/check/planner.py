@@ -47,8 +47,8 @@ a device list malformed field by field (:func:`check_devices`).
 
     {"schema", "kind": "planner_crosscheck", "date", "workdir", "read_size", "devices": [{"name", "class",
       "built", "reason", "fio_file", "datasheet", "datasheet_used", "datasheet_fallback", "memory_backed"
-      (only where fio's figures are a memory copy's: the assumption), "assumed" (only where the fio file has
-      no thinktime job: "device measured back-to-back only ..."), "left_out": {config: reason}, "modes":
+      (only where fio's figures are a memory copy's: the assumption), "assumed" (what the fio file leaves out:
+      "device measured back-to-back only ..." or its thinktime jobs, left out), "left_out": {config: reason}, "modes":
       {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error",
       ...}, "regime", "pass", "passed", ...}, "capacity": [...],
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
@@ -458,9 +458,10 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
                                           f"in the reading thread, not a drive; fio's IOPS are its "
                                           f"{figs[d['name']]['jobs']} job(s)' CPU(s), the runs' readers had "
                                           f"{cores} (assumed: the reads scale to them, cpus={cores})")
-            if not idle_jobs(read_fio_output(files[d["name"]])):
-                entry["assumed"] = ("device measured back-to-back only: no fio job with thinktime, so a slowdown "
-                                    "after idle between decode steps is not in the prediction")
+            idle = idle_jobs(read_fio_output(files[d["name"]]))
+            entry["assumed"] = (f"fio's thinktime job(s) {', '.join(sorted(set(idle)))} left out" if idle else
+                                "device measured back-to-back only: no fio job with thinktime") + \
+                ", so a slowdown after idle between decode steps is not in the prediction"
             entry.update(datasheet=spec, datasheet_rules=rules)
             for mode in MODES:
                 described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")

@@ -77,9 +77,10 @@ After an idle spell (not modelled; :func:`idle_jobs`)
     per-read log puts the extra 30-40 us on the first queue depth's reads of
     each burst, the rest at the back-to-back rate.  An earlier quiet run of
     the same pair gave 81.3 vs 180.2 us: the penalty's size moved 4x within
-    hours, so no wake-up figure is fitted from fio; thinktime jobs are only
-    named, and the planner states "device measured back-to-back only" where
-    a file has none (benchmarks/BENCHMARKS.md has the full sweep).
+    hours, so no wake-up figure is fitted from fio: thinktime jobs are left
+    out of the latency by depth (``derived["idle_jobs"]`` names them), and the
+    planner states either that or "device measured back-to-back only"
+    (benchmarks/BENCHMARKS.md has the full sweep).
 """
 
 from __future__ import annotations
@@ -217,18 +218,24 @@ def _opt(job: dict, glob: dict, key: str, default: str, where: str) -> str:
     return str(_obj(job, "job options", f"{where}[\"job options\"]").get(key, glob.get(key, default)))
 
 
+def _thinktime(job: dict, glob: dict) -> bool:
+    """The job ran with a nonzero ``thinktime`` (its own option, else the global one): an idle pattern."""
+    opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
+    tt = str(opts.get("thinktime", glob.get("thinktime", "0"))).strip()
+    return re.sub(r"[^0-9.]", "", tt) not in ("", "0", "0.0")
+
+
 def idle_jobs(docs: Sequence[dict]) -> List[str]:
     """Names of the jobs in fio JSON ``docs`` (:func:`read_fio_output`) that ran with a nonzero ``thinktime``
-    (job or global option): an idle pattern, not back-to-back reads. An empty list: the device was measured
-    back-to-back only, which the planner states as an assumption (the after-idle slowdown is not modelled;
-    benchmarks/BENCHMARKS.md, "The plain disk after an idle spell")."""
+    (job or global option): an idle pattern, not back-to-back reads.  They are left out of a device's
+    latency by depth (:func:`fio_records`), and said so in its ``derived``: the after-idle slowdown is not
+    modelled (see the module).  An empty list: the device was measured back-to-back only, which the planner
+    states as an assumption (benchmarks/BENCHMARKS.md, "The plain disk after an idle spell")."""
     out = []
     for doc in docs:
-        glob = doc.get("global options") or {}
+        glob = doc.get("global options") if isinstance(doc.get("global options"), dict) else {}
         for job in doc.get("jobs") or []:
-            opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
-            tt = str(opts.get("thinktime", glob.get("thinktime", "0"))).strip()
-            if tt and re.sub(r"[^0-9.]", "", tt) not in ("", "0", "0.0"):
+            if isinstance(job, dict) and _thinktime(job, glob):
                 out.append(str(job.get("jobname", "?")))
     return out
 
@@ -296,7 +303,8 @@ def _job_figures(job, glob: dict, where: str) -> dict:
 
 
 def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
-    """Per read job (clones of one run merged): ``{"qd", "iops", "mean", "pct", "rw", "bs", "ioengine"}``.
+    """Per read job (clones of one run merged): ``{"qd", "iops", "mean", "pct", "rw", "bs", "ioengine"}``;
+    jobs that ran with a ``thinktime`` are left out (:func:`idle_jobs`).
 
     Raises
     ------
@@ -304,7 +312,7 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
         A document without jobs, no read job at all, or a field of the wrong type or range (names its JSON
         path, e.g. ``jobs[0].read.clat_ns.percentile["99.000000"]``, and the value).
     """
-    out = []
+    out, idle = [], 0
     for di, doc in enumerate(docs):
         jobs = doc.get("jobs")
         if not isinstance(jobs, list):
@@ -313,6 +321,9 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
         glob = _obj(doc, "global options", f'{run}"global options"')
         by_name: Dict[str, List[dict]] = {}
         for ji, job in enumerate(jobs):
+            if isinstance(job, dict) and _thinktime(job, glob):
+                idle += 1
+                continue  # an idle pattern, not latency by depth (idle_jobs)
             f = _job_figures(job, glob, f"{run}jobs[{ji}]")
             if f:
                 by_name.setdefault(f["name"], []).append(f)
@@ -326,7 +337,8 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
                             mean=float(np.mean([g["mean"] for g in group])),
                             pct={p: float(np.median([g["pct"][p] for g in group])) for p in keys}))
     if not out:
-        raise FormatError(f"{where}: no read job with completed reads")
+        raise FormatError(f"{where}: no read job with completed reads" + (
+            f" run back to back ({idle} ran with a thinktime: an idle pattern, not latency by depth)" if idle else ""))
     return out
 
 
@@ -522,11 +534,17 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
         raise ArgumentError("device_from_fio: no fio output file given")
-    recs, derived = [], {}
+    recs, derived, idle = [], {}, []
     for p in paths:
-        got = fio_records(read_fio_output(p), str(p))
+        docs = read_fio_output(p)
+        idle += idle_jobs(docs)
+        got = fio_records(docs, str(p))
         derived.update(_check_reads(got, assume_bs, str(p)))
         recs += got
+    if idle:
+        derived["idle_jobs"] = {"value": float(len(idle)), "rule": (
+            f"left out of the latency by depth: job(s) {', '.join(sorted(set(idle)))} ran with a thinktime (an "
+            "idle pattern); a slowdown after idle between decode steps is not modelled")}
     by_qd: Dict[int, List[dict]] = {}
     for r in recs:
         by_qd.setdefault(r["qd"], []).append(r)

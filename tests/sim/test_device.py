@@ -395,3 +395,26 @@ def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():
         assert routed.mean_latency(q) == pytest.approx(measured.mean_latency(q), rel=0.20), q
     for q in (2, 4, 8):
         assert first_free.mean_latency(q) < 0.75 * measured.mean_latency(q), q
+
+
+def test_thinktime_jobs_are_left_out_of_the_latency_by_depth_and_said(tmp_path):
+    """A fio file with an idle-pattern job (thinktime, here 5 ms every 48 reads at QD4 with 3x the latency)
+    gives the same device as the back-to-back jobs alone, its ``derived`` naming the job left out; a file of
+    thinktime jobs only is a FormatError that says why."""
+    doc = json.loads(FIO_JSON.read_text())
+    base = device_from_fio(FIO_JSON)
+    idle = json.loads(json.dumps(next(j for j in doc["jobs"] if int(j["job options"]["iodepth"]) == 4)))
+    idle["jobname"] = "after-idle"
+    idle["job options"].update(thinktime="5ms", thinktime_blocks="48")
+    idle["read"]["lat_ns"]["mean"] *= 3
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({**doc, "jobs": doc["jobs"] + [idle]}))
+    dev = device_from_fio(both)
+    assert [dev.mean_latency(q) for q in (1, 4, 16)] == [base.mean_latency(q) for q in (1, 4, 16)]
+    assert "job(s) after-idle ran with a thinktime" in dev.derived["idle_jobs"]["rule"]
+    assert "idle_jobs" not in base.derived
+    only = tmp_path / "only.json"
+    only.write_text(json.dumps({**doc, "jobs": [idle]}))
+    with pytest.raises(FormatError, match=r"no read job with completed reads run back to back \(1 ran with a "
+                                          r"thinktime"):
+        device_from_fio(only)
