@@ -347,11 +347,7 @@ class _RowReads(Closing):
             # the misses are inserted by the reader itself, from its staged reads (no raw copy, no admit call)
             extra, fused = (skip if nh else None,), {"cache": cache, "keys": keys}
         with self._lock:
-            if self._reader is None:
-                raise TableIOError(f"{self.path}: closed")
-            if self._client is not None and self._client_gen != _engine_generation():
-                self._reattach()
-            self._follow_verdict()
+            self._ready()
             try:
                 res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra,
                                         decode=not raw, **fused)
@@ -378,6 +374,15 @@ class _RowReads(Closing):
         self.stats.add(st)
         return st
 
+    def _ready(self) -> None:
+        """Under ``_lock``, before a read or a begun read: open, attached to this process's engine (again
+        after a fork or an engine restart), on the backend the last verdict chose.  TableIOError when closed."""
+        if self._reader is None:
+            raise TableIOError(f"{self.path}: closed")
+        if self._client is not None and self._client_gen != _engine_generation():
+            self._reattach()
+        self._follow_verdict()
+
     # ------------------------------------------------- a read begun now, finished later
     _begun: Optional[tuple] = None
 
@@ -389,7 +394,7 @@ class _RowReads(Closing):
         t0 = time.perf_counter()
         cache = self._cache
         n = ids.size
-        nh, keys, skip, raw = 0, None, None, None
+        nh, keys, skip = 0, None, None
         if self._begun is not None:
             raise ArgumentError(f"{self.path}: a begun read is not finished")
         if cache is not None and n:
@@ -399,20 +404,18 @@ class _RowReads(Closing):
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
             nh = cache.serve(ids, lay, keys, target.reshape(n, ROW_VALUES), skip, bound)
             if nh == n:  # every row served: nothing to read
-                self._begun = (t0, ids, target, seg_cols, cache, keys, None, None, nh, False)
+                self._begun = (t0, ids, target, seg_cols, nh, False, (), {})
                 return
-            raw = np.empty((n, ROW_BYTES), np.uint8)
         with self._lock:
-            if self._reader is None:
-                raise TableIOError(f"{self.path}: closed")
-            if self._client is not None and self._client_gen != _engine_generation():
-                self._reattach()
-            self._follow_verdict()
+            self._ready()
             try:
-                self._reader.begin(ids, target, self._backend_code(), seg_cols, skip if nh else None, raw, n)
+                # the misses are inserted by the reader at finish, from its staged reads (as a read's are)
+                self._reader.begin(ids, target, self._backend_code(), seg_cols, skip if nh else None, None, n,
+                                   cache=cache, keys=keys)
             except _reader.ReadFailure as f:
                 raise self._error(f, ids) from None
-        self._begun = (t0, ids, target, seg_cols, cache, keys, skip, raw, nh, True)
+        extra, fused = ((skip if nh else None,), {"cache": cache, "keys": keys}) if keys is not None else ((), {})
+        self._begun = (t0, ids, target, seg_cols, nh, True, extra, fused)
 
     def _finish(self) -> ReadStats:
         """Wait for the read :meth:`_begin` began, check and publish its rows; its statistics (also in
@@ -420,8 +423,7 @@ class _RowReads(Closing):
         read again on the pool as a read's is."""
         if self._begun is None:
             raise ArgumentError(f"{self.path}: no begun read to finish")
-        (t0, ids, target, seg_cols, cache, keys, skip, raw, nh, reading), self._begun = self._begun, None
-        extra = (skip if nh else None, raw) if raw is not None else ()
+        (t0, ids, target, seg_cols, nh, reading, extra, fused), self._begun = self._begun, None
         if reading:
             with self._lock:
                 if self._reader is None:
@@ -431,11 +433,9 @@ class _RowReads(Closing):
                 except _reader.ReadFailure as f:
                     if not self._ring_at_fault(f):
                         raise self._error(f, ids) from None
-                    res = self._reread_on_pool(f, ids, target, seg_cols, extra)
+                    res = self._reread_on_pool(f, ids, target, seg_cols, extra, False, fused)
         else:
             res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
-        if raw is not None:
-            cache.admit(keys, skip, raw)
         return self._count(res, nh, t0)
 
     # ------------------------------------------------- the row cache

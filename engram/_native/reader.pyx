@@ -177,6 +177,10 @@ cdef class RowReader:
     cdef float* aop
     cdef uint8_t* arp
     cdef object aref          # the arrays the begun read publishes into, kept alive
+    cdef object acache        # the row cache its misses go into (None: none)
+    cdef const uint64_t* akp  # with their keys
+    cdef const uint8_t* ask   # and the positions the cache served
+    cdef Py_ssize_t atotal    # positions of the begun read
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
         cdef int i
@@ -558,7 +562,7 @@ cdef class RowReader:
 
     # ------------------------------------------------------------ a read begun now, finished later
     def begin(self, cnp.ndarray ids, cnp.ndarray out, int backend, Py_ssize_t seg_cols, cnp.ndarray skip=None,
-              cnp.ndarray raw=None, int depth=0):
+              cnp.ndarray raw=None, int depth=0, object cache=None, cnp.ndarray keys=None):
         """Begin reading the rows of ``ids`` (uint32 [T, C], at most ``CHUNK_REQUESTS`` of them) into
         ``out`` (float32 [T, C, 256], C-contiguous) without waiting: the requests are planned and
         handed to the engine at once from the calling thread (on the ring: submitted to the kernel
@@ -569,7 +573,8 @@ cdef class RowReader:
         until :meth:`finish` (nobody drives the ring in between), so the rest of a batch deeper than
         what the engine granted is read then.  The threshold does not apply: a begun batch is never
         read serially unless ``backend`` is BACKEND_SERIAL (then :meth:`finish` reads it).
-        ``skip`` and ``raw`` as for :meth:`read`.  Raises ValueError for bad arguments or a read
+        ``skip``, ``raw``, ``cache`` and ``keys`` as for :meth:`read` (:meth:`finish` inserts the misses
+        into ``cache`` from staging).  Raises ValueError for bad arguments or a read
         already begun, ReadFailure("range") before any I/O; the other failures are raised by
         :meth:`finish`."""
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
@@ -595,6 +600,18 @@ cdef class RowReader:
             if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
                 raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
             self.arp = <uint8_t*>cnp.PyArray_DATA(raw)
+        self.acache = None
+        self.akp = NULL
+        self.ask = sk
+        self.atotal = total
+        if cache is not None:
+            if raw is not None:
+                raise ValueError("cache needs no raw")
+            if keys is None or keys.dtype != np.uint64 or keys.ndim != 1 or keys.shape[0] < total \
+                    or not keys.flags.c_contiguous:
+                raise ValueError("keys must be a C-contiguous uint64 array of at least T * C keys")
+            self.acache = cache
+            self.akp = <const uint64_t*>cnp.PyArray_DATA(keys)
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
         self._check_backend(backend)
@@ -620,7 +637,7 @@ cdef class RowReader:
             self.ajob.staging = self.staging
             if m > 0:
                 self.apath = backend
-        self.aref = (ids, out, skip, raw)
+        self.aref = (ids, out, skip, raw, keys)
         self.apid = getpid()
         self.apending = True
         if self.apath < 0 or self.apath == SERIAL:
@@ -648,13 +665,15 @@ cdef class RowReader:
         cdef engram_ioerr err
         cdef engram_run_info info
         cdef int rc = 0, path = self.apath
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, nm
+        cdef const uint8_t** cr
         cdef uint64_t nbytes = 0
         if not self.apending or self.apid != getpid():
             self._forget_if_forked()
             raise ValueError("no begun read to finish")
         self.apending = False
         ref, self.aref = self.aref, None
+        cache, self.acache = self.acache, None
         if path < 0:
             return (0, 0, 0, 0, 1, 0, 0, 0, 0)
         err.err = 0
@@ -673,8 +692,13 @@ cdef class RowReader:
             if rc != 0:
                 self._run_failed(err, path)
         self._check_rows(self.and_, path)
+        cr = self.crec if cache is not None else NULL
         with nogil:
-            self._publish(self.aop, self.am, self.arp, NULL)
+            self._publish(self.aop, self.am, self.arp, cr)
+        if cache is not None:
+            with nogil:
+                nm = self._gather_misses(self.akp, self.ask, self.atotal)
+            self._admit(cache, nm)
         for i in range(self.anr):
             nbytes += self.reqs[i].span_len
         conc = 1 if path == SERIAL else max(1, self.eng_depth_used)
