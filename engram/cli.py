@@ -39,7 +39,7 @@ from .hashing import Hasher
 from .layout import Layout
 from .mixer import gate_path, project_path
 from .model import EngramModel
-from .options import Exclusive, Option, add_options, replaced
+from .options import Command, Exclusive, Option, add_command, add_options, replaced
 from .table import DEFAULT_READERS, DEFAULT_THRESHOLD
 from .tokenmap import build_token_map, load_tokenizer
 
@@ -135,14 +135,12 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="version, built kernels, read backends and the one auto uses here",
-                       description="Version, kernels in use, and the read backends: built, usable on this "
-                                   "machine now (each proved live with a real read: the io_uring ring may be "
-                                   "refused by the kernel, kernel.io_uring_disabled, seccomp or "
-                                   "ENGRAM_DISABLE_IO_URING), and the one backend=\"auto\" uses, with the reason.")
-    add_options(p, (JSON_OPTION,))
-    p.set_defaults(func=_cmd_info)
+INFO_COMMAND = Command("info", "version, built kernels, read backends and the one auto uses here",
+                       (JSON_OPTION,), _cmd_info,
+                       description="Version, kernels in use, and the read backends: built, usable on this machine now "
+                                   "(each proved live with a real read: the io_uring ring may be refused by the "
+                                   "kernel, kernel.io_uring_disabled, seccomp or ENGRAM_DISABLE_IO_URING), and the one"
+                                   ' backend="auto" uses, with the reason.')
 
 
 # --------------------------------------------------------------------- hash
@@ -212,10 +210,8 @@ HASH_OPTIONS = (
 )
 
 
-def _add_hash(sub) -> None:
-    p = sub.add_parser("hash", help="row ids of a text or token file under the V4.1 layout")
-    add_options(p, HASH_OPTIONS)
-    p.set_defaults(func=_cmd_hash)
+HASH_COMMAND = Command("hash", "row ids of a text or token file under the V4.1 layout",
+                       HASH_OPTIONS, _cmd_hash)
 
 
 # ------------------------------------------------------------------ inspect
@@ -274,15 +270,13 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-def _add_inspect(sub) -> None:
-    p = sub.add_parser("inspect", help="layout, tensors and table offsets of a model file (headers only)",
-                       description="Read the GGUF headers of a model (never its tables) and print the Engram "
-                                   "layout, every tensor with type/shape/offset/size, and the table offsets. "
-                                   "Constants the file leaves out are shown as derived (or defaulted), keys "
-                                   "read under their legacy deepseek4.* spelling as legacy keys.")
-    add_options(p, (Option("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths"),
-                    JSON_OPTION))
-    p.set_defaults(func=_cmd_inspect)
+INSPECT_COMMAND = Command("inspect", "layout, tensors and table offsets of a model file (headers only)",
+                          (Option("model", nargs="+", help="model .gguf, any shard of a split set, or all shard paths"),
+                    JSON_OPTION), _cmd_inspect,
+                          description="Read the GGUF headers of a model (never its tables) and print the Engram "
+                                      "layout, every tensor with type/shape/offset/size, and the table offsets. "
+                                      "Constants the file leaves out are shown as derived (or defaulted), keys read "
+                                      "under their legacy deepseek4.* spelling as legacy keys.")
 
 
 # -------------------------------------------------------------------- output paths
@@ -360,14 +354,12 @@ SYNTH_OPTIONS = (
 )
 
 
-def _add_synth(sub) -> None:
-    p = sub.add_parser("synth", help="write a synthetic model in the real Engram GGUF format",
-                       description="Write a DeepSeek V4.1 Flash-format model (GGUF v3, all Engram keys, real token "
-                                   "map, engram_kv + norms, tables last) with deterministic rows. --scale shrinks "
-                                   "the tables; --full-size keeps the released layout with sparse tables, writing "
-                                   "only the rows a trace reads.")
-    add_options(p, SYNTH_OPTIONS)
-    p.set_defaults(func=_cmd_synth)
+SYNTH_COMMAND = Command("synth", "write a synthetic model in the real Engram GGUF format",
+                        SYNTH_OPTIONS, _cmd_synth,
+                        description="Write a DeepSeek V4.1 Flash-format model (GGUF v3, all Engram keys, real token "
+                                    "map, engram_kv + norms, tables last) with deterministic rows. --scale shrinks the"
+                                    " tables; --full-size keeps the released layout with sparse tables, writing only "
+                                    "the rows a trace reads.")
 
 
 # -------------------------------------------------------------------- repair
@@ -400,17 +392,15 @@ REPAIR_OPTIONS = (
 )
 
 
-def _add_repair(sub) -> None:
-    p = sub.add_parser("repair", help="rewrite a model with the current Engram keys (legacy, missing or wrong "
+REPAIR_COMMAND = Command("repair", "rewrite a model with the current Engram keys (legacy, missing or wrong "
                                       "derived keys)",
-                       description="Write MODEL again as OUT with every Engram key under the current "
-                                   "deepseek41.engram.* spelling: legacy deepseek4.engram.* keys renamed, "
-                                   "derivable constants (rows, offsets, head_count, max_ngram_size, key_length, "
-                                   "compressed_vocab_size) derived from the primary keys and checked against the "
-                                   "tensors, every other key and all tensor data copied (holes stay holes). "
-                                   "OUT appears only once complete.")
-    add_options(p, REPAIR_OPTIONS)
-    p.set_defaults(func=_cmd_repair)
+                         REPAIR_OPTIONS, _cmd_repair,
+                         description="Write MODEL again as OUT with every Engram key under the current "
+                                     "deepseek41.engram.* spelling: legacy deepseek4.engram.* keys renamed, derivable "
+                                     "constants (rows, offsets, head_count, max_ngram_size, key_length, "
+                                     "compressed_vocab_size) derived from the primary keys and checked against the "
+                                     "tensors, every other key and all tensor data copied (holes stay holes). OUT "
+                                     "appears only once complete.")
 
 
 # -------------------------------------------------------------------- lookup
@@ -491,16 +481,14 @@ LOOKUP_OPTIONS = (
 )
 
 
-def _add_lookup(sub) -> None:
-    p = sub.add_parser("lookup", help="per token: row ids, read timings and gates of a model",
-                       description="Hash a text (or token file) with a model's layout, read each decode step's "
-                                   "rows from its tables and mix them through the gate. Gates are computed "
-                                   "against a seeded random residual, since this tool does not run the model's "
-                                   "other layers. --text is encoded only by a tokenizer whose vocabulary is the "
-                                   "model file's (tokenizer.ggml.tokens, or its token map in files without one): "
-                                   "another tokenizer's ids would read other rows.")
-    add_options(p, LOOKUP_OPTIONS)
-    p.set_defaults(func=_cmd_lookup)
+LOOKUP_COMMAND = Command("lookup", "per token: row ids, read timings and gates of a model",
+                         LOOKUP_OPTIONS, _cmd_lookup,
+                         description="Hash a text (or token file) with a model's layout, read each decode step's rows "
+                                     "from its tables and mix them through the gate. Gates are computed against a "
+                                     "seeded random residual, since this tool does not run the model's other layers. "
+                                     "--text is encoded only by a tokenizer whose vocabulary is the model file's "
+                                     "(tokenizer.ggml.tokens, or its token map in files without one): another "
+                                     "tokenizer's ids would read other rows.")
 
 
 # ------------------------------------------------------------------- plugins
@@ -555,6 +543,10 @@ def _add_plugin_stub(sub, name: str, ep: importlib.metadata.EntryPoint) -> None:
 
 
 # ---------------------------------------------------------------------- main
+#: The engine's own commands, in ``--help`` order.
+ENGINE_COMMAND_TABLE = (INFO_COMMAND, HASH_COMMAND, INSPECT_COMMAND, SYNTH_COMMAND, REPAIR_COMMAND, LOOKUP_COMMAND)
+
+
 def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
     """The ``engram`` parser for the command line ``argv`` (default ``sys.argv[1:]``).
 
@@ -567,8 +559,8 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for add in (_add_info, _add_hash, _add_inspect, _add_synth, _add_repair, _add_lookup):
-        add(sub)
+    for cmd in ENGINE_COMMAND_TABLE:
+        add_command(sub, cmd)
     wanted = _command_of(sys.argv[1:] if argv is None else argv)
     for name, ep in plugin_commands().items():
         if name == wanted:

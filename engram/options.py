@@ -30,12 +30,16 @@ The form, field by field (every field but ``flags`` may be left out):
 
 :func:`replaced` gives a table with some fields replaced in every option (``default=argparse.SUPPRESS``
 on a subcommand that repeats its parent's options).
+
+A command is data too: a :class:`Command` holds its name, its one-line ``help``, its ``description``
+(``--help``'s paragraph), its option table, its handler and its subcommands, and :func:`add_command` adds it
+(and them) to the parent's subparsers.  So every command is declared the same way, next to its handler.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import ArgumentError
@@ -120,6 +124,76 @@ def replaced(table: Iterable[Option], **changes) -> Table:
     if unknown:
         raise TypeError(f"Option has no field {sorted(unknown)[0]!r}")
     return tuple(replace(o, **changes) for o in table)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command (or subcommand) as data, added by :func:`add_command`.
+
+    Attributes
+    ----------
+    name : str
+        The command word (``"decode"`` in ``engram sim decode``).
+    help : str
+        The one line its parent's ``--help`` lists it with.
+    options : tuple of Option
+        Its options, in ``--help`` order (:func:`add_options`).
+    func : callable, optional
+        The handler, ``func(args) -> int`` (None: a command that only groups subcommands).
+    description : str
+        The paragraph of its own ``--help`` (empty: argparse prints none).
+    subcommands : tuple of Command
+        Commands under it (``engram sim`` -> ``decode``, ...), in ``--help`` order.
+    dest, metavar : str
+        The namespace attribute that names the subcommand given, and how ``--help`` shows the choice.
+    required : bool
+        Whether a subcommand must be given.
+    defaults : mapping
+        More ``set_defaults`` values of the namespace besides ``func``.
+    subparsers_action : type, optional
+        The ``action`` of its subparsers (an :class:`argparse._SubParsersAction` subclass), when not argparse's.
+    default_subcommand : str, optional
+        The subcommand run when none is given (needs a ``subparsers_action`` with ``default_to``).
+    """
+
+    name: str
+    help: str
+    options: Table = ()
+    func: Optional[Callable] = None
+    description: str = ""
+    subcommands: Tuple["Command", ...] = ()
+    dest: str = ""
+    metavar: str = "SUBCOMMAND"
+    required: bool = True
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    subparsers_action: Optional[type] = None
+    default_subcommand: Optional[str] = None
+
+
+def add_command(subparsers, cmd: Command) -> argparse.ArgumentParser:
+    """Add ``cmd`` to ``subparsers`` (a parser's ``add_subparsers()``): its parser, options, handler and
+    subcommands.  Returns its parser."""
+    kw = {"help": cmd.help}
+    if cmd.description:
+        kw["description"] = cmd.description
+    p = subparsers.add_parser(cmd.name, **kw)
+    add_options(p, cmd.options)
+    defaults = dict(cmd.defaults)
+    if cmd.func is not None:
+        defaults["func"] = cmd.func
+    if defaults:
+        p.set_defaults(**defaults)
+    if cmd.subcommands:
+        skw = {"dest": cmd.dest or f"{cmd.name}_command", "metavar": cmd.metavar}
+        if cmd.subparsers_action is not None:
+            skw["action"] = cmd.subparsers_action
+        sub = p.add_subparsers(**skw)
+        sub.required = cmd.required
+        for c in cmd.subcommands:
+            add_command(sub, c)
+        if cmd.default_subcommand is not None:
+            sub.default_to(cmd.default_subcommand)
+    return p
 
 
 def _dest(opt: Option) -> str:

@@ -28,47 +28,46 @@ output.
 
 from __future__ import annotations
 
-from .decode import _add_decode, _add_device, _add_prefill
-from .measure import _add_calibrate, _add_crosscheck, _add_measure
-from .report import add_demo_command, add_report_command
-from .serve import _add_serve
-from .studies import _add_capacity, _add_sweep
-from .trace import _add_trace
+from engram.options import Command, add_command
 
-__all__ = ["add_calibrate_command", "add_crosscheck_command", "add_demo_command", "add_measure_command",
-           "add_report_command", "add_sim_command", "register"]
+from .decode import DECODE_COMMAND, DEVICE_COMMAND, PREFILL_COMMAND
+from .measure import CALIBRATE_COMMAND, CROSSCHECK_COMMAND, measure_command
+from .report import add_demo_command, add_report_command
+from .serve import SERVE_COMMAND
+from .studies import CAPACITY_COMMAND, SWEEP_COMMAND
+from .trace import TRACE_COMMAND
+
+__all__ = ["SIM_COMMAND", "add_calibrate_command", "add_crosscheck_command", "add_demo_command",
+           "add_measure_command", "add_report_command", "add_sim_command", "register"]
+
+#: ``engram sim`` and its subcommands, in ``--help`` order.
+SIM_COMMAND = Command("sim", "simulate Engram reads: traces, decode and prefill predictions, studies",
+                      subcommands=(TRACE_COMMAND, DECODE_COMMAND, PREFILL_COMMAND, DEVICE_COMMAND, SWEEP_COMMAND,
+                                   CAPACITY_COMMAND, SERVE_COMMAND),
+                      dest="sim_command",
+                      description="A simpy model of Engram row reads (SPEC §9): build traces from real text, predict "
+                                  "decode tokens/s and prefill stalls for a device model and a read policy, run "
+                                  "what-if studies and capacity searches.")
 
 
 def add_sim_command(subparsers) -> None:
     """Add ``engram sim`` with ``trace``, ``decode``, ``prefill``, ``device``, ``sweep``, ``capacity`` and ``serve``."""
-    p = subparsers.add_parser("sim", help="simulate Engram reads: traces, decode and prefill predictions, studies",
-                              description="A simpy model of Engram row reads (SPEC §9): build traces from real "
-                                          "text, predict decode tokens/s and prefill stalls for a device model "
-                                          "and a read policy, run what-if studies and capacity searches.")
-    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
-    sub.required = True
-    _add_trace(sub)
-    _add_decode(sub)
-    _add_prefill(sub)
-    _add_device(sub)
-    _add_sweep(sub)
-    _add_capacity(sub)
-    _add_serve(sub)
+    add_command(subparsers, SIM_COMMAND)
 
 
 def add_measure_command(subparsers) -> None:
     """Add ``engram measure``."""
-    _add_measure(subparsers)
+    add_command(subparsers, measure_command())
 
 
 def add_calibrate_command(subparsers) -> None:
     """Add ``engram calibrate``."""
-    _add_calibrate(subparsers)
+    add_command(subparsers, CALIBRATE_COMMAND)
 
 
 def add_crosscheck_command(subparsers) -> None:
     """Add ``engram crosscheck``."""
-    _add_crosscheck(subparsers)
+    add_command(subparsers, CROSSCHECK_COMMAND)
 
 
 def register(subparsers) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Exclusive, Option, add_options
+from engram.options import Command, Exclusive, Option
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import fit_compute, reference_compute, simulate_decode
@@ -134,17 +134,15 @@ DECODE_OPTIONS = (
 )
 
 
-def _add_decode(sub) -> None:
-    p = sub.add_parser("decode", help="predict decode tokens/s (simpy model)",
-                       description="Replay real token traces through a device model and a read policy and "
-                                   "predict decode tokens/s, step latency percentiles and device utilisation "
-                                   "(SPEC §9). Without --compute-ms the compute of a step is that of the SPEC §8 "
-                                   "reference run -- fitted on the reference device so that threshold 256 gives "
-                                   "19.16 tokens/s -- and kept whatever --device: compute belongs to the model "
-                                   "and its accelerator, not to the disk (--refit fits it on --device instead). "
-                                   "Sessions start at random phases (--phases).")
-    add_options(p, DECODE_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_decode))
+DECODE_COMMAND = Command("decode", "predict decode tokens/s (simpy model)",
+                         DECODE_OPTIONS, _typed_os_errors(_cmd_decode),
+                         description="Replay real token traces through a device model and a read policy and predict "
+                                     "decode tokens/s, step latency percentiles and device utilisation (SPEC §9). "
+                                     "Without --compute-ms the compute of a step is that of the SPEC §8 reference run "
+                                     "-- fitted on the reference device so that threshold 256 gives 19.16 tokens/s -- "
+                                     "and kept whatever --device: compute belongs to the model and its accelerator, "
+                                     "not to the disk (--refit fits it on --device instead). Sessions start at random "
+                                     "phases (--phases).")
 
 
 def _cmd_prefill(args) -> int:
@@ -186,13 +184,11 @@ PREFILL_OPTIONS = (
 )
 
 
-def _add_prefill(sub) -> None:
-    p = sub.add_parser("prefill", help="predict prefill time and stalls of one prompt",
-                       description="A prompt's rows are hashed, then streamed by one background reader per "
-                                   "table in chunks; compute runs layer by layer and waits at an Engram layer "
-                                   "until its chunk is read (SPEC §8). Predicts prefill time and stalls.")
-    add_options(p, PREFILL_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_prefill))
+PREFILL_COMMAND = Command("prefill", "predict prefill time and stalls of one prompt",
+                          PREFILL_OPTIONS, _typed_os_errors(_cmd_prefill),
+                          description="A prompt's rows are hashed, then streamed by one background reader per table in"
+                                      " chunks; compute runs layer by layer and waits at an Engram layer until its "
+                                      "chunk is read (SPEC §8). Predicts prefill time and stalls.")
 
 
 def _cmd_device(args) -> int:
@@ -254,18 +250,16 @@ DEVICE_OPTIONS = (
 )
 
 
-def _add_device(sub) -> None:
-    p = sub.add_parser("device", help="show or save a device model (latency and IOPS by queue depth)",
-                       description="Print a device model's per-read latency and IOPS at each queue depth and "
-                                   "what was derived from what was given and what was assumed; with no name, list "
-                                   "the presets and the accepted forms. Every command reads devices the same way. "
-                                   "A rate-limited volume (ssd:...,cap_iops=..,burst_ios=.., volume:..., or fio "
-                                   "output recognised as one) shows its token bucket and the raw device behind it; "
-                                   "fio output of another block size than the engine's 4 KiB is refused unless "
-                                   "stated: fio:FILE.json,assume_bs=16k. fio output of a memory-backed device "
-                                   "(tmpfs: a QD1 median below 15 us) is said to be one; fio:FILE.json,cpus=N "
-                                   "scales it to the CPUs the readers will copy on (assumed, said). ssd:...,routing=random "
-                                   "routes each read to a random channel (latency qd1_us + (N - 1) / iops at N in "
-                                   "flight; the default is the first free channel).")
-    add_options(p, DEVICE_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_device))
+DEVICE_COMMAND = Command("device", "show or save a device model (latency and IOPS by queue depth)",
+                         DEVICE_OPTIONS, _typed_os_errors(_cmd_device),
+                         description="Print a device model's per-read latency and IOPS at each queue depth and what "
+                                     "was derived from what was given and what was assumed; with no name, list the "
+                                     "presets and the accepted forms. Every command reads devices the same way. A "
+                                     "rate-limited volume (ssd:...,cap_iops=..,burst_ios=.., volume:..., or fio output"
+                                     " recognised as one) shows its token bucket and the raw device behind it; fio "
+                                     "output of another block size than the engine's 4 KiB is refused unless stated: "
+                                     "fio:FILE.json,assume_bs=16k. fio output of a memory-backed device (tmpfs: a QD1 "
+                                     "median below 15 us) is said to be one; fio:FILE.json,cpus=N scales it to the "
+                                     "CPUs the readers will copy on (assumed, said). ssd:...,routing=random routes "
+                                     "each read to a random channel (latency qd1_us + (N - 1) / iops at N in flight; "
+                                     "the default is the first free channel).")

@@ -10,7 +10,7 @@ import numpy as np
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Option, add_options
+from engram.options import Command, Option
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from sim.check.calibrate import calibrate_file
@@ -321,36 +321,37 @@ def measure_options(quick: str) -> tuple:
     )
 
 
-def _add_measure(sub) -> None:
+def measure_command() -> Command:
+    """``engram measure`` (its help names the default and quick grids' sizes, counted from the grids)."""
     quick = _grid_counts(quick_grid())
     full = _grid_counts(default_grid())
-    p = sub.add_parser("measure", help="measure real decode runs and the engine's microbenchmarks",
-                       description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
-                                   "file in the real format -> decode -> projection + gated add as the step's "
-                                   "compute) over real traces, for a grid of thresholds x readers x backends x "
-                                   "traces x compute, recording per step the read, compute and step time; and the "
-                                   "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
-                                   "by iodepth when installed, the step's compute, the hash). Writes "
-                                   "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
-                                   "other layers do not exist here: add an emulated load per step with a compute "
-                                   "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
-                                   f"join with +). Default grid ({full}): compute spin:2 on the "
-                                   "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
-                                   "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
-                                   "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
-                                   "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
-                                   "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; 2 to 32 as "
-                                   "processes sharing the device) on the novel, each session on its own stretch, "
-                                   "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
-                                   "recording every session's tokens/s, step latency, start offset and the threads "
-                                   "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
-                                   "probe steps (random token ids through the same sessions) interleaved. Only the "
-                                   "read backends that start here are measured; the others are named with the "
-                                   f"reason. The table printed at the end: tokens/s (median over the repeats), "
-                                   f"their spread, the slowest session's tokens/s, step p50/p95, and "
-                                   f"{THREADS_MEANING}.")
-    add_options(p, measure_options(quick))
-    p.set_defaults(func=_cmd_measure)
+    return Command("measure", "measure real decode runs and the engine's microbenchmarks",
+                   measure_options(quick), _cmd_measure,
+                   description="Run the real decode loop (hash -> one concurrent batch of 48 rows from a model "
+                               "file in the real format -> decode -> projection + gated add as the step's "
+                               "compute) over real traces, for a grid of thresholds x readers x backends x "
+                               "traces x compute, recording per step the read, compute and step time; and the "
+                               "microbenchmarks the calibration uses (the engine's reads by queue depth, fio "
+                               "by iodepth when installed, the step's compute, the hash). Writes "
+                               "WORKDIR/microbench.json, WORKDIR/runs.json and WORKDIR/traces/. The model's "
+                               "other layers do not exist here: add an emulated load per step with a compute "
+                               "spec (spin:MS, sleep:MS, blas:N; mixer = the Engram projection + gated add; "
+                               f"join with +). Default grid ({full}): compute spin:2 on the "
+                               "Italian novel, the agent prompt and Python source x {serial (threshold 256), "
+                               "threshold 8 x pread/io_uring x 4/16 readers}; no compute (800 steps) on the "
+                               "novel and the agent prompt x the same 5 policies; spin:2 on the 100 short "
+                               "prompts, serial and io_uring x 16; the mixer on the novel, serial and io_uring "
+                               "x 16; and 1, 2, 4, 8, 16, 32 concurrent decode sessions (threads of one process; "
+                               "2 to 32 as "
+                               "processes sharing the device) on the novel, each session on its own stretch, "
+                               "pread x 4, compute sleep:5 (a step's accelerator work, no CPU of this machine), "
+                               "recording every session's tokens/s, step latency, start offset and the threads "
+                               "used. 7 interleaved rounds, every run on its own stretch of its trace, with "
+                               "probe steps (random token ids through the same sessions) interleaved. Only the "
+                               "read backends that start here are measured; the others are named with the "
+                               f"reason. The table printed at the end: tokens/s (median over the repeats), "
+                               f"their spread, the slowest session's tokens/s, step p50/p95, and "
+                               f"{THREADS_MEANING}.")
 
 
 @_typed_errors
@@ -380,14 +381,12 @@ CALIBRATE_OPTIONS = (
 )
 
 
-def _add_calibrate(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit the simulator's device and compute models from microbenchmarks",
-                       description="Fit the device model (per backend: 48-row batch service time by readers, read "
-                                   "latency by queue depth) and the compute model (measured step compute, "
-                                   "resampled) from WORKDIR/microbench.json only; decode runs are refused. "
-                                   "Writes WORKDIR/calibration.json (machine, file, date, fitted parameters).")
-    add_options(p, CALIBRATE_OPTIONS)
-    p.set_defaults(func=_cmd_calibrate)
+CALIBRATE_COMMAND = Command("calibrate", "fit the simulator's device and compute models from microbenchmarks",
+                            CALIBRATE_OPTIONS, _cmd_calibrate,
+                            description="Fit the device model (per backend: 48-row batch service time by readers, read"
+                                        " latency by queue depth) and the compute model (measured step compute, "
+                                        "resampled) from WORKDIR/microbench.json only; decode runs are refused. Writes"
+                                        " WORKDIR/calibration.json (machine, file, date, fitted parameters).")
 
 
 @_typed_errors
@@ -448,19 +447,17 @@ CROSSCHECK_OPTIONS = (
 )
 
 
-def _add_crosscheck(sub) -> None:
-    p = sub.add_parser("crosscheck", help="predict every measured run with the calibrated simulator; error table",
-                       description="Replay each measured run's stretch of trace through the simulator with the "
-                                   "calibrated device and compute, scaled to the run's own time window (its "
-                                   "interleaved probe steps), and compare predicted with measured tokens/s and step "
-                                   "p50/p95: each run against its own prediction, the median over a "
-                                   "configuration's runs, with a 90% interval, next to the spread of the repeats. "
-                                   "The regime comes from the background load measured during the runs and sets "
-                                   "the goals: quiet (others under 10% of the CPUs): tokens/s median |error| <= "
-                                   "3%, max <= 8%, step p50 max <= 10%; busy (others at most a third): <= 5%, "
-                                   "<= 10%, <= 10% and >= 90% of the configurations inside their interval; "
-                                   "loaded: the interval coverage (the errors are shown, not held). In every "
-                                   "regime measured and predicted capacity within one grid step. Writes "
-                                   "WORKDIR/crosscheck.json.")
-    add_options(p, CROSSCHECK_OPTIONS)
-    p.set_defaults(func=_cmd_crosscheck)
+CROSSCHECK_COMMAND = Command("crosscheck", "predict every measured run with the calibrated simulator; error table",
+                             CROSSCHECK_OPTIONS, _cmd_crosscheck,
+                             description="Replay each measured run's stretch of trace through the simulator with the "
+                                         "calibrated device and compute, scaled to the run's own time window (its "
+                                         "interleaved probe steps), and compare predicted with measured tokens/s and "
+                                         "step p50/p95: each run against its own prediction, the median over a "
+                                         "configuration's runs, with a 90% interval, next to the spread of the "
+                                         "repeats. The regime comes from the background load measured during the runs "
+                                         "and sets the goals: quiet (others under 10% of the CPUs): tokens/s median "
+                                         "|error| <= 3%, max <= 8%, step p50 max <= 10%; busy (others at most a "
+                                         "third): <= 5%, <= 10%, <= 10% and >= 90% of the configurations inside their "
+                                         "interval; loaded: the interval coverage (the errors are shown, not held). In"
+                                         " every regime measured and predicted capacity within one grid step. Writes "
+                                         "WORKDIR/crosscheck.json.")

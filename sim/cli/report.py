@@ -6,7 +6,7 @@ import sys
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Option, add_options
+from engram.options import Command, Option, add_command
 
 from sim.sweep.capacity import CAPACITY_TARGET
 from sim.cli.demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
@@ -65,22 +65,18 @@ REPORT_OPTIONS = (
 )
 
 
-def add_report_command(subparsers) -> None:
-    """Add ``engram report``."""
-    p = subparsers.add_parser("report", help="plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
-                              description="Write a report folder (report.md, report.html, figures/*.png, "
-                                          "data/*.csv, inputs/). It leads with the answer: how many concurrent "
-                                          "sessions each device sustains at the target tokens/s (searched with a "
-                                          "seed ensemble; with the assumptions and the band over seeds), from its "
-                                          "own search and from every capacity table given; then the evidence: "
-                                          "the SPEC §8 seed reproduction, predicted vs measured with the error "
-                                          "band, tokens/s by threshold, readers and row-cache size, step-latency "
-                                          "CDFs, and the figures of sweep tables. Give a folder of engram measure "
-                                          "/ calibrate (/ crosscheck) results for this machine's figures; without "
-                                          "one, the figures use the device presets. report.html is one "
-                                          "self-contained file (figures and data embedded) to send on.")
-    add_options(p, REPORT_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_report))
+REPORT_COMMAND = Command("report", "plotted report: measured, predicted, what-if (Markdown + PNG + HTML)",
+                         REPORT_OPTIONS, _typed_os_errors(_cmd_report),
+                         description="Write a report folder (report.md, report.html, figures/*.png, data/*.csv, "
+                                     "inputs/). It leads with the answer: how many concurrent sessions each device "
+                                     "sustains at the target tokens/s (searched with a seed ensemble; with the "
+                                     "assumptions and the band over seeds), from its own search and from every "
+                                     "capacity table given; then the evidence: the SPEC §8 seed reproduction, "
+                                     "predicted vs measured with the error band, tokens/s by threshold, readers and "
+                                     "row-cache size, step-latency CDFs, and the figures of sweep tables. Give a "
+                                     "folder of engram measure / calibrate (/ crosscheck) results for this machine's "
+                                     "figures; without one, the figures use the device presets. report.html is one "
+                                     "self-contained file (figures and data embedded) to send on.")
 
 
 @_typed_errors
@@ -126,16 +122,22 @@ DEMO_OPTIONS = (
 )
 
 
+DEMO_COMMAND = Command("demo", "the main job: build, trace, look up, measure, calibrate, cross-check, "
+                               "sweep, report",
+                       DEMO_OPTIONS, _cmd_demo,
+                       description="Run the whole mission on this machine: build a model file in the real format (V4.1"
+                                   " Flash layout at a reduced scale), make traces from real text that ships with "
+                                   "Python (or --text), run lookups and gated adds, the measured decode runs, the "
+                                   "calibration, the cross-check and a small sweep, and write the report (default "
+                                   "reports/demo/). Several minutes on 2 cores with an SSD (README states the measured"
+                                   " time); the 4.4 GiB model file is written once and reused on later runs.")
+
+
+def add_report_command(subparsers) -> None:
+    """Add ``engram report`` (an entry point of ``engram.commands``)."""
+    add_command(subparsers, REPORT_COMMAND)
+
+
 def add_demo_command(subparsers) -> None:
-    """Add ``engram demo``."""
-    p = subparsers.add_parser("demo", help="the main job: build, trace, look up, measure, calibrate, cross-check, "
-                                           "sweep, report",
-                              description="Run the whole mission on this machine: build a model file in the real "
-                                          "format (V4.1 Flash layout at a reduced scale), make traces from real "
-                                          "text that ships with Python (or --text), run lookups and gated adds, "
-                                          "the measured decode runs, the calibration, the cross-check and a small "
-                                          "sweep, and write the report (default reports/demo/). Several minutes "
-                                          "on 2 cores with an SSD (README states the measured time); the 4.4 GiB "
-                                          "model file is written once and reused on later runs.")
-    add_options(p, DEMO_OPTIONS)
-    p.set_defaults(func=_cmd_demo)
+    """Add ``engram demo`` (an entry point of ``engram.commands``)."""
+    add_command(subparsers, DEMO_COMMAND)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from engram import EngramModel
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Option, add_options, check_requires
+from engram.options import Command, Option, check_requires
 
 from sim.core.params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
 from ..serve import SLO, ServeStudy, simulate_serve
@@ -128,18 +128,16 @@ SERVE_OPTIONS = (
 )
 
 
-def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="a serving what-if: requests arriving, prefilled and decoded in batches",
-                       description="Simulate one serving configuration: requests arrive open-loop (Poisson, gamma "
-                                   "or replayed), each prompt's rows stream from the device in 2048-token chunks "
-                                   "while the engine computes prompt chunks and decodes the running requests in "
-                                   "continuous batches, every step reading its batch's rows once across requests. "
-                                   "Prints TTFT, time between tokens, TPOT and end-to-end percentiles, throughput, "
-                                   "goodput under the SLOs, where a token's time goes, the device and Little's law. "
-                                   "Every axis of a serving study is a flag; with STUDY.toml, --point picks one of "
-                                   "its points and the flags override it. The compute of a step defaults to the "
-                                   "SPEC §8 reference step (47.01 ms at batch 1) plus 2.137 ms a token (ds4's "
-                                   "468 tokens/s prefill on an M3 Ultra): --compute-scale for a faster "
-                                   "accelerator, --compute-file for measured steps.")
-    add_options(p, SERVE_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_serve))
+SERVE_COMMAND = Command("serve", "a serving what-if: requests arriving, prefilled and decoded in batches",
+                        SERVE_OPTIONS, _typed_os_errors(_cmd_serve),
+                        description="Simulate one serving configuration: requests arrive open-loop (Poisson, gamma or "
+                                    "replayed), each prompt's rows stream from the device in 2048-token chunks while "
+                                    "the engine computes prompt chunks and decodes the running requests in continuous "
+                                    "batches, every step reading its batch's rows once across requests. Prints TTFT, "
+                                    "time between tokens, TPOT and end-to-end percentiles, throughput, goodput under "
+                                    "the SLOs, where a token's time goes, the device and Little's law. Every axis of a"
+                                    " serving study is a flag; with STUDY.toml, --point picks one of its points and "
+                                    "the flags override it. The compute of a step defaults to the SPEC §8 reference "
+                                    "step (47.01 ms at batch 1) plus 2.137 ms a token (ds4's 468 tokens/s prefill on "
+                                    "an M3 Ultra): --compute-scale for a faster accelerator, --compute-file for "
+                                    "measured steps.")

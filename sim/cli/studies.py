@@ -9,7 +9,7 @@ from typing import Optional
 
 from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError
-from engram.options import Option, add_options
+from engram.options import Command, Option
 
 from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
                                 phases_text, probes_path, run_capacity)
@@ -102,21 +102,18 @@ def _sweep_findings(rows, axes) -> list:
     return lines
 
 
-def _add_sweep(sub) -> None:
-    """Add ``sweep`` to the ``engram sim`` subcommands."""
-    p = sub.add_parser("sweep", help="run a what-if study (a TOML grid) locally or on a Dask cluster",
-                       description="Run every point of a study file (a grid over device, policy, cache, "
-                                   "sessions, compute and trace; see studies/*.toml) through the decode "
-                                   "simulator, in parallel local processes or on a running Dask cluster, and "
-                                   "write one row per point (CSV, or Parquet with pyarrow) as each finishes; "
-                                   "TABLE.meta.json says whether the table is complete and which points are "
-                                   "missing. Each point's seed derives from the study seed and the point, so "
-                                   "every runner gives the same table. A point whose worker dies is run again "
-                                   "(at most 3 times); an interrupted run keeps its rows and continues with "
-                                   "--resume. Capacity studies (with a [capacity] table) run with engram sim "
-                                   "capacity.")
-    add_options(p, run_options("results table"))
-    p.set_defaults(func=_typed_os_errors(_cmd_sweep))
+#: Add ``sweep`` to the ``engram sim`` subcommands.
+SWEEP_COMMAND = Command("sweep", "run a what-if study (a TOML grid) locally or on a Dask cluster",
+                        run_options("results table"), _typed_os_errors(_cmd_sweep),
+                        description="Run every point of a study file (a grid over device, policy, cache, sessions, "
+                                    "compute and trace; see studies/*.toml) through the decode simulator, in parallel "
+                                    "local processes or on a running Dask cluster, and write one row per point (CSV, "
+                                    "or Parquet with pyarrow) as each finishes; TABLE.meta.json says whether the table"
+                                    " is complete and which points are missing. Each point's seed derives from the "
+                                    "study seed and the point, so every runner gives the same table. A point whose "
+                                    "worker dies is run again (at most 3 times); an interrupted run keeps its rows and"
+                                    " continues with --resume. Capacity studies (with a [capacity] table) run with "
+                                    "engram sim capacity.")
 
 
 def planner_study(args) -> Study:
@@ -254,30 +251,27 @@ CAPACITY_OPTIONS = (
 )
 
 
-def _add_capacity(sub) -> None:
-    """Add ``capacity`` to the ``engram sim`` subcommands."""
-    p = sub.add_parser("capacity", help="search the sessions each configuration of a study sustains at a target",
-                       description="For every point of a capacity study (a study file with a [capacity] table; "
-                                   "see studies/capacity.toml), find the largest number of concurrent sessions "
-                                   "whose slowest session still decodes at the target tokens/s: probe 1, 2, 4, "
-                                   "... sessions until one fails, then bisect, once per seed of an ensemble; "
-                                   "report the median with the smallest and largest capacity over the seeds, "
-                                   "and every assumption (compute per step, batching, session phases, the "
-                                   "target's headroom under the compute-only ceiling). Writes one row per "
-                                   "configuration and every probe (STUDY.csv.probes.csv) as they finish; "
-                                   "locally or on a Dask cluster like sweeps. A serving study (with [serve] and "
-                                   "[slo] tables; see studies/serve.toml) is searched on the arrival rate "
-                                   "instead: the most requests/s whose p99 TTFT and TBT meet the targets. "
-                                   "Without a study file the configurations come from --device (repeatable), "
-                                   "--drives, --reuse and --compute-ms, e.g. engram sim capacity --device "
-                                   "ssd:qd1_us=80,iops=100000 --drives 1,2 --target 20. The progress line says the "
-                                   "probes done and their session-steps, and the fewest probes still needed with "
-                                   "their time at the rate measured so far (galloping: probes against the most it "
-                                   "may still ask). Without --out, an earlier run's table in the current directory "
-                                   "is refused, not replaced: --out names the file to replace, --resume continues "
-                                   "it.")
-    add_options(p, CAPACITY_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_capacity))
+#: Add ``capacity`` to the ``engram sim`` subcommands.
+CAPACITY_COMMAND = Command("capacity", "search the sessions each configuration of a study sustains at a target",
+                           CAPACITY_OPTIONS, _typed_os_errors(_cmd_capacity),
+                           description="For every point of a capacity study (a study file with a [capacity] table; see"
+                                       " studies/capacity.toml), find the largest number of concurrent sessions whose "
+                                       "slowest session still decodes at the target tokens/s: probe 1, 2, 4, ... "
+                                       "sessions until one fails, then bisect, once per seed of an ensemble; report "
+                                       "the median with the smallest and largest capacity over the seeds, and every "
+                                       "assumption (compute per step, batching, session phases, the target's headroom "
+                                       "under the compute-only ceiling). Writes one row per configuration and every "
+                                       "probe (STUDY.csv.probes.csv) as they finish; locally or on a Dask cluster like"
+                                       " sweeps. A serving study (with [serve] and [slo] tables; see "
+                                       "studies/serve.toml) is searched on the arrival rate instead: the most "
+                                       "requests/s whose p99 TTFT and TBT meet the targets. Without a study file the "
+                                       "configurations come from --device (repeatable), --drives, --reuse and "
+                                       "--compute-ms, e.g. engram sim capacity --device ssd:qd1_us=80,iops=100000 "
+                                       "--drives 1,2 --target 20. The progress line says the probes done and their "
+                                       "session-steps, and the fewest probes still needed with their time at the rate "
+                                       "measured so far (galloping: probes against the most it may still ask). Without"
+                                       " --out, an earlier run's table in the current directory is refused, not "
+                                       "replaced: --out names the file to replace, --resume continues it.")
 
 
 def _cmd_serve_capacity(args) -> int:

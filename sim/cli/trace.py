@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Exclusive, Option, add_options, replaced
+from engram.options import Command, Exclusive, Option, replaced
 from engram.rowcache import SIZE_RULE, sizes_arg
 
 from sim.core.params import DEFAULT_READERS
@@ -293,74 +293,62 @@ TRACE_IOLOG_OPTIONS = (
 )
 
 
-def _add_trace_stats(tsub) -> None:
-    s = tsub.add_parser("stats", help="reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
-                        description="Build or load a trace and print its reuse statistics (see engram sim trace).")
-    add_options(s, (Option("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})"),
-                    *replaced(TRACE_STATS_OPTIONS, default=argparse.SUPPRESS)))
-    s.set_defaults(func=_typed_os_errors(_cmd_trace))
+TRACE_STATS_COMMAND = Command("stats", "reuse statistics of a trace source (the default: `engram sim trace SOURCE`)",
+                              (Option("source", nargs="?", help=f"{_SOURCE_HELP} (default {CODE_SOURCE})"),
+                               *replaced(TRACE_STATS_OPTIONS, default=argparse.SUPPRESS)), _typed_os_errors(_cmd_trace),
+                              description="Build or load a trace and print its reuse statistics (see engram sim "
+                                          "trace).")
 
 
-def _add_trace_synth(tsub) -> None:
-    s = tsub.add_parser("synth", help="a synthetic trace with a target reuse rate and Zipf skew",
-                        description="Synthesize a token stream whose hashed rows repeat at the target reuse rate "
-                                    "(share of row reads that repeat an earlier (layer, row) of the trace), with the "
-                                    "per-order shape measured on real text (--profile) and a Zipf law of how far back "
-                                    "repeats copy from (--zipf); hash it with the real tokenizer map and layout. Any "
-                                    "command loads it by its spec, e.g. synth:reuse=0.225,zipf=1.1,tokens=2000,seed=0.")
-    add_options(s, TRACE_SYNTH_OPTIONS)
-    s.set_defaults(func=_typed_os_errors(_cmd_trace_synth))
+TRACE_SYNTH_COMMAND = Command("synth", "a synthetic trace with a target reuse rate and Zipf skew",
+                              TRACE_SYNTH_OPTIONS, _typed_os_errors(_cmd_trace_synth),
+                              description="Synthesize a token stream whose hashed rows repeat at the target reuse rate"
+                                          " (share of row reads that repeat an earlier (layer, row) of the trace), "
+                                          "with the per-order shape measured on real text (--profile) and a Zipf law "
+                                          "of how far back repeats copy from (--zipf); hash it with the real tokenizer"
+                                          " map and layout. Any command loads it by its spec, e.g. "
+                                          "synth:reuse=0.225,zipf=1.1,tokens=2000,seed=0.")
 
 
-def _add_trace_profile(tsub) -> None:
-    s = tsub.add_parser("profile", help="the per-order reuse shape of a text (what synth reproduces)",
-                        description="Measure a trace's reuse profile on windows of --window tokens: reuse by n-gram "
-                                    "order, the match-level transition law, the copy-distance law.")
-    add_options(s, TRACE_PROFILE_OPTIONS)
-    s.set_defaults(func=_typed_os_errors(_cmd_trace_profile))
+TRACE_PROFILE_COMMAND = Command("profile", "the per-order reuse shape of a text (what synth reproduces)",
+                                TRACE_PROFILE_OPTIONS, _typed_os_errors(_cmd_trace_profile),
+                                description="Measure a trace's reuse profile on windows of --window tokens: reuse by "
+                                            "n-gram order, the match-level transition law, the copy-distance law.")
 
 
-def _add_trace_reuse(tsub) -> None:
-    s = tsub.add_parser("reuse", help="row cache hit rate against cache size: the engine's policies and the "
+TRACE_REUSE_COMMAND = Command("reuse", "row cache hit rate against cache size: the engine's policies and the "
                                       "optimal bound, by layer and n-gram order",
-                        description="Replay a trace through the engine's row cache (engram.RowCache: the same "
-                                    "policy code, a session's decode step one batch, looked up then its misses "
-                                    "inserted) for each --cache-bytes, and print the hit rate of each policy beside "
-                                    "Belady's optimal bound (with bypass), overall, by layer and by n-gram order. "
-                                    "--sessions N: N sessions share the cache and the text, as the decode model runs "
-                                    "them (session i starts at step i*T/N and wraps, steps interleaved), e.g. the "
-                                    "sessions of one server reading one system prompt. Use it to size "
-                                    "EngramModel.open(path, cache=RowCache(SIZE, POLICY)).")
-    add_options(s, TRACE_REUSE_OPTIONS)
-    s.set_defaults(func=_typed_os_errors(_cmd_trace_reuse))
+                              TRACE_REUSE_OPTIONS, _typed_os_errors(_cmd_trace_reuse),
+                              description="Replay a trace through the engine's row cache (engram.RowCache: the same "
+                                          "policy code, a session's decode step one batch, looked up then its misses "
+                                          "inserted) for each --cache-bytes, and print the hit rate of each policy "
+                                          "beside Belady's optimal bound (with bypass), overall, by layer and by "
+                                          "n-gram order. --sessions N: N sessions share the cache and the text, as the"
+                                          " decode model runs them (session i starts at step i*T/N and wraps, steps "
+                                          "interleaved), e.g. the sessions of one server reading one system prompt. "
+                                          "Use it to size EngramModel.open(path, cache=RowCache(SIZE, POLICY)).")
 
 
-def _add_trace_iolog(tsub) -> None:
-    s = tsub.add_parser("iolog", help="the exact reads of a trace as an I/O log that fio --read_iolog replays",
-                        description="Plan the engine's reads of every decode step (per table: distinct rows, "
-                                    "block-aligned spans, rows sharing or touching a block in one read) and write them "
-                                    "as an fio iolog: version 2 (as fast as fio's queue depth allows) or, with "
-                                    "--step-ms/--tokens-per-s, version 3 with one timestamp a step. Offsets are those "
-                                    "of --model (its layout hashes the trace's tokens), else of the released V4.1 "
-                                    "Flash file (SPEC §6); replay on a device with --replay_redirect.")
-    add_options(s, TRACE_IOLOG_OPTIONS)
-    s.set_defaults(func=_typed_os_errors(_cmd_trace_iolog))
+TRACE_IOLOG_COMMAND = Command("iolog", "the exact reads of a trace as an I/O log that fio --read_iolog replays",
+                              TRACE_IOLOG_OPTIONS, _typed_os_errors(_cmd_trace_iolog),
+                              description="Plan the engine's reads of every decode step (per table: distinct rows, "
+                                          "block-aligned spans, rows sharing or touching a block in one read) and "
+                                          "write them as an fio iolog: version 2 (as fast as fio's queue depth allows)"
+                                          " or, with --step-ms/--tokens-per-s, version 3 with one timestamp a step. "
+                                          "Offsets are those of --model (its layout hashes the trace's tokens), else "
+                                          "of the released V4.1 Flash file (SPEC §6); replay on a device with "
+                                          "--replay_redirect.")
 
 
-def _add_trace(sub) -> None:
-    p = sub.add_parser("trace", help="traces: build from real text or synthesize, reuse statistics, fio I/O logs",
-                       description="With a SOURCE (or none): tokenize real text with the DeepSeek V4 tokenizer, hash "
-                                   "it under the V4.1 layout into row ids per step [T, 2, 24], optionally save them "
-                                   "(.npz), and print how often row reads repeat (by n-gram order and layer), LRU hit "
-                                   "rates, and whether a planned run (--steps, --sessions) wraps past its end. "
-                                   "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
-                                   "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
-    add_options(p, TRACE_STATS_OPTIONS)
-    p.set_defaults(func=_typed_os_errors(_cmd_trace), source=None)
-    tsub = p.add_subparsers(dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", action=_DefaultSubcommand)
-    _add_trace_stats(tsub)
-    _add_trace_synth(tsub)
-    _add_trace_profile(tsub)
-    _add_trace_reuse(tsub)
-    _add_trace_iolog(tsub)
-    tsub.default_to("stats")
+TRACE_COMMAND = Command("trace", "traces: build from real text or synthesize, reuse statistics, fio I/O logs",
+                        TRACE_STATS_OPTIONS, _typed_os_errors(_cmd_trace), defaults={"source": None},
+                        subcommands=(TRACE_STATS_COMMAND, TRACE_SYNTH_COMMAND, TRACE_PROFILE_COMMAND,
+                                     TRACE_REUSE_COMMAND, TRACE_IOLOG_COMMAND),
+                        dest="trace_command", metavar="[SUBCOMMAND] [SOURCE]", required=False,
+                        subparsers_action=_DefaultSubcommand, default_subcommand="stats",
+                        description="With a SOURCE (or none): tokenize real text with the DeepSeek V4 tokenizer, hash "
+                                    "it under the V4.1 layout into row ids per step [T, 2, 24], optionally save them "
+                                    "(.npz), and print how often row reads repeat (by n-gram order and layer), LRU hit"
+                                    " rates, and whether a planned run (--steps, --sessions) wraps past its end. "
+                                    "Subcommands: synth (a trace with a target reuse rate), profile (the per-order "
+                                    "reuse shape of a text), iolog (the exact reads as an fio I/O log).")
