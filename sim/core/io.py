@@ -18,14 +18,14 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Tuple, Union
 
 from engram.cli import json_default
 from engram.errors import EngramError, FormatError
 
-__all__ = ["PACKAGED_DATA", "SHARED_DATA_ENV", "OutputError", "check_output_folder", "load_json", "now_iso", "output_error",
-           "packaged_data_dir", "packaged_data_path", "read_jsonl", "read_text", "sha256_file", "shared_data_dir",
-           "write_json"]
+__all__ = ["PACKAGED_DATA", "SHARED_DATA_ENV", "OutputError", "atomic_output", "check_output_folder", "load_json",
+           "now_iso", "output_error", "packaged_data_dir", "packaged_data_path", "read_jsonl", "read_text",
+           "sha256_file", "shared_data_dir", "write_json"]
 
 
 class OutputError(EngramError, OSError):
@@ -125,15 +125,20 @@ def load_json(path: Union[str, os.PathLike], kind: Optional[str] = None) -> dict
         Unreadable, not JSON, not an object, or of another kind (names the file).
     """
     path = Path(path)
-    text = read_text(path)
+    d = _json_object(read_text(path), f"{path}", str)
+    if kind is not None and d.get("kind") != kind:
+        raise FormatError(f"{path}: expected a {kind!r} document, got kind {d.get('kind')!r}")
+    return d
+
+
+def _json_object(text: str, where: str, why) -> dict:
+    """The JSON object ``text`` holds; FormatError naming ``where`` (and ``why(exc)`` of a parse error) else."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FormatError(f"{path}: not JSON ({exc})") from None
+        raise FormatError(f"{where}: not JSON ({why(exc)})") from None
     if not isinstance(d, dict):
-        raise FormatError(f"{path}: expected a JSON object")
-    if kind is not None and d.get("kind") != kind:
-        raise FormatError(f"{path}: expected a {kind!r} document, got kind {d.get('kind')!r}")
+        raise FormatError(f"{where}: expected a JSON object")
     return d
 
 
@@ -151,13 +156,7 @@ def read_jsonl(path: Union[str, os.PathLike], what: str) -> List[Tuple[int, dict
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise FormatError(f"{path}: line {lineno}: expected a JSON object")
-        out.append((lineno, obj))
+        out.append((lineno, _json_object(line, f"{path}: line {lineno}", lambda exc: exc.msg)))
     return out
 
 
@@ -198,15 +197,34 @@ def write_json(path: Union[str, os.PathLike], obj) -> Path:
         The file or its folder cannot be written (names the path and the reason).
     """
     path = check_output_folder(path)
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """The way every output file is written: the block writes ``PATH.tmp`` (yielded), which then replaces
+    ``path`` in one rename, so a reader never sees a partial file.
+
+    Raises
+    ------
+    OutputError
+        An ``OSError`` of the block or of the rename (names ``path`` and the reason); ``PATH.tmp`` is removed,
+        as it is when the block raises anything else (which goes on unchanged).
+    """
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(obj, indent=1, default=json_default), encoding="utf-8")
+        yield tmp
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise output_error(path, exc) from None
-    return path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def sha256_file(path: Union[str, os.PathLike]) -> str:

@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 
-from sim.core.io import OutputError, check_output_folder, load_json, output_error, read_text, write_json
+from sim.core.io import (OutputError, atomic_output, check_output_folder, load_json, output_error, read_text,
+                         write_json)
 from .study import AXES
 
 __all__ = ["TableWriter", "check_metrics", "check_table_target", "meta_path", "partial_path", "read_table", "same_axis_value", "write_table"]
@@ -93,7 +94,6 @@ def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]
     path = Path(path)
     cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
     _check_target(path)
-    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
         try:
             import pyarrow as pa
@@ -102,7 +102,7 @@ def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]
             raise ArgumentError(f"{path}: Parquet output needs pyarrow (pip install pyarrow); "
                                 "or write .csv") from None
     check_output_folder(path)
-    try:
+    with atomic_output(path) as tmp:
         if path.suffix == ".parquet":
             pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in cols}), tmp)
         else:
@@ -110,11 +110,6 @@ def write_table(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]
                 f.write(_line(cols))
                 for r in rows:
                     f.write(_line([r.get(c, "") for c in cols]))
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise output_error(path, exc) from None
     return path
 
 
