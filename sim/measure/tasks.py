@@ -23,7 +23,7 @@ from ..trace import Trace
 from .compute import compute_runner
 from .microbench import (BACKEND_TAG, cache_check, compute_microbench, fio_microbench, hash_microbench, io_batches,
                          io_depth, io_serial, io_shared, io_think)
-from .runs import decode_run, probe_record
+from .runs import DecodeLoop, decode_run, probe_record
 from .sessions import sessions_run
 from .settings import Settings
 
@@ -236,13 +236,9 @@ class DecodeRun(Task):
         window = f"r{round_}-c{self.index}"
         start = ctx.starts[(self.index, round_)]
         every = s.run_probe_every(c.steps)
-        probe = {"probe_every": every, "probe_seed": s.seed + 1 + round_, "cache": s.run_cache()}
-        if c.multi:
-            rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
-                               residual_seed=s.seed, **probe)
-        else:
-            rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup, residual_seed=s.seed,
-                             **probe)
+        loop = DecodeLoop(start=start, warmup=s.warmup, residual_seed=s.seed, probe_every=every,
+                          probe_seed=s.seed + 1 + round_, cache=s.run_cache())
+        rec = (sessions_run if c.multi else decode_run)(ctx.model, ctx.traces[c.trace], c, loop)
         got = rec.pop("_probe")
         recs = [{"config": c.key, "round": round_, "order": order, "window": window, **rec}]
         p = probe_record(c, window, round_, got, every)
