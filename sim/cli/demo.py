@@ -63,7 +63,7 @@ from sim.core.io import write_json
 from sim.core.progress import progress_mode
 from sim.measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
                          trace_tokens_needed, usable_configs)
-from sim.measure.devices import measure_devices
+from sim.measure.devices import DevicePlan, measure_devices
 from sim.check.planner import planner_crosscheck
 from sim.report import build_report, default_traces
 from sim.core.schema import RunConfig
@@ -484,9 +484,10 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         dev_settings = measure_settings(1 if quick else min(rounds, 2), quick, fio=False, wait=False)
         if quick:  # the runs only: planner mode needs no microbenchmark (today's cross-check does)
             dev_settings = replace(dev_settings, micro=False, warmup=2)
-        measure_devices(path, dev_grid, dev_work, dev_settings, throttles=thr, tmpfs=tmpfs, fio=fio,
-                        fio_seconds=0.1 if quick else 0.5, fio_depths=(1, 16) if quick else
-                        (1, 2, 4, 8, 16, 32, 64), progress=progress, say=lines.append)
+        measure_devices(path, dev_grid, dev_work, dev_settings,
+                        devices=DevicePlan(throttles=thr, tmpfs=tmpfs, fio=fio, fio_seconds=0.1 if quick else 0.5,
+                                           fio_depths=(1, 16) if quick else (1, 2, 4, 8, 16, 32, 64)),
+                        progress=progress, say=lines.append)
         planned = planner_crosscheck(dev_work, sim_steps=200 if quick else None, today=not quick)
         write_json(work / "planner.json", planned)
         told = "; ".join(f"{e['name']} " + ("built" if e["built"] else f"skipped ({e['reason']})")

@@ -18,7 +18,7 @@ from sim.check.crosscheck import crosscheck_files, markdown_table
 from sim.core.io import load_json
 from ..measure import (DEFAULT_DEPTHS, DEFAULT_SCALE, DEFAULT_TRACES, MEASURED_CAPACITY_TARGET, PROBES_MIN, Settings,
                        default_grid, ensure_model, grid, measure, quick_grid, session_grid)
-from ..measure.devices import check_rates, measure_devices
+from ..measure.devices import DevicePlan, check_rates, measure_devices
 from sim.check.planner import PLANNER_NAME, markdown_table as planner_table, planner_crosscheck
 from sim.core.params import BACKENDS
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
@@ -133,9 +133,9 @@ def _cmd_measure(args) -> int:
 def _measure_devices(args, model, configs, settings, work) -> int:
     """``engram measure --throttle-iops ... / --tmpfs``: the grid on every device, each said built or skipped."""
     say = (lambda line: None) if args.json else print
-    doc = measure_devices(model, configs, work, settings, throttles=args.throttle_iops or (), tmpfs=args.tmpfs,
-                          fio=not args.no_fio, fio_seconds=args.device_fio_seconds or (0.5 if args.quick else 1.0),
-                          progress=not args.no_progress, say=say)
+    plan = DevicePlan(throttles=args.throttle_iops or (), tmpfs=args.tmpfs, fio=not args.no_fio,
+                      fio_seconds=args.device_fio_seconds or (0.5 if args.quick else 1.0))
+    doc = measure_devices(model, configs, work, settings, devices=plan, progress=not args.no_progress, say=say)
     if args.json:
         print_json(doc)
         return 0

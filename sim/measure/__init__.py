@@ -36,7 +36,7 @@ from .environment import ensure_model, file_info, machine_info
 from .microbench import (FIO_PERCENTILES, cache_check, compute_microbench, fio_microbench, hash_microbench,
                          io_microbench, io_shared)
 from .run import measure
-from .runs import decode_run, probe_record, segments, trace_tokens_needed
+from .runs import DecodeLoop, decode_run, probe_record, segments, trace_tokens_needed
 from .sessions import sessions_run
 from .settings import PROBES_MIN, Settings
 
@@ -58,6 +58,7 @@ __all__ = [
     "Background",
     "QuietGuard",
     "PROBES_MIN", "Settings",
+    "DecodeLoop",
     "compute_microbench",
     "compute_runner",
     "decode_run",

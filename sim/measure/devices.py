@@ -42,8 +42,11 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
 
 from engram import Table, read_model
 from engram.codec import ROW_BYTES
@@ -55,7 +58,7 @@ from .run import measure
 from .settings import Settings
 from .throttle import MAX_THROTTLE_IOPS, IopsThrottle, throttle_support
 
-__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "FIO_DEPTHS", "FIO_SIZE_4K", "check_rates", "device_classes", "engine_read_size",
+__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "DevicePlan", "FIO_DEPTHS", "FIO_SIZE_4K", "check_rates", "device_classes", "engine_read_size",
            "fio_json", "measure_devices", "on_tmpfs", "plan_devices"]
 
 #: Schema name of ``devices.json``.
@@ -257,12 +260,52 @@ def plan_devices(model_path: Union[str, os.PathLike], throttles: Sequence[int] =
     return out
 
 
+@dataclass(frozen=True)
+class DevicePlan:
+    """The devices :func:`measure_devices` makes beside the disk, and the fio runs on each.
+
+    Attributes
+    ----------
+    throttles : sequence of int
+        Read-IOPS rates, a ``throttle-N`` device each (whole numbers in ``[1, MAX_THROTTLE_IOPS]``, none twice).
+    tmpfs : bool
+        Measure a copy of the model file on a tmpfs too.
+    fio : bool
+        Run fio on each device (when installed), ``fio_seconds`` at each of ``fio_depths``.
+    fio_seconds : float
+        Seconds of each fio depth (> 0).
+    fio_depths : sequence of int
+        Queue depths of each device's fio runs (whole numbers >= 1).
+
+    Raises
+    ------
+    ArgumentError
+        A bad rate (:func:`check_rates`), ``fio_seconds`` not > 0, or ``fio_depths`` empty or with a depth
+        that is not a whole number >= 1 (names the field).
+    """
+
+    throttles: Sequence[int] = ()
+    tmpfs: bool = False
+    fio: bool = True
+    fio_seconds: float = 1.0
+    fio_depths: Sequence[int] = FIO_DEPTHS
+
+    def __post_init__(self) -> None:
+        check_rates(self.throttles)
+        if isinstance(self.fio_seconds, bool) or not isinstance(self.fio_seconds, (int, float)) or \
+                not self.fio_seconds > 0:
+            raise ArgumentError(f"fio_seconds must be > 0, got {self.fio_seconds!r}")
+        depths = list(self.fio_depths)
+        if not depths or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in depths):
+            raise ArgumentError(f"fio_depths must be whole numbers >= 1, got {self.fio_depths!r}")
+
+
 def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig],
                     out_dir: Union[str, os.PathLike], settings: Optional[Settings] = None, *,
-                    throttles: Sequence[int] = (), tmpfs: bool = False, fio: bool = True, fio_seconds: float = 1.0,
-                    fio_depths: Sequence[int] = FIO_DEPTHS, progress: Union[bool, str] = True, measure_disk: bool = True,
+                    devices: DevicePlan = DevicePlan(), progress: Union[bool, str] = True, measure_disk: bool = True,
                     say: Callable[[str], None] = lambda s: None) -> dict:
-    """Measure ``configs`` on each device of :func:`plan_devices` (see the module), with fio beside the runs.
+    """Measure ``configs`` on the disk and each device of ``devices`` (:func:`plan_devices`; see the module), with
+    fio beside the runs.
 
     The disk's documents go to ``out_dir`` (as :func:`sim.measure.measure` writes them), the other devices'
     to ``out_dir/devices/NAME/``; ``out_dir/devices.json`` lists every device, built or skipped with the
@@ -284,80 +327,106 @@ def measure_devices(model_path: Union[str, os.PathLike], configs: Sequence[RunCo
     OutputError, TableIOError
         A document cannot be written, a cgroup not removed.
     """
-    out_dir = Path(out_dir)
-    s = settings or Settings()
-    devices = plan_devices(model_path, throttles, tmpfs)
-    read_size, _, _ = engine_read_size(model_path)
-    info = read_model(model_path)
-    table_file = info.tables[sorted(info.tables)[0]].path
-    doc = {"schema": DEVICES_SCHEMA, "kind": "devices", "date": now_iso(), "model": str(model_path),
-           "read_size": read_size, "fio_depths": [int(k) for k in fio_depths], "devices": devices}
-    path = out_dir / DEVICES_NAME
-    results: Dict[str, dict] = {}
-
-    def save() -> None:
-        try:
-            write_json(path, doc)
-        except OSError as exc:
-            raise OutputError(f"{path}: cannot write the device list ({exc.strerror or exc})") from None
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    m = _DeviceMeasurement(model_path, configs, Path(out_dir), settings or Settings(), devices)
+    m.out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for d in devices:
+        for d in m.devices:
             if d["built"] is False:
                 say(f"skipped   {d['name']}: {d['reason']}")
                 continue
-            folder = out_dir / d["folder"]
-            folder.mkdir(parents=True, exist_ok=True)
-            with contextlib.ExitStack() as stack:
-                model = Path(model_path)
-                try:
-                    if d["class"] == "throttled":
-                        t = stack.enter_context(IopsThrottle(d["iops"], table_file))
-                        d["throttle"] = dict(t.to_dict(), read_back=t.written())
-                    elif d["class"] == "tmpfs":
-                        model = stack.enter_context(on_tmpfs(model_path))
-                except OutputError as exc:
-                    d.update(built=False, reason=str(exc))
-                    say(f"skipped   {d['name']}: {d['reason']}")
-                    save()
-                    continue
-                d["built"] = True
-                d["read_size"], _, _ = engine_read_size(model)
-                d["fio"], d["fio_skipped"] = {}, ""
-                say(f"device    {d['name']} ({d['class']}): measuring in {folder}")
-                sizes = list(dict.fromkeys([d["read_size"], FIO_SIZE_4K]))
-                if not fio:
-                    d["fio_skipped"] = "fio turned off (--no-fio)"
-                elif shutil.which("fio") is None:
-                    d["fio_skipped"] = "fio is not installed (apt-get install fio)"
-                else:
-                    for bs in sizes:
-                        try:
-                            p = fio_json(model, folder / f"fio-{bs}.json", bs, fio_depths, fio_seconds)
-                            d["fio"][str(bs)] = str(p.relative_to(out_dir))
-                        except TableIOError as exc:
-                            d["fio_skipped"] = str(exc)
-                            break
-                if d["fio_skipped"]:
-                    say(f"fio       {d['name']}: skipped: {d['fio_skipped']}")
-                save()
-                if d["class"] == "disk" and not measure_disk:
-                    d.update(measured=(folder / "runs.json").is_file(), complete=(folder / "runs.json").is_file(),
-                             grid="the measurement already in the folder")
-                    continue
-                t0 = time.perf_counter()
-                res = measure(model, configs, folder, s, progress=progress, device=_device_head(d))
-                d.update(measured=True, complete=bool(res.get("complete")), seconds=time.perf_counter() - t0)
-                results[d["name"]] = res
-                say(f"measured  {d['name']}: {res['runs_done']} runs in {res['seconds']:.1f} s")
-            save()
+            m.device(d, progress, measure_disk, say)
+            m.save()
     finally:
-        for d in devices:
+        for d in m.devices:
             if d["built"] is None:
                 d.update(built=False, reason="not reached: the measurement stopped before it")
-        save()
-    return dict(doc, path=str(path), results=results)
+        m.save()
+    return dict(m.doc, path=str(m.path), results=m.results)
+
+
+class _DeviceMeasurement:
+    """The state of :func:`measure_devices`: the ``devices.json`` document, its path, and each measured device's
+    result."""
+
+    def __init__(self, model_path, configs: Sequence[RunConfig], out_dir: Path, settings: Settings,
+                 plan: DevicePlan) -> None:
+        self.model_path, self.configs, self.out_dir, self.settings, self.plan = \
+            model_path, configs, out_dir, settings, plan
+        self.devices = plan_devices(model_path, plan.throttles, plan.tmpfs)
+        read_size, _, _ = engine_read_size(model_path)
+        info = read_model(model_path)
+        self.table_file = info.tables[sorted(info.tables)[0]].path
+        self.doc = {"schema": DEVICES_SCHEMA, "kind": "devices", "date": now_iso(), "model": str(model_path),
+                    "read_size": read_size, "fio_depths": [int(k) for k in plan.fio_depths],
+                    "devices": self.devices}
+        self.path = out_dir / DEVICES_NAME
+        self.results: Dict[str, dict] = {}
+
+    def save(self) -> None:
+        """Write ``devices.json`` as it stands."""
+        try:
+            write_json(self.path, self.doc)
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot write the device list ({exc.strerror or exc})") from None
+
+    def _build(self, d: dict, stack: contextlib.ExitStack):
+        """Make device ``d`` (its throttle, its tmpfs copy; undone when ``stack`` closes): the model path to
+        measure there, or None when it cannot be made (``d`` says why)."""
+        model = Path(self.model_path)
+        try:
+            if d["class"] == "throttled":
+                t = stack.enter_context(IopsThrottle(d["iops"], self.table_file))
+                d["throttle"] = dict(t.to_dict(), read_back=t.written())
+            elif d["class"] == "tmpfs":
+                model = stack.enter_context(on_tmpfs(self.model_path))
+        except OutputError as exc:
+            d.update(built=False, reason=str(exc))
+            return None
+        d["built"] = True
+        return model
+
+    def _fio(self, d: dict, model: Path, folder: Path) -> None:
+        """fio on device ``d`` at the engine's read size and at 4 KiB (``d["fio"]``), or why not
+        (``d["fio_skipped"]``)."""
+        d["fio"], d["fio_skipped"] = {}, ""
+        if not self.plan.fio:
+            d["fio_skipped"] = "fio turned off (--no-fio)"
+            return
+        if shutil.which("fio") is None:
+            d["fio_skipped"] = "fio is not installed (apt-get install fio)"
+            return
+        for bs in dict.fromkeys([d["read_size"], FIO_SIZE_4K]):
+            try:
+                p = fio_json(model, folder / f"fio-{bs}.json", bs, self.plan.fio_depths, self.plan.fio_seconds)
+                d["fio"][str(bs)] = str(p.relative_to(self.out_dir))
+            except TableIOError as exc:
+                d["fio_skipped"] = str(exc)
+                break
+
+    def device(self, d: dict, progress: Union[bool, str], measure_disk: bool, say: Callable[[str], None]) -> None:
+        """Make device ``d``, run fio on it, then the measurement (the disk's only with ``measure_disk``)."""
+        folder = self.out_dir / d["folder"]
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            model = self._build(d, stack)
+            if model is None:
+                say(f"skipped   {d['name']}: {d['reason']}")
+                return
+            d["read_size"], _, _ = engine_read_size(model)
+            say(f"device    {d['name']} ({d['class']}): measuring in {folder}")
+            self._fio(d, model, folder)
+            if d["fio_skipped"]:
+                say(f"fio       {d['name']}: skipped: {d['fio_skipped']}")
+            self.save()
+            if d["class"] == "disk" and not measure_disk:
+                d.update(measured=(folder / "runs.json").is_file(), complete=(folder / "runs.json").is_file(),
+                         grid="the measurement already in the folder")
+                return
+            t0 = time.perf_counter()
+            res = measure(model, self.configs, folder, self.settings, progress=progress, device=_device_head(d))
+            d.update(measured=True, complete=bool(res.get("complete")), seconds=time.perf_counter() - t0)
+            self.results[d["name"]] = res
+            say(f"measured  {d['name']}: {res['runs_done']} runs in {res['seconds']:.1f} s")
 
 
 def _device_head(d: dict) -> dict:

@@ -180,6 +180,38 @@ def io_think(tables, rng: np.random.Generator, backend: str, k: int, batches: in
     return _batch_record(backend, k, round_, ts, nreads, think=think, think_us=us_list(th))
 
 
+def _submitter(info, seed: int, backend: str, k: int, seconds: float, barrier: threading.Barrier) -> tuple:
+    """One submitter of :func:`io_shared`: its own tables at ``readers = k``, one warm-up batch, the barrier,
+    then 48-row batches of random rows (seeded by ``seed``) back to back for ``seconds``: ``(reads, batches,
+    seconds busy reading, time.perf_counter at its end)``."""
+    clock = time.perf_counter
+    tables = open_tables(info)
+    try:
+        r = np.random.default_rng(seed)
+        rows = [t.rows for t in tables]
+        dest = np.empty((1, STEP_ROWS, ROW_VALUES), np.float32)
+        with _group(tables, TABLE_COLUMNS, backend, k) as g:
+            g.read_batch(_random_ids(r, rows, 2), out=np.empty((2, STEP_ROWS, ROW_VALUES), np.float32))
+            barrier.wait()
+            t_end = clock() + seconds
+            n = b = 0
+            t_busy = 0.0
+            while True:
+                ids = _random_ids(r, rows, 1)
+                t0 = clock()
+                g.read_batch(ids, out=dest)
+                t1 = clock()
+                t_busy += t1 - t0
+                n += g.last_stats.reads
+                b += 1
+                if t1 >= t_end:
+                    break
+            return n, b, t_busy, clock()
+    finally:
+        for t in tables:
+            t.close()
+
+
 def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: int, seconds: float,
               round_: int) -> dict:
     """48-row batches read back to back by ``submitters`` threads at once, each with its own tables and
@@ -203,45 +235,18 @@ def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: 
     """
     seeds = rng.integers(0, 2**63 - 1, submitters)
     barrier = threading.Barrier(submitters + 1, timeout=120.0)
-    reads = [0] * submitters
-    batches = [0] * submitters
-    busy = [0.0] * submitters
-    ends = [0.0] * submitters
+    figures: List[tuple] = [(0, 0, 0.0, 0.0)] * submitters  # (reads, batches, busy, end) of each submitter
     errors: List[BaseException] = []
     clock = time.perf_counter
 
     def body(i: int) -> None:
-        tables = []
         try:
-            tables = open_tables(info)
-            r = np.random.default_rng(int(seeds[i]))
-            rows = [t.rows for t in tables]
-            dest = np.empty((1, STEP_ROWS, ROW_VALUES), np.float32)
-            with _group(tables, TABLE_COLUMNS, backend, k) as g:
-                g.read_batch(_random_ids(r, rows, 2), out=np.empty((2, STEP_ROWS, ROW_VALUES), np.float32))
-                barrier.wait()
-                t_end = clock() + seconds
-                n = b = 0
-                t_busy = 0.0
-                while True:
-                    ids = _random_ids(r, rows, 1)
-                    t0 = clock()
-                    g.read_batch(ids, out=dest)
-                    t1 = clock()
-                    t_busy += t1 - t0
-                    n += g.last_stats.reads
-                    b += 1
-                    if t1 >= t_end:
-                        break
-                reads[i], batches[i], busy[i], ends[i] = n, b, t_busy, clock()
+            figures[i] = _submitter(info, int(seeds[i]), backend, k, seconds, barrier)
         except threading.BrokenBarrierError:
             pass
         except BaseException as exc:  # noqa: BLE001 - raised in the caller
             errors.append(exc)
             barrier.abort()
-        finally:
-            for t in tables:
-                t.close()
 
     threads = [threading.Thread(target=body, args=(i,), name=f"engram-submitter-{i}") for i in range(submitters)]
     for t in threads:
@@ -255,6 +260,7 @@ def io_shared(info, rng: np.random.Generator, backend: str, k: int, submitters: 
         t.join()
     if errors:
         raise errors[0]
+    reads, batches, busy, ends = zip(*figures)
     wall = max(max(ends) - t0, 1e-9)
     total, nb = int(sum(reads)), int(sum(batches))
     return {"kind": "io", "tool": "engine", "backend": backend, "qd": int(k) * int(submitters), "readers": int(k),

@@ -85,18 +85,10 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
         The model cannot be read.
     """
     s = dataclasses.replace(settings or Settings(), **options)
-    usable, left_out = backends_here()
-    configs, dropped = usable_configs(list(configs), usable)
-    if s.decode and not configs:
-        raise ArgumentError("no configurations to measure" + (
-            f": every one needs a backend that does not start here ({_left_text(left_out)})" if dropped else ""))
+    configs, usable, be_doc = _configs_here(configs, s)
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
-    try:  # the measurement folder is this command's to make (its documents' folders must exist: sim.core.io)
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TableIOError(f"{out_dir}: cannot make the measurement folder ({exc.strerror or exc})",
-                           errno_=exc.errno or 0) from None
+    _make_folder(out_dir)
     model = EngramModel.open(model_path)
     backends = s.resolved_backends(configs, usable)
     depths = s.resolved_depths()
@@ -105,61 +97,127 @@ def measure(model_path: Union[str, os.PathLike], configs: Sequence[RunConfig], o
     if any(ComputeSpec.parse(c).mixer for c in computes):
         for lid in model.layer_ids:
             model.weights(lid)
-
-    machine = machine_info()
-    finfo = file_info(model.info)
-    warnings = size_warnings(model.info, machine)
-    be_doc = {"usable": list(usable), "left_out": dict(left_out), "configs_left_out": [c.key for c in dropped]}
-    head = {"date": now_iso(), "machine": machine, "file": finfo, "params": s.params(configs, usable),
-            "backends": be_doc, "warnings": warnings}
-    if device is not None:
-        head["device"] = dict(device)
-    micro_doc = {"schema": MICRO_SCHEMA, "kind": "microbench", **head, "records": []}
-    runs_doc = {"schema": RUNS_SCHEMA, "kind": "decode_runs", **head, "machine": machine_info(),
-                "configs": [c.to_dict() for c in configs], "runs": []}
-    micro_path = out_dir / micro_name if s.micro else None
-    runs_path = out_dir / runs_name if s.decode else None
+    docs = _Documents(s, _head(model.info, configs, s, usable, be_doc, device), configs,
+                      (out_dir / micro_name if s.micro else None, out_dir / runs_name if s.decode else None))
     if s.decode:
-        runs_doc["traces"] = _save_traces(traces, out_dir)
+        docs.runs["traces"] = _save_traces(traces, out_dir)
     tasks = plan_tasks(configs, s, backends=backends, depths=depths, computes=computes,
                        fio_installed=shutil.which("fio") is not None)
     ctx = Context(model, s, configs, open_tables(model.info) if s.micro else [], traces, starts)
     bar = progress_bar(s.rounds * len(tasks), "measure", "task", mode=progress)
     guard = QuietGuard(model_path, s.max_background_cpu, s.max_background_iops, s.quiet_wait, s.redo,
                        s.wait_budget, on_wait=lambda: bar.update(0, note="waiting for a quiet machine"))
+    complete = _rounds(tasks, ctx, guard, docs, bar)
+    return {"microbench": str(docs.micro_path) if docs.micro_path else None,
+            "runs": str(docs.runs_path) if docs.runs_path else None,
+            "configs": len(configs) if s.decode else 0, "runs_done": len(docs.runs["runs"]),
+            "seconds": time.perf_counter() - t_start, "waited_s": guard.waited, "backends": be_doc,
+            "warnings": docs.micro["warnings"], "complete": complete}
+
+
+def _configs_here(configs: Sequence[RunConfig], s: Settings) -> tuple:
+    """``(configurations, usable backends, the documents' "backends")``: the configurations whose backend starts
+    and reads here, the backends that do, and which were left out and why.
+
+    Raises
+    ------
+    ArgumentError
+        Decode runs asked and no configuration (or none whose backend starts here).
+    """
+    usable, left_out = backends_here()
+    configs, dropped = usable_configs(list(configs), usable)
+    if s.decode and not configs:
+        raise ArgumentError("no configurations to measure" + (
+            f": every one needs a backend that does not start here ({_left_text(left_out)})" if dropped else ""))
+    return configs, usable, {"usable": list(usable), "left_out": dict(left_out),
+                             "configs_left_out": [c.key for c in dropped]}
+
+
+def _rounds(tasks: Sequence[Task], ctx: Context, guard: QuietGuard, docs: "_Documents", bar) -> bool:
+    """Every round (:func:`_round`), the documents written after each; True when all ran.  Whatever stops
+    them, the progress bar and the tables are closed and what was measured is written, marked incomplete."""
     complete = False
-
-    def save(done: bool) -> None:
-        for doc in (micro_doc, runs_doc):
-            doc["waited_s"] = guard.waited
-            doc["complete"] = done
-            doc["warnings"] = warnings + cache_warnings(micro_doc["records"])
-        if s.micro:
-            _write(micro_path, micro_doc)
-        if s.decode:
-            runs_doc["machine"]["loadavg_end"] = machine_info().get("loadavg")
-            _write(runs_path, runs_doc)
-
     try:
-        for r in range(s.rounds):
-            order = np.random.default_rng([s.seed, r, 5]).permutation(len(tasks))
-            for pos, ti in enumerate(order):
-                task: Task = tasks[int(ti)]
-                for rec in guard.run(lambda: retry_busy(lambda: task.run(ctx, r, pos))):
-                    (runs_doc["runs"] if "config" in rec else micro_doc["records"]).append(rec)
-                bar.update(1, note=f"round {r}: {task.describe(ctx)}")
-            save(False)
+        for r in range(ctx.settings.rounds):
+            _round(r, tasks, ctx, guard, docs, bar)
+            docs.save(False, guard.waited)
         complete = True
     finally:
         bar.close()
         for t in ctx.tables:
             t.close()
-        if micro_doc["records"] or runs_doc["runs"]:
-            save(complete)  # an interrupted measurement keeps what it measured, marked incomplete
-    return {"microbench": str(micro_path) if micro_path else None, "runs": str(runs_path) if runs_path else None,
-            "configs": len(configs) if s.decode else 0, "runs_done": len(runs_doc["runs"]),
-            "seconds": time.perf_counter() - t_start, "waited_s": guard.waited, "backends": be_doc,
-            "warnings": micro_doc["warnings"], "complete": complete}
+        if docs.micro["records"] or docs.runs["runs"]:
+            docs.save(complete, guard.waited)
+    return complete
+
+
+def _make_folder(out_dir: Path) -> None:
+    """Make the measurement folder (it is this command's to make: its documents' folders must exist,
+    :mod:`sim.core.io`).
+
+    Raises
+    ------
+    TableIOError
+        It cannot be made (names it).
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TableIOError(f"{out_dir}: cannot make the measurement folder ({exc.strerror or exc})",
+                           errno_=exc.errno or 0) from None
+
+
+def _head(info, configs: Sequence[RunConfig], s: Settings, usable, be_doc: dict, device: Optional[dict]) -> dict:
+    """What both documents start with: the date, the machine, the model file ``info``, the settings, the
+    backends and the warnings about the tables' size, and the ``device`` when given."""
+    machine = machine_info()
+    finfo = file_info(info)
+    head = {"date": now_iso(), "machine": machine, "file": finfo, "params": s.params(configs, usable),
+            "backends": be_doc, "warnings": size_warnings(info, machine)}
+    if device is not None:
+        head["device"] = dict(device)
+    return head
+
+
+def _round(r: int, tasks: Sequence[Task], ctx: Context, guard: QuietGuard, docs: "_Documents", bar) -> None:
+    """Round ``r``: every task once, in an order shuffled with the seed and ``r``, each run by ``guard`` (again
+    when others were busy during it); its records go to ``docs``, a tick to the progress ``bar``."""
+    order = np.random.default_rng([ctx.settings.seed, r, 5]).permutation(len(tasks))
+    for pos, ti in enumerate(order):
+        task: Task = tasks[int(ti)]
+        for rec in guard.run(lambda: retry_busy(lambda: task.run(ctx, r, pos))):
+            docs.add(rec)
+        bar.update(1, note=f"round {r}: {task.describe(ctx)}")
+
+
+class _Documents:
+    """The two documents of a measurement as they fill (``micro``: ``microbench.json``, ``runs``: ``runs.json``)
+    and where they go (``micro_path``, ``runs_path``: None when that part is off)."""
+
+    def __init__(self, s: Settings, head: dict, configs: Sequence[RunConfig], paths: tuple) -> None:
+        self.s = s
+        self.warnings = head["warnings"]
+        self.micro = {"schema": MICRO_SCHEMA, "kind": "microbench", **head, "records": []}
+        self.runs = {"schema": RUNS_SCHEMA, "kind": "decode_runs", **head, "machine": machine_info(),
+                     "configs": [c.to_dict() for c in configs], "runs": []}
+        self.micro_path, self.runs_path = paths
+
+    def add(self, rec: dict) -> None:
+        """A task's record: a run (it names a ``config``) or a microbenchmark."""
+        (self.runs["runs"] if "config" in rec else self.micro["records"]).append(rec)
+
+    def save(self, done: bool, waited: float) -> None:
+        """Write both documents (those measured), ``done`` saying whether the measurement is complete,
+        ``waited`` its seconds spent waiting for a quiet machine."""
+        for doc in (self.micro, self.runs):
+            doc["waited_s"] = waited
+            doc["complete"] = done
+            doc["warnings"] = self.warnings + cache_warnings(self.micro["records"])
+        if self.s.micro:
+            _write(self.micro_path, self.micro)
+        if self.s.decode:
+            self.runs["machine"]["loadavg_end"] = machine_info().get("loadavg")
+            _write(self.runs_path, self.runs)
 
 
 def _left_text(left_out: Dict[str, str]) -> str:

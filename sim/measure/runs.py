@@ -21,10 +21,12 @@ computes.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from engram import RowCache
 from engram.errors import ArgumentError
 
 from sim.core.schema import STEP_ROWS, ComputeSpec, RunConfig, percentiles_ms, probe_positions, us_list
@@ -32,7 +34,7 @@ from ..trace import Trace
 from ..trace.rowcache import stretch_hits
 from .compute import compute_runner
 
-__all__ = ["decode_run", "probe_record", "run_record", "segments", "session_loop", "speculative_loop",
+__all__ = ["DecodeLoop", "decode_run", "probe_record", "run_record", "segments", "session_loop", "speculative_loop",
            "trace_tokens_needed"]
 
 #: Percentiles of a run's step, read and compute times.
@@ -51,27 +53,149 @@ def _os_threads() -> int:
     return 0
 
 
-def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-                 residual_seed: int = 0, ready: Optional[Callable[[], None]] = None, delay: float = 0.0,
-                 probe_every: int = 0, probe_seed: int = 0, cache=None) -> dict:
-    """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``start``, with
+@dataclass(frozen=True)
+class DecodeLoop:
+    """How one session's measured decode loop runs (:func:`session_loop`, :func:`speculative_loop`,
+    :func:`decode_run`, :func:`sim.measure.sessions.sessions_run`).
+
+    Attributes
+    ----------
+    start : int
+        First trace step of the loop's stretch (a multi-session run: of its first session's; session ``i``
+        reads from ``start + i * steps``).
+    warmup : int
+        Steps on random token ids before the timed loop (they wake the readers; no row cache).
+    residual_seed : int
+        Seed of the warm-up token ids and of the compute's residuals (session ``i`` of a multi-session run:
+        ``residual_seed + i``).
+    probe_every : int
+        A probe step on a random token id before every ``probe_every``-th trace step and after the last
+        (0: none; :func:`sim.core.schema.probe_positions`).  Speculative loops take none.
+    probe_seed : int
+        Seed of the probe steps' token ids.
+    cache : engram.RowCache, optional
+        The trace steps read through it, the warm-up and probe steps past it (None: no row cache).
+
+    Raises
+    ------
+    ArgumentError
+        ``start``, ``warmup`` or ``probe_every`` is not a whole number >= 0 (names the field).
+    """
+
+    start: int = 0
+    warmup: int = 8
+    residual_seed: int = 0
+    probe_every: int = 0
+    probe_seed: int = 0
+    cache: Optional[RowCache] = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "warmup", "probe_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ArgumentError(f"{name} must be a whole number >= 0, got {v!r}")
+            object.__setattr__(self, name, int(v))
+
+
+def _open(model, config: RunConfig):
+    """The loop's session (``config``'s backend, readers and threshold; a context manager)."""
+    return model.session(backend=config.backend, readers=config.readers, threshold=config.threshold)
+
+
+def _warm_up(model, s, run, loop: DecodeLoop) -> None:
+    """``loop.warmup`` steps on random token ids (seeded by ``loop.residual_seed`` and ``loop.start``), each with
+    its compute: they wake the readers."""
+    rng = np.random.default_rng([loop.residual_seed, loop.start, 6])
+    for tok in rng.integers(0, len(model.token_map), loop.warmup).tolist():
+        run(s.step(tok))
+
+
+def _replay(model, s, history: Sequence[int]) -> None:
+    """A fresh hash history with the tokens of the sequence before the stretch replayed into it (hashing only)."""
+    s.restore(model.hasher.new_history())
+    for tok in history:
+        s.step_rows(int(tok))
+
+
+class _ProbedLoop:
+    """The figures of :func:`session_loop` as its steps run: the trace steps' and the probe steps' times, rows
+    and counts, each step timed from the end of the one before (``t_prev``)."""
+
+    def __init__(self, model, s, run, cache, n: int, m: int) -> None:
+        self.model, self.s, self.run, self.cache = model, s, run, cache
+        self.clock = time.perf_counter
+        self.read_s, self.comp_s, self.step_s = np.empty(n), np.empty(n), np.empty(n)
+        self.distinct = np.empty(n, np.int64)
+        self.p_read, self.p_comp, self.p_t = np.empty(m), np.empty(m), np.empty(m)
+        self.p_distinct = np.empty(m, np.int64)
+        self.concurrent = self.nreads = self.threads = self.hits = 0
+        self.match = True
+        self.t_begin = self.t_prev = 0.0
+
+    def begin(self) -> None:
+        """The timed loop starts now."""
+        self.t_begin = self.t_prev = self.clock()
+
+    def probe(self, j: int, token: int) -> None:
+        """Probe step ``j`` on ``token``, past the row cache."""
+        s = self.s
+        if self.cache is not None:
+            s.use_cache(None)
+        t1, t_end, st = _probe_step(s, self.run, token, self.clock)
+        if self.cache is not None:
+            s.use_cache(self.cache)
+        self.p_read[j], self.p_comp[j], self.p_t[j] = t1 - self.t_prev, t_end - t1, self.t_prev - self.t_begin
+        self.p_distinct[j] = st.rows_distinct
+        self.nreads += st.reads
+        self.t_prev = t_end
+
+    def trace_step(self, i: int, token: int, want: np.ndarray, restart: bool, midway: bool) -> None:
+        """Trace step ``i`` on ``token`` (a new sequence first when ``restart``), its row ids checked against
+        ``want``; this process's threads counted when ``midway``."""
+        s = self.s
+        if restart:
+            s.restore(self.model.hasher.new_history())
+        t1, t_end, st = _timed_step(s, self.run, token, self.clock)
+        t_prev = self.t_prev
+        self.read_s[i], self.comp_s[i], self.step_s[i] = t1 - t_prev, t_end - t1, t_end - t_prev
+        self.distinct[i] = st.rows_distinct
+        self.t_prev = t_end
+        self.nreads += st.reads
+        self.hits += st.cache_hits
+        self.concurrent += st.backend != "serial"
+        self.match = self.match and bool(np.array_equal(s.last_row_ids, want))
+        if midway:
+            self.threads = _os_threads()
+
+    def figures(self, t_end: float) -> dict:
+        """The raw figures of :func:`session_loop`, the loop having ended at ``t_end``."""
+        return {"t_first": self.t_begin, "t_end": t_end, "read_s": self.read_s, "comp_s": self.comp_s,
+                "step_s": self.step_s, "distinct": self.distinct, "probe_read_s": self.p_read,
+                "probe_comp_s": self.p_comp, "probe_t": self.p_t, "probe_distinct": self.p_distinct,
+                "reads": self.nreads, "concurrent": int(self.concurrent), "rows_match": self.match,
+                "threads": self.threads, "cache_hits": int(self.hits)}
+
+
+def session_loop(model, trace: Trace, config: RunConfig, loop: DecodeLoop = DecodeLoop(), *,
+                 ready: Optional[Callable[[], None]] = None, delay: float = 0.0) -> dict:
+    """One session's timed decode loop over ``config.steps`` tokens of ``trace`` from step ``loop.start``, with
     probe steps interleaved.
 
     The session (``config``'s backend, readers and threshold) wakes its readers
-    with ``warmup`` steps on random tokens, replays the history before
-    ``start`` (hashing only), then calls ``ready()`` (a barrier shared with
+    with ``loop.warmup`` steps on random tokens, replays the history before
+    ``loop.start`` (hashing only), then calls ``ready()`` (a barrier shared with
     other sessions, when given), sleeps ``delay`` seconds (its phase) and runs
     the timed loop.  Every step: ``session.step(token)``, then the compute.
 
-    Probe steps (``probe_every >= 1``, :func:`sim.core.schema.probe_positions`): before every
+    Probe steps (``loop.probe_every >= 1``, :func:`sim.core.schema.probe_positions`): before every
     ``probe_every``-th trace step and after the last, the same session steps a
-    random token id (seeded by ``probe_seed``) with its hash history saved
+    random token id (seeded by ``loop.probe_seed``) with its hash history saved
     and restored around it -- fresh random rows, through the same readers
     and engine, with the same compute after it, at the same time as the
     trace steps around it.  They are the microbenchmark of the loop's own
     time window: the calibration reads them, never the trace steps.
 
-    ``cache`` (an :class:`engram.RowCache`, or None): the trace steps read through it, the warm-up and
+    ``loop.cache`` (an :class:`engram.RowCache`, or None): the trace steps read through it, the warm-up and
     probe steps past it (``cache_hits``: the trace steps' hits).
 
     Each step's time runs from the end of the step before (so the loop's own
@@ -92,71 +216,37 @@ def session_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     Raises
     ------
     ArgumentError
-        The trace has fewer than ``start + config.steps`` tokens.
+        The trace has fewer than ``loop.start + config.steps`` tokens.
     TableIOError, DecodeError
-        A read failed.
+        A read of the session failed.
     """
-    n = config.steps
-    start = int(start)
+    n, start, cache = config.steps, loop.start, loop.cache
     tokens, restarts, history = _loop_inputs(trace, start, n)
-    spec = ComputeSpec.parse(config.compute)
-    read_s, comp_s, step_s = np.empty(n), np.empty(n), np.empty(n)
-    distinct = np.empty(n, np.int64)
-    where = probe_positions(n, int(probe_every))
+    where = probe_positions(n, loop.probe_every)
     m = where.size
-    p_read, p_comp, p_t = np.empty(m), np.empty(m), np.empty(m)
-    p_distinct = np.empty(m, np.int64)
-    concurrent = nreads = threads = 0
-    match = True
-    clock = time.perf_counter
-    rng = np.random.default_rng([residual_seed, start, 6])
-    with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
-        run = compute_runner(spec, model, s, residual_seed)
-        for tok in rng.integers(0, len(model.token_map), warmup).tolist():
-            run(s.step(tok))
-        probe_tokens = np.random.default_rng([probe_seed, start, 12]).integers(0, len(model.token_map), m).tolist()
-        s.restore(model.hasher.new_history())
-        for tok in history:
-            s.step_rows(int(tok))
+    with _open(model, config) as s:
+        run = compute_runner(ComputeSpec.parse(config.compute), model, s, loop.residual_seed)
+        _warm_up(model, s, run, loop)
+        probe_tokens = np.random.default_rng([loop.probe_seed, start, 12]).integers(0, len(model.token_map), m).tolist()
+        _replay(model, s, history)
         want = trace.rows[start:start + n]
-        hits = 0
+        figs = _ProbedLoop(model, s, run, cache, n, m)
         s.use_cache(cache)
         if ready is not None:
             ready()
         if delay > 0:
             time.sleep(delay)
-        t_begin = t_prev = clock()
+        figs.begin()
         j = 0
         for i in range(n + 1):
             while j < m and where[j] == i:
-                if cache is not None:
-                    s.use_cache(None)
-                t1, t_end, st = _probe_step(s, run, probe_tokens[j], clock)
-                if cache is not None:
-                    s.use_cache(cache)
-                p_read[j], p_comp[j], p_t[j] = t1 - t_prev, t_end - t1, t_prev - t_begin
-                p_distinct[j] = st.rows_distinct
-                nreads += st.reads
-                t_prev = t_end
+                figs.probe(j, probe_tokens[j])
                 j += 1
             if i == n:
                 break
-            if i in restarts:
-                s.restore(model.hasher.new_history())
-            t1, t_end, st = _timed_step(s, run, tokens[i], clock)
-            read_s[i], comp_s[i], step_s[i], distinct[i] = t1 - t_prev, t_end - t1, t_end - t_prev, st.rows_distinct
-            t_prev = t_end
-            nreads += st.reads
-            hits += st.cache_hits
-            concurrent += st.backend != "serial"
-            match = match and bool(np.array_equal(s.last_row_ids, want[i]))
-            if i == n // 2:
-                threads = _os_threads()
-        t_end = clock()
-    return {"t_first": t_begin, "t_end": t_end, "read_s": read_s, "comp_s": comp_s, "step_s": step_s,
-            "distinct": distinct, "probe_read_s": p_read, "probe_comp_s": p_comp, "probe_t": p_t,
-            "probe_distinct": p_distinct, "reads": nreads, "concurrent": int(concurrent), "rows_match": match,
-            "threads": threads, "cache_hits": int(hits)}
+            figs.trace_step(i, tokens[i], want[i], i in restarts, i == n // 2)
+        t_end = figs.clock()
+    return figs.figures(t_end)
 
 
 def _drafts(rng: np.random.Generator, truth: Sequence[int], acceptance: float, vocab: int) -> list:
@@ -177,10 +267,114 @@ def _accepted(drafts: Sequence[int], truth: Sequence[int]) -> int:
     return a
 
 
-def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-                     residual_seed: int = 0, cache=None) -> dict:
-    """One session decoding ``config.steps`` tokens of ``trace`` from step ``start`` speculatively (see the
-    module); no probe steps (a probe's saved and restored history would drop a prefetch).
+class _Speculation:
+    """The verification steps of :func:`speculative_loop` on an open session ``s`` with the compute ``run``, and
+    their figures as they run (each step timed from the end of the one before: ``t_prev``)."""
+
+    def __init__(self, model, s, run, config: RunConfig, tokens: Sequence[int], loop: DecodeLoop) -> None:
+        self.s, self.run, self.tokens = s, run, tokens
+        self.n, self.k, self.acc = config.steps, config.draft_tokens, config.acceptance
+        self.vocab = len(model.token_map)
+        self.draft_rng = np.random.default_rng([loop.residual_seed, loop.start, 27])
+        self.clock = time.perf_counter
+        self.read_s, self.comp_s, self.step_s, self.emitted, self.distinct = [], [], [], [], []
+        self.nreads = self.hits = self.pf_hits = self.made = self.taken = self.concurrent = self.threads = 0
+        self.t_begin = self.t_prev = self.clock()
+
+    def count(self, st) -> None:
+        """Add a read's stats."""
+        self.nreads += st.reads
+        self.hits += st.cache_hits
+        self.pf_hits += getattr(st, "prefetch_hits", 0)
+        self.concurrent += st.backend != "serial"
+
+    def _draft(self, truth: Sequence[int]) -> list:
+        return _drafts(self.draft_rng, truth, self.acc, self.vocab)
+
+    def _record(self, t1: float, t_end: float, e: int, nd: int) -> None:
+        """A verification step whose read ended at ``t1`` and compute at ``t_end``: ``e`` tokens emitted,
+        ``nd`` distinct rows read."""
+        self.read_s.append(t1 - self.t_prev), self.comp_s.append(t_end - t1), self.step_s.append(t_end - self.t_prev)
+        self.emitted.append(e), self.distinct.append(nd)
+        self.t_prev = t_end
+        if len(self.step_s) == 20:
+            self.threads = _os_threads()
+
+    def _compute(self, rows, e: int, nd: int) -> None:
+        t1 = self.clock()
+        self.run(rows)
+        self._record(t1, self.clock(), e, nd)
+
+    def _accept(self, drafts: Sequence[int], truth: Sequence[int]) -> int:
+        a = _accepted(drafts, truth)
+        self.made, self.taken = self.made + len(drafts), self.taken + a
+        return a
+
+    def without_prefetch(self) -> None:
+        """Every verification step reads the emitted token and the drafts after it in one batch."""
+        s, tokens, n, k = self.s, self.tokens, self.n, self.k
+        q = 0  # the next position to emit
+        while q < n:
+            truth = tokens[q + 1:q + 1 + k]
+            drafts = self._draft(truth)
+            a = self._accept(drafts, truth)
+            got = s.step_many([tokens[q]] + drafts)
+            self.count(s.last_stats)
+            nd = s.last_stats.rows_distinct
+            if len(drafts) > a:
+                s.rollback(len(drafts) - a)
+            self._compute({lid: x[-1] for lid, x in got.items()}, 1 + a, nd)
+            q += 1 + a
+
+    def _prefetch_and_compute(self, rows, q: int, e: int, nd: int) -> list:
+        """Prefetch the drafts after ``tokens[q]``, compute on ``rows``, record the step; the drafts."""
+        drafts = self._draft(self.tokens[q:q + self.k])
+        if drafts:
+            self.s.prefetch(drafts)
+        self._compute(rows, e, nd)
+        return drafts
+
+    def with_prefetch(self) -> None:
+        """The first token alone; from there every step reads the drafts the step before prefetched, then the
+        token it emits after its accepted ones, and prefetches the next drafts while it computes."""
+        s, tokens, n = self.s, self.tokens, self.n
+        rows = s.step(tokens[0])
+        self.count(s.last_stats)
+        q = 1
+        drafts = self._prefetch_and_compute(rows, q, 1, s.last_stats.rows_distinct)
+        while q < n:
+            a = self._accept(drafts, tokens[q:q + len(drafts)])
+            nd = 0
+            if drafts:
+                s.step_many(drafts)
+                self.count(s.last_stats)
+                nd += s.last_stats.rows_distinct
+                s.rollback(len(drafts) - a)
+            e = a
+            if q + a < n:  # the token the step emits after its accepted drafts
+                rows = s.step(tokens[q + a])
+                self.count(s.last_stats)
+                nd += s.last_stats.rows_distinct
+                e += 1
+            q += e
+            drafts = self._prefetch_and_compute(rows, q, e, nd)
+
+    def figures(self, t_end: float) -> dict:
+        """The raw figures of :func:`speculative_loop`, the loop having ended at ``t_end``."""
+        empty = np.zeros(0)
+        return {"t_first": self.t_begin, "t_end": t_end, "read_s": np.asarray(self.read_s),
+                "comp_s": np.asarray(self.comp_s), "step_s": np.asarray(self.step_s),
+                "distinct": np.asarray(self.distinct, np.int64), "probe_read_s": empty, "probe_comp_s": empty,
+                "probe_t": empty, "probe_distinct": np.zeros(0, np.int64), "reads": self.nreads,
+                "concurrent": int(self.concurrent), "rows_match": True, "threads": self.threads,
+                "cache_hits": int(self.hits), "emitted": np.asarray(self.emitted, np.int64),
+                "prefetch_hits": int(self.pf_hits), "drafts": int(self.made), "accepted": int(self.taken)}
+
+
+def speculative_loop(model, trace: Trace, config: RunConfig, loop: DecodeLoop = DecodeLoop()) -> dict:
+    """One session decoding ``config.steps`` tokens of ``trace`` from step ``loop.start`` speculatively (see the
+    module); no probe steps whatever ``loop.probe_every`` (a probe's saved and restored history would drop a
+    prefetch).
 
     Without prefetch a verification step is ``session.step_many([c, d1..dk])`` -- ``c`` the token the step
     before emitted, ``d`` the drafts of the positions after it -- then ``rollback(k - a)`` of the rejected
@@ -201,110 +395,27 @@ def speculative_loop(model, trace: Trace, config: RunConfig, *, start: int = 0, 
     Raises
     ------
     ArgumentError
-        The trace is too short.
+        The trace is too short, or starts a sequence inside the stretch.
     TableIOError, DecodeError
         A read failed.
     """
-    n, k, acc = config.steps, config.draft_tokens, config.acceptance
-    start = int(start)
-    tokens, restarts, history = _loop_inputs(trace, start, n)
+    start = loop.start
+    tokens, restarts, history = _loop_inputs(trace, start, config.steps)
     if restarts:  # a new sequence in the stretch: a draft across it would follow the wrong history
         raise ArgumentError(f"speculative runs need a stretch within one sequence: {trace.source!r} starts a "
-                            f"sequence inside steps {start}..{start + n}")
-    spec = ComputeSpec.parse(config.compute)
-    clock = time.perf_counter
-    rng = np.random.default_rng([residual_seed, start, 6])
-    draft_rng = np.random.default_rng([residual_seed, start, 27])
-    read_s, comp_s, step_s, emitted, distinct = [], [], [], [], []
-    nreads = hits = pf_hits = made = taken = concurrent = threads = 0
-    with model.session(backend=config.backend, readers=config.readers, threshold=config.threshold) as s:
-        run = compute_runner(spec, model, s, residual_seed)
-        vocab = len(model.token_map)
-        for tok in rng.integers(0, vocab, warmup).tolist():
-            run(s.step(tok))
-        s.restore(model.hasher.new_history())
-        for tok in history:
-            s.step_rows(int(tok))
-        s.use_cache(cache)
-        t_begin = t_prev = clock()
-        q = 0  # the next position to emit
-
-        def count(st):
-            nonlocal nreads, hits, pf_hits, concurrent
-            nreads += st.reads
-            hits += st.cache_hits
-            pf_hits += getattr(st, "prefetch_hits", 0)
-            concurrent += st.backend != "serial"
-
+                            f"sequence inside steps {start}..{start + config.steps}")
+    with _open(model, config) as s:
+        run = compute_runner(ComputeSpec.parse(config.compute), model, s, loop.residual_seed)
+        _warm_up(model, s, run, loop)
+        _replay(model, s, history)
+        s.use_cache(loop.cache)
+        spec = _Speculation(model, s, run, config, tokens, loop)
         if config.prefetch_drafts:
-            rows = s.step(tokens[0])  # the first token alone; from here the drafts are always ahead
-            count(s.last_stats)
-            nd = s.last_stats.rows_distinct
-            q = 1
-
-            def prefetch_and_compute(rows, e: int, nd: int) -> list:
-                """Prefetch the drafts after ``tokens[q]``, compute on ``rows``, record the step; the drafts."""
-                nonlocal t_prev
-                drafts = _drafts(draft_rng, tokens[q:q + k], acc, vocab)
-                if drafts:
-                    s.prefetch(drafts)
-                t1 = clock()
-                run(rows)
-                t_end = clock()
-                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
-                emitted.append(e), distinct.append(nd)
-                t_prev = t_end
-                return drafts
-
-            drafts = prefetch_and_compute(rows, 1, nd)
-            while q < n:
-                truth = tokens[q:q + len(drafts)]
-                a = _accepted(drafts, truth)
-                made, taken = made + len(drafts), taken + a
-                nd = 0
-                if drafts:
-                    s.step_many(drafts)
-                    count(s.last_stats)
-                    nd += s.last_stats.rows_distinct
-                    s.rollback(len(drafts) - a)
-                e = a
-                if q + a < n:  # the token the step emits after its accepted drafts
-                    rows = s.step(tokens[q + a])
-                    count(s.last_stats)
-                    nd += s.last_stats.rows_distinct
-                    e += 1
-                q += e
-                drafts = prefetch_and_compute(rows, e, nd)
-                if len(step_s) == 20:
-                    threads = _os_threads()
+            spec.with_prefetch()
         else:
-            while q < n:
-                truth = tokens[q + 1:q + 1 + k]
-                drafts = _drafts(draft_rng, truth, acc, vocab)
-                a = _accepted(drafts, truth)
-                made, taken = made + len(drafts), taken + a
-                got = s.step_many([tokens[q]] + drafts)
-                count(s.last_stats)
-                nd = s.last_stats.rows_distinct
-                if len(drafts) > a:
-                    s.rollback(len(drafts) - a)
-                t1 = clock()
-                run({lid: x[-1] for lid, x in got.items()})
-                t_end = clock()
-                read_s.append(t1 - t_prev), comp_s.append(t_end - t1), step_s.append(t_end - t_prev)
-                emitted.append(1 + a), distinct.append(nd)
-                q += 1 + a
-                t_prev = t_end
-                if len(step_s) == 20:
-                    threads = _os_threads()
-        t_end = clock()
-    empty = np.zeros(0)
-    return {"t_first": t_begin, "t_end": t_end, "read_s": np.asarray(read_s), "comp_s": np.asarray(comp_s),
-            "step_s": np.asarray(step_s), "distinct": np.asarray(distinct, np.int64), "probe_read_s": empty,
-            "probe_comp_s": empty, "probe_t": empty, "probe_distinct": np.zeros(0, np.int64), "reads": nreads,
-            "concurrent": int(concurrent), "rows_match": True, "threads": threads, "cache_hits": int(hits),
-            "emitted": np.asarray(emitted, np.int64), "prefetch_hits": int(pf_hits), "drafts": int(made),
-            "accepted": int(taken)}
+            spec.without_prefetch()
+        t_end = spec.clock()
+    return spec.figures(t_end)
 
 
 def cache_record(cache, trace: Trace, starts: Sequence[int], steps: int, got: Sequence[dict],
@@ -358,21 +469,21 @@ def _probe_step(s, run, token: int, clock) -> tuple:
     return out
 
 
-def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-               residual_seed: int = 0, probe_every: int = 0, probe_seed: int = 0, cache=None) -> dict:
-    """Run the real decode loop of ``config`` over ``config.steps`` tokens of ``trace`` from step ``start``.
+def decode_run(model, trace: Trace, config: RunConfig, loop: DecodeLoop = DecodeLoop()) -> dict:
+    """Run the real decode loop of ``config`` over ``config.steps`` tokens of ``trace`` from step ``loop.start``.
 
     Each step: ``session.step(token)`` (hash + one batch of the 48 rows of both
     tables + decode; its time is the read time), then the step's compute
     (:class:`ComputeSpec`); the step time runs from the end of the step before
     to after the compute.  The loop continues the text: the up to 3 tokens of
-    the sequence before ``start`` are replayed into the hash history first
+    the sequence before ``loop.start`` are replayed into the hash history first
     (hashing only, no reads: SPEC §4), and a new sequence of the trace
     restarts the history, so every step's row ids equal the trace's (checked:
-    ``rows_match``).  ``warmup`` steps on random token ids (random rows) wake
-    the readers before the timed loop; with ``probe_every >= 1`` probe steps
+    ``rows_match``).  ``loop.warmup`` steps on random token ids (random rows) wake
+    the readers before the timed loop; with ``loop.probe_every >= 1`` probe steps
     on random token ids are interleaved (:func:`session_loop`): their figures
-    are in ``"_probe"`` (:func:`probe_record` makes them a microbenchmark).
+    are in ``"_probe"`` (:func:`probe_record` makes them a microbenchmark).  A speculative configuration
+    runs :func:`speculative_loop` instead (no probe steps: ``probe_every`` 0 in the record).
 
     Returns
     -------
@@ -382,20 +493,17 @@ def decode_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup
 
     Raises
     ------
-    ArgumentError
-        The trace has fewer than ``start + config.steps`` tokens.
-    TableIOError, DecodeError
-        A read failed.
+    ArgumentError, TableIOError, DecodeError
+        As :func:`session_loop` and :func:`speculative_loop` raise them.
     """
     if config.draft_tokens:
-        r = speculative_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
-                             cache=cache)
+        r = speculative_loop(model, trace, config, loop)
         probe_every = 0
     else:
-        r = session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=residual_seed,
-                         probe_every=probe_every, probe_seed=probe_seed, cache=cache)
-    rec = run_record(config, int(start), r)
-    c = cache_record(cache, trace, [int(start)], config.steps, [r], True)
+        r = session_loop(model, trace, config, loop)
+        probe_every = loop.probe_every
+    rec = run_record(config, loop.start, r)
+    c = cache_record(loop.cache, trace, [loop.start], config.steps, [r], True)
     if c is not None:
         rec["row_cache"] = c
     rec["probe_every"] = int(probe_every)

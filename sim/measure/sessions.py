@@ -28,7 +28,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue as _queue
 import threading
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from engram.errors import ArgumentError, EngramError, TableIOError
 
 from sim.core.schema import ComputeSpec, RunConfig, percentiles_ms, us_list
 from ..trace import Trace
-from .runs import cache_record, session_loop
+from .runs import DecodeLoop, cache_record, session_loop
 
 __all__ = ["default_stagger", "sessions_run"]
 
@@ -55,15 +56,24 @@ def default_stagger(config: RunConfig) -> float:
     return (ms + 1.0) * 1e-3
 
 
-def _one(model, trace, config, start, warmup, seed, ready, delay, probe) -> dict:
-    cache = probe[2] if len(probe) > 2 else None
-    if isinstance(cache, tuple):  # a process's own cache: (bytes, policy)
-        cache = RowCache(*cache)
-    return session_loop(model, trace, config, start=start, warmup=warmup, residual_seed=seed, ready=ready,
-                        delay=delay, probe_every=probe[0], probe_seed=probe[1], cache=cache)
+@dataclass(frozen=True)
+class _Member:
+    """One session of a multi-session run: its loop (its stretch and seeds), its phase ``delay`` (seconds after
+    the barrier) and its ``index``; ``own_cache`` ``(bytes, policy)``: a fresh row cache of its own (a session
+    process's), else the loop's."""
+
+    loop: DecodeLoop
+    delay: float
+    index: int
+    own_cache: Optional[Tuple[int, str]] = None
+
+    def run(self, model, trace: Trace, config: RunConfig, ready: Callable[[], None]) -> dict:
+        """The session's :func:`sim.measure.runs.session_loop`, ``ready`` its barrier."""
+        loop = self.loop if self.own_cache is None else replace(self.loop, cache=RowCache(*self.own_cache))
+        return session_loop(model, trace, config, loop, ready=ready, delay=self.delay)
 
 
-def _threads(model, trace, config, starts, warmup, seed, delays, probe) -> List[dict]:
+def _threads(model, trace, config, members: Sequence[_Member]) -> List[dict]:
     n = config.sessions
     barrier = threading.Barrier(n, timeout=BARRIER_TIMEOUT)
     out: List[Optional[dict]] = [None] * n
@@ -71,7 +81,7 @@ def _threads(model, trace, config, starts, warmup, seed, delays, probe) -> List[
 
     def body(i):
         try:
-            out[i] = _one(model, trace, config, starts[i], warmup, seed + i, barrier.wait, delays[i], probe)
+            out[i] = members[i].run(model, trace, config, barrier.wait)
         except threading.BrokenBarrierError:
             pass  # another session failed: its error is the one to report
         except BaseException as exc:  # noqa: BLE001 - reported below, with the session
@@ -90,7 +100,7 @@ def _threads(model, trace, config, starts, warmup, seed, delays, probe) -> List[
     return out  # type: ignore[return-value]
 
 
-def _child(model, trace, config, start, warmup, seed, barrier, delay, probe, results, index) -> None:
+def _child(model, trace, config, member: _Member, barrier, results) -> None:
     """A session in a process of its own: its raw figures (or its error) go back through ``results``."""
     try:
         if isinstance(model, str):  # spawned: open the model from its path
@@ -98,45 +108,54 @@ def _child(model, trace, config, start, warmup, seed, barrier, delay, probe, res
             if ComputeSpec.parse(config.compute).mixer:
                 for lid in model.layer_ids:
                     model.weights(lid)
-        r = _one(model, trace, config, start, warmup, seed, lambda: barrier.wait(BARRIER_TIMEOUT), delay, probe)
-        results.put((index, None, {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}))
+        r = member.run(model, trace, config, lambda: barrier.wait(BARRIER_TIMEOUT))
+        results.put((member.index, None, {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}))
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
         try:
             barrier.abort()
         except Exception:  # pragma: no cover
             pass
-        results.put((index, f"{type(exc).__name__}: {exc}", None))
+        results.put((member.index, f"{type(exc).__name__}: {exc}", None))
 
 
-def _processes(model, trace, config, starts, warmup, seed, delays, probe) -> List[dict]:
+def _collect(config, results, n: int) -> List[dict]:
+    """The raw figures the ``n`` session processes send back, in session order.
+
+    Raises
+    ------
+    TableIOError
+        A session failed (its error, up to three named), or nothing came for too long.
+    """
+    out: List[Optional[dict]] = [None] * n
+    errors = []
+    for _ in range(n):
+        try:
+            i, err, r = results.get(timeout=BARRIER_TIMEOUT + 600)
+        except _queue.Empty:
+            raise TableIOError(f"{config.key}: session processes sent nothing for "
+                               f"{BARRIER_TIMEOUT + 600:.0f} s") from None
+        if err is not None:
+            errors.append(f"session {i}: {err}")
+        else:
+            out[i] = {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in r.items()}
+    if errors:
+        raise TableIOError(f"{config.key}: " + "; ".join(errors[:3]))
+    return out  # type: ignore[return-value]
+
+
+def _processes(model, trace, config, members: Sequence[_Member]) -> List[dict]:
     n = config.sessions
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     if ctx.get_start_method() != "fork":
         model = str(model.info.path)
     barrier = ctx.Barrier(n)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(model, trace, config, starts[i], warmup, seed + i, barrier, delays[i],
-                                              probe, results, i), daemon=True) for i in range(n)]
+    procs = [ctx.Process(target=_child, args=(model, trace, config, m, barrier, results), daemon=True)
+             for m in members]
     try:
         for p in procs:
             p.start()
-        out: List[Optional[dict]] = [None] * n
-        errors = []
-        got = 0
-        while got < n:
-            try:
-                i, err, r = results.get(timeout=BARRIER_TIMEOUT + 600)
-            except _queue.Empty:
-                raise TableIOError(f"{config.key}: session processes sent nothing for "
-                                   f"{BARRIER_TIMEOUT + 600:.0f} s") from None
-            got += 1
-            if err is not None:
-                errors.append(f"session {i}: {err}")
-            else:
-                out[i] = {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in r.items()}
-        if errors:
-            raise TableIOError(f"{config.key}: " + "; ".join(errors[:3]))
-        return out  # type: ignore[return-value]
+        return _collect(config, results, n)
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -145,18 +164,29 @@ def _processes(model, trace, config, starts, warmup, seed, delays, probe) -> Lis
                 p.join(timeout=5)
 
 
-def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warmup: int = 8,
-                 residual_seed: int = 0, stagger: Optional[float] = None, probe_every: int = 0,
-                 probe_seed: int = 0, cache=None) -> dict:
+def _members(config: RunConfig, loop: DecodeLoop, stagger: float) -> List[_Member]:
+    """The sessions of a run: session ``i`` from ``loop.start + i * steps``, seeded ``loop.residual_seed + i``,
+    ``i * stagger / sessions`` seconds after the barrier; sessions as processes get a fresh cache each of the
+    loop cache's budget and policy (a cache is private to its process)."""
+    n, steps, cache = config.sessions, config.steps, loop.cache
+    own = None
+    if config.mode != "threads" and cache is not None:
+        own, cache = (cache.max_bytes, cache.policy), None
+    return [_Member(replace(loop, start=loop.start + i * steps, residual_seed=int(loop.residual_seed) + i,
+                            cache=cache), i * stagger / n, i, own) for i in range(n)]
+
+
+def sessions_run(model, trace: Trace, config: RunConfig, loop: DecodeLoop = DecodeLoop(), *,
+                 stagger: Optional[float] = None) -> dict:
     """Run ``config.sessions`` concurrent decode sessions of ``config`` (threads or processes, ``config.mode``).
 
-    Session ``i`` reads trace steps ``start + i * steps`` to ``start + (i + 1)
+    Session ``i`` reads trace steps ``loop.start + i * steps`` to ``loop.start + (i + 1)
     * steps`` (distinct stretches) and starts its timed loop ``i * stagger /
     sessions`` seconds after the barrier (default :func:`default_stagger`).
-    With ``probe_every >= 1`` every session interleaves probe steps on random
-    token ids (:func:`sim.measure.runs.session_loop`; seeds ``probe_seed + i``),
-    so the probes see the device, the engine and the CPUs as shared by all
-    the sessions at once; their figures are in ``"_probe"``.  ``cache`` (an
+    With ``loop.probe_every >= 1`` every session interleaves probe steps on random
+    token ids (:func:`sim.measure.runs.session_loop`; seed ``loop.probe_seed``, each session on its own
+    stretch), so the probes see the device, the engine and the CPUs as shared by all
+    the sessions at once; their figures are in ``"_probe"``.  ``loop.cache`` (an
     :class:`engram.RowCache`): shared by the sessions in threads; with sessions
     as processes each process reads through a fresh cache of the same budget
     and policy (a cache is private to its process); ``row_cache`` in the record.
@@ -180,29 +210,25 @@ def sessions_run(model, trace: Trace, config: RunConfig, *, start: int = 0, warm
     TableIOError, DecodeError
         A read failed in a session, or a session process died (names it).
     """
-    n, steps = config.sessions, config.steps
-    start = int(start)
+    n, steps, start = config.sessions, config.steps, loop.start
     if trace.steps < start + n * steps:
         raise ArgumentError(f"trace {trace.source!r} has {trace.steps} tokens; {n} sessions of {steps} steps "
                             f"need {n * steps} from step {start}")
     stagger = default_stagger(config) if stagger is None else float(stagger)
-    starts = [start + i * steps for i in range(n)]
-    delays = [i * stagger / n for i in range(n)]
-    body = _threads if config.mode == "threads" else _processes
+    members = _members(config, loop, stagger)
+    starts = [m.loop.start for m in members]
     threads = config.mode == "threads"
-    probe = (int(probe_every), int(probe_seed),
-             cache if threads or cache is None else (cache.max_bytes, cache.policy))
     try:
-        got = body(model, trace, config, starts, warmup, int(residual_seed), delays, probe)
+        got = (_threads if threads else _processes)(model, trace, config, members)
     except EngramError:
         raise
     except OSError as exc:
         raise TableIOError(f"{config.key}: the sessions could not run ({exc})") from None
     rec = _record(config, starts, stagger, got)
-    c = cache_record(cache, trace, starts, steps, got, threads)
+    c = cache_record(loop.cache, trace, starts, steps, got, threads)
     if c is not None:
         rec["row_cache"] = c
-    rec["probe_every"] = int(probe_every)
+    rec["probe_every"] = int(loop.probe_every)
     rec["_probe"] = list(got)
     return rec
 

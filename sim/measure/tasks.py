@@ -23,7 +23,7 @@ from ..trace import Trace
 from .compute import compute_runner
 from .microbench import (BACKEND_TAG, cache_check, compute_microbench, fio_microbench, hash_microbench, io_batches,
                          io_depth, io_serial, io_shared, io_think)
-from .runs import decode_run, probe_record
+from .runs import DecodeLoop, decode_run, probe_record
 from .sessions import sessions_run
 from .settings import Settings
 
@@ -79,38 +79,46 @@ class SerialReads(Task):
 
 
 @dataclass(frozen=True)
-class DepthReads(Task):
-    """``batches`` 48-row batches and large batches at ``readers`` of ``backend``."""
+class _EngineReads(Task):
+    """A microbenchmark of the engine's reads at ``readers`` of ``backend`` (``"serial"``: read serially)."""
 
     backend: str
     readers: int
+
+    def _rng(self, ctx: Context, round_: int, kind: int, *more: int) -> np.random.Generator:
+        """The random rows of the task: seeded by the measurement's seed, the round, the ``kind`` of task, the
+        backend, the readers and ``more`` of the task's own fields (the same rows whatever the order)."""
+        return np.random.default_rng([ctx.settings.seed, round_, kind, BACKEND_TAG.get(self.backend, 0),
+                                      self.readers, *more])
+
+
+@dataclass(frozen=True)
+class DepthReads(_EngineReads):
+    """``batches`` 48-row batches and large batches at ``readers`` of ``backend``."""
+
     batches: int
 
     def describe(self, ctx: Context) -> str:
         return f"depth {self.backend} {self.readers}"
 
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
-        s = ctx.settings
-        rng = np.random.default_rng([s.seed, round_, 2, BACKEND_TAG[self.backend], self.readers])
-        recs = io_depth(ctx.tables, rng, self.backend, self.readers, self.batches, s.big_seconds, round_)
+        recs = io_depth(ctx.tables, self._rng(ctx, round_, 2), self.backend, self.readers, self.batches,
+                        ctx.settings.big_seconds, round_)
         return recs, _ours(recs)
 
 
 @dataclass(frozen=True)
-class BatchChunk(Task):
+class BatchChunk(_EngineReads):
     """One more chunk of 48-row batches at ``readers`` of ``backend`` (``"serial"``: read serially)."""
 
-    backend: str
-    readers: int
     chunk: int
 
     def describe(self, ctx: Context) -> str:
         return f"batches {self.backend} {self.readers} {self.chunk}"
 
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
-        s = ctx.settings
-        rng = np.random.default_rng([s.seed, round_, 8, BACKEND_TAG.get(self.backend, 0), self.readers, self.chunk])
-        recs = [io_batches(ctx.tables, rng, self.backend, self.readers, s.io_batches, round_, self.chunk)]
+        recs = [io_batches(ctx.tables, self._rng(ctx, round_, 8, self.chunk), self.backend, self.readers,
+                           ctx.settings.io_batches, round_, self.chunk)]
         return recs, _ours(recs)
 
 
@@ -132,11 +140,9 @@ class FioReads(Task):
 
 
 @dataclass(frozen=True)
-class ThinkBatches(Task):
+class ThinkBatches(_EngineReads):
     """48-row batches at ``readers`` of ``backend`` with the compute ``compute`` between batches."""
 
-    backend: str
-    readers: int
     compute: str
     chunk: int
 
@@ -146,7 +152,7 @@ class ThinkBatches(Task):
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
         s, model = ctx.settings, ctx.model
         spec = ComputeSpec.parse(self.compute)
-        rng = np.random.default_rng([s.seed, round_, 7, BACKEND_TAG.get(self.backend, 0), self.readers, self.chunk])
+        rng = self._rng(ctx, round_, 7, self.chunk)
         with model.session(backend="serial") as session:
             run = compute_runner(spec, model, session, residual_seed=s.seed)
             rec = io_think(ctx.tables, rng, self.backend, self.readers, s.mixer_samples if spec.mixer else
@@ -183,20 +189,17 @@ class HashTimes(Task):
 
 
 @dataclass(frozen=True)
-class SharedReads(Task):
+class SharedReads(_EngineReads):
     """Large batches from ``submitters`` threads at once, each at ``readers`` of ``backend`` (as sessions read)."""
 
-    backend: str
-    readers: int
     submitters: int
 
     def describe(self, ctx: Context) -> str:
         return f"shared {self.backend} {self.submitters}x{self.readers}"
 
     def run(self, ctx: Context, round_: int, order: int) -> Outcome:
-        s = ctx.settings
-        rng = np.random.default_rng([s.seed, round_, 9, BACKEND_TAG[self.backend], self.readers, self.submitters])
-        rec = io_shared(ctx.model.info, rng, self.backend, self.readers, self.submitters, s.shared_seconds, round_)
+        rec = io_shared(ctx.model.info, self._rng(ctx, round_, 9, self.submitters), self.backend, self.readers,
+                        self.submitters, ctx.settings.shared_seconds, round_)
         return [rec], _ours([rec])
 
 
@@ -236,13 +239,9 @@ class DecodeRun(Task):
         window = f"r{round_}-c{self.index}"
         start = ctx.starts[(self.index, round_)]
         every = s.run_probe_every(c.steps)
-        probe = {"probe_every": every, "probe_seed": s.seed + 1 + round_, "cache": s.run_cache()}
-        if c.multi:
-            rec = sessions_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup,
-                               residual_seed=s.seed, **probe)
-        else:
-            rec = decode_run(ctx.model, ctx.traces[c.trace], c, start=start, warmup=s.warmup, residual_seed=s.seed,
-                             **probe)
+        loop = DecodeLoop(start=start, warmup=s.warmup, residual_seed=s.seed, probe_every=every,
+                          probe_seed=s.seed + 1 + round_, cache=s.run_cache())
+        rec = (sessions_run if c.multi else decode_run)(ctx.model, ctx.traces[c.trace], c, loop)
         got = rec.pop("_probe")
         recs = [{"config": c.key, "round": round_, "order": order, "window": window, **rec}]
         p = probe_record(c, window, round_, got, every)

@@ -18,7 +18,7 @@ from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUN
                          compute_microbench, compute_runner, decode_run, default_grid, ensure_model, fio_microbench,
                          grid, hash_microbench, io_microbench, io_shared, is_quiet, measure, quick_grid,
                          probe_record, segments, session_grid, sessions_run, trace_tokens_needed, usable_configs)
-from sim.measure import Settings
+from sim.measure import DecodeLoop, Settings
 from sim.measure.microbench import open_tables
 from sim.measure.runs import session_loop
 from sim.core.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
@@ -177,7 +177,7 @@ def test_decode_run_reads_the_trace_rows(model, threshold, backend):
         pytest.skip(f"{backend} does not start here: {probe_backends()[backend].reason}")
     tr = load_trace(CODE_SOURCE, limit=70, layout=model.layout)
     cfg = RunConfig(CODE_SOURCE, threshold, backend, 4, "spin:0.2", 60)
-    r = decode_run(model, tr, cfg, warmup=5)
+    r = decode_run(model, tr, cfg, DecodeLoop(warmup=5))
     assert r["rows_match"] and r["steps"] == 60
     for k in ("step_us", "read_us", "compute_us"):
         assert len(r[k]) == 60
@@ -198,21 +198,23 @@ def test_decode_run_restarts_history_per_sequence(model, shared_data):
     h = Hasher(model.layout, model.token_map)
     a, b = int(tr.starts[1]), int(tr.starts[2])
     assert np.array_equal(tr.rows[a:b], h.hash(tr.tokens[a:b]))
-    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 120), warmup=4)
+    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 120), DecodeLoop(warmup=4))
     assert r["rows_match"] and r["start"] == 0
     # a stretch starting inside a prompt replays the prompt's last tokens first
     inside = int(tr.starts[3]) + 2
-    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 20), start=inside, warmup=0)
+    r = decode_run(model, tr, RunConfig("shared:prompts.jsonl", 8, "pread", 4, "none", 20),
+                   DecodeLoop(start=inside, warmup=0))
     assert r["rows_match"] and r["start"] == inside
 
 
 def test_decode_run_continues_the_text(model):
     tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
     for start in (1, 2, 3, 77, 150):
-        r = decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50), start=start, warmup=1)
+        r = decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50),
+                       DecodeLoop(start=start, warmup=1))
         assert r["rows_match"] and r["steps"] == 50, start
     with pytest.raises(ArgumentError, match="from step 151"):
-        decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50), start=151)
+        decode_run(model, tr, RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 50), DecodeLoop(start=151))
 
 
 def test_decode_run_needs_enough_tokens(model):
@@ -222,6 +224,12 @@ def test_decode_run_needs_enough_tokens(model):
 
 
 # --------------------------------------------------------------- microbenchmarks
+@pytest.mark.parametrize("field, value", [("start", -1), ("warmup", 1.5), ("probe_every", -2), ("warmup", True)])
+def test_decode_loop_refuses_a_bad_value(field, value):
+    with pytest.raises(ArgumentError, match=f"{field} must be a whole number >= 0, got {value!r}"):
+        DecodeLoop(**{field: value})
+
+
 def test_io_microbench_records(model):
     recs = io_microbench(model.info, backends=("pread",), depths=(1, 4), batches=6, big_seconds=0.01,
                          single_rows=10, seed=1)
@@ -351,7 +359,7 @@ def test_decode_run_with_the_mixer(tmp_path):
     for lid in m.layer_ids:
         m.weights(lid)
     tr = load_trace(CODE_SOURCE, limit=20, layout=m.layout)
-    r = decode_run(m, tr, RunConfig(CODE_SOURCE, 8, "pread", 4, "mixer", 12), warmup=2)
+    r = decode_run(m, tr, RunConfig(CODE_SOURCE, 8, "pread", 4, "mixer", 12), DecodeLoop(warmup=2))
     assert r["rows_match"] and min(r["compute_us"]) > 1000
     (rec,) = compute_microbench(m, ["mixer"], mixer_samples=3)
     assert len(rec["samples_us"]) == 3 and min(rec["samples_us"]) > 1000
@@ -362,7 +370,7 @@ def test_decode_run_with_the_mixer(tmp_path):
 def test_sessions_run_reads_distinct_stretches(model, mode):
     tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
     cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "sleep:1", 30, 3, mode)
-    r = sessions_run(model, tr, cfg, start=50, warmup=2, stagger=0.003)
+    r = sessions_run(model, tr, cfg, DecodeLoop(start=50, warmup=2), stagger=0.003)
     assert r["rows_match"] and r["sessions"] == 3 and r["mode"] == mode
     assert r["starts"] == [50, 80, 110] and len(r["session_tokens_per_s"]) == 3
     assert r["slowest_tokens_per_s"] == min(r["session_tokens_per_s"])
@@ -375,7 +383,7 @@ def test_sessions_run_reads_distinct_stretches(model, mode):
     assert len(r["step_us"]) == 90 and min(r["compute_us"]) >= 1000
     assert r["threads"] >= 3 and r["concurrent_steps"] == 90
     with pytest.raises(ArgumentError, match="need 90"):
-        sessions_run(model, tr, cfg, start=150)
+        sessions_run(model, tr, cfg, DecodeLoop(start=150))
 
 
 def test_shared_reads_and_cache_check(model):
@@ -401,7 +409,7 @@ def test_probe_steps_interleaved_with_the_trace_steps(model, backend):
     the trace's rows (the history is restored around each probe), and trace and probe steps add up to the loop."""
     tr = load_trace(CODE_SOURCE, limit=60, layout=model.layout)
     cfg = RunConfig(CODE_SOURCE, 8, backend, 4, "sleep:1", 10)
-    r = session_loop(model, tr, cfg, start=20, warmup=2, probe_every=3, probe_seed=7)
+    r = session_loop(model, tr, cfg, DecodeLoop(start=20, warmup=2, probe_every=3, probe_seed=7))
     assert r["rows_match"] and r["step_s"].size == 10 and r["probe_read_s"].size == 5  # before 0, 3, 6, 9 and 10
     assert np.all(np.diff(r["probe_t"]) > 0) and r["probe_t"][0] == 0.0
     assert r["probe_comp_s"].min() >= 1e-3 and np.all(r["probe_distinct"] > 40)  # fresh random rows, ~48 distinct
@@ -412,8 +420,8 @@ def test_probe_steps_interleaved_with_the_trace_steps(model, backend):
     assert rec["session_steps"] == 15 and rec["offsets_s"] == [0.0] and rec["sessions"] == 1
     assert rec["batch_us"] == pytest.approx(r["probe_read_s"] * 1e6, abs=0.01)
     assert rec["rows"] == int(r["probe_distinct"].sum()) and rec["compute"] == "sleep:1"
-    assert probe_record(cfg, "w", 0, [session_loop(model, tr, cfg, start=20, warmup=1)], 0) is None
-    run = decode_run(model, tr, cfg, start=20, warmup=1, probe_every=3)
+    assert probe_record(cfg, "w", 0, [session_loop(model, tr, cfg, DecodeLoop(start=20, warmup=1))], 0) is None
+    run = decode_run(model, tr, cfg, DecodeLoop(start=20, warmup=1, probe_every=3))
     assert run["probe_steps"] == 5 and run["probe_every"] == 3 and len(run["_probe"]) == 1
     assert run["tokens_per_s"] == pytest.approx(10 / (np.sum(run["step_us"]) * 1e-6), rel=1e-4)
 
@@ -421,7 +429,7 @@ def test_probe_steps_interleaved_with_the_trace_steps(model, backend):
 def test_probe_steps_of_several_sessions(model):
     tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
     cfg = RunConfig(CODE_SOURCE, 8, "pread", 2, "sleep:1", 12, 2, "threads")
-    run = sessions_run(model, tr, cfg, start=10, warmup=1, stagger=0.002, probe_every=4, probe_seed=3)
+    run = sessions_run(model, tr, cfg, DecodeLoop(start=10, warmup=1, probe_every=4, probe_seed=3), stagger=0.002)
     assert run["rows_match"] and run["probe_steps"] == 4
     rec = probe_record(cfg, "r0-c2", 0, run["_probe"], 4)
     assert rec["sessions"] == 2 and rec["session"] == [0] * 4 + [1] * 4 and len(rec["t_us"]) == 8
@@ -519,8 +527,8 @@ def test_decode_run_with_the_row_cache(model, policy):
 
     tr = load_trace("shared:agent_prompt_long.txt", limit=700, layout=model.layout)
     cfg = RunConfig("shared:agent_prompt_long.txt", 8, "pread", 4, "none", 600)
-    plain = decode_run(model, tr, cfg, start=50, warmup=3, probe_every=20)
-    r = decode_run(model, tr, cfg, start=50, warmup=3, probe_every=20, cache=RowCache(264 * 3000, policy))
+    plain = decode_run(model, tr, cfg, DecodeLoop(start=50, warmup=3, probe_every=20))
+    r = decode_run(model, tr, cfg, DecodeLoop(start=50, warmup=3, probe_every=20, cache=RowCache(264 * 3000, policy)))
     c = r["row_cache"]
     assert "row_cache" not in plain and r["rows_match"]
     assert c["requests"] == 600 * 48 and c["policy"] == policy and c["rows"] == 3000
@@ -534,7 +542,7 @@ def test_sessions_run_with_the_row_cache(model, mode):
 
     tr = load_trace("shared:agent_prompt_long.txt", limit=700, layout=model.layout)
     cfg = RunConfig("shared:agent_prompt_long.txt", 8, "pread", 2, "none", 200, 3, mode)
-    r = sessions_run(model, tr, cfg, start=50, warmup=2, stagger=0.0, cache=RowCache(264 * 4000, "lru"))
+    r = sessions_run(model, tr, cfg, DecodeLoop(start=50, warmup=2, cache=RowCache(264 * 4000, "lru")), stagger=0.0)
     c = r["row_cache"]
     assert c["shared"] == (mode == "threads") and c["requests"] == 3 * 200 * 48
     # processes: each session its own cache, exact; threads: one cache, the sessions' order is the machine's

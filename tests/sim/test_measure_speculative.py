@@ -12,7 +12,7 @@ from engram.cli import main
 from sim.check.calibrate import calibrate_file
 from sim.check.crosscheck import crosscheck_files, markdown_table
 from sim.core.io import load_json
-from sim.measure import decode_run, measure
+from sim.measure import DecodeLoop, decode_run, measure
 from sim.measure.runs import _accepted, _drafts
 from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
@@ -60,7 +60,7 @@ def test_drafts_and_acceptance_known_answers():
 @pytest.mark.parametrize("pf", [False, True])
 def test_speculative_run_emits_the_stretch(model, pf):
     tr = load_trace(CODE_SOURCE, limit=200, layout=model.layout)
-    r = decode_run(model, tr, _spec(2, 1.0, pf), warmup=2)
+    r = decode_run(model, tr, _spec(2, 1.0, pf), DecodeLoop(warmup=2))
     sp = r["speculative"]
     e = np.array(sp["emitted"])
     assert sp["tokens"] == e.sum() == 60 and len(r["step_us"]) == sp["verification_steps"] == e.size
@@ -74,7 +74,7 @@ def test_speculative_run_emits_the_stretch(model, pf):
         assert sp["prefetch_hits"] == 48 * sp["drafts"] and r["rows_distinct_mean"] < 49
     else:  # one batch of the three tokens' distinct rows
         assert sp["prefetch_hits"] == 0 and 100 < r["rows_distinct_mean"] <= 144
-    r0 = decode_run(model, tr, _spec(2, 0.0, pf), warmup=2)
+    r0 = decode_run(model, tr, _spec(2, 0.0, pf), DecodeLoop(warmup=2))
     assert r0["speculative"]["tokens_per_step"] == 1.0 and r0["speculative"]["accepted"] == 0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
-from sim.measure.devices import engine_read_size, fio_json, measure_devices
+from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
 from sim.check.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
                                planner_compute, planner_crosscheck)
 from sim.report.devices import devices_section
@@ -36,7 +36,8 @@ def measured(tmp_path_factory):
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 20), RunConfig(CODE_SOURCE, 8, "pread", 4, "blas:1", 20),
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 15, 2, "threads")]
     s = Settings(rounds=2, micro=False, warmup=2, probe_every=2, capacity_target=50.0)
-    measure_devices(path, cfgs, d / "w", s, throttles=[6000], tmpfs=True, fio_seconds=0.1, fio_depths=(1, 4),
+    measure_devices(path, cfgs, d / "w", s,
+                    devices=DevicePlan(throttles=[6000], tmpfs=True, fio_seconds=0.1, fio_depths=(1, 4)),
                     progress=False)
     return d / "w"
 

@@ -18,7 +18,7 @@ import pytest
 
 from engram import ArgumentError, OutputError, Table, TableGroup, read_model, synth
 from sim.device.fio import fio_records, read_fio_output
-from sim.measure.devices import engine_read_size, fio_json, measure_devices, on_tmpfs, plan_devices
+from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices, on_tmpfs, plan_devices
 from sim.measure.throttle import CGROUP_PREFIX, IopsThrottle, ThrottleSupport, block_device_of, throttle_support
 from sim.measure import Settings
 from sim.core.schema import RunConfig
@@ -226,6 +226,15 @@ def test_measurement_killed_midway_leaves_no_cgroup(tmp_path, model):
     assert doc["devices"][0]["built"] is True
 
 
+@pytest.mark.parametrize("field, value, words", [("fio_seconds", 0.0, "fio_seconds must be > 0, got 0.0"),
+                                                   ("fio_depths", (), "fio_depths must be whole numbers >= 1"),
+                                                   ("fio_depths", (1, 0), "fio_depths must be whole numbers >= 1"),
+                                                   ("throttles", [0], "--throttle-iops: 0 is not a whole number")])
+def test_device_plan_refuses_a_bad_value(field, value, words):
+    with pytest.raises(ArgumentError, match=words):
+        DevicePlan(**{field: value})
+
+
 @pytest.mark.heavy
 def test_measure_devices_documents(tmp_path, model):
     """A small real measurement on every device the machine allows: each said built or skipped, fio beside the
@@ -235,8 +244,9 @@ def test_measure_devices_documents(tmp_path, model):
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 20)]
     s = Settings(rounds=1, depths=(1, 4), fio=False, io_batches=4, io_chunks=1, big_seconds=0.01, single_rows=4,
                  compute_samples=4, warmup=2, shared_seconds=0.01, cache_batches=2)
-    doc = measure_devices(path, cfgs, tmp_path / "w", s, throttles=[6000], tmpfs=True, fio_seconds=0.1,
-                          fio_depths=(1, 4), progress=False, say=lines.append)
+    doc = measure_devices(path, cfgs, tmp_path / "w", s,
+                          devices=DevicePlan(throttles=[6000], tmpfs=True, fio_seconds=0.1, fio_depths=(1, 4)),
+                          progress=False, say=lines.append)
     saved = json.loads((tmp_path / "w" / "devices.json").read_text())
     assert saved["kind"] == "devices" and [d["name"] for d in saved["devices"]] == ["disk", "throttle-6000", "tmpfs"]
     for d in saved["devices"]:
