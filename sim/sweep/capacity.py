@@ -1007,7 +1007,7 @@ class ProbeRounds:
     runner = PointRunner
 
     def __init__(self, ctx: Any, searches: Dict[Tuple[int, int], Generator], caps: Sequence[Any], run: SearchRun):
-        self.ctx, self.searches, self.caps, self.run_ = ctx, searches, caps, run
+        self.ctx, self.searches, self.caps, self.settings = ctx, searches, caps, run
         self.asked: Dict[Tuple[int, int], Any] = {k: next(g) for k, g in searches.items()}
         self.cache: Dict[tuple, Dict[str, Any]] = {self.row_key(r): dict(r) for r in run.done}
         self.counter = max((int(r["point"]) for r in run.done), default=-1) + 1
@@ -1052,7 +1052,7 @@ class ProbeRounds:
         SweepError
             A probe whose worker died too often.
         """
-        run = self.run_
+        run = self.settings
         with bar, self.runner(self.ctx, jobs=run.jobs, scheduler=run.scheduler,
                               connect_timeout=run.connect_timeout) as runner:
             while self.searches:
@@ -1062,8 +1062,8 @@ class ProbeRounds:
 
     def _keep(self, row: Dict[str, Any], bar: Any) -> None:
         self.cache[self.row_key(row)] = row
-        if self.run_.on_probe is not None:
-            self.run_.on_probe(row)
+        if self.settings.on_probe is not None:
+            self.settings.on_probe(row)
         # a search takes many probes: each one is news for the plain progress lines
         bar.note(self.note(row))
 
