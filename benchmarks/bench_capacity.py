@@ -33,7 +33,7 @@ from unittest import mock
 import numpy as np
 
 import sim.decode.model
-from sim.sweep.capacity import bracket_opening
+from sim.sweep.capacity import SearchRun, bracket_opening
 from sim.decode.fast import FastRun
 from sim.decode.reads import step_reads
 
@@ -335,7 +335,7 @@ def main(argv=None) -> dict:
                  "load_average_before": os.getloadavg(), "devices": {}}
     t0 = time.perf_counter()  # one-time costs apart (the tokenizer, the trace): a one-session search first
     find_capacity([{**base, "device": "ssd:qd1_us=80,iops=600000"}], CapacitySpec(seeds=1, max_sessions=1),
-                  jobs=args.jobs, progress=False)
+                  run=SearchRun(jobs=args.jobs, progress=False))
     rec["warm_up_s"] = time.perf_counter() - t0
     print(f"   {'device':<44} {'search':<8} {'capacity':>8} {'probes':>6} {'session-steps':>13} {'CPU s':>7} "
           f"{'wall s':>7}")
@@ -352,7 +352,7 @@ def main(argv=None) -> dict:
                 (cap,), _ = find_capacity([{**base, "device": dev}],
                                           CapacitySpec(seeds=1, max_sessions=args.max_sessions,
                                                        search="gallop" if search == "gallop" else "bracket"),
-                                          jobs=args.jobs, progress=False)
+                                          run=SearchRun(jobs=args.jobs, progress=False))
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             work = sum(int(p["sessions"]) for p in cap.probes) * args.steps
             rows[search] = [{k: p[k] for k in METRICS} for p in cap.probes]

@@ -30,7 +30,7 @@ DEVICE = "ssd:qd1_us=60,iops=1500000"
 def main(argv=None) -> dict:
     from sim.decode import simulate_decode
     from sim.core.params import Compute, Policy
-    from sim.serve import RowSource, Scheduler, StepCompute, Workload, simulate_serve
+    from sim.serve import RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, simulate_serve
     from sim.trace import load_trace
 
     p = argparse.ArgumentParser(prog="bench_serve")
@@ -52,13 +52,14 @@ def main(argv=None) -> dict:
     w = Workload(rate=args.rate, duration=args.duration)
     t0 = time.perf_counter()
     simulate_serve(Workload(rate=args.rate, duration=20.0), DEVICE, policy, StepCompute.reference(scale=40), sched,
-                   rows=rows, seed=1)
+                   text=ServeText(rows=rows), run=ServeRun(seed=1))
     rec["warm_up_s"] = time.perf_counter() - t0
     print(f"   text {rec['text_s']:.1f} s, row counts {rec['row_source_s']:.1f} s, device samples and first run "
           f"{rec['warm_up_s']:.1f} s (one-time costs)")
     for scale in (float(x) for x in args.scales.split(",")):
         t0 = time.perf_counter()
-        r = simulate_serve(w, DEVICE, policy, StepCompute.reference(scale=scale), sched, rows=rows, seed=0)
+        r = simulate_serve(w, DEVICE, policy, StepCompute.reference(scale=scale), sched, text=ServeText(rows=rows),
+                           run=ServeRun(seed=0))
         wall = time.perf_counter() - t0
         tokens = int(r.throughput["output_tokens_per_s"] * r.sim_seconds)
         d = {"wall_s": wall, "sim_s": r.sim_seconds, "realtime_x": r.sim_seconds / wall, "steps": r.engine["steps"],

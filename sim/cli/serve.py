@@ -9,10 +9,10 @@ from engram.errors import ArgumentError
 from engram.options import Command, Option, check_requires
 
 from sim.core.params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
-from ..serve import SLO, ServeStudy, simulate_serve
+from ..serve import SLO, ServeRun, ServeStudy, ServeText, simulate_serve
 from ..serve.counterpart import counterpart_table, predict_counterpart
 from ..serve.engine import GATES
-from ..serve.measured import measure_counterpart
+from ..serve.measured import CounterpartReads, CounterpartRun, measure_counterpart
 from ..serve.runner import point_objects, resolve_serve_context
 from ..serve.study import SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
@@ -51,9 +51,11 @@ def _cmd_serve_counterpart(args) -> int:
     spec = args.trace or CODE_SOURCE
     batch, steps, prompt = 8, 60, 4096
     text = load_trace(spec, limit=prompt + batch * 5 * steps)
-    rec = measure_counterpart(args.counterpart, text.tokens, batch=batch, steps=steps, prompt_tokens=prompt,
-                              backend=args.backend or "pread", readers=args.readers or DEFAULT_READERS,
-                              threshold=args.threshold or DEFAULT_THRESHOLD, source=spec)
+    rec = measure_counterpart(args.counterpart, text.tokens, source=spec,
+                              run=CounterpartRun(batch=batch, steps=steps, prompt_tokens=prompt),
+                              reads=CounterpartReads(backend=args.backend or "pread",
+                                                     readers=args.readers or DEFAULT_READERS,
+                                                     threshold=args.threshold or DEFAULT_THRESHOLD))
     res = predict_counterpart(rec, text.tokens, model.layout, seed=args.seed or 0)
     table = counterpart_table(res)
     if args.json:
@@ -81,9 +83,9 @@ def _cmd_serve(args) -> int:
     o = point_objects(p, ctx)
     key_dev = next(iter(ctx.devices.values()))
     r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo, drives=p["drives"],
-                       seed=seed, warmup=p["warmup_s"], bins=args.bins, requests_file=ctx.files.get(p["requests"]),
-                       rows=next(iter(ctx.rows.values())), progress=_progress_mode(args),
-                       speculation=o["speculation"])
+                       text=ServeText(requests_file=ctx.files.get(p["requests"]), rows=next(iter(ctx.rows.values()))),
+                       run=ServeRun(seed=seed, warmup=p["warmup_s"], bins=args.bins, progress=_progress_mode(args),
+                                    speculation=o["speculation"]))
     if args.json:
         d = r.to_dict()
         d["point"] = p

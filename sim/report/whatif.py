@@ -17,8 +17,8 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
-from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, capacity_of, find_capacity,
-                                phases_short)
+from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, SearchRun, capacity_of,
+                                find_capacity, phases_short)
 from ..decode import seed_reproduction, simulate_decode
 from ..decode.speculative import Speculation
 from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tail
@@ -426,8 +426,8 @@ def capacity_data(inp: Inputs, ref_compute: Compute, *, target: float = CAPACITY
     else:
         base.update(compute="", compute_ms=comp_ms)
     configs = [dict(base, device=spec_, backend=be) for _, spec_, be in devices]
-    caps, _ = find_capacity(configs, spec, 0, calibration=inp.cal_path, jobs=jobs, progress=progress,
-                            desc="capacity", traces={trace_spec: tr})
+    caps, _ = find_capacity(configs, spec, 0, calibration=inp.cal_path, traces={trace_spec: tr},
+                            run=SearchRun(jobs=jobs, progress=progress, desc="capacity"))
     return CapacityData(trace_spec, comp_ms, spec, [(label, c) for (label, _, _), c in zip(devices, caps)])
 
 
@@ -538,8 +538,8 @@ def _planner_capacities(d: PlannerData, base: Mapping[str, Any], tr: Trace, jobs
                 if cfg not in configs:
                     configs.append(cfg)
                 where[(dev, axis, v)] = configs.index(cfg)
-    caps, _ = find_capacity(configs, d.spec, 0, jobs=jobs, progress=progress, desc="planner",
-                            traces={d.trace: tr})
+    caps, _ = find_capacity(configs, d.spec, 0, traces={d.trace: tr},
+                            run=SearchRun(jobs=jobs, progress=progress, desc="planner"))
     nan = float("nan")
     for key, i in where.items():
         d.capacities[key] = c = caps[i]

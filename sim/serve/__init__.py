@@ -18,12 +18,12 @@ from __future__ import annotations
 from .compute import StepCompute
 from .engine import Scheduler
 from .metrics import SLO, ServeResult
-from .model import simulate_serve
+from .model import ServeRun, ServeText, simulate_serve
 from .rows import RowSource
 from .search import ServeCapacity, find_serve_capacity, knee_cause, run_serve_capacity
 from .study import RateSearch, ServeStudy
 from .workload import Lengths, Requests, Workload, make_requests, read_request_file
 
 __all__ = ["SLO", "Lengths", "RateSearch", "Requests", "RowSource", "Scheduler", "ServeCapacity", "ServeResult",
-           "ServeStudy", "StepCompute", "Workload", "find_serve_capacity", "knee_cause", "make_requests",
-           "read_request_file", "run_serve_capacity", "simulate_serve"]
+           "ServeRun", "ServeStudy", "ServeText", "StepCompute", "Workload", "find_serve_capacity", "knee_cause",
+           "make_requests", "read_request_file", "run_serve_capacity", "simulate_serve"]

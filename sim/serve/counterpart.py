@@ -31,7 +31,7 @@ from ..device import EmpiricalDevice
 from sim.core.params import Policy
 from ..trace import Trace
 from .compute import StepCompute
-from .engine import Engine, Scheduler
+from .engine import Engine, EngineRun, Scheduler
 from .measured import COUNTERPART_SCHEMA
 from .rows import RowSource
 from .workload import Requests
@@ -127,7 +127,7 @@ def _run(rows: RowSource, device, policy: Policy, compute: StepCompute, sched: S
     if with_prompt:
         arrival[-1], prompt[-1], output[-1] = prompt_at, P, 1
     reqs = Requests(arrival, prompt, output, np.full(m, -1, np.int64), np.zeros(m), np.arange(m))
-    return Engine(reqs, rows, device, policy, compute, sched, seed=seed, positions=(ppos, dpos)).run()
+    return Engine(reqs, rows, device, policy, compute, sched, run=EngineRun(seed=seed, positions=(ppos, dpos))).run()
 
 
 def predict_counterpart(record: Mapping, tokens: np.ndarray, layout: Layout, *, seed: int = 0) -> Dict[str, Any]:

@@ -69,7 +69,7 @@ from .device import BatchTimes, SharedDevice
 from .rows import DEFAULT_READ_CHUNK, RowSource, SharedRowCache
 from .workload import Requests
 
-__all__ = ["GATES", "PREFILL_READERS", "Engine", "EngineTrace", "Scheduler"]
+__all__ = ["GATES", "PREFILL_READERS", "Engine", "EngineRun", "EngineTrace", "Scheduler"]
 
 #: How prompt tokens wait for their rows (see the module docstring).
 GATES = ("ready", "stall")
@@ -206,6 +206,66 @@ class EngineTrace:
     shared_cache: dict
 
 
+def _check_layers(rows: RowSource, policy: Policy, compute: StepCompute, sched: Scheduler) -> None:
+    """Refuse an overlap or an Engram layer beyond the compute's layers, or a read chunk other than the rows'."""
+    if policy.overlap_layers > compute.layers:
+        raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the {compute.layers} layers")
+    if max(rows.layer_ids) >= compute.layers:
+        raise ArgumentError(f"Engram layer {max(rows.layer_ids)} is beyond the {compute.layers} compute layers")
+    if rows.read_chunk != sched.read_chunk:
+        raise ArgumentError(f"the row source reads chunks of {rows.read_chunk} tokens, the scheduler "
+                            f"{sched.read_chunk}")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """How one engine run goes: its drives, random streams, measured requests and when it stops.
+
+    Attributes
+    ----------
+    drives : int
+        Identical drives the tables are striped over by row id (>= 1).
+    seed : int
+        Device draws, compute spread and accepted drafts.
+    measured : numpy.ndarray, optional
+        bool ``[n]``: requests whose token gaps are kept (default all).
+    t_cap : float
+        Seconds: the run stops here even with requests left.
+    positions : tuple of numpy.ndarray, optional
+        ``(prompt start, decode start)`` per request in the row source (default :meth:`RowSource.place`): a
+        measured run replayed read for read.
+    abort_ttft : float, optional
+        Seconds: stop as soon as more measured requests have waited longer than this for their first token
+        than the SLO percentile ``abort_percentile`` allows (the TTFT SLO can no longer be met; a capacity
+        search needs no more of the run).
+    abort_percentile : float
+        The SLO percentile of the abort, in [0, 100].
+    speculation : Speculation, optional
+        Draft tokens, their acceptance, the drafts' rows prefetched (see the module; ``None`` or ``k = 0``:
+        off, the run as it was without it).
+
+    Raises
+    ------
+    ArgumentError
+        ``drives`` below 1, ``abort_percentile`` outside [0, 100].
+    """
+
+    drives: int = 1
+    seed: int = 0
+    measured: Optional[np.ndarray] = None
+    t_cap: float = math.inf
+    positions: Optional[tuple] = None
+    abort_ttft: Optional[float] = None
+    abort_percentile: float = 99.0
+    speculation: Optional[Speculation] = None
+
+    def __post_init__(self) -> None:
+        if self.drives < 1:
+            raise ArgumentError(f"drives must be >= 1, got {self.drives}")
+        if not 0.0 <= self.abort_percentile <= 100.0:
+            raise ArgumentError(f"EngineRun.abort_percentile must be in [0, 100], got {self.abort_percentile}")
+
+
 class Engine:
     """One run of the serving engine (see the module docstring).
 
@@ -219,23 +279,8 @@ class Engine:
         Threshold, readers, row caches, ``overlap_layers``, ``batch_overhead``.
     compute : StepCompute
     sched : Scheduler
-    drives : int
-    seed : int
-        Device draws and compute spread.
-    measured : numpy.ndarray, optional
-        bool ``[n]``: requests whose token gaps are kept (default all).
-    t_cap : float
-        The run stops here even with requests left.
-    positions : tuple of numpy.ndarray, optional
-        ``(prompt start, decode start)`` per request in the row source (default :meth:`RowSource.place`): a
-        measured run replayed read for read.
-    abort_ttft : float, optional
-        Stop as soon as more measured requests have waited longer than this for their first token than the
-        SLO percentile ``abort_percentile`` allows (the TTFT SLO can no longer be met; a capacity search
-        needs no more of the run).
-    speculation : Speculation, optional
-        Draft tokens, their acceptance, the drafts' rows prefetched (see the module; ``None`` or ``k = 0``:
-        off, the run as it was without it).
+    run : EngineRun
+        Drives, seed, measured requests, time cap, replayed positions, the TTFT abort, speculation.
 
     Raises
     ------
@@ -246,30 +291,37 @@ class Engine:
     """
 
     def __init__(self, reqs: Requests, rows: RowSource, device: Device, policy: Policy, compute: StepCompute,
-                 sched: Scheduler, *, drives: int = 1, seed: int = 0, measured: Optional[np.ndarray] = None,
-                 t_cap: float = math.inf, positions: Optional[tuple] = None, abort_ttft: Optional[float] = None,
-                 abort_percentile: float = 99.0, speculation: Optional[Speculation] = None):
-        if policy.overlap_layers > compute.layers:
-            raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the {compute.layers} layers")
-        if max(rows.layer_ids) >= compute.layers:
-            raise ArgumentError(f"Engram layer {max(rows.layer_ids)} is beyond the {compute.layers} compute layers")
-        if rows.read_chunk != sched.read_chunk:
-            raise ArgumentError(f"the row source reads chunks of {rows.read_chunk} tokens, the scheduler "
-                                f"{sched.read_chunk}")
-        if drives < 1:
-            raise ArgumentError(f"drives must be >= 1, got {drives}")
+                 sched: Scheduler, run: EngineRun = EngineRun()):
+        _check_layers(rows, policy, compute, sched)
         self.reqs, self.rows, self.policy, self.compute, self.sched = reqs, rows, policy, compute, sched
-        self.drives = int(drives)
-        self.t_cap = float(t_cap)
-        n = len(reqs)
-        ss = np.random.SeedSequence(seed)
+        self.drives = int(run.drives)
+        self.t_cap = float(run.t_cap)
+        ss = np.random.SeedSequence(run.seed)
         dev_ss, comp_ss = ss.spawn(2)
         self.times = BatchTimes(device, np.random.default_rng(dev_ss))
         self.devs = [SharedDevice(device) for _ in range(self.drives)]
         self._comp_rng = np.random.default_rng(comp_ss)
         self._mult: list = []
-        self.ppos, self.dpos = rows.place(reqs) if positions is None else (np.asarray(positions[0], np.int64),
-                                                                            np.asarray(positions[1], np.int64))
+        self._init_requests(run)
+        self._init_reads()
+        self._init_speculation(run.speculation, ss)
+        # records
+        self.tbt_parts: List[np.ndarray] = []
+        self.rec = {k: [] for k in ("t0", "t_read", "t_end", "B", "P", "alone", "compute", "running", "waiting")}
+        self.decode_reads = self.prefill_reads = self.decode_rows_asked = 0
+        self.end = 0.0
+        self.arrived = 0
+        self.aborted = False
+        self.abort_ttft = run.abort_ttft
+        n_meas = int(self.measured.sum())
+        self.abort_allowed = int(math.floor(max(n_meas - 1, 0) * (1.0 - run.abort_percentile / 100.0)))
+
+    def _init_requests(self, run: EngineRun) -> None:
+        """Per request: where it reads, its lengths, its times, its state; the scheduler's queues."""
+        reqs, positions = self.reqs, run.positions
+        n = len(reqs)
+        self.ppos, self.dpos = self.rows.place(reqs) if positions is None else (np.asarray(positions[0], np.int64),
+                                                                                 np.asarray(positions[1], np.int64))
         self.P = reqs.prompt.tolist()
         self.O = reqs.output.astype(np.int64)
         self.Ol = self.O.tolist()
@@ -280,7 +332,7 @@ class Engine:
         self.finish_t = np.full(n, np.nan)
         self.ready_t = np.full(n, np.nan)
         self.read_t = np.full(n, np.nan)
-        self.measured = np.ones(n, dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
+        self.measured = np.ones(n, dtype=bool) if run.measured is None else np.asarray(run.measured, dtype=bool)
         self.done_pre = [0] * n
         self.ready: Dict[int, list] = {}
         self.counts: Dict[int, np.ndarray] = {}
@@ -300,6 +352,10 @@ class Engine:
         self._planning = False
         self.timers: list = []
         self._seq = 0
+
+    def _init_reads(self) -> None:
+        """The tables' layers and overlap, whether reads take the fast path, the shared and per-request caches."""
+        policy, compute, rows = self.policy, self.compute, self.rows
         self.L = rows.layers
         self.layer_frac = [lid / compute.layers for lid in rows.layer_ids]
         self.ov = (policy.overlap_layers / compute.layers) if (policy.overlap_layers > 0 and self.L > 1) else 0.0
@@ -309,16 +365,20 @@ class Engine:
         # per-request row caches: a slot per running request
         self.hits = None
         if policy.cache_rows > 0:
+            n, m = len(self.reqs), self.sched.max_running
             self.slot = np.zeros(n, dtype=np.int64)
-            self.free_slots = list(range(sched.max_running - 1, -1, -1))
-            self.hits = np.zeros((sched.max_running, max(int(self.O.max()) - 1, 1), rows.keys.shape[1]), dtype=bool)
+            self.free_slots = list(range(m - 1, -1, -1))
+            self.hits = np.zeros((m, max(int(self.O.max()) - 1, 1), rows.keys.shape[1]), dtype=bool)
+
+    def _init_speculation(self, speculation: Optional[Speculation], ss: np.random.SeedSequence) -> None:
+        """Drafts on or off, the prefetch's state; refused where not modelled."""
         self.spec = speculation if speculation is not None and speculation.on else None
         self._pf_box = None        # the prefetch in flight: [done, waiting step]
         self._pf_pos: Dict[int, np.ndarray] = {}   # per request: its prefetched drafts' positions
         self._pf_acc: Dict[int, int] = {}          # per request: the accepted drafts of its next step, drawn
         self.prefetched_reads = self.wasted_reads = 0
         if self.spec is not None:
-            if policy.cache_rows > 0:
+            if self.policy.cache_rows > 0:
                 raise ArgumentError("speculative decoding with per-request row caches is not modelled "
                                     "(cache_rows = 0, or a shared cache)")
             if self.spec.prefetch_drafts and not self.fast_reads:
@@ -326,16 +386,6 @@ class Engine:
                                     "row caches and no overlap (not modelled otherwise)")
             self._spec_rng = np.random.default_rng(ss.spawn(1)[0])
             self._J = np.arange(self.spec.draft_tokens + 1)
-        # records
-        self.tbt_parts: List[np.ndarray] = []
-        self.rec = {k: [] for k in ("t0", "t_read", "t_end", "B", "P", "alone", "compute", "running", "waiting")}
-        self.decode_reads = self.prefill_reads = self.decode_rows_asked = 0
-        self.end = 0.0
-        self.arrived = 0
-        self.aborted = False
-        self.abort_ttft = abort_ttft
-        n_meas = int(self.measured.sum())
-        self.abort_allowed = int(math.floor(max(n_meas - 1, 0) * (1.0 - abort_percentile / 100.0)))
 
     # ================================================================== events
     def _timer(self, t: float, kind: int, obj) -> None:

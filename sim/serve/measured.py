@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Sequence, Union
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from engram._native.reader import MAX_SPAN_BYTES
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError
 
-__all__ = ["COUNTERPART_SCHEMA", "measure_counterpart", "probe_device"]
+__all__ = ["COUNTERPART_SCHEMA", "CounterpartReads", "CounterpartRun", "measure_counterpart", "probe_device"]
 
 #: Schema of a counterpart record.
 COUNTERPART_SCHEMA = "engram.serve-counterpart/1"
@@ -84,10 +85,93 @@ def probe_device(model: EngramModel, depths: Sequence[int] = (1, 2, 4, 8, 16, 32
     return out
 
 
-def measure_counterpart(model_path: Union[str, os.PathLike], tokens: np.ndarray, *, batch: int = 8, steps: int = 60,
-                        prompt_tokens: int = 4096, prefill_step: int = 10, after_steps: int = 10,
-                        compute_ms: float = 10.0, backend: str = "pread", readers: int = 16, threshold: int = 8,
-                        depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), probe_seconds: float = 0.25,
+@dataclass(frozen=True)
+class CounterpartRun:
+    """What the measured engine runs: the batch decoding, the prompt prefilling beside it, the compute of a step.
+
+    Attributes
+    ----------
+    batch : int
+        Requests decoding together (>= 1).
+    steps : int
+        Steps at least (>= 1); the run lasts ``max(steps, prefill done + after_steps)`` steps, at most
+        ``5 * steps``.
+    prompt_tokens : int
+        Tokens of the prompt prefilled in the background (>= 1).
+    prefill_step : int
+        The step the prefill starts at (in ``[0, steps)``).
+    after_steps : int
+        Steps after the prefill finished (>= 0).
+    compute_ms : float
+        The compute of a step, ms (slept; >= 0).
+
+    Raises
+    ------
+    ArgumentError
+        A count or the compute out of its range.
+    """
+
+    batch: int = 8
+    steps: int = 60
+    prompt_tokens: int = 4096
+    prefill_step: int = 10
+    after_steps: int = 10
+    compute_ms: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "steps", "prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(f"CounterpartRun.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.prefill_step < self.steps:
+            raise ArgumentError(f"CounterpartRun.prefill_step must be in [0, steps = {self.steps}), "
+                                f"got {self.prefill_step}")
+        if self.after_steps < 0:
+            raise ArgumentError(f"CounterpartRun.after_steps must be >= 0, got {self.after_steps}")
+        if not self.compute_ms >= 0:
+            raise ArgumentError(f"CounterpartRun.compute_ms must be >= 0, got {self.compute_ms}")
+
+
+@dataclass(frozen=True)
+class CounterpartReads:
+    """How the measured engine reads, and how the device is probed before it runs.
+
+    Attributes
+    ----------
+    backend : str
+        The readers' backend (as ``engram.Table``).
+    readers : int
+        Readers of a batch above ``threshold`` (>= 1).
+    threshold : int
+        Distinct rows below which a batch is read serially (>= 1).
+    depths : sequence of int
+        Queue depths the device is probed at (:func:`probe_device`).
+    seconds : float
+        Seconds the probe spends at each depth (> 0).
+
+    Raises
+    ------
+    ArgumentError
+        ``readers``, ``threshold`` or a depth below 1, ``seconds`` not above 0.
+    """
+
+    backend: str = "pread"
+    readers: int = 16
+    threshold: int = 8
+    depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
+    seconds: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("readers", "threshold"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(f"CounterpartReads.{name} must be >= 1, got {getattr(self, name)}")
+        if any(int(k) < 1 for k in self.depths):
+            raise ArgumentError(f"CounterpartReads.depths must be >= 1 each, got {tuple(self.depths)}")
+        if not self.seconds > 0:
+            raise ArgumentError(f"CounterpartReads.seconds must be > 0, got {self.seconds}")
+
+
+def measure_counterpart(model_path: Union[str, os.PathLike], tokens: np.ndarray,
+                        run: CounterpartRun = CounterpartRun(), reads: CounterpartReads = CounterpartReads(), *,
                         source: str = "", seed: int = 0) -> dict:
     """Run the real engine as the module docstring says; return the record.
 
@@ -96,91 +180,40 @@ def measure_counterpart(model_path: Union[str, os.PathLike], tokens: np.ndarray,
     model_path : path
         A model file (``engram synth`` writes one).
     tokens : numpy.ndarray
-        int64 token ids of real text: the prompt is its first ``prompt_tokens`` tokens, request ``i`` decodes
-        the stretch after it starting at ``prompt_tokens + i * max_steps`` (``max_steps = 5 * steps``, every
+        int64 token ids of real text: the prompt is its first ``run.prompt_tokens`` tokens, request ``i`` decodes
+        the stretch after it starting at ``prompt_tokens + i * max_steps`` (``max_steps = 5 * run.steps``, every
         stretch from a fresh hash history).
-    batch, steps, prefill_step, after_steps : int
-        Requests decoding; steps at least; the step the prefill starts at; steps after it finished (the run
-        lasts ``max(steps, prefill done + after_steps)`` steps, at most ``5 * steps``).
-    compute_ms : float
-        The compute of a step (slept).
-    backend, readers, threshold : as ``engram.Table``.
+    run : CounterpartRun
+        The batch, steps, prompt, prefill start, compute.
+    reads : CounterpartReads
+        Backend, readers, threshold; the device probe's depths and time.
     source : str
         Where ``tokens`` came from (kept in the record).
+    seed : int
+        The device probe's rows.
 
     Raises
     ------
     ArgumentError
-        Bad counts, or too few tokens for the prompt and the stretches.
+        Too few tokens for the prompt and the stretches; the prefill not done within the run.
     TableIOError
         A read failed.
     """
-    if batch < 1 or steps < 1 or prompt_tokens < 1 or not 0 <= prefill_step < steps or after_steps < 0:
-        raise ArgumentError(f"need batch, steps, prompt_tokens >= 1 and 0 <= prefill_step < steps; got {batch}, "
-                            f"{steps}, {prompt_tokens}, {prefill_step}")
-    max_steps = 5 * steps
+    max_steps = 5 * run.steps
     tokens = np.asarray(tokens, dtype=np.int64)
-    need = prompt_tokens + batch * max_steps
+    need = run.prompt_tokens + run.batch * max_steps
     if tokens.size < need:
-        raise ArgumentError(f"{source or 'the text'} has {tokens.size} tokens; the prompt and {batch} stretches of "
-                            f"{max_steps} steps need {need}")
+        raise ArgumentError(f"{source or 'the text'} has {tokens.size} tokens; the prompt and {run.batch} stretches "
+                            f"of {max_steps} steps need {need}")
     load_before = os.getloadavg()
-    model = EngramModel.open(model_path, backend=backend, readers=readers)
-    device = probe_device(model, depths, backend=backend, seconds=probe_seconds, seed=seed)
+    model = EngramModel.open(model_path, backend=reads.backend, readers=reads.readers)
+    device = probe_device(model, reads.depths, backend=reads.backend, seconds=reads.seconds, seed=seed)
     hasher = model.hasher
-    starts = [prompt_tokens + i * max_steps for i in range(batch)]
+    starts = [run.prompt_tokens + i * max_steps for i in range(run.batch)]
     ids = np.stack([hasher.hash(tokens[s:s + max_steps], None, hasher.new_history()) for s in starts], axis=1)
-    ids = ids.reshape(max_steps, batch, -1)                   # [steps, batch, 48]
-    tables = _tables(model)
-    group = TableGroup(tables, model.layout.columns, backend=backend, readers=readers, threshold=threshold)
-    buf = np.empty((batch, ids.shape[2], 256), np.float32)
-    sess = model.session()
-    prompt = tokens[:prompt_tokens]
-    read_s, step_s, t0_s, distinct = [], [], [], []
-    done_at: list = []
-    compute_s = compute_ms * 1e-3
-    pf = None
-
-    def watch(p, t_start):
-        for lid in model.layer_ids:
-            p.wait(lid)
-        done_at.append(time.perf_counter() - t_start)
-
-    try:
-        clock = time.perf_counter
-        t_loop = clock()
-        prefill_start = None
-        watcher = None
-        t = 0
-        while t < max_steps:
-            if t == prefill_step:
-                prefill_start = clock() - t_loop
-                pf = sess.prefill(prompt)
-                pf.enter_layer(max(model.layer_ids))  # both tables open at once (the serving model's ready gate)
-                watcher = threading.Thread(target=watch, args=(pf, t_loop), name="engram-prefill-watch", daemon=True)
-                watcher.start()
-            t0 = clock()
-            group.read_batch(ids[t].reshape(batch, -1), out=buf)
-            t1 = clock()
-            time.sleep(compute_s)
-            t2 = clock()
-            t0_s.append(t0 - t_loop)
-            read_s.append(t1 - t0)
-            step_s.append(t2 - t0)
-            distinct.append(int(np.unique(ids[t]).size))
-            t += 1
-            if t >= steps and done_at and t >= prefill_step + after_steps and \
-                    t0 - t_loop >= done_at[0] + after_steps * (compute_s + float(np.mean(read_s))):
-                break
-        if watcher is not None:
-            watcher.join(timeout=600)
-    finally:
-        group.close()
-        for tb in tables:
-            tb.close()
-        sess.close()
-    if not done_at:
-        raise ArgumentError("the prefill did not finish within the run")
+    ids = ids.reshape(max_steps, run.batch, -1)                   # [steps, batch, 48]
+    loop = _Loop(model, ids, tokens[:run.prompt_tokens], run, reads)
+    loop.run()
     first = model.info.tables[model.layer_ids[0]]
     direct = Table(first.path, first.offset, first.rows, backend="serial")
     try:
@@ -189,17 +222,93 @@ def measure_counterpart(model_path: Union[str, os.PathLike], tokens: np.ndarray,
         direct.close()
     return {
         "schema": COUNTERPART_SCHEMA, "model": str(model_path), "source": source,
-        "config": {"batch": batch, "steps": len(read_s), "prompt_tokens": prompt_tokens, "prefill_step": prefill_step,
-                   "compute_ms": compute_ms, "backend": backend, "readers": readers, "threshold": threshold,
-                   "read_chunk": PREFETCH_CHUNK, "starts": starts, "prompt_start": 0, "max_steps": max_steps},
+        "config": {"batch": run.batch, "steps": len(loop.read_s), "prompt_tokens": run.prompt_tokens,
+                   "prefill_step": run.prefill_step, "compute_ms": run.compute_ms, "backend": reads.backend,
+                   "readers": reads.readers, "threshold": reads.threshold, "read_chunk": PREFETCH_CHUNK,
+                   "starts": starts, "prompt_start": 0, "max_steps": max_steps},
         "tables": [{"layer": int(l), "offset": int(model.info.tables[l].offset), "rows": int(model.info.tables[l].rows)}
                    for l in model.layer_ids],
         "spans": {"align": align, "cap": max(MAX_SPAN_BYTES, 2 * align if align > 1 else 2 * ROW_BYTES),
                   "row_bytes": ROW_BYTES},
         "regime": {"cpus": os.cpu_count(), "load_before": list(load_before), "load_after": list(os.getloadavg()),
-                   "backend_used": device[0]["backend"] if device else backend, "o_direct": uncached},
+                   "backend_used": device[0]["backend"] if device else reads.backend, "o_direct": uncached},
         "device": device,
-        "steps": {"t0_s": t0_s, "read_s": read_s, "step_s": step_s, "distinct_rows": distinct},
-        "prefill": {"start_s": prefill_start, "done_s": done_at[0], "read_s": done_at[0] - prefill_start,
-                    "reads": int(pf.stats.reads)},
+        "steps": {"t0_s": loop.t0_s, "read_s": loop.read_s, "step_s": loop.step_s, "distinct_rows": loop.distinct},
+        "prefill": {"start_s": loop.prefill_start, "done_s": loop.done_at[0],
+                    "read_s": loop.done_at[0] - loop.prefill_start, "reads": int(loop.pf.stats.reads)},
     }
+
+
+class _Loop:
+    """The measured run's steps: the batch's reads and slept compute, the prompt's prefill started at its step
+    and watched by a thread; per step the times (s from the loop's start) and distinct rows."""
+
+    def __init__(self, model: EngramModel, ids: np.ndarray, prompt: np.ndarray, run: CounterpartRun,
+                 reads: CounterpartReads):
+        self.model, self.ids, self.prompt, self.cfg, self.reads = model, ids, prompt, run, reads
+        self.read_s: list = []
+        self.step_s: list = []
+        self.t0_s: list = []
+        self.distinct: list = []
+        self.done_at: list = []
+        self.prefill_start = None
+        self.pf = None
+
+    def _watch(self, p, t_start) -> None:
+        for lid in self.model.layer_ids:
+            p.wait(lid)
+        self.done_at.append(time.perf_counter() - t_start)
+
+    def run(self) -> None:
+        """Every step until the run may stop; the tables, the group and the session closed after.
+
+        Raises ArgumentError when the prefill did not finish within the run."""
+        model, batch = self.model, self.cfg.batch
+        tables = _tables(model)
+        group = TableGroup(tables, model.layout.columns, backend=self.reads.backend, readers=self.reads.readers,
+                           threshold=self.reads.threshold)
+        buf = np.empty((batch, self.ids.shape[2], 256), np.float32)
+        sess = model.session()
+        try:
+            watcher = self._steps(group, buf, sess)
+            if watcher is not None:
+                watcher.join(timeout=600)
+        finally:
+            group.close()
+            for tb in tables:
+                tb.close()
+            sess.close()
+        if not self.done_at:
+            raise ArgumentError("the prefill did not finish within the run")
+
+    def _steps(self, group: TableGroup, buf: np.ndarray, sess) -> Optional[threading.Thread]:
+        model, run, ids = self.model, self.cfg, self.ids
+        read_s, step_s, t0_s, distinct, done_at = self.read_s, self.step_s, self.t0_s, self.distinct, self.done_at
+        compute_s = run.compute_ms * 1e-3
+        max_steps = ids.shape[0]
+        clock = time.perf_counter
+        t_loop = clock()
+        watcher = None
+        t = 0
+        while t < max_steps:
+            if t == run.prefill_step:
+                self.prefill_start = clock() - t_loop
+                self.pf = pf = sess.prefill(self.prompt)
+                pf.enter_layer(max(model.layer_ids))  # both tables open at once (the serving model's ready gate)
+                watcher = threading.Thread(target=self._watch, args=(pf, t_loop), name="engram-prefill-watch",
+                                           daemon=True)
+                watcher.start()
+            t0 = clock()
+            group.read_batch(ids[t].reshape(run.batch, -1), out=buf)
+            t1 = clock()
+            time.sleep(compute_s)
+            t2 = clock()
+            t0_s.append(t0 - t_loop)
+            read_s.append(t1 - t0)
+            step_s.append(t2 - t0)
+            distinct.append(int(np.unique(ids[t]).size))
+            t += 1
+            if t >= run.steps and done_at and t >= run.prefill_step + run.after_steps and \
+                    t0 - t_loop >= done_at[0] + run.after_steps * (compute_s + float(np.mean(read_s))):
+                break
+        return watcher

@@ -309,59 +309,131 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
 
     ``window`` is ``(warmup, duration)``: requests arriving in it are measured.
     """
-    end = max(trace.end, 1e-12)
-    a = reqs.arrival
-    meas = (a >= window[0]) & (a < window[1])
-    fin = trace.finish
-    done = ~np.isnan(fin)
-    leave = np.where(done, fin, end)
-    first = np.where(np.isnan(trace.first), end, trace.first)
-    admit = np.where(np.isnan(trace.admit), end, trace.admit)
-    ready = np.where(np.isnan(trace.read), first, np.clip(trace.read, admit, first))
-    ttft = np.maximum(first - a, 0.0)[meas]
-    e2e = np.maximum(leave - a, 0.0)[meas]
-    queue = np.maximum(admit - a, 0.0)[meas]
-    O = reqs.output
-    multi = meas & done & (O > 1)
-    tpot = ((fin - trace.first) / np.maximum(O - 1, 1))[multi]
-    censored = int((meas & ~done).sum())
-    p = slo.percentile
-    ttft_p, tbt_p = _q(ttft, p), _q(trace.tbt, p)
-    ok_req = meas & done & ((first - a) <= slo.ttft_s)
-    tpot_all = np.where(O > 1, (leave - first) / np.maximum(O - 1, 1), 0.0)
-    ok_req &= tpot_all * 1e3 <= slo.tbt_ms
-    span = window[1] - window[0]
-    n_meas = int(meas.sum())
-    slo_d = {**slo.to_dict(), "text": slo.text(), "ttft_p_s": ttft_p, "tbt_p_ms": tbt_p * 1e3,
-             "ttft_ok": ttft_p <= slo.ttft_s, "tbt_ok": tbt_p * 1e3 <= slo.tbt_ms, "stable": censored == 0}
-    slo_d["met"] = bool(slo_d["ttft_ok"] and slo_d["tbt_ok"] and slo_d["stable"] and n_meas > 0)
-    slo_d["attainment"] = float(ok_req.sum() / n_meas) if n_meas else 0.0
-    slo_d["goodput_rps"] = float(ok_req.sum() / span) if span > 0 else 0.0
-    # device
+    t = _RequestTimes(trace, reqs, window)
+    devs = trace.devices
+    area = sum(d.area for d in devs)
+    reads = sum(d.reads for d in devs)
+    batch_area = sum(d.batch_area for d in devs)
+    st = trace.steps
+    tok, tok_tail, eng = _token_time(st, slo, t.end)
+    ll = {"requests": littles_law_requests(reqs.arrival, t.leave, 0.0, t.end),
+          "requests_steady": littles_law_requests(reqs.arrival, t.leave, window[0] + 0.25 * t.span, window[1]),
+          "reads": {"L": area / t.end, "X": reads / t.end, "R_s": batch_area / reads if reads else 0.0,
+                    "X_R": batch_area / t.end}}
+    ll["reads"]["ratio"] = ll["reads"]["L"] / ll["reads"]["X_R"] if ll["reads"]["X_R"] > 0 else float("nan")
+    # throughput over the measurement window, the goodput's denominator: goodput <= throughput
+    thr = {"requests_per_s": float((t.meas & t.done).sum() / t.span) if t.span > 0 else 0.0,
+           "output_tokens_per_s": float(trace.emitted.sum()) / t.end,
+           "prompt_tokens_per_s": float(reqs.prompt[~np.isnan(trace.first)].sum()) / t.end}
+    a, meas = t.a, t.meas
+    return ServeResult(
+        requests={"arrived": len(reqs), "measured": t.n_meas, "completed": int(t.done.sum()), "censored": t.censored,
+                  "window_s": list(window)},
+        ttft_ms=_pct(t.ttft), tbt_ms=_pct(trace.tbt), tpot_ms=_pct(t.tpot), e2e_ms=_pct(t.e2e),
+        queue_ms=_pct(t.queue), throughput=thr, slo=t.slo(slo), device=_device(trace, device, drives, t.end),
+        engine=eng, token_time_ms=tok, ttft_parts_ms=t.ttft_split(t.got),
+        tail_ms={"token": tok_tail, "ttft": t.ttft_tail(slo)},
+        littles_law=ll, timeline=_timeline(trace, t.end, bins),
+        config=config, warnings=list(warnings or []), sim_seconds=t.end,
+        per_request={"arrival": a, "admit": trace.admit, "first": trace.first, "finish": t.fin, "prompt": reqs.prompt,
+                     "output": reqs.output, "emitted": trace.emitted, "measured": meas},
+        tbt_samples=trace.tbt)
+
+
+class _RequestTimes:
+    """Per request of a run: arrival, admission, rows read, first token, leaving (the run's end where they did
+    not happen), the measured ones, and their latencies."""
+
+    def __init__(self, trace: EngineTrace, reqs: Requests, window: tuple):
+        self.trace, self.reqs = trace, reqs
+        self.end = end = max(trace.end, 1e-12)
+        self.a = a = reqs.arrival
+        self.meas = meas = (a >= window[0]) & (a < window[1])
+        self.fin = fin = trace.finish
+        self.done = done = ~np.isnan(fin)
+        self.leave = np.where(done, fin, end)
+        self.first = first = np.where(np.isnan(trace.first), end, trace.first)
+        self.admit = admit = np.where(np.isnan(trace.admit), end, trace.admit)
+        self.ready = np.where(np.isnan(trace.read), first, np.clip(trace.read, admit, first))
+        self.ttft = np.maximum(first - a, 0.0)[meas]
+        self.e2e = np.maximum(self.leave - a, 0.0)[meas]
+        self.queue = np.maximum(admit - a, 0.0)[meas]
+        O = reqs.output
+        multi = meas & done & (O > 1)
+        self.tpot = ((fin - trace.first) / np.maximum(O - 1, 1))[multi]
+        self.censored = int((meas & ~done).sum())
+        self.span = window[1] - window[0]
+        self.n_meas = int(meas.sum())
+        self.got = meas & ~np.isnan(trace.first)
+
+    def slo(self, slo: SLO) -> dict:
+        """The SLO verdict: the percentiles against their targets, stability, attainment, goodput."""
+        a, first, O = self.a, self.first, self.reqs.output
+        p = slo.percentile
+        ttft_p, tbt_p = _q(self.ttft, p), _q(self.trace.tbt, p)
+        ok_req = self.meas & self.done & ((first - a) <= slo.ttft_s)
+        tpot_all = np.where(O > 1, (self.leave - first) / np.maximum(O - 1, 1), 0.0)
+        ok_req &= tpot_all * 1e3 <= slo.tbt_ms
+        n_meas, span = self.n_meas, self.span
+        slo_d = {**slo.to_dict(), "text": slo.text(), "ttft_p_s": ttft_p, "tbt_p_ms": tbt_p * 1e3,
+                 "ttft_ok": ttft_p <= slo.ttft_s, "tbt_ok": tbt_p * 1e3 <= slo.tbt_ms, "stable": self.censored == 0}
+        slo_d["met"] = bool(slo_d["ttft_ok"] and slo_d["tbt_ok"] and slo_d["stable"] and n_meas > 0)
+        slo_d["attainment"] = float(ok_req.sum() / n_meas) if n_meas else 0.0
+        slo_d["goodput_rps"] = float(ok_req.sum() / span) if span > 0 else 0.0
+        return slo_d
+
+    def ttft_split(self, sel: np.ndarray) -> dict:
+        """Mean ms of the requests ``sel`` waiting for admission, for their prompt's rows, for its compute."""
+        if not sel.any():
+            return {"queue": 0.0, "prefill_reads": 0.0, "prefill_compute": 0.0}
+        a, admit, ready, first = self.a, self.admit, self.ready, self.first
+        return {"queue": float(np.mean((admit - a)[sel])) * 1e3,
+                "prefill_reads": float(np.mean((ready - admit)[sel])) * 1e3,
+                "prefill_compute": float(np.mean((first - ready)[sel])) * 1e3}
+
+    def ttft_tail(self, slo: SLO) -> dict:
+        """:meth:`ttft_split` of the measured requests at or above the SLO percentile of the TTFT."""
+        got = self.got
+        ttft_all = np.where(got, self.first - self.a, -np.inf)
+        return self.ttft_split(got & (ttft_all >= _q(ttft_all[got], slo.percentile))) if got.any() \
+            else self.ttft_split(got)
+
+
+def _device(trace: EngineTrace, device, drives: int, end: float) -> dict:
+    """The drives' busy share, queue depth, reads, latency, utilisation, dedup and shared cache."""
     devs = trace.devices
     area = sum(d.area for d in devs)
     reads = sum(d.reads for d in devs)
     batch_area = sum(d.batch_area for d in devs)
     peak = device.peak_iops() * drives
+    asked = trace.decode_rows_asked
+    return {"name": device.name, "drives": drives,
+            "busy_fraction": float(np.mean([d.busy for d in devs])) / end,
+            "mean_queue_depth": area / end, "max_queue_depth": max(d.max_depth for d in devs),
+            "reads_per_s": reads / end, "mean_read_latency_us": batch_area / reads * 1e6 if reads else 0.0,
+            "iops_utilization": reads / end / peak if peak > 0 else 0.0,
+            "decode_reads": trace.decode_reads, "prefill_reads": trace.prefill_reads,
+            "dedup_saving": 1.0 - trace.decode_reads / asked if asked else 0.0,
+            "shared_cache_hit_rate": (trace.shared_cache["hits"] / trace.shared_cache["requests"]
+                                      if trace.shared_cache["requests"] else 0.0)}
+
+
+def _timeline(trace: EngineTrace, end: float, bins: int) -> dict:
+    """Per bin: the drives' queue depth and busy share, the requests running and waiting, the batch."""
+    devs = trace.devices
     tl = [summarize_counter((np.asarray(d.times), np.asarray(d.depths, dtype=np.float64)), end, bins) for d in devs]
     timeline = {"t_s": tl[0]["timeline"]["t_s"],
                 "queue_depth": np.sum([x["timeline"]["queue_depth"] for x in tl], axis=0).tolist(),
                 "busy": np.mean([x["timeline"]["busy"] for x in tl], axis=0).tolist()}
     edges = np.linspace(0.0, end, bins + 1)
-    st = trace.steps
     for key, name in (("running", "running"), ("waiting", "waiting"), ("B", "batch")):
-        timeline[name] = _timeline_steps(st, key, edges)
-    asked = trace.decode_rows_asked
-    dev = {"name": device.name, "drives": drives,
-           "busy_fraction": float(np.mean([d.busy for d in devs])) / end,
-           "mean_queue_depth": area / end, "max_queue_depth": max(d.max_depth for d in devs),
-           "reads_per_s": reads / end, "mean_read_latency_us": batch_area / reads * 1e6 if reads else 0.0,
-           "iops_utilization": reads / end / peak if peak > 0 else 0.0,
-           "decode_reads": trace.decode_reads, "prefill_reads": trace.prefill_reads,
-           "dedup_saving": 1.0 - trace.decode_reads / asked if asked else 0.0,
-           "shared_cache_hit_rate": (trace.shared_cache["hits"] / trace.shared_cache["requests"]
-                                     if trace.shared_cache["requests"] else 0.0)}
-    # engine and the time of a token
+        timeline[name] = _timeline_steps(trace.steps, key, edges)
+    return timeline
+
+
+def _token_time(st: Dict[str, np.ndarray], slo: SLO, end: float) -> tuple:
+    """``(the time of a token by part, the same in the tail, the engine's steps)``: ms a decode token spends in
+    compute, its reads alone, contention and stall (each step weighted by its tokens)."""
     B = st["B"]
     dur = st["t_end"] - st["t0"]
     busy_t = float(dur.sum())
@@ -396,40 +468,7 @@ def summarize(trace: EngineTrace, reqs: Requests, slo: SLO, *, window: tuple, de
     tok["total"] = sum(tok.values())
     tok_tail = {"compute": per_token(comp, tail), "reads_alone": per_token(alone, tail),
                 "contention": per_token(cont, tail), "stall": per_token(stall, tail)}
-    got = meas & ~np.isnan(trace.first)
-
-    def ttft_split(sel):
-        if not sel.any():
-            return {"queue": 0.0, "prefill_reads": 0.0, "prefill_compute": 0.0}
-        return {"queue": float(np.mean((admit - a)[sel])) * 1e3,
-                "prefill_reads": float(np.mean((ready - admit)[sel])) * 1e3,
-                "prefill_compute": float(np.mean((first - ready)[sel])) * 1e3}
-
-    ttft_parts = ttft_split(got)
-    ttft_all = np.where(got, first - a, -np.inf)
-    ttft_tail = ttft_split(got & (ttft_all >= _q(ttft_all[got], slo.percentile))) if got.any() else ttft_split(got)
-    arr_all = reqs.arrival
-    ll = {"requests": littles_law_requests(arr_all, leave, 0.0, end),
-          "requests_steady": littles_law_requests(arr_all, leave, window[0] + 0.25 * span, window[1]),
-          "reads": {"L": area / end, "X": reads / end, "R_s": batch_area / reads if reads else 0.0,
-                    "X_R": batch_area / end}}
-    ll["reads"]["ratio"] = ll["reads"]["L"] / ll["reads"]["X_R"] if ll["reads"]["X_R"] > 0 else float("nan")
-    completed = int(done.sum())
-    # throughput over the measurement window, the goodput's denominator: goodput <= throughput
-    thr = {"requests_per_s": float((meas & done).sum() / span) if span > 0 else 0.0,
-           "output_tokens_per_s": float(trace.emitted.sum()) / end,
-           "prompt_tokens_per_s": float(reqs.prompt[~np.isnan(trace.first)].sum()) / end}
-    return ServeResult(
-        requests={"arrived": len(reqs), "measured": n_meas, "completed": completed, "censored": censored,
-                  "window_s": list(window)},
-        ttft_ms=_pct(ttft), tbt_ms=_pct(trace.tbt), tpot_ms=_pct(tpot), e2e_ms=_pct(e2e), queue_ms=_pct(queue),
-        throughput=thr, slo=slo_d, device=dev, engine=eng, token_time_ms=tok, ttft_parts_ms=ttft_parts,
-        tail_ms={"token": tok_tail, "ttft": ttft_tail},
-        littles_law=ll, timeline=timeline,
-        config=config, warnings=list(warnings or []), sim_seconds=end,
-        per_request={"arrival": a, "admit": trace.admit, "first": trace.first, "finish": fin, "prompt": reqs.prompt,
-                     "output": O, "emitted": trace.emitted, "measured": meas},
-        tbt_samples=trace.tbt)
+    return tok, tok_tail, eng
 
 
 def _drafts_line(sp: Mapping) -> str:

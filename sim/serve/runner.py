@@ -30,7 +30,7 @@ from ..trace import load_trace
 from .compute import StepCompute
 from .engine import Scheduler
 from .metrics import SLO
-from .model import simulate_serve
+from .model import ServeRun, ServeText, simulate_serve
 from .rows import RowSource
 from .study import SERVE_AXES, check_serve_point, serve_text
 from .workload import Workload, read_request_file
@@ -134,9 +134,10 @@ def run_serve_point(index: int, params: Dict[str, Any], seed: int, ctx: ServeCon
     check_serve_point(p, "point")
     o = point_objects(p, ctx)
     r = simulate_serve(o["workload"], ctx.devices[_device_key(p) + (p["tail"],)], o["policy"], o["compute"],
-                       o["scheduler"], ctx.slo, drives=p["drives"], seed=seed, warmup=p["warmup_s"], bins=8,
-                       requests_file=ctx.files.get(p["requests"]), rows=ctx.rows[_rows_key(p)],
-                       fail_fast=ctx.fail_fast, speculation=o["speculation"])
+                       o["scheduler"], ctx.slo, drives=p["drives"],
+                       text=ServeText(requests_file=ctx.files.get(p["requests"]), rows=ctx.rows[_rows_key(p)]),
+                       run=ServeRun(seed=seed, warmup=p["warmup_s"], bins=8, fail_fast=ctx.fail_fast,
+                                    speculation=o["speculation"]))
     return {"point": index, **params, "seed": seed, **r.row()}
 
 

@@ -42,13 +42,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from engram.errors import ArgumentError
 
-from sim.sweep.capacity import CAPACITY_RULE, CapacityTable, SearchBound, SearchProgress, SeedBand, earlier_probes, probes_path
+from sim.sweep.capacity import CAPACITY_RULE, CapacityTable, ProbeRounds, SearchBound, SearchProgress, SearchRun, \
+    SeedBand, earlier_probes, probes_path
 from sim.core.io import load_json
 from sim.core.progress import progress_label
 from sim.core.schema import SERVE_SCHEMA
@@ -263,18 +264,48 @@ def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, float]:
     return int(row["config"]), int(row["repeat"]), float(row["rate"])
 
 
+class _RateRounds(ProbeRounds):
+    """Probes of an arrival rate (:func:`find_serve_capacity`)."""
+
+    runner = ServeRunner
+
+    def __init__(self, ctx, searches: Dict[Tuple[int, int], Generator], caps: List[ServeCapacity], run: SearchRun,
+                 cfgs: List[Dict[str, Any]], search: RateSearch, study_seed: int):
+        self.cfgs, self.search, self.study_seed = cfgs, search, study_seed
+        super().__init__(ctx, searches, caps, run)
+
+    def key(self, i, r, x):
+        return i, r, x
+
+    def row_key(self, row):
+        return _probe_key(row)
+
+    def task(self, i, r, x):
+        return probe_point(self.cfgs[i], x, r, self.search), probe_seed(self.study_seed, self.cfgs[i], r)
+
+    def passed(self, row):
+        return bool(row["slo_met"])
+
+    def answer(self, row):
+        return bool(row["slo_met"])
+
+    def note(self, row):
+        return (f"probe of configuration {row['config']}, seed {row['repeat']}: {row['rate']:.4g} requests/s "
+                f"{'meets' if row['slo_met'] else 'misses'} the SLOs")
+
+    def finished(self, i, r, value):
+        return f"configuration {i}, seed {r}: {value[0]:.4g} requests/s"
+
+
 def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), search: RateSearch = RateSearch(),
-                        study_seed: int = 0, *, calibration=None, jobs: Optional[int] = None,
-                        scheduler: Optional[str] = None, connect_timeout: float = 30.0,
-                        progress: Union[bool, str] = True, desc: str = "serve capacity",
-                        done: Sequence[Mapping[str, Any]] = (),
-                        on_probe: Optional[Callable[[Dict[str, Any]], None]] = None
-                        ) -> Tuple[List[ServeCapacity], str]:
+                        study_seed: int = 0, run: SearchRun = SearchRun(), *,
+                        calibration=None) -> Tuple[List[ServeCapacity], str]:
     """Search the capacity of every configuration; return ``(capacities in configuration order, runner name)``.
 
     ``configs``: complete serving points (every axis; ``rate`` and ``repeat`` are set by the search).  Each
-    probe's seed is :func:`sim.serve.study.serve_point_seed` of ``study_seed`` and the probe's point.  ``done``:
-    probe rows of an earlier run (not simulated again); ``on_probe`` gets each probe row as it finishes.
+    probe's seed is :func:`sim.serve.study.serve_point_seed` of ``study_seed`` and the probe's point.  ``run``:
+    processes or a Dask scheduler, the progress line, probe rows of an earlier run (``done``: not simulated
+    again), a callback getting each probe row as it finishes (``on_probe``).
 
     Raises
     ------
@@ -292,55 +323,20 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
     if not cfgs:
         raise ArgumentError("no configurations to search")
     ctx = resolve_serve_context(cfgs, slo, Path(calibration) if calibration else None, fail_fast=True)
-    cache: Dict[Tuple[int, int, float], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
     caps = [ServeCapacity(i, c, search, slo) for i, c in enumerate(cfgs)]
-    searches: Dict[Tuple[int, int], Generator] = {}
-    asked: Dict[Tuple[int, int], float] = {}
-    results: Dict[Tuple[int, int], Tuple[float, bool, bool]] = {}
-    for i in range(len(cfgs)):
-        for r in range(search.seeds):
-            g = _rate_search(search)
-            searches[(i, r)] = g
-            asked[(i, r)] = next(g)
-    counter = max((int(r["point"]) for r in done), default=-1) + 1
+    searches = {(i, r): _rate_search(search) for i in range(len(cfgs)) for r in range(search.seeds)}
+    rounds = _RateRounds(ctx, searches, caps, run, cfgs, search, study_seed)
     # candidate rates: a fine geometric grid from below the deepest halving to above the top
     lo_rate = float(search.min_rate) / 2.0 ** (MAX_HALVINGS + 1)
     grid = np.geomspace(lo_rate, 2.0 * float(search.max_rate), 2000)
-    bar = SearchProgress(SearchBound(lambda: _rate_search(search), grid), list(searches), desc, progress)
-
-    def keep(row: Dict[str, Any]) -> None:
-        cache[_probe_key(row)] = row
-        if on_probe is not None:
-            on_probe(row)
-        bar.note(f"probe of configuration {row['config']}, seed {row['repeat']}: {row['rate']:.4g} requests/s "
-                 f"{'meets' if row['slo_met'] else 'misses'} the SLOs")
-
-    with bar, ServeRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
-        while searches:
-            tasks, config_of = [], {}
-            for (i, r), rate in asked.items():
-                if (i, r, rate) not in cache:
-                    p = probe_point(cfgs[i], rate, r, search)
-                    tasks.append((counter, p, probe_seed(study_seed, cfgs[i], r)))
-                    config_of[counter] = i
-                    counter += 1
-            runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
-            for (i, r), rate in list(asked.items()):
-                row = cache[(i, r, rate)]
-                caps[i].probes.append(row)
-                bar.answered((i, r), rate, bool(row["slo_met"]))
-                try:
-                    asked[(i, r)] = searches[(i, r)].send(bool(row["slo_met"]))
-                except StopIteration as stop:
-                    results[(i, r)] = stop.value
-                    del searches[(i, r)], asked[(i, r)]
-                    bar.finished((i, r), f"configuration {i}, seed {r}: {stop.value[0]:.4g} requests/s")
-            bar.retotal()
+    bar = SearchProgress(SearchBound(lambda: _rate_search(search), grid), list(searches),
+                         run.desc or "serve capacity", run.progress)
+    name = rounds.run(bar)
     for cap in caps:
-        cap.per_seed = [results[(cap.index, r)][0] for r in range(search.seeds)]
-        cap.bound = [results[(cap.index, r)][1] for r in range(search.seeds)]
-        cap.below = [results[(cap.index, r)][2] for r in range(search.seeds)]
-    return caps, runner.name
+        cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(search.seeds)]
+        cap.bound = [rounds.results[(cap.index, r)][1] for r in range(search.seeds)]
+        cap.below = [rounds.results[(cap.index, r)][2] for r in range(search.seeds)]
+    return caps, name
 
 
 @dataclass
@@ -421,10 +417,11 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
             "study_fingerprint": study.fingerprint(), "search": search.to_dict(), "columns": PROBE_COLUMNS}
     writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
     try:
-        caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal, jobs=jobs,
-                                           scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                           desc=progress_label("serve capacity", study.name), done=done,
-                                           on_probe=writer.add if writer is not None else None)
+        caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal,
+                                           run=SearchRun(jobs=jobs, scheduler=scheduler,
+                                                         connect_timeout=connect_timeout, progress=progress,
+                                                         desc=progress_label("serve capacity", study.name), done=done,
+                                                         on_probe=writer.add if writer is not None else None))
     except BaseException:
         if writer is not None:
             writer.close()

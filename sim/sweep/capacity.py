@@ -120,11 +120,12 @@ from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study
                        check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
                        same_axis_value)
 
-__all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC", "CAPACITY_SEEDS",
-           "MAX_CAPACITY_SESSIONS",
-           "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult", "CapacitySpec", "CapacityTable",
-           "SEARCHES", "SearchBound", "SearchProgress", "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
-           "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
+__all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
+           "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
+           "CapacitySpec", "CapacityTable", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
+           "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "earlier_probes",
+           "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text", "pooled_compute",
+           "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
 #: tables' metadata): :func:`statistics.median_low`, a capacity one of the seeds reached.
@@ -941,11 +942,205 @@ def sustained_context(ctx: Context) -> Context:
     return Context(ctx.traces, devices, ctx.computes, ctx.extras)
 
 
-def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = CapacitySpec(), study_seed: int = 0, *,
-                  calibration=None, jobs: Optional[int] = None, scheduler: Optional[str] = None,
-                  connect_timeout: float = 30.0, progress: Union[bool, str] = True, desc: str = "capacity",
-                  traces: Optional[Mapping[str, Any]] = None, done: Sequence[Mapping[str, Any]] = (),
-                  on_probe: Optional[Callable[[Dict[str, Any]], None]] = None,
+@dataclass(frozen=True)
+class SearchRun:
+    """How a capacity search runs its probes and says how it goes.
+
+    Attributes
+    ----------
+    jobs : int, optional
+        Local processes (>= 1; default one per CPU).
+    scheduler : str, optional
+        A Dask scheduler's address: the probes run on its cluster instead.
+    connect_timeout : float
+        Seconds to wait for the scheduler (> 0).
+    progress : bool or str
+        :mod:`sim.core.progress` mode of the search's line (see :func:`find_capacity`).
+    desc : str
+        The line's label (empty: the search's own, ``capacity`` or ``serve capacity``).
+    done : sequence of dict
+        Probe rows of an earlier run: not simulated again.
+    on_probe : callable, optional
+        Receives each probe row as it finishes (to write it).
+
+    Raises
+    ------
+    ArgumentError
+        ``jobs`` below 1, ``connect_timeout`` not above 0.
+    """
+
+    jobs: Optional[int] = None
+    scheduler: Optional[str] = None
+    connect_timeout: float = 30.0
+    progress: Union[bool, str] = True
+    desc: str = ""
+    done: Sequence[Mapping[str, Any]] = ()
+    on_probe: Optional[Callable[[Dict[str, Any]], None]] = None
+
+    def __post_init__(self) -> None:
+        if self.jobs is not None and self.jobs < 1:
+            raise ArgumentError(f"jobs must be >= 1, got {self.jobs}")
+        if not self.connect_timeout > 0:
+            raise ArgumentError(f"SearchRun.connect_timeout must be > 0 seconds, got {self.connect_timeout}")
+
+
+class ProbeRounds:
+    """The searches of every configuration and seed, advanced together one round of probes at a time: each
+    round runs every probe the open searches ask (those not in ``run.done``) in parallel, then answers each
+    search its probe's row; a search that returns is done.
+
+    A subclass says what a probe is: :meth:`key`, :meth:`task`, :meth:`passed`, :meth:`answer` and the words of
+    :meth:`note` and :meth:`finished`; :attr:`runner` runs the points.
+
+    Parameters
+    ----------
+    ctx : Context
+        What the runner's points need resolved.
+    searches : dict
+        ``(configuration, seed index) ->`` a search generator (yielding the value to probe, receiving
+        :meth:`answer` of its row, returning its result); its first value is asked here.
+    caps : list
+        Per configuration, the result whose ``probes`` list gets every probe row in the order answered.
+    run : SearchRun
+    """
+
+    runner = PointRunner
+
+    def __init__(self, ctx: Any, searches: Dict[Tuple[int, int], Generator], caps: Sequence[Any], run: SearchRun):
+        self.ctx, self.searches, self.caps, self.settings = ctx, searches, caps, run
+        self.asked: Dict[Tuple[int, int], Any] = {k: next(g) for k, g in searches.items()}
+        self.cache: Dict[tuple, Dict[str, Any]] = {self.row_key(r): dict(r) for r in run.done}
+        self.counter = max((int(r["point"]) for r in run.done), default=-1) + 1
+        self.results: Dict[Tuple[int, int], Any] = {}
+
+    # ------------------------------------------------------------ what a probe is
+    def key(self, i: int, r: int, x: Any) -> tuple:
+        """The cache key of configuration ``i``'s seed ``r`` probing ``x``."""
+        raise NotImplementedError
+
+    def row_key(self, row: Mapping[str, Any]) -> tuple:
+        """:meth:`key` of a probe row."""
+        raise NotImplementedError
+
+    def task(self, i: int, r: int, x: Any) -> Tuple[Dict[str, Any], int]:
+        """``(point, seed)`` of the probe."""
+        raise NotImplementedError
+
+    def passed(self, row: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def answer(self, row: Dict[str, Any]) -> Any:
+        """What the search receives for its probe's row."""
+        return row
+
+    def note(self, row: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def finished(self, i: int, r: int, value: Any) -> str:
+        raise NotImplementedError
+
+    def work(self, tasks: Sequence[tuple]) -> int:
+        """The work of a round's tasks, for the progress line."""
+        return 0
+
+    # ------------------------------------------------------------ the rounds
+    def run(self, bar: Any) -> str:
+        """Every round until every search returned (``results``: each one's value); the runner's name.
+
+        Raises
+        ------
+        SweepError
+            A probe whose worker died too often.
+        """
+        run = self.settings
+        with bar, self.runner(self.ctx, jobs=run.jobs, scheduler=run.scheduler,
+                              connect_timeout=run.connect_timeout) as runner:
+            while self.searches:
+                self._round(runner, bar)
+                bar.retotal()
+        return runner.name
+
+    def _keep(self, row: Dict[str, Any], bar: Any) -> None:
+        self.cache[self.row_key(row)] = row
+        if self.settings.on_probe is not None:
+            self.settings.on_probe(row)
+        # a search takes many probes: each one is news for the plain progress lines
+        bar.note(self.note(row))
+
+    def _round(self, runner: Any, bar: Any) -> None:
+        tasks, config_of = [], {}
+        for (i, r), x in self.asked.items():
+            if self.key(i, r, x) not in self.cache:
+                p, seed = self.task(i, r, x)
+                tasks.append((self.counter, p, seed))
+                config_of[self.counter] = i
+                self.counter += 1
+        t_round = time.perf_counter()
+        runner.run(tasks, lambda row: self._keep({**row, "config": config_of[row["point"]]}, bar))
+        bar.ran(self.work(tasks), time.perf_counter() - t_round, len(tasks))
+        for (i, r), x in list(self.asked.items()):
+            row = self.cache[self.key(i, r, x)]
+            self.caps[i].probes.append(row)
+            bar.answered((i, r), x, self.passed(row))
+            try:
+                self.asked[(i, r)] = self.searches[(i, r)].send(self.answer(row))
+                bar.asked((i, r), self.asked[(i, r)])
+            except StopIteration as stop:
+                self.results[(i, r)] = stop.value
+                del self.searches[(i, r)], self.asked[(i, r)]
+                bar.finished((i, r), self.finished(i, r, stop.value))
+
+
+class _SessionRounds(ProbeRounds):
+    """Probes of a session count (:func:`find_capacity`)."""
+
+    def __init__(self, ctx: Context, searches: Dict[Tuple[int, int], Generator], caps: List[Capacity],
+                 run: SearchRun, cfgs: List[Dict[str, Any]], spec: CapacitySpec, study_seed: int):
+        self.cfgs, self.spec, self.study_seed = cfgs, spec, study_seed
+        super().__init__(ctx, searches, caps, run)
+
+    def key(self, i, r, x):
+        return i, x, r
+
+    def row_key(self, row):
+        return _probe_key(row)
+
+    def task(self, i, r, x):
+        p = {**self.cfgs[i], "sessions": x, "repeat": r}
+        return p, point_seed(self.study_seed, p)
+
+    def passed(self, row):
+        return row[self.spec.metric] >= self.spec.target
+
+    def note(self, row):
+        return (f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
+                f"{row[self.spec.metric]:.2f} tokens/s")
+
+    def finished(self, i, r, value):
+        return (f"configuration {i}, seed {r}: {value[0]} sessions "
+                f"({sum(1 for p in self.caps[i].probes if p['repeat'] == r)} probes)")
+
+    def work(self, tasks):
+        return sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks)
+
+
+def _session_bar(cfgs: List[Dict[str, Any]], spec: CapacitySpec, rounds: ProbeRounds,
+                 run: SearchRun) -> Union[SearchProgress, WorkProgress]:
+    """The progress of session-count searches: in session-steps for bracketed ones, in probes for galloping."""
+    desc = run.desc or "capacity"
+    keys = list(rounds.searches)
+    if spec.search == "bracket":  # probes done and the session-steps to go, with their time (WorkProgress)
+        workers = 1 if run.scheduler else (run.jobs if run.jobs else (os.cpu_count() or 1))
+        return WorkProgress(keys, {(i, r): int(cfgs[i]["steps"]) for (i, r) in keys}, desc, run.progress,
+                            asked=rounds.asked, resolution=spec.resolution, max_sessions=spec.max_sessions,
+                            workers=workers)
+    # galloping's length is known for every capacity: the most probes to go bound the time left
+    bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
+    return SearchProgress(bound, keys, desc, run.progress)
+
+
+def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = CapacitySpec(), study_seed: int = 0,
+                  run: SearchRun = SearchRun(), *, calibration=None, traces: Optional[Mapping[str, Any]] = None,
                   context: Optional[Context] = None) -> Tuple[List[Capacity], str]:
     """Search the capacity of every configuration; return ``(capacities in config order, runner name)``.
 
@@ -956,16 +1151,14 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     spec : CapacitySpec
     study_seed : int
         Every probe's seed is ``point_seed(study_seed, probe point)``.
-    calibration, jobs, scheduler, connect_timeout, traces
+    run : SearchRun
+        Processes or a Dask scheduler, the progress line, the probes of an earlier run (``done``, columns
+        :data:`PROBE_COLUMNS`), a callback for each probe row.  ``progress``: for bracketed searches the probes
+        done with their session-steps and the fewest still needed with their time (:class:`WorkProgress`), for
+        galloping probes against the most its searches may still ask (:class:`SearchProgress`); a line every
+        few seconds naming the last probe.
+    calibration, traces
         As for :func:`sim.sweep.run_points`.
-    progress : bool or str
-        :mod:`sim.core.progress` mode: for bracketed searches the probes done with their session-steps and the fewest
-        still needed with their time (:class:`WorkProgress`), for galloping probes against the most its searches
-        may still ask (:class:`SearchProgress`); a line every few seconds naming the last probe.
-    done : sequence of dict
-        Probe rows of an earlier run (columns :data:`PROBE_COLUMNS`): not simulated again.
-    on_probe : callable, optional
-        Receives each probe row as it finishes (to write it).
     context : Context, optional
         The traces, devices and computes of every probe, already resolved (:func:`sim.sweep.resolve_context`
         of the configurations at every seed); else resolved here.
@@ -984,69 +1177,16 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                         Path(calibration) if calibration else None, traces)
     if spec.sustained:
         ctx = sustained_context(ctx)
-    cache: Dict[Tuple[int, int, int], Dict[str, Any]] = {_probe_key(r): dict(r) for r in done}
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
-    searches: Dict[Tuple[int, int], Generator] = {}
-    asked: Dict[Tuple[int, int], int] = {}
-    results: Dict[Tuple[int, int], Tuple[int, bool]] = {}
-    for i in range(len(cfgs)):
-        for r in range(spec.seeds):
-            g = (_bracketed if spec.search == "bracket" else _galloping)(spec.max_sessions, spec.resolution,
-                                                                          spec.target, spec.metric)
-            searches[(i, r)] = g
-            asked[(i, r)] = next(g)
-    counter = max((int(r["point"]) for r in done), default=-1) + 1
-    if spec.search == "bracket":  # probes done and the session-steps to go, with their time (WorkProgress)
-        workers = 1 if scheduler else (jobs if jobs else (os.cpu_count() or 1))
-        bar: Union[SearchProgress, WorkProgress] = WorkProgress(
-            list(searches), {(i, r): int(cfgs[i]["steps"]) for (i, r) in searches}, desc, progress,
-            asked=asked, resolution=spec.resolution, max_sessions=spec.max_sessions, workers=workers)
-    else:  # galloping's length is known for every capacity: the most probes to go bound the time left
-        bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
-        bar = SearchProgress(bound, list(searches), desc, progress)
-
-    def probe_point(i: int, s: int, r: int) -> Dict[str, Any]:
-        return {**cfgs[i], "sessions": s, "repeat": r}
-
-    def keep(row: Dict[str, Any]) -> None:
-        cache[(row["config"], row["sessions"], row["repeat"])] = row
-        if on_probe is not None:
-            on_probe(row)
-        # a search takes many probes: each one is news for the plain progress lines
-        bar.note(f"probe of configuration {row['config']}, seed {row['repeat']}: {row['sessions']} sessions, "
-                 f"{row[spec.metric]:.2f} tokens/s")
-
-    with bar, PointRunner(ctx, jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout) as runner:
-        while searches:
-            tasks, config_of = [], {}
-            for (i, r), s in asked.items():
-                if (i, s, r) not in cache:
-                    p = probe_point(i, s, r)
-                    tasks.append((counter, p, point_seed(study_seed, p)))
-                    config_of[counter] = i
-                    counter += 1
-            t_round = time.perf_counter()
-            runner.run(tasks, lambda row: keep({**row, "config": config_of[row["point"]]}))
-            bar.ran(sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks), time.perf_counter() - t_round,
-                    len(tasks))
-            for (i, r), s in list(asked.items()):
-                row = cache[(i, s, r)]
-                caps[i].probes.append(row)
-                passed = row[spec.metric] >= spec.target
-                bar.answered((i, r), s, passed)
-                try:
-                    asked[(i, r)] = searches[(i, r)].send(row)
-                    bar.asked((i, r), asked[(i, r)])
-                except StopIteration as stop:
-                    results[(i, r)] = stop.value
-                    del searches[(i, r)], asked[(i, r)]
-                    bar.finished((i, r), f"configuration {i}, seed {r}: {stop.value[0]} sessions "
-                                         f"({sum(1 for p in caps[i].probes if p['repeat'] == r)} probes)")
-            bar.retotal()
+    kind = _bracketed if spec.search == "bracket" else _galloping
+    searches = {(i, r): kind(spec.max_sessions, spec.resolution, spec.target, spec.metric)
+                for i in range(len(cfgs)) for r in range(spec.seeds)}
+    rounds = _SessionRounds(ctx, searches, caps, run, cfgs, spec, study_seed)
+    name = rounds.run(_session_bar(cfgs, spec, rounds, run))
     for cap in caps:
-        cap.per_seed = [results[(cap.index, r)][0] for r in range(spec.seeds)]
-        cap.bound = [results[(cap.index, r)][1] for r in range(spec.seeds)]
-    return caps, runner.name
+        cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(spec.seeds)]
+        cap.bound = [rounds.results[(cap.index, r)][1] for r in range(spec.seeds)]
+    return caps, name
 
 
 # =====================================================================================
@@ -1187,10 +1327,10 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
             "study_fingerprint": study.fingerprint(), "capacity": spec.to_dict(), "columns": PROBE_COLUMNS}
     writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
     try:
-        caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, jobs=jobs,
-                                     scheduler=scheduler, connect_timeout=connect_timeout, progress=progress,
-                                     desc=progress_label("capacity", study.name), done=done,
-                                     context=ctx, on_probe=writer.add if writer is not None else None)
+        caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, context=ctx,
+                                     run=SearchRun(jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout,
+                                                   progress=progress, desc=progress_label("capacity", study.name),
+                                                   done=done, on_probe=writer.add if writer is not None else None))
     except BaseException:
         if writer is not None:
             writer.close()

@@ -13,7 +13,7 @@ from engram import ArgumentError
 from engram.cli import main
 from sim.sweep.capacity import (BATCHING, CapacitySpec, capacity_of, find_capacity, grid_capacities, probes_path,
                                 read_capacity)
-from sim.sweep.capacity import CAPACITY_METRIC, SMALL_CAPACITY, _bracketed, _search, session_bounds
+from sim.sweep.capacity import CAPACITY_METRIC, SMALL_CAPACITY, SearchRun, _bracketed, _search, session_bounds
 from sim.decode import seed_reproduction
 from sim.device import load_device
 from sim.sweep import AXES, Study, point_seed, read_table, run_points
@@ -61,7 +61,7 @@ def capacity_configs(**over):
 def reference_capacity():
     (cap,), runner = find_capacity(capacity_configs(compute="", compute_ms=REFERENCE_MS, compute_dist="gamma",
                                                     compute_cv=0.05),
-                                   CapacitySpec(seeds=3, max_sessions=256), 11, jobs=2, progress=False)
+                                   CapacitySpec(seeds=3, max_sessions=256), 11, run=SearchRun(jobs=2, progress=False))
     return cap, runner
 
 
@@ -86,7 +86,7 @@ def test_capacity_seeds_come_from_the_study_seed_and_the_point(reference_capacit
         assert p["seed"] == point_seed(11, {a: p[a] for a in AXES})
     again, runner = find_capacity(capacity_configs(compute="", compute_ms=REFERENCE_MS, compute_dist="gamma",
                                                    compute_cv=0.05),
-                                  CapacitySpec(seeds=3, max_sessions=256), 11, jobs=1, progress=False)
+                                  CapacitySpec(seeds=3, max_sessions=256), 11, run=SearchRun(jobs=1, progress=False))
     assert runner == "inline" and again[0].per_seed == cap.per_seed
     assert [p["seed"] for p in again[0].probes] == [p["seed"] for p in cap.probes]
     # the probes at the capacity, rerun as a plain sweep, give the same numbers
@@ -126,7 +126,7 @@ def test_no_headroom_means_no_capacity():
     the reference SSD; above 50 ms the target is past the compute-only ceiling."""
     caps, _ = find_capacity(capacity_configs(compute="", compute_ms=49.7) + capacity_configs(compute="",
                                                                                              compute_ms=51.0),
-                            CapacitySpec(seeds=1, max_sessions=64), 0, jobs=1, progress=False)
+                            CapacitySpec(seeds=1, max_sessions=64), 0, run=SearchRun(jobs=1, progress=False))
     tight, over = caps
     assert tight.capacity == over.capacity == 0 and len(tight.probes) == len(over.probes) == 1
     assert "leaving 0.30 ms a step for reads" in tight.assumptions()
@@ -138,7 +138,8 @@ def test_each_phase_assumption_is_stated_as_it_ran():
     phases its probes ran with, and lockstep never beats the others."""
     rand, lock, spread = find_capacity(capacity_configs() + capacity_configs(phases="lockstep")
                                        + capacity_configs(start_spread_ms=47.0),
-                                       CapacitySpec(seeds=1, max_sessions=128), 0, jobs=2, progress=False)[0]
+                                       CapacitySpec(seeds=1, max_sessions=128), 0,
+                                       run=SearchRun(jobs=2, progress=False))[0]
     assert {p["phases_run"] for p in rand.probes} == {"random"} and "phases: random (" in rand.assumptions()
     assert {p["phases_run"] for p in lock.probes} == {"lockstep"}
     assert "phases: lockstep (every session starts at once)" in lock.assumptions()
@@ -250,9 +251,9 @@ def test_capacity_on_a_dask_cluster_is_the_local_one():
     configs = capacity_configs(device="ssd:qd1_us=90,iops=200000,parallelism=16", compute_dist="gamma",
                                compute="", compute_ms=REFERENCE_MS, compute_cv=0.05, steps=80)
     spec = CapacitySpec(seeds=2, max_sessions=64)
-    local, _ = find_capacity(configs, spec, 9, jobs=1, progress=False)
+    local, _ = find_capacity(configs, spec, 9, run=SearchRun(jobs=1, progress=False))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
-        remote, runner = find_capacity(configs, spec, 9, scheduler=c.scheduler_address, progress=False)
+        remote, runner = find_capacity(configs, spec, 9, run=SearchRun(scheduler=c.scheduler_address, progress=False))
     assert runner.startswith("dask:") and remote[0].per_seed == local[0].per_seed
     assert [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in remote[0].probes] == \
         [(p["sessions"], p["seed"], p["session_tokens_per_s_min"]) for p in local[0].probes]
@@ -313,8 +314,8 @@ def test_bracketed_and_galloping_searches_agree():
                "ssd:qd1_us=60,iops=200000,cap_iops=60000,burst_ios=64"]
     configs = [c for d in devices for c in capacity_configs(device=d, steps=60)]
     spec = dict(seeds=3, max_sessions=1024)
-    old, _ = find_capacity(configs, CapacitySpec(**spec, search="gallop"), 5, jobs=2, progress=False)
-    new, _ = find_capacity(configs, CapacitySpec(**spec, search="bracket"), 5, jobs=2, progress=False)
+    old, _ = find_capacity(configs, CapacitySpec(**spec, search="gallop"), 5, run=SearchRun(jobs=2, progress=False))
+    new, _ = find_capacity(configs, CapacitySpec(**spec, search="bracket"), 5, run=SearchRun(jobs=2, progress=False))
     for a, b in zip(old, new):
         assert all(abs(x - y) <= 1 for x, y in zip(a.per_seed, b.per_seed)), (a.config["device"], a.per_seed, b.per_seed)
         assert len(b.probes) <= len(a.probes)
@@ -322,3 +323,9 @@ def test_bracketed_and_galloping_searches_agree():
             assert len(b.probes) < len(a.probes)
     with pytest.raises(ArgumentError, match="search = 'fast'"):
         CapacitySpec(search="fast")
+
+
+@pytest.mark.parametrize("kw,field", [(dict(jobs=0), "jobs"), (dict(connect_timeout=0.0), "connect_timeout")])
+def test_bad_search_run_names_the_field(kw, field):
+    with pytest.raises(ArgumentError, match=field):
+        SearchRun(**kw)

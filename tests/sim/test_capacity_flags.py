@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from engram.cli import main
 from sim.sweep.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound,
-                                SearchProgress, WorkProgress, _search, find_capacity, read_capacity)
+                                SearchProgress, SearchRun, WorkProgress, _search, find_capacity, read_capacity)
 from sim.sweep import AXES
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch
@@ -276,7 +276,7 @@ def test_a_bracketed_search_prints_its_progress(capsys):
     """find_capacity's bracketed search goes through WorkProgress: its lines name probes and session-steps."""
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace_limit=100, steps=20, compute="reference", threshold=8, readers=16, device=SLOW)
-    (cap,), _ = find_capacity([base], CapacitySpec(seeds=1, max_sessions=24), jobs=1, progress="lines")
+    (cap,), _ = find_capacity([base], CapacitySpec(seeds=1, max_sessions=24), run=SearchRun(jobs=1, progress="lines"))
     err = capsys.readouterr().err.strip().splitlines()
     work = sum(int(p["sessions"]) for p in cap.probes) * 20
     assert err[0].startswith("capacity: 0 probes (0 session-steps) done after 0 s; the 1-session probe first")

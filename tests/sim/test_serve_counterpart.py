@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from engram import EngramModel, FormatError, synth
+from engram import ArgumentError, EngramModel, FormatError, synth
 from engram.cli import main
 from sim.serve.counterpart import counterpart_table, predict_counterpart, span_count
-from sim.serve.measured import COUNTERPART_SCHEMA, measure_counterpart
+from sim.serve.measured import COUNTERPART_SCHEMA, CounterpartReads, CounterpartRun, measure_counterpart
 from sim.trace import CODE_SOURCE, load_trace
 from tests.modelfiles import SCALE, token_map as _token_map
 
@@ -34,8 +34,9 @@ def test_span_count_merges_rows_as_the_engine_does():
 
 def test_predicted_vs_measured_on_this_machine(model_path):
     text = load_trace(CODE_SOURCE, limit=4096 + 8 * 200)
-    rec = measure_counterpart(model_path, text.tokens, batch=8, steps=40, prompt_tokens=4096, prefill_step=8,
-                              compute_ms=8.0, probe_seconds=0.15, depths=(1, 4, 16, 64), source=CODE_SOURCE)
+    rec = measure_counterpart(model_path, text.tokens, source=CODE_SOURCE,
+                              run=CounterpartRun(batch=8, steps=40, prompt_tokens=4096, prefill_step=8, compute_ms=8.0),
+                              reads=CounterpartReads(seconds=0.15, depths=(1, 4, 16, 64)))
     assert rec["schema"] == COUNTERPART_SCHEMA and rec["regime"]["cpus"] >= 1 and len(rec["device"]) == 4
     assert rec["config"]["steps"] >= 40 and rec["prefill"]["done_s"] > rec["prefill"]["start_s"] > 0
     assert all(r["mean_us"] > 0 and r["iops"] > 0 for r in rec["device"])
@@ -75,3 +76,18 @@ def test_the_counterpart_on_the_command_line_and_in_the_report(model_path, capsy
     reads = next(x for x in md.splitlines() if x.startswith(f"| {d['table'][4]['quantity']} |"))
     assert f"| {d['table'][4]['measured']:,.0f} | {d['table'][4]['predicted']:,.0f} | reads | 1.000 |" in reads
     assert out.figures[0][0] == "figures/serve_counterpart.png" and (out.root / "inputs" / COUNTERPART_FILE).is_file()
+
+
+@pytest.mark.parametrize("kw,field", [(dict(batch=0), "batch"), (dict(steps=0), "steps"),
+                                      (dict(prompt_tokens=0), "prompt_tokens"), (dict(prefill_step=60), "prefill_step"),
+                                      (dict(after_steps=-1), "after_steps"), (dict(compute_ms=-1.0), "compute_ms")])
+def test_bad_counterpart_run_names_the_field(kw, field):
+    with pytest.raises(ArgumentError, match=field):
+        CounterpartRun(**kw)
+
+
+@pytest.mark.parametrize("kw,field", [(dict(readers=0), "readers"), (dict(threshold=0), "threshold"),
+                                      (dict(depths=(1, 0)), "depths"), (dict(seconds=0.0), "seconds")])
+def test_bad_counterpart_reads_names_the_field(kw, field):
+    with pytest.raises(ArgumentError, match=field):
+        CounterpartReads(**kw)

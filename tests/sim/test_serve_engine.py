@@ -10,8 +10,9 @@ from sim.decode import simulate_decode
 from sim.device import load_device
 from sim.core.params import Compute, Policy
 from sim.decode.prefill import simulate_prefill
-from sim.serve import SLO, RowSource, Scheduler, StepCompute, Workload, make_requests, simulate_serve
-from sim.serve.engine import Engine
+from sim.serve import SLO, RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, make_requests, \
+    simulate_serve
+from sim.serve.engine import Engine, EngineRun
 from sim.serve.workload import Requests
 from sim.trace import CODE_SOURCE, Trace, load_trace
 
@@ -43,7 +44,7 @@ def test_zero_load_equals_the_prefill_and_decode_models(text, rows, spec):
     comp = StepCompute(((0, 0.0), (1, 47.013), (2, 2 * 47.013)), tok_s * 1e3)
     sch = Scheduler(prefill_chunk=2048, gate="stall", prefill_readers="per_table")
     w = _one_request(4096, 120)
-    r = simulate_serve(w, spec, pol, comp, sch, rows=rows, seed=3)
+    r = simulate_serve(w, spec, pol, comp, sch, text=ServeText(rows=rows), run=ServeRun(seed=3))
     ppos, dpos = rows.place(make_requests(w, 3))
     p0, d0 = int(ppos[0]), int(dpos[0])
     pf = simulate_prefill(Trace(text.rows[p0:p0 + 4096], text.tokens[p0:p0 + 4096]), spec, pol, Compute(tok_s),
@@ -66,7 +67,8 @@ def test_zero_load_equals_the_prefill_and_decode_models(text, rows, spec):
 def test_littles_law_on_requests_and_reads(rows):
     w = Workload(rate=6.0, duration=120.0, prompt_tokens="lognormal:mean=200,cv=1,min=8,max=2000",
                  output_tokens="lognormal:mean=60,cv=1,min=2,max=400")
-    r = simulate_serve(w, FAST_SSD, compute=StepCompute.reference(scale=20), rows=rows, seed=1)
+    r = simulate_serve(w, FAST_SSD, compute=StepCompute.reference(scale=20), text=ServeText(rows=rows),
+                       run=ServeRun(seed=1))
     ll = r.littles_law
     assert r.requests["censored"] == 0 and r.requests["completed"] == r.requests["arrived"] > 500
     assert ll["requests"]["ratio"] == pytest.approx(1.0, abs=1e-9)          # the whole run: an identity
@@ -91,7 +93,8 @@ def _batch(rows, positions, *, prompt_at=None, prompt=4096, gate="ready", steps=
     reqs = Requests(arrival, pl, out, np.full(m, -1, np.int64), np.zeros(m), np.arange(m))
     comp = StepCompute(((0, compute_ms), (1, compute_ms)), 0.0)
     sch = Scheduler(max_running=m, prefill_chunk=prompt, gate=gate)
-    return Engine(reqs, rows, load_device(spec), Policy(), comp, sch, seed=0, positions=(ppos, dpos)).run()
+    return Engine(reqs, rows, load_device(spec), Policy(), comp, sch,
+                  run=EngineRun(seed=0, positions=(ppos, dpos))).run()
 
 
 def test_a_step_reads_a_row_once_across_requests(rows):
@@ -120,7 +123,8 @@ def test_prefill_reads_slow_decode_and_a_stalled_step_holds_the_batch(rows):
 def test_metrics_split_a_tokens_time(rows):
     w = Workload(rate=1.0, duration=60.0, prompt_tokens="lognormal:mean=800,cv=0.5,min=300,max=4000",
                  output_tokens="fixed:n=80")
-    r = simulate_serve(w, "seed-apple-m3-ultra", compute=StepCompute.reference(scale=20), rows=rows, seed=2)
+    r = simulate_serve(w, "seed-apple-m3-ultra", compute=StepCompute.reference(scale=20), text=ServeText(rows=rows),
+                       run=ServeRun(seed=2))
     tt = r.token_time_ms
     assert tt["contention"] > 0.2 * tt["reads_alone"] > 0
     assert tt["total"] == pytest.approx(tt["compute"] + tt["reads_alone"] + tt["contention"] + tt["stall"])
@@ -141,7 +145,7 @@ def test_slower_devices_never_serve_better(rows):
     got = []
     for iops in (40_000, 100_000, 300_000, 800_000):
         r = simulate_serve(w, f"ssd:qd1_us=100,iops={iops},cv=0", compute=StepCompute.reference(scale=20),
-                           rows=rows, seed=4)
+                           text=ServeText(rows=rows), run=ServeRun(seed=4))
         got.append((r.slo["goodput_rps"], r.tbt_ms["p99"], r.ttft_ms["p99"], r.device["busy_fraction"]))
     g, tbt, ttft, busy = map(np.asarray, zip(*got))
     assert np.all(np.diff(g) >= 0) and g[-1] > g[0]
@@ -150,9 +154,10 @@ def test_slower_devices_never_serve_better(rows):
 
 def test_same_seed_same_run_and_other_seeds_other_requests(rows):
     w = Workload(rate=3.0, duration=30.0, prompt_tokens="lognormal:mean=300,cv=1", output_tokens="fixed:n=40")
-    kw = dict(compute=StepCompute.reference(scale=20), rows=rows)
-    a, b = simulate_serve(w, FAST_SSD, seed=7, **kw), simulate_serve(w, FAST_SSD, seed=7, **kw)
-    c = simulate_serve(w, FAST_SSD, seed=8, **kw)
+    kw = dict(compute=StepCompute.reference(scale=20), text=ServeText(rows=rows))
+    a = simulate_serve(w, FAST_SSD, run=ServeRun(seed=7), **kw)
+    b = simulate_serve(w, FAST_SSD, run=ServeRun(seed=7), **kw)
+    c = simulate_serve(w, FAST_SSD, run=ServeRun(seed=8), **kw)
     assert a.row() | {"wall_seconds": 0} == b.row() | {"wall_seconds": 0}
     assert np.array_equal(a.tbt_samples, b.tbt_samples)
     assert a.ttft_ms != c.ttft_ms
@@ -161,43 +166,44 @@ def test_same_seed_same_run_and_other_seeds_other_requests(rows):
 def test_planner_axes_cut_the_device_time(text, rows):
     w = Workload(rate=3.0, duration=40.0, prompt_tokens="lognormal:mean=600,cv=1,min=16,max=4000",
                  output_tokens="fixed:n=100")
-    kw = dict(compute=StepCompute.reference(scale=20), seed=5)
-    base = simulate_serve(w, "seed-apple-m3-ultra", rows=rows, **kw)
-    two = simulate_serve(w, "seed-apple-m3-ultra", rows=rows, drives=2, **kw)
+    kw = dict(compute=StepCompute.reference(scale=20), run=ServeRun(seed=5))
+    base = simulate_serve(w, "seed-apple-m3-ultra", text=ServeText(rows=rows), **kw)
+    two = simulate_serve(w, "seed-apple-m3-ultra", text=ServeText(rows=rows), drives=2, **kw)
     assert two.device["drives"] == 2 and two.device["busy_fraction"] < 0.7 * base.device["busy_fraction"]
     assert two.tbt_ms["p50"] < base.tbt_ms["p50"]
     dram = simulate_serve(w, "seed-apple-m3-ultra", Policy(dram_fraction=0.5),
-                          rows=RowSource(text, Policy(dram_fraction=0.5), 2048), **kw)
+                          text=ServeText(rows=RowSource(text, Policy(dram_fraction=0.5), 2048)), **kw)
     d, dd = base.device, dram.device
     assert 0.4 < (dd["decode_reads"] + dd["prefill_reads"]) / (d["decode_reads"] + d["prefill_reads"]) < 0.6
-    cache = simulate_serve(w, "seed-apple-m3-ultra", Policy(cache_rows=5000), rows=rows, **kw)
+    cache = simulate_serve(w, "seed-apple-m3-ultra", Policy(cache_rows=5000), text=ServeText(rows=rows), **kw)
     assert cache.device["decode_reads"] < base.device["decode_reads"]
     assert cache.device["prefill_reads"] == base.device["prefill_reads"]
-    shared = simulate_serve(w, "seed-apple-m3-ultra", Policy(shared_cache_rows=200_000), rows=rows, **kw)
+    shared = simulate_serve(w, "seed-apple-m3-ultra", Policy(shared_cache_rows=200_000), text=ServeText(rows=rows),
+                            **kw)
     assert shared.device["shared_cache_hit_rate"] > 0.05
     assert shared.device["decode_reads"] + shared.device["prefill_reads"] < d["decode_reads"] + d["prefill_reads"]
-    over = simulate_serve(w, "seed-apple-m3-ultra", Policy(overlap_layers=10), rows=rows, **kw)
+    over = simulate_serve(w, "seed-apple-m3-ultra", Policy(overlap_layers=10), text=ServeText(rows=rows), **kw)
     assert over.tbt_ms["mean"] < base.tbt_ms["mean"]
 
 
 def test_an_overloaded_run_stops_early_when_asked(rows):
     w = Workload(rate=40.0, duration=60.0, prompt_tokens="fixed:n=1500", output_tokens="fixed:n=50")
-    kw = dict(compute=StepCompute.reference(scale=20), rows=rows, seed=1)
-    fast = simulate_serve(w, "seed-apple-m3-ultra", fail_fast=True, **kw)
+    kw = dict(compute=StepCompute.reference(scale=20), text=ServeText(rows=rows))
+    fast = simulate_serve(w, "seed-apple-m3-ultra", run=ServeRun(seed=1, fail_fast=True), **kw)
     assert fast.config["aborted"] and not fast.slo["met"] and fast.sim_seconds < 60
     assert any("stopped early" in x for x in fast.warnings)
-    full = simulate_serve(w, "seed-apple-m3-ultra", drain=30.0, **kw)
+    full = simulate_serve(w, "seed-apple-m3-ultra", run=ServeRun(seed=1, drain=30.0), **kw)
     assert not full.slo["met"] and full.requests["censored"] > 0 and full.sim_seconds == pytest.approx(90.0)
 
 
 def test_bad_configurations(rows):
     w = _one_request(100, 5)
     with pytest.raises(ArgumentError, match="overlap_layers"):
-        simulate_serve(w, rows=rows, policy=Policy(overlap_layers=50))
+        simulate_serve(w, policy=Policy(overlap_layers=50), text=ServeText(rows=rows))
     with pytest.raises(ArgumentError, match="second_start_layer"):
-        simulate_serve(w, rows=rows, scheduler=Scheduler(gate="stall", second_start_layer=20))
+        simulate_serve(w, scheduler=Scheduler(gate="stall", second_start_layer=20), text=ServeText(rows=rows))
     with pytest.raises(ArgumentError, match="warmup"):
-        simulate_serve(w, rows=rows, warmup=2.0)
+        simulate_serve(w, text=ServeText(rows=rows), run=ServeRun(warmup=2.0))
     for kw in (dict(max_running=0), dict(gate="wait"), dict(prefill_readers="two"), dict(prefill_chunk=1.5)):
         with pytest.raises(ArgumentError):
             Scheduler(**kw)
@@ -213,9 +219,19 @@ def test_goodput_never_exceeds_throughput(rows, rate, scale, iops):
     w = Workload(rate=rate, duration=20.0, prompt_tokens="lognormal:mean=300,cv=1,min=16,max=2000",
                  output_tokens="lognormal:mean=40,cv=1,min=2,max=200")
     r = simulate_serve(w, f"ssd:qd1_us=80,iops={iops}", compute=StepCompute.reference(scale=scale),
-                       rows=rows, seed=3)
+                       text=ServeText(rows=rows), run=ServeRun(seed=3))
     span = r.requests["window_s"][1] - r.requests["window_s"][0]
     measured_done = int(np.sum(r.per_request["measured"] & ~np.isnan(r.per_request["finish"])))
     assert r.throughput["requests_per_s"] == pytest.approx(measured_done / span)
     assert r.slo["goodput_rps"] <= r.throughput["requests_per_s"] + 1e-12
     assert r.slo["goodput_rps"] == pytest.approx(r.slo["attainment"] * r.requests["measured"] / span)
+
+
+@pytest.mark.parametrize("make,field", [(lambda: ServeRun(warmup=-1.0), "warmup"), (lambda: ServeRun(bins=0), "bins"),
+                                        (lambda: ServeRun(drain=-2.0), "drain"),
+                                        (lambda: ServeText(limit=0), "limit"),
+                                        (lambda: EngineRun(drives=0), "drives"),
+                                        (lambda: EngineRun(abort_percentile=101.0), "abort_percentile")])
+def test_bad_run_settings_name_the_field(make, field):
+    with pytest.raises(ArgumentError, match=field):
+        make()

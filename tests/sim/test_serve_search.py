@@ -12,7 +12,7 @@ from engram import ArgumentError
 from sim.serve import SLO, RateSearch, ServeStudy, find_serve_capacity, knee_cause, run_serve_capacity
 from sim.serve.panels import PANELS, goodput_by_device, knee_breakdown, latency_vs_load
 from sim.serve.search import CAPACITY_COLUMNS, PROBE_COLUMNS, _rate_search, knee_words, probes_path
-from sim.sweep.capacity import CAPACITY_RULE
+from sim.sweep.capacity import CAPACITY_RULE, SearchRun
 from sim.serve.study import SERVE_AXES, SERVE_METRICS, is_serve_study, serve_point_seed
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -204,9 +204,10 @@ def test_panels_draw_on_an_axes(study, tmp_path):
 def test_more_slack_never_lowers_the_capacity(study):
     st = ServeStudy.load(study)
     cfgs = st.points()
-    tight, _ = find_serve_capacity(cfgs, st.slo, RateSearch(1, 2.0, 64.0, 0.1), st.seed, jobs=1, progress=False)
-    loose, _ = find_serve_capacity(cfgs, st.slo.scaled(2.0), RateSearch(1, 2.0, 64.0, 0.1), st.seed, jobs=1,
-                                   progress=False)
+    tight, _ = find_serve_capacity(cfgs, st.slo, RateSearch(1, 2.0, 64.0, 0.1), st.seed,
+                                   run=SearchRun(jobs=1, progress=False))
+    loose, _ = find_serve_capacity(cfgs, st.slo.scaled(2.0), RateSearch(1, 2.0, 64.0, 0.1), st.seed,
+                                   run=SearchRun(jobs=1, progress=False))
     for a, b in zip(tight, loose):
         assert b.capacity >= a.capacity
     assert sum(b.capacity for b in loose) > sum(a.capacity for a in tight)
@@ -217,10 +218,10 @@ def test_the_search_on_a_dask_cluster_is_the_local_one(study):
     st = ServeStudy.load(study)
     cfgs = st.points()[1:]
     search = RateSearch(2, 4.0, 64.0, 0.1)
-    local, _ = find_serve_capacity(cfgs, st.slo, search, st.seed, jobs=1, progress=False)
+    local, _ = find_serve_capacity(cfgs, st.slo, search, st.seed, run=SearchRun(jobs=1, progress=False))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
-        remote, runner = find_serve_capacity(cfgs, st.slo, search, st.seed, scheduler=c.scheduler_address,
-                                             progress=False)
+        remote, runner = find_serve_capacity(cfgs, st.slo, search, st.seed,
+                                             run=SearchRun(scheduler=c.scheduler_address, progress=False))
     assert runner.startswith("dask:") and remote[0].per_seed == local[0].per_seed
     key = lambda p: (p["rate"], p["repeat"], p["seed"], p["ttft_p99_ms"], p["tbt_p99_ms"], p["goodput_rps"])  # noqa
     assert [key(p) for p in remote[0].probes] == [key(p) for p in local[0].probes]

@@ -14,7 +14,7 @@ from engram.errors import ArgumentError
 from sim.decode import simulate_decode, step_reads
 from sim.decode.speculative import Speculation, accepted_prefix, parse_acceptance, verification_rows
 from sim.core.params import Compute, Policy
-from sim.serve import simulate_serve
+from sim.serve import ServeRun, ServeText, simulate_serve
 from sim.serve.workload import Workload
 from sim.trace import CODE_SOURCE, load_trace
 
@@ -177,15 +177,15 @@ def test_prefetch_with_drives_refused(trace):
 # ------------------------------------------------------------------ the serving model
 def test_serving_without_drafts_unchanged_and_with_them_more_tokens():
     w = Workload(1.0, 8.0, prompt_tokens="64", output_tokens="40")
-    a = simulate_serve(w, seed=1, text_limit=4000).row()
-    b = simulate_serve(w, seed=1, text_limit=4000, speculation=Speculation(0)).row()
+    a = simulate_serve(w, text=ServeText(limit=4000), run=ServeRun(seed=1)).row()
+    b = simulate_serve(w, text=ServeText(limit=4000), run=ServeRun(seed=1, speculation=Speculation(0))).row()
     assert _drop_wall(a) == _drop_wall(b)
-    r1 = simulate_serve(w, seed=1, text_limit=4000, speculation=Speculation(2, 1.0))
+    r1 = simulate_serve(w, text=ServeText(limit=4000), run=ServeRun(seed=1, speculation=Speculation(2, 1.0)))
     assert r1.config["speculation"]["wasted_reads"] == 0
     # every request still emits exactly its 40 tokens, in about a third of the steps
     np.testing.assert_array_equal(r1.per_request["emitted"], r1.per_request["output"])
     assert r1.row()["e2e_mean_ms"] < a["e2e_mean_ms"]
-    r2 = simulate_serve(w, seed=1, text_limit=4000, speculation=Speculation(2, 1.0, True))
+    r2 = simulate_serve(w, text=ServeText(limit=4000), run=ServeRun(seed=1, speculation=Speculation(2, 1.0, True)))
     assert r2.config["speculation"]["prefetched_reads"] > 0
     assert "drafts    2 a step, acceptance 1 (3.000 tokens a verification step expected), prefetch on" in r2.summary()
     assert r2.row()["e2e_mean_ms"] <= r1.row()["e2e_mean_ms"]
@@ -194,9 +194,11 @@ def test_serving_without_drafts_unchanged_and_with_them_more_tokens():
 def test_serving_refuses_what_it_does_not_model():
     w = Workload(1.0, 4.0, prompt_tokens="64", output_tokens="8")
     with pytest.raises(ArgumentError, match="row caches"):
-        simulate_serve(w, "seed-apple-m3-ultra", Policy(cache_rows=100), text_limit=4000, speculation=Speculation(1))
+        simulate_serve(w, "seed-apple-m3-ultra", Policy(cache_rows=100), text=ServeText(limit=4000),
+                       run=ServeRun(speculation=Speculation(1)))
     with pytest.raises(ArgumentError, match="prefetch_drafts"):
-        simulate_serve(w, "seed-apple-m3-ultra", Policy(overlap_layers=2), text_limit=4000, speculation=Speculation(1, 0.5, True))
+        simulate_serve(w, "seed-apple-m3-ultra", Policy(overlap_layers=2), text=ServeText(limit=4000),
+                       run=ServeRun(speculation=Speculation(1, 0.5, True)))
 
 
 # ------------------------------------------------------------------ the command line
