@@ -10,16 +10,17 @@ from engram.options import Option, add_options
 
 from sim.sweep.capacity import CAPACITY_TARGET
 from sim.cli.demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
-from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
+from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, ReportPage, ReportSearch, build_report
 from .options import _ints, _progress_mode, _typed_errors, _typed_os_errors
 
 
 def _cmd_report(args) -> int:
     try:
-        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
-                          html_page=not args.no_html, self_contained=not args.linked_figures, target=args.target,
-                          compute_ms=args.compute_ms, seeds=args.seeds, max_sessions=args.max_sessions,
-                          quick=args.quick, jobs=args.jobs, title=args.title, progress=_progress_mode(args))
+        search = ReportSearch(target=args.target, compute_ms=args.compute_ms, seeds=args.seeds,
+                              max_sessions=args.max_sessions, jobs=args.jobs)
+        page = ReportPage(html_page=not args.no_html, self_contained=not args.linked_figures, title=args.title)
+        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace, search=search,
+                          page=page, quick=args.quick, progress=_progress_mode(args))
     except KeyboardInterrupt:
         print(f"engram report: interrupted; {args.out} is incomplete", file=sys.stderr)
         return 130
