@@ -54,7 +54,7 @@ The layout of ``crosscheck.json`` is in :mod:`sim.core.schema`.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -66,8 +66,9 @@ from engram.errors import ArgumentError, FormatError
 from .calibrate import Calibration
 from sim.decode import simulate_decode
 from sim.decode.speculative import Speculation
+from sim.device import Device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
-from sim.core.params import Phases
+from sim.core.params import Compute, Phases, Policy
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_runs
 from sim.trace import Trace, load_trace
@@ -77,7 +78,7 @@ from .regimes import COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, m
 from .windows import insert_probes
 
 __all__ = ["CDF_PERCENTILES", "SESSION_SIM_SEEDS", "SINGLE_SIM_STEPS", "capacity", "capacity_shown", "crosscheck",
-           "crosscheck_files", "markdown_table", "predict", "predict_run", "run_cache_hits"]
+           "crosscheck_files", "largest_met", "markdown_table", "predict", "predict_run", "run_cache_hits"]
 
 #: Simulated steps of a single-session run's prediction at least (its stretch, replayed).
 SINGLE_SIM_STEPS = 1000
@@ -250,9 +251,8 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     """
     dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None)
     pol = cal.policy(config.threshold, config.backend, config.readers)
-    sim = _simulate_sessions if config.multi else _simulate_single
     hits = run_cache_hits(config, trace, run)
-    lat, per, reads, sim_se = sim(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits)
+    lat, per, reads, sim_se = _Replay(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits).simulate()
     read = float(np.mean(reads)) + cal.hash_s
     step = float(lat.mean())
     return {"tokens_per_s": float(per.mean()), "slowest_tokens_per_s": float(per.min(axis=1).mean()),
@@ -294,58 +294,102 @@ def run_cache_hits(config: RunConfig, trace: Trace, run: Mapping) -> Optional[np
                           f"record (rows, policy, shared): {exc}") from None
 
 
-def _simulate_single(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits=None) -> tuple:
-    """One session on its stretch, replayed to ``sim_steps``: ``(latencies [s], tokens/s [[1]], [mean read],
-    relative standard error of the mean step)``; ``hits``: :func:`run_cache_hits`."""
-    n = config.steps
-    tr = _stretches(trace, [int(run.get("start", 0))], n)
-    steps = int(sim_steps) if sim_steps else max(n, SINGLE_SIM_STEPS)
-    spec = None
-    if config.draft_tokens:  # a speculative run: its verification steps cover about as many tokens
-        spec = Speculation(config.draft_tokens, config.acceptance, config.prefetch_drafts)
-        steps = max(1, int(steps / spec.expected_tokens()))
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                        replay=f"cross-check prediction of {config.key}", speculation=spec,
-                        served=None if hits is None else hits[:, 0])
-    lat = r.step_latencies.reshape(-1)
-    sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
-    return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
+@dataclass(frozen=True)
+class _Replay:
+    """One measured run as the simulator replays it: the run's record and configuration, the trace it read, the
+    device, policy and compute it is predicted with, the simulated steps (``sim_steps``, None: the default) and
+    seed, and the requests its row cache serves (``hits``: :func:`run_cache_hits`, None without a cache)."""
 
+    cal: Calibration
+    config: RunConfig
+    trace: Trace
+    run: Mapping
+    dev: Device
+    pol: Policy
+    comp: Compute
+    sim_steps: Optional[int]
+    seed: int
+    hits: Optional[np.ndarray] = None
 
-def _simulate_sessions(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits=None) -> tuple:
-    """The measured loop of several sessions -- each on its stretch with the probe steps where the run had them,
-    started at its measured offset -- over :data:`SESSION_SIM_SEEDS` seeds: ``(trace steps' latencies [s],
-    tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``;
-    ``hits``: :func:`run_cache_hits` (served at the trace steps, never at a probe step)."""
-    n, k = config.steps, config.sessions
-    starts = _run_starts(config, run)
-    tr, mask = _session_rows(trace, starts, n, int(run.get("probe_every") or 0), seed)
-    served = None
-    if hits is not None:
+    def simulate(self) -> tuple:
+        """:meth:`sessions` for a multi-session run, else :meth:`single`."""
+        return self.sessions() if self.config.multi else self.single()
+
+    def single(self) -> tuple:
+        """One session on its stretch, replayed to ``sim_steps``: ``(latencies [s], tokens/s [[1]], [mean read],
+        relative standard error of the mean step)``."""
+        cal, config, run, dev, pol, comp, seed, hits = (self.cal, self.config, self.run, self.dev, self.pol,
+                                                        self.comp, self.seed, self.hits)
+        n = config.steps
+        tr = _stretches(self.trace, [int(run.get("start", 0))], n)
+        steps = int(self.sim_steps) if self.sim_steps else max(n, SINGLE_SIM_STEPS)
+        spec = None
+        if config.draft_tokens:  # a speculative run: its verification steps cover about as many tokens
+            spec = Speculation(config.draft_tokens, config.acceptance, config.prefetch_drafts)
+            steps = max(1, int(steps / spec.expected_tokens()))
+        r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                            replay=f"cross-check prediction of {config.key}", speculation=spec,
+                            served=None if hits is None else hits[:, 0])
+        lat = r.step_latencies.reshape(-1)
+        sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
+        return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
+
+    def _served(self, tr: Trace, mask: np.ndarray) -> Optional[np.ndarray]:
+        """The row cache's hits at the trace steps of the sessions' rows ``tr`` (never at a probe step)."""
+        if self.hits is None:
+            return None
+        k = self.config.sessions
         served = np.zeros((k, mask.size) + tr.rows.shape[1:], dtype=bool)
         for i in range(k):
-            served[i, mask] = hits[:, i]
-        served = served.reshape(tr.rows.shape)
-    offsets = [float(x) for x in run.get("start_offsets_s") or ()]
-    phases = Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
-    lats, per, reads = [], [], []
-    for j in range(SESSION_SIM_SEEDS):
-        r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                            hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}",
-                            served=served)
-        own = r.step_latencies[:, mask]
-        lats.append(own.reshape(-1))
-        per.append(n / own.sum(axis=1))
-        reads.append(r.stall_ms["mean"] * 1e-3)
-    means = np.array(per).mean(axis=1)
-    sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
-    return np.concatenate(lats), np.array(per), reads, sim_se
+            served[i, mask] = self.hits[:, i]
+        return served.reshape(tr.rows.shape)
+
+    def _phases(self) -> Phases:
+        """The sessions' start phases: the run's measured offsets, else spread over its largest one."""
+        k = self.config.sessions
+        offsets = [float(x) for x in self.run.get("start_offsets_s") or ()]
+        return Phases.at(offsets) if len(offsets) == k else Phases("spread", max(offsets or [0.0]) * k / (k - 1))
+
+    def sessions(self) -> tuple:
+        """The measured loop of several sessions -- each on its stretch with the probe steps where the run had
+        them, started at its measured offset -- over :data:`SESSION_SIM_SEEDS` seeds: ``(trace steps' latencies
+        [s], tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``;
+        the row cache serves at the trace steps, never at a probe step."""
+        cal, config, run, dev, pol, comp, seed = (self.cal, self.config, self.run, self.dev, self.pol, self.comp,
+                                                  self.seed)
+        n, k = config.steps, config.sessions
+        starts = _run_starts(config, run)
+        tr, mask = _session_rows(self.trace, starts, n, int(run.get("probe_every") or 0), seed)
+        served = self._served(tr, mask)
+        phases = self._phases()
+        lats, per, reads = [], [], []
+        for j in range(SESSION_SIM_SEEDS):
+            r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
+                                hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}",
+                                served=served)
+            own = r.step_latencies[:, mask]
+            lats.append(own.reshape(-1))
+            per.append(n / own.sum(axis=1))
+            reads.append(r.stall_ms["mean"] * 1e-3)
+        means = np.array(per).mean(axis=1)
+        sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
+        return np.concatenate(lats), np.array(per), reads, sim_se
 
 
 def _start_spread(runs: Sequence[Mapping]) -> float:
     """The median over runs of how far apart the sessions started (the largest measured start offset, s; 0
     for single-session runs): the phases the simulator replays, each run's own offsets."""
     return float(np.median([max([float(x) for x in r.get("start_offsets_s") or ()] or [0.0]) for r in runs]))
+
+
+def largest_met(values: Sequence[float], target: float) -> int:
+    """Index of the largest grid count whose value, and every smaller count's, reaches ``target``; -1: none."""
+    idx = -1
+    for i, v in enumerate(values):
+        if v < target:
+            break
+        idx = i
+    return idx
 
 
 def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
@@ -364,17 +408,8 @@ def capacity(rows: Sequence[Mapping], target: float) -> List[dict]:
     for key, rs in groups.items():
         rs = sorted(rs, key=lambda r: r["sessions"])
         grid = [int(r["sessions"]) for r in rs]
-
-        def largest(vals):
-            idx = -1
-            for i, v in enumerate(vals):
-                if v < target:
-                    break
-                idx = i
-            return idx
-
-        im = largest([r["measured"]["slowest_tokens_per_s"] for r in rs])
-        ip = largest([r["predicted"]["slowest_tokens_per_s"] for r in rs])
+        im = largest_met([r["measured"]["slowest_tokens_per_s"] for r in rs], target)
+        ip = largest_met([r["predicted"]["slowest_tokens_per_s"] for r in rs], target)
         out.append({"trace": key[0], "trace_label": rs[0]["trace_label"], "threshold": key[1], "backend": key[2],
                     "readers": key[3], "compute": key[4], "steps": key[5], "mode": key[6],
                     "target_tokens_per_s": target, "sessions": grid,
@@ -524,6 +559,114 @@ def _stats(rows: Sequence[Mapping], name: str) -> dict:
             "mean_error": float(e.mean())}
 
 
+def _runs_by_config(runs_doc: Mapping, runs_path) -> tuple:
+    """``(configurations that have runs, their runs by configuration key)``, the document checked first.
+
+    Raises
+    ------
+    ArgumentError
+        A run of an unknown configuration, or no run at all.
+    """
+    configs = check_runs(runs_doc, runs_path)
+    by_key: Dict[str, List[Mapping]] = {c.key: [] for c in configs}
+    for r in runs_doc.get("runs", []):
+        if r.get("config") not in by_key:
+            raise ArgumentError(f"run of unknown configuration {r.get('config')!r}")
+        by_key[r["config"]].append(r)
+    configs = [c for c in configs if by_key[c.key]]
+    if not configs:
+        raise ArgumentError("the runs document holds no runs")
+    return configs, by_key
+
+
+def _checked_calibration(cal: Calibration, runs_doc: Mapping, configs: Sequence[RunConfig],
+                         by_key: Mapping[str, Sequence[Mapping]]) -> tuple:
+    """``(calibration, warning or None)`` of :func:`_own_windows`, once the calibration has every configuration's
+    backend and each run's window was probed with its configuration (:func:`_check_window`)."""
+    cal.check_backends([c.backend for c in configs], "the measured runs")
+    cal, other = _own_windows(cal, runs_doc)
+    for c in configs:
+        for r in by_key[c.key]:
+            _check_window(cal, c, r)
+    return cal, other
+
+
+def _trace_need(configs: Sequence[RunConfig], by_key: Mapping[str, Sequence[Mapping]]) -> Dict[str, int]:
+    """Steps each trace must have for the runs that read it."""
+    need: Dict[str, int] = {}
+    for c in configs:
+        end = max(int(r.get("start", 0)) + c.steps * c.sessions for r in by_key[c.key])
+        need[c.trace] = max(need.get(c.trace, 0), end)
+    return need
+
+
+def _predicted_rows(cal: Calibration, configs: Sequence[RunConfig], by_key: Mapping[str, Sequence[Mapping]],
+                    traces: Mapping[str, Trace], sim_steps: Optional[int], seed: int, baseline: bool,
+                    progress) -> tuple:
+    """``(single-session rows, multi-session rows)``, every configuration predicted (:func:`_row`) and then
+    given its interval against the model's scatter on the others."""
+    built = []
+    with progress_bar(len(configs), "crosscheck", "configuration", mode=progress) as bar:
+        for c in configs:
+            row, mid = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed, baseline)
+            built.append((c, row, mid, _fit(cal, c, by_key[c.key], mid, row)))
+            bar.update(1, note=c.key)
+    fits = [b[3] for b in built]
+    for i, (c, row, mid, fit) in enumerate(built):
+        _add_interval(row, c, mid, fit, peer_model_sd(fits, i), seed)
+    return [b[1] for b in built if not b[0].multi], [b[1] for b in built if b[0].multi]
+
+
+def _summary(rows: Sequence[Mapping], session_rows: Sequence[Mapping], runs_doc: Mapping) -> dict:
+    """The cross-check's summary before its verdict: errors, spreads, intervals, the regime, the row cache."""
+    every = list(rows) + list(session_rows)
+    sp_t = np.array([r["spread"]["tokens_per_s"] for r in every])
+    sp_p = np.array([r["spread"]["step_p50"] for r in every])
+    summary = {"configurations": len(every), "single_configurations": len(rows),
+               "session_configurations": len(session_rows), "runs": int(sum(r["repeats"] for r in every)),
+               "tokens_per_s": _stats(every, "tokens_per_s"), "step_p50": _stats(every, "step_p50"),
+               "step_p95": _stats(every, "step_p95"), "step_mean": _stats(every, "step_mean"),
+               "single": {"tokens_per_s": _stats(rows, "tokens_per_s")} if rows else {},
+               "sessions": {name: _stats(session_rows, name) for name in
+                            ("tokens_per_s", "slowest_tokens_per_s", "aggregate_tokens_per_s")} if session_rows else {},
+               "spread": {"tokens_per_s_median": float(np.median(sp_t)), "tokens_per_s_max": float(sp_t.max()),
+                          "tokens_per_s_cv_median": float(np.median([r["spread"]["tokens_per_s_cv"] for r in every])),
+                          "step_p50_median": float(np.median(sp_p)), "step_p50_max": float(sp_p.max())},
+               "within_spread": int(sum(r["within_spread"] for r in every)),
+               "inside_interval": int(sum(r["inside_interval"] for r in every)),
+               "inside_interval_share": float(np.mean([r["inside_interval"] for r in every])),
+               "runs_inside": int(sum(r["runs_inside"] for r in every)),
+               "runs_inside_share": float(sum(r["runs_inside"] for r in every) / sum(r["repeats"] for r in every)),
+               "calibrated_only": _stats(every, "tokens_per_s_calibrated"),
+               "windows_probed": int(sum(r["predicted"]["windows"] for r in every)),
+               "regime": regime([r.get("background") for r in runs_doc.get("runs", [])]),
+               "rows_match": all(r["measured"]["rows_match"] for r in every)}
+    cached = [r["row_cache"] for r in every if "row_cache" in r]
+    if cached:  # the measured hit rate against the replayed one, within a point (issue 26)
+        gap = max(x["hit_rate_max_abs_error"] for x in cached)
+        summary["row_cache"] = {"configurations": len(cached), "hit_rate_max_abs_error": gap,
+                                "hit_rate_within_one_point": bool(gap <= ROW_CACHE_HIT_RATE_TOLERANCE)}
+    summary["background_cpu_median"] = summary["regime"]["cpu"]
+    return summary
+
+
+def _judge(summary: dict, caps: Sequence[Mapping], targets: Mapping[str, float],
+           quiet_targets: Mapping[str, float]) -> None:
+    """Put the regime's goals, each check's verdict (``pass``) and the whole one (``passed``) into ``summary``."""
+    which, coverage, _ = regime_checks(summary["regime"]["name"])
+    summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps)}
+    ok = verdict(summary, targets, quiet_targets, caps)
+    summary["pass"] = ok
+    summary["passed"] = all(ok.values())
+
+
+def _left_out(cal: Calibration, runs_doc: Mapping) -> dict:
+    """The backends left out, with why: the calibration's, then the runs'."""
+    left = dict(cal.left_out)
+    left.update((runs_doc.get("backends") or {}).get("left_out") or {})
+    return left
+
+
 def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union[str, os.PathLike]] = None,
                sim_steps: Optional[int] = None, seed: int = 0, targets: Mapping[str, float] = TARGETS,
                quiet_targets: Mapping[str, float] = QUIET_TARGETS, progress: Union[bool, str] = False,
@@ -566,76 +709,15 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
     """
     if not isinstance(cal, Calibration):
         raise ArgumentError(f"crosscheck needs a Calibration, got {type(cal).__name__}")
-    configs = check_runs(runs_doc, runs_path)
-    by_key: Dict[str, List[Mapping]] = {c.key: [] for c in configs}
-    for r in runs_doc.get("runs", []):
-        if r.get("config") not in by_key:
-            raise ArgumentError(f"run of unknown configuration {r.get('config')!r}")
-        by_key[r["config"]].append(r)
-    configs = [c for c in configs if by_key[c.key]]
-    if not configs:
-        raise ArgumentError("the runs document holds no runs")
-    cal.check_backends([c.backend for c in configs], "the measured runs")
-    cal, other = _own_windows(cal, runs_doc)
-    for c in configs:
-        for r in by_key[c.key]:
-            _check_window(cal, c, r)
+    configs, by_key = _runs_by_config(runs_doc, runs_path)
+    cal, other = _checked_calibration(cal, runs_doc, configs, by_key)
     rp = Path(runs_path) if runs_path is not None else None
-    need: Dict[str, int] = {}
-    for c in configs:
-        end = max(int(r.get("start", 0)) + c.steps * c.sessions for r in by_key[c.key])
-        need[c.trace] = max(need.get(c.trace, 0), end)
-    traces = _load_traces(runs_doc, rp, configs, need)
-
-    built = []
-    with progress_bar(len(configs), "crosscheck", "configuration", mode=progress) as bar:
-        for c in configs:
-            row, mid = _row(cal, c, traces[c.trace], by_key[c.key], sim_steps, seed, baseline)
-            built.append((c, row, mid, _fit(cal, c, by_key[c.key], mid, row)))
-            bar.update(1, note=c.key)
-    fits = [b[3] for b in built]
-    for i, (c, row, mid, fit) in enumerate(built):
-        _add_interval(row, c, mid, fit, peer_model_sd(fits, i), seed)
-    rows = [b[1] for b in built if not b[0].multi]
-    session_rows = [b[1] for b in built if b[0].multi]
-    every = rows + session_rows
+    traces = _load_traces(runs_doc, rp, configs, _trace_need(configs, by_key))
+    rows, session_rows = _predicted_rows(cal, configs, by_key, traces, sim_steps, seed, baseline, progress)
     target = (runs_doc.get("params") or {}).get("capacity_target")
     caps = capacity(session_rows, float(target)) if session_rows and target else []
-
-    sp_t = np.array([r["spread"]["tokens_per_s"] for r in every])
-    sp_p = np.array([r["spread"]["step_p50"] for r in every])
-    summary = {"configurations": len(every), "single_configurations": len(rows),
-               "session_configurations": len(session_rows), "runs": int(sum(r["repeats"] for r in every)),
-               "tokens_per_s": _stats(every, "tokens_per_s"), "step_p50": _stats(every, "step_p50"),
-               "step_p95": _stats(every, "step_p95"), "step_mean": _stats(every, "step_mean"),
-               "single": {"tokens_per_s": _stats(rows, "tokens_per_s")} if rows else {},
-               "sessions": {name: _stats(session_rows, name) for name in
-                            ("tokens_per_s", "slowest_tokens_per_s", "aggregate_tokens_per_s")} if session_rows else {},
-               "spread": {"tokens_per_s_median": float(np.median(sp_t)), "tokens_per_s_max": float(sp_t.max()),
-                          "tokens_per_s_cv_median": float(np.median([r["spread"]["tokens_per_s_cv"] for r in every])),
-                          "step_p50_median": float(np.median(sp_p)), "step_p50_max": float(sp_p.max())},
-               "within_spread": int(sum(r["within_spread"] for r in every)),
-               "inside_interval": int(sum(r["inside_interval"] for r in every)),
-               "inside_interval_share": float(np.mean([r["inside_interval"] for r in every])),
-               "runs_inside": int(sum(r["runs_inside"] for r in every)),
-               "runs_inside_share": float(sum(r["runs_inside"] for r in every) / sum(r["repeats"] for r in every)),
-               "calibrated_only": _stats(every, "tokens_per_s_calibrated"),
-               "windows_probed": int(sum(r["predicted"]["windows"] for r in every)),
-               "regime": regime([r.get("background") for r in runs_doc.get("runs", [])]),
-               "rows_match": all(r["measured"]["rows_match"] for r in every)}
-    cached = [r["row_cache"] for r in every if "row_cache" in r]
-    if cached:  # the measured hit rate against the replayed one, within a point (issue 26)
-        gap = max(x["hit_rate_max_abs_error"] for x in cached)
-        summary["row_cache"] = {"configurations": len(cached), "hit_rate_max_abs_error": gap,
-                                "hit_rate_within_one_point": bool(gap <= ROW_CACHE_HIT_RATE_TOLERANCE)}
-    summary["background_cpu_median"] = summary["regime"]["cpu"]
-    which, coverage, _ = regime_checks(summary["regime"]["name"])
-    summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps)}
-    ok = verdict(summary, targets, quiet_targets, caps)
-    summary["pass"] = ok
-    summary["passed"] = all(ok.values())
-    left = dict(cal.left_out)
-    left.update((runs_doc.get("backends") or {}).get("left_out") or {})
+    summary = _summary(rows, session_rows, runs_doc)
+    _judge(summary, caps, targets, quiet_targets)
     return {
         "schema": CROSSCHECK_SCHEMA, "kind": "crosscheck",
         "date": now_iso(),
@@ -644,7 +726,7 @@ def crosscheck(cal: Calibration, runs_doc: Mapping, *, runs_path: Optional[Union
         "sim": {"steps": sim_steps, "seed": seed, "mode": "fast", "interval_z": INTERVAL_Z,
                 "session_seeds": SESSION_SIM_SEEDS},
         "targets": dict(targets), "quiet_targets": dict(quiet_targets), "coverage_target": COVERAGE_TARGET,
-        "backends": {"usable": sorted(cal.devices), "left_out": left},
+        "backends": {"usable": sorted(cal.devices), "left_out": _left_out(cal, runs_doc)},
         "warnings": list(runs_doc.get("warnings") or []) + ([other] if other else []),
         "summary": summary, "rows": rows, "session_rows": session_rows, "capacity": caps,
         "cdf_percentiles": list(CDF_PERCENTILES),
@@ -697,14 +779,13 @@ def _drafts_text(r: Mapping) -> str:
             + (", prefetched" if r.get("prefetch_drafts") else ""))
 
 
-def markdown_table(res: Mapping) -> str:
-    """The cross-check as Markdown: single-session and multi-session tables, capacity, and a summary that says
-    the regime, its targets and the verdict."""
+def _single_lines(rows: Sequence[Mapping]) -> List[str]:
+    """The single-session table."""
     head = ("| trace | threshold | backend | readers | compute | steps | tokens/s measured (spread) | "
             "predicted | error [90% band] | step p50 ms measured | predicted | error | step p95 ms measured | "
             "predicted | error |")
     lines = [head, "|" + "---|" * 15]
-    for r in res["rows"]:
+    for r in rows:
         m, p, e, s, iv = r["measured"], r["predicted"], r["error"], r["spread"], r.get("interval", {})
         pol = "serial" if r["serial"] else r["backend"]
         rd = "-" if r["serial"] else str(r["readers"])
@@ -714,25 +795,36 @@ def markdown_table(res: Mapping) -> str:
             f"{m['tokens_per_s']:.1f} ({s['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
             f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | {_pct(e['step_p50'])} | "
             f"{m['step_p95_ms']:.3f} | {p['step_p95_ms']:.3f} | {_pct(e['step_p95'])} |")
-    srows = res.get("session_rows") or []
-    if srows:
-        lines += ["", "| sessions | mode | trace | policy | compute | steps | threads | tokens/s a session measured "
-                      "(spread) | predicted | error [90% band] | slowest measured | predicted | error | "
-                      "aggregate measured | predicted | error | step p50 ms measured | predicted | error |",
-                  "|" + "---|" * 19]
-        for r in srows:
-            m, p, e, iv = r["measured"], r["predicted"], r["error"], r["interval"]
-            pol = "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}"
-            lines.append(
-                f"| {r['sessions']} | {r['mode']} | {r['trace_label']} | {pol} | {r['compute']} | "
-                f"{r['steps']} x{r['repeats']} | {m['threads']} | {m['tokens_per_s']:.1f} "
-                f"({r['spread']['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
-                f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['slowest_tokens_per_s']:.1f} | "
-                f"{p['slowest_tokens_per_s']:.1f} | {_pct(e['slowest_tokens_per_s'])} | "
-                f"{m['aggregate_tokens_per_s']:.1f} | {p['aggregate_tokens_per_s']:.1f} | "
-                f"{_pct(e['aggregate_tokens_per_s'])} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | "
-                f"{_pct(e['step_p50'])} |")
-    for c in res.get("capacity") or []:
+    return lines
+
+
+def _session_lines(srows: Sequence[Mapping]) -> List[str]:
+    """The multi-session table (nothing without multi-session rows)."""
+    if not srows:
+        return []
+    lines = ["", "| sessions | mode | trace | policy | compute | steps | threads | tokens/s a session measured "
+                 "(spread) | predicted | error [90% band] | slowest measured | predicted | error | "
+                 "aggregate measured | predicted | error | step p50 ms measured | predicted | error |",
+             "|" + "---|" * 19]
+    for r in srows:
+        m, p, e, iv = r["measured"], r["predicted"], r["error"], r["interval"]
+        pol = "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}"
+        lines.append(
+            f"| {r['sessions']} | {r['mode']} | {r['trace_label']} | {pol} | {r['compute']} | "
+            f"{r['steps']} x{r['repeats']} | {m['threads']} | {m['tokens_per_s']:.1f} "
+            f"({r['spread']['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
+            f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['slowest_tokens_per_s']:.1f} | "
+            f"{p['slowest_tokens_per_s']:.1f} | {_pct(e['slowest_tokens_per_s'])} | "
+            f"{m['aggregate_tokens_per_s']:.1f} | {p['aggregate_tokens_per_s']:.1f} | "
+            f"{_pct(e['aggregate_tokens_per_s'])} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | "
+            f"{_pct(e['step_p50'])} |")
+    return lines
+
+
+def _capacity_lines(caps: Sequence[Mapping]) -> List[str]:
+    """A sentence per capacity group, each after a blank line."""
+    lines = []
+    for c in caps:
         def cap(key):
             return capacity_shown(c, key) + (f" (every count up to {c['sessions'][-1]} met it)"
                                              if c["all_met"][key] else "")
@@ -741,28 +833,26 @@ def markdown_table(res: Mapping) -> str:
                       f"slowest session reaches {c['target_tokens_per_s']:g} tokens/s is "
                       f"{cap('measured')} measured and {cap('predicted')} predicted "
                       f"({'within' if c['within_one_step'] else 'NOT within'} one grid step)."]
-    cached = [r for r in res["rows"] + srows if r.get("row_cache")]
-    if cached:
-        lines += ["", "Row cache (engram measure --cache-bytes; predicted from the misses of the same policy and budget "
-                      "replayed over each run's trace steps): "
-                  + "; ".join(f"{r['key']}: {r['row_cache']['policy']} {r['row_cache']['bytes'] / 2**20:.3g} MiB "
-                              f"({r['row_cache']['rows']} rows{'' if r['row_cache']['shared'] else ', one a process'}), "
-                              f"hit rate measured {r['row_cache']['hit_rate_measured']:.4f}, predicted "
-                              f"{r['row_cache']['hit_rate_predicted']:.4f} (largest gap of a run "
-                              f"{r['row_cache']['hit_rate_max_abs_error'] * 100:.2f} points)" for r in cached) + "."]
-    s = res["summary"]
-    t = res["targets"]
-    q = res.get("quiet_targets", t)
-    rg = s.get("regime") or {"name": "unknown", "why": ""}
-    which, coverage, rule = regime_checks(rg["name"])
-    use = q if which == "quiet" else t
+    return lines
 
-    def target(key: str) -> str:
-        return (f"target <= {use[key] * 100:g}%" if which is not None else
-                f"any-machine target <= {use[key] * 100:g}%, not held under load")
 
-    lines += [
-        "",
+def _cache_lines(rows: Sequence[Mapping]) -> List[str]:
+    """The row caches' hit rates measured and predicted (nothing without a row cache)."""
+    cached = [r for r in rows if r.get("row_cache")]
+    if not cached:
+        return []
+    return ["", "Row cache (engram measure --cache-bytes; predicted from the misses of the same policy and budget "
+                "replayed over each run's trace steps): "
+            + "; ".join(f"{r['key']}: {r['row_cache']['policy']} {r['row_cache']['bytes'] / 2**20:.3g} MiB "
+                        f"({r['row_cache']['rows']} rows{'' if r['row_cache']['shared'] else ', one a process'}), "
+                        f"hit rate measured {r['row_cache']['hit_rate_measured']:.4f}, predicted "
+                        f"{r['row_cache']['hit_rate_predicted']:.4f} (largest gap of a run "
+                        f"{r['row_cache']['hit_rate_max_abs_error'] * 100:.2f} points)" for r in cached) + "."]
+
+
+def _errors_text(s: Mapping, target) -> str:
+    """The summary's sentence on the errors (``target(key)``: how its target reads)."""
+    return (
         f"{s['configurations']} configurations ({s.get('session_configurations', 0)} with several sessions), "
         f"{s['runs']} runs. Errors: each run against its own prediction, the median over a configuration's runs "
         f"(the measured and predicted columns are medians over the runs, under load often of different runs, so "
@@ -776,7 +866,12 @@ def markdown_table(res: Mapping) -> str:
            f"{_pct_or(s['sessions']['tokens_per_s']['median_abs_error'])}, max "
            f"{_pct_or(s['sessions']['tokens_per_s']['max_abs_error'])}; slowest session median "
            f"{_pct_or(s['sessions']['slowest_tokens_per_s']['median_abs_error'])}."
-           if s.get("sessions") else ""),
+           if s.get("sessions") else ""))
+
+
+def _spread_text(s: Mapping, res: Mapping, coverage: bool) -> str:
+    """The summary's sentence on the repeats' spread, the intervals and the windows."""
+    return (
         "Spread of repeated runs ((max - min) / median): tokens/s median "
         f"{s['spread']['tokens_per_s_median'] * 100:.2f}%, "
         f"max {s['spread']['tokens_per_s_max'] * 100:.2f}% (coefficient of variation: median "
@@ -792,10 +887,37 @@ def markdown_table(res: Mapping) -> str:
         f"their own time window (fitted from their interleaved probe steps): {s.get('windows_probed', 0)} of "
         f"{s['runs']}" + (f"; with the calibrated device and compute alone tokens/s would be off by a median "
                           f"{_pct_or(s['calibrated_only']['median_abs_error'])}, max "
-                          f"{_pct_or(s['calibrated_only']['max_abs_error'])}." if s.get("calibrated_only") else "."),
+                          f"{_pct_or(s['calibrated_only']['max_abs_error'])}." if s.get("calibrated_only") else "."))
+
+
+def _summary_lines(res: Mapping) -> List[str]:
+    """The summary: the errors against the regime's targets, the spread and intervals, the regime and verdict."""
+    s = res["summary"]
+    t = res["targets"]
+    q = res.get("quiet_targets", t)
+    rg = s.get("regime") or {"name": "unknown", "why": ""}
+    which, coverage, rule = regime_checks(rg["name"])
+    use = q if which == "quiet" else t
+
+    def target(key: str) -> str:
+        return (f"target <= {use[key] * 100:g}%" if which is not None else
+                f"any-machine target <= {use[key] * 100:g}%, not held under load")
+
+    return [
+        "",
+        _errors_text(s, target),
+        _spread_text(s, res, coverage),
         f"Regime: {rg['name']} ({rg['why']}); {rule}. {'PASS' if s['passed'] else 'FAIL'}"
         + ("" if s["passed"] else " (missed: " + ", ".join(k for k, v in s["pass"].items() if not v) + ")") + ".",
     ]
+
+
+def markdown_table(res: Mapping) -> str:
+    """The cross-check as Markdown: single-session and multi-session tables, capacity, and a summary that says
+    the regime, its targets and the verdict."""
+    srows = res.get("session_rows") or []
+    lines = (_single_lines(res["rows"]) + _session_lines(srows) + _capacity_lines(res.get("capacity") or [])
+             + _cache_lines(res["rows"] + srows) + _summary_lines(res))
     left = (res.get("backends") or {}).get("left_out") or {}
     if left:
         lines.append("Backends left out: " + "; ".join(f"{b} ({why})" for b, why in left.items()) + ".")

@@ -402,19 +402,46 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         malformed documents (names the file).
     """
     work = Path(workdir)
-    dpath = work / DEVICES_NAME
-    if not dpath.is_file():
-        raise ArgumentError(f"{dpath}: no device list: measure with engram measure --throttle-iops N (or --tmpfs) "
-                            f"first, which writes it")
-    ddoc = load_json(dpath, "devices")
-    devices = check_devices(ddoc, dpath)
+    dpath, ddoc, devices = _device_list(work)
     overrides = _fio_overrides(fio)
     names = [d.get("name") for d in devices]
     for n in overrides:
         if n not in names:
             raise ArgumentError(f"--fio {n}=...: no device {n!r} in {dpath} (devices: {', '.join(map(str, names))})")
     built = [d for d in devices if d.get("built") and d.get("measured")]
-    # Check every fio file before anything is simulated.
+    figs, files = _fio_files(work, ddoc, built, overrides)
+    raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
+    total = sum(len(MODES) for d in built if d["name"] in files)
+    with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
+        planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar)
+        result = [planner.entry(d) for d in devices]
+    res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
+           "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
+           "built": [e["name"] for e in result if e["built"]],
+           "skipped": {e["name"]: e["reason"] for e in result if not e["built"]}}
+    write_json(Path(out) if out is not None else work / PLANNER_NAME, res)
+    return res
+
+
+def _device_list(work: Path) -> tuple:
+    """``(its path, the devices.json document, its checked device list)`` of a measurement folder.
+
+    Raises
+    ------
+    ArgumentError
+        No device list in ``work``.
+    """
+    dpath = work / DEVICES_NAME
+    if not dpath.is_file():
+        raise ArgumentError(f"{dpath}: no device list: measure with engram measure --throttle-iops N (or --tmpfs) "
+                            f"first, which writes it")
+    ddoc = load_json(dpath, "devices")
+    return dpath, ddoc, check_devices(ddoc, dpath)
+
+
+def _fio_files(work: Path, ddoc: Mapping, built: Sequence[Mapping], overrides: Mapping[str, Path]) -> tuple:
+    """``(fio figures by device, fio file by device)`` of the built devices that have one, every file checked
+    (:func:`check_fio`) before anything is simulated."""
     figs, files = {}, {}
     for d in built:
         size = int(d.get("read_size") or ddoc.get("read_size") or 4096)
@@ -424,85 +451,111 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
             continue
         files[d["name"]] = path
         figs[d["name"]] = fio_figures(check_fio(path, size))
-    raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
-    result = []
-    total = sum(len(MODES) for d in built if d["name"] in files)
-    with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
-        for d in devices:
-            entry = {"name": d.get("name"), "class": d.get("class"), "built": bool(d.get("built")),
-                     "reason": d.get("reason", ""), "folder": d.get("folder"), "modes": {}, "left_out": {},
-                     "fio_file": str(files.get(d.get("name"), "")), "datasheet": "", "datasheet_used": "",
-                     "datasheet_fallback": "", "today": None}
-            result.append(entry)
-            if not entry["built"]:
+    return figs, files
+
+
+def _refused(device: str, why: str) -> dict:
+    """A mode's result when the simulator refuses its device description."""
+    return {"device": device, "refused": why, "summary": {}, "capacity": [], "rows": []}
+
+
+@dataclass
+class _Planner:
+    """The planner's pass over a measurement's devices: the folder, each device's fio file and figures, the raw
+    disk's figures (``raw``, behind a throttled volume), the simulation's steps and seed, whether to run
+    today's cross-check where missing, and the progress bar."""
+
+    work: Path
+    files: Mapping[str, Path]
+    figs: Mapping[str, Mapping]
+    raw: Optional[Mapping]
+    sim_steps: Optional[int]
+    seed: int
+    today: bool
+    bar: object
+
+    def entry(self, d: Mapping) -> dict:
+        """A device's entry of ``planner.json``: each mode predicted, or why the device was not."""
+        entry = {"name": d.get("name"), "class": d.get("class"), "built": bool(d.get("built")),
+                 "reason": d.get("reason", ""), "folder": d.get("folder"), "modes": {}, "left_out": {},
+                 "fio_file": str(self.files.get(d.get("name"), "")), "datasheet": "", "datasheet_used": "",
+                 "datasheet_fallback": "", "today": None}
+        if not entry["built"]:
+            return entry
+        if not d.get("measured"):
+            entry.update(built=False, reason=d.get("reason") or "not measured")
+            return entry
+        folder = self.work / d["folder"]
+        entry["today"] = _today(folder, self.today, self.sim_steps, self.seed)
+        if d["name"] not in self.files:
+            entry["reason"] = "no fio beside its runs: " + (d.get("fio_skipped") or "not recorded")
+            return entry
+        runs_path = folder / "runs.json"
+        runs_doc, entry["left_out"] = _planner_runs(load_json(runs_path, "decode_runs"))
+        if not runs_doc["runs"]:
+            entry["reason"] = "no run a planner can state the compute of"
+            return entry
+        check_runs(runs_doc, runs_path)
+        spec, fallback, cores = self._describe(entry, d, runs_doc)
+        for mode in MODES:
+            got = self._device(entry, d, mode, spec, fallback, cores)
+            if got is None:
+                self.bar.update(1, note=f"{d['name']} {mode}: refused")
                 continue
-            if not d.get("measured"):
-                entry.update(built=False, reason=d.get("reason") or "not measured")
-                continue
-            folder = work / d["folder"]
-            entry["today"] = _today(folder, today, sim_steps, seed)
-            if d["name"] not in files:
-                entry["reason"] = "no fio beside its runs: " + (d.get("fio_skipped") or "not recorded")
-                continue
-            runs_path = folder / "runs.json"
-            runs_doc, entry["left_out"] = _planner_runs(load_json(runs_path, "decode_runs"))
-            if not runs_doc["runs"]:
-                entry["reason"] = "no run a planner can state the compute of"
-                continue
-            check_runs(runs_doc, runs_path)
-            cores = _cores(runs_doc) if is_memory(figs[d["name"]]) else None
-            spec, fallback, rules = datasheet_spec(figs[d["name"]], raw if d["class"] == "throttled" else None,
-                                                   d["class"] == "throttled", cpus=cores)
-            if cores is not None:
-                entry["memory_backed"] = (f"fio's QD1 median {figs[d['name']]['qd1_p50_us']:.1f} us: a memory copy "
-                                          f"in the reading thread, not a drive; fio's IOPS are its "
-                                          f"{figs[d['name']]['jobs']} job(s)' CPU(s), the runs' readers had "
-                                          f"{cores} (assumed: the reads scale to them, cpus={cores})")
-            idle = idle_jobs(read_fio_output(files[d["name"]]))
-            entry["assumed"] = (f"fio's thinktime job(s) {', '.join(sorted(set(idle)))} left out" if idle else
-                                "device measured back-to-back only: no fio job with thinktime") + \
-                ", so a slowdown after idle between decode steps is not in the prediction"
-            entry.update(datasheet=spec, datasheet_rules=rules)
-            for mode in MODES:
-                described, refused = (str(files[d["name"]]), "") if mode == "fio" else (spec, "")
-                rsize = int(d.get("read_size") or 4096)
-                if mode == "fio" and (rsize != 4096 or cores is not None):
-                    # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
-                    # copy runs on: the planner states them
-                    described = (f"fio:{described}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
-                                 (f",cpus={cores}" if cores is not None else ""))
-                try:
-                    dev = load_device(described)
-                except ArgumentError as exc:
-                    if mode == "datasheet" and fallback:
-                        why = str(exc).split("; keys:")[0]
-                        entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({why}); predicted "
-                                                       f"from {fallback!r}, without the volume's rate limit")
-                        described = fallback
-                        try:
-                            dev = load_device(fallback)
-                        except ArgumentError as exc2:
-                            entry["modes"][mode] = {"device": described, "refused": f"{why}; then {exc2}",
-                                                    "summary": {}, "capacity": [], "rows": []}
-                            bar.update(1, note=f"{d['name']} {mode}: refused")
-                            continue
-                    else:
-                        entry["modes"][mode] = {"device": described, "refused": str(exc), "summary": {},
-                                                "capacity": [], "rows": []}
-                        bar.update(1, note=f"{d['name']} {mode}: refused")
-                        continue
-                if mode == "datasheet":
-                    entry["datasheet_used"] = described
-                doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
-                                 sim_steps=sim_steps, seed=seed, baseline=False)
-                entry["modes"][mode] = _mode_result(doc, described, refused)
-                bar.update(1, note=f"{d['name']} {mode}")
-    res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
-           "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
-           "built": [e["name"] for e in result if e["built"]],
-           "skipped": {e["name"]: e["reason"] for e in result if not e["built"]}}
-    write_json(Path(out) if out is not None else work / PLANNER_NAME, res)
-    return res
+            dev, described = got
+            if mode == "datasheet":
+                entry["datasheet_used"] = described
+            doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
+                             sim_steps=self.sim_steps, seed=self.seed, baseline=False)
+            entry["modes"][mode] = _mode_result(doc, described, "")
+            self.bar.update(1, note=f"{d['name']} {mode}")
+        return entry
+
+    def _describe(self, entry: dict, d: Mapping, runs_doc: Mapping) -> tuple:
+        """``(datasheet string, its fallback, the CPUs a memory copy runs on or None)`` of a device, with what
+        the planner assumes of it put into ``entry``."""
+        fig = self.figs[d["name"]]
+        cores = _cores(runs_doc) if is_memory(fig) else None
+        spec, fallback, rules = datasheet_spec(fig, self.raw if d["class"] == "throttled" else None,
+                                               d["class"] == "throttled", cpus=cores)
+        if cores is not None:
+            entry["memory_backed"] = (f"fio's QD1 median {fig['qd1_p50_us']:.1f} us: a memory copy "
+                                      f"in the reading thread, not a drive; fio's IOPS are its "
+                                      f"{fig['jobs']} job(s)' CPU(s), the runs' readers had "
+                                      f"{cores} (assumed: the reads scale to them, cpus={cores})")
+        idle = idle_jobs(read_fio_output(self.files[d["name"]]))
+        entry["assumed"] = (f"fio's thinktime job(s) {', '.join(sorted(set(idle)))} left out" if idle else
+                            "device measured back-to-back only: no fio job with thinktime") + \
+            ", so a slowdown after idle between decode steps is not in the prediction"
+        entry.update(datasheet=spec, datasheet_rules=rules)
+        return spec, fallback, cores
+
+    def _device(self, entry: dict, d: Mapping, mode: str, spec: str, fallback: str,
+                cores: Optional[int]) -> Optional[tuple]:
+        """``(device, its description)`` of ``mode`` (``spec``, ``fallback``, ``cores``: :meth:`_describe`'s),
+        the datasheet string's fallback where the simulator refuses it; None (the refusal put into ``entry``)
+        where it refuses every description."""
+        described = str(self.files[d["name"]]) if mode == "fio" else spec
+        rsize = int(d.get("read_size") or 4096)
+        if mode == "fio" and (rsize != 4096 or cores is not None):
+            # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
+            # copy runs on: the planner states them
+            described = (f"fio:{described}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
+                         (f",cpus={cores}" if cores is not None else ""))
+        try:
+            return load_device(described), described
+        except ArgumentError as exc:
+            if not (mode == "datasheet" and fallback):
+                entry["modes"][mode] = _refused(described, str(exc))
+                return None
+            why = str(exc).split("; keys:")[0]
+        entry["datasheet_fallback"] = (f"{spec!r} refused by this simulator ({why}); predicted "
+                                       f"from {fallback!r}, without the volume's rate limit")
+        try:
+            return load_device(fallback), fallback
+        except ArgumentError as exc2:
+            entry["modes"][mode] = _refused(fallback, f"{why}; then {exc2}")
+            return None
 
 
 def _classes(entries: Sequence[Mapping]) -> dict:

@@ -43,10 +43,11 @@ every step (a 0.001-scale model, short runs) for smoke tests: under a minute.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -63,14 +64,14 @@ from sim.core.io import write_json
 from sim.core.progress import progress_mode
 from sim.measure import (DEFAULT_SCALE, SESSION_COUNTS, Settings, backends_here, ensure_model, measure, session_grid,
                          trace_tokens_needed, usable_configs)
-from sim.measure.devices import DevicePlan, measure_devices
+from sim.measure.devices import DevicePlan, check_rates, measure_devices
 from sim.check.planner import planner_crosscheck
-from sim.report import build_report, default_traces
+from sim.report import ReportPage, ReportSearch, build_report, default_traces
 from sim.core.schema import RunConfig
 from sim.sweep import Study, run_study
 from sim.trace import load_trace, reuse_stats
 
-__all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
+__all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "DemoMeasurement", "DemoSize", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
 
 #: Budget of the row cache the demo measures one configuration again with (the engine's ``RowCache`` and its
 #: default policy), cross-checked like the others: its tokens/s predicted from its misses (issue 26).
@@ -131,6 +132,8 @@ title = "What a 4096-row cache buys at threshold 8"
 """
 
 DEFAULT_OUT = "reports/demo"
+#: The title of the demo's report.
+_REPORT_TITLE = "Engram on this machine: measured, predicted and what-if (engram demo)"
 DEFAULT_WORKDIR = "work/demo"
 
 
@@ -335,38 +338,59 @@ def _lookups(model_path: Path, trace, n: int, seed: int = 0) -> dict:
             "read_ms_mean": float(np.mean(read_ms)), "mix_ms_mean": float(np.mean(mix_ms))}
 
 
-def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, os.PathLike] = DEFAULT_WORKDIR,
-             scale: Optional[float] = None, texts: Optional[Sequence[str]] = None, quick: bool = False,
-             steps: Optional[int] = None, rounds: Optional[int] = None, jobs: Optional[int] = None,
-             lookups: Optional[int] = None, html_page: bool = True, fio: bool = True, wait: bool = False,
-             throttles: Optional[Sequence[int]] = None, tmpfs: bool = True, progress: Union[bool, str] = True) -> Path:
-    """Run the main job and return the path of the report (``OUT/report.md``).
+@dataclass(frozen=True)
+class DemoSize:
+    """How big the demo's model file and runs are; None (for ``steps`` and ``rounds`` 0 too): the default, smaller
+    with ``quick`` (:meth:`resolved`).
 
-    Parameters
+    Attributes
     ----------
-    out : path
-        Report folder (default ``reports/demo``).
-    workdir : path
-        Work folder: the model file (reused when it has the layout of
-        ``scale``), traces, measurements, calibration, cross-check, sweep table.
     scale : float, optional
-        Layout scale of the model file (default 0.02: 4.4 GiB; ``quick``: 0.001).
-    texts : sequence of str, optional
-        The user's own text files (or any trace source spec) instead of the
-        built-in standard-library texts.
-    quick : bool
-        Small and fast (smoke tests): a tiny model, a few short runs.
+        Layout scale of the model file (> 0; default 0.02: 4.4 GiB; ``quick``: 0.001).
     steps, rounds : int, optional
-        Decode steps per measured run (default 200; quick 40) and interleaved
-        rounds (default 5; quick 2).
-    jobs : int, optional
-        Local processes of the sweep and the report's simulations (default: CPU count).
+        Decode steps per measured run (at least 10; default 200; quick 40) and interleaved rounds (at least 1;
+        default 5; quick 2).
     lookups : int, optional
-        Tokens of the lookup step (default 16; quick 4).
-    html_page : bool
-        Also write ``report.html``.
+        Tokens of the lookup step (at least 1; default 16; quick 4).
+
+    Raises
+    ------
+    ArgumentError
+        A field out of its range (names the field and the value).
+    """
+
+    scale: Optional[float] = None
+    steps: Optional[int] = None
+    rounds: Optional[int] = None
+    lookups: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
+                                           and math.isfinite(self.scale) and self.scale > 0):
+            raise ArgumentError(f"demo scale = {self.scale!r} must be a number > 0")
+        for name, least in (("steps", 10), ("rounds", 1)):
+            v = getattr(self, name)
+            if v and v < least:
+                raise ArgumentError(f"demo {name} = {v!r}: need {name} >= {least}")
+        if self.lookups is not None and self.lookups < 1:
+            raise ArgumentError(f"demo lookups = {self.lookups!r}: need lookups >= 1")
+
+    def resolved(self, quick: bool) -> "DemoSize":
+        """Every field given: the defaults (``quick``'s) filled in."""
+        return DemoSize(float(self.scale) if self.scale is not None else (0.001 if quick else DEFAULT_SCALE),
+                        int(self.steps) if self.steps else (40 if quick else 200),
+                        int(self.rounds) if self.rounds else (2 if quick else 5),
+                        int(self.lookups) if self.lookups is not None else (4 if quick else 16))
+
+
+@dataclass(frozen=True)
+class DemoMeasurement:
+    """How the demo measures.
+
+    Attributes
+    ----------
     fio : bool
-        Run fio's microbenchmarks when fio is installed.
+        Run fio's microbenchmarks when fio is installed (and beside each device of the devices step).
     wait : bool
         Let each measurement wait for a quiet machine (other processes below a
         quarter of the CPUs and 1000 disk requests a second; at most 2 minutes
@@ -378,6 +402,53 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
         its first; ``()``: none).
     tmpfs : bool
         Also measure on a copy of the model on tmpfs (where ``O_DIRECT`` works there).
+
+    Raises
+    ------
+    ArgumentError
+        A flag that is not true or false (names the field and the value), a throttle that is not a whole number
+        of read IOPS or given twice (:func:`sim.measure.devices.check_rates`).
+    """
+
+    fio: bool = True
+    wait: bool = False
+    throttles: Optional[Sequence[int]] = None
+    tmpfs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("fio", "wait", "tmpfs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"demo {name} = {getattr(self, name)!r} must be true or false")
+        if self.throttles is not None:
+            check_rates(self.throttles)
+
+
+def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, os.PathLike] = DEFAULT_WORKDIR,
+             texts: Optional[Sequence[str]] = None, quick: bool = False, size: DemoSize = DemoSize(),
+             measurement: DemoMeasurement = DemoMeasurement(), jobs: Optional[int] = None, html_page: bool = True,
+             progress: Union[bool, str] = True) -> Path:
+    """Run the main job and return the path of the report (``OUT/report.md``).
+
+    Parameters
+    ----------
+    out : path
+        Report folder (default ``reports/demo``).
+    workdir : path
+        Work folder: the model file (reused when it has the layout of
+        ``size.scale``), traces, measurements, calibration, cross-check, sweep table.
+    texts : sequence of str, optional
+        The user's own text files (or any trace source spec) instead of the
+        built-in standard-library texts.
+    quick : bool
+        Small and fast (smoke tests): a tiny model, a few short runs.
+    size : DemoSize
+        The model file's scale, the runs' steps and rounds, the lookup step's tokens.
+    measurement : DemoMeasurement
+        fio, waiting for a quiet machine, the devices step's throttles and tmpfs.
+    jobs : int, optional
+        Local processes of the sweep and the report's simulations (default: CPU count).
+    html_page : bool
+        Also write ``report.html``.
     progress : bool or str
         :mod:`sim.core.progress` mode: ``"auto"`` (``True``) step lines and progress bars on a terminal, plain
         progress lines elsewhere; ``"lines"`` step lines and plain progress lines, never a bar; ``"off"``
@@ -388,144 +459,197 @@ def run_demo(out: Union[str, os.PathLike] = DEFAULT_OUT, *, workdir: Union[str, 
     ArgumentError
         A text too short for the measured runs, too little disk space, a bad argument.
     """
-    out, work = Path(out), Path(workdir)
-    scale = float(scale) if scale is not None else (0.001 if quick else DEFAULT_SCALE)
-    steps = int(steps) if steps else (40 if quick else 200)
-    rounds = int(rounds) if rounds else (2 if quick else 5)
-    n_lookups = int(lookups) if lookups is not None else (4 if quick else 16)
-    if steps < 10 or rounds < 1 or n_lookups < 1:
-        raise ArgumentError(f"need steps >= 10, rounds >= 1 and lookups >= 1; got {steps}, {rounds}, {n_lookups}")
-    work.mkdir(parents=True, exist_ok=True)
-    progress = progress_mode(progress)
-    st = _Steps(9, progress != "off")
-    t_start = time.perf_counter()
-    if progress != "off":
-        print(f"engram demo: work folder {work}, report folder {out}", flush=True)
+    demo = _Demo(Path(out), Path(workdir), quick, size.resolved(quick), measurement, jobs, progress_mode(progress))
+    demo.work.mkdir(parents=True, exist_ok=True)
+    if demo.progress != "off":
+        print(f"engram demo: work folder {demo.work}, report folder {demo.out}", flush=True)
+    demo.traces(texts)
+    demo.model()
+    demo.lookups()
+    demo.measure()
+    demo.calibrate()
+    demo.crosscheck()
+    demo.devices()
+    demo.sweep()
+    md = demo.report(html_page)
+    if demo.progress != "off":
+        total = time.perf_counter() - demo.t_start
+        print(f"engram demo: finished in {total / 60:.1f} min", flush=True)
+    return md
 
-    # 1. traces ------------------------------------------------------------------
-    lay = Layout.deepseek_v41_flash(scale=scale)
-    specs = list(texts) if texts else default_traces()
-    usable, left_out = backends_here()
-    st.begin("traces", "real text -> DeepSeek V4 tokenizer -> V4.1 hash: " + ", ".join(specs))
-    full, main, configs, trace_info = _traces(specs, lay, steps, rounds, quick, usable)
-    st.end("; ".join(f"{t['label']}: {t['tokens_in_text']:,} tokens, {t['reuse_rate'] * 100:.1f}% of row reads "
-                     f"repeat (first 2000)" for t in trace_info))
 
-    # 2. model -------------------------------------------------------------------
-    table_bytes = int(sum(int(r) for r in lay.rows)) * ROW_BYTES
-    path = work / f"model-s{scale:g}.gguf"
-    reuse = path.exists()
-    st.begin("model", f"{'reuse' if reuse else 'build'} {path} (V4.1 Flash layout at scale {scale:g}: "
-                      f"{', '.join(f'{int(r):,}' for r in lay.rows)} rows, {table_bytes / 2**30:.2f} GiB of tables "
-                      f"+ 0.59 GiB of projections)")
-    t0 = time.perf_counter()
-    ensure_model(path, scale, progress=progress == "auto")  # a tqdm bar, or nothing
-    build_s = None if reuse else time.perf_counter() - t0
-    size = path.stat().st_size
-    st.end(f"{size / 2**30:.2f} GiB")
+class _Demo:
+    """The demo's steps, one method each, and what each leaves for the next (the steps' lines in ``st``)."""
 
-    # 3. lookups and gated adds --------------------------------------------------
-    st.begin("lookups", f"decode session over the first {n_lookups} tokens of {main}: rows read, verified, "
-                        f"projected and gate-added (both Engram layers)")
-    lk = _lookups(path, full[main], n_lookups)
-    st.end(f"rows {'verified' if lk['rows_verified'] else 'MISMATCH'}, read {lk['read_ms_mean']:.3f} ms, "
-           f"projection + gated add {lk['mix_ms_mean']:.1f} ms a token")
-    if not lk["rows_verified"]:
-        raise ArgumentError(f"{path}: rows read differ from the generator's (a model file from another seed?); "
-                            "delete it and run again")
+    def __init__(self, out: Path, work: Path, quick: bool, size: DemoSize, measurement: DemoMeasurement,
+                 jobs: Optional[int], progress: str):
+        self.out, self.work, self.quick, self.size, self.m = out, work, quick, size, measurement
+        self.jobs, self.progress = jobs, progress
+        self.st = _Steps(9, progress != "off")
+        self.t_start = time.perf_counter()
+        self.planned: Optional[dict] = None
 
-    # 4. measure -----------------------------------------------------------------
-    multi = [c for c in configs if c.multi]
-    fewest, most = (min(c.sessions for c in multi), max(c.sessions for c in multi)) if multi else (1, 1)
-    st.begin("measure", f"{len(configs)} configurations ({len(multi)} of {fewest} to {most} concurrent sessions) x "
-                        f"{rounds} rounds, and "
-                        f"the microbenchmarks, interleaved; backends {', '.join(usable)}"
-                        + "".join(f"; {b} left out: {why}" for b, why in left_out.items()))
-    res = measure(path, configs, work, measure_settings(rounds, quick, fio=fio, wait=wait), progress=progress)
-    st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine"
-           + "".join(f"; warning: {w}" for w in res.get("warnings", [])))
+    def traces(self, texts: Optional[Sequence[str]]) -> None:
+        """1. Real text through the tokenizer and the hash."""
+        st, size = self.st, self.size
+        self.lay = Layout.deepseek_v41_flash(scale=size.scale)
+        self.specs = list(texts) if texts else default_traces()
+        self.usable, self.left_out = backends_here()
+        st.begin("traces", "real text -> DeepSeek V4 tokenizer -> V4.1 hash: " + ", ".join(self.specs))
+        self.full, self.main, self.configs, self.trace_info = _traces(self.specs, self.lay, size.steps, size.rounds,
+                                                                      self.quick, self.usable)
+        st.end("; ".join(f"{t['label']}: {t['tokens_in_text']:,} tokens, {t['reuse_rate'] * 100:.1f}% of row reads "
+                         f"repeat (first 2000)" for t in self.trace_info))
 
-    # 5. calibrate ---------------------------------------------------------------
-    st.begin("calibrate", "device and compute models from the microbenchmarks only")
-    cal = calibrate_file(work / "microbench.json", work / "calibration.json")
-    st.end(f"backends {', '.join(sorted(cal.devices))}; computes {', '.join(sorted(cal.compute))}")
+    def model(self) -> None:
+        """2. The model file, built once and reused."""
+        st, lay, scale, progress = self.st, self.lay, self.size.scale, self.progress
+        self.table_bytes = int(sum(int(r) for r in lay.rows)) * ROW_BYTES
+        path = self.path = self.work / f"model-s{scale:g}.gguf"
+        reuse = path.exists()
+        st.begin("model", f"{'reuse' if reuse else 'build'} {path} (V4.1 Flash layout at scale {scale:g}: "
+                          f"{', '.join(f'{int(r):,}' for r in lay.rows)} rows, {self.table_bytes / 2**30:.2f} GiB of "
+                          f"tables + 0.59 GiB of projections)")
+        t0 = time.perf_counter()
+        ensure_model(path, scale, progress=progress == "auto")  # a tqdm bar, or nothing
+        self.build_s = None if reuse else time.perf_counter() - t0
+        self.bytes = path.stat().st_size
+        st.end(f"{self.bytes / 2**30:.2f} GiB")
 
-    # 6. cross-check -------------------------------------------------------------
-    st.begin("crosscheck", "every measured configuration predicted by the calibrated simulator")
-    xc = crosscheck_files(work / "calibration.json", work / "runs.json", work / "crosscheck.json",
-                          sim_steps=400 if quick else None, progress=progress)
-    s = xc["summary"]
-    caps = "; ".join(f"capacity ({c['mode']}) at {c['target_tokens_per_s']:g} tokens/s: measured "
-                     f"{capacity_shown(c, 'measured')}, predicted {capacity_shown(c, 'predicted')}" for c in xc.get("capacity", []))
-    rc = cache_run(path, work / "rowcache", configs, main, rounds, quick, progress)
-    cached = (f"; again with a {DEMO_CACHE_BYTES} {rc['policy']} row cache ({rc['config']}): hit rate measured "
-              f"{rc['hit_rate_measured']:.3f}, predicted {rc['hit_rate_predicted']:.3f}, tokens/s error "
-              f"{rc['error'] * 100:+.1f}%, {'inside' if rc['inside_interval'] else 'OUTSIDE'} its 90% interval"
-              if rc else "")
-    st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
-           f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
-           f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% of the "
-           f"configurations inside their 90% interval; regime {s['regime']['name']}" + (f"; {caps}" if caps else "")
-           + cached)
+    def lookups(self) -> None:
+        """3. Lookups and gated adds of a decode session.
 
-    # 7. devices -----------------------------------------------------------------
-    thr = list(DEMO_THROTTLES[:1] if quick else DEMO_THROTTLES) if throttles is None else list(throttles)
-    dev_grid = device_grid(main, 20 if quick else SESSION_STEPS, quick, usable)
-    st.begin("devices", f"{len(dev_grid)} configurations again on "
-                        + ", ".join([f"a {n}-IOPS throttle of the disk" for n in thr] + (["tmpfs"] if tmpfs else []))
-                        + "; fio beside each; every run predicted from fio JSON and a datasheet string only")
-    dev_work = work / "devices-grid"
-    planned = None
-    if (thr or tmpfs) and not (fio and shutil.which("fio")):
-        st.end("skipped: planner mode predicts from the fio beside each device's runs, and fio is "
-               + ("turned off (--no-fio)" if not fio else "not installed (apt-get install fio)"))
-    elif thr or tmpfs:
+        Raises
+        ------
+        ArgumentError
+            The rows read differ from the generator's.
+        """
+        st, n_lookups, path = self.st, self.size.lookups, self.path
+        st.begin("lookups", f"decode session over the first {n_lookups} tokens of {self.main}: rows read, verified, "
+                            f"projected and gate-added (both Engram layers)")
+        lk = self.lk = _lookups(path, self.full[self.main], n_lookups)
+        st.end(f"rows {'verified' if lk['rows_verified'] else 'MISMATCH'}, read {lk['read_ms_mean']:.3f} ms, "
+               f"projection + gated add {lk['mix_ms_mean']:.1f} ms a token")
+        if not lk["rows_verified"]:
+            raise ArgumentError(f"{path}: rows read differ from the generator's (a model file from another seed?); "
+                                "delete it and run again")
+
+    def measure(self) -> None:
+        """4. The measured decode runs and the microbenchmarks."""
+        st, configs, rounds, m = self.st, self.configs, self.size.rounds, self.m
+        multi = [c for c in configs if c.multi]
+        fewest, most = (min(c.sessions for c in multi), max(c.sessions for c in multi)) if multi else (1, 1)
+        st.begin("measure", f"{len(configs)} configurations ({len(multi)} of {fewest} to {most} concurrent sessions) x "
+                            f"{rounds} rounds, and "
+                            f"the microbenchmarks, interleaved; backends {', '.join(self.usable)}"
+                            + "".join(f"; {b} left out: {why}" for b, why in self.left_out.items()))
+        res = measure(self.path, configs, self.work, measure_settings(rounds, self.quick, fio=m.fio, wait=m.wait),
+                      progress=self.progress)
+        st.end(f"{res['runs_done']} runs; {res.get('waited_s', 0.0):.0f} s waiting for a quiet machine"
+               + "".join(f"; warning: {w}" for w in res.get("warnings", [])))
+
+    def calibrate(self) -> None:
+        """5. The simulator's models from the microbenchmarks only."""
+        work = self.work
+        self.st.begin("calibrate", "device and compute models from the microbenchmarks only")
+        cal = self.cal = calibrate_file(work / "microbench.json", work / "calibration.json")
+        self.st.end(f"backends {', '.join(sorted(cal.devices))}; computes {', '.join(sorted(cal.compute))}")
+
+    def crosscheck(self) -> None:
+        """6. Every measured configuration predicted, then one again through the row cache."""
+        st, work, quick, progress = self.st, self.work, self.quick, self.progress
+        st.begin("crosscheck", "every measured configuration predicted by the calibrated simulator")
+        xc = self.xc = crosscheck_files(work / "calibration.json", work / "runs.json", work / "crosscheck.json",
+                                        sim_steps=400 if quick else None, progress=progress)
+        s = xc["summary"]
+        caps = "; ".join(f"capacity ({c['mode']}) at {c['target_tokens_per_s']:g} tokens/s: measured "
+                         f"{capacity_shown(c, 'measured')}, predicted {capacity_shown(c, 'predicted')}"
+                         for c in xc.get("capacity", []))
+        rc = self.rc = cache_run(self.path, work / "rowcache", self.configs, self.main, self.size.rounds, quick,
+                                 progress)
+        cached = (f"; again with a {DEMO_CACHE_BYTES} {rc['policy']} row cache ({rc['config']}): hit rate measured "
+                  f"{rc['hit_rate_measured']:.3f}, predicted {rc['hit_rate_predicted']:.3f}, tokens/s error "
+                  f"{rc['error'] * 100:+.1f}%, {'inside' if rc['inside_interval'] else 'OUTSIDE'} its 90% interval"
+                  if rc else "")
+        st.end(f"tokens/s median |error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
+               f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
+               f"{s['spread']['tokens_per_s_median'] * 100:.1f}%; {s['inside_interval_share'] * 100:.0f}% of the "
+               f"configurations inside their 90% interval; regime {s['regime']['name']}"
+               + (f"; {caps}" if caps else "") + cached)
+
+    def devices(self) -> None:
+        """7. A smaller grid again on the devices made here, predicted the planner's way."""
+        st, quick, m = self.st, self.quick, self.m
+        thr = list(DEMO_THROTTLES[:1] if quick else DEMO_THROTTLES) if m.throttles is None else list(m.throttles)
+        dev_grid = device_grid(self.main, 20 if quick else SESSION_STEPS, quick, self.usable)
+        st.begin("devices", f"{len(dev_grid)} configurations again on "
+                            + ", ".join([f"a {n}-IOPS throttle of the disk" for n in thr]
+                                        + (["tmpfs"] if m.tmpfs else []))
+                            + "; fio beside each; every run predicted from fio JSON and a datasheet string only")
+        self.dev_work = self.work / "devices-grid"
+        if (thr or m.tmpfs) and not (m.fio and shutil.which("fio")):
+            st.end("skipped: planner mode predicts from the fio beside each device's runs, and fio is "
+                   + ("turned off (--no-fio)" if not m.fio else "not installed (apt-get install fio)"))
+        elif thr or m.tmpfs:
+            self._measure_devices(dev_grid, thr)
+        else:
+            st.end("none asked")
+
+    def _measure_devices(self, dev_grid: Sequence[RunConfig], thr: Sequence[int]) -> None:
+        """The devices step's measurement and planner cross-check."""
+        quick, dev_work = self.quick, self.dev_work
         lines: List[str] = []
-        dev_settings = measure_settings(1 if quick else min(rounds, 2), quick, fio=False, wait=False)
+        dev_settings = measure_settings(1 if quick else min(self.size.rounds, 2), quick, fio=False, wait=False)
         if quick:  # the runs only: planner mode needs no microbenchmark (today's cross-check does)
             dev_settings = replace(dev_settings, micro=False, warmup=2)
-        measure_devices(path, dev_grid, dev_work, dev_settings,
-                        devices=DevicePlan(throttles=thr, tmpfs=tmpfs, fio=fio, fio_seconds=0.1 if quick else 0.5,
+        measure_devices(self.path, dev_grid, dev_work, dev_settings,
+                        devices=DevicePlan(throttles=thr, tmpfs=self.m.tmpfs, fio=self.m.fio,
+                                           fio_seconds=0.1 if quick else 0.5,
                                            fio_depths=(1, 16) if quick else (1, 2, 4, 8, 16, 32, 64)),
-                        progress=progress, say=lines.append)
-        planned = planner_crosscheck(dev_work, sim_steps=200 if quick else None, today=not quick)
-        write_json(work / "planner.json", planned)
+                        progress=self.progress, say=lines.append)
+        planned = self.planned = planner_crosscheck(dev_work, sim_steps=200 if quick else None, today=not quick)
+        write_json(self.work / "planner.json", planned)
         told = "; ".join(f"{e['name']} " + ("built" if e["built"] else f"skipped ({e['reason']})")
                          for e in planned["devices"])
         errs = "; ".join(f"{e['name']} {mode} {m['summary']['tokens_per_s']['median_abs_error'] * 100:.0f}%"
                          for e in planned["devices"] for mode, m in e["modes"].items()
                          if m.get("summary", {}).get("tokens_per_s"))
-        st.end(f"{told}; planner mode tokens/s median |error|: {errs or 'none'}")
-    else:
-        st.end("none asked")
+        self.st.end(f"{told}; planner mode tokens/s median |error|: {errs or 'none'}")
 
-    # 8. sweep -------------------------------------------------------------------
-    study = demo_study(quick, sorted(cal.devices))
-    sweep_path = work / "sweep-demo.csv"
-    st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
-    sw = run_study(study, jobs=jobs, calibration=work / "calibration.json", progress=progress, out=sweep_path)
-    st.end(f"{sw.runner}, table {sweep_path}")
+    def sweep(self) -> None:
+        """8. The small what-if study."""
+        st = self.st
+        study = demo_study(self.quick, sorted(self.cal.devices))
+        self.sweep_path = self.work / "sweep-demo.csv"
+        st.begin("sweep", f"study '{study.name}': {len(study.points())} simulated points in local processes")
+        sw = run_study(study, jobs=self.jobs, calibration=self.work / "calibration.json", progress=self.progress,
+                       out=self.sweep_path)
+        st.end(f"{sw.runner}, table {self.sweep_path}")
 
-    # 9. report ------------------------------------------------------------------
-    st.begin("report", f"figures and tables into {out}")
-    demo_doc = {"kind": "demo", "model": {"path": str(path), "bytes": size, "scale": scale,
-                                          "rows": [int(r) for r in lay.rows], "table_bytes": table_bytes,
-                                          "build_s": build_s},
-                "traces": trace_info, "lookups": lk, "steps": st.log,
-                "backends": {"usable": list(usable), "left_out": dict(left_out),
-                             "study_backends": sorted(cal.devices)},
-                "capacity": xc.get("capacity", []), "regime": s["regime"], "row_cache": rc,
-                "devices": {"workdir": str(dev_work), "built": (planned or {}).get("built", []),
+    def _document(self) -> dict:
+        """``demo.json``: the model file, traces, lookups, steps, backends, capacity, row cache, devices."""
+        planned, size = self.planned, self.size
+        return {"kind": "demo", "model": {"path": str(self.path), "bytes": self.bytes, "scale": size.scale,
+                                          "rows": [int(r) for r in self.lay.rows], "table_bytes": self.table_bytes,
+                                          "build_s": self.build_s},
+                "traces": self.trace_info, "lookups": self.lk, "steps": self.st.log,
+                "backends": {"usable": list(self.usable), "left_out": dict(self.left_out),
+                             "study_backends": sorted(self.cal.devices)},
+                "capacity": self.xc.get("capacity", []), "regime": self.xc["summary"]["regime"], "row_cache": self.rc,
+                "devices": {"workdir": str(self.dev_work), "built": (planned or {}).get("built", []),
                             "skipped": (planned or {}).get("skipped", {})},
-                "settings": {"steps": steps, "rounds": rounds, "quick": quick, "texts": specs}}
-    write_json(work / "demo.json", demo_doc)
-    md = build_report(out, workdir=work, sweeps=[sweep_path], html_page=html_page, quick=quick, jobs=jobs,
-                      title="Engram on this machine: measured, predicted and what-if (engram demo)",
-                      progress=progress)
-    st.end()
-    demo_doc["steps"] = st.log
-    write_json(work / "demo.json", demo_doc)
-    if progress != "off":
-        total = time.perf_counter() - t_start
-        print(f"engram demo: finished in {total / 60:.1f} min", flush=True)
-    return md
+                "settings": {"steps": size.steps, "rounds": size.rounds, "quick": self.quick, "texts": self.specs}}
+
+    def report(self, html_page: bool) -> Path:
+        """9. The report, with ``demo.json`` beside the measurements."""
+        st, work, out = self.st, self.work, self.out
+        st.begin("report", f"figures and tables into {out}")
+        demo_doc = self._document()
+        write_json(work / "demo.json", demo_doc)
+        md = build_report(out, workdir=work, sweeps=[self.sweep_path], search=ReportSearch(jobs=self.jobs),
+                          page=ReportPage(html_page=html_page, title=_REPORT_TITLE),
+                          quick=self.quick, progress=self.progress)
+        st.end()
+        demo_doc["steps"] = st.log
+        write_json(work / "demo.json", demo_doc)
+        return md

@@ -9,17 +9,18 @@ from engram.errors import ArgumentError
 from engram.options import Command, Option, add_command
 
 from sim.sweep.capacity import CAPACITY_TARGET
-from sim.cli.demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, run_demo
-from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, build_report
+from sim.cli.demo import DEFAULT_OUT, DEFAULT_WORKDIR, DEMO_THROTTLES, DemoMeasurement, DemoSize, run_demo
+from ..report import REPORT_MAX_SESSIONS, REPORT_SEEDS, ReportPage, ReportSearch, build_report
 from .options import _ints, _progress_mode, _typed_errors, _typed_os_errors
 
 
 def _cmd_report(args) -> int:
     try:
-        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace,
-                          html_page=not args.no_html, self_contained=not args.linked_figures, target=args.target,
-                          compute_ms=args.compute_ms, seeds=args.seeds, max_sessions=args.max_sessions,
-                          quick=args.quick, jobs=args.jobs, title=args.title, progress=_progress_mode(args))
+        search = ReportSearch(target=args.target, compute_ms=args.compute_ms, seeds=args.seeds,
+                              max_sessions=args.max_sessions, jobs=args.jobs)
+        page = ReportPage(html_page=not args.no_html, self_contained=not args.linked_figures, title=args.title)
+        md = build_report(args.out, workdir=args.workdir, sweeps=args.sweep or (), traces=args.trace, search=search,
+                          page=page, quick=args.quick, progress=_progress_mode(args))
     except KeyboardInterrupt:
         print(f"engram report: interrupted; {args.out} is incomplete", file=sys.stderr)
         return 130
@@ -84,10 +85,12 @@ def _cmd_demo(args) -> int:
     if args.throttle_iops is not None and not args.throttle_iops:
         raise ArgumentError("--throttle-iops: no rate given (e.g. --throttle-iops 4000,15000); --no-devices "
                             "measures the disk alone")
-    md = run_demo(args.out, workdir=args.workdir, scale=args.scale, texts=args.text, quick=args.quick,
-                  steps=args.steps, rounds=args.rounds, jobs=args.jobs, html_page=not args.no_html,
-                  fio=not args.no_fio, wait=args.wait and not args.no_wait, progress=_progress_mode(args),
-                  throttles=() if args.no_devices else args.throttle_iops, tmpfs=not (args.no_tmpfs or args.no_devices))
+    size = DemoSize(scale=args.scale, steps=args.steps, rounds=args.rounds)
+    measurement = DemoMeasurement(fio=not args.no_fio, wait=args.wait and not args.no_wait,
+                                  throttles=() if args.no_devices else args.throttle_iops,
+                                  tmpfs=not (args.no_tmpfs or args.no_devices))
+    md = run_demo(args.out, workdir=args.workdir, texts=args.text, quick=args.quick, size=size,
+                  measurement=measurement, jobs=args.jobs, html_page=not args.no_html, progress=_progress_mode(args))
     html_path = md.with_suffix(".html")
     print(f"report: {md}" + (f"  (HTML: {html_path})" if html_path.exists() and not args.no_html else ""))
     return 0

@@ -20,6 +20,7 @@ import numpy as np
 
 from sim.sweep.capacity import (BATCHING, CAPACITY_METRIC, CAPACITY_RULE, Capacity, CapacitySpec, capacity_of, compute_text,
                                 phases_short, phases_text, pooled_compute, read_capacity)
+from sim.check.crosscheck import largest_met
 from ..sweep import AXES
 from .document import Doc, anchor
 from .inputs import device_label
@@ -119,16 +120,6 @@ class Entry:
         return f"compute {self.compute()}; target {head:.1%} under the ceiling {ceiling:.2f} tokens/s"
 
 
-def _largest(values: Sequence[float], target: float) -> int:
-    """Index of the largest grid count whose value, and every smaller count's, reaches ``target``; -1: none."""
-    idx = -1
-    for i, v in enumerate(values):
-        if v < target:
-            break
-        idx = i
-    return idx
-
-
 def entries_from_crosscheck(xc: Mapping[str, Any]) -> List[Entry]:
     """The measured and the predicted capacity of every multi-session group of the cross-check
     (``crosscheck.json["capacity"]``: one per mode, sessions as threads of one process or as processes),
@@ -154,8 +145,8 @@ def entries_from_crosscheck(xc: Mapping[str, Any]) -> List[Entry]:
         compute = (f"{meas_ms:.2f} ms a step measured (compute '{c['compute']}'), {pred_ms:.2f} ms in the "
                    "simulator (the calibration's, in each run's window)")
         cfg = {"threshold": c["threshold"], "backend": c["backend"], "readers": c["readers"], "cache_rows": 0}
-        lo = _largest(c.get("predicted_slowest_low") or c["predicted_slowest"], target)
-        hi = _largest(c.get("predicted_slowest_high") or c["predicted_slowest"], target)
+        lo = largest_met(c.get("predicted_slowest_low") or c["predicted_slowest"], target)
+        hi = largest_met(c.get("predicted_slowest_high") or c["predicted_slowest"], target)
         common = {"grid": " ".join(str(n) for n in grid), "phases": phases, "phases_short": f"spread {spread:.2g} ms",
                   "compute": compute, "compute_ms": meas_ms, "repeats": repeats, "row": c, "group": group}
         label = f"this machine, sessions as {c['mode']}"
@@ -281,8 +272,8 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
         shown = f"{e.name()}, {e.phases_short()}"
         labels.append(shown if len(shown) <= 64 else shown[:62] + "..")
     ax2.set_xscale("log", base=2)
-    top = max([_high(e) for e in entries] + [1])
-    bottom = min(_low(e) for e in entries)
+    top = max([_bound(e, "high") for e in entries] + [1])
+    bottom = min(_bound(e, "low") for e in entries)
     lo, hi = (0.4 if bottom < 1 else bottom / 2.5), top * 3.2
     ax2.set_xlim(lo, hi)
     ticks = [2.0 ** k for k in range(0, int(np.log2(hi)) + 1) if lo <= 2.0 ** k]
@@ -300,19 +291,12 @@ def capacity_figure(out: ReportFolder, name: str, title: str, entries: Sequence[
     return out.save(fig, name, title)
 
 
-def _high(e: Entry) -> int:
+def _bound(e: Entry, side: str) -> int:
+    """The ``"low"`` or ``"high"`` end of a capacity's band (its value where it has none)."""
     if e.cap is not None:
-        return e.cap.high
+        return getattr(e.cap, side)
     if e.checked is not None and e.checked["kind"] == "predicted":
-        return max(e.checked["high"], e.value())
-    return e.value()
-
-
-def _low(e: Entry) -> int:
-    if e.cap is not None:
-        return e.cap.low
-    if e.checked is not None and e.checked["kind"] == "predicted":
-        return min(e.checked["low"], e.value())
+        return (min if side == "low" else max)(e.checked[side], e.value())
     return e.value()
 
 

@@ -40,9 +40,11 @@ bytes.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -69,7 +71,7 @@ from .serving import serve_counterpart_section
 from .whatif import (cache_data, capacity_data, cdf_data, device_curves, planner_data, readers_data, reuse_data,
                      seed_figures, speculative_data, threshold_data)
 
-__all__ = ["build_report"]
+__all__ = ["ReportPage", "ReportSearch", "build_report"]
 
 _SEARCH_HEADING = "Capacity: how the report searched it"
 
@@ -178,11 +180,82 @@ _HOW = ("How to read it: **measured** is the real engine on this machine (the me
         "axis starts at zero; every figure's numbers are in `data/`, its inputs in `inputs/`.")
 
 
+@dataclass(frozen=True)
+class ReportSearch:
+    """The report's capacity search (and the planner's panels, searched the same way).
+
+    Attributes
+    ----------
+    target : float
+        Tokens/s every session must reach in the report's capacity search (> 0).
+    compute_ms : float, optional
+        Compute per step of the capacity search, ms (>= 0; default: the SPEC §8 reference compute).
+    seeds, max_sessions : int, optional
+        Seeds per device and the largest session count of the capacity search (default, also for 0: 3 and
+        1,024, :data:`sim.sweep.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
+    jobs : int, optional
+        Local processes for the capacity search (default: the CPU count).
+
+    Raises
+    ------
+    ArgumentError
+        A field out of its range (names the field and the value).
+    """
+
+    target: float = CAPACITY_TARGET
+    compute_ms: Optional[float] = None
+    seeds: Optional[int] = None
+    max_sessions: Optional[int] = None
+    jobs: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        t = self.target
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ArgumentError(f"report search target = {t!r} must be a number of tokens/s > 0")
+        c = self.compute_ms
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0):
+            raise ArgumentError(f"report search compute_ms = {c!r} must be a number of ms >= 0")
+        for name in ("seeds", "max_sessions", "jobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ArgumentError(f"report search {name} = {v!r} must be a whole number >= 1 (0 or None: the "
+                                    f"default)")
+
+
+@dataclass(frozen=True)
+class ReportPage:
+    """How the report's document is written.
+
+    Attributes
+    ----------
+    html_page : bool
+        Also write ``report.html`` (the same document, rendered by markdown-it-py).
+    self_contained : bool
+        Embed the figures and data files in ``report.html`` (default), or link them by relative path.
+    title : str, optional
+        The report's title (default: "Engram decode: measured, predicted and what-if").
+
+    Raises
+    ------
+    ArgumentError
+        A flag that is not true or false, a title that is not text (names the field and the value).
+    """
+
+    html_page: bool = True
+    self_contained: bool = True
+    title: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("html_page", "self_contained"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"report page {name} = {getattr(self, name)!r} must be true or false")
+        if self.title is not None and not isinstance(self.title, str):
+            raise ArgumentError(f"report page title = {self.title!r} must be text")
+
+
 def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.PathLike, None] = None,
                  sweeps: Sequence[Union[str, os.PathLike]] = (), traces: Optional[Sequence[str]] = None,
-                 html_page: bool = True, self_contained: bool = True, target: float = CAPACITY_TARGET,
-                 compute_ms: Optional[float] = None, seeds: Optional[int] = None, max_sessions: Optional[int] = None,
-                 quick: bool = False, jobs: Optional[int] = None, title: Optional[str] = None,
+                 search: ReportSearch = ReportSearch(), page: ReportPage = ReportPage(), quick: bool = False,
                  progress: Union[bool, str] = True, log: Optional[Callable[[str], None]] = None) -> Path:
     """Write a report folder and return the path of its ``report.md``.
 
@@ -202,22 +275,12 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     traces : sequence of str, optional
         Trace sources of the what-if curves (default: the measured runs' traces,
         else :func:`default_traces`).
-    html_page : bool
-        Also write ``report.html`` (the same document, rendered by markdown-it-py).
-    self_contained : bool
-        Embed the figures and data files in ``report.html`` (default), or link them by relative path.
-    target : float
-        Tokens/s every session must reach in the report's capacity search.
-    compute_ms : float, optional
-        Compute per step of the capacity search (default: the SPEC §8 reference compute).
-    seeds, max_sessions : int, optional
-        Seeds per device and the largest session count of the capacity search
-        (default 3 and 1,024, :data:`sim.sweep.capacity.CAPACITY_MAX_SESSIONS`; ``quick``: 2 and 128).
+    search : ReportSearch
+        The capacity search of the report.
+    page : ReportPage
+        The HTML page and the title.
     quick : bool
         Shorter simulations and fewer points (for tests and smoke runs).
-    jobs : int, optional
-        Local processes for the capacity search (default: the CPU count).
-    title : str, optional
     progress : bool or str
         :mod:`sim.core.progress` mode of the capacity search; section lines go to standard error unless ``False``.
     log : callable, optional
@@ -235,6 +298,48 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     say = log or ((lambda s: print(f"  report: {s}", file=sys.stderr, flush=True)) if mode != "off"
                   else (lambda s: None))
     wd = Path(workdir) if workdir is not None else None
+    sweep_paths = _sweep_paths(sweeps)
+    say("loading inputs and traces")
+    bars = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+    inp = load_inputs(wd, traces, quick, bars, say)
+    out = ReportFolder(Path(out_dir))  # made only once every input is read: a bad input leaves nothing behind
+    doc = Doc(page.title or "Engram decode: measured, predicted and what-if")
+    intro = (f"Generated {now_iso()} by `engram report`"
+             + (f" from the measurements in `{wd}`" if wd else " (no measurements: predictions on device presets)")
+             + (f" and {len(sweep_paths)} table(s) of studies" if sweep_paths else "") + ".")
+    doc.p(intro)
+    answer_at = len(doc.blocks)
+    seed, ref_compute = seed_figures()
+    _evidence_sections(doc, out, inp, seed, ref_compute, quick, say)
+    cap = _capacity_sections(doc, out, inp, ref_compute, search, quick, mode, say)
+    entries = [Entry(label, "this report's search", cap.spec, cap=c, config=c.config) for label, c in cap.entries]
+    if inp.xc:
+        entries += entries_from_crosscheck(inp.xc)
+    if wd is not None and serve_counterpart_section(doc, out, wd):
+        say("serving: predicted vs measured")
+    if sweep_paths:
+        say("studies")
+        entries += sweeps_section(doc, out, sweep_paths)
+    answer = Doc("")
+    answer_section(answer, out, entries, _SEARCH_HEADING)
+    inputs_section(doc, out, inp, sweep_paths)
+    _lead_with_the_answer(doc, answer_at, answer, _headline(inp, seed))
+    doc.p(f"Report written in {time.perf_counter() - t0:.0f} s.")
+    md = out.root / "report.md"
+    _write_text(md, doc.markdown())
+    if page.html_page:
+        _write_text(out.root / "report.html", doc.html(out.root, self_contained=page.self_contained))
+    return md
+
+
+def _sweep_paths(sweeps: Sequence[Union[str, os.PathLike]]) -> List[Path]:
+    """The sweep and capacity tables, each checked to be one the report can use before any work.
+
+    Raises
+    ------
+    ArgumentError, FormatError
+        A folder, a missing table, or a sweep table the sweep section cannot use.
+    """
     sweep_paths = [Path(s) for s in sweeps]
     for s in sweep_paths:
         if s.is_dir():
@@ -243,18 +348,13 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
             raise ArgumentError(f"sweep table {s} does not exist")
         if not (is_capacity_table(s) or is_serve_capacity_table(s)):
             read_table(s, metrics=METRICS)  # a table the sweep section cannot use is refused before any work
-    say("loading inputs and traces")
-    bars = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
-    inp = load_inputs(wd, traces, quick, bars, say)
-    out = ReportFolder(Path(out_dir))  # made only once every input is read: a bad input leaves nothing behind
-    doc = Doc(title or "Engram decode: measured, predicted and what-if")
-    intro = (f"Generated {now_iso()} by `engram report`"
-             + (f" from the measurements in `{wd}`" if wd else " (no measurements: predictions on device presets)")
-             + (f" and {len(sweep_paths)} table(s) of studies" if sweep_paths else "") + ".")
-    doc.p(intro)
-    answer_at = len(doc.blocks)
-    seed, ref_compute = seed_figures()
+    return sweep_paths
 
+
+def _evidence_sections(doc: Doc, out: ReportFolder, inp: Inputs, seed: dict, ref_compute, quick: bool,
+                       say: Callable[[str], None]) -> None:
+    """The seed reproduction, the runs, predicted vs measured and the what-if figures (``seed``, ``ref_compute``:
+    the seed reproduction and its compute per step, :func:`sim.report.whatif.seed_figures`)."""
     say("seed reproduction")
     seed_section(doc, out, seed)
     run_section(doc, inp)
@@ -273,36 +373,28 @@ def build_report(out_dir: Union[str, os.PathLike], *, workdir: Union[str, os.Pat
     reuse_rate_section(doc, out, reuse_data(inp, ref_compute, quick))
     say("speculative decoding")
     speculative_section(doc, out, speculative_data(inp, ref_compute, quick))
+
+
+def _capacity_sections(doc: Doc, out: ReportFolder, inp: Inputs, ref_compute, search: ReportSearch, quick: bool,
+                       mode: str, say: Callable[[str], None]):
+    """The report's capacity search and what a planner can buy; returns the search
+    (:func:`sim.report.whatif.capacity_data`)."""
     say("capacity search")
-    cap = capacity_data(inp, ref_compute, target=target, compute_ms=compute_ms, seeds=seeds,
-                        max_sessions=max_sessions, quick=quick, jobs=jobs, progress=mode)
+    cap = capacity_data(inp, ref_compute, target=search.target, compute_ms=search.compute_ms, seeds=search.seeds,
+                        max_sessions=search.max_sessions, quick=quick, jobs=search.jobs, progress=mode)
     search_section(doc, cap, _SEARCH_HEADING)
     say("what a planner can buy")
-    planner_section(doc, out, planner_data(inp, ref_compute, target=target, compute_ms=compute_ms, quick=quick,
-                                           jobs=jobs, progress=mode))
-    entries = [Entry(label, "this report's search", cap.spec, cap=c, config=c.config) for label, c in cap.entries]
-    if inp.xc:
-        entries += entries_from_crosscheck(inp.xc)
-    if wd is not None and serve_counterpart_section(doc, out, wd):
-        say("serving: predicted vs measured")
-    if sweep_paths:
-        say("studies")
-        entries += sweeps_section(doc, out, sweep_paths)
-    answer = Doc("")
-    answer_section(answer, out, entries, _SEARCH_HEADING)
-    inputs_section(doc, out, inp, sweep_paths)
+    planner_section(doc, out, planner_data(inp, ref_compute, target=search.target, compute_ms=search.compute_ms,
+                                           quick=quick, jobs=search.jobs, progress=mode))
+    return cap
 
-    # the answer first, then the other headline figures and the contents
-    head = [("h", 1, "Other headline figures"), ("ul", _headline(inp, seed)), ("p", _HOW)]
+
+def _lead_with_the_answer(doc: Doc, answer_at: int, answer: Doc, headline: List[str]) -> None:
+    """The answer first, then the other headline figures and the contents, at ``answer_at`` of ``doc``."""
+    head = [("h", 1, "Other headline figures"), ("ul", headline), ("p", _HOW)]
     doc.blocks[answer_at:answer_at] = answer.blocks + head
     toc = [f"[{b[2]}](#{anchor(b[2])})" for b in doc.blocks if b[0] == "h" and b[1] == 1]
     doc.blocks.insert(answer_at + len(answer.blocks) + len(head), ("p", "Contents: " + " · ".join(toc)))
-    doc.p(f"Report written in {time.perf_counter() - t0:.0f} s.")
-    md = out.root / "report.md"
-    _write_text(md, doc.markdown())
-    if html_page:
-        _write_text(out.root / "report.html", doc.html(out.root, self_contained=self_contained))
-    return md
 
 
 def _write_text(path: Path, text: str) -> None:

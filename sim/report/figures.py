@@ -78,6 +78,20 @@ def _measured_points(ax, meas: Sequence[dict], x_key: str, **style) -> None:
                       [max(v["tokens_per_s_runs"]) - v["tokens_per_s"] for v in m]], capsize=3, **style)
 
 
+def _label_axes(ax, xlabel: str, ylabel: str, title: str, legend: str = "best", **title_kw) -> None:
+    """A panel's labels, title and legend (at ``legend``)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, **title_kw)
+    ax.legend(loc=legend)
+
+
+def _log2_tokens_axes(ax, xlabel: str, title: str, **title_kw) -> None:
+    """A panel of one session's tokens/s against a log2 axis: its scale, labels, title and legend."""
+    ax.set_xscale("log", base=2)
+    _label_axes(ax, xlabel, "decode tokens/s (one session)", title, **title_kw)
+
+
 def threshold_section(doc: Doc, out: ReportFolder, d: ThresholdData, ref_compute) -> None:
     """Tokens/s by threshold (:func:`sim.report.whatif.threshold_data`)."""
     plt = pyplot()
@@ -103,21 +117,15 @@ def threshold_section(doc: Doc, out: ReportFolder, d: ThresholdData, ref_compute
         ax.axvline(48.5, color="gray", ls=":", lw=1)
         ax.annotate("48 rows a step", (48.5, ax.get_ylim()[1]), fontsize=8, ha="right", va="top", color="gray",
                     xytext=(-3, -3), textcoords="offset points")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("threshold (distinct rows for a concurrent read, log scale)")
-        ax.set_ylabel("decode tokens/s (one session)")
-        ax.set_title(f"This machine ({d.backend}, {d.readers} readers; {_ENGRAM_ONLY})")
-        ax.legend(loc="best")
+        _log2_tokens_axes(ax, "threshold (distinct rows for a concurrent read, log scale)",
+                          f"This machine ({d.backend}, {d.readers} readers; {_ENGRAM_ONLY})")
     ax = axes[-1]
     for (cache, ys), ls in zip(d.reference, ("-", "--")):
         ax.plot(thr, ys, ls, marker=".", label=f"{'no row cache' if not cache else f'{cache}-row LRU cache'}")
     ax.axvline(48.5, color="gray", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("threshold (distinct rows for a concurrent read, log scale)")
-    ax.set_ylabel("decode tokens/s (one session)")
-    ax.set_title(f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), {DEFAULT_READERS} "
-                 f"readers, {trace_label(d.reference_trace.source)}", fontsize=10)
-    ax.legend(loc="best")
+    _log2_tokens_axes(ax, "threshold (distinct rows for a concurrent read, log scale)",
+                      f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), {DEFAULT_READERS} "
+                      f"readers, {trace_label(d.reference_trace.source)}", fontsize=10)
     rel = out.save(fig, "threshold", "Decode tokens/s by read threshold")
     data = out.csv("threshold", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "kind",
                                  "tokens_per_s", "min", "max"], d.rows)
@@ -146,20 +154,15 @@ def readers_section(doc: Doc, out: ReportFolder, d: ReadersData, ref_compute) ->
             y, yp = d.serial
             ax.axhline(y, color="gray", ls="--", lw=1.2, label=f"serial (threshold 256): measured {y:.0f}")
             ax.axhline(yp, color="gray", ls=":", lw=1.2, label=f"serial: predicted {yp:.0f}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("readers = io_uring ring depth = queue depth of a batch (log scale)")
-        ax.set_ylabel("decode tokens/s (one session)")
-        ax.set_title(f"This machine, {trace_label(d.main)} ({_ENGRAM_ONLY})")
-        ax.legend(loc="best")
+        _log2_tokens_axes(ax, "readers = io_uring ring depth = queue depth of a batch (log scale)",
+                          f"This machine, {trace_label(d.main)} ({_ENGRAM_ONLY})")
     ax = axes[-1]
     for name, ys, serial in d.presets:
         ax.plot(d.readers, ys, "-o", ms=4, label=f"{name} (threshold {DEFAULT_THRESHOLD})")
         ax.axhline(serial, ls=":", lw=1, color=ax.lines[-1].get_color(), label=f"{name}: serial")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("readers = queue depth of a batch (log scale)")
-    ax.set_ylabel("decode tokens/s (one session)")
-    ax.set_title(f"Device presets, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), predicted", fontsize=10)
-    ax.legend(loc="best")
+    _log2_tokens_axes(ax, "readers = queue depth of a batch (log scale)",
+                      f"Device presets, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), predicted",
+                      fontsize=10)
     rel = out.save(fig, "readers", "Decode tokens/s by readers (queue depth)")
     data = out.csv("readers", ["device", "trace", "backend", "readers", "threshold", "kind", "tokens_per_s", "min",
                                "max"], d.rows)
@@ -223,10 +226,8 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
             if cname == name:
                 ax.plot(cache_axis(ax, d.sizes), ys, "-" if thr == DEFAULT_THRESHOLD else "--", marker="o", ms=3,
                         label=f"{trace_label(spec)}, {_policy_label(thr)}")
-        ax.set_xlabel("cache size per session (rows of 264 B, log scale)")
-        ax.set_ylabel("decode tokens/s (one session)")
-        ax.set_title(title, fontsize=10)
-        ax.legend(loc="best")
+        _label_axes(ax, "cache size per session (rows of 264 B, log scale)", "decode tokens/s (one session)", title,
+                    fontsize=10)
     rel = out.save(fig, "cache", "What a row cache buys: hit rate and tokens/s by cache size")
     data = out.csv("cache", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "cache_hit_rate",
                              "tokens_per_s"], d.rows)
@@ -247,10 +248,7 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
                 base = sel[0][4]
                 ax.plot([p[3] * 100 for p in sel], [(p[4] / base - 1) * 100 for p in sel], "-" + mk, ms=4,
                         label=f"{trace_label(spec)}, {_policy_label(thr)}")
-        ax.set_xlabel("row reads served by the cache (%)")
-        ax.set_ylabel("tokens/s gain over no cache (%)")
-        ax.set_title(title, fontsize=10)
-        ax.legend(loc="best")
+        _label_axes(ax, "row reads served by the cache (%)", "tokens/s gain over no cache (%)", title, fontsize=10)
     rel = out.save(fig, "reuse", "Tokens/s gain by reuse served from a row cache")
     data = out.csv("reuse", ["device", "trace", "threshold", "cache_hit_rate", "tokens_per_s", "gain"], d.gain_rows)
     out.add(doc, rel, data, "Tokens/s gain against the share of reads a cache serves (points: the cache sizes "
@@ -445,10 +443,8 @@ def reuse_rate_section(doc: Doc, out: ReportFolder, d: ReuseData) -> None:
         for c in d.caches:
             ax.plot(measured, [d.tokens[(title, r, c)] for r in d.rates], "-o", ms=4,
                     label="no row cache" if not c else f"{c:,}-row LRU cache")
-        ax.set_xlabel("reuse rate of the text (% of row reads repeating)")
-        ax.set_ylabel("decode tokens/s (one session)")
-        ax.set_title(title, fontsize=10)
-        ax.legend(loc="lower right")
+        _label_axes(ax, "reuse rate of the text (% of row reads repeating)", "decode tokens/s (one session)", title,
+                    "lower right", fontsize=10)
     rel = out.save(fig, "reuse_rate", "Decode tokens/s against the reuse rate of the text")
     data = out.csv("reuse_rate", ["panel", "target_reuse", "reuse_rate", "cache_rows", "cache_hit_rate",
                                   "tokens_per_s", "trace"], d.rows)

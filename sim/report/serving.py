@@ -14,8 +14,9 @@ They draw what the documents hold and never simulate.  Units: requests/s, TTFT i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from sim.core.io import load_json
 from ..serve.metrics import SLO
@@ -57,10 +58,20 @@ def _capacity_table(doc: Doc, rows: Sequence[Mapping[str, Any]]) -> None:
                "what fails first above it"], table)
 
 
+@dataclass(frozen=True)
+class _Panels:
+    """A figure's panels: ``panels`` axes in rows of ``ncols``, each ``size`` inches (width, height)."""
+
+    ncols: int = 1
+    panels: int = 1
+    size: Tuple[float, float] = (8.0, 4.6)
+
+
 def _figure(out: ReportFolder, doc: Doc, name: str, title: str, rows: List[Dict[str, Any]], caption: str,
-            draw, ncols: int = 1, panels: int = 1, size=(8.0, 4.6)) -> None:
-    """A figure of ``panels`` axes (``draw(axes_list)`` fills them), its data ``rows`` beside it."""
+            draw, grid: _Panels = _Panels()) -> None:
+    """A figure of ``grid.panels`` axes (``draw(axes_list)`` fills them), its data ``rows`` beside it."""
     plt = pyplot()
+    ncols, panels, size = grid.ncols, grid.panels, grid.size
     nrows = -(-panels // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
     flat = list(axes.ravel())
@@ -104,7 +115,7 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
     stem = f"serving_{anchor(name)}"
     _figure(out, doc, f"{stem}_goodput", "Requests/s each configuration carries under the SLOs", good,
             "Each configuration's capacity (lower median over seeds, bar: the band), with what fails first above it.",
-            lambda axs: plot_goodput(axs[0], good), size=(max(8.0, 0.9 * len(good) + 3), 5.0))
+            lambda axs: plot_goodput(axs[0], good), _Panels(size=(max(8.0, 0.9 * len(good) + 3), 5.0)))
     if not probes:
         doc.p(f"No probes table (`{ppath.name}`): the figures against load are left out.")
         return
@@ -112,7 +123,7 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
     _figure(out, doc, f"{stem}_latency", "TTFT and TBT percentiles against load", load,
             "Means over the seeds that probed each rate; dashed red: the target.",
             lambda axs: (plot_latency_vs_load(axs[0], load, slo, metric="ttft"),
-                         plot_latency_vs_load(axs[1], load, slo, metric="tbt")), ncols=2, panels=2)
+                         plot_latency_vs_load(axs[1], load, slo, metric="tbt")), _Panels(ncols=2, panels=2))
     knee = knee_breakdown(probes)
     configs = sorted({r["config"] for r in knee})[:KNEE_PANELS]
     _figure(out, doc, f"{stem}_knee", "Where the knee comes from: a decode token's time in the slowest steps",
@@ -121,8 +132,8 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
                   "the parts sum above it"
                   + (f" (the first {KNEE_PANELS} configurations)" if len(configs) < len({r['config'] for r in knee})
                      else "") + ". The data also splits TTFT into queueing, the prompt's rows and its steps after them.",
-            lambda axs: [plot_knee(ax, knee, c) for ax, c in zip(axs, configs)], ncols=min(3, len(configs)),
-            panels=len(configs), size=(5.6, 4.2))
+            lambda axs: [plot_knee(ax, knee, c) for ax, c in zip(axs, configs)],
+            _Panels(ncols=min(3, len(configs)), panels=len(configs), size=(5.6, 4.2)))
 
 
 def _number(v: float, unit: str) -> str:
@@ -160,5 +171,5 @@ def serve_counterpart_section(doc: Doc, out: ReportFolder, workdir: Path) -> boo
     if table:
         _figure(out, doc, "serve_counterpart", "Serving: predicted vs measured", table,
                 "Each quantity predicted over measured (1: exact).", lambda axs: plot_counterpart(axs[0], table),
-                size=(9.0, 4.6))
+                _Panels(size=(9.0, 4.6)))
     return True

@@ -53,11 +53,13 @@ SEED_DEVICE = SEED_REFERENCE["device"]
 
 
 def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, seed: int = 0, hash_time: float = 0.0,
-             sessions: int = 1, phases: str = DEFAULT_PHASES, speculation: Optional[Speculation] = None):
-    """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at ``phases``).
+             sessions: int = 1, speculation: Optional[Speculation] = None):
+    """One decode simulation as the report runs them (fast mode, a coarse timeline; sessions at the default
+    phases, :data:`sim.core.params.DEFAULT_PHASES`).
 
     The report picks ``steps`` itself (a stretch replayed to average out simulation noise), so the run is
     named as the report's what-if in any trace warning (``replay`` of :func:`sim.decode.simulate_decode`)."""
+    phases = DEFAULT_PHASES
     dev = device if isinstance(device, str) else getattr(device, "name", type(device).__name__)
     src = trace if isinstance(trace, str) else getattr(trace, "source", "trace")
     name = (f"report what-if on {dev} ({src}, threshold {policy.threshold}, {policy.backend} x{policy.readers}"

@@ -12,7 +12,8 @@ import pytest
 from engram import Layout
 from engram.backends import usable_backends
 from engram.cli import main
-from sim.cli.demo import demo_grid, run_demo
+from engram.errors import ArgumentError
+from sim.cli.demo import DemoMeasurement, DemoSize, demo_grid, run_demo
 from sim.core.schema import RunConfig
 
 FIGURES = ("seed_reproduction", "predicted_vs_measured", "capacity_measured", "threshold", "readers", "devices",
@@ -152,6 +153,22 @@ def test_demo_refuses_a_short_text(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "short.txt" in err and "tokens" in err
     assert not list((tmp_path / "w").glob("*.gguf"))  # nothing was built
+
+
+@pytest.mark.parametrize("bad, field", [(dict(scale=0.0), "scale"), (dict(steps=5), "steps"), (dict(rounds=-1), "rounds"),
+                                        (dict(lookups=0), "lookups")])
+def test_a_bad_demo_size_is_refused_naming_the_field(bad, field):
+    with pytest.raises(ArgumentError, match=f"demo {field} = "):
+        DemoSize(**bad)
+    assert DemoSize(steps=0, rounds=0).resolved(True) == DemoSize(0.001, 40, 2, 4)  # 0: the default
+    assert DemoSize(scale=0.01, steps=30).resolved(False) == DemoSize(0.01, 30, 5, 16)
+
+
+def test_a_bad_demo_measurement_is_refused_naming_the_field():
+    with pytest.raises(ArgumentError, match="demo wait = "):
+        DemoMeasurement(wait="yes")
+    with pytest.raises(ArgumentError, match="--throttle-iops: 0 is not a whole number"):
+        DemoMeasurement(throttles=[0])
 
 
 @pytest.mark.heavy

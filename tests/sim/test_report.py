@@ -22,7 +22,7 @@ from matplotlib.text import Text
 from engram import ArgumentError
 from engram.cli import main
 from sim.sweep.capacity import run_capacity
-from sim.report import Doc, ReportFolder, build_report, default_traces, pyplot
+from sim.report import Doc, ReportFolder, ReportPage, ReportSearch, build_report, default_traces, pyplot
 from sim.report.plots import spread_labels
 from sim.device import load_device
 from sim.report.sections import ran_text
@@ -455,6 +455,22 @@ def test_report_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'plain'}" in err and "a file stands where a folder is needed" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad, field", [(dict(target=0.0), "target"), (dict(target=float("nan")), "target"),
+                                        (dict(compute_ms=-1.0), "compute_ms"), (dict(seeds=-1), "seeds"),
+                                        (dict(max_sessions=2.5), "max_sessions"), (dict(jobs=True), "jobs")])
+def test_a_bad_report_search_is_refused_naming_the_field(bad, field):
+    with pytest.raises(ArgumentError, match=f"report search {field} = "):
+        ReportSearch(**bad)
+    assert ReportSearch(seeds=0).seeds == 0  # 0: the default, as the command's flags give it
+
+
+@pytest.mark.parametrize("bad, field", [(dict(html_page=1), "html_page"), (dict(self_contained="no"), "self_contained"),
+                                        (dict(title=3), "title")])
+def test_a_bad_report_page_is_refused_naming_the_field(bad, field):
+    with pytest.raises(ArgumentError, match=f"report page {field} = "):
+        ReportPage(**bad)
 
 
 def test_report_onto_a_read_only_folder(tmp_path, capsys):
