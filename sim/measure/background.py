@@ -42,6 +42,15 @@ def _proc_disk(dev: Optional[tuple]) -> Optional[tuple]:
     return None
 
 
+def others_share(busy: float, mine: float, seconds: float, ncpu: int) -> float:
+    """The share of all ``ncpu`` CPUs that others kept busy over ``seconds`` of wall time: ``busy`` CPU-seconds of
+    the whole machine (``/proc/stat``, counted in clock ticks) less ``mine`` of this process (``os.times``), in
+    [0, 1].  The two counters and the wall clock are read at slightly different instants and the ticks are
+    10 ms coarse, so over a short window the raw quotient can fall below 0 or pass 1 on a saturated machine:
+    it is held to the range a share has."""
+    return min(1.0, max(0.0, busy - mine) / (seconds * ncpu))
+
+
 class Background:
     """What other processes do to the machine while we measure: their CPU use and disk requests.
 
@@ -84,7 +93,7 @@ class Background:
         out = {"seconds": dt, "cpu": None, "steal": None, "disk_iops": None}
         if cpu0 and cpu1:
             busy = (cpu1[0] - cpu0[0]) / self.hz
-            out["cpu"] = max(0.0, busy - (mine1 - mine0)) / (dt * self.ncpu)
+            out["cpu"] = others_share(busy, mine1 - mine0, dt, self.ncpu)
             total = max(cpu1[2] - cpu0[2], 1)
             out["steal"] = (cpu1[1] - cpu0[1]) / total
         if disk0 and disk1:

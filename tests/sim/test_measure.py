@@ -559,3 +559,14 @@ def test_measure_settings_check_the_cache():
     with pytest.raises(ArgumentError, match="cache_policy"):
         Settings(cache_bytes="1M", cache_policy="fifo")
     assert issubclass(CachePolicyError, ArgumentError)
+
+
+def test_others_share_stays_a_share():
+    from sim.measure.background import others_share
+
+    # 2 CPUs, 1 s: others busy 1.5 CPU-seconds of 2.0 -> 0.75
+    assert others_share(1.7, 0.2, 1.0, 2) == pytest.approx(0.75)
+    # a tick-coarse window on a saturated machine: 2.03 busy over 1 s of 2 CPUs, none ours -> held at 1
+    assert others_share(2.03, 0.0, 1.0, 2) == 1.0
+    # this process counted more than the machine's ticks show (counters read at other instants) -> 0
+    assert others_share(0.10, 0.12, 1.0, 2) == 0.0
