@@ -162,23 +162,9 @@ class SegmentQueue:
             self.L.append(top * len(self.L) / self.Q)
 
     def _admit(self) -> None:
-        Q, q, wait, heap = self.Q, self.q, self.wait, self.heap
-        slack = self.slack
-        while wait and q < Q:
-            seg = wait[0]
-            b, c = seg
-            take = Q - q
-            if take + slack >= c:  # fits, or overflows by at most the slack: whole (no splinters)
-                wait.popleft()
-                take = c
-            else:
-                seg[1] = c - take
-            self.seq += 1
-            heapq.heappush(heap, (self.V + b[SIGMA], self.seq, b, take))
-            q += take
-        self.q = q
-        if q >= len(self.L):
-            self._deeper(q)
+        """Admit from the head of the queue into the free slots (a segment that overflows them by at most
+        the slack whole)."""
+        self.q = self._admit_at(self.V, self.q)
 
     def _replan(self) -> None:
         if self.heap:
@@ -316,8 +302,8 @@ class SegmentQueue:
             done.append(b)
 
     def _admit_at(self, V: float, q: int) -> int:
-        """Admit from the head of the queue at virtual time ``V`` with ``q`` slots taken (as :meth:`_admit`,
-        for :meth:`complete`, which calls it only with a queue and a free slot); returns the slots taken."""
+        """Admit from the head of the queue at virtual time ``V`` with ``q`` slots taken (:meth:`_admit`;
+        :meth:`complete` calls it with its own ``V`` and ``q``); returns the slots taken then."""
         Q, wait, heap, slack, seq = self.Q, self.wait, self.heap, self.slack, self.seq
         push = heapq.heappush
         while wait and q < Q:
