@@ -65,7 +65,7 @@ def _build(workdir: Path, scale: float) -> Path:
     path = workdir / "bench-gpu.gguf"
     if not path.exists():
         t0 = time.perf_counter()
-        synth.build_model(path, scale=scale, token_map=tm, progress=False, seed=11, vocabulary=False)
+        synth.build_model(path, synth.ModelShape(scale=scale, token_map=tm, seed=11, vocabulary=False), progress=False)
         print(f"   model built in {time.perf_counter() - t0:.1f} s: {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return path
 

@@ -37,13 +37,13 @@ from .common import RESULTS, shared_data
 
 
 def _model(scale: float) -> Path:
-    from engram.synth import build_model
+    from engram.synth import ModelShape, build_model
 
     path = RESULTS / f"rowcache-model-s{scale:g}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"   building {path} (scale {scale}) ...")
-        build_model(path, scale=scale, progress=False)
+        build_model(path, ModelShape(scale=scale), progress=False)
     return path
 
 

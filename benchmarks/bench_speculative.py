@@ -56,13 +56,13 @@ from .common import RESULTS, real_text
 
 def _model(scale: float, readers: int):
     from engram import EngramModel
-    from engram.synth import build_model
+    from engram.synth import Fill, ModelShape, build_model
 
     path = RESULTS / f"speculative-model-s{scale:g}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"   building {path} (scale {scale}) ...")
-        build_model(path, scale=scale, projections=False, progress=False)
+        build_model(path, ModelShape(scale=scale), Fill(projections=False), progress=False)
     return EngramModel.open(path, direct=True, readers=readers)
 
 

@@ -2,8 +2,8 @@
 
 Side by side in one run, the same number of bytes each, each ending on stable storage:
 
-- ``synth``: ``write_model(fill="all", projections=False, sync=True)`` of a model whose two
-  tables hold ``--gib`` GiB together (deterministic rows generated on the fly, 64 MiB chunks,
+- ``synth``: ``write_model(plan, path, Fill(tables="all", projections=False), writing=Writing(sync=True))``
+  of a model whose two tables hold ``--gib`` GiB together (deterministic rows generated on the fly, 64 MiB chunks,
   a producer thread and a writer), timed from the first header byte to ``fsync``;
 - ``plain``: one preallocated 64 MiB buffer of zeros written over and over with ``pwrite``,
   then ``fsync`` (the cost of the I/O alone, no content to generate);
@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
 
     # rows per layer ~= 24 columns x 16e6 x scale; two tables of 264-byte rows
     scale = args.gib * 2**30 / (2 * 24 * 16e6 * 264)
-    plan = synth.plan_model(scale=scale, token_map=build_token_map())
+    plan = synth.plan_model(synth.ModelShape(scale=scale, token_map=build_token_map()))
     table_bytes = sum(t.nbytes for t in plan.tensors if t.kind == "table")
     work = Path(tempfile.mkdtemp(prefix="bench_synth_", dir=args.dir))
     free = shutil.disk_usage(work).free
@@ -86,7 +86,8 @@ def main(argv=None) -> dict:
         for _ in range(args.repeat):
             f = work / "model.gguf"
             t0 = time.perf_counter()
-            synth.write_model(plan, f, fill="all", projections=False, progress=False, sync=True)
+            synth.write_model(plan, f, synth.Fill(tables="all", projections=False), progress=False,
+                              writing=synth.Writing(sync=True))
             best["synth"] = min(best["synth"], time.perf_counter() - t0)
             f.unlink()
             f = work / "plain.bin"

@@ -43,12 +43,12 @@ from .common import RESULTS, real_text
 
 def _model(path: Path, scale: float):
     from engram import read_model
-    from engram.synth import build_model
+    from engram.synth import ModelShape, build_model
 
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"   building {path} (scale {scale}) ...")
-        build_model(path, scale=scale, progress=True)
+        build_model(path, ModelShape(scale=scale), progress=True)
     return read_model(path)
 
 

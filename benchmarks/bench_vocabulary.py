@@ -40,10 +40,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     tm = build_token_map()
     with tempfile.TemporaryDirectory() as d:
-        with_v, = synth.write_model(synth.plan_model(scale=0.0005, token_map=tm), Path(d) / "v.gguf", fill="none",
-                                    projections=False, progress=False)
-        without, = synth.write_model(synth.plan_model(scale=0.0005, token_map=tm, vocabulary=False),
-                                     Path(d) / "n.gguf", fill="none", projections=False, progress=False)
+        with_v, = synth.write_model(synth.plan_model(synth.ModelShape(scale=0.0005, token_map=tm)), Path(d) / "v.gguf",
+                                    synth.Fill(tables="none", projections=False), progress=False)
+        without, = synth.write_model(synth.plan_model(synth.ModelShape(scale=0.0005, token_map=tm,
+                                                                       vocabulary=False)), Path(d) / "n.gguf",
+                                     synth.Fill(tables="none", projections=False), progress=False)
         first = time_best(lambda: _fresh_check(with_v), args.repeat)
         token_map = time_best(lambda: build_token_map(), max(1, args.repeat // 2))
         info = read_model(with_v)

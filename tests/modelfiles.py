@@ -1,6 +1,6 @@
 """Model files for the GGUF tests: the real token map (built once), synthetic models, header patches.
 
-Header-only models are written with ``fill="none", projections=False``: every
+Header-only models are written with ``Fill(tables="none", projections=False)``: every
 tensor extent exists but is a hole, so a file of the real shape costs a few
 hundred KB of disk and ~0.1 s.  Patched copies keep the header bytes and
 recreate the holes with ``truncate`` (never copying the extents).
@@ -35,12 +35,12 @@ def plan(**kw) -> synth.ModelPlan:
     if not kw.get("full_size"):
         kw.setdefault("scale", SCALE)
     kw.setdefault("token_map", token_map())
-    return synth.plan_model(**kw)
+    return synth.plan_model(synth.ModelShape(**kw))
 
 
 def write_header_only(p: synth.ModelPlan, path) -> List[Path]:
     """Write ``p`` with all tensor extents left as holes."""
-    return synth.write_model(p, path, fill="none", projections=False, progress=False)
+    return synth.write_model(p, path, synth.Fill(tables="none", projections=False), progress=False)
 
 
 def clone_patched(src, dst, patch: Callable[[bytearray], None], size: Optional[int] = None,

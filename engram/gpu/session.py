@@ -634,15 +634,37 @@ class GpuSession:
             The device ran out of memory (``residual`` untouched).
         """
         self._check_open("apply")
+        layer_id = self._apply_layer(layer_id)
+        untouched = "; residual and gates_out are untouched"
+        width, C = self.model.info.hidden_size, self.columns
+        T = self._apply_residual(residual, untouched)
+        self._apply_rows(rows, T, untouched)
+        mask8 = self._mask(mask, T, untouched)
+        if gates_out is not None:
+            self._apply_gates_out(gates_out, (residual, rows), untouched)
+        w = self.weights(layer_id)
+        x = rows.reshape(T, C * ROW_VALUES)
+        with device_memory(self.device, f"the projection of {T} tokens"):
+            x16 = x.to(torch.float16)
+            kv = kernels.project(x16, x, w.kv16, exact=self._is_exact(rows, x16))
+            g = gates_out if gates_out is not None else torch.empty((T, HC_STREAMS), dtype=torch.float32,
+                                                                     device=self.device)
+        kernels.gated_add(residual, kv.view(T, HC_STREAMS + 1, width), w.w64, self.eps, mask8, g, eps_t=w.eps_t)
+        return kv.view(T, HC_STREAMS + 1, width)
+
+    def _apply_layer(self, layer_id) -> int:
+        """``layer_id`` as an int, if it is one of the session's layers (:meth:`apply`)."""
         if not isinstance(layer_id, (int, np.integer)) or isinstance(layer_id, (bool, np.bool_)):
             raise ArgumentError(f"layer must be an integer layer id (layers: {list(self.layer_ids)}), got "
                                 f"{type(layer_id).__name__} {layer_id!r}; residual and gates_out are untouched")
         layer_id = int(layer_id)
         if layer_id not in self.layer_ids:
             raise ArgumentError(f"layer {layer_id} has no Engram table (layers: {list(self.layer_ids)})")
-        info = self.model.info
-        untouched = "; residual and gates_out are untouched"
-        width, C = info.hidden_size, self.columns
+        return layer_id
+
+    def _apply_residual(self, residual, untouched: str) -> int:
+        """The token count ``T`` of ``residual``, if it is bfloat16 ``[T, 4, width]``, contiguous, without grad."""
+        width = self.model.info.hidden_size
         if not isinstance(residual, torch.Tensor):
             raise ArgumentError(f"residual must be a torch.Tensor bfloat16 [T, {HC_STREAMS}, {width}] on "
                                 f"{self.device}, got {type(residual).__name__}{untouched}")
@@ -656,6 +678,11 @@ class GpuSession:
         if residual.requires_grad:
             raise ArgumentError(f"residual requires grad: the gated add writes it in place, outside autograd "
                                 f"(pass residual.detach() or run under torch.no_grad()){untouched}")
+        return T
+
+    def _apply_rows(self, rows, T: int, untouched: str) -> None:
+        """``rows`` must be bfloat16 ``[T, C, 256]``, each token's values contiguous, without grad."""
+        C = self.columns
         _need_tensor("rows", rows, torch.bfloat16, self.device, (T, C, ROW_VALUES), untouched)
         if rows.stride(2) != 1 or rows.stride(1) != ROW_VALUES:
             raise ArgumentError(f"rows must hold each token's {C} x {ROW_VALUES} values contiguously "
@@ -663,26 +690,20 @@ class GpuSession:
         if rows.requires_grad:
             raise ArgumentError(f"rows require grad: the projection runs outside autograd (pass rows.detach() or "
                                 f"run under torch.no_grad()){untouched}")
-        mask8 = self._mask(mask, T, untouched)
-        if gates_out is not None:
-            _need_tensor("gates_out", gates_out, torch.float32, self.device, (T, HC_STREAMS), untouched)
-            if not gates_out.is_contiguous():
-                raise ArgumentError(f"gates_out must be contiguous{untouched}")
-            if gates_out.requires_grad:
-                raise ArgumentError(f"gates_out requires grad: it is written in place, outside autograd{untouched}")
-            for name, other in (("residual", residual), ("rows", rows)):
-                if _overlap(gates_out, other):
-                    raise ArgumentError(f"gates_out shares memory with {name}: the gates would overwrite it while "
-                                        f"it is read{untouched}")
-        w = self.weights(layer_id)
-        x = rows.reshape(T, C * ROW_VALUES)
-        with device_memory(self.device, f"the projection of {T} tokens"):
-            x16 = x.to(torch.float16)
-            kv = kernels.project(x16, x, w.kv16, exact=self._is_exact(rows, x16))
-            g = gates_out if gates_out is not None else torch.empty((T, HC_STREAMS), dtype=torch.float32,
-                                                                     device=self.device)
-        kernels.gated_add(residual, kv.view(T, HC_STREAMS + 1, width), w.w64, self.eps, mask8, g, eps_t=w.eps_t)
-        return kv.view(T, HC_STREAMS + 1, width)
+
+    def _apply_gates_out(self, gates_out, inputs, untouched: str) -> None:
+        """``gates_out`` must be float32 ``[T, 4]``, contiguous, without grad, apart from ``inputs``
+        (residual, rows)."""
+        T = inputs[0].shape[0]
+        _need_tensor("gates_out", gates_out, torch.float32, self.device, (T, HC_STREAMS), untouched)
+        if not gates_out.is_contiguous():
+            raise ArgumentError(f"gates_out must be contiguous{untouched}")
+        if gates_out.requires_grad:
+            raise ArgumentError(f"gates_out requires grad: it is written in place, outside autograd{untouched}")
+        for name, other in zip(("residual", "rows"), inputs):
+            if _overlap(gates_out, other):
+                raise ArgumentError(f"gates_out shares memory with {name}: the gates would overwrite it while "
+                                    f"it is read{untouched}")
 
     def _mask(self, mask, T: int, untouched: str) -> Optional[torch.Tensor]:
         if mask is None:

@@ -16,19 +16,23 @@ all finish near the end).  ``text``: work whose count says little of the time
 it takes (a capacity search's probes of one session and of thousands) says
 its own state instead of ``n/total`` and the time left (a callable of the
 elapsed seconds and whether it is the closing line; on a bar, after it).
-Everything goes to ``stream`` (default standard error), never to standard
-output, so ``--json`` output stays clean.
+Everything goes to the ``stream`` of a :class:`ProgressOutput` (default
+standard error), never to standard output, so ``--json`` output stays clean.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional, TextIO, Union
 
 from tqdm import tqdm
 
-__all__ = ["PLAIN_INTERVAL_S", "Progress", "progress", "progress_label", "progress_mode"]
+from engram.errors import ArgumentError
+
+__all__ = ["PLAIN_INTERVAL_S", "Progress", "ProgressOutput", "progress", "progress_label", "progress_mode"]
 
 #: Seconds between two plain progress lines.
 PLAIN_INTERVAL_S = 10.0
@@ -53,21 +57,49 @@ def progress_mode(value: Union[bool, str, None]) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class ProgressOutput:
+    """Where a :class:`Progress` is shown and how often its plain lines come.
+
+    Attributes
+    ----------
+    stream : text stream, optional
+        Where the bar or the lines go (default: standard error at the time the progress starts; never
+        standard output, so ``--json`` output stays clean).
+    interval : float
+        Seconds between two plain lines (at least 0; default :data:`PLAIN_INTERVAL_S`).
+
+    Raises
+    ------
+    ArgumentError
+        ``interval`` is negative or not a finite number.
+    """
+
+    stream: Optional[TextIO] = None
+    interval: float = PLAIN_INTERVAL_S
+
+    def __post_init__(self) -> None:
+        if (isinstance(self.interval, bool) or not isinstance(self.interval, (int, float))
+                or not math.isfinite(self.interval) or self.interval < 0):
+            raise ArgumentError(f"interval must be a finite number of seconds >= 0, got {self.interval!r}")
+
+
 class Progress:
     """Counts finished items of a known total and shows it (see the module docstring).
 
-    Use as a context manager or call :meth:`close`; :meth:`update` after each item.
+    Use as a context manager or call :meth:`close`; :meth:`update` after each item.  ``output``: where
+    it is shown and how often (:class:`ProgressOutput`).
     """
 
     def __init__(self, total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
-                 stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
-                 delay: float = 0.0, eta: bool = True, text: Optional[Callable[[float, bool], str]] = None):
+                 output: ProgressOutput = ProgressOutput(), initial: int = 0, delay: float = 0.0, eta: bool = True,
+                 text: Optional[Callable[[float, bool], str]] = None):
         self.total, self.desc, self.unit = int(total), desc, unit
         self.text = text
         self.delay, self.eta = float(delay), bool(eta)
         self.n = int(initial)
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = float(interval)
+        self.stream = output.stream if output.stream is not None else sys.stderr
+        self.interval = float(output.interval)
         mode = progress_mode(mode)
         if mode == "auto":
             isatty = getattr(self.stream, "isatty", None)
@@ -187,8 +219,7 @@ def progress_label(kind: str, name: str) -> str:
 
 
 def progress(total: int, desc: str, unit: str = "item", *, mode: Union[bool, str] = "auto",
-             stream: Optional[TextIO] = None, interval: float = PLAIN_INTERVAL_S, initial: int = 0,
-             delay: float = 0.0, eta: bool = True, text: Optional[Callable[[float, bool], str]] = None) -> Progress:
-    """A :class:`Progress` of ``total`` items (``initial`` already done) labelled ``desc``."""
-    return Progress(total, desc, unit, mode=mode, stream=stream, interval=interval, initial=initial, delay=delay,
-                    eta=eta, text=text)
+             output: ProgressOutput = ProgressOutput(), initial: int = 0, delay: float = 0.0, eta: bool = True,
+             text: Optional[Callable[[float, bool], str]] = None) -> Progress:
+    """A :class:`Progress` of ``total`` items (``initial`` already done) labelled ``desc``, shown on ``output``."""
+    return Progress(total, desc, unit, mode=mode, output=output, initial=initial, delay=delay, eta=eta, text=text)

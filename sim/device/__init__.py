@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from .bucket import TokenBucket
-from .datasheet import ssd_from_figures, ssd_from_spec, volume_from_spec
+from .datasheet import Datasheet, ssd_from_figures, ssd_from_spec, volume_from_spec
 from .engines import BucketExactDevice, ChannelExactDevice, ExactDevice, FastDevice, SlotExactDevice
 from .fio import device_from_fio
 from .fluid import SegmentQueue
@@ -40,6 +40,7 @@ __all__ = [
     "SEED_SERIAL_US_PER_ROW",
     "BucketExactDevice",
     "ChannelExactDevice",
+    "Datasheet",
     "Device",
     "EmpiricalDevice",
     "ExactDevice",

@@ -77,6 +77,7 @@ A rate-limited volume (``cap_iops``, ``burst_ios``)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -87,7 +88,7 @@ from sim.core.schema import US
 from sim.core.limits import MAX_QUEUE_DEPTH
 from .models import MAX_BURST_IOS, MAX_IOPS, MAX_QD1_LATENCY, MIN_IOPS, MAX_SERVICE_CV, Device, ParametricSSD, RateLimitedDevice
 
-__all__ = ["SPEC_KEYS", "VOLUME_KEYS", "ssd_from_figures", "ssd_from_spec", "volume_from_spec"]
+__all__ = ["SPEC_KEYS", "VOLUME_KEYS", "Datasheet", "ssd_from_figures", "ssd_from_spec", "volume_from_spec"]
 
 #: Keys of ``ssd:...``: name -> meaning.
 SPEC_KEYS = {
@@ -158,110 +159,195 @@ def _cv_for_p99(qd1: float, service: float, p99: float) -> tuple:
     return round((lo + hi) / 2, 4), "gamma service cv whose QD1 99th percentile is p99_us"
 
 
-def ssd_from_figures(qd1_us: float, iops: float, *, iops_row: Optional[float] = None,
-                     parallelism: Optional[int] = None, cv: Optional[float] = None, p99_us: Optional[float] = None,
-                     qd_peak: Optional[int] = None, name: Optional[str] = None, cap_iops: Optional[float] = None,
-                     burst_ios: Optional[float] = None, routing: Optional[str] = None) -> Device:
-    """A :class:`ParametricSSD` from datasheet figures (see the module for the rules); ``derived`` lists
-    what was derived and how.  With ``cap_iops`` (or a QD1 latency well below ``1 / iops``: see the module) a
-    :class:`RateLimitedDevice` over that drive.
+@dataclass(frozen=True)
+class Datasheet:
+    """The figures of an SSD's datasheet that :func:`ssd_from_figures` builds a device from (the keys of
+    ``ssd:...``, :data:`SPEC_KEYS`).  Every figure is a number within its physical range
+    (:data:`SPEC_MAX`; rates at least :data:`sim.device.models.MIN_IOPS`), > 0 (``cv`` >= 0).
+
+    Attributes
+    ----------
+    qd1_us : float
+        Mean latency of one random read at queue depth 1, microseconds.
+    iops : float
+        Random-read IOPS at 4 KiB, the datasheet's peak.
+    iops_row : float, optional
+        Random-read IOPS at the row's read size (default: ``iops``).
+    parallelism : int, optional
+        Reads the drive serves at once, its channels (default: derived; a whole number).
+    cv : float, optional
+        Coefficient of variation of a channel's service time (default: from ``p99_us``, else 0.5, or 1
+        with random routing).
+    p99_us : float, optional
+        99th percentile latency at queue depth 1, microseconds (sets ``cv``).
+    qd_peak : int, optional
+        Queue depth at which the datasheet reaches its IOPS (caps the derived parallelism; a whole number).
+    cap_iops : float, optional
+        A rate limit in front of the drive, reads a second: a token bucket.
+    burst_ios : float, optional
+        The bucket's depth, reads (default: ``cap_iops`` x 0.1 s); only with ``cap_iops``.
+    routing : {"shared", "random"}, optional
+        A read takes the first free channel (default) or the channel holding its page.
 
     Raises
     ------
     ArgumentError
-        Non-positive figures, a p99 below the QD1 latency, a given
-        parallelism the QD1 latency cannot carry (names the values that work),
-        ``burst_ios`` without ``cap_iops``, a cap above the drive's IOPS, a routing other than shared or
-        random.
+        A routing other than shared or random, a figure that is not a number, outside its range or
+        not whole where it counts things, ``burst_ios`` without ``cap_iops`` (each naming the key).
     """
-    if routing is not None and routing not in ParametricSSD.ROUTINGS:
-        raise ArgumentError(f"ssd: routing = {routing!r}: expected one of {', '.join(ParametricSSD.ROUTINGS)}")
-    for key, v in (("qd1_us", qd1_us), ("iops", iops), ("iops_row", iops_row), ("p99_us", p99_us),
-                   ("qd_peak", qd_peak), ("parallelism", parallelism), ("cv", cv), ("cap_iops", cap_iops),
-                   ("burst_ios", burst_ios)):
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise ArgumentError(f"ssd: {key} = {v!r} is not a number")
-        low_ok = v >= 0 if key == "cv" else (v >= MIN_IOPS if key in RATE_KEYS else v > 0)
-        if not (math.isfinite(v) and low_ok and v <= SPEC_MAX[key]):
-            low = "[0" if key == "cv" else (f"[{MIN_IOPS:g}" if key in RATE_KEYS else "(0")
-            src = "sim.device.datasheet.SPEC_MAX" + (", sim.device.models.MIN_IOPS" if key in RATE_KEYS else "")
-            raise ArgumentError(f"ssd: {key} = {float(v):g} is outside its physical range "
-                                f"{low}, {SPEC_MAX[key]:g}] ({src})")
-        if key in SPEC_WHOLE and v != int(v):
-            raise ArgumentError(f"ssd: {key} = {float(v):g} must be a whole number")
-    parallelism = None if parallelism is None else int(parallelism)
-    qd_peak = None if qd_peak is None else int(qd_peak)
-    qd1 = qd1_us * US
-    routing = routing or "shared"
-    rate = float(iops_row if iops_row is not None else iops)
-    derived = {}
-    if iops_row is None:
-        derived["iops_row"] = {"value": rate, "rule": "the 4 KiB IOPS: a row is read as one aligned 4 KiB block "
-                                                      "(8 KiB for the 6.4% that straddle a boundary)"}
-    if burst_ios is not None and cap_iops is None:
-        raise ArgumentError("ssd: burst_ios is the depth of a rate limit: give cap_iops with it")
-    knee = rate * qd1
-    capped_by_iops = False
-    if knee < 1.0 and (parallelism is None or parallelism == 1):
-        if knee >= 1.0 - KNEE_ROUNDING or cap_iops is not None:
-            qd1 = 1.0 / rate
-            derived["qd1_us"] = {"value": qd1 / US, "rule": f"raised from {qd1_us:g} to 1/row IOPS: qd1_us x IOPS = "
-                                                           f"{knee:.4g} < 1, one read at a time reaches the IOPS "
-                                                           "(one channel at 1/IOPS, no fixed delay)"}
+
+    qd1_us: float
+    iops: float
+    iops_row: Optional[float] = None
+    parallelism: Optional[int] = None
+    cv: Optional[float] = None
+    p99_us: Optional[float] = None
+    qd_peak: Optional[int] = None
+    cap_iops: Optional[float] = None
+    burst_ios: Optional[float] = None
+    routing: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.routing is not None and self.routing not in ParametricSSD.ROUTINGS:
+            raise ArgumentError(f"ssd: routing = {self.routing!r}: expected one of "
+                                f"{', '.join(ParametricSSD.ROUTINGS)}")
+        for key in ("qd1_us", "iops", "iops_row", "p99_us", "qd_peak", "parallelism", "cv", "cap_iops", "burst_ios"):
+            _check_figure(key, getattr(self, key))
+        if self.burst_ios is not None and self.cap_iops is None:
+            raise ArgumentError("ssd: burst_ios is the depth of a rate limit: give cap_iops with it")
+
+
+def _check_figure(key: str, v) -> None:
+    """``ArgumentError`` unless figure ``key`` is None or a number within its physical range."""
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ArgumentError(f"ssd: {key} = {v!r} is not a number")
+    low_ok = v >= 0 if key == "cv" else (v >= MIN_IOPS if key in RATE_KEYS else v > 0)
+    if not (math.isfinite(v) and low_ok and v <= SPEC_MAX[key]):
+        low = "[0" if key == "cv" else (f"[{MIN_IOPS:g}" if key in RATE_KEYS else "(0")
+        src = "sim.device.datasheet.SPEC_MAX" + (", sim.device.models.MIN_IOPS" if key in RATE_KEYS else "")
+        raise ArgumentError(f"ssd: {key} = {float(v):g} is outside its physical range "
+                            f"{low}, {SPEC_MAX[key]:g}] ({src})")
+    if key in SPEC_WHOLE and v != int(v):
+        raise ArgumentError(f"ssd: {key} = {float(v):g} must be a whole number")
+
+
+class _Derivation:
+    """The values :func:`ssd_from_figures` derives from a :class:`Datasheet`, step by step, and the rules
+    it used (``derived``: name -> ``{"value", "rule"}``)."""
+
+    def __init__(self, sheet: Datasheet):
+        self.sheet = sheet
+        self.parallelism = None if sheet.parallelism is None else int(sheet.parallelism)
+        self.qd1 = sheet.qd1_us * US
+        self.routing = sheet.routing or "shared"
+        self.rate = float(sheet.iops_row if sheet.iops_row is not None else sheet.iops)
+        self.cap_iops, self.capped_by_iops = sheet.cap_iops, False
+        self.derived: dict = {}
+        if sheet.iops_row is None:
+            self.derived["iops_row"] = {"value": self.rate, "rule": "the 4 KiB IOPS: a row is read as one aligned "
+                                                                    "4 KiB block (8 KiB for the 6.4% that straddle "
+                                                                    "a boundary)"}
+        self.knee = self.rate * self.qd1
+
+    def below_knee(self) -> None:
+        """A QD1 latency at or below 1 / IOPS: one channel at 1 / IOPS, or a rate limit (see the module)."""
+        knee, qd1_us = self.knee, self.sheet.qd1_us
+        if not (knee < 1.0 and (self.parallelism is None or self.parallelism == 1)):
+            return
+        if knee >= 1.0 - KNEE_ROUNDING or self.cap_iops is not None:
+            self.qd1 = 1.0 / self.rate
+            self.derived["qd1_us"] = {"value": self.qd1 / US,
+                                      "rule": f"raised from {qd1_us:g} to 1/row IOPS: qd1_us x IOPS = "
+                                              f"{knee:.4g} < 1, one read at a time reaches the IOPS "
+                                              "(one channel at 1/IOPS, no fixed delay)"}
         else:  # IOPS below what one read at a time gives: a rate limit over a one-channel drive
-            capped_by_iops, cap_iops = True, rate
-            rate = 1.0 / qd1
-            derived["cap_iops"] = {"value": cap_iops, "rule": f"the IOPS: qd1_us x IOPS = {knee:.4g}, well below 1, "
-                                                             "is a rate limit over a drive serving one read at a time "
-                                                             "in qd1_us (a throttled volume)"}
-            derived["iops_row"] = {"value": rate, "rule": "1 / qd1_us: the raw drive behind the rate limit, "
-                                                          "one read at a time"}
-        knee = rate * qd1
-    if knee > MAX_QUEUE_DEPTH:
-        raise ArgumentError(f"ssd: row IOPS x QD1 latency = {knee:g} reads in flight to reach the ceiling, more than "
-                            f"the deepest queue ({MAX_QUEUE_DEPTH}, sim.core.limits.MAX_QUEUE_DEPTH)")
-    if parallelism is None:
-        p = max(1, int(math.floor(knee * (1 + 1e-9))))
-        rule = "floor(row IOPS x QD1 latency): the knee N* = X_max x R_min, all QD1 latency as channel service"
-        if qd_peak is not None and p > qd_peak:
-            p, rule = int(qd_peak), rule + f", capped at qd_peak {int(qd_peak)}"
-        parallelism = p
-        derived["parallelism"] = {"value": p, "rule": rule}
-    if cv is None:
+            self.capped_by_iops, self.cap_iops = True, self.rate
+            self.rate = 1.0 / self.qd1
+            self.derived["cap_iops"] = {"value": self.cap_iops,
+                                        "rule": f"the IOPS: qd1_us x IOPS = {knee:.4g}, well below 1, "
+                                                "is a rate limit over a drive serving one read at a time "
+                                                "in qd1_us (a throttled volume)"}
+            self.derived["iops_row"] = {"value": self.rate, "rule": "1 / qd1_us: the raw drive behind the rate "
+                                                                    "limit, one read at a time"}
+        self.knee = self.rate * self.qd1
+
+    def channels(self) -> None:
+        """The parallelism: given, or the knee (capped at ``qd_peak``)."""
+        knee, qd_peak = self.knee, self.sheet.qd_peak
+        if knee > MAX_QUEUE_DEPTH:
+            raise ArgumentError(f"ssd: row IOPS x QD1 latency = {knee:g} reads in flight to reach the ceiling, more "
+                                f"than the deepest queue ({MAX_QUEUE_DEPTH}, sim.core.limits.MAX_QUEUE_DEPTH)")
+        if self.parallelism is None:
+            p = max(1, int(math.floor(knee * (1 + 1e-9))))
+            rule = "floor(row IOPS x QD1 latency): the knee N* = X_max x R_min, all QD1 latency as channel service"
+            if qd_peak is not None and p > int(qd_peak):
+                p, rule = int(qd_peak), rule + f", capped at qd_peak {int(qd_peak)}"
+            self.parallelism = p
+            self.derived["parallelism"] = {"value": p, "rule": rule}
+
+    def service_cv(self) -> float:
+        """The channel service cv: given, fitted to ``p99_us``, or assumed."""
+        cv, p99_us = self.sheet.cv, self.sheet.p99_us
+        if cv is not None:
+            return cv
         if p99_us is not None:
-            svc = int(parallelism) / rate
-            if qd1 < svc * (1 - 1e-9):
-                ParametricSSD(qd1, rate, int(parallelism))  # raises the explanatory error
-            cv, note = _cv_for_p99(qd1, svc, p99_us * US)
+            svc = self.parallelism / self.rate
+            if self.qd1 < svc * (1 - 1e-9):
+                ParametricSSD(self.qd1, self.rate, self.parallelism)  # raises the explanatory error
+            cv, note = _cv_for_p99(self.qd1, svc, p99_us * US)
         else:
             cv, note = ((ROUTED_SERVICE_CV, "assumed (no cv or p99_us given; random routing): exponential service, "
                                             "for which the mean latency is qd1_us + (N - 1) / IOPS exactly")
-                        if routing == "random" else
+                        if self.routing == "random" else
                         (DEFAULT_SERVICE_CV, "assumed (no cv or p99_us given): not a measurement"))
-        derived["cv"] = {"value": cv, "rule": note}
-    delay = max(0.0, qd1 - int(parallelism) / rate)
+        self.derived["cv"] = {"value": cv, "rule": note}
+        return cv
+
+    def rate_limited(self, drive: ParametricSSD, label: str) -> RateLimitedDevice:
+        """``drive`` behind a token bucket of ``cap_iops`` (its depth given or assumed)."""
+        cap_iops, burst_ios, derived = self.cap_iops, self.sheet.burst_ios, self.derived
+        if burst_ios is None:
+            burst_ios = max(1.0, cap_iops * THROTTLE_SLICE)
+            derived["burst_ios"] = {"value": burst_ios, "rule": f"assumed: cap_iops x {THROTTLE_SLICE:g} s, the "
+                                                                "Linux block throttle's slice (block/blk-throttle.c)"}
+        if cap_iops > self.rate * (1 + 1e-9):
+            raise ArgumentError(f"ssd: cap_iops = {cap_iops:g} is above the drive's {self.rate:g} IOPS: the rate "
+                                "limit would never bind (give iops above the cap, or leave cap_iops out)")
+        what = "IOPS read as a rate limit" if self.capped_by_iops else "datasheet figures and a rate limit"
+        return RateLimitedDevice(drive, cap_iops, burst_ios, name=f"{label}-cap{cap_iops:g}-burst{burst_ios:g}",
+                                 source=f"{what}: a token bucket of {cap_iops:g} IOPS, {burst_ios:g} reads deep, "
+                                        f"over {label}", derived=derived)
+
+
+def ssd_from_figures(sheet: Datasheet, *, name: Optional[str] = None) -> Device:
+    """A :class:`ParametricSSD` from datasheet figures (see the module for the rules); ``derived`` lists
+    what was derived and how.  With ``cap_iops`` (or a QD1 latency well below ``1 / iops``: see the module) a
+    :class:`RateLimitedDevice` over that drive.  ``name``: the device's name (default from the figures).
+
+    Raises
+    ------
+    ArgumentError
+        A p99 below the QD1 latency, a given parallelism the QD1 latency cannot carry (names the values
+        that work), a cap above the drive's IOPS (the figures themselves are checked by :class:`Datasheet`).
+    """
+    d = _Derivation(sheet)
+    d.below_knee()
+    d.channels()
+    cv = d.service_cv()
+    qd1, rate, parallelism, derived = d.qd1, d.rate, d.parallelism, d.derived
+    delay = max(0.0, qd1 - parallelism / rate)
     derived["delay_us"] = {"value": delay / US, "rule": "qd1_us - parallelism / row IOPS (pipelined)"}
-    derived["knee_qd"] = {"value": knee, "rule": "row IOPS x QD1 latency: the depth from which IOPS is at its peak"}
-    label = name or f"ssd-qd1-{qd1_us:g}us-{rate:g}iops-p{int(parallelism)}"
+    derived["knee_qd"] = {"value": d.knee, "rule": "row IOPS x QD1 latency: the depth from which IOPS is at its peak"}
+    label = name or f"ssd-qd1-{sheet.qd1_us:g}us-{rate:g}iops-p{parallelism}"
     guessed = [k for k in ("qd1_us", "iops_row", "parallelism", "cv") if k in derived]
     source = "datasheet figures" + (f"; derived: {', '.join(guessed)} (see 'derived')" if guessed else "")
-    drive = ParametricSSD(qd1, rate, int(parallelism), float(cv), name=label, source=source, derived=derived,
-                          routing=routing)
-    if cap_iops is None:
+    drive = ParametricSSD(qd1, rate, parallelism, float(cv), name=label, source=source, derived=derived,
+                          routing=d.routing)
+    if d.cap_iops is None:
         return drive
-    if burst_ios is None:
-        burst_ios = max(1.0, cap_iops * THROTTLE_SLICE)
-        derived["burst_ios"] = {"value": burst_ios, "rule": f"assumed: cap_iops x {THROTTLE_SLICE:g} s, the Linux "
-                                                            "block throttle's slice (block/blk-throttle.c)"}
-    if cap_iops > rate * (1 + 1e-9):
-        raise ArgumentError(f"ssd: cap_iops = {cap_iops:g} is above the drive's {rate:g} IOPS: the rate limit would "
-                            "never bind (give iops above the cap, or leave cap_iops out)")
-    what = "IOPS read as a rate limit" if capped_by_iops else "datasheet figures and a rate limit"
-    return RateLimitedDevice(drive, cap_iops, burst_ios, name=f"{label}-cap{cap_iops:g}-burst{burst_ios:g}",
-                             source=f"{what}: a token bucket of {cap_iops:g} IOPS, {burst_ios:g} reads deep, over "
-                                    f"{label}", derived=derived)
+    return d.rate_limited(drive, label)
 
 
 def _parse(spec: str, keys: dict, text: tuple = ()) -> dict:
@@ -307,11 +393,8 @@ def ssd_from_spec(spec: str) -> Device:
         if need not in kv:
             raise ArgumentError(f"device spec {spec!r}: missing {need!r} ({SPEC_KEYS[need]}); "
                                 "e.g. ssd:qd1_us=80,iops=500000")
-    p, qp = kv.get("parallelism"), kv.get("qd_peak")
     try:
-        return ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
-                                parallelism=p, cv=kv.get("cv"), p99_us=kv.get("p99_us"), qd_peak=qp,
-                                cap_iops=kv.get("cap_iops"), burst_ios=kv.get("burst_ios"), routing=kv.get("routing"))
+        return ssd_from_figures(Datasheet(**kv))
     except ArgumentError as exc:
         raise ArgumentError(f"device spec {spec!r}: {exc}") from None
 
@@ -360,10 +443,7 @@ def volume_from_spec(spec: str) -> RateLimitedDevice:
         derived["iops"] = {"value": kv["iops"], "rule": "assumed: the raw drive's IOPS is the cap (the bucket "
                                                         "shapes the bursts only)"}
     try:
-        dev = ssd_from_figures(kv["qd1_us"], kv["iops"], iops_row=kv.get("iops_row"),
-                               parallelism=kv.get("parallelism"), cv=kv.get("cv"), p99_us=kv.get("p99_us"),
-                               qd_peak=kv.get("qd_peak"), cap_iops=kv["cap_iops"], burst_ios=kv.get("burst_ios"),
-                               routing=kv.get("routing"))
+        dev = ssd_from_figures(Datasheet(**kv))
     except ArgumentError as exc:
         raise ArgumentError(f"device spec {spec!r}: {exc}") from None
     dev.derived.update(derived)

@@ -11,7 +11,7 @@ import numpy as np
 
 from engram import Layout, read_model
 from engram.errors import ArgumentError
-from engram.synth import build_model
+from engram.synth import Fill, ModelShape, build_model
 
 from .configs import DEFAULT_SCALE
 
@@ -91,5 +91,5 @@ def ensure_model(path: Union[str, os.PathLike], scale: float = DEFAULT_SCALE, *,
     if not build:
         raise ArgumentError(f"{path}: no model file (build one with engram synth, or drop --no-build)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    build_model(path, scale=scale, progress=progress, **build_kw)
+    build_model(path, ModelShape(scale=scale), Fill(**build_kw), progress=progress)
     return path

@@ -607,7 +607,7 @@ class SearchProgress:
     (:class:`SearchBound`), so that the line's time left is an estimate from the probes to come (probes
     of many sessions take longer than the first ones: the estimate is of the count, not the cost).
 
-    ``keys`` name the searches; ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.core.progress.progress`.
+    ``keys`` name the searches; ``mode`` and ``kw`` (``output``) go to :func:`sim.core.progress.progress`.
     """
 
     def __init__(self, bound: SearchBound, keys: Sequence[Any], desc: str, mode: Union[bool, str], **kw: Any):
@@ -676,7 +676,7 @@ class WorkProgress:
     The bar (on a terminal) counts session-steps.
 
     ``keys`` name the searches, ``steps`` their probes' steps and ``asked`` their first probes' sessions
-    (mappings key -> int); ``mode`` and ``kw`` (``stream``, ``interval``) go to :func:`sim.core.progress.progress`.
+    (mappings key -> int); ``mode`` and ``kw`` (``output``) go to :func:`sim.core.progress.progress`.
     """
 
     def __init__(self, keys: Sequence[Any], steps: Mapping[Any, int], desc: str, mode: Union[bool, str], *,

@@ -64,7 +64,8 @@ def env(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
     tm = _token_map()
     model_path = d / "m.gguf"
-    synth.build_model(model_path, scale=0.0001, token_map=tm, progress=False, projections=False, seed=1)
+    synth.build_model(model_path, synth.ModelShape(scale=0.0001, token_map=tm, seed=1), synth.Fill(projections=False),
+                      progress=False)
     model = EngramModel.open(model_path, readers=4)
     raw = rows_raw(N, seed=8)
     table_path = d / "t.bin"

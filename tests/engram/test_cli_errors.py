@@ -53,7 +53,8 @@ def nothing_under(folder: Path):
 def model(tmp_path_factory):
     """A small model with real rows (its tables ~10 MB each) and its vocabulary."""
     d = tmp_path_factory.mktemp("src")
-    (path,) = synth.write_model(plan(scale=0.0001), d / "src.gguf", fill="all", projections=False, progress=False)
+    (path,) = synth.write_model(plan(scale=0.0001), d / "src.gguf", synth.Fill(tables="all", projections=False),
+                                progress=False)
     return path
 
 
@@ -91,8 +92,8 @@ def test_a_full_disk_is_refused_before_writing(tmp_path, capsys, model):
         assert rc == 2 and f"{full / 'r.gguf'}: cannot write (repairing it needs " in err
         assert nothing_under(full) == []
     with pytest.raises(OutputError) as e:
-        synth.write_model(plan(full_size=True), tmp_path / "big" / "huge.gguf", fill="all", progress=False,
-                          parents=True)
+        synth.write_model(plan(full_size=True), tmp_path / "big" / "huge.gguf", synth.Fill(tables="all"),
+                          progress=False, writing=synth.Writing(parents=True))
     assert e.value.errno == 28 and "writing it needs 189.4 GiB of disk" in str(e.value)
     assert str(e.value).endswith("(full-size tables: use fill='trace' with a trace, or fill='none')")
     assert nothing_under(tmp_path / "big") == []
@@ -147,7 +148,7 @@ def test_a_missing_parent_folder_is_refused_unless_parents(tmp_path, capsys, mod
                                    f"exist; make it first, or pass --parents (parents=True in Python))\n"), err
         assert not (tmp_path / "new").exists()
     with pytest.raises(OutputError) as e:
-        synth.write_model(plan(), out, fill="none", projections=False, progress=False)
+        synth.write_model(plan(), out, synth.Fill(tables="none", projections=False), progress=False)
     assert e.value.errno == errno.ENOENT and e.value.filename == str(out) and not (tmp_path / "new").exists()
     rc, _ = run(capsys, ["synth", out, "--scale", SCALE, "--fill", "none", "--no-projections", "--no-progress",
                          "--parents"])
@@ -254,7 +255,7 @@ def test_missing_inputs_name_the_file(tmp_path, capsys, model):
 
 # ====================================================================== Ctrl-C
 SLOW = """
-    import sys, time
+    import dataclasses, sys, time
     from engram import synth
     from engram.gguf import write
     real_pwrite, real_copy, build = synth._pwrite_all, write._copy_bytes, synth.build_model
@@ -265,7 +266,8 @@ SLOW = """
         real_copy(*a)
         time.sleep(0.02)
     synth._pwrite_all, write._copy_bytes, write.COPY_CHUNK = slow_pwrite, slow_copy, 1 << 16
-    synth.build_model = lambda *a, **k: build(*a, chunk_bytes=1 << 16, **k)
+    synth.build_model = lambda *a, writing, **k: build(*a, writing=dataclasses.replace(writing, chunk_bytes=1 << 16),
+                                                       **k)
     from engram.cli import main
     sys.exit(main({argv!r}))
 """

@@ -56,7 +56,8 @@ def wide_table(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("engine-model") / "m.gguf"
-    synth.build_model(path, scale=0.0001, token_map=_token_map(), progress=False, projections=False, seed=SEED)
+    synth.build_model(path, synth.ModelShape(scale=0.0001, token_map=_token_map(), seed=SEED),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 
@@ -339,8 +340,8 @@ def fuse_models(tmp_path_factory):
         pytest.skip(f"FUSE fault file system unavailable: {why}")
     root = tmp_path_factory.mktemp("fuse-models")
     for name in ("a.gguf", "b.gguf"):
-        synth.build_model(root / name, scale=0.0001, token_map=_token_map(), progress=False, projections=False,
-                          seed=SEED)
+        synth.build_model(root / name, synth.ModelShape(scale=0.0001, token_map=_token_map(), seed=SEED),
+                          synth.Fill(projections=False), progress=False)
     work = tmp_path_factory.mktemp("fuse-engine")
     try:
         with FaultMount(root, work / "mnt", work) as m:
@@ -603,8 +604,8 @@ def test_tables_on_two_devices_get_two_engines(tmp_path, text_ids):
     shm = "/dev/shm"
     if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("no tmpfs apart from the test directory's file system")
-    synth.build_model(tmp_path / "s.gguf", scale=0.0001, token_map=_token_map(), progress=False, projections=False,
-                      seed=SEED, shards=3)
+    synth.build_model(tmp_path / "s.gguf", synth.ModelShape(scale=0.0001, token_map=_token_map(), seed=SEED, shards=3),
+                      synth.Fill(projections=False), progress=False)
     model = EngramModel.open(sorted(tmp_path.glob("s-*.gguf"))[0])
     shard14 = model.info.tables[14].path
     assert shard14 != model.info.tables[1].path

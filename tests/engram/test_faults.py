@@ -71,8 +71,8 @@ def table_dir(tmp_path_factory):
 
 
 def _build_model(path, seed=5):
-    synth.build_model(path, scale=MODEL_SCALE, token_map=_token_map(), progress=False, projections=False,
-                      seed=seed)
+    synth.build_model(path, synth.ModelShape(scale=MODEL_SCALE, token_map=_token_map(), seed=seed),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 
@@ -228,7 +228,8 @@ res["leaks"] = [fd_count() - fds0, thread_count() - thr0]
 from engram import synth
 from tests.modelfiles import token_map
 mpath = os.environ["M_PATH"]
-synth.build_model(mpath, scale=0.0001, token_map=token_map(), progress=False, projections=False)
+synth.build_model(mpath, synth.ModelShape(scale=0.0001, token_map=token_map()), synth.Fill(projections=False),
+                  progress=False)
 info = read_model(mpath)
 fds0, thr0 = fd_count(), thread_count()
 shim.engram_fault_set(SHIM_EIO, os.path.basename(mpath).encode(), 1000, 1001, 1, -1, 1)

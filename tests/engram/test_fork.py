@@ -194,7 +194,8 @@ KINDS = ["prefetcher", "prefetcher_cancel", "session_close", "session_steps", "s
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("fork-model") / "m.gguf"
-    synth.build_model(path, scale=0.0001, token_map=_token_map(), progress=False, projections=False, seed=SEED)
+    synth.build_model(path, synth.ModelShape(scale=0.0001, token_map=_token_map(), seed=SEED),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

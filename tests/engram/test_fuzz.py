@@ -56,9 +56,9 @@ SMALL = Layout.derive(50, (1, 14), compressed_vocab_size=1000, pad_id=2)
 @pytest.fixture(scope="module")
 def seed_header(tmp_path_factory):
     """A valid small model (1000-entry token map): header bytes, file size, and where fields are."""
-    p = synth.plan_model(layout=SMALL, token_map=np.arange(1000), optional_keys=True)
-    (path,) = synth.write_model(p, tmp_path_factory.mktemp("seed") / "seed.gguf", fill="none", projections=False,
-                                progress=False)
+    p = synth.plan_model(synth.ModelShape(layout=SMALL, token_map=np.arange(1000), optional_keys=True))
+    (path,) = synth.write_model(p, tmp_path_factory.mktemp("seed") / "seed.gguf",
+                                synth.Fill(tables="none", projections=False), progress=False)
     info = read_model(path)
     with open(path, "rb") as f:
         head = f.read(info.data_offsets[0])

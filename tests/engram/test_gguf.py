@@ -31,8 +31,8 @@ P = "deepseek41.engram."
 def small(tmp_path_factory) -> Path:
     """A complete small model; 1 MiB chunks so tables and engram_kv span many chunks."""
     d = tmp_path_factory.mktemp("small")
-    (path,) = synth.build_model(d / "small.gguf", scale=SCALE, seed=SEED, token_map=token_map(), progress=False,
-                                chunk_bytes=1 << 20)
+    (path,) = synth.build_model(d / "small.gguf", synth.ModelShape(scale=SCALE, seed=SEED, token_map=token_map()),
+                                progress=False, writing=synth.Writing(chunk_bytes=1 << 20))
     return path
 
 
@@ -47,8 +47,9 @@ def split3(tmp_path_factory) -> list:
     """A split set without the vocabulary (``gguf.GGUFReader`` reads every shard here; a split set with it is
     in ``test_vocabulary.py``)."""
     d = tmp_path_factory.mktemp("split")
-    return synth.build_model(d / "sp.gguf", scale=SCALE, seed=SEED, shards=3, token_map=token_map(),
-                             progress=False, projections=False, vocabulary=False)
+    return synth.build_model(d / "sp.gguf",
+                             synth.ModelShape(scale=SCALE, seed=SEED, shards=3, token_map=token_map(),
+                                              vocabulary=False), synth.Fill(projections=False), progress=False)
 
 
 # ------------------------------------------------------------------ gguf's own tools

@@ -272,7 +272,7 @@ def test_repair_keeps_table_bytes(tmp_path):
     """A model with real rows: the tables of the repaired file hold the same bytes at their new offsets."""
     p = plan(scale=0.0001, seed=4)
     rename()(p.metadata)
-    (src,) = synth.write_model(p, tmp_path / "src.gguf", fill="all", projections=False, progress=False)
+    (src,) = synth.write_model(p, tmp_path / "src.gguf", synth.Fill(tables="all", projections=False), progress=False)
     (out,) = repair_model(src, tmp_path / "dst.gguf", progress=False)
     a, b = read_model(src), read_model(out)
     for lid in (1, 14):

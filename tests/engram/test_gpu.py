@@ -220,7 +220,7 @@ def test_projection_keeps_spec_numerics_f16_not_bf16():
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpumodel") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=3), progress=False)
     return path
 
 

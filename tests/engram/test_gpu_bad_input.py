@@ -31,7 +31,7 @@ KDEV = torch.device("cuda") if _HAS_CUDA else torch.device("cpu")
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpubad") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=3), progress=False)
     return EngramModel.open(path, readers=8)
 
 

@@ -13,7 +13,8 @@ from engram.gguf import read_model
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory):
     path = tmp_path_factory.mktemp("raw") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=5, projections=False)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=5),
+                      synth.Fill(projections=False), progress=False)
     info = read_model(path)
     ts = [Table(info.tables[lid].path, info.tables[lid].offset, info.tables[lid].rows, readers=4)
           for lid in info.layout.layer_ids]

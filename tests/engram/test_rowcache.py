@@ -185,7 +185,7 @@ def test_bad_policy():
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=3), progress=False)
     return path
 
 
@@ -351,11 +351,11 @@ def test_cache_between_models(model_path, tmp_path):
     EngramModel.open(model_path, cache=cache)
     EngramModel.open(model_path, cache=cache)  # the same file again: the same rows
     other = tmp_path / "other.gguf"
-    synth.build_model(other, scale=SCALE * 2, token_map=_token_map(), progress=False, seed=3)
+    synth.build_model(other, synth.ModelShape(scale=SCALE * 2, token_map=_token_map(), seed=3), progress=False)
     with pytest.raises(CacheLayoutError, match="another layout"):
         EngramModel.open(other, cache=cache)
     twin = tmp_path / "twin.gguf"
-    synth.build_model(twin, scale=SCALE, token_map=_token_map(), progress=False, seed=4)
+    synth.build_model(twin, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=4), progress=False)
     m = EngramModel.open(twin)
     with pytest.raises(CacheLayoutError, match="other tables"):
         m.session(cache=cache)

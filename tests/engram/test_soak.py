@@ -146,7 +146,8 @@ def soak(model: EngramModel, seqs, churn: int, serial_check: bool):
 
 def _model(tmp_path_factory, scale):
     path = tmp_path_factory.mktemp("soak") / "soak.gguf"
-    synth.build_model(path, scale=scale, token_map=_token_map(), progress=False, projections=False, seed=SEED)
+    synth.build_model(path, synth.ModelShape(scale=scale, token_map=_token_map(), seed=SEED),
+                      synth.Fill(projections=False), progress=False)
     return EngramModel.open(path, readers=8)
 
 

@@ -26,7 +26,8 @@ HEALTH = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("spec-model") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=SEED)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=SEED),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

@@ -108,23 +108,44 @@ def test_plan_shapes_and_metadata_types():
 
 def test_bad_arguments():
     with pytest.raises(ArgumentError, match="scale"):
-        synth.plan_model(token_map=token_map())
+        synth.plan_model(synth.ModelShape(token_map=token_map()))
     with pytest.raises(ArgumentError, match="scale"):
-        synth.plan_model(full_size=True, scale=0.5, token_map=token_map())
+        synth.plan_model(synth.ModelShape(full_size=True, scale=0.5, token_map=token_map()))
     with pytest.raises(ArgumentError, match="shards"):
         plan(shards=9)
     with pytest.raises(ArgumentError, match="seed"):
         plan(seed=-1)
     with pytest.raises(ArgumentError, match="trace"):
-        synth.build_model("/nonexistent/x.gguf", full_size=True, token_map=token_map(), progress=False)
+        synth.build_model("/nonexistent/x.gguf", synth.ModelShape(full_size=True, token_map=token_map()),
+                          progress=False)
     with pytest.raises(ArgumentError, match="fill"):
-        synth.write_model(plan(), "/nonexistent/x.gguf", fill="some")
+        synth.write_model(plan(), "/nonexistent/x.gguf", synth.Fill(tables="some"))
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: synth.ModelShape(scale=0.0, token_map=token_map()), "scale"),
+    (lambda: synth.ModelShape(scale=0.5, seed=-1), "seed"),
+    (lambda: synth.ModelShape(scale=0.5, eps=2.0), "eps"),
+    (lambda: synth.ModelShape(scale=0.5, token_map=np.zeros((2, 2), np.int64)), "token_map"),
+    (lambda: synth.Fill(tables="rows"), "tables"),
+    (lambda: synth.Fill(tables="trace"), "trace"),
+    (lambda: synth.Writing(chunk_bytes=100), "chunk_bytes"),
+])
+def test_settings_name_the_bad_field(make, field):
+    """The settings of the writer refuse a bad value when made, naming the field."""
+    with pytest.raises(ArgumentError, match=field):
+        make()
+
+
+def test_fill_defaults_to_the_trace_when_one_is_given():
+    assert synth.Fill().tables == "all" and synth.Fill(trace=[1, 2]).tables == "trace"
+    assert synth.Fill(tables="none", trace=[1]).tables == "none"
 
 
 def test_disk_space_is_checked_before_writing(tmp_path):
     p = plan(full_size=True)
     with pytest.raises(OutputError, match="GiB of disk"):
-        synth.write_model(p, tmp_path / "huge.gguf", fill="all", progress=False)
+        synth.write_model(p, tmp_path / "huge.gguf", synth.Fill(tables="all"), progress=False)
     assert not (tmp_path / "huge.gguf").exists()
 
 
@@ -150,8 +171,8 @@ def test_full_size_sparse_model(tmp_path, text_tokens):
     """The released layout: 384M rows a table, tables at the released offsets (> 2**33), only the
     trace's rows written; the rest are holes that read as zeros and take no disk."""
     trace = text_tokens[:300]
-    (path,) = synth.build_model(tmp_path / "full.gguf", full_size=True, trace=trace, seed=7, token_map=token_map(),
-                                progress=False, projections=False)
+    (path,) = synth.build_model(tmp_path / "full.gguf", synth.ModelShape(full_size=True, seed=7, token_map=token_map()),
+                                synth.Fill(trace=trace, projections=False), progress=False)
     info = read_model(path)
     assert [int(r) for r in info.layout.rows] == [384006168, 384016682]
     assert info.layout == Layout.deepseek_v41_flash()
@@ -208,8 +229,8 @@ def test_full_tables_stream_in_chunks(tmp_path, where, monkeypatch):
             real_write(fd, data, offset)
         monkeypatch.setattr(synth, "_pwrite_all", refuse)
     p = plan(scale=0.0001, seed=9)
-    (path,) = synth.write_model(p, tmp_path / "all.gguf", fill="all", projections=False, progress=False,
-                                chunk_bytes=100_000, direct_io=where != "buffered")
+    (path,) = synth.write_model(p, tmp_path / "all.gguf", synth.Fill(tables="all", projections=False), progress=False,
+                                writing=synth.Writing(chunk_bytes=100_000, direct_io=where != "buffered"))
     _check_all_rows(path)
     assert len(opened) == (0 if where == "buffered" else 1)
     assert all(fd is not None for fd in opened)

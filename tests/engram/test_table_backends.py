@@ -72,7 +72,8 @@ try:
 except TableIOError as e:
     res["explicit"] = [str(e), e.errno_]
 m = os.environ["M_PATH"]
-synth.build_model(m, scale=0.0001, token_map=token_map(), progress=False, projections=False)
+synth.build_model(m, synth.ModelShape(scale=0.0001, token_map=token_map()), synth.Fill(projections=False),
+                  progress=False)
 with EngramModel.open(m).session() as s:
     s.step(1000)
     res["session"] = [s.last_stats.backend] + [t.backend for t in s.tables.values()]

@@ -99,7 +99,8 @@ def squashfs(tmp_path_factory):
     root = tmp_path_factory.mktemp("sqfs")
     src = root / "src"
     src.mkdir()
-    synth.build_model(src / "m.gguf", scale=SCALE, token_map=token_map(), progress=False, projections=False)
+    synth.build_model(src / "m.gguf", synth.ModelShape(scale=SCALE, token_map=token_map()),
+                      synth.Fill(projections=False), progress=False)
     img = root / "model.sqfs"
     _run(["mksquashfs", str(src), str(img), "-noI", "-noD", "-noF", "-noX", "-quiet", "-no-progress"], "mksquashfs")
     with mounted(["mount", "-t", "squashfs", "-o", "loop,ro", str(img), str(root / "lower")], root / "lower",

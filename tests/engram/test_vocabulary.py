@@ -58,8 +58,8 @@ def shifted_model(swapped, tmp_path_factory):
     _, tj = swapped
     d = tmp_path_factory.mktemp("shifted")
     ids = np.array(load_tokenizer(tj).encode(TEXT, add_special_tokens=False).ids)
-    (path,) = synth.build_model(d / "shifted.gguf", scale=SCALE, trace=ids, projections=False, progress=False,
-                                tokenizer_json=tj)
+    (path,) = synth.build_model(d / "shifted.gguf", synth.ModelShape(scale=SCALE, tokenizer_json=tj),
+                                synth.Fill(trace=ids, projections=False), progress=False)
     return path
 
 
@@ -275,8 +275,8 @@ def test_repair_and_split_sets_keep_the_vocabulary(shifted_model, swapped, tmp_p
     assert b.strings_digest("tokenizer.ggml.tokens") == a.strings_digest("tokenizer.ggml.tokens")
     assert b.strings("tokenizer.ggml.merges") == a.strings("tokenizer.ggml.merges")
     assert check_tokenizer(b, swapped[1]) == "vocabulary"
-    paths = synth.build_model(tmp_path / "sp.gguf", scale=SCALE, shards=3, fill="none", projections=False,
-                              progress=False, tokenizer_json=swapped[1])
+    paths = synth.build_model(tmp_path / "sp.gguf", synth.ModelShape(scale=SCALE, shards=3, tokenizer_json=swapped[1]),
+                              synth.Fill(tables="none", projections=False), progress=False)
     info = read_model(paths[2])
     assert info.strings("tokenizer.ggml.tokens")[270] == "Ġof" and check_tokenizer(info, swapped[1]) == "vocabulary"
     with pytest.raises(VocabularyError):

@@ -64,8 +64,8 @@ SLOW_SYNTH = """
         real(fd, data, offset)
         time.sleep(0.02)
     synth._pwrite_all = slow
-    synth.write_model(plan(scale=0.0001, shards={shards}), {out!r}, fill="all", projections=False,
-                      progress=False, chunk_bytes=1 << 16, direct_io=False)
+    synth.write_model(plan(scale=0.0001, shards={shards}), {out!r}, synth.Fill(tables="all", projections=False),
+                      progress=False, writing=synth.Writing(chunk_bytes=1 << 16, direct_io=False))
     print("finished")
 """
 
@@ -80,7 +80,7 @@ def test_killed_synth_leaves_no_final_file(tmp_path, shards):
     (left,) = _partials(tmp_path)  # what the killed writer leaves: its private folder
     assert left.name == f".{finals[0].name}.partial-{proc.pid}"
     # a complete run afterwards writes every final name; the killed run's folder stays untouched
-    written = synth.write_model(plan(scale=0.0001, shards=shards), out, fill="none", projections=False,
+    written = synth.write_model(plan(scale=0.0001, shards=shards), out, synth.Fill(tables="none", projections=False),
                                 progress=False)
     assert written == finals and all(p.exists() for p in finals)
     assert read_model(finals[-1]).paths == tuple(finals)
@@ -101,8 +101,8 @@ def test_failing_synth_removes_its_temporaries(tmp_path, monkeypatch):
     monkeypatch.setattr(synth, "_pwrite_all", failing)
     out = tmp_path / "f.gguf"
     with pytest.raises(OSError, match="No space left"):
-        synth.write_model(plan(scale=0.0001, shards=2), out, fill="all", projections=False, progress=False,
-                          chunk_bytes=1 << 16, direct_io=False)
+        synth.write_model(plan(scale=0.0001, shards=2), out, synth.Fill(tables="all", projections=False),
+                          progress=False, writing=synth.Writing(chunk_bytes=1 << 16, direct_io=False))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -139,7 +139,7 @@ def test_killed_repair_leaves_no_final_file(tmp_path):
     src.parent.mkdir()
     p = plan(scale=0.0001)
     p.metadata = {k.replace("deepseek41.engram.", "deepseek4.engram."): v for k, v in p.metadata.items()}
-    synth.write_model(p, src, fill="all", projections=False, progress=False)
+    synth.write_model(p, src, synth.Fill(tables="all", projections=False), progress=False)
     out = tmp_path / "fixed.gguf"
     proc = _start(SLOW_REPAIR.format(src=str(src), out=str(out)))
     _kill_mid_write(proc, tmp_path, 1 << 20)

@@ -49,7 +49,8 @@ def measured(tmp_path_factory):
     """A real measurement of one single-session and one two-session configuration, calibrated."""
     d = tmp_path_factory.mktemp("docs")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=9)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=9),
+                      synth.Fill(projections=False), progress=False)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30),
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 2, "threads")]
     measure(path, cfgs, d, rounds=1, depths=(1, 4), fio=False, io_batches=8, io_chunks=1, big_seconds=0.01,

@@ -188,7 +188,8 @@ def measured(tmp_path_factory):
     """A small real measurement: microbenchmarks and decode runs side by side in one directory."""
     d = tmp_path_factory.mktemp("cal")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=7)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=7),
+                      synth.Fill(projections=False), progress=False)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 30), RunConfig(CODE_SOURCE, 256, "pread", 4, "none", 30)]
     measure(path, cfgs, d, rounds=2, depths=(1, 4), fio=False, io_batches=6, io_chunks=4, big_seconds=0.01,
             single_rows=8, compute_samples=6, warmup=3, progress=False)

@@ -17,6 +17,7 @@ from sim.sweep.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIO
 from sim.sweep import AXES
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch
+from sim.core.progress import ProgressOutput
 from tests.clirun import cli
 
 SLOW = "ssd:qd1_us=500,iops=20000,parallelism=8"
@@ -147,7 +148,7 @@ def test_the_progress_line_says_the_time_left_and_tightens_to_the_count():
     out = io.StringIO()
     caps = {0: 5, 1: 37, 2: 0}
     bound = SearchBound(lambda: _search(64, 1), range(65))
-    prog = SearchProgress(bound, list(caps), "capacity", "lines", stream=out, interval=0.0)
+    prog = SearchProgress(bound, list(caps), "capacity", "lines", output=ProgressOutput(stream=out, interval=0.0))
     gens = {k: _search(64, 1) for k in caps}
     asked = {k: next(g) for k, g in gens.items()}
     total = 0
@@ -233,7 +234,7 @@ def test_a_bracketed_search_says_its_probes_and_the_session_steps_to_go():
     out = io.StringIO()
     key = (0, 0)
     prog = WorkProgress([key], {key: 300}, "capacity", "lines", asked={key: 1}, resolution=1, max_sessions=4096,
-                        stream=out, interval=0.0)
+                        output=ProgressOutput(stream=out, interval=0.0))
     with prog:
         prog.ran(300, 0.5)
         prog.note("probe of configuration 0, seed 0: 1 sessions")
@@ -310,8 +311,8 @@ def test_the_time_left_counts_the_probes_that_run_side_by_side():
     session-steps a second a probe; while both searches are open they run side by side (200,000 a second),
     once one has returned the other's last probe runs alone (100,000)."""
     out = io.StringIO()
-    prog = WorkProgress(["a", "b"], {"a": 100, "b": 100}, "capacity", "lines", asked={"a": 1, "b": 1},
-                        workers=2, stream=out, interval=0.0)
+    prog = WorkProgress(["a", "b"], {"a": 100, "b": 100}, "capacity", "lines", asked={"a": 1, "b": 1}, workers=2,
+                        output=ProgressOutput(stream=out, interval=0.0))
     with prog:
         prog.ran(200, 0.1, 2)
         for k in "ab":

@@ -88,7 +88,8 @@ def test_predict_needs_a_calibrated_compute():
 def measured(tmp_path_factory):
     d = tmp_path_factory.mktemp("xc")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=9)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=9),
+                      synth.Fill(projections=False), progress=False)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "none", 40), RunConfig(CODE_SOURCE, 8, "io_uring", 4, "spin:0.5", 40),
             RunConfig("shared:promessi_sposi.txt", 256, "pread", 4, "none", 40),
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 30, 2, "threads"),

@@ -94,7 +94,8 @@ def test_a_bad_row_cache_record_is_a_format_error():
 def measured_cache(tmp_path_factory):
     d = tmp_path_factory.mktemp("xcc")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=9)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=9),
+                      synth.Fill(projections=False), progress=False)
     cfgs = [RunConfig(TEXT, 8, "pread", 4, "none", 60), RunConfig(TEXT, 8, "pread", 4, "sleep:1", 40, 2, "threads")]
     measure(path, cfgs, d, rounds=2, depths=(1, 4), fio=False, io_batches=8, io_chunks=2, big_seconds=0.01,
             single_rows=8, compute_samples=10, warmup=3, probe_every=3, shared_seconds=0.03, cache_batches=4,

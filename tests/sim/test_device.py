@@ -64,6 +64,17 @@ def list_schedule_twin(x: np.ndarray, k: int) -> float:
 
 
 # ----------------------------------------------------------------------- presets
+@pytest.mark.parametrize("figures, field", [
+    (dict(qd1_us=0.0, iops=1e5), "qd1_us"), (dict(qd1_us=80, iops="many"), "iops"),
+    (dict(qd1_us=80, iops=1e5, parallelism=2.5), "parallelism"), (dict(qd1_us=80, iops=1e5, cv=-1), "cv"),
+    (dict(qd1_us=80, iops=1e5, routing="nearest"), "routing"), (dict(qd1_us=80, iops=1e5, burst_ios=10), "burst_ios"),
+])
+def test_datasheet_figures_are_checked_naming_the_key(figures, field):
+    from sim.device import Datasheet
+    with pytest.raises(ArgumentError, match=field):
+        Datasheet(**figures)
+
+
 def test_seed_preset_is_the_spec_figures():
     d = preset("seed-apple-m3-ultra")
     assert "SPEC §8" in d.source and d.name == "seed-apple-m3-ultra"

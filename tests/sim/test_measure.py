@@ -28,7 +28,8 @@ from sim.trace import CODE_SOURCE, load_trace
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("measure") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=5)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=5),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 
@@ -354,7 +355,7 @@ def test_ensure_model(model_path, tmp_path):
 @pytest.mark.heavy
 def test_decode_run_with_the_mixer(tmp_path):
     path = tmp_path / "mixer.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=2)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=2), progress=False)
     m = EngramModel.open(path)
     for lid in m.layer_ids:
         m.weights(lid)

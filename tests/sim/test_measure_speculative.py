@@ -22,7 +22,8 @@ from tests.modelfiles import SCALE, token_map as _token_map
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("spec") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=5)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=5),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

@@ -63,7 +63,8 @@ def test_every_output_option_is_walked():
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("out-model") / "m.gguf"
-    synth.build_model(path, scale=0.0001, token_map=_token_map(), progress=False, projections=False, seed=3)
+    synth.build_model(path, synth.ModelShape(scale=0.0001, token_map=_token_map(), seed=3),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

@@ -32,7 +32,8 @@ def measured(tmp_path_factory):
         pytest.skip("fio is not installed: planner mode reads the fio beside the runs")
     d = tmp_path_factory.mktemp("planner")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=6)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=6),
+                      synth.Fill(projections=False), progress=False)
     cfgs = [RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 20), RunConfig(CODE_SOURCE, 8, "pread", 4, "blas:1", 20),
             RunConfig(CODE_SOURCE, 8, "pread", 4, "sleep:1", 15, 2, "threads")]
     s = Settings(rounds=2, micro=False, warmup=2, probe_every=2, capacity_target=50.0)
@@ -170,7 +171,8 @@ def fio_only(tmp_path_factory):
         pytest.skip("fio is not installed")
     d = tmp_path_factory.mktemp("planner-fio")
     path = d / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=6)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=6),
+                      synth.Fill(projections=False), progress=False)
     size = engine_read_size(path)[0]
     fio_json(path, d / f"fio-{size}.json", size, depths=(1, 4), seconds=0.1)
     (d / "devices.json").write_text(json.dumps({

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sim.core.progress import Progress, progress, progress_mode
+from sim.core.progress import Progress, ProgressOutput, progress, progress_mode
 
 
 class Terminal(io.StringIO):
@@ -17,7 +17,7 @@ class Terminal(io.StringIO):
 
 def test_plain_lines_off_a_terminal():
     out = io.StringIO()
-    with progress(3, "sweep demo", "point", stream=out, interval=0.0) as p:
+    with progress(3, "sweep demo", "point", output=ProgressOutput(stream=out, interval=0.0)) as p:
         assert p.mode == "lines"
         p.update(1, "point 0")
         p.update(1, "point 1")
@@ -32,7 +32,7 @@ def test_plain_lines_off_a_terminal():
 
 def test_lines_are_periodic_not_per_item():
     out = io.StringIO()
-    p = progress(1000, "capacity", "search", stream=out, interval=3600.0)
+    p = progress(1000, "capacity", "search", output=ProgressOutput(stream=out, interval=3600.0))
     for _ in range(999):
         p.update()
     p.close()
@@ -42,17 +42,24 @@ def test_lines_are_periodic_not_per_item():
 
 def test_a_bar_on_a_terminal_and_nothing_when_off():
     tty = Terminal()
-    with progress(2, "sweep", "point", stream=tty) as p:
+    with progress(2, "sweep", "point", output=ProgressOutput(stream=tty)) as p:
         assert p.mode == "bar"
         p.update(2)
     assert "\r" in tty.getvalue() and "sweep:" in tty.getvalue() and "/2 " in tty.getvalue()  # a tqdm bar
     quiet = io.StringIO()
-    with Progress(2, "sweep", "point", mode=False, stream=quiet) as p:
+    with Progress(2, "sweep", "point", mode=False, output=ProgressOutput(stream=quiet)) as p:
         p.update(2)
         p.write("hello")
     assert quiet.getvalue() == ""
-    with Progress(5, "sweep", "point", mode="lines", stream=Terminal(), initial=2) as p:
+    with Progress(5, "sweep", "point", mode="lines", output=ProgressOutput(stream=Terminal()), initial=2) as p:
         assert p.mode == "lines" and p.n == 2  # lines even on a terminal when asked
+
+
+def test_a_bad_interval_is_refused_naming_it():
+    from engram.errors import ArgumentError
+    for bad in (-1.0, float("nan"), "10"):
+        with pytest.raises(ArgumentError, match="interval"):
+            ProgressOutput(interval=bad)
 
 
 def test_modes():
@@ -64,16 +71,16 @@ def test_modes():
 
 def test_a_delay_keeps_short_runs_quiet_and_eta_can_be_left_out():
     out = io.StringIO()
-    with progress(3, "decode (fast)", "session", stream=out, delay=3600.0) as p:
+    with progress(3, "decode (fast)", "session", output=ProgressOutput(stream=out), delay=3600.0) as p:
         p.update(3)
     assert out.getvalue() == ""
     out = io.StringIO()
-    with progress(3, "decode (fast)", "session", stream=out, interval=0.0, eta=False) as p:
+    with progress(3, "decode (fast)", "session", output=ProgressOutput(stream=out, interval=0.0), eta=False) as p:
         p.update(1)
         p.update(1)
     assert "left" not in out.getvalue() and "decode (fast): 1/3 sessions (33%) after" in out.getvalue()
     tty = Terminal()
-    with progress(3, "decode (fast)", "session", stream=tty, eta=False) as p:
+    with progress(3, "decode (fast)", "session", output=ProgressOutput(stream=tty), eta=False) as p:
         p.update(1)
     assert "\r" in tty.getvalue() and "<" not in tty.getvalue()  # tqdm's remaining-time field is left out
 
@@ -88,7 +95,7 @@ def test_sim_decode_off_a_terminal_prints_plain_lines(monkeypatch):
 
     def capture(*a, **k):
         assert k["eta"] is False and k["delay"] > 0
-        made.append(progress(*a, **{**k, "delay": 0.0, "stream": out}))
+        made.append(progress(*a, **{**k, "delay": 0.0, "output": ProgressOutput(stream=out)}))
         return made[-1]
 
     monkeypatch.setattr(model, "progress_bar", capture)

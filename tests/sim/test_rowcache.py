@@ -63,7 +63,7 @@ def test_optimal_bounds_the_policies(keys, cap, policy):
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, seed=3)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=3), progress=False)
     return path
 
 

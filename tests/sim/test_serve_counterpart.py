@@ -19,7 +19,8 @@ from tests.modelfiles import SCALE, token_map as _token_map
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("serve") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=7)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=7),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

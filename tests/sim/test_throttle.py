@@ -45,7 +45,8 @@ def _blkio_line(pid: int = None) -> str:
 def model(tmp_path_factory):
     """A small model file in the real format, on the temporary folder's disk."""
     path = tmp_path_factory.mktemp("thr") / "m.gguf"
-    synth.build_model(path, scale=SCALE, token_map=_token_map(), progress=False, projections=False, seed=4)
+    synth.build_model(path, synth.ModelShape(scale=SCALE, token_map=_token_map(), seed=4),
+                      synth.Fill(projections=False), progress=False)
     return path
 
 

@@ -77,7 +77,8 @@ def test_iolog(capsys, tmp_path):
     assert "--replay_redirect=" in d["fio"]
     tr = load_trace("synth:reuse=0.2,tokens=100")
     path = tmp_path / "m.gguf"
-    synth.build_model(path, scale=0.0003, trace=tr.tokens, projections=False, progress=False, token_map=token_map())
+    synth.build_model(path, synth.ModelShape(scale=0.0003, token_map=token_map()),
+                      synth.Fill(trace=tr.tokens, projections=False), progress=False)
     d = run_json(capsys, ["sim", "trace", "iolog", "synth:reuse=0.2,tokens=100", "--model", str(path), "--out",
                           str(tmp_path / "b.iolog"), "--sessions", "2", "--steps", "80", "--tokens-per-s", "20",
                           "--json"])

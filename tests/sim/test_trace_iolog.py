@@ -38,8 +38,8 @@ def trace() -> Trace:
 def small(tmp_path_factory, trace):
     """A reduced-scale V4.1 model (~100k rows a table) whose rows of the trace are written."""
     path = tmp_path_factory.mktemp("iolog") / "small.gguf"
-    synth.build_model(path, scale=0.0003, trace=trace.tokens, projections=False, progress=False,
-                      token_map=token_map())
+    synth.build_model(path, synth.ModelShape(scale=0.0003, token_map=token_map()),
+                      synth.Fill(trace=trace.tokens, projections=False), progress=False)
     return path
 
 
@@ -47,8 +47,8 @@ def small(tmp_path_factory, trace):
 def full(tmp_path_factory, trace):
     """A full-size sparse V4.1 model: tables at the released offsets, only the trace's rows written."""
     path = tmp_path_factory.mktemp("iolog") / "full.gguf"
-    synth.build_model(path, full_size=True, trace=trace.tokens, projections=False, progress=False,
-                      token_map=token_map())
+    synth.build_model(path, synth.ModelShape(full_size=True, token_map=token_map()),
+                      synth.Fill(trace=trace.tokens, projections=False), progress=False)
     return path
 
 

@@ -26,8 +26,8 @@ def shifted(tmp_path_factory):
     v = tj["model"]["vocab"]
     v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
     (d / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
-    (path,) = synth.build_model(d / "m.gguf", scale=SCALE, fill="none", projections=False, progress=False,
-                                tokenizer_json=d / "tokenizer.json")
+    (path,) = synth.build_model(d / "m.gguf", synth.ModelShape(scale=SCALE, tokenizer_json=d / "tokenizer.json"),
+                                synth.Fill(tables="none", projections=False), progress=False)
     return path, d / "tokenizer.json"
 
 
