@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import heapq
 import math
 import os
@@ -33,9 +32,9 @@ from unittest import mock
 import numpy as np
 
 import sim.decode.model
+import sim.decode.reads
 from sim.sweep.capacity import SearchRun, bracket_opening
 from sim.decode.fast import FastRun
-from sim.decode.reads import step_reads
 
 DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,parallelism=32;"
            "ssd:qd1_us=64,iops=3400000,parallelism=200")
@@ -310,11 +309,11 @@ def _merge_before(counters: list, t0: float) -> tuple:
 
 def _before():
     """The fast decode loop, the sessions' reads and the queue's timeline as they were (:func:`_run_lean_before`;
-    every session's steps sorted on their own, ``step_reads(by_position=False)``; :func:`_merge_before`),
+    every session's steps sorted on their own, ``sim.decode.reads.BY_POSITION`` off; :func:`_merge_before`),
     patched in for one search."""
     return [mock.patch.object(FastRun, "_run_lean", _run_lean_before),
             mock.patch.object(sim.decode.model, "_merge", _merge_before),
-            mock.patch.object(sim.decode.model, "step_reads", functools.partial(step_reads, by_position=False))]
+            mock.patch.object(sim.decode.reads, "BY_POSITION", False)]
 
 
 def main(argv=None) -> dict:

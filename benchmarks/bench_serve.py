@@ -28,7 +28,7 @@ DEVICE = "ssd:qd1_us=60,iops=1500000"
 
 
 def main(argv=None) -> dict:
-    from sim.decode import simulate_decode
+    from sim.decode import DecodeRun, simulate_decode
     from sim.core.params import Compute, Policy
     from sim.serve import RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, simulate_serve
     from sim.trace import load_trace
@@ -77,7 +77,8 @@ def main(argv=None) -> dict:
     sessions = 64
     steps = max(1, first["decode_tokens"] // sessions)
     t0 = time.perf_counter()
-    dec = simulate_decode(text, DEVICE, policy, Compute(47.013e-3 / 40), sessions=sessions, steps=steps, seed=0)
+    dec = simulate_decode(text, DEVICE, policy, Compute(47.013e-3 / 40),
+                          DecodeRun(sessions=sessions, steps=steps, seed=0))
     wall = time.perf_counter() - t0
     rec["decode_peer"] = {"sessions": sessions, "steps": steps, "wall_s": wall,
                           "decode_tokens_per_s": sessions * steps / wall, "tokens_per_s": dec.tokens_per_s}

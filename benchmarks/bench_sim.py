@@ -36,7 +36,7 @@ def _best(fn, repeat: int = 3):
 
 
 def main(argv=None) -> dict:
-    from sim.decode import Compute, Policy, seed_reproduction, simulate_decode
+    from sim.decode import Compute, DecodeRun, Policy, seed_reproduction, simulate_decode
     from sim.device import load_device
     from sim.trace import load_trace
 
@@ -53,16 +53,17 @@ def main(argv=None) -> dict:
     rec: dict = {"steps": args.steps, "rows_per_step": 48, "load_average_before": os.getloadavg(), "devices": {}}
     for spec in DEVICES:
         dev = load_device(spec)
-        simulate_decode(trace.head(300), dev, policy, c47, sessions=4, steps=50)  # warm the batch samples
-        fast_s, fast = _best(lambda: simulate_decode(trace, dev, policy, c5, steps=args.steps))
+        simulate_decode(trace.head(300), dev, policy, c47, DecodeRun(sessions=4, steps=50))  # warm the batch samples
+        fast_s, fast = _best(lambda: simulate_decode(trace, dev, policy, c5, DecodeRun(steps=args.steps)))
         short = trace.head(args.exact_steps)
-        fs_s, fs = _best(lambda: simulate_decode(short, dev, policy, c5, mode="fast"))
-        ex_s, ex = _timed(lambda: simulate_decode(short, dev, policy, c5, mode="exact"))
+        fs_s, fs = _best(lambda: simulate_decode(short, dev, policy, c5, DecodeRun(mode="fast")))
+        ex_s, ex = _timed(lambda: simulate_decode(short, dev, policy, c5, DecodeRun(mode="exact")))
         S = args.sessions
-        sat_s, sat = _best(lambda: simulate_decode(trace, dev, policy, c47, sessions=S, steps=300))
+        sat_s, sat = _best(lambda: simulate_decode(trace, dev, policy, c47, DecodeRun(sessions=S, steps=300)))
         S2, n2 = args.shared_sessions, args.shared_steps
-        f64_s, f64 = _best(lambda: simulate_decode(trace, dev, policy, c47, sessions=S2, steps=n2))
-        e64_s, e64 = _timed(lambda: simulate_decode(trace, dev, policy, c47, sessions=S2, steps=n2, mode="exact"))
+        f64_s, f64 = _best(lambda: simulate_decode(trace, dev, policy, c47, DecodeRun(sessions=S2, steps=n2)))
+        e64_s, e64 = _timed(lambda: simulate_decode(trace, dev, policy, c47,
+                                                    DecodeRun(sessions=S2, steps=n2, mode="exact")))
         d = {
             "one_session_fast_steps_per_s": args.steps / fast_s,
             "one_session_fast_vs_exact": ex_s / fs_s,

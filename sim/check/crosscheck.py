@@ -64,7 +64,7 @@ from engram import read_model
 from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.decode.speculative import Speculation
 from sim.device import Device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
@@ -132,8 +132,9 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
     pol = cal.policy(config.threshold, config.backend, config.readers)
     comp = cal.compute_model(config.compute)
     dev = cal.device(config.backend, config.compute)
-    r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                        replay=f"cross-check prediction of {config.key}")
+    r = simulate_decode(tr, dev, pol, comp,
+                        DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                                  replay=f"cross-check prediction of {config.key}"))
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
@@ -327,8 +328,9 @@ class _Replay:
         if config.draft_tokens:  # a speculative run: its verification steps cover about as many tokens
             spec = Speculation(config.draft_tokens, config.acceptance, config.prefetch_drafts)
             steps = max(1, int(steps / spec.expected_tokens()))
-        r = simulate_decode(tr, dev, pol, comp, sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                            replay=f"cross-check prediction of {config.key}", speculation=spec,
+        r = simulate_decode(tr, dev, pol, comp,
+                            DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
+                                      replay=f"cross-check prediction of {config.key}"), speculation=spec,
                             served=None if hits is None else hits[:, 0])
         lat = r.step_latencies.reshape(-1)
         sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
@@ -364,8 +366,9 @@ class _Replay:
         phases = self._phases()
         lats, per, reads = [], [], []
         for j in range(SESSION_SIM_SEEDS):
-            r = simulate_decode(tr, dev, pol, comp, sessions=k, steps=mask.size, mode="fast", seed=seed + j,
-                                hash_time=cal.hash_s, phases=phases, replay=f"cross-check prediction of {config.key}",
+            r = simulate_decode(tr, dev, pol, comp,
+                                DecodeRun(sessions=k, steps=mask.size, mode="fast", seed=seed + j, hash_time=cal.hash_s,
+                                          phases=phases, replay=f"cross-check prediction of {config.key}"),
                                 served=served)
             own = r.step_latencies[:, mask]
             lats.append(own.reshape(-1))

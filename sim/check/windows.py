@@ -75,7 +75,7 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.core.params import Compute, Phases, Policy
 from sim.core.schema import STEP_ROWS, TABLE_COLUMNS, US, ComputeSpec, probe_positions
@@ -282,8 +282,9 @@ def _fit_device(rec: Mapping, device: MeasuredBatchDevice, policy: Policy, compu
     trace = Trace(random_rows(sessions * steps, [seed, 13]), np.zeros(sessions * steps, np.int64))
 
     def read_of(x: float) -> float:
-        r = simulate_decode(trace, scale_device(device, x), policy, compute, sessions=sessions, steps=steps,
-                            mode="fast", seed=seed, hash_time=hash_s, phases=Phases.at(offsets))
+        r = simulate_decode(trace, scale_device(device, x), policy, compute,
+                            DecodeRun(sessions=sessions, steps=steps, mode="fast", seed=seed, hash_time=hash_s,
+                                      phases=Phases.at(offsets)))
         return r.stall_ms["mean"] * 1e-3 + hash_s
 
     return _fit_sessions(read_of, read_mean, f0)

@@ -7,11 +7,11 @@ from engram.errors import ArgumentError
 from engram.options import Command, Exclusive, Option
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
-from ..decode import fit_compute, reference_compute, simulate_decode
+from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
-from sim.core.params import BACKENDS, Policy
+from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
-from sim.decode.prefill import simulate_prefill
+from sim.decode.prefill import PrefillRun, simulate_prefill
 from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
                       _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
                       drives_option, trace_source_options)
@@ -66,10 +66,11 @@ def _cmd_decode(args) -> int:
                      shared_cache_bytes=args.shared_cache_bytes or 0, cache_policy=args.cache_policy)
     spec = _speculation(args)
     compute_s, fitted = _decode_compute(args, tr, dev, policy)
-    r = simulate_decode(tr, dev, policy, _compute(args, compute_s), sessions=args.sessions, steps=args.steps,
-                        mode=args.mode, seed=args.seed, phases=_phases(args), drives=args.drives,
-                        hot=args.dram_rows, tail=args.tail, calibration=args.calibration, bins=args.bins,
-                        progress=_progress_mode(args), speculation=spec)
+    r = simulate_decode(tr, dev, policy, _compute(args, compute_s),
+                        DecodeRun(sessions=args.sessions, steps=args.steps, mode=args.mode, seed=args.seed,
+                                  phases=_phases(args), bins=args.bins, progress=_progress_mode(args)),
+                        storage=Storage(drives=args.drives, hot=args.dram_rows, tail=args.tail,
+                                        calibration=args.calibration), speculation=spec)
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted
@@ -156,8 +157,8 @@ def _cmd_prefill(args) -> int:
         args.trace = "shared:agent_prompt_long.txt"
     tr = _trace(args)
     r = simulate_prefill(tr, _device(args), _policy(args), _compute(args, per_token),
-                         chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
-                         mode=args.mode, seed=args.seed, bins=args.bins, progress=_progress_mode(args))
+                         PrefillRun(chunk=args.chunk, ubatch=args.ubatch, second_start_layer=args.second_start_layer,
+                                    mode=args.mode, seed=args.seed, bins=args.bins, progress=_progress_mode(args)))
     if args.json:
         print_json(r.to_dict())
     else:

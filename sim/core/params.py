@@ -1,11 +1,13 @@
-"""The simulator's parameters besides the trace and the device: the read policy, the compute and the session
-phases (SPEC §8, §9).
+"""The simulator's parameters besides the trace and the device: the read policy, the compute, the session
+phases and where the tables are stored (SPEC §8, §9).
 
 :class:`Policy` says how a decode step reads its rows (threshold, backend,
 readers, row caches, DRAM-resident rows, overlap); :class:`Compute` how long
 the rest of a step takes; :class:`Phases` when independent sessions start
-relative to each other.  The defaults a newcomer meets everywhere in ``sim`` --
-16 readers, threshold 8, 43 layers, random phases -- are defined here once.
+relative to each other; :class:`Storage` the drives the tables are striped
+over, the rows kept in DRAM and what shapes the device's latencies.  The
+defaults a newcomer meets everywhere in ``sim`` -- 16 readers, threshold 8, 43
+layers, random phases -- are defined here once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,7 +24,8 @@ from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, cache_ro
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
-           "NORMAL_MAX_CV", "Compute", "Consumer", "CONSUMERS", "consumer_preset", "Phases", "Policy", "compute_stats"]
+           "NORMAL_MAX_CV", "Compute", "Consumer", "CONSUMERS", "consumer_preset", "Phases", "Policy", "Storage",
+           "compute_stats"]
 
 #: Decoder layers of DeepSeek V4 Flash (ds4: ``DS4_N_LAYER = 43``).
 DEFAULT_LAYERS = 43
@@ -484,3 +487,42 @@ class Phases:
         if self.kind == "offsets":
             return "offsets:" + ",".join(f"{x * 1e3:g}" for x in self.starts)
         return f"spread:{self.spread * 1e3:g}" if self.kind == "spread" else self.kind
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where the Engram tables sit: the drives they are striped over, the rows kept in DRAM, and what shapes the
+    device's latencies (a decode run, :func:`sim.decode.simulate_decode`, and a serving run alike).
+
+    Attributes
+    ----------
+    drives : int
+        Identical drives the tables are striped over, by row id (row id mod drives; default 1, >= 1).
+    hot : numpy.ndarray, str or os.PathLike, optional
+        Rows resident in DRAM besides ``Policy.dram_fraction``: row ids ``[m]`` or ``(table index, row id)``
+        pairs ``[m, 2]``, or a ``.npy`` file of them (:func:`sim.decode.reads.hot_rows`).
+    tail : Device or str, optional
+        A measured device whose latency distribution (the tail) the device takes at each depth, keeping its
+        own means (:func:`sim.device.with_tail`).
+    calibration : path or Calibration, optional
+        For ``device="calibrated"`` (:func:`sim.device.load_device`); the ``tail`` is loaded with it too.
+
+    Raises
+    ------
+    ArgumentError
+        ``drives`` below 1 or not a whole number.
+    """
+
+    drives: int = 1
+    hot: Any = None
+    tail: Any = None
+    calibration: Any = None
+
+    def __post_init__(self) -> None:
+        try:
+            drives = int(self.drives)
+        except (TypeError, ValueError):
+            raise ArgumentError(f"drives must be a whole number >= 1, got {self.drives!r}") from None
+        if drives < 1:
+            raise ArgumentError(f"drives must be >= 1, got {self.drives}")
+        object.__setattr__(self, "drives", drives)

@@ -10,17 +10,19 @@
 
 from __future__ import annotations
 
-from sim.core.params import Compute, Phases, Policy
-from .model import (DecodeResult, fit_compute, percentiles_ms, reference_compute, seed_reproduction, session_reads,
-                    simulate_decode)
+from sim.core.params import Compute, Phases, Policy, Storage
+from .model import (DecodeResult, DecodeRun, fit_compute, percentiles_ms, reference_compute, seed_reproduction,
+                    session_reads, simulate_decode)
 from .reads import StepReads, cache_hits, hot_rows, resident_mask, step_reads, wrap_info
 
 __all__ = [
     "Compute",
     "DecodeResult",
+    "DecodeRun",
     "Phases",
     "Policy",
     "StepReads",
+    "Storage",
     "cache_hits",
     "fit_compute",
     "hot_rows",

@@ -12,13 +12,41 @@ it is approximated beyond the device's own per-read model.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from sim.core.params import Policy
 
-__all__ = ["exact_session"]
+__all__ = ["SessionWork", "exact_session"]
+
+
+@dataclass(frozen=True)
+class SessionWork:
+    """What one session does in the exact mode (:func:`exact_session`).
+
+    Attributes
+    ----------
+    reads : numpy.ndarray
+        int64 ``[steps, layers]``: device reads of each step and table.
+    order : list, optional
+        Per step, per table, int8 arrays of the drive of each read in the engine's order (several drives);
+        ``None`` on one drive.
+    compute : numpy.ndarray
+        float64 ``[steps]``: compute seconds of each step.
+    prefetch : numpy.ndarray, optional
+        int64 ``[steps]`` (one drive): rows of step ``t`` read in the background from the moment step
+        ``t - 1``'s rows have arrived; step ``t`` waits for them, then reads the rest (as
+        ``engram.Session.step_many`` does; speculative decoding, :mod:`sim.decode.speculative`; ``reads`` then
+        holds the rest).
+    """
+
+    reads: np.ndarray
+    order: Optional[list]
+    compute: np.ndarray
+    prefetch: Optional[np.ndarray] = None
+
 
 def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
     """``n`` reads by ``k`` readers (generator): on one device, or spread over drives by ``drive_seq``."""
@@ -41,16 +69,13 @@ def _read(env, devs, drive_seq, n: int, k: int, ovh: float):
         yield env.all_of([env.process(reader()) for _ in range(k)])
 
 
-def exact_session(env, devs: Sequence, reads: np.ndarray, order: Optional[list], compute: np.ndarray,
-                  policy: Policy, hash_time: float, overlap: float, lat: np.ndarray, stall: np.ndarray,
-                  tick: Optional[Callable[[int], None]], prefetch: Optional[np.ndarray] = None):
+def exact_session(env, devs: Sequence, work: SessionWork, policy: Policy, hash_time: float, overlap: float,
+                  lat: np.ndarray, stall: np.ndarray, tick: Optional[Callable[[int], None]]):
     """One session (generator): per step, hash, read (the first table, then the rest in the background under
-    ``overlap``), compute; fills ``lat`` and ``stall`` (seconds per step).
-
-    ``prefetch`` (int64 ``[steps]``, one drive): rows of step ``t`` read in the background from the moment
-    step ``t - 1``'s rows have arrived; step ``t`` waits for them, then reads the rest (as
-    ``engram.Session.step_many`` does; speculative decoding, :mod:`sim.decode.speculative`; ``reads`` then
-    holds the rest)."""
+    ``overlap``), compute; fills ``lat`` and ``stall`` (float64 ``[steps]``, seconds per step); ``tick(1)`` when
+    it is done.  ``devs``: the exact device of each drive; ``overlap``: share of a step's compute that overlaps
+    the second table's read (0: none)."""
+    reads, order, compute, prefetch = work.reads, work.order, work.compute, work.prefetch
     ovh = policy.batch_overhead
     pre = None if prefetch is None else np.asarray(prefetch).tolist()
     pending = None

@@ -268,8 +268,9 @@ class FastRun:
         """Every session as a state (its step and when it began), no generators: wake, read, compute.
 
         The device's :class:`~sim.device.fluid.SegmentQueue` is run inline here -- its ``submit`` and
-        ``complete``, statement for statement, on local variables -- because this loop is where hundreds of
-        sessions spend their time; its figures are written back to the queue at the end.  So are the
+        ``complete``, statement for statement, on local variables (the advance of its clock they begin with
+        and the admission of waiting segments they end with written once for both) -- because this loop is
+        where hundreds of sessions spend their time; its figures are written back to the queue at the end.  So are the
         sampler's: its batch samples are looked up by the batch's reads (the readers follow from them) and
         its uniform draws taken from its buffer here, in the order :meth:`FastDevice.draw` takes them; a
         step's stall is its latency less its compute, computed once at the end (the same subtraction).
@@ -322,63 +323,7 @@ class FastRun:
                 t = step[i]
                 t0[i] = now
                 n = ns[i][t]
-                if n:
-                    g = byn[n]
-                    if g is None:
-                        k = kof[n]
-                        got = sampler._cache.get((n, k))
-                        if got is None:
-                            got = samples_of(n, k)
-                        g = byn[n] = (got[1], len(got[1]), got[2], got[4], k)
-                    sig, nsig, ext, ref, k = g
-                    if nsig == 1:
-                        x = 0
-                    else:
-                        if ui >= ulen:
-                            ubuf = urng.random(65536).tolist()
-                            ui, ulen = 0, len(ubuf)
-                        x = int(ubuf[ui] * nsig)
-                        ui += 1
-                    # submit (SegmentQueue.submit)
-                    dt = now - tq
-                    if dt > 0:
-                        if q:
-                            V += dt / L[q]
-                        if d:
-                            area += dt * d
-                            busy += dt
-                        tq = now
-                    c = k if k < n else n
-                    if gate is None:
-                        nb = 0.0
-                    else:  # the device's not_before, inlined
-                        nb = gate.take(now, n)
-                        nb = nb + gate_tail if nb > now else 0.0
-                    sx = sig[x]
-                    bt = [i, n - c, c, sx, now, n, ext[x], ref, nb]
-                    d += c
-                    if not wait and q < Q and q + c <= Q + slack:
-                        qseq += 1
-                        push(heap, (V + sx, qseq, bt, c))
-                        q += c
-                    else:
-                        wappend([bt, c])
-                        while wait and q < Q:  # the device's _admit, inlined (hot loop)
-                            seg = wait[0]
-                            b2, c2 = seg
-                            take = Q - q
-                            if take + slack >= c2:
-                                popleft()
-                                take = c2
-                            else:
-                                seg[1] = c2 - take
-                            qseq += 1
-                            push(heap, (V + b2[3], qseq, b2, take))
-                            q += take
-                    if q >= nL:
-                        sq._deeper(q)
-                        nL = len(L)
-                else:  # nothing to read: the compute follows at once, the device untouched
+                if not n:  # nothing to read: the compute follows at once, the device untouched
                     end = now + comps[i][t]
                     lat_rows[i][t] = end - now
                     step[i] = t + 1
@@ -390,19 +335,55 @@ class FastRun:
                         seq += 1
                         push(wake, (end, seq, i))
                     continue
+            elif tnext == inf:
+                break
             else:
-                if tnext == inf:
-                    break
                 now = tnext
+                n = 0  # the device's next completion
+            # the queue advanced to now (as SegmentQueue.submit and complete begin)
+            dt = now - tq
+            if dt > 0:
+                if q:
+                    V += dt / L[q]
+                if d:
+                    area += dt * d
+                    busy += dt
+                tq = now
+            if n:
+                g = byn[n]
+                if g is None:
+                    k = kof[n]
+                    got = sampler._cache.get((n, k))
+                    if got is None:
+                        got = samples_of(n, k)
+                    g = byn[n] = (got[1], len(got[1]), got[2], got[4], k)
+                sig, nsig, ext, ref, k = g
+                if nsig == 1:
+                    x = 0
+                else:
+                    if ui >= ulen:
+                        ubuf = urng.random(65536).tolist()
+                        ui, ulen = 0, len(ubuf)
+                    x = int(ubuf[ui] * nsig)
+                    ui += 1
+                # submit (SegmentQueue.submit)
+                c = k if k < n else n
+                if gate is None:
+                    nb = 0.0
+                else:  # the device's not_before, inlined
+                    nb = gate.take(now, n)
+                    nb = nb + gate_tail if nb > now else 0.0
+                sx = sig[x]
+                bt = [i, n - c, c, sx, now, n, ext[x], ref, nb]
+                d += c
+                if not wait and q < Q and q + c <= Q + slack:
+                    qseq += 1
+                    push(heap, (V + sx, qseq, bt, c))
+                    q += c
+                else:
+                    wappend([bt, c])  # admitted below
+            else:
                 # complete (SegmentQueue.complete)
-                dt = now - tq
-                if dt > 0:
-                    if q:
-                        V += dt / L[q]
-                    if d:
-                        area += dt * d
-                        busy += dt
-                    tq = now
                 Ve = V + 1e-12 * (1.0 + (V if V > 0 else -V))  # V + eps: V holds while the segments finish
                 while late and late[0][0] <= now:
                     dappend_done(pop(late)[2])
@@ -450,21 +431,6 @@ class FastRun:
                                 push(late, (bt[8], qseq, bt))
                             else:
                                 dappend_done(bt)
-                while wait and q < Q:  # the device's _admit, inlined (hot loop)
-                    seg = wait[0]
-                    b2, c2 = seg
-                    take = Q - q
-                    if take + slack >= c2:
-                        popleft()
-                        take = c2
-                    else:
-                        seg[1] = c2 - take
-                    qseq += 1
-                    push(heap, (V + b2[3], qseq, b2, take))
-                    q += take
-                if q >= nL:
-                    sq._deeper(q)
-                    nL = len(L)
                 if done:  # sessions whose reads are done: their compute follows
                     for bt in done:
                         i = bt[0]
@@ -480,7 +446,23 @@ class FastRun:
                             seq += 1
                             push(wake, (end, seq, i))
                     done.clear()
-            # the queue's next event
+            # after a submit or a completion: the waiting segments admitted (the device's _admit, inlined: hot
+            # loop; the sessions' wake-ups pushed above do not touch the queue), then the queue's next event
+            while wait and q < Q:
+                seg = wait[0]
+                b2, c2 = seg
+                take = Q - q
+                if take + slack >= c2:
+                    popleft()
+                    take = c2
+                else:
+                    seg[1] = c2 - take
+                qseq += 1
+                push(heap, (V + b2[3], qseq, b2, take))
+                q += take
+            if q >= nL:
+                sq._deeper(q)
+                nL = len(L)
             if heap:
                 gap = heap[0][0] - V
                 tnext = tq + (gap if gap > 0 else 0.0) * L[q]
@@ -513,17 +495,18 @@ class FastRun:
             next(g)
         heap = [(float(b), i + 1, i, None) for i, b in enumerate(begin)]
         heapq.heapify(heap)
+        submit, start_phase = self._submitters()
+        resume = self._resumer(gens, heap, tick, submit, start_phase)
+        self._loop(heap, resume, start_phase)
+
+    def _submitters(self) -> tuple:
+        """``(submit, start_phase)``: a part ``(drive, reads, readers)`` of a phase submitted to its drive's
+        queue with a batch sample drawn, and the next phase of a background read ``h`` started."""
         queues = self.queues
-        q0 = queues[0]
-        one = len(queues) == 1
         sampler = self.sampler
         cache = sampler._cache
         samples_of = sampler.samples_of
         uniform = sampler._uniform
-        finish = self.finish
-        push, pop = heapq.heappush, heapq.heappop
-        inf = math.inf
-        seq = [S + 1]
 
         def submit(now, part, owner):
             j, n, k = part
@@ -539,6 +522,20 @@ class FastRun:
             h[0] = len(ph)
             for part in ph:
                 submit(now, part, h)
+
+        return submit, start_phase
+
+    def _resumer(self, gens: list, heap: list, tick, submit, start_phase) -> Callable[[int, float], None]:
+        """``resume(i, now)``: session ``i``'s generator sent ``now`` and its commands carried out until it waits
+        (a time pushed on ``heap``, reads submitted, a background read joined) or ends."""
+        q0 = self.queues[0]
+        sampler = self.sampler
+        cache = sampler._cache
+        samples_of = sampler.samples_of
+        uniform = sampler._uniform
+        finish = self.finish
+        push = heapq.heappush
+        seq = [len(gens) + 1]
 
         def resume(i, now):
             g = gens[i]
@@ -588,6 +585,16 @@ class FastRun:
                 h[1] = i
                 return
 
+        return resume
+
+    def _loop(self, heap: list, resume, start_phase) -> None:
+        """The event loop of :meth:`run`: the earliest of the sessions' wake-ups and the drives' completions, in
+        turn, until neither is left."""
+        queues = self.queues
+        q0 = queues[0]
+        one = len(queues) == 1
+        pop = heapq.heappop
+        inf = math.inf
         while True:
             if one:
                 td, jd = q0.tnext, 0

@@ -27,9 +27,8 @@ reproducible: one ``seed`` feeds every random stream.
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 import numpy as np
@@ -38,17 +37,18 @@ from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
 from sim.core.limits import check_seed
-from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, compute_stats
+from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, Storage, compute_stats
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
-from .exact import exact_session
+from .exact import SessionWork, exact_session
 from .fast import FastRun
 from .reads import StepReads, hot_rows, step_reads
 from .speculative import Speculation, verification_rows
 
 __all__ = [
     "DecodeResult",
+    "DecodeRun",
     "fit_compute",
     "percentiles_ms",
     "reference_compute",
@@ -249,71 +249,29 @@ def _period(reads: StepReads, device: Device, policy: Policy, compute: Compute, 
     return compute.mean + hash_time + io / min(n.size, 512)
 
 
-def _checks(mode: str, sessions: int, steps: int, hash_time: float, bins: int, drives: int, policy: Policy,
-            compute: Compute) -> None:
-    if mode not in ("fast", "exact"):
-        raise ArgumentError(f"mode must be 'fast' or 'exact', got {mode!r}")
-    if sessions < 1:
-        raise ArgumentError(f"sessions must be >= 1, got {sessions}")
-    if steps < 1:
-        raise ArgumentError(f"steps must be >= 1, got {steps}")
-    if hash_time < 0:
-        raise ArgumentError(f"hash_time must be >= 0, got {hash_time}")
-    if int(bins) < 1:
-        raise ArgumentError(f"bins must be >= 1, got {bins}")
-    if int(drives) < 1:
-        raise ArgumentError(f"drives must be >= 1, got {drives}")
-    if policy.overlap_layers > compute.layers:
-        raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the model's {compute.layers} "
-                            "layers (Compute.layers)")
+@dataclass(frozen=True)
+class DecodeRun:
+    """How a decode run goes (:func:`simulate_decode`): its sessions and steps, mode, seed, starts and records.
 
-
-def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy: Policy = Policy(),
-                    compute: Union[Compute, float] = 0.0, *, sessions: int = 1, steps: Optional[int] = None,
-                    mode: str = "fast", seed: int = 0, hash_time: float = 0.0,
-                    phases: Union[Phases, str, None] = None, start_spread: Optional[float] = None,
-                    drives: int = 1, hot: Union[np.ndarray, str, os.PathLike, None] = None,
-                    tail: Union[Device, str, None] = None, calibration=None, bins: int = 100,
-                    progress: Union[bool, str] = False, replay: Optional[str] = None,
-                    speculation: Optional[Speculation] = None,
-                    served: Optional[np.ndarray] = None) -> DecodeResult:
-    """Simulate ``sessions`` concurrent decode sessions of ``steps`` tokens each.
-
-    Parameters
+    Attributes
     ----------
-    trace : Trace or str
-        Row ids per step (a source spec is loaded with :func:`sim.trace.load_trace`).
-    device : Device or str
-        The device, or each of the ``drives`` (any form of :func:`sim.device.load_device`).
-    policy : Policy
-        Read policy, row caches, DRAM-resident share of the tables.
-    compute : Compute or float
-        Compute time per step (a float is a constant, seconds).
     sessions : int
         Concurrent sessions (>= 1).
     steps : int, optional
-        Steps per session (default: the trace length, or with ``speculation`` the verification steps that
-        cover it on average; longer runs replay the trace, which the result's ``warnings`` say).
+        Steps per session (default: the trace length, or with a speculation the verification steps that
+        cover it on average; longer runs replay the trace, which the result's ``warnings`` say; >= 1).
     mode : str
         ``"fast"`` or ``"exact"``.
     seed : int
-        Seeds every random stream (device, phases, per-session compute).
+        Seeds every random stream (device, phases, per-session compute, drafts' acceptance); a whole number
+        >= 0.
     hash_time : float
-        Seconds per step for hashing (default 0).
+        Seconds per step for hashing (default 0, >= 0).
     phases : Phases or str, optional
         ``"random"`` (default), ``"lockstep"``, ``"spread:MS"`` or explicit starts (``Phases.at([...])``,
         ``"offsets:MS,..."``; one per session) (:class:`~sim.core.params.Phases`).
     start_spread : float, optional
-        Older form of ``phases="spread:MS"``, in seconds.
-    drives : int
-        Identical drives the tables are striped over, by row id (default 1).
-    hot : array or path, optional
-        Rows resident in DRAM besides ``Policy.dram_fraction`` (:func:`sim.decode.reads.hot_rows`).
-    tail : Device or str, optional
-        A measured device whose latency distribution (the tail) the device
-        takes at each depth, keeping its own means (:func:`sim.device.with_tail`).
-    calibration : path or Calibration, optional
-        For ``device="calibrated"`` (:func:`sim.device.load_device`).
+        Older form of ``phases="spread:MS"``, in seconds (>= 0; not with ``phases``).
     bins : int
         Bins of the queue-depth timeline (>= 1).
     progress : bool or str
@@ -325,12 +283,80 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
         warnings then name it and give no advice to the user; a wrap without a row cache is not warned at all
         (:func:`sim.decode.reads.wrap_info`).  ``None`` (a run the user configured): the warnings as they are.
+
+    Raises
+    ------
+    ArgumentError
+        Bad sessions, steps, mode, hash_time, bins, start_spread or phases, both ``phases`` and
+        ``start_spread``, or a negative seed; each message names the field.
+    """
+
+    sessions: int = 1
+    steps: Optional[int] = None
+    mode: str = "fast"
+    seed: int = 0
+    hash_time: float = 0.0
+    phases: Union[Phases, str, None] = None
+    start_spread: Optional[float] = None
+    bins: int = 100
+    progress: Union[bool, str] = False
+    replay: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.mode not in ("fast", "exact"):
+            raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
+        if self.sessions < 1:
+            raise ArgumentError(f"sessions must be >= 1, got {self.sessions}")
+        if self.steps is not None:
+            object.__setattr__(self, "steps", int(self.steps))
+            if self.steps < 1:
+                raise ArgumentError(f"steps must be >= 1, got {self.steps}")
+        if self.hash_time < 0:
+            raise ArgumentError(f"hash_time must be >= 0, got {self.hash_time}")
+        if int(self.bins) < 1:
+            raise ArgumentError(f"bins must be >= 1, got {self.bins}")
+        if self.start_spread is not None:
+            if self.phases is not None:
+                raise ArgumentError("give phases or start_spread, not both")
+            if self.start_spread < 0:
+                raise ArgumentError(f"start_spread must be >= 0, got {self.start_spread}")
+        self.starts()
+
+    def starts(self) -> Phases:
+        """The sessions' phases: ``phases``, or ``start_spread`` as a spread (0: lockstep), or the default."""
+        if self.start_spread is not None:
+            return Phases("spread", float(self.start_spread)) if self.start_spread > 0 else Phases("lockstep")
+        return Phases.parse(self.phases if self.phases is not None else DEFAULT_PHASES)
+
+
+def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy: Policy = Policy(),
+                    compute: Union[Compute, float] = 0.0, run: DecodeRun = DecodeRun(), *,
+                    storage: Storage = Storage(), speculation: Optional[Speculation] = None,
+                    served: Optional[np.ndarray] = None) -> DecodeResult:
+    """Simulate ``run.sessions`` concurrent decode sessions of ``run.steps`` tokens each.
+
+    Parameters
+    ----------
+    trace : Trace or str
+        Row ids per step (a source spec is loaded with :func:`sim.trace.load_trace`).
+    device : Device or str
+        The device, or each of the ``storage.drives`` (any form of :func:`sim.device.load_device`).
+    policy : Policy
+        Read policy, row caches, DRAM-resident share of the tables.
+    compute : Compute or float
+        Compute time per step (a float is a constant, seconds).
+    run : DecodeRun
+        Sessions, steps, mode, seed, hash time, phases, timeline bins, progress, replay.
+    storage : Storage
+        Drives the tables are striped over, rows resident in DRAM, a latency tail, a calibration
+        (:class:`~sim.core.params.Storage`).
     speculation : Speculation, optional
         Speculative decoding (:mod:`sim.decode.speculative`): ``draft_tokens`` k a step, each step a
         verification step of ``k + 1`` tokens whose rows are read as one deduplicated batch, emitting
-        ``1 + accepted`` tokens (acceptance drawn from ``seed``); ``prefetch_drafts`` reads the drafts' rows
+        ``1 + accepted`` tokens (acceptance drawn from ``run.seed``); ``prefetch_drafts`` reads the drafts' rows
         in the background during the previous step's compute.  ``None`` or ``k = 0``: off (the run is the
-        one it was without it, bit for bit).  ``steps`` then counts verification steps.
+        one it was without it, bit for bit).  ``run.steps`` then counts verification steps.
     served : numpy.ndarray, optional
         bool like ``trace.rows``: requests a row cache replayed beforehand serves (no read), e.g. a measured
         run's own cache in the cross-check (:func:`sim.decode.reads.step_reads`); counted as shared-cache hits.
@@ -343,141 +369,207 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     Raises
     ------
     ArgumentError
-        Bad sessions, steps, mode, bins, drives or phases, ``overlap_layers``
-        beyond ``compute.layers``, both ``phases`` and ``start_spread``, a negative seed, or a run whose
-        reads would not fit in memory (:func:`sim.decode.reads.step_reads`); ``prefetch_drafts`` with
-        ``drives > 1`` (not modelled).
+        ``overlap_layers`` beyond ``compute.layers``, a trace too short for one step, a run whose reads would
+        not fit in memory (:func:`sim.decode.reads.step_reads`), ``prefetch_drafts`` with ``storage.drives > 1``
+        (not modelled); bad settings are refused by :class:`DecodeRun` and :class:`~sim.core.params.Storage`.
     """
     t_wall = time.perf_counter()
+    plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
+    lat, st, finish, figures = _simulate(plan)
+    return _result(plan, lat, st, finish, figures, t_wall)
+
+
+@dataclass
+class _Plan:
+    """A decode run ready to go: its inputs loaded, its steps resolved, its reads counted and its compute
+    drawn (:func:`_plan`)."""
+
+    trace: Trace
+    device: Device
+    policy: Policy
+    compute: Compute
+    run: DecodeRun
+    storage: Storage          # ``hot`` resolved (:func:`sim.decode.reads.hot_rows`)
+    spec: Optional[Speculation]
+    rd: StepReads
+    comp: list                # float64 [steps] seconds per session
+    prefetch: Optional[list]  # int64 [steps] per session: the drafts' rows read ahead
+    accepted: Optional[np.ndarray]
+    overlap: float
+    begin: list
+    dev_seed: np.random.SeedSequence
+
+
+def _loaded(trace, device, policy: Policy, compute, storage: Storage) -> tuple:
+    """``(trace, device, compute)``: the trace and device loaded (the device with its tail), the compute a
+    :class:`Compute`."""
     if isinstance(trace, str):
         trace = load_trace(trace)
-    device = load_device(device, calibration, backend=policy.backend)
-    if tail is not None:
-        device = with_tail(device, load_device(tail, calibration, backend=policy.backend))
+    device = load_device(device, storage.calibration, backend=policy.backend)
+    if storage.tail is not None:
+        device = with_tail(device, load_device(storage.tail, storage.calibration, backend=policy.backend))
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
+    return trace, device, compute
+
+
+def _plan(trace, device, policy: Policy, compute, run: DecodeRun, storage: Storage,
+          speculation: Optional[Speculation], served: Optional[np.ndarray]) -> _Plan:
+    """Every input of the run resolved and every random stream but the device's drawn, in the order the
+    streams have always been spawned (device, phases, sessions' compute, then the drafts')."""
+    trace, device, compute = _loaded(trace, device, policy, compute, storage)
     spec = speculation if speculation is not None and speculation.on else None
+    steps = run.steps
     if steps is None and spec is not None:  # the verification steps that cover the trace on average
         steps = max(1, int((trace.steps - spec.draft_tokens) / spec.expected_tokens()))
-    steps = trace.steps if steps is None else int(steps)
-    seed = check_seed(seed)
-    _checks(mode, sessions, steps, hash_time, bins, drives, policy, compute)
-    if start_spread is not None:
-        if phases is not None:
-            raise ArgumentError("give phases or start_spread, not both")
-        if start_spread < 0:
-            raise ArgumentError(f"start_spread must be >= 0, got {start_spread}")
-        phases = Phases("spread", float(start_spread)) if start_spread > 0 else Phases("lockstep")
-    ph = Phases.parse(phases if phases is not None else DEFAULT_PHASES)
-    hot_arr = hot_rows(hot) if hot is not None else None
-    if spec is not None and spec.prefetch_drafts and int(drives) > 1:
+    run = replace(run, steps=trace.steps if steps is None else steps)
+    if policy.overlap_layers > compute.layers:
+        raise ArgumentError(f"overlap_layers = {policy.overlap_layers} is beyond the model's {compute.layers} "
+                            "layers (Compute.layers)")
+    storage = replace(storage, hot=hot_rows(storage.hot) if storage.hot is not None else None)
+    if spec is not None and spec.prefetch_drafts and storage.drives > 1:
         raise ArgumentError("prefetch_drafts with drives > 1 is not modelled (the drafts' reads per drive); "
                             "use one drive or prefetch off")
-
-    ss = np.random.SeedSequence(seed)
-    dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + sessions)
-    batch = None
+    ss = np.random.SeedSequence(run.seed)
+    dev_seed, phase_seed, *sess_seeds = ss.spawn(2 + run.sessions)
+    batch = accepted = None
     if spec is not None:  # its own stream, spawned after the others: a run without drafts keeps its draws
-        rows, accepted, covered = verification_rows(trace, sessions, steps, spec,
+        rows, accepted, covered = verification_rows(trace, run.sessions, run.steps, spec,
                                                     np.random.default_rng(ss.spawn(1)[0]))
         batch = (rows, accepted, covered, trace.columns)
-    rd = step_reads(trace, sessions, steps, policy, drives=int(drives), hot=hot_arr,
-                    order=mode == "exact" and drives > 1, replay=replay, batch=batch,
-                    served=served)
-    comp = [compute.sample(np.random.default_rng(s), steps) for s in sess_seeds]
+    rd = step_reads(trace, run.sessions, run.steps, policy, storage=storage,
+                    order=run.mode == "exact" and storage.drives > 1, replay=run.replay, batch=batch, served=served)
+    comp = [compute.sample(np.random.default_rng(s), run.steps) for s in sess_seeds]
     prefetch = None
     if spec is not None:
-        if spec.verify_s:
-            comp = [c + spec.verify_s for c in comp]
-        if spec.prefetch_drafts:  # step t's drafts' rows read during step t - 1; the first step reads all
-            prefetch = []
-            crit = []
-            for r, d in zip(rd.reads, rd.drafts):
-                p = d.copy()
-                p[0] = 0
-                prefetch.append(p.sum(axis=1))
-                crit.append(r - p)
-            rd.reads = crit
+        comp, prefetch = _speculative_reads(spec, rd, comp)
     overlap = min(policy.overlap_layers, compute.layers) / compute.layers
-    period = _period(rd, device, policy, compute, hash_time)
-    begin = ph.offsets(sessions, period, np.random.default_rng(phase_seed))
+    period = _period(rd, device, policy, compute, run.hash_time)
+    begin = run.starts().offsets(run.sessions, period, np.random.default_rng(phase_seed))
+    return _Plan(trace, device, policy, compute, run, storage, spec, rd, comp, prefetch, accepted, overlap, begin,
+                 dev_seed)
 
+
+def _speculative_reads(spec: Speculation, rd: StepReads, comp: list) -> tuple:
+    """``(compute, prefetch)`` of a speculative run: each step's compute with its verification time, and with
+    ``prefetch_drafts`` the drafts' rows of step ``t`` read during step ``t - 1`` (the first step reads all;
+    ``rd.reads`` then keeps the critical path's rest)."""
+    if spec.verify_s:
+        comp = [c + spec.verify_s for c in comp]
+    prefetch = None
+    if spec.prefetch_drafts:
+        prefetch = []
+        crit = []
+        for r, d in zip(rd.reads, rd.drafts):
+            p = d.copy()
+            p[0] = 0
+            prefetch.append(p.sum(axis=1))
+            crit.append(r - p)
+        rd.reads = crit
+    return comp, prefetch
+
+
+def _simulate(plan: _Plan) -> tuple:
+    """The sessions run in ``plan.run.mode``: ``(latencies, stalls, finish times, device figures)``, the figures
+    ``(timeline summary, reads, latency area, busy fraction)`` over the run."""
+    run = plan.run
     bar = None
-    if progress:  # a bar on a terminal, plain lines elsewhere; sessions finish together: no time-left guess
-        bar = progress_bar(sessions, f"decode ({mode})", "session", mode=progress, delay=2.0, eta=False)
+    if run.progress:  # a bar on a terminal, plain lines elsewhere; sessions finish together: no time-left guess
+        bar = progress_bar(run.sessions, f"decode ({run.mode})", "session", mode=run.progress, delay=2.0, eta=False)
     tick = bar.update if bar is not None else None
-    dev_rng = np.random.default_rng(dev_seed)
-    if mode == "fast":
-        run = FastRun(device.fast(dev_rng), int(drives), policy, rd.reads, rd.by_drive, comp, hash_time, overlap,
-                      prefetch)
-        if sessions == 1:
-            run.run_alone(begin[0])
+    dev_rng = np.random.default_rng(plan.dev_seed)
+    if run.mode == "fast":
+        fr = FastRun(plan.device.fast(dev_rng), plan.storage.drives, plan.policy, plan.rd.reads, plan.rd.by_drive,
+                     plan.comp, run.hash_time, plan.overlap, plan.prefetch)
+        if run.sessions == 1:
+            fr.run_alone(plan.begin[0])
         else:
-            run.run(begin, tick)
-        lat, st, finish = run.lats, run.stalls, run.finish
+            fr.run(plan.begin, tick)
+        lat, st, finish = fr.lats, fr.stalls, fr.finish
     else:
-        lat, st, finish, recs = _run_exact(device, int(drives), policy, rd, comp, hash_time, overlap, begin,
-                                           dev_rng, tick, prefetch)
+        lat, st, finish, recs = _run_exact(plan, dev_rng, tick)
     if bar is not None:
         bar.close()
-
-    t0 = min(begin)
-    t_end = max(finish)
-    makespan = t_end - t0
-    if mode == "fast" and run.boxes is not None:
-        s, e, lv = run.boxes
-        summ = summarize_boxes(s - t0, e - t0, lv, makespan, int(bins))
-        n_reads, area, busy = run.reads_done, run.area_done, summ["busy_fraction"]
-    elif mode == "fast":
-        summ = summarize_counter(_merge([(q.times, q.depths) for q in run.queues], t0), makespan, int(bins))
-        n_reads = sum(q.reads for q in run.queues)
-        area = sum(q.area for q in run.queues)
-        busy = float(np.mean([q.busy for q in run.queues])) / makespan if makespan > 0 else 0.0
+    t0 = min(plan.begin)
+    makespan = max(finish) - t0
+    bins = int(run.bins)
+    if run.mode == "fast":
+        figures = _fast_figures(fr, t0, makespan, bins)
     else:
-        summ = summarize_counter(_merge([_counter(r) for r in recs], t0), makespan, int(bins))
-        n_reads = sum(r.reads for r in recs)
-        area = sum(r.latency_sum for r in recs)
+        summ = summarize_counter(_merge([_counter(r) for r in recs], t0), makespan, bins)
         busy = float(np.mean([summarize_counter(_merge([_counter(r)], t0), makespan, 1)["busy_fraction"]
                               for r in recs]))
-    peak = device.peak_iops() * int(drives)
+        figures = (summ, sum(r.reads for r in recs), sum(r.latency_sum for r in recs), busy)
+    return lat, st, finish, figures
+
+
+def _fast_figures(fr: FastRun, t0: float, makespan: float, bins: int) -> tuple:
+    """The device figures of a fast run (:func:`_simulate`): from its boxes (one session) or its queues."""
+    if fr.boxes is not None:
+        s, e, lv = fr.boxes
+        summ = summarize_boxes(s - t0, e - t0, lv, makespan, bins)
+        return summ, fr.reads_done, fr.area_done, summ["busy_fraction"]
+    summ = summarize_counter(_merge([(q.times, q.depths) for q in fr.queues], t0), makespan, bins)
+    busy = float(np.mean([q.busy for q in fr.queues])) / makespan if makespan > 0 else 0.0
+    return summ, sum(q.reads for q in fr.queues), sum(q.area for q in fr.queues), busy
+
+
+def _device_info(plan: _Plan, figures: tuple, makespan: float) -> dict:
+    """:attr:`DecodeResult.device` from the figures of :func:`_simulate`."""
+    summ, n_reads, area, busy = figures
+    drives = plan.storage.drives
+    peak = plan.device.peak_iops() * drives
     reads_per_s = n_reads / makespan if makespan > 0 else 0.0
-    dev_info = {
-        "name": device.name, "drives": int(drives), "busy_fraction": busy,
+    return {
+        "name": plan.device.name, "drives": drives, "busy_fraction": busy,
         "mean_queue_depth": area / makespan if makespan > 0 else 0.0,
         "max_queue_depth": summ["max_queue_depth"], "reads_per_s": reads_per_s,
         "mean_read_latency_us": (area / n_reads * 1e6) if n_reads else 0.0,
         "iops_utilization": reads_per_s / peak if peak > 0 else 0.0,
     }
-    req = rd.requests
-    config = {
-        "trace": {"source": trace.source, "steps": trace.steps, "wrapped": rd.wrap["wrapped"]},
+
+
+def _config(plan: _Plan) -> dict:
+    """:attr:`DecodeResult.config`: every parameter of the run."""
+    trace, device, run, storage, tail = plan.trace, plan.device, plan.run, plan.storage, plan.storage.tail
+    return {
+        "trace": {"source": trace.source, "steps": trace.steps, "wrapped": plan.rd.wrap["wrapped"]},
         "device": {"name": device.name, "source": device.source,
                    **({"derived": device.derived} if getattr(device, "derived", None) else {})},
-        "policy": policy.to_dict(), "compute": compute.to_dict(),
-        "sessions": sessions, "steps": steps, "mode": mode, "seed": seed, "hash_time_s": hash_time,
-        "phases": str(ph), "drives": int(drives), "hot_rows": 0 if hot_arr is None else int(len(hot_arr)),
+        "policy": plan.policy.to_dict(), "compute": plan.compute.to_dict(),
+        "sessions": run.sessions, "steps": run.steps, "mode": run.mode, "seed": run.seed,
+        "hash_time_s": run.hash_time, "phases": str(run.starts()), "drives": storage.drives,
+        "hot_rows": 0 if storage.hot is None else int(len(storage.hot)),
         "tail": None if tail is None else (tail.name if isinstance(tail, Device) else str(tail)),
     }
+
+
+def _result(plan: _Plan, lat, st, finish: list, figures: tuple, t_wall: float) -> DecodeResult:
+    """The :class:`DecodeResult` of a finished run."""
+    run, rd, spec, begin = plan.run, plan.rd, plan.spec, plan.begin
+    makespan = max(finish) - min(begin)
+    config = _config(plan)
     lat_all = np.asarray(lat, dtype=np.float64)
-    tokens, per_session, speculative = sessions * steps, [steps] * sessions, {}
+    tokens, per_session, speculative = run.sessions * run.steps, [run.steps] * run.sessions, {}
     if spec is not None:
-        emitted = 1 + accepted                                                    # [S, steps]
+        emitted = 1 + plan.accepted                                               # [S, steps]
         tokens, per_session = int(emitted.sum()), emitted.sum(axis=1).tolist()
         config["speculation"] = spec.to_dict()
         speculative = {**spec.to_dict(), **_speculative_figures(lat_all, emitted, spec)}
-        speculative.update(wasted_reads=int(rd.wasted),
-                           prefetched_reads=int(sum(int(p.sum()) for p in prefetch)) if prefetch else 0)
+        speculative.update(wasted_reads=int(rd.wasted), prefetched_reads=int(sum(int(p.sum()) for p in plan.prefetch))
+                           if plan.prefetch else 0)
+    req, ph = rd.requests, str(run.starts())
     return DecodeResult(
         tokens_per_s=tokens / makespan if makespan > 0 else float("inf"),
         tokens_per_s_per_session=[n / (f - b) if f > b else float("inf")
                                   for n, f, b in zip(per_session, finish, begin)],
         step_ms=percentiles_ms(lat_all.reshape(-1)),
         stall_ms=percentiles_ms(np.maximum(np.asarray(st, dtype=np.float64), 0.0).reshape(-1)),
-        row_requests=req, reads=int(n_reads),
+        row_requests=req, reads=int(figures[1]),
         cache_hit_rate=(rd.cache_hits + rd.shared_hits) / req if req else 0.0,
-        device=dev_info, timeline=summ["timeline"], config=config, sim_seconds=makespan,
-        wall_seconds=time.perf_counter() - t_wall, step_latencies=lat_all,
-        compute_realised=compute_stats(np.concatenate(comp)), phases=str(ph), wrap=rd.wrap,
+        device=_device_info(plan, figures, makespan), timeline=figures[0]["timeline"], config=config,
+        sim_seconds=makespan, wall_seconds=time.perf_counter() - t_wall, step_latencies=lat_all,
+        compute_realised=compute_stats(np.concatenate(plan.comp)), phases=ph, wrap=rd.wrap,
         warnings=list(rd.wrap["warnings"]), shared_cache_hit_rate=rd.shared_hits / req if req else 0.0,
         dram_hit_rate=rd.dram_hits / req if req else 0.0, speculative=speculative,
     )
@@ -495,14 +587,14 @@ def _speculative_figures(lat: np.ndarray, emitted: np.ndarray, spec: Speculation
             "tbt_ms": percentiles_ms(gaps), "time_per_token_ms": percentiles_ms(lt / e)}
 
 
-def _run_exact(device: Device, drives: int, policy: Policy, rd: StepReads, comp: list, hash_time: float,
-               overlap: float, begin: list, dev_rng: np.random.Generator, tick, prefetch=None):
+def _run_exact(plan: _Plan, dev_rng: np.random.Generator, tick) -> tuple:
     """The exact mode: (latencies, stalls, finish times, recorders per drive)."""
     import simpy
 
     env = simpy.Environment()
+    drives, rd, comp, begin = plan.storage.drives, plan.rd, plan.comp, plan.begin
     recs = [Recorder() for _ in range(drives)]
-    devs = [device.exact(env, np.random.default_rng(dev_rng.integers(1 << 62)), recs[j]) for j in range(drives)]
+    devs = [plan.device.exact(env, np.random.default_rng(dev_rng.integers(1 << 62)), recs[j]) for j in range(drives)]
     S, steps = len(comp), len(comp[0])
     lat, st = np.zeros((S, steps)), np.zeros((S, steps))
     finish = [0.0] * S
@@ -510,9 +602,9 @@ def _run_exact(device: Device, drives: int, policy: Policy, rd: StepReads, comp:
     def run(i):
         if begin[i] > 0:
             yield env.timeout(begin[i])
-        yield from exact_session(env, devs, rd.reads[i], rd.order[i] if rd.order else None, comp[i], policy,
-                                 hash_time, overlap, lat[i], st[i], tick,
-                                 None if prefetch is None else prefetch[i])
+        work = SessionWork(rd.reads[i], rd.order[i] if rd.order else None, comp[i],
+                           None if plan.prefetch is None else plan.prefetch[i])
+        yield from exact_session(env, devs, work, plan.policy, plan.run.hash_time, plan.overlap, lat[i], st[i], tick)
         finish[i] = env.now
 
     for i in range(S):
@@ -540,8 +632,9 @@ def fit_compute(tokens_per_s: float, trace: Union[Trace, str], device: Union[Dev
     """
     if tokens_per_s <= 0:
         raise ArgumentError(f"tokens_per_s must be > 0, got {tokens_per_s}")
-    r = simulate_decode(trace, device, policy, Compute(0.0), sessions=1, steps=steps, mode=mode, seed=seed,
-                        hash_time=hash_time, calibration=calibration)
+    r = simulate_decode(trace, device, policy, Compute(0.0), DecodeRun(steps=steps, mode=mode, seed=seed,
+                                                                     hash_time=hash_time),
+                        storage=Storage(calibration=calibration))
     io = r.sim_seconds / r.config["steps"]
     c = 1.0 / tokens_per_s - io
     if c <= 0:
@@ -584,8 +677,8 @@ def seed_reproduction(trace: Optional[Trace] = None, steps: Optional[int] = None
     serial = Policy(threshold=ref["serial_threshold"], readers=ref["readers"])
     conc = Policy(threshold=ref["concurrent_threshold"], readers=ref["readers"])
     c = reference_compute(trace, steps=steps, mode=mode)
-    r_serial = simulate_decode(trace, device, serial, Compute(c), steps=steps, mode=mode)
-    r_conc = simulate_decode(trace, device, conc, Compute(c), steps=steps, mode=mode)
+    r_serial = simulate_decode(trace, device, serial, Compute(c), DecodeRun(steps=steps, mode=mode))
+    r_conc = simulate_decode(trace, device, conc, Compute(c), DecodeRun(steps=steps, mode=mode))
     pred = r_conc.tokens_per_s
     return {
         "device": device.name,

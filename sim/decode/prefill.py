@@ -33,7 +33,7 @@ from sim.core.params import Compute, Policy, compute_stats
 from sim.core.progress import progress as progress_bar
 from sim.trace import Trace, load_trace
 
-__all__ = ["PrefillResult", "simulate_prefill"]
+__all__ = ["PrefillResult", "PrefillRun", "simulate_prefill"]
 
 
 @dataclass
@@ -123,184 +123,241 @@ def _chunk_reads(rows: np.ndarray, chunk: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class PrefillRun:
+    """How a prefill run goes (:func:`simulate_prefill`): the prompt, its chunks and micro-batches, the mode.
+
+    Attributes
+    ----------
+    tokens : int, optional
+        Prompt length (default the whole trace; at most the trace's steps).
+    chunk : int
+        Tokens per reader chunk (2048 in the reference engine; >= 1).
+    ubatch : int, optional
+        Tokens per compute micro-batch (default ``chunk``; >= 1).
+    second_start_layer : int
+        Layer whose start (in the first micro-batch) starts the second table's reader; 0 starts both readers
+        together (>= 0).
+    mode : str
+        ``"fast"`` or ``"exact"`` (as in :func:`sim.decode.simulate_decode`).
+    seed : int
+        Seeds the device's and the compute's random streams.
+    hash_time : float
+        Seconds per token for hashing the whole prompt up front (>= 0).
+    bins : int
+        Bins of the queue-depth timeline (>= 1).
+    progress : bool or str
+        Show progress (:func:`sim.core.progress.progress`), one item a micro-batch.
+
+    Raises
+    ------
+    ArgumentError
+        Bad mode, bins, chunk, ubatch, second_start_layer or hash_time.
+    """
+
+    tokens: Optional[int] = None
+    chunk: int = 2048
+    ubatch: Optional[int] = None
+    second_start_layer: int = 2
+    mode: str = "fast"
+    seed: int = 0
+    hash_time: float = 0.0
+    bins: int = 100
+    progress: Union[bool, str] = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fast", "exact"):
+            raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
+        ubatch = self.chunk if self.ubatch is None else int(self.ubatch)
+        object.__setattr__(self, "ubatch", ubatch)
+        if int(self.bins) < 1:
+            raise ArgumentError(f"bins must be >= 1, got {self.bins}")
+        if self.chunk < 1 or ubatch < 1 or self.second_start_layer < 0 or self.hash_time < 0:
+            raise ArgumentError(f"need chunk >= 1, ubatch >= 1, second_start_layer >= 0, hash_time >= 0; "
+                                f"got {self.chunk}, {ubatch}, {self.second_start_layer}, {self.hash_time}")
+
+
 def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], policy: Policy = Policy(),
-                     compute: Union[Compute, float] = 0.0, *, tokens: Optional[int] = None, chunk: int = 2048,
-                     ubatch: Optional[int] = None, second_start_layer: int = 2, mode: str = "fast",
-                     seed: int = 0, hash_time: float = 0.0, bins: int = 100, calibration=None,
-                     progress: bool = False) -> PrefillResult:
+                     compute: Union[Compute, float] = 0.0, run: PrefillRun = PrefillRun(), *,
+                     calibration=None) -> PrefillResult:
     """Simulate the prefill of one prompt.
 
     Parameters
     ----------
     trace : Trace or str
-        The prompt's row ids (its first ``tokens`` steps).
+        The prompt's row ids (its first ``run.tokens`` steps).
     device : Device or str
     policy : Policy
         Threshold and reader width for each chunk batch (cache and overlap are not used).
     compute : Compute or float
         Compute seconds per token through all ``Compute.layers`` layers.
-    tokens : int, optional
-        Prompt length (default the whole trace).
-    chunk : int
-        Tokens per reader chunk (2048 in the reference engine).
-    ubatch : int, optional
-        Tokens per compute micro-batch (default ``chunk``).
-    second_start_layer : int
-        Layer whose start (in the first micro-batch) starts the second table's
-        reader; 0 starts both readers together.
-    mode, seed, bins, progress
-        As in :func:`sim.decode.simulate_decode`.
-    hash_time : float
-        Seconds per token for hashing the whole prompt up front.
+    run : PrefillRun
+        Prompt length, chunk, micro-batch, second table's start, mode, seed, hash time, bins, progress.
     calibration : path or Calibration, optional
         For ``device="calibrated"`` (:func:`sim.device.load_device`).
 
     Raises
     ------
     ArgumentError
-        Bad sizes or bins, or an Engram layer id beyond ``Compute.layers``.
+        A prompt longer than the trace, a second table started after its layer, or an Engram layer id beyond
+        ``Compute.layers``; bad settings are refused by :class:`PrefillRun`.
     """
-    import simpy
-
     t_wall = time.perf_counter()
     if isinstance(trace, str):
-        trace = load_trace(trace, limit=tokens)
+        trace = load_trace(trace, limit=run.tokens)
     device = load_device(device, calibration, backend=policy.backend)
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
-    if mode not in ("fast", "exact"):
-        raise ArgumentError(f"mode must be 'fast' or 'exact', got {mode!r}")
-    N = trace.steps if tokens is None else int(tokens)
+    N = trace.steps if run.tokens is None else int(run.tokens)
     if not 1 <= N <= trace.steps:
-        raise ArgumentError(f"tokens must be in [1, {trace.steps}] (the trace length), got {tokens}")
-    ubatch = chunk if ubatch is None else int(ubatch)
-    if int(bins) < 1:
-        raise ArgumentError(f"bins must be >= 1, got {bins}")
-    if chunk < 1 or ubatch < 1 or second_start_layer < 0 or hash_time < 0:
-        raise ArgumentError(f"need chunk >= 1, ubatch >= 1, second_start_layer >= 0, hash_time >= 0; "
-                            f"got {chunk}, {ubatch}, {second_start_layer}, {hash_time}")
-    layers = compute.layers
+        raise ArgumentError(f"tokens must be in [1, {trace.steps}] (the trace length), got {run.tokens}")
     engram_layers = list(trace.layer_ids)
-    if max(engram_layers) >= layers:
-        raise ArgumentError(f"Engram layer {max(engram_layers)} is beyond the {layers} compute layers")
-
-    if len(engram_layers) > 1 and second_start_layer > engram_layers[1]:
-        raise ArgumentError(f"second_start_layer {second_start_layer} is after the second table's layer "
+    if max(engram_layers) >= compute.layers:
+        raise ArgumentError(f"Engram layer {max(engram_layers)} is beyond the {compute.layers} compute layers")
+    if len(engram_layers) > 1 and run.second_start_layer > engram_layers[1]:
+        raise ArgumentError(f"second_start_layer {run.second_start_layer} is after the second table's layer "
                             f"{engram_layers[1]}, which needs its rows")
-    creads = _chunk_reads(trace.rows[:N], chunk)
-    nch = creads.shape[0]
-    nub = -(-N // ubatch)
-    ss = np.random.SeedSequence(seed)
-    dev_seed, comp_seed = ss.spawn(2)
-    per_token = compute.sample(np.random.default_rng(comp_seed), nub * layers).reshape(nub, layers)
+    sim = _Prefill(trace, device, policy, compute, run, N)
+    sim.go()
+    return sim.result(time.perf_counter() - t_wall)
 
-    env = simpy.Environment()
-    rec = Recorder()
-    dev_rng = np.random.default_rng(dev_seed)
-    dev = device.fast(dev_rng, rec, env=env) if mode == "fast" else device.exact(env, dev_rng, rec)
 
-    L = len(engram_layers)
-    done = [0] * L                       # chunks finished per table (the published counter)
-    waiters = [dict() for _ in range(L)]  # chunk index -> event
-    reader_done = [0.0] * L
-    reader_busy = [0.0] * L
-    start_second = env.event()
+class _Prefill:
+    """One prefill on simpy: a reader process per table, the compute process, their shared counters."""
 
-    def chunk_event(j, c):
-        ev = waiters[j].get(c)
+    def __init__(self, trace: Trace, device: Device, policy: Policy, compute: Compute, run: PrefillRun, N: int):
+        import simpy
+
+        self.trace, self.device, self.policy, self.compute, self.run, self.N = trace, device, policy, compute, run, N
+        self.creads = _chunk_reads(trace.rows[:N], run.chunk)
+        self.nch = self.creads.shape[0]
+        self.nub = -(-N // run.ubatch)
+        dev_seed, comp_seed = np.random.SeedSequence(run.seed).spawn(2)
+        layers = compute.layers
+        self.per_token = compute.sample(np.random.default_rng(comp_seed), self.nub * layers).reshape(self.nub, layers)
+        self.env = env = simpy.Environment()
+        self.rec = Recorder()
+        dev_rng = np.random.default_rng(dev_seed)
+        self.dev = device.fast(dev_rng, self.rec, env=env) if run.mode == "fast" else device.exact(env, dev_rng,
+                                                                                                    self.rec)
+        self.engram_layers = list(trace.layer_ids)
+        L = len(self.engram_layers)
+        self.done = [0] * L                       # chunks finished per table (the published counter)
+        self.waiters = [dict() for _ in range(L)]  # chunk index -> event
+        self.reader_done = [0.0] * L
+        self.reader_busy = [0.0] * L
+        self.start_second = env.event()
+        self.stall_by = [0.0] * L
+        self.stalls = 0
+        self.comp_total = run.hash_time * N
+        self.bar = None
+
+    def _chunk_event(self, j: int, c: int):
+        ev = self.waiters[j].get(c)
         if ev is None:
-            ev = waiters[j][c] = env.event()
+            ev = self.waiters[j][c] = self.env.event()
         return ev
 
-    def reader(j, start_event):
+    def _reader(self, j: int, start_event):
+        """Table ``j``'s reader (process): its chunks one batch after another, each published when done."""
+        env, policy, dev, fast = self.env, self.policy, self.dev, self.run.mode == "fast"
         if start_event is not None:
             yield start_event
-        for c in range(nch):
-            n = int(creads[c, j])
+        for c in range(self.nch):
+            n = int(self.creads[c, j])
             t0 = env.now
             if n:
                 k = policy.concurrency(n)
                 if k > 1 and policy.batch_overhead:
                     yield env.timeout(policy.batch_overhead)
-                if mode == "fast":
+                if fast:
                     yield dev.submit(n, k)
                 else:
                     yield from dev.batch(n, k)
-            reader_busy[j] += env.now - t0
-            done[j] = c + 1
-            ev = waiters[j].pop(c, None)
+            self.reader_busy[j] += env.now - t0
+            self.done[j] = c + 1
+            ev = self.waiters[j].pop(c, None)
             if ev is not None:
                 ev.succeed()
-        reader_done[j] = env.now
+        self.reader_done[j] = env.now
 
-    stall_by = [0.0] * L
-    stalls = [0]
-    comp_total = [hash_time * N]
-    bar = None
-    if progress:
-        bar = progress_bar(nub, f"prefill ({mode})", "ubatch", mode=progress, delay=2.0)
-    layer_of = {lid: j for j, lid in enumerate(engram_layers)}
-
-    def compute_proc():
-        for u in range(nub):
+    def _compute(self):
+        """The layers (process): micro-batch by micro-batch, waiting at an Engram layer for its chunk's rows."""
+        env, N, ubatch, chunk, layers = self.env, self.N, self.run.ubatch, self.run.chunk, self.compute.layers
+        L = len(self.engram_layers)
+        layer_of = {lid: j for j, lid in enumerate(self.engram_layers)}
+        for u in range(self.nub):
             m = min(N, (u + 1) * ubatch) - u * ubatch
             need = (min(N, (u + 1) * ubatch) - 1) // chunk
             for layer in range(layers):
-                if u == 0 and L > 1 and layer == second_start_layer and not start_second.triggered:
-                    start_second.succeed()
+                if u == 0 and L > 1 and layer == self.run.second_start_layer and not self.start_second.triggered:
+                    self.start_second.succeed()
                 j = layer_of.get(layer)
-                if j is not None and done[j] <= need:
+                if j is not None and self.done[j] <= need:
                     t0 = env.now
-                    yield chunk_event(j, need)
-                    stall_by[j] += env.now - t0
-                    stalls[0] += 1
-                dt = m * per_token[u, layer] / layers
-                comp_total[0] += dt
+                    yield self._chunk_event(j, need)
+                    self.stall_by[j] += env.now - t0
+                    self.stalls += 1
+                dt = m * self.per_token[u, layer] / layers
+                self.comp_total += dt
                 yield env.timeout(dt)
-            if bar is not None:
-                bar.update(1)
+            if self.bar is not None:
+                self.bar.update(1)
 
-    def main():
-        if hash_time:
-            yield env.timeout(hash_time * N)
-        procs = [env.process(reader(0, None))]
-        for j in range(1, L):
-            procs.append(env.process(reader(j, start_second if second_start_layer > 0 else None)))
-        yield env.process(compute_proc())
-        if not start_second.triggered:
-            start_second.succeed()
+    def _main(self):
+        env = self.env
+        if self.run.hash_time:
+            yield env.timeout(self.run.hash_time * self.N)
+        env.process(self._reader(0, None))
+        for j in range(1, len(self.engram_layers)):
+            env.process(self._reader(j, self.start_second if self.run.second_start_layer > 0 else None))
+        yield env.process(self._compute())
+        if not self.start_second.triggered:
+            self.start_second.succeed()
 
-    env.process(main())
-    env.run()
-    if bar is not None:
-        bar.close()
-    total = env.now
-    # Readers may outlive compute only when a table is never needed; the prefill ends with compute.
-    s, e, lv = rec.arrays()
-    summ = summarize_boxes(s, e, lv, max(total, float(e.max()) if e.size else 0.0), bins)
-    peak = device.peak_iops()
-    reads_per_s = rec.reads / total if total > 0 else 0.0
-    dev_info = {
-        "name": device.name, "busy_fraction": summ["busy_fraction"],
-        "mean_queue_depth": summ["mean_queue_depth"], "max_queue_depth": summ["max_queue_depth"],
-        "reads_per_s": reads_per_s,
-        "mean_read_latency_us": (rec.latency_sum / rec.reads * 1e6) if rec.reads else 0.0,
-        "iops_utilization": reads_per_s / peak if peak > 0 else 0.0,
-    }
-    config = {
-        "trace": {"source": trace.source, "steps": trace.steps}, "device": {"name": device.name,
-                                                                             "source": device.source},
-        "policy": policy.to_dict(), "compute": compute.to_dict(), "chunk": chunk, "ubatch": ubatch,
-        "second_start_layer": second_start_layer, "mode": mode, "seed": seed, "hash_time_s": hash_time,
-        "chunks": nch, "ubatches": nub,
-    }
-    return PrefillResult(
-        tokens=N, prefill_seconds=total, compute_seconds=comp_total[0], stall_seconds=float(sum(stall_by)),
-        stall_by_layer={lid: stall_by[j] for j, lid in enumerate(engram_layers)}, stalls=stalls[0],
-        reader_done={lid: reader_done[j] for j, lid in enumerate(engram_layers)},
-        reader_busy={lid: reader_busy[j] for j, lid in enumerate(engram_layers)},
-        reads=int(rec.reads), tokens_per_s=N / total if total > 0 else float("inf"),
-        overhead=total / comp_total[0] - 1 if comp_total[0] > 0 else 0.0,
-        device=dev_info, timeline=summ["timeline"], config=config, wall_seconds=time.perf_counter() - t_wall,
-        compute_realised=compute_stats(per_token),
-    )
+    def go(self) -> None:
+        """Run the prefill to its end."""
+        run = self.run
+        if run.progress:
+            self.bar = progress_bar(self.nub, f"prefill ({run.mode})", "ubatch", mode=run.progress, delay=2.0)
+        self.env.process(self._main())
+        self.env.run()
+        if self.bar is not None:
+            self.bar.close()
+
+    def _device_info(self, summ: dict, total: float) -> dict:
+        rec = self.rec
+        peak = self.device.peak_iops()
+        reads_per_s = rec.reads / total if total > 0 else 0.0
+        return {
+            "name": self.device.name, "busy_fraction": summ["busy_fraction"],
+            "mean_queue_depth": summ["mean_queue_depth"], "max_queue_depth": summ["max_queue_depth"],
+            "reads_per_s": reads_per_s,
+            "mean_read_latency_us": (rec.latency_sum / rec.reads * 1e6) if rec.reads else 0.0,
+            "iops_utilization": reads_per_s / peak if peak > 0 else 0.0,
+        }
+
+    def result(self, wall: float) -> PrefillResult:
+        """The :class:`PrefillResult` of the finished run (``wall``: its wall-clock seconds)."""
+        total, N, run, trace, lids = self.env.now, self.N, self.run, self.trace, self.engram_layers
+        # Readers may outlive compute only when a table is never needed; the prefill ends with compute.
+        s, e, lv = self.rec.arrays()
+        summ = summarize_boxes(s, e, lv, max(total, float(e.max()) if e.size else 0.0), run.bins)
+        config = {
+            "trace": {"source": trace.source, "steps": trace.steps}, "device": {"name": self.device.name,
+                                                                                 "source": self.device.source},
+            "policy": self.policy.to_dict(), "compute": self.compute.to_dict(), "chunk": run.chunk,
+            "ubatch": run.ubatch, "second_start_layer": run.second_start_layer, "mode": run.mode, "seed": run.seed,
+            "hash_time_s": run.hash_time, "chunks": self.nch, "ubatches": self.nub,
+        }
+        comp_total = self.comp_total
+        return PrefillResult(
+            tokens=N, prefill_seconds=total, compute_seconds=comp_total, stall_seconds=float(sum(self.stall_by)),
+            stall_by_layer={lid: self.stall_by[j] for j, lid in enumerate(lids)}, stalls=self.stalls,
+            reader_done={lid: self.reader_done[j] for j, lid in enumerate(lids)},
+            reader_busy={lid: self.reader_busy[j] for j, lid in enumerate(lids)},
+            reads=int(self.rec.reads), tokens_per_s=N / total if total > 0 else float("inf"),
+            overhead=total / comp_total - 1 if comp_total > 0 else 0.0,
+            device=self._device_info(summ, total), timeline=summ["timeline"], config=config, wall_seconds=wall,
+            compute_realised=compute_stats(self.per_token),
+        )

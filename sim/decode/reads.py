@@ -33,10 +33,11 @@ from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, CachePolicy
 
 from sim.core.limits import check_memory
-from sim.core.params import Policy
+from sim.core.params import Policy, Storage
 from ..trace import Trace
 
-__all__ = ["StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads", "wrap_info"]
+__all__ = ["BY_POSITION", "StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads",
+           "wrap_info"]
 
 log = logging.getLogger("sim.decode")
 #: Warnings already logged by this process (each result still carries its own).
@@ -213,15 +214,23 @@ def _distinct(s_rows: np.ndarray, big: np.int64) -> np.ndarray:
     return first & (s_rows != big)
 
 
-def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, drives: int = 1,
-               hot: Optional[np.ndarray] = None, order: bool = False, replay: Optional[str] = None,
-               batch: Optional[tuple] = None, served: Optional[np.ndarray] = None,
-               by_position: bool = True) -> StepReads:
+#: Whether :func:`step_reads` counts a run without row caches once per trace position (:func:`_positional_reads`);
+#: ``False`` counts every session's steps on their own (the same result: to check one against the other).
+BY_POSITION = True
+
+
+def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *, storage: Storage = Storage(),
+               order: bool = False, replay: Optional[str] = None, batch: Optional[tuple] = None,
+               served: Optional[np.ndarray] = None) -> StepReads:
     """The reads of every session and step (see the module); ``replay``: see :func:`wrap_info`.
 
+    ``storage``: its ``drives`` (reads counted per drive when more than one) and ``hot`` rows
+    (:func:`hot_rows`) are used.  ``order``: keep each read's drive in the engine's order too
+    (:attr:`StepReads.order`, for the exact mode with drives).
+
     Without row caches (and without ``batch``) a step's reads depend only on its trace position, and they are
-    counted once per position and gathered (:func:`_positional_reads`: the same result);
-    ``by_position=False`` counts every session's steps on their own even then (to check one against the other).
+    counted once per position and gathered (:func:`_positional_reads`: the same result; :data:`BY_POSITION`
+    ``False`` counts every session's steps on their own even then, to check one against the other).
 
     ``batch``: a speculative run's verification steps, ``(rows, accepted, positions, lead)`` -- ``rows``
     int64 ``[S, steps, layers, W]`` (every request of a step per table, the confirmed token's ``lead``
@@ -238,34 +247,67 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     Raises
     ------
     ArgumentError
-        A trace without steps, fewer than one session, step or drive, or a run whose reads would take more
+        A trace without steps, fewer than one session or step, or a run whose reads would take more
         memory than :func:`sim.core.limits.check_memory` allows (``BYTES_PER_ROW_SLOT`` a row slot).
     """
-    T = trace.steps
-    if T == 0:
+    drives = storage.drives
+    hot = hot_rows(storage.hot) if storage.hot is not None else None
+    _check_reads(trace, sessions, steps, drives, order, batch, served)
+    if BY_POSITION and batch is None and policy.cache_rows <= 0 and policy.shared_cache_rows <= 0:
+        return _positional_reads(trace, sessions, steps, policy, drives, hot, order, replay, served)
+    T, L = trace.steps, trace.layers
+    if batch is None:
+        rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
+    else:
+        rows = batch[0]
+    miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
+    dram = int((~miss).sum())
+    cache, shared = _cached(rows, miss, trace, policy, served)
+    big = np.int64(1) << np.int64(40)
+    s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)
+    first = _distinct(s_rows, big)
+    reads = first.sum(axis=3).astype(np.int64)                        # [S, steps, L]
+    drafts, wasted = None, 0
+    if batch is not None:
+        drafts, wasted = _drafts(rows, miss, reads, batch)
+    by_drive = seq = None
+    if drives > 1:
+        dj = s_rows % drives
+        by = np.stack([(first & (dj == j)).sum(axis=3) for j in range(drives)], axis=-1).astype(np.int64)
+        by_drive = [by[s] for s in range(sessions)]
+        if order:
+            seq = [[[dj[s, t, li][first[s, t, li]].astype(np.int8) for li in range(L)] for t in range(steps)]
+                   for s in range(sessions)]
+    wrap = wrap_info(trace, sessions, steps if batch is None else int(np.max(batch[2])), policy, replay=replay,
+                     unit="steps" if batch is None else "tokens")
+    return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * rows.shape[3], dram,
+                     cache, shared, wrap, drafts, wasted)
+
+
+def _check_reads(trace: Trace, sessions: int, steps: int, drives: int, order: bool, batch: Optional[tuple],
+                 served: Optional[np.ndarray]) -> None:
+    """The checks of :func:`step_reads`: the sizes, ``served`` and ``batch``, and the memory the reads take."""
+    if trace.steps == 0:
         raise ArgumentError("the trace has no steps")
     if sessions < 1 or steps < 1 or drives < 1:
         raise ArgumentError(f"need sessions, steps and drives >= 1, got {sessions}, {steps}, {drives}")
-    L, C = trace.layers, trace.columns
     if served is not None and (not isinstance(served, np.ndarray) or served.shape != trace.rows.shape):
         got = served.shape if isinstance(served, np.ndarray) else type(served).__name__
         raise ArgumentError(f"served must be a bool array shaped like the trace's rows {trace.rows.shape}, got {got}")
     if served is not None and batch is not None:
         raise ArgumentError("a replayed row cache (served) is not modelled with speculative verification "
                             "batches: predict such a run without one of them")
-    W = C if batch is None else int(batch[0].shape[3])
+    L, W = trace.layers, trace.columns if batch is None else int(batch[0].shape[3])
     check_memory(float(sessions) * steps * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
                  f"{steps} steps x {sessions} sessions x {L * W} row slots a step "
                  f"(~{BYTES_PER_ROW_SLOT} bytes a slot)")
-    if by_position and batch is None and policy.cache_rows <= 0 and policy.shared_cache_rows <= 0:
-        return _positional_reads(trace, sessions, steps, policy, drives, hot, order, replay, served)
-    if batch is None:
-        rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
-    else:
-        rows = batch[0]
-        C = W
-    miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
-    dram = int((~miss).sum())
+
+
+def _cached(rows: np.ndarray, miss: np.ndarray, trace: Trace, policy: Policy, served: Optional[np.ndarray]) -> tuple:
+    """``(cache, shared)`` hits of the sessions' row caches and of the shared one (with a replayed cache's
+    ``served`` requests) among ``miss`` (bool ``[S, steps, L, C]``), which loses them (in place)."""
+    sessions, steps, L, C = rows.shape
+    T = trace.steps
     keys = _keys(rows, trace.layer_ids)
     cache = 0
     if policy.cache_rows > 0:
@@ -287,31 +329,20 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
         h = np.stack([sv[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)]) & miss
         shared += int(h.sum())
         miss &= ~h
+    return cache, shared
+
+
+def _drafts(rows: np.ndarray, miss: np.ndarray, reads: np.ndarray, batch: tuple) -> tuple:
+    """``(drafts, wasted)`` of a speculative run's verification steps (:attr:`StepReads.drafts`,
+    :attr:`StepReads.wasted`)."""
+    lead, W = int(batch[3]), rows.shape[3]
     big = np.int64(1) << np.int64(40)
-    s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)
-    first = _distinct(s_rows, big)
-    reads = first.sum(axis=3).astype(np.int64)                        # [S, steps, L]
-    drafts, wasted = None, 0
-    if batch is not None:
-        lead = int(batch[3])
-        r64 = rows.astype(np.int64)
-        d = _distinct(np.sort(np.where(miss[..., lead:], r64[..., lead:], big), axis=3), big).sum(axis=3)
-        drafts = [d[s].astype(np.int64) for s in range(sessions)]
-        kept = (np.arange(W) // lead)[None, None, :] <= batch[1][:, :, None]     # [S, steps, W]: not rejected
-        good = _distinct(np.sort(np.where(miss & kept[:, :, None, :], r64, big), axis=3), big).sum(axis=3)
-        wasted = int(reads.sum() - good.sum())
-        wrap_steps = int(np.max(batch[2]))
-    by_drive = seq = None
-    if drives > 1:
-        dj = s_rows % drives
-        by = np.stack([(first & (dj == j)).sum(axis=3) for j in range(drives)], axis=-1).astype(np.int64)
-        by_drive = [by[s] for s in range(sessions)]
-        if order:
-            seq = [[[dj[s, t, li][first[s, t, li]].astype(np.int8) for li in range(L)] for t in range(steps)]
-                   for s in range(sessions)]
-    return StepReads([reads[s] for s in range(sessions)], by_drive, seq, sessions * steps * L * C, dram, cache,
-                     shared, wrap_info(trace, sessions, steps if batch is None else wrap_steps, policy,
-                                       replay=replay, unit="steps" if batch is None else "tokens"), drafts, wasted)
+    r64 = rows.astype(np.int64)
+    d = _distinct(np.sort(np.where(miss[..., lead:], r64[..., lead:], big), axis=3), big).sum(axis=3)
+    drafts = [d[s].astype(np.int64) for s in range(rows.shape[0])]
+    kept = (np.arange(W) // lead)[None, None, :] <= batch[1][:, :, None]     # [S, steps, W]: not rejected
+    good = _distinct(np.sort(np.where(miss & kept[:, :, None, :], r64, big), axis=3), big).sum(axis=3)
+    return drafts, int(reads.sum() - good.sum())
 
 
 def _positional_reads(trace: Trace, sessions: int, steps: int, policy: Policy, drives: int,

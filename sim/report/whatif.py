@@ -19,7 +19,7 @@ from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
 
 from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_TARGET, Capacity, CapacitySpec, SearchRun, capacity_of,
                                 find_capacity, phases_short)
-from ..decode import seed_reproduction, simulate_decode
+from ..decode import DecodeRun, seed_reproduction, simulate_decode
 from ..decode.speculative import Speculation
 from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tail
 from sim.core.params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
@@ -64,8 +64,9 @@ def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, see
     src = trace if isinstance(trace, str) else getattr(trace, "source", "trace")
     name = (f"report what-if on {dev} ({src}, threshold {policy.threshold}, {policy.backend} x{policy.readers}"
             f"{f', cache {policy.cache_rows} rows' if policy.cache_rows else ''}, {sessions} session(s), {steps} steps)")
-    return simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode="fast", seed=seed,
-                           hash_time=hash_time, phases=phases, bins=4, replay=name, speculation=speculation)
+    return simulate_decode(trace, device, policy, compute,
+                           DecodeRun(sessions=sessions, steps=steps, mode="fast", seed=seed, hash_time=hash_time,
+                                     phases=phases, bins=4, replay=name), speculation=speculation)
 
 
 def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:

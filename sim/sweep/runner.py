@@ -72,9 +72,9 @@ from engram.errors import ArgumentError, EngramError
 from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration, check_study_backends
-from ..decode import hot_rows, seed_reproduction, simulate_decode
+from ..decode import DecodeRun, hot_rows, seed_reproduction, simulate_decode
 from ..device import load_device
-from sim.core.params import Compute, Policy
+from sim.core.params import Compute, Policy, Storage
 from sim.core.progress import progress as progress_bar
 from sim.core.progress import progress_label
 from sim.core.schema import SWEEP_SCHEMA
@@ -199,9 +199,11 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         compute = Compute(p["compute_ms"] * 1e-3, p["compute_dist"], p["compute_cv"], (), p["layers"])
     phases = point_phases(p)
     extras = ctx.extras or {}
-    r = simulate_decode(trace, device, policy, compute, sessions=p["sessions"], steps=p["steps"], mode=p["mode"],
-                        seed=seed, hash_time=p["hash_us"] * 1e-6, phases=phases, drives=p["drives"],
-                        hot=extras.get(f"hot:{p['dram_rows']}"), tail=extras.get(f"tail:{p['tail']}"), bins=4)
+    r = simulate_decode(trace, device, policy, compute,
+                        DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
+                                  hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4),
+                        storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
+                                        tail=extras.get(f"tail:{p['tail']}")))
     lat = r.step_latencies.reshape(-1)
     pct = np.percentile(lat, [50, 90, 99, 99.9])
     per = np.asarray(r.tokens_per_s_per_session, dtype=np.float64)

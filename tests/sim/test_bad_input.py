@@ -12,7 +12,7 @@ import pytest
 from engram.cli import main
 from engram.errors import ArgumentError, FormatError
 from sim.core import limits
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import load_device
 from sim.serve.workload import Workload, make_requests
 from sim.trace import load_trace
@@ -40,7 +40,7 @@ def test_a_decode_run_too_large_for_memory_is_refused_before_allocating(eight_gb
             f"{2000000 * 64 * L * C * 24 / 1e9:.3g} GB of memory, more than the limit of 4 GB (0.5 of this "
             "machine's 8 GB physical memory, sim.core.limits.MEMORY_SHARE): make the run smaller")
     with pytest.raises(ArgumentError) as e:
-        simulate_decode(tr, "seed-apple-m3-ultra", compute=0.01, sessions=64, steps=2000000)
+        simulate_decode(tr, "seed-apple-m3-ultra", run=DecodeRun(sessions=64, steps=2000000), compute=0.01)
     assert str(e.value) == want
     assert cli(capsys, ["sim", "decode", "--limit", "200", "--steps", "2000000", "--sessions", "64",
                         "--compute-ms", "10"]) == f"engram sim: error: {want}"
@@ -72,7 +72,8 @@ def test_device_table_queue_depths_are_bounded(tmp_path, capsys, qd):
 # ------------------------------------------------------------------ 2. seeds
 def test_negative_seeds_are_refused(capsys):
     with pytest.raises(ArgumentError, match=r"^seed must be >= 0, got -1$"):
-        simulate_decode("stdlib:asyncio/base_events.py", "seed-apple-m3-ultra", compute=0.01, steps=5, seed=-1)
+        simulate_decode("stdlib:asyncio/base_events.py", "seed-apple-m3-ultra", run=DecodeRun(steps=5, seed=-1),
+                        compute=0.01)
     with pytest.raises(ArgumentError, match=r"^seed must be >= 0, got -1$"):
         make_requests(Workload(1.0, 5.0), -1)
     for args in (["sim", "decode", "--limit", "50", "--steps", "5", "--compute-ms", "10", "--seed", "-1"],

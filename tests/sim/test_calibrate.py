@@ -20,6 +20,7 @@ from sim.measure import measure
 from sim.core.params import Compute
 from sim.core.schema import CALIBRATION_SCHEMA, MICRO_SCHEMA, RunConfig
 from sim.trace import CODE_SOURCE
+from sim.decode import DecodeRun
 
 US = 1e-6
 
@@ -317,10 +318,10 @@ def test_batch_device_in_the_simulator():
     from sim.trace import load_trace
 
     tr = load_trace(CODE_SOURCE, limit=100)
-    r = simulate_decode(tr, batch_device(), Policy(threshold=8, readers=16), Compute(1e-3), steps=100)
+    r = simulate_decode(tr, batch_device(), Policy(threshold=8, readers=16), Compute(1e-3), DecodeRun(steps=100))
     # almost every step reads 48 distinct rows on 16 readers: 0.6 ms + 1 ms
     assert 1 / r.tokens_per_s == pytest.approx(1.6e-3, rel=0.01)
-    r = simulate_decode(tr, batch_device(), Policy(threshold=256, readers=16), Compute(1e-3), steps=100)
+    r = simulate_decode(tr, batch_device(), Policy(threshold=256, readers=16), Compute(1e-3), DecodeRun(steps=100))
     assert 1 / r.tokens_per_s == pytest.approx(5.8e-3, rel=0.02)
 
 

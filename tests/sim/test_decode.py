@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -13,9 +14,9 @@ from pathlib import Path
 
 from engram.errors import ArgumentError
 from sim.decode import reads as decode_reads
-from sim.decode import fit_compute, reference_compute, resident_mask, seed_reproduction, simulate_decode
+from sim.decode import DecodeRun, fit_compute, reference_compute, resident_mask, seed_reproduction, simulate_decode
 from sim.device import SEED_REFERENCE, ParametricSSD, load_device, preset, with_tail
-from sim.core.params import Compute, Policy
+from sim.core.params import Compute, Policy, Storage
 from sim.trace import CODE_SOURCE, Trace, load_trace, lru_hit_rate, reuse_stats
 
 US = 1e-6
@@ -53,7 +54,7 @@ def test_one_reader_fixed_service(code, mode):
     s, C = 20 * US, 2e-3
     dev = ParametricSSD(s, 1 / s, 1, service_cv=0.0)
     for policy in (Policy(threshold=256), Policy(threshold=8, readers=16)):
-        r = simulate_decode(code, dev, policy, Compute(C), steps=400, mode=mode)
+        r = simulate_decode(code, dev, policy, Compute(C), DecodeRun(steps=400, mode=mode))
         assert r.tokens_per_s == pytest.approx(1 / (48 * s + C), rel=1e-9)
         assert r.step_ms["p99"] == pytest.approx((48 * s + C) * 1e3, rel=1e-9)
         assert r.device["busy_fraction"] == pytest.approx(48 * s / (48 * s + C), rel=1e-6)
@@ -66,7 +67,8 @@ def test_sessions_contending_for_one_server_is_the_machine_repairman():
     tr = Trace(rows, np.zeros(T, dtype=np.int64), [0], (1,), 1, "one read a step")
     s, Z, N = 100 * US, 250 * US, 4
     dev = ParametricSSD(s, 1 / s, 1, service_cv=1.0)
-    r = simulate_decode(tr, dev, Policy(), Compute(Z, "exponential"), sessions=N, steps=T, mode="exact", seed=3)
+    r = simulate_decode(tr, dev, Policy(), Compute(Z, "exponential"),
+                        DecodeRun(sessions=N, steps=T, mode="exact", seed=3))
     rho = s / Z
     p0 = 1 / sum(math.factorial(N) / math.factorial(N - n) * rho**n for n in range(N + 1))
     X = (1 - p0) / s
@@ -78,8 +80,8 @@ def test_sessions_contending_for_one_server_is_the_machine_repairman():
 
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_littles_law_and_bookkeeping(code, mode):
-    r = simulate_decode(code, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "gamma", 0.3), sessions=3,
-                        steps=600, mode=mode, seed=2)
+    r = simulate_decode(code, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "gamma", 0.3),
+                        DecodeRun(sessions=3, steps=600, mode=mode, seed=2))
     d = r.device
     assert r.reads == 3 * 600 * 48 == r.row_requests
     # L = lambda W on the device queue (time-average reads in flight = reads/s x mean latency).
@@ -95,10 +97,10 @@ def test_littles_law_and_bookkeeping(code, mode):
 # ------------------------------------------------------------ fast vs exact
 @pytest.mark.parametrize("sessions", [1, 4])
 def test_fast_mode_agrees_with_per_read_mode(code, sessions):
-    args = dict(policy=Policy(threshold=8), compute=Compute(2e-3, "lognormal", 0.2), sessions=sessions,
-                steps=1500, seed=5)
-    f = simulate_decode(code, "vm-virtio-16core-4k", mode="fast", **args)
-    e = simulate_decode(code, "vm-virtio-16core-4k", mode="exact", **args)
+    args = dict(policy=Policy(threshold=8), compute=Compute(2e-3, "lognormal", 0.2))
+    run = dict(sessions=sessions, steps=1500, seed=5)
+    f = simulate_decode(code, "vm-virtio-16core-4k", run=DecodeRun(mode="fast", **run), **args)
+    e = simulate_decode(code, "vm-virtio-16core-4k", run=DecodeRun(mode="exact", **run), **args)
     # Alone on the device the two modes are the same model; shared, the fast mode's
     # fluid contention stays within a few percent of the per-read one on means, and
     # smooths the tail (reads drawn at the instantaneous depth spread more).
@@ -111,19 +113,22 @@ def test_fast_mode_agrees_with_per_read_mode(code, sessions):
 
 def test_fast_mode_agrees_with_per_read_mode_on_a_parametric_ssd(code):
     dev = ParametricSSD(60 * US, 4e5, 16, service_cv=0.5)
-    args = dict(policy=Policy(threshold=8, backend="io_uring", readers=32), compute=Compute(5e-4),
-                sessions=2, steps=1000, seed=1)
-    f = simulate_decode(code, dev, mode="fast", **args)
-    e = simulate_decode(code, dev, mode="exact", **args)
+    args = dict(policy=Policy(threshold=8, backend="io_uring", readers=32), compute=Compute(5e-4))
+    run = dict(sessions=2, steps=1000, seed=1)
+    f = simulate_decode(code, dev, run=DecodeRun(mode="fast", **run), **args)
+    e = simulate_decode(code, dev, run=DecodeRun(mode="exact", **run), **args)
     assert f.tokens_per_s == pytest.approx(e.tokens_per_s, rel=0.03)
 
 
 # ------------------------------------------------------------ reproducibility
 def test_fixed_seed_reproduces():
     tr = load_trace(CODE_SOURCE, limit=300)
-    a = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1), sessions=2, seed=9)
-    b = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1), sessions=2, seed=9)
-    c = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1), sessions=2, seed=10)
+    a = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1),
+                        DecodeRun(sessions=2, seed=9))
+    b = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1),
+                        DecodeRun(sessions=2, seed=9))
+    c = simulate_decode(tr, "vm-virtio-16core-4k", Policy(), Compute(1e-3, "normal", 0.1),
+                        DecodeRun(sessions=2, seed=10))
     assert np.array_equal(a.step_latencies, b.step_latencies) and a.to_dict()["tokens_per_s"] == b.tokens_per_s
     assert not np.array_equal(a.step_latencies, c.step_latencies)
 
@@ -149,7 +154,7 @@ def test_second_table_overlap(code, mode):
     C = 10e-3
     io24 = (204.8 + (107.9 + (204.8 - 107.9) * 7 / 15)) * US
     for m in (0, 1, 13):
-        r = simulate_decode(code, dev, Policy(overlap_layers=m), Compute(C), steps=200, mode=mode)
+        r = simulate_decode(code, dev, Policy(overlap_layers=m), Compute(C), DecodeRun(steps=200, mode=mode))
         if m == 0:
             want = 3 * 204.8 * US + C  # all 48 rows first
         else:
@@ -159,12 +164,12 @@ def test_second_table_overlap(code, mode):
 
 def test_io_uring_depth_and_threshold(code):
     dev = preset("seed-apple-m3-ultra")
-    r1 = simulate_decode(code, dev, Policy(threshold=8, backend="io_uring", readers=48), 0.0, steps=100)
+    r1 = simulate_decode(code, dev, Policy(threshold=8, backend="io_uring", readers=48), 0.0, DecodeRun(steps=100))
     # All 48 reads in flight at once: qd 48 on a device saturated above 16 -> 48 x 12.8 us.
     assert r1.step_ms["mean"] == pytest.approx(48 * 12.8e-3, rel=1e-9)
-    r2 = simulate_decode(code, dev, Policy(threshold=49), 0.0, steps=100)
+    r2 = simulate_decode(code, dev, Policy(threshold=49), 0.0, DecodeRun(steps=100))
     assert r2.step_ms["mean"] == pytest.approx(48 * 107.9e-3, rel=1e-9)
-    r3 = simulate_decode(code, dev, Policy(threshold=8, batch_overhead=50 * US), 0.0, steps=100)
+    r3 = simulate_decode(code, dev, Policy(threshold=8, batch_overhead=50 * US), 0.0, DecodeRun(steps=100))
     assert r3.step_ms["mean"] == pytest.approx(0.6144 + 0.05, rel=1e-9)
 
 
@@ -180,6 +185,26 @@ def test_compute_distributions():
     assert set(np.unique(e.sample(rng, 1000))) == {1e-3, 2e-3, 3e-3} and e.mean == pytest.approx(2e-3)
 
 
+@pytest.mark.parametrize("make, field", [
+    (lambda: DecodeRun(sessions=0), "sessions"), (lambda: DecodeRun(steps=0), "steps"),
+    (lambda: DecodeRun(mode="slow"), "mode"), (lambda: DecodeRun(seed=-1), "seed"),
+    (lambda: DecodeRun(hash_time=-1e-6), "hash_time"), (lambda: DecodeRun(bins=0), "bins"),
+    (lambda: DecodeRun(start_spread=-1.0), "start_spread"), (lambda: DecodeRun(phases="sometimes"), "phases"),
+    (lambda: DecodeRun(phases="lockstep", start_spread=1e-3), "start_spread"),
+    (lambda: Storage(drives=0), "drives"), (lambda: Storage(drives="two"), "drives"),
+])
+def test_run_and_storage_settings_refuse_bad_values(make, field):
+    """:class:`DecodeRun` and :class:`Storage` check their fields when made, and the message names the field."""
+    with pytest.raises(ArgumentError, match=field):
+        make()
+
+
+def test_run_settings_resolve_their_phases():
+    assert str(DecodeRun().starts()) == "random" and str(DecodeRun(start_spread=0.0).starts()) == "lockstep"
+    assert str(DecodeRun(start_spread=47e-3).starts()) == "spread:47" and DecodeRun(steps=7.0).steps == 7
+    assert Storage(drives=2.0).drives == 2 and Storage().hot is None
+
+
 def test_errors(code):
     with pytest.raises(ArgumentError, match="backend"):
         Policy(backend="aio")
@@ -188,9 +213,9 @@ def test_errors(code):
     with pytest.raises(ArgumentError, match="unknown distribution"):
         Compute(1e-3, "weibull")
     with pytest.raises(ArgumentError, match="sessions"):
-        simulate_decode(code, "seed-apple-m3-ultra", sessions=0)
+        simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(sessions=0))
     with pytest.raises(ArgumentError, match="mode"):
-        simulate_decode(code, "seed-apple-m3-ultra", mode="slow")
+        simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(mode="slow"))
     with pytest.raises(ArgumentError, match="cannot reach"):
         fit_compute(1000.0, code, "seed-apple-m3-ultra", Policy(threshold=256))
 
@@ -205,9 +230,9 @@ def test_compute_is_fitted_once_on_the_reference_device(code):
     devices = ["ssd:qd1_us=40,iops=1000000", "ssd:qd1_us=80,iops=500000", "ssd:qd1_us=150,iops=100000",
                "ssd:qd1_us=300,iops=50000", "ssd:qd1_us=500,iops=20000,parallelism=8",
                "ssd:qd1_us=1000,iops=5000,parallelism=4"]
-    tps = [simulate_decode(code, d, Policy(), Compute(c), steps=600).tokens_per_s for d in devices]
+    tps = [simulate_decode(code, d, Policy(), Compute(c), DecodeRun(steps=600)).tokens_per_s for d in devices]
     assert all(a > b for a, b in zip(tps, tps[1:])), tps
-    seed = simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(c), steps=600).tokens_per_s
+    seed = simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(c), DecodeRun(steps=600)).tokens_per_s
     # Before, compute was refitted per device: the last two gave 32.1 and 64.8 tokens/s, above the seed's 21.00.
     assert seed == pytest.approx(20.996, abs=1e-3) and tps[-2] < seed and tps[-1] < 18
 
@@ -219,7 +244,7 @@ def test_io_time_is_monotone_in_readers(code, mode):
     0.819/0.614: the last partial wave was charged the latency of the full depth); fewer readers take longer."""
     io = {}
     for k in (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64):
-        r = simulate_decode(code, "seed-apple-m3-ultra", Policy(readers=k), 0.0, steps=50, mode=mode)
+        r = simulate_decode(code, "seed-apple-m3-ultra", Policy(readers=k), 0.0, DecodeRun(steps=50, mode=mode))
         io[k] = r.step_ms["mean"]
     ks = sorted(io)
     assert all(io[b] <= io[a] * (1 + 1e-9) for a, b in zip(ks, ks[1:])), io
@@ -237,8 +262,9 @@ def test_batches_alone_are_monotone_in_readers(device):
 
 # -------------------------------------------------------- fast = exact (issue 14.3)
 def _agree(trace, device, policy, compute, sessions, steps, phases="random", seed=1, tol=0.02):
-    f, e = (simulate_decode(trace, device, policy, compute, sessions=sessions, steps=steps, mode=m, phases=phases,
-                            seed=seed) for m in ("fast", "exact"))
+    f, e = (simulate_decode(trace, device, policy, compute,
+                            DecodeRun(sessions=sessions, steps=steps, mode=m, phases=phases, seed=seed))
+            for m in ("fast", "exact"))
     tps = f.mean_session_tokens_per_s / e.mean_session_tokens_per_s - 1
     p50 = f.step_ms["p50"] / e.step_ms["p50"] - 1
     assert abs(tps) <= tol and abs(p50) <= tol, (device, policy, sessions, phases, tps, p50)
@@ -283,37 +309,39 @@ def test_fast_agrees_with_exact_on_the_grid(code, device, compute, sessions, rea
 
 # ----------------------------------------------------------------- phases (issue 14.4)
 def test_random_phases_are_the_default_and_lockstep_is_an_option(code):
-    args = dict(policy=Policy(), compute=Compute(47.013e-3), sessions=64, steps=60)
-    rand = simulate_decode(code, "seed-apple-m3-ultra", **args)
-    lock = simulate_decode(code, "seed-apple-m3-ultra", phases="lockstep", **args)
+    args = dict(policy=Policy(), compute=Compute(47.013e-3))
+    run = dict(sessions=64, steps=60)
+    rand = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(**run), **args)
+    lock = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="lockstep", **run), **args)
     assert rand.phases == "random" and rand.config["phases"] == "random" and lock.phases == "lockstep"
     assert "phases    random" in rand.summary()
     # 64 independent sessions still decode at ~21 tokens/s; in lockstep the device is the bottleneck
     assert rand.mean_session_tokens_per_s > 20.9 > lock.mean_session_tokens_per_s
-    again = simulate_decode(code, "seed-apple-m3-ultra", **args)
+    again = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(**run), **args)
     assert np.array_equal(again.step_latencies, rand.step_latencies)  # seeded
-    spread = simulate_decode(code, "seed-apple-m3-ultra", phases="spread:47", **args)
-    old = simulate_decode(code, "seed-apple-m3-ultra", start_spread=47e-3, **args)
+    spread = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="spread:47", **run), **args)
+    old = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(start_spread=47e-3, **run), **args)
     assert spread.phases == "spread:47" and np.array_equal(spread.step_latencies, old.step_latencies)
     with pytest.raises(ArgumentError, match="phases"):
-        simulate_decode(code, "seed-apple-m3-ultra", phases="sometimes")
+        simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="sometimes"))
     with pytest.raises(ArgumentError, match="not both"):
-        simulate_decode(code, "seed-apple-m3-ultra", phases="random", start_spread=1e-3)
+        simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="random", start_spread=1e-3))
 
 
 def test_measured_start_offsets_as_phases(code):
     """``Phases.at``: each session starts at its own given time; the same starts as ``spread`` give its answer."""
     from sim.core.params import Phases
 
-    args = dict(policy=Policy(), compute=Compute(47.013e-3), sessions=4, steps=30)
+    args = dict(policy=Policy(), compute=Compute(47.013e-3))
+    run = dict(sessions=4, steps=30)
     at = Phases.at([0.0, 0.01, 0.02, 0.03])
     assert at.offsets(4, 1.0, np.random.default_rng(0)) == [0.0, 0.01, 0.02, 0.03]
     assert Phases.parse("offsets:0,10,20,30") == at and str(at) == "offsets:0,10,20,30"
-    spread = simulate_decode(code, "seed-apple-m3-ultra", phases="spread:40", **args)
-    given = simulate_decode(code, "seed-apple-m3-ultra", phases=at, **args)
+    spread = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="spread:40", **run), **args)
+    given = simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases=at, **run), **args)
     assert np.array_equal(given.step_latencies, spread.step_latencies)
     with pytest.raises(ArgumentError, match="3 offsets for 4 sessions"):
-        simulate_decode(code, "seed-apple-m3-ultra", phases="offsets:0,1,2", **args)
+        simulate_decode(code, "seed-apple-m3-ultra", run=DecodeRun(phases="offsets:0,1,2", **run), **args)
     for bad in ("offsets:", "offsets:1,x", "offsets:-1,2"):
         with pytest.raises(ArgumentError, match="offsets"):
             Phases.parse(bad)
@@ -324,8 +352,9 @@ def test_a_wrapped_trace_warns_everywhere(caplog, monkeypatch):
     monkeypatch.setattr(decode_reads, "_LOGGED", set())
     tr = load_trace(CODE_SOURCE, limit=600)
     with caplog.at_level("WARNING", logger="sim.decode"):
-        r = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=6000)
-        again = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=6000)
+        r = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), DecodeRun(steps=6000))
+        again = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3),
+                                DecodeRun(steps=6000))
     assert again.warnings == r.warnings  # every result carries its warning; the log has it once
     assert sum("trace wraps" in m for m in caplog.messages) == 1
     assert r.wrap["wrapped"] and r.wrap["replays"] == 10 and r.wrap["repeated_steps"] == pytest.approx(0.9)
@@ -333,13 +362,13 @@ def test_a_wrapped_trace_warns_everywhere(caplog, monkeypatch):
     assert "WARNING   trace wraps" in r.summary() and r.to_dict()["warnings"] == r.warnings
     assert any("trace wraps" in m for m in caplog.messages)
     assert r.cache_hit_rate > 0.9  # what the warning is about
-    fresh = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=600)
+    fresh = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), DecodeRun(steps=600))
     assert not fresh.warnings and not fresh.wrap["wrapped"] and fresh.cache_hit_rate < 0.3
     # sessions replaying stretches of one trace: only a shared cache is misled, and says so
     shared = simulate_decode(tr, "seed-apple-m3-ultra", Policy(shared_cache_rows=10**6), Compute(1e-3),
-                             sessions=4, steps=300)
+                             DecodeRun(sessions=4, steps=300))
     assert shared.wrap["shared_positions"] == pytest.approx(0.5) and "share their trace" in shared.warnings[0]
-    private = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), sessions=4, steps=300)
+    private = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), DecodeRun(sessions=4, steps=300))
     assert not private.warnings
 
 
@@ -350,10 +379,10 @@ def test_an_intended_replay_is_named_and_not_advised(caplog, monkeypatch):
     tr = load_trace(CODE_SOURCE, limit=60)
     name = "cross-check prediction of t8/pread/x4"
     with caplog.at_level("WARNING", logger="sim.decode"):
-        plain = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), steps=1000, replay=name)
-        cached = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3), steps=1000,
-                                 replay=name)
-        user = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), steps=1000)
+        plain = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), DecodeRun(steps=1000, replay=name))
+        cached = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=30000), Compute(1e-3),
+                                 DecodeRun(steps=1000, replay=name))
+        user = simulate_decode(tr, "seed-apple-m3-ultra", Policy(), Compute(1e-3), DecodeRun(steps=1000))
     assert plain.wrap["wrapped"] and plain.wrap["replays"] == pytest.approx(1000 / tr.steps)
     assert not plain.warnings
     assert len(cached.warnings) == 1 and cached.warnings[0].startswith(name + ": replays its")
@@ -383,7 +412,8 @@ def test_compute_distributions_have_the_requested_mean_and_cv():
 
 
 def test_results_report_the_compute_they_drew(code):
-    r = simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(5e-3, "gamma", 0.5), sessions=3, steps=500)
+    r = simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(5e-3, "gamma", 0.5),
+                        DecodeRun(sessions=3, steps=500))
     x = np.concatenate([Compute(5e-3, "gamma", 0.5).sample(np.random.default_rng(s), 500)
                         for s in np.random.SeedSequence(0).spawn(5)[2:]])
     assert r.compute_realised["mean_ms"] == pytest.approx(x.mean() * 1e3, rel=1e-12)
@@ -396,9 +426,9 @@ def test_parameters_outside_the_model_are_errors(code):
     with pytest.raises(ArgumentError, match="overlap_layers = 44 is beyond the model's 43 layers"):
         simulate_decode(code, "seed-apple-m3-ultra", Policy(overlap_layers=44), Compute(1e-3))
     with pytest.raises(ArgumentError, match="bins must be >= 1"):
-        simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), bins=0)
+        simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), DecodeRun(bins=0))
     with pytest.raises(ArgumentError, match="drives"):
-        simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), drives=0)
+        simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(1e-3), storage=Storage(drives=0))
     with pytest.raises(ArgumentError, match="dram_fraction"):
         Policy(dram_fraction=1.5)
 
@@ -407,7 +437,7 @@ def test_parameters_outside_the_model_are_errors(code):
 def test_rows_resident_in_dram_cost_no_read(code):
     """A fraction f of each table, chosen by a hash of the row id, serves ~f of the requests."""
     for f in (0.25, 0.5):
-        r = simulate_decode(code, "seed-apple-m3-ultra", Policy(dram_fraction=f), Compute(1e-3), steps=1000)
+        r = simulate_decode(code, "seed-apple-m3-ultra", Policy(dram_fraction=f), Compute(1e-3), DecodeRun(steps=1000))
         assert r.dram_hit_rate == pytest.approx(f, abs=0.02)
         assert r.reads / r.row_requests == pytest.approx(1 - r.dram_hit_rate, abs=0.01)
     mask = resident_mask(code.rows[:100], 0.3)
@@ -415,15 +445,16 @@ def test_rows_resident_in_dram_cost_no_read(code):
     # a given hot set: the rows of the first 200 steps are all resident when the run replays them
     hot = np.unique(code.rows[:200, 0, :])
     r = simulate_decode(code.head(200), "seed-apple-m3-ultra", Policy(), Compute(1e-3),
-                        hot=np.stack([np.zeros(hot.size, dtype=np.int64), hot], axis=1))
+                        storage=Storage(hot=np.stack([np.zeros(hot.size, dtype=np.int64), hot], axis=1)))
     assert r.dram_hit_rate == pytest.approx(0.5) and r.reads == 200 * 24 - 0
 
 
 def test_a_shared_cache_sees_every_session(code):
     tr = code.head(500)
-    one = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=10**6), Compute(1e-3), sessions=4, steps=500)
+    one = simulate_decode(tr, "seed-apple-m3-ultra", Policy(cache_rows=10**6), Compute(1e-3),
+                          DecodeRun(sessions=4, steps=500))
     shared = simulate_decode(tr, "seed-apple-m3-ultra", Policy(shared_cache_rows=10**6), Compute(1e-3),
-                             sessions=4, steps=500)
+                             DecodeRun(sessions=4, steps=500))
     # the per-session caches see each session's own repeats; the shared one also the other sessions' reads
     assert shared.shared_cache_hit_rate == shared.cache_hit_rate > one.cache_hit_rate
     assert shared.reads < one.reads
@@ -431,18 +462,20 @@ def test_a_shared_cache_sees_every_session(code):
 
 def test_striped_drives_share_the_load(code):
     """Rows spread over drives by row id: at saturation two drives serve twice the reads."""
-    args = dict(policy=Policy(), compute=Compute(1e-3), sessions=32, steps=100)
+    args = dict(policy=Policy(), compute=Compute(1e-3), run=DecodeRun(sessions=32, steps=100))
     one = simulate_decode(code, "seed-apple-m3-ultra", **args)
-    two = simulate_decode(code, "seed-apple-m3-ultra", drives=2, **args)
+    two = simulate_decode(code, "seed-apple-m3-ultra", storage=Storage(drives=2), **args)
     assert one.device["busy_fraction"] > 0.95
     assert two.tokens_per_s == pytest.approx(2 * one.tokens_per_s, rel=0.1)
     assert two.device["drives"] == 2 and two.reads == one.reads
     for mode in ("fast", "exact"):  # one session alone: reads of each drive in parallel, never slower
-        a = simulate_decode(code, "seed-apple-m3-ultra", Policy(), 1e-3, steps=100, mode=mode)
-        b = simulate_decode(code, "seed-apple-m3-ultra", Policy(), 1e-3, steps=100, mode=mode, drives=4)
+        a = simulate_decode(code, "seed-apple-m3-ultra", Policy(), 1e-3, DecodeRun(steps=100, mode=mode))
+        b = simulate_decode(code, "seed-apple-m3-ultra", Policy(), 1e-3, DecodeRun(steps=100, mode=mode),
+                            storage=Storage(drives=4))
         assert b.step_ms["mean"] < a.step_ms["mean"]
-    f, e = (simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(2e-3), sessions=8, steps=100, mode=m,
-                            drives=2) for m in ("fast", "exact"))
+    f, e = (simulate_decode(code, "seed-apple-m3-ultra", Policy(), Compute(2e-3),
+                            DecodeRun(sessions=8, steps=100, mode=m), storage=Storage(drives=2))
+            for m in ("fast", "exact"))
     assert f.mean_session_tokens_per_s == pytest.approx(e.mean_session_tokens_per_s, rel=0.05)
 
 
@@ -455,8 +488,8 @@ def test_a_measured_tail_changes_percentiles_not_means(code):
         s = vm.latency(min(vm.depths(), key=lambda d: abs(d - q)))
         assert tailed.latency(q).percentile(99) / tailed.mean_latency(q) == pytest.approx(
             s.percentile(99) / s.mean, rel=1e-6)
-    r0 = simulate_decode(code, seed, Policy(), Compute(1e-3), steps=1000)
-    r1 = simulate_decode(code, seed, Policy(), Compute(1e-3), steps=1000, tail=vm)
+    r0 = simulate_decode(code, seed, Policy(), Compute(1e-3), DecodeRun(steps=1000))
+    r1 = simulate_decode(code, seed, Policy(), Compute(1e-3), DecodeRun(steps=1000), storage=Storage(tail=vm))
     assert r1.step_ms["p99"] > r0.step_ms["p99"] and r1.config["tail"] == vm.name
 
 
@@ -507,16 +540,18 @@ def test_reads_counted_by_position_are_every_sessions_own(code, sessions, steps)
 
     hot = np.stack([np.zeros(50, dtype=np.int64), np.unique(code.rows[:40, 0, :])[:50]], axis=1)
     served = np.random.default_rng(3).random(code.rows.shape) < 0.2
-    for pol, kw in [(Policy(), {}), (Policy(dram_fraction=0.3), {"hot": hot}), (Policy(), {"served": served}),
-                    (Policy(dram_fraction=0.1), {"drives": 3, "order": True})]:
+    for pol, kw in [(Policy(), {}), (Policy(dram_fraction=0.3), {"storage": Storage(hot=hot)}),
+                    (Policy(), {"served": served}),
+                    (Policy(dram_fraction=0.1), {"storage": Storage(drives=3), "order": True})]:
         a = step_reads(code, sessions, steps, pol, **kw)
-        b = step_reads(code, sessions, steps, pol, by_position=False, **kw)
+        with mock.patch.object(decode_reads, "BY_POSITION", False):
+            b = step_reads(code, sessions, steps, pol, **kw)
         assert len(a.reads) == sessions
         assert all(x.dtype == y.dtype == np.int64 and np.array_equal(x, y) for x, y in zip(a.reads, b.reads))
         assert (a.requests, a.dram_hits, a.cache_hits, a.shared_hits) == \
             (b.requests, b.dram_hits, b.cache_hits, b.shared_hits)
         assert a.wrap == b.wrap and a.drafts is b.drafts is None and a.wasted == b.wasted == 0
-        if "drives" in kw:
+        if "storage" in kw and kw["storage"].drives > 1:
             assert all(np.array_equal(x, y) for x, y in zip(a.by_drive, b.by_drive))
             assert all(np.array_equal(x, y) and x.dtype == y.dtype
                        for sa, sb in zip(a.order, b.order) for ta, tb in zip(sa, sb) for x, y in zip(ta, tb))

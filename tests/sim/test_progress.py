@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sim.core.progress import Progress, ProgressOutput, progress, progress_mode
+from sim.decode import DecodeRun
 
 
 class Terminal(io.StringIO):
@@ -99,7 +100,8 @@ def test_sim_decode_off_a_terminal_prints_plain_lines(monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(model, "progress_bar", capture)
-    simulate_decode(load_trace(CODE_SOURCE, limit=200), "seed-apple-m3-ultra", sessions=3, steps=50, progress=True)
+    simulate_decode(load_trace(CODE_SOURCE, limit=200), "seed-apple-m3-ultra",
+                    run=DecodeRun(sessions=3, steps=50, progress=True))
     lines = out.getvalue().splitlines()
     assert made and made[0].mode == "lines" and "\r" not in out.getvalue()
     assert lines[0] == "decode (fast): 3 sessions" and re.fullmatch(r"decode \(fast\): 3/3 sessions in \d+ s", lines[-1])

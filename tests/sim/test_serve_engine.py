@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import load_device
 from sim.core.params import Compute, Policy
-from sim.decode.prefill import simulate_prefill
+from sim.decode.prefill import PrefillRun, simulate_prefill
 from sim.serve import SLO, RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, make_requests, \
     simulate_serve
 from sim.serve.engine import Engine, EngineRun
@@ -48,11 +48,11 @@ def test_zero_load_equals_the_prefill_and_decode_models(text, rows, spec):
     ppos, dpos = rows.place(make_requests(w, 3))
     p0, d0 = int(ppos[0]), int(dpos[0])
     pf = simulate_prefill(Trace(text.rows[p0:p0 + 4096], text.tokens[p0:p0 + 4096]), spec, pol, Compute(tok_s),
-                          chunk=2048, ubatch=2048)
+                          PrefillRun(chunk=2048, ubatch=2048))
     ttft = float(r.per_request["first"][0] - r.per_request["arrival"][0])
     assert ttft == pytest.approx(pf.prefill_seconds, rel=1e-3)
     dec = simulate_decode(Trace(text.rows[d0:d0 + 119], text.tokens[d0:d0 + 119]), spec, pol, Compute(0.047013),
-                          seed=5)
+                          DecodeRun(seed=5))
     tbt = r.tbt_samples
     assert tbt.size == 119
     if spec == "seed-apple-m3-ultra":  # fixed latencies: every step equal

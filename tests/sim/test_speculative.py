@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 
 from engram.cli import main
 from engram.errors import ArgumentError
-from sim.decode import simulate_decode, step_reads
+from sim.decode import DecodeRun, simulate_decode, step_reads
 from sim.decode.speculative import Speculation, accepted_prefix, parse_acceptance, verification_rows
-from sim.core.params import Compute, Policy
+from sim.core.params import Compute, Policy, Storage
 from sim.serve import ServeRun, ServeText, simulate_serve
 from sim.serve.workload import Workload
 from sim.trace import CODE_SOURCE, load_trace
@@ -100,14 +100,15 @@ def test_one_batch_deduplicated_numpy_twin(trace, k, acc, seed):
 # ------------------------------------------------------------------ the decode model
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_no_drafts_is_the_run_it_was(trace, mode):
-    kw = dict(compute=Compute(0.02, "gamma", 0.3), sessions=3, steps=60, mode=mode, seed=4)
+    kw = dict(compute=Compute(0.02, "gamma", 0.3), run=DecodeRun(sessions=3, steps=60, mode=mode, seed=4))
     a = simulate_decode(trace, "vm-virtio-16core-4k", **kw).to_dict()
     b = simulate_decode(trace, "vm-virtio-16core-4k", speculation=Speculation(0, 0.3, True), **kw).to_dict()
     assert _drop_wall(a) == _drop_wall(b) and "speculative" not in b
 
 
 def test_all_accepted_emits_k_plus_one_a_step(trace):
-    r = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=100, speculation=Speculation(2, 1.0))
+    r = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=100), compute=0.047,
+                        speculation=Speculation(2, 1.0))
     sp = r.speculative
     assert sp["tokens"] == 300 and sp["tokens_per_step"] == 3.0 and sp["accepted_share"] == 1.0
     assert sp["wasted_reads"] == 0
@@ -119,7 +120,8 @@ def test_all_accepted_emits_k_plus_one_a_step(trace):
     assert "TBT p50 0.000" in text  # the line users script stays
     assert (f"so 0.667 of the gaps are 0; between steps (each step's first token) p50 {r.step_ms['p50']:.3f} "
             f"p99 {r.step_ms['p99']:.3f} ms") in text
-    r0 = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=100, speculation=Speculation(2, 0.0))
+    r0 = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=100), compute=0.047,
+                         speculation=Speculation(2, 0.0))
     assert "so 0.000 of the gaps are 0" in r0.summary()
     assert r0.speculative["tokens"] == 100 and r0.speculative["wasted_reads"] > 0
     assert r0.reads == r.reads  # 3 x 48 distinct rows a step either way
@@ -130,7 +132,7 @@ def test_all_accepted_emits_k_plus_one_a_step(trace):
 def test_more_acceptance_never_lowers_tokens_per_s(trace, device, k):
     """One session, fixed k: tokens/s rises with acceptance (the reads a step hardly change, the tokens do)."""
     for pf in (False, True):
-        rates = [simulate_decode(trace, device, compute=0.01, steps=150, seed=2,
+        rates = [simulate_decode(trace, device, run=DecodeRun(steps=150, seed=2), compute=0.01,
                                  speculation=Speculation(k, a, pf)).tokens_per_s for a in (0.0, 0.25, 0.5, 0.75, 1.0)]
         assert all(y >= x for x, y in zip(rates, rates[1:])), (pf, rates)
 
@@ -139,8 +141,9 @@ def test_more_acceptance_never_lowers_tokens_per_s(trace, device, k):
 def test_prefetch_never_lowers_tokens_per_s_at_one_session(trace, device):
     for k in (1, 2, 3):
         for a in (0.0, 0.5, 0.9):
-            off = simulate_decode(trace, device, compute=0.01, steps=150, seed=3, speculation=Speculation(k, a))
-            on = simulate_decode(trace, device, compute=0.01, steps=150, seed=3,
+            off = simulate_decode(trace, device, run=DecodeRun(steps=150, seed=3), compute=0.01,
+                                  speculation=Speculation(k, a))
+            on = simulate_decode(trace, device, run=DecodeRun(steps=150, seed=3), compute=0.01,
                                  speculation=Speculation(k, a, True))
             assert on.speculative["tokens"] == off.speculative["tokens"]  # the same drafts and acceptance
             assert on.tokens_per_s >= off.tokens_per_s, (k, a, on.tokens_per_s, off.tokens_per_s)
@@ -150,9 +153,11 @@ def test_prefetch_never_lowers_tokens_per_s_at_one_session(trace, device):
 def test_prefetch_hides_the_drafts_reads_when_compute_covers_them(trace):
     """Seed device (fixed latencies), long compute: a prefetched step waits for its confirmed token's rows only:
     its stall is one token's read, the stall of a run without drafts."""
-    base = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=80)
-    on = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=80, speculation=Speculation(2, 1.0, True))
-    off = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.047, steps=80, speculation=Speculation(2, 1.0))
+    base = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=80), compute=0.047)
+    on = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=80), compute=0.047,
+                         speculation=Speculation(2, 1.0, True))
+    off = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=80), compute=0.047,
+                          speculation=Speculation(2, 1.0))
     assert on.stall_ms["p50"] == pytest.approx(base.stall_ms["p50"], rel=0.02)
     assert off.stall_ms["p50"] > 1.5 * base.stall_ms["p50"]
 
@@ -160,17 +165,17 @@ def test_prefetch_hides_the_drafts_reads_when_compute_covers_them(trace):
 @pytest.mark.parametrize("pf,sessions,tol", [(False, 1, 0.01), (True, 1, 0.01), (True, 3, 0.04)])
 def test_fast_and_exact_agree(trace, pf, sessions, tol):
     """Alone on the device the two modes are one model; shared, within the tolerance of tests/sim/test_decode.py."""
-    kw = dict(compute=Compute(2e-3, "lognormal", 0.2), steps=150, sessions=sessions, seed=5,
-              speculation=Speculation(2, 0.6, pf))
-    f = simulate_decode(trace, "vm-virtio-16core-4k", mode="fast", **kw)
-    e = simulate_decode(trace, "vm-virtio-16core-4k", mode="exact", **kw)
+    kw = dict(compute=Compute(2e-3, "lognormal", 0.2), speculation=Speculation(2, 0.6, pf))
+    run = dict(steps=150, sessions=sessions, seed=5)
+    f = simulate_decode(trace, "vm-virtio-16core-4k", run=DecodeRun(mode="fast", **run), **kw)
+    e = simulate_decode(trace, "vm-virtio-16core-4k", run=DecodeRun(mode="exact", **run), **kw)
     assert f.speculative["tokens"] == e.speculative["tokens"]
     assert f.tokens_per_s == pytest.approx(e.tokens_per_s, rel=tol)
 
 
 def test_prefetch_with_drives_refused(trace):
     with pytest.raises(ArgumentError, match="drives"):
-        simulate_decode(trace, "seed-apple-m3-ultra", compute=0.01, steps=10, drives=2,
+        simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=10), storage=Storage(drives=2), compute=0.01,
                         speculation=Speculation(1, 0.5, True))
 
 
@@ -240,6 +245,7 @@ def test_cli_decode_json(capsys):
 
 def test_wrap_warning_counts_tokens(trace):
     """A speculative run covers more trace positions than it has steps: its wrap warning counts tokens."""
-    r = simulate_decode(trace, "seed-apple-m3-ultra", compute=0.01, steps=600, speculation=Speculation(2, 1.0))
+    r = simulate_decode(trace, "seed-apple-m3-ultra", run=DecodeRun(steps=600), compute=0.01,
+                        speculation=Speculation(2, 1.0))
     assert r.wrap["wrapped"] and r.wrap["replays"] == pytest.approx(1800 / trace.steps)
     assert any("each session runs 1800 tokens over a trace of 1500" in w for w in r.warnings)

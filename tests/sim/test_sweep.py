@@ -19,7 +19,7 @@ import pytest
 from engram import ArgumentError, FormatError
 from engram.cli import main
 from sim.sweep.capacity import probes_path
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import SEED_CONCURRENT_US_PER_ROW, SEED_READERS, SEED_SERIAL_US_PER_ROW, load_device
 from sim.core.io import OutputError
 from sim.serve import ServeStudy
@@ -129,7 +129,7 @@ def test_rows_say_what_the_simulator_ran():
         assert r["step_p99_ms"] <= r["step_p999_ms"]
     p = rows[3]
     d = simulate_decode(load_trace(p["trace"], limit=300), p["device"], Policy(), Compute(40e-3, "gamma", 0.3),
-                        sessions=4, steps=200, seed=p["seed"], phases="spread:30", bins=4)
+                        DecodeRun(sessions=4, steps=200, seed=p["seed"], phases="spread:30", bins=4))
     lat = d.step_latencies.reshape(-1)
     assert p["step_p999_ms"] == pytest.approx(np.percentile(lat, 99.9) * 1e3, rel=1e-12)
     assert p["compute_realised_mean_ms"] == d.compute_realised["mean_ms"] and d.phases == "spread:30"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram.errors import ArgumentError, EngramError, FormatError
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import (Device, EmpiricalDevice, ParametricSSD, RateLimitedDevice, TokenBucket, device_from_fio,
                         load_device)
 from sim.core.params import Policy
@@ -70,7 +70,8 @@ def test_token_bucket_refuses_bad_figures(rate, depth):
 ])
 def test_a_bucketed_step_known_answer(mode, cap, burst, step_ms):
     dev = RateLimitedDevice(point_drive(), cap, burst)
-    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=1, steps=120, mode=mode)
+    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3,
+                        DecodeRun(sessions=1, steps=120, mode=mode))
     assert r.reads == 48 * 120
     steady = np.asarray(r.step_latencies)[0, 40:]
     assert steady == pytest.approx(step_ms * 1e-3, rel=1e-9, abs=1e-12)
@@ -81,7 +82,8 @@ def test_sessions_share_the_cap(mode):
     """Four sessions on a 4000-IOPS volume: together 4000 / 48 = 83.3 tokens/s (plus the first 100-token
     burst, 100 / 48 tokens over the run), whatever their number; the raw drive alone gives them 4 x 194."""
     dev = RateLimitedDevice(point_drive(), 4000, 100)
-    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=4, steps=100, mode=mode)
+    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3,
+                        DecodeRun(sessions=4, steps=100, mode=mode))
     assert r.reads / r.sim_seconds == pytest.approx(4000 * (1 + 100 / r.reads), rel=0.02)
     assert r.tokens_per_s == pytest.approx(4000 / 48, rel=0.03)
 
@@ -102,8 +104,8 @@ def test_a_drained_bucket_gives_the_sustained_rate_from_the_start(mode):
     assert "drained" not in full.to_dict()
     runs = {}
     for name, dev in (("full", full), ("drained", drained)):
-        runs[name] = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=4, steps=100,
-                                     mode=mode)
+        runs[name] = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3,
+                                     DecodeRun(sessions=4, steps=100, mode=mode))
     assert runs["full"].reads == runs["drained"].reads == 19200
     assert runs["full"].reads / runs["full"].sim_seconds == pytest.approx(19200 / ((19200 - 5000) / 4000), rel=0.02)
     assert runs["drained"].reads / runs["drained"].sim_seconds == pytest.approx(4000, rel=0.02)
@@ -134,9 +136,9 @@ def test_a_bucketed_device_is_never_faster_than_raw_nor_above_its_cap(qd1_us, ch
     raw = ParametricSSD(qd1_us * US, channels / (0.8 * qd1_us * US), channels, cv)  # service 0.8 x qd1
     cap = share * raw.peak_iops()
     dev = RateLimitedDevice(raw, cap, burst)
-    kw = dict(sessions=sessions, steps=60, mode=mode, seed=3)
-    a = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), compute_ms * 1e-3, **kw)
-    b = simulate_decode(NO_REUSE, raw, Policy(threshold=8, readers=16), compute_ms * 1e-3, **kw)
+    run = DecodeRun(sessions=sessions, steps=60, mode=mode, seed=3)
+    a = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), compute_ms * 1e-3, run)
+    b = simulate_decode(NO_REUSE, raw, Policy(threshold=8, readers=16), compute_ms * 1e-3, run)
     assert a.tokens_per_s <= b.tokens_per_s * 1.02
     assert a.reads <= cap * a.sim_seconds + burst + 1e-6 * a.reads
 
@@ -147,7 +149,7 @@ def test_a_fio_device_never_runs_past_its_measured_peak():
     of 5 ms compute (before the peak bound and the recognition); now at most the peak, as is the disk's."""
     for path in (THROTTLED_15000, DISK):
         dev = load_device(str(path))
-        r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=16, steps=150)
+        r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, DecodeRun(sessions=16, steps=150))
         burst = dev.burst_ios if isinstance(dev, RateLimitedDevice) else dev.saturation_depth()
         assert r.device["reads_per_s"] <= dev.peak_iops() * (1 + burst / r.reads) * 1.001, path.name
 
@@ -167,7 +169,7 @@ def test_a_throttled_volume_is_recognised_from_fio_alone():
     assert 30 * US < dev.raw.mean_latency(1) < 80 * US  # the reads that did not wait: near fio's 45 us median
     assert dev.table([1])[0]["mean_us"] == pytest.approx(1e6 / dev.cap_iops)  # the long run: fio's 250 us
     assert set(dev.derived) >= {"rate_limited", "cap_iops", "burst_ios", "raw_device"}
-    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, sessions=1, steps=200)
+    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, DecodeRun(sessions=1, steps=200))
     steady = np.asarray(r.step_latencies)[0, 50:].mean()  # once the first burst is spent
     assert 1 / steady == pytest.approx(4000 / 48, rel=0.03)
     disk = device_from_fio(DISK)  # its IOPS rise with depth (9,450 to 38,300): not a throttle

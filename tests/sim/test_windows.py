@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engram import ArgumentError
-from sim.decode import simulate_decode
+from sim.decode import DecodeRun, simulate_decode
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.core.params import Compute, Phases, Policy
 from sim.core.schema import probe_positions
@@ -173,8 +173,9 @@ def test_several_sessions_window_reproduces_its_probes():
     assert w["sessions"] == 2 and 1 <= w["fit_simulations"] <= FIT_ITERATIONS and abs(w["fit_residual"]) <= FIT_TOL
     trace = Trace(random_rows(22, [4, 13]), np.zeros(22, np.int64))
     pol = Policy(threshold=8, backend="pread", readers=4, ring_depth=4)
-    r = simulate_decode(trace, scale_device(device(), w["device"]), pol, comp, sessions=2, steps=11, mode="fast",
-                        seed=4, hash_time=HASH, phases=Phases.at([0.0, 0.0007]))
+    r = simulate_decode(trace, scale_device(device(), w["device"]), pol, comp,
+                        DecodeRun(sessions=2, steps=11, mode="fast", seed=4, hash_time=HASH,
+                                  phases=Phases.at([0.0, 0.0007])))
     assert (r.stall_ms["mean"] * 1e-3 + HASH) / 2703e-6 == pytest.approx(1.0, abs=FIT_TOL)
 
 
