@@ -162,9 +162,23 @@ class SegmentQueue:
             self.L.append(top * len(self.L) / self.Q)
 
     def _admit(self) -> None:
-        """Admit from the head of the queue into the free slots (a segment that overflows them by at most
-        the slack whole)."""
-        self.q = self._admit_at(self.V, self.q)
+        Q, q, wait, heap = self.Q, self.q, self.wait, self.heap
+        slack = self.slack
+        while wait and q < Q:
+            seg = wait[0]
+            b, c = seg
+            take = Q - q
+            if take + slack >= c:  # fits, or overflows by at most the slack: whole (no splinters)
+                wait.popleft()
+                take = c
+            else:
+                seg[1] = c - take
+            self.seq += 1
+            heapq.heappush(heap, (self.V + b[SIGMA], self.seq, b, take))
+            q += take
+        self.q = q
+        if q >= len(self.L):
+            self._deeper(q)
 
     def _replan(self) -> None:
         if self.heap:
@@ -215,8 +229,7 @@ class SegmentQueue:
 
     def complete(self, now: float) -> List[list]:
         """Advance to ``now`` (the time :attr:`tnext` announced) and finish the segments due; returns the
-        batches that completed.  (The hot path of the fast mode: inline but for the admission from a queue and
-        a straggler leaving.)"""
+        batches that completed.  (The hot path of the fast mode: everything inline.)"""
         q, d, L = self.q, self.d, self.L
         dt = now - self.t
         V = self.V
@@ -241,7 +254,11 @@ class SegmentQueue:
             if c < 0:  # a straggler leaves
                 q -= 1
                 d -= 1
-                self._leave(b, now, done)
+                if b[8] > now:  # not before its last token (a rate-limited device)
+                    self.seq += 1
+                    push(late, (b[8], self.seq, b))
+                else:
+                    done.append(b)
                 continue
             left = b[1]
             if not left and b[6] > 0 and b[2] == c:  # its last segment: the straggler follows
@@ -273,8 +290,26 @@ class SegmentQueue:
                         push(late, (b[8], self.seq, b))
                     else:
                         done.append(b)
-        if wait and q < self.Q:
-            q = self._admit_at(V, q)
+        # admit from the head of the queue (as _admit)
+        Q = self.Q
+        if wait and q < Q:
+            slack = self.slack
+            seq = self.seq
+            while wait and q < Q:
+                seg = wait[0]
+                b, c = seg
+                take = Q - q
+                if take + slack >= c:
+                    wait.popleft()
+                    take = c
+                else:
+                    seg[1] = c - take
+                seq += 1
+                push(heap, (V + b[3], seq, b, take))
+                q += take
+            self.seq = seq
+            if q >= len(L):
+                self._deeper(q)
         self.q, self.d = q, d
         # the next event (as _replan)
         if heap:
@@ -291,37 +326,6 @@ class SegmentQueue:
         if d > self.max_depth:
             self.max_depth = d
         return done
-
-    def _leave(self, b: list, now: float, done: list) -> None:
-        """Batch ``b``'s straggler leaves at ``now``: ``b`` is done, or waits in :attr:`late` for its last
-        token (a rate-limited device)."""
-        if b[8] > now:
-            self.seq += 1
-            heapq.heappush(self.late, (b[8], self.seq, b))
-        else:
-            done.append(b)
-
-    def _admit_at(self, V: float, q: int) -> int:
-        """Admit from the head of the queue at virtual time ``V`` with ``q`` slots taken (:meth:`_admit`;
-        :meth:`complete` calls it with its own ``V`` and ``q``); returns the slots taken then."""
-        Q, wait, heap, slack, seq = self.Q, self.wait, self.heap, self.slack, self.seq
-        push = heapq.heappush
-        while wait and q < Q:
-            seg = wait[0]
-            b, c = seg
-            take = Q - q
-            if take + slack >= c:
-                wait.popleft()
-                take = c
-            else:
-                seg[1] = c - take
-            seq += 1
-            push(heap, (V + b[3], seq, b, take))
-            q += take
-        self.seq = seq
-        if q >= len(self.L):
-            self._deeper(q)
-        return q
 
 
 def nominal_batch(slots: int, mean_latency: Callable[[int], float], n: int, k: int) -> tuple:
