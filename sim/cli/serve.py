@@ -8,7 +8,7 @@ from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
 from engram.options import Command, Option, check_requires
 
-from sim.core.params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD
+from sim.core.params import CONSUMERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Storage
 from ..serve import SLO, ServeRun, ServeStudy, ServeText, simulate_serve
 from ..serve.counterpart import counterpart_table, predict_counterpart
 from ..serve.engine import GATES
@@ -82,7 +82,8 @@ def _cmd_serve(args) -> int:
     ctx = resolve_serve_context([p], slo, cal)
     o = point_objects(p, ctx)
     key_dev = next(iter(ctx.devices.values()))
-    r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo, drives=p["drives"],
+    r = simulate_serve(o["workload"], key_dev, o["policy"], o["compute"], o["scheduler"], slo,
+                       storage=Storage(drives=p["drives"]),
                        text=ServeText(requests_file=ctx.files.get(p["requests"]), rows=next(iter(ctx.rows.values()))),
                        run=ServeRun(seed=seed, warmup=p["warmup_s"], bins=args.bins, progress=_progress_mode(args),
                                     speculation=o["speculation"]))

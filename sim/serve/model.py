@@ -8,19 +8,17 @@ step (:mod:`sim.serve.compute`), the device shared by decode and prefill reads
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional, Union
 
-import numpy as np
 
 from engram.errors import ArgumentError
 
 from ..decode import hot_rows
 from ..decode.speculative import Speculation
 from ..device import Device, load_device, with_tail
-from sim.core.params import Policy
+from sim.core.params import Policy, Storage
 from ..trace import Trace, load_trace
 from .compute import StepCompute
 from .engine import Engine, EngineRun, Scheduler
@@ -122,9 +120,8 @@ class ServeRun:
 
 def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-m3-ultra", policy: Policy = Policy(),
                    compute: Optional[StepCompute] = None, scheduler: Scheduler = Scheduler(), slo: SLO = SLO(), *,
-                   text: ServeText = ServeText(), run: ServeRun = ServeRun(), drives: int = 1,
-                   hot: Union[np.ndarray, str, os.PathLike, None] = None, tail: Union[Device, str, None] = None,
-                   calibration=None) -> ServeResult:
+                   text: ServeText = ServeText(), run: ServeRun = ServeRun(),
+                   storage: Storage = Storage()) -> ServeResult:
     """Simulate serving ``workload`` on one engine whose Engram tables sit on ``device``.
 
     Parameters
@@ -145,11 +142,9 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
         The rows' text and requests file, or the rows already prepared.
     run : ServeRun
         Seed, warmup, drain, timeline bins, early stop, progress, speculation.
-    drives : int
-        Identical drives the tables are striped over by row id.
-    hot, tail, calibration
-        A hot set in DRAM, a device whose latency distribution to take, a calibration (as in
-        :func:`sim.decode.simulate_decode`).
+    storage : Storage
+        Drives the tables are striped over by row id, a hot set in DRAM, a device whose latency distribution
+        to take, a calibration (:class:`sim.core.params.Storage`, as :func:`sim.decode.simulate_decode` takes it).
 
     Returns
     -------
@@ -161,6 +156,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
         A warmup not below the duration, a second-table start after its layer, and the errors of the parts.
     """
     t_wall = time.perf_counter()
+    drives, hot, tail, calibration = storage.drives, storage.hot, storage.tail, storage.calibration
     if not 0 <= run.warmup < workload.duration:
         raise ArgumentError(f"warmup = {run.warmup} must be in [0, duration = {workload.duration})")
     device = load_device(device, calibration, backend=policy.backend)

@@ -24,7 +24,7 @@ from sim.check.calibrate import Calibration
 from ..decode import hot_rows
 from ..device import load_device, with_tail
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
-from sim.core.params import Policy, consumer_preset
+from sim.core.params import Policy, Storage, consumer_preset
 from ..sweep import PointRunner
 from ..trace import load_trace
 from .compute import StepCompute
@@ -134,7 +134,7 @@ def run_serve_point(index: int, params: Dict[str, Any], seed: int, ctx: ServeCon
     check_serve_point(p, "point")
     o = point_objects(p, ctx)
     r = simulate_serve(o["workload"], ctx.devices[_device_key(p) + (p["tail"],)], o["policy"], o["compute"],
-                       o["scheduler"], ctx.slo, drives=p["drives"],
+                       o["scheduler"], ctx.slo, storage=Storage(drives=p["drives"]),
                        text=ServeText(requests_file=ctx.files.get(p["requests"]), rows=ctx.rows[_rows_key(p)]),
                        run=ServeRun(seed=seed, warmup=p["warmup_s"], bins=8, fail_fast=ctx.fail_fast,
                                     speculation=o["speculation"]))

@@ -8,7 +8,7 @@ import pytest
 from engram import ArgumentError
 from sim.decode import DecodeRun, simulate_decode
 from sim.device import load_device
-from sim.core.params import Compute, Policy
+from sim.core.params import Compute, Policy, Storage
 from sim.decode.prefill import PrefillRun, simulate_prefill
 from sim.serve import SLO, RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, make_requests, \
     simulate_serve
@@ -168,7 +168,8 @@ def test_planner_axes_cut_the_device_time(text, rows):
                  output_tokens="fixed:n=100")
     kw = dict(compute=StepCompute.reference(scale=20), run=ServeRun(seed=5))
     base = simulate_serve(w, "seed-apple-m3-ultra", text=ServeText(rows=rows), **kw)
-    two = simulate_serve(w, "seed-apple-m3-ultra", text=ServeText(rows=rows), drives=2, **kw)
+    two = simulate_serve(w, "seed-apple-m3-ultra", text=ServeText(rows=rows), storage=Storage(drives=2),
+                         **kw)
     assert two.device["drives"] == 2 and two.device["busy_fraction"] < 0.7 * base.device["busy_fraction"]
     assert two.tbt_ms["p50"] < base.tbt_ms["p50"]
     dram = simulate_serve(w, "seed-apple-m3-ultra", Policy(dram_fraction=0.5),
