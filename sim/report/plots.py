@@ -11,17 +11,15 @@ stays small).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
 import shutil
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from sim.core.io import output_error
+from sim.core.io import atomic_output, output_error
 from .document import Doc
 
 __all__ = ["ReportFolder", "cache_axis", "colors", "plain_log_ticks", "pyplot", "spread_labels", "zero_based"]
@@ -142,14 +140,8 @@ def _write_png(fig, path: Path) -> None:
     buf.seek(0)
     img = Image.open(buf).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT,
                                                   dither=Image.Dither.NONE)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with atomic_output(path) as tmp:
         img.save(tmp, format="PNG", optimize=True)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise output_error(path, exc) from None
 
 
 class ReportFolder:
