@@ -410,11 +410,21 @@ def test_a_window_of_another_configuration_is_refused(measured):
 
 def test_a_biased_model_misses_its_intervals(measured):
     """Every window's device 0.6x what it measured: a bias shared by every configuration does not widen the
-    intervals (the model's error is its scatter around the median), so the configurations fall outside."""
+    intervals (the model's error is its scatter around the median), so the configurations fall outside.  On a
+    loaded machine (others busy on the cores while the fixture measured) the runs' scatter widens every interval
+    by design (sim.check.intervals) and the errors are shown, not held: there the biased model must still fail
+    its verdict and lie further outside than the calibrated one, not below a fixed share."""
     cal = Calibration.load(measured / "calibration.json")
     for w in cal.windows.values():
         w["device"] *= 0.6
     res = crosscheck(cal, load_json(measured / "runs.json"), runs_path=measured / "runs.json", sim_steps=300)
     s = res["summary"]
-    assert s["tokens_per_s"]["median_abs_error"] > 0.15 and s["inside_interval_share"] < 0.5
+    assert s["tokens_per_s"]["median_abs_error"] > 0.15
     assert not s["passed"]
+    if s["regime"]["name"] == "loaded":
+        fair = crosscheck(Calibration.load(measured / "calibration.json"), load_json(measured / "runs.json"),
+                          runs_path=measured / "runs.json", sim_steps=300)["summary"]
+        assert s["inside_interval_share"] <= fair["inside_interval_share"]
+        assert s["tokens_per_s"]["median_abs_error"] > fair["tokens_per_s"]["median_abs_error"]
+    else:
+        assert s["inside_interval_share"] < 0.5
