@@ -529,6 +529,8 @@ def _add_plugin(sub, name: str, ep: importlib.metadata.EntryPoint) -> None:
             raise LookupError(f"{ep.value} did not add a command named {name!r}")
     except Exception as exc:  # a broken plugin must not take the engine's commands down
         why = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ModuleNotFoundError) and ep.module.partition(".")[0] == "sim":
+            why += "; the simulator's commands need its extra: pip install 'engram[sim]'"
         p = sub.add_parser(name, help=f"unavailable: {why}", add_help=False, prefix_chars="\0")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=lambda args: _plugin_failed(name, ep, why))

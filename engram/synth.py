@@ -452,6 +452,14 @@ def _tensors(layout: Layout, lead: bool) -> List[TensorSpec]:
     return tensors
 
 
+def _check_kind(value, kind: type, where: str) -> None:
+    """ArgumentError unless ``value`` is a ``kind``: the settings of the writer are objects (``ModelShape(scale=...)``),
+    not numbers or strings."""
+    if not isinstance(value, kind):
+        raise ArgumentError(f"{where} must be an engram.synth.{kind.__name__}(...), got {type(value).__name__} "
+                            f"{value!r}"[:300])
+
+
 def plan_model(shape: ModelShape) -> ModelPlan:
     """Plan a synthetic V4.1 Flash model of ``shape`` (metadata and tensors), without writing anything.
 
@@ -462,6 +470,7 @@ def plan_model(shape: ModelShape) -> ModelPlan:
         token map whose length is not the tokenizer's vocabulary size (with
         ``vocabulary=True``).
     """
+    _check_kind(shape, ModelShape, "shape")
     layout, table_offset = _layout_of(shape)
     token_map, vocab = _tokens_of(shape)
     md = _metadata(shape, layout, token_map, vocab)
@@ -792,6 +801,9 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fil
         file asked for and the reason; nothing is left under a final name and
         nothing half-written (as for an interrupt).
     """
+    _check_kind(plan, ModelPlan, "plan")
+    _check_kind(fill, Fill, "fill")
+    _check_kind(writing, Writing, "writing")
     path = Path(path)
     names = shard_names(path, plan.shards)
     counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
@@ -866,7 +878,7 @@ class _DataWriter:
                 need += self.trace_rows[t.layer_id].shape[0] * 4096  # one file-system block a row at worst
             else:
                 need += self.data_bytes(t)
-        check_room(path, need, "writing", " (full-size tables: use fill='trace' with a trace, or fill='none')"
+        check_room(path, need, "writing", " (full-size tables: use Fill(tables='trace', trace=...) or Fill(tables='none'); engram synth: --fill)"
                    if tables == "all" and need > 16 << 30 else "")
 
     def shard(self, s: int, name: Path) -> None:
@@ -941,7 +953,9 @@ def build_model(path: Union[str, os.PathLike], shape: ModelShape, fill: Fill = F
         The file cannot be written (too little disk space, read-only, ...; see
         :func:`write_model`).
     """
+    _check_kind(shape, ModelShape, "shape")
+    _check_kind(fill, Fill, "fill")
     if shape.full_size and fill.tables == "all":
-        raise ArgumentError("full_size=True writes only the rows a trace reads: pass trace= (token ids) "
-                            "or fill='none'")
+        raise ArgumentError("full_size=True writes only the rows a trace reads: pass Fill(trace=token ids) "
+                            "or Fill(tables='none') (engram synth: --trace, or --fill none)")
     return write_model(plan_model(shape), path, fill, progress=progress, writing=writing)

@@ -18,17 +18,17 @@ Read top-down; each stage imports only the stages above it:
 - :mod:`sim.cli.demo`, :mod:`sim.cli` -- the main job, and every command (``engram sim ...``, ``engram measure``, ...)
 
 ``sim`` imports ``engram``; ``engram`` never imports ``sim``.  The names
-below are the simulator's public API.
+below are the simulator's public API (serving: :mod:`sim.serve`).
 """
 
 from __future__ import annotations
 
-from .decode import DecodeResult, fit_compute, reference_compute, seed_reproduction, simulate_decode
+from .decode import DecodeResult, DecodeRun, fit_compute, reference_compute, seed_reproduction, simulate_decode
 from .device import (SEED_REFERENCE, Datasheet, Device, EmpiricalDevice, LatencyDist, ParametricSSD, PoissonLoadResult,
                      device_from_fio, load_device, poisson_load, preset, preset_names, ssd_from_figures, with_tail)
 from sim.core.io import packaged_data_path, shared_data_dir
-from sim.core.params import Compute, Phases, Policy
-from sim.decode.prefill import PrefillResult, simulate_prefill
+from sim.core.params import Compute, Phases, Policy, Storage
+from sim.decode.prefill import PrefillResult, PrefillRun, simulate_prefill
 from .trace import (CODE_SOURCE, ReuseStats, Trace, builtin_sources, load_trace, lru_hit_rate, lru_hits, repeat_mask,
                     resolve_source, reuse_stats)
 
@@ -38,6 +38,7 @@ __all__ = [
     "Compute",
     "Datasheet",
     "DecodeResult",
+    "DecodeRun",
     "Device",
     "EmpiricalDevice",
     "LatencyDist",
@@ -46,7 +47,9 @@ __all__ = [
     "Policy",
     "PoissonLoadResult",
     "PrefillResult",
+    "PrefillRun",
     "ReuseStats",
+    "Storage",
     "Trace",
     "builtin_sources",
     "device_from_fio",

@@ -141,7 +141,7 @@ def check_outputs(paths: Sequence[PathLike], parents: bool = False) -> None:
             is_dir = stat.S_ISDIR(os.stat(folder).st_mode)
         except FileNotFoundError:
             raise _refuse(finals[0], f"the folder {folder} does not exist; make it first, or pass --parents "
-                                     f"(parents=True in Python)", errno.ENOENT) from None
+                                     f"(in Python: parents=True, or engram.synth.Writing(parents=True))", errno.ENOENT) from None
         except NotADirectoryError:
             raise _refuse(finals[0], f"a part of {folder} is a file, where a folder is needed",
                           errno.ENOTDIR) from None

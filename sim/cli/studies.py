@@ -256,8 +256,11 @@ CAPACITY_COMMAND = Command("capacity", "search the sessions each configuration o
                            CAPACITY_OPTIONS, _typed_os_errors(_cmd_capacity),
                            description="For every point of a capacity study (a study file with a [capacity] table; see"
                                        " studies/capacity.toml), find the largest number of concurrent sessions whose "
-                                       "slowest session still decodes at the target tokens/s: probe 1, 2, 4, ... "
-                                       "sessions until one fails, then bisect, once per seed of an ensemble; report "
+                                       "slowest session still decodes at the target tokens/s: probe 1 session, then only "
+                                       "counts near the knee that queueing bounds on it bracket, and bisect (search = "
+                                       "\"gallop\" in [capacity]: 1, 2, 4, ... until one fails, then bisect), once per "
+                                       "seed of an "
+                                       "ensemble; report "
                                        "the median with the smallest and largest capacity over the seeds, and every "
                                        "assumption (compute per step, batching, session phases, the target's headroom "
                                        "under the compute-only ceiling). Writes one row per configuration and every "

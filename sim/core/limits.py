@@ -24,7 +24,8 @@ from typing import Optional
 
 from engram.errors import ArgumentError
 
-__all__ = ["MAX_QUEUE_DEPTH", "MAX_REQUEST_TOKENS", "MEMORY_SHARE", "check_memory", "check_queue_depth", "check_seed", "memory_limit"]
+__all__ = ["MAX_QUEUE_DEPTH", "MAX_REQUEST_TOKENS", "MEMORY_SHARE", "check_memory", "check_count", "check_queue_depth", "check_seed",
+           "check_settings", "memory_limit"]
 
 #: Share of physical memory one simulation may plan to use (the rest is the machine's, shared with others).
 MEMORY_SHARE = 0.5
@@ -115,3 +116,33 @@ def check_seed(seed, where: str = "seed") -> int:
     if seed < 0:
         raise ArgumentError(f"{where} must be >= 0, got {seed}")
     return seed
+
+
+def check_count(value, where: str, low: int = 1) -> int:
+    """``value`` as an int if it is a whole number >= ``low`` (a count: sessions, steps, bins).
+
+    Raises
+    ------
+    ArgumentError
+        A bool, a fraction, something not a number, or below ``low`` (``where`` names the field).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            ok = float(value) == int(value)
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok or isinstance(value, bool):
+            raise ArgumentError(f"{where} must be a whole number >= {low}, got {value!r}")
+        value = int(value)
+    if value < low:
+        raise ArgumentError(f"{where} must be >= {low}, got {value}")
+    return value
+
+
+def check_settings(value, kind: type, where: str):
+    """``value`` if it is a ``kind`` (a settings object of an entry point), else an ArgumentError saying what
+    to pass: the settings of the simulator's entry points are objects, not numbers or dicts."""
+    if not isinstance(value, kind):
+        raise ArgumentError(f"{where} must be a {kind.__module__.split('.')[0]}.{kind.__name__}(...), "
+                            f"got {type(value).__name__} {value!r}"[:300])
+    return value

@@ -36,7 +36,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
-from sim.core.limits import check_seed
+from sim.core.limits import check_count, check_seed, check_settings
 from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, Storage, compute_stats
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import percentiles_ms as _percentiles_ms
@@ -306,16 +306,12 @@ class DecodeRun:
         object.__setattr__(self, "seed", check_seed(self.seed))
         if self.mode not in ("fast", "exact"):
             raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
-        if self.sessions < 1:
-            raise ArgumentError(f"sessions must be >= 1, got {self.sessions}")
+        object.__setattr__(self, "sessions", check_count(self.sessions, "sessions"))
         if self.steps is not None:
-            object.__setattr__(self, "steps", int(self.steps))
-            if self.steps < 1:
-                raise ArgumentError(f"steps must be >= 1, got {self.steps}")
-        if self.hash_time < 0:
+            object.__setattr__(self, "steps", check_count(self.steps, "steps"))
+        if not self.hash_time >= 0:
             raise ArgumentError(f"hash_time must be >= 0, got {self.hash_time}")
-        if int(self.bins) < 1:
-            raise ArgumentError(f"bins must be >= 1, got {self.bins}")
+        object.__setattr__(self, "bins", check_count(self.bins, "bins"))
         if self.start_spread is not None:
             if self.phases is not None:
                 raise ArgumentError("give phases or start_spread, not both")
@@ -371,9 +367,16 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     ArgumentError
         ``overlap_layers`` beyond ``compute.layers``, a trace too short for one step, a run whose reads would
         not fit in memory (:func:`sim.decode.reads.step_reads`), ``prefetch_drafts`` with ``storage.drives > 1``
-        (not modelled); bad settings are refused by :class:`DecodeRun` and :class:`~sim.core.params.Storage`.
+        (not modelled); bad settings are refused by :class:`DecodeRun` and :class:`~sim.core.params.Storage`;
+        a setting of another kind than its slot's (a number where a :class:`DecodeRun` goes, a string for the
+        policy) is named with the kind to pass.
     """
     t_wall = time.perf_counter()
+    check_settings(policy, Policy, "policy")
+    check_settings(run, DecodeRun, "run")
+    check_settings(storage, Storage, "storage")
+    if speculation is not None:
+        check_settings(speculation, Speculation, "speculation")
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
     lat, st, finish, figures = _simulate(plan)
     return _result(plan, lat, st, finish, figures, t_wall)

@@ -392,7 +392,7 @@ def answer_section(doc: Doc, out: ReportFolder, entries: Sequence[Entry], detail
           + (f"{targets[0]:g} tokens/s** (the slowest session's rate). " if len(targets) == 1 else
              "its target tokens/s** (the slowest session's rate; one table and one figure per target, each "
              "with the reason for its target). ")
-          + ("Found by search: 1, 2, 4, ... sessions until a count fails, then bisection, once per seed of an "
+          + (f"Found by search: {searched[0].spec.search_words()}, once per seed of an "
              f"ensemble; the capacity is {CAPACITY_RULE} and the band runs from the smallest to the "
              "largest. " if searched else "")
           + ("Rows marked *read off a grid* only bracket the capacity between two session counts of a sweep. "
@@ -454,9 +454,8 @@ def search_section(doc: Doc, d, heading: str) -> None:
     doc.p(f"Each device runs S sessions at once on trace `{d.trace}` (threshold {cfg['threshold']}, "
           f"{cfg['readers']} readers, {cfg['steps']} steps a session, sessions at {phases_text(first.phases)}); "
           f"each session computes {d.compute_ms:.2f} ms a step on its own, so only the reads contend. The search "
-          f"probes 1, 2, 4, ... "
-          f"sessions (up to {spec.max_sessions}) until the slowest session falls below {spec.target:g} tokens/s, "
-          f"then bisects to the exact count, independently for {spec.seeds} seeds; each probe's seed derives "
+          f"probes {spec.search_words()} (a probe fails when the slowest session falls below {spec.target:g} "
+          f"tokens/s), independently for {spec.seeds} seeds; each probe's seed derives "
           f"from the report's seed and the probe's point only, so the same inputs give the same capacities.")
     a = first.assumptions()
     doc.p(f"Assumptions: {a[0].upper()}{a[1:]}.")

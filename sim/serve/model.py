@@ -18,6 +18,7 @@ from engram.errors import ArgumentError
 from ..decode import hot_rows
 from ..decode.speculative import Speculation
 from ..device import Device, load_device, with_tail
+from sim.core.limits import check_count, check_seed, check_settings
 from sim.core.params import Policy, Storage
 from ..trace import Trace, load_trace
 from .compute import StepCompute
@@ -98,7 +99,7 @@ class ServeRun:
     Raises
     ------
     ArgumentError
-        A negative warmup or drain, bins below 1.
+        A seed that is not a whole number >= 0, a negative warmup or drain, bins not a whole number >= 1.
     """
 
     seed: int = 0
@@ -110,10 +111,12 @@ class ServeRun:
     speculation: Optional[Speculation] = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", check_seed(self.seed, "ServeRun.seed"))
         if not self.warmup >= 0:
             raise ArgumentError(f"ServeRun.warmup = {self.warmup} must be >= 0 seconds")
-        if int(self.bins) < 1:
-            raise ArgumentError(f"bins must be >= 1, got {self.bins}")
+        object.__setattr__(self, "bins", check_count(self.bins, "ServeRun.bins"))
+        if self.speculation is not None:
+            check_settings(self.speculation, Speculation, "ServeRun.speculation")
         if self.drain is not None and not float(self.drain) >= 0:
             raise ArgumentError(f"drain must be >= 0 seconds, got {float(self.drain)}")
 
@@ -156,6 +159,12 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
         A warmup not below the duration, a second-table start after its layer, and the errors of the parts.
     """
     t_wall = time.perf_counter()
+    for value, kind, where in ((workload, Workload, "workload"), (policy, Policy, "policy"),
+                               (scheduler, Scheduler, "scheduler"), (slo, SLO, "slo"), (text, ServeText, "text"),
+                               (run, ServeRun, "run"), (storage, Storage, "storage")):
+        check_settings(value, kind, where)
+    if compute is not None:
+        check_settings(compute, StepCompute, "compute")
     drives, hot, tail, calibration = storage.drives, storage.hot, storage.tail, storage.calibration
     if not 0 <= run.warmup < workload.duration:
         raise ArgumentError(f"warmup = {run.warmup} must be in [0, duration = {workload.duration})")

@@ -237,6 +237,14 @@ class CapacitySpec:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    def search_words(self) -> str:
+        """How this search probes, in words for a report: ``"... sessions"`` (the module docstring's Search)."""
+        if self.search == "gallop":
+            return (f"1, 2, 4, ... sessions (up to {self.max_sessions}) until a count fails, then bisection to "
+                    "the exact count")
+        return (f"1 session, then only counts near the knee that the bounds of queueing theory on that probe "
+                f"bracket (up to {self.max_sessions} sessions), then bisection to the exact count")
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in _SPEC_KEYS if k != "search"}
 

@@ -95,7 +95,7 @@ def test_a_full_disk_is_refused_before_writing(tmp_path, capsys, model):
         synth.write_model(plan(full_size=True), tmp_path / "big" / "huge.gguf", synth.Fill(tables="all"),
                           progress=False, writing=synth.Writing(parents=True))
     assert e.value.errno == 28 and "writing it needs 189.4 GiB of disk" in str(e.value)
-    assert str(e.value).endswith("(full-size tables: use fill='trace' with a trace, or fill='none')")
+    assert str(e.value).endswith("(full-size tables: use Fill(tables='trace', trace=...) or Fill(tables='none'); engram synth: --fill)")
     assert nothing_under(tmp_path / "big") == []
 
 
@@ -145,7 +145,8 @@ def test_a_missing_parent_folder_is_refused_unless_parents(tmp_path, capsys, mod
                 ["repair", model, out, "--no-progress"]):
         rc, err = run(capsys, cmd)
         assert rc == 2 and err == (f"engram {cmd[0]}: error: {out}: cannot write (the folder {out.parent} does not "
-                                   f"exist; make it first, or pass --parents (parents=True in Python))\n"), err
+                                   f"exist; make it first, or pass --parents (in Python: parents=True, or "
+                                   f"engram.synth.Writing(parents=True)))\n"), err
         assert not (tmp_path / "new").exists()
     with pytest.raises(OutputError) as e:
         synth.write_model(plan(), out, synth.Fill(tables="none", projections=False), progress=False)
@@ -332,3 +333,21 @@ def test_ctrl_c_during_a_lookup(tmp_path, model):
 def test_engine_api_names_the_errors():
     assert issubclass(engram.OutputError, OSError) and issubclass(engram.OutputError, engram.EngramError)
     assert issubclass(engram.VocabularyError, engram.TokenError)
+
+
+def test_a_plugin_that_cannot_load_says_why_and_what_to_install(capsys):
+    import argparse
+    import importlib.metadata
+
+    from engram.cli import _add_plugin
+
+    parser = argparse.ArgumentParser(prog="engram")
+    sub = parser.add_subparsers(dest="command")
+    ep = importlib.metadata.EntryPoint(name="demo", value="sim.no_such_module:add", group="engram.commands")
+    _add_plugin(sub, "demo", ep)
+    args = parser.parse_args(["demo", "--quick"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("engram demo: error: the command could not be loaded from sim.no_such_module:add "
+                          "(ModuleNotFoundError: No module named 'sim.no_such_module'")
+    assert "pip install 'engram[sim]'" in err

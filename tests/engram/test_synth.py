@@ -246,3 +246,19 @@ def _check_all_rows(path):
         kv = info.layers[1].kv
         f.seek(kv.offset)
         assert f.read(4096) == bytes(4096)  # projections=False leaves holes
+
+
+def test_writer_settings_of_the_wrong_kind_are_named(tmp_path):
+    out = tmp_path / "m.gguf"
+    with pytest.raises(ArgumentError, match=r"^shape must be an engram\.synth\.ModelShape\(\.\.\.\), got float 0\.0005$"):
+        synth.build_model(out, 0.0005)
+    with pytest.raises(ArgumentError, match=r"^fill must be an engram\.synth\.Fill\(\.\.\.\), got str 'none'$"):
+        synth.build_model(out, synth.ModelShape(scale=0.0001), "none")
+    with pytest.raises(ArgumentError, match=r"^shape must be an engram\.synth\.ModelShape"):
+        synth.plan_model({"scale": 0.0001})
+    plan = synth.plan_model(synth.ModelShape(scale=0.0001))
+    with pytest.raises(ArgumentError, match=r"^writing must be an engram\.synth\.Writing\(\.\.\.\), got dict"):
+        synth.write_model(plan, out, writing={"parents": True})
+    with pytest.raises(ArgumentError, match=r"pass Fill\(trace=token ids\) or Fill\(tables='none'\)"):
+        synth.build_model(out, synth.ModelShape(full_size=True))
+    assert not out.exists()

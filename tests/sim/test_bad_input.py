@@ -399,3 +399,34 @@ def test_capacity_output_is_checked_before_the_search(tmp_path, capsys, monkeypa
     line = cli(capsys, ["sim", "capacity", str(study), "--out", str(target), "--quiet"])
     assert line == f"engram sim: error: {target}: cannot write a table over it (not a regular file)"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.toml"] + (["folder"] if out == "folder" else []))
+
+
+@pytest.mark.parametrize("field,value", [("sessions", 2.5), ("sessions", True), ("sessions", "two"), ("steps", 1.5),
+                                         ("bins", 0.5)])
+def test_decode_run_counts_are_whole_numbers(field, value):
+    from sim.decode import DecodeRun
+
+    with pytest.raises(ArgumentError, match=rf"^{field} must be a whole number >= 1, got {value!r}$"):
+        DecodeRun(**{field: value})
+
+
+def test_settings_of_the_wrong_kind_are_named():
+    from sim.core.params import Policy
+    from sim.decode import DecodeRun, simulate_decode
+    from sim.serve import ServeRun, Workload, simulate_serve
+
+    tr = "synth:reuse=0.2,tokens=200,seed=0"
+    with pytest.raises(ArgumentError, match=r"^run must be a sim\.DecodeRun\(\.\.\.\), got int 8$"):
+        simulate_decode(tr, "seed-apple-m3-ultra", Policy(), 0.0, 8)
+    with pytest.raises(ArgumentError, match=r"^policy must be a sim\.Policy\(\.\.\.\), got str 'x'$"):
+        simulate_decode(tr, "seed-apple-m3-ultra", "x")
+    with pytest.raises(ArgumentError, match=r"^run must be a sim\.DecodeRun\(\.\.\.\), got ServeRun"):
+        simulate_decode(tr, "seed-apple-m3-ultra", Policy(), 0.0, ServeRun())
+    with pytest.raises(ArgumentError, match=r"^workload must be a sim\.Workload\(\.\.\.\), got str 'rate=3'$"):
+        simulate_serve("rate=3")
+    with pytest.raises(ArgumentError, match=r"^run must be a sim\.ServeRun\(\.\.\.\), got DecodeRun"):
+        simulate_serve(Workload(rate=1.0, duration=5.0), run=DecodeRun())
+    with pytest.raises(ArgumentError, match=r"^ServeRun\.seed must be >= 0, got -1$"):
+        ServeRun(seed=-1)
+    with pytest.raises(ArgumentError, match=r"^ServeRun\.bins must be a whole number >= 1, got 2\.5$"):
+        ServeRun(bins=2.5)
