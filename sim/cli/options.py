@@ -15,6 +15,7 @@ from engram.options import Option, check_requires
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from ..device import DEVICE_FORMS, load_device
 from sim.core.io import OutputError, check_output_folder
+from sim.core.limits import check_amount
 from sim.core.params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
                              DEFAULT_THRESHOLD, Compute, Phases, Policy, consumer_preset)
 from ..trace import CODE_SOURCE, load_trace
@@ -221,7 +222,8 @@ def _phases(args) -> Phases:
     if args.start_spread_ms is not None:
         if args.phases is not None:
             raise ArgumentError("give --phases or --start-spread-ms (deprecated: --phases spread:MS), not both")
-        return Phases("spread", args.start_spread_ms * 1e-3) if args.start_spread_ms > 0 else Phases("lockstep")
+        ms = check_amount(args.start_spread_ms, "--start-spread-ms", "ms")
+        return Phases("spread", ms * 1e-3) if ms > 0 else Phases("lockstep")
     return Phases.parse(args.phases or DEFAULT_PHASES)
 
 

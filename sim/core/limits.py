@@ -24,7 +24,8 @@ from typing import Optional
 
 from engram.errors import ArgumentError
 
-__all__ = ["MAX_QUEUE_DEPTH", "MAX_REQUEST_TOKENS", "MEMORY_SHARE", "check_memory", "check_count", "check_queue_depth", "check_seed",
+__all__ = ["MAX_QUEUE_DEPTH", "MAX_REQUEST_TOKENS", "MEMORY_SHARE", "check_memory", "MAX_BINS", "MAX_DRIVES", "MAX_SESSIONS", "check_amount",
+           "check_count", "check_queue_depth", "check_seed",
            "check_settings", "memory_limit"]
 
 #: Share of physical memory one simulation may plan to use (the rest is the machine's, shared with others).
@@ -118,7 +119,32 @@ def check_seed(seed, where: str = "seed") -> int:
     return seed
 
 
-def check_count(value, where: str, low: int = 1) -> int:
+#: Most sessions one simulation takes (a capacity search probes at most a few thousand).
+MAX_SESSIONS = 1_000_000
+#: Most timeline bins a result is summarised in.
+MAX_BINS = 100_000
+#: Most drives the tables are striped over.
+MAX_DRIVES = 4096
+
+
+def check_amount(value, where: str, unit: str = "") -> float:
+    """``value`` as a float if it is a finite number >= 0 (a time, a spread, an overhead; ``unit`` for the message).
+
+    Raises
+    ------
+    ArgumentError
+        A bool, something not a number, NaN, infinite or negative (``where`` names the field).
+    """
+    try:
+        v = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise ArgumentError(f"{where} must be a finite number >= 0{unit and ' ' + unit}, got {value!r}")
+    return v
+
+
+def check_count(value, where: str, low: int = 1, high: Optional[int] = None) -> int:
     """``value`` as an int if it is a whole number >= ``low`` (a count: sessions, steps, bins).
 
     Raises
@@ -136,6 +162,8 @@ def check_count(value, where: str, low: int = 1) -> int:
         value = int(value)
     if value < low:
         raise ArgumentError(f"{where} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ArgumentError(f"{where} must be <= {high:,}, got {value:,}")
     return value
 
 

@@ -23,6 +23,8 @@ from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, cache_rows as _cache_rows, parse_size
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
 
+from .limits import MAX_DRIVES, check_amount, check_count
+
 __all__ = ["BACKENDS", "COMPUTE_DISTS", "DEFAULT_LAYERS", "DEFAULT_PHASES", "DEFAULT_READERS", "DEFAULT_THRESHOLD",
            "NORMAL_MAX_CV", "Compute", "Consumer", "CONSUMERS", "consumer_preset", "Phases", "Policy", "Storage",
            "compute_stats"]
@@ -137,9 +139,10 @@ class Policy:
         for name in ("threshold", "readers"):
             if int(getattr(self, name)) < 1:
                 raise ArgumentError(f"Policy.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("cache_rows", "shared_cache_rows", "overlap_layers", "batch_overhead"):
+        for name in ("cache_rows", "shared_cache_rows", "overlap_layers"):
             if getattr(self, name) < 0:
                 raise ArgumentError(f"Policy.{name} must be >= 0, got {getattr(self, name)}")
+        object.__setattr__(self, "batch_overhead", check_amount(self.batch_overhead, "Policy.batch_overhead", "seconds"))
         if not 0.0 <= self.dram_fraction <= 1.0:
             raise ArgumentError(f"Policy.dram_fraction must be in [0, 1], got {self.dram_fraction}")
 
@@ -519,10 +522,4 @@ class Storage:
     calibration: Any = None
 
     def __post_init__(self) -> None:
-        try:
-            drives = int(self.drives)
-        except (TypeError, ValueError):
-            raise ArgumentError(f"drives must be a whole number >= 1, got {self.drives!r}") from None
-        if drives < 1:
-            raise ArgumentError(f"drives must be >= 1, got {self.drives}")
-        object.__setattr__(self, "drives", drives)
+        object.__setattr__(self, "drives", check_count(self.drives, "drives", high=MAX_DRIVES))

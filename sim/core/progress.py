@@ -45,15 +45,15 @@ def progress_mode(value: Union[bool, str, None]) -> str:
 
     Raises
     ------
-    ValueError
-        Not a mode.
+    ArgumentError
+        Not a mode (a ValueError too).
     """
     if value is None or value is True:
         return "auto"
     if value is False:
         return "off"
     if value not in _MODES:
-        raise ValueError(f"progress must be one of {', '.join(_MODES)} or a bool, got {value!r}")
+        raise ArgumentError(f"progress must be one of {', '.join(_MODES)} or a bool, got {value!r}")
     return value
 
 

@@ -36,9 +36,9 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
-from sim.core.limits import check_count, check_seed, check_settings
+from sim.core.limits import MAX_BINS, MAX_SESSIONS, check_amount, check_count, check_seed, check_settings
 from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, Storage, compute_stats
-from sim.core.progress import progress as progress_bar
+from sim.core.progress import progress as progress_bar, progress_mode
 from sim.core.schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
 from .exact import SessionWork, exact_session
@@ -306,17 +306,16 @@ class DecodeRun:
         object.__setattr__(self, "seed", check_seed(self.seed))
         if self.mode not in ("fast", "exact"):
             raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
-        object.__setattr__(self, "sessions", check_count(self.sessions, "sessions"))
+        object.__setattr__(self, "sessions", check_count(self.sessions, "sessions", high=MAX_SESSIONS))
         if self.steps is not None:
             object.__setattr__(self, "steps", check_count(self.steps, "steps"))
-        if not self.hash_time >= 0:
-            raise ArgumentError(f"hash_time must be >= 0, got {self.hash_time}")
-        object.__setattr__(self, "bins", check_count(self.bins, "bins"))
+        object.__setattr__(self, "hash_time", check_amount(self.hash_time, "hash_time", "seconds"))
+        object.__setattr__(self, "bins", check_count(self.bins, "bins", high=MAX_BINS))
+        progress_mode(self.progress)
         if self.start_spread is not None:
             if self.phases is not None:
                 raise ArgumentError("give phases or start_spread, not both")
-            if self.start_spread < 0:
-                raise ArgumentError(f"start_spread must be >= 0, got {self.start_spread}")
+            object.__setattr__(self, "start_spread", check_amount(self.start_spread, "start_spread", "seconds"))
         self.starts()
 
     def starts(self) -> Phases:

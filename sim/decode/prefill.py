@@ -29,6 +29,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from sim.device import Device, Recorder, load_device, summarize_boxes
+from sim.core.limits import MAX_BINS, check_amount, check_count, check_seed
 from sim.core.params import Compute, Policy, compute_stats
 from sim.core.progress import progress as progress_bar
 from sim.trace import Trace, load_trace
@@ -168,13 +169,15 @@ class PrefillRun:
     def __post_init__(self) -> None:
         if self.mode not in ("fast", "exact"):
             raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
-        ubatch = self.chunk if self.ubatch is None else int(self.ubatch)
+        object.__setattr__(self, "chunk", check_count(self.chunk, "chunk"))
+        ubatch = self.chunk if self.ubatch is None else check_count(self.ubatch, "ubatch")
         object.__setattr__(self, "ubatch", ubatch)
-        if int(self.bins) < 1:
-            raise ArgumentError(f"bins must be >= 1, got {self.bins}")
-        if self.chunk < 1 or ubatch < 1 or self.second_start_layer < 0 or self.hash_time < 0:
-            raise ArgumentError(f"need chunk >= 1, ubatch >= 1, second_start_layer >= 0, hash_time >= 0; "
-                                f"got {self.chunk}, {ubatch}, {self.second_start_layer}, {self.hash_time}")
+        object.__setattr__(self, "bins", check_count(self.bins, "bins", high=MAX_BINS))
+        object.__setattr__(self, "second_start_layer", check_count(self.second_start_layer, "second_start_layer", 0))
+        object.__setattr__(self, "hash_time", check_amount(self.hash_time, "hash_time", "seconds"))
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.tokens is not None:
+            object.__setattr__(self, "tokens", check_count(self.tokens, "tokens"))
 
 
 def simulate_prefill(trace: Union[Trace, str], device: Union[Device, str], policy: Policy = Policy(),

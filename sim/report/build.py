@@ -381,11 +381,11 @@ def _capacity_sections(doc: Doc, out: ReportFolder, inp: Inputs, ref_compute, se
     (:func:`sim.report.whatif.capacity_data`)."""
     say("capacity search")
     cap = capacity_data(inp, ref_compute, target=search.target, compute_ms=search.compute_ms, seeds=search.seeds,
-                        max_sessions=search.max_sessions, quick=quick, jobs=search.jobs, progress=mode)
+                        max_sessions=search.max_sessions, quick=quick, jobs=search.jobs or None, progress=mode)
     search_section(doc, cap, _SEARCH_HEADING)
     say("what a planner can buy")
     planner_section(doc, out, planner_data(inp, ref_compute, target=search.target, compute_ms=search.compute_ms,
-                                           quick=quick, jobs=search.jobs, progress=mode))
+                                           quick=quick, jobs=search.jobs or None, progress=mode))
     return cap
 
 

@@ -18,7 +18,7 @@ from engram.errors import ArgumentError
 from ..decode import hot_rows
 from ..decode.speculative import Speculation
 from ..device import Device, load_device, with_tail
-from sim.core.limits import check_count, check_seed, check_settings
+from sim.core.limits import MAX_BINS, check_amount, check_count, check_seed, check_settings
 from sim.core.params import Policy, Storage
 from ..trace import Trace, load_trace
 from .compute import StepCompute
@@ -111,14 +111,13 @@ class ServeRun:
     speculation: Optional[Speculation] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seed", check_seed(self.seed, "ServeRun.seed"))
-        if not self.warmup >= 0:
-            raise ArgumentError(f"ServeRun.warmup = {self.warmup} must be >= 0 seconds")
-        object.__setattr__(self, "bins", check_count(self.bins, "ServeRun.bins"))
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        object.__setattr__(self, "warmup", check_amount(self.warmup, "ServeRun.warmup", "seconds"))
+        object.__setattr__(self, "bins", check_count(self.bins, "ServeRun.bins", high=MAX_BINS))
         if self.speculation is not None:
             check_settings(self.speculation, Speculation, "ServeRun.speculation")
-        if self.drain is not None and not float(self.drain) >= 0:
-            raise ArgumentError(f"drain must be >= 0 seconds, got {float(self.drain)}")
+        if self.drain is not None:
+            object.__setattr__(self, "drain", check_amount(self.drain, "ServeRun.drain", "seconds"))
 
 
 def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-m3-ultra", policy: Policy = Policy(),

@@ -426,7 +426,43 @@ def test_settings_of_the_wrong_kind_are_named():
         simulate_serve("rate=3")
     with pytest.raises(ArgumentError, match=r"^run must be a sim\.ServeRun\(\.\.\.\), got DecodeRun"):
         simulate_serve(Workload(rate=1.0, duration=5.0), run=DecodeRun())
-    with pytest.raises(ArgumentError, match=r"^ServeRun\.seed must be >= 0, got -1$"):
+    with pytest.raises(ArgumentError, match=r"^seed must be >= 0, got -1$"):
         ServeRun(seed=-1)
     with pytest.raises(ArgumentError, match=r"^ServeRun\.bins must be a whole number >= 1, got 2\.5$"):
         ServeRun(bins=2.5)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: __import__("sim").DecodeRun(hash_time=float("nan")), r"^hash_time must be a finite number >= 0 seconds"),
+    (lambda: __import__("sim").DecodeRun(hash_time="x"), r"^hash_time must be a finite number >= 0 seconds"),
+    (lambda: __import__("sim").DecodeRun(start_spread=float("inf")), r"^start_spread must be a finite number >= 0"),
+    (lambda: __import__("sim").DecodeRun(sessions=10 ** 11), r"^sessions must be <= 1,000,000"),
+    (lambda: __import__("sim").DecodeRun(bins=10 ** 9), r"^bins must be <= 100,000"),
+    (lambda: __import__("sim").DecodeRun(progress="x"), r"^progress must be one of"),
+    (lambda: __import__("sim").Storage(drives=float("inf")), r"^drives must be a whole number >= 1"),
+    (lambda: __import__("sim").Storage(drives=10 ** 6), r"^drives must be <= 4,096"),
+    (lambda: __import__("sim").Policy(batch_overhead=float("nan")), r"^Policy\.batch_overhead must be a finite"),
+    (lambda: __import__("sim").PrefillRun(chunk=0), r"^chunk must be >= 1, got 0$"),
+    (lambda: __import__("sim").PrefillRun(seed=-1), r"^seed must be >= 0"),
+    (lambda: __import__("sim").PrefillRun(tokens="x"), r"^tokens must be a whole number >= 1"),
+    (lambda: __import__("sim.serve", fromlist=["ServeRun"]).ServeRun(warmup="x"), r"^ServeRun\.warmup must be a finite"),
+    (lambda: __import__("sim.serve", fromlist=["ServeRun"]).ServeRun(drain=float("nan")), r"^ServeRun\.drain must be"),
+])
+def test_settings_refuse_bad_numbers_naming_the_field(make, match):
+    with pytest.raises(ArgumentError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--batch-overhead-us", "nan"], "Policy.batch_overhead must be a finite number >= 0 seconds, got nan"),
+    (["--sessions", "99999999999"], "sessions must be <= 1,000,000, got 99,999,999,999"),
+    (["--bins", "1000000000"], "bins must be <= 100,000"),
+    (["--drives", "1000000"], "drives must be <= 4,096"),
+    (["--sessions", "2", "--start-spread-ms", "-1"], "--start-spread-ms must be a finite number >= 0 ms, got -1.0"),
+])
+def test_decode_flags_refuse_bad_numbers_in_one_line(flags, match, capsys):
+    from engram.cli import main
+
+    rc = main(["sim", "decode", "--trace", "synth:reuse=0.2,tokens=200", "--no-progress", "--steps", "3", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and match in err, err
