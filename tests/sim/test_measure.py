@@ -76,8 +76,8 @@ def test_compute_runners_do_their_work():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's (prctl)")
 def test_an_emulated_sleep_runs_with_a_tight_timer_slack():
-    """The sleep compute sets its thread's timer slack to 1 ns (the default 50 us made sleep:5 last 5.120 ms, 5.074 at 1 ns);
-    in the thread that sleeps, not in others."""
+    """The sleep compute sets its thread's timer slack to 1 ns (sleep:5 lasted 5.120 ms at the 50 us default,
+    5.074 at 1 ns), in the thread that sleeps and not in others."""
     from sim.measure.compute import PR_SET_TIMERSLACK, SLEEP_SLACK_NS, _PRCTL, timer_slack_ns
     if _PRCTL is None:
         pytest.skip("prctl cannot be loaded here")
