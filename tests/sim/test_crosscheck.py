@@ -409,22 +409,25 @@ def test_a_window_of_another_configuration_is_refused(measured):
 
 
 def test_a_biased_model_misses_its_intervals(measured):
-    """Every window's device 0.6x what it measured: a bias shared by every configuration does not widen the
-    intervals (the model's error is its scatter around the median), so the configurations fall outside.  On a
-    loaded machine (others busy on the cores while the fixture measured) the runs' scatter widens every interval
-    by design (sim.check.intervals) and the errors are shown, not held: there the biased model must still fail
-    its verdict and lie further outside than the calibrated one, not below a fixed share."""
+    """Every window's device 0.6x what it measured.  The bias moves each configuration by the share of its step the
+    device makes up (measured, quiet: +64% and +66% without compute between reads, +20-22% with spin:0.5 or
+    sleep:1), so the configurations' errors scatter and the model's error, taken from the peers
+    (sim.check.intervals), widens the compute-bound ones' intervals until they hold (3 of 5 inside, on CI busy and
+    here quiet).  What must hold: the verdict fails, the errors and the share outside exceed the calibrated model's,
+    and on a quiet machine every configuration whose step is the device alone lies outside its interval; on one
+    that is not quiet the runs' scatter widens every interval by design and that last check is not held."""
+    fair = crosscheck(Calibration.load(measured / "calibration.json"), load_json(measured / "runs.json"),
+                      runs_path=measured / "runs.json", sim_steps=300)["summary"]
     cal = Calibration.load(measured / "calibration.json")
     for w in cal.windows.values():
         w["device"] *= 0.6
     res = crosscheck(cal, load_json(measured / "runs.json"), runs_path=measured / "runs.json", sim_steps=300)
     s = res["summary"]
     assert s["tokens_per_s"]["median_abs_error"] > 0.15
+    assert s["tokens_per_s"]["median_abs_error"] > fair["tokens_per_s"]["median_abs_error"]
     assert not s["passed"]
-    if s["regime"]["name"] == "loaded":
-        fair = crosscheck(Calibration.load(measured / "calibration.json"), load_json(measured / "runs.json"),
-                          runs_path=measured / "runs.json", sim_steps=300)["summary"]
-        assert s["inside_interval_share"] <= fair["inside_interval_share"]
-        assert s["tokens_per_s"]["median_abs_error"] > fair["tokens_per_s"]["median_abs_error"]
-    else:
-        assert s["inside_interval_share"] < 0.5
+    assert s["inside_interval_share"] <= fair["inside_interval_share"]
+    device_bound = [r for r in res["rows"] + res["session_rows"] if r["compute"] == "none"]
+    assert len(device_bound) == 2 and all(r["error"]["tokens_per_s"] > 0.3 for r in device_bound)
+    if s["regime"]["name"] == "quiet":
+        assert not any(r["inside_interval"] for r in device_bound)
