@@ -71,6 +71,7 @@ from engram.errors import ArgumentError, FormatError
 
 from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
+from .regimes import verdict_text
 from sim.device import Device
 from sim.device.fio import MEMORY_QD1_P50, fio_records, idle_jobs, read_fio_output
 from sim.device.presets import load_device
@@ -604,7 +605,7 @@ def markdown_table(res: Mapping) -> str:
             what = m["device"] if mode != "fio" else Path(m["device"]).name
             lines.append(f"| {e['name']} | {e['class']} | {mode}: `{what}` | {s.get('configurations', 0)} | "
                          f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {caps} | {rg} | "
-                         f"{'PASS' if s.get('passed') else 'FAIL'} |")
+                         f"{verdict_text(s)} |")
     lines += ["", "| class | predicted from | devices | configurations | median abs error | max |",
               "|" + "---|" * 6]
     for cls, modes in res["classes"].items():

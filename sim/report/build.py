@@ -53,7 +53,7 @@ from engram.errors import ArgumentError
 
 from sim.sweep.capacity import CAPACITY_TARGET, is_capacity_table
 from sim.check.crosscheck import capacity_shown
-from sim.check.regimes import regime as xc_regime, regime_checks as xc_regime_checks
+from sim.check.regimes import regime as xc_regime, regime_checks as xc_regime_checks, verdict_text
 from ..device import SEED_REFERENCE
 from sim.core.io import now_iso, output_error
 from sim.core.progress import progress_mode
@@ -138,9 +138,7 @@ def _measurement_lines(inp: Inputs) -> List[str]:
             + (f"; {s.get('inside_interval', 0)} of {s['configurations']} configurations ({cover:.0%}) inside their "
                f"90% interval, run by run (target when not quiet >= {inp.xc.get('coverage_target', 0.9):.0%})"
                if cover is not None else "")
-            + f": {'PASS' if s['passed'] else 'FAIL'}"
-            + ("" if s["passed"] else " (missed: " + ", ".join(k for k, v in s.get("pass", {}).items() if not v)
-               + ")") + ".")
+            + f": {verdict_text(s)}.")
         for e in entries_from_crosscheck(inp.xc):
             if e.checked["kind"] == "measured":
                 c = e.checked["row"]

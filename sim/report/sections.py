@@ -17,7 +17,7 @@ from sim.sweep.capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table,
                                 probes_path, read_capacity)
 from sim.check.crosscheck import markdown_table
 from sim.check.intervals import error_band
-from sim.check.regimes import regime_checks
+from sim.check.regimes import regime_checks, verdict_text
 from sim.core.io import sha256_file, write_json
 from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
@@ -154,7 +154,7 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
           f"((max - min) / median) has median {s['spread']['tokens_per_s_median'] * 100:.1f}% and max "
           f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
           f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
-          f"measured range. Verdict: **{'PASS' if s['passed'] else 'FAIL'}**.")
+          f"measured range. Verdict: **{verdict_text(s)}**.")
     if s.get("regime"):
         doc.p(_interval_note(s))
     _background_note(doc, inp)

@@ -16,7 +16,8 @@ from engram.backends import usable_backends
 from sim.check.crosscheck import CDF_PERCENTILES, capacity, capacity_shown, crosscheck, crosscheck_files, markdown_table, \
     predict, _by_chance
 from sim.check.intervals import INTERVAL_Z, MODEL_PEERS_MIN, MODEL_RUNS_MIN, median_interval, model_sd, run_sd
-from sim.check.regimes import QUIET_TARGETS, TARGETS, chance_of_fewer, regime, regime_checks, verdict
+from sim.check.regimes import QUIET_TARGETS, TARGETS, chance_of_fewer, regime, regime_checks, verdict, verdict_text
+from sim.check.planner import markdown_table as planner_markdown_table
 from sim.device import LatencyDist, MeasuredBatchDevice
 from sim.core.io import load_json
 from sim.measure import measure
@@ -431,3 +432,24 @@ def test_a_biased_model_misses_its_intervals(measured):
     assert len(device_bound) == 2 and all(r["error"]["tokens_per_s"] > 0.3 for r in device_bound)
     if s["regime"]["name"] == "quiet":
         assert not any(r["inside_interval"] for r in device_bound)
+
+
+def test_a_verdict_names_the_checks_it_missed():
+    """A planner row of 0.5% / 3.0% tokens/s errors on a quiet machine failed on its step p50 (28.3%, not a column
+    of that table): the verdict says which check failed and by how much, everywhere a verdict is printed."""
+    s = {"passed": False, "tokens_per_s": {"median_abs_error": 0.005, "max_abs_error": 0.03},
+         "step_p50": {"max_abs_error": 0.2826}, "inside_interval_share": 0.6,
+         "pass": {"tokens_per_s_median_abs": True, "tokens_per_s_max_abs": True, "step_p50_max_abs": False,
+                  "inside_interval": False, "capacity_within_one_step": False}}
+    assert verdict_text(s) == ("FAIL (missed: step p50 max error 28.3%, interval coverage 60.0%, "
+                               "capacity within one step)")
+    assert verdict_text({**s, "passed": True}) == "PASS"
+    assert verdict_text({"passed": False}) == "FAIL"
+    # the planner's table carries it in its verdict column
+    res = {"devices": [{"name": "disk", "class": "disk", "built": True,
+                        "modes": {"fio": {"refused": None, "device": "/x/fio-512.json", "capacity": [],
+                                          "summary": {**s, "configurations": 11, "regime": {"name": "quiet"}}}}}],
+           "classes": {}, "built": ["disk"], "skipped": {}}
+    row = next(x for x in planner_markdown_table(res).splitlines() if x.startswith("| disk |"))
+    assert row.endswith("| quiet | FAIL (missed: step p50 max error 28.3%, interval coverage 60.0%, "
+                        "capacity within one step) |") and "| 0.5% | 3.0% |" in row
