@@ -38,7 +38,10 @@ def main(argv=None) -> dict:
     p.add_argument("--ms", default="0.1,1,5", help="sleep lengths, milliseconds, comma-separated (default 0.1,1,5)")
     p.add_argument("--count", type=int, default=400, help="sleeps of each length on each side (default 400)")
     args = p.parse_args(argv)
-    lengths = [float(x) for x in args.ms.split(",") if x.strip()]
+    try:
+        lengths = [float(x) for x in args.ms.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--ms takes lengths in milliseconds, comma-separated, not {args.ms!r}")
     if not lengths or any(not (0 < x <= 1000) for x in lengths) or args.count < 1:
         p.error("--ms takes lengths in (0, 1000] ms and --count a positive count")
     record = {"count": args.count, "rows": []}
