@@ -42,8 +42,10 @@ def main(argv=None) -> dict:
         lengths = [float(x) for x in args.ms.split(",") if x.strip()]
     except ValueError:
         p.error(f"--ms takes lengths in milliseconds, comma-separated, not {args.ms!r}")
-    if not lengths or any(not (0 < x <= 1000) for x in lengths) or args.count < 1:
-        p.error("--ms takes lengths in (0, 1000] ms and --count a positive count")
+    if not lengths or any(not (0 < x <= 1000) for x in lengths):
+        p.error(f"--ms takes lengths in (0, 1000] ms, comma-separated, not {args.ms!r}")
+    if not 1 <= args.count <= 100_000:
+        p.error(f"--count takes 1 to 100,000 sleeps a length, not {args.count}")
     record = {"count": args.count, "rows": []}
     print(f"   {'sleep':>8} {'plain: mean / p50 over':>24} {'sleep:MS: mean / p50 over':>27}  slack plain / sleep:MS")
     for ms in lengths:

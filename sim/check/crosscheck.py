@@ -74,8 +74,8 @@ from sim.core.schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_run
 from sim.trace import Trace, load_trace
 from sim.trace.rowcache import stretch_hits
 from .intervals import INTERVAL_Z, error_band, peer_model_sd, run_interval, run_sd
-from .regimes import (COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks, verdict,
-                      verdict_text)
+from .regimes import (COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks,
+                      verdict, verdict_text)
 from .windows import insert_probes
 
 __all__ = ["CDF_PERCENTILES", "SESSION_SIM_SEEDS", "SINGLE_SIM_STEPS", "capacity", "capacity_shown", "crosscheck",

@@ -152,6 +152,8 @@ from engram.errors import ArgumentError, FormatError
 from .params import BACKENDS
 
 __all__ = [
+    "MAX_BLAS",
+    "MAX_EMULATED_MS",
     "CALIBRATION_SCHEMA",
     "CAPACITY_SCHEMA",
     "CROSSCHECK_SCHEMA",
@@ -214,6 +216,12 @@ def trace_label(spec: str) -> str:
     return Path(body).stem or body
 
 
+#: The longest emulated compute a step takes (spin:MS, sleep:MS), milliseconds: past it a spec is a typo, not a step.
+MAX_EMULATED_MS = 60_000
+#: The most 256x256 float32 products a step's blas:N runs (about 3.4 TFLOP).
+MAX_BLAS = 100_000
+
+
 @dataclass(frozen=True)
 class ComputeSpec:
     """The compute of one decode step: the Engram mixer and/or an emulated load.
@@ -242,7 +250,8 @@ class ComputeSpec:
         Raises
         ------
         ArgumentError
-            An unknown part or a bad amount (names it).
+            An unknown part or a bad amount (names it): negative, not finite, a blas count that is not whole,
+            or past :data:`MAX_EMULATED_MS` / :data:`MAX_BLAS`.
         """
         if not isinstance(text, str) or not text.strip():
             raise ArgumentError(f"compute spec must be a non-empty string, got {text!r}")
@@ -264,6 +273,10 @@ class ComputeSpec:
                 raise ArgumentError(f"compute spec {text!r}: {amount!r} is not a number") from None
             if not (v >= 0 and np.isfinite(v)) or (kind == "blas" and v != int(v)):
                 raise ArgumentError(f"compute spec {text!r}: bad amount {amount!r}")
+            bound = MAX_BLAS if kind == "blas" else MAX_EMULATED_MS
+            if v > bound:
+                raise ArgumentError(f"compute spec {text!r}: {kind}:{amount} is past the bound of {bound:,} "
+                                    f"{'products' if kind == 'blas' else 'ms'} a step")
             extra.append((kind, int(v) if kind == "blas" else v))
         return cls(mixer, tuple(extra))
 

@@ -127,8 +127,10 @@ def _tight_sleeps() -> None:
     Linux lets a sleeping thread's timer expire up to its timer slack late (50 us by default; ``prctl(2)``,
     PR_SET_TIMERSLACK), so ``sleep:5`` lasted 5.120 ms on average on the 2-core VM (400 sleeps), 2.4% more
     than the step's compute says.  With the slack at 1 ns it lasted 5.074 ms, side by side: what remains is
-    the wake-up of an idle virtual CPU, which the guest cannot shorten.  Elsewhere (no ``prctl``) nothing
-    changes."""
+    the wake-up of an idle virtual CPU, which the guest cannot shorten.  The slack stays for the thread's life
+    (the main thread's too, where a single session's loop runs), and threads it starts afterwards inherit it:
+    a 1 ns slack only makes their timed waits end on time, and restoring it around each sleep would add two
+    system calls to every step.  Elsewhere (no ``prctl``) nothing changes."""
     if getattr(_slack, "set", False):
         return
     _slack.set = True

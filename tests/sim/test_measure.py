@@ -23,7 +23,7 @@ from sim.measure import (MEASURED_CAPACITY_COMPUTE, DEFAULT_TRACES, SESSION_COUN
 from sim.measure import DecodeLoop, Settings
 from sim.measure.microbench import open_tables
 from sim.measure.runs import session_loop
-from sim.core.schema import MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
+from sim.core.schema import MAX_BLAS, MAX_EMULATED_MS, MICRO_SCHEMA, RUNS_SCHEMA, ComputeSpec, RunConfig, trace_label
 from sim.trace import CODE_SOURCE, load_trace
 
 
@@ -59,6 +59,17 @@ def test_compute_spec_parse(text, label, mixer, extra):
 def test_compute_spec_rejects(bad):
     with pytest.raises(ArgumentError):
         ComputeSpec.parse(bad)
+
+
+@pytest.mark.parametrize("bad, part", [("sleep:60001", "sleep:60001"), ("sleep:1e300", "sleep:1e300"),
+                                       ("mixer+spin:1e9", "spin:1e9"), ("blas:100001", "blas:100001"),
+                                       ("blas:1e15", "blas:1e15")])
+def test_compute_spec_bounds(bad, part):
+    """An amount past a step's bound is refused when parsed (sleep:1e300 used to fail at the first step with
+    OverflowError, sleep:1e9 to sleep for 11.6 days); the bounds themselves are taken."""
+    with pytest.raises(ArgumentError, match=rf"{part} is past the bound of"):
+        ComputeSpec.parse(bad)
+    assert ComputeSpec.parse(f"sleep:{MAX_EMULATED_MS}+blas:{MAX_BLAS}").extra == (("sleep", 60000.0), ("blas", 100000))
 
 
 def test_compute_runners_do_their_work():
