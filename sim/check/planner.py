@@ -51,7 +51,9 @@ a device list malformed field by field (:func:`check_devices`).
       "device measured back-to-back only ..." or its thinktime jobs, left out), "left_out": {config: reason}, "modes":
       {"fio"|"datasheet": {"device", "refused", "summary": {"tokens_per_s": {"median_abs_error", "max_abs_error",
       ...}, "regime", "pass", "passed", ...}, "capacity": [...],
-      "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}]}},
+      "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}],
+      "host_cpu": {...} (:func:`host_cpu`: the configurations where the host binds; absent where fio wrote no CPU
+      figures)}},
       "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
       "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
 """
@@ -73,15 +75,16 @@ from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from .regimes import verdict_text
 from sim.device import Device
-from sim.device.fio import MEMORY_QD1_P50, fio_records, idle_jobs, read_fio_output
+from sim.device.fio import HOST_BOUND_SHARE, MEMORY_QD1_P50, cpu_per_read, fio_records, idle_jobs, read_fio_output
 from sim.device.presets import load_device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.params import Compute, Policy
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import ComputeSpec, check_runs
 
-__all__ = ["DEVICES_NAME", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S", "PlannerModels",
-           "DEVICE_CLASSES", "check_devices", "check_fio", "datasheet_spec", "fio_figures", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
+__all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S",
+           "PlannerModels", "DEVICE_CLASSES", "host_cpu", "check_devices", "check_fio", "datasheet_spec", "fio_figures",
+           "host_notes", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
 
 #: Schema name of ``planner.json``.
 PLANNER_SCHEMA = "engram.planner-crosscheck/1"
@@ -94,6 +97,9 @@ DEVICES_NAME = "devices.json"
 MODES = ("fio", "datasheet")
 #: Unused budget the kernel's read throttle keeps, seconds: one ``throtl_slice`` (HZ / 10; block/blk-throttle.c).
 THROTTLE_SLICE_S = 0.1
+
+#: Rows a decode step reads when a run does not record it: 24 a layer, two layers (SPEC).
+ROWS_PER_STEP = 48
 
 #: Why the planner's datasheet strings state ``routing=random`` (:mod:`sim.device.datasheet`).
 ROUTING_RULE = ("random: a read queues at the channel holding its page, so the latency grows by 1 / iops a read "
@@ -145,8 +151,9 @@ def check_fio(path: Union[str, os.PathLike], read_size: int) -> List[dict]:
 
 
 def fio_figures(recs: Sequence[Mapping]) -> dict:
-    """``{"qd1_mean_us", "qd1_p50_us", "peak_iops", "peak_qd", "depths"}`` of checked fio records (medians
-    where a depth ran more than once).
+    """``{"qd1_cpu_per_read_us", "qd1_mean_us", "qd1_p50_us", "peak_iops", "peak_qd", "depths"}`` of checked fio
+    records (medians where a depth ran more than once; the CPU a read took at QD1, :func:`sim.device.fio.cpu_per_read`,
+    None when fio's JSON has no CPU figures).
 
     Raises
     ------
@@ -162,7 +169,9 @@ def fio_figures(recs: Sequence[Mapping]) -> dict:
     iops = {k: float(np.median([r["iops"] for r in v])) for k, v in by.items()}
     peak_qd = max(iops, key=lambda k: iops[k])
     p50 = [r["pct"].get(50.0) for r in by[1] if r["pct"].get(50.0) is not None]
-    return {"qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
+    cpu = cpu_per_read(by[1])
+    return {"qd1_cpu_per_read_us": cpu * 1e6 if cpu is not None else None,
+            "qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
             "qd1_p50_us": float(np.median(p50)) * 1e6 if p50 else None,
             "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by),
             "jobs": int(np.median([r.get("jobs", 1) for r in recs]))}
@@ -305,6 +314,60 @@ def _planner_runs(runs_doc: Mapping) -> tuple:
             left[c.get("key", "?")] = str(exc)
     keys = {c.get("key") for c in keep}
     return dict(runs_doc, configs=keep, runs=[r for r in runs_doc.get("runs") or [] if r.get("config") in keys]), left
+
+
+def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Optional[dict]:
+    """Where the host, not the drive, binds: the share of the host's CPUs the predicted reads of each configuration
+    take by fio's own CPU per read.
+
+    ``share = predicted tokens/s x sessions x rows a step x CPU per read / CPUs``, with the CPU per read of fio's
+    QD1 jobs (``fig["qd1_cpu_per_read_us"]``, :func:`fio_figures`), the rows a step of the configuration's runs
+    (their median ``rows_distinct_mean``; :data:`ROWS_PER_STEP` where not recorded) and the CPUs of the runs'
+    machine (:func:`_cores`).  A configuration at :data:`HOST_BOUND_SHARE` or more is host-bound: fio describes
+    the drive, not the host that drives it, so its prediction is an upper bound.
+
+    Parameters
+    ----------
+    fig : mapping
+        The device's fio figures.
+    runs_doc : mapping
+        The runs predicted (``configs``, ``runs``, ``machine``).
+    rows : sequence of mapping
+        A mode's rows (``config``, ``sessions``, ``predicted`` tokens/s of one session, ``error``).
+
+    Returns
+    -------
+    dict or None
+        ``{"cpu_per_read_us", "cores", "bound_share", "rule", "shares": {config: share}, "bound": [configs],
+        "free": {"configurations", "median_abs_error", "max_abs_error"} or None}`` (``free``: the rows that are not
+        host-bound); None when fio's JSON has no CPU figures.
+    """
+    cpu = fig.get("qd1_cpu_per_read_us")
+    if cpu is None:
+        return None
+    cores = _cores(runs_doc)
+    per: Dict[str, List[float]] = {}
+    for r in runs_doc.get("runs") or []:
+        v = r.get("rows_distinct_mean")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            per.setdefault(r.get("config"), []).append(float(v))
+    shares, free = {}, []
+    for r in rows:
+        step = float(np.median(per[r["config"]])) if r["config"] in per else float(ROWS_PER_STEP)
+        pred = r.get("predicted")
+        if not isinstance(pred, (int, float)) or not math.isfinite(pred):
+            continue
+        shares[r["config"]] = float(pred) * int(r.get("sessions") or 1) * step * cpu * 1e-6 / cores
+        if shares[r["config"]] < HOST_BOUND_SHARE:
+            free.append(abs(float(r["error"])))
+    bound = [k for k, v in shares.items() if v >= HOST_BOUND_SHARE]
+    return {"cpu_per_read_us": float(cpu), "cores": cores, "bound_share": HOST_BOUND_SHARE, "shares": shares,
+            "bound": bound,
+            "free": ({"configurations": len(free), "median_abs_error": float(np.median(free)),
+                      "max_abs_error": float(max(free))} if free else None),
+            "rule": (f"fio's CPU per read at QD1 ({cpu:.1f} us, usr + sys) x the predicted reads/s over the runs' "
+                     f"{cores} CPU(s); at {HOST_BOUND_SHARE:g} or more the host binds (fio leaves out the engine's "
+                     "own work on those CPUs) and the prediction is an upper bound")}
 
 
 def _cores(runs_doc: Mapping) -> int:
@@ -509,6 +572,9 @@ class _Planner:
             doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
                              sim_steps=self.sim_steps, seed=self.seed, baseline=False)
             entry["modes"][mode] = _mode_result(doc, described, "")
+            host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"])
+            if host is not None:
+                entry["modes"][mode]["host_cpu"] = host
             self.bar.update(1, note=f"{d['name']} {mode}")
         return entry
 
@@ -577,6 +643,24 @@ def _classes(entries: Sequence[Mapping]) -> dict:
     return out
 
 
+def host_notes(entry: Mapping) -> List[str]:
+    """A line per mode of a device's ``planner.json`` entry whose configurations :func:`host_cpu` found
+    host-bound: which, their shares, and the errors of the others."""
+    out = []
+    for mode, m in (entry.get("modes") or {}).items():
+        h = m.get("host_cpu")
+        if not h or not h.get("bound"):
+            continue
+        f = h.get("free")
+        out.append(f"{entry.get('name')} {mode}: host-bound (the predicted reads take >= {h['bound_share']:g} of "
+                   f"the {h['cores']} CPU(s) at fio's {h['cpu_per_read_us']:.1f} us a read): "
+                   + ", ".join(f"{k} ({h['shares'][k]:.2f})" for k in h["bound"])
+                   + ": upper bounds; the other configurations: "
+                   + (f"{f['configurations']}, median abs error {_pct(f['median_abs_error'])}, max "
+                      f"{_pct(f['max_abs_error'])}." if f else "none."))
+    return out
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x * 100:.1f}%"
 
@@ -628,6 +712,7 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"{e['name']}: {e['memory_backed']}.")
         if e.get("assumed"):
             lines.append(f"{e['name']}: {e['assumed']}.")
+        lines += host_notes(e)
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
     return "\n".join(lines)

@@ -36,6 +36,7 @@ import numpy as np
 from engram.errors import ArgumentError
 
 from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
+from ..device.fio import HOST_BOUND_SHARE
 from sim.core.limits import MAX_BINS, MAX_SESSIONS, check_amount, check_count, check_seed, check_settings
 from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, Storage, compute_stats
 from sim.core.progress import progress as progress_bar, progress_mode
@@ -86,7 +87,10 @@ class DecodeResult:
         ``name``, ``drives``, ``busy_fraction`` (per drive, averaged),
         ``mean_queue_depth`` (all drives), ``max_queue_depth``, ``reads_per_s``,
         ``mean_read_latency_us``, ``iops_utilization`` (reads/s over the
-        drives' peak IOPS).
+        drives' peak IOPS); ``host_read_cpus`` where the device came from fio JSON with CPU figures: the
+        host's CPUs the reads/s keep busy at fio's CPU per read (``derived["cpu_per_read_us"]``,
+        :func:`sim.device.fio.cpu_per_read`), the kernel's read path alone -- the simulator does not model the
+        host's CPUs, so a figure near the host's CPU count says the host, not the drive, binds there.
     timeline : dict
         ``t_s``, ``queue_depth``, ``busy``: per-bin means over the run.
     compute_realised : dict
@@ -179,6 +183,11 @@ class DecodeResult:
             f"device    busy {self.device['busy_fraction']:.3f}, mean qd {self.device['mean_queue_depth']:.2f}, "
             f"{self.device['reads_per_s']:.0f} reads/s ({self.device['iops_utilization']:.3f} of peak), "
             f"mean read {self.device['mean_read_latency_us']:.1f} us",
+            *([f"host      {self.device['host_read_cpus']:.2f} CPUs busy in the read path alone at fio's "
+               f"{self.config['device']['derived']['cpu_per_read_us']['value']:.1f} us of CPU a read (the host's "
+               f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.1f} "
+               f"the host binds before the drive and these figures are upper bounds)"]
+              if "host_read_cpus" in self.device else []),
             f"simulated {self.sim_seconds:.3f} s in {self.wall_seconds:.2f} s",
         ]
         lines += [f"WARNING   {w}" for w in self.warnings]
@@ -522,12 +531,14 @@ def _device_info(plan: _Plan, figures: tuple, makespan: float) -> dict:
     drives = plan.storage.drives
     peak = plan.device.peak_iops() * drives
     reads_per_s = n_reads / makespan if makespan > 0 else 0.0
+    cpu = ((getattr(plan.device, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
     return {
         "name": plan.device.name, "drives": drives, "busy_fraction": busy,
         "mean_queue_depth": area / makespan if makespan > 0 else 0.0,
         "max_queue_depth": summ["max_queue_depth"], "reads_per_s": reads_per_s,
         "mean_read_latency_us": (area / n_reads * 1e6) if n_reads else 0.0,
         "iops_utilization": reads_per_s / peak if peak > 0 else 0.0,
+        **({"host_read_cpus": reads_per_s * cpu * 1e-6} if cpu is not None else {}),
     }
 
 

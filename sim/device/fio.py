@@ -100,8 +100,10 @@ from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR", "device_from_fio", "fio_records",
-           "idle_jobs", "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR",
+           "cpu_per_read", "device_from_fio", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
+           "rate_limit_of",
+           "read_fio_output"]
 
 _NS = 1e-9
 #: The engine's read: one aligned 4 KiB block a row (SPEC §8), bytes.
@@ -295,7 +297,14 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     writes = _num(wr.get("total_ios", 0), f"{where}.write.total_ios") + \
         _num(tr.get("total_ios", 0), f"{where}.trim.total_ios")
     io_bytes = _num(r["io_bytes"], f"{where}.read.io_bytes") if "io_bytes" in r else None
+    cpu_s = None
+    if all(k in job for k in ("usr_cpu", "sys_cpu", "job_runtime")):
+        # fio's CPU shares are of the job's run time (summed over a group's jobs with group_reporting, as is
+        # job_runtime), so their product is the CPU seconds the job's reads took
+        cpu_s = (_num(job["usr_cpu"], f"{where}.usr_cpu") + _num(job["sys_cpu"], f"{where}.sys_cpu")) / 100 * \
+            _num(job["job_runtime"], f"{where}.job_runtime") * 1e-3
     return {"qd": depth, "jobs": jobs, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
+            "ios": ios, "cpu_s": cpu_s,
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,
             "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
             "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),
@@ -333,13 +342,36 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
                 continue
             keys = set.intersection(*(set(g["pct"]) for g in group))
             out.append(dict(group[0], qd=sum(g["qd"] for g in group), iops=sum(g["iops"] for g in group),
-                            jobs=sum(g.get("jobs", 1) for g in group),
+                            jobs=sum(g.get("jobs", 1) for g in group), ios=sum(g["ios"] for g in group),
+                            cpu_s=(None if any(g["cpu_s"] is None for g in group) else
+                                   sum(g["cpu_s"] for g in group)),
                             mean=float(np.mean([g["mean"] for g in group])),
                             pct={p: float(np.median([g["pct"][p] for g in group])) for p in keys}))
     if not out:
         raise FormatError(f"{where}: no read job with completed reads" + (
             f" run back to back ({idle} ran with a thinktime: an idle pattern, not latency by depth)" if idle else ""))
     return out
+
+
+#: The share of the host's CPUs the predicted reads take by fio's own CPU per read
+#: (:func:`sim.check.planner.host_cpu`) from which the host, not the drive, is taken to bind: fio's figure leaves
+#: out the engine's own work on the same CPUs (hash, decode, its threads), so the host runs out before the reads
+#: alone fill it.  Measured on a 2-CPU VM at 512-byte reads (BENCHMARKS.md, issue 23): configurations at shares
+#: of 0.36 and below were predicted within +4-9%, those at 0.68 and above +24-67% too fast.
+HOST_BOUND_SHARE = 0.5
+
+
+def cpu_per_read(recs: Sequence[dict]) -> Optional[float]:
+    """The CPU one read took in fio's jobs at their lowest queue depth, seconds: ``(usr_cpu + sys_cpu) / 100 x
+    job_runtime / read.total_ios`` (the median over that depth's runs; :func:`fio_records`' records), None when
+    fio's JSON has no CPU figures.  At the lowest depth (QD1) each read waits for its completion, as each of the
+    engine's pread readers does, so the figure holds the kernel's read path and a sleep and a wake-up; it leaves
+    out the engine's own work on the host (hash, decode, its threads)."""
+    if not recs:
+        return None
+    low = min(r["qd"] for r in recs)
+    per = [r["cpu_s"] / r["ios"] for r in recs if r["qd"] == low and r.get("cpu_s") is not None and r.get("ios")]
+    return float(np.median(per)) if per else None
 
 
 def _dist(rs: Sequence[dict], where: str) -> LatencyDist:
@@ -551,6 +583,11 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     table = {}
     for qd, rs in sorted(by_qd.items()):
         table[qd] = _dist(rs, f"{paths[0]}: queue depth {qd}")
+    cpu = cpu_per_read(recs)
+    if cpu is not None:
+        derived["cpu_per_read_us"] = {"value": cpu * 1e6, "rule": (
+            f"fio's usr_cpu + sys_cpu x job_runtime / read.total_ios at queue depth {min(by_qd)}: the host's CPU a "
+            "read takes in the kernel and fio (not the device's; the engine's own work is not in it)")}
     first = recs[0]
     src = (f"fio {first['rw']} {first['bs']} ({first['ioengine']}), {len(recs)} job(s) at queue depths "
            f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "

@@ -12,8 +12,8 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
-from sim.check.planner import (PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec, fio_figures, markdown_table,
-                               planner_compute, planner_crosscheck)
+from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec,
+                               fio_figures, host_cpu, host_notes, markdown_table, planner_compute, planner_crosscheck)
 from sim.report.devices import devices_section
 from sim.report.document import Doc
 from sim.report.inputs import Inputs
@@ -105,6 +105,12 @@ def test_planner_document(measured):
             (cap,) = m["capacity"]
             assert cap["sessions"] == [2] and cap["target_tokens_per_s"] == 50.0
             assert f"| {e['name']} | {e['class']} | {mode}: " in text
+            # the host's CPUs the predicted reads take at fio's own CPU per read (fio always writes usr/sys_cpu)
+            h = m["host_cpu"]
+            assert h["cpu_per_read_us"] == pytest.approx(figs["qd1_cpu_per_read_us"]) and h["cpu_per_read_us"] > 0
+            assert set(h["shares"]) == {r["config"] for r in rows}
+            assert h["bound"] == [k for k, v in h["shares"].items() if v >= HOST_BOUND_SHARE]
+            assert (f"{e['name']} {mode}: host-bound" in text) == bool(h["bound"])
     # the report's section: a row per built device and description, the devices built and skipped
     doc = Doc("t")
     devices_section(doc, Inputs(planner=res))
@@ -114,6 +120,8 @@ def test_planner_document(measured):
         if e["built"]:
             for label in ("| fio |", "| datasheet |"):
                 assert f"| {e['name']} | {e['class']} {label}" in md
+            for line in host_notes(e):
+                assert line in md
         else:
             assert f"Skipped {e['name']}: {e['reason']}" in md
     # per class: the errors of its devices' configurations pooled
@@ -142,6 +150,33 @@ def test_datasheet_strings_known_answers():
     spec, _, rules = datasheet_spec(fig, dict(raw, peak_iops=3000.0), throttled=True)
     assert ",iops=4003,cap_iops=4003," in spec and "does not bind" in rules["iops"]
     assert datasheet_spec(raw)[:2] == ("ssd:qd1_us=80.0,iops=42000,routing=random", None)
+
+
+def test_host_cpu_known_answers():
+    """share = tokens/s x sessions x rows a step x CPU per read / CPUs: one session at 175 tokens/s, 48 rows,
+    10.7 us on 2 CPUs = 0.045; 16 at 166 = 0.682 and 32 at 129 = 1.06 (the quiet VM's disk, BENCHMARKS.md) are
+    host-bound, the rest's errors summed apart; rows a step from the runs (here 40 for "c"), 48 where missing."""
+    runs = {"machine": {"cores": 2}, "runs": [{"config": "a", "rows_distinct_mean": 48.0},
+                                              {"config": "c", "rows_distinct_mean": 40.0},
+                                              {"config": "c", "rows_distinct_mean": None}]}
+    rows = [{"config": "a", "sessions": 1, "predicted": 175.0, "error": 0.042},
+            {"config": "b", "sessions": 16, "predicted": 166.0, "error": 0.27},
+            {"config": "c", "sessions": 32, "predicted": 129.0, "error": 0.61},
+            {"config": "d", "sessions": 8, "predicted": 174.0, "error": -0.065}]
+    h = host_cpu({"qd1_cpu_per_read_us": 10.7}, runs, rows)
+    assert h["shares"]["a"] == pytest.approx(175 * 48 * 10.7e-6 / 2)
+    assert h["shares"]["b"] == pytest.approx(166 * 16 * 48 * 10.7e-6 / 2) == pytest.approx(0.682, abs=1e-3)
+    assert h["shares"]["c"] == pytest.approx(129 * 32 * 40 * 10.7e-6 / 2)
+    assert h["bound"] == ["b", "c"] and h["cores"] == 2 and h["bound_share"] == HOST_BOUND_SHARE == 0.5
+    assert h["free"] == {"configurations": 2, "median_abs_error": pytest.approx(0.0535), "max_abs_error": 0.065}
+    assert "upper bound" in h["rule"] and "10.7 us" in h["rule"]
+    assert host_cpu({"qd1_cpu_per_read_us": None}, runs, rows) is None
+    everything = host_cpu({"qd1_cpu_per_read_us": 1000.0}, runs, rows)
+    assert len(everything["bound"]) == 4 and everything["free"] is None
+    # fio_figures carries fio's QD1 CPU per read
+    recs = [{"qd": 1, "iops": 40000.0, "mean": 25e-6, "pct": {50.0: 24e-6}, "cpu_s": 0.43, "ios": 40000.0},
+            {"qd": 4, "iops": 99000.0, "mean": 40e-6, "pct": {50.0: 39e-6}, "cpu_s": 0.56, "ios": 99000.0}]
+    assert fio_figures(recs)["qd1_cpu_per_read_us"] == pytest.approx(10.75)
 
 
 def test_planner_compute():

@@ -349,3 +349,43 @@ def test_fio_whose_completion_latency_exceeds_its_total_is_refused(tmp_path, cap
         RateLimitedDevice(point_drive(), 1e-30, 10)
     with pytest.raises(ArgumentError, match="iops = 1e-30 is outside"):
         ParametricSSD(80 * US, 1e-30, 1)
+
+
+def test_cpu_per_read_from_fio_known_answer(tmp_path):
+    """The disk's QD1 job: usr 0.832501% + sys 20.679321% of 3,003 ms over 28,393 reads = 22.752 us a read; the
+    figure goes into the device's ``derived`` and the decode result's ``host_read_cpus`` (reads/s x it)."""
+    from sim.device.fio import cpu_per_read, fio_records, read_fio_output
+
+    recs = fio_records(read_fio_output(DISK))
+    want = (0.832501 + 20.679321) / 100 * 3.003 / 28393
+    assert cpu_per_read(recs) == pytest.approx(want, rel=1e-9) and want == pytest.approx(22.752e-6, rel=1e-4)
+    dev = load_device(str(DISK))
+    assert dev.derived["cpu_per_read_us"]["value"] == pytest.approx(want * 1e6, rel=1e-9)
+    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=16), 5e-3, DecodeRun(sessions=4, steps=60))
+    assert r.device["host_read_cpus"] == pytest.approx(r.device["reads_per_s"] * want, rel=1e-9)
+    assert f"host      {r.device['host_read_cpus']:.2f} CPUs busy in the read path alone at fio's 22.8 us" \
+        in r.summary()
+    # clones of one job merge their CPU seconds and reads; a job without CPU figures gives none
+    doc = _synthetic_fio({1: 1000.0, 8: 8000.0}, 50.0, 900.0)
+    for j, (usr, sys_, ms) in zip(doc["jobs"], [(1.0, 9.0, 2000), (2.0, 8.0, 1000)]):
+        j.update(usr_cpu=usr, sys_cpu=sys_, job_runtime=ms)
+    twin = copy.deepcopy(doc["jobs"][0])
+    twin["usr_cpu"] = 3.0
+    doc["jobs"].append(twin)
+    recs = fio_records([doc])
+    # two clones of the QD1 job run as one at depth 2: (10% x 2 s + 12% x 2 s) / (10,000 + 10,000) reads = 22 us
+    assert sorted(r["qd"] for r in recs) == [2, 8]
+    low = min(recs, key=lambda r: r["qd"])
+    assert low["cpu_s"] == pytest.approx(0.2 + 0.24) and low["ios"] == 20000
+    assert cpu_per_read(recs) == pytest.approx(0.44 / 20000)
+    bare = _synthetic_fio({1: 1000.0}, 50.0, 900.0)
+    assert cpu_per_read(fio_records([bare])) is None
+    p = tmp_path / "bare.json"
+    p.write_text(json.dumps(bare))
+    assert "cpu_per_read_us" not in device_from_fio(p).derived
+    assert "host_read_cpus" not in simulate_decode(NO_REUSE, device_from_fio(p), Policy(threshold=8), 5e-3,
+                                                   DecodeRun(sessions=1, steps=20)).device
+    bad = copy.deepcopy(doc)
+    bad["jobs"][1]["sys_cpu"] = -1.0
+    with pytest.raises(FormatError, match=r"jobs\[1\]\.sys_cpu"):
+        fio_records([bad])
