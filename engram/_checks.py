@@ -10,14 +10,22 @@ token, either ``bool`` or integers that are all 0 or 1 (an attention mask).
 Anything else, floats included, is refused naming the first bad entry.
 :func:`as_mask` is the one implementation; ``Hasher.hash``, ``Session.prefill``,
 ``Session.apply`` and ``gated_add`` all call it.
+
+The fields of settings dataclasses (``engram.synth.Writing``, the simulator's run
+settings) are checked by :func:`setting_int`, :func:`setting_number`,
+:func:`setting_bool`, :func:`setting_str` and :func:`setting_choice`, in one
+wording: ``Class.field = value: expected ...``; :func:`settings_from` builds
+one from a mapping, refusing a key that is not a field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
+from collections.abc import Mapping
 from numbers import Real
-from typing import Optional, Tuple, Type, Union
+from typing import Any, Optional, Tuple, Type, Union
 
 import numpy as np
 
@@ -25,7 +33,8 @@ from .errors import ArgumentError, EngramError, MaskError
 
 __all__ = [
     "shape_str", "need_array", "need_output", "need_contiguous", "no_overlap", "as_mask", "need_eps",
-    "need_int", "need_int_array", "need_finite", "need_layer",
+    "need_int", "need_int_array", "need_finite", "need_layer", "setting_bool", "setting_choice", "setting_int",
+    "setting_number", "setting_str", "settings_from",
 ]
 
 DTypes = Union[np.dtype, type, Tuple[Union[np.dtype, type], ...]]
@@ -187,3 +196,121 @@ def need_finite(name: str, a: np.ndarray, axes: Tuple[str, ...], mask: Optional[
     where = ", ".join(f"{ax} {int(i)}" for ax, i in zip(axes, idx))
     raise ArgumentError(f"{name}[{', '.join(str(int(i)) for i in idx)}] = {float(a[idx])} ({where}): "
                         f"{name} must be finite{what}")
+
+
+# ------------------------------------------------------------------ fields of settings objects
+# One wording for every settings dataclass of the engine and the simulator: ``Class.field = value: expected
+# ...``, so a bad field is named with the class it belongs to and the value given.
+
+def _shown(value) -> str:
+    """``repr(value)`` as a message shows it: at most 60 characters."""
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def setting_int(where: str, value, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """``value`` as an int when it is a whole number -- an int or a numpy integer, not a bool, a float or a
+    string -- in ``[lo, hi]`` (either bound optional); ``where`` names the field (``"EngineRun.drives"``).
+
+    Raises
+    ------
+    ArgumentError
+        ``"EngineRun.drives = 'x': expected a whole number >= 1"``.
+    """
+    rng = "" if lo is None and hi is None else \
+        f" >= {lo}" if hi is None else f" <= {hi}" if lo is None else f" in [{lo}, {hi}]"
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
+    if ok:
+        value = int(value)
+        ok = (lo is None or value >= lo) and (hi is None or value <= hi)
+    if not ok:
+        raise ArgumentError(f"{where} = {_shown(value)}: expected a whole number{rng}")
+    return value
+
+
+def setting_number(where: str, value, lo: Optional[float] = None, hi: Optional[float] = None, *,
+                   above: bool = False, below: bool = False, finite: bool = True) -> float:
+    """``value`` as a float when it is a real number (an int or a float, numpy's too; not a bool or a string),
+    not NaN, finite unless ``finite=False``, ``>= lo`` (``> lo`` with ``above``) and ``<= hi`` (``< hi`` with
+    ``below``), either bound optional.
+
+    Raises
+    ------
+    ArgumentError
+        ``"SearchRun.connect_timeout = 0.0: expected a finite number > 0"``.
+    """
+    kind = "a finite number" if finite else "a number"
+    if lo is not None and hi is not None:
+        want = f"{kind} in {'(' if above else '['}{lo:g}, {hi:g}{')' if below else ']'}"
+    elif lo is not None:
+        want = f"{kind} {'>' if above else '>='} {lo:g}"
+    elif hi is not None:
+        want = f"{kind} {'<' if below else '<='} {hi:g}"
+    else:
+        want = kind
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, Real)
+    x = float(value) if ok else math.nan
+    ok = ok and not math.isnan(x) and (math.isfinite(x) or not finite)
+    ok = ok and (lo is None or (x > lo if above else x >= lo)) and (hi is None or (x < hi if below else x <= hi))
+    if not ok:
+        raise ArgumentError(f"{where} = {_shown(value)}: expected {want}")
+    return x
+
+
+def setting_bool(where: str, value) -> bool:
+    """``value`` when it is True or False (a numpy bool too), not a number or a string.
+
+    Raises
+    ------
+    ArgumentError
+        ``"Writing.sync = 'yes': expected True or False"``.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{where} = {_shown(value)}: expected True or False")
+    return bool(value)
+
+
+def setting_str(where: str, value, *, empty: bool = True) -> str:
+    """``value`` when it is a string (a non-empty one unless ``empty``).
+
+    Raises
+    ------
+    ArgumentError
+        ``"SearchRun.desc = 3: expected a string"``.
+    """
+    if not isinstance(value, str) or (not empty and not value):
+        raise ArgumentError(f"{where} = {_shown(value)}: expected a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def setting_choice(where: str, value, choices) -> str:
+    """``value`` when it is one of the strings ``choices``.
+
+    Raises
+    ------
+    ArgumentError
+        ``"CounterpartReads.backend = 'aio': expected one of 'auto', 'io_uring', 'pread', 'serial'"``.
+    """
+    if not isinstance(value, str) or value not in tuple(choices):
+        raise ArgumentError(f"{where} = {_shown(value)}: expected one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def settings_from(cls: type, values: Mapping[str, Any], where: str = ""):
+    """``cls(**values)`` for a settings dataclass ``cls``, built from a mapping (a study's table, a document,
+    keyword overrides): a key that is not a field of ``cls`` is refused naming it and the fields there are,
+    instead of the constructor's plain ``TypeError``; ``where`` (the file, the table) leads the message.
+
+    Raises
+    ------
+    ArgumentError
+        ``values`` is not a mapping, or holds an unknown key; whatever ``cls`` raises for a bad value.
+    """
+    lead = f"{where}: " if where else ""
+    if not isinstance(values, Mapping):
+        raise ArgumentError(f"{lead}{cls.__name__} settings must be a mapping of its fields, got {_shown(values)}")
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    bad = sorted(str(k) for k in values if k not in known)
+    if bad:
+        raise ArgumentError(f"{lead}{cls.__name__} has no field {bad[0]!r} (its fields: {', '.join(known)})")
+    return cls(**values)

@@ -48,7 +48,7 @@ import ml_dtypes
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ._checks import need_int
+from ._checks import need_int, setting_bool, setting_int, setting_number
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
@@ -60,6 +60,7 @@ from .vocabulary import tokenizer_vocabulary, vocabulary_metadata
 
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
+    "MAX_CHUNK_BYTES", "MAX_SHARDS",
     "TensorSpec", "ModelPlan", "rows_at", "table_rows", "engram_kv", "norm_weight",
     "ModelShape", "Fill", "Writing", "plan_model", "write_model", "build_model", "shard_names",
 ]
@@ -78,6 +79,10 @@ NORM_SIGMA = 0.05
 REAL_TABLE_OFFSET = 162_955_640_832
 #: Bytes generated and written per chunk.
 DEFAULT_CHUNK_BYTES = 64 << 20
+#: The largest chunk :class:`Writing` takes (1 GiB: a write keeps about three chunks in memory).
+MAX_CHUNK_BYTES = 1 << 30
+#: The most files a split model may have (``split.count`` is a UINT16 key).
+MAX_SHARDS = 65535
 #: Name of the hole-filled tensor that stands in for the rest of the model's weights.
 LEAD_TENSOR = "synth.lead.weight"
 
@@ -340,7 +345,13 @@ class ModelShape:
     Raises
     ------
     ArgumentError
-        Missing or contradicting scale, a bad seed, epsilon or token map (naming the field).
+        Missing or contradicting scale, or a field of the wrong kind or out of range, naming the field and the
+        value: ``scale`` not None or a number in (0, 1], ``shards`` not a whole number in
+        ``[1, MAX_SHARDS]`` (a bool, a float or a string included; the model's own bound is checked by
+        :func:`plan_model`), ``seed`` not a whole number in ``[0, 2**64)``, ``eps`` not a number in (0, 1),
+        ``full_size``, ``optional_keys`` not True or False, ``vocabulary`` not None, True or False,
+        ``table_offset`` not None or a whole number >= 0, ``layout`` not None or a :class:`Layout`,
+        ``tokenizer_json`` not None or a path, a token map that is not a non-empty 1-D integer array.
     """
 
     scale: Optional[float] = None
@@ -356,25 +367,38 @@ class ModelShape:
     vocabulary: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seed", _check_seed(self.seed))
+        put = functools.partial(object.__setattr__, self)
+        put("seed", setting_int("ModelShape.seed", self.seed, 0, 2**64 - 1))
+        put("shards", setting_int("ModelShape.shards", self.shards, 1, MAX_SHARDS))
+        for name in ("full_size", "optional_keys"):
+            put(name, setting_bool(f"ModelShape.{name}", getattr(self, name)))
+        if self.vocabulary is not None:
+            put("vocabulary", setting_bool("ModelShape.vocabulary", self.vocabulary))
+        if self.table_offset is not None:
+            put("table_offset", setting_int("ModelShape.table_offset", self.table_offset, 0))
+        if self.layout is not None and not isinstance(self.layout, Layout):
+            raise ArgumentError(f"ModelShape.layout = {type(self.layout).__name__}: expected None or an "
+                                "engram.Layout")
+        if self.tokenizer_json is not None and not isinstance(self.tokenizer_json, (str, os.PathLike)):
+            raise ArgumentError(f"ModelShape.tokenizer_json = {self.tokenizer_json!r:.60}: expected None or a path")
+        if self.scale is not None:
+            put("scale", setting_number("ModelShape.scale", self.scale, 0.0, 1.0, above=True))
         if self.layout is None:
             if self.full_size:
-                if self.scale not in (None, 1, 1.0):
-                    raise ArgumentError(f"full_size=True uses the released layout; scale={self.scale} contradicts it")
+                if self.scale not in (None, 1.0):
+                    raise ArgumentError(f"full_size=True uses the released layout; ModelShape.scale = {self.scale} "
+                                        "contradicts it")
             elif self.scale is None:
                 raise ArgumentError("give scale= (e.g. 0.001) or full_size=True")
-            elif not (isinstance(self.scale, (int, float)) and 0 < self.scale <= 1.0):
-                raise ArgumentError(f"scale must be in (0, 1], got {self.scale!r}")
-        if not isinstance(self.eps, (int, float)) or not 0 < self.eps < 1:
-            raise ArgumentError(f"eps must be in (0, 1), got {self.eps!r}")
+        put("eps", setting_number("ModelShape.eps", self.eps, 0.0, 1.0, above=True, below=True))
         if self.token_map is not None:
-            object.__setattr__(self, "token_map", _check_token_map(self.token_map))
+            put("token_map", _check_token_map(self.token_map, "ModelShape.token_map"))
 
 
-def _check_token_map(token_map) -> np.ndarray:
+def _check_token_map(token_map, where: str = "token_map") -> np.ndarray:
     token_map = np.asarray(token_map)
     if token_map.ndim != 1 or token_map.dtype.kind not in "iu" or token_map.size == 0:
-        raise ArgumentError(f"token_map must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
+        raise ArgumentError(f"{where} must be a non-empty 1-D integer array, got {token_map.dtype} {token_map.shape}")
     return token_map
 
 
@@ -750,7 +774,9 @@ class Writing:
     Raises
     ------
     ArgumentError
-        ``chunk_bytes`` is not an integer of at least 264.
+        Names the field and the value: ``chunk_bytes`` not a whole number (a bool, a float or a string) in
+        ``[264, MAX_CHUNK_BYTES]`` (1 GiB: memory stays near 3x it), ``sync``, ``direct_io`` or ``parents`` not
+        True or False.
     """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -759,7 +785,10 @@ class Writing:
     parents: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "chunk_bytes", need_int("chunk_bytes", self.chunk_bytes, lo=ROW_BYTES))
+        object.__setattr__(self, "chunk_bytes", setting_int("Writing.chunk_bytes", self.chunk_bytes, ROW_BYTES,
+                                                            MAX_CHUNK_BYTES))
+        for name in ("sync", "direct_io", "parents"):
+            object.__setattr__(self, name, setting_bool(f"Writing.{name}", getattr(self, name)))
 
 
 def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fill(), *, progress: bool = True,

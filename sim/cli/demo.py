@@ -43,7 +43,6 @@ every step (a 0.001-scale model, short runs) for smoke tests: under a minute.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import time
@@ -54,6 +53,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from engram import EngramModel, Layout, decode_rows, load_tokenizer, synth
+from engram._checks import setting_int, setting_number
 from engram.codec import ROW_BYTES, bf16_round
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY as DEFAULT_CACHE_POLICY
@@ -346,7 +346,7 @@ class DemoSize:
     Attributes
     ----------
     scale : float, optional
-        Layout scale of the model file (> 0; default 0.02: 4.4 GiB; ``quick``: 0.001).
+        Layout scale of the model file (in (0, 1]; default 0.02: 4.4 GiB; ``quick``: 0.001).
     steps, rounds : int, optional
         Decode steps per measured run (at least 10; default 200; quick 40) and interleaved rounds (at least 1;
         default 5; quick 2).
@@ -356,7 +356,9 @@ class DemoSize:
     Raises
     ------
     ArgumentError
-        A field out of its range (names the field and the value).
+        Names the field and the value: ``scale`` not None or a finite number in (0, 1] (a bool or a string
+        included), ``steps``, ``rounds`` or ``lookups`` not None or a whole number (a bool, a float or a string)
+        in its range.
     """
 
     scale: Optional[float] = None
@@ -365,15 +367,18 @@ class DemoSize:
     lookups: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.scale is not None and not (isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
-                                           and math.isfinite(self.scale) and self.scale > 0):
-            raise ArgumentError(f"demo scale = {self.scale!r} must be a number > 0")
+        if self.scale is not None:
+            object.__setattr__(self, "scale", setting_number("DemoSize.scale", self.scale, 0.0, 1.0, above=True))
         for name, least in (("steps", 10), ("rounds", 1)):
             v = getattr(self, name)
-            if v and v < least:
-                raise ArgumentError(f"demo {name} = {v!r}: need {name} >= {least}")
-        if self.lookups is not None and self.lookups < 1:
-            raise ArgumentError(f"demo lookups = {self.lookups!r}: need lookups >= 1")
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v == 0):
+                try:
+                    v = setting_int(f"DemoSize.{name}", v, least)
+                except ArgumentError as exc:
+                    raise ArgumentError(f"{exc} (or 0: the default)") from None
+                object.__setattr__(self, name, v)
+        if self.lookups is not None:
+            object.__setattr__(self, "lookups", setting_int("DemoSize.lookups", self.lookups, 1))
 
     def resolved(self, quick: bool) -> "DemoSize":
         """Every field given: the defaults (``quick``'s) filled in."""

@@ -13,7 +13,9 @@ layers, random phases -- are defined here once.
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence, Tuple
 
@@ -507,13 +509,16 @@ class Storage:
     tail : Device or str, optional
         A measured device whose latency distribution (the tail) the device takes at each depth, keeping its
         own means (:func:`sim.device.with_tail`).
-    calibration : path or Calibration, optional
-        For ``device="calibrated"`` (:func:`sim.device.load_device`); the ``tail`` is loaded with it too.
+    calibration : path, mapping or Calibration, optional
+        For ``device="calibrated"`` (:func:`sim.device.load_device`); the ``tail`` is loaded with it too: a
+        calibration file (``engram calibrate``), its document, or a :class:`sim.check.calibrate.Calibration`.
 
     Raises
     ------
     ArgumentError
-        ``drives`` below 1 or not a whole number.
+        Names the field and the value: ``drives`` below 1, above :data:`sim.core.limits.MAX_DRIVES`, or not a
+        whole number (a bool, a fraction or a string); ``calibration`` not None, a path naming a file, a mapping
+        or a calibration (a path to no file, a number, a bool).
     """
 
     drives: int = 1
@@ -522,4 +527,22 @@ class Storage:
     calibration: Any = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "drives", check_count(self.drives, "drives", high=MAX_DRIVES))
+        if isinstance(self.drives, str):
+            raise ArgumentError(f"Storage.drives must be a whole number >= 1, got {self.drives!r}")
+        object.__setattr__(self, "drives", check_count(self.drives, "Storage.drives", high=MAX_DRIVES))
+        _check_calibration(self.calibration, "Storage.calibration")
+
+
+def _check_calibration(cal: Any, where: str) -> None:
+    """Refuse a calibration that :func:`sim.device.load_device` cannot use: anything but None, a path naming a
+    file, a mapping (the document) or an object with a ``device`` method (a ``Calibration``)."""
+    if cal is None or isinstance(cal, Mapping) or callable(getattr(cal, "device", None)):
+        return
+    if isinstance(cal, (str, os.PathLike)):
+        path = os.fspath(cal)
+        if isinstance(path, str) and path and os.path.isfile(path):
+            return
+        raise ArgumentError(f"{where} = {str(cal)!r}: no such file (expected a calibration file written by "
+                            "engram calibrate, its document, or a sim.check.calibrate.Calibration)")
+    raise ArgumentError(f"{where} = {cal!r:.60}: expected None, a calibration file, its document (a mapping) or a "
+                        "sim.check.calibrate.Calibration")

@@ -56,12 +56,14 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from engram._checks import setting_int, setting_number
 from engram.errors import ArgumentError
 
 from ..decode import cache_hits
 from ..decode.fast import split_readers
 from ..decode.speculative import Speculation, accepted_prefix
 from ..device import Device
+from sim.core.limits import MAX_DRIVES
 from sim.core.params import Policy
 from sim.core.progress import progress as progress_bar
 from .compute import StepCompute
@@ -247,7 +249,11 @@ class EngineRun:
     Raises
     ------
     ArgumentError
-        ``drives`` below 1, ``abort_percentile`` outside [0, 100].
+        Names the field and the value: ``drives`` not a whole number in [1, 4096], ``seed`` not a whole number
+        >= 0, ``measured`` not a one-dimensional bool array, ``t_cap`` not a number > 0 (``inf``: no cap),
+        ``positions`` not a pair of arrays, ``abort_ttft`` not None or a number >= 0, ``abort_percentile`` not a
+        number in [0, 100], ``speculation`` not None or a :class:`Speculation`; a bool, a float or a string
+        given for a whole number.
     """
 
     drives: int = 1
@@ -260,10 +266,27 @@ class EngineRun:
     speculation: Optional[Speculation] = None
 
     def __post_init__(self) -> None:
-        if self.drives < 1:
-            raise ArgumentError(f"drives must be >= 1, got {self.drives}")
-        if not 0.0 <= self.abort_percentile <= 100.0:
-            raise ArgumentError(f"EngineRun.abort_percentile must be in [0, 100], got {self.abort_percentile}")
+        object.__setattr__(self, "drives", setting_int("EngineRun.drives", self.drives, 1, MAX_DRIVES))
+        object.__setattr__(self, "seed", setting_int("EngineRun.seed", self.seed, 0))
+        if self.measured is not None:
+            m = self.measured
+            if not (isinstance(m, np.ndarray) and m.dtype == np.bool_ and m.ndim == 1):
+                what = f"{m.dtype} array of shape {list(m.shape)}" if isinstance(m, np.ndarray) else type(m).__name__
+                raise ArgumentError(f"EngineRun.measured = {what}: expected a one-dimensional bool array "
+                                    "(one flag a request)")
+        object.__setattr__(self, "t_cap", setting_number("EngineRun.t_cap", self.t_cap, 0.0, above=True,
+                                                         finite=False))
+        if self.positions is not None and (not isinstance(self.positions, (tuple, list)) or len(self.positions) != 2):
+            raise ArgumentError(f"EngineRun.positions = {type(self.positions).__name__}: expected a pair "
+                                "(prompt starts, decode starts) of arrays")
+        if self.abort_ttft is not None:
+            object.__setattr__(self, "abort_ttft", setting_number("EngineRun.abort_ttft", self.abort_ttft, 0.0,
+                                                                  finite=False))
+        object.__setattr__(self, "abort_percentile", setting_number("EngineRun.abort_percentile",
+                                                                    self.abort_percentile, 0.0, 100.0))
+        if self.speculation is not None and not isinstance(self.speculation, Speculation):
+            raise ArgumentError(f"EngineRun.speculation = {type(self.speculation).__name__}: expected None or a "
+                                "sim.decode.speculative.Speculation")
 
 
 class Engine:

@@ -35,9 +35,12 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from engram import EngramModel, Table, TableGroup
+from engram._checks import setting_choice, setting_int, setting_number
 from engram._native.reader import MAX_SPAN_BYTES
 from engram.codec import ROW_BYTES
 from engram.errors import ArgumentError
+from engram.table import BACKENDS as TABLE_BACKENDS, MAX_READERS
+from sim.core.schema import MAX_EMULATED_MS
 
 __all__ = ["COUNTERPART_SCHEMA", "CounterpartReads", "CounterpartRun", "measure_counterpart", "probe_device"]
 
@@ -45,6 +48,8 @@ __all__ = ["COUNTERPART_SCHEMA", "CounterpartReads", "CounterpartRun", "measure_
 COUNTERPART_SCHEMA = "engram.serve-counterpart/1"
 #: Tokens per chunk of the engine's prefetcher (``engram.Session.prefill``'s default).
 PREFETCH_CHUNK = 2048
+#: The longest probe of one queue depth, seconds (an hour: past it a setting is a typo, not a probe).
+MAX_PROBE_SECONDS = 3600.0
 
 
 def _tables(model: EngramModel) -> list:
@@ -108,7 +113,8 @@ class CounterpartRun:
     Raises
     ------
     ArgumentError
-        A count or the compute out of its range.
+        Names the field and the value: a count that is not a whole number (a bool, a float or a string) or is out
+        of its range, ``compute_ms`` not a finite number in [0, 60000] (:data:`sim.core.schema.MAX_EMULATED_MS`).
     """
 
     batch: int = 8
@@ -120,15 +126,12 @@ class CounterpartRun:
 
     def __post_init__(self) -> None:
         for name in ("batch", "steps", "prompt_tokens"):
-            if getattr(self, name) < 1:
-                raise ArgumentError(f"CounterpartRun.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.prefill_step < self.steps:
-            raise ArgumentError(f"CounterpartRun.prefill_step must be in [0, steps = {self.steps}), "
-                                f"got {self.prefill_step}")
-        if self.after_steps < 0:
-            raise ArgumentError(f"CounterpartRun.after_steps must be >= 0, got {self.after_steps}")
-        if not self.compute_ms >= 0:
-            raise ArgumentError(f"CounterpartRun.compute_ms must be >= 0, got {self.compute_ms}")
+            object.__setattr__(self, name, setting_int(f"CounterpartRun.{name}", getattr(self, name), 1))
+        object.__setattr__(self, "prefill_step", setting_int("CounterpartRun.prefill_step", self.prefill_step, 0,
+                                                             self.steps - 1))
+        object.__setattr__(self, "after_steps", setting_int("CounterpartRun.after_steps", self.after_steps, 0))
+        object.__setattr__(self, "compute_ms", setting_number("CounterpartRun.compute_ms", self.compute_ms, 0.0,
+                                                              float(MAX_EMULATED_MS)))
 
 
 @dataclass(frozen=True)
@@ -138,20 +141,22 @@ class CounterpartReads:
     Attributes
     ----------
     backend : str
-        The readers' backend (as ``engram.Table``).
+        The readers' backend (as ``engram.Table``: ``"auto"``, ``"io_uring"``, ``"pread"`` or ``"serial"``).
     readers : int
-        Readers of a batch above ``threshold`` (>= 1).
+        Readers of a batch above ``threshold`` (in ``[1, engram.table.MAX_READERS]``).
     threshold : int
         Distinct rows below which a batch is read serially (>= 1).
     depths : sequence of int
-        Queue depths the device is probed at (:func:`probe_device`).
+        Queue depths the device is probed at (:func:`probe_device`), each in ``[1, engram.table.MAX_READERS]``.
     seconds : float
-        Seconds the probe spends at each depth (> 0).
+        Seconds the probe spends at each depth (> 0, at most 3600).
 
     Raises
     ------
     ArgumentError
-        ``readers``, ``threshold`` or a depth below 1, ``seconds`` not above 0.
+        Names the field and the value: an unknown ``backend``, ``readers``, ``threshold`` or a depth that is not
+        a whole number (a bool, a float or a string) or is out of its range, no depth, ``seconds`` not a finite
+        number in (0, 3600].
     """
 
     backend: str = "pread"
@@ -161,13 +166,16 @@ class CounterpartReads:
     seconds: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("readers", "threshold"):
-            if getattr(self, name) < 1:
-                raise ArgumentError(f"CounterpartReads.{name} must be >= 1, got {getattr(self, name)}")
-        if any(int(k) < 1 for k in self.depths):
-            raise ArgumentError(f"CounterpartReads.depths must be >= 1 each, got {tuple(self.depths)}")
-        if not self.seconds > 0:
-            raise ArgumentError(f"CounterpartReads.seconds must be > 0, got {self.seconds}")
+        setting_choice("CounterpartReads.backend", self.backend, TABLE_BACKENDS)
+        object.__setattr__(self, "readers", setting_int("CounterpartReads.readers", self.readers, 1, MAX_READERS))
+        object.__setattr__(self, "threshold", setting_int("CounterpartReads.threshold", self.threshold, 1))
+        if isinstance(self.depths, (str, bytes)) or not isinstance(self.depths, Sequence) or not self.depths:
+            raise ArgumentError(f"CounterpartReads.depths = {self.depths!r:.60}: expected a non-empty sequence of "
+                                f"whole numbers in [1, {MAX_READERS}]")
+        object.__setattr__(self, "depths", tuple(setting_int(f"CounterpartReads.depths[{i}]", k, 1, MAX_READERS)
+                                                 for i, k in enumerate(self.depths)))
+        object.__setattr__(self, "seconds", setting_number("CounterpartReads.seconds", self.seconds, 0.0,
+                                                           MAX_PROBE_SECONDS, above=True))
 
 
 def measure_counterpart(model_path: Union[str, os.PathLike], tokens: np.ndarray,

@@ -46,6 +46,7 @@ from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tupl
 
 import numpy as np
 
+from engram._checks import settings_from
 from engram.errors import ArgumentError
 
 from sim.sweep.capacity import CAPACITY_RULE, CapacityTable, ProbeRounds, SearchBound, SearchProgress, SearchRun, \
@@ -395,7 +396,8 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     Raises
     ------
     ArgumentError, FormatError
-        A bad study, device, text or calibration; ``resume`` on probes of another study.
+        A bad study, device, text or calibration; an override that is not a field of ``RateSearch`` (names it
+        and lists the fields); ``resume`` on probes of another study.
     OutputError
         ``out`` cannot be written.
     SweepError
@@ -404,7 +406,7 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     if not isinstance(study, ServeStudy):
         study = ServeStudy.load(study)
     values = {**study.search.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
-    search = RateSearch(**values)
+    search = settings_from(RateSearch, values, f"{study.source}: [search] and the overrides")
     if resume and out is None:
         raise ArgumentError("resume needs the table of the earlier run (out)")
     if out is not None:

@@ -107,11 +107,12 @@ from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequ
 
 import numpy as np
 
+from engram._checks import setting_int, setting_number, setting_str, settings_from
 from engram.errors import ArgumentError
 
 from sim.core.io import load_json
 from sim.core.progress import progress as progress_bar
-from sim.core.progress import progress_label
+from sim.core.progress import progress_label, progress_mode
 from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
 from sim.device.models import RateLimitedDevice
@@ -217,8 +218,8 @@ class CapacitySpec:
         Raises
         ------
         ArgumentError
-            Not a capacity study, an unknown key or a bad value, or a study that sets ``sessions`` or
-            ``repeat`` (the search sets them).
+            Not a capacity study, an unknown key (of the table or of ``overrides``: names it and lists the
+            fields) or a bad value, or a study that sets ``sessions`` or ``repeat`` (the search sets them).
         """
         table = study.capacity
         if table is None:
@@ -235,7 +236,7 @@ class CapacitySpec:
         if isinstance(values.get("target"), int) and not isinstance(values.get("target"), bool):
             values["target"] = float(values["target"])
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return settings_from(cls, values, f"{study.source}: [capacity] and the overrides")
 
     def search_words(self) -> str:
         """How this search probes, in words for a report: ``"... sessions"`` (the module docstring's Search)."""
@@ -974,7 +975,10 @@ class SearchRun:
     Raises
     ------
     ArgumentError
-        ``jobs`` below 1, ``connect_timeout`` not above 0.
+        Names the field and the value: ``jobs`` not None or a whole number >= 1 (a bool, a float or a string
+        included), ``scheduler`` not None or a non-empty string, ``connect_timeout`` not a finite number > 0,
+        ``progress`` not a bool or a mode of :mod:`sim.core.progress`, ``desc`` not a string, ``done`` not a
+        sequence of mappings, ``on_probe`` not None or a callable.
     """
 
     jobs: Optional[int] = None
@@ -986,10 +990,27 @@ class SearchRun:
     on_probe: Optional[Callable[[Dict[str, Any]], None]] = None
 
     def __post_init__(self) -> None:
-        if self.jobs is not None and self.jobs < 1:
-            raise ArgumentError(f"jobs must be >= 1, got {self.jobs}")
-        if not self.connect_timeout > 0:
-            raise ArgumentError(f"SearchRun.connect_timeout must be > 0 seconds, got {self.connect_timeout}")
+        if self.jobs is not None:
+            object.__setattr__(self, "jobs", setting_int("SearchRun.jobs", self.jobs, 1))
+        if self.scheduler is not None:
+            setting_str("SearchRun.scheduler", self.scheduler, empty=False)
+        object.__setattr__(self, "connect_timeout", setting_number("SearchRun.connect_timeout",
+                                                                   self.connect_timeout, 0.0, above=True))
+        try:
+            progress_mode(bool(self.progress) if isinstance(self.progress, np.bool_) else self.progress)
+        except ArgumentError:
+            raise ArgumentError(f"SearchRun.progress = {self.progress!r:.60}: expected True, False or one of "
+                                "'auto', 'bar', 'lines', 'off'") from None
+        setting_str("SearchRun.desc", self.desc)
+        if isinstance(self.done, (str, bytes, Mapping)) or not isinstance(self.done, Sequence):
+            raise ArgumentError(f"SearchRun.done = {type(self.done).__name__}: expected a sequence of probe rows "
+                                "(mappings)")
+        bad = next((i for i, r in enumerate(self.done) if not isinstance(r, Mapping)), None)
+        if bad is not None:
+            raise ArgumentError(f"SearchRun.done[{bad}] = {type(self.done[bad]).__name__}: expected a probe row "
+                                "(a mapping)")
+        if self.on_probe is not None and not callable(self.on_probe):
+            raise ArgumentError(f"SearchRun.on_probe = {self.on_probe!r:.60}: expected None or a callable")
 
 
 class ProbeRounds:

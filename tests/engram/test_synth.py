@@ -137,6 +137,66 @@ def test_settings_name_the_bad_field(make, field):
         make()
 
 
+@pytest.mark.parametrize("kw,message", [
+    (dict(shards=0), "ModelShape.shards = 0: expected a whole number in [1, 65535]"),
+    (dict(shards="2"), "ModelShape.shards = '2': expected a whole number in [1, 65535]"),
+    (dict(shards=2.0), "ModelShape.shards = 2.0: expected a whole number in [1, 65535]"),
+    (dict(shards=True), "ModelShape.shards = True: expected a whole number in [1, 65535]"),
+    (dict(shards=1 << 16), "ModelShape.shards = 65536: expected a whole number in [1, 65535]"),
+    (dict(seed=1.0), "ModelShape.seed = 1.0: expected a whole number in [0, 18446744073709551615]"),
+    (dict(scale=True), "ModelShape.scale = True: expected a finite number in (0, 1]"),
+    (dict(scale="0.001"), "ModelShape.scale = '0.001': expected a finite number in (0, 1]"),
+    (dict(scale=1.5), "ModelShape.scale = 1.5: expected a finite number in (0, 1]"),
+    (dict(eps="1e-6"), "ModelShape.eps = '1e-6': expected a finite number in (0, 1)"),
+    (dict(eps=float("nan")), "ModelShape.eps = nan: expected a finite number in (0, 1)"),
+    (dict(full_size="no"), "ModelShape.full_size = 'no': expected True or False"),
+    (dict(optional_keys=1), "ModelShape.optional_keys = 1: expected True or False"),
+    (dict(vocabulary="false"), "ModelShape.vocabulary = 'false': expected True or False"),
+    (dict(table_offset=-1), "ModelShape.table_offset = -1: expected a whole number >= 0"),
+    (dict(table_offset=4096.0), "ModelShape.table_offset = 4096.0: expected a whole number >= 0"),
+    (dict(layout="v41"), "ModelShape.layout = str: expected None or an engram.Layout"),
+    (dict(tokenizer_json=3), "ModelShape.tokenizer_json = 3: expected None or a path"),
+    (dict(token_map=np.zeros((2, 2), np.int64)), "ModelShape.token_map must be a non-empty 1-D integer array"),
+])
+def test_model_shape_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        synth.ModelShape(**{"scale": 0.001, **kw})
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_model_shape_keeps_its_valid_values(tmp_path):
+    shape = synth.ModelShape(scale=1, shards=np.int64(3), seed=2**64 - 1, eps=0.5, optional_keys=True,
+                             table_offset=1 << 20, tokenizer_json=tmp_path / "t.json", vocabulary=False)
+    assert (shape.scale, shape.shards, shape.seed, shape.eps, shape.table_offset) == (1.0, 3, 2**64 - 1, 0.5, 1 << 20)
+    assert type(shape.shards) is int and shape.optional_keys is True and shape.vocabulary is False
+    assert synth.ModelShape(full_size=True).full_size is True and synth.ModelShape(full_size=True, scale=1.0).scale == 1
+    assert synth.ModelShape(layout=Layout.deepseek_v41_flash(SCALE)).layout.rows[0] == \
+        Layout.deepseek_v41_flash(SCALE).rows[0]
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(chunk_bytes=100), "Writing.chunk_bytes = 100: expected a whole number in [264, 1073741824]"),
+    (dict(chunk_bytes=1 << 31), "Writing.chunk_bytes = 2147483648: expected a whole number in [264, 1073741824]"),
+    (dict(chunk_bytes=65536.0), "Writing.chunk_bytes = 65536.0: expected a whole number in [264, 1073741824]"),
+    (dict(chunk_bytes="64M"), "Writing.chunk_bytes = '64M': expected a whole number in [264, 1073741824]"),
+    (dict(chunk_bytes=True), "Writing.chunk_bytes = True: expected a whole number in [264, 1073741824]"),
+    (dict(sync="yes"), "Writing.sync = 'yes': expected True or False"),
+    (dict(direct_io=0), "Writing.direct_io = 0: expected True or False"),
+    (dict(parents=None), "Writing.parents = None: expected True or False"),
+])
+def test_writing_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        synth.Writing(**kw)
+    assert str(exc.value) == message
+
+
+def test_writing_keeps_its_valid_values():
+    w = synth.Writing(chunk_bytes=np.int64(264), sync=True, direct_io=np.bool_(False), parents=True)
+    assert (w.chunk_bytes, w.sync, w.direct_io, w.parents) == (264, True, False, True)
+    assert type(w.chunk_bytes) is int and type(w.direct_io) is bool
+    assert synth.Writing().chunk_bytes == synth.DEFAULT_CHUNK_BYTES == 64 << 20
+
+
 def test_fill_defaults_to_the_trace_when_one_is_given():
     assert synth.Fill().tables == "all" and synth.Fill(trace=[1, 2]).tables == "trace"
     assert synth.Fill(tables="none", trace=[1]).tables == "none"

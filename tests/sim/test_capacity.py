@@ -329,3 +329,45 @@ def test_bracketed_and_galloping_searches_agree():
 def test_bad_search_run_names_the_field(kw, field):
     with pytest.raises(ArgumentError, match=field):
         SearchRun(**kw)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(jobs=0), "SearchRun.jobs = 0: expected a whole number >= 1"),
+    (dict(jobs="2"), "SearchRun.jobs = '2': expected a whole number >= 1"),
+    (dict(jobs=2.0), "SearchRun.jobs = 2.0: expected a whole number >= 1"),
+    (dict(jobs=True), "SearchRun.jobs = True: expected a whole number >= 1"),
+    (dict(scheduler=""), "SearchRun.scheduler = '': expected a non-empty string"),
+    (dict(scheduler=8786), "SearchRun.scheduler = 8786: expected a non-empty string"),
+    (dict(connect_timeout="30"), "SearchRun.connect_timeout = '30': expected a finite number > 0"),
+    (dict(connect_timeout=math.inf), "SearchRun.connect_timeout = inf: expected a finite number > 0"),
+    (dict(progress="loud"), "SearchRun.progress = 'loud': expected True, False or one of 'auto', 'bar', 'lines'"),
+    (dict(progress=1), "SearchRun.progress = 1: expected True, False or one of"),
+    (dict(desc=None), "SearchRun.desc = None: expected a string"),
+    (dict(done="rows"), "SearchRun.done = str: expected a sequence of probe rows"),
+    (dict(done=[{"point": 0}, 3]), "SearchRun.done[1] = int: expected a probe row (a mapping)"),
+    (dict(on_probe="print"), "SearchRun.on_probe = 'print': expected None or a callable"),
+])
+def test_search_run_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        SearchRun(**kw)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_search_run_keeps_its_valid_values():
+    rows = [{"point": 3}]
+    run = SearchRun(jobs=np.int64(2), scheduler="tcp://127.0.0.1:8786", connect_timeout=5, progress="lines",
+                    desc="capacity", done=rows, on_probe=rows.append)
+    assert (run.jobs, run.scheduler, run.connect_timeout, run.progress, run.desc) == (
+        2, "tcp://127.0.0.1:8786", 5.0, "lines", "capacity")
+    assert type(run.jobs) is int and run.done is rows and run.on_probe == rows.append
+    assert SearchRun(progress=False).progress is False and SearchRun().jobs is None
+
+
+def test_capacity_overrides_name_an_unknown_field():
+    study = Study.from_dict({"capacity": {"target": 19}})
+    with pytest.raises(ArgumentError) as exc:
+        CapacitySpec.from_study(study, max_session=64)
+    msg = str(exc.value)
+    assert "CapacitySpec has no field 'max_session'" in msg and "max_sessions" in msg and "target" in msg, msg
+    assert not isinstance(exc.value, TypeError)
+    assert CapacitySpec.from_study(study, max_sessions=64, seeds=None) == CapacitySpec(19.0, CapacitySpec().seeds, 64)

@@ -199,6 +199,39 @@ def test_run_and_storage_settings_refuse_bad_values(make, field):
         make()
 
 
+@pytest.mark.parametrize("kw,message", [
+    (dict(calibration="x"), "Storage.calibration = 'x': no such file"),
+    (dict(calibration=Path("/nonexistent/calibration.json")), "Storage.calibration = '/nonexistent/calibration.json': "
+                                                               "no such file"),
+    (dict(calibration=""), "Storage.calibration = '': no such file"),
+    (dict(calibration=3), "Storage.calibration = 3: expected None, a calibration file, its document (a mapping) or "
+                          "a sim.check.calibrate.Calibration"),
+    (dict(calibration=True), "Storage.calibration = True: expected None, a calibration file"),
+    (dict(drives="2"), "Storage.drives must be a whole number >= 1, got '2'"),
+    (dict(drives=True), "Storage.drives must be a whole number >= 1, got True"),
+    (dict(drives=2.5), "Storage.drives must be a whole number >= 1, got 2.5"),
+])
+def test_storage_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        Storage(**kw)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_storage_keeps_its_calibrations(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text("{}")
+    doc = {"kind": "calibration"}
+
+    class Cal:
+        def device(self, backend, compute):
+            return None
+
+    cal = Cal()
+    assert Storage(calibration=path).calibration == path and Storage(calibration=str(path)).calibration == str(path)
+    assert Storage(calibration=doc).calibration is doc and Storage(calibration=cal).calibration is cal
+    assert Storage(drives=3, calibration=None).drives == 3 and Storage().calibration is None
+
+
 def test_run_settings_resolve_their_phases():
     assert str(DecodeRun().starts()) == "random" and str(DecodeRun(start_spread=0.0).starts()) == "lockstep"
     assert str(DecodeRun(start_spread=47e-3).starts()) == "spread:47" and DecodeRun(steps=7.0).steps == 7

@@ -158,10 +158,33 @@ def test_demo_refuses_a_short_text(tmp_path, capsys):
 @pytest.mark.parametrize("bad, field", [(dict(scale=0.0), "scale"), (dict(steps=5), "steps"), (dict(rounds=-1), "rounds"),
                                         (dict(lookups=0), "lookups")])
 def test_a_bad_demo_size_is_refused_naming_the_field(bad, field):
-    with pytest.raises(ArgumentError, match=f"demo {field} = "):
+    with pytest.raises(ArgumentError, match=f"^DemoSize\\.{field} = "):
         DemoSize(**bad)
     assert DemoSize(steps=0, rounds=0).resolved(True) == DemoSize(0.001, 40, 2, 4)  # 0: the default
     assert DemoSize(scale=0.01, steps=30).resolved(False) == DemoSize(0.01, 30, 5, 16)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(scale="0.01"), "DemoSize.scale = '0.01': expected a finite number in (0, 1]"),
+    (dict(scale=True), "DemoSize.scale = True: expected a finite number in (0, 1]"),
+    (dict(scale=2.0), "DemoSize.scale = 2.0: expected a finite number in (0, 1]"),
+    (dict(scale=float("nan")), "DemoSize.scale = nan: expected a finite number in (0, 1]"),
+    (dict(steps="200"), "DemoSize.steps = '200': expected a whole number >= 10 (or 0: the default)"),
+    (dict(steps=200.0), "DemoSize.steps = 200.0: expected a whole number >= 10 (or 0: the default)"),
+    (dict(rounds=True), "DemoSize.rounds = True: expected a whole number >= 1 (or 0: the default)"),
+    (dict(rounds=-1), "DemoSize.rounds = -1: expected a whole number >= 1 (or 0: the default)"),
+    (dict(lookups=2.5), "DemoSize.lookups = 2.5: expected a whole number >= 1"),
+])
+def test_demo_size_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        DemoSize(**kw)
+    assert str(exc.value) == message
+
+
+def test_demo_size_keeps_its_valid_values():
+    size = DemoSize(scale=1, steps=10, rounds=1, lookups=1)
+    assert (size.scale, size.steps, size.rounds, size.lookups) == (1.0, 10, 1, 1) and type(size.scale) is float
+    assert DemoSize().resolved(False) == DemoSize(0.02, 200, 5, 16)
 
 
 def test_a_bad_demo_measurement_is_refused_naming_the_field():

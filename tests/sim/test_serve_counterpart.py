@@ -92,3 +92,50 @@ def test_bad_counterpart_run_names_the_field(kw, field):
 def test_bad_counterpart_reads_names_the_field(kw, field):
     with pytest.raises(ArgumentError, match=field):
         CounterpartReads(**kw)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(batch="8"), "CounterpartRun.batch = '8': expected a whole number >= 1"),
+    (dict(batch=8.0), "CounterpartRun.batch = 8.0: expected a whole number >= 1"),
+    (dict(steps=True), "CounterpartRun.steps = True: expected a whole number >= 1"),
+    (dict(prompt_tokens=0), "CounterpartRun.prompt_tokens = 0: expected a whole number >= 1"),
+    (dict(prefill_step=60), "CounterpartRun.prefill_step = 60: expected a whole number in [0, 59]"),
+    (dict(prefill_step=-1), "CounterpartRun.prefill_step = -1: expected a whole number in [0, 59]"),
+    (dict(after_steps=1.5), "CounterpartRun.after_steps = 1.5: expected a whole number >= 0"),
+    (dict(compute_ms="10"), "CounterpartRun.compute_ms = '10': expected a finite number in [0, 60000]"),
+    (dict(compute_ms=math.nan), "CounterpartRun.compute_ms = nan: expected a finite number in [0, 60000]"),
+    (dict(compute_ms=1e9), "CounterpartRun.compute_ms = 1000000000.0: expected a finite number in [0, 60000]"),
+])
+def test_counterpart_run_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        CounterpartRun(**kw)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(backend="aio"), "CounterpartReads.backend = 'aio': expected one of 'auto', 'io_uring', 'pread', 'serial'"),
+    (dict(backend=None), "CounterpartReads.backend = None: expected one of"),
+    (dict(readers="16"), "CounterpartReads.readers = '16': expected a whole number in [1, 4096]"),
+    (dict(readers=5000), "CounterpartReads.readers = 5000: expected a whole number in [1, 4096]"),
+    (dict(threshold=8.5), "CounterpartReads.threshold = 8.5: expected a whole number >= 1"),
+    (dict(depths=()), "CounterpartReads.depths = (): expected a non-empty sequence"),
+    (dict(depths="1,2"), "CounterpartReads.depths = '1,2': expected a non-empty sequence"),
+    (dict(depths=(1, True)), "CounterpartReads.depths[1] = True: expected a whole number in [1, 4096]"),
+    (dict(depths=(1, 2.5)), "CounterpartReads.depths[1] = 2.5: expected a whole number in [1, 4096]"),
+    (dict(seconds=0.0), "CounterpartReads.seconds = 0.0: expected a finite number in (0, 3600]"),
+    (dict(seconds="1"), "CounterpartReads.seconds = '1': expected a finite number in (0, 3600]"),
+])
+def test_counterpart_reads_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        CounterpartReads(**kw)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_counterpart_settings_keep_their_valid_values():
+    run = CounterpartRun(batch=np.int64(4), steps=40, prompt_tokens=2048, prefill_step=0, after_steps=0, compute_ms=8)
+    assert (run.batch, run.steps, run.prompt_tokens, run.prefill_step, run.after_steps, run.compute_ms) == (
+        4, 40, 2048, 0, 0, 8.0)
+    assert type(run.batch) is int and type(run.compute_ms) is float
+    reads = CounterpartReads(backend="io_uring", readers=32, threshold=1, depths=[1, np.int64(4)], seconds=1)
+    assert (reads.backend, reads.readers, reads.threshold, reads.depths, reads.seconds) == (
+        "io_uring", 32, 1, (1, 4), 1.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from sim.decode import DecodeRun, simulate_decode
 from sim.device import load_device
 from sim.core.params import Compute, Policy, Storage
 from sim.decode.prefill import PrefillRun, simulate_prefill
+from sim.decode.speculative import Speculation
 from sim.serve import SLO, RowSource, Scheduler, ServeRun, ServeText, StepCompute, Workload, make_requests, \
     simulate_serve
 from sim.serve.engine import Engine, EngineRun
@@ -236,3 +239,38 @@ def test_goodput_never_exceeds_throughput(rows, rate, scale, iops):
 def test_bad_run_settings_name_the_field(make, field):
     with pytest.raises(ArgumentError, match=field):
         make()
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(drives="x"), "EngineRun.drives = 'x': expected a whole number in [1, 4096]"),
+    (dict(drives=True), "EngineRun.drives = True: expected a whole number"),
+    (dict(drives=2.0), "EngineRun.drives = 2.0: expected a whole number"),
+    (dict(drives=4097), "EngineRun.drives = 4097: expected a whole number in [1, 4096]"),
+    (dict(seed=-1), "EngineRun.seed = -1: expected a whole number >= 0"),
+    (dict(seed="0"), "EngineRun.seed = '0': expected a whole number >= 0"),
+    (dict(measured=[True, False]), "EngineRun.measured = list: expected a one-dimensional bool array"),
+    (dict(measured=np.ones(3, np.int64)), "EngineRun.measured = int64 array of shape [3]: expected"),
+    (dict(t_cap=0.0), "EngineRun.t_cap = 0.0: expected a number > 0"),
+    (dict(t_cap=float("nan")), "EngineRun.t_cap = nan: expected a number > 0"),
+    (dict(t_cap="10"), "EngineRun.t_cap = '10': expected a number > 0"),
+    (dict(positions=(np.zeros(2),)), "EngineRun.positions = tuple: expected a pair"),
+    (dict(abort_ttft=-1.0), "EngineRun.abort_ttft = -1.0: expected a number >= 0"),
+    (dict(abort_percentile="99"), "EngineRun.abort_percentile = '99': expected a finite number in [0, 100]"),
+    (dict(abort_percentile=True), "EngineRun.abort_percentile = True: expected a finite number in [0, 100]"),
+    (dict(speculation=2), "EngineRun.speculation = int: expected None or a sim.decode.speculative.Speculation"),
+])
+def test_engine_run_refuses_a_bad_field_naming_it(kw, message):
+    with pytest.raises(ArgumentError) as exc:
+        EngineRun(**kw)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_engine_run_keeps_its_valid_values():
+    measured = np.array([True, False, True])
+    run = EngineRun(drives=np.int64(3), seed=7, measured=measured, t_cap=12, positions=(np.zeros(3), np.ones(3)),
+                    abort_ttft=2, abort_percentile=95, speculation=Speculation(draft_tokens=2))
+    assert (run.drives, run.seed, run.t_cap, run.abort_ttft, run.abort_percentile) == (3, 7, 12.0, 2.0, 95.0)
+    assert type(run.drives) is int and type(run.t_cap) is float and run.measured is measured
+    assert run.speculation.draft_tokens == 2
+    default = EngineRun()
+    assert (default.drives, default.seed, default.t_cap, default.abort_ttft) == (1, 0, math.inf, None)

@@ -300,3 +300,13 @@ def test_a_probe_measures_at_least_min_requests(study, tmp_path):
     assert rs.probe_duration({"duration_s": 10.0, "warmup_s": 5.0, "arrivals": "constant"}, 0.5) == 105.0
     with pytest.raises(ArgumentError, match="min_requests"):
         RateSearch(min_requests=0)
+
+
+def test_an_unknown_search_override_is_refused_naming_it(study, monkeypatch):
+    monkeypatch.setattr(serve_runner, "run_serve_point", lambda *a, **k: pytest.fail("simulated"))
+    with pytest.raises(ArgumentError) as exc:
+        run_serve_capacity(study, jobs=1, progress=False, seed=1)
+    msg = str(exc.value)
+    assert "tiny.toml: [search] and the overrides: RateSearch has no field 'seed'" in msg, msg
+    assert "seeds, min_rate, max_rate, resolution, min_requests" in msg, msg
+    assert not isinstance(exc.value, TypeError)
