@@ -93,7 +93,7 @@ def progress_choice(args: argparse.Namespace) -> str:
     (``--no-progress``: plain lines, never a bar) or ``"auto"`` (a bar on a terminal, plain lines elsewhere).
 
     These are the modes of ``sim.core.progress``; a command whose progress is a bar only (``engram synth``) shows
-    it for ``"auto"`` and nothing otherwise.
+    it for ``"auto"`` where standard error is a terminal and nothing otherwise.
     """
     if getattr(args, "quiet", False):
         return "off"
@@ -101,7 +101,8 @@ def progress_choice(args: argparse.Namespace) -> str:
 
 
 def _bar_wanted(args: argparse.Namespace) -> bool:
-    """Whether a bar-only progress (tqdm) is shown: neither flag given and no ``--json``."""
+    """Whether a bar-only progress (tqdm) may be shown: neither flag given and no ``--json`` (and then only
+    where standard error is a terminal: :func:`engram.gguf.write.bar_wanted`)."""
     return progress_choice(args) == "auto" and not getattr(args, "json", False)
 
 

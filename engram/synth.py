@@ -52,7 +52,7 @@ from ._checks import need_int, setting_bool, setting_int, setting_number
 from .codec import ENCODING, ROW_BYTES, ROW_VALUES
 from .errors import ArgumentError
 from .gguf import ARCHITECTURE, HC_STREAMS, HIDDEN_SIZE, MODEL_ALIGNMENT, atomic_outputs, shard_name
-from .gguf.write import ArrayWriter, check_outputs, check_room, output_error, progress_bar as _progress
+from .gguf.write import ArrayWriter, bar_wanted, check_outputs, check_room, output_error, progress_bar as _progress
 from .hashing import Hasher
 from .layout import Layout
 from .tokenmap import build_token_map
@@ -791,8 +791,8 @@ class Writing:
             object.__setattr__(self, name, setting_bool(f"Writing.{name}", getattr(self, name)))
 
 
-def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fill(), *, progress: bool = True,
-                writing: Writing = Writing()) -> List[Path]:
+def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fill(), *,
+                progress: Union[bool, str] = True, writing: Writing = Writing()) -> List[Path]:
     """Write ``plan`` as a GGUF model (one file, or a split set) and return the paths written.
 
     Header, metadata and tensor infos are written by ``gguf.GGUFWriter``; the
@@ -811,8 +811,9 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fil
         ``STEM-0000k-of-0000N.gguf`` beside it.
     fill : Fill
         Which table rows and whether the projections are written.
-    progress : bool
-        Show a tqdm progress bar.
+    progress : bool or str
+        A tqdm progress bar on standard error: ``True`` (default) or ``"auto"`` only where standard error is a
+        terminal, ``"bar"`` anywhere, ``False`` or ``"off"`` none (:func:`engram.gguf.write.bar_wanted`).
     writing : Writing
         Chunk size, ``fsync``, ``O_DIRECT`` and the making of missing folders.
 
@@ -833,6 +834,7 @@ def write_model(plan: ModelPlan, path: Union[str, os.PathLike], fill: Fill = Fil
     _check_kind(plan, ModelPlan, "plan")
     _check_kind(fill, Fill, "fill")
     _check_kind(writing, Writing, "writing")
+    bar_wanted(progress)  # a bad value is refused before anything is made
     path = Path(path)
     names = shard_names(path, plan.shards)
     counts = [sum(1 for t in plan.tensors if t.shard == s) for s in range(plan.shards)]
@@ -954,8 +956,8 @@ class _DataWriter:
                 bar.update(arr.nbytes)
 
 
-def build_model(path: Union[str, os.PathLike], shape: ModelShape, fill: Fill = Fill(), *, progress: bool = True,
-                writing: Writing = Writing()) -> List[Path]:
+def build_model(path: Union[str, os.PathLike], shape: ModelShape, fill: Fill = Fill(), *,
+                progress: Union[bool, str] = True, writing: Writing = Writing()) -> List[Path]:
     """Build a synthetic V4.1 Flash model file of ``shape`` in the real format (SPEC §6); return the paths.
 
     :func:`plan_model` then :func:`write_model`.
@@ -969,8 +971,8 @@ def build_model(path: Union[str, os.PathLike], shape: ModelShape, fill: Fill = F
     fill : Fill
         Rows and projections to write; ``Fill(trace=ids)`` writes only the rows
         the trace hashes to (needed with ``shape.full_size``, or ``tables="none"``).
-    progress : bool
-        Show a tqdm progress bar.
+    progress : bool or str
+        As for :func:`write_model`: by default a bar only where standard error is a terminal.
     writing : Writing
         See :func:`write_model`.
 

@@ -45,7 +45,7 @@ from .shards import shard_name
 from .tensors import engram_layer_ids
 
 __all__ = ["atomic_outputs", "repair_model", "engram_metadata", "ArrayWriter", "output_error", "check_room",
-           "check_outputs", "size_text", "progress_bar", "FREE_MARGIN", "WRITE_ERRNOS"]
+           "check_outputs", "size_text", "progress_bar", "bar_wanted", "BAR_MODES", "FREE_MARGIN", "WRITE_ERRNOS"]
 
 #: Bytes copied per ``copy_file_range`` call (bounds a call's latency, not memory).
 COPY_CHUNK = 64 << 20
@@ -205,14 +205,43 @@ class ArrayWriter(GGUFWriter):
 
 #: Seconds between two redraws of a progress bar written to something other than a terminal.
 LOG_INTERVAL_S = 10.0
+#: The ``progress`` values of the writers (:func:`repair_model`, :mod:`engram.synth`): the modes of the rest of the
+#: project's progress output (``sim.core.progress``), besides ``True`` (``"auto"``) and ``False`` (``"off"``).
+BAR_MODES = ("auto", "bar", "lines", "off")
+
+
+def bar_wanted(progress: Union[bool, str, None], stream=None) -> bool:
+    """Whether a writer's ``progress`` draws a bar on ``stream`` (default: standard error as it is now).
+
+    The rule of the project's other progress output: ``True``, ``None`` or ``"auto"``: a bar only where ``stream``
+    is a terminal (a tqdm bar redraws itself with carriage returns, which a log or a pipe keeps one per redraw);
+    ``"bar"``: a bar wherever it goes; ``False``, ``"off"`` or ``"lines"``: none (these writers have no plain
+    progress lines).
+
+    Raises
+    ------
+    ArgumentError
+        ``progress`` is none of these.
+    """
+    if progress is None or progress is True:
+        progress = "auto"
+    elif progress is False:
+        progress = "off"
+    if not isinstance(progress, str) or progress not in BAR_MODES:
+        raise ArgumentError(f"progress must be a bool or one of {', '.join(BAR_MODES)}, got {progress!r}")
+    if progress == "auto":
+        isatty = getattr(sys.stderr if stream is None else stream, "isatty", None)
+        return bool(isatty is not None and isatty())
+    return progress == "bar"
 
 
 @contextmanager
-def progress_bar(show: bool, total: int, desc: str) -> Iterator[Optional[tqdm]]:
-    """A tqdm bar over ``total`` bytes (None when not ``show``); a run that fails or is interrupted clears it,
-    so its one-line error stands alone.  Off a terminal (a log, CI) the bar is redrawn at most every
-    :data:`LOG_INTERVAL_S` seconds, so a log holds a record every few seconds rather than one per update."""
-    if not show:
+def progress_bar(show: Union[bool, str, None], total: int, desc: str) -> Iterator[Optional[tqdm]]:
+    """A tqdm bar over ``total`` bytes on standard error where :func:`bar_wanted` says ``show`` asks for one,
+    else None; a run that fails or is interrupted clears it, so its one-line error stands alone.  A bar asked
+    for off a terminal (``"bar"``: a log, CI) is redrawn at most every :data:`LOG_INTERVAL_S` seconds, so a log
+    holds a record every few seconds rather than one per update."""
+    if not bar_wanted(show):
         yield None
         return
     tty = getattr(sys.stderr, "isatty", lambda: False)()
@@ -452,7 +481,8 @@ def _repair_outputs(headers, dst: Path) -> List[Path]:
 
 
 def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, prefer: Optional[str] = None,
-                 eps: Optional[float] = None, progress: bool = True, parents: bool = False) -> List[Path]:
+                 eps: Optional[float] = None, progress: Union[bool, str] = True,
+                 parents: bool = False) -> List[Path]:
     """Write ``src`` again as ``dst`` with the current Engram keys, every derived constant re-derived and checked.
 
     Parameters
@@ -472,8 +502,9 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     eps : float, optional
         Write this gate epsilon (``{arch}.attention.layer_norm_rms_epsilon``);
         default: the file's own, or none when it has none.
-    progress : bool
-        A tqdm progress bar over the bytes copied.
+    progress : bool or str
+        A tqdm progress bar over the bytes copied, on standard error: ``True`` (default) or ``"auto"`` only
+        where standard error is a terminal, ``"bar"`` anywhere, ``False`` or ``"off"`` none (:func:`bar_wanted`).
     parents : bool
         Make the folder of ``dst`` (and its parents) when missing; without it a
         missing folder is refused (:func:`check_outputs`).
@@ -504,6 +535,7 @@ def repair_model(src: Union[PathLike, Sequence[PathLike]], dst: PathLike, *, pre
     """
     if prefer is not None and prefer not in ARCHITECTURES:
         raise ArgumentError(f"prefer must be one of {list(ARCHITECTURES)}, got {prefer!r}")
+    bar_wanted(progress)  # a bad value is refused before anything is read or made
     if eps is not None and not (isinstance(eps, (int, float)) and 0 < float(eps) < 1):
         raise ArgumentError(f"eps must be a number in (0, 1), got {eps!r}")
     headers = read_headers(src)
