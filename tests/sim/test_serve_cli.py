@@ -120,3 +120,22 @@ def test_the_arrival_cv_help_gives_its_range(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert ("--cv CV inter-arrival CV (gamma) (default 1.0); a finite number > 0, the inter-arrival gaps' "
             "coefficient of variation: 1 is Poisson, larger is burstier; used by --arrivals gamma") in text
+
+
+def test_the_first_rate_probed_is_the_studys_else_the_default(capsys, tmp_path):
+    """The help said 0.5 while studies/serve.toml's search starts at 0.25: the study's [search] value is the
+    default of --min-rate, and 0.5 only where the study gives none."""
+    from pathlib import Path
+    from sim.serve import ServeStudy
+    from sim.serve.search import _rate_search
+    shipped = ServeStudy.load(Path(__file__).resolve().parents[2] / "studies" / "serve.toml")
+    assert next(_rate_search(shipped.search)) == shipped.search.min_rate == 0.25
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[study]\nname = "bare"\n[serve]\nduration_s = 20\n')
+    assert next(_rate_search(ServeStudy.load(bare).search)) == 0.5
+    with pytest.raises(SystemExit):
+        main(["sim", "capacity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--min-rate MIN_RATE requests/s probed first (default: the study's [search] min_rate, else 0.5)" in text
+    assert "--max-rate MAX_RATE the largest requests/s probed (default: the study's [search] max_rate, else 64)" in text
+    assert "(default: the study's [search] resolution, else 0.05)" in text
