@@ -73,7 +73,7 @@ from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration, check_study_backends
 from ..decode import DecodeRun, hot_rows, seed_reproduction, simulate_decode
-from ..device import load_device
+from ..device import load_device, load_tail
 from sim.core.params import Compute, Policy, Storage
 from sim.core.progress import progress as progress_bar
 from sim.core.progress import progress_label
@@ -173,7 +173,7 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     extras: Dict[str, Any] = {}
     for p in points:
         if p["tail"] and f"tail:{p['tail']}" not in extras:
-            extras[f"tail:{p['tail']}"] = load_device(p["tail"])
+            extras[f"tail:{p['tail']}"] = load_tail(p["tail"])
         if p["dram_rows"] and f"hot:{p['dram_rows']}" not in extras:
             extras[f"hot:{p['dram_rows']}"] = hot_rows(p["dram_rows"])
     return Context(out, devices, computes, extras)
