@@ -740,7 +740,9 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     study : Study or path
         A :class:`Study` or a study TOML file.
     jobs : int, optional
-        Local worker processes (default: the CPU count; 1 runs inline).
+        Local worker processes (default: the CPU count; 1 runs inline).  They are spawned, so each imports the
+        calling script: from a script, call this under ``if __name__ == "__main__":`` unless ``jobs=1``
+        (see :func:`sim.sweep.capacity.run_capacity`).
     scheduler : str, optional
         Address of a running Dask scheduler (``tcp://host:port``); the points
         then run on that cluster (``dask.distributed``).
