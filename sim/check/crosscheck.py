@@ -74,8 +74,8 @@ from sim.core.schema import CROSSCHECK_SCHEMA, ComputeSpec, RunConfig, check_run
 from sim.trace import Trace, load_trace
 from sim.trace.rowcache import stretch_hits
 from .intervals import INTERVAL_Z, error_band, peer_model_sd, run_interval, run_sd
-from .regimes import (COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, median_of, regime, regime_checks,
-                      verdict, verdict_text)
+from .regimes import (COVERAGE_TARGET, QUIET_TARGETS, TARGETS, chance_of_fewer, count_text, median_of, percent_text,
+                      regime, regime_checks, summary_figure, verdict, verdict_text)
 from .windows import insert_probes
 
 __all__ = ["CDF_PERCENTILES", "SESSION_SIM_SEEDS", "SINGLE_SIM_STEPS", "capacity", "capacity_shown", "crosscheck",
@@ -763,10 +763,12 @@ def capacity_shown(c: Mapping, key: str) -> str:
 
 def _by_chance(s: Mapping, res: Mapping) -> str:
     """Below the coverage target, how often an interval of exactly the target's level shows as few inside."""
-    n, k = int(s["configurations"]), int(s.get("inside_interval", 0))
+    n, k, share = summary_figure(s, "configurations"), summary_figure(s, "inside_interval"), \
+        summary_figure(s, "inside_interval_share")
     level = float(res.get("coverage_target", COVERAGE_TARGET))
-    if s.get("inside_interval_share", 0) >= level:
+    if n is None or k is None or share is None or share >= level:  # a partial summary: no chance to give
         return ""
+    n, k = int(n), int(k)
     return (f"; with {n} configurations an interval that holds {level:.0%} of the time shows {k} or fewer inside "
             f"{chance_of_fewer(k, n, level):.0%} of the time")
 
@@ -855,57 +857,67 @@ def _cache_lines(rows: Sequence[Mapping]) -> List[str]:
 
 
 def _errors_text(s: Mapping, target) -> str:
-    """The summary's sentence on the errors (``target(key)``: how its target reads)."""
+    """The summary's sentence on the errors (``target(key)``: how its target reads; a figure the summary lacks
+    reads ``not measured``, a count ``?``)."""
+    def share(*path: str) -> str:
+        return percent_text(summary_figure(s, *path), ".2f")
+
     return (
-        f"{s['configurations']} configurations ({s.get('session_configurations', 0)} with several sessions), "
-        f"{s['runs']} runs. Errors: each run against its own prediction, the median over a configuration's runs "
-        f"(the measured and predicted columns are medians over the runs, under load often of different runs, so "
-        f"their ratio can differ from the error). tokens/s: median |error| "
-        f"{s['tokens_per_s']['median_abs_error'] * 100:.2f}% ({target('tokens_per_s_median_abs')}), max "
-        f"{s['tokens_per_s']['max_abs_error'] * 100:.2f}% ({target('tokens_per_s_max_abs')}); step p50: median "
-        f"|error| {s['step_p50']['median_abs_error'] * 100:.2f}%, max {s['step_p50']['max_abs_error'] * 100:.2f}% "
+        f"{count_text(s, 'configurations')} configurations ({s.get('session_configurations', 0)} with several "
+        f"sessions), {count_text(s, 'runs')} runs. Errors: each run against its own prediction, the median over a "
+        f"configuration's runs (the measured and predicted columns are medians over the runs, under load often of "
+        f"different runs, so their ratio can differ from the error). tokens/s: median |error| "
+        f"{share('tokens_per_s', 'median_abs_error')} ({target('tokens_per_s_median_abs')}), max "
+        f"{share('tokens_per_s', 'max_abs_error')} ({target('tokens_per_s_max_abs')}); step p50: median "
+        f"|error| {share('step_p50', 'median_abs_error')}, max {share('step_p50', 'max_abs_error')} "
         f"({target('step_p50_max_abs')}); step p95: median |error| "
-        f"{s['step_p95']['median_abs_error'] * 100:.2f}%, max {s['step_p95']['max_abs_error'] * 100:.2f}%."
+        f"{share('step_p95', 'median_abs_error')}, max {share('step_p95', 'max_abs_error')}."
         + (f" Several sessions: tokens/s a session median |error| "
-           f"{_pct_or(s['sessions']['tokens_per_s']['median_abs_error'])}, max "
-           f"{_pct_or(s['sessions']['tokens_per_s']['max_abs_error'])}; slowest session median "
-           f"{_pct_or(s['sessions']['slowest_tokens_per_s']['median_abs_error'])}."
+           f"{_pct_or(summary_figure(s, 'sessions', 'tokens_per_s', 'median_abs_error'))}, max "
+           f"{_pct_or(summary_figure(s, 'sessions', 'tokens_per_s', 'max_abs_error'))}; slowest session median "
+           f"{_pct_or(summary_figure(s, 'sessions', 'slowest_tokens_per_s', 'median_abs_error'))}."
            if s.get("sessions") else ""))
 
 
 def _spread_text(s: Mapping, res: Mapping, coverage: bool) -> str:
-    """The summary's sentence on the repeats' spread, the intervals and the windows."""
+    """The summary's sentence on the repeats' spread, the intervals and the windows (a figure the summary lacks
+    reads ``not measured``, a count ``?``)."""
+    def share(*path: str, spec: str = ".2f") -> str:
+        return percent_text(summary_figure(s, *path), spec)
+
+    n, runs = count_text(s, "configurations"), count_text(s, "runs")
     return (
         "Spread of repeated runs ((max - min) / median): tokens/s median "
-        f"{s['spread']['tokens_per_s_median'] * 100:.2f}%, "
-        f"max {s['spread']['tokens_per_s_max'] * 100:.2f}% (coefficient of variation: median "
-        f"{s['spread'].get('tokens_per_s_cv_median', 0) * 100:.2f}%); step p50 median "
-        f"{s['spread']['step_p50_median'] * 100:.2f}%, "
-        f"max {s['spread']['step_p50_max'] * 100:.2f}%. Prediction inside the measured range: "
-        f"{s['within_spread']} of {s['configurations']}; inside the 90% interval (run by run): "
-        f"{s.get('inside_interval', 0)} of {s['configurations']} "
-        f"({s.get('inside_interval_share', 0) * 100:.0f}%, target when not quiet >= "
+        f"{share('spread', 'tokens_per_s_median')}, "
+        f"max {share('spread', 'tokens_per_s_max')} (coefficient of variation: median "
+        f"{share('spread', 'tokens_per_s_cv_median')}); step p50 median "
+        f"{share('spread', 'step_p50_median')}, "
+        f"max {share('spread', 'step_p50_max')}. Prediction inside the measured range: "
+        f"{count_text(s, 'within_spread')} of {n}; inside the 90% interval (run by run): "
+        f"{s.get('inside_interval', 0)} of {n} "
+        f"({share('inside_interval_share', spec='.0f')}, target when not quiet >= "
         f"{res.get('coverage_target', COVERAGE_TARGET) * 100:g}%{_by_chance(s, res) if coverage else ''}); "
         f"each run inside its own 90% interval: "
-        f"{s.get('runs_inside', 0)} of {s['runs']}. Runs predicted with the device and compute of "
+        f"{s.get('runs_inside', 0)} of {runs}. Runs predicted with the device and compute of "
         f"their own time window (fitted from their interleaved probe steps): {s.get('windows_probed', 0)} of "
-        f"{s['runs']}" + (f"; with the calibrated device and compute alone tokens/s would be off by a median "
-                          f"{_pct_or(s['calibrated_only']['median_abs_error'])}, max "
-                          f"{_pct_or(s['calibrated_only']['max_abs_error'])}." if s.get("calibrated_only") else "."))
+        f"{runs}" + (f"; with the calibrated device and compute alone tokens/s would be off by a median "
+                     f"{_pct_or(summary_figure(s, 'calibrated_only', 'median_abs_error'))}, max "
+                     f"{_pct_or(summary_figure(s, 'calibrated_only', 'max_abs_error'))}."
+                     if s.get("calibrated_only") else "."))
 
 
 def _summary_lines(res: Mapping) -> List[str]:
     """The summary: the errors against the regime's targets, the spread and intervals, the regime and verdict."""
-    s = res["summary"]
-    t = res["targets"]
-    q = res.get("quiet_targets", t)
-    rg = s.get("regime") or {"name": "unknown", "why": ""}
+    s = res.get("summary") if isinstance(res.get("summary"), Mapping) else {}
+    t = res.get("targets") or {}
+    q = res.get("quiet_targets") or t
+    rg = {"name": "unknown", "why": "", **(s.get("regime") if isinstance(s.get("regime"), Mapping) else {})}
     which, coverage, rule = regime_checks(rg["name"])
     use = q if which == "quiet" else t
 
     def target(key: str) -> str:
-        return (f"target <= {use[key] * 100:g}%" if which is not None else
-                f"any-machine target <= {use[key] * 100:g}%, not held under load")
+        at = percent_text(summary_figure(use, key), "g", "not recorded")
+        return f"target <= {at}" if which is not None else f"any-machine target <= {at}, not held under load"
 
     return [
         "",

@@ -25,12 +25,14 @@ configurations :func:`chance_of_fewer` says how often an honest interval shows a
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BUSY_CPU", "BUSY_STEAL", "CHECK_NAMES", "COVERAGE_TARGET", "QUIET_CPU", "QUIET_STEAL", "QUIET_TARGETS",
-           "TARGETS", "chance_of_fewer", "median_of", "regime", "regime_checks", "verdict", "verdict_text"]
+__all__ = ["BUSY_CPU", "BUSY_STEAL", "CHECK_NAMES", "COVERAGE_TARGET", "NOT_MEASURED", "QUIET_CPU", "QUIET_STEAL",
+           "QUIET_TARGETS", "TARGETS", "chance_of_fewer", "count_text", "median_of", "percent_text", "regime",
+           "regime_checks", "summary_figure", "verdict", "verdict_text"]
 
 #: Acceptance targets of the cross-check on any machine (relative errors).
 TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10, "step_p50_max_abs": 0.10}
@@ -127,6 +129,36 @@ def verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mappi
 CHECK_NAMES = {"tokens_per_s_median_abs": "tokens/s median error", "tokens_per_s_max_abs": "tokens/s max error",
                "step_p50_max_abs": "step p50 max error", "inside_interval": "interval coverage",
                "capacity_within_one_step": "capacity within one step"}
+
+
+#: How a figure of a summary that is missing, None, NaN or infinite is printed (as :func:`verdict_text` prints it).
+NOT_MEASURED = "not measured"
+
+
+def summary_figure(summary, *path) -> Optional[float]:
+    """The number at ``path`` in a cross-check summary (``summary_figure(s, "tokens_per_s", "median_abs_error")``;
+    no path: ``summary`` itself), or None where a part is missing or not a mapping, or the value is not a finite
+    number (an older or partial file, a figure that was not measured): never raises."""
+    x = summary
+    for key in path:
+        x = x.get(key) if isinstance(x, Mapping) else None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def percent_text(x, spec: str = ".1f", missing: str = NOT_MEASURED) -> str:
+    """A share as a percentage (``0.0304`` -> ``3.0%`` with ``spec=".1f"``), or ``missing`` (:data:`NOT_MEASURED`)
+    for one that is None, NaN, infinite or not a number (:func:`summary_figure`)."""
+    v = summary_figure(x)
+    return missing if v is None else f"{v * 100:{spec}}%"
+
+
+def count_text(summary, key: str) -> str:
+    """A count of a summary (``configurations``, ``runs``) as text, ``?`` where it is missing or not a whole
+    number (an older or partial file)."""
+    x = summary.get(key) if isinstance(summary, Mapping) else None
+    return str(int(x)) if isinstance(x, numbers.Integral) and not isinstance(x, bool) else "?"
 
 
 def verdict_text(summary: Mapping) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
 from engram.options import Command, Exclusive, Option
@@ -27,7 +29,9 @@ def _decode_compute(args, tr, dev, policy) -> tuple:
                                 "--compute-ms")
         return args.compute_ms * 1e-3, None
     ref = SEED_REFERENCE
-    target = args.fit_tokens_per_s or ref["serial_tokens_per_s"]
+    target = ref["serial_tokens_per_s"] if args.fit_tokens_per_s is None else args.fit_tokens_per_s
+    if not (math.isfinite(target) and target > 0):
+        raise ArgumentError(f"--fit-tokens-per-s must be a finite number > 0, got {args.fit_tokens_per_s}")
     thr = args.fit_threshold if args.fit_threshold is not None else ref["serial_threshold"]
     if args.refit:
         fit_policy = Policy(threshold=thr, backend=policy.backend, readers=policy.readers,
@@ -126,7 +130,7 @@ DECODE_OPTIONS = (
     compute_ms_option(group=_DECODE, exclusive=_COMPUTE),
     Option("--fit-tokens-per-s", type=float, group=_DECODE, exclusive=_COMPUTE,
            help="fit the compute so that --fit-threshold gives this rate on the reference device "
-                "(default 19.16)"),
+                "(a finite number > 0; default 19.16)"),
     Option("--fit-threshold", type=int, help="threshold of the fitting run (default 256)", group=_DECODE),
     Option("--refit", action="store_true", group=_DECODE,
            help="fit the compute on --device instead of the reference device (a slower disk then "

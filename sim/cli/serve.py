@@ -3,6 +3,8 @@ measured and predicted."""
 
 from __future__ import annotations
 
+import math
+
 from engram import EngramModel
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
@@ -14,7 +16,7 @@ from ..serve.counterpart import counterpart_table, predict_counterpart
 from ..serve.engine import GATES
 from ..serve.measured import CounterpartReads, CounterpartRun, measure_counterpart
 from ..serve.runner import point_objects, resolve_serve_context
-from ..serve.study import SERVE_AXES, check_serve_point, serve_point_seed
+from ..serve.study import CV_RULE, SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
 from ..trace import CODE_SOURCE, load_trace
 from .options import SPECULATION_HELP, _progress_mode, _typed_os_errors
@@ -24,6 +26,8 @@ def _serve_point(args) -> tuple:
     """(point, seed, SLO, calibration) of ``engram sim serve``: a study's point (``--point``) or the axes' defaults,
     then every axis flag given."""
     flags = {a: getattr(args, a) for a in SERVE_AXES if getattr(args, a, None) is not None}
+    if "cv" in flags and not (math.isfinite(flags["cv"]) and flags["cv"] > 0):
+        raise ArgumentError(f"--cv must be a finite number > 0 ({CV_RULE}), got {flags['cv']}")
     if args.study:
         study = ServeStudy.load(args.study)
         pts = study.points()
@@ -102,8 +106,10 @@ def _axis_options() -> tuple:
     group = "axes (as in a serving study; default: the study's point, else the axis default)"
     choices = {"arrivals": ARRIVALS, "gate": GATES, "consumer": tuple(CONSUMERS), "prefetch_drafts": ("off", "on")}
     out = []
+    ranges = {"cv": f"a finite number > 0, {CV_RULE}; used by --arrivals gamma"}
     for name, (typ, default, label) in SERVE_AXES.items():
         more = f"; {SPECULATION_HELP[name]}" if name in SPECULATION_HELP else ""
+        more += f"; {ranges[name]}" if name in ranges else ""
         needs = ("draft_tokens", "K (K >= 1)") if name in ("acceptance", "prefetch_drafts") else ()
         out.append(Option(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices.get(name), group=group,
                           help=f"{label} (default {default!r}){more}", requires=needs))

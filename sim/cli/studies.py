@@ -17,7 +17,7 @@ from sim.core.io import load_json
 from ..serve import ServeStudy
 from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity
-from ..serve.study import is_serve_study
+from ..serve.study import RateSearch, is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from ..trace import CODE_SOURCE
 from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
@@ -220,6 +220,8 @@ _CONFIGS = ("configurations without a study file (as engram sim decode takes the
             "threshold 8, 16 readers, sessions at random phases)")
 _SEARCH = "search (override the study's [capacity] table)"
 _SERVING = "serving studies (override the study's [search] table)"
+#: The search of a serving study whose [search] table leaves a value out.
+_RATES = RateSearch()
 #: The options of ``engram sim capacity``.
 CAPACITY_OPTIONS = (
     *run_options("capacity table", study_optional=True),
@@ -244,10 +246,13 @@ CAPACITY_OPTIONS = (
            help="probe rate-limited volumes (cap_iops, burst_ios) with their bucket drained at the start of "
                 "every probe: the sustained capacity, about cap_iops / (reads a step x target), instead of "
                 "the burst's where the burst outlasts the probes (default: a full bucket)"),
-    Option("--min-rate", type=float, help="requests/s probed first (default 0.5)", group=_SERVING),
-    Option("--max-rate", type=float, help="the largest requests/s probed (default 64)", group=_SERVING),
-    Option("--rate-resolution", type=float, help="bisect until the bracket is this share of its top (default 0.05)",
-           group=_SERVING),
+    Option("--min-rate", type=float, group=_SERVING,
+           help=f"requests/s probed first (default: the study's [search] min_rate, else {_RATES.min_rate:g})"),
+    Option("--max-rate", type=float, group=_SERVING,
+           help=f"the largest requests/s probed (default: the study's [search] max_rate, else {_RATES.max_rate:g})"),
+    Option("--rate-resolution", type=float, group=_SERVING,
+           help="bisect until the bracket is this share of its top (default: the study's [search] resolution, else "
+                f"{_RATES.resolution:g})"),
 )
 
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from ..device import SEED_REFERENCE, Device, Recorder, load_device, summarize_boxes, summarize_counter, with_tail
+from ..device import (SEED_REFERENCE, Device, Recorder, load_device, load_tail, summarize_boxes,
+                      summarize_counter, with_tail)
 from ..device.fio import HOST_BOUND_SHARE
 from sim.core.limits import MAX_BINS, MAX_SESSIONS, check_amount, check_count, check_seed, check_settings
 from sim.core.params import DEFAULT_PHASES, Compute, Phases, Policy, Storage, compute_stats
@@ -418,7 +419,7 @@ def _loaded(trace, device, policy: Policy, compute, storage: Storage) -> tuple:
         trace = load_trace(trace)
     device = load_device(device, storage.calibration, backend=policy.backend)
     if storage.tail is not None:
-        device = with_tail(device, load_device(storage.tail, storage.calibration, backend=policy.backend))
+        device = with_tail(device, load_tail(storage.tail, storage.calibration, backend=policy.backend))
     if not isinstance(compute, Compute):
         compute = Compute(float(compute))
     return trace, device, compute

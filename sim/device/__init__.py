@@ -29,7 +29,7 @@ from .presets import (DEVICE_FORMS, PRESET_FILES, SEED_CONCURRENT_US_PER_ROW, SE
                       load_device, preset, preset_names)
 from .queueing import PoissonLoadResult, poisson_load
 from .recorder import Recorder, summarize_boxes, summarize_counter, time_average
-from .tail import with_tail
+from .tail import load_tail, with_tail
 
 __all__ = [
     "DEVICE_FORMS",
@@ -57,6 +57,7 @@ __all__ = [
     "device_from_fio",
     "list_schedule",
     "load_device",
+    "load_tail",
     "poisson_load",
     "preset",
     "preset_names",

@@ -12,14 +12,36 @@ device's; the percentiles (p99, p99.9, ...) come from the measured shape.
 
 from __future__ import annotations
 
+import os
+from typing import Union
+
 import numpy as np
 
-from engram.errors import ArgumentError
+from engram.errors import ArgumentError, FormatError
 
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
+from .presets import load_device
 
-__all__ = ["with_tail"]
+__all__ = ["load_tail", "with_tail"]
+
+
+def load_tail(spec: Union[str, os.PathLike, Device], calibration=None, *, backend: str = "pread") -> Device:
+    """The device whose latency distribution a ``tail`` (``--tail``, a study's ``tail`` axis, ``Storage.tail``)
+    names: :func:`~sim.device.presets.load_device` of ``spec``, its errors prefixed with ``tail SPEC:``.
+
+    Raises
+    ------
+    ArgumentError, FormatError
+        As :func:`~sim.device.presets.load_device` (unknown spec, a file that cannot be read), the message
+        naming the ``tail`` and its value.
+    """
+    try:
+        return load_device(spec, calibration, backend=backend)
+    except (ArgumentError, FormatError) as exc:
+        shown = spec.name if isinstance(spec, Device) else str(spec)
+        exc.args = (f"tail {shown!r}: {exc}", *exc.args[1:])
+        raise exc from None
 
 
 def with_tail(base: Device, shape: Device) -> Device:
@@ -35,8 +57,8 @@ def with_tail(base: Device, shape: Device) -> Device:
         return RateLimitedDevice(with_tail(base.raw, shape), base.cap_iops, base.burst_ios,
                                  name=f"{base.name}+tail:{shape.name}", source=base.source, derived=base.derived)
     if shape.is_point():
-        raise ArgumentError(f"tail: device {shape.name!r} has fixed latencies, no distribution to take the tail "
-                            "from (use a measured device: a .jsonl microbenchmark, fio output, a preset with "
+        raise ArgumentError(f"tail {shape.name!r}: the device has fixed latencies, no distribution to take the "
+                            "tail from (use a measured device: a .jsonl microbenchmark, fio output, a preset with "
                             "percentiles)")
     top = base.saturation_depth()
     sdepths = shape.depths()

@@ -46,14 +46,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 
 from engram.errors import ArgumentError
 
 from sim.sweep.capacity import CAPACITY_TARGET, is_capacity_table
 from sim.check.crosscheck import capacity_shown
-from sim.check.regimes import regime as xc_regime, regime_checks as xc_regime_checks, verdict_text
+from sim.check.regimes import (count_text, percent_text, regime as xc_regime, regime_checks as xc_regime_checks,
+                               summary_figure, verdict_text)
 from ..device import SEED_REFERENCE
 from sim.core.io import now_iso, output_error
 from sim.core.progress import progress_mode
@@ -123,19 +124,25 @@ def _measurement_lines(inp: Inputs) -> List[str]:
                  + ("left out: " + "; ".join(f"{b} ({why})" for b, why in gone.items()) if gone else
                     "none left out (every read backend started here)") + ".")
     if inp.xc:
-        s = inp.xc["summary"]
-        lines.append(f"Cross-check on {inp.machine_name()}: {s['configurations']} configurations, tokens/s median "
-                     f"|error| {s['tokens_per_s']['median_abs_error'] * 100:.1f}%, max "
-                     f"{s['tokens_per_s']['max_abs_error'] * 100:.1f}%; median spread of repeats "
-                     f"{s['spread']['tokens_per_s_median'] * 100:.1f}%.")
-        rg = s.get("regime") or {"name": "unknown", "why": "not recorded"}
-        cover = s.get("inside_interval_share")
+        s = inp.xc.get("summary") if isinstance(inp.xc.get("summary"), Mapping) else {}
+        n = count_text(s, "configurations")
+        lines.append(f"Cross-check on {inp.machine_name()}: {n} configurations, tokens/s median "
+                     f"|error| {percent_text(summary_figure(s, 'tokens_per_s', 'median_abs_error'))}, max "
+                     f"{percent_text(summary_figure(s, 'tokens_per_s', 'max_abs_error'))}; median spread of repeats "
+                     f"{percent_text(summary_figure(s, 'spread', 'tokens_per_s_median'))}.")
+        rg = {"name": "unknown", "why": "not recorded", **(s.get("regime") if isinstance(s.get("regime"), Mapping)
+                                                          else {})}
+        cover = summary_figure(s, "inside_interval_share")
         which, _, rule = xc_regime_checks(rg["name"])
-        targets = inp.xc.get("quiet_targets") if which == "quiet" else inp.xc.get("targets")
+        targets = (inp.xc.get("quiet_targets") if which == "quiet" else None) or inp.xc.get("targets")
+
+        def target(key: str) -> str:
+            return percent_text(summary_figure(targets, key), "g", "not recorded")
+
         lines.append(
             f"Cross-check regime: **{rg['name']}** ({rg['why']}); {rule} (tokens/s median |error| "
-            f"<= {targets['tokens_per_s_median_abs'] * 100:g}%, max <= {targets['tokens_per_s_max_abs'] * 100:g}%)"
-            + (f"; {s.get('inside_interval', 0)} of {s['configurations']} configurations ({cover:.0%}) inside their "
+            f"<= {target('tokens_per_s_median_abs')}, max <= {target('tokens_per_s_max_abs')})"
+            + (f"; {s.get('inside_interval', 0)} of {n} configurations ({percent_text(cover, '.0f')}) inside their "
                f"90% interval, run by run (target when not quiet >= {inp.xc.get('coverage_target', 0.9):.0%})"
                if cover is not None else "")
             + f": {verdict_text(s)}.")

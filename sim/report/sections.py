@@ -17,7 +17,7 @@ from sim.sweep.capacity import (CAPACITY_TARGET, capacity_of, is_capacity_table,
                                 probes_path, read_capacity)
 from sim.check.crosscheck import markdown_table
 from sim.check.intervals import error_band
-from sim.check.regimes import regime_checks, verdict_text
+from sim.check.regimes import count_text, percent_text, regime_checks, summary_figure, verdict_text
 from sim.core.io import sha256_file, write_json
 from ..serve.search import is_serve_capacity_table
 from ..sweep import AXES, METRICS, meta_path, read_table
@@ -34,17 +34,19 @@ __all__ = ["crosscheck_section", "inputs_section", "ran_text", "run_section", "s
 
 def _interval_note(s: dict) -> str:
     """The regime the runs ran in, the windows and the coverage of the predicted intervals (a cross-check's
-    summary)."""
-    cal = s.get("calibrated_only") or {}
+    summary; a figure it lacks reads ``not measured``, a count ``?``)."""
     alone = (f"; the calibrated device and compute alone would be off by a median "
-             f"{cal['median_abs_error'] * 100:.1f}% (max {cal['max_abs_error'] * 100:.1f}%)"
-             if cal.get("median_abs_error") is not None else "")
-    return (f"Regime: **{s['regime']['name']}** ({s['regime']['why']}). Each run is predicted with the device and "
+             f"{percent_text(summary_figure(s, 'calibrated_only', 'median_abs_error'))} (max "
+             f"{percent_text(summary_figure(s, 'calibrated_only', 'max_abs_error'))})"
+             if summary_figure(s, "calibrated_only", "median_abs_error") is not None else "")
+    rg = {"name": "unknown", "why": "not recorded", **s["regime"]}
+    runs = count_text(s, "runs")
+    return (f"Regime: **{rg['name']}** ({rg['why']}). Each run is predicted with the device and "
             f"compute of its own time window, fitted from probe steps interleaved with it ({s.get('windows_probed', 0)}"
-            f" of {s['runs']} runs){alone}. Configurations inside their 90% interval (each run against its own "
+            f" of {runs} runs){alone}. Configurations inside their 90% interval (each run against its own "
             f"prediction, the median over the runs): "
-            f"{s.get('inside_interval', 0)} of {s['configurations']}; runs inside their own: "
-            f"{s.get('runs_inside', 0)} of {s['runs']}.")
+            f"{s.get('inside_interval', 0)} of {count_text(s, 'configurations')}; runs inside their own: "
+            f"{s.get('runs_inside', 0)} of {runs}.")
 
 
 def _background_note(doc: Doc, inp: Inputs) -> None:
@@ -136,26 +138,29 @@ def crosscheck_section(doc: Doc, out: ReportFolder, inp: Inputs) -> None:
         doc.p("No cross-check: run `engram measure`, `engram calibrate` and `engram crosscheck` on a folder and "
               "pass it to `engram report`.")
         return
-    s = xc["summary"]
+    s = xc.get("summary") if isinstance(xc.get("summary"), Mapping) else {}
     which, _, rule = regime_checks((s.get("regime") or {}).get("name", "loaded"))
-    t = xc.get("quiet_targets", xc["targets"]) if which == "quiet" else xc["targets"]
+    t = (xc.get("quiet_targets") if which == "quiet" else None) or xc.get("targets") or {}
 
     def target(key: str) -> str:
-        return (f"target <= {t[key] * 100:g}%" if which is not None else
-                f"any-machine target <= {t[key] * 100:g}%, not held under load")
+        at = percent_text(summary_figure(t, key), "g", "not recorded")
+        return f"target <= {at}" if which is not None else f"any-machine target <= {at}, not held under load"
+
+    def share(*path: str, spec: str = ".2f") -> str:
+        return percent_text(summary_figure(s, *path), spec)
 
     doc.p(f"Every measured configuration predicted by the simulator calibrated from microbenchmarks only (the "
           f"calibration never saw a decode run); each run against its own prediction, the median over a "
           f"configuration's runs. tokens/s: median |error| "
-          f"**{s['tokens_per_s']['median_abs_error'] * 100:.2f}%** ({target('tokens_per_s_median_abs')}), "
-          f"max {s['tokens_per_s']['max_abs_error'] * 100:.2f}% ({target('tokens_per_s_max_abs')}); "
-          f"step p50 max |error| {s['step_p50']['max_abs_error'] * 100:.2f}% ({target('step_p50_max_abs')}); "
+          f"**{share('tokens_per_s', 'median_abs_error')}** ({target('tokens_per_s_median_abs')}), "
+          f"max {share('tokens_per_s', 'max_abs_error')} ({target('tokens_per_s_max_abs')}); "
+          f"step p50 max |error| {share('step_p50', 'max_abs_error')} ({target('step_p50_max_abs')}); "
           f"{rule}. The spread of repeated measurements of one configuration "
-          f"((max - min) / median) has median {s['spread']['tokens_per_s_median'] * 100:.1f}% and max "
-          f"{s['spread']['tokens_per_s_max'] * 100:.1f}%: errors inside that spread are noise of the machine, "
-          f"not of the model. {s['within_spread']} of {s['configurations']} predictions fall inside the "
-          f"measured range. Verdict: **{verdict_text(s)}**.")
-    if s.get("regime"):
+          f"((max - min) / median) has median {share('spread', 'tokens_per_s_median', spec='.1f')} and max "
+          f"{share('spread', 'tokens_per_s_max', spec='.1f')}: errors inside that spread are noise of the machine, "
+          f"not of the model. {count_text(s, 'within_spread')} of {count_text(s, 'configurations')} predictions "
+          f"fall inside the measured range. Verdict: **{verdict_text(s)}**.")
+    if isinstance(s.get("regime"), Mapping):
         doc.p(_interval_note(s))
     _background_note(doc, inp)
     rows = xc["rows"]

@@ -17,7 +17,7 @@ from engram.errors import ArgumentError
 
 from ..decode import hot_rows
 from ..decode.speculative import Speculation
-from ..device import Device, load_device, with_tail
+from ..device import Device, load_device, load_tail, with_tail
 from sim.core.limits import MAX_BINS, check_amount, check_count, check_seed, check_settings
 from sim.core.params import Policy, Storage
 from ..trace import Trace, load_trace
@@ -169,7 +169,7 @@ def simulate_serve(workload: Workload, device: Union[Device, str] = "seed-apple-
         raise ArgumentError(f"warmup = {run.warmup} must be in [0, duration = {workload.duration})")
     device = load_device(device, calibration, backend=policy.backend)
     if tail is not None:
-        device = with_tail(device, load_device(tail, calibration, backend=policy.backend))
+        device = with_tail(device, load_tail(tail, calibration, backend=policy.backend))
     compute = compute if compute is not None else StepCompute.reference()
     requests_file = text.requests_file
     if workload.requests and requests_file is None:

@@ -22,7 +22,7 @@ from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration
 from ..decode import hot_rows
-from ..device import load_device, with_tail
+from ..device import load_device, load_tail, with_tail
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from sim.core.params import Policy, Storage, consumer_preset
 from ..sweep import PointRunner
@@ -85,7 +85,7 @@ def resolve_serve_context(points: Sequence[Mapping[str, Any]], slo: SLO, calibra
             dev = load_device(spec, cal, backend=p["backend"])
         else:
             dev = load_device(spec)
-        devices[key] = with_tail(dev, load_device(p["tail"])) if p["tail"] else dev
+        devices[key] = with_tail(dev, load_tail(p["tail"])) if p["tail"] else dev
     files: Dict[str, Any] = {}
     for p in points:
         if p["requests"] and p["requests"] not in files:

@@ -391,7 +391,9 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
     ``out``: the capacity table (``.csv`` or ``.parquet``, one row per configuration, :data:`CAPACITY_COLUMNS`)
     with ``OUT.meta.json``, and every probe in ``OUT.probes.csv`` as it finishes; ``resume=True`` starts from
     the probes of an earlier run.  ``overrides``: :class:`~sim.serve.study.RateSearch` fields replacing the
-    study's ``[search]`` values (``None`` ignored).
+    study's ``[search]`` values (``None`` ignored).  Local workers are spawned and import the calling script:
+    from a script, call this under ``if __name__ == "__main__":`` unless ``jobs=1`` or ``scheduler`` is given
+    (see :func:`sim.sweep.capacity.run_capacity`).
 
     Raises
     ------

@@ -64,8 +64,12 @@ from .model import DEFAULT_TEXT, DEFAULT_TEXT_TOKENS
 from .rows import DEFAULT_READ_CHUNK
 from .workload import ARRIVALS, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, Lengths
 
-__all__ = ["MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "ServeStudy",
+__all__ = ["CV_RULE", "MIN_PROBE_REQUESTS", "RateSearch", "SERVE_AXES", "SERVE_METRICS", "ServeStudy",
            "check_serve_point", "is_serve_study", "serve_point_seed", "serve_text"]
+
+#: The range of the ``cv`` axis, in words (:class:`sim.serve.workload.Workload`: the coefficient of variation of
+#: gamma arrivals' gaps, shape 1 / cv^2).
+CV_RULE = "the inter-arrival gaps' coefficient of variation: 1 is Poisson, larger is burstier"
 
 #: Axes of a serving study: name -> (type, default, label with unit).
 SERVE_AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -200,9 +204,11 @@ def check_serve_point(p: Mapping[str, Any], where: str) -> None:
         if p[name] < 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be >= 0")
     check_cache_axes(p, where)
-    for name in ("rate", "duration_s", "compute_scale", "cv"):
+    for name in ("rate", "duration_s", "compute_scale"):
         if not p[name] > 0:
             raise ArgumentError(f"{where}: {name} = {p[name]} must be > 0")
+    if not (math.isfinite(p["cv"]) and p["cv"] > 0):
+        raise ArgumentError(f"{where}: cv = {p['cv']} must be a finite number > 0 ({CV_RULE})")
     if p["warmup_s"] >= p["duration_s"]:
         raise ArgumentError(f"{where}: warmup_s = {p['warmup_s']} must be below duration_s = {p['duration_s']}")
     if not 0 <= p["dram_fraction"] <= 1:

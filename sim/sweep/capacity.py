@@ -1329,6 +1329,15 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     :class:`CapacitySpec` fields replacing the study's ``[capacity]`` values.
     Other parameters as for :func:`sim.sweep.run_study`.
 
+    From a script, call it under ``if __name__ == "__main__":`` unless ``jobs=1`` or ``scheduler`` is given.
+    The local workers (``jobs`` other than 1, the CPU count by default) are started with the ``spawn`` method,
+    and a spawned process imports the script that started it (as ``__mp_main__``) before it takes a probe: a
+    call at the script's top level runs again in every worker, where it cannot start processes of its own
+    (multiprocessing's RuntimeError about the bootstrapping phase), so every worker ends at once and the search
+    ends with :class:`~sim.sweep.runner.SweepError` after :data:`~sim.sweep.runner.MAX_ATTEMPTS` pools.
+    ``jobs=1`` probes in the calling process and a Dask cluster's workers import no script: neither needs
+    the guard.  The same holds for :func:`sim.sweep.run_study` and :func:`sim.serve.run_serve_capacity`.
+
     Raises
     ------
     ArgumentError, FormatError
@@ -1336,7 +1345,7 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     OutputError
         ``out`` cannot be written.
     SweepError
-        A probe whose worker died too often.
+        A probe whose worker died too often (also: a script that calls this outside its ``__main__`` guard).
     """
     if not isinstance(study, Study):
         study = Study.load(study)

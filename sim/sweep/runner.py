@@ -73,7 +73,7 @@ from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration, check_study_backends
 from ..decode import DecodeRun, hot_rows, seed_reproduction, simulate_decode
-from ..device import load_device
+from ..device import load_device, load_tail
 from sim.core.params import Compute, Policy, Storage
 from sim.core.progress import progress as progress_bar
 from sim.core.progress import progress_label
@@ -173,7 +173,7 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     extras: Dict[str, Any] = {}
     for p in points:
         if p["tail"] and f"tail:{p['tail']}" not in extras:
-            extras[f"tail:{p['tail']}"] = load_device(p["tail"])
+            extras[f"tail:{p['tail']}"] = load_tail(p["tail"])
         if p["dram_rows"] and f"hot:{p['dram_rows']}" not in extras:
             extras[f"hot:{p['dram_rows']}"] = hot_rows(p["dram_rows"])
     return Context(out, devices, computes, extras)
@@ -740,7 +740,9 @@ def run_study(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = No
     study : Study or path
         A :class:`Study` or a study TOML file.
     jobs : int, optional
-        Local worker processes (default: the CPU count; 1 runs inline).
+        Local worker processes (default: the CPU count; 1 runs inline).  They are spawned, so each imports the
+        calling script: from a script, call this under ``if __name__ == "__main__":`` unless ``jobs=1``
+        (see :func:`sim.sweep.capacity.run_capacity`).
     scheduler : str, optional
         Address of a running Dask scheduler (``tcp://host:port``); the points
         then run on that cluster (``dask.distributed``).

@@ -206,6 +206,35 @@ device = ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8"]
 """
 
 
+
+def test_run_capacity_from_a_script_needs_the_main_guard_for_local_workers(tmp_path):
+    """The workers are spawned: each imports the calling script before it takes a probe, so the script's
+    top level runs in every one (what run_capacity's docstring asks a script to guard); under the guard
+    two workers give the answer one process gives, and jobs=1 runs without one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    study = tmp_path / "cap.toml"
+    study.write_text(CAPACITY_TOML)
+    call = ("from sim.sweep.capacity import run_capacity\n"
+            f"res = run_capacity({str(study)!r}, jobs=JOBS, progress=False)\n")
+    show = 'print("caps", [r["capacity"] for r in res.rows()], flush=True)\n'
+    guarded = ('print("top level in", __name__, flush=True)\nif __name__ == "__main__":\n'
+               + "".join("    " + line + "\n" for line in (call + show).replace("JOBS", "2").splitlines()))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    outs = []
+    for name, text in (("guarded.py", guarded), ("plain.py", call.replace("JOBS", "1") + show)):
+        (tmp_path / name).write_text(text)
+        r = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout.splitlines())
+    tops = [line for line in outs[0] if line.startswith("top level in")]
+    assert tops[0] == "top level in __main__" and len(tops) >= 2
+    assert set(tops[1:]) == {"top level in __mp_main__"}  # each worker ran the script's top level
+    assert outs[0][-1] == outs[1][-1] and outs[0][-1].startswith("caps [64, ")
+
 def test_capacity_study_cli_resume_and_table(tmp_path, capsys):
     study = tmp_path / "cap.toml"
     study.write_text(CAPACITY_TOML)

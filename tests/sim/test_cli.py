@@ -79,6 +79,14 @@ def test_errors_exit_2(capsys):
         main(["sim", "prefill"])  # a compute speed is required
 
 
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+def test_a_fit_target_that_is_not_a_positive_rate_is_refused(capsys, value):
+    """--fit-tokens-per-s 0 once fitted the default 19.16 tokens/s instead; NaN and inf reached the fit."""
+    assert main(["sim", "decode", "--limit", "50", "--no-progress", "--fit-tokens-per-s", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"engram sim: error: --fit-tokens-per-s must be a finite number > 0, got {float(value)}"
+
 # ----------------------------------------------------------- compute kept (issue 14.1)
 def test_decode_keeps_the_reference_compute_for_every_device(capsys):
     seed = run_json(capsys, ["sim", "decode", "--limit", "600", "--json", "--no-progress"])

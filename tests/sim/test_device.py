@@ -394,6 +394,28 @@ def test_a_tail_keeps_the_means_and_takes_the_spread():
         with_tail(shape, preset("seed-apple-m3-ultra"))
 
 
+
+@pytest.mark.parametrize("spec, kind, rest", [
+    ("nope", ArgumentError, "unknown device 'nope': give a preset"),
+    ("ssd:qd1_us=80", ArgumentError, "device spec 'ssd:qd1_us=80': missing 'iops'"),
+    ("ssd:qd1_us=80,iops=oops", ArgumentError, "device spec 'ssd:qd1_us=80,iops=oops': iops='oops' is not a number"),
+    ("missing-tail.json", FormatError, "missing-tail.json: cannot read device file (No such file or directory)"),
+    ("calibrated", ArgumentError, "device 'calibrated' needs a calibration"),
+    ("seed-apple-m3-ultra", ArgumentError, "the device has fixed latencies, no distribution to take the tail from"),
+])
+def test_every_error_of_a_tail_names_the_tail_and_its_value(spec, kind, rest, capsys):
+    """A bad tail read 'unknown device ...' or 'device spec ...' as if --device were wrong: each now starts
+    'tail SPEC:', from the loader and from with_tail alike, on every command that takes one."""
+    from engram.cli import main
+    from sim.device import load_tail
+    with pytest.raises(kind) as exc:
+        with_tail(load_device("ssd:qd1_us=80,iops=500000"), load_tail(spec))
+    assert str(exc.value).startswith(f"tail {spec!r}: {rest}"), str(exc.value)
+    for argv in (["sim", "decode", "--limit", "50", "--compute-ms", "1"], ["sim", "serve", "--duration-s", "5"]):
+        assert main([*argv, "--no-progress", "--tail", spec]) == 2
+        assert capsys.readouterr().err.startswith(f"engram sim: error: tail {spec!r}: {rest}")
+    assert load_tail(str(FIO_JSON)).name == load_device(str(FIO_JSON)).name
+
 def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():
     """The packaged vm-virtio-16core-4k from its QD1 latency and peak alone: randomly routed channels stay within
     20% of its measured latency at every depth from 2 to 64; the first free channel (the knee rule) is 28-46%

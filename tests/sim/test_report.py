@@ -478,3 +478,60 @@ def test_report_onto_a_read_only_folder(tmp_path, capsys):
         assert main(["report", "--out", str(ro / "r"), "--quick", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert str(ro / "r") in err and "Read-only file system" in err and "Traceback" not in err
+
+
+def _crosscheck_row() -> dict:
+    """One measured configuration of a cross-check, its figures complete."""
+    return {"key": "c0", "trace": "stdlib:asyncio/base_events.py", "trace_label": "base_events", "threshold": 8,
+            "serial": False, "backend": "pread", "readers": 16, "compute": "none", "steps": 200, "repeats": 2,
+            "measured": {"tokens_per_s": 100.0, "tokens_per_s_runs": [98.0, 102.0], "step_p50_ms": 9.9,
+                         "step_p95_ms": 12.0},
+            "predicted": {"tokens_per_s": 101.0, "step_p50_ms": 9.8, "step_p95_ms": 11.5},
+            "error": {"tokens_per_s": 0.01, "step_p50": -0.01, "step_p95": -0.04}, "spread": {"tokens_per_s": 0.04},
+            "interval": {"error_low": -0.05, "error_high": 0.06}}
+
+
+@pytest.mark.parametrize("summary", [
+    {"configurations": 1, "runs": 2, "regime": {"name": "busy", "why": "others used 20% of the CPUs"},
+     "tokens_per_s": {"median_abs_error": None, "max_abs_error": float("nan")}, "spread": {},
+     "pass": {"tokens_per_s_median_abs": False}, "passed": False},
+    {},
+])
+def test_a_crosscheck_summary_without_its_figures_reads_not_measured(tmp_path, summary):
+    """The headline and the cross-check section took s['tokens_per_s']['median_abs_error'] * 100 and the like:
+    a summary of an older or partial file (figures None, NaN or missing) raised TypeError or KeyError."""
+    from sim.check.regimes import QUIET_TARGETS, TARGETS
+    from sim.report.build import _measurement_lines
+    from sim.report.inputs import Inputs
+    from sim.report.sections import crosscheck_section
+    xc = {"summary": summary, "targets": TARGETS, "quiet_targets": QUIET_TARGETS, "rows": [_crosscheck_row()]}
+    n = "1" if summary else "?"
+    lines = _measurement_lines(Inputs(xc=xc))
+    assert lines[1] == (f"Cross-check on this machine x?: {n} configurations, tokens/s median |error| not measured, "
+                        "max not measured; median spread of repeats not measured.")
+    verdict = "FAIL (missed: tokens/s median error)" if summary else "FAIL"
+    assert lines[2].endswith(f"(tokens/s median |error| <= 5%, max <= 10%): {verdict}.")
+    doc = Doc("t")
+    crosscheck_section(doc, ReportFolder(tmp_path), Inputs(xc=xc))
+    md = doc.markdown()
+
+    def target(x: str) -> str:  # an empty summary has no regime: held as loaded, as before
+        return f"target <= {x}" if summary else f"any-machine target <= {x}, not held under load"
+
+    assert (f"tokens/s: median |error| **not measured** ({target('5%')}), max not measured ({target('10%')}); "
+            f"step p50 max |error| not measured ({target('10%')})") in md
+    assert ("has median not measured and max not measured: errors inside that spread are noise of the machine, "
+            f"not of the model. ? of {n} predictions fall inside the measured range. Verdict: **{verdict}**.") in md
+    # the cross-check's own summary, at the section's end
+    runs = "2" if summary else "?"
+    assert (f"{n} configurations (0 with several sessions), {runs} runs. Errors: ") in md
+    assert (f"tokens/s: median |error| not measured ({target('5%')}), max not measured ({target('10%')}); step p50: "
+            f"median |error| not measured, max not measured ({target('10%')}); step p95: median |error| not "
+            "measured, max not measured.") in md
+    assert ("Spread of repeated runs ((max - min) / median): tokens/s median not measured, max not measured "
+            "(coefficient of variation: median not measured); step p50 median not measured, max not measured. "
+            f"Prediction inside the measured range: ? of {n}; inside the 90% interval (run by run): 0 of {n} "
+            "(not measured, target when not quiet >= 90%)") in md
+    if summary:
+        assert ("Regime: **busy** (others used 20% of the CPUs). Each run is predicted with the device and compute "
+                "of its own time window, fitted from probe steps interleaved with it (0 of 2 runs).") in md

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from engram.cli import main
+from engram.errors import ArgumentError
 from sim.serve.search import probes_path
 from sim.sweep import read_table
 from sim.trace import CODE_SOURCE
@@ -91,3 +92,50 @@ def test_errors_and_progress_labels_say_no_word_twice(capsys):
     for kind, name in (("capacity", "capacity"), ("serve capacity", "serve-policy"), ("sweep", "demo")):
         words = progress_label(kind, name).replace("-", " ").split()
         assert len(words) == len(set(words))
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
+def test_an_arrival_cv_outside_its_range_is_refused_naming_it(capsys, tmp_path, value):
+    """--cv inf drew gamma gaps of shape 0 (every request at once), and a point's cv = inf passed its check."""
+    from sim.serve.study import SERVE_AXES, check_serve_point
+    rule = "the inter-arrival gaps' coefficient of variation: 1 is Poisson, larger is burstier"
+    assert main(["sim", "serve", "--arrivals", "gamma", "--cv", value, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"engram sim: error: --cv must be a finite number > 0 ({rule}), got {float(value)}"
+    point = {**{k: d for k, (_, d, _) in SERVE_AXES.items()}, "arrivals": "gamma", "cv": float(value)}
+    with pytest.raises(ArgumentError) as exc:
+        check_serve_point(point, "serve")
+    assert str(exc.value) == f"serve: cv = {float(value)} must be a finite number > 0 ({rule})"
+    study = tmp_path / "s.toml"
+    study.write_text(f'[study]\nname = "s"\n[serve]\narrivals = "gamma"\ncv = {value}\n')
+    assert main(["sim", "serve", str(study), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"engram sim: error: {study}: [serve]: cv = {value} must be finite" if value in ("inf", "nan")
+                   else f"engram sim: error: {study}: cv = {float(value)} must be a finite number > 0 ({rule})")
+
+
+def test_the_arrival_cv_help_gives_its_range(capsys):
+    with pytest.raises(SystemExit):
+        main(["sim", "serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--cv CV inter-arrival CV (gamma) (default 1.0); a finite number > 0, the inter-arrival gaps' "
+            "coefficient of variation: 1 is Poisson, larger is burstier; used by --arrivals gamma") in text
+
+
+def test_the_first_rate_probed_is_the_studys_else_the_default(capsys, tmp_path):
+    """The help said 0.5 while studies/serve.toml's search starts at 0.25: the study's [search] value is the
+    default of --min-rate, and 0.5 only where the study gives none."""
+    from pathlib import Path
+    from sim.serve import ServeStudy
+    from sim.serve.search import _rate_search
+    shipped = ServeStudy.load(Path(__file__).resolve().parents[2] / "studies" / "serve.toml")
+    assert next(_rate_search(shipped.search)) == shipped.search.min_rate == 0.25
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[study]\nname = "bare"\n[serve]\nduration_s = 20\n')
+    assert next(_rate_search(ServeStudy.load(bare).search)) == 0.5
+    with pytest.raises(SystemExit):
+        main(["sim", "capacity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--min-rate MIN_RATE requests/s probed first (default: the study's [search] min_rate, else 0.5)" in text
+    assert "--max-rate MAX_RATE the largest requests/s probed (default: the study's [search] max_rate, else 64)" in text
+    assert "(default: the study's [search] resolution, else 0.05)" in text
