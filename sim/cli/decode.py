@@ -152,8 +152,8 @@ DECODE_COMMAND = Command("decode", "predict decode tokens/s (simpy model)",
 
 def _cmd_prefill(args) -> int:
     if args.compute_tokens_per_s is not None:
-        if args.compute_tokens_per_s <= 0:
-            raise ArgumentError(f"--compute-tokens-per-s must be > 0, got {args.compute_tokens_per_s}")
+        if not (math.isfinite(args.compute_tokens_per_s) and args.compute_tokens_per_s > 0):
+            raise ArgumentError(f"--compute-tokens-per-s must be a finite number > 0, got {args.compute_tokens_per_s}")
         per_token = 1.0 / args.compute_tokens_per_s
     else:
         per_token = args.compute_us_per_token * 1e-6
