@@ -115,6 +115,7 @@ from sim.core.progress import progress as progress_bar
 from sim.core.progress import progress_label, progress_mode
 from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
+from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
 from sim.core.params import Phases
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
@@ -476,7 +477,35 @@ class Capacity(SeedBand):
                            "no device can reach it")
         return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
                        f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
-                       + self.burst_note())
+                       + self.burst_note() + self.host_note())
+
+    def _device_at_capacity(self) -> tuple:
+        """``(the probe row at the capacity, the configuration's device)``, either None where there is none or the
+        device spec does not load."""
+        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
+        if not at or not isinstance(self.config.get("device"), str):
+            return at, None
+        try:
+            return at, load_device(self.config["device"])
+        except Exception:  # noqa: BLE001 - a device a note cannot load says nothing there
+            return at, None
+
+    def host_note(self) -> str:
+        """For a device from fio JSON with CPU figures (``derived["cpu_per_read_us"]``,
+        :func:`sim.device.fio.cpu_per_read`): the host's CPUs the probes' reads at the capacity keep busy in the
+        read path alone; the host's CPUs are not modelled, so with fewer than that over
+        :data:`sim.device.fio.HOST_BOUND_SHARE` the host binds first and the capacity is an upper bound.
+        ``""`` otherwise."""
+        at, dev = self._device_at_capacity()
+        cpu = ((getattr(dev, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
+        rps = float(at.get("reads_per_s") or 0.0) if at else 0.0
+        if cpu is None or not rps > 0:
+            return ""
+        busy = rps * float(cpu) * 1e-6
+        return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} CPUs busy "
+                f"in the host's read path alone at fio's {float(cpu):.1f} us of CPU a read (the host's CPUs are not "
+                f"modelled: with fewer than {busy / HOST_BOUND_SHARE:.1f} the host binds before the drive, and this "
+                f"capacity is an upper bound)")
 
     def burst_note(self) -> str:
         """For a rate-limited volume (:class:`sim.device.models.RateLimitedDevice`) whose probes at the capacity
@@ -485,14 +514,8 @@ class Capacity(SeedBand):
         starts with a full bucket, so a burst deeper than its window raises the answer (a planner's long-run
         question is the sustained one).  A sustained search (:attr:`CapacitySpec.sustained`) says instead that its
         probes started with the bucket drained, with the same bound."""
-        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
-        if not at or not isinstance(self.config.get("device"), str):
-            return ""
-        try:
-            dev = load_device(self.config["device"])
-        except Exception:  # noqa: BLE001 - a device this note cannot load says nothing here
-            return ""
-        if not isinstance(dev, RateLimitedDevice):
+        at, dev = self._device_at_capacity()
+        if not at or not isinstance(dev, RateLimitedDevice):
             return ""
         rps, reads = float(at.get("reads_per_s") or 0.0), float(at.get("reads_per_step") or 0.0)
         sustained = int(math.floor(dev.cap_iops / (reads * self.spec.target) + 1e-9)) if reads > 0 else 0

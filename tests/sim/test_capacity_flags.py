@@ -191,6 +191,26 @@ def test_a_burst_longer_than_the_probes_is_said_with_the_sustained_bound(capsys,
     assert "burst" not in doc["configurations"][0]["assumptions"]
 
 
+def test_a_fio_device_says_the_host_cpus_its_reads_keep_busy(capsys, tmp_path):
+    """A device from fio JSON with CPU figures (the disk's: 22.752 us a read at QD1): the answer says the CPUs
+    the probes' reads at the capacity keep busy, reads/s x 22.752 us, and that with fewer than twice that the host
+    binds first (HOST_BOUND_SHARE 0.5); a datasheet device, with no CPU figure, says nothing of the host."""
+    import csv
+    from pathlib import Path
+
+    disk = Path(__file__).parent / "data" / "fio-disk-randread-4k.json"
+    doc = capacity_json(capsys, ["--device", f"fio:{disk}", "--out", str(tmp_path / "f.csv")])
+    c = doc["configurations"][0]
+    (row,) = list(csv.DictReader(open(tmp_path / "f.csv")))
+    rps = float(row["reads_per_s_at_capacity"])
+    busy = rps * (0.832501 + 20.679321) / 100 * 3.003 / 28393
+    assert rps > 0 and (f"at {c['capacity']} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} "
+                        f"CPUs busy in the host's read path alone at fio's 22.8 us of CPU a read") in c["assumptions"]
+    assert f"with fewer than {busy / 0.5:.1f} the host binds before the drive" in c["assumptions"]
+    doc = capacity_json(capsys, ["--device", FAST, "--out", str(tmp_path / "b.csv")])
+    assert "host" not in doc["configurations"][0]["assumptions"]
+
+
 def test_an_earlier_default_table_is_refused_not_overwritten(tmp_path, capsys, monkeypatch):
     """Without --out the search writes capacity.csv in the current directory: a second run there is refused in
     one line naming the file, the --out that replaces it and the --resume that continues it, and leaves the
