@@ -249,7 +249,10 @@ def setting_number(where: str, value, lo: Optional[float] = None, hi: Optional[f
     else:
         want = kind
     ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, Real)
-    x = float(value) if ok else math.nan
+    try:
+        x = float(value) if ok else math.nan
+    except OverflowError:  # an integer past a float's range: infinite
+        x = math.inf if value > 0 else -math.inf
     ok = ok and not math.isnan(x) and (math.isfinite(x) or not finite)
     ok = ok and (lo is None or (x > lo if above else x >= lo)) and (hi is None or (x < hi if below else x <= hi))
     if not ok:

@@ -60,7 +60,7 @@ from .vocabulary import tokenizer_vocabulary, vocabulary_metadata
 
 __all__ = [
     "ROW_BYTES", "SCALE_MIN", "SCALE_MAX", "CODE_SIGMA", "KV_SIGMA", "REAL_TABLE_OFFSET", "DEFAULT_CHUNK_BYTES",
-    "MAX_CHUNK_BYTES", "MAX_SHARDS",
+    "MAX_CHUNK_BYTES", "MAX_SHARDS", "MAX_TABLE_OFFSET",
     "TensorSpec", "ModelPlan", "rows_at", "table_rows", "engram_kv", "norm_weight",
     "ModelShape", "Fill", "Writing", "plan_model", "write_model", "build_model", "shard_names",
 ]
@@ -83,6 +83,8 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 MAX_CHUNK_BYTES = 1 << 30
 #: The most files a split model may have (``split.count`` is a UINT16 key).
 MAX_SHARDS = 65535
+#: The furthest ``ModelShape.table_offset`` (4 EiB): past it the file's offsets leave a signed 64-bit ``off_t``.
+MAX_TABLE_OFFSET = 1 << 62
 #: Name of the hole-filled tensor that stands in for the rest of the model's weights.
 LEAD_TENSOR = "synth.lead.weight"
 
@@ -350,8 +352,9 @@ class ModelShape:
         ``[1, MAX_SHARDS]`` (a bool, a float or a string included; the model's own bound is checked by
         :func:`plan_model`), ``seed`` not a whole number in ``[0, 2**64)``, ``eps`` not a number in (0, 1),
         ``full_size``, ``optional_keys`` not True or False, ``vocabulary`` not None, True or False,
-        ``table_offset`` not None or a whole number >= 0, ``layout`` not None or a :class:`Layout`,
-        ``tokenizer_json`` not None or a path, a token map that is not a non-empty 1-D integer array.
+        ``table_offset`` not None or a whole number in ``[0, MAX_TABLE_OFFSET]``, ``layout`` not None or a
+        :class:`Layout`, ``tokenizer_json`` not None or a path, a token map that is not a non-empty 1-D integer
+        array.
     """
 
     scale: Optional[float] = None
@@ -375,7 +378,7 @@ class ModelShape:
         if self.vocabulary is not None:
             put("vocabulary", setting_bool("ModelShape.vocabulary", self.vocabulary))
         if self.table_offset is not None:
-            put("table_offset", setting_int("ModelShape.table_offset", self.table_offset, 0))
+            put("table_offset", setting_int("ModelShape.table_offset", self.table_offset, 0, MAX_TABLE_OFFSET))
         if self.layout is not None and not isinstance(self.layout, Layout):
             raise ArgumentError(f"ModelShape.layout = {type(self.layout).__name__}: expected None or an "
                                 "engram.Layout")

@@ -223,15 +223,20 @@ def bar_wanted(progress: Union[bool, str, None], stream=None) -> bool:
     ArgumentError
         ``progress`` is none of these.
     """
+    if isinstance(progress, np.bool_):
+        progress = bool(progress)
     if progress is None or progress is True:
         progress = "auto"
     elif progress is False:
         progress = "off"
     if not isinstance(progress, str) or progress not in BAR_MODES:
-        raise ArgumentError(f"progress must be a bool or one of {', '.join(BAR_MODES)}, got {progress!r}")
+        raise ArgumentError(f"progress must be a bool or one of {', '.join(BAR_MODES)}, got {progress!r:.60}")
     if progress == "auto":
         isatty = getattr(sys.stderr if stream is None else stream, "isatty", None)
-        return bool(isatty is not None and isatty())
+        try:
+            return bool(isatty is not None and isatty())
+        except (ValueError, OSError):  # a closed stream is no terminal
+            return False
     return progress == "bar"
 
 

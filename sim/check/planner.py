@@ -64,6 +64,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -340,26 +341,60 @@ def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Option
     dict or None
         ``{"cpu_per_read_us", "cores", "bound_share", "rule", "shares": {config: share}, "bound": [configs],
         "free": {"configurations", "median_abs_error", "max_abs_error"} or None}`` (``free``: the rows that are not
-        host-bound); None when fio's JSON has no CPU figures.
+        host-bound); None when fio's JSON has no CPU figures.  A row without a prediction (None or NaN) has no
+        share; one whose error is None or NaN is left out of ``free``'s errors.
+
+    Raises
+    ------
+    FormatError
+        ``machine`` or ``machine.cores`` (:func:`_cores`), ``runs`` or a run's ``rows_distinct_mean`` (not null or
+        a finite number >= 0) malformed in ``runs_doc``.
+    ArgumentError
+        ``fig``'s CPU per read not None or a finite number > 0; a row without a ``config``, a ``predicted`` that is
+        negative, infinite or not a number, ``sessions`` not a whole number >= 1, an ``error`` not a number.
     """
     cpu = fig.get("qd1_cpu_per_read_us")
     if cpu is None:
         return None
+    if isinstance(cpu, bool) or not isinstance(cpu, Real) or not (math.isfinite(cpu) and cpu > 0):
+        raise ArgumentError(f"host_cpu: fig qd1_cpu_per_read_us = {cpu!r:.40}: expected a finite number > 0 "
+                            "(microseconds) or None")
     cores = _cores(runs_doc)
     per: Dict[str, List[float]] = {}
-    for r in runs_doc.get("runs") or []:
-        v = r.get("rows_distinct_mean")
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-            per.setdefault(r.get("config"), []).append(float(v))
+    runs = runs_doc.get("runs") or []
+    if not isinstance(runs, list):
+        raise FormatError(f"runs = {runs!r:.40}: expected a list")
+    for i, r in enumerate(runs):
+        v = r.get("rows_distinct_mean") if isinstance(r, Mapping) else None
+        if v is None:
+            continue  # not recorded: ROWS_PER_STEP
+        if isinstance(v, bool) or not isinstance(v, Real) or not (math.isfinite(v) and v >= 0):
+            raise FormatError(f"runs[{i}] ({r.get('config')}).rows_distinct_mean = {v!r:.40}: expected a finite "
+                              "number >= 0 (distinct rows a step)")
+        per.setdefault(r.get("config"), []).append(float(v))
     shares, free = {}, []
-    for r in rows:
+    for i, r in enumerate(rows):
+        at = f"host_cpu: rows[{i}]"
+        if not isinstance(r, Mapping) or not isinstance(r.get("config"), str):
+            raise ArgumentError(f"{at}: expected a mapping with a 'config' key string, got {r!r:.60}")
+        at = f"{at} ({r['config']})"
         step = float(np.median(per[r["config"]])) if r["config"] in per else float(ROWS_PER_STEP)
         pred = r.get("predicted")
-        if not isinstance(pred, (int, float)) or not math.isfinite(pred):
-            continue
-        shares[r["config"]] = float(pred) * int(r.get("sessions") or 1) * step * cpu * 1e-6 / cores
+        if pred is None or (isinstance(pred, float) and math.isnan(pred)):
+            continue  # not predicted
+        if isinstance(pred, bool) or not isinstance(pred, Real) or not (math.isfinite(pred) and pred >= 0):
+            raise ArgumentError(f"{at}.predicted = {pred!r:.40}: expected a finite number >= 0 (tokens/s) or None")
+        n = r.get("sessions", 1)
+        n = 1 if n is None else n
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+            raise ArgumentError(f"{at}.sessions = {n!r:.40}: expected a whole number >= 1")
+        shares[r["config"]] = float(pred) * int(n) * step * float(cpu) * 1e-6 / cores
         if shares[r["config"]] < HOST_BOUND_SHARE:
-            free.append(abs(float(r["error"])))
+            err = r.get("error")
+            if err is not None and (isinstance(err, bool) or not isinstance(err, Real)):
+                raise ArgumentError(f"{at}.error = {err!r:.40}: expected a number (the tokens/s error) or None")
+            if err is not None and math.isfinite(err):
+                free.append(abs(float(err)))  # None or NaN: not measured, left out of the others' errors
     bound = [k for k, v in shares.items() if v >= HOST_BOUND_SHARE]
     return {"cpu_per_read_us": float(cpu), "cores": cores, "bound_share": HOST_BOUND_SHARE, "shares": shares,
             "bound": bound,
@@ -371,9 +406,23 @@ def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Option
 
 
 def _cores(runs_doc: Mapping) -> int:
-    """CPUs of the machine the runs ran on (``machine.cores`` of ``runs.json``; 1 when not recorded)."""
-    c = (runs_doc.get("machine") or {}).get("cores")
-    return int(c) if isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 else 1
+    """CPUs of the machine the runs ran on (``machine.cores`` of ``runs.json``; 1 when not recorded).
+
+    Raises
+    ------
+    FormatError
+        ``machine`` not an object, ``cores`` not null or a whole number in [1, 4096].
+    """
+    machine = runs_doc.get("machine") or {}
+    if not isinstance(machine, Mapping):
+        raise FormatError(f"machine = {machine!r:.40}: expected a JSON object")
+    c = machine.get("cores")
+    if c is None:
+        return 1
+    if isinstance(c, bool) or not isinstance(c, Integral) or not 1 <= c <= 4096:
+        raise FormatError(f"machine.cores = {c!r:.40}: expected a whole number of CPUs in [1, 4096] (or null: "
+                          "not recorded)")
+    return int(c)
 
 
 #: Device classes a measurement makes (:mod:`sim.measure.devices`).
@@ -560,6 +609,10 @@ class _Planner:
             entry["reason"] = "no run a planner can state the compute of"
             return entry
         check_runs(runs_doc, runs_path)
+        try:
+            _cores(runs_doc)
+        except FormatError as exc:
+            raise FormatError(f"{runs_path}: {exc}") from None
         spec, fallback, cores = self._describe(entry, d, runs_doc)
         for mode in MODES:
             got = self._device(entry, d, mode, spec, fallback, cores)
@@ -572,7 +625,10 @@ class _Planner:
             doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
                              sim_steps=self.sim_steps, seed=self.seed, baseline=False)
             entry["modes"][mode] = _mode_result(doc, described, "")
-            host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"])
+            try:
+                host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"])
+            except FormatError as exc:
+                raise FormatError(f"{runs_path}: {exc}") from None
             if host is not None:
                 entry["modes"][mode]["host_cpu"] = host
             self.bar.update(1, note=f"{d['name']} {mode}")
@@ -645,20 +701,38 @@ def _classes(entries: Sequence[Mapping]) -> dict:
 
 def host_notes(entry: Mapping) -> List[str]:
     """A line per mode of a device's ``planner.json`` entry whose configurations :func:`host_cpu` found
-    host-bound: which, their shares, and the errors of the others."""
+    host-bound: which, their shares, and the errors of the others.  An older document without ``host_cpu``
+    gives none; a figure missing from a partial one reads ``?``."""
     out = []
-    for mode, m in (entry.get("modes") or {}).items():
-        h = m.get("host_cpu")
-        if not h or not h.get("bound"):
+    modes = entry.get("modes") if isinstance(entry, Mapping) else None
+    for mode, m in (modes.items() if isinstance(modes, Mapping) else ()):
+        h = m.get("host_cpu") if isinstance(m, Mapping) else None
+        if not isinstance(h, Mapping) or not isinstance(h.get("bound"), list) or not h["bound"]:
             continue
-        f = h.get("free")
-        out.append(f"{entry.get('name')} {mode}: host-bound (the predicted reads take >= {h['bound_share']:g} of "
-                   f"the {h['cores']} CPU(s) at fio's {h['cpu_per_read_us']:.1f} us a read): "
-                   + ", ".join(f"{k} ({h['shares'][k]:.2f})" for k in h["bound"])
+        shares = h.get("shares") if isinstance(h.get("shares"), Mapping) else {}
+        f = h.get("free") if isinstance(h.get("free"), Mapping) else None
+        n = f.get("configurations") if f else None
+        out.append(f"{entry.get('name')} {mode}: host-bound (the predicted reads take >= "
+                   f"{_fig(h.get('bound_share'), 'g')} of the {_fig(h.get('cores'), 'd')} CPU(s) at fio's "
+                   f"{_fig(h.get('cpu_per_read_us'), '.1f')} us a read): "
+                   + ", ".join(f"{k} ({_fig(shares.get(k), '.2f')})" for k in h["bound"])
                    + ": upper bounds; the other configurations: "
-                   + (f"{f['configurations']}, median abs error {_pct(f['median_abs_error'])}, max "
-                      f"{_pct(f['max_abs_error'])}." if f else "none."))
+                   + (f"{_fig(n, 'd')}, median abs error {_pct(_real(f.get('median_abs_error')))}, max "
+                      f"{_pct(_real(f.get('max_abs_error')))}." if f else "none."))
     return out
+
+
+def _real(x) -> Optional[float]:
+    """``x`` as a float when it is a real number (not a bool), else None."""
+    return float(x) if isinstance(x, Real) and not isinstance(x, bool) else None
+
+
+def _fig(x, spec: str) -> str:
+    """``x`` formatted by ``spec`` (``"d"``: a whole number), ``?`` where it is not a number of that kind."""
+    if spec == "d":
+        return f"{int(x)}" if isinstance(x, Integral) and not isinstance(x, bool) else "?"
+    v = _real(x)
+    return "?" if v is None else format(v, spec)
 
 
 def _pct(x) -> str:
@@ -675,6 +749,8 @@ def markdown_table(res: Mapping) -> str:
             continue
         shown = list(e["modes"].items()) + ([("today (windows)", e["today"])] if e.get("today") else [])
         for mode, m in shown:
+            if not isinstance(m, Mapping):
+                continue
             if m.get("refused"):
                 lines.append(f"| {e['name']} | {e['class']} | {mode}: `{m['device']}` | - | refused: "
                              f"{m['refused']} | | | | |")

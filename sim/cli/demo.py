@@ -371,7 +371,8 @@ class DemoSize:
             object.__setattr__(self, "scale", setting_number("DemoSize.scale", self.scale, 0.0, 1.0, above=True))
         for name, least in (("steps", 10), ("rounds", 1)):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v == 0):
+            if v is not None and not (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      and v == 0):
                 try:
                     v = setting_int(f"DemoSize.{name}", v, least)
                 except ArgumentError as exc:

@@ -86,6 +86,7 @@ After an idle spell (not modelled; :func:`idle_jobs`)
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -200,9 +201,13 @@ def _num(v, path: str) -> float:
     """
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise FormatError(f"{path}: expected a number, got {_shown(v)}")
-    if not (np.isfinite(v) and v >= 0):
-        raise FormatError(f"{path}: expected a finite number >= 0, got {float(v):g}")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer past a float's range
+        x = math.inf if v > 0 else -math.inf
+    if not (math.isfinite(x) and x >= 0):
+        raise FormatError(f"{path}: expected a finite number >= 0, got {_shown(v) if isinstance(v, int) else f'{x:g}'}")
+    return x
 
 
 def _latency(v, where: str, key: str) -> float:
@@ -242,14 +247,21 @@ def idle_jobs(docs: Sequence[dict]) -> List[str]:
     return out
 
 
+#: The most CPUs a job's ``usr_cpu + sys_cpu`` may say it kept busy (as ``device_from_fio``'s ``cpus``): past it
+#: the shares are not fio's.
+MAX_JOB_CPUS = 4096
+
+
 def _job_figures(job, glob: dict, where: str) -> dict:
-    """One read job's depth, IOPS, mean latency and percentiles (seconds); ``where`` is its JSON path.
+    """One read job's depth, IOPS, mean latency and percentiles (seconds); ``where`` is its JSON path.  ``cpu_s``,
+    the CPU seconds its reads took, is None without ``usr_cpu``, ``sys_cpu`` and ``job_runtime``, or where they
+    make no CPU time (a run time of 0: fio leaves the shares at 0 then).
 
     Raises
     ------
     FormatError
-        A field of the wrong type, a negative or non-finite figure, a percentile that is not a number
-        (names the JSON path and the value).
+        A field of the wrong type, a negative or non-finite figure, a percentile that is not a number, CPU shares
+        past :data:`MAX_JOB_CPUS` CPUs (names the JSON path and the value).
     """
     if not isinstance(job, dict):
         raise FormatError(f"{where}: expected a JSON object, got {_shown(job)}")
@@ -301,8 +313,14 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     if all(k in job for k in ("usr_cpu", "sys_cpu", "job_runtime")):
         # fio's CPU shares are of the job's run time (summed over a group's jobs with group_reporting, as is
         # job_runtime), so their product is the CPU seconds the job's reads took
-        cpu_s = (_num(job["usr_cpu"], f"{where}.usr_cpu") + _num(job["sys_cpu"], f"{where}.sys_cpu")) / 100 * \
-            _num(job["job_runtime"], f"{where}.job_runtime") * 1e-3
+        share = _num(job["usr_cpu"], f"{where}.usr_cpu") + _num(job["sys_cpu"], f"{where}.sys_cpu")
+        runtime = _num(job["job_runtime"], f"{where}.job_runtime")
+        if share > 100 * MAX_JOB_CPUS:
+            raise FormatError(f"{where}: usr_cpu + sys_cpu = {share:g}%: more than {MAX_JOB_CPUS} CPUs busy all "
+                              "the job's run time (fio's shares are percent of one CPU)")
+        cpu_s = share / 100 * runtime * 1e-3
+        if cpu_s == 0:
+            cpu_s = None  # no run time (fio leaves the shares at 0 then) or no CPU time: no CPU figure
     return {"qd": depth, "jobs": jobs, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
             "ios": ios, "cpu_s": cpu_s,
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,

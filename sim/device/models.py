@@ -256,7 +256,7 @@ class Device:
             try:
                 return ParametricSSD(float(f["qd1_latency_us"]) * US, float(f["iops"]), int(f["parallelism"]),
                                      float(f["service_cv"]), name=d.get("name"),
-                                     source=d.get("source", ""), derived=d.get("derived"),
+                                     source=d.get("source", ""), derived=_derived(d, "parametric_ssd device"),
                                      routing=d.get("routing", "shared"))
             except ArgumentError as exc:
                 raise FormatError(f"parametric_ssd device: {exc}") from None
@@ -280,6 +280,34 @@ class Device:
             d["derived"] = derived
             d["assumed"] = [k for k, v in derived.items() if str(v.get("rule", "")).startswith("assumed")]
         return d
+
+
+def _derived(d: Mapping, where: str) -> Optional[dict]:
+    """A device document's ``derived``: None, or a JSON object of ``{"value": number, "rule": string}`` entries
+    (what ``engram sim device`` prints; ``cpu_per_read_us``, a finite number >= 0, is multiplied by the reads/s
+    of a run).
+
+    Raises
+    ------
+    FormatError
+        Names the entry and the value (``rate_limited device: derived.cpu_per_read_us.value = "x": ...``).
+    """
+    derived = d.get("derived")
+    if derived is None:
+        return None
+    if not isinstance(derived, Mapping):
+        raise FormatError(f"{where}: derived = {derived!r:.40}: expected a JSON object of "
+                          '{"value": number, "rule": string} entries')
+    for key, entry in derived.items():
+        at = f"{where}: derived.{key}"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("rule"), str) or "value" not in entry:
+            raise FormatError(f"{at} = {entry!r:.40}: expected a JSON object with a \"value\" and a \"rule\" string")
+        v = entry["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or \
+                (key == "cpu_per_read_us" and not (math.isfinite(v) and v >= 0)):
+            want = "a finite number >= 0 (microseconds)" if key == "cpu_per_read_us" else "a number"
+            raise FormatError(f"{at}.value = {v!r:.40}: expected {want}")
+    return dict(derived)
 
 
 class EmpiricalDevice(Device):
@@ -972,7 +1000,7 @@ class RateLimitedDevice(Device):
         raw = Device.from_dict(d["raw"])
         try:
             return cls(raw, d["cap_iops"], d["burst_ios"], name=d.get("name"), source=d.get("source", ""),
-                       derived=d.get("derived"), drained=d.get("drained") is True)
+                       derived=_derived(d, "rate_limited device"), drained=d.get("drained") is True)
         except ArgumentError as exc:
             raise FormatError(f"rate_limited device: {exc}") from None
 

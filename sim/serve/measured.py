@@ -169,6 +169,8 @@ class CounterpartReads:
         setting_choice("CounterpartReads.backend", self.backend, TABLE_BACKENDS)
         object.__setattr__(self, "readers", setting_int("CounterpartReads.readers", self.readers, 1, MAX_READERS))
         object.__setattr__(self, "threshold", setting_int("CounterpartReads.threshold", self.threshold, 1))
+        if isinstance(self.depths, np.ndarray) and self.depths.ndim == 1:
+            object.__setattr__(self, "depths", tuple(self.depths.tolist()))
         if isinstance(self.depths, (str, bytes)) or not isinstance(self.depths, Sequence) or not self.depths:
             raise ArgumentError(f"CounterpartReads.depths = {self.depths!r:.60}: expected a non-empty sequence of "
                                 f"whole numbers in [1, {MAX_READERS}]")

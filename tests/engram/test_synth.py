@@ -322,3 +322,32 @@ def test_writer_settings_of_the_wrong_kind_are_named(tmp_path):
     with pytest.raises(ArgumentError, match=r"pass Fill\(trace=token ids\) or Fill\(tables='none'\)"):
         synth.build_model(out, synth.ModelShape(full_size=True))
     assert not out.exists()
+
+
+def test_numbers_past_a_float_and_offsets_past_off_t_are_refused(tmp_path):
+    """An integer past a float's range raised OverflowError from every number field (ModelShape.scale, eps); a
+    table_offset past 2**62 failed while writing (struct.error, or OverflowError at 2**63)."""
+    from engram._checks import setting_number
+    with pytest.raises(ArgumentError, match=r"^ModelShape\.scale = 1000000000.*\.\.\.: expected a finite number in "
+                                            r"\(0, 1\]$"):
+        synth.ModelShape(scale=10 ** 400)
+    with pytest.raises(ArgumentError, match=r"^ModelShape\.eps = .*: expected a finite number in \(0, 1\)$"):
+        synth.ModelShape(scale=SCALE, eps=10 ** 400)
+    assert setting_number("X.t", 10 ** 400, 0.0, finite=False) == float("inf")
+    assert setting_number("X.t", -(10 ** 400), finite=False) == float("-inf")
+    with pytest.raises(ArgumentError, match=r"^ModelShape\.table_offset = 1180591620717411303424: expected a whole "
+                                            r"number in \[0, 4611686018427387904\]$"):
+        synth.ModelShape(scale=SCALE, table_offset=2 ** 70)
+    assert synth.ModelShape(scale=SCALE, table_offset=synth.MAX_TABLE_OFFSET).table_offset == 1 << 62
+
+
+def test_bar_wanted_on_a_closed_stream_and_numpy_bools():
+    """A closed stream is no terminal (isatty raised ValueError); numpy's bools are the bools they hold."""
+    import io
+    from engram.gguf.write import bar_wanted
+    s = io.StringIO()
+    s.close()
+    assert bar_wanted("auto", s) is False and bar_wanted(True, s) is False and bar_wanted("bar", s) is True
+    assert bar_wanted(np.bool_(False)) is False and bar_wanted(np.bool_(True), object()) is False
+    with pytest.raises(ArgumentError, match=r"^progress must be a bool or one of auto, bar, lines, off, got 1$"):
+        bar_wanted(1)

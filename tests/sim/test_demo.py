@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engram import Layout
@@ -203,3 +204,11 @@ def test_full_demo(tmp_path):
     check_report(md)
     xc = json.loads((tmp_path / "work" / "crosscheck.json").read_text())
     assert xc["summary"]["configurations"] == 33 and xc["summary"]["rows_match"]
+
+
+def test_demo_size_zero_as_numpy_is_the_default():
+    """0 is the default for steps and rounds as a Python int; a numpy 0 was refused as below 10."""
+    assert DemoSize(steps=np.int64(0), rounds=np.int32(0)).resolved(quick=True) == DemoSize(steps=0).resolved(True)
+    with pytest.raises(ArgumentError, match=r"^DemoSize\.steps = 5: expected a whole number >= 10 \(or 0: the "
+                                            r"default\)$"):
+        DemoSize(steps=np.int64(5))

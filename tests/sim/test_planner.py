@@ -282,3 +282,73 @@ def test_idle_jobs_thinktime_job_or_global():
     tt = {"jobname": "b", "job options": {"thinktime": "5000us", "thinktime_blocks": "48"}}
     assert idle_jobs([{"fio version": "fio-3.33", "jobs": [job, tt]}]) == ["b"]
     assert idle_jobs([{"fio version": "fio-3.33", "jobs": [{"jobname": "c", "job options": {"thinktime": "0"}}]}]) == []
+
+
+def test_host_cpu_refuses_bad_figures():
+    """A runs document's machine.cores of the wrong kind was taken as 1 CPU (doubling the shares on 2), a
+    rows_distinct_mean string or NaN as 48 rows, sessions 0 as 1; NaN sessions raised ValueError, a row without a
+    config KeyError.  A row without a prediction has no share; a rows_distinct_mean of 0 is a share of 0."""
+    fig = {"qd1_cpu_per_read_us": 10.7}
+    runs = {"machine": {"cores": 2}, "runs": [{"config": "a", "rows_distinct_mean": 48.0}]}
+    rows = [{"config": "a", "sessions": 1, "predicted": 175.0, "error": 0.042}]
+    for machine, shown in (({"cores": "2"}, "'2'"), ({"cores": 0}, "0"), ({"cores": 2.0}, "2.0"),
+                           ({"cores": True}, "True")):
+        with pytest.raises(FormatError, match=rf"^machine\.cores = {shown}: expected a whole number of CPUs in "
+                                              r"\[1, 4096\] \(or null: not recorded\)$"):
+            host_cpu(fig, dict(runs, machine=machine), rows)
+    with pytest.raises(FormatError, match=r"^machine = 'x': expected a JSON object$"):
+        host_cpu(fig, dict(runs, machine="x"), rows)
+    assert host_cpu(fig, dict(runs, machine={"cores": np.int64(2)}), rows)["cores"] == 2
+    assert host_cpu(fig, dict(runs, machine={"cores": None}), rows)["cores"] == 1
+    for v in ("48", float("nan"), -4.0):
+        with pytest.raises(FormatError, match=rf"^runs\[0\] \(a\)\.rows_distinct_mean = {v!r}: expected a finite "
+                                              r"number >= 0 \(distinct rows a step\)$"):
+            host_cpu(fig, dict(runs, runs=[{"config": "a", "rows_distinct_mean": v}]), rows)
+    assert host_cpu(fig, dict(runs, runs=[{"config": "a", "rows_distinct_mean": 0}]), rows)["shares"] == {"a": 0.0}
+    for key, v, want in (("sessions", 0, "a whole number >= 1"), ("sessions", float("nan"), "a whole number >= 1"),
+                         ("sessions", 2.7, "a whole number >= 1"),
+                         ("predicted", -5.0, r"a finite number >= 0 \(tokens/s\) or None"),
+                         ("predicted", float("inf"), r"a finite number >= 0 \(tokens/s\) or None"),
+                         ("error", "x", r"a number \(the tokens/s error\) or None")):
+        with pytest.raises(ArgumentError, match=rf"^host_cpu: rows\[0\] \(a\)\.{key} = {v!r}: expected {want}$"):
+            host_cpu(fig, runs, [dict(rows[0], **{key: v})])
+    with pytest.raises(ArgumentError, match=r"^host_cpu: rows\[0\]: expected a mapping with a 'config' key"):
+        host_cpu(fig, runs, [{"sessions": 1, "predicted": 1.0, "error": 0.0}])
+    for cpu in ("x", float("nan"), 0.0):
+        with pytest.raises(ArgumentError, match=r"^host_cpu: fig qd1_cpu_per_read_us = .*: expected a finite "
+                                                r"number > 0 \(microseconds\) or None$"):
+            host_cpu({"qd1_cpu_per_read_us": cpu}, runs, rows)
+    two = rows + [{"config": "b", "sessions": 2, "predicted": None, "error": None},
+                  {"config": "c", "sessions": 2, "predicted": 10.0, "error": float("nan")}]
+    h = host_cpu(fig, runs, two)
+    assert set(h["shares"]) == {"a", "c"} and h["free"]["configurations"] == 1
+
+
+def test_host_notes_on_an_older_or_partial_planner_document():
+    """planner.json without host_cpu gives no line; a partial host_cpu prints '?' where a figure is missing (each
+    missing key raised KeyError in host_notes, markdown_table and the report's devices section)."""
+    full = {"cpu_per_read_us": 10.7, "cores": 2, "bound_share": 0.5, "shares": {"b": 0.68, "c": 1.06},
+            "bound": ["b", "c"], "free": {"configurations": 2, "median_abs_error": 0.0535, "max_abs_error": 0.065}}
+    mode = {"device": "fio.json", "summary": {}, "capacity": [], "rows": []}
+
+    def res(h):
+        e = {"name": "disk", "class": "disk", "built": True, "modes": {"fio": dict(mode, host_cpu=h)}}
+        return {"devices": [e], "classes": {}, "built": ["disk"], "skipped": {}}
+
+    line = ("disk fio: host-bound (the predicted reads take >= 0.5 of the 2 CPU(s) at fio's 10.7 us a read): "
+            "b (0.68), c (1.06): upper bounds; the other configurations: 2, median abs error 5.3%, max 6.5%.")
+    assert host_notes(res(full)["devices"][0]) == [line]
+    partial = {k: v for k, v in full.items() if k not in ("cores", "cpu_per_read_us")}
+    partial.update(shares={"b": 0.68}, free={"configurations": 2})
+    want = ("disk fio: host-bound (the predicted reads take >= 0.5 of the ? CPU(s) at fio's ? us a read): "
+            "b (0.68), c (?): upper bounds; the other configurations: 2, median abs error -, max -.")
+    for h, lines in ((partial, [want]), (None, []), ([1], []), (dict(full, bound="bc"), [])):
+        doc = res(h)
+        assert host_notes(doc["devices"][0]) == lines
+        assert all(x in markdown_table(doc) for x in lines)
+        d = Doc("t")
+        devices_section(d, Inputs(planner=doc))
+        assert all(x in d.markdown() for x in lines)
+    older = res(None)
+    older["devices"][0]["modes"]["datasheet"] = None
+    assert "| disk | disk | fio: `fio.json` |" in markdown_table(older)

@@ -139,3 +139,17 @@ def test_counterpart_settings_keep_their_valid_values():
     reads = CounterpartReads(backend="io_uring", readers=32, threshold=1, depths=[1, np.int64(4)], seconds=1)
     assert (reads.backend, reads.readers, reads.threshold, reads.depths, reads.seconds) == (
         "io_uring", 32, 1, (1, 4), 1.0)
+
+
+def test_counterpart_settings_take_numpy_depths_and_refuse_huge_numbers():
+    """Depths as a numpy array were refused as not a sequence; an integer past a float raised OverflowError."""
+    assert CounterpartReads(depths=np.array([1, 4])).depths == (1, 4)
+    with pytest.raises(ArgumentError, match=r"^CounterpartReads\.depths\[1\] = 0: expected a whole number in "
+                                            r"\[1, 4096\]$"):
+        CounterpartReads(depths=np.array([1, 0]))
+    with pytest.raises(ArgumentError, match=r"^CounterpartReads\.seconds = 1000.*: expected a finite number in "
+                                            r"\(0, 3600\]$"):
+        CounterpartReads(seconds=10 ** 400)
+    with pytest.raises(ArgumentError, match=r"^CounterpartRun\.compute_ms = 1000.*: expected a finite number in "
+                                            r"\[0, 60000\]$"):
+        CounterpartRun(compute_ms=10 ** 400)

@@ -389,3 +389,57 @@ def test_cpu_per_read_from_fio_known_answer(tmp_path):
     bad["jobs"][1]["sys_cpu"] = -1.0
     with pytest.raises(FormatError, match=r"jobs\[1\]\.sys_cpu"):
         fio_records([bad])
+
+
+def _fio_with_cpu(tmp_path, **qd1) -> Path:
+    """:func:`_synthetic_fio` at depths 1 and 8 with CPU figures on every job, ``qd1`` replacing the QD1 job's."""
+    doc = _synthetic_fio({1: 1000.0, 8: 8000.0}, 50.0, 150_000.0)
+    for job in doc["jobs"]:
+        job.update(usr_cpu=5.0, sys_cpu=10.0, job_runtime=10000)
+    doc["jobs"][0].update(qd1)
+    p = tmp_path / "cpu.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_fio_cpu_figures_bad_or_empty(tmp_path, capsys):
+    """(usr + sys) / 100 x job_runtime / reads: 15% of 10 s over 10,000 reads is 150 us a read.  A share past any
+    CPU count, or an integer past a float, is refused naming the job (an integer raised TypeError); no run time or
+    no CPU time gives no figure, not 0 us."""
+    assert device_from_fio(_fio_with_cpu(tmp_path)).derived["cpu_per_read_us"]["value"] == pytest.approx(150.0)
+    with pytest.raises(FormatError, match=r"cpu\.json: jobs\[0\]: usr_cpu \+ sys_cpu = 1e\+300%: more than 4096 "
+                                          r"CPUs busy all the job's run time"):
+        device_from_fio(_fio_with_cpu(tmp_path, usr_cpu=1e300))
+    with pytest.raises(FormatError, match=r"jobs\[0\]\.usr_cpu: expected a finite number >= 0, got 1000000000"):
+        device_from_fio(_fio_with_cpu(tmp_path, usr_cpu=10 ** 400))
+    with pytest.raises(FormatError, match=r"jobs\[0\]\.read\.total_ios: expected a finite number >= 0"):
+        doc = _synthetic_fio({1: 1000.0}, 50.0, 150_000.0)
+        doc["jobs"][0]["read"]["total_ios"] = 10 ** 400
+        (tmp_path / "big.json").write_text(json.dumps(doc))
+        device_from_fio(tmp_path / "big.json")
+    for zero in ({"job_runtime": 0}, {"usr_cpu": 0.0, "sys_cpu": 0.0}):
+        assert "cpu_per_read_us" not in device_from_fio(_fio_with_cpu(tmp_path, **zero)).derived
+    line = cli(capsys, ["sim", "device", f"fio:{_fio_with_cpu(tmp_path, sys_cpu=5e5)}"])
+    assert line.endswith("jobs[0]: usr_cpu + sys_cpu = 500005%: more than 4096 CPUs busy all the job's run time "
+                         "(fio's shares are percent of one CPU)")
+
+
+def test_a_saved_device_with_a_bad_derived_figure_is_refused(tmp_path, capsys):
+    """A saved device's derived cpu_per_read_us is multiplied by the reads/s of a decode: a string raised TypeError
+    there, a derived that is not an object ValueError; NaN printed 'nan CPUs busy'."""
+    d = device_from_fio(DATA / "fio-throttled-4000-randread-4k.json").to_dict()
+    assert Device.from_dict(d).derived["cpu_per_read_us"] == d["derived"]["cpu_per_read_us"]
+    for value, want in (("x", "'x'"), (float("nan"), "nan"), (-3.0, "-3.0"), (None, "None")):
+        bad = copy.deepcopy(d)
+        bad["derived"]["cpu_per_read_us"]["value"] = value
+        with pytest.raises(FormatError, match=rf"^rate_limited device: derived\.cpu_per_read_us\.value = {want}: "
+                                              r"expected a finite number >= 0 \(microseconds\)$"):
+            Device.from_dict(bad)
+    p = tmp_path / "dev.json"
+    p.write_text(json.dumps(dict(d, derived="abc")))
+    line = cli(capsys, ["sim", "decode", "--device", str(p), "--sessions", "2", "--steps", "100"])
+    assert line.endswith("dev.json: rate_limited device: derived = 'abc': expected a JSON object of "
+                         '{"value": number, "rule": string} entries')
+    p.write_text(json.dumps(dict(d, derived={"knee_qd": 5})))
+    line = cli(capsys, ["sim", "device", str(p)])
+    assert line.endswith('derived.knee_qd = 5: expected a JSON object with a "value" and a "rule" string')
