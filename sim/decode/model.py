@@ -186,7 +186,7 @@ class DecodeResult:
             f"mean read {self.device['mean_read_latency_us']:.1f} us",
             *([f"host      {self.device['host_read_cpus']:.2f} CPUs busy in the read path alone at fio's "
                f"{self.config['device']['derived']['cpu_per_read_us']['value']:.1f} us of CPU a read (the host's "
-               f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.1f} "
+               f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.2f} "
                f"the host binds before the drive and these figures are upper bounds)"]
               if "host_read_cpus" in self.device else []),
             f"simulated {self.sim_seconds:.3f} s in {self.wall_seconds:.2f} s",

@@ -504,7 +504,7 @@ class Capacity(SeedBand):
         busy = rps * float(cpu) * 1e-6
         return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} CPUs busy "
                 f"in the host's read path alone at fio's {float(cpu):.1f} us of CPU a read (the host's CPUs are not "
-                f"modelled: with fewer than {busy / HOST_BOUND_SHARE:.1f} the host binds before the drive, and this "
+                f"modelled: with fewer than {busy / HOST_BOUND_SHARE:.2f} the host binds before the drive, and this "
                 f"capacity is an upper bound)")
 
     def burst_note(self) -> str:

@@ -206,7 +206,7 @@ def test_a_fio_device_says_the_host_cpus_its_reads_keep_busy(capsys, tmp_path):
     busy = rps * (0.832501 + 20.679321) / 100 * 3.003 / 28393
     assert rps > 0 and (f"at {c['capacity']} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} "
                         f"CPUs busy in the host's read path alone at fio's 22.8 us of CPU a read") in c["assumptions"]
-    assert f"with fewer than {busy / 0.5:.1f} the host binds before the drive" in c["assumptions"]
+    assert f"with fewer than {busy / 0.5:.2f} the host binds before the drive" in c["assumptions"]
     doc = capacity_json(capsys, ["--device", FAST, "--out", str(tmp_path / "b.csv")])
     assert "host" not in doc["configurations"][0]["assumptions"]
 
