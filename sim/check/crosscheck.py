@@ -785,6 +785,18 @@ def _drafts_text(r: Mapping) -> str:
             + (", prefetched" if r.get("prefetch_drafts") else ""))
 
 
+def _cells(r: Mapping, key: str, error: Optional[str] = None, spec: str = ".1f") -> str:
+    """The ``measured | predicted | error`` cells of row ``r``: ``key`` of its measured and predicted figures
+    (written with format ``spec``), ``error`` (default ``key``) of its errors."""
+    return f"{r['measured'][key]:{spec}} | {r['predicted'][key]:{spec}} | {_pct(r['error'][error or key])}"
+
+
+def _tokens_cells(r: Mapping, interval: Mapping) -> str:
+    """The tokens/s cells of row ``r``: measured (its spread), predicted, error [90% band of ``interval``]."""
+    return (f"{r['measured']['tokens_per_s']:.1f} ({r['spread']['tokens_per_s'] * 100:.1f}%) | "
+            f"{r['predicted']['tokens_per_s']:.1f} | {_pct(r['error']['tokens_per_s'])} {error_band(interval)}")
+
+
 def _single_lines(rows: Sequence[Mapping]) -> List[str]:
     """The single-session table."""
     head = ("| trace | threshold | backend | readers | compute | steps | tokens/s measured (spread) | "
@@ -792,15 +804,12 @@ def _single_lines(rows: Sequence[Mapping]) -> List[str]:
             "predicted | error |")
     lines = [head, "|" + "---|" * 15]
     for r in rows:
-        m, p, e, s, iv = r["measured"], r["predicted"], r["error"], r["spread"], r.get("interval", {})
         pol = "serial" if r["serial"] else r["backend"]
         rd = "-" if r["serial"] else str(r["readers"])
         lines.append(
             f"| {r['trace_label']} | {r['threshold']} | {pol} | {rd} | {r['compute']}{_drafts_text(r)} | "
-            f"{r['steps']} x{r['repeats']} | "
-            f"{m['tokens_per_s']:.1f} ({s['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
-            f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | {_pct(e['step_p50'])} | "
-            f"{m['step_p95_ms']:.3f} | {p['step_p95_ms']:.3f} | {_pct(e['step_p95'])} |")
+            f"{r['steps']} x{r['repeats']} | {_tokens_cells(r, r.get('interval', {}))} | "
+            f"{_cells(r, 'step_p50_ms', 'step_p50', '.3f')} | {_cells(r, 'step_p95_ms', 'step_p95', '.3f')} |")
     return lines
 
 
@@ -813,17 +822,12 @@ def _session_lines(srows: Sequence[Mapping]) -> List[str]:
                  "aggregate measured | predicted | error | step p50 ms measured | predicted | error |",
              "|" + "---|" * 19]
     for r in srows:
-        m, p, e, iv = r["measured"], r["predicted"], r["error"], r["interval"]
         pol = "serial" if r["serial"] else f"t{r['threshold']} {r['backend']} x{r['readers']}"
         lines.append(
             f"| {r['sessions']} | {r['mode']} | {r['trace_label']} | {pol} | {r['compute']} | "
-            f"{r['steps']} x{r['repeats']} | {m['threads']} | {m['tokens_per_s']:.1f} "
-            f"({r['spread']['tokens_per_s'] * 100:.1f}%) | {p['tokens_per_s']:.1f} | "
-            f"{_pct(e['tokens_per_s'])} {error_band(iv)} | {m['slowest_tokens_per_s']:.1f} | "
-            f"{p['slowest_tokens_per_s']:.1f} | {_pct(e['slowest_tokens_per_s'])} | "
-            f"{m['aggregate_tokens_per_s']:.1f} | {p['aggregate_tokens_per_s']:.1f} | "
-            f"{_pct(e['aggregate_tokens_per_s'])} | {m['step_p50_ms']:.3f} | {p['step_p50_ms']:.3f} | "
-            f"{_pct(e['step_p50'])} |")
+            f"{r['steps']} x{r['repeats']} | {r['measured']['threads']} | {_tokens_cells(r, r['interval'])} | "
+            f"{_cells(r, 'slowest_tokens_per_s')} | {_cells(r, 'aggregate_tokens_per_s')} | "
+            f"{_cells(r, 'step_p50_ms', 'step_p50', '.3f')} |")
     return lines
 
 

@@ -37,6 +37,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..device import FastDevice, SegmentQueue
+from ..device.fluid import earliest
 from sim.core.params import Policy
 
 __all__ = ["FastRun", "split_readers"]
@@ -596,13 +597,7 @@ class FastRun:
         pop = heapq.heappop
         inf = math.inf
         while True:
-            if one:
-                td, jd = q0.tnext, 0
-            else:
-                td, jd = inf, 0
-                for j, q in enumerate(queues):
-                    if q.tnext < td:
-                        td, jd = q.tnext, j
+            td, jd = (q0.tnext, 0) if one else earliest(queues)
             if heap and heap[0][0] < td:  # at a tie, the device first (see the module)
                 t, _, i, h = pop(heap)
                 if i >= 0:

@@ -38,7 +38,22 @@ from .recorder import Recorder
 __all__ = ["BucketExactDevice", "ChannelExactDevice", "ExactDevice", "FastDevice", "SlotExactDevice"]
 
 
-class FastDevice:
+class _Uniforms:
+    """Uniform draws in [0, 1) from ``self.rng``, ``_UNIFORM_CHUNK`` at a time: the list ``_u``, the next at
+    ``_ui``."""
+
+    _UNIFORM_CHUNK = 65536
+
+    def _uniform(self) -> float:
+        if self._ui >= len(self._u):
+            self._u = self.rng.random(self._UNIFORM_CHUNK).tolist()
+            self._ui = 0
+        v = self._u[self._ui]
+        self._ui += 1
+        return v
+
+
+class FastDevice(_Uniforms):
     """Batches of reads in the fast mode: durations alone from the exact model, sharing by a segment queue.
 
     :meth:`draw` gives a batch's duration alone (a sample of
@@ -58,14 +73,6 @@ class FastDevice:
         self._u: list = []
         self._ui = 0
         self._version = 0
-
-    def _uniform(self) -> float:
-        if self._ui >= len(self._u):
-            self._u = self.rng.random(65536).tolist()
-            self._ui = 0
-        v = self._u[self._ui]
-        self._ui += 1
-        return v
 
     def samples_of(self, n: int, k: int) -> tuple:
         """``(times, sigmas, extras, level, ref)`` of a batch of ``n`` reads by ``k`` readers (cached): its
@@ -195,7 +202,7 @@ class ExactDevice:
         yield env.all_of([env.process(self._reader(remaining)) for _ in range(k)])
 
 
-class SlotExactDevice(ExactDevice):
+class SlotExactDevice(ExactDevice, _Uniforms):
     """The per-read model of a device described by its latency at each queue depth (see the module).
 
     ``slots = device.saturation_depth()`` reads are served at once; a read in
@@ -204,6 +211,8 @@ class SlotExactDevice(ExactDevice):
     wait in FIFO order.  The recorder's ``wait`` list gets each read's time in
     the queue.
     """
+
+    _UNIFORM_CHUNK = 4096
 
     def __init__(self, device, env, rng: np.random.Generator, recorder: Optional[Recorder] = None):
         super().__init__(device, env, rng, recorder)
@@ -218,16 +227,8 @@ class SlotExactDevice(ExactDevice):
         self.waiting: deque = deque()
         self._version = 0
         self._dist: dict = {}
-        self._ub: list = []
+        self._u: list = []
         self._ui = 0
-
-    def _uniform(self) -> float:
-        if self._ui >= len(self._ub):
-            self._ub = self.rng.random(4096).tolist()
-            self._ui = 0
-        v = self._ub[self._ui]
-        self._ui += 1
-        return v
 
     def _knots(self, q: int) -> tuple:
         got = self._dist.get(q)

@@ -66,7 +66,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Callable, List
+from typing import Callable, List, Sequence, Tuple
 
 __all__ = ["SegmentQueue", "nominal_batch"]
 
@@ -74,7 +74,63 @@ __all__ = ["SegmentQueue", "nominal_batch"]
 OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF, NB = range(9)
 
 
-class SegmentQueue:
+class FluidClock:
+    """What a device serving its reads as a fluid keeps (:class:`SegmentQueue`, the serving model's
+    :class:`sim.serve.device.SharedDevice`): the mean latency ``L[q]`` of a read at each depth ``q`` up to the
+    slots ``Q`` (``L[0]`` unused), the virtual clock ``V`` at time ``t`` (``dV/dt = 1 / L(q)``), the reads in
+    service ``q``, the heap of what is in service by the ``V`` it finishes at and ``late`` (served, waiting for
+    its last token), and the counters of its timeline (``area``, ``busy``, ``reads``; ``times`` and ``depths``
+    when ``record``; ``tnext``, ``max_depth``), all starting at time 0 with the device empty."""
+
+    __slots__ = ("Q", "L", "V", "t", "q", "heap", "late", "seq", "area", "busy", "reads", "times", "depths",
+                 "record", "tnext", "max_depth")
+
+    def __init__(self, slots: int, mean_latency: Callable[[int], float], record: bool = True):
+        self.Q = int(slots)
+        self.L = [0.0] + [max(float(mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
+        self.V = 0.0
+        self.t = 0.0
+        self.q = 0
+        self.heap: list = []
+        self.late: list = []
+        self.seq = 0
+        self.area = 0.0
+        self.busy = 0.0
+        self.reads = 0
+        self.times: list = []
+        self.depths: list = []
+        self.record = record
+        self.tnext = math.inf
+        self.max_depth = 0
+
+    def _replan(self, lq: float, depth: int) -> None:
+        """After a change: when the next event comes (``lq``: the mean latency of a read at the depth in service
+        now) and, when ``record``, the timeline's point (``depth``: the reads in the device)."""
+        heap = self.heap
+        if heap:
+            gap = heap[0][0] - self.V
+            self.tnext = self.t + (gap if gap > 0 else 0.0) * lq
+        else:
+            self.tnext = math.inf
+        if self.late and self.late[0][0] < self.tnext:
+            self.tnext = self.late[0][0]
+        if self.record:
+            self.times.append(self.t)
+            self.depths.append(depth)
+        if depth > self.max_depth:
+            self.max_depth = depth
+
+
+def earliest(clocks: Sequence[FluidClock]) -> Tuple[float, int]:
+    """``(tnext, index)`` of the first of ``clocks`` whose next event comes soonest (``(inf, 0)``: none comes)."""
+    td, jd = math.inf, 0
+    for j, c in enumerate(clocks):
+        if c.tnext < td:
+            td, jd = c.tnext, j
+    return td, jd
+
+
+class SegmentQueue(FluidClock):
     """One device in the fast mode (see the module docstring); times in seconds.
 
     Parameters
@@ -104,36 +160,20 @@ class SegmentQueue:
         Most reads in the device at once.
     """
 
-    __slots__ = ("Q", "L", "V", "t", "q", "d", "heap", "wait", "seq", "area", "busy", "reads", "times", "depths",
-                 "record", "tnext", "max_depth", "late", "shared", "slack", "bucket", "tail")
+    __slots__ = ("d", "wait", "shared", "slack", "bucket", "tail")
 
     def __init__(self, slots: int, mean_latency: Callable[[int], float], straggler: str = "shared",
                  record: bool = True, bucket=None, tail: float = 0.0):
         if straggler not in ("shared", "own"):
             raise ValueError(f"straggler must be 'shared' or 'own', got {straggler!r}")
-        self.Q = int(slots)
-        self.L = [0.0] + [max(float(mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
+        super().__init__(slots, mean_latency, record)
         self.shared = straggler == "shared"
         #: A segment that overflows the free slots by at most this many reads is served whole (at the
         #: saturated latency ``L(Q) q / Q``, the same throughput) rather than split: splitting at every
         #: completion would splinter segments into single reads.
         self.slack = max(0, self.Q // 8)
-        self.V = 0.0
-        self.t = 0.0
-        self.q = 0
         self.d = 0
-        self.heap: list = []
-        self.late: list = []
         self.wait: deque = deque()
-        self.seq = 0
-        self.area = 0.0
-        self.busy = 0.0
-        self.reads = 0
-        self.times: list = []
-        self.depths: list = []
-        self.record = record
-        self.tnext = math.inf
-        self.max_depth = 0
         self.bucket, self.tail = bucket, float(tail)
 
     def not_before(self, now: float, n: int) -> float:
@@ -145,16 +185,6 @@ class SegmentQueue:
         return t + self.tail if t > now else 0.0
 
     # --------------------------------------------------------------- internals
-    def _advance(self, now: float) -> None:
-        dt = now - self.t
-        if dt > 0:
-            if self.q:
-                self.V += dt / self.L[self.q]
-            if self.d:
-                self.area += dt * self.d
-                self.busy += dt
-            self.t = now
-
     def _deeper(self, q: int) -> None:
         """Extend the latency table past the slots (stragglers in service): saturated, ``L(Q) q / Q``."""
         top = self.L[self.Q]
@@ -180,20 +210,6 @@ class SegmentQueue:
         if q >= len(self.L):
             self._deeper(q)
 
-    def _replan(self) -> None:
-        if self.heap:
-            gap = self.heap[0][0] - self.V
-            self.tnext = self.t + (gap if gap > 0 else 0.0) * self.L[self.q]
-        else:
-            self.tnext = math.inf
-        if self.late and self.late[0][0] < self.tnext:
-            self.tnext = self.late[0][0]
-        if self.record:
-            self.times.append(self.t)
-            self.depths.append(self.d)
-        if self.d > self.max_depth:
-            self.max_depth = self.d
-
     # ------------------------------------------------------------------ public
     def submit(self, now: float, n: int, k: int, sigma: float, owner=None, extra: float = 0.0,
                ref: float = 1.0) -> list:
@@ -202,7 +218,8 @@ class SegmentQueue:
         ``extra``: the straggler's seconds alone; ``ref`` (``straggler="own"``): the share of it that
         stays with the batch on a busy device (the rest shrinks with the batch's share of the reads in
         service when its last segment finishes)."""
-        # _advance inlined: submit runs once a batch, on the fast mode's hot path (benchmarks/BENCHMARKS.md)
+        # the clock advanced inline (as complete): submit runs once a batch, on the fast mode's hot path
+        # (benchmarks/BENCHMARKS.md)
         dt = now - self.t
         if dt > 0:
             if self.q:
@@ -224,7 +241,7 @@ class SegmentQueue:
         else:
             self.wait.append([b, c])
             self._admit()
-        self._replan()
+        self._replan(self.L[self.q], self.d)
         return b
 
     def complete(self, now: float) -> List[list]:
@@ -290,26 +307,10 @@ class SegmentQueue:
                         push(late, (b[8], self.seq, b))
                     else:
                         done.append(b)
-        # admit from the head of the queue (as _admit)
-        Q = self.Q
-        if wait and q < Q:
-            slack = self.slack
-            seq = self.seq
-            while wait and q < Q:
-                seg = wait[0]
-                b, c = seg
-                take = Q - q
-                if take + slack >= c:
-                    wait.popleft()
-                    take = c
-                else:
-                    seg[1] = c - take
-                seq += 1
-                push(heap, (V + b[3], seq, b, take))
-                q += take
-            self.seq = seq
-            if q >= len(L):
-                self._deeper(q)
+        if wait and q < self.Q:  # admit from the head of the queue
+            self.q = q
+            self._admit()
+            q = self.q
         self.q, self.d = q, d
         # the next event (as _replan)
         if heap:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..device import Device
 from ..device.alone import sample_size
+from ..device.fluid import FluidClock
 
 __all__ = ["BatchTimes", "SharedDevice"]
 
@@ -134,7 +135,7 @@ class BatchTimes:
         return max(t, 0.0)
 
 
-class SharedDevice:
+class SharedDevice(FluidClock):
     """One drive in the serving model (see the module docstring); times in seconds.
 
     Attributes
@@ -155,32 +156,17 @@ class SharedDevice:
         When the next batch finishes (inf: idle).
     """
 
-    __slots__ = ("Q", "L", "top", "V", "t", "q", "heap", "seq", "area", "busy", "reads", "times", "depths", "record",
-                 "tnext", "max_depth", "_mean", "batch_area", "batches", "gate", "tail", "late")
+    __slots__ = ("top", "_mean", "batch_area", "batches", "gate", "tail")
 
     def __init__(self, device: Device, record: bool = True):
-        self.Q = int(device.saturation_depth())
+        # late (FluidClock): batches served whose last token comes later: (not before, seq, reads in device, reads,
+        # owner, start)
+        super().__init__(device.saturation_depth(), device.mean_latency, record)
         self._mean = device.mean_latency
-        self.L = [0.0] + [max(float(device.mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
         self.top = self.L[self.Q]
-        self.V = 0.0
-        self.t = 0.0
-        self.q = 0
-        self.heap: list = []
-        self.seq = 0
-        self.area = 0.0
-        self.busy = 0.0
-        self.reads = 0
-        self.times: list = []
-        self.depths: list = []
-        self.record = record
-        self.tnext = math.inf
-        self.max_depth = 0
         self.batch_area = 0.0
         self.batches = 0
         self.gate, self.tail = device.bucket(), float(device.gate_tail())
-        #: Batches served whose last token comes later: (not before, seq, reads in device, reads, owner, start).
-        self.late: list = []
 
     def latency(self, q: int) -> float:
         """Mean latency of a read at depth ``q`` (saturated past ``Q``: ``L(Q) q / Q``)."""
@@ -197,20 +183,8 @@ class SharedDevice:
             self.t = now
 
     def _plan(self) -> None:
-        heap = self.heap
-        if heap:
-            gap = heap[0][0] - self.V
-            q = self.q
-            self.tnext = self.t + (gap if gap > 0 else 0.0) * (self.L[q] if q <= self.Q else self.top * q / self.Q)
-        else:
-            self.tnext = math.inf
-        if self.late and self.late[0][0] < self.tnext:
-            self.tnext = self.late[0][0]
-        if self.record:
-            self.times.append(self.t)
-            self.depths.append(self.q)
-        if self.q > self.max_depth:
-            self.max_depth = self.q
+        q = self.q
+        self._replan(self.L[q] if q <= self.Q else self.top * q / self.Q, q)
 
     def submit(self, now: float, n: int, k: int, alone: float, owner) -> None:
         """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; it would take ``alone`` seconds by

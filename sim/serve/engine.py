@@ -63,6 +63,7 @@ from ..decode import cache_hits
 from ..decode.fast import split_readers
 from ..decode.speculative import Speculation, accepted_prefix
 from ..device import Device
+from ..device.fluid import earliest
 from sim.core.limits import MAX_DRIVES
 from sim.core.params import Policy
 from sim.core.progress import progress as progress_bar
@@ -854,13 +855,7 @@ class Engine:
         now = 0.0
         while True:
             ta = arr[i] if i < N else inf
-            if one:
-                td, dj = d0.tnext, 0
-            else:
-                td, dj = inf, 0
-                for j, d in enumerate(devs):
-                    if d.tnext < td:
-                        td, dj = d.tnext, j
+            td, dj = (d0.tnext, 0) if one else earliest(devs)
             tt = timers[0][0] if timers else inf
             if self.aborted:
                 break

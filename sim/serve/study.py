@@ -41,8 +41,6 @@ rate*, so every probe of one search draws the same requests (common random numbe
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -54,8 +52,8 @@ from engram.rowcache import DEFAULT_POLICY
 
 from ..decode.speculative import DEFAULT_ACCEPTANCE, Speculation
 from sim.core.params import BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute
-from ..sweep.study import (check_cache_axes, coerce_axis, load_study_toml, parse_study_toml, point_seed, study_fingerprint,
-                           varying_axes)
+from ..sweep.study import (check_cache_axes, coerce_axis, grid_points, load_study_toml, parse_study_toml, point_seed,
+                           study_fingerprint, study_grids, varying_axes)
 from ..trace import SYNTH_PREFIX, SynthSpec
 from .compute import REFERENCE_STEP_MS, default_token_ms
 from .engine import GATES
@@ -359,19 +357,7 @@ class ServeStudy:
             if k not in SERVE_AXES:
                 raise ArgumentError(f"{where}: [serve] has unknown axis {k!r} (axes: {', '.join(SERVE_AXES)})")
             fixed[k] = _relative(k, coerce_axis(SERVE_AXES, k, v, f"{where}: [serve]"), base)
-        raw = d.get("grid", [{}])
-        raw = [raw] if isinstance(raw, Mapping) else list(raw)
-        grids = []
-        for gi, g in enumerate(raw):
-            out = {}
-            for k, vals in dict(g).items():
-                if k not in SERVE_AXES:
-                    raise ArgumentError(f"{where}: grid {gi}: unknown axis {k!r} (axes: {', '.join(SERVE_AXES)})")
-                vals = vals if isinstance(vals, list) else [vals]
-                if not vals:
-                    raise ArgumentError(f"{where}: grid {gi}: axis {k!r} has no values")
-                out[k] = [_relative(k, coerce_axis(SERVE_AXES, k, v, f"{where}: grid {gi}"), base) for v in vals]
-            grids.append(out)
+        grids = study_grids(d.get("grid", [{}]), SERVE_AXES, where, lambda k, v: _relative(k, v, base))
         slo_t = dict(d.get("slo", {}))
         bad = set(slo_t) - {"ttft_s", "tbt_ms", "percentile"}
         if bad:
@@ -430,19 +416,7 @@ class ServeStudy:
         ArgumentError
             A value out of range (names the axis).
         """
-        out, seen = [], set()
-        for g in self.grids or [{}]:
-            names = list(g)
-            for combo in itertools.product(*(g[n] for n in names)):
-                p = {k: default for k, (_, default, _) in SERVE_AXES.items()}
-                p.update(self.fixed)
-                p.update(zip(names, combo))
-                check_serve_point(p, self.source)
-                key = json.dumps(p, sort_keys=True)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(p)
-        return out
+        return grid_points(self.grids, self.fixed, SERVE_AXES, check_serve_point, self.source)
 
 
 def _relative(name: str, value: Any, base: Optional[Path]) -> Any:

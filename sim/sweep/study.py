@@ -80,7 +80,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
@@ -217,6 +217,57 @@ def coerce_axis(axes: Mapping[str, tuple], name: str, value: Any, where: str) ->
     return value
 
 
+def study_grids(raw: Any, axes: Mapping[str, tuple], where: str,
+                value: Optional[Callable[[str, Any], Any]] = None) -> List[Dict[str, list]]:
+    """The ``[[grid]]`` tables ``raw`` of a study (one table, or a list of them): axis -> values (a single value
+    as a list of one), each checked against ``axes`` (:func:`coerce_axis`) and then, with ``value``, replaced by
+    ``value(axis, value)``.
+
+    Raises
+    ------
+    ArgumentError
+        An axis not in ``axes``, one without values, or a value of the wrong type (names the grid).
+    """
+    if isinstance(raw, Mapping):
+        raw = [raw]
+    grids = []
+    for gi, g in enumerate(raw):
+        gw = f"{where}: grid {gi}"
+        out = {}
+        for k, vals in dict(g).items():
+            if k not in axes:
+                raise ArgumentError(f"{gw}: unknown axis {k!r} (axes: {', '.join(axes)})")
+            if not isinstance(vals, list):
+                vals = [vals]
+            if not vals:
+                raise ArgumentError(f"{gw}: axis {k!r} has no values")
+            out[k] = [coerce_axis(axes, k, v, gw) for v in vals]
+            if value is not None:
+                out[k] = [value(k, v) for v in out[k]]
+        grids.append(out)
+    return grids
+
+
+def grid_points(grids: Sequence[Mapping[str, list]], fixed: Mapping[str, Any], axes: Mapping[str, tuple],
+                check: Callable[[Mapping[str, Any], str], None], source: str) -> List[Dict[str, Any]]:
+    """Every point of a study: axis -> value, the defaults of ``axes`` (``name -> (type, default, ...)``) then
+    ``fixed`` then each combination of a grid's values (no grid: one point), each checked with
+    ``check(point, source)``; without duplicates, in grid order."""
+    out, seen = [], set()
+    for g in grids or [{}]:
+        names = list(g)
+        for combo in itertools.product(*(g[n] for n in names)):
+            p = {k: default for k, (_, default, _) in axes.items()}
+            p.update(fixed)
+            p.update(zip(names, combo))
+            check(p, source)
+            key = json.dumps(p, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
 def study_fingerprint(payload: Mapping[str, Any]) -> str:
     """SHA-256 (hex, 16 digits) of ``payload`` as canonical JSON: equal for studies that give equal tables."""
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
@@ -298,22 +349,7 @@ class Study:
             if k not in AXES:
                 raise ArgumentError(f"{where}: [fixed] has unknown axis {k!r} (axes: {', '.join(AXES)})")
             fixed[k] = coerce_axis(AXES, k, v, f"{where}: [fixed]")
-        raw_grids = d.get("grid", [{}])
-        if isinstance(raw_grids, Mapping):
-            raw_grids = [raw_grids]
-        grids = []
-        for gi, g in enumerate(raw_grids):
-            gw = f"{where}: grid {gi}"
-            out = {}
-            for k, vals in dict(g).items():
-                if k not in AXES:
-                    raise ArgumentError(f"{gw}: unknown axis {k!r} (axes: {', '.join(AXES)})")
-                if not isinstance(vals, list):
-                    vals = [vals]
-                if not vals:
-                    raise ArgumentError(f"{gw}: axis {k!r} has no values")
-                out[k] = [coerce_axis(AXES, k, v, gw) for v in vals]
-            grids.append(out)
+        grids = study_grids(d.get("grid", [{}]), AXES, where)
         plots = []
         for pi, p in enumerate(d.get("plot", [])):
             bad = set(p) - _PLOT_KEYS
@@ -393,19 +429,7 @@ class Study:
         ArgumentError
             A value outside its range (names the axis and value).
         """
-        out, seen = [], set()
-        for g in self.grids or [{}]:
-            names = list(g)
-            for combo in itertools.product(*(g[n] for n in names)):
-                p = {k: default for k, (_, default, _) in AXES.items()}
-                p.update(self.fixed)
-                p.update(zip(names, combo))
-                check_point(p, self.source)
-                key = json.dumps(p, sort_keys=True)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(p)
-        return out
+        return grid_points(self.grids, self.fixed, AXES, check_point, self.source)
 
 
 def point_trace(p: Mapping[str, Any]) -> str:
