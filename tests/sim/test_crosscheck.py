@@ -430,7 +430,10 @@ def test_a_biased_model_misses_its_intervals(measured):
     assert not s["passed"]
     assert s["inside_interval_share"] <= fair["inside_interval_share"]
     device_bound = [r for r in res["rows"] + res["session_rows"] if r["compute"] == "none"]
-    assert len(device_bound) == 2 and all(r["error"]["tokens_per_s"] > 0.3 for r in device_bound)
+    # under a load of other work a device-bound step waits for the CPUs too, which the bias leaves alone: +14%
+    # measured with four other jobs on the two cores, against +64-66% quiet
+    floor = 0.3 if s["regime"]["name"] in ("quiet", "busy") else 0.1
+    assert len(device_bound) == 2 and all(r["error"]["tokens_per_s"] > floor for r in device_bound)
     if s["regime"]["name"] == "quiet":
         assert not any(r["inside_interval"] for r in device_bound)
 
