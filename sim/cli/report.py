@@ -107,7 +107,7 @@ DEMO_OPTIONS = (
     Option("--steps", type=int, help="decode steps per measured run (default 200; --quick 40)"),
     Option("--rounds", type=int, help="interleaved rounds of measurements (default 5; --quick 2)"),
     _JOBS,
-    Option("--quick", action="store_true", help="a small, fast run (smoke test, under a minute on 2 cores)"),
+    Option("--quick", action="store_true", help="a small, fast run (smoke test, about 1.5 minutes on 2 cores)"),
     Option("--no-fio", action="store_true", help="skip fio's microbenchmarks even when fio is installed"),
     Option("--wait", action="store_true",
            help="wait for a quiet machine before each measurement (up to 2 minutes in all; default: never, "
