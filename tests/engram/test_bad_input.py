@@ -550,7 +550,7 @@ CLI_CASES: Dict[str, CliCase] = {
                                     ("readers must be an integer >= 1",), lambda e: [e["model_path"]]),
     "synth: scale above 1 writes nothing": CliCase(
         lambda e: ["synth", str(e["dir"] / "out1" / "s.gguf"), "--scale", "2", "--no-progress"],
-        ("scale must be in (0, 1]",), absent=lambda e: [e["dir"] / "out1"]),
+        ("ModelShape.scale = 2.0: expected a finite number in (0, 1]",), absent=lambda e: [e["dir"] / "out1"]),
     "synth: missing trace text writes nothing": CliCase(
         lambda e: ["synth", str(e["dir"] / "out2" / "s.gguf"), "--scale", "0.0001", "--trace-text",
                    str(e["dir"] / "none.txt"), "--no-progress"],
