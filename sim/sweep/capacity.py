@@ -403,6 +403,8 @@ class Capacity(SeedBand):
     per_seed: List[int] = field(default_factory=list)
     bound: List[bool] = field(default_factory=list)
     probes: List[Dict[str, Any]] = field(default_factory=list)
+    #: The configuration's device as loaded once for the notes (:meth:`_device_at_capacity`), in a 1-tuple.
+    _device: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def capacity(self) -> int:
@@ -485,10 +487,12 @@ class Capacity(SeedBand):
         at = self.at(self.capacity, self.median_seed()) if self.capacity else None
         if not at or not isinstance(self.config.get("device"), str):
             return at, None
-        try:
-            return at, load_device(self.config["device"])
-        except Exception:  # noqa: BLE001 - a device a note cannot load says nothing there
-            return at, None
+        if self._device is None:
+            try:
+                self._device = (load_device(self.config["device"]),)
+            except Exception:  # noqa: BLE001 - a device a note cannot load says nothing there
+                self._device = (None,)
+        return at, self._device[0]
 
     def host_note(self) -> str:
         """For a device from fio JSON with CPU figures (``derived["cpu_per_read_us"]``,

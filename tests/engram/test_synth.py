@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from engram import ArgumentError, Hasher, Layout, OutputError, load_tokenizer, read_model, synth
 
 from tests.modelfiles import SCALE, plan, token_map
+from engram._checks import setting_number
+from engram.gguf.write import bar_wanted
 
 def _decode(raw: np.ndarray) -> np.ndarray:
     """SPEC §5 by ml_dtypes: float32 [n, 256] (exact products; no bf16 rounding needed for checks)."""
@@ -327,7 +329,6 @@ def test_writer_settings_of_the_wrong_kind_are_named(tmp_path):
 def test_numbers_past_a_float_and_offsets_past_off_t_are_refused(tmp_path):
     """An integer past a float's range raised OverflowError from every number field (ModelShape.scale, eps); a
     table_offset past 2**62 failed while writing (struct.error, or OverflowError at 2**63)."""
-    from engram._checks import setting_number
     with pytest.raises(ArgumentError, match=r"^ModelShape\.scale = 1000000000.*\.\.\.: expected a finite number in "
                                             r"\(0, 1\]$"):
         synth.ModelShape(scale=10 ** 400)
@@ -344,7 +345,6 @@ def test_numbers_past_a_float_and_offsets_past_off_t_are_refused(tmp_path):
 def test_bar_wanted_on_a_closed_stream_and_numpy_bools():
     """A closed stream is no terminal (isatty raised ValueError); numpy's bools are the bools they hold."""
     import io
-    from engram.gguf.write import bar_wanted
     s = io.StringIO()
     s.close()
     assert bar_wanted("auto", s) is False and bar_wanted(True, s) is False and bar_wanted("bar", s) is True

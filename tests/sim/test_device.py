@@ -20,6 +20,8 @@ from sim.device import (DEVICE_FORMS, Device, EmpiricalDevice, LatencyDist, Meas
                         summarize_counter, time_average, with_tail)
 from sim.core.io import packaged_data_path
 from tests.sim.test_calibrate import micro_doc
+from engram.cli import main
+from sim.device import load_tail
 
 US = 1e-6
 FIO_JSON = Path(__file__).parent / "data" / "fio-randread-4k-libaio.json"
@@ -406,8 +408,6 @@ def test_a_tail_keeps_the_means_and_takes_the_spread():
 def test_every_error_of_a_tail_names_the_tail_and_its_value(spec, kind, rest, capsys):
     """A bad tail read 'unknown device ...' or 'device spec ...' as if --device were wrong: each now starts
     'tail SPEC:', from the loader and from with_tail alike, on every command that takes one."""
-    from engram.cli import main
-    from sim.device import load_tail
     with pytest.raises(kind) as exc:
         with_tail(load_device("ssd:qd1_us=80,iops=500000"), load_tail(spec))
     assert str(exc.value).startswith(f"tail {spec!r}: {rest}"), str(exc.value)

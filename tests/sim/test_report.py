@@ -32,6 +32,10 @@ from tests.mounts import tmpfs
 
 PREDICTED_FIGURES = ("seed_reproduction", "threshold", "readers", "devices", "step_cdf", "cache", "engine_cache", "reuse", "reuse_rate",
                      "speculative", "capacity", "planner")
+from sim.check.regimes import QUIET_TARGETS, TARGETS
+from sim.report.build import _measurement_lines
+from sim.report.inputs import Inputs
+from sim.report.sections import crosscheck_section
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
@@ -500,10 +504,6 @@ def _crosscheck_row() -> dict:
 def test_a_crosscheck_summary_without_its_figures_reads_not_measured(tmp_path, summary):
     """The headline and the cross-check section took s['tokens_per_s']['median_abs_error'] * 100 and the like:
     a summary of an older or partial file (figures None, NaN or missing) raised TypeError or KeyError."""
-    from sim.check.regimes import QUIET_TARGETS, TARGETS
-    from sim.report.build import _measurement_lines
-    from sim.report.inputs import Inputs
-    from sim.report.sections import crosscheck_section
     xc = {"summary": summary, "targets": TARGETS, "quiet_targets": QUIET_TARGETS, "rows": [_crosscheck_row()]}
     n = "1" if summary else "?"
     lines = _measurement_lines(Inputs(xc=xc))

@@ -14,6 +14,9 @@ from sim.trace import CODE_SOURCE
 
 SMALL = ["--trace", CODE_SOURCE, "--trace-limit", "8192", "--compute-scale", "20", "--duration-s", "20",
          "--prompt-tokens", "lognormal:mean=200,cv=1,min=16,max=2000", "--output-tokens", "fixed:n=30"]
+from sim.serve.study import SERVE_AXES, check_serve_point
+from sim.serve import ServeStudy
+from sim.serve.search import _rate_search
 
 
 def run_json(capsys, argv):
@@ -97,7 +100,6 @@ def test_errors_and_progress_labels_say_no_word_twice(capsys):
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
 def test_an_arrival_cv_outside_its_range_is_refused_naming_it(capsys, tmp_path, value):
     """--cv inf drew gamma gaps of shape 0 (every request at once), and a point's cv = inf passed its check."""
-    from sim.serve.study import SERVE_AXES, check_serve_point
     rule = "the inter-arrival gaps' coefficient of variation: 1 is Poisson, larger is burstier"
     assert main(["sim", "serve", "--arrivals", "gamma", "--cv", value, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
@@ -126,8 +128,6 @@ def test_the_first_rate_probed_is_the_studys_else_the_default(capsys, tmp_path):
     """The help said 0.5 while studies/serve.toml's search starts at 0.25: the study's [search] value is the
     default of --min-rate, and 0.5 only where the study gives none."""
     from pathlib import Path
-    from sim.serve import ServeStudy
-    from sim.serve.search import _rate_search
     shipped = ServeStudy.load(Path(__file__).resolve().parents[2] / "studies" / "serve.toml")
     assert next(_rate_search(shipped.search)) == shipped.search.min_rate == 0.25
     bare = tmp_path / "bare.toml"

@@ -22,6 +22,7 @@ from sim.device import (Device, EmpiricalDevice, ParametricSSD, RateLimitedDevic
 from sim.core.params import Policy
 from sim.serve.device import SharedDevice
 from tests.clirun import cli
+from sim.device.fio import cpu_per_read, fio_records, read_fio_output
 
 DATA = Path(__file__).parent / "data"
 THROTTLED_4000 = DATA / "fio-throttled-4000-randread-4k.json"
@@ -354,7 +355,6 @@ def test_fio_whose_completion_latency_exceeds_its_total_is_refused(tmp_path, cap
 def test_cpu_per_read_from_fio_known_answer(tmp_path):
     """The disk's QD1 job: usr 0.832501% + sys 20.679321% of 3,003 ms over 28,393 reads = 22.752 us a read; the
     figure goes into the device's ``derived`` and the decode result's ``host_read_cpus`` (reads/s x it)."""
-    from sim.device.fio import cpu_per_read, fio_records, read_fio_output
 
     recs = fio_records(read_fio_output(DISK))
     want = (0.832501 + 20.679321) / 100 * 3.003 / 28393
