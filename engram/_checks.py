@@ -124,15 +124,23 @@ def need_eps(eps, name: str = "eps") -> float:
     return float(eps)
 
 
+def _whole(v) -> Optional[int]:
+    """``v`` as an int when it is a whole number (an int or a numpy integer; not a bool, a float or a string),
+    else None: the rule of :func:`need_int` and :func:`setting_int`."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def need_int(name: str, v, lo: Optional[int] = None, hi: Optional[int] = None,
              error: Type[EngramError] = ArgumentError) -> int:
     """``v`` as an int (bool refused) within ``[lo, hi]`` (either bound optional)."""
-    if isinstance(v, (bool, np.bool_)):
-        raise error(f"{name} must be an integer, got {v!r}")
-    try:
-        x = operator.index(v)
-    except TypeError:
-        raise error(f"{name} must be an integer, got {v!r:.100}") from None
+    x = _whole(v)
+    if x is None:
+        raise error(f"{name} must be an integer, got {v!r:.100}")
     if (lo is not None and x < lo) or (hi is not None and x > hi):
         rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
         raise error(f"{name} must be an integer {rng}, got {x}")
@@ -219,13 +227,10 @@ def setting_int(where: str, value, lo: Optional[int] = None, hi: Optional[int] =
     """
     rng = "" if lo is None and hi is None else \
         f" >= {lo}" if hi is None else f" <= {hi}" if lo is None else f" in [{lo}, {hi}]"
-    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
-    if ok:
-        value = int(value)
-        ok = (lo is None or value >= lo) and (hi is None or value <= hi)
-    if not ok:
+    x = _whole(value)
+    if x is None or (lo is not None and x < lo) or (hi is not None and x > hi):
         raise ArgumentError(f"{where} = {_shown(value)}: expected a whole number{rng}")
-    return value
+    return x
 
 
 def setting_number(where: str, value, lo: Optional[float] = None, hi: Optional[float] = None, *,
