@@ -19,7 +19,8 @@ as one batch, so this is layer 1's wait).
   rows; the compute runs and ends with the next token known.  When it is the first draft, the step
   verifies the drafts, ``step_many(drafts)``, taking their rows from the prefetch (waiting while its
   read is in flight), accepts them up to the first wrong one and rolls the rest back (``rollback``):
-  it advances by the accepted drafts.  When it is not, ``step(token)`` drops the prefetch and reads the
+  it advances by the accepted drafts (the rollback comes after the rows are in, as verification's outcome
+  comes after the forward pass: it is not on the critical path of the read).  When it is not, ``step(token)`` drops the prefetch and reads the
   token's rows on the critical path: it advances by one.
 
 Reported: the mean critical-path read time a step, speculative over not (target <= 0.35), the same a
@@ -115,15 +116,16 @@ def speculative_block(s, toks: np.ndarray, steps: int, compute_s: float, k: int,
         t0 = time.perf_counter()
         if right[0]:                                  # the next token is the first draft: verify the drafts
             s.step_many(drafts)
+            crit.append(time.perf_counter() - t0)     # the rows are in (the verification's rollback follows)
             m = int(np.argmin(right)) if not right.all() else k
             s.rollback(k - m)
             first_right += 1
             waits.append(max(0.0, (pf.ready_at or t0) - t0))
         else:                                         # it is not: the prefetch is dropped, the token read now
             s.step(int(truth[0]))
+            crit.append(time.perf_counter() - t0)
             m = 1
         hits += s.last_stats.prefetch_hits
-        crit.append(time.perf_counter() - t0)
         if pf.begun_at is not None:
             begun_s.append(pf.begun_at - pf.issued_at)
         if pf.ready_at is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -88,6 +88,8 @@ class DraftPrefetch:
         self.histories = histories
         k, L, C = row_ids.shape
         self._rows = np.empty((L, k, C, ROW_VALUES), np.float32)  # table-major: each layer's rows contiguous
+        self._layers = list(self._rows)  # each table's [k, 24, 256] view: what a step of all k drafts returns
+        self._handover: Optional[tuple] = None  # (histories, last row ids): the session's own copies
         self.state = _BEGUN
         self.error: Optional[BaseException] = None
         self.stats = ReadStats()
@@ -119,13 +121,13 @@ class DraftPrefetch:
     def cancelled(self) -> bool:
         return self.state == _CANCELLED
 
-    def matched(self, history: History, tokens: np.ndarray) -> int:
-        """How many leading ``tokens`` (int64 ``[T]``) are this prefetch's drafts from ``history``:
-        0 when the history differs or the prefetch was cancelled or failed."""
+    def matched(self, history: History, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` (``T`` ints, or int64 ``[T]``) are this prefetch's drafts from
+        ``history``: 0 when the history differs or the prefetch was cancelled or failed."""
         if self.state in (_CANCELLED, _FAILED) or history != self.history:
             return 0
         n = 0
-        for a, b in zip(self._token_list, tokens.tolist()):
+        for a, b in zip(self._token_list, tokens.tolist() if isinstance(tokens, np.ndarray) else tokens):
             if a != b:
                 break
             n += 1
@@ -147,6 +149,8 @@ class DraftPrefetch:
         TimeoutError
             ``timeout`` passed first.
         """
+        if self.state == _READY:  # published under the lock once the rows are in: nothing to wait for
+            return
         reader = self._reader
         if self.state == _BEGUN and reader is not None and reader._claim(self):
             reader._collect(self)
@@ -177,7 +181,22 @@ class DraftPrefetch:
         """float32 ``[upto, 24, 256]``: the rows of table ``layer`` (its index in the session's layers)
         for the first ``upto`` drafts, a C-contiguous view of the prefetch's buffer (call after
         :meth:`wait`)."""
-        return self._rows[layer, :upto]
+        return self._layers[layer] if upto == len(self._token_list) else self._rows[layer, :upto]
+
+    def _prepare_handover(self) -> None:
+        """Copy, while the reads are in flight, what a step taking these drafts gives its session: the
+        ``k + 1`` histories and each draft's row ids (the step then copies nothing on its critical path)."""
+        if self.histories is not None:
+            self._handover = ([h.copy() for h in self.histories], [ids.copy() for ids in self.row_ids])
+
+    def _take(self, upto: int) -> tuple:
+        """``(histories before each of the first upto drafts, the history after them, the last one's row
+        ids)``, the session's own: taken once, by the step the prefetch serves (it is dropped then)."""
+        hand, self._handover = self._handover, None
+        if hand is None:
+            hand = ([h.copy() for h in self.histories], [ids.copy() for ids in self.row_ids])
+        hist, ids = hand
+        return hist[:upto], hist[upto], ids[upto - 1]
 
     def cancel(self) -> None:
         """Drop the prefetch: its reads, already in flight, end in the background and are thrown away;
@@ -306,6 +325,7 @@ class DraftReader:
                 self._cond.notify_all()
             return job
         job.begun_at = time.perf_counter()
+        job._prepare_handover()
         with self._cond:
             job._group = g
             self._todo.append(job)

@@ -423,7 +423,11 @@ class Session(Closing):
             raise TableIOError("step: the session is closed; open a new one with model.session()")
         C = self.model.layout.columns
         if self._prefetch is not None:
-            tok = self.model.hasher.check_tokens([token_id])
+            hasher = self.model.hasher
+            # an int in range is taken as it is (no array: this runs on the critical path, right after the
+            # compute); anything else is checked as step_many checks it (TokenError naming it)
+            tok = ([token_id] if type(token_id) is int and 0 <= token_id < hasher.vocab_size else
+                   hasher.check_tokens([token_id]).tolist())
             if self._prefetch.matched(self.history, tok):
                 rows = self._advance(tok)
                 return {lid: r[0] for lid, r in rows.items()}
@@ -482,27 +486,28 @@ class Session(Closing):
         tok = self.model.hasher.check_tokens(token_ids)
         if tok.shape[0] == 0:
             raise ArgumentError("step_many needs at least one token id, got none; the history is untouched")
-        return self._advance(tok)
+        return self._advance(tok.tolist())
 
-    def _hash_steps(self, tok: np.ndarray, history: History) -> tuple:
-        """Row ids uint32 ``[T, layers, 24]`` of checked tokens hashed one by one (as :meth:`step`) from
-        a copy of ``history``, the history before each token, and the history after the last."""
+    def _hash_steps(self, tok: Sequence[int], history: History) -> tuple:
+        """Row ids uint32 ``[T, layers, 24]`` of checked tokens (``T`` ints, or int64 ``[T]``) hashed one by
+        one (as :meth:`step`) from a copy of ``history``, the history before each token, and the history
+        after the last."""
         hasher = self.model.hasher
-        ids = np.empty((tok.shape[0], *hasher.step_shape), np.uint32)
+        ids = np.empty((len(tok), *hasher.step_shape), np.uint32)
         h = history.copy()
         before = []
-        for t in range(tok.shape[0]):
+        for t in range(len(tok)):
             before.append(h.copy())
             hasher.step(int(tok[t]), h, ids[t])
         return ids, before, h
 
-    def _advance(self, tok: np.ndarray) -> Dict[int, np.ndarray]:
-        """Step checked tokens ``tok`` (int64 ``[T]``, ``T >= 1``): the rows the pending prefetch holds
-        are taken from it (its hashes and histories too), the others read as one batch; layer id ->
-        float32 ``[T, 24, 256]``, C-contiguous (views of the prefetch's buffer when it holds every
-        token).  The history, the undo record and the statistics change only once every row is in."""
+    def _advance(self, tok: List[int]) -> Dict[int, np.ndarray]:
+        """Step checked tokens ``tok`` (``T >= 1`` ints): the rows the pending prefetch holds are taken
+        from it (its hashes and histories too), the others read as one batch; layer id -> float32
+        ``[T, 24, 256]``, C-contiguous (views of the prefetch's buffer when it holds every token).  The
+        history, the undo record and the statistics change only once every row is in."""
         t0 = time.perf_counter()
-        T = tok.shape[0]
+        T = len(tok)
         layers = self.model.layer_ids
         p, self._prefetch = self._prefetch, None
         m = p.matched(self.history, tok) if p is not None else 0
@@ -516,16 +521,14 @@ class Session(Closing):
         if m == T:  # every row from the prefetch: its buffer becomes the step's, its hashes the step's
             st = ReadStats(backend="prefetch", calls=1)
             rows = {lid: p.layer_rows(i, T) for i, lid in enumerate(layers)}
-            before = [h.copy() for h in p.histories[:T]]
-            after = p.histories[T].copy()
-            last = p.row_ids[T - 1].copy()
+            before, after, last = p._take(T)
         else:
             ids, before, after = self._hash_steps(tok[m:], p.histories[m] if m else self.history)
             rest = self._group.read_layers(np.ascontiguousarray(ids.transpose(1, 0, 2)))
             st = replace(self._group.last_stats)
             last = ids[-1].copy()
             if m:
-                before = [h.copy() for h in p.histories[:m]] + before
+                before = p._take(m)[0] + before
                 rows = {}
                 for i, lid in enumerate(layers):
                     r = rows[lid] = np.empty((T, *rest.shape[2:]), np.float32)

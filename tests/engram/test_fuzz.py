@@ -308,7 +308,8 @@ def test_hash_any_input(tokens, mask, hist):
     valid = (tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0)
              and all(0 <= int(t) < 1000 for t in tokens.reshape(-1))
              and len(hist) == 3 and all(-1 <= i < 1000 for i in hist)
-             and (mask is None or (mask.shape == tokens.shape and (mask.dtype == np.bool_ or mask.dtype.kind in "iu")
+             and (mask is None or (mask.shape == tokens.shape
+                                   and (mask.dtype == np.bool_ or mask.dtype.kind in "iu" or mask.size == 0)
                                    and all(int(m) in (0, 1) for m in mask.reshape(-1)))))
     try:
         rows = h.hash(tokens, mask, history)

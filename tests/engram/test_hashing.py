@@ -147,6 +147,16 @@ def test_snapshot_restore(hasher):
     assert pickle.loads(pickle.dumps(hist)) == hist
 
 
+@given(a=st.lists(st.integers(-1, 2**31 - 1), min_size=1, max_size=3),
+       b=st.lists(st.integers(-1, 2**31 - 1), min_size=1, max_size=3))
+def test_history_equality_is_equality_of_ids(a, b):
+    """History's == (a loop in C) against its ids: equal exactly where the ids are, lengths included;
+    not equal to what is not a History."""
+    assert (History(a) == History(b)) == (tuple(a) == tuple(b))
+    assert (History(a) != History(b)) == (tuple(a) != tuple(b))
+    assert History(a) != tuple(a) and not (History(a) == list(a))
+
+
 @pytest.mark.parametrize("bad", [[-1], [99_092], [5, 2**40], [2**64 - 1]])
 def test_invalid_tokens_leave_history(hasher, bad):
     hist = History([4, 5, 6])

@@ -511,3 +511,54 @@ def test_a_fully_prefetched_step_returns_views_of_the_prefetch(model, text_ids):
         s.rollback(2)
         ref.rollback(2)
         assert np.array_equal(s.step(int(text_ids[9]))[model.layer_ids[0]], ref.step(int(text_ids[9]))[model.layer_ids[0]])
+
+
+@pytest.mark.parametrize("bad, what", [(-1, "token -1 at position 0"), (10**9, "token 1000000000 at position 0"),
+                                       (np.int64(-5), "token -5 at position 0"), (True, "integer"),
+                                       (2.0, "integer")])
+def test_step_with_a_prefetch_pending_refuses_bad_tokens(model, text_ids, bad, what):
+    """The step's own check of a token against a pending prefetch (an int in range is taken as it is, anything
+    else is checked as step_many checks it): a bad id is a TokenError, the history and the prefetch untouched."""
+    with model.session() as s:
+        s.step_many(text_ids[:3])
+        p = s.prefetch(text_ids[3:5])
+        h = s.snapshot()
+        with pytest.raises(TokenError, match=what):
+            s.step(bad)
+        assert s.history == h and s._prefetch is p and not p.cancelled
+        s.step(np.int64(text_ids[3]))  # a NumPy integer that is the first draft takes the prefetch
+        assert s.last_stats.prefetch_hits == 48
+
+
+def test_a_step_taking_the_drafts_leaves_the_prefetchs_snapshots(model, text_ids):
+    """The histories a step takes from a prefetch are the session's own copies: stepping, rolling back and
+    stepping again leave the prefetch's published snapshots (``histories``, ``row_ids``) as they were."""
+    with model.session() as s:
+        s.step_many(text_ids[:3])
+        p = s.prefetch(text_ids[3:5])
+        hists = [h.copy() for h in p.histories]
+        ids = p.row_ids.copy()
+        s.step_many(text_ids[3:5])
+        s.step(int(text_ids[5]))
+        s.rollback(2)
+        s.step_many(text_ids[10:13])
+        assert p.histories == hists and np.array_equal(p.row_ids, ids)
+        assert s.last_row_ids is not p.row_ids[-1]
+
+
+def test_short_and_long_token_arrays_are_checked_alike(model):
+    """Hasher.check_tokens checks up to SHORT_TOKENS ids in Python and longer arrays with NumPy: the same
+    answers and the same errors (naming the first bad id and its position) on both sides of the bound."""
+    from engram.hashing import SHORT_TOKENS
+
+    h = model.hasher
+    for n in (1, SHORT_TOKENS, SHORT_TOKENS + 1):
+        ok = np.arange(n, dtype=np.int64) % h.vocab_size
+        assert h.check_tokens(ok) is ok
+        for bad, at in ((-1, n - 1), (h.vocab_size, 0)):
+            b = ok.copy()
+            b[at] = bad
+            with pytest.raises(TokenError, match=f"token {bad} at position {at} "):
+                h.check_tokens(b)
+        strided = np.repeat(ok, 2)[::2]
+        assert np.array_equal(h.check_tokens(strided), ok) and h.check_tokens(strided).flags.c_contiguous
