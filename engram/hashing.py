@@ -37,6 +37,11 @@ def _as_token_array(tokens, vocab_size: int) -> np.ndarray:
                 if not 0 <= int(v) < vocab_size:
                     raise TokenError(f"token {int(v)} at position {i} is outside the vocabulary [0, {vocab_size})")
         raise TokenError(f"tokens must be integers, got dtype {tok.dtype}")
+    if tok.size and not isinstance(tokens, np.ndarray):
+        types = set(map(type, tokens))  # a bool among ints becomes 0 or 1 in the array: refuse it as step does
+        if bool in types or np.bool_ in types:
+            i, v = next((i, v) for i, v in enumerate(tokens) if isinstance(v, (bool, np.bool_)))
+            raise TokenError(f"token {v!r} at position {i} is not an integer id")
     if tok.dtype.kind == "u" and tok.size and int(tok.max()) > np.iinfo(np.int64).max:
         i = int(np.argmax(tok))
         raise TokenError(f"token {int(tok[i])} at position {i} is outside the vocabulary [0, {vocab_size})")
@@ -101,7 +106,7 @@ class Hasher:
             Not 1-D, not integers, or an id negative or ``>= vocab_size`` (the message names the first
             such id and its position).
         """
-        if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 and tokens.ndim == 1:
+        if type(tokens) is np.ndarray and tokens.dtype == np.int64 and tokens.ndim == 1:  # not a subclass (masked)
             tok = tokens if tokens.flags.c_contiguous else np.ascontiguousarray(tokens)  # the decode fast path
             if tok.size <= SHORT_TOKENS:
                 # a decode step's few ids, checked by Python's min and max: a NumPy reduction run right after a

@@ -25,7 +25,7 @@ from . import forks as _forks
 from ._checks import as_mask, need_array, need_eps, need_finite, shape_str
 from .codec import ROW_VALUES
 from .drafts import DraftPrefetch, DraftReader
-from .errors import ArgumentError, DeviceError, HistoryError, TableIOError
+from .errors import ArgumentError, DeviceError, HistoryError, TableIOError, TokenError
 from .gguf import HC_STREAMS, ModelInfo, check_finite, read_model
 from .hashing import Hasher, History
 from .mixer import gated_add, project
@@ -426,8 +426,12 @@ class Session(Closing):
             hasher = self.model.hasher
             # an int in range is taken as it is (no array: this runs on the critical path, right after the
             # compute); anything else is checked as step_many checks it (TokenError naming it)
-            tok = ([token_id] if type(token_id) is int and 0 <= token_id < hasher.vocab_size else
-                   hasher.check_tokens([token_id]).tolist())
+            if type(token_id) is int and 0 <= token_id < hasher.vocab_size:
+                tok = [token_id]
+            elif isinstance(token_id, (bool, np.bool_)) or not isinstance(token_id, (int, np.integer)):
+                raise TokenError(f"token {token_id!r} is not an integer token id")  # as without a prefetch
+            else:
+                tok = hasher.check_tokens([token_id]).tolist()
             if self._prefetch.matched(self.history, tok):
                 rows = self._advance(tok)
                 return {lid: r[0] for lid, r in rows.items()}

@@ -237,3 +237,24 @@ def test_a_masked_position_still_needs_a_vocabulary_id(layout, token_map, bad):
     with pytest.raises(TokenError, match=f"token {bad} at position 2"):
         h.hash(np.array([5, 6, bad, 7], np.int64), np.array([1, 1, 0, 1], bool), hist)
     assert hist.ids == before
+
+
+@pytest.mark.parametrize("bad, at", [([5, 6, True], 2), ((np.bool_(False), 5), 0), ([5] * 70 + [True], 70)])
+def test_a_bool_among_integer_ids_is_refused(hasher, bad, at):
+    """A bool in a list of ids would become 0 or 1 in the array: refused as step refuses it (TokenError
+    naming it and its position), by hash and check_tokens alike, the history untouched."""
+    hist = History([4, 5, 6])
+    with pytest.raises(TokenError, match=f"token {bad[at]!r} at position {at} is not an integer"):
+        hasher.hash(bad, history=hist)
+    with pytest.raises(TokenError, match=f"at position {at} is not an integer"):
+        hasher.check_tokens(bad)
+    assert hist.ids == (4, 5, 6)
+
+
+@pytest.mark.parametrize("n", [3, 70])
+def test_check_tokens_of_an_array_subclass_is_a_plain_array(hasher, n):
+    """An int64 ndarray subclass (a masked array, whose tolist gives None where masked) is checked and
+    returned as the plain array of its data, short or long."""
+    data = np.arange(n, dtype=np.int64)
+    tok = hasher.check_tokens(np.ma.masked_array(data, mask=data == 1))
+    assert type(tok) is np.ndarray and np.array_equal(tok, data) and tok.tolist() == data.tolist()

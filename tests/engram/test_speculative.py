@@ -562,3 +562,34 @@ def test_short_and_long_token_arrays_are_checked_alike(model):
                 h.check_tokens(b)
         strided = np.repeat(ok, 2)[::2]
         assert np.array_equal(h.check_tokens(strided), ok) and h.check_tokens(strided).flags.c_contiguous
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_step_with_a_prefetch_pending_refuses_a_0d_array(model, text_ids, first):
+    """A 0-d array is no token id for step (as without a prefetch): a TokenError, whether or not it holds the
+    first draft, the history and the prefetch untouched."""
+    with model.session() as s:
+        s.step_many(text_ids[:3])
+        p = s.prefetch(text_ids[3:5])
+        h = s.snapshot()
+        with pytest.raises(TokenError, match="not an integer token id"):
+            s.step(np.array(text_ids[3] if first else text_ids[9]))
+        assert s.history == h and s._prefetch is p and not p.cancelled
+        with pytest.raises(TokenError, match="not an integer token id"):
+            s.step(np.array(text_ids[3]))
+        s.step(int(text_ids[3]))
+        assert s.last_stats.prefetch_hits == 48
+
+
+def test_step_many_and_prefetch_of_a_masked_array(model, text_ids):
+    """A masked int64 array is stepped and prefetched as its data (no TypeError from the Nones of its tolist),
+    the rows those of a session stepping the data."""
+    toks = np.ma.masked_array(text_ids[3:8].copy(), mask=[0, 1, 0, 0, 0])
+    with model.session() as s, model.session() as ref:
+        s.step_many(text_ids[:3])
+        ref.step_many(text_ids[:3])
+        s.prefetch(toks)
+        got = s.step_many(toks)
+        want = ref.step_many(text_ids[3:8])
+        assert s.last_stats.prefetch_hits == 5 * 48 and s.history == ref.history
+        assert all(np.array_equal(got[lid], want[lid]) for lid in model.layer_ids)
