@@ -65,7 +65,7 @@ cdef class History:
     """
 
     cdef int32_t _ids[MAX_TAIL]
-    cdef public int n
+    cdef readonly int n  # read-only: the ids live in a fixed array of MAX_TAIL
 
     def __cinit__(self, ids=None, *, int n=3):
         cdef int i

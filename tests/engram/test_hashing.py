@@ -157,6 +157,14 @@ def test_history_equality_is_equality_of_ids(a, b):
     assert History(a) != tuple(a) and not (History(a) == list(a))
 
 
+def test_history_length_is_read_only():
+    """``History.n`` cannot be set: a length past the fixed array would make == and copy() read beyond it."""
+    h = History([1, 2, 3])
+    with pytest.raises(AttributeError):
+        h.n = 10**6
+    assert h.n == 3 and h.copy() == h
+
+
 @pytest.mark.parametrize("bad", [[-1], [99_092], [5, 2**40], [2**64 - 1]])
 def test_invalid_tokens_leave_history(hasher, bad):
     hist = History([4, 5, 6])
