@@ -187,15 +187,17 @@ class DraftPrefetch:
         """Copy, while the reads are in flight, what a step taking these drafts gives its session: the
         ``k + 1`` histories and each draft's row ids (the step then copies nothing on its critical path)."""
         if self.histories is not None:
-            self._handover = ([h.copy() for h in self.histories], [ids.copy() for ids in self.row_ids])
+            self._handover = self._own_copies()
+
+    def _own_copies(self) -> tuple:
+        """``(copies of the k + 1 histories, copies of each draft's row ids)``."""
+        return [h.copy() for h in self.histories], [ids.copy() for ids in self.row_ids]
 
     def _take(self, upto: int) -> tuple:
         """``(histories before each of the first upto drafts, the history after them, the last one's row
         ids)``, the session's own: taken once, by the step the prefetch serves (it is dropped then)."""
         hand, self._handover = self._handover, None
-        if hand is None:
-            hand = ([h.copy() for h in self.histories], [ids.copy() for ids in self.row_ids])
-        hist, ids = hand
+        hist, ids = hand if hand is not None else self._own_copies()
         return hist[:upto], hist[upto], ids[upto - 1]
 
     def cancel(self) -> None:
