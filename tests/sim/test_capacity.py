@@ -220,7 +220,9 @@ def test_run_capacity_from_a_script_needs_the_main_guard_for_local_workers(tmp_p
     call = ("from sim.sweep.capacity import run_capacity\n"
             f"res = run_capacity({str(study)!r}, jobs=JOBS, progress=False)\n")
     show = 'print("caps", [r["capacity"] for r in res.rows()], flush=True)\n'
-    guarded = ('print("top level in", __name__, flush=True)\nif __name__ == "__main__":\n'
+    # one write(2) a line, under PIPE_BUF: two workers' lines never interleave (print makes a write per
+    # piece when stdout is unbuffered, as under PYTHONUNBUFFERED)
+    guarded = ('import os\nos.write(1, f"top level in {__name__}\\n".encode())\nif __name__ == "__main__":\n'
                + "".join("    " + line + "\n" for line in (call + show).replace("JOBS", "2").splitlines()))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     outs = []
