@@ -193,8 +193,9 @@ def miss_cost(model, steps: int, rounds: int, seed: int) -> dict:
 
 
 def bookkeeping(repeat: int = 20000) -> dict:
-    """A 48-row batch's cache work alone, as the read path does it (``RowCache.serve`` then ``admit`` of 48
-    misses): the policy calls alone, with the cache's lock and records, and from two threads at once."""
+    """A 48-row batch's cache work alone, as a serial read does it (``RowCache.serve`` then ``admit`` of 48
+    misses; a pooled or ring read does the same policy work as a reservation while its reads fly, then a fill):
+    the policy calls alone, with the cache's lock and records, and from two threads at once."""
     from engram import RowCache
 
     rng = np.random.default_rng(3)
@@ -314,8 +315,8 @@ def main(argv=None) -> dict:
                   f"{(o['p50_ratio'] - 1) * 100:+.2f}% (means {(o['mean_ratio'] - 1) * 100:+.2f}%); the caller's CPU "
                   f"p50 {o['cpu_p50_us']:.1f} us vs {m['off']['cpu_p50_us']:.1f} us: {o['cpu_p50_extra_us']:+.1f} us, "
                   f"{o['cpu_share_of_p50_step'] * 100:+.2f}% of the p50 step")
-        print(f"   inside real steps: serve {m['serve_p50_us']:.1f} us (CPU p50; the insert runs inside the read); "
-              f"load average {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after")
+        print(f"   inside real steps: serve {m['serve_p50_us']:.1f} us (CPU p50; the misses are reserved and filled "
+              f"inside the read); load average {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after")
         rec["bookkeeping"] = b = bookkeeping()
         print(f"   48-row batch bookkeeping: policy {b['policy_us']:.1f} us, with the lock and records "
               f"{b['cache_us']:.1f} us, two threads {b['two_threads_us']:.1f} us a batch ({b['contended']} contended)")

@@ -12,25 +12,27 @@ Which rows it keeps is its *policy* (:data:`POLICIES`, one implementation in
 :class:`CachePolicy`):
 
 - ``"lru"``: least recently used out first.
-- ``"tinylfu"`` (the default, :data:`DEFAULT_POLICY`, there why): W-TinyLFU (Einziger, Friedman, Manes, "TinyLFU: A Highly Efficient
-  Cache Admission Policy", ACM Transactions on Storage 13(4), 2017): a 1% window LRU, then a
-  segmented LRU that admits a row only if a count-min sketch (with aging) estimates it more
-  frequent than the row it would evict -- one long prompt of rows read once does not flush the
-  rows every step reads.
+- ``"tinylfu"`` (the default, :data:`DEFAULT_POLICY`, there why): W-TinyLFU (Einziger, Friedman, Manes,
+  "TinyLFU: A Highly Efficient Cache Admission Policy", ACM Transactions on Storage 13(4), 2017): a 1% window
+  LRU, then a segmented LRU that admits a row only if a count-min sketch (with aging) estimates it more
+  frequent than the row it would evict -- one long prompt of rows read once does not flush the rows every step
+  reads.
 
-How the engine uses it (:meth:`engram.EngramModel.open` ``cache=``, :meth:`EngramModel.session`
-``cache=``): a batch's keys are looked up first (hits touched, their records copied out under
-the lock); only the misses go to the reader, still sorted by file offset and deduplicated; the
-reader then inserts the misses itself, their records copied from its staged reads in one native call
-(``admit_records`` of ``engram/_native/rowcache.pyx``: it takes this cache's ``_lock``, ``_policy`` and
-``_records``).  Hits are decoded by the codec into their positions, so a
-hit gives exactly the values an uncached read gives.  ``ReadStats.cache_hits`` counts the hits.
-Prefill batches (:meth:`Session.prefill`) go through the cache too (``prefill="admit"``) or
-past it (``prefill="bypass"``: neither served nor admitted).
+How the engine uses it (:meth:`engram.EngramModel.open` ``cache=``, :meth:`EngramModel.session` ``cache=``): a
+batch's keys are looked up first (hits touched, their records copied out under the lock); only the misses go
+to the reader, still sorted by file offset and deduplicated.  A pooled or ring read *reserves* its misses
+while they fly (``reserve_records`` of ``engram/_native/rowcache.pyx``, under this cache's ``_lock``: the
+policy's admission and eviction run then, off the critical path; a reserved slot is a miss to every lookup)
+and fills them from its staged reads once the rows are in and checked (``fill_records``); a read that fails
+gives its reservations back (``cancel_records``), so nothing half-read is ever served.  A serial read, which
+has no flight to hide the work in, inserts its misses after the read in one call (``admit_records``).  Hits
+are decoded by the codec into their positions, so a hit gives exactly the values an uncached read gives.
+``ReadStats.cache_hits`` counts the hits.  Prefill batches (:meth:`Session.prefill`) go through the cache too
+(``prefill="admit"``) or past it (``prefill="bypass"``: neither served nor admitted).
 
-Threads: one lock guards the policy and the records (each batch takes it twice: lookup, insert of each chunk);
-concurrent sessions in threads share one cache safely.  Its cost is measured in BENCHMARKS.md
-("Row cache"); :meth:`RowCache.stats` counts ``contended`` acquisitions.
+Threads: one lock guards the policy and the records (each batch takes it two or three times: lookup, then
+reserve and fill, or insert, of each chunk); concurrent sessions in threads share one cache safely.  Its cost
+is measured in BENCHMARKS.md ("Row cache"); :meth:`RowCache.stats` counts ``contended`` acquisitions.
 
 Processes: a cache is private to its process; processes do not share one.  Shared memory could
 hold the records, but the policy changes its state on every lookup (recency links, sketch
@@ -417,6 +419,8 @@ class RowCache:
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
+        # slots the parent reserved for reads in flight are never filled here: given back
+        self._policy.cancel_pending()
 
     def __repr__(self) -> str:
         return (f"RowCache({self.max_bytes}, policy={self.policy!r}, prefill={self.prefill!r}, "

@@ -16,7 +16,7 @@ engine of its device it is attached to; the GIL is released throughout.  Descrip
 the Python caller.
 """
 
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from posix.unistd cimport getpid, pid_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
@@ -37,6 +37,17 @@ cnp.import_array()
 ctypedef int64_t (*admit_fn)(object, object, const uint64_t*, const uint8_t**, Py_ssize_t) except -1
 cdef admit_fn _admit_records = <admit_fn>PyCapsule_GetPointer(_rowcache.ADMIT_RECORDS,
                                                               b"engram._native.rowcache.admit_records")
+# Its split around a read in flight (rowcache.pyx reserve_records, fill_records, cancel_records): the misses' slots
+# reserved while the device reads, their records written once the reads are in, or the slots given back.
+ctypedef int64_t (*reserve_fn)(object, const uint64_t*, int32_t*, Py_ssize_t) except -1
+ctypedef int64_t (*fill_fn)(object, object, const uint64_t*, const int32_t*, const uint8_t**, Py_ssize_t) except -1
+ctypedef int64_t (*cancel_fn)(object, const uint64_t*, const int32_t*, Py_ssize_t) except -1
+cdef reserve_fn _reserve_records = <reserve_fn>PyCapsule_GetPointer(_rowcache.RESERVE_RECORDS,
+                                                                    b"engram._native.rowcache.reserve_records")
+cdef fill_fn _fill_records = <fill_fn>PyCapsule_GetPointer(_rowcache.FILL_RECORDS,
+                                                           b"engram._native.rowcache.fill_records")
+cdef cancel_fn _cancel_records = <cancel_fn>PyCapsule_GetPointer(_rowcache.CANCEL_RECORDS,
+                                                                 b"engram._native.rowcache.cancel_records")
 
 # A request key packs (segment, file offset, position in the chunk): 4 + 44 + 16 bits.
 cdef enum:
@@ -154,6 +165,9 @@ cdef class RowReader:
     cdef uint8_t* bounce
     cdef uint64_t* ckey       # a chunk's misses for the row cache: keys, in position order
     cdef const uint8_t** crec  # and their records in staging
+    cdef int32_t* cslot        # and the slots reserved for them while their reads fly (-1: none)
+    cdef object rpol           # the cache's policy the last reserving read reserved in, and its misses
+    cdef Py_ssize_t rnm
     cdef public int pool_readers
     cdef public int ring_depth
     cdef int ring_want
@@ -180,6 +194,8 @@ cdef class RowReader:
     cdef object acache        # the row cache its misses go into (None: none)
     cdef const uint64_t* akp  # with their keys
     cdef const uint8_t* ask   # and the positions the cache served
+    cdef object apol          # the policy its misses' slots were reserved in (None: none reserved)
+    cdef Py_ssize_t anm       # and how many misses
     cdef Py_ssize_t atotal    # positions of the begun read
 
     def __cinit__(self, segments, uint64_t align, uint64_t drop_granule=0, int rw_flags=0):
@@ -192,6 +208,9 @@ cdef class RowReader:
         self.bounce = NULL
         self.ckey = NULL
         self.crec = NULL
+        self.cslot = NULL
+        self.rpol = None
+        self.apol = None
         self.cap = 0
         self.pool_readers = 0
         self.ring_depth = 0
@@ -237,6 +256,10 @@ cdef class RowReader:
             if self.apid == getpid() and self.apath != SERIAL and self.apath >= 0:
                 with nogil:
                     engram_engine_finish(&self.aj, self.bounce, &err, &info)
+            if self.apid == getpid() and self.apol is not None:  # its reserved slots will never be filled
+                self._cancel_misses(self.acache, self.apol, self.anm)
+        self.apol = None
+        self.acache = None
         self.detach()
         self._forget_if_forked()
         self._close_own()
@@ -251,6 +274,7 @@ cdef class RowReader:
         free(self.bounce); self.bounce = NULL
         free(self.ckey); self.ckey = NULL
         free(self.crec); self.crec = NULL
+        free(self.cslot); self.cslot = NULL
         self.cap = 0
 
     @property
@@ -436,6 +460,9 @@ cdef class RowReader:
         p = realloc(self.crec, c * sizeof(uint8_t*))
         if p == NULL: raise MemoryError()
         self.crec = <const uint8_t**>p
+        p = realloc(self.cslot, c * sizeof(int32_t))
+        if p == NULL: raise MemoryError()
+        self.cslot = <int32_t*>p
         self.cap = c
         return 0
 
@@ -467,10 +494,13 @@ cdef class RowReader:
         published position, as read (the row cache keeps records, not values).
 
         ``cache``: an ``engram.RowCache`` or None, with ``keys`` uint64 ``[T * C]`` C-contiguous (the keys
-        ``RowCache.serve`` filled; ``skip`` its hits): after each chunk is checked and published, its misses
-        (positions not skipped, in position order) are inserted into the cache under its lock, their records
-        copied from the staged reads (one native call, ``rowcache.pyx`` ``admit_records``: no ``raw`` array,
-        no Python call between).  Decoded reads only, ``raw`` None.  A failing chunk inserts nothing; the
+        ``RowCache.serve`` filled; ``skip`` its hits): a chunk's misses (positions not skipped, in position
+        order) are inserted into the cache under its lock, their records copied from the staged reads.  On the
+        pool or the ring their slots are reserved while the device reads (``rowcache.pyx`` ``reserve_records``,
+        between handing the reads to the engine and waiting for them) and the records written once the chunk
+        is checked and published (``fill_records``); a chunk read serially inserts after it is published
+        (``admit_records``).  Native calls, no ``raw`` array, no Python call between.  Decoded reads only,
+        ``raw`` None.  A failing chunk inserts nothing (its reserved slots given back); the
         chunks before it (multi-chunk calls) stay inserted, rows read and checked.
         """
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
@@ -484,6 +514,7 @@ cdef class RowReader:
         cdef uint8_t* rp = NULL
         cdef const uint64_t* kp = NULL
         cdef const uint8_t** cr = NULL
+        cdef bint reserving
         if skip is not None:
             if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
                 raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
@@ -530,15 +561,30 @@ cdef class RowReader:
                 start += n
                 continue
             path = SERIAL if nd < threshold else backend
-            path = self._read_spans(nr, path)
+            reserving = kp != NULL and path != SERIAL
+            if reserving:  # the misses' slots reserved while the device reads them
+                path = self._read_spans_reserving(nr, path, cache, kp + start, sk + start if sk != NULL else NULL, n)
+            else:
+                path = self._read_spans(nr, path)
             self.last_nr = nr
-            self._check_rows(nd, path)
+            try:
+                self._check_rows(nd, path)
+            except BaseException:
+                if reserving:
+                    self._cancel_misses(cache, self.rpol, self.rnm)
+                    self.rpol = None
+                raise
             with nogil:
                 if op == NULL:
                     self._publish_raw(rp + start * ROW_BYTES, m)
                 else:
                     self._publish(op + start * ROW_VALUES, m, rp + start * ROW_BYTES if rp != NULL else NULL, cr)
-            if kp != NULL:
+            if reserving:
+                with nogil:
+                    self._gather_records(sk + start if sk != NULL else NULL, n)
+                self._fill_misses(cache, self.rpol, self.rnm)
+                self.rpol = None
+            elif kp != NULL:
                 with nogil:
                     nm = self._gather_misses(kp + start, sk + start if sk != NULL else NULL, n)
                 self._admit(cache, nm)
@@ -640,18 +686,40 @@ cdef class RowReader:
         self.aref = (ids, out, skip, raw, keys)
         self.apid = getpid()
         self.apending = True
-        if self.apath < 0 or self.apath == SERIAL:
+        self.apol = None
+        if self.apath < 0:
             return
-        if self.own or self.eng is None:
-            e = self._own_engine()._get()
-            d = self.pool_readers if backend == PREAD else self.ring_want
-        else:
-            e = self.eng._get()
-            d = max(self.eng_depth, depth)
-        mode = ENGRAM_RUN_POOL if backend == PREAD else ENGRAM_RUN_RING if backend == URING else ENGRAM_RUN_AUTO
-        with nogil:
-            engram_engine_begin(e, &self.cl.c, &self.ajob, d, mode, self.span_cap, max(self.align, 64), 1,
-                                &self.aj)
+        if self.apath != SERIAL:
+            if self.own or self.eng is None:
+                e = self._own_engine()._get()
+                d = self.pool_readers if backend == PREAD else self.ring_want
+            else:
+                e = self.eng._get()
+                d = max(self.eng_depth, depth)
+            mode = ENGRAM_RUN_POOL if backend == PREAD else ENGRAM_RUN_RING if backend == URING else ENGRAM_RUN_AUTO
+            with nogil:
+                engram_engine_begin(e, &self.cl.c, &self.ajob, d, mode, self.span_cap, max(self.align, 64), 1,
+                                    &self.aj)
+        if self.acache is not None:  # the misses' slots reserved now, while the reads fly; filled by finish
+            with nogil:
+                self.anm = self._gather_keys(self.akp, self.ask, total)
+            try:
+                self.apol = self._reserve_misses(self.acache, self.anm)
+            except BaseException:
+                self._drop_begun()
+                raise
+
+    cdef void _drop_begun(self):
+        """Drop a begun read (its reads waited for, nothing published, nothing left reserved)."""
+        cdef engram_ioerr err
+        cdef engram_run_info info
+        self.apending = False
+        self.aref = None
+        if self.apath != SERIAL and self.apath >= 0:
+            with nogil:
+                engram_engine_finish(&self.aj, self.bounce, &err, &info)
+        self.acache = None
+        self.apol = None
 
     @property
     def begun(self):
@@ -674,28 +742,38 @@ cdef class RowReader:
         self.apending = False
         ref, self.aref = self.aref, None
         cache, self.acache = self.acache, None
+        pol, self.apol = self.apol, None
         if path < 0:
             return (0, 0, 0, 0, 1, 0, 0, 0, 0)
         err.err = 0
         err.req = 0
-        if path == SERIAL:
-            with nogil:
-                rc = engram_read_serial(&self.ajob, self.bounce, &err)
-            if rc != 0:
-                self._raise_io(err, path)
-        else:
-            with nogil:
-                rc = engram_engine_finish(&self.aj, self.bounce, &err, &info)
-            path = URING if info.on_ring else PREAD
-            self.others = info.others
-            self.eng_depth_used = info.depth
-            if rc != 0:
-                self._run_failed(err, path)
-        self._check_rows(self.and_, path)
+        try:
+            if path == SERIAL:
+                with nogil:
+                    rc = engram_read_serial(&self.ajob, self.bounce, &err)
+                if rc != 0:
+                    self._raise_io(err, path)
+            else:
+                with nogil:
+                    rc = engram_engine_finish(&self.aj, self.bounce, &err, &info)
+                path = URING if info.on_ring else PREAD
+                self.others = info.others
+                self.eng_depth_used = info.depth
+                if rc != 0:
+                    self._run_failed(err, path)
+            self._check_rows(self.and_, path)
+        except BaseException:
+            if pol is not None:  # nothing published: the reserved slots given back
+                self._cancel_misses(cache, pol, self.anm)
+            raise
         cr = self.crec if cache is not None else NULL
         with nogil:
             self._publish(self.aop, self.am, self.arp, cr)
-        if cache is not None:
+        if pol is not None:
+            with nogil:
+                self._gather_records(self.ask, self.atotal)
+            self._fill_misses(cache, pol, self.anm)
+        elif cache is not None:
             with nogil:
                 nm = self._gather_misses(self.akp, self.ask, self.atotal)
             self._admit(cache, nm)
@@ -894,6 +972,116 @@ cdef class RowReader:
         finally:
             lock.release()
         return 0
+
+    cdef Py_ssize_t _gather_keys(self, const uint64_t* kp, const uint8_t* sk, Py_ssize_t n) noexcept nogil:
+        """The keys of the chunk's positions not skipped (the misses), in position order, into ``ckey``; returns
+        their count (the first half of :meth:`_gather_misses`, before the reads are in)."""
+        cdef Py_ssize_t t, j = 0
+        for t in range(n):
+            if sk != NULL and sk[t]:
+                continue
+            self.ckey[j] = kp[t]
+            j += 1
+        return j
+
+    cdef void _gather_records(self, const uint8_t* sk, Py_ssize_t n) noexcept nogil:
+        """The records' places in staging of the positions :meth:`_gather_keys` kept (``crec``, by position from
+        :meth:`_publish`) compacted beside their keys."""
+        cdef Py_ssize_t t, j = 0
+        for t in range(n):
+            if sk != NULL and sk[t]:
+                continue
+            self.crec[j] = self.crec[t]
+            j += 1
+
+    cdef object _reserve_misses(self, object cache, Py_ssize_t m):
+        """Reserve slots in ``cache`` for the ``m`` misses in ``ckey`` (into ``cslot``) under its lock; returns the
+        policy they were reserved in (``RowCache.clear`` replaces it: the fill then writes nothing)."""
+        lock = cache._lock
+        if not lock.acquire(False):
+            cache.contended += 1
+            lock.acquire()
+        try:
+            pol = cache._policy
+            cache.inserts += _reserve_records(pol, self.ckey, self.cslot, m)
+        finally:
+            lock.release()
+        return pol
+
+    cdef int _fill_misses(self, object cache, object pol, Py_ssize_t m) except -1:
+        """Write the records (``crec``) of the slots :meth:`_reserve_misses` reserved, under the cache's lock."""
+        lock = cache._lock
+        if not lock.acquire(False):
+            cache.contended += 1
+            lock.acquire()
+        try:
+            if cache._policy is pol:
+                _fill_records(pol, cache._records, self.ckey, self.cslot, self.crec, m)
+        finally:
+            lock.release()
+        return 0
+
+    cdef int _cancel_misses(self, object cache, object pol, Py_ssize_t m) except -1:
+        """Give back the slots :meth:`_reserve_misses` reserved (their reads failed), under the cache's lock."""
+        lock = cache._lock
+        lock.acquire()
+        try:
+            if cache._policy is pol:
+                cache.inserts -= _cancel_records(pol, self.ckey, self.cslot, m)
+        finally:
+            lock.release()
+        return 0
+
+    cdef int _read_spans_reserving(self, Py_ssize_t nr, int path, object cache, const uint64_t* kp,
+                                   const uint8_t* sk, Py_ssize_t n) except -1:
+        """:meth:`_read_spans` on the pool or the ring for a chunk of ``n`` positions with a row cache: the reads
+        handed to the engine first (``engram_engine_begin``, a ring's submitted at once), then the misses' slots
+        reserved in ``cache`` (keys ``kp``, positions ``sk`` skipped) while the device reads, then the wait.  The
+        policy and the misses go to ``rpol`` / ``rnm`` for the fill; a failed read gives the slots back before
+        its ReadFailure."""
+        cdef engram_job job
+        cdef engram_async a
+        cdef engram_ioerr err
+        cdef engram_run_info info
+        cdef int rc = 0, mode, depth
+        cdef engram_engine* e
+        cdef Py_ssize_t nm
+        job.drop_granule = self.drop_granule
+        job.rw_flags = self.rw_flags
+        job.row_bytes = ROW_BYTES
+        job.reqs = self.reqs
+        job.nreq = nr
+        job.row_off = self.doff
+        job.staging = self.staging
+        err.err = 0
+        err.req = 0
+        if self.own or self.eng is None:
+            e = self._own_engine()._get()
+            depth = self.pool_readers if path == PREAD else self.ring_want
+        else:
+            e = self.eng._get()
+            depth = self.eng_depth
+        mode = ENGRAM_RUN_POOL if path == PREAD else ENGRAM_RUN_RING if path == URING else ENGRAM_RUN_AUTO
+        with nogil:
+            engram_engine_begin(e, &self.cl.c, &job, depth, mode, self.span_cap, max(self.align, 64), 1, &a)
+            nm = self._gather_keys(kp, sk, n)
+        try:
+            pol = self._reserve_misses(cache, nm)
+        except BaseException:
+            with nogil:
+                engram_engine_finish(&a, self.bounce, &err, &info)
+            raise
+        with nogil:
+            rc = engram_engine_finish(&a, self.bounce, &err, &info)
+        path = URING if info.on_ring else PREAD
+        self.others = info.others
+        self.eng_depth_used = info.depth
+        self.rpol, self.rnm = pol, nm
+        if rc != 0:
+            self.rpol = None
+            self._cancel_misses(cache, pol, nm)
+            self._run_failed(err, path)
+        return path
 
     def last_spans(self):
         """The reads of the last chunk the last :meth:`read` submitted: a list of (segment's descriptor,

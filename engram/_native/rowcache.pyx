@@ -79,6 +79,7 @@ cdef struct Node:
     int32_t prev      # neighbours in its segment's list (-1: none)
     int32_t nxt
     uint8_t where     # NONE, WINDOW, PROBATION, PROTECTED
+    uint8_t pending   # reserved for a read in flight: held, not served, its record not written yet
 
 
 cdef struct Entry:
@@ -150,6 +151,9 @@ cdef class Policy:
     cdef int64_t counted
     cdef int64_t sample
     cdef readonly int64_t resets
+    cdef int32_t free_head     # slots given back by a cancelled reservation, linked through nxt (-1: none)
+    #: Slots reserved for reads still in flight (:func:`reserve_records`).
+    cdef readonly int64_t pending
 
     def __cinit__(self, int64_t capacity, str name="lru"):
         cdef int64_t m = 16, w = 16
@@ -177,6 +181,8 @@ cdef class Policy:
         for i in range(m):
             self.table[i].slot = -1
             self.table[i].key = 0
+        self.free_head = -1
+        self.pending = 0
         for i in range(4):
             self.head[i] = -1
             self.tail[i] = -1
@@ -207,7 +213,7 @@ cdef class Policy:
                 + (SKETCH_ROWS * self.swidth if self.tiny else 0))
 
     def contains(self, uint64_t key):
-        """True when ``key`` is held (does not count or touch it)."""
+        """True when ``key`` is held (does not count or touch it); a key reserved for a read in flight is held."""
         return self._find(key) >= 0
 
     def slot(self, uint64_t key):
@@ -231,7 +237,8 @@ cdef class Policy:
 
     # ----------------------------------------------------------- batches
     def lookup(self, const uint64_t[::1] keys, int64_t[::1] slots):
-        """Count every key (TinyLFU's sketch), touch the held ones; ``slots[i]`` = the slot of a hit, else -1."""
+        """Count every key (TinyLFU's sketch), touch the held ones; ``slots[i]`` = the slot of a hit, else -1 (a
+        key reserved for a read in flight is a miss: its record is not there yet)."""
         cdef Py_ssize_t i, n = keys.shape[0]
         cdef int64_t hits = 0
         cdef int32_t s
@@ -241,7 +248,7 @@ cdef class Policy:
             for i in range(n):
                 if self.tiny:
                     self._count(keys[i])
-                s = self._find(keys[i])
+                s = self._find_ready(keys[i])
                 slots[i] = s
                 if s >= 0:
                     hits += 1
@@ -323,8 +330,8 @@ cdef class Policy:
         record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]`` and
         sets ``skip[i]`` uint8 (1: a hit, 0: a miss).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
         each column's table; an id at or beyond it is neither looked up nor counted (a miss: the reader then
-        raises its range error).  Every array but ``ids`` C-contiguous; the outputs writable.  Returns the
-        hits.
+        raises its range error).  A key reserved for a read in flight (another session's) is a miss.  Every
+        array but ``ids`` C-contiguous; the outputs writable.  Returns the hits.
 
         The arrays are taken as NumPy arrays and checked here (dtype, shape, layout), not as typed
         memoryviews: a hit's whole cost is a few microseconds, and a memoryview's acquisition is a good
@@ -372,7 +379,7 @@ cdef class Policy:
                     k = kp[i]
                     if self.tiny:
                         self._count(k)
-                    s = self._find(k)
+                    s = self._find_ready(k)
                     if s >= 0:
                         hits += 1
                         self._touch(s)
@@ -431,12 +438,94 @@ cdef class Policy:
             wrote += 1
         return wrote
 
+    cdef int64_t _reserve_at(self, const uint64_t* kp, int32_t* slots, Py_ssize_t n) noexcept nogil:
+        """Insert the ``n`` misses ``kp`` in order as :meth:`_admit_at` does, without their records: each new key's
+        slot goes to ``slots[i]``, marked pending (held, not served) until :meth:`_fill_at`; -1 for a key held
+        already.  Returns the slots reserved."""
+        cdef Py_ssize_t i
+        cdef int64_t wrote = 0
+        cdef int32_t s
+        for i in range(n):
+            self._prefetch(kp[i])
+        for i in range(n):
+            if self._find(kp[i]) >= 0:
+                slots[i] = -1
+                continue
+            s = self._insert(kp[i])
+            self.nodes[s].pending = 1
+            self.pending += 1
+            slots[i] = s
+            wrote += 1
+        return wrote
+
+    cdef inline bint _reserved(self, uint64_t key, int32_t s) noexcept nogil:
+        """Slot ``s`` still reserved for ``key`` (not evicted meanwhile, nor taken again for another key)."""
+        return s >= 0 and s < self.used and self.nodes[s].pending and self.nodes[s].key == key
+
+    cdef int64_t _fill_at(self, const uint64_t* kp, const int32_t* slots, const uint8_t** rp, Py_ssize_t n,
+                          uint8_t* rec) noexcept nogil:
+        """The records ``rp[i]`` (264 bytes each) of the keys :meth:`_reserve_at` reserved into their slots,
+        which are then served; a slot evicted meanwhile (by a later insert) is skipped.  Returns the records
+        written."""
+        cdef Py_ssize_t i
+        cdef int64_t wrote = 0
+        cdef int32_t s
+        for i in range(n):
+            s = slots[i]
+            if self._reserved(kp[i], s):
+                memcpy(rec + <int64_t>s * ROW_BYTES, rp[i], ROW_BYTES)
+                self.nodes[s].pending = 0
+                self.pending -= 1
+                wrote += 1
+        return wrote
+
+    cdef void _release(self, int32_t s) noexcept nogil:
+        """Slot ``s``, reserved, given back: its key forgotten, the slot free for the next insert."""
+        if self.nodes[s].where != NONE:
+            self._unlink(s)
+        self._remove(s)
+        self.nodes[s].pending = 0
+        self.pending -= 1
+        self.nodes[s].nxt = self.free_head
+        self.free_head = s
+
+    cdef int64_t _cancel_at(self, const uint64_t* kp, const int32_t* slots, Py_ssize_t n) noexcept nogil:
+        """Give back the slots :meth:`_reserve_at` reserved whose reads failed; returns how many were still
+        reserved."""
+        cdef Py_ssize_t i
+        cdef int64_t gone = 0
+        for i in range(n):
+            if self._reserved(kp[i], slots[i]):
+                self._release(slots[i])
+                gone += 1
+        return gone
+
+    def cancel_pending(self):
+        """Give back every reserved slot (a child after ``fork()``: its parent's reads in flight never fill
+        them).  Returns how many."""
+        cdef int64_t s, gone = 0
+        if self.pending == 0:
+            return 0
+        with nogil:
+            for s in range(self.used):
+                if self.nodes[s].pending:
+                    self._release(<int32_t>s)
+                    gone += 1
+        return gone
+
     # ----------------------------------------------------------- hash table
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
         """Start fetching ``key``'s hash table entry (and sketch block): a batch's misses then overlap."""
         __builtin_prefetch(&self.table[fmix64(key) & self.tmask])
         if self.tiny:
             __builtin_prefetch(self.sketch + ((fmix64(key) & self.bmask) << 6))
+
+    cdef inline int32_t _find_ready(self, uint64_t key) noexcept nogil:
+        """The slot of ``key`` when held and its record written, else -1."""
+        cdef int32_t s = self._find(key)
+        if s >= 0 and self.nodes[s].pending:
+            return -1
+        return s
 
     cdef inline int32_t _find(self, uint64_t key) noexcept nogil:
         cdef uint64_t i = fmix64(key) & self.tmask
@@ -518,10 +607,15 @@ cdef class Policy:
     cdef int32_t _insert(self, uint64_t key) noexcept nogil:
         """Insert ``key`` (not held); returns its slot."""
         cdef int32_t s, cand, victim, freed
-        if self.used < self.capacity:
-            s = <int32_t>self.used
-            self.used += 1
+        if self.free_head >= 0 or self.used < self.capacity:
+            if self.free_head >= 0:  # a slot a cancelled reservation gave back
+                s = self.free_head
+                self.free_head = self.nodes[s].nxt
+            else:
+                s = <int32_t>self.used
+                self.used += 1
             self.nodes[s].key = key
+            self.nodes[s].pending = 0
             self._put(s)
             self._push(WINDOW, s)
             if self.size[WINDOW] > self.window_cap:  # the main has room while the cache fills
@@ -543,6 +637,9 @@ cdef class Policy:
                 freed = cand
         if self.nodes[freed].where != NONE:
             self._unlink(freed)
+        if self.nodes[freed].pending:  # evicted before its read ended: that read's fill skips it
+            self.nodes[freed].pending = 0
+            self.pending -= 1
         self._remove(freed)
         self.nodes[freed].key = key
         self._put(freed)
@@ -609,3 +706,55 @@ cdef int64_t admit_records(object policy, object records, const uint64_t* keys, 
 #: :func:`admit_records` for other kernels (the table reader): a capsule named ``ADMIT_RECORDS_NAME``.
 ADMIT_RECORDS_NAME = "engram._native.rowcache.admit_records"
 ADMIT_RECORDS = PyCapsule_New(<void*>admit_records, b"engram._native.rowcache.admit_records", NULL)
+
+
+cdef Policy _policy_of(object policy):
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a rowcache Policy, got {type(policy).__name__}")
+    return <Policy>policy
+
+
+cdef int64_t reserve_records(object policy, const uint64_t* keys, int32_t* slots, Py_ssize_t n) except -1:
+    """The misses of a batch whose reads are in flight inserted in order, as :func:`admit_records` does, without
+    their records: ``slots[i]`` (int32) the slot reserved for ``keys[i]`` (uint64), -1 where the key is held
+    already.  A reserved key is held but not served (a lookup misses it) until :func:`fill_records` writes its
+    record, or :func:`cancel_records` gives the slot back.  The caller holds the cache's lock.  The table reader
+    calls it between handing a batch's reads to the engine and waiting for them, so that the bookkeeping of an
+    insert (the hash table, the segments' lists, TinyLFU's admission) runs while the device reads; the policy's
+    decisions are those of :func:`admit_records` after the read (nothing but this batch's insert comes between
+    a batch's lookup and its insert in one session).  Returns the slots reserved."""
+    cdef Policy p = _policy_of(policy)
+    cdef int64_t wrote
+    with nogil:
+        wrote = p._reserve_at(keys, slots, n)
+    return wrote
+
+
+cdef int64_t fill_records(object policy, object records, const uint64_t* keys, const int32_t* slots,
+                          const uint8_t** recs, Py_ssize_t n) except -1:
+    """The records of the keys :func:`reserve_records` reserved: ``recs[i]`` (264 bytes, the reader's staging)
+    copied into ``records`` uint8 ``[capacity, 264]`` (checked) at ``slots[i]`` where that slot is still
+    reserved for ``keys[i]`` (an insert since may have evicted it).  The caller holds the cache's lock.  Returns
+    the records written."""
+    cdef Policy p = _policy_of(policy)
+    cdef uint8_t* rec = <uint8_t*>_matrix(records, cnp.NPY_UINT8, p.capacity, ROW_BYTES, True, "records")
+    cdef int64_t wrote
+    with nogil:
+        wrote = p._fill_at(keys, slots, recs, n, rec)
+    return wrote
+
+
+cdef int64_t cancel_records(object policy, const uint64_t* keys, const int32_t* slots, Py_ssize_t n) except -1:
+    """Give back the slots :func:`reserve_records` reserved for reads that failed (those still reserved: keys
+    forgotten, slots free).  The caller holds the cache's lock.  Returns how many were given back."""
+    cdef Policy p = _policy_of(policy)
+    cdef int64_t gone
+    with nogil:
+        gone = p._cancel_at(keys, slots, n)
+    return gone
+
+
+#: :func:`reserve_records`, :func:`fill_records` and :func:`cancel_records` for the table reader, as capsules.
+RESERVE_RECORDS = PyCapsule_New(<void*>reserve_records, b"engram._native.rowcache.reserve_records", NULL)
+FILL_RECORDS = PyCapsule_New(<void*>fill_records, b"engram._native.rowcache.fill_records", NULL)
+CANCEL_RECORDS = PyCapsule_New(<void*>cancel_records, b"engram._native.rowcache.cancel_records", NULL)

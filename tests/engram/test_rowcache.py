@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engram import (ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError, EngramError, EngramModel,
-                    Hasher, RowCache, Table, decode_rows, synth)
+from engram import (ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError, DecodeError, EngramError,
+                    EngramModel, Hasher, RowCache, Table, TableGroup, decode_rows, synth)
 from engram.codec import ROW_BYTES
 from engram.rowcache import CachePolicy, cache_key, cache_rows, parse_size, physical_memory
+from tests.faults import usable
 from tests.modelfiles import SCALE, token_map as _token_map
+from tests.tablefiles import rows_raw, write_table
 
 
 # ---------------------------------------------------------------- the policies
@@ -464,11 +466,14 @@ def test_serve_and_admit_check_their_arrays():
 
 # ---------------------------------------------------------------- the reader inserts the misses itself
 @pytest.mark.parametrize("policy", ["lru", "tinylfu"])
-def test_reader_inserts_misses_as_the_policy_twin(model_path, policy):
-    """The reader inserts a batch's misses from its staged reads (one native call): the cache then holds exactly
+@pytest.mark.parametrize("backend", usable(("serial", "pread", "io_uring")))
+def test_reader_inserts_misses_as_the_policy_twin(model_path, policy, backend):
+    """The reader inserts a batch's misses from its staged reads (native calls): the cache then holds exactly
     the keys of a policy fed the same batches (lookup, then the misses inserted in position order: the twin),
     every held record is the file's record of its row, and the rows returned are the uncached ones.  Batches
-    with duplicates, hits and one of two chunks (more than ``CHUNK_REQUESTS`` ids)."""
+    with duplicates, hits and one of two chunks (more than ``CHUNK_REQUESTS`` ids).  Serially the misses are
+    inserted after the read; on the pool and the ring their slots are reserved while the reads fly and filled
+    after: the same decisions, nothing left reserved."""
     from engram._native.reader import CHUNK_REQUESTS
 
     info = EngramModel.open(model_path).info
@@ -479,7 +484,7 @@ def test_reader_inserts_misses_as_the_policy_twin(model_path, policy):
     inserted = 0
     batches = [rng.integers(0, 5000, n) for n in (48, 48, 300, 7, 48)]
     batches += [rng.integers(0, loc.rows, CHUNK_REQUESTS + 100), rng.integers(0, 5000, 48)]
-    with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as t:
+    with Table(loc.path, loc.offset, loc.rows, backend=backend, readers=4, threshold=1, direct=False) as t:
         t.attach_cache(cache, 1)
         for b in batches:
             keys = cache_key(1, b)
@@ -494,6 +499,8 @@ def test_reader_inserts_misses_as_the_policy_twin(model_path, policy):
             assert t.last_stats.cache_hits == int((slots >= 0).sum())
             held = twin.held_keys()
             assert np.array_equal(np.sort(cache._policy.held_keys()), np.sort(held))
+            assert cache._policy.pending == 0
+            assert t.last_stats.backend.split("+")[0] in ((backend,) if t.last_stats.cache_hits < b.size else ("cache",))
     rows = (held & np.uint64(0xFFFFFFFF)).astype(np.int64)
     ok, got = cache.get(1, rows)
     assert ok.all() and np.array_equal(got, decode_rows(synth.rows_at(1, rows, seed=3)))
@@ -517,3 +524,147 @@ def test_reader_refuses_a_cache_without_keys(model_path):
             t._reader.read(ids, np.empty((1, 2, 264), np.uint8), 0, BACKEND_SERIAL, 2, None, None, False, cache,
                            np.zeros(2, np.uint64))
         assert cache.entries == 0
+
+
+def _nan_table(tmp_path, rows=500):
+    """A table of ``rows`` rows whose row 321 decodes to a NaN (an E4M3 NaN code in column 40)."""
+    raw = rows_raw(rows, seed=3)
+    raw[321, 40] = 0x7F
+    path = tmp_path / "nan.bin"
+    write_table(path, raw, 4096)
+    return path, raw
+
+
+@pytest.mark.parametrize("backend", usable(("serial", "pread", "io_uring")))
+def test_a_failed_read_leaves_nothing_reserved(tmp_path, backend):
+    """A batch whose read fails (a row that decodes to NaN) inserts none of its misses: on the pool and the ring
+    the slots reserved while the reads flew are given back (their keys forgotten, free for the next insert), the
+    held rows and their records stay, ``out`` is untouched; the next batch's misses then go in."""
+    path, raw = _nan_table(tmp_path)
+    cache = RowCache(264 * 8, "lru")
+    with Table(path, 4096, 500, backend=backend, readers=4, threshold=1, direct=False) as t:
+        t.attach_cache(cache, 0)
+        t.read_rows([1, 2, 3])
+        entries, inserts = cache.entries, cache.stats()["inserts"]
+        out = np.full((4, 256), 5.0, np.float32)
+        with pytest.raises(DecodeError, match="row 321"):
+            t.read_rows([5, 321, 2, 6], out=out)
+        assert np.all(out == 5.0)
+        assert cache._policy.pending == 0 and cache.entries == entries == 3
+        assert cache.stats()["inserts"] == inserts
+        assert [cache._policy.contains(int(k)) for k in cache_key(0, [5, 321, 6, 1, 2, 3])] == [False] * 3 + [True] * 3
+        got = t.read_rows(list(range(7, 15)))   # fills the 8 slots: the given-back ones and the rest
+        assert np.array_equal(got, decode_rows(raw[7:15])) and cache.entries == 8
+        held, rec = cache.get(0, list(range(7, 15)))
+        assert held.all() and np.array_equal(rec, decode_rows(raw[7:15]))
+        assert not cache.get(0, [1, 2, 3])[0].any()          # LRU: the rows held before went out
+
+
+def _group(model_path, cache, backend):
+    model = EngramModel.open(model_path)
+    info = model.info
+    tables = [Table(info.tables[lid].path, info.tables[lid].offset, info.tables[lid].rows, backend=backend,
+                    readers=4, threshold=1, direct=False) for lid in model.layer_ids]
+    g = TableGroup(tables, 24)
+    g.attach_cache(cache, model.layer_ids)
+    return model, tables, g
+
+
+@pytest.mark.parametrize("backend", usable(("pread", "io_uring")))
+def test_a_begun_read_reserves_its_misses_until_finish(model_path, backend):
+    """``begin_layers`` reserves its misses' slots while the reads fly: until ``finish`` they are held (another
+    session's batch does not insert them again) but not served (a lookup misses them, nothing half-written is
+    decoded); ``finish`` writes their records, which then serve the rows the file holds."""
+    cache = RowCache(264 * 1000, "tinylfu")
+    model, tables, g = _group(model_path, cache, backend)
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 50000, (2, 1, 24))
+    want = _expected(model, ids.transpose(1, 0, 2))
+    try:
+        out = np.empty((2, 1, 24, 256), np.float32)
+        g.begin_layers(ids, out)
+        keys = np.concatenate([cache_key(lid, ids[i, 0]) for i, lid in enumerate(model.layer_ids)])
+        n = np.unique(keys).size
+        assert cache._policy.pending == n and cache.entries == n
+        assert all(cache._policy.contains(int(k)) for k in keys)
+        hit, rec = cache.lookup(keys)                     # reserved: held, not served
+        assert not hit.any() and rec.shape == (0, 264)
+        g.finish()
+        assert cache._policy.pending == 0
+        for i, lid in enumerate(model.layer_ids):
+            assert np.array_equal(out[i, 0], want[lid][0])
+            held, rows = cache.get(lid, ids[i, 0])
+            assert held.all() and np.array_equal(rows, want[lid][0])
+    finally:
+        g.close()
+        for t in tables:
+            t.close()
+
+
+@pytest.mark.parametrize("backend", usable(("pread", "io_uring")))
+def test_reserved_slots_survive_eviction_clear_and_close(model_path, backend):
+    """What may come between a begun read's reservation and its fill: its slots evicted by another session's
+    inserts (the fill skips them; every record held is still its row's), the cache cleared (the fill writes
+    nothing into the new policy), the group closed before ``finish`` (the slots given back)."""
+    model = EngramModel.open(model_path)
+    lid = model.layer_ids[0]
+    loc = model.info.tables[lid]
+    rng = np.random.default_rng(12)
+    ids = rng.integers(0, 50000, (2, 1, 24))
+    for case in ("evicted", "cleared", "closed"):
+        cache = RowCache(264 * 30, "lru")
+        _, tables, g = _group(model_path, cache, backend)
+        try:
+            out = np.empty((2, 1, 24, 256), np.float32)
+            g.begin_layers(ids, out)
+            assert cache._policy.pending > 0
+            if case == "evicted":
+                with Table(loc.path, loc.offset, loc.rows, backend="serial", direct=False) as other:
+                    other.attach_cache(cache, lid)
+                    other.read_rows(np.arange(60000, 60030))   # 30 inserts: every reserved slot taken
+                assert cache._policy.pending == 0
+                g.finish()
+                rows = (cache._policy.held_keys() & np.uint64(0xFFFFFFFF)).astype(np.int64)
+                held, rec = cache.get(lid, rows)
+                assert held.all() and np.array_equal(rec, decode_rows(synth.rows_at(lid, rows, seed=3)))
+                assert sorted(rows.tolist()) == list(range(60000, 60030))
+            elif case == "cleared":
+                cache.clear()
+                g.finish()
+                assert cache.entries == 0 and cache._policy.pending == 0
+            else:
+                pol = cache._policy
+                g.close()
+                assert pol.pending == 0 and cache.entries == 0
+        finally:
+            g.close()
+            for t in tables:
+                t.close()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_a_child_after_fork_drops_its_parents_reservations(model_path):
+    """A child forked while its parent's read is in flight gets a copy of the cache whose reserved slots
+    nobody will fill: they are given back in the child (held nowhere, inserted again on its own reads)."""
+    import os
+
+    backend = (usable(("io_uring", "pread")) or ("serial",))[0]
+    cache = RowCache(264 * 1000, "lru")
+    model, tables, g = _group(model_path, cache, backend)
+    ids = np.arange(100, 148).reshape(2, 1, 24)
+    try:
+        out = np.empty((2, 1, 24, 256), np.float32)
+        g.begin_layers(ids, out)
+        assert cache._policy.pending == 48
+        pid = os.fork()
+        if pid == 0:  # the child: exit code 0 when the reservations are gone
+            ok = cache._policy.pending == 0 and cache.entries == 0
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        g.finish()
+        assert cache._policy.pending == 0 and cache.entries == 48
+    finally:
+        g.close()
+        for t in tables:
+            t.close()
