@@ -131,8 +131,9 @@ class ReadStats:
         self.cache_hits += other.cache_hits
         self.prefetch_hits += other.prefetch_hits
         self.concurrency = max(self.concurrency, other.concurrency)
-        if other.backend and other.backend not in self.backend.split(","):
-            self.backend = f"{self.backend},{other.backend}" if self.backend else other.backend
+        b = other.backend
+        if b and b != self.backend and b not in self.backend.split(","):
+            self.backend = f"{self.backend},{b}" if self.backend else b
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -284,6 +285,47 @@ class Closing:
 class _RowReads(Closing):
     """Read machinery shared by :class:`Table` and :class:`TableGroup` (staging, stats, errors)."""
 
+    # A read the row cache served whole records its counts only; its ReadStats (``last_stats``) and its share
+    # of the cumulative ``stats`` are built when either is next asked for, so a hit pays for no object that
+    # nobody reads.  ``_last_hit``: (rows, wall_s) while the last read was such a read; ``_hits_*``: the
+    # calls, rows and seconds of those not yet in ``_stats``.
+    _last: "ReadStats" = None
+    _stats: "ReadStats" = None
+    _last_hit: Optional[tuple] = None
+    _hits_calls = 0
+    _hits_rows = 0
+    _hits_wall = 0.0
+
+    @property
+    def last_stats(self) -> "ReadStats":
+        """:class:`ReadStats` of the last read call."""
+        h = self._last_hit
+        if h is not None:
+            self._last = ReadStats(rows_requested=h[0], wall_s=h[1], backend="cache", calls=1, cache_hits=h[0])
+            self._last_hit = None
+        return self._last
+
+    @last_stats.setter
+    def last_stats(self, st: "ReadStats") -> None:
+        self._last, self._last_hit = st, None
+
+    @property
+    def stats(self) -> "ReadStats":
+        """:class:`ReadStats` of every read call since opened (or since ``stats`` was last set)."""
+        c = self._hits_calls
+        if c:
+            r, w = self._hits_rows, self._hits_wall
+            self._hits_calls = self._hits_rows = 0
+            self._hits_wall = 0.0
+            self._stats.add(ReadStats(rows_requested=r, wall_s=w, backend="cache", calls=c, cache_hits=r))
+        return self._stats
+
+    @stats.setter
+    def stats(self, st: "ReadStats") -> None:
+        self._stats = st
+        self._hits_calls = self._hits_rows = 0
+        self._hits_wall = 0.0
+
     def _after_fork_child(self) -> None:
         """In a child after fork(): the lock may be held by a thread of the parent (a prefill reader
         inside a read); the child's is new.  The reader forgets the parent's pool and ring itself, and
@@ -325,7 +367,10 @@ class _RowReads(Closing):
         :class:`TableGroup`.  Raw reads pass by the row cache (it serves decoded rows)."""
         t0 = time.perf_counter()
         cache = None if raw else self._cache
-        staged = caller_out is not None and (ids.size > _reader.CHUNK_REQUESTS or cache is not None)
+        # a caller's out is staged when a failure could leave it half written: more than one chunk, or the
+        # cache's hits written before the misses' reads (one row is a hit or a read, never both)
+        n_ids = ids.size
+        staged = caller_out is not None and (n_ids > _reader.CHUNK_REQUESTS or (cache is not None and n_ids > 1))
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
         nh, extra, fused = 0, (), {}
@@ -335,14 +380,15 @@ class _RowReads(Closing):
             n = ids.size
             keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
-            nh = cache.serve(ids, lay, keys, dest.reshape(n, ROW_VALUES), skip, bound)
-            if nh == n:  # every row served: no read machinery, no lock of the readers
+            nh = cache.serve(ids, lay, keys, dest if dest.ndim == 2 else dest.reshape(n, ROW_VALUES), skip, bound)
+            if nh == n:  # every row served: no read machinery, no lock of the readers, stats built when asked
                 if staged:
                     np.copyto(target, dest)
-                st = ReadStats(rows_requested=n, wall_s=time.perf_counter() - t0, backend="cache", calls=1,
-                               cache_hits=n)
-                self.last_stats = st
-                self.stats.add(st)
+                w = time.perf_counter() - t0
+                self._last_hit = (n, w)
+                self._hits_calls += 1
+                self._hits_rows += n
+                self._hits_wall += w
                 return
             # the misses are inserted by the reader itself, from its staged reads (no raw copy, no admit call)
             extra, fused = (skip if nh else None,), {"cache": cache, "keys": keys}
@@ -696,13 +742,14 @@ class Table(_RowReads):
         """
         a = self._ids(ids, ndim=1)
         n = a.shape[0]
+        # the rows go to a [n, 256] target: the reader and the cache take [T * C, 256] as [T, C, 256]
         if out is not None:
             self._check_out(out, (n, ROW_VALUES))
-            self._read(a.reshape(n, 1), out.reshape(n, 1, ROW_VALUES), out)
+            self._read(a.reshape(n, 1), out, out)
             return out
-        res = np.empty((n, 1, ROW_VALUES), dtype=np.float32)
+        res = np.empty((n, ROW_VALUES), dtype=np.float32)
         self._read(a.reshape(n, 1), res, None)
-        return res.reshape(n, ROW_VALUES)
+        return res
 
     def read_batch(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Decoded rows of a batch of tokens, in token order.

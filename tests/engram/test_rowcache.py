@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engram import (ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError, DecodeError, EngramError,
-                    EngramModel, Hasher, RowCache, Table, TableGroup, decode_rows, synth)
+                    EngramModel, Hasher, ReadStats, RowCache, Table, TableGroup, decode_rows, synth)
 from engram.codec import ROW_BYTES
 from engram.rowcache import CachePolicy, cache_key, cache_rows, parse_size, physical_memory
 from tests.faults import usable
@@ -558,6 +558,50 @@ def test_a_failed_read_leaves_nothing_reserved(tmp_path, backend):
         held, rec = cache.get(0, list(range(7, 15)))
         assert held.all() and np.array_equal(rec, decode_rows(raw[7:15]))
         assert not cache.get(0, [1, 2, 3])[0].any()          # LRU: the rows held before went out
+
+
+@pytest.mark.parametrize("backend", usable(("serial", "pread", "io_uring")))
+def test_one_row_into_out_hit_or_failed_read(tmp_path, backend):
+    """One row read into the caller's ``out`` is not staged (it is a hit or a read, never both): a hit is
+    written, a failing miss leaves ``out`` and the row past it untouched and inserts nothing."""
+    path, raw = _nan_table(tmp_path)
+    cache = RowCache(264 * 8, "lru")
+    with Table(path, 4096, 500, backend=backend, readers=4, threshold=1, direct=False) as t:
+        t.attach_cache(cache, 0)
+        t.read_rows([9])
+        buf = np.full((2, 256), 5.0, np.float32)         # row 1: a sentinel past the output
+        assert t.read_rows([9], out=buf[:1]) is not None and t.last_stats.cache_hits == 1
+        assert np.array_equal(buf[0], decode_rows(raw[9:10])[0]) and np.all(buf[1] == 5.0)
+        buf[0] = 5.0
+        with pytest.raises(DecodeError, match="row 321"):
+            t.read_rows([321], out=buf[:1])
+        assert np.all(buf == 5.0) and cache.entries == 1 and cache._policy.pending == 0
+
+
+def test_stats_of_hits_built_when_asked(tmp_path):
+    """Reads the cache serves whole record their counts only: ``last_stats`` and the cumulative ``stats`` built
+    from them when asked equal a read's (rows, calls, hits, backends in the order first seen); setting ``stats``
+    starts the count again, pending hits included."""
+    path, raw = _nan_table(tmp_path)
+    with Table(path, 4096, 500, backend="serial", direct=False) as t:
+        t.attach_cache(RowCache(264 * 8, "lru"), 0)
+        t.read_rows([1, 2])
+        first = t.last_stats
+        for _ in range(3):
+            t.read_rows([2, 1])
+        s = t.last_stats
+        assert (s.rows_requested, s.cache_hits, s.calls, s.reads, s.backend) == (2, 2, 1, 0, "cache")
+        assert t.last_stats is s and first.backend == "serial" and first.cache_hits == 0
+        t.read_rows([3])
+        assert t.last_stats.backend == "serial" and t.last_stats.cache_hits == 0
+        tot = t.stats
+        assert (tot.rows_requested, tot.cache_hits, tot.calls, tot.reads) == (9, 6, 5, 2)
+        assert tot.backend == "serial,cache" and tot.wall_s > 0
+        t.read_rows([3])
+        t.stats = ReadStats()
+        assert t.stats.calls == 0 and t.stats.cache_hits == 0
+        t.read_rows([1])
+        assert (t.stats.calls, t.stats.cache_hits) == (1, 1) and t.last_stats.backend == "cache"
 
 
 def _group(model_path, cache, backend):
