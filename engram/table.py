@@ -285,16 +285,19 @@ class Closing:
 class _RowReads(Closing):
     """Read machinery shared by :class:`Table` and :class:`TableGroup` (staging, stats, errors)."""
 
-    # A read the row cache served whole records its counts only; its ReadStats (``last_stats``) and its share
-    # of the cumulative ``stats`` are built when either is next asked for, so a hit pays for no object that
-    # nobody reads.  ``_last_hit``: (rows, wall_s) while the last read was such a read; ``_hits_*``: the
-    # calls, rows and seconds of those not yet in ``_stats``.
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): the lock may be held by a thread of the parent (a prefill reader
+        inside a read); the child's is new.  The reader forgets the parent's pool and ring itself, and
+        a read the parent began is forgotten here (its engine job is the parent's)."""
+        self._lock = threading.Lock()
+        self._begun = None
+
+    # A read the row cache serves whole adds its counts to ``stats`` in place and builds its ``last_stats``
+    # only when asked, so a hit pays for no object that nobody reads.  ``_last_hit``: (rows, wall_s) while the
+    # last read was such a read; ``_cache_in``: the backend string of ``stats`` known to name "cache".
     _last: "ReadStats" = None
-    _stats: "ReadStats" = None
     _last_hit: Optional[tuple] = None
-    _hits_calls = 0
-    _hits_rows = 0
-    _hits_wall = 0.0
+    _cache_in: Optional[str] = None
 
     @property
     def last_stats(self) -> "ReadStats":
@@ -309,29 +312,27 @@ class _RowReads(Closing):
     def last_stats(self, st: "ReadStats") -> None:
         self._last, self._last_hit = st, None
 
-    @property
-    def stats(self) -> "ReadStats":
-        """:class:`ReadStats` of every read call since opened (or since ``stats`` was last set)."""
-        c = self._hits_calls
-        if c:
-            r, w = self._hits_rows, self._hits_wall
-            self._hits_calls = self._hits_rows = 0
-            self._hits_wall = 0.0
-            self._stats.add(ReadStats(rows_requested=r, wall_s=w, backend="cache", calls=c, cache_hits=r))
-        return self._stats
+    def _count_hits(self, n: int, wall: float) -> None:
+        """Record a read of ``n`` rows the row cache served whole in ``wall`` seconds."""
+        self._last_hit = (n, wall)
+        s = self.stats
+        s.rows_requested += n
+        s.cache_hits += n
+        s.calls += 1
+        s.wall_s += wall
+        if s.backend is not self._cache_in:
+            if "cache" not in s.backend.split(","):
+                s.backend = f"{s.backend},cache" if s.backend else "cache"
+            self._cache_in = s.backend
 
-    @stats.setter
-    def stats(self, st: "ReadStats") -> None:
-        self._stats = st
-        self._hits_calls = self._hits_rows = 0
-        self._hits_wall = 0.0
+    # A group reads through its tables' descriptors: while it does, each table is pinned, and a table closed
+    # meanwhile closes its descriptor when the last pin goes (its number would otherwise name the next file
+    # opened, whose bytes the read would publish and the row cache keep).
+    def _pin(self) -> None:
+        """Keep the descriptors this reads through open until :meth:`_unpin` (TableIOError when closed)."""
 
-    def _after_fork_child(self) -> None:
-        """In a child after fork(): the lock may be held by a thread of the parent (a prefill reader
-        inside a read); the child's is new.  The reader forgets the parent's pool and ring itself, and
-        a read the parent began is forgotten here (its engine job is the parent's)."""
-        self._lock = threading.Lock()
-        self._begun = None
+    def _unpin(self) -> None:
+        """Release what :meth:`_pin` kept."""
 
     @staticmethod
     def _check_out(out, shape) -> None:
@@ -384,11 +385,7 @@ class _RowReads(Closing):
             if nh == n:  # every row served: no read machinery, no lock of the readers, stats built when asked
                 if staged:
                     np.copyto(target, dest)
-                w = time.perf_counter() - t0
-                self._last_hit = (n, w)
-                self._hits_calls += 1
-                self._hits_rows += n
-                self._hits_wall += w
+                self._count_hits(n, time.perf_counter() - t0)
                 return
             # the misses are inserted by the reader itself, from its staged reads (no raw copy, no admit call)
             extra, fused = (skip if nh else None,), {"cache": cache, "keys": keys}
@@ -832,11 +829,41 @@ class Table(_RowReads):
             if client is not None:
                 client.close()
             if getattr(self, "_fd", -1) >= 0:
-                fd, self._fd = self._fd, -1
-                close_quietly(fd)
+                if self._pins:   # a group is reading through it: the last unpin closes it
+                    self._fd_later = True
+                else:
+                    fd, self._fd = self._fd, -1
+                    close_quietly(fd)
         finally:
             if lock is not None:
                 lock.release()
+
+    _pins = 0
+    _fd_later = False
+
+    def _pin(self) -> None:
+        with self._lock:
+            if self._reader is None:
+                raise TableIOError(f"{self.path}: closed")
+            self._pins += 1
+
+    def _unpin(self) -> None:
+        with self._lock:
+            self._pins = max(0, self._pins - 1)
+            if not self._pins and self._fd_later:
+                self._fd_later = False
+                fd, self._fd = self._fd, -1
+                close_quietly(fd)
+
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): as :meth:`_RowReads._after_fork_child`; the parent's groups' pins are not
+        the child's (their reads run in the parent), so a descriptor left open for them closes now."""
+        super()._after_fork_child()
+        self._pins = 0
+        if self._fd_later:
+            self._fd_later = False
+            fd, self._fd = self._fd, -1
+            close_quietly(fd)
 
 
     def __repr__(self) -> str:
@@ -908,6 +935,7 @@ class TableGroup(_RowReads):
         self.requested_backend = backend
         self.fallback: Optional[str] = None
         self._lock = threading.Lock()
+        self._pin_lock = threading.Lock()
         _forks.track(self)  # a new lock in a child after fork() (engram.forks)
         self._client: Optional[EngineClient] = None
         self.path = ", ".join(sorted({t.path for t in tables}))
@@ -1092,6 +1120,68 @@ class TableGroup(_RowReads):
     def closed(self) -> bool:
         return self._reader is None
 
+    def _pin(self) -> None:
+        """Pin every table (their descriptors stay open while this reads, even if one is closed meanwhile);
+        TableIOError naming a table already closed, nothing pinned."""
+        done = []
+        try:
+            for i, t in enumerate(self.tables):
+                try:
+                    t._pin()
+                except TableIOError:
+                    raise TableIOError(f"{t.path} (table {i}): closed; the group cannot read it") from None
+                done.append(t)
+        except BaseException:
+            for t in done:
+                t._unpin()
+            raise
+
+    def _unpin(self) -> None:
+        for t in self.tables:
+            t._unpin()
+
+    def _read(self, ids, target, caller_out, seg_cols=None, raw=False) -> None:
+        self._pin()
+        try:
+            super()._read(ids, target, caller_out, seg_cols, raw)
+        finally:
+            self._unpin()
+
+    _begun_pinned = False
+
+    def _begin(self, ids, target, seg_cols) -> None:
+        if self._begun is not None:
+            raise ArgumentError(f"{self.path}: a begun read is not finished")
+        self._pin()     # released by _finish, or by close
+        try:
+            super()._begin(ids, target, seg_cols)
+        except BaseException:
+            self._unpin()
+            raise
+        self._begun_pinned = True
+
+    def _finish(self) -> ReadStats:
+        try:
+            return super()._finish()
+        finally:
+            self._release_begun()
+
+    def _release_begun(self) -> None:
+        """Unpin the tables of a begun read once (its finish or the group's close, whichever comes first)."""
+        lock = getattr(self, "_pin_lock", None)
+        if lock is None:    # closed before it was made (a failed __init__)
+            return
+        with lock:
+            pinned, self._begun_pinned = self._begun_pinned, False
+        if pinned:
+            self._unpin()
+
+    def _after_fork_child(self) -> None:
+        """In a child after fork(): a read the parent began is the parent's; its tables drop their pins."""
+        super()._after_fork_child()
+        self._pin_lock = threading.Lock()
+        self._begun_pinned = False
+
     def close(self) -> None:
         """Stop this group's readers or leave its engine (the tables stay open); a begun read is waited
         for and dropped."""
@@ -1103,4 +1193,5 @@ class TableGroup(_RowReads):
             client, self._client = self._client, None
             if client is not None:
                 client.close()
+        self._release_begun()
 

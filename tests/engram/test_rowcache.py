@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engram import (ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError, DecodeError, EngramError,
-                    EngramModel, Hasher, ReadStats, RowCache, Table, TableGroup, decode_rows, synth)
+                    EngramModel, Hasher, ReadStats, RowCache, Table, TableGroup, TableIOError, decode_rows,
+                    synth)
 from engram.codec import ROW_BYTES
 from engram.rowcache import CachePolicy, cache_key, cache_rows, parse_size, physical_memory
 from tests.faults import usable
@@ -579,22 +581,24 @@ def test_one_row_into_out_hit_or_failed_read(tmp_path, backend):
 
 
 def test_stats_of_hits_built_when_asked(tmp_path):
-    """Reads the cache serves whole record their counts only: ``last_stats`` and the cumulative ``stats`` built
-    from them when asked equal a read's (rows, calls, hits, backends in the order first seen); setting ``stats``
-    starts the count again, pending hits included."""
+    """Reads the cache serves whole build their ``last_stats`` when asked and add to ``stats`` in place (a
+    reference held to it sees them): both equal a read's (rows, calls, hits, backends in the order first seen);
+    setting ``stats`` starts the count again."""
     path, raw = _nan_table(tmp_path)
     with Table(path, 4096, 500, backend="serial", direct=False) as t:
         t.attach_cache(RowCache(264 * 8, "lru"), 0)
         t.read_rows([1, 2])
-        first = t.last_stats
+        first, held = t.last_stats, t.stats
         for _ in range(3):
             t.read_rows([2, 1])
         s = t.last_stats
         assert (s.rows_requested, s.cache_hits, s.calls, s.reads, s.backend) == (2, 2, 1, 0, "cache")
         assert t.last_stats is s and first.backend == "serial" and first.cache_hits == 0
+        assert (held.calls, held.cache_hits, held.backend) == (4, 6, "serial,cache")
         t.read_rows([3])
         assert t.last_stats.backend == "serial" and t.last_stats.cache_hits == 0
         tot = t.stats
+        assert tot is held
         assert (tot.rows_requested, tot.cache_hits, tot.calls, tot.reads) == (9, 6, 5, 2)
         assert tot.backend == "serial,cache" and tot.wall_s > 0
         t.read_rows([3])
@@ -708,6 +712,43 @@ def test_a_child_after_fork_drops_its_parents_reservations(model_path):
         assert os.WEXITSTATUS(status) == 0
         g.finish()
         assert cache._policy.pending == 0 and cache.entries == 48
+    finally:
+        g.close()
+        for t in tables:
+            t.close()
+
+
+@pytest.mark.parametrize("backend", usable(("pread", "io_uring")))
+def test_tables_closed_during_a_group_read_keep_their_descriptors(model_path, tmp_path, backend):
+    """Tables closed while a group reads through them keep their descriptors until the read ends: files
+    opened meanwhile (which would take the freed numbers) are not read, the rows published and cached are
+    the tables' own, the descriptors close after ``finish`` and the group's next read names the closed table."""
+    cache = RowCache(264 * 4096, "lru")
+    model, tables, g = _group(model_path, cache, backend)
+    decoy = tmp_path / "zeros.bin"
+    decoy.write_bytes(bytes(64 << 20))
+    ids = np.random.default_rng(5).integers(0, 50000, (2, 1, 24))
+    want = _expected(model, ids.transpose(1, 0, 2))
+    out = np.empty((2, 1, 24, 256), np.float32)
+    fds = [t._fd for t in tables]
+    try:
+        g.begin_layers(ids, out)
+        for t in tables:
+            t.close()
+        opened = [os.open(decoy, os.O_RDONLY) for _ in range(4)]
+        try:
+            assert not set(fds) & set(opened)            # the numbers are still the tables'
+            g.finish()
+        finally:
+            for fd in opened:
+                os.close(fd)
+        assert all(t._fd == -1 for t in tables)
+        for i, lid in enumerate(model.layer_ids):
+            assert np.array_equal(out[i, 0], want[lid][0])
+            held, rows = cache.get(lid, ids[i, 0])
+            assert held.all() and np.array_equal(rows, want[lid][0])
+        with pytest.raises(TableIOError, match=r"\(table 0\): closed"):
+            g.read_layers(ids)
     finally:
         g.close()
         for t in tables:
