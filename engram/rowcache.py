@@ -308,8 +308,9 @@ class RowCache:
     def lookup(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """The hits of a batch: (bool ``[n]`` hit flags, uint8 ``[hits, 264]`` their records in order).
 
-        ``keys``: uint64 ``[n]`` C-contiguous (:func:`cache_key`).  Every key counts as accessed
-        (recency; TinyLFU's sketch).  The records are copied out under the lock, so rows another
+        ``keys``: uint64 ``[n]`` C-contiguous (:func:`cache_key`).  The hits count as accessed
+        (recency; TinyLFU's sketch); the misses are counted by the :meth:`insert` that follows.  The
+        records are copied out under the lock, so rows another
         thread evicts meanwhile stay valid.
         """
         _check_keys(keys)
@@ -330,7 +331,8 @@ class RowCache:
         """The engine's lookup of a batch, in one native call under the lock (``Table``'s read path).
 
         ``ids`` uint32 ``[T, C]``; ``col_layer`` uint64 ``[C]`` (each column's layer id << 32); fills
-        ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` and
+        ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` (or
+        ``[T, C, 256]``) and
         flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
         each column's table; an id beyond its table is left a miss, uncounted, for the reader's range error.
         Returns the hits."""

@@ -15,12 +15,14 @@ One state machine per policy over ``capacity`` slots, written once and used by t
   4-bit counters (kept in bytes, at most 15) whose width is the power of two at least the
   capacity (at most 2**24), blocked as Caffeine's is: a key's 4 counters lie in one 64-byte block
   (one per row of 16), chosen by MurmurHash3's 64-bit finalizer, so that counting a key touches
-  one cache line; every looked-up key is counted, and after 10 x capacity counts every counter
-  is halved (the paper's reset, its aging).  The paper's doorkeeper Bloom filter is left out (it saves sketch memory;
+  one cache line; every key of a batch is counted once -- a hit when it is looked up, a miss
+  when it is inserted (the engine counts its misses while their reads fly, off the step's
+  critical path) -- and after 10 x capacity counts every counter is halved (the paper's reset,
+  its aging).  The paper's doorkeeper Bloom filter is left out (it saves sketch memory;
   it does not change which keys are admitted much, section 4.2).
 
-Keys are uint64 (the cache uses ``(layer << 32) | row``).  A batch is looked up first (every key
-counted in the sketch, hits touched), then its misses are inserted in order; a key inserted
+Keys are uint64 (the cache uses ``(layer << 32) | row``).  A batch is looked up first (hits counted in the
+sketch and touched), then its misses are counted and inserted in order; a key inserted
 while already present (a duplicate of the batch, or a row another session inserted meanwhile)
 is only left where it is.  Slots are int32 indices into the caller's record arena.  Not
 thread-safe: :class:`engram.RowCache` holds a lock around every call.
@@ -114,6 +116,20 @@ cdef char* _matrix(object a, int typenum, Py_ssize_t rows, Py_ssize_t cols, bint
             or (write and not cnp.PyArray_ISWRITEABLE(x))):
         raise ValueError(f"{name}: {a.dtype} {a.shape} does not fit the batch or the cache")
     return cnp.PyArray_BYTES(x)
+
+
+cdef float* _rows_out(object out, Py_ssize_t T, Py_ssize_t C) except NULL:
+    """The data of ``out``, float32 C-contiguous and writable: ``[T * C, 256]`` (at least ``T * C`` rows, as
+    :func:`_matrix`) or ``[T, C, 256]`` (a decode step's target as it is, no reshaped view made)."""
+    cdef cnp.ndarray x
+    if isinstance(out, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>out) == 3:
+        x = <cnp.ndarray>out
+        if (cnp.PyArray_TYPE(x) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(x)
+                or not cnp.PyArray_ISWRITEABLE(x) or cnp.PyArray_DIMS(x)[0] != T or cnp.PyArray_DIMS(x)[1] != C
+                or cnp.PyArray_DIMS(x)[2] != ROW_VALUES):
+            raise ValueError(f"out: {out.dtype} {out.shape} does not fit the batch or the cache")
+        return <float*>cnp.PyArray_BYTES(x)
+    return <float*>_matrix(out, cnp.NPY_FLOAT32, T * C, ROW_VALUES, True, "out")
 
 
 cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
@@ -237,8 +253,9 @@ cdef class Policy:
 
     # ----------------------------------------------------------- batches
     def lookup(self, const uint64_t[::1] keys, int64_t[::1] slots):
-        """Count every key (TinyLFU's sketch), touch the held ones; ``slots[i]`` = the slot of a hit, else -1 (a
-        key reserved for a read in flight is a miss: its record is not there yet)."""
+        """Count (TinyLFU's sketch) and touch the held keys; ``slots[i]`` = the slot of a hit, else -1 (a key
+        reserved for a read in flight is a miss: its record is not there yet).  A miss is counted by
+        :meth:`insert`."""
         cdef Py_ssize_t i, n = keys.shape[0]
         cdef int64_t hits = 0
         cdef int32_t s
@@ -246,24 +263,26 @@ cdef class Policy:
             raise ValueError("slots is shorter than keys")
         with nogil:
             for i in range(n):
-                if self.tiny:
-                    self._count(keys[i])
                 s = self._find_ready(keys[i])
                 slots[i] = s
                 if s >= 0:
                     hits += 1
+                    if self.tiny:
+                        self._count(keys[i])
                     self._touch(s)
         return hits
 
     def insert(self, const uint64_t[::1] keys, int64_t[::1] slots):
-        """Insert missed keys in order; ``slots[i]`` = the slot to write key ``i``'s record to, or -1 when the
-        key was already held (a duplicate, or inserted meanwhile: nothing to write)."""
+        """Count (TinyLFU's sketch) and insert missed keys in order; ``slots[i]`` = the slot to write key ``i``'s
+        record to, or -1 when the key was already held (a duplicate, or inserted meanwhile: nothing to write)."""
         cdef Py_ssize_t i, n = keys.shape[0]
         cdef int64_t wrote = 0
         if slots.shape[0] < n:
             raise ValueError("slots is shorter than keys")
         with nogil:
             for i in range(n):
+                if self.tiny:
+                    self._count(keys[i])
                 if self._find(keys[i]) >= 0:
                     slots[i] = -1
                 else:
@@ -273,7 +292,8 @@ cdef class Policy:
 
     def access(self, const uint64_t[::1] keys, uint8_t[::1] hits, Py_ssize_t batch=1):
         """Replay ``keys`` in batches of ``batch`` keys, each as :meth:`lookup` then :meth:`insert` of its
-        misses (what the engine does for a batch); ``hits[i]`` = 1 where key ``i`` hit.  Returns the hits."""
+        misses (what the engine does for a batch: hits counted and touched, then misses counted and inserted);
+        ``hits[i]`` = 1 where key ``i`` hit.  Returns the hits."""
         cdef Py_ssize_t n = keys.shape[0], a = 0, b, i
         cdef int64_t total = 0
         cdef int32_t s
@@ -283,16 +303,19 @@ cdef class Policy:
             while a < n:
                 b = min(n, a + batch)
                 for i in range(a, b):
-                    if self.tiny:
-                        self._count(keys[i])
                     s = self._find(keys[i])
                     hits[i] = s >= 0
                     if s >= 0:
                         total += 1
+                        if self.tiny:
+                            self._count(keys[i])
                         self._touch(s)
                 for i in range(a, b):
-                    if hits[i] == 0 and self._find(keys[i]) < 0:
-                        self._insert(keys[i])
+                    if hits[i] == 0:
+                        if self.tiny:
+                            self._count(keys[i])
+                        if self._find(keys[i]) < 0:
+                            self._insert(keys[i])
                 a = b
         return total
 
@@ -310,24 +333,29 @@ cdef class Policy:
         with nogil:
             for j in range(nb):
                 for i in range(bounds[j], bounds[j + 1]):
-                    if self.tiny:
-                        self._count(keys[i])
                     s = self._find(keys[i])
                     hits[i] = s >= 0
                     if s >= 0:
                         total += 1
+                        if self.tiny:
+                            self._count(keys[i])
                         self._touch(s)
                 for i in range(bounds[j], bounds[j + 1]):
-                    if hits[i] == 0 and self._find(keys[i]) < 0:
-                        self._insert(keys[i])
+                    if hits[i] == 0:
+                        if self.tiny:
+                            self._count(keys[i])
+                        if self._find(keys[i]) < 0:
+                            self._insert(keys[i])
         return total
 
     # ----------------------------------------------------------- the engine's batches
     def serve(self, ids, col_layer, keys, records, out, skip, col_rows=None):
         """A batch of the engine (:class:`engram.RowCache`): ``ids`` uint32 ``[T, C]`` row ids (any strides,
         multiples of 4 bytes), ``col_layer`` uint64 ``[C]`` the layer of each column shifted by 32; fills
-        ``keys`` uint64 ``[T * C]`` with the keys, looks them up as :meth:`lookup` does, decodes each hit's
-        record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]`` and
+        ``keys`` uint64 ``[T * C]`` with the keys, looks them up as :meth:`lookup` does (hits counted; the misses
+        are counted by the insert that follows, or by the reader's reservation while their reads fly), decodes
+        each hit's record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]``
+        (or ``[T, C, 256]``) and
         sets ``skip[i]`` uint8 (1: a hit, 0: a miss).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
         each column's table; an id at or beyond it is neither looked up nor counted (a miss: the reader then
         raises its range error).  A key reserved for a read in flight (another session's) is a miss.  Every
@@ -363,33 +391,39 @@ cdef class Policy:
         kp = <uint64_t*>_vector(keys, cnp.NPY_UINT64, -T * C, True, "keys")
         sp = <uint8_t*>_vector(skip, cnp.NPY_UINT8, -T * C, True, "skip")
         rec = <const uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, False, "records")
-        op = <float*>_matrix(out, cnp.NPY_FLOAT32, T * C, ROW_VALUES, True, "out")
+        op = _rows_out(out, T, C)
         with nogil:
-            for t in range(T):  # the keys first, their table entries and sketch blocks fetched ahead
+            for t in range(T):  # the keys first, their table entries fetched ahead
                 for c in range(C):
                     k = lay[c] | <uint64_t>(<const uint32_t*>(idp + t * s0 + c * s1))[0]
                     kp[t * C + c] = k
-                    self._prefetch(k)
-            for t in range(T):
+                    self._prefetch_entry(k)
+            for t in range(T):  # then the hits found and touched, their sketch blocks fetched ahead
                 for c in range(C):
                     i = t * C + c
                     sp[i] = 0
                     if bound and (<const uint32_t*>(idp + t * s0 + c * s1))[0] >= rows[c]:
                         continue
-                    k = kp[i]
-                    if self.tiny:
-                        self._count(k)
-                    s = self._find_ready(k)
+                    s = self._find_ready(kp[i])
                     if s >= 0:
                         hits += 1
                         self._touch(s)
-                        decode_row(rec + <int64_t>s * ROW_BYTES, op + i * ROW_VALUES)
                         sp[i] = 1
+                        if self.tiny:
+                            self._prefetch_block(kp[i])
+            if hits:
+                for i in range(T * C):  # the hits counted and decoded; the misses are counted when inserted
+                    if sp[i]:
+                        k = kp[i]
+                        if self.tiny:
+                            self._count(k)
+                        decode_row(rec + <int64_t>self._find(k) * ROW_BYTES, op + i * ROW_VALUES)
         return hits
 
     def admit(self, keys, skip, raw, records):
-        """The misses of a batch served by :meth:`serve` (uint8 ``skip[i] == 0``), inserted in order with their
-        records ``raw`` uint8 ``[n, 264]`` as read, copied into ``records`` uint8 ``[capacity, 264]``; ``keys``
+        """The misses of a batch served by :meth:`serve` (uint8 ``skip[i] == 0``), counted and inserted in order
+        with their records ``raw`` uint8 ``[n, 264]`` as read, copied into ``records`` uint8
+        ``[capacity, 264]``; ``keys``
         uint64 ``[n]``; a key already held is left as it is.  C-contiguous arrays (NumPy, checked here).
         Returns the records written.
 
@@ -414,7 +448,11 @@ cdef class Policy:
                 if not sp[i]:
                     self._prefetch(kp[i])
             for i in range(n):
-                if sp[i] or self._find(kp[i]) >= 0:
+                if sp[i]:
+                    continue
+                if self.tiny:
+                    self._count(kp[i])
+                if self._find(kp[i]) >= 0:
                     continue
                 s = self._insert(kp[i])
                 memcpy(rec + <int64_t>s * ROW_BYTES, rp + i * ROW_BYTES, ROW_BYTES)
@@ -431,6 +469,8 @@ cdef class Policy:
         for i in range(n):
             self._prefetch(kp[i])
         for i in range(n):
+            if self.tiny:
+                self._count(kp[i])
             if self._find(kp[i]) >= 0:
                 continue
             s = self._insert(kp[i])
@@ -448,6 +488,8 @@ cdef class Policy:
         for i in range(n):
             self._prefetch(kp[i])
         for i in range(n):
+            if self.tiny:
+                self._count(kp[i])
             if self._find(kp[i]) >= 0:
                 slots[i] = -1
                 continue
@@ -516,9 +558,15 @@ cdef class Policy:
     # ----------------------------------------------------------- hash table
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
         """Start fetching ``key``'s hash table entry (and sketch block): a batch's misses then overlap."""
-        __builtin_prefetch(&self.table[fmix64(key) & self.tmask])
+        self._prefetch_entry(key)
         if self.tiny:
-            __builtin_prefetch(self.sketch + ((fmix64(key) & self.bmask) << 6))
+            self._prefetch_block(key)
+
+    cdef inline void _prefetch_entry(self, uint64_t key) noexcept nogil:
+        __builtin_prefetch(&self.table[fmix64(key) & self.tmask])
+
+    cdef inline void _prefetch_block(self, uint64_t key) noexcept nogil:
+        __builtin_prefetch(self.sketch + ((fmix64(key) & self.bmask) << 6))
 
     cdef inline int32_t _find_ready(self, uint64_t key) noexcept nogil:
         """The slot of ``key`` when held and its record written, else -1."""
