@@ -374,29 +374,33 @@ class _RowReads(Closing):
         staged = caller_out is not None and (n_ids > _reader.CHUNK_REQUESTS or (cache is not None and n_ids > 1))
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
-        nh, extra, fused = 0, (), {}
+        nh, keys, skip = 0, None, None
         if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
             n = ids.size
             keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
-            nh = cache.serve(ids, lay, keys, dest if dest.ndim == 2 else dest.reshape(n, ROW_VALUES), skip, bound)
+            nh = cache.serve(ids, lay, keys, dest, skip, bound)  # dest [n, 256] or [T, C, 256]
             if nh == n:  # every row served: no read machinery, no lock of the readers, stats built when asked
                 if staged:
                     np.copyto(target, dest)
                 self._count_hits(n, time.perf_counter() - t0)
                 return
             # the misses are inserted by the reader itself, from its staged reads (no raw copy, no admit call)
-            extra, fused = (skip if nh else None,), {"cache": cache, "keys": keys}
+            if not nh:
+                skip = None
+        else:
+            cache = None
         with self._lock:
             self._ready()
-            try:
-                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, *extra,
-                                        decode=not raw, **fused)
+            try:  # positional arguments: no keyword dict built and parsed on every read
+                res = self._reader.read(ids, dest, self.threshold, self._backend_code(), seg_cols, skip, None,
+                                        not raw, cache, keys)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
                     raise self._error(f, ids) from None
+                extra, fused = ((skip,), {"cache": cache, "keys": keys}) if cache is not None else ((), {})
                 res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw, fused)
         if staged:
             np.copyto(target, dest)
@@ -445,7 +449,7 @@ class _RowReads(Closing):
                 raise TableIOError(f"{self.path}: closed")
             keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
-            nh = cache.serve(ids, lay, keys, target.reshape(n, ROW_VALUES), skip, bound)
+            nh = cache.serve(ids, lay, keys, target, skip, bound)
             if nh == n:  # every row served: nothing to read
                 self._begun = (t0, ids, target, seg_cols, nh, False, (), {})
                 return

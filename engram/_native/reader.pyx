@@ -137,6 +137,11 @@ class ReadFailure(Exception):
 
 
 
+
+cdef inline bint _c_array(cnp.ndarray a, int typenum, Py_ssize_t size) noexcept:
+    """``a`` C-contiguous of dtype ``typenum`` and ``size`` elements (NumPy's C API: no dtype object compared)."""
+    return cnp.PyArray_TYPE(a) == typenum and cnp.PyArray_SIZE(a) == size and cnp.PyArray_IS_C_CONTIGUOUS(a)
+
 cdef class RowReader:
     """Reads rows of one or more tables through already opened descriptors.
 
@@ -516,24 +521,23 @@ cdef class RowReader:
         cdef const uint8_t** cr = NULL
         cdef bint reserving
         if skip is not None:
-            if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
+            if not _c_array(skip, cnp.NPY_UINT8, total):
                 raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
             sk = <const uint8_t*>cnp.PyArray_DATA(skip)
         if raw is not None:
-            if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
+            if not _c_array(raw, cnp.NPY_UINT8, total * ROW_BYTES):
                 raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
             rp = <uint8_t*>cnp.PyArray_DATA(raw)
         if cache is not None:
             if not decode or raw is not None:
                 raise ValueError("cache needs decoded reads and no raw")
-            if keys is None or keys.dtype != np.uint64 or keys.ndim != 1 or keys.shape[0] < total \
-                    or not keys.flags.c_contiguous:
+            if keys is None or keys.ndim != 1 or not _c_array(keys, cnp.NPY_UINT64, max(total, keys.shape[0])):
                 raise ValueError("keys must be a C-contiguous uint64 array of at least T * C keys")
             kp = <const uint64_t*>cnp.PyArray_DATA(keys)
         if not decode:
             if raw is not None:
                 raise ValueError("raw must be None when decode is off (the records go to out)")
-            if out.dtype != np.uint8 or out.size != total * ROW_BYTES or not out.flags.c_contiguous:
+            if not _c_array(out, cnp.NPY_UINT8, total * ROW_BYTES):
                 raise ValueError("out must be a C-contiguous uint8 array of T * C records when decode is off")
             rp = <uint8_t*>cnp.PyArray_DATA(out)
             op = NULL
@@ -635,15 +639,15 @@ cdef class RowReader:
             raise ValueError("the reader has a begun read: finish() it first")
         if total > CHUNK:
             raise ValueError(f"a begun read holds at most {CHUNK} ids, got {total}")
-        if out.dtype != np.float32 or out.size != total * ROW_VALUES or not out.flags.c_contiguous:
+        if not _c_array(out, cnp.NPY_FLOAT32, total * ROW_VALUES):
             raise ValueError("out must be a C-contiguous float32 array of T * C rows")
         if skip is not None:
-            if skip.dtype != np.uint8 or skip.size != total or not skip.flags.c_contiguous:
+            if not _c_array(skip, cnp.NPY_UINT8, total):
                 raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")
             sk = <const uint8_t*>cnp.PyArray_DATA(skip)
         self.arp = NULL
         if raw is not None:
-            if raw.dtype != np.uint8 or raw.size != total * ROW_BYTES or not raw.flags.c_contiguous:
+            if not _c_array(raw, cnp.NPY_UINT8, total * ROW_BYTES):
                 raise ValueError("raw must be a C-contiguous uint8 array of T * C records")
             self.arp = <uint8_t*>cnp.PyArray_DATA(raw)
         self.acache = None
@@ -653,8 +657,7 @@ cdef class RowReader:
         if cache is not None:
             if raw is not None:
                 raise ValueError("cache needs no raw")
-            if keys is None or keys.dtype != np.uint64 or keys.ndim != 1 or keys.shape[0] < total \
-                    or not keys.flags.c_contiguous:
+            if keys is None or keys.ndim != 1 or not _c_array(keys, cnp.NPY_UINT64, max(total, keys.shape[0])):
                 raise ValueError("keys must be a C-contiguous uint64 array of at least T * C keys")
             self.acache = cache
             self.akp = <const uint64_t*>cnp.PyArray_DATA(keys)
