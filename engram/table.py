@@ -175,13 +175,11 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
     that is negative or beyond uint32; the per-table bound is checked in C.
     """
     if ndim == 1 and type(ids) is list and len(ids) <= _SHORT_LIST:
-        # a short list of Python ints in range (a single row, a decode step's column): converted directly;
+        # a short list of Python ints in range (a single row, a decode step's column): converted natively;
         # anything else (bools, floats, NumPy scalars, out of range) takes the general path and its errors
-        for x in ids:
-            if type(x) is not int or not 0 <= x <= _ROW_ID_MAX:
-                break
-        else:
-            return np.array(ids, np.uint32)
+        a = _reader.list_ids(ids, False)
+        if a is not None:
+            return a
     if isinstance(ids, np.ndarray):
         a = ids
     else:
@@ -375,11 +373,11 @@ class _RowReads(Closing):
         dest = np.empty_like(target) if staged else target
         seg_cols = seg_cols or max(1, ids.shape[1])
         nh, keys, skip = 0, None, None
-        if cache is not None and ids.size:  # hits are served (decoded) here; the reader gets the misses only
+        if cache is not None and n_ids:  # hits are served (decoded) here; the reader gets the misses only
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
-            n = ids.size
-            keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
+            n = n_ids
+            keys, skip = _reader.cache_buffers(n)
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
             nh = cache.serve(ids, lay, keys, dest, skip, bound)  # dest [n, 256] or [T, C, 256]
             if nh == n:  # every row served: no read machinery, no lock of the readers, stats built when asked
@@ -447,7 +445,7 @@ class _RowReads(Closing):
         if cache is not None and n:
             if self._reader is None:
                 raise TableIOError(f"{self.path}: closed")
-            keys, skip = np.empty(n, np.uint64), np.empty(n, np.uint8)
+            keys, skip = _reader.cache_buffers(n)
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
             nh = cache.serve(ids, lay, keys, target, skip, bound)
             if nh == n:  # every row served: nothing to read
@@ -741,15 +739,19 @@ class Table(_RowReads):
             Wrong shape or dtype of ``ids`` or ``out``.
         On every error ``out`` is left untouched.
         """
-        a = self._ids(ids, ndim=1)
+        # a short list of ints (one row, a decode step's column) becomes its [n, 1] column natively
+        a = _reader.list_ids(ids, True) if type(ids) is list and len(ids) <= _SHORT_LIST else None
+        if a is None:
+            a = self._ids(ids, ndim=1)
+            a = a.reshape(a.shape[0], 1)
         n = a.shape[0]
         # the rows go to a [n, 256] target: the reader and the cache take [T * C, 256] as [T, C, 256]
         if out is not None:
             self._check_out(out, (n, ROW_VALUES))
-            self._read(a.reshape(n, 1), out, out)
+            self._read(a, out, out)
             return out
         res = np.empty((n, ROW_VALUES), dtype=np.float32)
-        self._read(a.reshape(n, 1), res, None)
+        self._read(a, res, None)
         return res
 
     def read_batch(self, ids, out: Optional[np.ndarray] = None) -> np.ndarray:

@@ -22,6 +22,8 @@ from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 from libcpp.algorithm cimport sort
 from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 cimport numpy as cnp
 import numpy as np
 
@@ -136,6 +138,42 @@ class ReadFailure(Exception):
                 f"value_column={self.value_column}, backend={self.backend!r})")
 
 
+
+
+def list_ids(list ids, bint column):
+    """The row ids of a short list of Python ints, converted without NumPy's list parser.
+
+    ``ids``: a list whose items are all ``int`` (exactly: not ``bool``, not NumPy scalars) in
+    ``[0, 2**32)``.  Returns uint32 ``[n, 1]`` with ``column`` (a column of rows, as
+    ``Table.read_rows`` reads them), else ``[n]``; ``None`` when an item is anything else, for the
+    caller's general path and its errors (``engram.table._row_ids``)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(ids), i
+    cdef cnp.npy_intp dims[2]
+    cdef uint32_t* p
+    cdef object x
+    cdef long long v
+    cdef int over
+    dims[0] = n
+    dims[1] = 1
+    cdef cnp.ndarray a = cnp.PyArray_EMPTY(2 if column else 1, dims, cnp.NPY_UINT32, 0)
+    p = <uint32_t*>cnp.PyArray_DATA(a)
+    for i in range(n):
+        x = <object>PyList_GET_ITEM(ids, i)
+        if not PyLong_CheckExact(x):
+            return None
+        v = PyLong_AsLongLongAndOverflow(x, &over)
+        if over or v < 0 or v > 0xFFFFFFFF:
+            return None
+        p[i] = <uint32_t>v
+    return a
+
+
+def cache_buffers(Py_ssize_t n):
+    """``(keys, skip)``: new uint64 ``[n]`` and uint8 ``[n]`` arrays for a cached read's keys and hit flags
+    (:meth:`RowReader.read`'s ``keys`` and ``skip``), made through NumPy's C API."""
+    cdef cnp.npy_intp dims[1]
+    dims[0] = n
+    return cnp.PyArray_EMPTY(1, dims, cnp.NPY_UINT64, 0), cnp.PyArray_EMPTY(1, dims, cnp.NPY_UINT8, 0)
 
 
 cdef inline bint _c_array(cnp.ndarray a, int typenum, Py_ssize_t size) noexcept:

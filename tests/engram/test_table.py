@@ -143,6 +143,41 @@ def test_range_error_before_io(table):
     assert np.all(out == 3.0)
 
 
+@given(ids=st.lists(st.one_of(st.integers(-3, 2**32 + 3), st.integers(-2**70, 2**70), st.booleans(),
+                              st.floats(0, 10), st.integers(0, 9).map(np.uint32)), max_size=20),
+       column=st.booleans())
+def test_list_ids_matches_numpy_or_declines(ids, column):
+    """The native conversion of a short list of ints equals NumPy's, as [n, 1] or [n], and declines (None)
+    anything but exact ints in [0, 2**32): bools, floats, NumPy scalars, negatives, beyond uint32."""
+    a = _rd.list_ids(ids, column)
+    plain = all(type(x) is int and 0 <= x <= 0xFFFFFFFF for x in ids)
+    if not plain:
+        assert a is None
+        return
+    want = np.array(ids, np.uint32).reshape((len(ids), 1) if column else (len(ids),))
+    assert a.dtype == np.uint32 and a.shape == want.shape and a.flags.c_contiguous and np.array_equal(a, want)
+
+
+def test_short_lists_keep_their_errors_and_bounds(table):
+    """A one-row list at the table's bounds reads its row; past them, negative, a bool or a float raises the
+    error the general path gives, before any I/O."""
+    ref = table.read_rows(np.array([0, N - 1]))
+    assert np.array_equal(table.read_rows([0]), ref[:1]) and np.array_equal(table.read_rows([N - 1]), ref[1:])
+    assert np.array_equal(table.read_rows([np.uint32(N - 1)]), ref[1:])
+    before = table.stats.reads
+    with pytest.raises(RowRangeError, match=rf"row id {N} at position 0"):
+        table.read_rows([N])
+    with pytest.raises(RowRangeError, match="row id -1 at position 1"):
+        table.read_rows([0, -1])
+    with pytest.raises(RowRangeError, match=f"row id {2**32} at position 0"):
+        table.read_rows([2**32])
+    with pytest.raises(ArgumentError, match="integers"):
+        table.read_rows([1.0])
+    assert table.stats.reads == before
+    keys, skip = _rd.cache_buffers(5)
+    assert (keys.dtype, keys.shape, skip.dtype, skip.shape) == (np.uint64, (5,), np.uint8, (5,))
+
+
 def test_decode_error_publishes_nothing(tmp_path):
     raw = rows_raw(500, seed=3)
     raw[321, 40] = 0x7F  # an E4M3 NaN code
