@@ -319,6 +319,9 @@ class EmpiricalDevice(Device):
         Latency distribution of one read at each measured queue depth (>= 1).
     name, source : str
         Label and provenance of the measurements.
+    derived : mapping, optional
+        What was derived or assumed from the measurements, and by which rule (``{key: {"value", "rule"}}``,
+        e.g. fio's ``cpu_per_read_us``): shown by ``engram sim device`` and kept by :meth:`to_dict`.
 
     Between measured depths the quantile functions are mixed with weight
     linear in ``qd`` (exact for the mean of a saturated device, where latency
@@ -339,7 +342,7 @@ class EmpiricalDevice(Device):
     """
 
     def __init__(self, table: Mapping[int, LatencyDist], name: str = "empirical", source: str = "",
-                 peak_bound: bool = False):
+                 peak_bound: bool = False, derived: Optional[Mapping] = None):
         if not table:
             raise ArgumentError("EmpiricalDevice: empty table")
         items = sorted((check_queue_depth(q, f"{name}: table"), d) for q, d in table.items())
@@ -351,6 +354,7 @@ class EmpiricalDevice(Device):
         self.name, self.source = name, source
         self._cache: dict = {}
         self.peak_bound = bool(peak_bound)
+        self.derived = dict(derived) if derived else {}
 
     def depths(self) -> list:
         return list(self._qs)
@@ -475,6 +479,8 @@ class EmpiricalDevice(Device):
              "table": {str(q): d.to_dict() for q, d in self.measured.items()}}
         if self.peak_bound:
             d["peak_bound"] = True
+        if self.derived:  # a saved fio device keeps what was derived (its CPU per read: the host's share)
+            d["derived"] = self.derived
         return d
 
     @classmethod
@@ -495,7 +501,8 @@ class EmpiricalDevice(Device):
         if not isinstance(bound, bool):
             raise FormatError(f"empirical device: peak_bound = {bound!r} is not true or false")
         try:
-            return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")), peak_bound=bound)
+            return cls(table, str(d.get("name", "empirical")), str(d.get("source", "")), peak_bound=bound,
+                       derived=_derived(d, "empirical device"))
         except ArgumentError as exc:
             raise FormatError(f"empirical device: {exc}") from None
 
@@ -608,9 +615,11 @@ class MeasuredBatchDevice(EmpiricalDevice):
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"measured_batch device: bad 'batches' ({exc})") from None
         try:
-            return cls(base.measured, batches, base.name, base.source)
+            dev = cls(base.measured, batches, base.name, base.source)
         except ArgumentError as exc:
             raise FormatError(f"measured_batch device: {exc}") from None
+        dev.derived = base.derived
+        return dev
 
     def __repr__(self) -> str:
         return f"MeasuredBatchDevice({self.name!r}, depths={self._qs}, batches={sorted(self.batches)})"

@@ -424,6 +424,26 @@ def test_fio_cpu_figures_bad_or_empty(tmp_path, capsys):
                          "(fio's shares are percent of one CPU)")
 
 
+def test_a_saved_fio_device_keeps_what_was_derived(tmp_path):
+    """An unthrottled drive's fio device (an EmpiricalDevice) saved and loaded keeps its ``derived`` -- its CPU
+    per read, hence the decode result's ``host_read_cpus``, and its peak bound's rule (both were dropped) -- and
+    a bad entry in a saved empirical device is refused naming it."""
+    dev = load_device(str(DISK))
+    assert type(dev) is EmpiricalDevice and dev.peak_bound
+    back = Device.from_dict(json.loads(json.dumps(dev.to_dict())))
+    assert back.derived == dev.derived
+    assert back.derived["cpu_per_read_us"]["value"] == pytest.approx(22.752, rel=1e-4)
+    run = (NO_REUSE, Policy(threshold=8, readers=16), 5e-3, DecodeRun(sessions=4, steps=60))
+    a, b = simulate_decode(run[0], dev, *run[1:]), simulate_decode(run[0], back, *run[1:])
+    assert a.device["host_read_cpus"] > 0  # the latency tables' JSON round trip moves the last digits only
+    assert b.device["host_read_cpus"] == pytest.approx(a.device["host_read_cpus"], rel=1e-9)
+    d = dev.to_dict()
+    d["derived"]["cpu_per_read_us"]["value"] = "x"
+    with pytest.raises(FormatError, match=r"^empirical device: derived\.cpu_per_read_us\.value = 'x'"):
+        Device.from_dict(d)
+    assert "derived" not in EmpiricalDevice({1: dev.measured[min(dev.measured)]}).to_dict()
+
+
 def test_a_saved_device_with_a_bad_derived_figure_is_refused(tmp_path, capsys):
     """A saved device's derived cpu_per_read_us is multiplied by the reads/s of a decode: a string raised TypeError
     there, a derived that is not an object ValueError; NaN printed 'nan CPUs busy'."""
