@@ -60,7 +60,8 @@ log = logging.getLogger("engram")
 AUTO_ORDER = ("io_uring", "pread")
 #: Why ``auto`` uses the ring where one reads.
 AUTO_RING_REASON = ("a ring started and read a block of a file here; auto puts io_uring before the pread pool "
-                    "(faster at decode-size batches: benchmarks/BENCHMARKS.md)")
+                    "(faster at decode-size batches in the project's storage benchmarks: a 48-row step's p50 "
+                    "0.69 ms against 0.90)")
 #: Environment variable that refuses the ring at run time (any value but "" and "0").
 DISABLE_ENV = "ENGRAM_DISABLE_IO_URING"
 #: Errors of io_uring_setup that mean "not in this process" (the kernel, a sysctl or a filter
