@@ -28,7 +28,7 @@ import numpy as np
 
 from engram.errors import ArgumentError
 
-from sim.device import Device, Recorder, load_device, summarize_boxes
+from sim.device import Device, Recorder, load_device, summarize_boxes, summarize_counter
 from sim.core.limits import MAX_BINS, check_amount, check_count, check_seed
 from sim.core.params import Compute, Policy, compute_stats
 from sim.core.progress import progress as progress_bar
@@ -328,7 +328,7 @@ class _Prefill:
         if self.bar is not None:
             self.bar.close()
 
-    def _device_info(self, summ: dict, total: float) -> dict:
+    def _device_info(self, summ: dict, total: float, latency_sum: float) -> dict:
         rec = self.rec
         peak = self.device.peak_iops()
         reads_per_s = rec.reads / total if total > 0 else 0.0
@@ -336,7 +336,7 @@ class _Prefill:
             "name": self.device.name, "busy_fraction": summ["busy_fraction"],
             "mean_queue_depth": summ["mean_queue_depth"], "max_queue_depth": summ["max_queue_depth"],
             "reads_per_s": reads_per_s,
-            "mean_read_latency_us": (rec.latency_sum / rec.reads * 1e6) if rec.reads else 0.0,
+            "mean_read_latency_us": (latency_sum / rec.reads * 1e6) if rec.reads else 0.0,
             "iops_utilization": reads_per_s / peak if peak > 0 else 0.0,
         }
 
@@ -345,7 +345,16 @@ class _Prefill:
         total, N, run, trace, lids = self.env.now, self.N, self.run, self.trace, self.engram_layers
         # Readers may outlive compute only when a table is never needed; the prefill ends with compute.
         s, e, lv = self.rec.arrays()
-        summ = summarize_boxes(s, e, lv, max(total, float(e.max()) if e.size else 0.0), run.bins)
+        t_end = max(total, float(e.max()) if e.size else 0.0)
+        if run.mode == "fast":  # the shared fluid queue keeps the reads in the device (its boxes are levelless)
+            q = self.dev.queue
+            summ = summarize_counter((q.times, q.depths), t_end, run.bins)
+            summ["busy_fraction"] = q.busy / t_end if t_end > 0 else 0.0
+            summ["mean_queue_depth"] = q.area / t_end if t_end > 0 else 0.0
+            latency_sum = q.area  # Little: the reads' summed time in the device
+        else:
+            summ = summarize_boxes(s, e, lv, t_end, run.bins)
+            latency_sum = self.rec.latency_sum
         config = {
             "trace": {"source": trace.source, "steps": trace.steps}, "device": {"name": self.device.name,
                                                                                  "source": self.device.source},
@@ -361,6 +370,6 @@ class _Prefill:
             reader_busy={lid: self.reader_busy[j] for j, lid in enumerate(lids)},
             reads=int(self.rec.reads), tokens_per_s=N / total if total > 0 else float("inf"),
             overhead=total / comp_total - 1 if comp_total > 0 else 0.0,
-            device=self._device_info(summ, total), timeline=summ["timeline"], config=config, wall_seconds=wall,
+            device=self._device_info(summ, total, latency_sum), timeline=summ["timeline"], config=config, wall_seconds=wall,
             compute_realised=compute_stats(self.per_token),
         )

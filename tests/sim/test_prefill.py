@@ -69,6 +69,11 @@ def test_fast_mode_agrees_with_per_read_mode(code):
     assert f.stall_seconds == pytest.approx(e.stall_seconds, rel=0.03)
     for lid in (1, 14):
         assert f.reader_done[lid] == pytest.approx(e.reader_done[lid], rel=0.02)
+    # the device's figures too: the fast mode's came from levelless boxes (mean qd 0, read latency 0)
+    for key, rel in (("busy_fraction", 0.03), ("mean_queue_depth", 0.05), ("mean_read_latency_us", 0.05)):
+        assert f.device[key] > 0 and f.device[key] == pytest.approx(e.device[key], rel=rel), key
+    assert f.device["max_queue_depth"] == e.device["max_queue_depth"]
+    assert np.mean(f.timeline["queue_depth"]) == pytest.approx(np.mean(e.timeline["queue_depth"]), rel=0.05)
     json.dumps(f.to_dict())
 
 
