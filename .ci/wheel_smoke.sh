@@ -20,7 +20,7 @@ echo "-- building the wheel (in $tmp/dist)"
 wheel=$(ls "$tmp"/dist/engram-*.whl)
 echo "   $(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB"
 for f in sim/data/README.md sim/data/promessi_sposi.txt sim/data/agent_prompt_long.txt sim/data/prompts.jsonl \
-         sim/data/devices/vm-virtio-16core-4k.jsonl engram/SPEC.md; do
+         sim/data/devices/vm-virtio-16core-4k.jsonl sim/studies/capacity.toml sim/studies/serve.toml engram/SPEC.md; do
     "$PY" -c "import sys, zipfile; sys.exit(0 if sys.argv[2] in zipfile.ZipFile(sys.argv[1]).namelist() else 1)" \
         "$wheel" "$f" || { echo "the wheel lacks $f"; exit 1; }
 done
@@ -74,6 +74,8 @@ done
 run sim trace synth --reuse 0.225 --tokens 1000 --profile prose --no-progress
 run sim capacity --device seed-apple-m3-ultra --device ssd:qd1_us=500,iops=20000,parallelism=8 --drives 1,2 \
     --target 20 --seeds 1 --max-sessions 32 --steps 100 --jobs 1 --out "$tmp/capacity.csv" --no-progress
+run sim sweep studies/reuse.toml --out "$tmp/reuse.csv" --jobs 1 --no-progress  # README's form: the shipped study
+run sim sweep reuse --out "$tmp/reuse-by-name.csv" --jobs 1 --no-progress       # or by its name
 run synth "$tmp/m.gguf" --scale 0.0005 --no-progress
 run inspect "$tmp/m.gguf"
 run hash --text "Quel ramo del lago di Como"

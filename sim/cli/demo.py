@@ -69,6 +69,7 @@ from sim.check.planner import planner_crosscheck
 from sim.report import ReportPage, ReportSearch, build_report, default_traces
 from sim.core.schema import RunConfig
 from sim.sweep import Study, run_study
+from sim.sweep.study import SHIPPED_STUDIES
 from sim.trace import load_trace, reuse_stats
 
 __all__ = ["DEMO_STUDY", "DEMO_THROTTLES", "DemoMeasurement", "DemoSize", "demo_grid", "demo_study", "device_grid", "measure_settings", "run_demo"]
@@ -81,55 +82,8 @@ DEMO_THROTTLES = (4000, 15000)
 #: Session counts of the demo's grid on the devices made here (``quick``: 1 and 2).
 DEVICE_SESSIONS = (1, 2, 4, 8)
 
-#: The demo's what-if study (identical to ``studies/demo.toml``).
-DEMO_STUDY = """\
-# The small study of `make demo`: this machine's calibrated device next to the
-# SPEC §8 reference SSD, by readers, threshold and row cache, with the SPEC §8
-# reference compute per step.  "calibrated" is the device that `engram
-# calibrate` fitted for each point's backend, so run it with a calibration:
-#
-#   engram sim sweep studies/demo.toml --calibration WORKDIR/calibration.json
-
-[study]
-name = "demo"
-description = "This machine (calibrated) vs the reference SSD: readers x threshold x row cache"
-seed = 0
-
-[fixed]
-trace = "stdlib:asyncio/base_events.py"
-trace_limit = 1000
-steps = 1000
-compute = "reference"
-
-[[grid]]
-device = ["calibrated"]
-backend = ["pread", "io_uring"]
-threshold = [8, 256]
-readers = [1, 2, 4, 8, 16]
-cache_rows = [0, 4096]
-
-[[grid]]
-device = ["seed-apple-m3-ultra"]
-threshold = [8, 256]
-readers = [1, 2, 4, 8, 16]
-cache_rows = [0, 4096]
-
-[[plot]]
-x = "readers"
-y = "session_tokens_per_s"
-series = ["device", "backend", "threshold"]
-where = { cache_rows = 0 }
-logx = true
-title = "Decode tokens/s by readers: this machine vs the reference SSD"
-
-[[plot]]
-x = "readers"
-y = "session_tokens_per_s"
-series = ["device", "backend", "cache_rows"]
-where = { threshold = 8 }
-logx = true
-title = "What a 4096-row cache buys at threshold 8"
-"""
+#: The demo's what-if study: the shipped ``sim/studies/demo.toml`` (``studies/demo.toml`` in the repository).
+DEMO_STUDY = (SHIPPED_STUDIES / "demo.toml").read_text(encoding="utf-8")
 
 DEFAULT_OUT = "reports/demo"
 #: The title of the demo's report.

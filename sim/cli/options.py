@@ -18,6 +18,7 @@ from sim.core.io import OutputError, check_output_folder
 from sim.core.limits import check_amount
 from sim.core.params import (BACKENDS, COMPUTE_DISTS, CONSUMERS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS,
                              DEFAULT_THRESHOLD, Compute, Phases, Policy, consumer_preset)
+from ..sweep.study import shipped_studies, study_file
 from ..trace import CODE_SOURCE, load_trace
 
 
@@ -253,12 +254,22 @@ def _progress_mode(args) -> str:
     return progress_choice(args)
 
 
+def study_arg(arg: str) -> str:
+    """A study positional: the file, or the shipped study of that name (:func:`sim.sweep.study.study_file`)."""
+    return str(study_file(arg))
+
+
+#: The part of a study positional's help that says what it may name.
+STUDY_HELP = ("a study TOML file, or the name of a study shipped with engram (" + ", ".join(shipped_studies())
+              + "; studies/NAME.toml falls back to it where there is no such file)")
+
+
 def run_options(what: str, study_optional: bool = False) -> tuple:
     """Options shared by ``sweep`` and ``capacity``: where and how the points run (``study_optional``: the
     study file may be left out, the configurations then given by options)."""
-    study = (Option("study", nargs="?", help="study TOML file (optional: without one, the configurations "
-                                             "come from the options below)")
-             if study_optional else Option("study", help="study TOML file"))
+    study = (Option("study", nargs="?", type=study_arg, help=f"{STUDY_HELP} (optional: without one, the "
+                                                              "configurations come from the options below)")
+             if study_optional else Option("study", type=study_arg, help=STUDY_HELP))
     return (study,
             Option("--out", help=f"{what}, .csv or .parquet (default STUDY.csv in the current directory, where an "
                                  "earlier run's table is refused, not overwritten: name it with --out to replace it); "

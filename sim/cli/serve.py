@@ -19,7 +19,7 @@ from ..serve.runner import point_objects, resolve_serve_context
 from ..serve.study import CV_RULE, SERVE_AXES, check_serve_point, serve_point_seed
 from ..serve.workload import ARRIVALS
 from ..trace import CODE_SOURCE, load_trace
-from .options import SPECULATION_HELP, _progress_mode, _typed_os_errors
+from .options import SPECULATION_HELP, STUDY_HELP, _progress_mode, _typed_os_errors, study_arg
 
 
 def _serve_point(args) -> tuple:
@@ -119,7 +119,7 @@ def _axis_options() -> tuple:
 _SLO = "latency targets (default: the study's [slo], else p99 TTFT <= 2 s, TBT <= 100 ms)"
 #: The options of ``engram sim serve``.
 SERVE_OPTIONS = (
-    Option("study", nargs="?", help="a serving study TOML file (optional)"),
+    Option("study", nargs="?", type=study_arg, help=f"{STUDY_HELP} with [serve] and [slo] tables (optional)"),
     Option("--point", type=int, default=0, help="the study's point to run (default 0)"),
     *_axis_options(),
     Option("--ttft-s", type=float, help="time to first token target, seconds", group=_SLO),

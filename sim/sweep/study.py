@@ -97,9 +97,9 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "Study", "check_point", "coerce_axis", "load_study_toml",
-           "parse_study_toml", "point_phases", "point_seed", "point_trace", "study_fingerprint", "varying_axes",
-           "check_cache_axes"]
+__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "SHIPPED_STUDIES", "Study", "check_point", "coerce_axis", "load_study_toml",
+           "parse_study_toml", "point_phases", "point_seed", "point_trace", "shipped_studies", "study_file",
+           "study_fingerprint", "varying_axes", "check_cache_axes"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -199,9 +199,40 @@ def parse_study_toml(text: str, source: str) -> dict:
         raise FormatError(f"{source}: not TOML ({exc})") from None
 
 
+#: The example studies shipped with the package (``studies/`` in the repository links here).
+SHIPPED_STUDIES = Path(__file__).resolve().parent.parent / "studies"
+
+
+def shipped_studies() -> List[str]:
+    """The names of the studies in :data:`SHIPPED_STUDIES` (``capacity``, ``serve``, ...), sorted."""
+    return sorted(p.stem for p in SHIPPED_STUDIES.glob("*.toml"))
+
+
+def study_file(arg: Union[str, os.PathLike]) -> Path:
+    """The study file a command line names: ``arg`` itself when it exists, else the shipped study of that name
+    (``capacity``, ``capacity.toml`` or ``studies/capacity.toml`` outside the repository, where a wheel's user
+    has no ``studies/``), else ``arg`` (reading it then says it is missing, and lists the shipped ones)."""
+    p = Path(arg)
+    if p.exists():
+        return p
+    name = p.name if p.suffix == ".toml" else p.name + ".toml"
+    shipped = SHIPPED_STUDIES / name
+    if len(p.parts) <= 2 and (len(p.parts) < 2 or p.parts[0] == "studies") and shipped.is_file():
+        return shipped
+    return p
+
+
 def load_study_toml(path: Path) -> dict:
-    """The tables of the study file at ``path`` (UTF-8 text, :func:`sim.core.io.read_text`)."""
-    return parse_study_toml(read_text(path, "study"), str(path))
+    """The tables of the study file at ``path`` (UTF-8 text, :func:`sim.core.io.read_text`; a missing file's
+    error lists the shipped studies, :func:`study_file`)."""
+    try:
+        text = read_text(path, "study")
+    except FormatError as exc:
+        if Path(path).exists():
+            raise
+        raise FormatError(f"{exc}; the studies shipped with engram, by name: {', '.join(shipped_studies())}") \
+            from None
+    return parse_study_toml(text, str(path))
 
 
 def coerce_axis(axes: Mapping[str, tuple], name: str, value: Any, where: str) -> Any:

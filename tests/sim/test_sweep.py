@@ -29,6 +29,9 @@ from sim.report.sections import wrap_warnings
 from sim.sweep import (AXES, METRICS, Study, SweepError, TableWriter, meta_path, partial_path, point_seed, read_table,
                        resume_rows, run_points, run_study, write_table)
 from sim.trace import load_trace
+from sim.cli.options import study_arg
+from sim.sweep.study import SHIPPED_STUDIES, shipped_studies, study_file
+from tests.clirun import cli
 from tests.mounts import tmpfs
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
@@ -241,7 +244,27 @@ def test_example_studies_parse():
             assert spec["x"] in s.axes(), (p, spec)
     from sim.cli.demo import DEMO_STUDY
 
-    assert (STUDIES / "demo.toml").read_text() == DEMO_STUDY
+    assert (STUDIES / "demo.toml").read_text() == DEMO_STUDY and Study.loads(DEMO_STUDY).name == "demo"
+
+
+def test_shipped_studies_by_name_outside_the_repository(tmp_path, monkeypatch, capsys):
+    """A wheel's user has no studies/: a study is named by its name (or the README's studies/NAME.toml) and the
+    shipped file is read; a file that exists wins; anything else stays itself and its error lists the names."""
+    assert (STUDIES / "capacity.toml").resolve() == (SHIPPED_STUDIES / "capacity.toml").resolve()
+    names = shipped_studies()
+    assert {"capacity", "serve", "demo", "threshold_readers"} <= set(names) and names == sorted(names)
+    monkeypatch.chdir(tmp_path)
+    for arg in ("capacity", "capacity.toml", "studies/capacity.toml"):
+        assert study_file(arg) == SHIPPED_STUDIES / "capacity.toml" and study_arg(arg) == str(study_file(arg))
+    for arg in ("elsewhere/capacity.toml", "a/studies/capacity.toml", "nosuch", "studies/nosuch.toml"):
+        assert study_file(arg) == Path(arg)
+    (tmp_path / "capacity.toml").write_text('[study]\nname = "mine"\n[fixed]\nsteps = 10\n')
+    assert study_file("capacity.toml") == Path("capacity.toml")
+    for name in names:  # every shipped study loads from its shipped file, as the package reads it
+        assert is_serve_study(study_file(name)) or Study.load(study_file(name)).name
+    line = cli(capsys, ["sim", "sweep", "nosuch"])
+    assert line.endswith("nosuch: cannot read study (No such file or directory); the studies shipped with "
+                         f"engram, by name: {', '.join(names)}")
 
 
 def test_cli_sweep(tmp_path, capsys):
