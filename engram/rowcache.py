@@ -265,6 +265,8 @@ class RowCache:
         self._records = np.empty((self.capacity, ROW_BYTES), np.uint8)
         self._lock = threading.Lock()
         self._owner: Optional[Tuple[str, object, tuple]] = None
+        #: layer id -> (file id, offset, rows, path) of the table whose rows the keys of that layer name
+        self._tables: dict = {}
         self.hits = 0
         self.lookups = 0
         self.inserts = 0
@@ -287,6 +289,8 @@ class RowCache:
                              for lid, loc in tables.items()))
         with self._lock:
             if self._owner is None:
+                self._register([(lid, loc.path, loc.offset, loc.rows) for lid, loc in tables.items()],
+                               name or "this model")
                 self._owner = (name, layout, ident)
                 return
             owner, lay, have = self._owner
@@ -298,6 +302,37 @@ class RowCache:
         if have != ident:
             raise CacheLayoutError(f"row cache serves {owner or 'a model'}; {name or 'this model'} has the same "
                                    f"layout but other tables (file, offset): its rows differ; give it its own RowCache")
+
+    def bind_tables(self, tables, where: str = "") -> None:
+        """Serve the rows of ``tables``: ``(layer id, path, offset, rows)`` each (:meth:`engram.Table.attach_cache`).
+
+        A key is ``(layer id, row)``, so each layer id names one table: the first table attached (or bound with a
+        model, :meth:`bind`) under a layer id keeps it; the same table again (the same file and offset, e.g.
+        each session's own descriptor of the model's file, or a table of its first rows, whose range check
+        refuses the others) is fine.
+
+        Raises
+        ------
+        CacheLayoutError
+            A layer id the cache serves from another table (file, offset), or one layer id given for two
+            tables (names the layer and both tables).
+        """
+        with self._lock:
+            self._register(tables, where or "this table")
+
+    def _register(self, tables, where: str) -> None:
+        """:meth:`bind_tables` under the lock, all or nothing."""
+        new: dict = {}
+        for lid, path, offset, rows in tables:
+            ident = (_file_id(path), int(offset), int(rows), os.fspath(path))
+            have = new.get(int(lid)) or self._tables.get(int(lid))
+            if have is not None and have[:2] != ident[:2]:  # the same file and offset: the same rows (a prefix)
+                raise CacheLayoutError(
+                    f"row cache serves layer {int(lid)} from {have[3]} (offset {have[1]}, {have[2]} rows); {where} "
+                    f"gives layer {int(lid)} the table {ident[3]} (offset {ident[1]}, {ident[2]} rows): the keys "
+                    f"(layer, row) would name other rows; give it its own RowCache or another layer id")
+            new[int(lid)] = ident
+        self._tables.update(new)
 
     # ------------------------------------------------------------- batches
     def _acquire(self) -> None:
@@ -335,7 +370,8 @@ class RowCache:
         ``[T, C, 256]``) and
         flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
         each column's table; an id beyond its table is left a miss, uncounted, for the reader's range error.
-        Returns the hits."""
+        Returns the hits.  Raises ArgumentError for arrays that do not fit (dtype, shape, layout, or outputs
+        that overlap each other or the inputs), ``out`` untouched."""
         lock = self._lock
         if not lock.acquire(False):
             self.contended += 1
@@ -343,7 +379,9 @@ class RowCache:
         try:
             h = self._policy.serve(ids, col_layer, keys, self._records, out, skip, col_rows)
             self.hits += h
-            self.lookups += keys.shape[0]
+            self.lookups += ids.size  # the batch's T * C positions (keys may be longer)
+        except ValueError as exc:
+            raise ArgumentError(f"RowCache.serve: {exc}") from None
         finally:
             lock.release()
         return h
@@ -358,6 +396,8 @@ class RowCache:
         try:
             n = self._policy.admit(keys, skip, raw, self._records)
             self.inserts += n
+        except ValueError as exc:
+            raise ArgumentError(f"RowCache.admit: {exc}") from None
         finally:
             lock.release()
         return n

@@ -498,6 +498,9 @@ class _RowReads(Closing):
         ------
         ArgumentError
             ``cache`` is not a RowCache or None; ``layer_ids`` is not one layer id (>= 0) per table.
+        CacheLayoutError
+            The cache serves one of these layer ids from another table (file, offset, rows), or one layer id
+            is given for two different tables (:meth:`engram.RowCache.bind_tables`): the keys would mix rows.
         """
         if cache is None:
             self._cache = None
@@ -509,8 +512,11 @@ class _RowReads(Closing):
         if len(lids) != n or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < 2**31
                                  for x in lids):
             raise ArgumentError(f"layer_ids must give one layer id >= 0 for each of the {n} table(s), got {layer_ids!r}")
+        tables = getattr(self, "tables", [self])
+        cache.bind_tables([(lid, t.path, t.offset, t.rows) for lid, t in zip(lids, tables)],
+                          f"{type(self).__name__} of {', '.join(t.path for t in tables)}")
         self._cache_layers = np.asarray(lids, np.uint64) << np.uint64(32)
-        self._cache_bounds = np.asarray([t.rows for t in getattr(self, "tables", [self])], np.uint32)
+        self._cache_bounds = np.asarray([t.rows for t in tables], np.uint32)
         self._cache_cols: dict = {}
         self._cache = cache
 

@@ -78,7 +78,7 @@ BACKEND_SERIAL = SERIAL
 BACKEND_PREAD = PREAD
 BACKEND_URING = URING
 BACKEND_AUTO = AUTO
-_PATH_NAMES = {SERIAL: "serial", PREAD: "pread", URING: "io_uring"}
+_PATH_NAMES = {SERIAL: "serial", PREAD: "pread", URING: "io_uring", AUTO: "auto"}  # auto: the engine picks
 
 #: The io_uring ring is compiled in (raw system calls; whether it starts is a run-time matter).
 HAVE_URING = bool(ENGRAM_HAVE_URING)
@@ -109,8 +109,9 @@ class ReadFailure(Exception):
         a reader's own ring that could not restart.  ``start``: the ``backend``'s
         executor could not start (``errno``): an engine's ring or pool, or a reader's
         own pool after ``fork()``.
-    backend : {"serial", "pread", "io_uring"}
-        The read path that failed (``range`` and ``decode``: the one in use).
+    backend : {"serial", "pread", "io_uring", "auto"}
+        The read path that failed (``range`` and ``decode``: the one in use; ``auto``: a ``range`` failure of
+        a reader attached to an engine, raised before the engine picked a path).
     """
 
     KINDS = ("range", "decode", "short", "io", "ring", "start")
@@ -119,7 +120,7 @@ class ReadFailure(Exception):
                  backend="serial"):
         if kind not in ReadFailure.KINDS:
             raise ValueError(f"unknown ReadFailure kind {kind!r}")
-        if backend not in ("serial", "pread", "io_uring"):
+        if backend not in ("serial", "pread", "io_uring", "auto"):
             raise ValueError(f"unknown read backend {backend!r}")
         super().__init__(kind, row, offset, errno)
         self.kind = kind
@@ -140,7 +141,7 @@ class ReadFailure(Exception):
 
 
 
-def list_ids(list ids, bint column):
+def list_ids(list ids not None, bint column):
     """The row ids of a short list of Python ints, converted without NumPy's list parser.
 
     ``ids``: a list whose items are all ``int`` (exactly: not ``bool``, not NumPy scalars) in
@@ -179,6 +180,21 @@ def cache_buffers(Py_ssize_t n):
 cdef inline bint _c_array(cnp.ndarray a, int typenum, Py_ssize_t size) noexcept:
     """``a`` C-contiguous of dtype ``typenum`` and ``size`` elements (NumPy's C API: no dtype object compared)."""
     return cnp.PyArray_TYPE(a) == typenum and cnp.PyArray_SIZE(a) == size and cnp.PyArray_IS_C_CONTIGUOUS(a)
+
+
+cdef inline int _check_ids(cnp.ndarray ids) except -1:
+    """``ids`` a uint32 ``[T, C]`` array whose strides are whole ids (any order), else ValueError."""
+    if cnp.PyArray_TYPE(ids) != cnp.NPY_UINT32 or cnp.PyArray_NDIM(ids) != 2 \
+            or cnp.PyArray_STRIDES(ids)[0] % 4 or cnp.PyArray_STRIDES(ids)[1] % 4:
+        raise ValueError("ids must be a uint32 array [T, C] with strides of whole ids")
+    return 0
+
+
+cdef inline int _check_rows_out(cnp.ndarray out, int typenum, Py_ssize_t size, str what) except -1:
+    """``out`` C-contiguous, writable, of dtype ``typenum`` and ``size`` elements, else ValueError."""
+    if not _c_array(out, typenum, size) or not cnp.PyArray_ISWRITEABLE(out):
+        raise ValueError(f"out must be a writable C-contiguous {what}")
+    return 0
 
 cdef class RowReader:
     """Reads rows of one or more tables through already opened descriptors.
@@ -510,8 +526,8 @@ cdef class RowReader:
         return 0
 
     # ------------------------------------------------------------ read
-    def read(self, cnp.ndarray ids, cnp.ndarray out, int threshold, int backend, Py_ssize_t seg_cols,
-             cnp.ndarray skip=None, cnp.ndarray raw=None, bint decode=True, object cache=None,
+    def read(self, cnp.ndarray ids not None, cnp.ndarray out not None, int threshold, int backend,
+             Py_ssize_t seg_cols, cnp.ndarray skip=None, cnp.ndarray raw=None, bint decode=True, object cache=None,
              cnp.ndarray keys=None):
         """Fill ``out`` (float32 [T, C, 256], C-contiguous) with the rows of ``ids`` (uint32 [T, C]).
 
@@ -546,6 +562,7 @@ cdef class RowReader:
         ``raw`` None.  A failing chunk inserts nothing (its reserved slots given back); the
         chunks before it (multi-chunk calls) stay inserted, rows read and checked.
         """
+        _check_ids(ids)
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
@@ -575,10 +592,11 @@ cdef class RowReader:
         if not decode:
             if raw is not None:
                 raise ValueError("raw must be None when decode is off (the records go to out)")
-            if not _c_array(out, cnp.NPY_UINT8, total * ROW_BYTES):
-                raise ValueError("out must be a C-contiguous uint8 array of T * C records when decode is off")
+            _check_rows_out(out, cnp.NPY_UINT8, total * ROW_BYTES, "uint8 array of T * C records when decode is off")
             rp = <uint8_t*>cnp.PyArray_DATA(out)
             op = NULL
+        else:
+            _check_rows_out(out, cnp.NPY_FLOAT32, total * ROW_VALUES, "float32 array of T * C rows")
         self.last_nr = 0
         if seg_cols < 1 or (C + seg_cols - 1) // seg_cols > self.nseg:
             raise ValueError(f"{C} columns in groups of {seg_cols} need more than {self.nseg} tables")
@@ -649,8 +667,8 @@ cdef class RowReader:
         return (requested, distinct, nreads, nbytes, conc, serial_chunks, pool_chunks, ring_chunks, others)
 
     # ------------------------------------------------------------ a read begun now, finished later
-    def begin(self, cnp.ndarray ids, cnp.ndarray out, int backend, Py_ssize_t seg_cols, cnp.ndarray skip=None,
-              cnp.ndarray raw=None, int depth=0, object cache=None, cnp.ndarray keys=None):
+    def begin(self, cnp.ndarray ids not None, cnp.ndarray out not None, int backend, Py_ssize_t seg_cols,
+              cnp.ndarray skip=None, cnp.ndarray raw=None, int depth=0, object cache=None, cnp.ndarray keys=None):
         """Begin reading the rows of ``ids`` (uint32 [T, C], at most ``CHUNK_REQUESTS`` of them) into
         ``out`` (float32 [T, C, 256], C-contiguous) without waiting: the requests are planned and
         handed to the engine at once from the calling thread (on the ring: submitted to the kernel
@@ -665,6 +683,7 @@ cdef class RowReader:
         into ``cache`` from staging).  Raises ValueError for bad arguments or a read
         already begun, ReadFailure("range") before any I/O; the other failures are raised by
         :meth:`finish`."""
+        _check_ids(ids)
         cdef Py_ssize_t T = ids.shape[0], C = ids.shape[1]
         cdef Py_ssize_t s0 = ids.strides[0] // 4, s1 = ids.strides[1] // 4
         cdef const uint32_t* idp = <const uint32_t*>cnp.PyArray_DATA(ids)
@@ -677,8 +696,7 @@ cdef class RowReader:
             raise ValueError("the reader has a begun read: finish() it first")
         if total > CHUNK:
             raise ValueError(f"a begun read holds at most {CHUNK} ids, got {total}")
-        if not _c_array(out, cnp.NPY_FLOAT32, total * ROW_VALUES):
-            raise ValueError("out must be a C-contiguous float32 array of T * C rows")
+        _check_rows_out(out, cnp.NPY_FLOAT32, total * ROW_VALUES, "float32 array of T * C rows")
         if skip is not None:
             if not _c_array(skip, cnp.NPY_UINT8, total):
                 raise ValueError("skip must be a C-contiguous uint8 array of T * C flags")

@@ -132,6 +132,45 @@ cdef float* _rows_out(object out, Py_ssize_t T, Py_ssize_t C) except NULL:
     return <float*>_matrix(out, cnp.NPY_FLOAT32, T * C, ROW_VALUES, True, "out")
 
 
+cdef inline bint _meet(const void* a, Py_ssize_t na, const void* b, Py_ssize_t nb) noexcept nogil:
+    """Whether the byte spans ``[a, a + na)`` and ``[b, b + nb)`` share a byte (empty spans share none)."""
+    cdef const char* x = <const char*>a
+    cdef const char* y = <const char*>b
+    return na > 0 and nb > 0 and x < y + nb and y < x + na
+
+
+cdef int _outputs_apart(const char* idp, Py_ssize_t T, Py_ssize_t C, Py_ssize_t s0, Py_ssize_t s1,
+                        const void* lay, const void* rows, const void* rec, Py_ssize_t nrec,
+                        const void* kp, const void* sp, const void* op) except -1:
+    """ValueError unless what :meth:`Policy.serve` writes -- ``keys`` (8 bytes a position), ``skip`` (1),
+    ``out`` (a row of float32 a position) -- shares no byte with each other or with what it reads: ``ids``
+    (any strides), ``col_layer``, ``col_rows`` (None: ``rows`` NULL), ``records``.  A key written over a
+    row decoded later (``keys`` a view of ``out``) would send the decode of a hit outside the records."""
+    cdef Py_ssize_t n = T * C
+    cdef const char* lo = idp
+    cdef Py_ssize_t span = 0
+    if n:
+        lo = idp + min(<Py_ssize_t>0, (T - 1) * s0) + min(<Py_ssize_t>0, (C - 1) * s1)
+        span = abs((T - 1) * s0) + abs((C - 1) * s1) + 4
+    cdef const void* outs[3]
+    cdef Py_ssize_t sizes[3]
+    cdef const void* ins[4]
+    cdef Py_ssize_t isizes[4]
+    cdef int i, j
+    outs[0], outs[1], outs[2] = kp, sp, op
+    sizes[0], sizes[1], sizes[2] = 8 * n, n, 4 * ROW_VALUES * n
+    ins[0], ins[1], ins[2], ins[3] = lo, lay, rows, rec
+    isizes[0], isizes[1], isizes[2], isizes[3] = span, 8 * C, 4 * C if rows != NULL else 0, nrec * ROW_BYTES
+    for i in range(3):
+        for j in range(i + 1, 3):
+            if _meet(outs[i], sizes[i], outs[j], sizes[j]):
+                raise ValueError("serve: keys, skip and out must not overlap")
+        for j in range(4):
+            if _meet(outs[i], sizes[i], ins[j], isizes[j]):
+                raise ValueError("serve: keys, skip and out must not overlap ids, col_layer, col_rows or records")
+    return 0
+
+
 cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
     k ^= k >> 33
     k *= <uint64_t>0xff51afd7ed558ccd
@@ -392,6 +431,7 @@ cdef class Policy:
         sp = <uint8_t*>_vector(skip, cnp.NPY_UINT8, -T * C, True, "skip")
         rec = <const uint8_t*>_matrix(records, cnp.NPY_UINT8, self.capacity, ROW_BYTES, False, "records")
         op = _rows_out(out, T, C)
+        _outputs_apart(idp, T, C, s0, s1, lay, rows, rec, self.capacity, kp, sp, op)
         with nogil:
             for t in range(T):  # the keys first, their table entries fetched ahead
                 for c in range(C):

@@ -458,12 +458,57 @@ def test_serve_and_admit_check_their_arrays():
     ro.setflags(write=False)
     bad.append((ids, col, keys, ro, skip))
     for args in bad:
-        with pytest.raises(ValueError):
+        with pytest.raises(ArgumentError, match="RowCache.serve"):
             c.serve(*args)
     for args in ((keys, skip[:1], raw), (keys, skip, raw[:1]), (keys, skip, raw[:, :200]),
                  (keys.astype(np.int64), skip, raw), (keys, skip, raw.astype(np.int8))):
-        with pytest.raises(ValueError):
+        with pytest.raises(ArgumentError, match="RowCache.admit"):
             c.admit(*args)
+    # a batch's lookups are its T * C positions, however long keys is
+    looked = c.stats()["lookups"]
+    c.serve(ids, col, np.empty(1000, np.uint64), out, skip)
+    assert c.stats()["lookups"] == looked + 2
+
+
+def test_serve_refuses_outputs_that_overlap():
+    """keys, skip or out sharing bytes with each other or with ids, col_layer, col_rows or the records: a key
+    written over a row decoded later sent the decode of a hit outside the records (a crash, or 264 bytes before
+    them served as a row); refused before anything is written, the cache's counts unchanged."""
+    c = RowCache(264 * 1000, "tinylfu")
+    T = 8
+    ids = np.arange(T, dtype=np.uint32).reshape(T, 1)
+    col = np.zeros(1, np.uint64)
+    keys, skip = np.empty(T, np.uint64), np.empty(T, np.uint8)
+    out = np.zeros((T, 256), np.float32)
+    raw = synth.rows_at(1, np.arange(T), seed=5)
+    c.serve(ids, col, keys, out, skip)
+    c.admit(keys, skip, raw)
+    assert c.serve(ids, col, keys, out, skip) == T and np.array_equal(out, decode_rows(raw))
+    before = c.stats()
+    buf = np.zeros((T, 256), np.float32)
+    shared = np.zeros(2 * T, np.uint64)          # keys and the ids that are their own bytes
+    lay = np.zeros(T + 1, np.uint64)             # col_layer and keys in one buffer
+    records = c._records.view(np.float32).reshape(-1)[: T * 256].reshape(T, 256)
+    cases = [  # (ids, col_layer, keys, out, skip)
+        (ids, col, buf[1].view(np.uint64)[:T], buf, skip),             # keys inside out
+        (ids, col, keys, buf, buf[0].view(np.uint8)[:T]),              # skip inside out
+        (ids, col, keys, buf, keys.view(np.uint8)[:T]),                # skip inside keys
+        (shared[T:].view(np.uint32)[:T].reshape(T, 1), col, shared[T - 1:], buf, skip),  # keys over ids
+        (ids, lay[:1], lay[1:], buf, skip),                            # keys right after col_layer: apart
+        (ids, lay[:1], lay[:T], buf, skip),                            # keys over col_layer
+        (ids, col, keys, records, skip),                               # out over the cache's records
+    ]
+    for k, args in enumerate(cases):
+        snapshot, rec_before = buf.copy(), c._records.copy()
+        if k == 4:
+            assert c.serve(*args) == T and np.array_equal(buf, decode_rows(raw))
+            buf[:] = 0
+            continue
+        with pytest.raises(ArgumentError, match="must not overlap"):
+            c.serve(*args)
+        assert np.array_equal(buf, snapshot) and np.array_equal(c._records, rec_before), k
+    after = c.stats()
+    assert (after["hits"], after["lookups"]) == (before["hits"] + T, before["lookups"] + T)  # case 4 only
 
 
 # ---------------------------------------------------------------- the reader inserts the misses itself
@@ -753,3 +798,37 @@ def test_tables_closed_during_a_group_read_keep_their_descriptors(model_path, tm
         g.close()
         for t in tables:
             t.close()
+
+
+def test_one_layer_id_names_one_table(tmp_path, model_path):
+    """A key is (layer id, row): a cache attached to two different tables under one layer id served the first
+    table's rows to the second.  Refused (CacheLayoutError naming the layer and both files) on a table, on a
+    group giving one id to two tables, and against the tables a model bound; the same file and offset again
+    (another descriptor, or a table of its first rows) is fine, and a refused attach changes nothing."""
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    write_table(a, rows_raw(100, seed=1), 4096)
+    write_table(b, rows_raw(300, seed=2), 4096)
+    cache = RowCache("1M")
+    with Table(a, 4096, 100, backend="serial") as ta, Table(b, 4096, 300, backend="serial") as tb, \
+            Table(a, 4096, 50, backend="serial") as prefix, Table(a, 4096, 100, backend="pread") as again:
+        ta.attach_cache(cache, 0)
+        want_a = ta.read_rows([5, 6, 99])
+        with pytest.raises(CacheLayoutError, match=rf"layer 0 from {a} .* the table {b} "):
+            tb.attach_cache(cache, 0)
+        assert tb.cache is None and tb.read_rows([5]).tolist() != want_a[:1].tolist()
+        tb.attach_cache(cache, 1)                     # another layer id: its own keys
+        assert not np.array_equal(tb.read_rows([5, 6, 99]), want_a)
+        for t in (prefix, again):
+            t.attach_cache(cache, 0)
+        assert np.array_equal(again.read_rows([5, 6, 99]), want_a) and again.last_stats.cache_hits == 3
+        with pytest.raises(CacheLayoutError, match="layer 7"):
+            TableGroup([ta, tb]).attach_cache(RowCache("1M"), [7, 7])
+    info = EngramModel.open(model_path).info
+    bound = RowCache("1M")
+    m = EngramModel.open(model_path, cache=bound)
+    with m.session():
+        one = info.tables[m.layer_ids[1]]
+        with Table(one.path, one.offset, one.rows, backend="serial") as t:
+            with pytest.raises(CacheLayoutError, match=rf"layer {m.layer_ids[0]} from"):
+                t.attach_cache(bound, m.layer_ids[0])  # layer 1's rows under layer 0's keys
+            t.attach_cache(bound, m.layer_ids[1])

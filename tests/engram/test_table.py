@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram import ArgumentError, DecodeError, RowRangeError, TableIOError
+from engram import ArgumentError, DecodeError, RowCache, RowRangeError, TableIOError
 from engram._native import reader as _rd
 from engram._native.reader import ReadFailure, RowReader
 from engram.codec import decode_rows
@@ -176,6 +176,30 @@ def test_short_lists_keep_their_errors_and_bounds(table):
     assert table.stats.reads == before
     keys, skip = _rd.cache_buffers(5)
     assert (keys.dtype, keys.shape, skip.dtype, skip.shape) == (np.uint64, (5,), np.uint8, (5,))
+
+
+@pytest.mark.parametrize("engine", ["shared", "private"])
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_range_error_on_every_engine_and_backend(table_file, engine, backend):
+    """An id past the table is a RowRangeError naming it on every path, the shared engine's ``auto`` included
+    (there the reader's backend is the engine's choice, and the error's backend name was looked up in a table
+    without it: KeyError), with and without a row cache; ``out`` untouched."""
+    path, offset, _, _ = table_file
+    with Table(path, offset, N, backend=backend, readers=4, threshold=2, engine=engine) as t:
+        for cache in (None, RowCache("1M")):
+            if cache is not None:
+                t.attach_cache(cache, 0)
+            out = np.full((3, 256), 7.0, np.float32)
+            for ids in ([N], [0, 5, N], np.array([N - 1, 2**32 - 1], np.uint32)):
+                bad = next(int(x) for x in ids if int(x) >= N)
+                with pytest.raises(RowRangeError, match=rf"row id {bad} at position \d+ is outside the table"):
+                    t.read_rows(ids)
+                where = "token 0, column" if len(ids) > 1 else "position"  # one column: the position
+                with pytest.raises(RowRangeError, match=rf"row id {bad} at {where} \d+"):
+                    t.read_batch(np.array([ids]).astype(np.uint32))
+            with pytest.raises(RowRangeError):
+                t.read_rows([1, 2, N], out=out)
+            assert np.all(out == 7.0)
 
 
 def test_decode_error_publishes_nothing(tmp_path):
