@@ -164,7 +164,7 @@ def _engine_client(engine, fd: int, readers: int, path: str) -> Optional[EngineC
 
 #: Largest row id (row ids are uint32, SPEC §4).
 _ROW_ID_MAX = 0xFFFFFFFF
-#: Lists up to this long are checked element by element in Python (cheaper than NumPy's reductions).
+#: Lists up to this long are converted natively (`reader.list_ids`: cheaper than NumPy's list parser).
 _SHORT_LIST = 16
 
 
@@ -180,6 +180,11 @@ def _row_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
         a = _reader.list_ids(ids, False)
         if a is not None:
             return a
+    return _array_ids(ids, ndim, width, describe)
+
+
+def _array_ids(ids, ndim: int, width: Optional[int], describe) -> np.ndarray:
+    """:func:`_row_ids` of anything but a short list of ints in range: through NumPy, every error named."""
     if isinstance(ids, np.ndarray):
         a = ids
     else:
@@ -499,7 +504,7 @@ class _RowReads(Closing):
         ArgumentError
             ``cache`` is not a RowCache or None; ``layer_ids`` is not one layer id (>= 0) per table.
         CacheLayoutError
-            The cache serves one of these layer ids from another table (file, offset, rows), or one layer id
+            The cache serves one of these layer ids from another table (file, offset), or one layer id
             is given for two different tables (:meth:`engram.RowCache.bind_tables`): the keys would mix rows.
         """
         if cache is None:
@@ -747,8 +752,8 @@ class Table(_RowReads):
         """
         # a short list of ints (one row, a decode step's column) becomes its [n, 1] column natively
         a = _reader.list_ids(ids, True) if type(ids) is list and len(ids) <= _SHORT_LIST else None
-        if a is None:
-            a = self._ids(ids, ndim=1)
+        if a is None:  # anything else: NumPy's path and its errors (the short list is not tried again)
+            a = _array_ids(ids, 1, None, self._range_message)
             a = a.reshape(a.shape[0], 1)
         n = a.shape[0]
         # the rows go to a [n, 256] target: the reader and the cache take [T * C, 256] as [T, C, 256]

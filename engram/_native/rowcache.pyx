@@ -451,8 +451,10 @@ cdef class Policy:
                         sp[i] = 1
                         if self.tiny:
                             self._prefetch_block(kp[i])
+            # the hits counted and decoded, each found again (its lines hot): decoding inside the loop above, from
+            # its slot, made a decode step slower (BENCHMARKS.md, "Row cache"); keys cannot overlap out (checked)
             if hits:
-                for i in range(T * C):  # the hits counted and decoded; the misses are counted when inserted
+                for i in range(T * C):  # the misses are counted when inserted
                     if sp[i]:
                         k = kp[i]
                         if self.tiny:
