@@ -313,12 +313,18 @@ class RowCache:
 
         Raises
         ------
+        ArgumentError
+            An entry that is not four values (an int layer id, a path, an int offset, an int row count).
         CacheLayoutError
             A layer id the cache serves from another table (file, offset), or one layer id given for two
             tables (names the layer and both tables).
         """
+        try:
+            given = [(int(lid), os.fspath(path), int(offset), int(rows)) for lid, path, offset, rows in tables]
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(f"tables must be (layer id, path, offset, rows) each ({exc})") from None
         with self._lock:
-            self._register(tables, where or "this table")
+            self._register(given, where or "this table")
 
     def _register(self, tables, where: str) -> None:
         """:meth:`bind_tables` under the lock, all or nothing."""

@@ -370,6 +370,7 @@ class _Prefill:
             reader_busy={lid: self.reader_busy[j] for j, lid in enumerate(lids)},
             reads=int(self.rec.reads), tokens_per_s=N / total if total > 0 else float("inf"),
             overhead=total / comp_total - 1 if comp_total > 0 else 0.0,
-            device=self._device_info(summ, total, latency_sum), timeline=summ["timeline"], config=config, wall_seconds=wall,
+            device=self._device_info(summ, total, latency_sum), timeline=summ["timeline"], config=config,
+            wall_seconds=wall,
             compute_realised=compute_stats(self.per_token),
         )

@@ -97,9 +97,9 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
     except ModuleNotFoundError:
         tomllib = None
 
-__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "SHIPPED_STUDIES", "Study", "check_point", "coerce_axis", "load_study_toml",
-           "parse_study_toml", "point_phases", "point_seed", "point_trace", "shipped_studies", "study_file",
-           "study_fingerprint", "varying_axes", "check_cache_axes"]
+__all__ = ["AXES", "METRICS", "PHASES_COLUMN", "SHIPPED_STUDIES", "Study", "check_point", "coerce_axis",
+           "load_study_toml", "parse_study_toml", "point_phases", "point_seed", "point_trace", "shipped_studies",
+           "study_file", "study_fingerprint", "varying_axes", "check_cache_axes"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {

@@ -823,6 +823,9 @@ def test_one_layer_id_names_one_table(tmp_path, model_path):
         assert np.array_equal(again.read_rows([5, 6, 99]), want_a) and again.last_stats.cache_hits == 3
         with pytest.raises(CacheLayoutError, match="layer 7"):
             TableGroup([ta, tb]).attach_cache(RowCache("1M"), [7, 7])
+        for bad in ([(0, a, 4096)], [("x", a, 4096, 100)], [(0, None, 4096, 100)], 5):
+            with pytest.raises(ArgumentError, match=r"tables must be \(layer id, path, offset, rows\) each"):
+                cache.bind_tables(bad)
     info = EngramModel.open(model_path).info
     bound = RowCache("1M")
     m = EngramModel.open(model_path, cache=bound)
