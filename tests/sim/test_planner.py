@@ -105,7 +105,11 @@ def test_planner_document(measured):
             (cap,) = m["capacity"]
             assert cap["sessions"] == [2] and cap["target_tokens_per_s"] == 50.0
             assert f"| {e['name']} | {e['class']} | {mode}: " in text
-            # the host's CPUs the predicted reads take at fio's own CPU per read (fio always writes usr/sys_cpu)
+            # the host's CPUs the predicted reads take at fio's own CPU per read; fio writes usr/sys_cpu, but a
+            # 0.1 s job on a busy machine can be charged no CPU time at all: then no figure and no host line
+            if figs["qd1_cpu_per_read_us"] is None:
+                assert "host_cpu" not in m and f"{e['name']} {mode}: host-bound" not in text
+                continue
             h = m["host_cpu"]
             assert h["cpu_per_read_us"] == pytest.approx(figs["qd1_cpu_per_read_us"]) and h["cpu_per_read_us"] > 0
             assert set(h["shares"]) == {r["config"] for r in rows}
