@@ -206,8 +206,7 @@ def test_measurement_killed_midway_leaves_no_cgroup(tmp_path, model):
            "measure", str(work), "--model", str(path), "--scale", str(SCALE), "--config",
            f"{CODE_SOURCE}/8/pread/4/none/400", "--rounds", "3", "--only", "runs", "--no-wait", "--no-progress",
            "--throttle-iops", "1000", "--no-fio"]
-    env = dict(os.environ, ENGRAM_SHARED_DATA=os.environ.get("ENGRAM_SHARED_DATA", "/work/shared/data"))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     name = f"{CGROUP_PREFIX}{p.pid}-1000"
     folder = Path(s.parent) / name
     t0 = time.monotonic()
