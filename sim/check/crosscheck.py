@@ -658,7 +658,8 @@ def _judge(summary: dict, caps: Sequence[Mapping], targets: Mapping[str, float],
            quiet_targets: Mapping[str, float]) -> None:
     """Put the regime's goals, each check's verdict (``pass``) and the whole one (``passed``) into ``summary``."""
     which, coverage, _ = regime_checks(summary["regime"]["name"])
-    summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps)}
+    summary["goals"] = {"targets": which, "coverage": coverage, "capacity": bool(caps),
+                        "row_cache": bool(summary.get("row_cache"))}
     ok = verdict(summary, targets, quiet_targets, caps)
     summary["pass"] = ok
     summary["passed"] = all(ok.values())

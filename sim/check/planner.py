@@ -296,7 +296,7 @@ def _mode_result(doc: Mapping, device: str, refused: str = "") -> dict:
              "error_high": r["interval"].get("error_high"), "inside": r["inside_interval"]}
             for r in list(doc.get("rows") or []) + list(doc.get("session_rows") or [])]
     keep = ("configurations", "runs", "tokens_per_s", "step_p50", "sessions", "inside_interval",
-            "inside_interval_share", "regime", "goals", "pass", "passed")
+            "inside_interval_share", "regime", "row_cache", "goals", "pass", "passed")
     caps = [{k: c[k] for k in ("mode", "sessions", "target_tokens_per_s", "measured_capacity", "predicted_capacity",
                                "all_met", "within_one_step", "measured_slowest", "predicted_slowest")}
             for c in doc.get("capacity") or []]

@@ -20,6 +20,10 @@ against the any-machine targets without being held to them.
 
 The coverage goal counts configurations inside their 90% interval (:mod:`sim.check.intervals`); on few
 configurations :func:`chance_of_fewer` says how often an honest interval shows as few.
+
+Where the runs read through the engine's row cache, every regime also holds the largest gap between a run's
+measured hit rate and the one its prediction replayed to one point (``row_cache_hit_rate``; issue 26): which
+rows hit is set by the trace, the policy and the budget, not by the machine's load.
 """
 
 from __future__ import annotations
@@ -105,10 +109,11 @@ def verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mappi
     """The checks of the regime the runs ran in (:func:`regime_checks`): ``{check: passed}``.
 
     ``summary`` is a cross-check's summary (``tokens_per_s`` and ``step_p50`` with ``median_abs_error`` and
-    ``max_abs_error``, relative; ``inside_interval_share``; ``regime``); ``targets`` and ``quiet_targets``
+    ``max_abs_error``, relative; ``inside_interval_share``; ``regime``; ``row_cache`` with
+    ``hit_rate_within_one_point``, a bool, where the runs had a row cache); ``targets`` and ``quiet_targets``
     the relative error targets; ``caps`` the capacity rows (``within_one_step`` each).  Keys, as they bind:
     ``tokens_per_s_median_abs``, ``tokens_per_s_max_abs``, ``step_p50_max_abs``, ``inside_interval``,
-    ``capacity_within_one_step``.
+    ``capacity_within_one_step``, ``row_cache_hit_rate`` (every regime, where the summary has ``row_cache``).
     """
     t = summary["tokens_per_s"]
     which, coverage, _ = regime_checks(summary["regime"]["name"])
@@ -122,13 +127,16 @@ def verdict(summary: Mapping, targets: Mapping[str, float], quiet_targets: Mappi
         ok["inside_interval"] = summary["inside_interval_share"] >= COVERAGE_TARGET
     if caps:
         ok["capacity_within_one_step"] = all(c["within_one_step"] for c in caps)
+    if summary.get("row_cache"):
+        ok["row_cache_hit_rate"] = bool(summary["row_cache"]["hit_rate_within_one_point"])
     return ok
 
 
 #: What each check of :func:`verdict` is called where a verdict says which it missed.
 CHECK_NAMES = {"tokens_per_s_median_abs": "tokens/s median error", "tokens_per_s_max_abs": "tokens/s max error",
                "step_p50_max_abs": "step p50 max error", "inside_interval": "interval coverage",
-               "capacity_within_one_step": "capacity within one step"}
+               "capacity_within_one_step": "capacity within one step",
+               "row_cache_hit_rate": "row cache hit rate gap"}
 
 
 #: How a figure of a summary that is missing, None, NaN or infinite is printed (as :func:`verdict_text` prints it).
@@ -164,7 +172,8 @@ def count_text(summary, key: str) -> str:
 def verdict_text(summary: Mapping) -> str:
     """``PASS``, or ``FAIL (missed: ...)`` naming each check of ``summary["pass"]`` that failed with its figure
     where the summary has one, to two decimals so that a miss by a hair does not print as its target
-    (``step p50 max error 28.26%``; ``not measured`` for a figure that is NaN).  A summary without ``passed``
+    (``step p50 max error 28.26%``; a row cache's hit-rate gap in points, ``row cache hit rate gap 2.50 points``;
+    ``not measured`` for a figure that is NaN).  A summary without ``passed``
     (an older or partial file) passes when it has checks and all of them passed; parts that are missing or not
     of their kind are taken as absent: never raises."""
     summary = summary if isinstance(summary, Mapping) else {}
@@ -183,7 +192,9 @@ def verdict_text(summary: Mapping) -> str:
     figures = {"tokens_per_s_median_abs": part("tokens_per_s").get("median_abs_error"),
                "tokens_per_s_max_abs": part("tokens_per_s").get("max_abs_error"),
                "step_p50_max_abs": part("step_p50").get("max_abs_error"),
-               "inside_interval": summary.get("inside_interval_share")}
+               "inside_interval": summary.get("inside_interval_share"),
+               "row_cache_hit_rate": part("row_cache").get("hit_rate_max_abs_error")}
+    points = {"row_cache_hit_rate"}  # a gap between two rates: in points, not a relative error
     missed = []
     for key, ok in checks.items():
         if ok:
@@ -191,6 +202,7 @@ def verdict_text(summary: Mapping) -> str:
         x = figures.get(key)
         name = CHECK_NAMES.get(key, str(key))
         if isinstance(x, (int, float)) and not isinstance(x, bool):
-            name += f" {x * 100:.2f}%" if math.isfinite(x) else " not measured"
+            unit = " points" if key in points else "%"
+            name += f" {x * 100:.2f}{unit}" if math.isfinite(x) else " not measured"
         missed.append(name)
     return "FAIL" + (f" (missed: {', '.join(missed)})" if missed else "")

@@ -107,7 +107,9 @@ JSON schema of ``crosscheck.json``::
      "quiet_targets": {...}, "coverage_target": 0.9, "backends": {"usable", "left_out"}, "warnings": [...],
      # summary also: "regime": {"name": "quiet"|"busy"|"loaded"|"unmeasured", "cpu", "steal", "why"}, "inside_interval",
      #   "inside_interval_share", "runs_inside", "runs_inside_share", "calibrated_only": {...},
-     #   "sessions": {...}, "single": {...}, "windows_probed"
+     #   "sessions": {...}, "single": {...}, "windows_probed", "goals": {"targets", "coverage", "capacity",
+     #   "row_cache"}, and where the runs had a row cache "row_cache": {"configurations",
+     #   "hit_rate_max_abs_error", "hit_rate_within_one_point"} (its check "row_cache_hit_rate" in "pass")
      # "session_rows": like "rows", for several sessions (measured/predicted "slowest_tokens_per_s",
      #   "aggregate_tokens_per_s"); every row has "interval": {"low", "high", "slowest_low", "slowest_high", "z",
      #   "run_sd": [...] (window and model combined), "window_sd": [...], "model_sd", "independent_low",

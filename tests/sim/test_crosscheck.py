@@ -189,7 +189,8 @@ def test_crosscheck_table(measured):
         assert s["pass"]["tokens_per_s_max_abs"] == (errs.max() <= use["tokens_per_s_max_abs"])
     assert ("inside_interval" in s["pass"]) == (name != "quiet")
     which, coverage, _ = regime_checks(name)
-    assert s["goals"] == {"targets": which, "coverage": coverage, "capacity": bool(res["capacity"])}
+    assert s["goals"] == {"targets": which, "coverage": coverage, "capacity": bool(res["capacity"]),
+                          "row_cache": False}
     assert s["background_cpu_median"] == s["regime"]["cpu"]
     md = markdown_table(res)
     assert md.splitlines()[0].startswith("| trace")

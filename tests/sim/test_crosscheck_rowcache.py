@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from engram import FormatError, synth
-from sim.check.calibrate import calibrate_file
-from sim.check.crosscheck import ROW_CACHE_HIT_RATE_TOLERANCE, crosscheck_files, markdown_table, predict_run, run_cache_hits
+from sim.check.calibrate import Calibration, calibrate_file
+from sim.check.crosscheck import (ROW_CACHE_HIT_RATE_TOLERANCE, crosscheck, crosscheck_files, markdown_table,
+                                  predict_run, run_cache_hits)
+from sim.check.regimes import QUIET_TARGETS, TARGETS, verdict, verdict_text
 from sim.decode.reads import step_reads
-from sim.core.io import load_json
+from sim.core.io import load_json, write_json
 from sim.measure import measure
 from sim.core.schema import RunConfig
 from sim.trace import CODE_SOURCE, load_trace
@@ -126,3 +128,40 @@ def test_crosscheck_predicts_the_runs_with_the_cache(measured_cache):
     assert s["configurations"] == 2 and s["hit_rate_within_one_point"]
     assert not any("row cache" in w and "left out" in w for w in res["warnings"])
     assert "Row cache" in markdown_table(res)
+
+
+@pytest.mark.parametrize("name", ["quiet", "busy", "loaded", "unmeasured"])
+def test_a_hit_rate_off_by_more_than_a_point_fails_the_verdict(name):
+    """Errors and coverage that pass in every regime; the row cache's measured hit rate 2.5 points off the
+    replayed one: the verdict fails on it alone, in every regime, and says so with the gap in points."""
+    base = {"tokens_per_s": {"median_abs_error": 0.01, "max_abs_error": 0.02}, "step_p50": {"max_abs_error": 0.02},
+            "inside_interval_share": 1.0, "regime": {"name": name}}
+    good = {**base, "row_cache": {"configurations": 2, "hit_rate_max_abs_error": 0.004,
+                                  "hit_rate_within_one_point": True}}
+    bad = {**base, "row_cache": {"configurations": 2, "hit_rate_max_abs_error": 0.025,
+                                 "hit_rate_within_one_point": False}}
+    assert "row_cache_hit_rate" not in verdict(base, TARGETS, QUIET_TARGETS, [])
+    ok = verdict(good, TARGETS, QUIET_TARGETS, [])
+    assert ok["row_cache_hit_rate"] is True and all(ok.values())
+    ok = verdict(bad, TARGETS, QUIET_TARGETS, [])
+    assert ok["row_cache_hit_rate"] is False
+    assert [k for k, v in ok.items() if not v] == ["row_cache_hit_rate"]
+    assert verdict_text({**bad, "pass": ok, "passed": all(ok.values())}) == \
+        "FAIL (missed: row cache hit rate gap 2.50 points)"
+
+
+def test_crosscheck_fails_a_run_whose_hit_rate_is_off(measured_cache):
+    """The measured runs with one run's recorded hit rate moved 3 points from what it measured: the cross-check's
+    summary has the gap, and its verdict fails on the row cache, whatever the errors did."""
+    d = measured_cache
+    doc = load_json(d / "runs.json")
+    run = doc["runs"][0]
+    run["row_cache"]["hit_rate"] = run["row_cache"]["predicted_hit_rate"] + 0.03
+    write_json(d / "runs-off.json", doc)  # beside runs.json: its saved traces are found there
+    res = crosscheck(Calibration.load(d / "calibration.json"), doc, runs_path=d / "runs-off.json", sim_steps=300)
+    s = res["summary"]
+    assert s["row_cache"]["hit_rate_max_abs_error"] == pytest.approx(0.03, abs=1e-9)
+    assert not s["row_cache"]["hit_rate_within_one_point"]
+    assert s["pass"]["row_cache_hit_rate"] is False and not s["passed"] and s["goals"]["row_cache"]
+    assert "row cache hit rate gap 3.00 points" in verdict_text(s)
+    assert "row cache hit rate gap 3.00 points" in markdown_table(res)
