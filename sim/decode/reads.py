@@ -29,8 +29,8 @@ from typing import List, Optional, Union
 
 import numpy as np
 
-from engram.errors import ArgumentError, FormatError
-from engram.rowcache import DEFAULT_POLICY, CachePolicy
+from engram.errors import ArgumentError, CachePolicyError, FormatError
+from engram.rowcache import DEFAULT_POLICY, POLICIES, CachePolicy
 
 from sim.core.limits import check_memory
 from sim.core.params import Policy, Storage
@@ -126,11 +126,22 @@ def _lru(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = "lru
     return hits
 
 
-def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int) -> np.ndarray:
-    """bool, the shape of ``keys`` (1-D): hits of an LRU row cache of ``capacity`` keys fed the ``active`` keys
-    in order -- the per-session and shared row caches of :class:`~sim.core.params.Policy`, for other models of a
-    session's reads (the serving model's per-request caches)."""
-    return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity))
+def cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int, policy: str = DEFAULT_POLICY) -> np.ndarray:
+    """bool ``[n]`` (``keys`` flattened): hits of a row cache of ``capacity`` keys running the engine's ``policy``
+    (:class:`engram.rowcache.CachePolicy`, one of :data:`engram.rowcache.POLICIES`; default the engine's,
+    :data:`engram.rowcache.DEFAULT_POLICY`) fed the ``active`` keys (bool like ``keys``) in order, one at a
+    time -- a per-session row cache of :class:`~sim.core.params.Policy` (``cache_rows`` rows, its
+    ``cache_policy``), for other models of a session's reads (the serving model's per-request caches).
+    ``keys`` are uint64 ``(layer id << 32) | row`` (:func:`engram.rowcache.cache_key`).
+
+    Raises
+    ------
+    CachePolicyError
+        ``policy`` is not one of the engine's (an :class:`engram.ArgumentError`).
+    """
+    if policy not in POLICIES:
+        raise CachePolicyError(f"unknown row cache policy {policy!r}; policies: {', '.join(POLICIES)}")
+    return _lru(np.asarray(keys).reshape(-1), np.asarray(active, dtype=bool).reshape(-1), int(capacity), policy)
 
 
 def shared_cache_hits(keys: np.ndarray, active: np.ndarray, capacity: int,

@@ -189,6 +189,9 @@ class EngineTrace:
         any deduplication, resident rows or caches.
     shared_cache : dict
         ``hits``, ``requests`` of the shared row cache (zeros without one).
+    request_cache : dict
+        ``hits``, ``requests`` of the per-request row caches (``Policy.cache_rows``, ``Policy.cache_policy``)
+        over the decode tokens stepped: a request is one non-resident row of one token (zeros without them).
     """
 
     admit: np.ndarray
@@ -207,6 +210,7 @@ class EngineTrace:
     prefill_reads: int
     decode_rows_asked: int
     shared_cache: dict
+    request_cache: dict
 
 
 def _check_layers(rows: RowSource, policy: Policy, compute: StepCompute, sched: Scheduler) -> None:
@@ -333,6 +337,7 @@ class Engine:
         self.tbt_parts: List[np.ndarray] = []
         self.rec = {k: [] for k in ("t0", "t_read", "t_end", "B", "P", "alone", "compute", "running", "waiting")}
         self.decode_reads = self.prefill_reads = self.decode_rows_asked = 0
+        self.request_cache_hits = self.request_cache_requests = 0
         self.end = 0.0
         self.arrived = 0
         self.aborted = False
@@ -386,7 +391,8 @@ class Engine:
         self.fast_reads = (rows.resident is None and policy.cache_rows == 0 and policy.shared_cache_rows == 0
                            and self.drives == 1 and not self.ov)
         self.shared = SharedRowCache(policy.shared_cache_rows, policy.cache_policy) if policy.shared_cache_rows > 0 else None
-        # per-request row caches: a slot per running request
+        # per-request row caches (the policy's cache_policy): a slot per running request, its hits of its whole
+        # decode stream drawn at its admission
         self.hits = None
         if policy.cache_rows > 0:
             n, m = len(self.reqs), self.sched.max_running
@@ -466,7 +472,8 @@ class Engine:
                 keys = self.rows.stream_keys(int(self.dpos[r]), m)
                 res = self.rows.stream_resident(int(self.dpos[r]), m)
                 active = np.ones(keys.shape, dtype=bool) if res is None else ~res
-                self.hits[s, :m] = cache_hits(keys, active, self.policy.cache_rows).reshape(keys.shape)
+                self.hits[s, :m] = cache_hits(keys, active, self.policy.cache_rows,
+                                              self.policy.cache_policy).reshape(keys.shape)
         stall = self.sched.gate == "stall" and self.sched.second_start_layer > 0
         self.started2[r] = not stall
         self.open_[r] = [j == 0 or not stall for j in range(self.L)]
@@ -600,7 +607,12 @@ class Engine:
                 return
             st.alone = self._read(now, [n], [0, _DECODE, st])
             return
-        hits = self.hits[self.slot[D], self._dec_em - 1] if self.hits is not None else None
+        hits = None
+        if self.hits is not None:
+            hits = self.hits[self.slot[D], self._dec_em - 1]
+            self.request_cache_hits += int(hits.sum())
+            res = self.rows.resident
+            self.request_cache_requests += int(hits.size) if res is None else int((~res[pos]).sum())
         keys = self.rows.decode_keys(pos, hits)
         if self.shared is not None:
             keys = self.shared.misses(keys)
@@ -901,5 +913,7 @@ class Engine:
         tbt = np.concatenate(self.tbt_parts) if self.tbt_parts else np.zeros(0)
         shared = {"hits": self.shared.hits, "requests": self.shared.requests} if self.shared else {"hits": 0,
                                                                                                     "requests": 0}
+        own = {"hits": self.request_cache_hits, "requests": self.request_cache_requests}
         return EngineTrace(self.admit_t, self.ready_t, self.read_t, self.first_t, self.finish_t, self.emitted.copy(), tbt, steps, devs, self.end,
-                           capped, self.aborted, self.decode_reads, self.prefill_reads, self.decode_rows_asked, shared)
+                           capped, self.aborted, self.decode_reads, self.prefill_reads, self.decode_rows_asked, shared,
+                           own)

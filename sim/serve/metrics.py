@@ -158,7 +158,8 @@ class ServeResult:
     device : dict
         ``name``, ``drives``, ``busy_fraction``, ``mean_queue_depth``, ``max_queue_depth``, ``reads_per_s``,
         ``mean_read_latency_us``, ``iops_utilization``, ``decode_reads``, ``prefill_reads``, ``dedup_saving``
-        (share of decode row requests a step's cross-request deduplication saved), ``shared_cache_hit_rate``.
+        (share of decode row requests a step's cross-request deduplication saved), ``shared_cache_hit_rate``,
+        ``request_cache_hit_rate`` (the per-request row caches', over their decode row requests; 0 without them).
     engine : dict
         ``steps``, ``mean_batch``, ``max_batch``, ``mean_running``, ``mean_waiting``, ``step_ms``, ``idle_fraction``,
         ``prefill_steps`` (share of steps with prompt tokens).
@@ -254,8 +255,10 @@ class ServeResult:
             f"of {sc['read_chunk']}, gate {sc['gate']}; compute {c['compute']['step_ms_batch1']:.3f} ms at batch 1 "
             f"+ {c['compute']['token_ms'] / c['compute']['scale']:.4g} ms a token",
             f"reads     {store}, threshold {pol['threshold']}, {pol['backend']} x{pol['readers']}"
-            + (f", cache {pol['cache_rows']} rows/request" if pol["cache_rows"] else "")
-            + (f", shared cache {pol['shared_cache_rows']} rows" if pol["shared_cache_rows"] else "")
+            + (f", cache {pol['cache_rows']} rows/request ({pol['cache_policy']}, hit rate "
+               f"{d['request_cache_hit_rate']:.3f})" if pol["cache_rows"] else "")
+            + (f", shared cache {pol['shared_cache_rows']} rows ({pol['cache_policy']})"
+               if pol["shared_cache_rows"] else "")
             + (f", DRAM {pol['dram_fraction']:.3g}" if pol["dram_fraction"] else ""),
             *([_drafts_line(c["speculation"])] if c.get("speculation") else []),
             f"requests  {r['measured']} measured of {r['arrived']} ({r['completed']} completed, {r['censored']} cut "
@@ -415,7 +418,9 @@ def _device(trace: EngineTrace, device, drives: int, end: float) -> dict:
             "decode_reads": trace.decode_reads, "prefill_reads": trace.prefill_reads,
             "dedup_saving": 1.0 - trace.decode_reads / asked if asked else 0.0,
             "shared_cache_hit_rate": (trace.shared_cache["hits"] / trace.shared_cache["requests"]
-                                      if trace.shared_cache["requests"] else 0.0)}
+                                      if trace.shared_cache["requests"] else 0.0),
+            "request_cache_hit_rate": (trace.request_cache["hits"] / trace.request_cache["requests"]
+                                       if trace.request_cache["requests"] else 0.0)}
 
 
 def _timeline(trace: EngineTrace, end: float, bins: int) -> dict:

@@ -139,3 +139,18 @@ def test_the_first_rate_probed_is_the_studys_else_the_default(capsys, tmp_path):
     assert "--min-rate MIN_RATE requests/s probed first (default: the study's [search] min_rate, else 0.5)" in text
     assert "--max-rate MAX_RATE the largest requests/s probed (default: the study's [search] max_rate, else 64)" in text
     assert "(default: the study's [search] resolution, else 0.05)" in text
+
+
+def test_sim_serve_per_request_caches_follow_cache_policy(capsys):
+    """``--cache-policy`` reaches the per-request row caches, not only the shared one: the two policies give
+    different hit rates on the same requests, and the text names the policy that ran."""
+    argv = ["sim", "serve", "--rate", "2", "--cache-rows", "500", *SMALL]
+    rate = {}
+    for name in ("lru", "tinylfu"):
+        d = run_json(capsys, [*argv, "--cache-policy", name, "--json"])
+        assert d["config"]["policy"]["cache_policy"] == name and d["config"]["policy"]["cache_rows"] == 500
+        rate[name] = d["device"]["request_cache_hit_rate"]
+        assert 0 < rate[name] < 1
+        assert main([*argv, "--cache-policy", name]) == 0
+        assert f"cache 500 rows/request ({name}, hit rate {rate[name]:.3f})" in capsys.readouterr().out
+    assert rate["lru"] != rate["tinylfu"]

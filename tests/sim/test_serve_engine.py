@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from engram import ArgumentError
-from sim.decode import DecodeRun, simulate_decode
+from engram import ArgumentError, CachePolicyError
+from sim.decode import DecodeRun, cache_hits, simulate_decode
 from sim.device import load_device
 from sim.core.params import Compute, Policy, Storage
 from sim.decode.prefill import PrefillRun, simulate_prefill
@@ -18,6 +18,7 @@ from sim.serve import SLO, RowSource, Scheduler, ServeRun, ServeText, StepComput
 from sim.serve.engine import Engine, EngineRun
 from sim.serve.workload import Requests
 from sim.trace import CODE_SOURCE, Trace, load_trace
+from sim.trace.rowcache import policy_hits
 
 FAST_SSD = "ssd:qd1_us=80,iops=600000,parallelism=32"
 DEVICES = ("seed-apple-m3-ultra", FAST_SSD, "vm-virtio-16core-4k")
@@ -274,3 +275,28 @@ def test_engine_run_keeps_its_valid_values():
     assert run.speculation.draft_tokens == 2
     default = EngineRun()
     assert (default.drives, default.seed, default.t_cap, default.abort_ttft) == (1, 0, math.inf, None)
+
+
+@pytest.mark.parametrize("cache_rows", [500, 4000])
+def test_per_request_caches_run_the_policys_replacement(rows, cache_rows):
+    """Four requests decoding 399 tokens each, far apart in the text, each with its own row cache: its hits are
+    those of the engine's policy code (sim.trace.rowcache.policy_hits, one key at a time) on its decode stream's
+    keys under the policy's cache_policy, and the rows it reads are the rest.  TinyLFU and LRU keep different rows
+    (more hits for TinyLFU at 500 rows, fewer at 4000), so a model that ran LRU whatever the policy said fails."""
+    pos, steps = [300, 2300, 5300, 9300], 400
+    m = len(pos)
+    reqs = Requests(np.zeros(m), np.ones(m, np.int64), np.full(m, steps, np.int64), np.full(m, -1, np.int64),
+                    np.zeros(m), np.arange(m))
+    got = {}
+    for name in ("lru", "tinylfu"):
+        tr = Engine(reqs, rows, load_device("seed-apple-m3-ultra"), Policy(cache_rows=cache_rows, cache_policy=name),
+                    StepCompute(((0, 5.0), (1, 5.0)), 0.0), Scheduler(max_running=m, prefill_chunk=1),
+                    run=EngineRun(seed=0, positions=(np.zeros(m, np.int64), np.asarray(pos, np.int64)))).run()
+        want = sum(int(policy_hits(rows.stream_keys(d, steps - 1), cache_rows, name).sum()) for d in pos)
+        assert tr.request_cache == {"hits": want, "requests": m * (steps - 1) * 48}
+        # the texts' stretches share no row: every row a cache misses is read once
+        assert tr.decode_reads == m * (steps - 1) * 48 - want
+        got[name] = want
+    assert (got["tinylfu"] > got["lru"]) == (cache_rows == 500) and got["tinylfu"] != got["lru"]
+    with pytest.raises(CachePolicyError, match="'fifo'"):
+        cache_hits(np.arange(4, dtype=np.uint64), np.ones(4, bool), 2, "fifo")
