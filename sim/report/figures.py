@@ -36,6 +36,21 @@ def _policy_label(threshold: int) -> str:
     return f"threshold {threshold}" if threshold <= SEED_REFERENCE["rows_per_step"] else f"serial ({threshold})"
 
 
+#: How the figures name a row cache policy of the engine (:data:`engram.rowcache.POLICIES`).
+_POLICY_NAMES = {"tinylfu": "W-TinyLFU", "lru": "LRU"}
+
+
+def _cache_policy_name(policy: str) -> str:
+    """The name the figures give a row cache policy (``"tinylfu"`` -> ``W-TinyLFU``, ``"lru"`` -> ``LRU``; another
+    as it is)."""
+    return _POLICY_NAMES.get(policy, policy)
+
+
+def _cache_label(rows: int, policy: str) -> str:
+    """A legend's row cache: ``no row cache``, or ``4,096-row W-TinyLFU cache`` (``policy`` the one simulated)."""
+    return "no row cache" if not rows else f"{int(rows):,}-row {_cache_policy_name(policy)} cache"
+
+
 def seed_section(doc: Doc, out: ReportFolder, r: dict) -> None:
     """The SPEC §8 seed reproduction ``r`` (:func:`sim.decode.seed_reproduction`): reference and simulator."""
     plt = pyplot()
@@ -121,7 +136,7 @@ def threshold_section(doc: Doc, out: ReportFolder, d: ThresholdData, ref_compute
                           f"This machine ({d.backend}, {d.readers} readers; {_ENGRAM_ONLY})")
     ax = axes[-1]
     for (cache, ys), ls in zip(d.reference, ("-", "--")):
-        ax.plot(thr, ys, ls, marker=".", label=f"{'no row cache' if not cache else f'{cache}-row LRU cache'}")
+        ax.plot(thr, ys, ls, marker=".", label=_cache_label(cache, d.cache_policy))
     ax.axvline(48.5, color="gray", ls=":", lw=1)
     _log2_tokens_axes(ax, "threshold (distinct rows for a concurrent read, log scale)",
                       f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms a step), {DEFAULT_READERS} "
@@ -211,7 +226,8 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
     sized = [c for c in d.sizes if c > 0]
     for spec, hr in d.hit_rates.items():
         rate = d.reuse[spec].reuse_rate
-        line, = ax.plot(sized, [h * 100 for h in hr], "-o", ms=4, label=f"{trace_label(spec)}: LRU hit rate")
+        line, = ax.plot(sized, [h * 100 for h in hr], "-o", ms=4,
+                        label=f"{trace_label(spec)}: {_cache_policy_name(d.cache_policy)} hit rate")
         ax.axhline(rate * 100, color=line.get_color(), ls=":", lw=1,
                    label=f"{trace_label(spec)}: reuse rate {rate * 100:.1f}% (unbounded cache)")
     cache_axis(ax, sized)
@@ -229,12 +245,12 @@ def cache_section(doc: Doc, out: ReportFolder, d: CacheData) -> None:
         _label_axes(ax, "cache size per session (rows of 264 B, log scale)", "decode tokens/s (one session)", title,
                     fontsize=10)
     rel = out.save(fig, "cache", "What a row cache buys: hit rate and tokens/s by cache size")
-    data = out.csv("cache", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "cache_hit_rate",
-                             "tokens_per_s"], d.rows)
-    out.csv("cache_hit_rate", ["trace", "cache_rows", "lru_hit_rate", "reuse_rate"], d.hit_rows)
-    out.add(doc, rel, data, "Row cache per session: LRU hit rate (dotted: the reuse rate, the limit of an "
-                            "unbounded cache) and predicted tokens/s by cache size, threshold 8 (16 readers) and "
-                            "serial.")
+    data = out.csv("cache", ["device", "trace", "backend", "readers", "threshold", "cache_rows", "cache_policy",
+                             "cache_hit_rate", "tokens_per_s"], d.rows)
+    out.csv("cache_hit_rate", ["trace", "cache_rows", "cache_policy", "cache_hit_rate", "reuse_rate"], d.hit_rows)
+    out.add(doc, rel, data, f"Row cache per session, {_cache_policy_name(d.cache_policy)} (the policy simulated): "
+                            "hit rate (dotted: the reuse rate, the limit of an unbounded cache) and predicted "
+                            "tokens/s by cache size, threshold 8 (16 readers) and serial.")
     engine_cache_figure(doc, out, d)
     # tokens/s against the reuse actually served
     fig, axes2 = plt.subplots(1, len(d.panels), figsize=(6.5 * len(d.panels), 4.6), squeeze=False)
@@ -332,7 +348,6 @@ def cdf_section(doc: Doc, out: ReportFolder, d: CdfData) -> None:
     out.add(doc, rel, data, "Predicted step-latency CDFs (compute gamma-distributed, CV 0.05).")
 
 
-_POLICY_NAMES = {"tinylfu": "W-TinyLFU", "lru": "LRU"}
 _AXIS_TITLES = {"drives": "Drives striped (rows spread by row id)",
                 "shared_cache_rows": f"The engine's row cache (RowCache, {_POLICY_NAMES[DEFAULT_POLICY]}) shared by "
                                      "every session",
@@ -425,14 +440,15 @@ def reuse_rate_section(doc: Doc, out: ReportFolder, d: ReuseData) -> None:
           f"(`synth:reuse=R`, shaped like code: {d.steps} tokens each; the rates they reached: "
           + ", ".join(f"{r:g} -> {m * 100:.1f}%" for r, (_, m) in d.traces.items())
           + f"), one session, threshold {DEFAULT_THRESHOLD} with {DEFAULT_READERS} readers, without and with a "
-          f"per-session LRU row cache. Trace coverage: {'; '.join(d.wraps)}.")
+          f"per-session {_cache_policy_name(d.cache_policy)} row cache. Trace coverage: {'; '.join(d.wraps)}.")
     n = 1 + len(d.panels)
     fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 4.6))
     measured = [d.traces[r][1] * 100 for r in d.rates]
     ax = axes[0]
     for c in d.caches:
         if c:
-            ax.plot(measured, [d.hit[(r, c)] * 100 for r in d.rates], "-o", ms=4, label=f"{c:,}-row LRU cache")
+            ax.plot(measured, [d.hit[(r, c)] * 100 for r in d.rates], "-o", ms=4,
+                    label=_cache_label(c, d.cache_policy))
     ax.plot(measured, measured, "k:", lw=1, label="the reuse rate (an unbounded cache)")
     ax.set_xlabel("reuse rate of the text (% of row reads repeating)")
     ax.set_ylabel("row reads served by the cache (%)")
@@ -442,15 +458,16 @@ def reuse_rate_section(doc: Doc, out: ReportFolder, d: ReuseData) -> None:
         ax = axes[1 + pi]
         for c in d.caches:
             ax.plot(measured, [d.tokens[(title, r, c)] for r in d.rates], "-o", ms=4,
-                    label="no row cache" if not c else f"{c:,}-row LRU cache")
+                    label=_cache_label(c, d.cache_policy))
         _label_axes(ax, "reuse rate of the text (% of row reads repeating)", "decode tokens/s (one session)", title,
                     "lower right", fontsize=10)
     rel = out.save(fig, "reuse_rate", "Decode tokens/s against the reuse rate of the text")
     data = out.csv("reuse_rate", ["panel", "target_reuse", "reuse_rate", "cache_rows", "cache_hit_rate",
                                   "tokens_per_s", "trace"], d.rows)
     out.add(doc, rel, data, "Synthetic traces from no repeats to 80% of row reads repeating: the hit rate of a "
-                            "per-session LRU cache and one session's tokens/s, with the SPEC §8 compute (where the "
-                            "reads are a few percent of a step) and without compute (the reads alone).")
+                            f"per-session {_cache_policy_name(d.cache_policy)} cache and one session's tokens/s, with "
+                            "the SPEC §8 compute (where the reads are a few percent of a step) and without compute "
+                            "(the reads alone).")
 
 
 def speculative_section(doc: Doc, out: ReportFolder, d: SpeculativeData) -> None:

@@ -25,7 +25,7 @@ from ..device import SEED_REFERENCE, load_device, preset, preset_names, with_tai
 from sim.core.params import DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Compute, Policy
 from sim.core.schema import RunConfig, trace_label
 from ..sweep import AXES
-from ..trace import SynthSpec, Trace, load_trace, lru_hit_rate, reuse_stats
+from ..trace import SynthSpec, Trace, load_trace, reuse_stats
 from ..trace.rowcache import OPTIMAL, cache_curve
 from .inputs import WHATIF_TOKENS, Inputs, device_label
 
@@ -63,16 +63,21 @@ def simulate(trace, device, policy: Policy, compute: Compute, *, steps: int, see
     dev = device if isinstance(device, str) else getattr(device, "name", type(device).__name__)
     src = trace if isinstance(trace, str) else getattr(trace, "source", "trace")
     name = (f"report what-if on {dev} ({src}, threshold {policy.threshold}, {policy.backend} x{policy.readers}"
-            f"{f', cache {policy.cache_rows} rows' if policy.cache_rows else ''}, {sessions} session(s), {steps} steps)")
+            f"{f', cache {policy.cache_rows} rows {policy.cache_policy}' if policy.cache_rows else ''}, "
+            f"{sessions} session(s), {steps} steps)")
     return simulate_decode(trace, device, policy, compute,
                            DecodeRun(sessions=sessions, steps=steps, mode="fast", seed=seed, hash_time=hash_time,
                                      phases=phases, bins=4, replay=name), speculation=speculation)
 
 
-def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0) -> Policy:
-    """The engine's policy for ``threshold``, ``backend`` and ``readers`` (ring depth = readers)."""
+def policy(threshold: int, backend: str, readers: int, cache_rows: int = 0,
+           cache_policy: str = DEFAULT_CACHE_POLICY) -> Policy:
+    """The engine's policy for ``threshold``, ``backend`` and ``readers`` (ring depth = readers), with a
+    per-session row cache of ``cache_rows`` rows run by ``cache_policy`` (default the engine's,
+    :data:`engram.rowcache.DEFAULT_POLICY`).  The figures name the policy from the :class:`Policy` they
+    simulated (``cache_policy`` of each figure's data)."""
     return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers),
-                  cache_rows=int(cache_rows))
+                  cache_rows=int(cache_rows), cache_policy=cache_policy)
 
 
 def seed_figures() -> Tuple[dict, Compute]:
@@ -94,7 +99,8 @@ def _measured_range(row: Mapping) -> Tuple[float, float]:
 @dataclass
 class ThresholdData:
     """Tokens/s by threshold: this machine's lines (``(colour index, trace, predicted, measured rows)``) at
-    ``backend`` x ``readers``, and the reference SSD's (``(cache rows, predicted)``) on ``reference_trace``."""
+    ``backend`` x ``readers``, and the reference SSD's (``(cache rows, predicted)``) on ``reference_trace``, its
+    row cache run by ``cache_policy`` (of the :class:`Policy` simulated)."""
 
     thresholds: Sequence[int]
     backend: str = ""
@@ -103,6 +109,7 @@ class ThresholdData:
     reference: List[tuple] = field(default_factory=list)
     reference_trace: Optional[Trace] = None
     rows: List[list] = field(default_factory=list)
+    cache_policy: str = ""
 
 
 def threshold_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ThresholdData:
@@ -144,7 +151,10 @@ def threshold_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ThresholdD
     for cache in (0, 4096):
         ys = []
         for t in d.thresholds:
-            r = simulate(tr, seed, policy(t, "pread", DEFAULT_READERS, cache), ref_compute, steps=steps)
+            pol = policy(t, "pread", DEFAULT_READERS, cache)
+            if cache:
+                d.cache_policy = pol.cache_policy
+            r = simulate(tr, seed, pol, ref_compute, steps=steps)
             ys.append(r.tokens_per_s)
             d.rows.append([SEED_DEVICE, tr.source, "pread", DEFAULT_READERS, t, cache, "predicted", r.tokens_per_s,
                            "", ""])
@@ -239,9 +249,10 @@ def device_curves(inp: Inputs) -> Tuple[List[tuple], List[list]]:
 # ----------------------------------------------------------------------- cache
 @dataclass
 class CacheData:
-    """Row caches: each trace's reuse statistics and LRU hit rates by cache size, and per device panel
-    (``(name, title)``) tokens/s by cache size for thresholds 8 and 256 (``(panel, trace, threshold, hit rate,
-    tokens/s)`` points)."""
+    """Row caches: each trace's reuse statistics and the per-session cache's hit rates by cache size (``hit_rates``:
+    those of the simulations behind the tokens/s, the policy ``cache_policy`` of the :class:`Policy` simulated), and
+    per device panel (``(name, title)``) tokens/s by cache size for thresholds 8 and 256 (``(panel, trace,
+    threshold, hit rate, tokens/s)`` points)."""
 
     sizes: Sequence[int]
     reuse: Dict[str, Any] = field(default_factory=dict)
@@ -255,11 +266,14 @@ class CacheData:
     wraps: Dict[str, str] = field(default_factory=dict)
     engine: Dict[tuple, Any] = field(default_factory=dict)
     engine_rows: List[list] = field(default_factory=list)
+    cache_policy: str = ""
 
 
 def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
-    """Reuse, LRU hit rates and predicted tokens/s by per-session row-cache size, on this machine (when
-    calibrated) and on the reference SSD."""
+    """Reuse, hit rates and predicted tokens/s by per-session row-cache size (the engine's default policy), on
+    this machine (when calibrated) and on the reference SSD.  A size's hit rate is the one its simulations
+    report (the same in every panel and at every threshold: which rows hit depends on the trace, not the
+    device)."""
     steps = _steps(quick)
     d = CacheData(CACHE_ROWS if not quick else (0, 256, 4096))
     for spec, tr in inp.traces.items():
@@ -272,8 +286,6 @@ def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
             d.engine[(spec, n)] = curve
             d.engine_rows += [[trace_label(spec), n, pt.bytes, pt.rows, name, pt.hit_rate[name]]
                               for pt in curve.points for name in (*curve.policies, OPTIMAL)]
-        d.hit_rates[spec] = [lru_hit_rate(tr, c) for c in sized]
-        d.hit_rows += [[trace_label(spec), c, h, d.reuse[spec].reuse_rate] for c, h in zip(sized, d.hit_rates[spec])]
     panels = []
     if inp.cal is not None:
         be = inp.backends()[0]
@@ -282,17 +294,27 @@ def cache_data(inp: Inputs, ref_compute: Compute, quick: bool) -> CacheData:
     panels.append((SEED_DEVICE, preset(SEED_DEVICE), ref_compute, 0.0, "pread",
                    f"Reference SSD, SPEC §8 compute ({ref_compute.mean * 1e3:.1f} ms)"))
     k = DEFAULT_READERS
+    hit: Dict[int, Dict[str, float]] = {}  # cache rows -> trace -> hit rate of the first simulation
     for name, dev, comp, hs, be, title in panels:
         d.panels.append((name, title))
         for spec, tr in inp.traces.items():
             for thr in (DEFAULT_THRESHOLD, 256):
                 ys = []
                 for c in d.sizes:
-                    r = simulate(tr, dev, policy(thr, be, k, c), comp, steps=min(steps, tr.steps), hash_time=hs)
+                    pol = policy(thr, be, k, c)
+                    d.cache_policy = pol.cache_policy
+                    r = simulate(tr, dev, pol, comp, steps=min(steps, tr.steps), hash_time=hs)
                     ys.append(r.tokens_per_s)
-                    d.rows.append([name, trace_label(spec), be, k, thr, c, r.cache_hit_rate, r.tokens_per_s])
+                    if c and spec not in hit.setdefault(c, {}):
+                        hit[c][spec] = r.cache_hit_rate
+                    d.rows.append([name, trace_label(spec), be, k, thr, c, pol.cache_policy if c else "",
+                                   r.cache_hit_rate, r.tokens_per_s])
                     d.points.append((name, spec, thr, r.cache_hit_rate, r.tokens_per_s))
                 d.curves.append((name, spec, thr, ys))
+    for spec in inp.traces:
+        d.hit_rates[spec] = [hit[c][spec] for c in sized]
+        d.hit_rows += [[trace_label(spec), c, d.cache_policy, h, d.reuse[spec].reuse_rate]
+                       for c, h in zip(sized, d.hit_rates[spec])]
     for name, _title in d.panels:
         for spec in inp.traces:
             for thr in (DEFAULT_THRESHOLD, 256):
@@ -584,8 +606,9 @@ REUSE_CACHE_ROWS = (0, 4096, 65536)
 @dataclass
 class ReuseData:
     """Tokens/s against the reuse rate of the text: per synthetic trace (``traces``: target rate -> spec,
-    measured rate), per cache size, the LRU hit rate and one session's tokens/s in each panel
-    (``(title, device name, compute)``); ``wraps``: each trace's :meth:`~sim.trace.Trace.wraps` summary."""
+    measured rate), per cache size, the per-session cache's hit rate (its policy ``cache_policy``, of the
+    :class:`Policy` simulated) and one session's tokens/s in each panel (``(title, device name, compute)``);
+    ``wraps``: each trace's :meth:`~sim.trace.Trace.wraps` summary."""
 
     rates: Sequence[float]
     caches: Sequence[int]
@@ -596,13 +619,14 @@ class ReuseData:
     tokens: Dict[Tuple[str, float, int], float] = field(default_factory=dict)
     wraps: List[str] = field(default_factory=list)
     rows: List[list] = field(default_factory=list)
+    cache_policy: str = ""
 
 
 def reuse_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ReuseData:
     """One session's tokens/s against the reuse rate of the text: synthetic traces at :data:`REUSE_RATES`
     (shaped like code, :mod:`sim.trace.synth`), threshold 8 with 16 readers, without and with a per-session
-    LRU row cache, on the reference SSD with the SPEC §8 compute and with no compute (Engram reads only), and
-    on this machine (reads only) when calibrated."""
+    row cache (the engine's default policy), on the reference SSD with the SPEC §8 compute and with no compute
+    (Engram reads only), and on this machine (reads only) when calibrated."""
     tokens = 500 if quick else WHATIF_TOKENS
     d = ReuseData(REUSE_RATES if not quick else (0.0, 0.225, 0.5), REUSE_CACHE_ROWS if not quick else (0, 4096),
                   tokens)
@@ -623,8 +647,10 @@ def reuse_data(inp: Inputs, ref_compute: Compute, quick: bool) -> ReuseData:
             d.wraps.append(w.summary())
         for c in d.caches:
             for title, dev, comp, hs, be in panels:
-                r = simulate(tr, dev, policy(DEFAULT_THRESHOLD, be, DEFAULT_READERS, c), comp, steps=d.steps,
-                             hash_time=hs)
+                pol = policy(DEFAULT_THRESHOLD, be, DEFAULT_READERS, c)
+                if c:
+                    d.cache_policy = pol.cache_policy
+                r = simulate(tr, dev, pol, comp, steps=d.steps, hash_time=hs)
                 d.hit[(rate, c)] = r.cache_hit_rate
                 d.tokens[(title, rate, c)] = r.tokens_per_s
                 d.rows.append([title, rate, st.reuse_rate, c, r.cache_hit_rate, r.tokens_per_s, tr.source])

@@ -36,6 +36,13 @@ from sim.check.regimes import QUIET_TARGETS, TARGETS
 from sim.report.build import _measurement_lines
 from sim.report.inputs import Inputs
 from sim.report.sections import crosscheck_section
+from engram.rowcache import DEFAULT_POLICY
+from sim.core.params import Compute
+from sim.core.schema import trace_label
+from sim.report.figures import cache_section, reuse_rate_section, threshold_section
+from sim.report.whatif import cache_data, reuse_data, threshold_data
+from sim.trace import CODE_SOURCE, load_trace, lru_hit_rate
+from sim.trace.rowcache import policy_hits, replay_keys
 SLOW_SSD = "ssd:qd1_us=500,iops=20000,parallelism=8"
 
 
@@ -206,6 +213,11 @@ def test_report_on_presets(preset_report):
                  "Inputs, calibration and tables"):
         assert head in heads, head
     assert "No cross-check" in text and "21.06" in text
+    # the per-session cache figures name the policy they simulated (the engine's default), never another
+    assert "Row cache per session, W-TinyLFU (the policy simulated)" in text and "per-session W-TinyLFU" in text
+    assert "LRU cache" not in text and "LRU hit rate" not in text
+    hit = list(csv.DictReader(open(root / "data" / "cache_hit_rate.csv")))
+    assert hit and {r["cache_policy"] for r in hit} == {DEFAULT_POLICY}
     for name in PREDICTED_FIGURES + ("sweep_tiny_0", "sweep_grid_0"):
         w, h = png_size((root / "figures" / f"{name}.png").read_bytes())
         assert 500 <= w <= 2400 and 300 <= h <= 1600, (name, w, h)
@@ -535,3 +547,60 @@ def test_a_crosscheck_summary_without_its_figures_reads_not_measured(tmp_path, s
     if summary:
         assert ("Regime: **busy** (others used 20% of the CPUs). Each run is predicted with the device and compute "
                 "of its own time window, fitted from probe steps interleaved with it (0 of 2 runs).") in md
+
+
+class _LegendFolder(ReportFolder):
+    """A report folder that keeps the legend texts of each figure it saves."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.legends = {}
+
+    def save(self, fig, name, title):
+        self.legends[name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        return super().save(fig, name, title)
+
+
+def test_cache_figures_name_and_plot_the_policy_simulated(tmp_path):
+    """The per-session cache figures simulate the engine's default policy (W-TinyLFU, from the Policy the report
+    builds) and say so: the hit rate plotted beside tokens/s is the simulation's own, which is the policy code's on
+    the trace (not the LRU rate, which differs); the labels follow the policy of the data."""
+    tr = load_trace(CODE_SOURCE, limit=300)
+    inp = Inputs(traces={CODE_SOURCE: tr})
+    comp = Compute(0.047)
+    d = cache_data(inp, comp, quick=True)
+    assert d.cache_policy == DEFAULT_POLICY == "tinylfu"
+    keys = replay_keys(tr, 1, tr.steps)[:, 0]
+    sized = [c for c in d.sizes if c]
+    want = [float(policy_hits(keys, c, "tinylfu").mean()) for c in sized]
+    assert d.hit_rates[CODE_SOURCE] == pytest.approx(want, abs=1e-12)
+    for row in d.rows:  # every simulation of a size reports that hit rate
+        if row[5]:
+            assert row[6] == "tinylfu" and row[7] == pytest.approx(want[sized.index(row[5])], abs=1e-12)
+    assert any(abs(w - lru_hit_rate(tr, c, progress=False)) > 1e-3 for w, c in zip(want, sized))
+    label = trace_label(CODE_SOURCE)
+    for name, shown in (("tinylfu", "W-TinyLFU"), ("lru", "LRU")):
+        d.cache_policy = name
+        out, doc = _LegendFolder(tmp_path / name), Doc("t")
+        cache_section(doc, out, d)
+        assert f"{label}: {shown} hit rate" in out.legends["cache"]
+        assert f"Row cache per session, {shown} (the policy simulated)" in doc.markdown()
+    rows = list(csv.DictReader(open(tmp_path / "tinylfu" / "data" / "cache_hit_rate.csv")))
+    assert [r["cache_policy"] for r in rows] == ["tinylfu"] * len(sized)
+    assert [float(r["cache_hit_rate"]) for r in rows] == pytest.approx(want, abs=1e-12)
+
+    t = threshold_data(inp, comp, quick=True)
+    assert t.cache_policy == "tinylfu"
+    out = _LegendFolder(tmp_path / "thr")
+    threshold_section(Doc("t"), out, t, comp)
+    assert out.legends["threshold"] == ["no row cache", "4,096-row W-TinyLFU cache"]
+    t.cache_policy = "lru"
+    threshold_section(Doc("t"), out, t, comp)
+    assert out.legends["threshold"] == ["no row cache", "4,096-row LRU cache"]
+
+    r = reuse_data(inp, comp, quick=True)
+    assert r.cache_policy == "tinylfu"
+    out, doc = _LegendFolder(tmp_path / "reuse"), Doc("t")
+    reuse_rate_section(doc, out, r)
+    assert "4,096-row W-TinyLFU cache" in out.legends["reuse_rate"] and "LRU" not in " ".join(out.legends["reuse_rate"])
+    assert "per-session W-TinyLFU row cache" in doc.markdown() and "per-session W-TinyLFU cache" in doc.markdown()
