@@ -1,10 +1,15 @@
 """The row cache (engram.RowCache): hits against O_DIRECT reads, the bookkeeping a miss pays, the lock, and
 hit rates on the shipped texts, engine against simulator.
 
-Part 1, a hit against a read of the same row: single rows of one table read with ``Table.read_rows`` (serial
-backend, ``O_DIRECT``), each row a random one never read before, against the same rows once the cache holds
-them (lookup under the lock, copy of the 264-byte record, decode).  Rows/s, medians over interleaved rounds.
-Beside it the same for whole decode steps (48 rows of both tables through a ``TableGroup``).
+Part 1, a hit against a read: single rows of one table read with ``Table.read_rows`` (serial backend,
+``O_DIRECT``) by a table without a cache, against other rows served by a table with one (lookup under the lock,
+copy of the 264-byte record, decode).  Each round draws two disjoint sets of random rows: the reads take rows
+this part has not read before, so no cache below the engine (the drive's, the hypervisor's) holds them, as for
+a decode step's miss; the hits take the other set, read once untimed to fill the cache.  The same rows are not
+used for both because a row read once may stay in those lower caches, and reading it again would time them
+rather than the device.  Rows/s, medians over interleaved rounds.  Beside it the same for whole decode steps
+(48 random rows of both tables through a ``TableGroup``: fresh steps read without a cache, other steps once held
+in one).
 
 Part 2, the cost of a miss: decode steps of 48 rows never read before (so every row misses) through a
 ``TableGroup`` with a full 16 MiB W-TinyLFU cache on (every miss evicts) and off, interleaved step by step; the ratio of the p50 step times (and the means),
