@@ -72,6 +72,7 @@ import numpy as np
 
 from engram.errors import ArgumentError, FormatError
 
+from sim.decode.host import HostCPU
 from sim.device import Device, EmpiricalDevice, LatencyDist, MeasuredBatchDevice
 from sim.core.io import load_json, sha256_file, write_json
 from sim.core.params import BACKENDS, Compute, Policy
@@ -204,6 +205,12 @@ class Calibration:
         no batch overhead: the measured batch times hold it)."""
         self.device(backend)
         return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers))
+
+    def host(self, compute: str) -> Optional[HostCPU]:
+        """The host's CPUs for steps whose compute is ``compute`` (:class:`sim.decode.host.HostCPU`, its
+        ``spin_s`` that compute's), or None: the host is not modelled apart.  None here: the calibrated device
+        and compute were measured on the host, under its load, and hold its CPUs' share."""
+        return None
 
     def compute_model(self, spec: str) -> Compute:
         """The compute model of a compute spec.

@@ -135,7 +135,7 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
     dev = cal.device(config.backend, config.compute)
     r = simulate_decode(tr, dev, pol, comp,
                         DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                                  replay=f"cross-check prediction of {config.key}"))
+                                  replay=f"cross-check prediction of {config.key}", host=cal.host(config.compute)))
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
@@ -244,7 +244,8 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
         ``step_p50_ms``, ``step_p95_ms``, ``step_mean_ms``, ``read_mean_ms``, ``compute_mean_ms``,
         ``read_share`` and ``compute_share`` (of a step's mean time), ``sim_se`` (relative standard error
         of the simulated tokens/s), ``device``, ``cache_hit_rate`` (the row cache's predicted hit rate on the
-        run's trace steps; None without a cache), and the trace steps' latencies ``_lat`` (seconds).
+        run's trace steps; None without a cache), the trace steps' latencies ``_lat`` (seconds), and ``host``
+        where the calibration models the host apart (:meth:`Calibration.host`: ``DecodeResult.host``).
 
     Raises
     ------
@@ -254,7 +255,7 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
     dev, comp = cal.window_models(config.backend, config.compute, run.get("window") if windows else None)
     pol = cal.policy(config.threshold, config.backend, config.readers)
     hits = run_cache_hits(config, trace, run)
-    lat, per, reads, sim_se = _Replay(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits).simulate()
+    lat, per, reads, sim_se, host = _Replay(cal, config, trace, run, dev, pol, comp, sim_steps, seed, hits).simulate()
     read = float(np.mean(reads)) + cal.hash_s
     step = float(lat.mean())
     return {"tokens_per_s": float(per.mean()), "slowest_tokens_per_s": float(per.min(axis=1).mean()),
@@ -263,7 +264,8 @@ def predict_run(cal: Calibration, config: RunConfig, trace: Trace, run: Mapping,
             "step_mean_ms": step * 1e3, "read_mean_ms": read * 1e3, "compute_mean_ms": comp.mean * 1e3,
             "read_share": min(1.0, read / step) if step > 0 else 0.0,
             "compute_share": min(1.0, comp.mean / step) if step > 0 else 0.0, "sim_se": sim_se,
-            "device": dev.name, "cache_hit_rate": None if hits is None else float(hits.mean()), "_lat": lat}
+            "device": dev.name, "cache_hit_rate": None if hits is None else float(hits.mean()), "_lat": lat,
+            **({"host": host} if host else {})}
 
 
 def _run_starts(config: RunConfig, run: Mapping) -> List[int]:
@@ -319,7 +321,7 @@ class _Replay:
 
     def single(self) -> tuple:
         """One session on its stretch, replayed to ``sim_steps``: ``(latencies [s], tokens/s [[1]], [mean read],
-        relative standard error of the mean step)``."""
+        relative standard error of the mean step, the host's figures: ``DecodeResult.host``)``."""
         cal, config, run, dev, pol, comp, seed, hits = (self.cal, self.config, self.run, self.dev, self.pol,
                                                         self.comp, self.seed, self.hits)
         n = config.steps
@@ -331,11 +333,12 @@ class _Replay:
             steps = max(1, int(steps / spec.expected_tokens()))
         r = simulate_decode(tr, dev, pol, comp,
                             DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                                      replay=f"cross-check prediction of {config.key}"), speculation=spec,
+                                      replay=f"cross-check prediction of {config.key}",
+                                      host=cal.host(config.compute)), speculation=spec,
                             served=None if hits is None else hits[:, 0])
         lat = r.step_latencies.reshape(-1)
         sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
-        return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se
+        return lat, np.array([[r.tokens_per_s]]), [r.stall_ms["mean"] * 1e-3], sim_se, r.host
 
     def _served(self, tr: Trace, mask: np.ndarray) -> Optional[np.ndarray]:
         """The row cache's hits at the trace steps of the sessions' rows ``tr`` (never at a probe step)."""
@@ -356,7 +359,8 @@ class _Replay:
     def sessions(self) -> tuple:
         """The measured loop of several sessions -- each on its stretch with the probe steps where the run had
         them, started at its measured offset -- over :data:`SESSION_SIM_SEEDS` seeds: ``(trace steps' latencies
-        [s], tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds)``;
+        [s], tokens/s [seeds, sessions] over trace steps only, mean reads, relative standard error over seeds, the
+        host's figures of the first seed: ``DecodeResult.host``)``;
         the row cache serves at the trace steps, never at a probe step."""
         cal, config, run, dev, pol, comp, seed = (self.cal, self.config, self.run, self.dev, self.pol, self.comp,
                                                   self.seed)
@@ -365,19 +369,21 @@ class _Replay:
         tr, mask = _session_rows(self.trace, starts, n, int(run.get("probe_every") or 0), seed)
         served = self._served(tr, mask)
         phases = self._phases()
-        lats, per, reads = [], [], []
+        lats, per, reads, hosts = [], [], [], []
         for j in range(SESSION_SIM_SEEDS):
             r = simulate_decode(tr, dev, pol, comp,
                                 DecodeRun(sessions=k, steps=mask.size, mode="fast", seed=seed + j, hash_time=cal.hash_s,
-                                          phases=phases, replay=f"cross-check prediction of {config.key}"),
+                                          phases=phases, replay=f"cross-check prediction of {config.key}",
+                                          host=cal.host(config.compute)),
                                 served=served)
             own = r.step_latencies[:, mask]
             lats.append(own.reshape(-1))
             per.append(n / own.sum(axis=1))
             reads.append(r.stall_ms["mean"] * 1e-3)
+            hosts.append(r.host)
         means = np.array(per).mean(axis=1)
         sim_se = float(means.std(ddof=1) / means.mean() / np.sqrt(means.size)) if means.size > 1 else 0.0
-        return np.concatenate(lats), np.array(per), reads, sim_se
+        return np.concatenate(lats), np.array(per), reads, sim_se, hosts[0]
 
 
 def _start_spread(runs: Sequence[Mapping]) -> float:

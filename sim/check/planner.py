@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -82,6 +82,7 @@ from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.params import Compute, Policy
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import ComputeSpec, check_runs
+from sim.decode.host import HostCPU, engine_profile
 
 __all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "THROTTLE_SLICE_S",
            "PlannerModels", "DEVICE_CLASSES", "host_cpu", "check_devices", "check_fio", "datasheet_spec", "fio_figures",
@@ -249,7 +250,18 @@ def planner_compute(spec: str) -> Compute:
 @dataclass
 class PlannerModels(Calibration):
     """A :class:`sim.check.calibrate.Calibration` holding only what a planner has: one device for every backend,
-    computes as stated (:func:`planner_compute`), hash 0, no windows, the simulator's default policy."""
+    computes as stated (:func:`planner_compute`), hash 0, no windows, the simulator's default policy, and the
+    host the planner names (``host_cpu``: its CPUs, the engine's shipped CPU profile, the CPU a read takes;
+    :mod:`sim.decode.host`; None: the host is left out)."""
+
+    host_cpu: Optional[HostCPU] = None
+
+    def host(self, compute: str) -> Optional[HostCPU]:
+        """``host_cpu`` with the spin of ``compute`` (its ``spin:MS`` parts); None without a host."""
+        if self.host_cpu is None:
+            return None
+        spin = sum(float(a) for k, a in ComputeSpec.parse(compute).extra if k == "spin") * 1e-3
+        return replace(self.host_cpu, spin_s=spin)
 
     def device(self, backend: str, compute: str = "none") -> Device:
         return self.devices[backend if backend in self.devices else next(iter(self.devices))]
@@ -261,10 +273,11 @@ class PlannerModels(Calibration):
         return planner_compute(spec)
 
     @classmethod
-    def of(cls, device: Device, description: str) -> "PlannerModels":
-        """The planner's models of one device described by ``description`` (a path or a spec string)."""
+    def of(cls, device: Device, description: str, host: Optional[HostCPU] = None) -> "PlannerModels":
+        """The planner's models of one device described by ``description`` (a path or a spec string), on
+        ``host`` (None: the host left out)."""
         return cls(devices={"pread": device, "io_uring": device}, compute={}, hash_s=0.0,
-                   source={"planner": description}, date="")
+                   source={"planner": description}, date="", host_cpu=host)
 
 
 def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
@@ -484,7 +497,7 @@ def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
 
 def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str, os.PathLike]] = None, *,
                        fio: Sequence[str] = (), sim_steps: Optional[int] = None, seed: int = 0,
-                       progress: Union[bool, str] = False, today: bool = False) -> dict:
+                       progress: Union[bool, str] = False, today: bool = False, host: bool = True) -> dict:
     """Predict every run of every device of a measurement from its fio JSON and from a datasheet string only.
 
     Parameters
@@ -500,6 +513,11 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
     today : bool
         Calibrate and cross-check (today's way: :mod:`sim.check.calibrate`, :mod:`sim.check.crosscheck`) each device
         folder that has no ``crosscheck.json`` yet, to show beside the planner's figures.
+    host : bool
+        Model the host's CPUs (:mod:`sim.decode.host`): the runs' machine's CPUs as the planner states them, the
+        engine's own CPU a step from its shipped profile (:func:`sim.decode.host.engine_profile`), the CPU a read
+        takes from fio's own figures (the profile's where fio has none, and for a datasheet string); said in
+        each mode's ``host_model``.  False: the drive alone, as before.
 
     Returns
     -------
@@ -526,7 +544,7 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
     raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
     total = sum(len(MODES) for d in built if d["name"] in files)
     with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
-        planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar)
+        planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar, engine_profile() if host else None)
         result = [planner.entry(d) for d in devices]
     res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
            "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
@@ -586,6 +604,26 @@ class _Planner:
     seed: int
     today: bool
     bar: object
+    profile: Optional[Mapping] = None
+
+    def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
+        """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
+        the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode) or the profile's (a
+        datasheet says none), scaled by the profile's engine-to-fio ratio of CPU per read."""
+        if self.profile is None:
+            return None
+        p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
+        base = (f"{cores} CPUs (the runs' machine); the engine's {p['step_cpu_us']:.0f} us a step (its shipped "
+                f"profile, {(p.get('machine') or {}).get('cpu', '?')})")
+        if is_memory(fig):  # the device model's service is the reading threads' copy on these CPUs already
+            return HostCPU(cores, p["step_cpu_us"] * 1e-6, 0.0, source=base + "; a read's CPU is the memory-backed "
+                           "device's own service (cpus=N), not added again")
+        fio_us = fig.get("qd1_cpu_per_read_us") if mode == "fio" else None
+        read_us, said = (fio_us, "fio's QD1 CPU per read") if fio_us else (p["read_cpu_us"], "the profile's")
+        ratio = float(p.get("read_cpu_ratio") or 1.0)
+        return HostCPU(cores, p["step_cpu_us"] * 1e-6, read_us * ratio * 1e-6,
+                       source=f"{base}; {read_us:.1f} us a read ({said}) x {ratio:.2f} (the engine's pread over "
+                              "fio's, from the profile)")
 
     def entry(self, d: Mapping) -> dict:
         """A device's entry of ``planner.json``: each mode predicted, or why the device was not."""
@@ -622,9 +660,12 @@ class _Planner:
             dev, described = got
             if mode == "datasheet":
                 entry["datasheet_used"] = described
-            doc = crosscheck(PlannerModels.of(dev, described), runs_doc, runs_path=runs_path,
+            host = self.host(d, mode, runs_doc)
+            doc = crosscheck(PlannerModels.of(dev, described, host), runs_doc, runs_path=runs_path,
                              sim_steps=self.sim_steps, seed=self.seed, baseline=False)
             entry["modes"][mode] = _mode_result(doc, described, "")
+            if host is not None:
+                entry["modes"][mode]["host_model"] = host.to_dict()
             try:
                 host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"])
             except FormatError as exc:
@@ -701,8 +742,9 @@ def _classes(entries: Sequence[Mapping]) -> dict:
 
 def host_notes(entry: Mapping) -> List[str]:
     """A line per mode of a device's ``planner.json`` entry whose configurations :func:`host_cpu` found
-    host-bound: which, their shares, and the errors of the others.  An older document without ``host_cpu``
-    gives none; a figure missing from a partial one reads ``?``."""
+    host-bound: which, their shares, and the errors of the others; where the mode modelled the host
+    (``host_model``: :mod:`sim.decode.host`) its predictions there are the host's, else upper bounds.  An
+    older document without ``host_cpu`` gives none; a figure missing from a partial one reads ``?``."""
     out = []
     modes = entry.get("modes") if isinstance(entry, Mapping) else None
     for mode, m in (modes.items() if isinstance(modes, Mapping) else ()):
@@ -710,13 +752,15 @@ def host_notes(entry: Mapping) -> List[str]:
         if not isinstance(h, Mapping) or not isinstance(h.get("bound"), list) or not h["bound"]:
             continue
         shares = h.get("shares") if isinstance(h.get("shares"), Mapping) else {}
+        hm = m.get("host_model")
         f = h.get("free") if isinstance(h.get("free"), Mapping) else None
         n = f.get("configurations") if f else None
         out.append(f"{entry.get('name')} {mode}: host-bound (the predicted reads take >= "
                    f"{_fig(h.get('bound_share'), 'g')} of the {_fig(h.get('cores'), 'd')} CPU(s) at fio's "
                    f"{_fig(h.get('cpu_per_read_us'), '.1f')} us a read): "
                    + ", ".join(f"{k} ({_fig(shares.get(k), '.2f')})" for k in h["bound"])
-                   + ": upper bounds; the other configurations: "
+                   + (f": predicted on the host ({hm.get('source') or '?'})" if isinstance(hm, Mapping) else
+                      ": upper bounds") + "; the other configurations: "
                    + (f"{_fig(n, 'd')}, median abs error {_pct(_real(f.get('median_abs_error')))}, max "
                       f"{_pct(_real(f.get('max_abs_error')))}." if f else "none."))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
@@ -13,6 +14,7 @@ from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
+from sim.decode.host import HostCPU
 from sim.decode.prefill import PrefillRun, simulate_prefill
 from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
                       _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
@@ -48,6 +50,21 @@ def _decode_compute(args, tr, dev, policy) -> tuple:
                "refit": bool(args.refit)}
 
 
+def _host(args, dev) -> Optional[HostCPU]:
+    """The host of ``--host-cpus`` (None without it); ``--host-step-us`` / ``--host-read-us`` without it are
+    refused."""
+    if args.host_cpus is None:
+        if args.host_step_us is not None or args.host_read_us is not None:
+            raise ArgumentError("--host-step-us and --host-read-us go with --host-cpus N")
+        return None
+    if not (math.isfinite(args.host_cpus) and args.host_cpus > 0):
+        raise ArgumentError(f"--host-cpus must be a finite number > 0, got {args.host_cpus}")
+    for flag, v in (("--host-step-us", args.host_step_us), ("--host-read-us", args.host_read_us)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ArgumentError(f"{flag} must be a finite number >= 0 (microseconds), got {v}")
+    return HostCPU.for_device(args.host_cpus, dev, step_cpu_us=args.host_step_us, read_cpu_us=args.host_read_us)
+
+
 def _serves_text(dev, info: dict) -> str:
     """The ``serves`` line(s) of ``engram sim device``: the reads the fast mode serves at once, and why that
     differs from the device's parallelism when it does (a parametric SSD's channels)."""
@@ -72,7 +89,8 @@ def _cmd_decode(args) -> int:
     compute_s, fitted = _decode_compute(args, tr, dev, policy)
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s),
                         DecodeRun(sessions=args.sessions, steps=args.steps, mode=args.mode, seed=args.seed,
-                                  phases=_phases(args), bins=args.bins, progress=_progress_mode(args)),
+                                  phases=_phases(args), bins=args.bins, progress=_progress_mode(args),
+                                  host=_host(args, dev)),
                         storage=Storage(drives=args.drives, hot=args.dram_rows, tail=args.tail,
                                         calibration=args.calibration), speculation=spec)
     if args.json:
@@ -120,6 +138,15 @@ DECODE_OPTIONS = (
     Option("--dram-rows", metavar="FILE.npy", group=_DECODE,
            help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]"),
     drives_option(group=_DECODE),
+    Option("--host-cpus", type=float, metavar="N", group=_DECODE,
+           help="model the host: N CPUs shared by every session's steps (sim.decode.host, mean-value analysis) -- "
+                "the engine's own CPU a step (its shipped profile) and each read's (a fio device's own CPU per "
+                "read, else the profile's). Default: the host left out (the drive alone)"),
+    Option("--host-step-us", type=float, metavar="US", group=_DECODE,
+           help="with --host-cpus: the engine's own CPU a step, microseconds (default: its shipped profile)"),
+    Option("--host-read-us", type=float, metavar="US", group=_DECODE,
+           help="with --host-cpus: the CPU one read takes, microseconds (default: from the device's fio JSON, "
+                "else the profile's)"),
     Option("--tail", metavar="DEVICE", group=_DECODE,
            help="take the latency distribution (tail) of this measured device at every depth, keeping "
                 "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)"),

@@ -395,7 +395,7 @@ def _cmd_crosscheck(args) -> int:
     if args.planner:
         out = Path(args.out) if args.out else work / PLANNER_NAME
         res = planner_crosscheck(work, out, fio=args.fio or (), sim_steps=args.sim_steps, seed=args.seed,
-                                 progress=not args.no_progress, today=args.with_today)
+                                 progress=not args.no_progress, today=args.with_today, host=not args.no_host)
         if args.json:
             print_json(dict(res, saved=str(out)))
         else:
@@ -405,6 +405,8 @@ def _cmd_crosscheck(args) -> int:
                                             for m in e["modes"].values()) else 0
     if args.fio:
         raise ArgumentError("--fio DEVICE=FILE belongs to --planner")
+    if args.no_host:
+        raise ArgumentError("--no-host belongs to --planner")
     cal = Path(args.calibration) if args.calibration else work / "calibration.json"
     runs = Path(args.runs) if args.runs else work / "runs.json"
     out = Path(args.out) if args.out else work / "crosscheck.json"
@@ -439,6 +441,10 @@ CROSSCHECK_OPTIONS = (
     Option("--with-today", action="store_true",
            help="with --planner: first calibrate and cross-check (today's way, probes and all) every device "
                 "folder that has no crosscheck.json, to show beside the planner's figures"),
+    Option("--no-host", action="store_true",
+           help="with --planner: leave the host's CPUs out (the drive alone). By default the runs' machine's CPUs "
+                "are shared by every session's steps (sim.decode.host: the engine's own CPU a step from its "
+                "shipped profile, a read's CPU from fio's own figures), said in each mode's host_model"),
     Option("--fio", action="append", metavar="DEVICE=FILE",
            help="with --planner: a fio JSON file of your own for a device (random reads at the engine's "
                 "read size; writes or another block size are refused)"),

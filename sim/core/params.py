@@ -273,6 +273,29 @@ class Compute:
         """The same compute spread over ``layers`` layers."""
         return Compute(self.mean, self.dist, self.cv, self.samples, int(layers))
 
+    def shifted(self, seconds: float) -> "Compute":
+        """The compute ``seconds`` longer every step (>= 0; a host's CPU queue, :mod:`sim.decode.host`): a
+        constant or the measured samples moved by it; another distribution keeps its standard deviation about
+        the new mean (an exponential becomes a gamma of that spread).
+
+        Raises
+        ------
+        ArgumentError
+            ``seconds`` negative or not finite.
+        """
+        s = float(seconds)
+        if not (math.isfinite(s) and s >= 0):
+            raise ArgumentError(f"Compute.shifted: seconds = {seconds!r}: expected a finite number >= 0")
+        if s == 0:
+            return self
+        if self.dist == "empirical":
+            return Compute.empirical([x + s for x in self.samples], self.layers)
+        if self.dist == "constant":
+            return Compute(self.mean + s, layers=self.layers)
+        m = self.mean + s
+        return Compute(m, "gamma" if self.dist == "exponential" else self.dist, self.cv * self.mean / m,
+                       layers=self.layers)
+
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """float64 ``[size]`` compute times, seconds (>= 0), with mean ``mean`` and cv ``cv``."""
         m, cv = self.mean, self.cv

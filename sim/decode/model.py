@@ -45,6 +45,7 @@ from sim.core.schema import percentiles_ms as _percentiles_ms
 from ..trace import CODE_SOURCE, Trace, load_trace
 from .exact import SessionWork, exact_session
 from .fast import FastRun
+from .host import HostCPU
 from .reads import StepReads, hot_rows, step_reads
 from .speculative import Speculation, verification_rows
 
@@ -140,6 +141,7 @@ class DecodeResult:
     shared_cache_hit_rate: float = 0.0
     dram_hit_rate: float = 0.0
     speculative: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
 
     @property
     def mean_session_tokens_per_s(self) -> float:
@@ -158,6 +160,7 @@ class DecodeResult:
             "device": self.device, "timeline": self.timeline, "config": self.config,
             "sim_seconds": self.sim_seconds, "wall_seconds": self.wall_seconds,
             **({"speculative": self.speculative} if self.speculative else {}),
+            **({"host": self.host} if self.host else {}),
         }
 
     def summary(self) -> str:
@@ -188,11 +191,20 @@ class DecodeResult:
                f"{self.config['device']['derived']['cpu_per_read_us']['value']:.1f} us of CPU a read (the host's "
                f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.2f} "
                f"the host binds before the drive and these figures are upper bounds)"]
-              if "host_read_cpus" in self.device else []),
+              if "host_read_cpus" in self.device and not self.host else []),
+            *([self._host_line()] if self.host else []),
             f"simulated {self.sim_seconds:.3f} s in {self.wall_seconds:.2f} s",
         ]
         lines += [f"WARNING   {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def _host_line(self) -> str:
+        h = self.host
+        return (f"host      {h['cpus']:g} CPUs, {h['demand_us']:.0f} us of CPU a step (the engine's "
+                f"{h['step_cpu_us']:.0f} + {h['rows_per_step']:.1f} reads x {h['read_cpu_us']:.1f} us"
+                + (f" + spin {h['spin_us']:.0f}" if h.get("spin_us") else "") + f"): "
+                f"{h['busy_cpus']:.2f} CPUs busy, each step {h['added_ms']:.3f} ms longer than with the CPUs free "
+                f"({h['free_step_ms']:.3f} ms)")
 
     def _speculative_line(self) -> str:
         sp = self.speculative
@@ -288,6 +300,10 @@ class DecodeRun:
         Show progress when the run takes more than a couple of seconds: a bar on a terminal, plain lines
         elsewhere (:func:`sim.core.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
         counted without a time-left estimate.
+    host : HostCPU, optional
+        The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run is simulated once with the
+        CPUs free, then again with each step longer by what the host's CPU queue adds at that step and read
+        rate (mean-value analysis; ``DecodeResult.host`` says it).  None (default): the host is left out.
     replay : str, optional
         For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
@@ -297,7 +313,7 @@ class DecodeRun:
     Raises
     ------
     ArgumentError
-        Bad sessions, steps, mode, hash_time, bins, start_spread or phases, both ``phases`` and
+        Bad sessions, steps, mode, hash_time, bins, start_spread, phases or host, both ``phases`` and
         ``start_spread``, or a negative seed; each message names the field.
     """
 
@@ -311,9 +327,12 @@ class DecodeRun:
     bins: int = 100
     progress: Union[bool, str] = False
     replay: Optional[str] = None
+    host: Optional[HostCPU] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.host is not None and not isinstance(self.host, HostCPU):
+            raise ArgumentError(f"DecodeRun.host = {self.host!r:.60}: expected a sim.decode.host.HostCPU or None")
         if self.mode not in ("fast", "exact"):
             raise ArgumentError(f"mode must be 'fast' or 'exact', got {self.mode!r}")
         object.__setattr__(self, "sessions", check_count(self.sessions, "sessions", high=MAX_SESSIONS))
@@ -388,7 +407,50 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
         check_settings(speculation, Speculation, "speculation")
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
     lat, st, finish, figures = _simulate(plan)
-    return _result(plan, lat, st, finish, figures, t_wall)
+    host, first = {}, plan
+    if run.host is not None:
+        plan, lat, st, finish, figures, host = _on_host(plan, (lat, st, finish, figures), device, run, storage,
+                                                        speculation, served)
+    res = _result(plan, lat, st, finish, figures, t_wall)
+    if host:  # the compute as given, the host's part apart
+        res.host = host
+        res.config["compute"] = _config(first)["compute"]
+        res.compute_realised = compute_stats(np.concatenate(first.comp))
+    return res
+
+
+#: Runs of a decode on a host (:func:`_on_host`) after the one with the CPUs free, at most, and the change of the
+#: added step below which they stop (relative).
+HOST_PASSES, HOST_SETTLED = 3, 0.01
+
+
+def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
+             speculation: Optional[Speculation], served) -> tuple:
+    """A run on ``run.host``: from the run with the CPUs free (``done``), the step the host's CPU queue adds at
+    that step and read rate (:meth:`HostCPU.step_time`), then the run again with each step's compute that much
+    longer, until the added step settles (the drive sees the slower steps, so its wait shrinks): ``(plan, lat,
+    st, finish, figures, host figures)``."""
+    lat, st, finish, figures = done
+    rows = float(figures[1]) / max(1, np.size(lat))
+    free = float(np.mean(lat))
+    base, extra, passes = plan.compute, 0.0, 0
+    for passes in range(1, HOST_PASSES + 1):
+        new = max(0.0, run.host.step_time(run.sessions, free, rows) - free)
+        if passes > 1 and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
+            break
+        extra = new
+        if extra == 0:
+            break
+        plan = _plan(plan.trace, device, plan.policy, base.shifted(extra), run, storage, speculation, served)
+        lat, st, finish, figures = _simulate(plan)
+        rows = float(figures[1]) / max(1, np.size(lat))
+        free = float(np.mean(lat)) - extra  # the step with the CPUs free, the drive at the new pace
+    step = float(np.mean(lat))
+    demand = run.host.demand(rows)
+    return plan, lat, st, finish, figures, {
+        **run.host.to_dict(), "free_step_ms": free * 1e3, "added_ms": extra * 1e3, "rows_per_step": rows,
+        "demand_us": demand * 1e6, "busy_cpus": run.sessions * demand / step if step > 0 else 0.0,
+        "passes": passes}
 
 
 @dataclass

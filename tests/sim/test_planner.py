@@ -13,11 +13,13 @@ from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
 from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec,
-                               fio_figures, host_cpu, host_notes, markdown_table, planner_compute, planner_crosscheck)
+                               fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
+                               planner_crosscheck)
 from sim.report.devices import devices_section
 from sim.report.document import Doc
 from sim.report.inputs import Inputs
 from sim.core.schema import RunConfig
+from sim.decode.host import engine_profile
 from sim.device.fio import idle_jobs
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
@@ -134,6 +136,29 @@ def test_planner_document(measured):
             errs = [r["error"] for e in res["devices"] if e["class"] == cls and e["built"]
                     for r in (e["modes"].get(mode) or e.get("today") or {}).get("rows", [])]
             assert c["configurations"] == len(errs) and c["max_abs_error"] == pytest.approx(np.abs(errs).max())
+    # the host (sim.decode.host): the runs' machine's CPUs, the engine's shipped profile, a read's CPU from fio's
+    # own figures (fio mode), the profile's (datasheet), none on a memory-backed device; --no-host: the drive alone
+    prof = engine_profile()
+    cores = json.loads((measured / devices[0]["folder"] / "runs.json").read_text())["machine"]["cores"]
+    bare = planner_crosscheck(measured, measured / "planner-nohost.json", sim_steps=300, host=False)
+    for e, b in zip(res["devices"], bare["devices"]):
+        for mode, m in e["modes"].items():
+            if m["refused"]:
+                continue
+            hm = m["host_model"]
+            assert hm["cpus"] == cores and hm["step_cpu_us"] == pytest.approx(prof["step_cpu_us"])
+            d = next(x for x in devices if x["name"] == e["name"])
+            figs = fio_figures(check_fio(measured / d["fio"][str(d["read_size"])], d["read_size"]))
+            if is_memory(figs):  # fio's QD1 median says a memory copy (a tmpfs on a quiet machine)
+                assert hm["read_cpu_us"] == 0
+            elif mode == "datasheet" or figs["qd1_cpu_per_read_us"] is None:
+                assert hm["read_cpu_us"] == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"])
+            else:
+                assert hm["read_cpu_us"] == pytest.approx(figs["qd1_cpu_per_read_us"] * prof["read_cpu_ratio"])
+            assert "host_model" not in b["modes"][mode]
+            # the host only ever slows a prediction down
+            for r, rb in zip(m["rows"], b["modes"][mode]["rows"]):
+                assert r["config"] == rb["config"] and r["predicted"] <= rb["predicted"] * 1.02
 
 
 def test_datasheet_strings_known_answers():
@@ -353,6 +378,13 @@ def test_host_notes_on_an_older_or_partial_planner_document():
         d = Doc("t")
         devices_section(d, Inputs(planner=doc))
         assert all(x in d.markdown() for x in lines)
+    # a mode that modelled the host: its predictions there are the host's, not upper bounds
+    doc = res(full)
+    doc["devices"][0]["modes"]["fio"]["host_model"] = {"cpus": 2, "source": "2 CPUs (the runs' machine); ..."}
+    assert host_notes(doc["devices"][0]) == [line.replace(
+        ": upper bounds;", ": predicted on the host (2 CPUs (the runs' machine); ...);")]
+    doc["devices"][0]["modes"]["fio"]["host_model"] = {"cpus": 2}
+    assert "predicted on the host (?)" in host_notes(doc["devices"][0])[0]
     older = res(None)
     older["devices"][0]["modes"]["datasheet"] = None
     assert "| disk | disk | fio: `fio.json` |" in markdown_table(older)

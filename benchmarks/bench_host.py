@@ -1,0 +1,168 @@
+"""The CPU a decode step takes on the host, in parts: the profile the simulator's host model reads
+(:mod:`sim.decode.host`, ``sim/data/hosts/engine-cpu.json``).
+
+Side by side in one run on one model file: fio's random reads at QD1 at the engine's read size (its
+``usr_cpu + sys_cpu`` per read: :func:`sim.device.fio.cpu_per_read`), then one decode session of the engine
+(``pread`` x 4, threshold 8, a 5 ms sleep after each step as the measured runs' ``sleep:5``) on a real text:
+its process's CPU time (every thread: the session's and its readers') a step as it runs; the same steps
+again through a row cache holding every row (all hits: the engine's own CPU a step, no read); and the same
+batches read raw through the session's readers (the read path alone).  The engine's CPU per read over
+fio's is the ratio the model scales a planner's fio figure by; own + reads over a step's CPU says how far
+the parts add up.
+
+``python -m benchmarks.run host [--steps 2000] [--scale 0.005] [--sleep-ms 5] [--write-profile]``;
+``--write-profile`` writes the package's profile (the figures, this machine, the date, the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engram.codec import ROW_BYTES
+
+from sim.core.io import now_iso, packaged_data_path
+from sim.decode.host import ENGINE_PROFILE
+from sim.device.fio import cpu_per_read, fio_records, read_fio_output
+from sim.measure.devices import engine_read_size, fio_json
+
+from .common import RESULTS, machine, real_text
+
+
+def _model(scale: float) -> Path:
+    from engram.synth import ModelShape, build_model
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"host-model-s{scale:g}.gguf"
+    if not path.exists():
+        build_model(path, ModelShape(scale=scale), progress=False)
+    return path
+
+
+def fio_read_cpu(path: Path, seconds: float) -> dict:
+    """fio at QD1 at the engine's read size on the model's first table: CPU per read (us), mean latency (us)."""
+    bs = engine_read_size(path)[0]
+    with tempfile.TemporaryDirectory() as d:
+        out = fio_json(path, Path(d) / "fio.json", bs, depths=(1,), seconds=seconds)
+        recs = fio_records(read_fio_output(out), str(out))
+    cpu = cpu_per_read(recs)
+    return {"bs": bs, "cpu_per_read_us": None if cpu is None else cpu * 1e6,
+            "qd1_mean_us": float(np.median([r["mean"] for r in recs])) * 1e6}
+
+
+def _steps(s, ids, pause: float) -> tuple:
+    """``(process CPU s, wall s of the steps alone, reads, row ids [n, 1, 48])`` of stepping ``s`` over ``ids``,
+    a ``pause`` sleep after each step."""
+    reads, kept, wall = 0, [], 0.0
+    c0 = time.process_time()
+    for t in ids:
+        w = time.perf_counter()
+        s.step(t)
+        wall += time.perf_counter() - w
+        reads += s.last_stats.reads
+        kept.append(s.last_row_ids.reshape(1, -1).copy())
+        if pause:
+            time.sleep(pause)
+    return time.process_time() - c0, wall, reads, kept
+
+
+def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, threshold: int = 8) -> dict:
+    """CPU a decode step takes on this machine, in three parts measured one after the other on the same tokens,
+    each step followed by a ``sleep_ms`` sleep (a compute that takes no CPU, as the measured runs' ``sleep:MS``),
+    process CPU time (every thread):
+
+    - ``cpu_per_step_us``: a session's steps as they run (hash, 48 rows read, decode);
+    - ``own_cpu_per_step_us``: the same steps again through a row cache that holds every row (all hits: the
+      hash, the cache's lookup and the decode, no read) -- the engine's own CPU a step;
+    - ``reads_only_cpu_per_step_us``: the same batches read raw through the session's readers (no hash, no
+      decode) -- the read path alone; over the reads a step, the engine's CPU a read.
+    """
+    import engram
+    model = engram.EngramModel.open(path)
+    ids = model.encode(real_text(steps * 8))[:steps + 200]
+    if len(ids) < steps + 200:
+        raise SystemExit(f"the text gives {len(ids)} tokens, fewer than {steps + 200}")
+    warm, timed = ids[:200].tolist(), ids[200:200 + steps].tolist()
+    pause = sleep_ms * 1e-3
+    with model.session(backend="pread", readers=readers, threshold=threshold, cache=None) as s:
+        _steps(s, warm, 0.0)              # the readers awake, the weights' pages touched
+        cpu, wall, reads, kept = _steps(s, timed, pause)
+        group = s._group                  # the same batches again, raw: the read path alone
+        raw = np.empty((1, kept[0].shape[1], ROW_BYTES), np.uint8)
+        r0 = time.process_time()
+        for k in kept:
+            group.read_raw(k, out=raw)
+            if pause:
+                time.sleep(pause)
+        raw_cpu = time.process_time() - r0
+    cache = engram.RowCache(max(1, 2 * 48 * (steps + 200)) * ROW_BYTES, "lru")
+    with model.session(backend="pread", readers=readers, threshold=threshold, cache=cache) as s:
+        _steps(s, warm + timed, 0.0)      # every row of the tokens into the cache
+        own, own_wall, own_reads, _ = _steps(s, timed, pause)
+    if own_reads > 0.01 * reads:
+        raise SystemExit(f"the cache missed {own_reads} reads of {reads}: the all-hit pass read the device")
+    return {"steps": steps, "cpu_per_step_us": cpu / steps * 1e6, "wall_per_step_us": wall / steps * 1e6,
+            "rows_per_step": reads / steps, "reads_only_cpu_per_step_us": raw_cpu / steps * 1e6,
+            "own_cpu_per_step_us": own / steps * 1e6, "own_wall_per_step_us": own_wall / steps * 1e6,
+            "own_reads_per_step": own_reads / steps,
+            "readers": readers, "threshold": threshold, "sleep_ms": sleep_ms}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run host", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=2000, help="decode steps of the session (default 2000)")
+    p.add_argument("--scale", type=float, default=0.005, help="the model's table scale (default 0.005)")
+    p.add_argument("--sleep-ms", type=float, default=5.0,
+                   help="a sleep after each step, ms (default 5: the measured runs' sleep:5)")
+    p.add_argument("--fio-seconds", type=float, default=3.0, help="fio's run at QD1, seconds (default 3)")
+    p.add_argument("--write-profile", action="store_true",
+                   help=f"write the figures to the package's sim/data/{ENGINE_PROFILE}")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of fio and the session; the profile takes the "
+                   "medians (default 3)")
+    a = p.parse_args(argv)
+    if a.rounds < 1 or a.steps < 1:
+        p.error("--rounds and --steps must be >= 1")
+    path = _model(a.scale)
+    rounds = []
+    for i in range(a.rounds):
+        fio = fio_read_cpu(path, a.fio_seconds)
+        if fio["cpu_per_read_us"] is None:
+            raise SystemExit("fio gave no CPU figures: run it longer (--fio-seconds)")
+        ses = session_cpu(path, a.steps, a.sleep_ms)
+        engine_read = ses["reads_only_cpu_per_step_us"] / ses["rows_per_step"]
+        parts = ses["own_cpu_per_step_us"] + ses["rows_per_step"] * engine_read
+        rounds.append({"fio": fio, "session": ses, "engine_read_cpu_us": engine_read,
+                       "read_cpu_ratio": engine_read / fio["cpu_per_read_us"],
+                       "parts_over_step": parts / ses["cpu_per_step_us"]})
+        print(f"   round {i + 1}: fio QD1 {fio['bs']} B {fio['cpu_per_read_us']:.2f} us CPU a read "
+              f"({fio['qd1_mean_us']:.1f} us mean); a step {ses['cpu_per_step_us']:.1f} us CPU "
+              f"({ses['rows_per_step']:.1f} reads); the engine's own (every row a cache hit) "
+              f"{ses['own_cpu_per_step_us']:.1f} us; the reads alone {engine_read:.2f} us a read = "
+              f"{engine_read / fio['cpu_per_read_us']:.2f}x fio's; own + reads = {parts / ses['cpu_per_step_us']:.2f} "
+              "of the step")
+    med = lambda f: float(np.median([f(r) for r in rounds]))  # noqa: E731
+    own = med(lambda r: r["session"]["own_cpu_per_step_us"])
+    ratio = med(lambda r: r["read_cpu_ratio"])
+    fio_us = med(lambda r: r["fio"]["cpu_per_read_us"])
+    rec = {"machine": machine(), "date": now_iso(), "rounds": rounds, "step_cpu_us": own, "read_cpu_us": fio_us,
+           "read_cpu_ratio": ratio, "parts_over_step": med(lambda r: r["parts_over_step"])}
+    print(f"   medians: the engine's own {own:.1f} us CPU a step; a read {ratio:.3f}x fio's {fio_us:.2f} us; own + "
+          f"reads {rec['parts_over_step']:.2f} of a step's CPU")
+    if a.write_profile:
+        cmd = "python -m benchmarks.run host " + " ".join(argv or [])
+        prof = {"step_cpu_us": round(own, 1), "read_cpu_us": round(fio_us, 2), "read_cpu_ratio": round(ratio, 3),
+                "machine": rec["machine"], "date": rec["date"], "command": cmd.strip(),
+                "rounds": a.rounds, "steps": a.steps, "sleep_ms": a.sleep_ms,
+                "what": "medians over the rounds: the engine's own CPU a decode step with every row a row-cache "
+                        "hit (hash, the lookup, decode, the session's Python), fio's CPU per read at QD1 on the "
+                        "same file, and the engine's pread CPU a read over fio's: sim.decode.host reads them"}
+        out = packaged_data_path(ENGINE_PROFILE)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")
+        print(f"   wrote {out}")
+    return rec

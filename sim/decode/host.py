@@ -1,0 +1,191 @@
+"""The host's CPUs as the sessions of one machine share them: a closed queueing network solved by mean-value
+analysis.
+
+A device model (a datasheet string, fio's JSON) describes the drive, not the host that drives it.  Each decode
+step also takes CPU on the host: the engine's own work (hash, decode, the readers' hand-offs, the session's
+Python: ``step_cpu_s``) and each row read's system call and completion (``read_cpu_s``, fio's ``usr_cpu +
+sys_cpu`` per read at QD1: :func:`sim.device.fio.cpu_per_read`), plus a ``spin`` compute.  With many sessions
+those demands queue for the host's ``cpus``; the drive alone never shows it.
+
+The model (Lazowska et al., *Quantitative System Performance*, ch. 6 and 8): ``N`` sessions cycle between a
+delay station (the step's time with the CPUs free: the stated compute and the reads' wait, less the CPU part
+of it) and a station of ``cpus`` servers holding each step's CPU demand ``D``; the multi-server station is
+Seidmann's approximation (one server of demand ``D / cpus`` plus a delay of ``D (cpus - 1) / cpus``), solved
+exactly by mean-value analysis over ``1..N`` sessions.  One session pays ``D`` without queueing; many approach
+the bound ``cpus / D`` steps a second in all.
+
+The engine's own CPU a step is not in a device's description: the figure shipped in
+``sim/data/hosts/engine-cpu.json`` (:func:`engine_profile`) was measured by ``benchmarks/bench_host.py`` on
+the machine it names, and a planner's host differs from it by its CPU's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Mapping, Optional
+
+from engram.errors import ArgumentError, FormatError
+from sim.core.io import packaged_data_path, read_text
+
+__all__ = ["ENGINE_PROFILE", "HostCPU", "engine_profile"]
+
+#: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
+ENGINE_PROFILE = "hosts/engine-cpu.json"
+
+
+def _nonneg(name: str, v, strict: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0 or (strict and v == 0):
+        raise ArgumentError(f"HostCPU.{name} = {v!r:.40}: expected a finite number {'>' if strict else '>='} 0")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """A host's CPUs and what a decode step asks of them.
+
+    Attributes
+    ----------
+    cpus : float
+        CPUs the sessions and their readers run on (> 0).
+    step_cpu_s : float
+        The engine's own CPU a step, seconds (>= 0): hash, decode, hand-offs to the readers.
+    read_cpu_s : float
+        CPU one row read takes on the host, seconds (>= 0).
+    spin_s : float
+        Seconds of each step's compute that spin on these CPUs (>= 0; a ``spin:MS`` compute: a sleep or an
+        accelerator's time takes none).
+    source : str
+        Where the figures came from (said in outputs).
+
+    Raises
+    ------
+    ArgumentError
+        A figure that is not a finite number in range (names the field).
+    """
+
+    cpus: float
+    step_cpu_s: float
+    read_cpu_s: float
+    spin_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "step_cpu_s", "read_cpu_s", "spin_s"):
+            object.__setattr__(self, name, _nonneg(name, getattr(self, name), strict=name == "cpus"))
+        if not isinstance(self.source, str):
+            raise ArgumentError(f"HostCPU.source = {self.source!r:.40}: expected a string")
+
+    def demand(self, rows_per_step: float) -> float:
+        """CPU seconds one step asks of the host: the engine's own, its ``rows_per_step`` reads' and the
+        compute's spin."""
+        return self.step_cpu_s + _nonneg("rows_per_step", rows_per_step) * self.read_cpu_s + self.spin_s
+
+    def step_time(self, sessions: int, free_step_s: float, rows_per_step: float) -> float:
+        """The mean step of each of ``sessions`` sessions on this host, seconds.
+
+        Parameters
+        ----------
+        sessions : int
+            Sessions sharing the host (>= 1).
+        free_step_s : float
+            The mean step with the CPUs free and without the engine's own CPU: what a device model predicts
+            (the stated compute, the reads' wait).  The reads' CPU and a spin lie inside it: they are not added
+            again, they queue.
+        rows_per_step : float
+            Rows read a step (after deduplication and a row cache's hits).
+
+        Returns
+        -------
+        float
+            ``free_step_s + step_cpu_s`` for one session; more as the CPUs saturate.
+
+        Raises
+        ------
+        ArgumentError
+            ``sessions`` not a whole number >= 1, a time or row count negative or not finite.
+        """
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
+            raise ArgumentError(f"HostCPU.step_time: sessions = {sessions!r:.40}: expected a whole number >= 1")
+        free = _nonneg("free_step_s", free_step_s)
+        d = self.demand(rows_per_step)
+        z = max(0.0, free + self.step_cpu_s - d)  # the part of the step that holds no CPU
+        dq, dd = d / self.cpus, d * max(0.0, self.cpus - 1.0) / self.cpus
+        if self.cpus < 1.0:  # a fraction of one CPU: one slow server
+            dq, dd = d / self.cpus, 0.0
+        q, x = 0.0, 0.0
+        for n in range(1, sessions + 1):
+            r = dq * (1.0 + q)
+            x = n / (z + dd + r)
+            q = x * r
+        return sessions / x if x > 0 else free + self.step_cpu_s
+
+    @classmethod
+    def for_device(cls, cpus: float, device=None, *, step_cpu_us: Optional[float] = None,
+                   read_cpu_us: Optional[float] = None, spin_s: float = 0.0,
+                   profile: Optional[Mapping] = None) -> "HostCPU":
+        """A host of ``cpus`` CPUs reading from ``device`` (a :class:`sim.device.Device` or None), its figures as
+        a planner has them: the engine's CPU a step ``step_cpu_us`` (default the shipped profile's,
+        :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: the device's fio CPU per read,
+        ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own;
+        0 for a memory-backed device, whose service is the reading threads' copy on these CPUs already).
+        ``source`` says which.
+
+        Raises
+        ------
+        ArgumentError
+            A figure out of range (as :class:`HostCPU`).
+        FormatError
+            The profile cannot be read (:func:`engine_profile`).
+        """
+        p = engine_profile() if profile is None else profile
+        step = float(p["step_cpu_us"]) if step_cpu_us is None else _nonneg("step_cpu_us", step_cpu_us)
+        said = [f"{cpus:g} CPUs", f"the engine's {step:.0f} us a step" +
+                (" (given)" if step_cpu_us is not None else f" (its profile, {(p.get('machine') or {}).get('cpu', '?')})")]
+        derived = getattr(device, "derived", None) or {}
+        ratio = float(p.get("read_cpu_ratio") or 1.0)
+        if read_cpu_us is not None:
+            read = _nonneg("read_cpu_us", read_cpu_us)
+            said.append(f"{read:.1f} us a read (given)")
+        elif "memory_backed" in derived:
+            read = 0.0
+            said.append("a read's CPU in the memory-backed device's own service")
+        elif (derived.get("cpu_per_read_us") or {}).get("value") is not None:
+            fio = float(derived["cpu_per_read_us"]["value"])
+            read = fio * ratio
+            said.append(f"{read:.1f} us a read (fio's {fio:.1f} x {ratio:.2f}, the engine's pread over fio's)")
+        else:
+            read = float(p["read_cpu_us"]) * ratio
+            said.append(f"{read:.1f} us a read (the profile's)")
+        return cls(cpus, step * 1e-6, read * 1e-6, spin_s, "; ".join(said))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``source``."""
+        return {"cpus": self.cpus, "step_cpu_us": self.step_cpu_s * 1e6, "read_cpu_us": self.read_cpu_s * 1e6,
+                "spin_us": self.spin_s * 1e6, "source": self.source}
+
+
+def engine_profile(path: Optional[str] = None) -> Mapping:
+    """The engine's CPU profile: ``{"step_cpu_us", "read_cpu_us", "machine", "date", "command", ...}`` from
+    ``path`` (default: the package's :data:`ENGINE_PROFILE`).
+
+    Raises
+    ------
+    FormatError
+        The file is missing, not JSON, or its ``step_cpu_us`` / ``read_cpu_us`` are not finite numbers >= 0
+        (names the file and the key).
+    """
+    p = packaged_data_path(ENGINE_PROFILE) if path is None else path
+    try:
+        doc = json.loads(read_text(p, "engine CPU profile"))
+    except ValueError as exc:
+        raise FormatError(f"{p}: the engine's CPU profile is not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"{p}: expected a JSON object")
+    for k in ("step_cpu_us", "read_cpu_us"):
+        v = doc.get(k)
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0:
+            raise FormatError(f"{p}: {k} = {v!r:.40}: expected a finite number >= 0 (microseconds)")
+    return doc

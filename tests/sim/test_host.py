@@ -1,0 +1,164 @@
+"""sim.decode.host: the host's CPUs shared by the sessions (mean-value analysis), its profile, and a decode run
+on a host."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engram.errors import ArgumentError, FormatError
+from sim.core.params import Compute, Policy
+from sim.decode import DecodeRun, simulate_decode
+from sim.decode.host import HostCPU, engine_profile
+from sim.device import ParametricSSD
+from sim.trace import CODE_SOURCE, load_trace
+
+US = 1e-6
+
+
+def _mva_one_server(n: int, z: float, d: float) -> float:
+    """Exact MVA of one queueing server (demand d) and a delay z, n customers: the cycle time, by hand."""
+    q = 0.0
+    x = 0.0
+    for k in range(1, n + 1):
+        r = d * (1 + q)
+        x = k / (z + r)
+        q = x * r
+    return n / x
+
+
+def test_one_session_pays_the_engine_once():
+    h = HostCPU(2, 200 * US, 10 * US)
+    # free step 5 ms with its 48 reads' CPU inside: one session adds only the engine's own CPU
+    assert h.step_time(1, 5e-3, 48) == pytest.approx(5e-3 + 200 * US, rel=1e-12)
+    assert h.demand(48) == pytest.approx(200 * US + 480 * US, rel=1e-12)
+
+
+def test_one_cpu_is_exact_mva():
+    h = HostCPU(1, 100 * US, 20 * US)
+    d = h.demand(48)                       # 1.06 ms
+    z = 4e-3 + 100 * US - d                # the part of the step holding no CPU
+    for n in (1, 2, 3, 8, 32):
+        assert h.step_time(n, 4e-3, 48) == pytest.approx(_mva_one_server(n, z, d), rel=1e-12)
+    # two sessions by hand: R1 = d, X1 = 1/(z+d), Q1 = d/(z+d); R2 = d(1+Q1), cycle = z + R2
+    q1 = d / (z + d)
+    assert h.step_time(2, 4e-3, 48) == pytest.approx(z + d * (1 + q1), rel=1e-12)
+
+
+def test_two_cpus_seidmann():
+    """Two CPUs: one server of demand d/2 plus a delay of d/2 (Seidmann's approximation)."""
+    h = HostCPU(2, 250 * US, 10.7 * US)
+    d = h.demand(48)
+    z = 1 / 165.8 + 250 * US - d
+    for n in (1, 4, 16, 32):
+        assert h.step_time(n, 1 / 165.8, 48) == pytest.approx(_mva_one_server(n, z + d / 2, d / 2), rel=1e-12)
+    # the quiet disk of 2026-12-02 at 32 sessions: 129.2 tokens/s a session with the CPUs free, 80.3 measured
+    assert 1 / h.step_time(32, 1 / 129.2, 48) == pytest.approx(81.6, abs=0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cpus=st.floats(0.25, 64), step=st.floats(0, 1e-3), read=st.floats(0, 50e-6), free=st.floats(1e-4, 0.05),
+       rows=st.floats(0, 96), n=st.integers(1, 256))
+def test_step_time_bounds(cpus, step, read, free, rows, n):
+    h = HostCPU(cpus, step, read)
+    t = h.step_time(n, free, rows)
+    d = h.demand(rows)
+    # never faster than one session alone, nor than the CPUs' bound; more sessions never faster
+    assert t >= (free + step) * (1 - 1e-9)
+    assert t >= n * d / cpus * (1 - 1e-9)
+    assert h.step_time(n + 1, free, rows) >= t * (1 - 1e-9)
+    # and within the sum of the two bounds (every session waiting for every other's CPU)
+    assert t <= (free + step + n * d / min(cpus, 1.0) + d) * (1 + 1e-9)
+
+
+def test_spin_is_cpu():
+    h = HostCPU(1, 0.0, 0.0, spin_s=2e-3)
+    assert h.demand(48) == pytest.approx(2e-3)
+    # a spinning compute queues: two sessions on one CPU with 2 ms of spin and nothing else take 4 ms a step
+    assert h.step_time(2, 2e-3, 48) == pytest.approx(4e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("field, value", [("cpus", 0), ("cpus", -1), ("cpus", float("nan")), ("cpus", True),
+                                          ("step_cpu_s", -1e-6), ("read_cpu_s", float("inf")), ("spin_s", "1"),
+                                          ("source", 3)])
+def test_bad_host(field, value):
+    kw = {"cpus": 2, "step_cpu_s": 1e-4, "read_cpu_s": 1e-5}
+    kw[field] = value
+    with pytest.raises(ArgumentError, match=field):
+        HostCPU(**kw)
+
+
+@pytest.mark.parametrize("args, words", [((0, 5e-3, 48), "sessions"), ((True, 5e-3, 48), "sessions"),
+                                         ((2.0, 5e-3, 48), "sessions"), ((2, -1.0, 48), "free_step_s"),
+                                         ((2, 5e-3, float("nan")), "rows_per_step")])
+def test_bad_step_time(args, words):
+    with pytest.raises(ArgumentError, match=words):
+        HostCPU(2, 1e-4, 1e-5).step_time(*args)
+
+
+def test_shipped_profile():
+    p = engine_profile()
+    assert p["step_cpu_us"] >= 0 and p["read_cpu_us"] > 0 and p["read_cpu_ratio"] > 0
+    assert p["command"].startswith("python -m benchmarks.run host") and p["date"] and p["machine"]["cpu"]
+
+
+@pytest.mark.parametrize("text, words", [("{", "not JSON"), ("[]", "JSON object"), ('{"read_cpu_us": 1}', "step_cpu_us"),
+                                         ('{"step_cpu_us": 1, "read_cpu_us": -2}', "read_cpu_us")])
+def test_bad_profile(tmp_path, text, words):
+    p = tmp_path / "p.json"
+    p.write_text(text)
+    with pytest.raises(FormatError, match=words):
+        engine_profile(str(p))
+    with pytest.raises(FormatError, match="cannot be read|no such|No such"):
+        engine_profile(str(tmp_path / "absent.json"))
+
+
+def test_compute_shifted():
+    assert Compute(2e-3).shifted(1e-3) == Compute(3e-3)
+    e = Compute.empirical([1e-3, 3e-3]).shifted(1e-3)
+    assert e.samples == (2e-3, 4e-3) and e.mean == pytest.approx(3e-3)
+    n = Compute(2e-3, "normal", 0.2).shifted(2e-3)
+    assert n.mean == pytest.approx(4e-3) and n.mean * n.cv == pytest.approx(2e-3 * 0.2)   # the same spread
+    g = Compute(2e-3, "exponential").shifted(2e-3)
+    assert g.dist == "gamma" and g.mean * g.cv == pytest.approx(2e-3)
+    assert Compute(2e-3).shifted(0) == Compute(2e-3)
+    for bad in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(ArgumentError, match="shifted"):
+            Compute(1e-3).shifted(bad)
+
+
+@pytest.fixture(scope="module")
+def code():
+    return load_trace(CODE_SOURCE, limit=2000)
+
+
+def test_a_decode_run_on_a_host(code):
+    """One channel of fixed service s and a constant compute C: one session on a host takes s x 48 + C + the
+    engine's CPU a step, exactly; 16 sessions on one CPU and a wide drive are held to the CPU's bound."""
+    s, C = 20 * US, 2e-3
+    dev = ParametricSSD(s, 1 / s, 1, service_cv=0.0)
+    host = HostCPU(1, 300 * US, 5 * US)
+    pol = Policy(threshold=8, readers=4)
+    free = simulate_decode(code, dev, pol, Compute(C), DecodeRun(steps=300))
+    r = simulate_decode(code, dev, pol, Compute(C), DecodeRun(steps=300, host=host))
+    rows = r.reads / 300
+    assert free.host == {} and "host" not in free.to_dict()
+    assert r.host["rows_per_step"] == pytest.approx(rows)
+    assert r.host["added_ms"] == pytest.approx(0.3, rel=1e-9)
+    assert 1 / r.tokens_per_s == pytest.approx(1 / free.tokens_per_s + 300 * US, rel=1e-6)
+    assert r.host["demand_us"] == pytest.approx(300 + 5 * rows)
+    assert "host      1 CPUs" in r.summary() and json.loads(json.dumps(r.to_dict()))["host"]["cpus"] == 1
+    wide = ParametricSSD(s, 64 / s, 64, service_cv=0.0)   # 64 channels: the CPU binds, not the drive
+    many = simulate_decode(code, wide, pol, Compute(C), DecodeRun(sessions=16, steps=200, host=host))
+    d = many.host["demand_us"] * US
+    assert many.mean_session_tokens_per_s <= 1 / (16 * d) * 1.01      # the CPU's bound
+    assert many.host["busy_cpus"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_decode_run_refuses_a_host_of_another_kind():
+    with pytest.raises(ArgumentError, match="DecodeRun.host"):
+        DecodeRun(host=2)
+    assert math.isfinite(HostCPU(2, 0, 0).step_time(4, 1e-3, 0))
