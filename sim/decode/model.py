@@ -204,7 +204,7 @@ class DecodeResult:
                 f"{h['step_cpu_us']:.0f} + {h['rows_per_step']:.1f} reads x {h['read_cpu_us']:.1f} us"
                 + (f" + spin {h['spin_us']:.0f}" if h.get("spin_us") else "") + f"): "
                 f"{h['busy_cpus']:.2f} CPUs busy, each step {h['added_ms']:.3f} ms longer than with the CPUs free "
-                f"({h['free_step_ms']:.3f} ms)")
+                f"({h['free_step_ms']:.3f} ms)" + (f"\n          from: {h['source']}" if h.get("source") else ""))
 
     def _speculative_line(self) -> str:
         sp = self.speculative

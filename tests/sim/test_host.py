@@ -162,3 +162,33 @@ def test_decode_run_refuses_a_host_of_another_kind():
     with pytest.raises(ArgumentError, match="DecodeRun.host"):
         DecodeRun(host=2)
     assert math.isfinite(HostCPU(2, 0, 0).step_time(4, 1e-3, 0))
+
+
+def test_sim_decode_on_a_host(capsys):
+    """engram sim decode --host-cpus: the host's line and figures; a fio device's own CPU per read; bad flags."""
+    from engram.cli import main
+    from tests.clirun import cli
+
+    base = ["sim", "decode", "--device", "ssd:qd1_us=24.3,iops=226658,routing=random", "--compute-ms", "5",
+            "--steps", "200", "--sessions", "16", "--limit", "1200"]
+    assert main(base + ["--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main(base + ["--json", "--host-cpus", "2", "--host-step-us", "200", "--host-read-us", "20"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    h = on["host"]
+    assert (h["cpus"], h["step_cpu_us"], h["read_cpu_us"]) == pytest.approx((2, 200, 20)) and "given" in h["source"]
+    assert h["demand_us"] == pytest.approx(200 + 20 * h["rows_per_step"])
+    assert on["mean_session_tokens_per_s"] < free["mean_session_tokens_per_s"] and "host" not in free
+    assert on["config"]["compute"] == free["config"]["compute"]      # the compute as given; the host apart
+    assert main(base + ["--host-cpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "host      2 CPUs" in out and "its profile" in out
+    fio = str(__import__("pathlib").Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
+    assert main(["sim", "decode", "--device", fio, "--compute-ms", "5", "--steps", "100", "--limit", "600",
+                 "--host-cpus", "4", "--json"]) == 0
+    src = json.loads(capsys.readouterr().out)["host"]["source"]
+    assert "fio's" in src or "the profile's" in src
+    for extra, words in ((["--host-step-us", "10"], "go with --host-cpus"), (["--host-cpus", "0"], "--host-cpus"),
+                         (["--host-cpus", "nan"], "--host-cpus"), (["--host-cpus", "2", "--host-read-us", "-1"],
+                                                                   "--host-read-us")):
+        assert words in cli(capsys, base + extra)
