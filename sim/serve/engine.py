@@ -390,7 +390,8 @@ class Engine:
         self.ov = (policy.overlap_layers / compute.layers) if (policy.overlap_layers > 0 and self.L > 1) else 0.0
         self.fast_reads = (rows.resident is None and policy.cache_rows == 0 and policy.shared_cache_rows == 0
                            and self.drives == 1 and not self.ov)
-        self.shared = SharedRowCache(policy.shared_cache_rows, policy.cache_policy) if policy.shared_cache_rows > 0 else None
+        self.shared = SharedRowCache(policy.shared_cache_rows, policy.cache_policy, rows) \
+            if policy.shared_cache_rows > 0 else None
         # per-request row caches (the policy's cache_policy): a slot per running request, its hits of its whole
         # decode stream drawn at its admission
         self.hits = None
@@ -472,7 +473,7 @@ class Engine:
                 keys = self.rows.stream_keys(int(self.dpos[r]), m)
                 res = self.rows.stream_resident(int(self.dpos[r]), m)
                 active = np.ones(keys.shape, dtype=bool) if res is None else ~res
-                self.hits[s, :m] = cache_hits(keys, active, self.policy.cache_rows,
+                self.hits[s, :m] = cache_hits(self.rows.cache_keys(keys), active, self.policy.cache_rows,
                                               self.policy.cache_policy).reshape(keys.shape)
         stall = self.sched.gate == "stall" and self.sched.second_start_layer > 0
         self.started2[r] = not stall

@@ -28,7 +28,9 @@ distinct rows in the order the device gets them; it is exact: the engine's own p
 (:class:`engram.rowcache.CachePolicy`, ``Policy.cache_policy``), a batch looked up, then its misses
 inserted, as :class:`engram.RowCache` does.
 
-Row keys are ``uint32``: ``row | (table << 30)`` (every V4.1 table has fewer than ``2**30`` rows).
+Row keys are ``uint32``: ``row | (table << 30)`` (every V4.1 table has fewer than ``2**30`` rows); a row cache's
+policy sees the engine's keys ``(layer id << 32) | row`` instead (:meth:`RowSource.cache_keys`), as the engine's
+cache does.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
-from engram.rowcache import DEFAULT_POLICY, CachePolicy
+from engram.rowcache import DEFAULT_POLICY, CachePolicy, cache_key
 
 from ..decode import resident_mask
 from sim.core.params import Policy
@@ -233,6 +235,13 @@ class RowSource:
         both = np.bincount(t * drives + d, minlength=self.layers * drives).reshape(self.layers, drives)
         return both, both.sum(axis=0)
 
+    def cache_keys(self, keys: np.ndarray) -> np.ndarray:
+        """uint64 like ``keys``: the engine's row-cache keys ``(layer id << 32) | row``
+        (:func:`engram.rowcache.cache_key`) of this source's keys, so that a policy sees, and a TinyLFU sketch
+        hashes, the keys the engine's cache does."""
+        k = np.asarray(keys, np.uint32)
+        return cache_key(np.asarray(self.layer_ids, np.uint64)[k >> np.uint32(TABLE_SHIFT)], k & _ROW_MASK)
+
     def stream_keys(self, dpos: int, tokens: int) -> np.ndarray:
         """uint32 ``[tokens, layers * columns]``: keys of ``tokens`` decode tokens from text position ``dpos``."""
         return self.keys[(int(dpos) + np.arange(int(tokens))) % self.text_tokens]
@@ -261,22 +270,25 @@ class RowSource:
 class SharedRowCache:
     """One row cache shared by every request (``Policy.shared_cache_rows``): the engine's policy, exact, in
     access order (``policy``: ``"lru"`` or ``"tinylfu"``, :data:`engram.rowcache.POLICIES`; default the
-    engine's, :data:`engram.rowcache.DEFAULT_POLICY`)."""
+    engine's, :data:`engram.rowcache.DEFAULT_POLICY`), on the engine's keys (``rows``: the
+    :class:`RowSource` whose keys it is fed, :meth:`RowSource.cache_keys`; None: the keys as given)."""
 
-    def __init__(self, capacity: int, policy: str = DEFAULT_POLICY):
+    def __init__(self, capacity: int, policy: str = DEFAULT_POLICY, rows: Optional["RowSource"] = None):
         self.capacity = int(capacity)
         self._policy = CachePolicy(self.capacity, policy)
+        self._rows = rows
         self.hits = 0
         self.requests = 0
 
     def misses(self, keys: np.ndarray) -> np.ndarray:
-        """The keys of a batch (distinct) that miss; every key then counts as used now (misses are inserted)."""
-        k = np.ascontiguousarray(keys, np.uint64)
+        """The keys of a batch (distinct, uint32) that miss; every key then counts as used now (misses are
+        inserted)."""
+        k32 = np.ascontiguousarray(keys, np.uint32)
+        k = np.ascontiguousarray(self._rows.cache_keys(k32) if self._rows is not None else k32.astype(np.uint64))
         slots = np.empty(k.size, np.int64)
         self._policy.lookup(k, slots)
         miss = slots < 0
-        out = np.ascontiguousarray(k[miss])
-        self._policy.insert(out, np.empty(out.size, np.int64))
+        self._policy.insert(np.ascontiguousarray(k[miss]), np.empty(int(miss.sum()), np.int64))
         self.requests += int(k.size)
-        self.hits += int(k.size) - int(out.size)
-        return out.astype(np.uint32)
+        self.hits += int(k.size) - int(miss.sum())
+        return k32[miss]

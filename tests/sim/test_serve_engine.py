@@ -292,7 +292,9 @@ def test_per_request_caches_run_the_policys_replacement(rows, cache_rows):
         tr = Engine(reqs, rows, load_device("seed-apple-m3-ultra"), Policy(cache_rows=cache_rows, cache_policy=name),
                     StepCompute(((0, 5.0), (1, 5.0)), 0.0), Scheduler(max_running=m, prefill_chunk=1),
                     run=EngineRun(seed=0, positions=(np.zeros(m, np.int64), np.asarray(pos, np.int64)))).run()
-        want = sum(int(policy_hits(rows.stream_keys(d, steps - 1), cache_rows, name).sum()) for d in pos)
+        # on the engine's keys (layer id << 32 | row), which the policy's TinyLFU sketch hashes
+        want = sum(int(policy_hits(rows.cache_keys(rows.stream_keys(d, steps - 1)), cache_rows, name).sum())
+                   for d in pos)
         assert tr.request_cache == {"hits": want, "requests": m * (steps - 1) * 48}
         # the texts' stretches share no row: every row a cache misses is read once
         assert tr.decode_reads == m * (steps - 1) * 48 - want

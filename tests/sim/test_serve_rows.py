@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from engram import ArgumentError
+from engram.rowcache import CachePolicy, cache_key
 from sim.decode import resident_mask
 from sim.decode.reads import shared_cache_hits
 from sim.core.params import Policy
@@ -108,6 +109,28 @@ def test_shared_cache_is_an_lru_of_every_batch(text, rows):
     want = shared_cache_hits(keys, active, 500, "lru")[active]
     assert np.array_equal(got, want)
     assert cache.hits == int(want.sum()) > 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "tinylfu"])
+def test_shared_cache_sees_the_engines_keys(text, rows, policy):
+    """The policy is fed the engine's keys (layer id << 32 | row, engram.rowcache.cache_key), which TinyLFU's
+    sketch hashes: the same hits as the engine's policy on those keys, batch by batch (looked up, then the misses
+    inserted), and the misses come back as the model's own keys."""
+    k = rows.keys[7]
+    assert np.array_equal(rows.cache_keys(k), cache_key(np.repeat(np.asarray(text.layer_ids, np.uint64), 24),
+                                                        text.rows[7].reshape(-1)))
+    rng = np.random.default_rng(9)
+    batches = [rows.decode_keys(rng.integers(0, 3000, 8)) for _ in range(120)]
+    cache = SharedRowCache(300, policy, rows)
+    ref = CachePolicy(300, policy)
+    for b in batches:
+        miss = cache.misses(b)
+        e = np.ascontiguousarray(rows.cache_keys(b))
+        slots = np.empty(e.size, np.int64)
+        ref.lookup(e, slots)
+        assert np.array_equal(miss, b[slots < 0]) and miss.dtype == np.uint32
+        ref.insert(np.ascontiguousarray(e[slots < 0]), np.empty(int((slots < 0).sum()), np.int64))
+    assert cache.hits > 0
 
 
 def test_placement(text, rows):
