@@ -241,7 +241,8 @@ class RowCache:
         A policy or prefill rule that does not exist.
     CacheLayoutError
         (:meth:`bind`, at ``EngramModel.open(..., cache=)``) the cache already serves a model of another
-        layout or other tables.
+        layout or other tables, or its model file was replaced or modified at its path since (a file is
+        known by device, inode, size and modification time: :meth:`bind_tables`).
 
     Notes
     -----
@@ -253,6 +254,10 @@ class RowCache:
     while it holds the lock stalls the others.  After ``fork()`` the child gets a copy-on-write copy with a
     fresh lock and fills it on its own.  ``engram measure`` with sessions as processes gives each process a
     fresh cache of the same budget and policy.
+
+    Files: the cache keeps a read-only descriptor of each model file it serves, so that a file replaced at
+    its path is never taken for it (:meth:`bind_tables`); a deleted model file's space is freed when the
+    cache is dropped.
     """
 
     def __init__(self, max_bytes: Union[int, str], policy: str = DEFAULT_POLICY, *, prefill: str = DEFAULT_PREFILL):
@@ -265,8 +270,11 @@ class RowCache:
         self._records = np.empty((self.capacity, ROW_BYTES), np.uint8)
         self._lock = threading.Lock()
         self._owner: Optional[Tuple[str, object, tuple]] = None
-        #: layer id -> (file id, offset, rows, path) of the table whose rows the keys of that layer name
+        #: layer id -> (file identity, offset, rows, path) of the table whose rows the keys of that layer name
         self._tables: dict = {}
+        #: (device, inode) -> a read-only descriptor of each file served: its inode number stays its own
+        self._held: dict = {}
+        weakref.finalize(self, _close_all, self._held)
         self.hits = 0
         self.lookups = 0
         self.inserts = 0
@@ -278,30 +286,48 @@ class RowCache:
         """Serve the model of ``layout`` whose tables are ``tables`` (``{layer id: TableLocation}``).
 
         The first model binds the cache; another model may share it only with the same layout and
-        the same tables (file, offset, rows), e.g. the same file opened twice.
+        the same tables (file, offset, rows), e.g. the same file opened twice.  A file is the same while
+        its identity is (:meth:`bind_tables`): a model file replaced or rewritten at the same path is
+        another model.
 
         Raises
         ------
         CacheLayoutError
-            Another layout or other tables than the model the cache serves (names both).
+            Another layout or other tables than the model the cache serves (names both), or the cache's
+            file replaced or modified since (names the file).
         """
-        ident = tuple(sorted((int(lid), _file_id(loc.path), int(loc.offset), int(loc.rows))
-                             for lid, loc in tables.items()))
         with self._lock:
-            if self._owner is None:
-                self._register([(lid, loc.path, loc.offset, loc.rows) for lid, loc in tables.items()],
-                               name or "this model")
-                self._owner = (name, layout, ident)
-                return
-            owner, lay, have = self._owner
+            opened = []
+            try:
+                given = [(int(lid), os.fspath(loc.path), int(loc.offset), int(loc.rows), None)
+                         for lid, loc in tables.items()]
+                ids = [self._identify(path, fd, opened) for _, path, _, _, fd in given]
+                ident = tuple(sorted((lid, fid, offset, rows) for (lid, _, offset, rows, _), fid in zip(given, ids)))
+                if self._owner is None:
+                    self._register(given, name or "this model", ids)
+                    self._owner = (name, layout, ident)
+                else:
+                    self._same_model(layout, ident, name)
+                self._keep(opened)
+            finally:
+                _close_all(opened)
+
+    def _same_model(self, layout, ident: tuple, name: str) -> None:
+        """CacheLayoutError unless ``layout`` and the tables' identities ``ident`` are the bound model's."""
+        owner, lay, have = self._owner
         if lay != layout:
             raise CacheLayoutError(f"row cache serves {owner or 'a model'} (layers {list(lay.layer_ids)}, rows "
                                    f"{[int(r) for r in lay.rows]}); {name or 'this model'} has another layout "
                                    f"(layers {list(layout.layer_ids)}, rows {[int(r) for r in layout.rows]}): its "
                                    f"keys (layer, row) would name other rows; give it its own RowCache")
         if have != ident:
+            changed = any(h[1][:2] == i[1][:2] and h[1] != i[1] for h, i in zip(have, ident))
+            why = (" (the file was modified since the cache bound it: its size or modification time differ)"
+                   if changed else " (the file at that path was replaced since: another file)"
+                   if owner and name and os.path.realpath(owner) == os.path.realpath(name) else "")
             raise CacheLayoutError(f"row cache serves {owner or 'a model'}; {name or 'this model'} has the same "
-                                   f"layout but other tables (file, offset): its rows differ; give it its own RowCache")
+                                   f"layout but other tables (file, offset){why}: its rows differ; give it its own "
+                                   f"RowCache")
 
     def bind_tables(self, tables, where: str = "") -> None:
         """Serve the rows of ``tables``: ``(layer id, path, offset, rows)`` each (:meth:`engram.Table.attach_cache`).
@@ -311,32 +337,82 @@ class RowCache:
         each session's own descriptor of the model's file, or a table of its first rows, whose range check
         refuses the others) is fine.
 
+        A file is known by its identity, not its path: device, inode, size and modification time
+        (``os.stat``).  A file replaced at the same path (deleted and written again, or renamed over) or
+        rewritten in place is another file, refused with CacheLayoutError while the cache serves the old
+        one's rows: make a new RowCache for it.  The cache keeps a read-only descriptor of every file it
+        serves, so that the file's inode number cannot pass to a new file while the cache holds its rows
+        (a deleted file's space is freed when the cache is dropped).
+
         Raises
         ------
         ArgumentError
             An entry that is not four values (an int layer id, a path, an int offset, an int row count).
         CacheLayoutError
             A layer id the cache serves from another table (file, offset), or one layer id given for two
-            tables (names the layer and both tables).
+            tables (names the layer and both tables), or a file replaced or modified since the cache bound it.
         """
         try:
-            given = [(int(lid), os.fspath(path), int(offset), int(rows)) for lid, path, offset, rows in tables]
+            given = [(int(lid), os.fspath(path), int(offset), int(rows), None) for lid, path, offset, rows in tables]
         except (TypeError, ValueError) as exc:
             raise ArgumentError(f"tables must be (layer id, path, offset, rows) each ({exc})") from None
-        with self._lock:
-            self._register(given, where or "this table")
+        self._bind_files(given, where or "this table")
 
-    def _register(self, tables, where: str) -> None:
-        """:meth:`bind_tables` under the lock, all or nothing."""
+    def _bind_files(self, given, where: str) -> None:
+        """:meth:`bind_tables` of ``(layer id, path, offset, rows, fd)`` entries: ``fd`` an open descriptor of
+        the file the table reads (its identity is taken from it, not from the path), or None."""
+        with self._lock:
+            opened = []
+            try:
+                self._register(given, where, [self._identify(path, fd, opened) for _, path, _, _, fd in given])
+                self._keep(opened)
+            finally:
+                _close_all(opened)
+
+    def _identify(self, path, fd, opened: list) -> tuple:
+        """The identity of a file (under the lock): ``(device, inode, size, mtime_ns)`` of ``fd`` when given (an
+        open descriptor of it) or of ``path`` opened read-only; ``(realpath,)`` of a path that cannot be opened.
+        A descriptor that keeps the file alive is appended to ``opened`` (:meth:`_keep` keeps it if the cache
+        holds no descriptor of that file yet; the caller closes the rest)."""
+        try:
+            held = os.dup(fd) if fd is not None and fd >= 0 else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return (os.path.realpath(path),)
+        opened.append(held)
+        try:
+            st = os.fstat(held)
+        except OSError:
+            return (os.path.realpath(path),)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _keep(self, opened: list) -> None:
+        """After a bind succeeded: keep one descriptor of each file the cache did not hold yet (removed from
+        ``opened``); the caller closes what is left."""
+        for fd in list(opened):
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in self._held:
+                self._held[(st.st_dev, st.st_ino)] = fd
+                opened.remove(fd)
+
+    def _register(self, tables, where: str, ids) -> None:
+        """:meth:`bind_tables` under the lock, all or nothing; ``ids`` the files' identities (:meth:`_identify`)."""
         new: dict = {}
-        for lid, path, offset, rows in tables:
-            ident = (_file_id(path), int(offset), int(rows), os.fspath(path))
+        for (lid, path, offset, rows, _), fid in zip(tables, ids):
+            ident = (fid, int(offset), int(rows), os.fspath(path))
             have = new.get(int(lid)) or self._tables.get(int(lid))
             if have is not None and have[:2] != ident[:2]:  # the same file and offset: the same rows (a prefix)
+                same_path = os.path.realpath(have[3]) == os.path.realpath(ident[3]) and have[1] == ident[1]
+                why = ("; the file was modified since the cache bound it (its size or modification time differ)"
+                       if same_path and have[0][:2] == fid[:2] else
+                       "; the file at that path was replaced since the cache bound it (another file)"
+                       if same_path else "")
                 raise CacheLayoutError(
                     f"row cache serves layer {int(lid)} from {have[3]} (offset {have[1]}, {have[2]} rows); {where} "
-                    f"gives layer {int(lid)} the table {ident[3]} (offset {ident[1]}, {ident[2]} rows): the keys "
-                    f"(layer, row) would name other rows; give it its own RowCache or another layer id")
+                    f"gives layer {int(lid)} the table {ident[3]} (offset {ident[1]}, {ident[2]} rows){why}: the "
+                    f"keys (layer, row) would name other rows; give it its own RowCache or another layer id")
             new[int(lid)] = ident
         self._tables.update(new)
 
@@ -475,12 +551,14 @@ class RowCache:
                 f"capacity={self.capacity} rows, entries={self.entries})")
 
 
-def _file_id(path) -> tuple:
-    try:
-        st = os.stat(path)
-        return (st.st_dev, st.st_ino)
-    except OSError:
-        return (os.path.realpath(path),)
+def _close_all(fds) -> None:
+    """Close the descriptors ``fds`` (a list, or a dict's values), emptied."""
+    for fd in list(fds.values() if isinstance(fds, dict) else fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
 
 
 _NO_RECORDS = np.empty((0, ROW_BYTES), np.uint8)

@@ -518,7 +518,8 @@ class _RowReads(Closing):
                                  for x in lids):
             raise ArgumentError(f"layer_ids must give one layer id >= 0 for each of the {n} table(s), got {layer_ids!r}")
         tables = getattr(self, "tables", [self])
-        cache.bind_tables([(lid, t.path, t.offset, t.rows) for lid, t in zip(lids, tables)],
+        # each table known by the file its descriptor reads (not whatever its path names now)
+        cache._bind_files([(int(lid), t.path, t.offset, t.rows, t._fd) for lid, t in zip(lids, tables)],
                           f"{type(self).__name__} of {', '.join(t.path for t in tables)}")
         self._cache_layers = np.asarray(lids, np.uint64) << np.uint64(32)
         self._cache_bounds = np.asarray([t.rows for t in tables], np.uint32)

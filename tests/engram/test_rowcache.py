@@ -835,3 +835,73 @@ def test_one_layer_id_names_one_table(tmp_path, model_path):
             with pytest.raises(CacheLayoutError, match=rf"layer {m.layer_ids[0]} from"):
                 t.attach_cache(bound, m.layer_ids[0])  # layer 1's rows under layer 0's keys
             t.attach_cache(bound, m.layer_ids[1])
+
+
+def test_a_file_replaced_at_its_path_is_another_table(tmp_path):
+    """A cache knows a file by device, inode, size and modification time, not by its path: a table file
+    deleted and written again at the same path (whose inode number the file system may reuse), or rewritten
+    in place, served the old file's rows from the cache.  Both are refused while the cache serves the old
+    file, naming the file; a table still open on the old file (its descriptor reads the old rows) keeps its
+    place, and a new RowCache serves the new file."""
+    import time
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    write_table(a, rows_raw(100, seed=1), 4096)
+    cache = RowCache("1M", "lru")
+    with Table(a, 4096, 100, backend="serial") as old:
+        old.attach_cache(cache, 0)
+        want_old = old.read_rows([5, 6, 99])
+        os.remove(a)                             # deleted and written again at the same path
+        write_table(a, rows_raw(100, seed=3), 4096)
+        with Table(a, 4096, 100, backend="serial") as t:
+            with pytest.raises(CacheLayoutError, match=rf"layer 0 from {a} .*replaced since"):
+                t.attach_cache(cache, 0)
+            assert t.cache is None
+            new_rows = t.read_rows([5, 6, 99])
+            assert not np.array_equal(new_rows, want_old)
+            fresh = RowCache("1M", "lru")
+            t.attach_cache(fresh, 0)
+            assert np.array_equal(t.read_rows([5, 6, 99]), new_rows)
+            assert np.array_equal(t.read_rows([5, 6, 99]), new_rows) and t.last_stats.cache_hits == 3
+        old.attach_cache(cache, 0)               # its descriptor still reads the old file: the same table
+        assert np.array_equal(old.read_rows([5, 6, 99]), want_old) and old.last_stats.cache_hits == 3
+
+    write_table(b, rows_raw(100, seed=1), 4096)
+    cache = RowCache("1M", "lru")
+    with Table(b, 4096, 100, backend="serial") as t:
+        t.attach_cache(cache, 1)
+        t.read_rows([5, 6, 99])
+    time.sleep(0.05)                             # a modification time past the first write's, on any clock
+    with open(b, "r+b") as f:                    # rewritten in place: the same inode, other rows
+        f.seek(4096)
+        f.write(rows_raw(100, seed=2).tobytes())
+    with Table(b, 4096, 100, backend="serial") as t:
+        with pytest.raises(CacheLayoutError, match=rf"layer 1 from {b} .*the file was modified since"):
+            t.attach_cache(cache, 1)
+        assert t.cache is None
+
+
+def test_a_model_file_replaced_at_its_path_is_another_model(tmp_path):
+    """``EngramModel.open(path, cache=)`` after the file at ``path`` was replaced (another model of the same
+    layout) or modified in place: CacheLayoutError naming the file, not the old model's rows."""
+    import time
+
+    from tests.modelfiles import plan, write_header_only
+
+    x = tmp_path / "x.gguf"
+    write_header_only(plan(seed=3), x)
+    cache = RowCache("1M")
+    EngramModel.open(x, cache=cache)
+    EngramModel.open(x, cache=cache)             # the same file again
+    os.remove(x)
+    write_header_only(plan(seed=4), x)
+    with pytest.raises(CacheLayoutError, match="replaced since"):
+        EngramModel.open(x, cache=cache)
+    cache = RowCache("1M")
+    EngramModel.open(x, cache=cache)
+    time.sleep(0.05)
+    with open(x, "r+b") as f:                    # a byte of a table's extent changed in place
+        f.seek(os.stat(x).st_size - 1000)
+        f.write(b"\x01")
+    with pytest.raises(CacheLayoutError, match="modified since"):
+        EngramModel.open(x, cache=cache)
