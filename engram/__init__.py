@@ -27,6 +27,7 @@ The public API, re-exported here:
 
 from .errors import (
     ArgumentError,
+    CacheCopyError,
     CacheError,
     CacheLayoutError,
     CachePolicyError,
@@ -63,7 +64,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError", "DecodeError", "DeviceError", "EngramError", "FormatError", "HistoryError", "LayoutError", "MaskError",
     "RowRangeError", "TableIOError", "TokenError", "VocabularyError", "OutputError",
-    "CacheError", "CacheSizeError", "CachePolicyError", "CacheLayoutError", "RowCache",
+    "CacheError", "CacheSizeError", "CachePolicyError", "CacheLayoutError", "CacheCopyError", "RowCache",
     "DEAD", "Hasher", "History", "Layout",
     "build_token_map", "default_tokenizer_json", "load_tokenizer",
     "Vocabulary", "check_tokenizer", "file_tokenizer", "model_tokenizer", "tokenizer_vocabulary",

@@ -126,6 +126,12 @@ class CacheLayoutError(CacheError, LayoutError):
     keys ``(layer, row)`` would name other rows."""
 
 
+class CacheCopyError(CacheError, TypeError):
+    """A row cache was copied (``copy.copy``, ``copy.deepcopy``) or pickled: it holds native state, a lock and
+    open descriptors that a copy would share or lose, so neither is made; make a new
+    :class:`engram.RowCache` (a child process after ``fork()`` gets its own copy)."""
+
+
 class DeviceError(EngramError, RuntimeError):
     """The accelerator path (:mod:`engram.gpu`) cannot run: PyTorch is not installed (the message
     names the extra ``engram[gpu]``), the device does not exist, or it ran out of memory.

@@ -56,7 +56,7 @@ import numpy as np
 
 from ._native import rowcache as _native
 from .codec import ROW_BYTES, decode_rows
-from .errors import ArgumentError, CacheLayoutError, CachePolicyError, CacheSizeError
+from .errors import ArgumentError, CacheCopyError, CacheLayoutError, CachePolicyError, CacheSizeError
 
 __all__ = ["RowCache", "CachePolicy", "POLICIES", "PREFILL", "DEFAULT_POLICY", "DEFAULT_PREFILL",
            "BOOKKEEPING_BYTES", "SIZE_RULE", "parse_size", "size_arg", "sizes_arg", "cache_rows", "cache_key",
@@ -239,6 +239,8 @@ class RowCache:
         physical memory.
     CachePolicyError
         A policy or prefill rule that does not exist.
+    CacheCopyError
+        ``copy.copy``, ``copy.deepcopy`` or pickling: a cache is not copied (make a new one).
     CacheLayoutError
         (:meth:`bind`, at ``EngramModel.open(..., cache=)``) the cache already serves a model of another
         layout or other tables, or its model file was replaced or modified at its path since (a file is
@@ -545,6 +547,20 @@ class RowCache:
         self._lock = threading.Lock()
         # slots the parent reserved for reads in flight are never filled here: given back
         self._policy.cancel_pending()
+
+    def _no_copy(self, how: str):
+        raise CacheCopyError(f"a RowCache cannot be {how}: it holds native state (the policy's tables), a lock and "
+                             f"open descriptors of its files, which a copy would share or lose; make a new "
+                             f"RowCache({self.max_bytes}, {self.policy!r}) instead")
+
+    def __copy__(self):
+        self._no_copy("copied (copy.copy)")
+
+    def __deepcopy__(self, memo):
+        self._no_copy("copied (copy.deepcopy)")
+
+    def __reduce_ex__(self, protocol):
+        self._no_copy("pickled")
 
     def __repr__(self) -> str:
         return (f"RowCache({self.max_bytes}, policy={self.policy!r}, prefill={self.prefill!r}, "

@@ -905,3 +905,25 @@ def test_a_model_file_replaced_at_its_path_is_another_model(tmp_path):
         f.write(b"\x01")
     with pytest.raises(CacheLayoutError, match="modified since"):
         EngramModel.open(x, cache=cache)
+
+
+def test_a_cache_is_not_copied_or_pickled():
+    """``copy.copy`` shared the original's records array with the copy, whose inserts then overwrote rows the
+    original served; deepcopy and pickling would copy native state and a lock.  All three are refused with
+    CacheCopyError naming what to do, and the original keeps its rows."""
+    import copy
+    import pickle
+
+    from engram import CacheCopyError
+
+    c = RowCache(264 * 4, "lru")
+    keys = cache_key(1, np.arange(3))
+    rec = np.arange(3 * 264, dtype=np.uint8).reshape(3, 264)
+    c.insert(keys, rec)
+    for how, f in (("copy.copy", copy.copy), ("copy.deepcopy", copy.deepcopy), ("pickled", pickle.dumps)):
+        with pytest.raises(CacheCopyError, match=rf"cannot be .*{how.split('.')[-1]}.*make a new RowCache\(1056, 'lru'\)"):
+            f(c)
+    with pytest.raises(TypeError):               # what generic code catches of an object that does not pickle
+        pickle.dumps([c])
+    hit, got = c.lookup(keys)
+    assert hit.all() and np.array_equal(got, rec)
