@@ -196,9 +196,43 @@ def _check_policy(policy, prefill) -> None:
         raise CachePolicyError(f"unknown prefill rule {prefill!r} of the row cache; rules: {', '.join(PREFILL)}")
 
 
+def _uint32s(x, what: str) -> np.ndarray:
+    """``x`` (an int or array_like of ints) as uint64, each value in ``[0, 2**32)``; else ArgumentError naming
+    the first value that is not (and its index)."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(f"{what}s must be integers in [0, 2**32), got {type(x).__name__} ({exc})") from None
+    if a.dtype == object and a.size and all(type(v) is int for v in a.flat):  # Python ints beyond 64 bits
+        bad = next(i for i, v in enumerate(a.flat) if not 0 <= v <= 0xFFFFFFFF)
+        where = f" at index {tuple(int(i) for i in np.unravel_index(bad, a.shape))}" if a.ndim else ""
+        raise ArgumentError(f"{what} {a.flat[bad]}{where} is outside [0, 2**32)")
+    if a.size and a.dtype.kind not in "iu":
+        first = a.flat[0]
+        first = first.item() if isinstance(first, np.generic) else first
+        raise ArgumentError(f"{what}s must be integers in [0, 2**32), got {a.dtype} (e.g. {first!r})")
+    if a.size and (a.dtype.kind == "i" or a.itemsize > 4) and (a.min() < 0 or a.max() > 0xFFFFFFFF):  # uint32: fits
+        bad = np.argwhere((a < 0) | (a > 0xFFFFFFFF))[0] if a.ndim else ()
+        where = f" at index {tuple(int(i) for i in bad)}" if a.ndim else ""
+        raise ArgumentError(f"{what} {int(a[tuple(bad)])}{where} is outside [0, 2**32)")
+    return a.astype(np.uint64)
+
+
 def cache_key(layer_id, row) -> np.ndarray:
-    """uint64 keys ``(layer << 32) | row`` of layer ids and row ids (broadcast)."""
-    return (np.asarray(layer_id, np.uint64) << np.uint64(32)) | np.asarray(row, np.uint64)
+    """uint64 keys ``(layer << 32) | row`` of layer ids and row ids (broadcast): int or array_like of ints,
+    each in ``[0, 2**32)``, so that a key names one ``(layer, row)``.
+
+    Raises
+    ------
+    ArgumentError
+        A layer id or row id that is not an integer (a float, a bool, a string) or lies outside
+        ``[0, 2**32)`` (names the value and its index), or shapes that do not broadcast.
+    """
+    lay, rows = _uint32s(layer_id, "layer id"), _uint32s(row, "row id")
+    try:
+        return (lay << np.uint64(32)) | rows
+    except ValueError as exc:
+        raise ArgumentError(f"layer ids {lay.shape} and row ids {rows.shape} do not broadcast ({exc})") from None
 
 
 def _check_keys(keys) -> None:

@@ -72,11 +72,25 @@ class Trace:
         if starts.size == 0 or starts[0] != 0 or np.any(np.diff(starts) <= 0) or (T and starts[-1] >= T) \
                 or (T == 0 and starts.size > 1):
             raise ArgumentError(f"Trace.starts must start at 0 and increase strictly below {T}, got {starts[:8]}")
-        layer_ids = tuple(int(x) for x in self.layer_ids)
+        if rows.shape[1] < 1 or rows.shape[2] < 1:
+            raise ArgumentError(f"Trace.rows must have at least one layer and one column, got shape {rows.shape}")
+        layer_ids = tuple(self.layer_ids)
+        for x in layer_ids:  # a key is (layer id << 32) | row: a layer id is a uint32, and names one table
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or not 0 <= x < 2**32:
+                raise ArgumentError(f"Trace.layer_ids must be integers in [0, 2**32), got {x!r} in "
+                                    f"{list(layer_ids)[:8]}")
+        layer_ids = tuple(int(x) for x in layer_ids)
+        if len(set(layer_ids)) != len(layer_ids):
+            dup = next(x for x in layer_ids if layer_ids.count(x) > 1)
+            raise ArgumentError(f"Trace.layer_ids names layer {dup} twice ({list(layer_ids)[:8]}): each layer is "
+                                f"one table, and the keys (layer, row) of two would collide")
         if len(layer_ids) != rows.shape[1]:
             raise ArgumentError(f"Trace.layer_ids has {len(layer_ids)} layers, rows have {rows.shape[1]}")
+        if isinstance(self.heads, (bool, np.bool_)) or not isinstance(self.heads, (int, np.integer)):
+            raise ArgumentError(f"Trace.heads must be an integer, got {type(self.heads).__name__} {self.heads!r}")
         if self.heads < 1 or rows.shape[2] % self.heads:
             raise ArgumentError(f"Trace.heads = {self.heads} does not divide {rows.shape[2]} columns")
+        self.heads = int(self.heads)
         names = tuple(str(x) for x in self.names) or tuple(f"seq{i}" for i in range(starts.size))
         if len(names) != starts.size:
             raise ArgumentError(f"Trace.names has {len(names)} names for {starts.size} sequences")
@@ -239,7 +253,9 @@ class Trace:
         Raises
         ------
         FormatError
-            The file is missing a field or the fields disagree (names the field).
+            The file is missing a field, a field has the wrong type or value (``layer_ids`` not distinct integers
+            in ``[0, 2**32)``, ``heads`` not one integer that divides the columns, ``rows`` with no layer or
+            column), or the fields disagree (names the field).
         """
         try:
             with np.load(path, allow_pickle=False) as z:
@@ -249,8 +265,15 @@ class Trace:
                 missing = [k for k in need if k not in z.files]
                 if missing:
                     raise FormatError(f"{path}: not a trace file, missing field {missing[0]!r}")
-                tr = cls(z["rows"], z["tokens"], z["starts"], tuple(int(x) for x in z["layer_ids"]),
-                         int(z["heads"]), str(z["source"]), tuple(str(x) for x in z["names"]))
+                lids, heads = z["layer_ids"], z["heads"]
+                if lids.ndim != 1 or lids.dtype.kind not in "iu":
+                    raise FormatError(f"{path}: field 'layer_ids' must be integers [layers], got {lids.dtype} "
+                                      f"{lids.shape}")
+                if heads.ndim != 0 or heads.dtype.kind not in "iu":
+                    raise FormatError(f"{path}: field 'heads' must be one integer, got {heads.dtype} {heads.shape}"
+                                      + (f" {heads.tolist()}" if heads.size <= 4 else ""))
+                tr = cls(z["rows"], z["tokens"], z["starts"], tuple(lids.tolist()), heads.item(),
+                         str(z["source"]), tuple(str(x) for x in z["names"]))
         except FormatError:
             raise
         except ArgumentError as exc:

@@ -370,6 +370,28 @@ def test_cache_between_models(model_path, tmp_path):
 def test_cache_key():
     assert cache_key(14, 5).item() == (14 << 32) | 5
     assert cache_key([1, 14], [[3], [4]]).shape == (2, 2)
+    assert cache_key(2 ** 32 - 1, 2 ** 32 - 1).item() == 2 ** 64 - 1
+    assert cache_key(1, np.array([], np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("layer, row, what", [
+    (0, 2 ** 32 + 1, r"row id 4294967297 is outside \[0, 2\*\*32\)"),      # was cache_key(1, 1)
+    (-1, 3, r"layer id -1 is outside"),                                        # was OverflowError
+    (2 ** 32, 3, r"layer id 4294967296 is outside"),
+    (1, [5, -2], r"row id -2 at index \(1,\) is outside"),
+    (1, [1, 2 ** 70], r"row id 1180591620717411303424 at index \(1,\) is outside"),
+    (1.0, 3, r"layer ids must be integers .* got float64"),
+    (1, [1.5], r"row ids must be integers .* got float64 \(e\.g\. 1\.5\)"),   # was row 1
+    (True, 3, r"layer ids must be integers .* got bool"),
+    ("a", 3, r"layer ids must be integers .* got <U1"),
+    (1, None, r"row ids must be integers .* got object"),
+    ([1, 2], [1, 2, 3], r"do not broadcast"),
+])
+def test_cache_key_refuses_ids_beyond_uint32_or_not_integers(layer, row, what):
+    """A key is (layer << 32) | row: a row id of 2**32 or more ran into the layer's bits (cache_key(0, 2**32 + 1)
+    was cache_key(1, 1)), negative ids raised OverflowError and floats were truncated."""
+    with pytest.raises(ArgumentError, match=what):
+        cache_key(layer, row)
 
 
 @pytest.mark.parametrize("keys, records, what", [

@@ -161,6 +161,53 @@ def test_bad_sources(tmp_path):
         load_trace(CODE_SOURCE, limit=0)
 
 
+def _saved(tmp_path, name, **fields):
+    """A trace file of 13 steps [13, 2, 24] with ``fields`` replacing those :meth:`Trace.save` writes."""
+    rng = np.random.default_rng(0)
+    z = dict(rows=rng.integers(0, 1000, (13, 2, 24)).astype(np.uint32), tokens=np.arange(13, dtype=np.int64),
+             starts=np.zeros(1, np.int64), layer_ids=np.array([1, 14]), heads=np.int64(8), source=np.str_("t"),
+             names=np.array(["seq0"]))
+    z.update(fields)
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, **z)
+    return path
+
+
+@pytest.mark.parametrize("name, fields, what", [
+    ("dup", dict(layer_ids=np.array([1, 1])), r"layer_ids names layer 1 twice"),
+    ("neg", dict(layer_ids=np.array([-1, 14])), r"layer_ids must be integers in \[0, 2\*\*32\), got -1"),
+    ("huge", dict(layer_ids=np.array([1, 2 ** 32 + 1])), r"layer_ids must be .*got 4294967297"),
+    ("float_layer", dict(layer_ids=np.array([1.9, 14.2])), r"field 'layer_ids' must be integers \[layers\], got float64"),
+    ("str_layer", dict(layer_ids=np.array(["a", "b"])), r"field 'layer_ids' must be integers"),
+    ("float_heads", dict(heads=np.float64(8.5)), r"field 'heads' must be one integer, got float64"),
+    ("array_heads", dict(heads=np.array([8, 8])), r"field 'heads' must be one integer, got int64 \(2,\) \[8, 8\]"),
+    ("zero_columns", dict(rows=np.zeros((13, 2, 0), np.uint32)), r"at least one layer and one column, got shape \(13, 2, 0\)"),
+    ("zero_layers", dict(rows=np.zeros((13, 0, 24), np.uint32), layer_ids=np.zeros(0, np.int64)), r"at least one layer"),
+])
+def test_bad_trace_fields_are_refused_naming_the_file_and_field(tmp_path, name, fields, what):
+    """A saved trace whose layer ids collide, are negative, beyond uint32 or not integers, whose heads are not one
+    integer, or whose rows have no column: a FormatError naming the file and the field (they made keys collide,
+    truncated silently, raised OverflowError or TypeError, or printed NaN hit rates)."""
+    path = _saved(tmp_path, name, **fields)
+    with pytest.raises(FormatError, match=rf"{name}\.npz: .*{what}"):
+        Trace.load(path)
+    with pytest.raises(FormatError, match=what):
+        load_trace(str(path))
+    good = Trace.load(_saved(tmp_path, "good"))
+    assert good.layer_ids == (1, 14) and good.heads == 8 and type(good.heads) is int
+
+
+def test_trace_refuses_layer_ids_and_heads_that_are_not_integers():
+    rows = np.zeros((3, 2, 24), np.uint32)
+    for bad in ((1.9, 14), (1, True), (1, 2 ** 32)):
+        with pytest.raises(ArgumentError, match="layer_ids must be integers"):
+            Trace(rows, np.arange(3), layer_ids=bad)
+    for bad in (8.0, True, "8"):
+        with pytest.raises(ArgumentError, match="heads must be an integer"):
+            Trace(rows, np.arange(3), heads=bad)
+    assert Trace(rows, np.arange(3), layer_ids=np.array([1, 14]), heads=np.int64(8)).layer_ids == (1, 14)
+
+
 # ------------------------------------------------------------------------ reuse
 def test_reuse_of_600_tokens_of_source_code_equals_direct_count(code600):
     st_ = reuse_stats(code600, lru_sizes=(48, 1000, 10**6))
