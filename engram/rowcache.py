@@ -487,7 +487,8 @@ class RowCache:
         ``keys`` uint64 ``[T * C]``, decodes every hit into its row of ``out`` float32 ``[T * C, 256]`` (or
         ``[T, C, 256]``) and
         flags it in ``skip`` uint8 ``[T * C]`` (1: hit).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
-        each column's table; an id beyond its table is left a miss, uncounted, for the reader's range error.
+        each column's table; a batch with an id beyond its table is served nothing (0 returned, every ``skip``
+        0, ``out`` untouched, nothing counted), for the reader's range error.
         Returns the hits.  Raises ArgumentError for arrays that do not fit (dtype, shape, layout, or outputs
         that overlap each other or the inputs), ``out`` untouched."""
         lock = self._lock
@@ -496,6 +497,8 @@ class RowCache:
             lock.acquire()
         try:
             h = self._policy.serve(ids, col_layer, keys, self._records, out, skip, col_rows)
+            if h < 0:  # an id beyond its table: the read fails its range check
+                return 0
             self.hits += h
             self.lookups += ids.size  # the batch's T * C positions (keys may be longer)
         except ValueError as exc:

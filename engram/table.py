@@ -365,10 +365,12 @@ class _RowReads(Closing):
         return res
 
     def _read(self, ids: np.ndarray, target: np.ndarray, caller_out: Optional[np.ndarray],
-              seg_cols: Optional[int] = None, raw: bool = False) -> None:
+              seg_cols: Optional[int] = None, raw: bool = False, layers: bool = False) -> None:
         """Read ``ids`` into ``target`` (decoded rows, or with ``raw`` the 264-byte records); a
         caller's multi-chunk ``out`` is staged so that a failure leaves it untouched.  Shared by
-        :class:`TableGroup`.  Raw reads pass by the row cache (it serves decoded rows)."""
+        :class:`TableGroup`.  Raw reads pass by the row cache (it serves decoded rows).  ``layers``: ``ids``
+        ``[1, n]`` are a group's ``[tables, T, columns]`` flattened (:meth:`TableGroup.read_layers`), which
+        errors name positions of."""
         t0 = time.perf_counter()
         cache = None if raw else self._cache
         # a caller's out is staged when a failure could leave it half written: more than one chunk, or the
@@ -402,9 +404,9 @@ class _RowReads(Closing):
                                         not raw, cache, keys)
             except _reader.ReadFailure as f:
                 if not self._ring_at_fault(f):
-                    raise self._error(f, ids) from None
+                    raise self._error(f, ids, layers) from None
                 extra, fused = ((skip,), {"cache": cache, "keys": keys}) if cache is not None else ((), {})
-                res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw, fused)
+                res = self._reread_on_pool(f, ids, dest, seg_cols, extra, raw, fused, layers)
         if staged:
             np.copyto(target, dest)
         self._count(res, nh, t0)
@@ -436,7 +438,7 @@ class _RowReads(Closing):
     # ------------------------------------------------- a read begun now, finished later
     _begun: Optional[tuple] = None
 
-    def _begin(self, ids: np.ndarray, target: np.ndarray, seg_cols: int) -> None:
+    def _begin(self, ids: np.ndarray, target: np.ndarray, seg_cols: int, layers: bool = False) -> None:
         """Begin reading ``ids`` (uint32 ``[T, C]``, one chunk at most) into ``target`` (float32, C-contiguous)
         without waiting: the row cache's hits are decoded now, the misses' reads handed to the engine from
         this thread, every read in flight at once where the engine's queue depth allows
@@ -454,7 +456,7 @@ class _RowReads(Closing):
             lay, bound = self._cache_columns(ids.shape[1], seg_cols)
             nh = cache.serve(ids, lay, keys, target, skip, bound)
             if nh == n:  # every row served: nothing to read
-                self._begun = (t0, ids, target, seg_cols, nh, False, (), {})
+                self._begun = (t0, ids, target, seg_cols, nh, False, (), {}, layers)
                 return
         with self._lock:
             self._ready()
@@ -463,9 +465,9 @@ class _RowReads(Closing):
                 self._reader.begin(ids, target, self._backend_code(), seg_cols, skip if nh else None, None, n,
                                    cache=cache, keys=keys)
             except _reader.ReadFailure as f:
-                raise self._error(f, ids) from None
+                raise self._error(f, ids, layers) from None
         extra, fused = ((skip if nh else None,), {"cache": cache, "keys": keys}) if keys is not None else ((), {})
-        self._begun = (t0, ids, target, seg_cols, nh, True, extra, fused)
+        self._begun = (t0, ids, target, seg_cols, nh, True, extra, fused, layers)
 
     def _finish(self) -> ReadStats:
         """Wait for the read :meth:`_begin` began, check and publish its rows; its statistics (also in
@@ -473,7 +475,7 @@ class _RowReads(Closing):
         read again on the pool as a read's is."""
         if self._begun is None:
             raise ArgumentError(f"{self.path}: no begun read to finish")
-        (t0, ids, target, seg_cols, nh, reading, extra, fused), self._begun = self._begun, None
+        (t0, ids, target, seg_cols, nh, reading, extra, fused, layers), self._begun = self._begun, None
         if reading:
             with self._lock:
                 if self._reader is None:
@@ -482,8 +484,8 @@ class _RowReads(Closing):
                     res = self._reader.finish()
                 except _reader.ReadFailure as f:
                     if not self._ring_at_fault(f):
-                        raise self._error(f, ids) from None
-                    res = self._reread_on_pool(f, ids, target, seg_cols, extra, False, fused)
+                        raise self._error(f, ids, layers) from None
+                    res = self._reread_on_pool(f, ids, target, seg_cols, extra, False, fused, layers)
         else:
             res = (0, 0, 0, 0, 1, 0, 0, 0, 0)
         return self._count(res, nh, t0)
@@ -581,18 +583,18 @@ class _RowReads(Closing):
     def _ring_at_fault(self, f) -> bool:
         return _backends.ring_at_fault(self.requested_backend, f)
 
-    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False, fused=None):
+    def _reread_on_pool(self, f, ids, dest, seg_cols, extra=(), raw=False, fused=None, layers=False):
         """Read the batch the ring failed again on the pread pool, once.  When the pool reads it,
         the ring is refused for the process (one warning, :func:`engram.backends.refuse_after_reread`)
         and this reader stays on the pool; when the pool fails too, its error is raised and the ring
         keeps its standing."""
         if self._reader.start_pool(self.readers):
-            raise self._error(f, ids) from None
+            raise self._error(f, ids, layers) from None
         try:
             res = self._reader.read(ids, dest, self.threshold, _reader.BACKEND_PREAD, seg_cols, *extra, decode=not raw,
                                     **(fused or {}))
         except _reader.ReadFailure as g:
-            raise self._error(g, ids) from None
+            raise self._error(g, ids, layers) from None
         self._to_pool(_backends.refuse_after_reread(f, self.path))
         return res
 
@@ -826,7 +828,7 @@ class Table(_RowReads):
         pos = f"token {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where[0]}"
         return f"{self.path}: row id {row} at {pos} is outside the table [0, {self.rows})"
 
-    def _error(self, f, ids) -> Exception:
+    def _error(self, f, ids, layers: bool = False) -> Exception:
         return _failure_to_error(f, [self.path], [self.rows], ids.shape[1] > 1)
 
     # ------------------------------------------------------------- lifetime
@@ -1032,9 +1034,7 @@ class TableGroup(_RowReads):
     def _layer_ids(self, ids, what: str):
         """``ids`` as uint32 ``[tables, T, columns]`` (C-contiguous) and the shape of their rows."""
         n = len(self.tables)
-        a = _row_ids(ids, 3, None, lambda row, where: (
-            f"{self.tables[where[0]].path} (table {where[0]}): row id {row} at token {where[1]}, column {where[2]} "
-            f"is outside the table [0, {self.tables[where[0]].rows})"))
+        a = _row_ids(ids, 3, None, self._layer_message)
         if a.shape[0] != n or a.shape[2] != self.columns:
             raise ArgumentError(f"{what}: row ids must have shape [{n}, T, {self.columns}], got {a.shape}")
         a = np.ascontiguousarray(a)
@@ -1060,17 +1060,18 @@ class TableGroup(_RowReads):
         Raises
         ------
         RowRangeError, TableIOError, DecodeError, ArgumentError
-            As :meth:`read_batch`; ``out`` is left untouched on every error.
+            As :meth:`read_batch` (a RowRangeError names the table, token and column of ``ids``); ``out`` is
+            left untouched on every error.
         """
         a, shape = self._layer_ids(ids, "read_layers")
         flat, seg_cols = a.reshape(1, -1), a.shape[1] * self.columns
         if out is not None:
             self._check_out(out, shape)
             o = out.reshape(1, -1, ROW_VALUES)
-            self._read(flat, o, o, seg_cols)
+            self._read(flat, o, o, seg_cols, layers=True)
             return out
         res = np.empty(shape, np.float32)
-        self._read(flat, res.reshape(1, -1, ROW_VALUES), None, seg_cols)
+        self._read(flat, res.reshape(1, -1, ROW_VALUES), None, seg_cols, layers=True)
         return res
 
     def begin_layers(self, ids, out: np.ndarray) -> None:
@@ -1088,20 +1089,22 @@ class TableGroup(_RowReads):
         ids : array_like of int, shape ``[len(tables), T, columns]``
         out : numpy.ndarray
             float32 ``[len(tables), T, columns, 256]``, C-contiguous, writable; filled by
-            :meth:`finish` (untouched if it fails, but for the cache's hits).
+            :meth:`finish`.  Untouched when this raises (every id is checked against its table before
+            anything is written); when :meth:`finish` fails, only the cache's hits are written.
 
         Raises
         ------
         ArgumentError
             Bad ``ids`` or ``out``, more than one chunk of ids, or a begun read not finished.
         RowRangeError, TableIOError
-            An id outside its table, or the group is closed (nothing read).
+            An id outside its table (names the table, token and column of ``ids``), or the group is closed
+            (nothing read, ``out`` untouched).
         """
         a, shape = self._layer_ids(ids, "begin_layers")
         self._check_out(out, shape)
         if a.size > _reader.CHUNK_REQUESTS:
             raise ArgumentError(f"begin_layers: at most {_reader.CHUNK_REQUESTS} row ids, got {a.size}")
-        self._begin(a.reshape(1, -1), out.reshape(1, -1, ROW_VALUES), a.shape[1] * self.columns)
+        self._begin(a.reshape(1, -1), out.reshape(1, -1, ROW_VALUES), a.shape[1] * self.columns, layers=True)
 
     @property
     def begun(self) -> bool:
@@ -1125,9 +1128,19 @@ class TableGroup(_RowReads):
         """
         return self._finish()
 
-    def _error(self, f, ids) -> Exception:
+    def _error(self, f, ids, layers: bool = False) -> Exception:
+        if layers and f.kind == "range":
+            # ids [1, tables * T * columns] of read_layers / begin_layers: the position in [tables, T, columns]
+            per = ids.shape[1] // len(self.tables)
+            table, within = divmod(int(f.column), per)
+            return RowRangeError(self._layer_message(f.row, (table, within // self.columns, within % self.columns)))
         return _failure_to_error(f, [t.path for t in self.tables], [t.rows for t in self.tables], True,
                                  [f"table {i}" for i in range(len(self.tables))])
+
+    def _layer_message(self, row: int, where) -> str:
+        """The range error of ``ids[where]`` of :meth:`read_layers` (``where`` = table, token, column)."""
+        return (f"{self.tables[where[0]].path} (table {where[0]}): row id {row} at token {where[1]}, column "
+                f"{where[2]} is outside the table [0, {self.tables[where[0]].rows})")
 
     def _range_message(self, row: int, where) -> str:
         t = self.tables[where[1] // self.columns]
@@ -1158,21 +1171,21 @@ class TableGroup(_RowReads):
         for t in self.tables:
             t._unpin()
 
-    def _read(self, ids, target, caller_out, seg_cols=None, raw=False) -> None:
+    def _read(self, ids, target, caller_out, seg_cols=None, raw=False, layers=False) -> None:
         self._pin()
         try:
-            super()._read(ids, target, caller_out, seg_cols, raw)
+            super()._read(ids, target, caller_out, seg_cols, raw, layers)
         finally:
             self._unpin()
 
     _begun_pinned = False
 
-    def _begin(self, ids, target, seg_cols) -> None:
+    def _begin(self, ids, target, seg_cols, layers=False) -> None:
         if self._begun is not None:
             raise ArgumentError(f"{self.path}: a begun read is not finished")
         self._pin()     # released by _finish, or by close
         try:
-            super()._begin(ids, target, seg_cols)
+            super()._begin(ids, target, seg_cols, layers)
         except BaseException:
             self._unpin()
             raise

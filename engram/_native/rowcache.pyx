@@ -396,9 +396,11 @@ cdef class Policy:
         each hit's record of ``records`` uint8 ``[capacity, 264]`` into its row of ``out`` float32 ``[T * C, 256]``
         (or ``[T, C, 256]``) and
         sets ``skip[i]`` uint8 (1: a hit, 0: a miss).  ``col_rows`` uint32 ``[C]`` (optional): the rows of
-        each column's table; an id at or beyond it is neither looked up nor counted (a miss: the reader then
-        raises its range error).  A key reserved for a read in flight (another session's) is a miss.  Every
-        array but ``ids`` C-contiguous; the outputs writable.  Returns the hits.
+        each column's table; a batch with an id at or beyond its column's is served nothing: no key looked up,
+        touched or counted, nothing decoded into ``out``, every ``skip`` 0, and -1 returned (the reader then
+        raises its range error, the caller's ``out`` untouched).  A key reserved for a read in flight (another
+        session's) is a miss.  Every array but ``ids`` C-contiguous; the outputs writable.  Returns the hits,
+        or -1.
 
         The arrays are taken as NumPy arrays and checked here (dtype, shape, layout), not as typed
         memoryviews: a hit's whole cost is a few microseconds, and a memoryview's acquisition is a good
@@ -409,6 +411,7 @@ cdef class Policy:
         cdef uint64_t k
         cdef uint32_t r
         cdef bint bound = col_rows is not None
+        cdef bint beyond = False
         cdef const char* idp
         cdef const uint64_t* lay
         cdef const uint32_t* rows = NULL
@@ -433,33 +436,40 @@ cdef class Policy:
         op = _rows_out(out, T, C)
         _outputs_apart(idp, T, C, s0, s1, lay, rows, rec, self.capacity, kp, sp, op)
         with nogil:
-            for t in range(T):  # the keys first, their table entries fetched ahead
+            for t in range(T):  # the keys first, their table entries fetched ahead; ids checked against their tables
                 for c in range(C):
-                    k = lay[c] | <uint64_t>(<const uint32_t*>(idp + t * s0 + c * s1))[0]
+                    r = (<const uint32_t*>(idp + t * s0 + c * s1))[0]
+                    if bound and r >= rows[c]:
+                        beyond = True
+                    k = lay[c] | <uint64_t>r
                     kp[t * C + c] = k
                     self._prefetch_entry(k)
-            for t in range(T):  # then the hits found and touched, their sketch blocks fetched ahead
-                for c in range(C):
-                    i = t * C + c
-                    sp[i] = 0
-                    if bound and (<const uint32_t*>(idp + t * s0 + c * s1))[0] >= rows[c]:
-                        continue
-                    s = self._find_ready(kp[i])
-                    if s >= 0:
-                        hits += 1
-                        self._touch(s)
-                        sp[i] = 1
-                        if self.tiny:
-                            self._prefetch_block(kp[i])
-            # the hits counted and decoded, each found again (its lines hot): decoding inside the loop above, from
-            # its slot, made a decode step slower (BENCHMARKS.md, "Row cache"); keys cannot overlap out (checked)
-            if hits:
-                for i in range(T * C):  # the misses are counted when inserted
-                    if sp[i]:
-                        k = kp[i]
-                        if self.tiny:
-                            self._count(k)
-                        decode_row(rec + <int64_t>self._find(k) * ROW_BYTES, op + i * ROW_VALUES)
+            if beyond:  # the batch fails its range check: nothing served, nothing written to out
+                memset(sp, 0, T * C)
+            else:
+                for t in range(T):  # then the hits found and touched, their sketch blocks fetched ahead
+                    for c in range(C):
+                        i = t * C + c
+                        sp[i] = 0
+                        s = self._find_ready(kp[i])
+                        if s >= 0:
+                            hits += 1
+                            self._touch(s)
+                            sp[i] = 1
+                            if self.tiny:
+                                self._prefetch_block(kp[i])
+                # the hits counted and decoded, each found again (its lines hot): decoding inside the loop above,
+                # from its slot, made a decode step slower (BENCHMARKS.md, "Row cache"); keys cannot overlap out
+                # (checked)
+                if hits:
+                    for i in range(T * C):  # the misses are counted when inserted
+                        if sp[i]:
+                            k = kp[i]
+                            if self.tiny:
+                                self._count(k)
+                            decode_row(rec + <int64_t>self._find(k) * ROW_BYTES, op + i * ROW_VALUES)
+        if beyond:
+            return -1
         return hits
 
     def admit(self, keys, skip, raw, records):

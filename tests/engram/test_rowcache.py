@@ -468,10 +468,13 @@ def test_serve_and_admit_check_their_arrays():
     # strided ids (a column of a wider batch) are read in place
     wide = np.array([[9, 3, 9, 4]], np.uint32)[:, 1::2]
     assert c.serve(wide, col, keys, out, skip) == 2
-    # an id at or beyond its column's table is neither looked up nor counted
-    before = c.stats()["hits"]
-    assert c.serve(ids, col, keys, out, skip, np.array([10, 4], np.uint32)) == 1 and skip.tolist() == [1, 0]
-    assert c.stats()["hits"] == before + 1
+    # a batch with an id at or beyond its column's table is served nothing: no key looked up or counted, out
+    # untouched, every skip 0 (the reader raises its range error)
+    before = (c.stats()["hits"], c.stats()["lookups"])
+    out[:] = 7.0
+    assert c.serve(ids, col, keys, out, skip, np.array([10, 4], np.uint32)) == 0 and skip.tolist() == [0, 0]
+    assert (c.stats()["hits"], c.stats()["lookups"]) == before and (out == 7.0).all()
+    assert c.serve(ids, col, keys, out, skip, np.array([10, 5], np.uint32)) == 2 and skip.tolist() == [1, 1]
     bad = [(ids.astype(np.int64), col, keys, out, skip), (ids, col[:1], keys, out, skip),
            (ids, col, keys[:1], out, skip), (ids, col, keys, out.astype(np.float64), skip),
            (ids, col, keys, out[:, :128], skip), (ids, col, keys, out, skip.astype(bool)),
@@ -949,3 +952,52 @@ def test_a_cache_is_not_copied_or_pickled():
         pickle.dumps([c])
     hit, got = c.lookup(keys)
     assert hit.all() and np.array_equal(got, rec)
+
+
+@pytest.mark.parametrize("backend", usable(("serial", "pread", "io_uring")))
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_range_error_names_table_token_and_column_and_leaves_out_alone(model_path, backend, cached):
+    """An id beyond its table at ``ids[1, 2, 23]`` of ``read_layers`` / ``begin_layers``: the RowRangeError names
+    table 1, token 2, column 23 (it named token 0, column 143, the position in the flattened batch), and
+    ``begin_layers`` leaves ``out`` bit-identical (it decoded the cache's hits into ``out`` before the reader's
+    range check failed), as ``read_layers`` and ``read_batch`` do; nothing is counted or left reserved."""
+    from engram import RowRangeError
+
+    cache = RowCache(264 * 1000, "lru") if cached else None
+    model = EngramModel.open(model_path)
+    info = model.info
+    tables = [Table(info.tables[lid].path, info.tables[lid].offset, info.tables[lid].rows, backend=backend,
+                    readers=4, threshold=1, direct=False) for lid in model.layer_ids]
+    g = TableGroup(tables, 24)
+    if cached:
+        g.attach_cache(cache, model.layer_ids)
+    try:
+        ids = np.arange(2 * 3 * 24, dtype=np.int64).reshape(2, 3, 24)
+        want = g.read_layers(ids)                                  # every row a hit from now on, when cached
+        bad = ids.copy()
+        bad[1, 2, 23] = tables[1].rows
+        msg = rf"\(table 1\): row id {tables[1].rows} at token 2, column 23 is outside the table \[0, {tables[1].rows}\)"
+        before = cache.stats() if cached else None
+        for call in ("read_layers", "begin_layers"):
+            out = np.full((2, 3, 24, 256), np.nan, np.float32)
+            out.view(np.uint32)[...] = np.arange(out.size, dtype=np.uint32).reshape(out.shape)  # each word its own
+            snap = out.copy()
+            with pytest.raises(RowRangeError, match=msg):
+                getattr(g, call)(bad, out)
+            assert out.tobytes() == snap.tobytes(), call
+            assert not g.begun
+        flat = bad.transpose(1, 0, 2).reshape(3, 48)
+        with pytest.raises(RowRangeError, match=r"\(table 1\): row id \d+ at token 2, column 47 is outside"):
+            g.read_batch(flat)
+        if cached:
+            after = cache.stats()
+            assert (after["hits"], after["lookups"]) == (before["hits"], before["lookups"])
+            assert cache._policy.pending == 0
+        out = np.empty((2, 3, 24, 256), np.float32)
+        g.begin_layers(ids, out)
+        g.finish()
+        assert np.array_equal(out, want)
+    finally:
+        g.close()
+        for t in tables:
+            t.close()
