@@ -552,10 +552,11 @@ class RowCache:
 
     def get(self, layer_id: int, rows) -> Tuple[np.ndarray, np.ndarray]:
         """The held rows of ``layer_id`` among ``rows`` (int ``[n]``), without touching or counting them:
-        (bool ``[n]`` held, float32 ``[held, 256]`` decoded).  For inspection and tests."""
+        (bool ``[n]`` held, float32 ``[held, 256]`` decoded).  A row reserved for a read still in flight is
+        not held (its record is not written yet), as every lookup misses it.  For inspection and tests."""
         keys = cache_key(layer_id, np.asarray(rows).reshape(-1))
         with self._lock:
-            slots = np.array([self._policy.slot(int(k)) for k in keys], dtype=np.int64)
+            slots = np.array([self._policy.ready_slot(int(k)) for k in keys], dtype=np.int64)
             rec = self._records[slots[slots >= 0]]
         return slots >= 0, decode_rows(rec)
 

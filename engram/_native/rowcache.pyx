@@ -272,8 +272,14 @@ cdef class Policy:
         return self._find(key) >= 0
 
     def slot(self, uint64_t key):
-        """The slot of ``key``, or -1 (does not count or touch it)."""
+        """The slot of ``key``, or -1 (does not count or touch it); a key reserved for a read in flight has its
+        slot, whose record is not written yet (:meth:`ready_slot` for one that is)."""
         return self._find(key)
+
+    def ready_slot(self, uint64_t key):
+        """The slot of ``key`` when held and its record written, else -1 (a key reserved for a read in flight
+        is -1, as every lookup misses it); does not count or touch it."""
+        return self._find_ready(key)
 
     def frequency(self, uint64_t key):
         """The sketch's estimate of ``key``'s count (TinyLFU; 0 for LRU)."""

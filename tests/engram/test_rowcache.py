@@ -1001,3 +1001,31 @@ def test_a_range_error_names_table_token_and_column_and_leaves_out_alone(model_p
         g.close()
         for t in tables:
             t.close()
+
+
+@pytest.mark.parametrize("backend", usable(("pread", "io_uring")))
+def test_get_does_not_serve_a_slot_reserved_for_a_read_in_flight(model_path, backend):
+    """``RowCache.get`` took a slot reserved for a begun read as held and returned the record its slot held
+    before (another row's); a reserved row is not held until ``finish`` writes it."""
+    cache = RowCache(264 * 48, "lru")
+    model, tables, g = _group(model_path, cache, backend)
+    try:
+        a = np.arange(48, dtype=np.int64).reshape(2, 1, 24)
+        g.read_layers(a)                              # the 48 slots hold rows 0..23 of both layers
+        cache.clear()
+        b = a + 5000
+        want = _expected(model, b.transpose(1, 0, 2))
+        out = np.empty((2, 1, 24, 256), np.float32)
+        g.begin_layers(b, out)                        # the same 48 slots reserved for rows 5000..
+        assert cache._policy.pending == 48
+        for i, lid in enumerate(model.layer_ids):
+            held, rows = cache.get(lid, b[i, 0])
+            assert not held.any() and rows.shape == (0, 256)
+        g.finish()
+        for i, lid in enumerate(model.layer_ids):
+            held, rows = cache.get(lid, b[i, 0])
+            assert held.all() and np.array_equal(rows, want[lid][0])
+    finally:
+        g.close()
+        for t in tables:
+            t.close()
