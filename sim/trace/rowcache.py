@@ -25,22 +25,55 @@ import numpy as np
 from engram.errors import ArgumentError
 from engram.rowcache import POLICIES, CachePolicy, cache_rows, parse_size
 
+from sim.core.limits import check_count, check_memory
 from sim.core.progress import progress as progress_bar
 from .base import Trace
 from .wrap import session_offsets
 
-__all__ = ["CacheCurve", "CachePoint", "batch_bounds", "cache_curve", "optimal_hits", "policy_hits", "replay_keys",
-           "stretch_hits", "OPTIMAL"]
+__all__ = ["CacheCurve", "CachePoint", "batch_bounds", "cache_curve", "check_replay_memory", "optimal_hits",
+           "policy_hits", "replay_keys", "stretch_hits", "OPTIMAL", "REPLAY_BYTES_A_READ", "OPTIMAL_BYTES_A_READ"]
 
 #: The name of the optimal bound beside the policies.
 OPTIMAL = "optimal"
+#: Bytes of memory a replayed read takes at most (:func:`cache_curve`): its key (8), the trace rows it is made of,
+#: ``np.unique``'s sort, indices and inverse, the hit masks -- about 50 measured; and with the optimal bound,
+#: whose replay holds the keys and next uses as Python lists, about 130 measured.
+REPLAY_BYTES_A_READ = 64
+OPTIMAL_BYTES_A_READ = 160
+
+
+def check_replay_memory(trace: Trace, sessions: int, steps: Optional[int], optimal: bool = False) -> int:
+    """The reads of replaying ``sessions`` sessions of ``steps`` steps of ``trace`` (default its length), after
+    checking that the replay fits in memory (:func:`sim.core.limits.check_memory`), before anything is made.
+
+    Raises
+    ------
+    ArgumentError
+        No steps, fewer than one session or step, or a replay that would not fit in memory (says how much
+        it needs).
+    """
+    if trace.steps == 0:
+        raise ArgumentError("the trace has no steps")
+    sessions = check_count(sessions, "sessions")
+    steps = trace.steps if steps is None else check_count(steps, "steps")
+    reads = sessions * steps * trace.layers * trace.columns
+    check_memory(reads * (OPTIMAL_BYTES_A_READ if optimal else REPLAY_BYTES_A_READ),
+                 f"replaying {sessions:,} session(s) x {steps:,} steps x {trace.layers * trace.columns} row reads "
+                 f"({reads:,} reads{', with the optimal bound' if optimal else ''})")
+    return reads
 
 
 def replay_keys(trace: Trace, sessions: int = 1, steps: Optional[int] = None) -> np.ndarray:
     """uint64 ``[steps, sessions, layers, columns]``: the cache keys ``(layer id << 32) | row`` in the order a
     shared cache sees them (step ``t`` of session 0, of session 1, ...).
 
-    ``steps``: per session (default the trace's length; a session wraps past the end)."""
+    ``steps``: per session (default the trace's length; a session wraps past the end).
+
+    Raises
+    ------
+    ArgumentError
+        No steps, fewer than one session or step, or keys that would not fit in memory
+        (:func:`check_replay_memory`)."""
     T = trace.steps
     if T == 0:
         raise ArgumentError("the trace has no steps")
@@ -49,6 +82,7 @@ def replay_keys(trace: Trace, sessions: int = 1, steps: Optional[int] = None) ->
     steps = T if steps is None else int(steps)
     if steps < 1:
         raise ArgumentError(f"need at least one step, got {steps}")
+    check_replay_memory(trace, sessions, steps)
     starts = session_offsets(T, sessions)
     pos = (np.asarray(starts, np.int64)[None, :] + np.arange(steps)[:, None]) % T     # [steps, sessions]
     lay = (np.asarray(trace.layer_ids, np.uint64) << np.uint64(32))[:, None]
@@ -236,7 +270,8 @@ def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIE
     Raises
     ------
     ArgumentError
-        An unknown policy, no sizes, no steps or sessions.
+        An unknown policy, no sizes, no steps or sessions, or a replay that would not fit in memory (checked
+        before anything is made: :func:`check_replay_memory`).
     CacheSizeError
         A size below one row (264 bytes) or not a size.
     """
@@ -246,6 +281,7 @@ def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIE
     for p in policies:
         if p not in POLICIES:
             raise ArgumentError(f"unknown row cache policy {p!r}; policies: {', '.join(POLICIES)}")
+    check_replay_memory(trace, sessions, steps, optimal)
     keys = replay_keys(trace, sessions, steps)                         # [steps, S, L, C]
     batch = batch_bounds(keys)
     flat = keys.reshape(-1)

@@ -204,6 +204,41 @@ def test_cli_reuse_bad_input(capsys, argv, msg):
     assert msg in cli(capsys, ["sim", "trace", "reuse", "text:hello world again and again"] + argv)
 
 
+@pytest.mark.parametrize("argv, msg", [
+    (["--sessions", "1000000000"], r"1,000,000,000 session\(s\) x \d+ steps .* needs about .* GB of memory"),
+    (["--steps", "99999999999"], r"1 session\(s\) x 99,999,999,999 steps .* needs about"),
+    (["--sessions", "3000000", "--steps", "13"], r"3,000,000 session\(s\) x 13 steps x 48 row reads "
+                                                  r"\(1,872,000,000 reads, with the optimal bound\) needs about"),
+])
+def test_cli_reuse_too_big_is_refused_before_it_allocates(capsys, argv, msg):
+    """Runs whose replay cannot fit in memory ended in numpy._ArrayMemoryError tracebacks or were killed by the
+    kernel; the size is checked first, against sim.core.limits' share of memory, with the estimate."""
+    import re
+
+    line = cli(capsys, ["sim", "trace", "reuse", "text:hello world again and again", "--cache-bytes", "1M"] + argv)
+    assert re.search(msg, line) and "make the run smaller" in line, line
+
+
+def test_replay_memory_estimate(monkeypatch):
+    """The estimate is of the reads replayed (sessions x steps x layers x columns), more a read with the optimal
+    bound; a replay within the limit runs."""
+    from sim.core import limits
+    from sim.trace.rowcache import OPTIMAL_BYTES_A_READ, REPLAY_BYTES_A_READ, check_replay_memory
+
+    tr = Trace(np.arange(10 * 48, dtype=np.uint32).reshape(10, 2, 24), np.zeros(10, np.int64))
+    assert check_replay_memory(tr, 3, 7) == 3 * 7 * 48 and check_replay_memory(tr, 1, None) == 480
+    monkeypatch.setattr(limits, "memory_limit", lambda: 3 * 7 * 48 * REPLAY_BYTES_A_READ)
+    check_replay_memory(tr, 3, 7)
+    assert cache_curve(tr, ["1M"], sessions=3, steps=7, optimal=False).reads == 3 * 7 * 48
+    with pytest.raises(ArgumentError, match=r"3 session\(s\) x 8 steps x 48 row reads \(1,152 reads\) needs about"):
+        cache_curve(tr, ["1M"], sessions=3, steps=8, optimal=False)
+    with pytest.raises(ArgumentError, match="with the optimal bound"):
+        cache_curve(tr, ["1M"], sessions=3, steps=7)
+    assert OPTIMAL_BYTES_A_READ > REPLAY_BYTES_A_READ
+    with pytest.raises(ArgumentError, match="needs about"):
+        replay_keys(tr, 3, 8)
+
+
 @pytest.mark.parametrize("sizes, why", [("1Q", "unknown unit 'Q'"), ("1M,1e3", "exponent"), ("-1M", "negative")])
 def test_cli_reuse_bad_size_is_the_parsers_error(capsys, sizes, why):
     """A size that is not one is refused by the parser: exit 2, one line naming the flag, the unit rule."""
