@@ -98,6 +98,8 @@ for _i, _u in enumerate("kmgt", 1):
 del _i, _u
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
 _EXPONENT = re.compile(r"\s*[0-9.]+[eE][-+]?[0-9]+\s*[A-Za-z]*\s*")
+#: Longest size string read (a size of bytes has at most 20 digits; spaces, a fraction and a unit besides).
+_SIZE_CHARS = 64
 
 
 def parse_size(size: Union[int, str], what: str = "cache size") -> int:
@@ -118,8 +120,8 @@ def parse_size(size: Union[int, str], what: str = "cache size") -> int:
     Raises
     ------
     CacheSizeError
-        Not a size: a negative number, a bool, a float, an exponent, an unknown unit (the message gives
-        the rule).
+        Not a size: a negative number, a bool, a float, an exponent, an unknown unit, a string longer than
+        64 characters (the message gives the rule).
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer, str)):
         raise CacheSizeError(f"{what} must be bytes (an int, or a string like '64M' or '64MB'), got "
@@ -129,6 +131,9 @@ def parse_size(size: Union[int, str], what: str = "cache size") -> int:
         if v < 0:
             raise CacheSizeError(f"{what} must be >= 0 bytes, got {v}")
         return v
+    if len(size) > _SIZE_CHARS:
+        raise CacheSizeError(f"{what} {size[:24]!r}... ({len(size)} characters) is too long to be a size (at most "
+                             f"{_SIZE_CHARS} characters); need {SIZE_RULE}")
     m = _SIZE.fullmatch(size)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:

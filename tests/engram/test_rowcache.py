@@ -130,13 +130,16 @@ def test_sizes():
              ".5KB": 500, "3.": 3, "0.5": 0, "4096": 4096, "4096B": 4096, " 8 K ": 8192, "1.2345KB": 1234}
     assert {k: parse_size(k) for k in known} == known
     assert parse_size(np.int64(5)) == 5 and parse_size(0) == 0
+    assert parse_size("1" * 64) == int("1" * 64)              # 64 characters: still read
 
 
 @pytest.mark.parametrize("size, why", [("1e3", "exponent"), ("1E6M", "exponent"), ("-1M", "negative"),
                                        ("12Q", "unknown unit 'Q'"), ("1KiBB", "unknown unit"), ("M", "not a number"),
                                        ("", "not a number"), ("1,5M", "not a number"), ("+5M", "not a number"),
                                        (True, "got bool"), (1.5, "got float"), (1000.0, "got float"),
-                                       (None, "got NoneType"), (-5, ">= 0")])
+                                       (None, "got NoneType"), (-5, ">= 0"),
+                                       ("9" * 5000, r"'9{24}'\.\.\. \(5000 characters\) is too long to be a size"),
+                                       ("1" * 65 + "K", r"\(66 characters\) is too long")])
 def test_bad_sizes_name_the_rule(size, why):
     with pytest.raises(CacheSizeError, match=why) as e:
         parse_size(size, "--cache-bytes")
@@ -164,7 +167,7 @@ def test_size_options_read_sizes_as_written():
     assert RowCache(264).capacity == 1 and RowCache(264 * 10 + 263, "lru").capacity == 10
 
 
-@pytest.mark.parametrize("size", [0, 263, "100", "12Q", -5, True, 1.5])
+@pytest.mark.parametrize("size", [0, 263, "100", "12Q", -5, True, 1.5, "9" * 5000])
 def test_bad_sizes(size):
     with pytest.raises(CacheSizeError) as e:
         RowCache(size)
