@@ -194,11 +194,20 @@ def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True) -> int:
     return rows
 
 
-def _check_policy(policy, prefill) -> None:
+def _check_policy(policy, prefill) -> Tuple[str, str]:
+    """``(policy, prefill)`` as plain strings (a NumPy string is its str); CachePolicyError for a name that is not
+    a string (an array, even of one name, a number, None) or names no policy or prefill rule."""
+    for value, kind, names in ((policy, "row cache policy", POLICIES), (prefill, "row cache's prefill rule", PREFILL)):
+        if not isinstance(value, str):
+            got = (f"an array {value.dtype} {value.shape}" if isinstance(value, np.ndarray)
+                   else f"{type(value).__name__} {value!r}"[:80])
+            raise CachePolicyError(f"the {kind} must be a string, one of {', '.join(names)}; got {got}")
+    policy, prefill = str(policy), str(prefill)
     if policy not in POLICIES:
         raise CachePolicyError(f"unknown row cache policy {policy!r}; policies: {', '.join(POLICIES)}")
     if prefill not in PREFILL:
         raise CachePolicyError(f"unknown prefill rule {prefill!r} of the row cache; rules: {', '.join(PREFILL)}")
+    return policy, prefill
 
 
 def _uint32s(x, what: str) -> np.ndarray:
@@ -259,9 +268,9 @@ class RowCache:
         as rows arrive (untouched pages cost nothing).
     policy : {"tinylfu", "lru"}
         Replacement policy (see the module): ``tinylfu`` (default, :data:`DEFAULT_POLICY`: why there) admits by
-        frequency; ``lru`` suits a cache of one session.
+        frequency; ``lru`` suits a cache of one session.  A string (``numpy.str_`` is taken as its str).
     prefill : {"admit", "bypass"}
-        Whether prefill batches use the cache (default ``admit``).
+        Whether prefill batches use the cache (default ``admit``); a string.
 
     Attributes
     ----------
@@ -277,7 +286,7 @@ class RowCache:
         ``cache=None``, which is what a size of 0 means on the command line) or beyond this machine's
         physical memory.
     CachePolicyError
-        A policy or prefill rule that does not exist.
+        A policy or prefill rule that does not exist, or one that is not a string (an array, a number, None).
     CacheCopyError
         ``copy.copy``, ``copy.deepcopy`` or pickling: a cache is not copied (make a new one).
     CacheLayoutError
@@ -302,7 +311,7 @@ class RowCache:
     """
 
     def __init__(self, max_bytes: Union[int, str], policy: str = DEFAULT_POLICY, *, prefill: str = DEFAULT_PREFILL):
-        _check_policy(policy, prefill)
+        policy, prefill = _check_policy(policy, prefill)
         self.capacity = cache_rows(max_bytes)
         self.max_bytes = parse_size(max_bytes)
         self.policy = policy

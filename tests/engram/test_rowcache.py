@@ -188,6 +188,26 @@ def test_bad_policy():
         RowCache("1M", prefill="always")
 
 
+@pytest.mark.parametrize("policy, prefill, what", [
+    (np.array("lru"), "admit", r"row cache policy must be a string, one of lru, tinylfu; got an array <U3 \(\)"),
+    (np.array(["lru"]), "admit", r"policy must be a string.*got an array <U3 \(1,\)"),
+    ("lru", np.array(["admit", "bypass"]), r"prefill rule must be a string, one of admit, bypass; got an array"),
+    ("lru", np.array("admit"), r"prefill rule must be a string.*got an array"),
+    (["lru"], "admit", r"policy must be a string.*got list \['lru'\]"),
+    (b"lru", "admit", r"policy must be a string.*got bytes"),
+    (None, "admit", r"policy must be a string.*got NoneType"),
+])
+def test_policy_names_that_are_not_strings(policy, prefill, what):
+    """A NumPy array of a name passed the name check (it compares equal) and then failed in the native policy with
+    TypeError, or raised NumPy's ambiguous truth ValueError; refused as CachePolicyError.  A NumPy string is its
+    str."""
+    with pytest.raises(CachePolicyError, match=what):
+        RowCache("1M", policy, prefill=prefill)
+    c = RowCache("1M", np.str_("lru"), prefill=np.str_("bypass"))
+    assert (c.policy, c.prefill) == ("lru", "bypass") and type(c.policy) is str and type(c.prefill) is str
+    assert c._policy.name == "lru"
+
+
 # ---------------------------------------------------------------- the engine
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
