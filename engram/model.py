@@ -89,6 +89,12 @@ class LayerWeights:
     k_norm: np.ndarray
 
 
+def _check_cache(cache) -> None:
+    """ArgumentError unless ``cache`` is a RowCache or None."""
+    if cache is not None and not isinstance(cache, RowCache):
+        raise ArgumentError(f"cache must be an engram.RowCache or None, got {type(cache).__name__}")
+
+
 class EngramModel:
     """The Engram part of one model: layout, token map, tables, weights.
 
@@ -100,8 +106,9 @@ class EngramModel:
                  readers: int = DEFAULT_READERS, threshold: int = DEFAULT_THRESHOLD, direct: Union[bool, str] = "auto",
                  engine: Union[str, IOEngine] = "shared", cache: Optional[RowCache] = None):
         self.info = info
+        _check_cache(cache)
         #: The row cache every session shares unless ``session(cache=...)`` says otherwise (None: none).
-        self.cache = self._bind_cache(cache, info)
+        self.cache: Optional[RowCache] = None
         self.layout = info.layout
         self.layer_ids = tuple(info.layout.layer_ids)
         self.token_map = info.token_map
@@ -109,9 +116,11 @@ class EngramModel:
         self.eps = float(info.eps) if eps is None else need_eps(eps)
         self.hasher = Hasher(info.layout, info.token_map)
         self.defaults = dict(backend=backend, readers=readers, threshold=threshold, direct=direct, eps=self.eps,
-                             engine=engine, cache=self.cache)
+                             engine=engine, cache=None)
         self._weights: Dict[int, LayerWeights] = {}
         self._lock = threading.Lock()
+        # the cache is bound last: an open that fails (a bad eps) leaves it free for another model
+        self.cache = self.defaults["cache"] = self._bind_cache(cache, info)
         _forks.track(self)
 
     def _after_fork_child(self) -> None:
@@ -147,7 +156,8 @@ class EngramModel:
         cache : RowCache, optional
             One row cache shared by every session of the model (:class:`engram.RowCache`:
             raw records of rows read, keyed by ``(layer, row)``); None (default): none.
-            ``session(cache=...)`` overrides it per session.
+            ``session(cache=...)`` overrides it per session.  Bound to this model only when the
+            open succeeds (a failed open leaves it free for another model).
 
         Raises
         ------
@@ -165,11 +175,9 @@ class EngramModel:
 
     @staticmethod
     def _bind_cache(cache, info: ModelInfo) -> Optional[RowCache]:
-        if cache is None:
-            return None
-        if not isinstance(cache, RowCache):
-            raise ArgumentError(f"cache must be an engram.RowCache or None, got {type(cache).__name__}")
-        cache.bind(info.layout, info.tables, name=str(info.path))
+        _check_cache(cache)
+        if cache is not None:
+            cache.bind(info.layout, info.tables, name=str(info.path))
         return cache
 
     def weights(self, layer_id: int) -> LayerWeights:
@@ -285,7 +293,8 @@ class EngramModel:
         ``"private"``: the session's own readers per table and for its decode batches; an
         :class:`~engram.io_engine.IOEngine`: that engine), ``eps`` (the gate epsilon of its
         :meth:`Session.apply`; default :attr:`eps`) and ``cache`` (a :class:`engram.RowCache` for
-        this session, None for none; default the model's :attr:`cache`).
+        this session, None for none; default the model's :attr:`cache`; bound to this model only when the
+        session opens).
 
         Raises
         ------
@@ -301,7 +310,7 @@ class EngramModel:
         if unknown:
             raise ArgumentError(f"unknown session options: {sorted(unknown)} (known: {sorted(self.defaults)})")
         if "cache" in overrides:
-            overrides["cache"] = self._bind_cache(overrides["cache"], self.info)
+            _check_cache(overrides["cache"])  # bound by the session once its tables are open (a failed one binds none)
         return Session(self, **{**self.defaults, **overrides})
 
     def __repr__(self) -> str:

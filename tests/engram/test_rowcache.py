@@ -1052,3 +1052,35 @@ def test_get_does_not_serve_a_slot_reserved_for_a_read_in_flight(model_path, bac
         g.close()
         for t in tables:
             t.close()
+
+
+def test_a_failed_open_or_session_leaves_the_cache_free(tmp_path, model_path):
+    """``EngramModel.open(path, cache=c, eps=-1)`` and ``model.session(cache=c, backend="bogus")`` failed but bound
+    ``c`` to that model first: the next model given ``c`` was refused ("row cache serves ...").  A cache is bound
+    only by an open or a session that succeeds."""
+    from tests.modelfiles import plan, write_header_only
+
+    other = tmp_path / "other.gguf"
+    write_header_only(plan(scale=SCALE * 2), other)   # another layout
+    c = RowCache("1M")
+    with pytest.raises(ArgumentError, match="eps must be"):
+        EngramModel.open(other, cache=c, eps=-1)
+    with pytest.raises(ArgumentError, match="RowCache or None"):
+        EngramModel.open(other, cache="1M")
+    m = EngramModel.open(model_path, cache=c)
+    assert m.cache is c and m.defaults["cache"] is c
+    with pytest.raises(CacheLayoutError, match=f"row cache serves {model_path}"):
+        EngramModel.open(other, cache=c)          # bound now: the other layout is refused
+    c2 = RowCache("1M")
+    b = EngramModel.open(other)
+    with pytest.raises(ArgumentError, match="backend must be"):
+        b.session(cache=c2, backend="bogus")
+    with pytest.raises(ArgumentError, match="RowCache or None"):
+        b.session(cache=5)
+    s = EngramModel.open(model_path).session(cache=c2)
+    try:
+        assert s.cache is c2
+    finally:
+        s.close()
+    with pytest.raises(CacheLayoutError, match=f"row cache serves {model_path}"):
+        b.session(cache=c2)
