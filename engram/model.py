@@ -380,9 +380,13 @@ class Session(Closing):
         ------
         ArgumentError
             ``cache`` is not a RowCache or None.
+        TableIOError
+            The session is closed (nothing bound).
         CacheLayoutError
             ``cache`` serves another model.
         """
+        if self.closed:
+            raise TableIOError("use_cache: the session is closed; open a new one with model.session()")
         cache = self.model._bind_cache(cache, self.model.info)
         self._group.attach_cache(cache, self.model.layer_ids)
         if self._drafts is not None:

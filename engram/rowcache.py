@@ -342,15 +342,25 @@ class RowCache:
 
         Raises
         ------
+        ArgumentError
+            ``layout`` is not a Layout, or ``tables`` not a mapping of layer ids to table locations (as
+            :meth:`bind_tables` checks them).
         CacheLayoutError
             Another layout or other tables than the model the cache serves (names both), or the cache's
             file replaced or modified since (names the file).
         """
+        try:
+            given = [_table_entry(lid, loc.path, loc.offset, loc.rows) for lid, loc in tables.items()]
+        except ArgumentError as exc:
+            raise ArgumentError(f"RowCache.bind: {exc}") from None
+        except (AttributeError, TypeError) as exc:
+            raise ArgumentError(f"RowCache.bind: tables must map layer ids to TableLocation (path, offset, rows), "
+                                f"got {type(tables).__name__} ({exc})") from None
+        if not hasattr(layout, "layer_ids") or not hasattr(layout, "rows"):
+            raise ArgumentError(f"RowCache.bind: layout must be an engram.Layout, got {type(layout).__name__}")
         with self._lock:
             opened = []
             try:
-                given = [(int(lid), os.fspath(loc.path), int(loc.offset), int(loc.rows), None)
-                         for lid, loc in tables.items()]
                 ids = [self._identify(path, fd, opened) for _, path, _, _, fd in given]
                 ident = tuple(sorted((lid, fid, offset, rows) for (lid, _, offset, rows, _), fid in zip(given, ids)))
                 if self._owner is None:
@@ -397,13 +407,14 @@ class RowCache:
         Raises
         ------
         ArgumentError
-            An entry that is not four values (an int layer id, a path, an int offset, an int row count).
+            An entry that is not four values: an integer layer id in ``[0, 2**32)``, a path, an integer offset
+            ``>= 0``, an integer row count in ``[1, 2**32]`` (names the entry and the value).
         CacheLayoutError
             A layer id the cache serves from another table (file, offset), or one layer id given for two
             tables (names the layer and both tables), or a file replaced or modified since the cache bound it.
         """
         try:
-            given = [(int(lid), os.fspath(path), int(offset), int(rows), None) for lid, path, offset, rows in tables]
+            given = [_table_entry(lid, path, offset, rows) for lid, path, offset, rows in tables]
         except (TypeError, ValueError) as exc:
             raise ArgumentError(f"tables must be (layer id, path, offset, rows) each ({exc})") from None
         self._bind_files(given, where or "this table")
@@ -567,8 +578,22 @@ class RowCache:
     def get(self, layer_id: int, rows) -> Tuple[np.ndarray, np.ndarray]:
         """The held rows of ``layer_id`` among ``rows`` (int ``[n]``), without touching or counting them:
         (bool ``[n]`` held, float32 ``[held, 256]`` decoded).  A row reserved for a read still in flight is
-        not held (its record is not written yet), as every lookup misses it.  For inspection and tests."""
-        keys = cache_key(layer_id, np.asarray(rows).reshape(-1))
+        not held (its record is not written yet), as every lookup misses it.  For inspection and tests.
+
+        Raises
+        ------
+        ArgumentError
+            ``layer_id`` not one integer, or ``rows`` not integers, or either outside ``[0, 2**32)`` (names
+            the value: a row id of 2**32 or more would name another layer's row)."""
+        if isinstance(layer_id, (bool, np.bool_)) or not isinstance(layer_id, (int, np.integer)):
+            raise ArgumentError(f"RowCache.get: layer_id must be one integer in [0, 2**32), got "
+                                f"{type(layer_id).__name__} {layer_id!r}"[:200])
+        if rows is None or isinstance(rows, (str, bytes)):
+            raise ArgumentError(f"RowCache.get: rows must be integers in [0, 2**32) [n], got {type(rows).__name__}")
+        try:
+            keys = np.atleast_1d(cache_key(layer_id, rows)).reshape(-1)
+        except ArgumentError as exc:
+            raise ArgumentError(f"RowCache.get: {exc}") from None
         with self._lock:
             slots = np.array([self._policy.ready_slot(int(k)) for k in keys], dtype=np.int64)
             rec = self._records[slots[slots >= 0]]
@@ -617,6 +642,19 @@ class RowCache:
     def __repr__(self) -> str:
         return (f"RowCache({self.max_bytes}, policy={self.policy!r}, prefill={self.prefill!r}, "
                 f"capacity={self.capacity} rows, entries={self.entries})")
+
+
+def _table_entry(lid, path, offset, rows, fd=None) -> tuple:
+    """``(layer id, path, offset, rows, fd)`` of a table, checked: ArgumentError naming a layer id that is not an
+    integer in ``[0, 2**32)``, an offset that is not an integer >= 0 or a row count not in ``[1, 2**32]``."""
+    for name, v, lo, hi, want in (("layer id", lid, 0, 2**32 - 1, "an integer in [0, 2**32)"),
+                                  ("offset", offset, 0, None, "an integer >= 0"),
+                                  ("rows", rows, 1, 2**32, "an integer in [1, 2**32]")):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo \
+                or (hi is not None and v > hi):
+            raise ArgumentError(f"table {os.fspath(path) if isinstance(path, (str, os.PathLike)) else path!r} "
+                                f"(layer id {lid!r}): {name} must be {want}, got {v!r}")
+    return int(lid), os.fspath(path), int(offset), int(rows), fd
 
 
 def _close_all(fds) -> None:

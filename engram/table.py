@@ -514,10 +514,13 @@ class _RowReads(Closing):
             return
         if not isinstance(cache, RowCache):
             raise ArgumentError(f"cache must be an engram.RowCache or None, got {type(cache).__name__}")
-        lids = [layer_ids] if isinstance(layer_ids, (int, np.integer)) else list(layer_ids)
         n = len(getattr(self, "tables", [self]))
-        if len(lids) != n or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < 2**31
-                                 for x in lids):
+        try:
+            lids = [layer_ids] if isinstance(layer_ids, (int, np.integer)) else list(layer_ids)
+        except TypeError:  # not an int, not a sequence (a float, None)
+            lids = [None]
+        if len(lids) != n or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                                 or not 0 <= x < 2**31 for x in lids):
             raise ArgumentError(f"layer_ids must give one layer id >= 0 for each of the {n} table(s), got {layer_ids!r}")
         tables = getattr(self, "tables", [self])
         # each table known by the file its descriptor reads (not whatever its path names now)

@@ -1084,3 +1084,56 @@ def test_a_failed_open_or_session_leaves_the_cache_free(tmp_path, model_path):
         s.close()
     with pytest.raises(CacheLayoutError, match=f"row cache serves {model_path}"):
         b.session(cache=c2)
+
+
+def test_bad_arguments_are_argument_errors(tmp_path, model_path):
+    """What raised raw exceptions or passed silently: get() with a negative layer (OverflowError), a string
+    (ValueError), None rows (TypeError), a negative row ("not held"), a float row (row 1), a row of 2**32 + 2 (layer
+    1's row 2); bind(None, None) (AttributeError); bind_tables with a negative, fractional or too large layer id or
+    a negative row count (accepted); attach_cache with a float or None layer id (TypeError); use_cache on a closed
+    session (KeyError).  Each is now an ArgumentError (TableIOError for the closed session) naming the argument."""
+    a = tmp_path / "a.bin"
+    write_table(a, rows_raw(10, seed=1), 4096)
+    c = RowCache("1M", "lru")
+    keys = cache_key(0, np.arange(3)) + np.uint64(2)              # layer 0's rows 2, 3, 4
+    c.insert(keys, rows_raw(3, seed=5))
+    assert c.get(0, [2, 3, 9])[0].tolist() == [True, True, False]
+    for layer, rows, what in ((-1, [1], r"layer id -1 is outside"), ("a", [1], r"layer_id must be one integer"),
+                              (1.0, [1], r"layer_id must be one integer"), ([0, 1], [1], r"layer_id must be one"),
+                              (True, [1], r"layer_id must be one integer"), (1, None, r"rows must be integers"),
+                              (1, "12", r"rows must be integers"), (1, [-1], r"row id -1 at index \(0,\) is outside"),
+                              (1, [1.5], r"row ids must be integers"),
+                              (0, [2 ** 32 + 2], r"row id 4294967298 at index \(0,\) is outside")):
+        with pytest.raises(ArgumentError, match=r"RowCache\.get: " + what):
+            c.get(layer, rows)
+    held, got = c.get(0, np.uint32(2))                            # one row id
+    assert held.tolist() == [True] and got.shape == (1, 256)
+    for layout, tables in ((None, None), (None, {1: 3}), (None, [1, 2])):
+        with pytest.raises(ArgumentError, match=r"RowCache\.bind: tables must map layer ids"):
+            c.bind(layout, tables)
+    info = EngramModel.open(model_path).info
+    with pytest.raises(ArgumentError, match=r"RowCache\.bind: layout must be an engram\.Layout"):
+        c.bind(None, info.tables)
+    for entry, what in (((-1, a, 4096, 10), r"layer id must be an integer in \[0, 2\*\*32\), got -1"),
+                        ((1.7, a, 4096, 10), r"layer id must be .* got 1\.7"),
+                        ((2 ** 40, a, 4096, 10), r"layer id must be .* got 1099511627776"),
+                        ((True, a, 4096, 10), r"layer id must be .* got True"),
+                        ((5, a, 4096, -10), r"rows must be an integer in \[1, 2\*\*32\], got -10"),
+                        ((5, a, 4096, 0), r"rows must be .* got 0"),
+                        ((5, a, -1, 10), r"offset must be an integer >= 0, got -1"),
+                        ((5, a, 4096.0, 10), r"offset must be .* got 4096\.0")):
+        with pytest.raises(ArgumentError, match=r"tables must be \(layer id, path, offset, rows\) each .*" + what):
+            c.bind_tables([entry])
+    assert c._tables == {}                                        # nothing bound by a refused call
+    with Table(a, 4096, 10, backend="serial") as t:
+        for lid in (1.0, None, "1", -1, [1, 2]):
+            with pytest.raises(ArgumentError, match="layer_ids must give one layer id >= 0"):
+                t.attach_cache(c, lid)
+        assert t.cache is None
+    m = EngramModel.open(model_path)
+    s = m.session()
+    s.close()
+    for cache in (c, None):
+        with pytest.raises(TableIOError, match="use_cache: the session is closed"):
+            s.use_cache(cache)
+    assert c._owner is None                                       # the closed session bound nothing
