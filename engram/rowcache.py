@@ -147,17 +147,37 @@ def parse_size(size: Union[int, str], what: str = "cache size") -> int:
 
 
 def size_arg(text: str) -> int:
-    """``argparse`` ``type=`` of a size option (:func:`parse_size`): a bad size is the parser's error, which names
-    the option, with the rule."""
+    """``argparse`` ``type=`` of an optional row cache size (:func:`parse_size`): 0 (no row cache) or a budget of
+    at least one row (264 bytes) and at most 2**31 - 1 rows.  A bad size is the parser's error, which names the
+    option, with the rule."""
     try:
-        return parse_size(text, "size")
+        b = parse_size(text, "size")
+        if b:
+            cache_rows(b, check_memory=False, what=f"size {text.strip()!r}")
     except CacheSizeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(str(exc) + ("; 0 means no row cache" if "holds no row" in str(exc) else "")) \
+            from None
+    return b
 
 
 def sizes_arg(text: str) -> list:
-    """As :func:`size_arg`, a comma separated list of sizes (``"1M,64M,1G"``): a list of ints."""
-    return [size_arg(t) for t in (x.strip() for x in text.split(",")) if t]
+    """``argparse`` ``type=`` of a comma separated list of row cache sizes (``"1M,64M,1G"``), each of at least one
+    row (264 bytes; a list of caches to replay, where a cache of 0 bytes has nothing to replay) and at most
+    2**31 - 1 rows: a list of ints, a size given twice (the same bytes, however written) kept once, in order."""
+    out: list = []
+    for t in (x.strip() for x in text.split(",")):
+        if not t:
+            continue
+        try:
+            b = parse_size(t, "size")
+            cache_rows(b, check_memory=False, what=f"size {t!r}", zero="; each cache replayed holds at least one row")
+        except CacheSizeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if b not in out:
+            out.append(b)
+    if not out:
+        raise argparse.ArgumentTypeError(f"give at least one size, comma separated: {SIZE_RULE}")
+    return out
 
 
 def physical_memory() -> int:
@@ -168,29 +188,37 @@ def physical_memory() -> int:
         return 0
 
 
-def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True) -> int:
+#: What :func:`cache_rows` says of a budget of 0 bytes by default.
+_ZERO_HINT = ("; a row cache holds at least one row: for none give cache=None (a size of 0 says that where the size "
+              "is optional: engram measure --cache-bytes 0, engram sim decode --shared-cache-bytes 0)")
+
+
+def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True, what: str = "cache budget",
+               zero: Optional[str] = None) -> int:
     """Rows a budget of ``max_bytes`` holds: ``max_bytes // 264`` records.
+
+    ``what`` names the budget in the errors (an option, a study key); ``zero`` is what the error of a budget of
+    0 bytes adds (default: how to ask for no cache).
 
     Raises
     ------
     CacheSizeError
-        The budget holds no row (below 264 bytes), or (``check_memory``) its records and
-        bookkeeping (:data:`BOOKKEEPING_BYTES` a row) exceed this machine's physical memory.
+        The budget holds no row (below 264 bytes), more than 2**31 - 1 rows, or (``check_memory``) its
+        records and bookkeeping (:data:`BOOKKEEPING_BYTES` a row) exceed this machine's physical memory.
     """
-    b = parse_size(max_bytes)
+    b = parse_size(max_bytes, what)
     rows = b // ROW_BYTES
+    label = f"{what} of {b} bytes" if what == "cache budget" else f"{what} ({b} bytes)"
     if rows < 1:
-        raise CacheSizeError(f"cache budget of {b} bytes holds no row: a row is {ROW_BYTES} bytes "
-                             f"(e4m3_e8m0_32_row264, SPEC §5)"
-                             + ("; for no row cache give cache=None (what a size of 0 means on the command line: "
-                                "--cache-bytes 0, --shared-cache-bytes 0)" if b == 0 else ""))
+        raise CacheSizeError(f"{label} holds no row: a row is {ROW_BYTES} bytes (e4m3_e8m0_32_row264, SPEC §5)"
+                             + ((_ZERO_HINT if zero is None else zero) if b == 0 else ""))
     if rows >= 1 << 31:
-        raise CacheSizeError(f"cache budget of {b} bytes is {rows} rows; at most 2**31 - 1 rows (563 GiB)")
+        raise CacheSizeError(f"{label} is {rows} rows; at most 2**31 - 1 rows (563 GiB)")
     mem = physical_memory()
     need = rows * (ROW_BYTES + BOOKKEEPING_BYTES)
     if check_memory and mem and need > mem:
-        raise CacheSizeError(f"cache budget of {b} bytes ({rows} rows, {need / 2**30:.1f} GiB with bookkeeping) "
-                             f"exceeds this machine's memory ({mem / 2**30:.1f} GiB)")
+        raise CacheSizeError(f"{label}, {rows} rows, {need / 2**30:.1f} GiB with bookkeeping, exceeds this "
+                             f"machine's memory ({mem / 2**30:.1f} GiB)")
     return rows
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
 from engram.options import Command, Exclusive, Option, replaced
-from engram.rowcache import SIZE_RULE, sizes_arg
+from engram.rowcache import POLICIES, SIZE_RULE, sizes_arg
 
 from sim.core.params import DEFAULT_READERS
 from ..trace import CODE_SOURCE, PROFILES, load_trace, measure_profile, order_targets, reuse_stats, synthesize
@@ -134,7 +134,11 @@ def _cmd_trace_profile(args) -> int:
 
 
 def _policies(text: str) -> list:
-    return [x for x in (t.strip() for t in text.split(",")) if x]
+    """``--policies``: one or more of the engine's policies, comma separated; one given twice is kept once."""
+    got = list(dict.fromkeys(x for x in (t.strip() for t in text.split(",")) if x))
+    if not got:
+        raise argparse.ArgumentTypeError(f"give at least one policy, comma separated: {', '.join(POLICIES)}")
+    return got
 
 
 def _mib(b: int) -> str:
@@ -258,9 +262,11 @@ TRACE_PROFILE_OPTIONS = (
 TRACE_REUSE_OPTIONS = (
     Option("source", help=_SOURCE_HELP),
     Option("--cache-bytes", type=sizes_arg, required=True, metavar="SIZES",
-           help=f"cache budgets, comma separated, e.g. 64M,1G,16G; each {SIZE_RULE}"),
+           help=f"cache budgets, comma separated, e.g. 64M,1G,16G, each at least one row (264 bytes); a size given "
+                f"twice (the same bytes) is replayed once; each {SIZE_RULE}"),
     Option("--policies", type=_policies, default=["lru", "tinylfu"], metavar="P,Q",
-           help="the engine's policies to replay (default lru,tinylfu)"),
+           help="the engine's policies to replay, one or more (default lru,tinylfu); one given twice is replayed "
+                "once"),
     Option("--sessions", type=int, default=1, help="sessions sharing the cache (default 1)"),
     _STEPS,
     _LIMIT,

@@ -8,13 +8,16 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from engram.errors import ArgumentError
-from engram.rowcache import POLICIES as CACHE_POLICIES, RowCache, parse_size
+from engram.rowcache import POLICIES as CACHE_POLICIES, RowCache, cache_rows, parse_size
 
 from sim.core.params import BACKENDS
 from sim.core.schema import RunConfig
 from .configs import MEASURED_CAPACITY_TARGET, DEFAULT_DEPTHS
 
 __all__ = ["PROBES_MIN", "Settings"]
+
+#: How errors name :attr:`Settings.cache_bytes`: by the option of ``engram measure`` that sets it.
+_CACHE_BYTES = "--cache-bytes"
 
 #: Probe steps a decode run has a session at least (when it probes at all): see :meth:`Settings.run_probe_every`.
 PROBES_MIN = 16
@@ -121,11 +124,12 @@ class Settings:
     cache_policy: str = "tinylfu"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cache_bytes", parse_size(self.cache_bytes))
+        object.__setattr__(self, "cache_bytes", parse_size(self.cache_bytes, _CACHE_BYTES))
         if self.cache_policy not in CACHE_POLICIES:
             raise ArgumentError(f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}")
         if self.cache_bytes:
-            RowCache(self.cache_bytes, self.cache_policy)  # a budget below a row or beyond memory fails here
+            cache_rows(self.cache_bytes, what=_CACHE_BYTES)  # a budget below a row or beyond memory, named
+            RowCache(self.cache_bytes, self.cache_policy)
         if self.rounds < 1:
             raise ArgumentError(f"rounds must be >= 1, got {self.rounds}")
         if not (self.micro or self.decode):

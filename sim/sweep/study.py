@@ -498,6 +498,9 @@ def check_cache_axes(p: Mapping[str, Any], where: str) -> None:
             raise ArgumentError(f"{where}: {exc}") from None
         if b and b < 264:
             raise ArgumentError(f"{where}: shared_cache_bytes = {b} holds no row (264 bytes)")
+        if b // 264 >= 1 << 31:
+            raise ArgumentError(f"{where}: shared_cache_bytes = {b} is {b // 264} rows; at most 2**31 - 1 rows "
+                                f"(563 GiB)")
 
 
 def check_point(p: Mapping[str, Any], where: str) -> None:

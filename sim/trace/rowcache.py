@@ -265,22 +265,31 @@ def _rates(hits: np.ndarray, trace: Trace) -> tuple:
 def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIES, *, sessions: int = 1,
                 steps: Optional[int] = None, optimal: bool = True, progress: Union[bool, str] = True) -> CacheCurve:
     """Hit rates of the engine's ``policies`` (and the optimal bound) for each cache size in ``sizes``
-    (bytes, or strings such as ``"64M"``), ``sessions`` sessions sharing the cache (see the module).
+    (bytes, or strings such as ``"64M"``), ``sessions`` sessions sharing the cache (see the module).  A size
+    (the same bytes, however written) or a policy given twice is replayed once, in the order first given.
 
     Raises
     ------
     ArgumentError
-        An unknown policy, no sizes, no steps or sessions, or a replay that would not fit in memory (checked
-        before anything is made: :func:`check_replay_memory`).
+        An unknown policy, no sizes, neither a policy nor the optimal bound, no steps or sessions, or a
+        replay that would not fit in memory (checked before anything is made: :func:`check_replay_memory`).
     CacheSizeError
-        A size below one row (264 bytes) or not a size.
+        A size below one row (264 bytes), above 2**31 - 1 rows, or not a size (names the size).
     """
-    sizes = [parse_size(s) for s in sizes]
+    given, sizes = list(sizes), []
+    for s in given:
+        b = parse_size(s, "cache size")
+        cache_rows(b, check_memory=False, what=f"cache size {s!r}", zero="; each cache replayed holds at least one row")
+        if b not in sizes:
+            sizes.append(b)
     if not sizes:
         raise ArgumentError("give at least one cache size")
+    policies = list(dict.fromkeys(policies))
     for p in policies:
         if p not in POLICIES:
             raise ArgumentError(f"unknown row cache policy {p!r}; policies: {', '.join(POLICIES)}")
+    if not policies and not optimal:
+        raise ArgumentError(f"nothing to replay: give a policy ({', '.join(POLICIES)}) or the optimal bound")
     check_replay_memory(trace, sessions, steps, optimal)
     keys = replay_keys(trace, sessions, steps)                         # [steps, S, L, C]
     batch = batch_bounds(keys)
@@ -289,7 +298,7 @@ def cache_curve(trace: Trace, sizes: Iterable, policies: Sequence[str] = POLICIE
     reuse = float(_first_batch_repeats(flat, batch).mean())
     points = []
     for b in sizes:
-        rows = cache_rows(b, check_memory=False)
+        rows = b // 264
         pt = CachePoint(bytes=b, rows=rows)
         names = list(policies) + ([OPTIMAL] if optimal else [])
         for name in names:

@@ -4,6 +4,7 @@ Belady's bound; the simulator's caches are the engine's policy code; the CLI."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from engram import EngramModel, RowCache, synth
 from engram.errors import ArgumentError, CacheSizeError
-from engram.rowcache import CachePolicy
+from engram.rowcache import CachePolicy, physical_memory
 from sim.decode.reads import shared_cache_hits, step_reads
 from sim.core.params import Policy
 from sim.serve.rows import SharedRowCache
@@ -197,7 +198,6 @@ def test_cli_reuse(capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--cache-bytes", "100"], "holds no row"),
     (["--cache-bytes", "1M", "--policies", "fifo"], "unknown row cache policy 'fifo'"),
 ])
 def test_cli_reuse_bad_input(capsys, argv, msg):
@@ -213,8 +213,6 @@ def test_cli_reuse_bad_input(capsys, argv, msg):
 def test_cli_reuse_too_big_is_refused_before_it_allocates(capsys, argv, msg):
     """Runs whose replay cannot fit in memory ended in numpy._ArrayMemoryError tracebacks or were killed by the
     kernel; the size is checked first, against sim.core.limits' share of memory, with the estimate."""
-    import re
-
     line = cli(capsys, ["sim", "trace", "reuse", "text:hello world again and again", "--cache-bytes", "1M"] + argv)
     assert re.search(msg, line) and "make the run smaller" in line, line
 
@@ -246,6 +244,71 @@ def test_cli_reuse_bad_size_is_the_parsers_error(capsys, sizes, why):
         main(["sim", "trace", "reuse", "text:hello world again and again", "--cache-bytes=" + sizes])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and "argument --cache-bytes" in err and why in err and "64MB = 64000000" in err
+
+
+@pytest.mark.parametrize("option, value, why", [
+    ("--cache-bytes", "100", r"size '100' \(100 bytes\) holds no row: a row is 264 bytes"),
+    ("--cache-bytes", "0", r"size '0' \(0 bytes\) holds no row: .*; each cache replayed holds at least one row$"),
+    ("--cache-bytes", "1M,999T", r"size '999T' \(1098412116148224 bytes\) is 4160651955106 rows; at most 2\*\*31 - 1"),
+    ("--cache-bytes", ",", r"give at least one size"),
+    ("--policies", "", r"give at least one policy, comma separated: lru, tinylfu"),
+    ("--policies", ",", r"give at least one policy"),
+])
+def test_cli_reuse_sizes_and_policies_are_the_parsers_errors(capsys, option, value, why):
+    """``--policies ""`` or ``","`` ran with no policy and exited 0; ``--cache-bytes 0`` was refused after parsing
+    with a message telling to use a size of 0 on the command line.  All are the parser's errors naming the
+    option, exit 2."""
+    argv = ["sim", "trace", "reuse", "text:hello world again and again", "--cache-bytes", "1M", f"{option}={value}"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"argument {option}: " in err and re.search(why, err), err
+    assert "cache=None" not in err and "--shared-cache-bytes" not in err
+
+
+def test_cli_reuse_replays_a_size_or_policy_given_twice_once(capsys):
+    """A size (the same bytes however written) or a policy given twice printed its rows twice; each is replayed
+    once, in the order first given."""
+    text = "text:" + "the cat sat on the mat and the cat sat on the hat " * 20
+    assert main(["sim", "trace", "reuse", text, "--cache-bytes", "2K,1M,2048,1MiB,1048576", "--policies",
+                 "tinylfu,lru,tinylfu", "--no-optimal", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [p["bytes"] for p in d["points"]] == [2048, 1 << 20] and d["policies"] == ["tinylfu", "lru"]
+    assert [sorted(p["hit_rate"]) for p in d["points"]] == [["lru", "tinylfu"]] * 2
+    assert main(["sim", "trace", "reuse", text, "--cache-bytes", "2K,2048", "--policies", "lru,lru",
+                 "--no-optimal"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.split()[:2] == ["2", "KiB"] for line in out) == 2          # the table's row and the detail's
+    tr = Trace(np.arange(4 * 48, dtype=np.uint32).reshape(4, 2, 24), np.zeros(4, np.int64))
+    curve = cache_curve(tr, ["1M", 1 << 20, "1MiB"], ["lru", "lru"], optimal=False)
+    assert len(curve.points) == 1 and curve.policies == ["lru"]
+    with pytest.raises(ArgumentError, match="nothing to replay"):
+        cache_curve(tr, ["1M"], [], optimal=False)
+    with pytest.raises(CacheSizeError, match=r"cache size 0 \(0 bytes\) holds no row.*each cache replayed") as e:
+        cache_curve(tr, [0])
+    assert "cache=None" not in str(e.value)
+
+
+def test_size_options_name_themselves_after_parsing_too(capsys):
+    """``--shared-cache-bytes`` and ``measure --cache-bytes`` refuse a budget of less than a row (0 is no cache) or
+    of more rows than a cache holds as the parser's errors, naming the option; ``Settings`` names
+    ``--cache-bytes`` in the memory check it makes after parsing; a study names the file and key."""
+    from sim.measure.settings import Settings
+    from sim.sweep import Study
+
+    for argv, option in ((["sim", "decode", "--steps", "10", "--shared-cache-bytes"], "--shared-cache-bytes"),
+                         (["measure", "m.gguf", "--cache-bytes"], "--cache-bytes")):
+        for value, why in (("100", "holds no row: a row is 264 bytes .*; 0 means no row cache"),
+                           ("999T", r"at most 2\*\*31 - 1 rows")):
+            with pytest.raises(SystemExit) as e:
+                main(argv + [value])
+            err = capsys.readouterr().err.strip().splitlines()[-1]
+            assert e.value.code == 2 and f"argument {option}: size '{value}'" in err and re.search(why, err), err
+    with pytest.raises(CacheSizeError, match=r"^--cache-bytes \(\d+ bytes\), \d+ rows, .* exceeds this machine's memory"):
+        Settings(cache_bytes=physical_memory())
+    with pytest.raises(ArgumentError, match=r"study.toml: .*shared_cache_bytes = \d+ is \d+ rows; at most 2\*\*31 - 1"):
+        Study.from_dict({"study": {"name": "x"}, "fixed": {"shared_cache_bytes": "999T"}, "grid": {"steps": [10]}},
+                        source="study.toml").points()
 
 
 def test_cli_reuse_help(capsys):
