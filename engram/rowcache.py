@@ -59,7 +59,8 @@ from .codec import ROW_BYTES, decode_rows
 from .errors import ArgumentError, CacheCopyError, CacheLayoutError, CachePolicyError, CacheSizeError
 
 __all__ = ["RowCache", "CachePolicy", "POLICIES", "PREFILL", "DEFAULT_POLICY", "DEFAULT_PREFILL",
-           "BOOKKEEPING_BYTES", "SIZE_RULE", "parse_size", "size_arg", "sizes_arg", "cache_rows", "cache_key",
+           "BOOKKEEPING_BYTES", "BOOKKEEPING_FIXED_BYTES", "bookkeeping_bytes", "SIZE_RULE", "parse_size", "size_arg",
+           "sizes_arg", "cache_rows", "cache_key",
            "physical_memory"]
 
 #: Replacement policies (``"lru"``, ``"tinylfu"``).
@@ -76,10 +77,19 @@ PREFILL = ("admit", "bypass")
 #: ``engram sim trace reuse TRACE --cache-bytes ... --sessions N`` says which for a given load.
 DEFAULT_POLICY = "tinylfu"
 DEFAULT_PREFILL = "admit"
-#: Bytes of bookkeeping a row slot costs at most besides its record: its node (key, links, segment: 24),
-#: hash table entries (key and slot, 16 bytes, 2 to 4 a slot: 32 to 64) and TinyLFU's sketch (4 bytes a
-#: slot up to 2**24 slots).  ``CachePolicy.bookkeeping_bytes`` gives a cache's own figure.
-BOOKKEEPING_BYTES = 92
+#: Bytes of bookkeeping a row slot costs at most besides its record, with :data:`BOOKKEEPING_FIXED_BYTES`: a
+#: cache of ``rows`` slots allocates at most ``rows * BOOKKEEPING_BYTES + BOOKKEEPING_FIXED_BYTES`` bytes for
+#: its policy, whatever ``rows`` and the policy.  Its node (key, links, segment: 24 bytes), hash table entries
+#: (key and slot, 16 bytes; the power of two at least twice the slots: under 4 a slot, so under 64 bytes) and
+#: TinyLFU's sketch (4 one-byte counters per width, the power of two at least the slots: under 8 bytes a
+#: slot).  The exact figure of a capacity: :func:`bookkeeping_bytes` (``CachePolicy.bookkeeping_bytes``).
+BOOKKEEPING_BYTES = 96
+#: Bytes of bookkeeping beyond :data:`BOOKKEEPING_BYTES` a row, at most: the smallest tables (16 entries, a
+#: sketch 16 wide: 248 bytes for a cache of 1 row beyond 96) and each of the three arrays of 1 MiB or more
+#: rounded up to whole 2 MiB huge pages.
+BOOKKEEPING_FIXED_BYTES = 3 * (2 << 20) + 256
+#: ``bookkeeping_bytes(capacity, policy)``: bytes a policy of ``capacity`` slots allocates for its own arrays.
+bookkeeping_bytes = _native.bookkeeping_bytes
 
 #: The policy class itself: ``CachePolicy(capacity_rows, name)`` with ``lookup``, ``insert`` and
 #: ``access`` (a whole stream of keys replayed batch by batch, the simulator's entry).
@@ -204,7 +214,8 @@ def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True, what: s
     ------
     CacheSizeError
         The budget holds no row (below 264 bytes), more than 2**31 - 1 rows, or (``check_memory``) its
-        records and bookkeeping (:data:`BOOKKEEPING_BYTES` a row) exceed this machine's physical memory.
+        records and bookkeeping (:data:`BOOKKEEPING_BYTES` a row and :data:`BOOKKEEPING_FIXED_BYTES`, an upper
+        bound) exceed this machine's physical memory.
     """
     b = parse_size(max_bytes, what)
     rows = b // ROW_BYTES
@@ -215,7 +226,7 @@ def cache_rows(max_bytes: Union[int, str], *, check_memory: bool = True, what: s
     if rows >= 1 << 31:
         raise CacheSizeError(f"{label} is {rows} rows; at most 2**31 - 1 rows (563 GiB)")
     mem = physical_memory()
-    need = rows * (ROW_BYTES + BOOKKEEPING_BYTES)
+    need = rows * (ROW_BYTES + BOOKKEEPING_BYTES) + BOOKKEEPING_FIXED_BYTES
     if check_memory and mem and need > mem:
         raise CacheSizeError(f"{label}, {rows} rows, {need / 2**30:.1f} GiB with bookkeeping, exceeds this "
                              f"machine's memory ({mem / 2**30:.1f} GiB)")
@@ -292,8 +303,8 @@ class RowCache:
     max_bytes : int or str
         Budget of the records: ``max_bytes // 264`` rows (``"64M"`` = 64 MiB, ``"64MB"`` = 64,000,000 bytes,
         ``"1G"``: :func:`parse_size`).
-        The bookkeeping adds about :data:`BOOKKEEPING_BYTES` bytes a row.  Record memory is taken
-        as rows arrive (untouched pages cost nothing).
+        The bookkeeping adds at most :data:`BOOKKEEPING_BYTES` bytes a row (and :data:`BOOKKEEPING_FIXED_BYTES`).
+        Record memory is taken as rows arrive (untouched pages cost nothing).
     policy : {"tinylfu", "lru"}
         Replacement policy (see the module): ``tinylfu`` (default, :data:`DEFAULT_POLICY`: why there) admits by
         frequency; ``lru`` suits a cache of one session.  A string (``numpy.str_`` is taken as its str).

@@ -180,6 +180,33 @@ cdef inline uint64_t fmix64(uint64_t k) noexcept nogil:
     return k
 
 
+cdef size_t _allocated(size_t size):
+    """Bytes ``_big_alloc`` takes for ``size``: from 1 MiB, a whole number of 2 MiB huge pages."""
+    cdef size_t huge = (<size_t>2) << 20
+    return (size + huge - 1) // huge * huge if size >= ((<size_t>1) << 20) else size
+
+
+def bookkeeping_bytes(int64_t capacity, str name="lru"):
+    """Bytes a :class:`Policy` of ``capacity`` slots allocates for its own arrays, without making one: its nodes
+    (24 bytes a slot), its hash table (16 bytes an entry, the power of two at least twice the slots, at least 16)
+    and TinyLFU's sketch (4 rows of the power of two at least the slots, at least 16, at most 2**24), each
+    array of 1 MiB or more rounded up to whole 2 MiB huge pages.  At most 96 bytes a slot besides 6 MiB + 256
+    bytes whatever the capacity (:data:`engram.rowcache.BOOKKEEPING_BYTES`)."""
+    cdef int64_t m = 16, w = 16
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}")
+    if capacity < 1 or capacity > 0x7FFFFFFF:
+        raise ValueError(f"capacity must be in [1, 2**31), got {capacity}")
+    while m < 2 * capacity:
+        m <<= 1
+    total = _allocated(capacity * sizeof(Node)) + _allocated(m * sizeof(Entry))
+    if name == "tinylfu":
+        while w < capacity and w < MAX_SKETCH_WIDTH:
+            w <<= 1
+        total += _allocated(SKETCH_ROWS * w)
+    return int(total)
+
+
 cdef class Policy:
     """A replacement policy over ``capacity`` slots (see the module).
 
@@ -263,9 +290,9 @@ cdef class Policy:
 
     @property
     def bookkeeping_bytes(self):
-        """Bytes of this policy's own arrays (keys, links, hash table, sketch)."""
-        return (self.capacity * sizeof(Node) + (self.tmask + 1) * sizeof(Entry)
-                + (SKETCH_ROWS * self.swidth if self.tiny else 0))
+        """Bytes of this policy's own arrays (keys, links, hash table, sketch) as allocated
+        (:func:`bookkeeping_bytes`)."""
+        return bookkeeping_bytes(self.capacity, self.name)
 
     def contains(self, uint64_t key):
         """True when ``key`` is held (does not count or touch it); a key reserved for a read in flight is held."""
