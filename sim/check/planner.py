@@ -609,16 +609,18 @@ class _Planner:
     def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
         """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
         the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode) or the profile's (a
-        datasheet says none), scaled by the profile's engine-to-fio ratio of CPU per read."""
+        datasheet says none; none on a memory-backed device, where the profile's, a drive's read path, does not
+        hold), scaled by the profile's engine-to-fio ratio of CPU per read."""
         if self.profile is None:
             return None
         p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
         base = (f"{cores} CPUs (the runs' machine); the engine's {p['step_cpu_us']:.0f} us a step (its shipped "
                 f"profile, {(p.get('machine') or {}).get('cpu', '?')})")
-        if is_memory(fig):  # the device model's service is the reading threads' copy on these CPUs already
-            return HostCPU(cores, p["step_cpu_us"] * 1e-6, 0.0, source=base + "; a read's CPU is the memory-backed "
-                           "device's own service (cpus=N), not added again")
         fio_us = fig.get("qd1_cpu_per_read_us") if mode == "fio" else None
+        if not fio_us and is_memory(fig):  # the profile's read is a drive's read path, not a memory copy
+            return HostCPU(cores, p["step_cpu_us"] * 1e-6, 0.0, source=base + "; a read's CPU left in the "
+                           "memory-backed device's own service (cpus=N): a datasheet says none and the "
+                           "profile's is a drive's")
         read_us, said = (fio_us, "fio's QD1 CPU per read") if fio_us else (p["read_cpu_us"], "the profile's")
         ratio = float(p.get("read_cpu_ratio") or 1.0)
         return HostCPU(cores, p["step_cpu_us"] * 1e-6, read_us * ratio * 1e-6,

@@ -129,8 +129,8 @@ class HostCPU:
         """A host of ``cpus`` CPUs reading from ``device`` (a :class:`sim.device.Device` or None), its figures as
         a planner has them: the engine's CPU a step ``step_cpu_us`` (default the shipped profile's,
         :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: the device's fio CPU per read,
-        ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own;
-        0 for a memory-backed device, whose service is the reading threads' copy on these CPUs already).
+        ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own,
+        or 0 for a memory-backed device without fio's figure: the profile's is a drive's read path).
         ``source`` says which.
 
         Raises
@@ -149,13 +149,13 @@ class HostCPU:
         if read_cpu_us is not None:
             read = _nonneg("read_cpu_us", read_cpu_us)
             said.append(f"{read:.1f} us a read (given)")
-        elif "memory_backed" in derived:
-            read = 0.0
-            said.append("a read's CPU in the memory-backed device's own service")
         elif (derived.get("cpu_per_read_us") or {}).get("value") is not None:
             fio = float(derived["cpu_per_read_us"]["value"])
             read = fio * ratio
             said.append(f"{read:.1f} us a read (fio's {fio:.1f} x {ratio:.2f}, the engine's pread over fio's)")
+        elif "memory_backed" in derived:
+            read = 0.0
+            said.append("a read's CPU left in the memory-backed device's own service (fio gave no CPU figure)")
         else:
             read = float(p["read_cpu_us"]) * ratio
             said.append(f"{read:.1f} us a read (the profile's)")

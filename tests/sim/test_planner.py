@@ -149,8 +149,8 @@ def test_planner_document(measured):
             assert hm["cpus"] == cores and hm["step_cpu_us"] == pytest.approx(prof["step_cpu_us"])
             d = next(x for x in devices if x["name"] == e["name"])
             figs = fio_figures(check_fio(measured / d["fio"][str(d["read_size"])], d["read_size"]))
-            if is_memory(figs):  # fio's QD1 median says a memory copy (a tmpfs on a quiet machine)
-                assert hm["read_cpu_us"] == 0
+            if is_memory(figs) and (mode == "datasheet" or figs["qd1_cpu_per_read_us"] is None):
+                assert hm["read_cpu_us"] == 0  # a memory copy (tmpfs): the profile's drive read does not hold
             elif mode == "datasheet" or figs["qd1_cpu_per_read_us"] is None:
                 assert hm["read_cpu_us"] == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"])
             else:
