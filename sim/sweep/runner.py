@@ -82,8 +82,8 @@ from ..trace import load_trace
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
-__all__ = ["MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
-           "resume_rows", "run_points", "run_study"]
+__all__ = ["MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
+           "SweepResult", "check_points", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
@@ -182,16 +182,22 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
 # =====================================================================================
 # one point
 # =====================================================================================
+def point_policy(p: Mapping[str, Any]) -> Policy:
+    """The :class:`~sim.core.params.Policy` of a complete point (its read policy and row cache axes)."""
+    return Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
+                  cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
+                  batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
+                  dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
+                  cache_policy=p.get("cache_policy") or DEFAULT_POLICY,
+                  cache_warmup_steps=p.get("cache_warmup_steps") or 0)
+
+
 def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
     device = ctx.devices[_device_key(p)]
-    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
-                    cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
-                    batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
-                    dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
-                    cache_policy=p.get("cache_policy") or DEFAULT_POLICY)
+    policy = point_policy(p)
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])
