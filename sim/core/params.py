@@ -87,11 +87,12 @@ class Policy:
         counted (>= 0; 0: the caches start empty, as a fresh engine's do): session ``i`` of ``S`` reads the
         ``cache_warmup_steps`` trace steps before its start (``i * T // S``, wrapping), interleaved step by step
         as the timed ones, so that a run starts with the caches of sessions that have been decoding a while
-        (a server's steady state) instead of empty ones.  Either way can hit more: an empty cache admits every
+        (nearer a server's steady state) instead of empty ones.  Either way can hit more: an empty cache admits every
         row while it fills, where a full W-TinyLFU one admits a row only over a more frequent victim (on text
         whose rows come back soon after they are read, a warm W-TinyLFU cache hits less), while a warm LRU cache
-        holds what an empty one would and more.  No effect without a row cache; not modelled with speculative
-        verification batches (:func:`sim.decode.step_reads` refuses them together).
+        holds what an empty one would and more; and a W-TinyLFU cache's frequency counts build up over many
+        steps, so its hit rate goes on changing with a longer warm-up.  No effect without a row cache; not
+        modelled with speculative verification batches (:func:`sim.decode.step_reads` refuses them together).
     dram_fraction : float
         Share of every table's rows resident in DRAM (0: none): a request for
         such a row costs no device read.  The resident rows are chosen by a

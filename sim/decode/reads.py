@@ -412,6 +412,23 @@ def _positional_reads(trace: Trace, sessions: int, steps: int, policy: Policy, d
                      wrap_info(trace, sessions, steps, policy, replay=replay, unit="steps"))
 
 
+def _warmup_shared(T: int, sessions: int, steps: int, warm: int) -> float:
+    """Share of the sessions' steps (on a trace of ``T`` steps; session ``s`` from ``s * T // sessions``) at a
+    position that another session's cache warm-up of ``warm`` steps (the positions before its start) reads."""
+    starts = np.arange(sessions, dtype=np.int64) * T // sessions
+    w = min(warm, T)
+    ahead = (starts[:, None] - w + np.arange(w)) % T                      # [S, w]: each session's warm-up
+    count = np.zeros(T, dtype=np.int64)
+    for a in ahead:
+        count[np.unique(a)] += 1
+    hits = 0
+    for s in range(sessions):
+        pos = (starts[s] + np.arange(min(steps, T))) % T
+        own = np.isin(pos, ahead[s])
+        hits += int(((count[pos] - own) > 0).sum())
+    return hits / (sessions * min(steps, T))
+
+
 def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *,
               replay: Optional[str] = None, unit: str = "steps") -> dict:
     """Whether a run replays its trace, and the warnings that say what that does to its figures.
@@ -430,12 +447,15 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
         (steps / trace steps), ``repeated_steps`` (share of a session's steps
         at a trace position it read before), ``shared_positions`` (share of
         all sessions' steps at a position another session also reads),
+        ``warmup_shared_positions`` (with a shared cache warmed first, several sessions: share of the
+        sessions' steps at a position another session's warm-up reads),
         ``warnings`` (list of str: one per effect on this run's figures; also
         logged).
     """
     T = trace.steps
     out = {"trace_steps": T, "wrapped": steps > T, "replays": steps / T,
-           "repeated_steps": max(0.0, (steps - T) / steps), "shared_positions": 0.0, "warnings": []}
+           "repeated_steps": max(0.0, (steps - T) / steps), "shared_positions": 0.0, "warmup_shared_positions": 0.0,
+           "warnings": []}
     if sessions > 1:
         pos = np.concatenate([(s * T // sessions + np.arange(min(steps, T))) % T for s in range(sessions)])
         out["shared_positions"] = float(1 - np.unique(pos).size / pos.size)
@@ -457,6 +477,15 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
             + f"the caches' warm-up of {warm} steps and the {min(steps, T)} steps that follow overlap on a trace of "
             f"{T}: a session's warm-up reads rows it reads again later, so the row cache hit rate is inflated"
             + ("" if replay else ": use a trace of at least warm-up + steps tokens (or a shorter warm-up)"))
+    if warm and sessions > 1 and policy.shared_cache_rows > 0:
+        out["warmup_shared_positions"] = _warmup_shared(T, sessions, steps, warm)
+    if out["warmup_shared_positions"] > 0:
+        out["warnings"].append(
+            (f"{replay}: " if replay else "")
+            + f"the caches' warm-up reads stretches other sessions read after it: "
+            f"{out['warmup_shared_positions']:.0%} of the sessions' steps read a stretch another session's warm-up "
+            f"of {warm} steps read, so the shared row cache hits rows independent sessions would not share"
+            + ("" if replay else ": use a trace of at least sessions x (warm-up + steps) tokens"))
     if policy.shared_cache_rows > 0 and out["shared_positions"] > 0:
         out["warnings"].append(
             (f"{replay}: " if replay else "")

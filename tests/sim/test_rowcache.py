@@ -215,6 +215,25 @@ def test_a_warm_up_is_the_steps_before_the_start_through_the_caches():
             Policy(cache_warmup_steps=bad)
 
 
+@pytest.mark.parametrize("warm, share", [(100, 0.0), (200, 0.5), (250, 1.0)])
+def test_a_warm_up_that_reads_what_other_sessions_read_is_warned(warm, share):
+    """4 sessions 250 steps apart on a trace of 1,000, 100 steps each: a warm-up of 200 steps before session s + 1's
+    start covers the last 50 of session s's steps, one of 250 all 100; a shared cache then hits rows independent
+    sessions would not share."""
+    from sim.decode.reads import wrap_info
+
+    tr = Trace(np.zeros((1000, 2, 3), np.uint32), np.arange(1000), layer_ids=(1, 14), heads=1)
+    w = wrap_info(tr, 4, 100, Policy(shared_cache_rows=10, cache_warmup_steps=warm))
+    assert w["warmup_shared_positions"] == share and w["shared_positions"] == 0.0
+    said = [x for x in w["warnings"] if "another session's warm-up" in x]
+    assert said == ([f"the caches' warm-up reads stretches other sessions read after it: {share:.0%} of the sessions' "
+                     f"steps read a stretch another session's warm-up of {warm} steps read, so the shared row cache "
+                     "hits rows independent sessions would not share: use a trace of at least sessions x (warm-up + "
+                     "steps) tokens"] if share else [])
+    # a session's own cache sees no other session's warm-up
+    assert wrap_info(tr, 4, 100, Policy(cache_rows=10, cache_warmup_steps=warm))["warmup_shared_positions"] == 0.0
+
+
 def test_sim_decode_warms_its_caches_on_request(capsys):
     """engram sim decode --cache-warmup-steps: the run's shared cache hit rate is the policy's over the timed steps
     after the warm-up (step_reads with the same Policy); a warm-up that reaches the run's own steps on a short
