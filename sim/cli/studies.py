@@ -196,11 +196,12 @@ def _cmd_capacity(args) -> int:
                                         "compute_mean_ms": c.compute_ms,
                                         "compute_realised_mean_ms": c.compute_realised[0],
                                         "compute_realised_cv": c.compute_realised[1],
-                                        "assumptions": c.assumptions()}
+                                        "warnings": c.warnings, "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
-          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} seeds up to "
+          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} "
+          f"seed{'' if spec.seeds == 1 else 's'} up to "
           f"{spec.max_sessions} sessions")
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
@@ -305,8 +306,9 @@ def _cmd_serve_capacity(args) -> int:
         return 0
     sr = res.search
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the most requests/s meeting "
-          f"{study.slo.text()}, searched with {sr.seeds} seeds from {sr.min_rate:g} up to {sr.max_rate:g} "
-          f"requests/s (to {sr.resolution:.0%}), each probe measuring at least {sr.min_requests} requests")
+          f"{study.slo.text()}, searched with {sr.seeds} seed{'' if sr.seeds == 1 else 's'} from {sr.min_rate:g} up "
+          f"to {sr.max_rate:g} requests/s (to {sr.resolution:.0%}), each probe measuring at least "
+          f"{sr.min_requests} requests")
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:

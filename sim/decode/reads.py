@@ -22,6 +22,7 @@ evenly) and every step's reads are counted per drive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -36,12 +37,27 @@ from sim.core.limits import check_memory
 from sim.core.params import Policy, Storage
 from ..trace import Trace
 
-__all__ = ["BY_POSITION", "StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads",
-           "wrap_info"]
+__all__ = ["BY_POSITION", "StepReads", "cache_hits", "held_warnings", "hot_rows", "resident_mask", "shared_cache_hits",
+           "step_reads", "wrap_info"]
 
 log = logging.getLogger("sim.decode")
 #: Warnings already logged by this process (each result still carries its own).
 _LOGGED: set = set()
+#: Depth of :func:`held_warnings` blocks open in this process: while above 0, :func:`wrap_info` logs nothing.
+_HELD = 0
+
+
+@contextlib.contextmanager
+def held_warnings():
+    """A block whose runs log none of their trace warnings (:func:`wrap_info`; their results still carry them):
+    for a caller that says them itself, once, naming what they belong to (a capacity search's configuration,
+    :func:`sim.sweep.capacity.find_capacity`), where every probe's worker process would log its own copy."""
+    global _HELD
+    _HELD += 1
+    try:
+        yield
+    finally:
+        _HELD -= 1
 
 _M32 = np.uint64(0xFFFFFFFF)
 
@@ -450,7 +466,7 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
         ``warmup_shared_positions`` (with a shared cache warmed first, several sessions: share of the
         sessions' steps at a position another session's warm-up reads),
         ``warnings`` (list of str: one per effect on this run's figures; also
-        logged).
+        logged, once a process, outside :func:`held_warnings`).
     """
     T = trace.steps
     out = {"trace_steps": T, "wrapped": steps > T, "replays": steps / T,
@@ -492,7 +508,7 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
             + f"sessions share their trace: {out['shared_positions']:.0%} of the sessions' steps read a stretch "
             "another session also reads, so the shared row cache hits rows independent sessions would not share"
             + ("" if replay else ": use a trace of at least sessions x steps tokens"))
-    for w in out["warnings"]:
+    for w in out["warnings"] if not _HELD else ():
         if w not in _LOGGED:  # once per process: a report or sweep simulates the same run many times
             _LOGGED.add(w)
             log.warning("%s", w)

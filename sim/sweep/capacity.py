@@ -97,6 +97,7 @@ about ``cap_iops / (reads a step x target)`` sessions.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
@@ -119,15 +120,18 @@ from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
 from sim.core.params import Phases
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
-                       check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
-                       same_axis_value)
+                       check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
+                       resolve_context, same_axis_value)
+from sim.sweep.runner import HOLD_WARNINGS, point_policy
+from sim.sweep.study import varying_axes
+from ..decode.reads import held_warnings, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
            "CapacitySpec", "CapacityTable", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
-           "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "earlier_probes",
-           "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text", "pooled_compute",
-           "probes_path", "read_capacity", "run_capacity", "session_bounds"]
+           "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "configuration_names",
+           "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
 #: tables' metadata): :func:`statistics.median_low`, a capacity one of the seeds reached.
@@ -152,6 +156,8 @@ CV_ROUNDING = 1e-9
 #: laptop core (the fast decode loop runs about 150,000 session-steps a CPU second), and a search bound
 #: (:class:`SearchBound`) of well under a second.
 MAX_CAPACITY_SESSIONS = 1 << 16
+
+log = logging.getLogger("sim.capacity")
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search", "sustained")
 #: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
@@ -395,6 +401,10 @@ class Capacity(SeedBand):
         Per seed: passed at ``max_sessions`` (the capacity is a lower bound).
     probes : list of dict
         Every probe's result row (sweep columns), in the order they ran.
+    warnings : list of str
+        What the trace does to the probes' figures at the capacity (:func:`sim.decode.reads.wrap_info` of the
+        probe there: a trace replayed, sessions sharing stretches of it under a shared cache, a cache warm-up
+        overlapping the steps), said once for the configuration by :func:`find_capacity`.
     """
 
     index: int
@@ -403,6 +413,7 @@ class Capacity(SeedBand):
     per_seed: List[int] = field(default_factory=list)
     bound: List[bool] = field(default_factory=list)
     probes: List[Dict[str, Any]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
     #: The configuration's device as loaded once for the notes (:meth:`_device_at_capacity`), in a 1-tuple.
     _device: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
@@ -464,8 +475,10 @@ class Capacity(SeedBand):
     def label(self) -> str:
         """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
         cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
-        band = f"{self.low}-{self.high}" if self.low != self.high else "all equal"
-        return f"{cap} session{'' if cap == '1' else 's'} ({band} over {len(self.per_seed)} seeds)"
+        n = len(self.per_seed)
+        band = (f"{self.low}-{self.high} over {n} seeds" if self.low != self.high else
+                f"all equal over {n} seeds" if n > 1 else "1 seed")
+        return f"{cap} session{'' if cap == '1' else 's'} ({band})"
 
     def assumptions(self) -> str:
         """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
@@ -1233,6 +1246,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                         Path(calibration) if calibration else None, traces)
     if spec.sustained:
         ctx = sustained_context(ctx)
+    # the probes' trace warnings are said once a configuration below, not once a worker process and probe
+    ctx = Context(ctx.traces, ctx.devices, ctx.computes, {**(ctx.extras or {}), HOLD_WARNINGS: True})
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
     kind = _bracketed if spec.search == "bracket" else _galloping
     searches = {(i, r): kind(spec.max_sessions, spec.resolution, spec.target, spec.metric)
@@ -1242,7 +1257,32 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     for cap in caps:
         cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(spec.seeds)]
         cap.bound = [rounds.results[(cap.index, r)][1] for r in range(spec.seeds)]
+    names = configuration_names(cfgs)
+    for cap in caps:
+        cap.warnings = _trace_warnings(cap, ctx)
+        for w in cap.warnings:
+            log.warning("%s", f"{names[cap.index]}: {w}")
     return caps, name
+
+
+def configuration_names(configs: Sequence[Mapping[str, Any]]) -> List[str]:
+    """How each configuration is named in the words of a search: ``configuration 1 (device=..., drives=2)`` by
+    the axes that vary over ``configs`` (the device where none does)."""
+    axes = [a for a in varying_axes(configs, AXES) if a not in _SEARCHED] or ["device"]
+    return [f"configuration {i} ({', '.join(f'{a}={c.get(a)}' for a in axes)})" for i, c in enumerate(configs)]
+
+
+def _trace_warnings(cap: Capacity, ctx: Context) -> List[str]:
+    """:attr:`Capacity.warnings`: the trace warnings of the median seed's probe at the capacity (at 1 session
+    for a capacity of 0), each saying the count it was taken at."""
+    n = max(1, cap.capacity)
+    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
+    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    if trace is None:
+        return []
+    with held_warnings():
+        found = wrap_info(trace, n, int(p["steps"]), point_policy(p))["warnings"]
+    return [f"at {n} session{'s' if n != 1 else ''}: {w}" for w in found]
 
 
 # =====================================================================================

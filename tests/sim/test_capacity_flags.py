@@ -95,6 +95,56 @@ def test_bad_planner_values_get_one_line(argv, tmp_path, capsys):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def test_trace_warnings_are_said_once_a_configuration_naming_it(capfd, caplog, tmp_path):
+    """Sessions sharing a short trace under a shared cache: the warning is said once for each configuration, by the
+    search, naming the configuration and the count it holds at (the share of the probe there), not by each worker
+    process of the probes."""
+    import logging
+
+    from sim.core.params import Policy
+    from sim.decode.reads import wrap_info
+    from sim.trace import load_trace
+
+    study = tmp_path / "shared.toml"
+    study.write_text(f'''
+[study]
+name = "shared"
+seed = 0
+
+[capacity]
+seeds = 2
+max_sessions = 24
+
+[fixed]
+device = "{SLOW}"
+trace_limit = 150
+steps = 100
+compute = "reference"
+shared_cache_rows = 3971
+
+[grid]
+drives = [1, 2]
+''', encoding="utf-8")
+    caplog.set_level(logging.WARNING)
+    assert main(["sim", "capacity", str(study), "--jobs", "2", "--quiet", "--json", "--out", str(tmp_path / "c.csv")]) == 0
+    got = capfd.readouterr()
+    doc = json.loads(got.out)
+    assert "share their trace" not in got.err  # the workers said nothing
+    said = [r.getMessage() for r in caplog.records if "share their trace" in r.getMessage()]
+    assert all(r.name == "sim.capacity" for r in caplog.records if "share their trace" in r.getMessage())
+    tr = load_trace("stdlib:asyncio/base_events.py", limit=150)
+    want = []
+    for i, c in enumerate(doc["configurations"]):
+        n = c["capacity"]
+        share = wrap_info(tr, n, 100, Policy(shared_cache_rows=3971))["shared_positions"]
+        assert n > 1 and c["warnings"] == [
+            f"at {n} sessions: sessions share their trace: {share:.0%} of the sessions' steps read a stretch another "
+            "session also reads, so the shared row cache hits rows independent sessions would not share: use a trace "
+            "of at least sessions x steps tokens"]
+        want.append(f"configuration {i} (drives={c['drives']}): {c['warnings'][0]}")
+    assert said == want
+
+
 # ---------------------------------------------------------------- the bound of a search's length
 def _run(gen, passes) -> list:
     """The probes a search asks with the oracle ``passes``."""
