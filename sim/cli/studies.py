@@ -196,6 +196,7 @@ def _cmd_capacity(args) -> int:
                                         "compute_mean_ms": c.compute_ms,
                                         "compute_realised_mean_ms": c.compute_realised[0],
                                         "compute_realised_cv": c.compute_realised[1],
+                                        "zero_capacity_reason": c.zero_note() or None,
                                         "warnings": c.warnings, "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0
@@ -211,6 +212,8 @@ def _cmd_capacity(args) -> int:
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
         print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
+        if c.zero_note():
+            print(f"          why 0: {c.zero_note()}")
         if len({x.assumptions() for x in res.capacities}) > 1:
             print(f"          assumes {c.assumptions()}")
     print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")

@@ -71,7 +71,8 @@ with its headroom under
 the compute-only ceiling ``1000 / compute_ms`` tokens/s: a target of 20
 tokens/s with 47.01 ms of compute leaves 2.99 ms a step for the reads, 6% under
 the ceiling of 21.27 tokens/s, so any compute above 50 ms makes every device
-fail.
+fail.  A capacity of 0 says why (:meth:`Capacity.zero_note`: one session's rate against the target, and
+what the device assumed).
 
 Study file
 ----------
@@ -493,6 +494,44 @@ class Capacity(SeedBand):
         return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
                        f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
                        + self.burst_note() + self.host_note())
+
+    def zero_note(self) -> str:
+        """Why the capacity is 0 (``""`` otherwise): one session alone, the median seed's probe, against the
+        target and the read time the target leaves; and what the device assumes where it assumed values
+        (a rate-limited volume without ``iops``: its drive at the cap, its ``burst_ios``; ``engram sim
+        device`` shows every rule)."""
+        if self.capacity or not self.probes:
+            return ""
+        one = self.at(1, self.median_seed()) or self.probes[0]
+        rate = float(one.get(self.spec.metric) or 0.0)
+        words = "slowest" if self.spec.metric == CAPACITY_METRIC else "mean"
+        out = (f"one session alone decodes at {rate:.2f} tokens/s ({words}), under the target of "
+               f"{self.spec.target:g}: its steps wait {float(one.get('stall_mean_ms') or 0.0):.2f} ms on average for "
+               f"their {float(one.get('reads_per_step') or 0.0):.1f} reads, against the {self.read_budget_ms:.2f} ms a "
+               f"step the target leaves after {self.compute_ms:.2f} ms of compute")
+        dev = None
+        if isinstance(self.config.get("device"), str):
+            try:
+                dev = load_device(self.config["device"])
+            except Exception:  # noqa: BLE001 - a device that does not load here (calibrated) says nothing more
+                dev = None
+        derived = (getattr(dev, "derived", None) or {}) if dev is not None else {}
+        assumed = [f"{k} = {d['value']:g}, {d['rule']}" for k, d in derived.items()
+                   if str(d.get("rule", "")).startswith("assumed") and isinstance(d.get("value"), (int, float))]
+        reads = float(one.get("reads_per_step") or 0.0)
+        if isinstance(dev, RateLimitedDevice) and reads > 0:
+            peak = float(dev.raw.peak_iops())
+            passes = min(dev.burst_ios, dev.cap_iops * float(one.get("step_mean_ms") or 0.0) * 1e-3)
+            bucket = f"the volume's bucket ({dev.cap_iops:,.0f} IOPS, {dev.burst_ios:,.0f} reads deep)"
+            out += (f"; {bucket} lets a step's {reads:.1f} reads through to its drive, which reads them in "
+                    f"{reads / peak * 1e3:.2f} ms at the least at its peak of {peak:,.0f} IOPS" if reads <= passes else
+                    f"; {bucket} passes about {passes:,.0f} of a step's {reads:.1f} reads at its drive's latency, the "
+                    f"rest at the cap")
+        if assumed:
+            out += ("; the device assumes " + "; ".join(assumed)
+                    + f": give them in the device spec where they are known (engram sim device {self.config['device']} "
+                      "shows every rule)")
+        return out
 
     def _device_at_capacity(self) -> tuple:
         """``(the probe row at the capacity, the configuration's device)``, either None where there is none or the

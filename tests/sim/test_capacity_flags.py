@@ -95,6 +95,31 @@ def test_bad_planner_values_get_one_line(argv, tmp_path, capsys):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def test_a_capacity_of_0_says_why(capsys, tmp_path):
+    """A rate-limited volume given without iops: its drive is assumed to be as slow as the cap (3,000 IOPS), so one
+    session's 48 reads a step take 16 ms against the 2.99 ms the target leaves: the answer 0 says so, with the
+    probe's own figures and the device's assumptions; a capacity above 0 says nothing of the kind."""
+    dev = ["--device", "volume:qd1_us=500,cap_iops=3000", "--limit", "300", "--steps", "40"]
+    doc = capacity_json(capsys, [*dev, "--out", str(tmp_path / "z.csv")])
+    c = doc["configurations"][0]
+    (probe,) = read_capacity(tmp_path / "z.csv")[1]
+    assert c["capacity"] == 0 and probe["sessions"] == 1 and probe["reads_per_step"] == 48.0
+    why = c["zero_capacity_reason"]
+    assert why.startswith(f"one session alone decodes at {probe['session_tokens_per_s_min']:.2f} tokens/s (slowest), "
+                          f"under the target of 20: its steps wait {probe['stall_mean_ms']:.2f} ms on average for "
+                          "their 48.0 reads, against the 2.99 ms a step the target leaves after 47.01 ms of compute; "
+                          "the volume's bucket (3,000 IOPS, 300 reads deep) lets a step's 48.0 reads through to its "
+                          "drive, which reads them in 16.00 ms at the least at its peak of 3,000 IOPS; the device "
+                          "assumes "), why
+    assert "iops = 3000, assumed: the raw drive's IOPS is the cap" in why
+    assert "burst_ios = 300, assumed: cap_iops x 0.1 s" in why
+    assert why.endswith("(engram sim device volume:qd1_us=500,cap_iops=3000 shows every rule)")
+    assert main(["sim", "capacity", *dev, "--out", str(tmp_path / "z.csv"), *SEARCH[:-1]]) == 0
+    assert f"0 sessions (1 seed); random phases\n          why 0: {why}\n" in capsys.readouterr().out
+    assert capacity_json(capsys, ["--device", FAST, "--limit", "300", "--steps", "40", "--out",
+                                  str(tmp_path / "f.csv")])["configurations"][0]["zero_capacity_reason"] is None
+
+
 def test_trace_warnings_are_said_once_a_configuration_naming_it(capfd, caplog, tmp_path):
     """Sessions sharing a short trace under a shared cache: the warning is said once for each configuration, by the
     search, naming the configuration and the count it holds at (the share of the probe there), not by each worker
