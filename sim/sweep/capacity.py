@@ -71,8 +71,9 @@ with its headroom under
 the compute-only ceiling ``1000 / compute_ms`` tokens/s: a target of 20
 tokens/s with 47.01 ms of compute leaves 2.99 ms a step for the reads, 6% under
 the ceiling of 21.27 tokens/s, so any compute above 50 ms makes every device
-fail.  A capacity of 0 says why (:meth:`Capacity.zero_note`: one session's rate against the target, and
-what the device assumed).
+fail.  With a row cache the assumptions say its size and policy and whether each probe starts with it
+empty or warmed (below); a capacity of 0 says why (:meth:`Capacity.zero_note`: one session's rate against
+the target, and what the device assumed).
 
 Study file
 ----------
@@ -94,6 +95,18 @@ where its burst outlasts the probe the answer is the burst's (:meth:`Capacity.bu
 ``sustained`` every probe starts with the bucket empty -- the volume's steady state under a load above its cap
 -- and the bucket refills only while the sessions read less than the cap: the answer is the sustained one,
 about ``cap_iops / (reads a step x target)`` sessions.
+
+Row caches
+----------
+A probe is a fresh run: its row caches start empty unless the configuration warms them
+(``cache_warmup_steps``, :attr:`sim.core.params.Policy.cache_warmup_steps`: each session first decodes that many
+trace steps before its start through the caches, uncounted).  A cache's hit rate changes with the steps it has
+seen until its policy's state settles -- an empty one admits every row while it fills, a full W-TinyLFU one only
+over a more frequent victim, and its frequency counts build up over many steps -- so the hit rate, and the
+capacity with it, depends on the probes' ``steps`` and on the warm-up.  ``engram sim capacity
+--shared-cache-bytes`` warms it by the probes' steps unless told otherwise; a study says it in its axes.  Each
+configuration's answer gives the hit rate of the probe at the capacity and, replayed through the same policy
+code without timing, that probe's rate from the other start (:attr:`Capacity.cache_other`).
 """
 
 from __future__ import annotations
@@ -103,7 +116,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -119,13 +132,13 @@ from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
 from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
-from sim.core.params import Phases
+from sim.core.params import Phases, Storage
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
 from sim.sweep.runner import HOLD_WARNINGS, point_policy
 from sim.sweep.study import varying_axes
-from ..decode.reads import held_warnings, wrap_info
+from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
@@ -415,6 +428,10 @@ class Capacity(SeedBand):
     bound: List[bool] = field(default_factory=list)
     probes: List[Dict[str, Any]] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    #: ``(cache_warmup_steps, hit rate)`` of the probe at the capacity replayed from the other start -- warmed
+    #: by the probes' steps where the probes start empty, empty where they were warmed -- (None: no cache, or
+    #: not replayed), set by :func:`find_capacity`.
+    cache_other: Optional[Tuple[int, float]] = None
     #: The configuration's device as loaded once for the notes (:meth:`_device_at_capacity`), in a 1-tuple.
     _device: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
@@ -484,16 +501,61 @@ class Capacity(SeedBand):
     def assumptions(self) -> str:
         """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
         cfg = self.config
+        cache = self.cache_text()
         head = (f"target {self.spec.target:g} tokens/s for every session "
                 f"({'the slowest session' if self.spec.metric == CAPACITY_METRIC else 'the mean session'}), "
                 f"compute {compute_text(cfg, self.compute_ms, self.compute_realised)}, batching {BATCHING}, "
-                f"phases: {phases_text(self.phases)}; ")
+                f"phases: {phases_text(self.phases)}" + (f", {cache}" if cache else "") + "; ")
         if self.headroom <= 0:
             return head + (f"the target is above the compute-only ceiling of {self.ceiling:.2f} tokens/s: "
                            "no device can reach it")
         return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
                        f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
                        + self.burst_note() + self.host_note())
+
+    def cache_text(self) -> str:
+        """The configuration's row caches in words, and whether the probes start with them empty or warm
+        (:attr:`sim.core.params.Policy.cache_warmup_steps`); ``""`` without a cache."""
+        pol = point_policy({**self.config, "sessions": 1, "repeat": 0})
+        if not (pol.shared_cache_rows or pol.cache_rows):
+            return ""
+        parts = []
+        if pol.shared_cache_rows:
+            size = (f"{_bytes_text(pol.shared_cache_bytes)} ({pol.shared_cache_rows:,} rows)" if pol.shared_cache_bytes
+                    else f"{pol.shared_cache_rows:,} rows")
+            parts.append(f"one row cache of {size} shared by the sessions")
+        if pol.cache_rows:
+            parts.append(f"a row cache of {pol.cache_rows:,} rows a session")
+        w = pol.cache_warmup_steps
+        start = (f"warmed before each probe by {w} steps a session (the trace's steps before the session's start)"
+                 if w else "empty at the start of each probe (no warm-up: cache_warmup_steps 0)")
+        return f"{' and '.join(parts)}, {pol.cache_policy}, {start}"
+
+    def cache_note(self) -> str:
+        """With a row cache: its hit rate in the probe at the capacity (the median seed's; else the first
+        probe's) beside that probe's from the other start (:attr:`cache_other`), and that a cache's hit rate
+        changes with the steps it has seen, so that the capacity depends on the probes' ``steps`` and warm-up;
+        ``""`` without a cache."""
+        if not self.cache_text():
+            return ""
+        at = (self.at(self.capacity, self.median_seed()) if self.capacity else None) or \
+            (self.probes[0] if self.probes else None)
+        if not at:
+            return ""
+        n, steps = int(at["sessions"]), int(at["steps"])
+        rate = (f"hit rate {float(at['cache_hit_rate']):.4f} in the probe of {n} session{'s' if n != 1 else ''} x "
+                f"{steps} steps")
+        w = point_policy({**self.config, "sessions": 1, "repeat": 0}).cache_warmup_steps
+        other = self.cache_other
+        grows = ("a cache's hit rate changes with the steps it has seen until its policy settles (W-TinyLFU's "
+                 "counts over many steps), so the capacity depends on the probes' steps and warm-up")
+        if w:
+            return (f"row cache warmed by {w} steps a session before each probe: {rate}"
+                    + (f" ({other[1]:.4f} from empty)" if other else "")
+                    + f"; {grows}: compare a longer --cache-warmup-steps (a study's cache_warmup_steps)")
+        return (f"row cache starts empty in each probe: {rate}"
+                + (f" against {other[1]:.4f} once warmed by {other[0]} steps a session" if other else "")
+                + f"; {grows}: warm it first (--cache-warmup-steps N, a study's cache_warmup_steps)")
 
     def zero_note(self) -> str:
         """Why the capacity is 0 (``""`` otherwise): one session alone, the median seed's probe, against the
@@ -608,6 +670,7 @@ class Capacity(SeedBand):
             "tokens_per_s_at_capacity": at[self.spec.metric] if at else float("nan"),
             "device_busy_at_capacity": at["device_busy"] if at else float("nan"),
             "reads_per_s_at_capacity": at["reads_per_s"] if at else float("nan"),
+            "cache_hit_rate_at_capacity": at["cache_hit_rate"] if at else float("nan"),
         })
         return out
 
@@ -617,7 +680,8 @@ CAPACITY_COLUMNS = ["config", *[a for a in AXES if a not in _SEARCHED], "target"
                     "capacity_low", "capacity_high", "capacities", "lower_bound", "seeds", "probes", "max_sessions",
                     "compute_mean_ms", "compute_realised_mean_ms", "compute_realised_cv", "ceiling_tokens_per_s",
                     "headroom", "read_budget_ms", "batching", PHASES_COLUMN, "session_phases",
-                    "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity"]
+                    "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity",
+                    "cache_hit_rate_at_capacity"]
 #: Columns of the probes table: a sweep row and its configuration.
 PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS, PHASES_COLUMN]
 
@@ -1298,10 +1362,19 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
         cap.bound = [rounds.results[(cap.index, r)][1] for r in range(spec.seeds)]
     names = configuration_names(cfgs)
     for cap in caps:
+        cap.cache_other = _other_start(cap, ctx)
         cap.warnings = _trace_warnings(cap, ctx)
         for w in cap.warnings:
             log.warning("%s", f"{names[cap.index]}: {w}")
     return caps, name
+
+
+def _bytes_text(n: int) -> str:
+    """``16 MiB``, ``1.5 GiB``, ``1000 bytes``: a cache budget in the binary units of its sizes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n} bytes"
 
 
 def configuration_names(configs: Sequence[Mapping[str, Any]]) -> List[str]:
@@ -1309,6 +1382,26 @@ def configuration_names(configs: Sequence[Mapping[str, Any]]) -> List[str]:
     the axes that vary over ``configs`` (the device where none does)."""
     axes = [a for a in varying_axes(configs, AXES) if a not in _SEARCHED] or ["device"]
     return [f"configuration {i} ({', '.join(f'{a}={c.get(a)}' for a in axes)})" for i, c in enumerate(configs)]
+
+
+def _other_start(cap: Capacity, ctx: Context) -> Optional[Tuple[int, float]]:
+    """:attr:`Capacity.cache_other`: the hit rate of the row caches in the probe at the capacity (at 1 session
+    for a capacity of 0; the median seed's trace) replayed through the engine's policy from the other start
+    (:func:`sim.decode.step_reads`, no timing: the caches' hits depend on the trace and the sessions only)."""
+    n = max(1, cap.capacity)
+    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
+    pol = point_policy(p)
+    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    if trace is None or not (pol.shared_cache_rows or pol.cache_rows):
+        return None
+    w = 0 if pol.cache_warmup_steps else int(p["steps"])
+    hot = (ctx.extras or {}).get(f"hot:{p['dram_rows']}") if p.get("dram_rows") else None
+    try:
+        with held_warnings():
+            rd = step_reads(trace, n, int(p["steps"]), replace(pol, cache_warmup_steps=w), storage=Storage(hot=hot))
+    except ArgumentError:  # more than memory allows here: the probe's own figure stands alone
+        return None
+    return w, (rd.cache_hits + rd.shared_hits) / rd.requests if rd.requests else 0.0
 
 
 def _trace_warnings(cap: Capacity, ctx: Context) -> List[str]:
