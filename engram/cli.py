@@ -552,13 +552,27 @@ def _add_plugin_stub(sub, name: str, ep: importlib.metadata.EntryPoint) -> None:
 ENGINE_COMMAND_TABLE = (INFO_COMMAND, HASH_COMMAND, INSPECT_COMMAND, SYNTH_COMMAND, REPAIR_COMMAND, LOOKUP_COMMAND)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``engram`` and, through argparse's subparsers (which make their parsers of their parent's
+    class), of every command under it: an argument a command does not know is refused by that command's own
+    parser, with its usage (``usage: engram calibrate [-h] ...``), not left for the top level, whose usage
+    names no option of the command.  Only ``engram``'s own parsers are of this class; argparse's
+    ``parse_known_args`` contract (unknown arguments returned) does not hold for them."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return namespace, extra
+
+
 def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
     """The ``engram`` parser for the command line ``argv`` (default ``sys.argv[1:]``).
 
     Engine commands are always complete; of the plugin commands only the one
     ``argv`` runs is loaded, the others are listed by name.
     """
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="engram",
         description="Serve and simulate the on-disk n-gram memory (Engram) of DeepSeek V4.1-class models.",
     )

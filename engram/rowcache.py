@@ -70,11 +70,12 @@ PREFILL = ("admit", "bypass")
 #: The one default policy: of :class:`RowCache` and of everything that predicts or measures it (``engram sim
 #: decode --cache-policy``, :class:`sim.core.params.Policy`, ``engram measure``, studies), so that a prediction and the
 #: engine run the same policy unless told otherwise.  W-TinyLFU because the cache is shared by a model's
-#: sessions: on the shipped texts (BENCHMARKS.md, "Row cache") 4 sessions sharing ``agent_prompt_long`` hit
-#: 0.048 / 0.221 of their reads at 1 / 16 MiB against LRU's 0.020 / 0.112, and a long prompt of rows read once
-#: keeps the hot rows; one session alone reuses recent rows, where LRU does better from 4 MiB on (0.106 against
-#: 0.074 at 16 MiB on promessi_sposi): a single-session engine should ask for ``"lru"``, and
-#: ``engram sim trace reuse TRACE --cache-bytes ... --sessions N`` says which for a given load.
+#: sessions, and where they share a text it keeps the hot rows through a long prompt of rows read once (4 sessions
+#: on the first 8,000 tokens of ``shared:agent_prompt_long.txt`` hit 0.048 / 0.221 of their reads at 1 / 16 MiB
+#: against LRU's 0.020 / 0.112).  Neither policy wins on every text: one session on the first 8,000 tokens of
+#: ``shared:promessi_sposi.txt`` hits more with LRU at 16 MiB (0.093 against 0.063), on the whole novel less (0.098
+#: against 0.148); docs/engine.md ("Row cache") has the figures and their commands.  Choose on the engine's own
+#: text with ``engram sim trace reuse TRACE --cache-bytes ... --sessions N``.
 DEFAULT_POLICY = "tinylfu"
 DEFAULT_PREFILL = "admit"
 #: Bytes of bookkeeping a row slot costs at most besides its record, with :data:`BOOKKEEPING_FIXED_BYTES`: a

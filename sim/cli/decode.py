@@ -7,7 +7,7 @@ from typing import Optional
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
 from engram.errors import ArgumentError
-from engram.options import Command, Exclusive, Option
+from engram.options import Command, Exclusive, Option, replaced
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
@@ -84,7 +84,8 @@ def _cmd_decode(args) -> int:
     dev = _device(args)
     policy = _policy(args, cache_rows=args.cache_rows, overlap_layers=args.overlap_layers,
                      shared_cache_rows=args.shared_cache_rows, dram_fraction=args.dram_fraction,
-                     shared_cache_bytes=args.shared_cache_bytes or 0, cache_policy=args.cache_policy)
+                     shared_cache_bytes=args.shared_cache_bytes or 0, cache_policy=args.cache_policy,
+                     cache_warmup_steps=cache_warmup(args))
     spec = _speculation(args)
     compute_s, fitted = _decode_compute(args, tr, dev, policy)
     r = simulate_decode(tr, dev, policy, _compute(args, compute_s),
@@ -109,6 +110,32 @@ def _cmd_decode(args) -> int:
 
 _DECODE = "decode"
 _COMPUTE = Exclusive("compute")
+#: ``--shared-cache-bytes``: the row cache shared by the sessions, as the engine sizes it (``engram sim decode``;
+#: ``engram sim capacity`` takes the same option, :data:`sim.cli.studies.CAPACITY_OPTIONS`).
+SHARED_CACHE_BYTES_OPTION = Option(
+    "--shared-cache-bytes", metavar="SIZE", type=size_arg, group=_DECODE,
+    help="one row cache shared by the sessions, as the engine sizes it (engram.RowCache): SIZE // 264 rows (0: "
+         f"none); SIZE is {SIZE_RULE}")
+#: ``--cache-policy``: the row caches' replacement policy (decode; capacity).
+CACHE_POLICY_OPTION = Option(
+    "--cache-policy", choices=POLICIES, default=DEFAULT_POLICY, group=_DECODE,
+    help=f"replacement policy of the row caches, the engine's code (default {DEFAULT_POLICY}, the "
+         "engine's RowCache default)")
+#: ``--cache-warmup-steps``: the caches' warm-up (:attr:`sim.core.params.Policy.cache_warmup_steps`; decode;
+#: capacity, with another default).
+CACHE_WARMUP_OPTION = Option(
+    "--cache-warmup-steps", type=int, metavar="N", group=_DECODE, default=0,
+    help="steps each session decodes through the row caches before the timed steps, neither timed nor counted: "
+         "the N trace steps before its start, so that the caches are warm as a running server's (default 0: "
+         "they start empty, as a fresh engine's; a measured run's cache starts empty too)")
+
+
+def cache_warmup(args) -> int:
+    """``--cache-warmup-steps`` (``ArgumentError`` naming it below 0)."""
+    n = args.cache_warmup_steps
+    if n is not None and n < 0:
+        raise ArgumentError(f"--cache-warmup-steps must be >= 0, got {n}")
+    return n
 #: The options of ``engram sim decode``.
 DECODE_OPTIONS = (
     *trace_source_options("stdlib:asyncio/base_events.py"),
@@ -127,12 +154,9 @@ DECODE_OPTIONS = (
            help="per-session row cache in rows, policy --cache-policy (default 0)"),
     Option("--shared-cache-rows", type=int, default=0, group=_DECODE,
            help="one row cache shared by all sessions, rows (default 0)"),
-    Option("--shared-cache-bytes", metavar="SIZE", type=size_arg, group=_DECODE,
-           help="the shared row cache as the engine sizes it (engram.RowCache): SIZE // 264 rows, instead "
-                f"of --shared-cache-rows; SIZE is {SIZE_RULE}"),
-    Option("--cache-policy", choices=POLICIES, default=DEFAULT_POLICY, group=_DECODE,
-           help=f"replacement policy of the row caches, the engine's code (default {DEFAULT_POLICY}, the "
-                "engine's RowCache default)"),
+    *replaced((SHARED_CACHE_BYTES_OPTION,), help=SHARED_CACHE_BYTES_OPTION.help + "; instead of --shared-cache-rows"),
+    CACHE_POLICY_OPTION,
+    CACHE_WARMUP_OPTION,
     Option("--dram-fraction", type=float, default=0.0, group=_DECODE,
            help="share of each table resident in DRAM, chosen by a hash of the row id (default 0)"),
     Option("--dram-rows", metavar="FILE.npy", group=_DECODE,

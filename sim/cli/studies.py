@@ -9,7 +9,8 @@ from typing import Optional
 
 from engram.cli import print_json
 from engram.errors import ArgumentError, EngramError
-from engram.options import Command, Option
+from engram.options import Command, Option, check_requires, replaced
+from engram.rowcache import DEFAULT_POLICY
 
 from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
                                 phases_text, probes_path, run_capacity)
@@ -19,7 +20,9 @@ from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity
 from ..serve.study import RateSearch, is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
+from ..sweep.runner import point_policy
 from ..trace import CODE_SOURCE
+from .decode import CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, SHARED_CACHE_BYTES_OPTION, cache_warmup
 from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
                       device_option, drives_option, run_options, trace_source_options)
 
@@ -31,7 +34,9 @@ PLANNER_FIXED = {"trace": CODE_SOURCE, "trace_limit": 1000, "steps": 300, "compu
 
 #: The options that describe configurations without a study file (dest -> flag).
 _PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse", "compute_ms": "--compute-ms",
-                  "trace": "--trace", "limit": "--limit", "steps": "--steps"}
+                  "trace": "--trace", "limit": "--limit", "steps": "--steps",
+                  "shared_cache_bytes": "--shared-cache-bytes", "cache_policy": "--cache-policy",
+                  "cache_warmup_steps": "--cache-warmup-steps"}
 
 
 def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
@@ -119,19 +124,27 @@ SWEEP_COMMAND = Command("sweep", "run a what-if study (a TOML grid) locally or o
 def planner_study(args) -> Study:
     """The capacity study of the command line: a configuration per ``--device`` x ``--drives`` x ``--reuse``
     over :data:`PLANNER_FIXED`, with ``--compute-ms`` (else the SPEC §8 compute), ``--trace``, ``--limit``
-    and ``--steps``; the search's target, seeds and largest count come from its own options.
+    and ``--steps``, and a shared row cache of ``--shared-cache-bytes`` (``--cache-policy``), warmed before
+    each probe by ``--cache-warmup-steps`` steps a session (default: the probes' steps); the search's target,
+    seeds and largest count come from its own options.
 
     Raises
     ------
     ArgumentError
-        A value out of range (names the axis and the value, as a study file's would).
+        A value out of range (names the axis and the value, as a study file's would); ``--cache-policy`` or
+        ``--cache-warmup-steps`` without a cache (they would change nothing).
     """
+    check_requires(CAPACITY_OPTIONS, args)
     fixed = dict(PLANNER_FIXED)
     if args.compute_ms is not None:
         fixed.update(compute="", compute_ms=args.compute_ms)
     for key, dest in (("trace", "trace"), ("trace_limit", "limit"), ("steps", "steps")):
         if getattr(args, dest) is not None:
             fixed[key] = getattr(args, dest)
+    if args.shared_cache_bytes:  # 0: no cache, as for engram sim decode
+        warm = cache_warmup(args)
+        fixed.update(shared_cache_bytes=str(args.shared_cache_bytes), cache_policy=args.cache_policy or DEFAULT_POLICY,
+                     cache_warmup_steps=fixed["steps"] if warm is None else warm)
     grid = {"device": list(args.device or [_DEFAULT_DEVICE])}
     if args.drives:
         grid["drives"] = list(args.drives)
@@ -160,6 +173,23 @@ def _refuse_an_earlier_default(args, out: Path, probes: Optional[Path], what: st
             again = f"--resume{'' if args.study else f' --out {out}'}"
             raise ArgumentError(f"{p} exists (an earlier {what}): give --out {out} to replace it, "
                                 f"{again} to continue it, or another --out")
+
+
+def _row_cache(c) -> Optional[dict]:
+    """The ``row_cache`` of a configuration in ``engram sim capacity --json`` (None without one): its size, policy
+    and warm-up (:attr:`sim.core.params.Policy.cache_warmup_steps`), the hit rate of the probe at the capacity,
+    that probe's hit rate from the other start (``other_start``: :attr:`sim.sweep.capacity.Capacity.cache_other`)
+    and the output's line (``note``)."""
+    row = c.row()
+    pol = point_policy({**c.config, "sessions": 1, "repeat": 0})
+    if not (pol.shared_cache_rows or pol.cache_rows):
+        return None
+    return {"shared_cache_rows": pol.shared_cache_rows, "shared_cache_bytes": pol.shared_cache_bytes or None,
+            "cache_rows": pol.cache_rows, "cache_policy": pol.cache_policy,
+            "cache_warmup_steps": pol.cache_warmup_steps, "hit_rate_at_capacity": row["cache_hit_rate_at_capacity"],
+            "other_start": ({"cache_warmup_steps": c.cache_other[0], "hit_rate": c.cache_other[1]}
+                            if c.cache_other else None),
+            "note": c.cache_note()}
 
 
 def _cmd_capacity(args) -> int:
@@ -196,11 +226,13 @@ def _cmd_capacity(args) -> int:
                                         "compute_mean_ms": c.compute_ms,
                                         "compute_realised_mean_ms": c.compute_realised[0],
                                         "compute_realised_cv": c.compute_realised[1],
-                                        "assumptions": c.assumptions()}
+                                        "row_cache": _row_cache(c), "zero_capacity_reason": c.zero_note() or None,
+                                        "warnings": c.warnings, "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
-          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} seeds up to "
+          f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} "
+          f"seed{'' if spec.seeds == 1 else 's'} up to "
           f"{spec.max_sessions} sessions")
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
@@ -210,6 +242,10 @@ def _cmd_capacity(args) -> int:
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
         print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
+        if c.zero_note():
+            print(f"          why 0: {c.zero_note()}")
+        if c.cache_note():
+            print(f"          {c.cache_note()}")
         if len({x.assumptions() for x in res.capacities}) > 1:
             print(f"          assumes {c.assumptions()}")
     print(f"wrote     {res.table} (+ .meta.json, .probes.csv); plot it with: engram report --sweep {res.table}")
@@ -235,6 +271,16 @@ CAPACITY_OPTIONS = (
     *trace_source_options(f"{CODE_SOURCE}, its first {PLANNER_FIXED['trace_limit']} tokens", group=_CONFIGS),
     Option("--steps", type=int, help=f"steps per session of each probe (default {PLANNER_FIXED['steps']})",
            group=_CONFIGS),
+    *replaced((SHARED_CACHE_BYTES_OPTION,), group=_CONFIGS,
+              help=SHARED_CACHE_BYTES_OPTION.help + "; default none; every probe runs it with the sessions it "
+                   "probes, warmed first (--cache-warmup-steps), and the output gives its hit rate at the capacity"),
+    *replaced((CACHE_POLICY_OPTION,), group=_CONFIGS, default=None, requires=("shared_cache_bytes", "SIZE")),
+    *replaced((CACHE_WARMUP_OPTION,), group=_CONFIGS, default=None, requires=("shared_cache_bytes", "SIZE"),
+              help=CACHE_WARMUP_OPTION.help.split(" (default")[0]
+              + " (default: the probes' --steps; 0: it starts empty in each probe). A cache's hit rate changes with "
+                "the steps it has seen until its policy settles (W-TinyLFU's counts over many steps), so a capacity "
+                "with a cache depends on the probes' steps and warm-up: the output gives the hit rate of the probe at "
+                "the capacity and that probe's from the other start; compare a longer warm-up"),
     Option("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})",
            group=_SEARCH),
     Option("--seeds", type=int, help=f"searches per configuration, each its own seeds (default {CAPACITY_SEEDS})",
@@ -305,8 +351,9 @@ def _cmd_serve_capacity(args) -> int:
         return 0
     sr = res.search
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the most requests/s meeting "
-          f"{study.slo.text()}, searched with {sr.seeds} seeds from {sr.min_rate:g} up to {sr.max_rate:g} "
-          f"requests/s (to {sr.resolution:.0%}), each probe measuring at least {sr.min_requests} requests")
+          f"{study.slo.text()}, searched with {sr.seeds} seed{'' if sr.seeds == 1 else 's'} from {sr.min_rate:g} up "
+          f"to {sr.max_rate:g} requests/s (to {sr.resolution:.0%}), each probe measuring at least "
+          f"{sr.min_requests} requests")
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:

@@ -82,6 +82,17 @@ class Policy:
         :data:`engram.rowcache.DEFAULT_POLICY` (``"tinylfu"``: why there), so that a
         prediction and the engine run the same policy unless told otherwise.  It applies
         to the per-session caches (``cache_rows``) too.
+    cache_warmup_steps : int
+        Steps each session decodes through the row caches before the run's own steps, neither timed nor
+        counted (>= 0; 0: the caches start empty, as a fresh engine's do): session ``i`` of ``S`` reads the
+        ``cache_warmup_steps`` trace steps before its start (``i * T // S``, wrapping), interleaved step by step
+        as the timed ones, so that a run starts with the caches of sessions that have been decoding a while
+        (nearer a server's steady state) instead of empty ones.  Either way can hit more: an empty cache admits every
+        row while it fills, where a full W-TinyLFU one admits a row only over a more frequent victim (on text
+        whose rows come back soon after they are read, a warm W-TinyLFU cache hits less), while a warm LRU cache
+        holds what an empty one would and more; and a W-TinyLFU cache's frequency counts build up over many
+        steps, so its hit rate goes on changing with a longer warm-up.  No effect without a row cache; not
+        modelled with speculative verification batches (:func:`sim.decode.step_reads` refuses them together).
     dram_fraction : float
         Share of every table's rows resident in DRAM (0: none): a request for
         such a row costs no device read.  The resident rows are chosen by a
@@ -98,7 +109,8 @@ class Policy:
     ------
     ArgumentError
         An unknown backend, counts below 1, negative sizes, a fraction outside
-        [0, 1], or ``readers`` and ``ring_depth`` both given and different.
+        [0, 1], ``cache_warmup_steps`` not a whole number >= 0, or ``readers`` and
+        ``ring_depth`` both given and different.
     """
 
     threshold: int = DEFAULT_THRESHOLD
@@ -112,6 +124,7 @@ class Policy:
     dram_fraction: float = 0.0
     shared_cache_bytes: int = 0
     cache_policy: str = DEFAULT_POLICY
+    cache_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.cache_policy not in CACHE_POLICIES:
@@ -141,6 +154,10 @@ class Policy:
         for name in ("threshold", "readers"):
             if int(getattr(self, name)) < 1:
                 raise ArgumentError(f"Policy.{name} must be >= 1, got {getattr(self, name)}")
+        w = self.cache_warmup_steps
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 0:
+            raise ArgumentError(f"Policy.cache_warmup_steps must be a whole number >= 0, got {w!r}")
+        object.__setattr__(self, "cache_warmup_steps", int(w))
         for name in ("cache_rows", "shared_cache_rows", "overlap_layers"):
             if getattr(self, name) < 0:
                 raise ArgumentError(f"Policy.{name} must be >= 0, got {getattr(self, name)}")

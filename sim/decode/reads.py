@@ -22,6 +22,7 @@ evenly) and every step's reads are counted per drive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -36,12 +37,27 @@ from sim.core.limits import check_memory
 from sim.core.params import Policy, Storage
 from ..trace import Trace
 
-__all__ = ["BY_POSITION", "StepReads", "cache_hits", "hot_rows", "resident_mask", "shared_cache_hits", "step_reads",
-           "wrap_info"]
+__all__ = ["BY_POSITION", "StepReads", "cache_hits", "held_warnings", "hot_rows", "resident_mask", "shared_cache_hits",
+           "step_reads", "wrap_info"]
 
 log = logging.getLogger("sim.decode")
 #: Warnings already logged by this process (each result still carries its own).
 _LOGGED: set = set()
+#: Depth of :func:`held_warnings` blocks open in this process: while above 0, :func:`wrap_info` logs nothing.
+_HELD = 0
+
+
+@contextlib.contextmanager
+def held_warnings():
+    """A block whose runs log none of their trace warnings (:func:`wrap_info`; their results still carry them):
+    for a caller that says them itself, once, naming what they belong to (a capacity search's configuration,
+    :func:`sim.sweep.capacity.find_capacity`), where every probe's worker process would log its own copy."""
+    global _HELD
+    _HELD += 1
+    try:
+        yield
+    finally:
+        _HELD -= 1
 
 _M32 = np.uint64(0xFFFFFFFF)
 
@@ -250,6 +266,10 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     requests of a table are deduplicated as one batch; :attr:`StepReads.drafts` and
     :attr:`StepReads.wasted` are filled in.
 
+    ``policy.cache_warmup_steps`` (with a row cache): each session first decodes that many trace steps before its
+    start through the caches, interleaved as the timed steps; those steps are neither returned nor counted, so the
+    run's figures are those of caches already warm (:class:`sim.core.params.Policy`).
+
     ``served``: bool like ``trace.rows`` (``[trace steps, layers, columns]``), the requests of the trace that a
     row cache replayed beforehand serves (a measured run's own cache: :func:`sim.check.crosscheck.run_cache_hits`);
     a session replaying the trace meets them at the same positions, so a replay does not inflate their rate.
@@ -258,22 +278,29 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
     Raises
     ------
     ArgumentError
-        A trace without steps, fewer than one session or step, or a run whose reads would take more
-        memory than :func:`sim.core.limits.check_memory` allows (``BYTES_PER_ROW_SLOT`` a row slot).
+        A trace without steps, fewer than one session or step, a warm-up of the caches with ``batch``, or a run
+        whose reads would take more memory than :func:`sim.core.limits.check_memory` allows
+        (``BYTES_PER_ROW_SLOT`` a row slot, the warm-up's steps included).
     """
     drives = storage.drives
     hot = hot_rows(storage.hot) if storage.hot is not None else None
-    _check_reads(trace, sessions, steps, drives, order, batch, served)
-    if BY_POSITION and batch is None and policy.cache_rows <= 0 and policy.shared_cache_rows <= 0:
+    caches = policy.cache_rows > 0 or policy.shared_cache_rows > 0
+    warm = policy.cache_warmup_steps if caches else 0
+    _check_reads(trace, sessions, steps, drives, order, batch, served, warm)
+    if batch is not None and warm:
+        raise ArgumentError(f"Policy.cache_warmup_steps = {warm}: a warm-up of the row caches is not modelled with "
+                            "speculative verification batches: predict such a run with caches that start empty")
+    if BY_POSITION and batch is None and not caches:
         return _positional_reads(trace, sessions, steps, policy, drives, hot, order, replay, served)
     T, L = trace.steps, trace.layers
-    if batch is None:
-        rows = np.stack([trace.rows[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)])
+    if batch is None:  # a warm-up's steps first: each session's trace steps before its start
+        rows = np.stack([trace.rows[(s * T // sessions + np.arange(-warm, steps)) % T] for s in range(sessions)])
     else:
         rows = batch[0]
-    miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, steps, L, C]
-    dram = int((~miss).sum())
-    cache, shared = _cached(rows, miss, trace, policy, served)
+    miss = ~resident_mask(rows, policy.dram_fraction, hot)           # [S, warm + steps, L, C]
+    dram = int((~miss[:, warm:]).sum())
+    cache, shared = _cached(rows, miss, trace, policy, served, warm)
+    rows, miss = rows[:, warm:], miss[:, warm:]
     big = np.int64(1) << np.int64(40)
     s_rows = np.sort(np.where(miss, rows.astype(np.int64), big), axis=3)
     first = _distinct(s_rows, big)
@@ -296,8 +323,9 @@ def step_reads(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(
 
 
 def _check_reads(trace: Trace, sessions: int, steps: int, drives: int, order: bool, batch: Optional[tuple],
-                 served: Optional[np.ndarray]) -> None:
-    """The checks of :func:`step_reads`: the sizes, ``served`` and ``batch``, and the memory the reads take."""
+                 served: Optional[np.ndarray], warm: int = 0) -> None:
+    """The checks of :func:`step_reads`: the sizes, ``served`` and ``batch``, and the memory the reads take
+    (``warm``: the caches' warm-up steps a session, held with the run's own)."""
     if trace.steps == 0:
         raise ArgumentError("the trace has no steps")
     if sessions < 1 or steps < 1 or drives < 1:
@@ -309,15 +337,19 @@ def _check_reads(trace: Trace, sessions: int, steps: int, drives: int, order: bo
         raise ArgumentError("a replayed row cache (served) is not modelled with speculative verification "
                             "batches: predict such a run without one of them")
     L, W = trace.layers, trace.columns if batch is None else int(batch[0].shape[3])
-    check_memory(float(sessions) * steps * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
-                 f"{steps} steps x {sessions} sessions x {L * W} row slots a step "
+    check_memory(float(sessions) * (steps + warm) * L * W * (BYTES_PER_ROW_SLOT + (8 if order else 0) * (drives > 1)),
+                 f"{steps + warm} steps x {sessions} sessions x {L * W} row slots a step "
                  f"(~{BYTES_PER_ROW_SLOT} bytes a slot)")
 
 
-def _cached(rows: np.ndarray, miss: np.ndarray, trace: Trace, policy: Policy, served: Optional[np.ndarray]) -> tuple:
+def _cached(rows: np.ndarray, miss: np.ndarray, trace: Trace, policy: Policy, served: Optional[np.ndarray],
+            warm: int = 0) -> tuple:
     """``(cache, shared)`` hits of the sessions' row caches and of the shared one (with a replayed cache's
-    ``served`` requests) among ``miss`` (bool ``[S, steps, L, C]``), which loses them (in place)."""
-    sessions, steps, L, C = rows.shape
+    ``served`` requests) among ``miss`` (bool ``[S, warm + steps, L, C]``), which loses them (in place); the
+    first ``warm`` steps of each session (:attr:`Policy.cache_warmup_steps`) go through the caches but their hits
+    are not counted."""
+    sessions, n, L, C = rows.shape
+    steps = n - warm
     T = trace.steps
     keys = _keys(rows, trace.layer_ids)
     cache = 0
@@ -325,21 +357,21 @@ def _cached(rows: np.ndarray, miss: np.ndarray, trace: Trace, policy: Policy, se
         for s in range(sessions):
             h = _lru(keys[s].reshape(-1), miss[s].reshape(-1), policy.cache_rows,
                      policy.cache_policy).reshape(miss[s].shape)
-            cache += int(h.sum())
+            cache += int(h[warm:].sum())
             miss[s] &= ~h
     shared = 0
     if policy.shared_cache_rows > 0:
         k2 = keys.transpose(1, 0, 2, 3).reshape(-1, L * C)
         m2 = miss.transpose(1, 0, 2, 3).reshape(-1, L * C)
         h = shared_cache_hits(k2, m2, policy.shared_cache_rows, policy.cache_policy)
-        h = h.reshape(steps, sessions, L, C).transpose(1, 0, 2, 3)
-        shared = int(h.sum())
+        h = h.reshape(n, sessions, L, C).transpose(1, 0, 2, 3)
+        shared = int(h[:, warm:].sum())
         miss &= ~h
     if served is not None:
         sv = served.astype(bool, copy=False)
-        h = np.stack([sv[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)]) & miss
+        h = np.stack([sv[(s * T // sessions + np.arange(steps)) % T] for s in range(sessions)]) & miss[:, warm:]
         shared += int(h.sum())
-        miss &= ~h
+        miss[:, warm:] &= ~h
     return cache, shared
 
 
@@ -396,6 +428,23 @@ def _positional_reads(trace: Trace, sessions: int, steps: int, policy: Policy, d
                      wrap_info(trace, sessions, steps, policy, replay=replay, unit="steps"))
 
 
+def _warmup_shared(T: int, sessions: int, steps: int, warm: int) -> float:
+    """Share of the sessions' steps (on a trace of ``T`` steps; session ``s`` from ``s * T // sessions``) at a
+    position that another session's cache warm-up of ``warm`` steps (the positions before its start) reads."""
+    starts = np.arange(sessions, dtype=np.int64) * T // sessions
+    w = min(warm, T)
+    ahead = (starts[:, None] - w + np.arange(w)) % T                      # [S, w]: each session's warm-up
+    count = np.zeros(T, dtype=np.int64)
+    for a in ahead:
+        count[np.unique(a)] += 1
+    hits = 0
+    for s in range(sessions):
+        pos = (starts[s] + np.arange(min(steps, T))) % T
+        own = np.isin(pos, ahead[s])
+        hits += int(((count[pos] - own) > 0).sum())
+    return hits / (sessions * min(steps, T))
+
+
 def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy(), *,
               replay: Optional[str] = None, unit: str = "steps") -> dict:
     """Whether a run replays its trace, and the warnings that say what that does to its figures.
@@ -414,12 +463,15 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
         (steps / trace steps), ``repeated_steps`` (share of a session's steps
         at a trace position it read before), ``shared_positions`` (share of
         all sessions' steps at a position another session also reads),
+        ``warmup_shared_positions`` (with a shared cache warmed first, several sessions: share of the
+        sessions' steps at a position another session's warm-up reads),
         ``warnings`` (list of str: one per effect on this run's figures; also
-        logged).
+        logged, once a process, outside :func:`held_warnings`).
     """
     T = trace.steps
     out = {"trace_steps": T, "wrapped": steps > T, "replays": steps / T,
-           "repeated_steps": max(0.0, (steps - T) / steps), "shared_positions": 0.0, "warnings": []}
+           "repeated_steps": max(0.0, (steps - T) / steps), "shared_positions": 0.0, "warmup_shared_positions": 0.0,
+           "warnings": []}
     if sessions > 1:
         pos = np.concatenate([(s * T // sessions + np.arange(min(steps, T))) % T for s in range(sessions)])
         out["shared_positions"] = float(1 - np.unique(pos).size / pos.size)
@@ -434,13 +486,29 @@ def wrap_info(trace: Trace, sessions: int, steps: int, policy: Policy = Policy()
         out["warnings"].append(
             f"{replay}: replays its {T}-step stretch {steps / T:.2f} times ({steps} steps) on purpose, so its row "
             "cache hit rate is inflated by the replay")
+    warm = policy.cache_warmup_steps if caches else 0
+    if warm and warm + min(steps, T) > T:
+        out["warnings"].append(
+            (f"{replay}: " if replay else "")
+            + f"the caches' warm-up of {warm} steps and the {min(steps, T)} steps that follow overlap on a trace of "
+            f"{T}: a session's warm-up reads rows it reads again later, so the row cache hit rate is inflated"
+            + ("" if replay else ": use a trace of at least warm-up + steps tokens (or a shorter warm-up)"))
+    if warm and sessions > 1 and policy.shared_cache_rows > 0:
+        out["warmup_shared_positions"] = _warmup_shared(T, sessions, steps, warm)
+    if out["warmup_shared_positions"] > 0:
+        out["warnings"].append(
+            (f"{replay}: " if replay else "")
+            + f"the caches' warm-up reads stretches other sessions read after it: "
+            f"{out['warmup_shared_positions']:.0%} of the sessions' steps read a stretch another session's warm-up "
+            f"of {warm} steps read, so the shared row cache hits rows independent sessions would not share"
+            + ("" if replay else ": use a trace of at least sessions x (warm-up + steps) tokens"))
     if policy.shared_cache_rows > 0 and out["shared_positions"] > 0:
         out["warnings"].append(
             (f"{replay}: " if replay else "")
             + f"sessions share their trace: {out['shared_positions']:.0%} of the sessions' steps read a stretch "
             "another session also reads, so the shared row cache hits rows independent sessions would not share"
             + ("" if replay else ": use a trace of at least sessions x steps tokens"))
-    for w in out["warnings"]:
+    for w in out["warnings"] if not _HELD else ():
         if w not in _LOGGED:  # once per process: a report or sweep simulates the same run many times
             _LOGGED.add(w)
             log.warning("%s", w)

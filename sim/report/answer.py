@@ -455,7 +455,7 @@ def search_section(doc: Doc, d, heading: str) -> None:
           f"{cfg['readers']} readers, {cfg['steps']} steps a session, sessions at {phases_text(first.phases)}); "
           f"each session computes {d.compute_ms:.2f} ms a step on its own, so only the reads contend. The search "
           f"probes {spec.search_words()} (a probe fails when the slowest session falls below {spec.target:g} "
-          f"tokens/s), independently for {spec.seeds} seeds; each probe's seed derives "
+          f"tokens/s), independently for {spec.seeds} seed{'' if spec.seeds == 1 else 's'}; each probe's seed derives "
           f"from the report's seed and the probe's point only, so the same inputs give the same capacities.")
     a = first.assumptions()
     doc.p(f"Assumptions: {a[0].upper()}{a[1:]}.")

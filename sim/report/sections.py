@@ -381,7 +381,8 @@ def _capacity_study_section(doc: Doc, out: ReportFolder, path: Path) -> List[Ent
         doc.p(study["description"])
     axes = [a for a in meta.get("axes", []) if a in AXES]
     doc.p(f"{len(rows)} configuration(s) over {', '.join(f'`{a}`' for a in axes) or 'no varying axis'}; capacity "
-          f"searched at {spec.get('target', '?')} tokens/s with {spec.get('seeds', '?')} seeds up to "
+          f"searched at {spec.get('target', '?')} tokens/s with {spec.get('seeds', '?')} "
+          f"seed{'' if spec.get('seeds') == 1 else 's'} up to "
           f"{spec.get('max_sessions', '?')} sessions ({len(probes)} probes"
           + (f", {meta['seconds']:.1f} s on {meta['runner']}" if "seconds" in meta else "")
           + f"). Tables: `inputs/{path.name}`, `inputs/{probes_path(path).name}`.")

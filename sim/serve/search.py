@@ -217,10 +217,12 @@ class ServeCapacity(SeedBand):
             cap = f"< {lowest:.3g}"
         else:
             cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
-        band = f"{self.low:.3g}-{self.high:.3g}" if self.low != self.high else "all equal"
+        n = len(self.per_seed)
+        band = (f"{self.low:.3g}-{self.high:.3g} over {n} seeds" if self.low != self.high else
+                f"all equal over {n} seeds" if n > 1 else "1 seed")
         small = (f"; SMALL SAMPLE: a probe measured only {self.fewest_requests} requests"
                  if self.small_sample else "")
-        return f"{cap} requests/s ({band} over {len(self.per_seed)} seeds{small})"
+        return f"{cap} requests/s ({band}{small})"
 
     def row(self) -> Dict[str, Any]:
         at = self.at(self.capacity, self.median_seed()) if self.capacity > 0 else None

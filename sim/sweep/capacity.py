@@ -71,7 +71,9 @@ with its headroom under
 the compute-only ceiling ``1000 / compute_ms`` tokens/s: a target of 20
 tokens/s with 47.01 ms of compute leaves 2.99 ms a step for the reads, 6% under
 the ceiling of 21.27 tokens/s, so any compute above 50 ms makes every device
-fail.
+fail.  With a row cache the assumptions say its size and policy and whether each probe starts with it
+empty or warmed (below); a capacity of 0 says why (:meth:`Capacity.zero_note`: one session's rate against
+the target, and what the device assumed).
 
 Study file
 ----------
@@ -93,15 +95,28 @@ where its burst outlasts the probe the answer is the burst's (:meth:`Capacity.bu
 ``sustained`` every probe starts with the bucket empty -- the volume's steady state under a load above its cap
 -- and the bucket refills only while the sessions read less than the cap: the answer is the sustained one,
 about ``cap_iops / (reads a step x target)`` sessions.
+
+Row caches
+----------
+A probe is a fresh run: its row caches start empty unless the configuration warms them
+(``cache_warmup_steps``, :attr:`sim.core.params.Policy.cache_warmup_steps`: each session first decodes that many
+trace steps before its start through the caches, uncounted).  A cache's hit rate changes with the steps it has
+seen until its policy's state settles -- an empty one admits every row while it fills, a full W-TinyLFU one only
+over a more frequent victim, and its frequency counts build up over many steps -- so the hit rate, and the
+capacity with it, depends on the probes' ``steps`` and on the warm-up.  ``engram sim capacity
+--shared-cache-bytes`` warms it by the probes' steps unless told otherwise; a study says it in its axes.  Each
+configuration's answer gives the hit rate of the probe at the capacity and, replayed through the same policy
+code without timing, that probe's rate from the other start (:attr:`Capacity.cache_other`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -117,17 +132,20 @@ from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
 from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
-from sim.core.params import Phases
+from sim.core.params import Phases, Storage
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
-                       check_table_target, meta_path, point_phases, point_seed, read_table, resolve_context,
-                       same_axis_value)
+                       check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
+                       resolve_context, same_axis_value)
+from sim.sweep.runner import HOLD_WARNINGS, point_policy
+from sim.sweep.study import varying_axes
+from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
            "CapacitySpec", "CapacityTable", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
-           "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "earlier_probes",
-           "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text", "pooled_compute",
-           "probes_path", "read_capacity", "run_capacity", "session_bounds"]
+           "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "configuration_names",
+           "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
 #: tables' metadata): :func:`statistics.median_low`, a capacity one of the seeds reached.
@@ -152,6 +170,8 @@ CV_ROUNDING = 1e-9
 #: laptop core (the fast decode loop runs about 150,000 session-steps a CPU second), and a search bound
 #: (:class:`SearchBound`) of well under a second.
 MAX_CAPACITY_SESSIONS = 1 << 16
+
+log = logging.getLogger("sim.capacity")
 
 _SPEC_KEYS = ("target", "seeds", "max_sessions", "metric", "resolution", "search", "sustained")
 #: Below this upper bound the bracketed search gallops as the other does: its probes are cheap, and where a few
@@ -395,6 +415,10 @@ class Capacity(SeedBand):
         Per seed: passed at ``max_sessions`` (the capacity is a lower bound).
     probes : list of dict
         Every probe's result row (sweep columns), in the order they ran.
+    warnings : list of str
+        What the trace does to the probes' figures at the capacity (:func:`sim.decode.reads.wrap_info` of the
+        probe there: a trace replayed, sessions sharing stretches of it under a shared cache, a cache warm-up
+        overlapping the steps), said once for the configuration by :func:`find_capacity`.
     """
 
     index: int
@@ -403,6 +427,11 @@ class Capacity(SeedBand):
     per_seed: List[int] = field(default_factory=list)
     bound: List[bool] = field(default_factory=list)
     probes: List[Dict[str, Any]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    #: ``(cache_warmup_steps, hit rate)`` of the probe at the capacity replayed from the other start -- warmed
+    #: by the probes' steps where the probes start empty, empty where they were warmed -- (None: no cache, or
+    #: not replayed), set by :func:`find_capacity`.
+    cache_other: Optional[Tuple[int, float]] = None
     #: The configuration's device as loaded once for the notes (:meth:`_device_at_capacity`), in a 1-tuple.
     _device: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
@@ -464,22 +493,107 @@ class Capacity(SeedBand):
     def label(self) -> str:
         """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
         cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
-        band = f"{self.low}-{self.high}" if self.low != self.high else "all equal"
-        return f"{cap} session{'' if cap == '1' else 's'} ({band} over {len(self.per_seed)} seeds)"
+        n = len(self.per_seed)
+        band = (f"{self.low}-{self.high} over {n} seeds" if self.low != self.high else
+                f"all equal over {n} seeds" if n > 1 else "1 seed")
+        return f"{cap} session{'' if cap == '1' else 's'} ({band})"
 
     def assumptions(self) -> str:
         """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
         cfg = self.config
+        cache = self.cache_text()
         head = (f"target {self.spec.target:g} tokens/s for every session "
                 f"({'the slowest session' if self.spec.metric == CAPACITY_METRIC else 'the mean session'}), "
                 f"compute {compute_text(cfg, self.compute_ms, self.compute_realised)}, batching {BATCHING}, "
-                f"phases: {phases_text(self.phases)}; ")
+                f"phases: {phases_text(self.phases)}" + (f", {cache}" if cache else "") + "; ")
         if self.headroom <= 0:
             return head + (f"the target is above the compute-only ceiling of {self.ceiling:.2f} tokens/s: "
                            "no device can reach it")
         return head + (f"the target sits {self.headroom:.1%} under the compute-only ceiling of "
                        f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
                        + self.burst_note() + self.host_note())
+
+    def cache_text(self) -> str:
+        """The configuration's row caches in words, and whether the probes start with them empty or warm
+        (:attr:`sim.core.params.Policy.cache_warmup_steps`); ``""`` without a cache."""
+        pol = point_policy({**self.config, "sessions": 1, "repeat": 0})
+        if not (pol.shared_cache_rows or pol.cache_rows):
+            return ""
+        parts = []
+        if pol.shared_cache_rows:
+            size = (f"{_bytes_text(pol.shared_cache_bytes)} ({pol.shared_cache_rows:,} rows)" if pol.shared_cache_bytes
+                    else f"{pol.shared_cache_rows:,} rows")
+            parts.append(f"one row cache of {size} shared by the sessions")
+        if pol.cache_rows:
+            parts.append(f"a row cache of {pol.cache_rows:,} rows a session")
+        w = pol.cache_warmup_steps
+        start = (f"warmed before each probe by {w} steps a session (the trace's steps before the session's start)"
+                 if w else "empty at the start of each probe (no warm-up: cache_warmup_steps 0)")
+        return f"{' and '.join(parts)}, {pol.cache_policy}, {start}"
+
+    def cache_note(self) -> str:
+        """With a row cache: its hit rate in the probe at the capacity (the median seed's; else the first
+        probe's) beside that probe's from the other start (:attr:`cache_other`), and that a cache's hit rate
+        changes with the steps it has seen, so that the capacity depends on the probes' ``steps`` and warm-up;
+        ``""`` without a cache."""
+        if not self.cache_text():
+            return ""
+        at = (self.at(self.capacity, self.median_seed()) if self.capacity else None) or \
+            (self.probes[0] if self.probes else None)
+        if not at:
+            return ""
+        n, steps = int(at["sessions"]), int(at["steps"])
+        rate = (f"hit rate {float(at['cache_hit_rate']):.4f} in the probe of {n} session{'s' if n != 1 else ''} x "
+                f"{steps} steps")
+        w = point_policy({**self.config, "sessions": 1, "repeat": 0}).cache_warmup_steps
+        other = self.cache_other
+        grows = ("a cache's hit rate changes with the steps it has seen until its policy settles (W-TinyLFU's "
+                 "counts over many steps), so the capacity depends on the probes' steps and warm-up")
+        if w:
+            return (f"row cache warmed by {w} steps a session before each probe: {rate}"
+                    + (f" ({other[1]:.4f} from empty)" if other else "")
+                    + f"; {grows}: compare a longer --cache-warmup-steps (a study's cache_warmup_steps)")
+        return (f"row cache starts empty in each probe: {rate}"
+                + (f" against {other[1]:.4f} once warmed by {other[0]} steps a session" if other else "")
+                + f"; {grows}: warm it first (--cache-warmup-steps N, a study's cache_warmup_steps)")
+
+    def zero_note(self) -> str:
+        """Why the capacity is 0 (``""`` otherwise): one session alone, the median seed's probe, against the
+        target and the read time the target leaves; and what the device assumes where it assumed values
+        (a rate-limited volume without ``iops``: its drive at the cap, its ``burst_ios``; ``engram sim
+        device`` shows every rule)."""
+        if self.capacity or not self.probes:
+            return ""
+        one = self.at(1, self.median_seed()) or self.probes[0]
+        rate = float(one.get(self.spec.metric) or 0.0)
+        words = "slowest" if self.spec.metric == CAPACITY_METRIC else "mean"
+        out = (f"one session alone decodes at {rate:.2f} tokens/s ({words}), under the target of "
+               f"{self.spec.target:g}: its steps wait {float(one.get('stall_mean_ms') or 0.0):.2f} ms on average for "
+               f"their {float(one.get('reads_per_step') or 0.0):.1f} reads, against the {self.read_budget_ms:.2f} ms a "
+               f"step the target leaves after {self.compute_ms:.2f} ms of compute")
+        dev = None
+        if isinstance(self.config.get("device"), str):
+            try:
+                dev = load_device(self.config["device"])
+            except Exception:  # noqa: BLE001 - a device that does not load here (calibrated) says nothing more
+                dev = None
+        derived = (getattr(dev, "derived", None) or {}) if dev is not None else {}
+        assumed = [f"{k} = {d['value']:g}, {d['rule']}" for k, d in derived.items()
+                   if str(d.get("rule", "")).startswith("assumed") and isinstance(d.get("value"), (int, float))]
+        reads = float(one.get("reads_per_step") or 0.0)
+        if isinstance(dev, RateLimitedDevice) and reads > 0:
+            peak = float(dev.raw.peak_iops())
+            passes = min(dev.burst_ios, dev.cap_iops * float(one.get("step_mean_ms") or 0.0) * 1e-3)
+            bucket = f"the volume's bucket ({dev.cap_iops:,.0f} IOPS, {dev.burst_ios:,.0f} reads deep)"
+            out += (f"; {bucket} lets a step's {reads:.1f} reads through to its drive, which reads them in "
+                    f"{reads / peak * 1e3:.2f} ms at the least at its peak of {peak:,.0f} IOPS" if reads <= passes else
+                    f"; {bucket} passes about {passes:,.0f} of a step's {reads:.1f} reads at its drive's latency, the "
+                    f"rest at the cap")
+        if assumed:
+            out += ("; the device assumes " + "; ".join(assumed)
+                    + f": give them in the device spec where they are known (engram sim device {self.config['device']} "
+                      "shows every rule)")
+        return out
 
     def _device_at_capacity(self) -> tuple:
         """``(the probe row at the capacity, the configuration's device)``, either None where there is none or the
@@ -556,6 +670,7 @@ class Capacity(SeedBand):
             "tokens_per_s_at_capacity": at[self.spec.metric] if at else float("nan"),
             "device_busy_at_capacity": at["device_busy"] if at else float("nan"),
             "reads_per_s_at_capacity": at["reads_per_s"] if at else float("nan"),
+            "cache_hit_rate_at_capacity": at["cache_hit_rate"] if at else float("nan"),
         })
         return out
 
@@ -565,7 +680,8 @@ CAPACITY_COLUMNS = ["config", *[a for a in AXES if a not in _SEARCHED], "target"
                     "capacity_low", "capacity_high", "capacities", "lower_bound", "seeds", "probes", "max_sessions",
                     "compute_mean_ms", "compute_realised_mean_ms", "compute_realised_cv", "ceiling_tokens_per_s",
                     "headroom", "read_budget_ms", "batching", PHASES_COLUMN, "session_phases",
-                    "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity"]
+                    "tokens_per_s_at_capacity", "device_busy_at_capacity", "reads_per_s_at_capacity",
+                    "cache_hit_rate_at_capacity"]
 #: Columns of the probes table: a sweep row and its configuration.
 PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS, PHASES_COLUMN]
 
@@ -1233,6 +1349,8 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
                         Path(calibration) if calibration else None, traces)
     if spec.sustained:
         ctx = sustained_context(ctx)
+    # the probes' trace warnings are said once a configuration below, not once a worker process and probe
+    ctx = Context(ctx.traces, ctx.devices, ctx.computes, {**(ctx.extras or {}), HOLD_WARNINGS: True})
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
     kind = _bracketed if spec.search == "bracket" else _galloping
     searches = {(i, r): kind(spec.max_sessions, spec.resolution, spec.target, spec.metric)
@@ -1242,7 +1360,61 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     for cap in caps:
         cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(spec.seeds)]
         cap.bound = [rounds.results[(cap.index, r)][1] for r in range(spec.seeds)]
+    names = configuration_names(cfgs)
+    for cap in caps:
+        cap.cache_other = _other_start(cap, ctx)
+        cap.warnings = _trace_warnings(cap, ctx)
+        for w in cap.warnings:
+            log.warning("%s", f"{names[cap.index]}: {w}")
     return caps, name
+
+
+def _bytes_text(n: int) -> str:
+    """``16 MiB``, ``1.5 GiB``, ``1000 bytes``: a cache budget in the binary units of its sizes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n} bytes"
+
+
+def configuration_names(configs: Sequence[Mapping[str, Any]]) -> List[str]:
+    """How each configuration is named in the words of a search: ``configuration 1 (device=..., drives=2)`` by
+    the axes that vary over ``configs`` (the device where none does)."""
+    axes = [a for a in varying_axes(configs, AXES) if a not in _SEARCHED] or ["device"]
+    return [f"configuration {i} ({', '.join(f'{a}={c.get(a)}' for a in axes)})" for i, c in enumerate(configs)]
+
+
+def _other_start(cap: Capacity, ctx: Context) -> Optional[Tuple[int, float]]:
+    """:attr:`Capacity.cache_other`: the hit rate of the row caches in the probe at the capacity (at 1 session
+    for a capacity of 0; the median seed's trace) replayed through the engine's policy from the other start
+    (:func:`sim.decode.step_reads`, no timing: the caches' hits depend on the trace and the sessions only)."""
+    n = max(1, cap.capacity)
+    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
+    pol = point_policy(p)
+    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    if trace is None or not (pol.shared_cache_rows or pol.cache_rows):
+        return None
+    w = 0 if pol.cache_warmup_steps else int(p["steps"])
+    hot = (ctx.extras or {}).get(f"hot:{p['dram_rows']}") if p.get("dram_rows") else None
+    try:
+        with held_warnings():
+            rd = step_reads(trace, n, int(p["steps"]), replace(pol, cache_warmup_steps=w), storage=Storage(hot=hot))
+    except ArgumentError:  # more than memory allows here: the probe's own figure stands alone
+        return None
+    return w, (rd.cache_hits + rd.shared_hits) / rd.requests if rd.requests else 0.0
+
+
+def _trace_warnings(cap: Capacity, ctx: Context) -> List[str]:
+    """:attr:`Capacity.warnings`: the trace warnings of the median seed's probe at the capacity (at 1 session
+    for a capacity of 0), each saying the count it was taken at."""
+    n = max(1, cap.capacity)
+    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
+    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    if trace is None:
+        return []
+    with held_warnings():
+        found = wrap_info(trace, n, int(p["steps"]), point_policy(p))["warnings"]
+    return [f"at {n} session{'s' if n != 1 else ''}: {w}" for w in found]
 
 
 # =====================================================================================

@@ -73,6 +73,7 @@ from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration, check_study_backends
 from ..decode import DecodeRun, hot_rows, seed_reproduction, simulate_decode
+from ..decode.reads import held_warnings
 from ..device import load_device, load_tail
 from sim.core.params import Compute, Policy, Storage
 from sim.core.progress import progress as progress_bar
@@ -82,8 +83,8 @@ from ..trace import load_trace
 from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
-__all__ = ["MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError", "SweepResult", "check_points", "resolve_context",
-           "resume_rows", "run_points", "run_study"]
+__all__ = ["HOLD_WARNINGS", "MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
+           "SweepResult", "check_points", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
@@ -182,16 +183,27 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
 # =====================================================================================
 # one point
 # =====================================================================================
+#: The :attr:`Context.extras` key that holds back the trace warnings of the points' runs (each result row is
+#: the same; the caller says them once: :func:`sim.sweep.capacity.find_capacity` once per configuration).
+HOLD_WARNINGS = "hold_warnings"
+
+
+def point_policy(p: Mapping[str, Any]) -> Policy:
+    """The :class:`~sim.core.params.Policy` of a complete point (its read policy and row cache axes)."""
+    return Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
+                  cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
+                  batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
+                  dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
+                  cache_policy=p.get("cache_policy") or DEFAULT_POLICY,
+                  cache_warmup_steps=p.get("cache_warmup_steps") or 0)
+
+
 def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
     device = ctx.devices[_device_key(p)]
-    policy = Policy(threshold=p["threshold"], backend=p["backend"], readers=p["readers"],
-                    cache_rows=p["cache_rows"], overlap_layers=p["overlap_layers"],
-                    batch_overhead=p["batch_overhead_us"] * 1e-6, shared_cache_rows=p["shared_cache_rows"],
-                    dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
-                    cache_policy=p.get("cache_policy") or DEFAULT_POLICY)
+    policy = point_policy(p)
     if p["compute"]:
         base = ctx.computes[p["compute"]]
         compute = Compute(base.mean, base.dist, base.cv, base.samples, p["layers"])
@@ -199,11 +211,12 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
         compute = Compute(p["compute_ms"] * 1e-3, p["compute_dist"], p["compute_cv"], (), p["layers"])
     phases = point_phases(p)
     extras = ctx.extras or {}
-    r = simulate_decode(trace, device, policy, compute,
-                        DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
-                                  hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4),
-                        storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
-                                        tail=extras.get(f"tail:{p['tail']}")))
+    with held_warnings() if extras.get(HOLD_WARNINGS) else contextlib.nullcontext():
+        r = simulate_decode(trace, device, policy, compute,
+                            DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
+                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4),
+                            storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
+                                            tail=extras.get(f"tail:{p['tail']}")))
     lat = r.step_latencies.reshape(-1)
     pct = np.percentile(lat, [50, 90, 99, 99.9])
     per = np.asarray(r.tokens_per_s_per_session, dtype=np.float64)

@@ -52,7 +52,9 @@ machine's calibrated device of the point's ``backend`` -- or
 ``start_spread_ms`` (older form of ``phases = "spread:MS"``, :func:`point_phases`), ``phases``
 (``random`` -- the default --, ``lockstep`` or ``spread:MS``:
 :class:`sim.core.params.Phases`), ``drives`` (drives striped by row id),
-``shared_cache_rows``, ``dram_fraction`` (share of the tables resident in
+``shared_cache_rows``, ``shared_cache_bytes``, ``cache_policy``, ``cache_warmup_steps`` (steps each session
+decodes through the row caches before the point's own, uncounted: caches warm as a running server's;
+unset or 0: they start empty, :attr:`sim.core.params.Policy.cache_warmup_steps`), ``dram_fraction`` (share of the tables resident in
 DRAM), ``dram_rows`` (a hot set, ``.npy``), ``tail`` (a measured device whose
 latency distribution the point's device takes), ``compute`` (``""``: ``compute_ms`` with
 ``compute_dist``/``compute_cv``; ``"reference"``: the SPEC §8 compute fitted so
@@ -120,6 +122,8 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "shared_cache_rows": (int, 0, "shared row cache (rows)"),
     "shared_cache_bytes": (str, "", "shared row cache (bytes: 64M, 1G; sets the rows)"),
     "cache_policy": (str, DEFAULT_POLICY, "row cache policy (lru, tinylfu)"),
+    # unset by default, so that the seeds of earlier studies stay (point_seed)
+    "cache_warmup_steps": (int, None, "row cache warm-up (steps a session before the timed ones)"),
     "dram_fraction": (float, 0.0, "share of the tables in DRAM"),
     "dram_rows": (str, "", "hot set in DRAM (file)"),
     "tail": (str, "", "latency tail from device"),
@@ -534,6 +538,8 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
     c = p["compute"]
     if c not in ("", "reference") and not c.startswith("calibrated:"):
         raise ArgumentError(f"{where}: compute = {c!r} must be '', 'reference' or 'calibrated:LABEL'")
+    if p.get("cache_warmup_steps") is not None and p["cache_warmup_steps"] < 0:
+        raise ArgumentError(f"{where}: cache_warmup_steps = {p['cache_warmup_steps']} must be >= 0")
     if p["reuse"] is not None and not 0.0 <= p["reuse"] < 1.0:
         raise ArgumentError(f"{where}: reuse = {p['reuse']} must be in [0, 1)")
     if p["zipf"] is not None and (p["reuse"] is None or p["zipf"] < 0):

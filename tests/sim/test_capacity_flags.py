@@ -74,7 +74,8 @@ reuse = [0.3]
 
 
 @pytest.mark.parametrize("flag", [["--device", FAST], ["--drives", "1,2"], ["--reuse", "0.2"], ["--compute-ms", "5"],
-                                  ["--steps", "50"], ["--limit", "300"], ["--trace", "shared:promessi_sposi.txt"]])
+                                  ["--steps", "50"], ["--limit", "300"], ["--trace", "shared:promessi_sposi.txt"],
+                                  ["--shared-cache-bytes", "1M"]])
 def test_a_configuration_flag_with_a_study_file_is_refused(flag, tmp_path, capsys):
     out = tmp_path / "c.csv"
     err = cli(capsys, ["sim", "capacity", "studies/capacity.toml", *flag, "--out", str(out)])
@@ -93,6 +94,178 @@ def test_bad_planner_values_get_one_line(argv, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()[-1]
     assert argv[0] in err or argv[1].split(",")[-1] in err or "drives" in err or "reuse" in err
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_shared_row_cache_of_the_command_line_is_searched_and_reported(capsys, tmp_path):
+    """--shared-cache-bytes and --cache-policy (engram sim decode's options) give each configuration one row cache
+    shared by its sessions, warmed before each probe by the probes' steps (--cache-warmup-steps): the answers of the
+    study that says the same in [fixed]; the JSON and the output give the cache and its hit rate at the capacity,
+    which is the engine's policy replayed over that probe's steps after the warm-up; a cache that starts empty in
+    each probe hits less there, and the output says so."""
+    from sim.core.params import Policy
+    from sim.decode.reads import step_reads
+    from sim.trace import load_trace
+
+    base = ["--device", SLOW, "--limit", "600", "--steps", "40", "--shared-cache-bytes", "1M", "--cache-policy", "lru"]
+    doc = capacity_json(capsys, [*base, "--out", str(tmp_path / "w.csv")])
+    c = doc["configurations"][0]
+    rc, n = c["row_cache"], c["capacity"]
+    assert (rc["shared_cache_rows"], rc["shared_cache_bytes"], rc["cache_policy"], rc["cache_warmup_steps"]) == \
+        (3971, 1 << 20, "lru", 40)
+    tr = load_trace("stdlib:asyncio/base_events.py", limit=600)
+    rd = step_reads(tr, n, 40, Policy(shared_cache_bytes="1M", cache_policy="lru", cache_warmup_steps=40))
+    assert rd.shared_hits > 0 and rc["hit_rate_at_capacity"] == pytest.approx(rd.shared_hits / rd.requests, abs=1e-12)
+    assert ("one row cache of 1 MiB (3,971 rows) shared by the sessions, lru, warmed before each probe by 40 steps a "
+            "session") in c["assumptions"]
+    empty = step_reads(tr, n, 40, Policy(shared_cache_bytes="1M", cache_policy="lru"))
+    assert rc["other_start"] == {"cache_warmup_steps": 0, "hit_rate": pytest.approx(empty.shared_hits / empty.requests,
+                                                                                    abs=1e-12)}
+    assert rc["other_start"]["hit_rate"] < rc["hit_rate_at_capacity"]  # a warm LRU cache holds more
+    grows = ("a cache's hit rate changes with the steps it has seen until its policy settles (W-TinyLFU's counts "
+             "over many steps), so the capacity depends on the probes' steps and warm-up")
+    assert rc["note"] == (f"row cache warmed by 40 steps a session before each probe: hit rate "
+                          f"{rc['hit_rate_at_capacity']:.4f} in the probe of {n} sessions x 40 steps "
+                          f"({rc['other_start']['hit_rate']:.4f} from empty); {grows}: compare a longer "
+                          "--cache-warmup-steps (a study's cache_warmup_steps)")
+
+    study = tmp_path / "cache.toml"
+    study.write_text(f'''
+[study]
+name = "capacity"
+seed = 0
+
+[capacity]
+
+[fixed]
+trace = "stdlib:asyncio/base_events.py"
+trace_limit = 600
+steps = 40
+compute = "reference"
+threshold = 8
+readers = 16
+phases = "random"
+shared_cache_bytes = "1048576"
+cache_policy = "lru"
+cache_warmup_steps = 40
+
+[grid]
+device = ["{SLOW}"]
+''', encoding="utf-8")
+    assert answers(capacity_json(capsys, [str(study), "--out", str(tmp_path / "toml.csv")])) == answers(doc)
+
+    cold = capacity_json(capsys, [*base, "--cache-warmup-steps", "0", "--out", str(tmp_path / "c.csv")])
+    cc = cold["configurations"][0]
+    rd = step_reads(tr, cc["capacity"], 40, Policy(shared_cache_bytes="1M", cache_policy="lru"))
+    assert cc["row_cache"]["cache_warmup_steps"] == 0
+    assert cc["row_cache"]["hit_rate_at_capacity"] == pytest.approx(rd.shared_hits / rd.requests, abs=1e-12)
+    warm = step_reads(tr, cc["capacity"], 40,
+                      Policy(shared_cache_bytes="1M", cache_policy="lru", cache_warmup_steps=40))
+    assert cc["row_cache"]["other_start"] == {"cache_warmup_steps": 40,
+                                              "hit_rate": pytest.approx(warm.shared_hits / warm.requests, abs=1e-12)}
+    assert "empty at the start of each probe" in cc["assumptions"]
+    assert cc["row_cache"]["note"] == (
+        f"row cache starts empty in each probe: hit rate {cc['row_cache']['hit_rate_at_capacity']:.4f} in the probe "
+        f"of {cc['capacity']} sessions x 40 steps against {cc['row_cache']['other_start']['hit_rate']:.4f} once "
+        f"warmed by 40 steps a session; {grows}: warm it first (--cache-warmup-steps N, a study's "
+        "cache_warmup_steps)")
+    none = capacity_json(capsys, ["--device", SLOW, "--limit", "600", "--steps", "40",
+                                  "--out", str(tmp_path / "n.csv")])
+    assert none["configurations"][0]["row_cache"] is None
+    assert "row cache" not in none["configurations"][0]["assumptions"]
+    # the text output says the cache line under the capacity
+    assert main(["sim", "capacity", *base, "--out", str(tmp_path / "w.csv"), *SEARCH[:-1]]) == 0
+    out = capsys.readouterr().out
+    assert f"capacity  the configuration: {n} sessions (1 seed); random phases\n          {rc['note']}\n" in out
+    assert "searched with 1 seed up to 24 sessions" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--cache-policy", "lru"], "--cache-policy takes effect only with --shared-cache-bytes SIZE"),
+    (["--cache-warmup-steps", "10"], "--cache-warmup-steps takes effect only with --shared-cache-bytes SIZE"),
+    (["--shared-cache-bytes", "0", "--cache-warmup-steps", "10"], "--cache-warmup-steps takes effect only with"),
+    (["--shared-cache-bytes", "1M", "--cache-warmup-steps", "-1"], "--cache-warmup-steps must be >= 0, got -1"),
+    (["--shared-cache-bytes", "100"], "holds no row"),
+])
+def test_row_cache_flags_without_a_cache_or_out_of_range_are_refused(capsys, tmp_path, argv, msg):
+    out = tmp_path / "c.csv"
+    err = cli(capsys, ["sim", "capacity", *argv, "--out", str(out), "--max-sessions", "4", "--seeds", "1"])
+    assert msg in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_capacity_of_0_says_why(capsys, tmp_path):
+    """A rate-limited volume given without iops: its drive is assumed to be as slow as the cap (3,000 IOPS), so one
+    session's 48 reads a step take 16 ms against the 2.99 ms the target leaves: the answer 0 says so, with the
+    probe's own figures and the device's assumptions; a capacity above 0 says nothing of the kind."""
+    dev = ["--device", "volume:qd1_us=500,cap_iops=3000", "--limit", "300", "--steps", "40"]
+    doc = capacity_json(capsys, [*dev, "--out", str(tmp_path / "z.csv")])
+    c = doc["configurations"][0]
+    (probe,) = read_capacity(tmp_path / "z.csv")[1]
+    assert c["capacity"] == 0 and probe["sessions"] == 1 and probe["reads_per_step"] == 48.0
+    why = c["zero_capacity_reason"]
+    assert why.startswith(f"one session alone decodes at {probe['session_tokens_per_s_min']:.2f} tokens/s (slowest), "
+                          f"under the target of 20: its steps wait {probe['stall_mean_ms']:.2f} ms on average for "
+                          "their 48.0 reads, against the 2.99 ms a step the target leaves after 47.01 ms of compute; "
+                          "the volume's bucket (3,000 IOPS, 300 reads deep) lets a step's 48.0 reads through to its "
+                          "drive, which reads them in 16.00 ms at the least at its peak of 3,000 IOPS; the device "
+                          "assumes "), why
+    assert "iops = 3000, assumed: the raw drive's IOPS is the cap" in why
+    assert "burst_ios = 300, assumed: cap_iops x 0.1 s" in why
+    assert why.endswith("(engram sim device volume:qd1_us=500,cap_iops=3000 shows every rule)")
+    assert main(["sim", "capacity", *dev, "--out", str(tmp_path / "z.csv"), *SEARCH[:-1]]) == 0
+    assert f"0 sessions (1 seed); random phases\n          why 0: {why}\n" in capsys.readouterr().out
+    assert capacity_json(capsys, ["--device", FAST, "--limit", "300", "--steps", "40", "--out",
+                                  str(tmp_path / "f.csv")])["configurations"][0]["zero_capacity_reason"] is None
+
+
+def test_trace_warnings_are_said_once_a_configuration_naming_it(capfd, caplog, tmp_path):
+    """Sessions sharing a short trace under a shared cache: the warning is said once for each configuration, by the
+    search, naming the configuration and the count it holds at (the share of the probe there), not by each worker
+    process of the probes."""
+    import logging
+
+    from sim.core.params import Policy
+    from sim.decode.reads import wrap_info
+    from sim.trace import load_trace
+
+    study = tmp_path / "shared.toml"
+    study.write_text(f'''
+[study]
+name = "shared"
+seed = 0
+
+[capacity]
+seeds = 2
+max_sessions = 24
+
+[fixed]
+device = "{SLOW}"
+trace_limit = 150
+steps = 100
+compute = "reference"
+shared_cache_rows = 3971
+
+[grid]
+drives = [1, 2]
+''', encoding="utf-8")
+    caplog.set_level(logging.WARNING)
+    assert main(["sim", "capacity", str(study), "--jobs", "2", "--quiet", "--json", "--out", str(tmp_path / "c.csv")]) == 0
+    got = capfd.readouterr()
+    doc = json.loads(got.out)
+    assert "share their trace" not in got.err  # the workers said nothing
+    said = [r.getMessage() for r in caplog.records if "share their trace" in r.getMessage()]
+    assert all(r.name == "sim.capacity" for r in caplog.records if "share their trace" in r.getMessage())
+    tr = load_trace("stdlib:asyncio/base_events.py", limit=150)
+    want = []
+    for i, c in enumerate(doc["configurations"]):
+        n = c["capacity"]
+        share = wrap_info(tr, n, 100, Policy(shared_cache_rows=3971))["shared_positions"]
+        assert n > 1 and c["warnings"] == [
+            f"at {n} sessions: sessions share their trace: {share:.0%} of the sessions' steps read a stretch another "
+            "session also reads, so the shared row cache hits rows independent sessions would not share: use a trace "
+            "of at least sessions x steps tokens"]
+        want.append(f"configuration {i} (drives={c['drives']}): {c['warnings'][0]}")
+    assert said == want
 
 
 # ---------------------------------------------------------------- the bound of a search's length

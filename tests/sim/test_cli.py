@@ -80,6 +80,28 @@ def test_errors_exit_2(capsys):
 
 
 
+@pytest.mark.parametrize("argv, command", [
+    (["calibrate", "WORK", "--no-progress"], "calibrate"),
+    (["measure", "WORK", "--no-such-option"], "measure"),
+    (["crosscheck", "WORK", "--no-such-option"], "crosscheck"),
+    (["sim", "decode", "--no-such-option"], "sim decode"),
+    (["sim", "capacity", "--no-such-option"], "sim capacity"),
+    (["sim", "trace", "reuse", "text:a b", "--cache-bytes", "1M", "--no-such-option"], "sim trace reuse"),
+    (["sim", "--no-such-option", "decode"], "sim"),
+    (["info", "--no-such-option"], "info"),
+])
+def test_an_unknown_option_is_refused_with_its_commands_usage(capsys, argv, command):
+    """An option a command lacks prints that command's usage and error line, not the top level's
+    (``usage: engram [-h] COMMAND ...``, which names no option of the command)."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    bad = next(a for a in argv if a.startswith("--no-"))
+    assert err.startswith(f"usage: engram {command} [-h]"), err
+    assert err.rstrip().splitlines()[-1] == f"engram {command}: error: unrecognized arguments: {bad}"
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
 def test_a_fit_target_that_is_not_a_positive_rate_is_refused(capsys, value):
     """--fit-tokens-per-s 0 once fitted the default 19.16 tokens/s instead; NaN and inf reached the fit."""

@@ -185,6 +185,86 @@ def test_policy_bytes_and_policy():
     assert tiny.shared_hits / reads == pytest.approx(curve.points[0].hit_rate["tinylfu"], abs=1e-12)
 
 
+def test_a_warm_up_is_the_steps_before_the_start_through_the_caches():
+    """Policy.cache_warmup_steps: a session first decodes the trace steps before its start through the caches,
+    uncounted; so its run is the tail of a cold run that starts that many steps earlier."""
+    rows = np.arange(6 * 2 * 3, dtype=np.uint32).reshape(6, 2, 3) + 100
+    rows[5] = rows[0]                        # the step before session 0's start reads step 0's rows
+    tr = Trace(rows, np.arange(6), np.array([0]), (1, 14), 1, "t", ())
+    cold = step_reads(tr, 1, 3, Policy(shared_cache_rows=1000))
+    warm = step_reads(tr, 1, 3, Policy(shared_cache_rows=1000, cache_warmup_steps=1))
+    assert (cold.shared_hits, warm.shared_hits) == (0, 6) and warm.requests == cold.requests == 3 * 6
+    assert warm.reads[0].tolist() == [[0, 0], [3, 3], [3, 3]] and cold.reads[0].tolist() == [[3, 3]] * 3
+    own = step_reads(tr, 1, 3, Policy(cache_rows=1000, cache_warmup_steps=1))
+    assert (own.cache_hits, own.shared_hits) == (6, 0)
+    # no cache: nothing to warm
+    assert step_reads(tr, 1, 3, Policy(cache_warmup_steps=4)).reads[0].tolist() == [[3, 3]] * 3
+
+    rng = np.random.default_rng(3)
+    tr = Trace.from_tokens(100 + rng.zipf(1.3, 700) % 2000)
+    for policy in ("lru", "tinylfu"):
+        for w in (1, 57, 200):
+            got = step_reads(tr, 1, 150, Policy(shared_cache_rows=900, cache_policy=policy, cache_warmup_steps=w))
+            shifted = Trace(np.roll(tr.rows, w, axis=0), np.roll(tr.tokens, w), layer_ids=tr.layer_ids,
+                            heads=tr.heads)
+            longer = step_reads(shifted, 1, w + 150, Policy(shared_cache_rows=900, cache_policy=policy))
+            first = step_reads(shifted, 1, w, Policy(shared_cache_rows=900, cache_policy=policy))
+            assert got.shared_hits == longer.shared_hits - first.shared_hits > 0, (policy, w)
+            assert np.array_equal(got.reads[0], longer.reads[0][w:])
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ArgumentError, match="cache_warmup_steps"):
+            Policy(cache_warmup_steps=bad)
+
+
+@pytest.mark.parametrize("warm, share", [(100, 0.0), (200, 0.5), (250, 1.0)])
+def test_a_warm_up_that_reads_what_other_sessions_read_is_warned(warm, share):
+    """4 sessions 250 steps apart on a trace of 1,000, 100 steps each: a warm-up of 200 steps before session s + 1's
+    start covers the last 50 of session s's steps, one of 250 all 100; a shared cache then hits rows independent
+    sessions would not share."""
+    from sim.decode.reads import wrap_info
+
+    tr = Trace(np.zeros((1000, 2, 3), np.uint32), np.arange(1000), layer_ids=(1, 14), heads=1)
+    w = wrap_info(tr, 4, 100, Policy(shared_cache_rows=10, cache_warmup_steps=warm))
+    assert w["warmup_shared_positions"] == share and w["shared_positions"] == 0.0
+    said = [x for x in w["warnings"] if "another session's warm-up" in x]
+    assert said == ([f"the caches' warm-up reads stretches other sessions read after it: {share:.0%} of the sessions' "
+                     f"steps read a stretch another session's warm-up of {warm} steps read, so the shared row cache "
+                     "hits rows independent sessions would not share: use a trace of at least sessions x (warm-up + "
+                     "steps) tokens"] if share else [])
+    # a session's own cache sees no other session's warm-up
+    assert wrap_info(tr, 4, 100, Policy(cache_rows=10, cache_warmup_steps=warm))["warmup_shared_positions"] == 0.0
+
+
+def test_sim_decode_warms_its_caches_on_request(capsys):
+    """engram sim decode --cache-warmup-steps: the run's shared cache hit rate is the policy's over the timed steps
+    after the warm-up (step_reads with the same Policy); a warm-up that reaches the run's own steps on a short
+    trace is warned; below 0 it is refused naming the option."""
+    from sim.trace import load_trace
+
+    argv = ["sim", "decode", "--limit", "600", "--sessions", "2", "--steps", "100", "--shared-cache-bytes", "1M",
+            "--json", "--no-progress"]
+    assert main([*argv, "--cache-warmup-steps", "150"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    tr = load_trace("stdlib:asyncio/base_events.py", limit=600)
+    want = step_reads(tr, 2, 100, Policy(shared_cache_bytes="1M", cache_warmup_steps=150))
+    assert d["config"]["policy"]["cache_warmup_steps"] == 150 and want.shared_hits > 0
+    assert d["shared_cache_hit_rate"] == pytest.approx(want.shared_hits / want.requests, abs=1e-12)
+    assert not any("warm-up" in w for w in d["warnings"])
+    # a warm LRU cache holds the most recent rows, a superset of what an empty one holds by then: never fewer hits
+    warm, cold = (step_reads(tr, 2, 100, Policy(shared_cache_bytes="1M", cache_policy="lru", cache_warmup_steps=w))
+                  for w in (150, 0))
+    assert (cold.shared_hits, warm.shared_hits) == (800, 864)
+    # a full W-TinyLFU cache admits a row only over a more frequent victim: on this code, whose rows come back
+    # soon after they are read, the warm cache keeps the warm-up's rows and hits far less than an empty one,
+    # which admits every row while it fills (784 hits)
+    assert step_reads(tr, 2, 100, Policy(shared_cache_bytes="1M")).shared_hits == 784 and want.shared_hits == 103
+    assert main([*argv, "--cache-warmup-steps", "550"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert any(w.startswith("the caches' warm-up of 550 steps and the 100 steps that follow overlap on a trace of "
+                            "600") for w in d["warnings"])
+    assert "--cache-warmup-steps must be >= 0, got -1" in cli(capsys, [*argv, "--cache-warmup-steps", "-1"])
+
+
 def test_cli_reuse(capsys):
     assert main(["sim", "trace", "reuse", "text:" + "the cat sat on the mat and the cat sat on the hat " * 20,
                  "--cache-bytes", "2K,1M", "--sessions", "2", "--json"]) == 0

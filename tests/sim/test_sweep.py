@@ -518,7 +518,13 @@ def test_cli_sweep_failures_to_write_name_the_path(tmp_path, capsys, where):
         err = capsys.readouterr().err
         assert f"a part of {tmp_path / 'plain'} is a file, where a folder is needed" in err
         return
-    with tmpfs(tmp_path / "mnt", "8k", read_only=where == "readonly") as mnt:
+    # the disk: the pages of the table's metadata (its size as a finished run writes it, with room for an
+    # unfinished run's longer lists) and one page for the rows, which hold 12 rows of about 500 bytes only in two
+    assert main(["sim", "sweep", str(study), "--out", str(tmp_path / "whole.csv"), "--jobs", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "whole.csv").stat().st_size > 4096
+    pages = -(-((tmp_path / "whole.csv.meta.json").stat().st_size + 512) // 4096) + 1
+    with tmpfs(tmp_path / "mnt", f"{4 * pages}k", read_only=where == "readonly") as mnt:
         out = mnt / "t.csv"
         assert main(["sim", "sweep", str(study), "--out", str(out), "--jobs", "1", "--quiet"]) == 2
         err = capsys.readouterr().err
