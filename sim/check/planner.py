@@ -614,8 +614,10 @@ class _Planner:
         if self.profile is None:
             return None
         p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
-        base = (f"{cores} CPUs (the runs' machine); the engine's {p['step_cpu_us']:.0f} us a step (its shipped "
-                f"profile, {(p.get('machine') or {}).get('cpu', '?')})")
+        recorded = (runs_doc.get("machine") or {}).get("cores") is not None
+        base = (f"{cores} CPUs ({'the runs' + chr(39) + ' machine' if recorded else 'assumed: the runs did not record machine.cores'}); "
+                f"the engine's {p['step_cpu_us']:.0f} us a step (its shipped profile, "
+                f"{(p.get('machine') or {}).get('cpu', '?')})")
         fio_us = fig.get("qd1_cpu_per_read_us") if mode == "fio" else None
         if not fio_us and is_memory(fig):  # the profile's read is a drive's read path, not a memory copy
             return HostCPU(cores, p["step_cpu_us"] * 1e-6, 0.0, source=base + "; a read's CPU left in the "

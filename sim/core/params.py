@@ -13,6 +13,7 @@ layers, random phases -- are defined here once.
 from __future__ import annotations
 
 import math
+from numbers import Real
 import os
 import warnings
 from collections.abc import Mapping
@@ -300,9 +301,13 @@ class Compute:
         ArgumentError
             ``seconds`` negative or not finite.
         """
-        s = float(seconds)
-        if not (math.isfinite(s) and s >= 0):
-            raise ArgumentError(f"Compute.shifted: seconds = {seconds!r}: expected a finite number >= 0")
+        try:
+            s = float(seconds) if isinstance(seconds, Real) and not isinstance(seconds, bool) else math.nan
+        except OverflowError:
+            s = math.inf
+        if not (math.isfinite(s) and s >= 0 and math.isfinite(self.mean + s)):
+            raise ArgumentError(f"Compute.shifted: seconds = {seconds!r:.40}: expected a finite number >= 0 (the "
+                                f"mean {self.mean:g} s plus it finite)")
         if s == 0:
             return self
         if self.dist == "empirical":

@@ -12,7 +12,9 @@ delay station (the step's time with the CPUs free: the stated compute and the re
 of it) and a station of ``cpus`` servers holding each step's CPU demand ``D``; the multi-server station is
 Seidmann's approximation (one server of demand ``D / cpus`` plus a delay of ``D (cpus - 1) / cpus``), solved
 exactly by mean-value analysis over ``1..N`` sessions.  One session pays ``D`` without queueing; many approach
-the bound ``cpus / D`` steps a second in all.
+the bound ``cpus / D`` steps a second in all.  Seidmann's approximation overstates the queue where the sessions
+are about as many as the CPUs and each step is mostly CPU (4 sessions on 4 CPUs, a step all CPU: +26%); a
+decode step is mostly the reads' wait and the compute, where it holds.
 
 The engine's own CPU a step is not in a device's description: the figure shipped in
 ``sim/data/hosts/engine-cpu.json`` (:func:`engine_profile`) was measured by ``benchmarks/bench_host.py`` on
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from numbers import Real
 from typing import Mapping, Optional
@@ -30,16 +33,28 @@ from typing import Mapping, Optional
 from engram.errors import ArgumentError, FormatError
 from sim.core.io import packaged_data_path, read_text
 
-__all__ = ["ENGINE_PROFILE", "HostCPU", "engine_profile"]
+__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "HostCPU", "check_profile", "engine_profile"]
 
 #: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
 ENGINE_PROFILE = "hosts/engine-cpu.json"
 
 
-def _nonneg(name: str, v, strict: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0 or (strict and v == 0):
-        raise ArgumentError(f"HostCPU.{name} = {v!r:.40}: expected a finite number {'>' if strict else '>='} 0")
-    return float(v)
+#: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
+#: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
+MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
+
+
+def _nonneg(name: str, v, strict: bool = False, high: float = math.inf, low: float = 0.0) -> float:
+    """``v`` as a float in range, else ArgumentError naming ``HostCPU.name`` (an integer past a float's range
+    too)."""
+    try:
+        f = float(v) if isinstance(v, Real) and not isinstance(v, bool) else math.nan
+    except OverflowError:
+        f = math.inf
+    if not (math.isfinite(f) and f >= low and f <= high) or (strict and f <= 0):
+        bound = f"{'>' if strict and low == 0 else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+        raise ArgumentError(f"HostCPU.{name} = {v!r:.40}: expected a finite number {bound}")
+    return f + 0.0  # -0.0 as 0.0
 
 
 @dataclass(frozen=True)
@@ -49,11 +64,12 @@ class HostCPU:
     Attributes
     ----------
     cpus : float
-        CPUs the sessions and their readers run on (> 0).
+        CPUs the sessions and their readers run on (:data:`MIN_CPUS` to :data:`MAX_CPUS`).
     step_cpu_s : float
-        The engine's own CPU a step, seconds (>= 0): hash, decode, hand-offs to the readers.
+        The engine's own CPU a step, seconds (0 to :data:`MAX_STEP_CPU_S`, as the other times): hash, decode,
+        hand-offs to the readers.
     read_cpu_s : float
-        CPU one row read takes on the host, seconds (>= 0).
+        CPU one row read takes on the host, seconds.
     spin_s : float
         Seconds of each step's compute that spin on these CPUs (>= 0; a ``spin:MS`` compute: a sleep or an
         accelerator's time takes none).
@@ -73,15 +89,20 @@ class HostCPU:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("cpus", "step_cpu_s", "read_cpu_s", "spin_s"):
-            object.__setattr__(self, name, _nonneg(name, getattr(self, name), strict=name == "cpus"))
+        object.__setattr__(self, "cpus", _nonneg("cpus", self.cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS))
+        for name in ("step_cpu_s", "read_cpu_s", "spin_s"):
+            object.__setattr__(self, name, _nonneg(name, getattr(self, name), high=MAX_STEP_CPU_S))
         if not isinstance(self.source, str):
             raise ArgumentError(f"HostCPU.source = {self.source!r:.40}: expected a string")
 
     def demand(self, rows_per_step: float) -> float:
         """CPU seconds one step asks of the host: the engine's own, its ``rows_per_step`` reads' and the
         compute's spin."""
-        return self.step_cpu_s + _nonneg("rows_per_step", rows_per_step) * self.read_cpu_s + self.spin_s
+        d = self.step_cpu_s + _nonneg("rows_per_step", rows_per_step) * self.read_cpu_s + self.spin_s
+        if not d <= MAX_STEP_CPU_S:
+            raise ArgumentError(f"HostCPU: a step of {rows_per_step:g} reads asks for {d:g} s of CPU, more than "
+                                f"{MAX_STEP_CPU_S:g} s: a figure is off")
+        return d
 
     def step_time(self, sessions: int, free_step_s: float, rows_per_step: float) -> float:
         """The mean step of each of ``sessions`` sessions on this host, seconds.
@@ -115,12 +136,14 @@ class HostCPU:
         dq, dd = d / self.cpus, d * max(0.0, self.cpus - 1.0) / self.cpus
         if self.cpus < 1.0:  # a fraction of one CPU: one slow server
             dq, dd = d / self.cpus, 0.0
+        if z + dd + dq <= 0:  # nothing to wait for and no CPU asked
+            return free + self.step_cpu_s
         q, x = 0.0, 0.0
         for n in range(1, sessions + 1):
             r = dq * (1.0 + q)
             x = n / (z + dd + r)
             q = x * r
-        return sessions / x if x > 0 else free + self.step_cpu_s
+        return sessions / x
 
     @classmethod
     def for_device(cls, cpus: float, device=None, *, step_cpu_us: Optional[float] = None,
@@ -136,13 +159,14 @@ class HostCPU:
         Raises
         ------
         ArgumentError
-            A figure out of range (as :class:`HostCPU`).
+            A figure out of range (as :class:`HostCPU`), ``cpus`` first.
         FormatError
-            The profile cannot be read (:func:`engine_profile`).
+            The profile cannot be read or is not one (:func:`engine_profile`, :func:`check_profile`).
         """
-        p = engine_profile() if profile is None else profile
+        cpus = _nonneg("cpus", cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS)
+        p = engine_profile() if profile is None else check_profile(profile, "profile")
         step = float(p["step_cpu_us"]) if step_cpu_us is None else _nonneg("step_cpu_us", step_cpu_us)
-        said = [f"{cpus:g} CPUs", f"the engine's {step:.0f} us a step" +
+        said = [f"{cpus:g} CPUs", f"the engine's {step:.4g} us a step" +
                 (" (given)" if step_cpu_us is not None else f" (its profile, {(p.get('machine') or {}).get('cpu', '?')})")]
         derived = getattr(device, "derived", None) or {}
         ratio = float(p.get("read_cpu_ratio") or 1.0)
@@ -158,7 +182,7 @@ class HostCPU:
             said.append("a read's CPU left in the memory-backed device's own service (fio gave no CPU figure)")
         else:
             read = float(p["read_cpu_us"]) * ratio
-            said.append(f"{read:.1f} us a read (the profile's)")
+            said.append(f"{read:.1f} us a read (the profile's fio {float(p['read_cpu_us']):.1f} x {ratio:.2f})")
         return cls(cpus, step * 1e-6, read * 1e-6, spin_s, "; ".join(said))
 
     def to_dict(self) -> dict:
@@ -174,18 +198,40 @@ def engine_profile(path: Optional[str] = None) -> Mapping:
     Raises
     ------
     FormatError
-        The file is missing, not JSON, or its ``step_cpu_us`` / ``read_cpu_us`` are not finite numbers >= 0
-        (names the file and the key).
+        The file cannot be read, is not JSON, or is not a profile (:func:`check_profile`; names the file and the
+        key).
+    ArgumentError
+        ``path`` is not a path.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"engine_profile: path = {path!r:.40}: expected a file path or None")
     p = packaged_data_path(ENGINE_PROFILE) if path is None else path
+    text = read_text(p, "engine CPU profile")  # FormatError: cannot be read, not UTF-8
     try:
-        doc = json.loads(read_text(p, "engine CPU profile"))
+        doc = json.loads(text)
     except ValueError as exc:
         raise FormatError(f"{p}: the engine's CPU profile is not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise FormatError(f"{p}: expected a JSON object")
-    for k in ("step_cpu_us", "read_cpu_us"):
+    return check_profile(doc, str(p))
+
+
+def check_profile(doc, where: str) -> Mapping:
+    """``doc`` if it is an engine CPU profile (:func:`engine_profile`), else FormatError naming ``where`` and the
+    key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` (optional) one
+    > 0, ``machine`` (optional) an object."""
+    if not isinstance(doc, Mapping):
+        raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
+    for k, need, positive in (("step_cpu_us", True, False), ("read_cpu_us", True, False),
+                              ("read_cpu_ratio", False, True)):
+        if k not in doc and not need:
+            continue
         v = doc.get(k)
-        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0:
-            raise FormatError(f"{p}: {k} = {v!r:.40}: expected a finite number >= 0 (microseconds)")
+        try:
+            f = float(v) if isinstance(v, Real) and not isinstance(v, bool) else math.nan
+        except OverflowError:
+            f = math.inf
+        if not (math.isfinite(f) and (f > 0 if positive else f >= 0) and f <= MAX_STEP_CPU_S * 1e6):
+            raise FormatError(f"{where}: {k} = {v!r:.40}: expected a finite number {'>' if positive else '>='} 0"
+                              + ("" if positive else " (microseconds)"))
+    if "machine" in doc and not isinstance(doc["machine"], Mapping):
+        raise FormatError(f"{where}: machine = {doc['machine']!r:.40}: expected an object")
     return doc

@@ -444,7 +444,7 @@ def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
         plan = _plan(plan.trace, device, plan.policy, base.shifted(extra), run, storage, speculation, served)
         lat, st, finish, figures = _simulate(plan)
         rows = float(figures[1]) / max(1, np.size(lat))
-        free = float(np.mean(lat)) - extra  # the step with the CPUs free, the drive at the new pace
+        free = max(0.0, float(np.mean(lat)) - extra)  # the step with the CPUs free, the drive at the new pace
     step = float(np.mean(lat))
     demand = run.host.demand(rows)
     return plan, lat, st, finish, figures, {

@@ -61,13 +61,13 @@ def summarize_boxes(start: np.ndarray, end: np.ndarray, level: np.ndarray, t_end
     and ``timeline`` with ``t_s`` (bin centres), ``queue_depth`` and ``busy``
     (per-bin means), ``bins`` bins.
     """
-    if t_end <= 0 or start.size == 0:
+    keep = end > start  # a box of no length holds no read (a step with nothing to read: every row in DRAM)
+    s, e, lv = start[keep], end[keep], level[keep]
+    if t_end <= 0 or s.size == 0:
         z = [0.0] * bins
         edges = np.linspace(0, max(t_end, 0.0), bins + 1)
         return {"busy_fraction": 0.0, "mean_queue_depth": 0.0, "max_queue_depth": 0.0,
                 "timeline": {"t_s": ((edges[1:] + edges[:-1]) / 2).tolist(), "queue_depth": z, "busy": z}}
-    keep = end > start
-    s, e, lv = start[keep], end[keep], level[keep]
     t = np.concatenate([s, e])
     dl = np.concatenate([lv, -lv])
     dc = np.concatenate([np.ones(s.size), -np.ones(s.size)])

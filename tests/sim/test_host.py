@@ -192,3 +192,48 @@ def test_sim_decode_on_a_host(capsys):
                          (["--host-cpus", "nan"], "--host-cpus"), (["--host-cpus", "2", "--host-read-us", "-1"],
                                                                    "--host-read-us")):
         assert words in cli(capsys, base + extra)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: HostCPU(5e-324, 1e-5, 1e-5), "HostCPU.cpus = 5e-324"),
+    (lambda: HostCPU(10 ** 400, 0, 0), "HostCPU.cpus = 1000"),
+    (lambda: HostCPU(0.5, 1e308, 0), "HostCPU.step_cpu_s = 1e\\+308"),
+    (lambda: HostCPU(4, 0, 1e-5).step_time(64, 1e-3, 1e308), "asks for 1e\\+303 s of CPU"),
+    (lambda: HostCPU.for_device("4"), "HostCPU.cpus = '4'"),
+    (lambda: HostCPU.for_device(None), "HostCPU.cpus = None"),
+    (lambda: Compute(1e-3).shifted(10 ** 400), "Compute.shifted"),
+    (lambda: Compute(1e-3).shifted("1"), "Compute.shifted: seconds = '1'"),
+    (lambda: Compute(1e-3).shifted(True), "Compute.shifted: seconds = True"),
+    (lambda: Compute(1e308).shifted(1e308), "Compute.shifted"),
+])
+def test_out_of_range_figures_are_refused(make, words):
+    with pytest.raises(ArgumentError, match=words):
+        make()
+
+
+@pytest.mark.parametrize("change, words", [({"step_cpu_us": None}, "step_cpu_us = None"),
+                                           ({"step_cpu_us": "abc"}, "step_cpu_us = 'abc'"),
+                                           ({"read_cpu_ratio": 0}, "read_cpu_ratio = 0"),
+                                           ({"read_cpu_ratio": float("nan")}, "read_cpu_ratio = nan"),
+                                           ({"step_cpu_us": 10 ** 400}, "step_cpu_us = 1000"),
+                                           ({"machine": "box"}, "machine = 'box'")])
+def test_a_bad_profile_mapping_is_refused(change, words):
+    p = {**engine_profile(), **change}
+    with pytest.raises(FormatError, match=f"profile: {words}"):
+        HostCPU.for_device(4, profile=p)
+    with pytest.raises(FormatError, match="JSON object, got list"):
+        HostCPU.for_device(4, profile=[1])
+
+
+def test_no_cpu_asked_and_nothing_to_wait_for():
+    """A step with no CPU demand and no time off the CPUs (every row in DRAM, no compute): no queue, step 0."""
+    assert HostCPU(4, 0, 0).step_time(8, 0.0, 0) == 0.0
+    assert HostCPU(4, -0.0, 0).to_dict()["step_cpu_us"] == 0.0 and str(HostCPU(4, -0.0, 0).step_cpu_s) == "0.0"
+
+
+def test_every_row_in_dram_on_a_host(code):
+    """No read at all (dram_fraction 1): the device's figures are zeros, the host adds the engine's CPU a step."""
+    r = simulate_decode(code, ParametricSSD(20 * US, 5e4, 1), Policy(dram_fraction=1.0), Compute(0.2e-3),
+                        DecodeRun(steps=50, host=HostCPU(4, 182 * US, 26 * US)))
+    assert r.reads == 0 and r.device["busy_fraction"] == 0.0
+    assert 1 / r.tokens_per_s == pytest.approx(0.2e-3 + 182 * US, rel=1e-9)

@@ -388,3 +388,21 @@ def test_host_notes_on_an_older_or_partial_planner_document():
     older = res(None)
     older["devices"][0]["modes"]["datasheet"] = None
     assert "| disk | disk | fio: `fio.json` |" in markdown_table(older)
+
+
+def test_the_planners_host_says_an_assumed_cpu_count():
+    """runs.json without machine.cores: the host is modelled on 1 CPU and says it is assumed; with cores
+    recorded, it says the runs' machine; a fio figure of CPU per read is taken x the profile's ratio."""
+    from sim.check.planner import _Planner
+
+    prof = engine_profile()
+    figs = {"disk": {"qd1_cpu_per_read_us": 10.0, "qd1_mean_us": 50.0, "qd1_p50_us": 45.0, "peak_iops": 1e5,
+                     "peak_qd": 64, "jobs": 1}}
+    pl = _Planner(None, {}, figs, None, None, 0, False, None, prof)
+    h = pl.host({"name": "disk"}, "fio", {"runs": []})
+    assert h.cpus == 1 and "1 CPUs (assumed: the runs did not record machine.cores)" in h.source
+    assert h.read_cpu_s == pytest.approx(10e-6 * prof["read_cpu_ratio"])
+    h = pl.host({"name": "disk"}, "datasheet", {"machine": {"cores": 2}, "runs": []})
+    assert h.cpus == 2 and "2 CPUs (the runs' machine)" in h.source
+    assert h.read_cpu_s == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"] * 1e-6)
+    assert _Planner(None, {}, figs, None, None, 0, False, None, None).host({"name": "disk"}, "fio", {}) is None
