@@ -71,8 +71,8 @@ def test_every_long_command_parses_both_flags_to_the_same_modes(prog):
     req_opts = [a for a in p._actions if a.option_strings and a.required]
     req_opts += [g._group_actions[0] for g in p._mutually_exclusive_groups if g.required]
     argv = ["x"] * len(required)
-    for a in req_opts:  # a required option (prefill's compute) gets a value of its type
-        argv += [a.option_strings[0], "1"]
+    for a in req_opts:  # a required option (prefill's compute, reuse's sizes) gets a value of its type
+        argv += [a.option_strings[0], "1M" if a.option_strings[0] == "--cache-bytes" else "1"]
     for flags, mode in (([], "auto"), (["--no-progress"], "lines"), (["--quiet"], "off"),
                         (["--no-progress", "--quiet"], "off")):
         args = p.parse_args(argv + flags)
