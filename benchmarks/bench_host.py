@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+import engram
 from engram.codec import ROW_BYTES
+from engram.synth import ModelShape, build_model
 
 from sim.core.io import now_iso, packaged_data_path
 from sim.decode.host import ENGINE_PROFILE
@@ -35,7 +37,6 @@ from .common import RESULTS, machine, real_text
 
 
 def _model(scale: float) -> Path:
-    from engram.synth import ModelShape, build_model
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"host-model-s{scale:g}.gguf"
     if not path.exists():
@@ -81,7 +82,6 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
     - ``reads_only_cpu_per_step_us``: the same batches read raw through the session's readers (no hash, no
       decode) -- the read path alone; over the reads a step, the engine's CPU a read.
     """
-    import engram
     model = engram.EngramModel.open(path)
     ids = model.encode(real_text(steps * 8))[:steps + 200]
     if len(ids) < steps + 200:

@@ -13,7 +13,6 @@ layers, random phases -- are defined here once.
 from __future__ import annotations
 
 import math
-from numbers import Real
 import os
 import warnings
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
+from engram._checks import setting_number
 from engram.errors import ArgumentError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, cache_rows as _cache_rows, parse_size
 from engram.table import DEFAULT_READERS, DEFAULT_THRESHOLD  # the engine's defaults (readers, threshold)
@@ -301,13 +301,10 @@ class Compute:
         ArgumentError
             ``seconds`` negative or not finite.
         """
-        try:
-            s = float(seconds) if isinstance(seconds, Real) and not isinstance(seconds, bool) else math.nan
-        except OverflowError:
-            s = math.inf
-        if not (math.isfinite(s) and s >= 0 and math.isfinite(self.mean + s)):
-            raise ArgumentError(f"Compute.shifted: seconds = {seconds!r:.40}: expected a finite number >= 0 (the "
-                                f"mean {self.mean:g} s plus it finite)")
+        s = setting_number("Compute.shifted: seconds", seconds, 0.0)
+        if not math.isfinite(self.mean + s):
+            raise ArgumentError(f"Compute.shifted: seconds = {seconds!r:.40}: the mean {self.mean:g} s plus it is "
+                                "not finite")
         if s == 0:
             return self
         if self.dist == "empirical":

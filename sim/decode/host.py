@@ -27,9 +27,9 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from numbers import Real
 from typing import Mapping, Optional
 
+from engram._checks import setting_number
 from engram.errors import ArgumentError, FormatError
 from sim.core.io import packaged_data_path, read_text
 
@@ -44,17 +44,10 @@ ENGINE_PROFILE = "hosts/engine-cpu.json"
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
 
 
-def _nonneg(name: str, v, strict: bool = False, high: float = math.inf, low: float = 0.0) -> float:
-    """``v`` as a float in range, else ArgumentError naming ``HostCPU.name`` (an integer past a float's range
-    too)."""
-    try:
-        f = float(v) if isinstance(v, Real) and not isinstance(v, bool) else math.nan
-    except OverflowError:
-        f = math.inf
-    if not (math.isfinite(f) and f >= low and f <= high) or (strict and f <= 0):
-        bound = f"{'>' if strict and low == 0 else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
-        raise ArgumentError(f"HostCPU.{name} = {v!r:.40}: expected a finite number {bound}")
-    return f + 0.0  # -0.0 as 0.0
+def _nonneg(name: str, v, strict: bool = False, high: Optional[float] = None, low: float = 0.0) -> float:
+    """``v`` as a float in ``[low, high]`` (``> low`` with ``strict``), else ArgumentError naming ``HostCPU.name``
+    (:func:`engram._checks.setting_number`; -0.0 as 0.0)."""
+    return setting_number(f"HostCPU.{name}", v, low, high, above=strict) + 0.0
 
 
 @dataclass(frozen=True)
@@ -222,16 +215,11 @@ def check_profile(doc, where: str) -> Mapping:
         raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
     for k, need, positive in (("step_cpu_us", True, False), ("read_cpu_us", True, False),
                               ("read_cpu_ratio", False, True)):
-        if k not in doc and not need:
-            continue
-        v = doc.get(k)
-        try:
-            f = float(v) if isinstance(v, Real) and not isinstance(v, bool) else math.nan
-        except OverflowError:
-            f = math.inf
-        if not (math.isfinite(f) and (f > 0 if positive else f >= 0) and f <= MAX_STEP_CPU_S * 1e6):
-            raise FormatError(f"{where}: {k} = {v!r:.40}: expected a finite number {'>' if positive else '>='} 0"
-                              + ("" if positive else " (microseconds)"))
+        if k in doc or need:
+            try:
+                setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)
+            except ArgumentError as exc:
+                raise FormatError(f"{where}: {exc}" + ("" if positive else " (microseconds)")) from None
     if "machine" in doc and not isinstance(doc["machine"], Mapping):
         raise FormatError(f"{where}: machine = {doc['machine']!r:.40}: expected an object")
     return doc

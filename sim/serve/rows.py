@@ -135,6 +135,7 @@ class RowSource:
         self.read_chunk = int(read_chunk)
         self.layers, self.columns = text.layers, text.columns
         self.layer_ids = tuple(text.layer_ids)
+        self._layer_keys = cache_key(np.asarray(self.layer_ids, np.uint64), 0)  # row 0 of each table: its key's top
         self.source = text.source
         self.text_tokens = (text.steps // self.read_chunk) * self.read_chunk
         parts = [text.rows[: self.text_tokens]]
@@ -240,7 +241,7 @@ class RowSource:
         (:func:`engram.rowcache.cache_key`) of this source's keys, so that a policy sees, and a TinyLFU sketch
         hashes, the keys the engine's cache does."""
         k = np.asarray(keys, np.uint32)
-        return cache_key(np.asarray(self.layer_ids, np.uint64)[k >> np.uint32(TABLE_SHIFT)], k & _ROW_MASK)
+        return self._layer_keys[k >> np.uint32(TABLE_SHIFT)] | (k & _ROW_MASK).astype(np.uint64)
 
     def stream_keys(self, dpos: int, tokens: int) -> np.ndarray:
         """uint32 ``[tokens, layers * columns]``: keys of ``tokens`` decode tokens from text position ``dpos``."""

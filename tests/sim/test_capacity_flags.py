@@ -35,12 +35,10 @@ def answers(doc: dict) -> list:
     return [{k: c.get(k) for k in keys} for c in doc["configurations"]]
 
 
-def test_capacity_from_flags_equals_the_equivalent_study(capsys, tmp_path):
-    flags = capacity_json(capsys, ["--device", SLOW, "--device", FAST, "--drives", "1,2", "--reuse", "0.3",
-                                   "--compute-ms", "45", "--limit", "300", "--steps", "40",
-                                   "--out", str(tmp_path / "flags.csv")])
-    study = tmp_path / "planner.toml"
-    study.write_text(f'''
+def _study(path, fixed: str, grid: str):
+    """A capacity study at ``path`` as the flags describe it: the trace and the read policy of the flags'
+    defaults, ``fixed`` and ``grid`` lines added."""
+    path.write_text(f'''
 [study]
 name = "capacity"
 seed = 0
@@ -49,19 +47,24 @@ seed = 0
 
 [fixed]
 trace = "stdlib:asyncio/base_events.py"
-trace_limit = 300
 steps = 40
-compute = ""
-compute_ms = 45.0
 threshold = 8
 readers = 16
 phases = "random"
+{fixed}
 
 [grid]
-device = ["{SLOW}", "{FAST}"]
-drives = [1, 2]
-reuse = [0.3]
+{grid}
 ''', encoding="utf-8")
+    return path
+
+
+def test_capacity_from_flags_equals_the_equivalent_study(capsys, tmp_path):
+    flags = capacity_json(capsys, ["--device", SLOW, "--device", FAST, "--drives", "1,2", "--reuse", "0.3",
+                                   "--compute-ms", "45", "--limit", "300", "--steps", "40",
+                                   "--out", str(tmp_path / "flags.csv")])
+    study = _study(tmp_path / "planner.toml", 'trace_limit = 300\ncompute = ""\ncompute_ms = 45.0',
+                   f'device = ["{SLOW}", "{FAST}"]\ndrives = [1, 2]\nreuse = [0.3]')
     toml = capacity_json(capsys, [str(study), "--out", str(tmp_path / "toml.csv")])
     assert len(flags["configurations"]) == 4
     assert answers(flags) == answers(toml)
@@ -128,29 +131,8 @@ def test_a_shared_row_cache_of_the_command_line_is_searched_and_reported(capsys,
                           f"({rc['other_start']['hit_rate']:.4f} from empty); {grows}: compare a longer "
                           "--cache-warmup-steps (a study's cache_warmup_steps)")
 
-    study = tmp_path / "cache.toml"
-    study.write_text(f'''
-[study]
-name = "capacity"
-seed = 0
-
-[capacity]
-
-[fixed]
-trace = "stdlib:asyncio/base_events.py"
-trace_limit = 600
-steps = 40
-compute = "reference"
-threshold = 8
-readers = 16
-phases = "random"
-shared_cache_bytes = "1048576"
-cache_policy = "lru"
-cache_warmup_steps = 40
-
-[grid]
-device = ["{SLOW}"]
-''', encoding="utf-8")
+    study = _study(tmp_path / "cache.toml", 'trace_limit = 600\ncompute = "reference"\nshared_cache_bytes = "1048576"\n'
+                   'cache_policy = "lru"\ncache_warmup_steps = 40', f'device = ["{SLOW}"]')
     assert answers(capacity_json(capsys, [str(study), "--out", str(tmp_path / "toml.csv")])) == answers(doc)
 
     cold = capacity_json(capsys, [*base, "--cache-warmup-steps", "0", "--out", str(tmp_path / "c.csv")])

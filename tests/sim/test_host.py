@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from engram.cli import main
 from engram.errors import ArgumentError, FormatError
 from sim.core.params import Compute, Policy
 from sim.decode import DecodeRun, simulate_decode
 from sim.decode.host import HostCPU, engine_profile
 from sim.device import ParametricSSD
 from sim.trace import CODE_SOURCE, load_trace
+from tests.clirun import cli
 
 US = 1e-6
 
@@ -166,9 +169,6 @@ def test_decode_run_refuses_a_host_of_another_kind():
 
 def test_sim_decode_on_a_host(capsys):
     """engram sim decode --host-cpus: the host's line and figures; a fio device's own CPU per read; bad flags."""
-    from engram.cli import main
-    from tests.clirun import cli
-
     base = ["sim", "decode", "--device", "ssd:qd1_us=24.3,iops=226658,routing=random", "--compute-ms", "5",
             "--steps", "200", "--sessions", "16", "--limit", "1200"]
     assert main(base + ["--json"]) == 0
@@ -183,7 +183,7 @@ def test_sim_decode_on_a_host(capsys):
     assert main(base + ["--host-cpus", "2"]) == 0
     out = capsys.readouterr().out
     assert "host      2 CPUs" in out and "its profile" in out
-    fio = str(__import__("pathlib").Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
+    fio = str(Path(__file__).parent / "data" / "fio-randread-4k-libaio.json")
     assert main(["sim", "decode", "--device", fio, "--compute-ms", "5", "--steps", "100", "--limit", "600",
                  "--host-cpus", "4", "--json"]) == 0
     src = json.loads(capsys.readouterr().out)["host"]["source"]

@@ -12,6 +12,7 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
+from sim.check.planner import _Planner
 from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec,
                                fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
                                planner_crosscheck)
@@ -393,8 +394,6 @@ def test_host_notes_on_an_older_or_partial_planner_document():
 def test_the_planners_host_says_an_assumed_cpu_count():
     """runs.json without machine.cores: the host is modelled on 1 CPU and says it is assumed; with cores
     recorded, it says the runs' machine; a fio figure of CPU per read is taken x the profile's ratio."""
-    from sim.check.planner import _Planner
-
     prof = engine_profile()
     figs = {"disk": {"qd1_cpu_per_read_us": 10.0, "qd1_mean_us": 50.0, "qd1_p50_us": 45.0, "peak_iops": 1e5,
                      "peak_qd": 64, "jobs": 1}}
