@@ -20,7 +20,7 @@ echo "-- building the wheel (in $tmp/dist)"
 wheel=$(ls "$tmp"/dist/engram-*.whl)
 echo "   $(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB"
 for f in sim/data/README.md sim/data/promessi_sposi.txt sim/data/agent_prompt_long.txt sim/data/prompts.jsonl \
-         sim/data/devices/vm-virtio-16core-4k.jsonl sim/studies/capacity.toml sim/studies/serve.toml engram/SPEC.md; do
+         sim/data/devices/vm-virtio-16core-4k.jsonl sim/data/hosts/engine-cpu.json sim/studies/capacity.toml sim/studies/serve.toml engram/SPEC.md; do
     "$PY" -c "import sys, zipfile; sys.exit(0 if sys.argv[2] in zipfile.ZipFile(sys.argv[1]).namelist() else 1)" \
         "$wheel" "$f" || { echo "the wheel lacks $f"; exit 1; }
 done
@@ -60,6 +60,7 @@ run sim --help
 run sim decode --steps 300 --no-progress
 run sim decode --device ssd:qd1_us=80,iops=500000 --sessions 64 --steps 100 --no-progress  # README
 run sim decode --tail vm-virtio-16core-4k --steps 200 --quiet
+run sim decode --device ssd:qd1_us=80,iops=500000 --sessions 16 --steps 100 --host-cpus 2 --quiet  # the engine's CPU profile
 run sim serve --no-progress                                                 # its defaults: 300 s simulated
 run sim serve --rate 3 --duration-s 60 --device ssd:qd1_us=80,iops=600000 --compute-scale 10 --quiet  # README
 run sim prefill --compute-tokens-per-s 2000 --limit 8192 --no-progress      # default: shared:agent_prompt_long.txt
