@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -71,6 +72,34 @@ def _steps(s, ids, pause: float) -> tuple:
     return time.process_time() - c0, wall, reads, kept
 
 
+def _memory_reads(path: Path, kept: list, pause: float, readers: int, threshold: int):
+    """Process CPU seconds of reading the batches ``kept`` raw through a session's readers from a copy of the
+    model on tmpfs (``/dev/shm``): a memory copy in each reader, no drive; None where there is no tmpfs or it
+    refuses the engine's uncached reads."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return None
+    with tempfile.TemporaryDirectory(dir=shm) as d:
+        copy = Path(d) / path.name
+        shutil.copyfile(path, copy)
+        try:
+            model = engram.EngramModel.open(copy)
+        except engram.EngramError as exc:
+            print(f"   tmpfs: {exc}; no memory figure")
+            return None
+        with model.session(backend="pread", readers=readers, threshold=threshold, cache=None) as s:
+            group = s._group
+            raw = np.empty((1, kept[0].shape[1], ROW_BYTES), np.uint8)
+            for k in kept[:200]:          # the readers awake
+                group.read_raw(k, out=raw)
+            r0 = time.process_time()
+            for k in kept:
+                group.read_raw(k, out=raw)
+                if pause:
+                    time.sleep(pause)
+            return time.process_time() - r0
+
+
 def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, threshold: int = 8) -> dict:
     """CPU a decode step takes on this machine, in three parts measured one after the other on the same tokens,
     each step followed by a ``sleep_ms`` sleep (a compute that takes no CPU, as the measured runs' ``sleep:MS``),
@@ -99,6 +128,7 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
             if pause:
                 time.sleep(pause)
         raw_cpu = time.process_time() - r0
+    mem_cpu = _memory_reads(path, kept, 0.0, readers, threshold)
     cache = engram.RowCache(max(1, 2 * 48 * (steps + 200)) * ROW_BYTES, "lru")
     with model.session(backend="pread", readers=readers, threshold=threshold, cache=cache) as s:
         _steps(s, warm + timed, 0.0)      # every row of the tokens into the cache
@@ -109,6 +139,7 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
             "rows_per_step": reads / steps, "reads_only_cpu_per_step_us": raw_cpu / steps * 1e6,
             "own_cpu_per_step_us": own / steps * 1e6, "own_wall_per_step_us": own_wall / steps * 1e6,
             "own_reads_per_step": own_reads / steps,
+            "memory_reads_only_cpu_per_step_us": None if mem_cpu is None else mem_cpu / steps * 1e6,
             "readers": readers, "threshold": threshold, "sleep_ms": sleep_ms}
 
 
@@ -135,8 +166,10 @@ def main(argv=None) -> dict:
             raise SystemExit("fio gave no CPU figures: run it longer (--fio-seconds)")
         ses = session_cpu(path, a.steps, a.sleep_ms)
         engine_read = ses["reads_only_cpu_per_step_us"] / ses["rows_per_step"]
+        mem = ses["memory_reads_only_cpu_per_step_us"]
+        mem_read = None if mem is None else mem / ses["rows_per_step"]
         parts = ses["own_cpu_per_step_us"] + ses["rows_per_step"] * engine_read
-        rounds.append({"fio": fio, "session": ses, "engine_read_cpu_us": engine_read,
+        rounds.append({"fio": fio, "session": ses, "engine_read_cpu_us": engine_read, "memory_read_cpu_us": mem_read,
                        "read_cpu_ratio": engine_read / fio["cpu_per_read_us"],
                        "parts_over_step": parts / ses["cpu_per_step_us"]})
         print(f"   round {i + 1}: fio QD1 {fio['bs']} B {fio['cpu_per_read_us']:.2f} us CPU a read "
@@ -144,12 +177,14 @@ def main(argv=None) -> dict:
               f"({ses['rows_per_step']:.1f} reads); the engine's own (every row a cache hit) "
               f"{ses['own_cpu_per_step_us']:.1f} us; the reads alone {engine_read:.2f} us a read = "
               f"{engine_read / fio['cpu_per_read_us']:.2f}x fio's; own + reads = {parts / ses['cpu_per_step_us']:.2f} "
-              "of the step")
+              "of the step" + ("" if mem_read is None else f"; a read from tmpfs {mem_read:.2f} us"))
     med = lambda f: float(np.median([f(r) for r in rounds]))  # noqa: E731
     own = med(lambda r: r["session"]["own_cpu_per_step_us"])
     ratio = med(lambda r: r["read_cpu_ratio"])
     fio_us = med(lambda r: r["fio"]["cpu_per_read_us"])
-    rec = {"machine": machine(), "date": now_iso(), "rounds": rounds, "step_cpu_us": own, "read_cpu_us": fio_us,
+    mems = [r["memory_read_cpu_us"] for r in rounds if r["memory_read_cpu_us"] is not None]
+    mem_us = float(np.median(mems)) if mems else None
+    rec = {"machine": machine(), "memory_read_cpu_us": mem_us, "date": now_iso(), "rounds": rounds, "step_cpu_us": own, "read_cpu_us": fio_us,
            "read_cpu_ratio": ratio, "parts_over_step": med(lambda r: r["parts_over_step"])}
     print(f"   medians: the engine's own {own:.1f} us CPU a step; a read {ratio:.3f}x fio's {fio_us:.2f} us; own + "
           f"reads {rec['parts_over_step']:.2f} of a step's CPU")
@@ -157,10 +192,12 @@ def main(argv=None) -> dict:
         cmd = "python -m benchmarks.run host " + " ".join(argv or [])
         prof = {"step_cpu_us": round(own, 1), "read_cpu_us": round(fio_us, 2), "read_cpu_ratio": round(ratio, 3),
                 "machine": rec["machine"], "date": rec["date"], "command": cmd.strip(),
+                **({"memory_read_cpu_us": round(mem_us, 2)} if mem_us is not None else {}),
                 "rounds": a.rounds, "steps": a.steps, "sleep_ms": a.sleep_ms,
                 "what": "medians over the rounds: the engine's own CPU a decode step with every row a row-cache "
                         "hit (hash, the lookup, decode, the session's Python), fio's CPU per read at QD1 on the "
-                        "same file, and the engine's pread CPU a read over fio's: sim.decode.host reads them"}
+                        "same file, the engine's pread CPU a read over fio's, and the engine's pread CPU a read from a "
+                        "copy on tmpfs (a memory copy, no drive): sim.decode.host reads them"}
         out = packaged_data_path(ENGINE_PROFILE)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")

@@ -186,16 +186,17 @@ def is_memory(fig: Mapping) -> bool:
 
 
 def datasheet_spec(fig: Mapping, raw: Optional[Mapping] = None, throttled: bool = False,
-                   cpus: Optional[int] = None) -> tuple:
+                   cpus: Optional[int] = None, memory: bool = False) -> tuple:
     """``(spec, fallback spec or None, rules)``: the datasheet string of a device from its fio figures
     (:func:`fio_figures`; ``raw``: the unthrottled disk's, for a throttled volume; ``cpus``: the CPUs the
-    engine's readers had, for a memory-backed device) -- see the module for the rules; ``fallback`` is the
+    engine's readers had, for a memory-backed device: fio's figures say so, :func:`is_memory`, or ``memory``,
+    the planner does) -- see the module for the rules; ``fallback`` is the
     string without ``cap_iops`` and ``burst_ios``, for a simulator that has no rate-limited volume; ``rules``
     says where each figure came from."""
     if not throttled:
         qd1, iops = fig["qd1_mean_us"], fig["peak_iops"]
         rules = {"qd1_us": "fio's QD1 mean latency", "iops": f"fio's highest IOPS (QD {fig['peak_qd']})"}
-        if cpus is not None and is_memory(fig):
+        if cpus is not None and (memory or is_memory(fig)):
             jobs = max(1, int(fig.get("jobs") or 1))
             iops = iops * cpus / jobs
             rules["iops"] += (f" x {cpus} / {jobs}: a memory copy (QD1 median {fig['qd1_p50_us']:.1f} us) runs on "
@@ -609,8 +610,9 @@ class _Planner:
     def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
         """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
         the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode) or the profile's (a
-        datasheet says none; none on a memory-backed device, where the profile's, a drive's read path, does not
-        hold), scaled by the profile's engine-to-fio ratio of CPU per read."""
+        datasheet says none), scaled by the profile's engine-to-fio ratio of CPU per read; on a memory-backed
+        device (:meth:`memory`) the profile's pread from tmpfs, in both modes (none where the profile has
+        none)."""
         if self.profile is None:
             return None
         p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
@@ -619,15 +621,27 @@ class _Planner:
                 f"the engine's {p['step_cpu_us']:.0f} us a step (its shipped profile, "
                 f"{(p.get('machine') or {}).get('cpu', '?')})")
         fio_us = fig.get("qd1_cpu_per_read_us") if mode == "fio" else None
-        if not fio_us and is_memory(fig):  # the profile's read is a drive's read path, not a memory copy
+        if self.memory(d):  # a copy in the reader: the engine's own pread from tmpfs, not fio's nor a drive's
+            mem = p.get("memory_read_cpu_us")
+            if mem is not None:
+                return HostCPU(cores, p["step_cpu_us"] * 1e-6, float(mem) * 1e-6,
+                               source=f"{base}; {float(mem):.1f} us a read (the profile's pread from tmpfs: a "
+                                      "memory-backed device)")
             return HostCPU(cores, p["step_cpu_us"] * 1e-6, 0.0, source=base + "; a read's CPU left in the "
-                           "memory-backed device's own service (cpus=N): a datasheet says none and the "
-                           "profile's is a drive's")
+                           "memory-backed device's own service (cpus=N): the profile has no memory read and "
+                           "its drive's does not hold")
         read_us, said = (fio_us, "fio's QD1 CPU per read") if fio_us else (p["read_cpu_us"], "the profile's")
         ratio = float(p.get("read_cpu_ratio") or 1.0)
         return HostCPU(cores, p["step_cpu_us"] * 1e-6, read_us * ratio * 1e-6,
                        source=f"{base}; {read_us:.1f} us a read ({said}) x {ratio:.2f} (the engine's pread over "
                               "fio's, from the profile)")
+
+    def memory(self, d: Mapping) -> bool:
+        """Whether device ``d`` is described as memory-backed: fio's figures say so (:func:`is_memory`), or the
+        planner put the table on tmpfs (class ``tmpfs``) and says so, as ``fio:FILE,cpus=N`` does -- fio's own
+        QD1 latency there depends on its engine and the CPUs' idle state (io_uring hands each read of tmpfs to a
+        worker thread: a median of 34.6 us on an idle 2-core VM, 5.3 us on the same machine loaded)."""
+        return is_memory(self.figs[d["name"]]) or d.get("class") == "tmpfs"
 
     def entry(self, d: Mapping) -> dict:
         """A device's entry of ``planner.json``: each mode predicted, or why the device was not."""
@@ -683,12 +697,14 @@ class _Planner:
         """``(datasheet string, its fallback, the CPUs a memory copy runs on or None)`` of a device, with what
         the planner assumes of it put into ``entry``."""
         fig = self.figs[d["name"]]
-        cores = _cores(runs_doc) if is_memory(fig) else None
+        cores = _cores(runs_doc) if self.memory(d) else None
         spec, fallback, rules = datasheet_spec(fig, self.raw if d["class"] == "throttled" else None,
-                                               d["class"] == "throttled", cpus=cores)
+                                               d["class"] == "throttled", cpus=cores, memory=cores is not None)
         if cores is not None:
-            entry["memory_backed"] = (f"fio's QD1 median {fig['qd1_p50_us']:.1f} us: a memory copy "
-                                      f"in the reading thread, not a drive; fio's IOPS are its "
+            why = (f"fio's QD1 median {fig['qd1_p50_us']:.1f} us: a memory copy" if is_memory(fig) else
+                   f"the table on tmpfs, as the planner states it (fio's QD1 median {fig['qd1_p50_us']:.1f} us "
+                   "is its engine's hand-off, not a drive's)")
+            entry["memory_backed"] = (f"{why} in the reading thread, not a drive; fio's IOPS are its "
                                       f"{fig['jobs']} job(s)' CPU(s), the runs' readers had "
                                       f"{cores} (assumed: the reads scale to them, cpus={cores})")
         idle = idle_jobs(read_fio_output(self.files[d["name"]]))

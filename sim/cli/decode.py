@@ -130,6 +130,21 @@ CACHE_WARMUP_OPTION = Option(
          "they start empty, as a fresh engine's; a measured run's cache starts empty too)")
 
 
+#: ``--host-cpus``, ``--host-step-us``, ``--host-read-us``: the host's CPUs (:mod:`sim.decode.host`; decode;
+#: capacity, as the study axes ``host_cpus``, ``host_step_us``, ``host_read_us``).
+HOST_OPTIONS = (
+    Option("--host-cpus", type=float, metavar="N", group=_DECODE,
+           help="model the host: N CPUs shared by every session's steps (sim.decode.host, mean-value analysis) -- "
+                "the engine's own CPU a step (its shipped profile) and each read's (a fio device's own CPU per "
+                "read, else the profile's). Default: the host left out (the drive alone)"),
+    Option("--host-step-us", type=float, metavar="US", group=_DECODE,
+           help="with --host-cpus: the engine's own CPU a step, microseconds (default: its shipped profile)"),
+    Option("--host-read-us", type=float, metavar="US", group=_DECODE,
+           help="with --host-cpus: the CPU one read takes, microseconds (default: from the device's fio JSON, "
+                "else the profile's)"),
+)
+
+
 def cache_warmup(args) -> int:
     """``--cache-warmup-steps`` (``ArgumentError`` naming it below 0)."""
     n = args.cache_warmup_steps
@@ -162,15 +177,7 @@ DECODE_OPTIONS = (
     Option("--dram-rows", metavar="FILE.npy", group=_DECODE,
            help="a hot set resident in DRAM: row ids [m] (every table) or (table index, row id) [m, 2]"),
     drives_option(group=_DECODE),
-    Option("--host-cpus", type=float, metavar="N", group=_DECODE,
-           help="model the host: N CPUs shared by every session's steps (sim.decode.host, mean-value analysis) -- "
-                "the engine's own CPU a step (its shipped profile) and each read's (a fio device's own CPU per "
-                "read, else the profile's). Default: the host left out (the drive alone)"),
-    Option("--host-step-us", type=float, metavar="US", group=_DECODE,
-           help="with --host-cpus: the engine's own CPU a step, microseconds (default: its shipped profile)"),
-    Option("--host-read-us", type=float, metavar="US", group=_DECODE,
-           help="with --host-cpus: the CPU one read takes, microseconds (default: from the device's fio JSON, "
-                "else the profile's)"),
+    *HOST_OPTIONS,
     Option("--tail", metavar="DEVICE", group=_DECODE,
            help="take the latency distribution (tail) of this measured device at every depth, keeping "
                 "--device's means (e.g. a fio JSON file or vm-virtio-16core-4k)"),

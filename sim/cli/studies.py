@@ -22,7 +22,7 @@ from ..serve.study import RateSearch, is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from ..sweep.runner import point_policy
 from ..trace import CODE_SOURCE
-from .decode import CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, SHARED_CACHE_BYTES_OPTION, cache_warmup
+from .decode import CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, HOST_OPTIONS, SHARED_CACHE_BYTES_OPTION, cache_warmup
 from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
                       device_option, drives_option, run_options, trace_source_options)
 
@@ -36,7 +36,8 @@ PLANNER_FIXED = {"trace": CODE_SOURCE, "trace_limit": 1000, "steps": 300, "compu
 _PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse", "compute_ms": "--compute-ms",
                   "trace": "--trace", "limit": "--limit", "steps": "--steps",
                   "shared_cache_bytes": "--shared-cache-bytes", "cache_policy": "--cache-policy",
-                  "cache_warmup_steps": "--cache-warmup-steps"}
+                  "cache_warmup_steps": "--cache-warmup-steps", "host_cpus": "--host-cpus",
+                  "host_step_us": "--host-step-us", "host_read_us": "--host-read-us"}
 
 
 def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
@@ -124,7 +125,8 @@ SWEEP_COMMAND = Command("sweep", "run a what-if study (a TOML grid) locally or o
 def planner_study(args) -> Study:
     """The capacity study of the command line: a configuration per ``--device`` x ``--drives`` x ``--reuse``
     over :data:`PLANNER_FIXED`, with ``--compute-ms`` (else the SPEC §8 compute), ``--trace``, ``--limit``
-    and ``--steps``, and a shared row cache of ``--shared-cache-bytes`` (``--cache-policy``), warmed before
+    and ``--steps``, the host of ``--host-cpus`` (``--host-step-us``, ``--host-read-us``; study axes
+    ``host_cpus``, ...: :mod:`sim.decode.host`), and a shared row cache of ``--shared-cache-bytes`` (``--cache-policy``), warmed before
     each probe by ``--cache-warmup-steps`` steps a session (default: the probes' steps); the search's target,
     seeds and largest count come from its own options.
 
@@ -145,6 +147,9 @@ def planner_study(args) -> Study:
         warm = cache_warmup(args)
         fixed.update(shared_cache_bytes=str(args.shared_cache_bytes), cache_policy=args.cache_policy or DEFAULT_POLICY,
                      cache_warmup_steps=fixed["steps"] if warm is None else warm)
+    for key in ("host_cpus", "host_step_us", "host_read_us"):  # the study's axes check them (check_host_axes)
+        if getattr(args, key) is not None:
+            fixed[key] = getattr(args, key)
     grid = {"device": list(args.device or [_DEFAULT_DEVICE])}
     if args.drives:
         grid["drives"] = list(args.drives)
@@ -281,6 +286,11 @@ CAPACITY_OPTIONS = (
                 "the steps it has seen until its policy settles (W-TinyLFU's counts over many steps), so a capacity "
                 "with a cache depends on the probes' steps and warm-up: the output gives the hit rate of the probe at "
                 "the capacity and that probe's from the other start; compare a longer warm-up"),
+    *replaced(HOST_OPTIONS[:1], group=_CONFIGS,
+              help=HOST_OPTIONS[0].help.replace("Default: the host left out (the drive alone)",
+                                                "Default: the host left out (the drive alone: a capacity where the "
+                                                "host's CPUs bind first is then an upper bound)")),
+    *replaced(HOST_OPTIONS[1:], group=_CONFIGS, requires=("host_cpus", "N")),
     Option("--target", type=float, help=f"tokens/s every session must reach (default {CAPACITY_TARGET:g})",
            group=_SEARCH),
     Option("--seeds", type=int, help=f"searches per configuration, each its own seeds (default {CAPACITY_SEEDS})",

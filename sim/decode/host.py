@@ -16,6 +16,12 @@ the bound ``cpus / D`` steps a second in all.  Seidmann's approximation overstat
 are about as many as the CPUs and each step is mostly CPU (4 sessions on 4 CPUs, a step all CPU: +26%); a
 decode step is mostly the reads' wait and the compute, where it holds.
 
+A read from a memory-backed device (tmpfs, the page cache) is a copy in the reader's thread: its CPU is the
+profile's ``memory_read_cpu_us``, the engine's pread from a copy of the model on tmpfs with its readers kept
+busy (as where the host binds), not fio's figure there, which is mostly fio's own and its engine's (io_uring
+hands each read to a worker thread on tmpfs: 13.5 us a read on an idle 2-core VM where the engine's pread
+takes about 4).
+
 The engine's own CPU a step is not in a device's description: the figure shipped in
 ``sim/data/hosts/engine-cpu.json`` (:func:`engine_profile`) was measured by ``benchmarks/bench_host.py`` on
 the machine it names, and a planner's host differs from it by its CPU's speed.
@@ -144,9 +150,11 @@ class HostCPU:
                    profile: Optional[Mapping] = None) -> "HostCPU":
         """A host of ``cpus`` CPUs reading from ``device`` (a :class:`sim.device.Device` or None), its figures as
         a planner has them: the engine's CPU a step ``step_cpu_us`` (default the shipped profile's,
-        :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: the device's fio CPU per read,
+        :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: for a memory-backed device,
+        ``derived["memory_backed"]``, the profile's ``memory_read_cpu_us``, the engine's pread from tmpfs -- fio's
+        own CPU a read there is mostly fio's and its engine's, not a copy's; else the device's fio CPU per read,
         ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own,
-        or 0 for a memory-backed device without fio's figure: the profile's is a drive's read path).
+        or 0 for a memory-backed device without either figure: the profile's is a drive's read path).
         ``source`` says which.
 
         Raises
@@ -159,13 +167,16 @@ class HostCPU:
         cpus = _nonneg("cpus", cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS)
         p = engine_profile() if profile is None else check_profile(profile, "profile")
         step = float(p["step_cpu_us"]) if step_cpu_us is None else _nonneg("step_cpu_us", step_cpu_us)
-        said = [f"{cpus:g} CPUs", f"the engine's {step:.4g} us a step" +
+        said = [f"{cpus:g} CPU{'' if cpus == 1 else 's'}", f"the engine's {step:.4g} us a step" +
                 (" (given)" if step_cpu_us is not None else f" (its profile, {(p.get('machine') or {}).get('cpu', '?')})")]
         derived = getattr(device, "derived", None) or {}
         ratio = float(p.get("read_cpu_ratio") or 1.0)
         if read_cpu_us is not None:
             read = _nonneg("read_cpu_us", read_cpu_us)
             said.append(f"{read:.1f} us a read (given)")
+        elif "memory_backed" in derived and p.get("memory_read_cpu_us") is not None:
+            read = float(p["memory_read_cpu_us"])
+            said.append(f"{read:.1f} us a read (the profile's pread from tmpfs: a memory-backed device)")
         elif (derived.get("cpu_per_read_us") or {}).get("value") is not None:
             fio = float(derived["cpu_per_read_us"]["value"])
             read = fio * ratio
@@ -210,11 +221,11 @@ def engine_profile(path: Optional[str] = None) -> Mapping:
 def check_profile(doc, where: str) -> Mapping:
     """``doc`` if it is an engine CPU profile (:func:`engine_profile`), else FormatError naming ``where`` and the
     key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` (optional) one
-    > 0, ``machine`` (optional) an object."""
+    > 0, ``memory_read_cpu_us`` (optional) one in [0, 60 s], ``machine`` (optional) an object."""
     if not isinstance(doc, Mapping):
         raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
     for k, need, positive in (("step_cpu_us", True, False), ("read_cpu_us", True, False),
-                              ("read_cpu_ratio", False, True)):
+                              ("read_cpu_ratio", False, True), ("memory_read_cpu_us", False, False)):
         if k in doc or need:
             try:
                 setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)

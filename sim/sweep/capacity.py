@@ -136,7 +136,7 @@ from sim.core.params import Phases, Storage
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
-from sim.sweep.runner import HOLD_WARNINGS, point_policy
+from sim.sweep.runner import HOLD_WARNINGS, point_host, point_policy
 from sim.sweep.study import varying_axes
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
@@ -613,8 +613,12 @@ class Capacity(SeedBand):
         :func:`sim.device.fio.cpu_per_read`): the host's CPUs the probes' reads at the capacity keep busy in the
         read path alone; the host's CPUs are not modelled, so with fewer than that over
         :data:`sim.device.fio.HOST_BOUND_SHARE` the host binds first and the capacity is an upper bound.
-        ``""`` otherwise."""
+        With the host modelled (a ``host_cpus`` axis, :func:`sim.sweep.runner.point_host`): what it was taken
+        to be.  ``""`` otherwise."""
         at, dev = self._device_at_capacity()
+        host = point_host(self.config, dev)
+        if host is not None:
+            return f"; the host modelled (sim.decode.host): {host.source}"
         cpu = ((getattr(dev, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
         rps = float(at.get("reads_per_s") or 0.0) if at else 0.0
         if cpu is None or not rps > 0:

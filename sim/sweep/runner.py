@@ -73,6 +73,7 @@ from engram.rowcache import DEFAULT_POLICY
 
 from sim.check.calibrate import Calibration, check_study_backends
 from ..decode import DecodeRun, hot_rows, seed_reproduction, simulate_decode
+from ..decode.host import HostCPU
 from ..decode.reads import held_warnings
 from ..device import load_device, load_tail
 from sim.core.params import Compute, Policy, Storage
@@ -84,7 +85,7 @@ from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phase
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["HOLD_WARNINGS", "MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
-           "SweepResult", "check_points", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
+           "SweepResult", "check_points", "point_host", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
@@ -198,6 +199,21 @@ def point_policy(p: Mapping[str, Any]) -> Policy:
                   cache_warmup_steps=p.get("cache_warmup_steps") or 0)
 
 
+def point_host(p: Mapping[str, Any], device) -> Optional[HostCPU]:
+    """The host of a complete point (its ``host_cpus``, ``host_step_us`` and ``host_read_us`` axes, the reads'
+    CPU from ``device``'s fio figures where they are none: :meth:`sim.decode.host.HostCPU.for_device`); None
+    when ``host_cpus`` is unset (the drive alone).  A study's compute is taken off the host's CPUs (an
+    accelerator's time, no spin)."""
+    def axis(name: str):  # unset: None, or an empty cell of a table read back
+        v = p.get(name)
+        return None if v is None or v == "" else float(v)
+
+    if axis("host_cpus") is None:
+        return None
+    return HostCPU.for_device(axis("host_cpus"), device, step_cpu_us=axis("host_step_us"),
+                              read_cpu_us=axis("host_read_us"))
+
+
 def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
@@ -214,7 +230,8 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     with held_warnings() if extras.get(HOLD_WARNINGS) else contextlib.nullcontext():
         r = simulate_decode(trace, device, policy, compute,
                             DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
-                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4),
+                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4,
+                                      host=point_host(p, device)),
                             storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
                                             tail=extras.get(f"tail:{p['tail']}")))
     lat = r.step_latencies.reshape(-1)

@@ -60,7 +60,10 @@ latency distribution the point's device takes), ``compute`` (``""``: ``compute_m
 ``compute_dist``/``compute_cv``; ``"reference"``: the SPEC §8 compute fitted so
 threshold 256 gives 19.16 tokens/s on the reference device;
 ``"calibrated:LABEL"``: a measured compute of the calibration), ``compute_ms``,
-``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``mode``,
+``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``host_cpus`` (the host's CPUs shared by
+every session's steps, :class:`sim.decode.host.HostCPU`; unset: the drive alone), ``host_step_us`` and
+``host_read_us`` (the engine's CPU a step and a read's, with ``host_cpus``; unset: the shipped profile's and the
+device's fio figure), ``mode``,
 ``repeat`` (a replicate index: it only changes the seeds), ``reuse`` (a target
 reuse rate: the point's trace becomes the synthetic trace of that rate,
 :func:`point_trace`) and ``zipf`` (its Zipf skew).
@@ -84,10 +87,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from engram._checks import setting_number
 from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
 from sim.core.io import read_text
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS
 from sim.core.params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
@@ -101,7 +106,7 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons
 
 __all__ = ["AXES", "METRICS", "PHASES_COLUMN", "SHIPPED_STUDIES", "Study", "check_point", "coerce_axis",
            "load_study_toml", "parse_study_toml", "point_phases", "point_seed", "point_trace", "shipped_studies",
-           "study_file", "study_fingerprint", "varying_axes", "check_cache_axes"]
+           "study_file", "study_fingerprint", "varying_axes", "check_cache_axes", "check_host_axes"]
 
 #: Axes of a study: name -> (type, default, label with unit).
 AXES: Dict[str, Tuple[type, Any, str]] = {
@@ -133,6 +138,10 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "compute_cv": (float, 0.0, "compute CV"),
     "layers": (int, DEFAULT_LAYERS, "decoder layers"),
     "hash_us": (float, 0.0, "hash time (us)"),
+    # the host (sim.decode.host): unset by default, so that the seeds of earlier studies stay (point_seed)
+    "host_cpus": (float, None, "host CPUs shared by the sessions (unset: the drive alone)"),
+    "host_step_us": (float, None, "the engine's own CPU a step (us; unset: its shipped profile)"),
+    "host_read_us": (float, None, "CPU a row read takes (us; unset: the device's fio figure, else the profile's)"),
     "mode": (str, "fast", "simulation mode"),
     "repeat": (int, 0, "replicate"),
     "reuse": (float, None, "reuse rate (synthetic trace)"),
@@ -507,6 +516,25 @@ def check_cache_axes(p: Mapping[str, Any], where: str) -> None:
                                 f"(563 GiB)")
 
 
+def check_host_axes(p: Mapping[str, Any], where: str) -> None:
+    """``ArgumentError`` (naming ``where`` and the axis) unless the host axes describe one
+    (:class:`sim.decode.host.HostCPU`): ``host_cpus`` unset or in [:data:`~sim.decode.host.MIN_CPUS`,
+    :data:`~sim.decode.host.MAX_CPUS`], ``host_step_us`` and ``host_read_us`` only with it, each in [0, 60 s]."""
+    cpus = p.get("host_cpus")
+    if cpus is None:
+        given = [k for k in ("host_step_us", "host_read_us") if p.get(k) is not None]
+        if given:
+            raise ArgumentError(f"{where}: {' and '.join(given)} go with host_cpus = N (the host's CPUs)")
+        return
+    try:
+        setting_number("host_cpus", cpus, MIN_CPUS, MAX_CPUS)
+        for k in ("host_step_us", "host_read_us"):
+            if p.get(k) is not None:
+                setting_number(k, p[k], 0.0, MAX_STEP_CPU_S * 1e6)
+    except ArgumentError as exc:
+        raise ArgumentError(f"{where}: {exc}") from None
+
+
 def check_point(p: Mapping[str, Any], where: str) -> None:
     """Check a complete point's values against their ranges.
 
@@ -540,6 +568,7 @@ def check_point(p: Mapping[str, Any], where: str) -> None:
         raise ArgumentError(f"{where}: compute = {c!r} must be '', 'reference' or 'calibrated:LABEL'")
     if p.get("cache_warmup_steps") is not None and p["cache_warmup_steps"] < 0:
         raise ArgumentError(f"{where}: cache_warmup_steps = {p['cache_warmup_steps']} must be >= 0")
+    check_host_axes(p, where)
     if p["reuse"] is not None and not 0.0 <= p["reuse"] < 1.0:
         raise ArgumentError(f"{where}: reuse = {p['reuse']} must be in [0, 1)")
     if p["zipf"] is not None and (p["reuse"] is None or p["zipf"] < 0):

@@ -518,3 +518,49 @@ def test_the_time_left_counts_the_probes_that_run_side_by_side():
         assert prog.to_go() == (1, 99_900) and prog.rate() == (100_000.0, True)
     assert "at least 1 more probe (99,900 session-steps), about 1 s left at 100,000 session-steps a second " \
            "(measured)" in out.getvalue().splitlines()[-2]
+
+
+def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
+    """--host-cpus (engram sim decode's option; the study axes host_cpus, host_step_us, host_read_us): one CPU and
+    10 ms of the engine's CPU a step (no read CPU) let the sessions take at most 1 / 10 ms = 100 steps/s in all, so
+    at 20 tokens/s each at most 5 sessions, and fewer where the queue's wait counts (mean-value analysis); the drive
+    alone carries the search's top.  The same study file gives the same answers; the answer says the host it
+    modelled."""
+    base = ["--device", FAST, "--compute-ms", "5", "--steps", "40"]
+    alone = capacity_json(capsys, [*base, "--out", str(tmp_path / "alone.csv")])
+    assert alone["configurations"][0]["capacity"] == 24 and alone["configurations"][0]["lower_bound"]
+    host = ["--host-cpus", "1", "--host-step-us", "10000", "--host-read-us", "0"]
+    flags = capacity_json(capsys, [*base, *host, "--out", str(tmp_path / "host.csv")])
+    (c,) = flags["configurations"]
+    assert 3 <= c["capacity"] <= 5 and not c["lower_bound"]
+    assert ("the host modelled (sim.decode.host): 1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read "
+            "(given)") in c["assumptions"]
+    study = _study(tmp_path / "host.toml", 'compute = ""\ncompute_ms = 5.0\ntrace_limit = 1000\nhost_cpus = 1.0\n'
+                   'host_step_us = 10000.0\nhost_read_us = 0.0', f'device = ["{FAST}"]')
+    toml = capacity_json(capsys, [str(study), "--out", str(tmp_path / "toml.csv")])
+    assert answers(toml) == answers(flags)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--host-step-us", "100"], "--host-step-us takes effect only with --host-cpus N"),
+    (["--host-read-us", "5"], "--host-read-us takes effect only with --host-cpus N"),
+    (["--host-cpus", "0"], "the command line: host_cpus = 0.0: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "nan"], "host_cpus = nan must be finite"),
+    (["--host-cpus", "2", "--host-step-us", "-1"], "host_step_us = -1.0: expected a finite number in [0, 6e+07]"),
+])
+def test_bad_host_flags_of_a_capacity_are_refused(capsys, tmp_path, argv, msg):
+    out = tmp_path / "c.csv"
+    assert msg in cli(capsys, ["sim", "capacity", *argv, "--out", str(out), "--max-sessions", "4", "--seeds", "1"])
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fixed, msg", [
+    ("host_step_us = 100.0", "host_step_us go with host_cpus = N"),
+    ("host_cpus = 100000.0", "host_cpus = 100000.0: expected a finite number in [0.01, 65536]"),
+    ("host_cpus = 2.0\nhost_read_us = -3.0", "host_read_us = -3.0: expected a finite number in [0, 6e+07]"),
+])
+def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
+    study = _study(tmp_path / "bad.toml", fixed, f'device = ["{FAST}"]')
+    err = cli(capsys, ["sim", "capacity", str(study), "--out", str(tmp_path / "c.csv")])
+    assert msg in err and "bad.toml" in err
+    assert not (tmp_path / "c.csv").exists()

@@ -14,6 +14,7 @@ from engram.cli import main
 from engram.errors import ArgumentError, FormatError
 from sim.core.params import Compute, Policy
 from sim.decode import DecodeRun, simulate_decode
+from sim.device.fio import device_from_fio
 from sim.decode.host import HostCPU, engine_profile
 from sim.device import ParametricSSD
 from sim.trace import CODE_SOURCE, load_trace
@@ -105,11 +106,15 @@ def test_bad_step_time(args, words):
 def test_shipped_profile():
     p = engine_profile()
     assert p["step_cpu_us"] >= 0 and p["read_cpu_us"] > 0 and p["read_cpu_ratio"] > 0
+    # a pread from tmpfs (a memory copy) costs less CPU than one from a drive (a system call, a sleep, a wake-up)
+    assert 0 < p["memory_read_cpu_us"] < p["read_cpu_us"] * p["read_cpu_ratio"]
     assert p["command"].startswith("python -m benchmarks.run host") and p["date"] and p["machine"]["cpu"]
 
 
 @pytest.mark.parametrize("text, words", [("{", "not JSON"), ("[]", "JSON object"), ('{"read_cpu_us": 1}', "step_cpu_us"),
-                                         ('{"step_cpu_us": 1, "read_cpu_us": -2}', "read_cpu_us")])
+                                         ('{"step_cpu_us": 1, "read_cpu_us": -2}', "read_cpu_us"),
+                                         ('{"step_cpu_us": 1, "read_cpu_us": 2, "memory_read_cpu_us": "x"}',
+                                          "memory_read_cpu_us = 'x'")])
 def test_bad_profile(tmp_path, text, words):
     p = tmp_path / "p.json"
     p.write_text(text)
@@ -237,3 +242,25 @@ def test_every_row_in_dram_on_a_host(code):
                         DecodeRun(steps=50, host=HostCPU(4, 182 * US, 26 * US)))
     assert r.reads == 0 and r.device["busy_fraction"] == 0.0
     assert 1 / r.tokens_per_s == pytest.approx(0.2e-3 + 182 * US, rel=1e-9)
+
+
+def test_a_memory_backed_device_reads_with_the_profiles_pread_from_tmpfs(tmp_path):
+    """A device from fio JSON stated memory-backed (``cpus=N``: tmpfs, the page cache) takes the profile's
+    ``memory_read_cpu_us`` for a read's CPU, not fio's own figure (mostly fio's and its engine's there) nor the
+    drive's; a given ``read_cpu_us`` still wins; a profile without the figure leaves the read in the device's
+    service (0), as before."""
+    disk = Path(__file__).parent / "data" / "fio-disk-randread-4k.json"
+    prof = {"step_cpu_us": 100.0, "read_cpu_us": 20.0, "read_cpu_ratio": 1.1, "memory_read_cpu_us": 4.25}
+    mem = device_from_fio(disk, cpus=2)
+    assert "memory_backed" in mem.derived
+    h = HostCPU.for_device(2, mem, profile=prof)
+    assert h.read_cpu_s == pytest.approx(4.25e-6) and "pread from tmpfs" in h.source
+    assert HostCPU.for_device(2, mem, profile=prof, read_cpu_us=7).read_cpu_s == pytest.approx(7e-6)
+    no_mem = {k: v for k, v in prof.items() if k != "memory_read_cpu_us"}
+    fio_cpu = mem.derived.get("cpu_per_read_us", {}).get("value")
+    want = 0.0 if fio_cpu is None else fio_cpu * 1.1 * 1e-6
+    assert HostCPU.for_device(2, mem, profile=no_mem).read_cpu_s == pytest.approx(want)
+    drive = device_from_fio(disk)  # the same file as a drive: fio's CPU a read x the ratio
+    assert "memory_backed" not in drive.derived
+    assert HostCPU.for_device(2, drive, profile=prof).read_cpu_s == pytest.approx(
+        drive.derived["cpu_per_read_us"]["value"] * 1.1e-6)

@@ -138,7 +138,8 @@ def test_planner_document(measured):
                     for r in (e["modes"].get(mode) or e.get("today") or {}).get("rows", [])]
             assert c["configurations"] == len(errs) and c["max_abs_error"] == pytest.approx(np.abs(errs).max())
     # the host (sim.decode.host): the runs' machine's CPUs, the engine's shipped profile, a read's CPU from fio's
-    # own figures (fio mode), the profile's (datasheet), none on a memory-backed device; --no-host: the drive alone
+    # own figures (fio mode), the profile's (datasheet), its pread from tmpfs on a memory-backed device; --no-host: the
+    # drive alone
     prof = engine_profile()
     cores = json.loads((measured / devices[0]["folder"] / "runs.json").read_text())["machine"]["cores"]
     bare = planner_crosscheck(measured, measured / "planner-nohost.json", sim_steps=300, host=False)
@@ -150,8 +151,10 @@ def test_planner_document(measured):
             assert hm["cpus"] == cores and hm["step_cpu_us"] == pytest.approx(prof["step_cpu_us"])
             d = next(x for x in devices if x["name"] == e["name"])
             figs = fio_figures(check_fio(measured / d["fio"][str(d["read_size"])], d["read_size"]))
-            if is_memory(figs) and (mode == "datasheet" or figs["qd1_cpu_per_read_us"] is None):
-                assert hm["read_cpu_us"] == 0  # a memory copy (tmpfs): the profile's drive read does not hold
+            if is_memory(figs) or e["class"] == "tmpfs":
+                # a memory copy (tmpfs): the profile's pread from tmpfs in both modes, not fio's nor a drive's
+                assert hm["read_cpu_us"] == pytest.approx(prof["memory_read_cpu_us"])
+                assert "pread from tmpfs" in hm["source"]
             elif mode == "datasheet" or figs["qd1_cpu_per_read_us"] is None:
                 assert hm["read_cpu_us"] == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"])
             else:
