@@ -78,7 +78,7 @@ def test_capacity_from_flags_equals_the_equivalent_study(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag", [["--device", FAST], ["--drives", "1,2"], ["--reuse", "0.2"], ["--compute-ms", "5"],
                                   ["--steps", "50"], ["--limit", "300"], ["--trace", "shared:promessi_sposi.txt"],
-                                  ["--shared-cache-bytes", "1M"]])
+                                  ["--shared-cache-bytes", "1M"], ["--host-cpus", "4"]])
 def test_a_configuration_flag_with_a_study_file_is_refused(flag, tmp_path, capsys):
     out = tmp_path / "c.csv"
     err = cli(capsys, ["sim", "capacity", "studies/capacity.toml", *flag, "--out", str(out)])
