@@ -331,7 +331,8 @@ def _planner_runs(runs_doc: Mapping) -> tuple:
     return dict(runs_doc, configs=keep, runs=[r for r in runs_doc.get("runs") or [] if r.get("config") in keys]), left
 
 
-def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Optional[dict]:
+def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping],
+             memory_read_cpu_us: Optional[float] = None) -> Optional[dict]:
     """Where the host, not the drive, binds: the share of the host's CPUs the predicted reads of each configuration
     take by fio's own CPU per read.
 
@@ -349,6 +350,10 @@ def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Option
         The runs predicted (``configs``, ``runs``, ``machine``).
     rows : sequence of mapping
         A mode's rows (``config``, ``sessions``, ``predicted`` tokens/s of one session, ``error``).
+    memory_read_cpu_us : float, optional
+        For a memory-backed device: the engine's CPU a read from tmpfs (the CPU profile's
+        ``memory_read_cpu_us``: :mod:`sim.decode.host`), taken instead of fio's, which there is mostly fio's own
+        and its engine's (``cpu_source`` says which).
 
     Returns
     -------
@@ -367,7 +372,9 @@ def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Option
         ``fig``'s CPU per read not None or a finite number > 0; a row without a ``config``, a ``predicted`` that is
         negative, infinite or not a number, ``sessions`` not a whole number >= 1, an ``error`` not a number.
     """
-    cpu = fig.get("qd1_cpu_per_read_us")
+    cpu, source = fig.get("qd1_cpu_per_read_us"), "fio's"
+    if memory_read_cpu_us is not None:
+        cpu, source = memory_read_cpu_us, "the engine's pread from tmpfs,"
     if cpu is None:
         return None
     if isinstance(cpu, bool) or not isinstance(cpu, Real) or not (math.isfinite(cpu) and cpu > 0):
@@ -410,11 +417,14 @@ def host_cpu(fig: Mapping, runs_doc: Mapping, rows: Sequence[Mapping]) -> Option
             if err is not None and math.isfinite(err):
                 free.append(abs(float(err)))  # None or NaN: not measured, left out of the others' errors
     bound = [k for k, v in shares.items() if v >= HOST_BOUND_SHARE]
-    return {"cpu_per_read_us": float(cpu), "cores": cores, "bound_share": HOST_BOUND_SHARE, "shares": shares,
+    return {"cpu_per_read_us": float(cpu), "cpu_source": source, "cores": cores, "bound_share": HOST_BOUND_SHARE,
+            "shares": shares,
             "bound": bound,
             "free": ({"configurations": len(free), "median_abs_error": float(np.median(free)),
                       "max_abs_error": float(max(free))} if free else None),
-            "rule": (f"fio's CPU per read at QD1 ({cpu:.1f} us, usr + sys) x the predicted reads/s over the runs' "
+            "rule": ((f"fio's CPU per read at QD1 ({cpu:.1f} us, usr + sys)" if memory_read_cpu_us is None else
+                      f"the engine's CPU a read from tmpfs ({cpu:.1f} us, the CPU profile's)")
+                     + " x the predicted reads/s over the runs' "
                      f"{cores} CPU(s); at {HOST_BOUND_SHARE:g} or more the host binds (fio leaves out the engine's "
                      "own work on those CPUs) and the prediction is an upper bound")}
 
@@ -684,8 +694,9 @@ class _Planner:
             entry["modes"][mode] = _mode_result(doc, described, "")
             if host is not None:
                 entry["modes"][mode]["host_model"] = host.to_dict()
+            mem = (self.profile or engine_profile()).get("memory_read_cpu_us") if self.memory(d) else None
             try:
-                host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"])
+                host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"], mem)
             except FormatError as exc:
                 raise FormatError(f"{runs_path}: {exc}") from None
             if host is not None:
@@ -701,12 +712,13 @@ class _Planner:
         spec, fallback, rules = datasheet_spec(fig, self.raw if d["class"] == "throttled" else None,
                                                d["class"] == "throttled", cpus=cores, memory=cores is not None)
         if cores is not None:
-            why = (f"fio's QD1 median {fig['qd1_p50_us']:.1f} us: a memory copy" if is_memory(fig) else
-                   f"the table on tmpfs, as the planner states it (fio's QD1 median {fig['qd1_p50_us']:.1f} us "
-                   "is its engine's hand-off, not a drive's)")
-            entry["memory_backed"] = (f"{why} in the reading thread, not a drive; fio's IOPS are its "
-                                      f"{fig['jobs']} job(s)' CPU(s), the runs' readers had "
-                                      f"{cores} (assumed: the reads scale to them, cpus={cores})")
+            why = (f"fio's QD1 median {fig['qd1_p50_us']:.1f} us says so" if is_memory(fig) else
+                   f"the planner states it (fio's QD1 median, {fig['qd1_p50_us']:.1f} us, is its engine's hand-off "
+                   "to a worker thread, not a drive's latency)")
+            entry["memory_backed"] = (f"described as memory-backed, fio:FILE,cpus={cores}: a memory copy in the "
+                                      f"reading thread, not a drive, as {why}; fio's IOPS are its {fig['jobs']} "
+                                      f"job(s)' CPU(s), the runs' readers had {cores} (assumed: the reads scale to "
+                                      "them)")
         idle = idle_jobs(read_fio_output(self.files[d["name"]]))
         entry["assumed"] = (f"fio's thinktime job(s) {', '.join(sorted(set(idle)))} left out" if idle else
                             "device measured back-to-back only: no fio job with thinktime") + \
@@ -775,10 +787,12 @@ def host_notes(entry: Mapping) -> List[str]:
         hm = m.get("host_model")
         f = h.get("free") if isinstance(h.get("free"), Mapping) else None
         n = f.get("configurations") if f else None
+        src = h.get("cpu_source") if isinstance(h.get("cpu_source"), str) else "fio's"  # older documents: fio's
         out.append(f"{entry.get('name')} {mode}: host-bound (the predicted reads take >= "
-                   f"{_fig(h.get('bound_share'), 'g')} of the {_fig(h.get('cores'), 'd')} CPU(s) at fio's "
+                   f"{_fig(h.get('bound_share'), 'g')} of the {_fig(h.get('cores'), 'd')} CPU(s) at "
+                   f"{src} "
                    f"{_fig(h.get('cpu_per_read_us'), '.1f')} us a read): "
-                   + ", ".join(f"{k} ({_fig(shares.get(k), '.2f')})" for k in h["bound"])
+                   + ", ".join(f"{k} ({_fig(shares.get(k), '.2f')} of them)" for k in h["bound"])
                    + (f": predicted on the host ({hm.get('source') or '?'})" if isinstance(hm, Mapping) else
                       ": upper bounds") + "; the other configurations: "
                    + (f"{_fig(n, 'd')}, median abs error {_pct(_real(f.get('median_abs_error')))}, max "

@@ -180,6 +180,14 @@ def _refuse_an_earlier_default(args, out: Path, probes: Optional[Path], what: st
                                 f"{again} to continue it, or another --out")
 
 
+def _host(c) -> Optional[dict]:
+    """The ``host`` of a configuration in ``engram sim capacity --json`` (None without one): the host every probe
+    ran on (:meth:`sim.sweep.capacity.Capacity.host`; ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``,
+    ``source``: :meth:`sim.decode.host.HostCPU.to_dict`)."""
+    h = c.host()
+    return None if h is None else h.to_dict()
+
+
 def _row_cache(c) -> Optional[dict]:
     """The ``row_cache`` of a configuration in ``engram sim capacity --json`` (None without one): its size, policy
     and warm-up (:attr:`sim.core.params.Policy.cache_warmup_steps`), the hit rate of the probe at the capacity,
@@ -231,7 +239,8 @@ def _cmd_capacity(args) -> int:
                                         "compute_mean_ms": c.compute_ms,
                                         "compute_realised_mean_ms": c.compute_realised[0],
                                         "compute_realised_cv": c.compute_realised[1],
-                                        "row_cache": _row_cache(c), "zero_capacity_reason": c.zero_note() or None,
+                                        "row_cache": _row_cache(c), "host": _host(c),
+                                        "zero_capacity_reason": c.zero_note() or None,
                                         "warnings": c.warnings, "assumptions": c.assumptions()}
                                        for c in res.capacities]})
         return 0

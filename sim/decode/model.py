@@ -190,7 +190,7 @@ class DecodeResult:
             *([f"host      {self.device['host_read_cpus']:.2f} CPUs busy in the read path alone at fio's "
                f"{self.config['device']['derived']['cpu_per_read_us']['value']:.1f} us of CPU a read (the host's "
                f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.2f} "
-               f"the host binds before the drive and these figures are upper bounds)"]
+               f"CPUs the host binds before the drive and these figures are upper bounds)"]
               if "host_read_cpus" in self.device and not self.host else []),
             *([self._host_line()] if self.host else []),
             f"simulated {self.sim_seconds:.3f} s in {self.wall_seconds:.2f} s",
@@ -200,7 +200,7 @@ class DecodeResult:
 
     def _host_line(self) -> str:
         h = self.host
-        return (f"host      {h['cpus']:g} CPUs, {h['demand_us']:.0f} us of CPU a step (the engine's "
+        return (f"host      {h['cpus']:g} CPU{'' if h['cpus'] == 1 else 's'}, {h['demand_us']:.0f} us of CPU a step (the engine's "
                 f"{h['step_cpu_us']:.0f} + {h['rows_per_step']:.1f} reads x {h['read_cpu_us']:.1f} us"
                 + (f" + spin {h['spin_us']:.0f}" if h.get("spin_us") else "") + f"): "
                 f"{h['busy_cpus']:.2f} CPUs busy, each step {h['added_ms']:.3f} ms longer than with the CPUs free "
@@ -594,7 +594,9 @@ def _device_info(plan: _Plan, figures: tuple, makespan: float) -> dict:
     drives = plan.storage.drives
     peak = plan.device.peak_iops() * drives
     reads_per_s = n_reads / makespan if makespan > 0 else 0.0
-    cpu = ((getattr(plan.device, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
+    derived = getattr(plan.device, "derived", None) or {}
+    # fio's CPU a read of a memory-backed device is mostly fio's own and its engine's (sim.decode.host): no figure
+    cpu = None if "memory_backed" in derived else (derived.get("cpu_per_read_us") or {}).get("value")
     return {
         "name": plan.device.name, "drives": drives, "busy_fraction": busy,
         "mean_queue_depth": area / makespan if makespan > 0 else 0.0,

@@ -110,7 +110,8 @@ def preset(name: str) -> Device:
 DEVICE_FORMS = ("a preset (" + ", ".join(_PRESETS) + "); ssd:qd1_us=..,iops=..[,..,cap_iops=..,burst_ios=..] "
                 "(datasheet figures, optionally behind a rate limit); volume:qd1_us=..,cap_iops=..[,burst_ios=..] "
                 "or volume:type=gp2,size_gib=..,qd1_us=.. (a rate-limited volume); fio:FILE.json[,assume_bs=16k][,cpus=N] "
-                "(fio output of another block size, taken as it is); "
+                "(fio output; assume_bs: of another block size, taken as it is; cpus=N: a memory-backed device, "
+                "tmpfs or the page cache, whose reads are copies on the readers' N CPUs: its IOPS scale to them); "
                 "calibrated or calibrated:BACKEND (this machine, with a calibration file); a .json file (a saved "
                 "device, fio --output-format=json output, or an engram calibration); a .jsonl microbenchmark file")
 

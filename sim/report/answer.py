@@ -115,6 +115,8 @@ class Entry:
             cfg = self.cap.config if self.cap is not None else self.config
             comp = self.cap.compute_ms if self.cap is not None else float(self.grid[3]["compute_mean_ms"])
             hash_ms = float(cfg.get("hash_us", 0.0)) * 1e-3
+        if comp + hash_ms <= 0:  # no compute and no hash: nothing bounds a session but its reads
+            return f"compute {self.compute()}; no compute-only ceiling (a step is its reads alone)"
         ceiling = 1e3 / (comp + hash_ms)
         head = 1 - self.spec.target / ceiling
         return f"compute {self.compute()}; target {head:.1%} under the ceiling {ceiling:.2f} tokens/s"

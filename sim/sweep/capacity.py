@@ -571,12 +571,15 @@ class Capacity(SeedBand):
                f"{self.spec.target:g}: its steps wait {float(one.get('stall_mean_ms') or 0.0):.2f} ms on average for "
                f"their {float(one.get('reads_per_step') or 0.0):.1f} reads, against the {self.read_budget_ms:.2f} ms a "
                f"step the target leaves after {self.compute_ms:.2f} ms of compute")
-        dev = None
-        if isinstance(self.config.get("device"), str):
-            try:
-                dev = load_device(self.config["device"])
-            except Exception:  # noqa: BLE001 - a device that does not load here (calibrated) says nothing more
-                dev = None
+        host = self.host()
+        if host is not None:
+            # the host's queue is inside the step, not the reads' wait: say what one session's step asks of it
+            demand = host.demand(float(one.get("reads_per_step") or 0.0))
+            out += (f"; on the host modelled ({host.cpus:g} CPU{'' if host.cpus == 1 else 's'}) each step also takes "
+                    f"{demand * 1e3:.3f} ms of CPU (the engine's {host.step_cpu_s * 1e6:.4g} us and "
+                    f"{host.read_cpu_s * 1e6:.3g} us a read), and a step is {float(one.get('step_mean_ms') or 0.0):.2f} "
+                    f"ms in all")
+        dev = self.device()
         derived = (getattr(dev, "derived", None) or {}) if dev is not None else {}
         assumed = [f"{k} = {d['value']:g}, {d['rule']}" for k, d in derived.items()
                    if str(d.get("rule", "")).startswith("assumed") and isinstance(d.get("value"), (int, float))]
@@ -599,14 +602,24 @@ class Capacity(SeedBand):
         """``(the probe row at the capacity, the configuration's device)``, either None where there is none or the
         device spec does not load."""
         at = self.at(self.capacity, self.median_seed()) if self.capacity else None
-        if not at or not isinstance(self.config.get("device"), str):
-            return at, None
+        return at, (self.device() if at else None)
+
+    def device(self):
+        """The configuration's device (:func:`sim.device.presets.load_device` of its spec), None where the spec
+        does not load (a calibrated device: its notes say nothing there)."""
+        if not isinstance(self.config.get("device"), str):
+            return None
         if self._device is None:
             try:
                 self._device = (load_device(self.config["device"]),)
             except Exception:  # noqa: BLE001 - a device a note cannot load says nothing there
                 self._device = (None,)
-        return at, self._device[0]
+        return self._device[0]
+
+    def host(self):
+        """The host every probe ran on (:func:`sim.sweep.runner.point_host`: its ``host_cpus`` axes, the reads' CPU
+        from the device's own figures), None without one."""
+        return point_host(self.config, self.device())
 
     def host_note(self) -> str:
         """For a device from fio JSON with CPU figures (``derived["cpu_per_read_us"]``,
@@ -615,18 +628,19 @@ class Capacity(SeedBand):
         :data:`sim.device.fio.HOST_BOUND_SHARE` the host binds first and the capacity is an upper bound.
         With the host modelled (a ``host_cpus`` axis, :func:`sim.sweep.runner.point_host`): what it was taken
         to be.  ``""`` otherwise."""
-        at, dev = self._device_at_capacity()
-        host = point_host(self.config, dev)
+        host = self.host()
         if host is not None:
             return f"; the host modelled (sim.decode.host): {host.source}"
+        at, dev = self._device_at_capacity()
         cpu = ((getattr(dev, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
         rps = float(at.get("reads_per_s") or 0.0) if at else 0.0
         if cpu is None or not rps > 0:
             return ""
         busy = rps * float(cpu) * 1e-6
-        return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} CPUs busy "
+        return (f"; at {self.capacity} session{'' if self.capacity == 1 else 's'} the probes read {rps:,.0f} reads/s, "
+                f"which keep {busy:.2f} CPUs busy "
                 f"in the host's read path alone at fio's {float(cpu):.1f} us of CPU a read (the host's CPUs are not "
-                f"modelled: with fewer than {busy / HOST_BOUND_SHARE:.2f} the host binds before the drive, and this "
+                f"modelled: with fewer than {busy / HOST_BOUND_SHARE:.2f} CPUs the host binds before the drive, and this "
                 f"capacity is an upper bound)")
 
     def burst_note(self) -> str:
@@ -650,7 +664,8 @@ class Capacity(SeedBand):
         lasts = dev.burst_ios / (rps - dev.cap_iops)
         rate = float(at.get(self.spec.metric) or 0.0)
         window = float(at.get("steps") or 0.0) / rate if rate > 0 else float("nan")
-        return (f"; at {self.capacity} sessions the probes read {rps:,.0f} reads/s, above the volume's cap of "
+        return (f"; at {self.capacity} session{'' if self.capacity == 1 else 's'} the probes read {rps:,.0f} reads/s, "
+                f"above the volume's cap of "
                 f"{dev.cap_iops:,.0f}: its burst of {dev.burst_ios:,.0f} reads lasts about {lasts:,.1f} s at that "
                 f"rate (the probes simulated {window:,.1f} s), so this capacity holds only while the burst lasts; "
                 f"sustained, at most {sustained} sessions (cap_iops / (reads a step x target); "

@@ -92,7 +92,7 @@ from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
 from sim.core.io import read_text
-from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, engine_profile
 from sim.core.params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
@@ -528,11 +528,21 @@ def check_host_axes(p: Mapping[str, Any], where: str) -> None:
         return
     try:
         setting_number("host_cpus", cpus, MIN_CPUS, MAX_CPUS)
-        for k in ("host_step_us", "host_read_us"):
-            if p.get(k) is not None:
-                setting_number(k, p[k], 0.0, MAX_STEP_CPU_S * 1e6)
+        us = {k: setting_number(k, p[k], 0.0, MAX_STEP_CPU_S * 1e6) if p.get(k) is not None else 0.0
+              for k in ("host_step_us", "host_read_us")}
     except ArgumentError as exc:
         raise ArgumentError(f"{where}: {exc}") from None
+    if p.get("host_read_us") is None:  # the profile's (a fio device's own figure is known only once it loads)
+        prof = engine_profile()
+        us["host_read_us"] = float(prof["read_cpu_us"]) * float(prof.get("read_cpu_ratio") or 1.0)
+    step = us["host_step_us"] + ROWS_A_STEP * us["host_read_us"]
+    if step > MAX_STEP_CPU_S * 1e6:
+        raise ArgumentError(f"{where}: host_step_us + {ROWS_A_STEP} x host_read_us = {step:g} us: a step of "
+                            f"{ROWS_A_STEP} reads would ask for more than {MAX_STEP_CPU_S:g} s of CPU")
+
+
+#: The rows a decode step reads at most (SPEC §2: 24 row ids in each of 2 layers), for the host axes' check.
+ROWS_A_STEP = 48
 
 
 def check_point(p: Mapping[str, Any], where: str) -> None:

@@ -374,7 +374,7 @@ def test_a_fio_device_says_the_host_cpus_its_reads_keep_busy(capsys, tmp_path):
     busy = rps * (0.832501 + 20.679321) / 100 * 3.003 / 28393
     assert rps > 0 and (f"at {c['capacity']} sessions the probes read {rps:,.0f} reads/s, which keep {busy:.2f} "
                         f"CPUs busy in the host's read path alone at fio's 22.8 us of CPU a read") in c["assumptions"]
-    assert f"with fewer than {busy / 0.5:.2f} the host binds before the drive" in c["assumptions"]
+    assert f"with fewer than {busy / 0.5:.2f} CPUs the host binds before the drive" in c["assumptions"]
     doc = capacity_json(capsys, ["--device", FAST, "--out", str(tmp_path / "b.csv")])
     assert "host" not in doc["configurations"][0]["assumptions"]
 
@@ -533,6 +533,9 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
     flags = capacity_json(capsys, [*base, *host, "--out", str(tmp_path / "host.csv")])
     (c,) = flags["configurations"]
     assert 3 <= c["capacity"] <= 5 and not c["lower_bound"]
+    assert c["host"] == {"cpus": 1.0, "step_cpu_us": 10000.0, "read_cpu_us": 0.0, "spin_us": 0.0,
+                         "source": "1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read (given)"}
+    assert alone["configurations"][0]["host"] is None
     assert ("the host modelled (sim.decode.host): 1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read "
             "(given)") in c["assumptions"]
     study = _study(tmp_path / "host.toml", 'compute = ""\ncompute_ms = 5.0\ntrace_limit = 1000\nhost_cpus = 1.0\n'
@@ -547,6 +550,7 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
     (["--host-cpus", "0"], "the command line: host_cpus = 0.0: expected a finite number in [0.01, 65536]"),
     (["--host-cpus", "nan"], "host_cpus = nan must be finite"),
     (["--host-cpus", "2", "--host-step-us", "-1"], "host_step_us = -1.0: expected a finite number in [0, 6e+07]"),
+    (["--host-cpus", "4", "--host-read-us", "6e7"], "host_step_us + 48 x host_read_us = 2.88e+09 us"),
 ])
 def test_bad_host_flags_of_a_capacity_are_refused(capsys, tmp_path, argv, msg):
     out = tmp_path / "c.csv"
@@ -558,6 +562,7 @@ def test_bad_host_flags_of_a_capacity_are_refused(capsys, tmp_path, argv, msg):
     ("host_step_us = 100.0", "host_step_us go with host_cpus = N"),
     ("host_cpus = 100000.0", "host_cpus = 100000.0: expected a finite number in [0.01, 65536]"),
     ("host_cpus = 2.0\nhost_read_us = -3.0", "host_read_us = -3.0: expected a finite number in [0, 6e+07]"),
+    ("host_cpus = 4.0\nhost_read_us = 5e6", "host_step_us + 48 x host_read_us = 2.4e+08 us: a step of 48 reads"),
 ])
 def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
     study = _study(tmp_path / "bad.toml", fixed, f'device = ["{FAST}"]')

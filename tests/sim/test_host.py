@@ -158,7 +158,7 @@ def test_a_decode_run_on_a_host(code):
     assert r.host["added_ms"] == pytest.approx(0.3, rel=1e-9)
     assert 1 / r.tokens_per_s == pytest.approx(1 / free.tokens_per_s + 300 * US, rel=1e-6)
     assert r.host["demand_us"] == pytest.approx(300 + 5 * rows)
-    assert "host      1 CPUs" in r.summary() and json.loads(json.dumps(r.to_dict()))["host"]["cpus"] == 1
+    assert "host      1 CPU, " in r.summary() and json.loads(json.dumps(r.to_dict()))["host"]["cpus"] == 1
     wide = ParametricSSD(s, 64 / s, 64, service_cv=0.0)   # 64 channels: the CPU binds, not the drive
     many = simulate_decode(code, wide, pol, Compute(C), DecodeRun(sessions=16, steps=200, host=host))
     d = many.host["demand_us"] * US

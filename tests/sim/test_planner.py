@@ -355,6 +355,13 @@ def test_host_cpu_refuses_bad_figures():
                   {"config": "c", "sessions": 2, "predicted": 10.0, "error": float("nan")}]
     h = host_cpu(fig, runs, two)
     assert set(h["shares"]) == {"a", "c"} and h["free"]["configurations"] == 1
+    # a memory-backed device: the engine's CPU a read from tmpfs (the profile's) instead of fio's, said so
+    m = host_cpu(fig, runs, two, memory_read_cpu_us=fig["qd1_cpu_per_read_us"] / 4)
+    assert m["cpu_source"] == "the engine's pread from tmpfs," and h["cpu_source"] == "fio's"
+    assert all(m["shares"][k] == pytest.approx(h["shares"][k] / 4) for k in h["shares"])
+    assert "the engine's CPU a read from tmpfs" in m["rule"]
+    e = {"name": "tmpfs", "modes": {"fio": {"host_cpu": dict(m, bound=["a"])}}}
+    assert "CPU(s) at the engine's pread from tmpfs, " in host_notes(e)[0]
 
 
 def test_host_notes_on_an_older_or_partial_planner_document():
@@ -369,12 +376,12 @@ def test_host_notes_on_an_older_or_partial_planner_document():
         return {"devices": [e], "classes": {}, "built": ["disk"], "skipped": {}}
 
     line = ("disk fio: host-bound (the predicted reads take >= 0.5 of the 2 CPU(s) at fio's 10.7 us a read): "
-            "b (0.68), c (1.06): upper bounds; the other configurations: 2, median abs error 5.3%, max 6.5%.")
+            "b (0.68 of them), c (1.06 of them): upper bounds; the other configurations: 2, median abs error 5.3%, max 6.5%.")
     assert host_notes(res(full)["devices"][0]) == [line]
     partial = {k: v for k, v in full.items() if k not in ("cores", "cpu_per_read_us")}
     partial.update(shares={"b": 0.68}, free={"configurations": 2})
     want = ("disk fio: host-bound (the predicted reads take >= 0.5 of the ? CPU(s) at fio's ? us a read): "
-            "b (0.68), c (?): upper bounds; the other configurations: 2, median abs error -, max -.")
+            "b (0.68 of them), c (? of them): upper bounds; the other configurations: 2, median abs error -, max -.")
     for h, lines in ((partial, [want]), (None, []), ([1], []), (dict(full, bound="bc"), [])):
         doc = res(h)
         assert host_notes(doc["devices"][0]) == lines

@@ -604,3 +604,15 @@ def test_cache_figures_name_and_plot_the_policy_simulated(tmp_path):
     reuse_rate_section(doc, out, r)
     assert "4,096-row W-TinyLFU cache" in out.legends["reuse_rate"] and "LRU" not in " ".join(out.legends["reuse_rate"])
     assert "per-session W-TinyLFU row cache" in doc.markdown() and "per-session W-TinyLFU cache" in doc.markdown()
+
+
+def test_a_capacity_study_without_compute_is_reported(tmp_path, capsys):
+    """A capacity study that leaves the compute at 0 (a step is its reads alone): its capacity table reports, and
+    the answer says there is no compute-only ceiling (1000 / 0 ms divided by zero before)."""
+    study = tmp_path / "z.toml"
+    study.write_text('[study]\nname = "z"\nseed = 0\n[capacity]\nmax_sessions = 4\nseeds = 1\n[fixed]\n'
+                     'trace_limit = 300\nsteps = 20\n[grid]\ndevice = ["ssd:qd1_us=80,iops=100000"]\n')
+    assert main(["sim", "capacity", str(study), "--out", str(tmp_path / "z.csv"), "--quiet", "--jobs", "1"]) == 0
+    assert main(["report", "--sweep", str(tmp_path / "z.csv"), "--out", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    assert "no compute-only ceiling (a step is its reads alone)" in (tmp_path / "rep" / "report.md").read_text()
