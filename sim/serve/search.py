@@ -39,7 +39,6 @@ largest part there.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -49,12 +48,9 @@ import numpy as np
 from engram._checks import settings_from
 from engram.errors import ArgumentError
 
-from sim.sweep.capacity import CAPACITY_RULE, CapacityTable, ProbeRounds, SearchBound, SearchProgress, SearchRun, \
-    SeedBand, earlier_probes, probes_path
-from sim.core.io import load_json
-from sim.core.progress import progress_label
+from sim.sweep.capacity import CapacityResult, ProbeRounds, SearchBound, SearchProgress, SearchRun, SeedBand, gallop, \
+    is_capacity_table, probes_path
 from sim.core.schema import SERVE_SCHEMA
-from ..sweep import TableWriter, check_table_target, meta_path, same_axis_value
 from .metrics import SLO, plain_value
 from .runner import ServeRunner, resolve_serve_context
 from .study import SERVE_AXES, SERVE_METRICS, RateSearch, ServeStudy, check_serve_point, \
@@ -81,36 +77,11 @@ CAPACITY_COLUMNS = ["config", *[a for a in SERVE_AXES if a not in _SEARCHED], "c
 
 
 def _rate_search(search: RateSearch) -> Generator[float, bool, Tuple[float, bool, bool]]:
-    """Yields the rate to probe, receives whether it passed; returns ``(capacity, lower bound, below min)``."""
-    r = float(search.min_rate)
-    if (yield r):
-        lo = r
-        while True:
-            if lo >= search.max_rate:
-                return lo, True, False
-            r = min(2.0 * lo, float(search.max_rate))
-            if (yield r):
-                lo = r
-            else:
-                hi = r
-                break
-    else:
-        hi, lo = r, 0.0
-        for _ in range(MAX_HALVINGS):
-            r = hi / 2.0
-            if (yield r):
-                lo = r
-                break
-            hi = r
-        else:
-            return 0.0, False, True
-    while hi - lo > search.resolution * hi:
-        mid = (lo + hi) / 2.0
-        if (yield mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, False, False
+    """:func:`~sim.sweep.capacity.gallop` over the rate: yields the rate to probe, receives whether it passed;
+    returns ``(capacity, lower bound, below min)``."""
+    cap, bound = yield from gallop(float(search.min_rate), float(search.max_rate),
+                                   lambda lo, hi: hi - lo > search.resolution * hi, MAX_HALVINGS)
+    return cap, bound, cap == 0  # 0 only where every halving of min_rate failed
 
 
 def knee_cause(base: Mapping[str, Any], fail: Mapping[str, Any], slo: SLO) -> Tuple[str, str]:
@@ -169,15 +140,11 @@ class ServeCapacity(SeedBand):
     bound: List[bool] = field(default_factory=list)
     below: List[bool] = field(default_factory=list)
     probes: List[Dict[str, Any]] = field(default_factory=list)
+    axis, value = "rate", float
 
     @property
-    def capacity(self) -> float:
-        """The median of the seeds' capacities (the lower median for an even count), requests/s."""
-        return float(self.median)
-
-    @property
-    def lower_bound(self) -> bool:
-        return self.capacity >= self.search.max_rate
+    def top(self) -> float:
+        return self.search.max_rate
 
     @property
     def fewest_requests(self) -> int:
@@ -188,13 +155,6 @@ class ServeCapacity(SeedBand):
     def small_sample(self) -> bool:
         """Whether a probe measured fewer than ``search.min_requests`` requests."""
         return self.fewest_requests < self.search.min_requests
-
-    def at(self, rate: float, seed_index: int) -> Optional[Dict[str, Any]]:
-        """The probe of seed ``seed_index`` at ``rate``, or None."""
-        for r in self.probes:
-            if r["repeat"] == seed_index and r["rate"] == rate:
-                return r
-        return None
 
     def knee(self) -> Tuple[Optional[float], str, str]:
         """``(rate, what failed, cause)`` at the first failing rate above the capacity of the median seed's search
@@ -217,24 +177,20 @@ class ServeCapacity(SeedBand):
             cap = f"< {lowest:.3g}"
         else:
             cap = f"{'>= ' if self.lower_bound else ''}{self.capacity:.3g}"
-        n = len(self.per_seed)
-        band = (f"{self.low:.3g}-{self.high:.3g} over {n} seeds" if self.low != self.high else
-                f"all equal over {n} seeds" if n > 1 else "1 seed")
+        band = self.band(lambda x: f"{x:.3g}")
         small = (f"; SMALL SAMPLE: a probe measured only {self.fewest_requests} requests"
                  if self.small_sample else "")
         return f"{cap} requests/s ({band}{small})"
 
     def row(self) -> Dict[str, Any]:
-        at = self.at(self.capacity, self.median_seed()) if self.capacity > 0 else None
+        at = self.at_capacity
         kr, kf, kc = self.knee()
-        out: Dict[str, Any] = {"config": self.index}
-        out.update({k: v for k, v in self.config.items() if k not in _SEARCHED})
 
         def m(key):
             return at[key] if at else float("nan")
 
-        out.update({
-            "capacity_rps": self.capacity, "capacity_low": self.low, "capacity_high": self.high,
+        out = {
+            **self.row_head(), "capacity_rps": self.capacity, "capacity_low": self.low, "capacity_high": self.high,
             "capacities": " ".join(f"{c:.6g}" for c in self.per_seed), "lower_bound": self.lower_bound,
             "below_min": all(self.below), "seeds": len(self.per_seed), "probes": len(self.probes),
             "min_rate": self.search.min_rate, "max_rate": self.search.max_rate,
@@ -245,7 +201,7 @@ class ServeCapacity(SeedBand):
             "output_tokens_per_s_at_capacity": m("output_tokens_per_s"), "device_busy_at_capacity": m("device_busy"),
             "mean_batch_at_capacity": m("mean_batch"), "knee_rate": kr if kr is not None else float("nan"),
             "knee_failed": kf, "knee_cause": kc,
-        })
+        }
         return {k: plain_value(v) for k, v in out.items()}
 
 
@@ -263,28 +219,19 @@ def probe_seed(study_seed: int, config: Mapping[str, Any], repeat: int) -> int:
     return serve_point_seed(study_seed, {**config, "repeat": repeat})
 
 
-def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, float]:
-    return int(row["config"]), int(row["repeat"]), float(row["rate"])
-
-
 class _RateRounds(ProbeRounds):
     """Probes of an arrival rate (:func:`find_serve_capacity`)."""
 
     runner = ServeRunner
+    axis, value = "rate", float
 
-    def __init__(self, ctx, searches: Dict[Tuple[int, int], Generator], caps: List[ServeCapacity], run: SearchRun,
-                 cfgs: List[Dict[str, Any]], search: RateSearch, study_seed: int):
-        self.cfgs, self.search, self.study_seed = cfgs, search, study_seed
-        super().__init__(ctx, searches, caps, run)
-
-    def key(self, i, r, x):
-        return i, r, x
-
-    def row_key(self, row):
-        return _probe_key(row)
+    def __init__(self, ctx, caps: List[ServeCapacity], run: SearchRun, search: RateSearch, study_seed: int):
+        self.search, self.study_seed = search, study_seed
+        super().__init__(ctx, caps, run, search.seeds, lambda: _rate_search(search))
 
     def task(self, i, r, x):
-        return probe_point(self.cfgs[i], x, r, self.search), probe_seed(self.study_seed, self.cfgs[i], r)
+        cfg = self.caps[i].config
+        return probe_point(cfg, x, r, self.search), probe_seed(self.study_seed, cfg, r)
 
     def passed(self, row):
         return bool(row["slo_met"])
@@ -298,6 +245,14 @@ class _RateRounds(ProbeRounds):
 
     def finished(self, i, r, value):
         return f"configuration {i}, seed {r}: {value[0]:.4g} requests/s"
+
+    def progress(self) -> SearchProgress:
+        """In probes, against the most the searches may still ask over candidate rates: a fine geometric grid from
+        below the deepest halving to above the top."""
+        lo = float(self.search.min_rate) / 2.0 ** (MAX_HALVINGS + 1)
+        grid = np.geomspace(lo, 2.0 * float(self.search.max_rate), 2000)
+        return SearchProgress(SearchBound(lambda: _rate_search(self.search), grid), list(self.searches),
+                              self.settings.desc or "serve capacity", self.settings.progress)
 
 
 def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), search: RateSearch = RateSearch(),
@@ -327,61 +282,35 @@ def find_serve_capacity(configs: Sequence[Mapping[str, Any]], slo: SLO = SLO(), 
         raise ArgumentError("no configurations to search")
     ctx = resolve_serve_context(cfgs, slo, Path(calibration) if calibration else None, fail_fast=True)
     caps = [ServeCapacity(i, c, search, slo) for i, c in enumerate(cfgs)]
-    searches = {(i, r): _rate_search(search) for i in range(len(cfgs)) for r in range(search.seeds)}
-    rounds = _RateRounds(ctx, searches, caps, run, cfgs, search, study_seed)
-    # candidate rates: a fine geometric grid from below the deepest halving to above the top
-    lo_rate = float(search.min_rate) / 2.0 ** (MAX_HALVINGS + 1)
-    grid = np.geomspace(lo_rate, 2.0 * float(search.max_rate), 2000)
-    bar = SearchProgress(SearchBound(lambda: _rate_search(search), grid), list(searches),
-                         run.desc or "serve capacity", run.progress)
-    name = rounds.run(bar)
+    name = _RateRounds(ctx, caps, run, search, study_seed).run()
     for cap in caps:
-        cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(search.seeds)]
-        cap.bound = [rounds.results[(cap.index, r)][1] for r in range(search.seeds)]
-        cap.below = [rounds.results[(cap.index, r)][2] for r in range(search.seeds)]
+        cap.below = [c == 0 for c in cap.per_seed]
     return caps, name
 
 
-@dataclass
-class ServeCapacityResult(CapacityTable):
-    """A serving capacity study's results: one :class:`ServeCapacity` per configuration."""
+class ServeCapacityResult(CapacityResult):
+    """A serving capacity study's results: one :class:`ServeCapacity` per configuration, ``spec`` (also
+    ``search``) the :class:`~sim.serve.study.RateSearch` (see :class:`sim.sweep.capacity.CapacityResult`)."""
 
-    study: ServeStudy
-    search: RateSearch
-    capacities: List[ServeCapacity]
-    seconds: float
-    runner: str
-    resumed: int = 0
-    table: Optional[Path] = None
+    kind, schema, spec_key, axes, searched = "serve-capacity", SERVE_SCHEMA, "search", SERVE_AXES, _SEARCHED
+    columns, probe_columns = CAPACITY_COLUMNS, PROBE_COLUMNS
 
-    def meta(self) -> dict:
-        axes = [a for a in self.study.axes() if a not in _SEARCHED]
-        return {"kind": "serve-capacity", "schema": SERVE_SCHEMA, "study": self.study.to_dict(),
-                "study_fingerprint": self.study.fingerprint(), "search": self.search.to_dict(),
-                "slo": self.study.slo.to_dict(), "axes": axes, "columns": CAPACITY_COLUMNS,
-                "configurations": len(self.capacities), "axis_labels": {k: v[2] for k, v in SERVE_AXES.items()},
-                "metric_labels": SERVE_METRICS, "capacity_rule": CAPACITY_RULE, "seconds": self.seconds, "runner": self.runner,
-                "resumed_probes": self.resumed,
-                "probes_table": probes_path(self.table).name if self.table else None}
+    @property
+    def search(self) -> RateSearch:
+        return self.spec
 
+    def notes(self) -> dict:
+        return {"slo": self.study.slo.to_dict(), "metric_labels": SERVE_METRICS}
 
-def _resume_probes(study: ServeStudy, search: RateSearch, out: Path) -> List[Dict[str, Any]]:
-    path = probes_path(out)
-    rows = earlier_probes(out, study.fingerprint(), study.source)
-    cfgs = study.points()
-    keep = []
-    for r in rows:
-        i = r.get("config")
-        if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get("slo_met"), int):
-            continue  # cut short
-        p = probe_point(cfgs[i], float(r.get("rate")), r.get("repeat"), search)
-        same = all(same_axis_value(r.get(a), p[a]) or (SERVE_AXES[a][0] is str and str(r.get(a)) == str(p[a]))
-                   for a in SERVE_AXES)
-        if not same or r.get("seed") != probe_seed(study.seed, cfgs[i], r.get("repeat")):
-            raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
-                                "(other axis values or seed)")
-        keep.append({**r, **{a: p[a] for a in SERVE_AXES}})
-    return keep
+    def probe(self, config, row):
+        repeat = row.get("repeat")
+        return probe_point(config, float(row.get("rate")), repeat, self.spec), probe_seed(self.study.seed, config, repeat)
+
+    def finished_probe(self, row):
+        return isinstance(row.get("slo_met"), int)
+
+    def check_earlier(self, path, meta):
+        """Nothing: a rate search starts its probes one way."""
 
 
 def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Optional[int] = None,
@@ -411,33 +340,13 @@ def run_serve_capacity(study: Union[ServeStudy, str, os.PathLike], *, jobs: Opti
         study = ServeStudy.load(study)
     values = {**study.search.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
     search = settings_from(RateSearch, values, f"{study.source}: [search] and the overrides")
-    if resume and out is None:
-        raise ArgumentError("resume needs the table of the earlier run (out)")
-    if out is not None:
-        for p in (out, probes_path(out)):
-            check_table_target(p)
-    t0 = time.perf_counter()
-    cal = Path(calibration) if calibration else study.calibration
-    done = _resume_probes(study, search, Path(out)) if resume else []
-    base = {"kind": "serve-capacity-probes", "schema": SERVE_SCHEMA, "study": study.to_dict(),
-            "study_fingerprint": study.fingerprint(), "search": search.to_dict(), "columns": PROBE_COLUMNS}
-    writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
-    try:
-        caps, runner = find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal,
-                                           run=SearchRun(jobs=jobs, scheduler=scheduler,
-                                                         connect_timeout=connect_timeout, progress=progress,
-                                                         desc=progress_label("serve capacity", study.name), done=done,
-                                                         on_probe=writer.add if writer is not None else None))
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        raise
-    res = ServeCapacityResult(study, search, caps, time.perf_counter() - t0, runner, len(done))
-    if writer is not None:
-        writer.finish()
-        res.table = Path(out)
-        TableWriter(out, CAPACITY_COLUMNS, res.meta(), len(caps), res.rows(), key="config").finish()
-    return res
+
+    def start(cal):
+        return lambda run: find_serve_capacity(study.points(), study.slo, search, study.seed, calibration=cal, run=run)
+
+    return ServeCapacityResult(study, search, [], 0.0, "").run(start, out=out, resume=resume, calibration=calibration,
+                                                               desc="serve capacity", jobs=jobs, scheduler=scheduler,
+                                                               connect_timeout=connect_timeout, progress=progress)
 
 
 def is_serve_capacity_table(path: Union[str, os.PathLike]) -> bool:
@@ -448,5 +357,4 @@ def is_serve_capacity_table(path: Union[str, os.PathLike]) -> bool:
     FormatError
         Unreadable metadata.
     """
-    mp = meta_path(path)
-    return mp.is_file() and load_json(mp).get("kind") == "serve-capacity"
+    return is_capacity_table(path, "serve-capacity")

@@ -77,16 +77,8 @@ the target, and what the device assumed).
 
 Study file
 ----------
-A study with a ``[capacity]`` table (:mod:`sim.sweep.study`), run by
-``engram sim capacity STUDY.toml``::
-
-    [capacity]
-    target = 20.0        # tokens/s the slowest session must reach
-    seeds = 5            # searches per configuration, each with its own seeds
-    max_sessions = 1024  # the largest count probed
-    resolution = 1       # sessions: bisect until the bracket is this narrow
-    search = "bracket"   # or "gallop": 1, 2, 4, ... sessions first
-    sustained = false    # true: rate-limited volumes probed with their bucket drained
+A study with a ``[capacity]`` table (:mod:`sim.sweep.study`; its keys are the fields of :class:`CapacitySpec`,
+``studies/capacity.toml`` an example), run by ``engram sim capacity STUDY.toml``.
 
 Sustained capacity
 ------------------
@@ -142,9 +134,9 @@ from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
-           "CapacitySpec", "CapacityTable", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
+           "CapacitySpec", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
            "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "configuration_names",
-           "earlier_probes", "find_capacity", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "find_capacity", "gallop", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -347,9 +339,22 @@ def pooled_compute(rows: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
 
 class SeedBand:
     """What a search repeated over seeds found: ``per_seed`` (one capacity a seed, ``repeat`` 0, 1, ...), the
-    lower median of them (:data:`CAPACITY_RULE`) and the band; shared by session and serving capacities."""
+    lower median of them (:data:`CAPACITY_RULE`) and the band; shared by session and serving capacities, whose
+    searches set :attr:`axis`, of type :attr:`value`, up to :attr:`top` (their ``probes``: every probe's row)."""
 
     per_seed: list
+    probes: list
+    axis, value = "sessions", int
+
+    @property
+    def capacity(self):
+        """The median of the seeds' capacities (the lower median for an even count)."""
+        return self.value(self.median)
+
+    @property
+    def lower_bound(self) -> bool:
+        """The capacity is the largest value probed (:attr:`top`) and passed there: it may be more."""
+        return self.capacity >= self.top
 
     @property
     def median(self):
@@ -370,32 +375,28 @@ class SeedBand:
         """The repeat index whose search found the median capacity."""
         return self.per_seed.index(self.median)
 
+    def at(self, value: Any, seed_index: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """The probe row at ``value`` of the searched :attr:`axis` (of seed ``seed_index``'s search where it has
+        one, else any seed's), or None."""
+        rows = [r for r in self.probes if r[self.axis] == value]
+        if seed_index is not None:
+            rows = [r for r in rows if r["repeat"] == seed_index] or rows
+        return rows[0] if rows else None
 
-class CapacityTable:
-    """The rows and probes of a capacity study's results (``capacities``: one search result a configuration)."""
+    @property
+    def at_capacity(self) -> Optional[Dict[str, Any]]:
+        """The median seed's probe at the capacity (None for a capacity of 0)."""
+        return self.at(self.capacity, self.median_seed()) if self.capacity else None
 
-    capacities: list
+    def row_head(self) -> Dict[str, Any]:
+        """A capacity row's first columns: the configuration's index and axis values, but the search's."""
+        return {"config": self.index, **{k: v for k, v in self.config.items() if k not in (self.axis, "repeat")}}
 
-    def rows(self) -> List[Dict[str, Any]]:
-        """One row a configuration (its ``row()``), in study order."""
-        return [c.row() for c in self.capacities]
-
-    def probes(self) -> List[Dict[str, Any]]:
-        """Every probe's row, in ``point`` order."""
-        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
-
-
-def earlier_probes(out: Path, fingerprint: str, source: str) -> List[Dict[str, Any]]:
-    """The probe rows of an earlier run at ``out`` (``OUT.probes.csv``; none when absent), refused when they
-    belong to another study (``ArgumentError`` naming the file and ``source``)."""
-    path = probes_path(out)
-    if not path.is_file():
-        return []
-    rows, meta = read_table(path)
-    if meta.get("study_fingerprint") not in (None, fingerprint):
-        raise ArgumentError(f"{path}: probes of another study than {source}; give another --out, "
-                            "or drop --resume")
-    return rows
+    def band(self, fmt: Callable[[Any], str] = str) -> str:
+        """The seeds' band in words: ``56-64 over 5 seeds``, ``all equal over 3 seeds`` or ``1 seed``."""
+        n = len(self.per_seed)
+        return (f"{fmt(self.low)}-{fmt(self.high)} over {n} seeds" if self.low != self.high else
+                f"all equal over {n} seeds" if n > 1 else "1 seed")
 
 
 @dataclass
@@ -436,14 +437,8 @@ class Capacity(SeedBand):
     _device: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def capacity(self) -> int:
-        """The median of the seeds' capacities (the lower median for an even count)."""
-        return int(self.median)
-
-    @property
-    def lower_bound(self) -> bool:
-        """The median capacity is ``max_sessions`` and passed there: it may be more."""
-        return self.capacity >= self.spec.max_sessions
+    def top(self) -> int:
+        return self.spec.max_sessions
 
     @property
     def compute_ms(self) -> float:
@@ -483,20 +478,10 @@ class Capacity(SeedBand):
         """Milliseconds a step may spend waiting for its rows at the target: ``1000 / target - compute - hash``."""
         return 1e3 / self.spec.target - self.compute_ms - self.hash_ms
 
-    def at(self, sessions: int, seed_index: Optional[int] = None) -> Optional[Dict[str, Any]]:
-        """The probe row at ``sessions`` (of the median seed's search, else any seed's), or None."""
-        rows = [r for r in self.probes if r["sessions"] == sessions]
-        if seed_index is not None:
-            rows = [r for r in rows if r["repeat"] == seed_index] or rows
-        return rows[0] if rows else None
-
     def label(self) -> str:
         """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
         cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
-        n = len(self.per_seed)
-        band = (f"{self.low}-{self.high} over {n} seeds" if self.low != self.high else
-                f"all equal over {n} seeds" if n > 1 else "1 seed")
-        return f"{cap} session{'' if cap == '1' else 's'} ({band})"
+        return f"{cap} session{'' if cap == '1' else 's'} ({self.band()})"
 
     def assumptions(self) -> str:
         """One sentence with everything the capacity assumes (compute, batching, phases, target, headroom)."""
@@ -513,10 +498,15 @@ class Capacity(SeedBand):
                        f"{self.ceiling:.2f} tokens/s, leaving {self.read_budget_ms:.2f} ms a step for reads"
                        + self.burst_note() + self.host_note())
 
+    @property
+    def policy(self):
+        """The configuration's read policy (:func:`sim.sweep.runner.point_policy`)."""
+        return point_policy({**self.config, "sessions": 1, "repeat": 0})
+
     def cache_text(self) -> str:
         """The configuration's row caches in words, and whether the probes start with them empty or warm
         (:attr:`sim.core.params.Policy.cache_warmup_steps`); ``""`` without a cache."""
-        pol = point_policy({**self.config, "sessions": 1, "repeat": 0})
+        pol = self.policy
         if not (pol.shared_cache_rows or pol.cache_rows):
             return ""
         parts = []
@@ -538,14 +528,13 @@ class Capacity(SeedBand):
         ``""`` without a cache."""
         if not self.cache_text():
             return ""
-        at = (self.at(self.capacity, self.median_seed()) if self.capacity else None) or \
-            (self.probes[0] if self.probes else None)
+        at = self.at_capacity or (self.probes[0] if self.probes else None)
         if not at:
             return ""
         n, steps = int(at["sessions"]), int(at["steps"])
         rate = (f"hit rate {float(at['cache_hit_rate']):.4f} in the probe of {n} session{'s' if n != 1 else ''} x "
                 f"{steps} steps")
-        w = point_policy({**self.config, "sessions": 1, "repeat": 0}).cache_warmup_steps
+        w = self.policy.cache_warmup_steps
         other = self.cache_other
         grows = ("a cache's hit rate changes with the steps it has seen until its policy settles (W-TinyLFU's "
                  "counts over many steps), so the capacity depends on the probes' steps and warm-up")
@@ -601,7 +590,7 @@ class Capacity(SeedBand):
     def _device_at_capacity(self) -> tuple:
         """``(the probe row at the capacity, the configuration's device)``, either None where there is none or the
         device spec does not load."""
-        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
+        at = self.at_capacity
         return at, (self.device() if at else None)
 
     def device(self):
@@ -673,11 +662,9 @@ class Capacity(SeedBand):
 
     def row(self) -> Dict[str, Any]:
         """The configuration's row of the capacity table."""
-        at = self.at(self.capacity, self.median_seed()) if self.capacity else None
-        out: Dict[str, Any] = {"config": self.index}
-        out.update({k: v for k, v in self.config.items() if k not in _SEARCHED})
-        out.update({
-            "target": self.spec.target, "metric": self.spec.metric, "capacity": self.capacity,
+        at = self.at_capacity
+        return {
+            **self.row_head(), "target": self.spec.target, "metric": self.spec.metric, "capacity": self.capacity,
             "capacity_low": self.low, "capacity_high": self.high,
             "capacities": " ".join(str(c) for c in self.per_seed), "lower_bound": self.lower_bound,
             "seeds": len(self.per_seed), "probes": len(self.probes), "max_sessions": self.spec.max_sessions,
@@ -690,8 +677,7 @@ class Capacity(SeedBand):
             "device_busy_at_capacity": at["device_busy"] if at else float("nan"),
             "reads_per_s_at_capacity": at["reads_per_s"] if at else float("nan"),
             "cache_hit_rate_at_capacity": at["cache_hit_rate"] if at else float("nan"),
-        })
-        return out
+        }
 
 
 #: Columns of the capacity table.
@@ -708,25 +694,53 @@ PROBE_COLUMNS = ["point", "config", *AXES, "seed", *METRICS, PHASES_COLUMN]
 # =====================================================================================
 # the search
 # =====================================================================================
-def _search(max_sessions: int, resolution: int) -> Generator[int, bool, Tuple[int, bool]]:
-    """Galloping then bisection over session counts: yields the count to probe, receives whether it passed;
-    returns ``(capacity, passed at max_sessions)``."""
-    lo, s = 0, 1
-    while True:
-        if not (yield s):
-            hi = s
-            break
-        lo = s
-        if s >= max_sessions:
-            return lo, True
-        s = min(2 * s, max_sessions)
-    while hi - lo > resolution:
-        mid = (lo + hi) // 2
+def gallop(first, top, wide: Callable[[Any, Any], bool], halvings: int = 0) -> Generator[Any, bool, Tuple[Any, bool]]:
+    """The search of session counts and of rates: yields the value to probe, receives whether it passed; returns
+    ``(capacity, passed at top)``.  Probe ``first``; while it passes double it (up to ``top``); if ``first`` fails,
+    halve it (at most ``halvings`` times: then the capacity is 0); then bisect between the last value that passed
+    and the first that failed while ``wide(passed, failed)`` (their resolution).  Values keep ``first``'s type."""
+    x = first
+    if (yield x):
+        lo = x
+        while True:
+            if lo >= top:
+                return lo, True
+            x = min(2 * lo, top)
+            if not (yield x):
+                hi = x
+                break
+            lo = x
+    else:
+        hi, lo = x, 0 * x
+        for _ in range(halvings):
+            x = hi / 2
+            if (yield x):
+                lo = x
+                break
+            hi = x
+        else:
+            return lo, False
+    while wide(lo, hi):
+        mid = type(first)((lo + hi) / 2)
         if (yield mid):
             lo = mid
         else:
             hi = mid
     return lo, False
+
+
+def _search(max_sessions: int, resolution: int) -> Generator[int, bool, Tuple[int, bool]]:
+    """:func:`gallop` over session counts from 1: returns ``(capacity, passed at max_sessions)``."""
+    return gallop(1, max_sessions, lambda lo, hi: hi - lo > resolution)
+
+
+def _by_rows(search: Generator, passes: Callable[[Mapping[str, Any]], bool], x: Any) -> Generator:
+    """``search`` (receiving whether a probe passed; ``x`` its value asked now) receiving the probes' rows."""
+    while True:
+        try:
+            x = search.send(passes((yield x)))
+        except StopIteration as stop:
+            return stop.value
 
 
 class SearchBound:
@@ -779,21 +793,27 @@ class SearchProgress:
     of many sessions take longer than the first ones: the estimate is of the count, not the cost).
 
     ``keys`` name the searches; ``mode`` and ``kw`` (``output``) go to :func:`sim.core.progress.progress`.
+    Each search's state (:attr:`state`) is its largest passing probe (``lo``), its smallest failing one (``hi``),
+    its answers (``n``) and the probe it asks now (``asked``), kept the same way by :class:`WorkProgress`.
     """
 
     def __init__(self, bound: SearchBound, keys: Sequence[Any], desc: str, mode: Union[bool, str], **kw: Any):
         self.bound = bound
-        self.state: Dict[Any, List] = {k: [None, None, 0] for k in keys}  # passed, failed, answered
+        self._open(keys)
         self.bar = progress_bar(len(self.state) * int(bound.left(None, None, 0)), desc, "probe", mode=mode, **kw)
+
+    def _open(self, keys: Sequence[Any], asked: Optional[Mapping[Any, Any]] = None) -> None:
+        self.state: Dict[Any, Dict[str, Any]] = {
+            k: {"lo": None, "hi": None, "n": 0, "asked": None if asked is None else asked[k]} for k in keys}
+
+    def _answer(self, key: Any, value: Any, passed: bool) -> None:
+        st, side = self.state[key], "lo" if passed else "hi"
+        st[side] = value if st[side] is None else (max if passed else min)(st[side], value)
+        st["n"], st["asked"] = st["n"] + 1, None
 
     def answered(self, key: Any, value: float, passed: bool, note: str = "") -> None:
         """One probe of search ``key`` at ``value`` answered."""
-        st = self.state[key]
-        if passed:
-            st[0] = value if st[0] is None else max(st[0], value)
-        else:
-            st[1] = value if st[1] is None else min(st[1], value)
-        st[2] += 1
+        self._answer(key, value, passed)
         self.bar.update(1, note)
 
     def finished(self, key: Any, note: str = "") -> None:
@@ -801,15 +821,17 @@ class SearchProgress:
         self.state.pop(key, None)
         self.bar.update(0, note)
 
-    def asked(self, key: Any, value: float) -> None:
-        """Search ``key`` asks ``value`` next (the bound needs only the answers)."""
+    def asked(self, key: Any, value: Any) -> None:
+        """Search ``key`` asks ``value`` next."""
+        self.state[key]["asked"] = value
 
     def ran(self, work: int, seconds: float, probes: int = 1) -> None:
         """A round of probes ran (the bound counts probes, not their work)."""
 
     def retotal(self) -> None:
         """After a round: the total is the probes answered plus the most the open searches still ask."""
-        self.bar.set_total(self.bar.n + sum(self.bound.left(*st) for st in self.state.values()))
+        self.bar.set_total(self.bar.n + sum(self.bound.left(st["lo"], st["hi"], st["n"])
+                                            for st in self.state.values()))
 
     def note(self, text: str) -> None:
         self.bar.update(0, text)
@@ -831,7 +853,7 @@ ASSUMED_SESSION_STEPS_PER_S = 100_000.0
 RATE_MIN_WORK = 50_000
 
 
-class WorkProgress:
+class WorkProgress(SearchProgress):
     """The progress of bracketed searches (:func:`_bracketed`) in session-steps: a probe of ``S`` sessions of
     ``T`` steps simulates ``S x T`` of them, so its time is about proportional to that while the count of
     probes says little (the first probe has one session, the next ones thousands).
@@ -853,8 +875,7 @@ class WorkProgress:
     def __init__(self, keys: Sequence[Any], steps: Mapping[Any, int], desc: str, mode: Union[bool, str], *,
                  asked: Optional[Mapping[Any, int]] = None, resolution: int = 1,
                  max_sessions: int = CAPACITY_MAX_SESSIONS, workers: int = 1, **kw: Any):
-        self.state: Dict[Any, Dict[str, Optional[int]]] = {
-            k: {"lo": None, "hi": None, "asked": None if asked is None else int(asked[k])} for k in keys}
+        self._open(keys, asked)
         self.steps = {k: int(steps[k]) for k in keys}
         self.resolution, self.max_sessions, self.workers = int(resolution), int(max_sessions), max(1, int(workers))
         self.probes = 0
@@ -911,25 +932,9 @@ class WorkProgress:
                 + ("(measured)" if measured else "(assumed: no probe of many sessions has finished yet)"))
 
     # ------------------------------------------------------------ the searches' news
-    def _show(self) -> None:
-        """The answered work and the last news to the bar (a line when its interval has passed): called after a
-        round (:meth:`retotal`), once every search has asked its next probe or returned, so that a line's work to
-        go is the searches' own (not probes of the round already run)."""
-        work, self._pending = self._pending, 0
-        self.bar.update(work, self._note)
-
-    def asked(self, key: Any, value: int) -> None:
-        """Search ``key`` asks a probe of ``value`` sessions next."""
-        self.state[key]["asked"] = int(value)
-
     def answered(self, key: Any, value: int, passed: bool, note: str = "") -> None:
         """The probe of search ``key`` at ``value`` sessions answered (shown after the round)."""
-        st = self.state[key]
-        if passed:
-            st["lo"] = value if st["lo"] is None else max(st["lo"], value)
-        else:
-            st["hi"] = value if st["hi"] is None else min(st["hi"], value)
-        st["asked"] = None
+        self._answer(key, value, passed)
         self.probes += 1
         work = int(value) * self.steps[key]
         self.work_done += work
@@ -949,19 +954,16 @@ class WorkProgress:
         self._note = note or self._note
 
     def retotal(self) -> None:
-        """After a round: the bar's total is the session-steps done plus the fewest to go; the line."""
-        self.bar.set_total(self.bar.n + self._pending + self.to_go()[1])
-        self._show()
+        """After a round, once every search has asked its next probe or returned (so that a line's work to go is
+        the searches' own): the bar's total is the session-steps done plus the fewest to go; the answered work
+        and the last news to the bar (a line when its interval has passed)."""
+        work, self._pending = self._pending, 0
+        self.bar.set_total(self.bar.n + work + self.to_go()[1])
+        self.bar.update(work, self._note)
 
     def note(self, text: str) -> None:
         """News (a probe finished): shown with the next line, after the round."""
         self._note = text
-
-    def __enter__(self) -> "WorkProgress":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.close()
 
 
 def session_bounds(row: Mapping[str, Any], target: float, metric: str = CAPACITY_METRIC,
@@ -1011,13 +1013,7 @@ def bracket_opening(max_sessions: int, resolution: int, target: float,
     if upper is not None and upper < SMALL_CAPACITY:  # a few sessions: galloping's cheap probes, its answer
         g = _search(max_sessions, resolution)
         next(g)
-        s = g.send(True)
-        while True:
-            row = yield s
-            try:
-                s = g.send(row[metric] >= target)
-            except StopIteration as stop:
-                return True, stop.value
+        return True, (yield from _by_rows(g, lambda r: r[metric] >= target, g.send(True)))
     return False, max(2, min(max_sessions, est if upper is not None else max_sessions))
 
 
@@ -1093,17 +1089,7 @@ def _galloping(max_sessions: int, resolution: int, target: float,
                metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
     """:func:`_search` receiving rows."""
     g = _search(max_sessions, resolution)
-    s = next(g)
-    while True:
-        row = yield s
-        try:
-            s = g.send(row[metric] >= target)
-        except StopIteration as stop:
-            return stop.value
-
-
-def _probe_key(row: Mapping[str, Any]) -> Tuple[int, int, int]:
-    return int(row["config"]), int(row["sessions"]), int(row["repeat"])
+    return _by_rows(g, lambda r: r[metric] >= target, next(g))
 
 
 def sustained_context(ctx: Context) -> Context:
@@ -1178,28 +1164,36 @@ class SearchRun:
 class ProbeRounds:
     """The searches of every configuration and seed, advanced together one round of probes at a time: each
     round runs every probe the open searches ask (those not in ``run.done``) in parallel, then answers each
-    search its probe's row; a search that returns is done.
+    search its probe's row; a search that returns is done.  One for session counts and arrival rates.
 
-    A subclass says what a probe is: :meth:`key`, :meth:`task`, :meth:`passed`, :meth:`answer` and the words of
-    :meth:`note` and :meth:`finished`; :attr:`runner` runs the points.
+    A subclass says what a probe is: the axis it sets (:attr:`axis`, of type :attr:`value`); ``task(i, r, x)``,
+    the ``(point, seed)`` of configuration ``i``'s seed ``r`` probing ``x``; ``passed(row)``; :meth:`answer`; the
+    words of ``note(row)`` (a probe done) and ``finished(i, r, value)`` (a search returned); ``progress()``, the
+    searches' line (a :class:`SearchProgress`); :meth:`work`; and :attr:`runner`, which runs the points.
 
     Parameters
     ----------
     ctx : Context
         What the runner's points need resolved.
-    searches : dict
-        ``(configuration, seed index) ->`` a search generator (yielding the value to probe, receiving
-        :meth:`answer` of its row, returning its result); its first value is asked here.
     caps : list
-        Per configuration, the result whose ``probes`` list gets every probe row in the order answered.
+        Per configuration (``index`` 0, 1, ...), the result that gets every probe row in the order answered
+        (``probes``) and, once its searches returned, each seed's capacity and whether it passed at the top
+        (``per_seed``, ``bound``).
     run : SearchRun
+    seeds : int
+        Searches per configuration (``repeat`` 0, 1, ...).
+    search : callable
+        A new search generator each call (yielding the value to probe, receiving :meth:`answer` of its row,
+        returning ``(capacity, passed at the top, ...)``); its first value is asked here.
     """
 
     runner = PointRunner
+    axis, value = "sessions", int
 
-    def __init__(self, ctx: Any, searches: Dict[Tuple[int, int], Generator], caps: Sequence[Any], run: SearchRun):
-        self.ctx, self.searches, self.caps, self.settings = ctx, searches, caps, run
-        self.asked: Dict[Tuple[int, int], Any] = {k: next(g) for k, g in searches.items()}
+    def __init__(self, ctx: Any, caps: Sequence[Any], run: SearchRun, seeds: int, search: Callable[[], Generator]):
+        self.ctx, self.caps, self.settings, self.seeds = ctx, caps, run, seeds
+        self.searches: Dict[Tuple[int, int], Generator] = {(c.index, r): search() for c in caps for r in range(seeds)}
+        self.asked: Dict[Tuple[int, int], Any] = {k: next(g) for k, g in self.searches.items()}
         self.cache: Dict[tuple, Dict[str, Any]] = {self.row_key(r): dict(r) for r in run.done}
         self.counter = max((int(r["point"]) for r in run.done), default=-1) + 1
         self.results: Dict[Tuple[int, int], Any] = {}
@@ -1207,36 +1201,24 @@ class ProbeRounds:
     # ------------------------------------------------------------ what a probe is
     def key(self, i: int, r: int, x: Any) -> tuple:
         """The cache key of configuration ``i``'s seed ``r`` probing ``x``."""
-        raise NotImplementedError
+        return i, r, self.value(x)
 
     def row_key(self, row: Mapping[str, Any]) -> tuple:
         """:meth:`key` of a probe row."""
-        raise NotImplementedError
-
-    def task(self, i: int, r: int, x: Any) -> Tuple[Dict[str, Any], int]:
-        """``(point, seed)`` of the probe."""
-        raise NotImplementedError
-
-    def passed(self, row: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
+        return self.key(int(row["config"]), int(row["repeat"]), row[self.axis])
 
     def answer(self, row: Dict[str, Any]) -> Any:
         """What the search receives for its probe's row."""
         return row
-
-    def note(self, row: Mapping[str, Any]) -> str:
-        raise NotImplementedError
-
-    def finished(self, i: int, r: int, value: Any) -> str:
-        raise NotImplementedError
 
     def work(self, tasks: Sequence[tuple]) -> int:
         """The work of a round's tasks, for the progress line."""
         return 0
 
     # ------------------------------------------------------------ the rounds
-    def run(self, bar: Any) -> str:
-        """Every round until every search returned (``results``: each one's value); the runner's name.
+    def run(self) -> str:
+        """Every round until every search returned (``results``: each one's value, set on ``caps``); the runner's
+        name.
 
         Raises
         ------
@@ -1244,11 +1226,14 @@ class ProbeRounds:
             A probe whose worker died too often.
         """
         run = self.settings
-        with bar, self.runner(self.ctx, jobs=run.jobs, scheduler=run.scheduler,
-                              connect_timeout=run.connect_timeout) as runner:
+        with self.progress() as bar, self.runner(self.ctx, jobs=run.jobs, scheduler=run.scheduler,
+                                                 connect_timeout=run.connect_timeout) as runner:
             while self.searches:
                 self._round(runner, bar)
                 bar.retotal()
+        for cap in self.caps:
+            found = [self.results[(cap.index, r)] for r in range(self.seeds)]
+            cap.per_seed, cap.bound = [f[0] for f in found], [f[1] for f in found]
         return runner.name
 
     def _keep(self, row: Dict[str, Any], bar: Any) -> None:
@@ -1285,20 +1270,14 @@ class ProbeRounds:
 class _SessionRounds(ProbeRounds):
     """Probes of a session count (:func:`find_capacity`)."""
 
-    def __init__(self, ctx: Context, searches: Dict[Tuple[int, int], Generator], caps: List[Capacity],
-                 run: SearchRun, cfgs: List[Dict[str, Any]], spec: CapacitySpec, study_seed: int):
-        self.cfgs, self.spec, self.study_seed = cfgs, spec, study_seed
-        super().__init__(ctx, searches, caps, run)
-
-    def key(self, i, r, x):
-        return i, x, r
-
-    def row_key(self, row):
-        return _probe_key(row)
+    def __init__(self, ctx: Context, caps: List["Capacity"], run: SearchRun, spec: CapacitySpec, study_seed: int):
+        self.spec, self.study_seed = spec, study_seed
+        kind = _bracketed if spec.search == "bracket" else _galloping
+        super().__init__(ctx, caps, run, spec.seeds,
+                         lambda: kind(spec.max_sessions, spec.resolution, spec.target, spec.metric))
 
     def task(self, i, r, x):
-        p = {**self.cfgs[i], "sessions": x, "repeat": r}
-        return p, point_seed(self.study_seed, p)
+        return _session_probe(self.study_seed, self.caps[i].config, x, r)
 
     def passed(self, row):
         return row[self.spec.metric] >= self.spec.target
@@ -1314,20 +1293,18 @@ class _SessionRounds(ProbeRounds):
     def work(self, tasks):
         return sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks)
 
-
-def _session_bar(cfgs: List[Dict[str, Any]], spec: CapacitySpec, rounds: ProbeRounds,
-                 run: SearchRun) -> Union[SearchProgress, WorkProgress]:
-    """The progress of session-count searches: in session-steps for bracketed ones, in probes for galloping."""
-    desc = run.desc or "capacity"
-    keys = list(rounds.searches)
-    if spec.search == "bracket":  # probes done and the session-steps to go, with their time (WorkProgress)
-        workers = 1 if run.scheduler else (run.jobs if run.jobs else (os.cpu_count() or 1))
-        return WorkProgress(keys, {(i, r): int(cfgs[i]["steps"]) for (i, r) in keys}, desc, run.progress,
-                            asked=rounds.asked, resolution=spec.resolution, max_sessions=spec.max_sessions,
-                            workers=workers)
-    # galloping's length is known for every capacity: the most probes to go bound the time left
-    bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
-    return SearchProgress(bound, keys, desc, run.progress)
+    def progress(self) -> SearchProgress:
+        """In session-steps for bracketed searches (:class:`WorkProgress`), in probes for galloping."""
+        spec, run, keys = self.spec, self.settings, list(self.searches)
+        desc = run.desc or "capacity"
+        if spec.search == "bracket":  # probes done and the session-steps to go, with their time
+            workers = 1 if run.scheduler else (run.jobs if run.jobs else (os.cpu_count() or 1))
+            return WorkProgress(keys, {(i, r): int(self.caps[i].config["steps"]) for (i, r) in keys}, desc,
+                                run.progress, asked=self.asked, resolution=spec.resolution,
+                                max_sessions=spec.max_sessions, workers=workers)
+        # galloping's length is known for every capacity: the most probes to go bound the time left
+        bound = SearchBound(lambda: _search(spec.max_sessions, spec.resolution), range(spec.max_sessions + 1))
+        return SearchProgress(bound, keys, desc, run.progress)
 
 
 def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = CapacitySpec(), study_seed: int = 0,
@@ -1371,14 +1348,7 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     # the probes' trace warnings are said once a configuration below, not once a worker process and probe
     ctx = Context(ctx.traces, ctx.devices, ctx.computes, {**(ctx.extras or {}), HOLD_WARNINGS: True})
     caps = [Capacity(i, c, spec) for i, c in enumerate(cfgs)]
-    kind = _bracketed if spec.search == "bracket" else _galloping
-    searches = {(i, r): kind(spec.max_sessions, spec.resolution, spec.target, spec.metric)
-                for i in range(len(cfgs)) for r in range(spec.seeds)}
-    rounds = _SessionRounds(ctx, searches, caps, run, cfgs, spec, study_seed)
-    name = rounds.run(_session_bar(cfgs, spec, rounds, run))
-    for cap in caps:
-        cap.per_seed = [rounds.results[(cap.index, r)][0] for r in range(spec.seeds)]
-        cap.bound = [rounds.results[(cap.index, r)][1] for r in range(spec.seeds)]
+    name = _SessionRounds(ctx, caps, run, spec, study_seed).run()
     names = configuration_names(cfgs)
     for cap in caps:
         cap.cache_other = _other_start(cap, ctx)
@@ -1407,10 +1377,8 @@ def _other_start(cap: Capacity, ctx: Context) -> Optional[Tuple[int, float]]:
     """:attr:`Capacity.cache_other`: the hit rate of the row caches in the probe at the capacity (at 1 session
     for a capacity of 0; the median seed's trace) replayed through the engine's policy from the other start
     (:func:`sim.decode.step_reads`, no timing: the caches' hits depend on the trace and the sessions only)."""
-    n = max(1, cap.capacity)
-    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
-    pol = point_policy(p)
-    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    p, trace = _at_capacity(cap, ctx)
+    n, pol = p["sessions"], point_policy(p)
     if trace is None or not (pol.shared_cache_rows or pol.cache_rows):
         return None
     w = 0 if pol.cache_warmup_steps else int(p["steps"])
@@ -1426,14 +1394,20 @@ def _other_start(cap: Capacity, ctx: Context) -> Optional[Tuple[int, float]]:
 def _trace_warnings(cap: Capacity, ctx: Context) -> List[str]:
     """:attr:`Capacity.warnings`: the trace warnings of the median seed's probe at the capacity (at 1 session
     for a capacity of 0), each saying the count it was taken at."""
-    n = max(1, cap.capacity)
-    p = {**cap.config, "sessions": n, "repeat": cap.median_seed()}
-    trace = ctx.traces.get((point_trace(p), p["trace_limit"]))
+    p, trace = _at_capacity(cap, ctx)
     if trace is None:
         return []
+    n = p["sessions"]
     with held_warnings():
         found = wrap_info(trace, n, int(p["steps"]), point_policy(p))["warnings"]
     return [f"at {n} session{'s' if n != 1 else ''}: {w}" for w in found]
+
+
+def _at_capacity(cap: Capacity, ctx: Context) -> Tuple[Dict[str, Any], Any]:
+    """The point of the median seed's probe at the capacity (at 1 session for a capacity of 0) and its trace (None
+    where ``ctx`` has none)."""
+    p = {**cap.config, "sessions": max(1, cap.capacity), "repeat": cap.median_seed()}
+    return p, ctx.traces.get((point_trace(p), p["trace_limit"]))
 
 
 # =====================================================================================
@@ -1488,9 +1462,17 @@ def probes_path(path: Union[str, os.PathLike]) -> Path:
     return Path(str(path) + ".probes.csv")
 
 
+def _session_probe(study_seed: int, config: Mapping[str, Any], sessions: int, repeat: int) -> Tuple[Dict[str, Any], int]:
+    """``(point, seed)`` of a probe of ``config`` at ``sessions``: the seed is :func:`sim.sweep.point_seed`'s."""
+    p = {**config, "sessions": sessions, "repeat": repeat}
+    return p, point_seed(study_seed, p)
+
+
 @dataclass
-class CapacityResult(CapacityTable):
-    """A capacity study's results: one :class:`Capacity` per configuration."""
+class CapacityResult:
+    """A capacity study's results: one :class:`Capacity` per configuration.  The serving one
+    (:class:`sim.serve.search.ServeCapacityResult`) is this with its own axes, columns and probes
+    (:attr:`kind` ... :meth:`probe`); both run, write and resume through :meth:`run`."""
 
     study: Study
     spec: CapacitySpec
@@ -1500,38 +1482,110 @@ class CapacityResult(CapacityTable):
     resumed: int = 0
     table: Optional[Path] = None
 
+    kind, schema, spec_key, axes, searched = "capacity", CAPACITY_SCHEMA, "capacity", AXES, _SEARCHED
+    columns, probe_columns = CAPACITY_COLUMNS, PROBE_COLUMNS
+
+    def rows(self) -> List[Dict[str, Any]]:
+        """One row a configuration (its ``row()``), in study order."""
+        return [c.row() for c in self.capacities]
+
+    def probes(self) -> List[Dict[str, Any]]:
+        """Every probe's row, in ``point`` order."""
+        return sorted((p for c in self.capacities for p in c.probes), key=lambda p: p["point"])
+
+    def head(self) -> dict:
+        """What both tables' metadata start with: the study and the search's settings."""
+        return {"kind": self.kind, "schema": self.schema, "study": self.study.to_dict(),
+                "study_fingerprint": self.study.fingerprint(), self.spec_key: self.spec.to_dict()}
+
     def meta(self) -> dict:
-        axes = [a for a in self.study.axes() if a not in _SEARCHED]
-        return {"kind": "capacity", "schema": CAPACITY_SCHEMA, "study": self.study.to_dict(),
-                "study_fingerprint": self.study.fingerprint(), "capacity": self.spec.to_dict(), "axes": axes,
-                "columns": CAPACITY_COLUMNS, "configurations": len(self.capacities),
-                "axis_labels": {k: v[2] for k, v in AXES.items()}, "capacity_rule": CAPACITY_RULE,
-                "seconds": self.seconds,
-                "runner": self.runner, "resumed_probes": self.resumed,
-                "probes_table": probes_path(self.table).name if self.table else None,
-                "assumptions": [c.assumptions() for c in self.capacities]}
+        return {**self.head(), "axes": [a for a in self.study.axes() if a not in self.searched],
+                "columns": self.columns, "configurations": len(self.capacities),
+                "axis_labels": {k: v[2] for k, v in self.axes.items()}, "capacity_rule": CAPACITY_RULE,
+                "seconds": self.seconds, "runner": self.runner, "resumed_probes": self.resumed,
+                "probes_table": probes_path(self.table).name if self.table else None, **self.notes()}
 
+    def notes(self) -> dict:
+        """The metadata's last keys: what the capacities assume."""
+        return {"assumptions": [c.assumptions() for c in self.capacities]}
 
-def _resume_probes(study: Study, spec: CapacitySpec, out: Path) -> List[Dict[str, Any]]:
-    """Probe rows of an earlier run of ``study`` at ``out`` that still hold (same configurations and seeds)."""
-    path = probes_path(out)
-    rows = earlier_probes(out, study.fingerprint(), study.source)
-    if rows and bool((read_table(path)[1].get("capacity") or {}).get("sustained", False)) != spec.sustained:
-        raise ArgumentError(f"{path}: probes of a search {'without' if spec.sustained else 'with'} --sustained "
-                            "(the buckets of rate-limited volumes started otherwise); give another --out, or drop "
-                            "--resume")
-    cfgs = study.points()
-    keep = []
-    for r in rows:
-        i = r.get("config")
-        if not isinstance(i, int) or not 0 <= i < len(cfgs) or not isinstance(r.get(spec.metric), float):
-            continue
-        p = {**cfgs[i], "sessions": r.get("sessions"), "repeat": r.get("repeat")}
-        if any(not same_axis_value(r.get(a), p[a]) for a in AXES) or r.get("seed") != point_seed(study.seed, p):
-            raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {study.source} "
-                                "(other axis values or seed)")
-        keep.append({**r, **{a: p[a] for a in AXES}})  # the study's values, as a new probe holds them
-    return keep
+    # ------------------------------------------------------------ the probes
+    def probe(self, config: Mapping[str, Any], row: Mapping[str, Any]) -> Tuple[Dict[str, Any], int]:
+        """``(point, seed)`` of the probe of ``config`` that ``row`` (of an earlier run) says it is."""
+        return _session_probe(self.study.seed, config, row.get("sessions"), row.get("repeat"))
+
+    def finished_probe(self, row: Mapping[str, Any]) -> bool:
+        """Whether a probe row of an earlier run is whole (not cut short)."""
+        return isinstance(row.get(self.spec.metric), float)
+
+    def check_earlier(self, path: Path, meta: Mapping[str, Any]) -> None:
+        """Refuse the probes of an earlier run searched otherwise (here: with the buckets started otherwise)."""
+        if bool((meta.get("capacity") or {}).get("sustained", False)) != self.spec.sustained:
+            raise ArgumentError(f"{path}: probes of a search {'without' if self.spec.sustained else 'with'} "
+                                "--sustained (the buckets of rate-limited volumes started otherwise); give another "
+                                "--out, or drop --resume")
+
+    def resume_probes(self, out: Path) -> List[Dict[str, Any]]:
+        """Probe rows of an earlier run of the study at ``out`` (``OUT.probes.csv``; none when absent) that still
+        hold (same configurations and seeds), with the study's axis values as a new probe holds them.
+
+        Raises
+        ------
+        ArgumentError
+            Probes of another study, or a probe whose axis values or seed are not the study's.
+        """
+        path, source = probes_path(out), self.study.source
+        if not path.is_file():
+            return []
+        rows, meta = read_table(path)
+        if meta.get("study_fingerprint") not in (None, self.study.fingerprint()):
+            raise ArgumentError(f"{path}: probes of another study than {source}; give another --out, or drop --resume")
+        if rows:
+            self.check_earlier(path, meta)
+        cfgs, keep = self.study.points(), []
+        for r in rows:
+            i = r.get("config")
+            if not isinstance(i, int) or not 0 <= i < len(cfgs) or not self.finished_probe(r):
+                continue  # cut short
+            p, seed = self.probe(cfgs[i], r)
+            if r.get("seed") != seed or not all(same_axis_value(r.get(a), p[a]) or (t is str and str(r.get(a)) == str(p[a]))
+                                                for a, (t, _, _) in self.axes.items()):
+                raise ArgumentError(f"{path}: probe {r.get('point')} does not belong to {source} "
+                                    "(other axis values or seed)")
+            keep.append({**r, **{a: p[a] for a in self.axes}})
+        return keep
+
+    def run(self, start: Callable[[Optional[Path]], Callable[[SearchRun], Tuple[list, str]]], *,
+               out: Union[str, os.PathLike, None], resume: bool, calibration: Union[str, os.PathLike, None],
+               desc: str, **run: Any) -> "CapacityResult":
+        """Search every configuration of the study and return this result filled in: ``start(calibration)``
+        resolves what the probes need before a file is opened and returns the search (``(capacities, runner
+        name)`` for a :class:`SearchRun`); ``out``, ``resume`` and ``run`` (``jobs``, ``scheduler``,
+        ``connect_timeout``, ``progress``) as for :func:`run_capacity`; ``desc`` labels the progress line."""
+        if resume and out is None:
+            raise ArgumentError("resume needs the table of the earlier run (out)")
+        if out is not None:
+            for p in (out, probes_path(out)):
+                check_table_target(p)
+        t0 = time.perf_counter()
+        done = self.resume_probes(Path(out)) if resume else []
+        find = start(Path(calibration) if calibration else self.study.calibration)
+        writer = (TableWriter(probes_path(out), self.probe_columns, {**self.head(), "kind": f"{self.kind}-probes",
+                                                                     "columns": self.probe_columns}, 0, done)
+                  if out is not None else None)
+        try:
+            self.capacities, self.runner = find(SearchRun(**run, desc=progress_label(desc, self.study.name), done=done,
+                                                          on_probe=writer.add if writer is not None else None))
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        self.seconds, self.resumed = time.perf_counter() - t0, len(done)
+        if writer is not None:
+            writer.finish()
+            self.table = Path(out)
+            TableWriter(out, self.columns, self.meta(), len(self.capacities), self.rows(), key="config").finish()
+        return self
 
 
 def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] = None,
@@ -1568,40 +1622,21 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
     if not isinstance(study, Study):
         study = Study.load(study)
     spec = CapacitySpec.from_study(study, **overrides)
-    if resume and out is None:
-        raise ArgumentError("resume needs the table of the earlier run (out)")
-    if out is not None:
-        for p in (out, probes_path(out)):
-            check_table_target(p)
-    t0 = time.perf_counter()
-    cal = Path(calibration) if calibration else study.calibration
-    done = _resume_probes(study, spec, Path(out)) if resume else []
-    # devices, traces and calibration resolved before a file is opened: a bad one leaves nothing behind
-    ctx = resolve_context(check_points([{**c, "sessions": 1, "repeat": r} for c in study.points()
-                                        for r in range(spec.seeds)]), Path(cal) if cal else None)
-    base = {"kind": "capacity-probes", "schema": CAPACITY_SCHEMA, "study": study.to_dict(),
-            "study_fingerprint": study.fingerprint(), "capacity": spec.to_dict(), "columns": PROBE_COLUMNS}
-    writer = TableWriter(probes_path(out), PROBE_COLUMNS, base, 0, done) if out is not None else None
-    try:
-        caps, runner = find_capacity(study.points(), spec, study.seed, calibration=cal, context=ctx,
-                                     run=SearchRun(jobs=jobs, scheduler=scheduler, connect_timeout=connect_timeout,
-                                                   progress=progress, desc=progress_label("capacity", study.name),
-                                                   done=done, on_probe=writer.add if writer is not None else None))
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        raise
-    res = CapacityResult(study, spec, caps, time.perf_counter() - t0, runner, len(done))
-    if writer is not None:
-        writer.finish()
-        res.table = Path(out)
-        TableWriter(out, CAPACITY_COLUMNS, res.meta(), len(caps), res.rows(), key="config").finish()
-    return res
+
+    def start(cal: Optional[Path]) -> Callable[[SearchRun], Tuple[List[Capacity], str]]:
+        # devices, traces and calibration resolved before a file is opened: a bad one leaves nothing behind
+        ctx = resolve_context(check_points([{**c, "sessions": 1, "repeat": r} for c in study.points()
+                                            for r in range(spec.seeds)]), cal)
+        return lambda run: find_capacity(study.points(), spec, study.seed, calibration=cal, context=ctx, run=run)
+
+    return CapacityResult(study, spec, [], 0.0, "").run(start, out=out, resume=resume, calibration=calibration,
+                                                       desc="capacity", jobs=jobs, scheduler=scheduler,
+                                                       connect_timeout=connect_timeout, progress=progress)
 
 
 def read_capacity(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], dict]:
-    """A capacity table written by :func:`run_capacity`: ``(rows, probe rows, meta)`` (no probes when the
-    probes table is gone).
+    """A capacity table written by :func:`run_capacity` or :func:`sim.serve.run_serve_capacity`: ``(rows, probe
+    rows, meta)`` (no probes when the probes table is gone).
 
     Raises
     ------
@@ -1613,8 +1648,9 @@ def read_capacity(path: Union[str, os.PathLike]) -> Tuple[List[Dict[str, Any]], 
     return rows, probes, meta
 
 
-def is_capacity_table(path: Union[str, os.PathLike]) -> bool:
-    """Whether the table at ``path`` is a capacity table (its metadata says ``"kind": "capacity"``).
+def is_capacity_table(path: Union[str, os.PathLike], kind: str = "capacity") -> bool:
+    """Whether the table at ``path`` is a capacity table (its metadata says ``"kind": "capacity"``; a serving one's,
+    ``kind="serve-capacity"``).
 
     Raises
     ------
@@ -1622,4 +1658,4 @@ def is_capacity_table(path: Union[str, os.PathLike]) -> bool:
         Unreadable metadata.
     """
     mp = meta_path(path)
-    return mp.is_file() and load_json(mp).get("kind") == "capacity"
+    return mp.is_file() and load_json(mp).get("kind") == kind
