@@ -22,9 +22,9 @@ from sim.core.io import load_json
 from ..serve.metrics import SLO
 from ..serve.panels import (goodput_by_device, knee_breakdown, latency_vs_load, plot_counterpart, plot_goodput,
                             plot_knee, plot_latency_vs_load)
-from sim.sweep.capacity import CAPACITY_RULE
+from sim.sweep.capacity import CAPACITY_RULE, read_capacity
 from ..serve.search import MAX_HALVINGS, knee_words, probes_path
-from ..sweep import meta_path, read_table
+from ..sweep import meta_path
 from .document import Doc, anchor
 from .plots import ReportFolder, pyplot
 
@@ -91,9 +91,8 @@ def serve_capacity_section(doc: Doc, out: ReportFolder, path: Path) -> None:
     FormatError
         An unreadable table, probes table or metadata.
     """
-    rows, meta = read_table(path)
+    rows, probes, meta = read_capacity(path)
     ppath = probes_path(path)
-    probes, _ = read_table(ppath) if ppath.is_file() else ([], {})
     study, search = meta.get("study", {}), meta.get("search", {})
     slo = SLO(**meta["slo"]) if meta.get("slo") else None
     name = study.get("name") or path.stem
