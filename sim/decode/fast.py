@@ -74,7 +74,6 @@ _lean_loop = queue_function('''
         ulen = len(ubuf)
         byn = [None] * len(kof)  # per batch size: (sigmas, their count, extras, ref, readers), as sizes appear
         done = []
-        dappend_done = done.append
         while True:
             if wake and wake[0][0] < tnext:  # at a tie, the device first (see the module)
                 now, _, i = pop(wake)  # session i starts its step
@@ -103,7 +102,7 @@ _lean_loop = queue_function('''
                     @submit
                     @settle
                     continue
-                dappend_done((i,))  # nothing to read: the compute follows at once, the device untouched
+                done.append((i,))  # nothing to read: the compute follows at once, the device untouched
             elif tnext == inf:
                 break
             else:  # the device's next completion

@@ -90,8 +90,7 @@ OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF, NB, FIRST = range(10)
 #: the queue.  ``advance``: the clock to ``now``.  ``submit``: a batch ``bt`` of ``n`` reads, ``c`` at a time
 #: (``left`` after its first segment), ``sigma`` the work of each, enters at the tail (``owner``, ``extra``,
 #: ``ref``: :meth:`SegmentQueue.submit`).
-#: ``complete``: the segments due at ``now`` finish, and the batches done go to ``dappend_done`` (of the list
-#: ``done``, empty before).  ``settle``: after either, the head of the queue takes the free slots and the next
+#: ``complete``: the segments due at ``now`` finish, and the batches done go to the list ``done`` (empty before).  ``settle``: after either, the head of the queue takes the free slots and the next
 #: event is planned.
 QUEUE: Dict[str, str] = {
     "advance": """
@@ -117,12 +116,12 @@ if not wait and q < room and q + c <= room + slack:
     push(heap, (V + sigma, qseq, bt, c))
     q += c
 else:
-    wappend([bt, c])
+    wait.append([bt, c])
 """,
     "complete": """
 Ve = V + 1e-12 * (1.0 + (V if V > 0 else -V))  # V holds while the segments finish
 while late and late[0][0] <= now:
-    dappend_done(pop(late)[2])
+    done.append(pop(late)[2])
 first = not done
 while heap and (first or heap[0][0] <= Ve):
     first = False
@@ -134,7 +133,7 @@ while heap and (first or heap[0][0] <= Ve):
             qseq += 1
             push(late, (bt[8], qseq, bt))
         else:
-            dappend_done(bt)
+            done.append(bt)
         continue
     left = bt[1]
     if not left and bt[6] > 0 and bt[2] == c:  # its last segment: the straggler follows
@@ -158,7 +157,7 @@ while heap and (first or heap[0][0] <= Ve):
         bt[1] = left - x
         bt[2] += x - c
         d += x
-        wappend([bt, x])
+        wait.append([bt, x])
     else:
         bt[2] -= c
         if bt[2] == 0 and bt[6] >= 0:
@@ -166,7 +165,7 @@ while heap and (first or heap[0][0] <= Ve):
                 qseq += 1
                 push(late, (bt[8], qseq, bt))
             else:
-                dappend_done(bt)
+                done.append(bt)
 """,
     "settle": """
 while wait and q < room:  # the head of the queue takes the free slots (whole within the slack)
@@ -174,7 +173,7 @@ while wait and q < room:  # the head of the queue takes the free slots (whole wi
     b2, c2 = seg
     take = room - q
     if take + slack >= c2:
-        popleft()
+        wait.popleft()
         take = c2
     else:
         seg[1] = c2 - take
@@ -192,8 +191,8 @@ else:
 if late and late[0][0] < tnext:
     tnext = late[0][0]
 if record:
-    tappend(tq)
-    dappend(d)
+    times.append(tq)
+    depths.append(d)
 if d > max_depth:
     max_depth = d
 """,
@@ -207,8 +206,7 @@ STATE = (("V", "V"), ("tq", "t"), ("q", "q"), ("d", "d"), ("qseq", "seq"), ("are
 #: are globals: ``heapq.heappush``, ``heapq.heappop``, ``math.inf``).
 BINDINGS = (("L", "sq.L"), ("nL", "len(sq.L)"), ("room", "sq.room"), ("slack", "sq.slack"), ("shared", "sq.shared"),
             ("gate", "sq.bucket"), ("gate_tail", "sq.tail"), ("heap", "sq.heap"), ("wait", "sq.wait"),
-            ("late", "sq.late"), ("popleft", "sq.wait.popleft"), ("wappend", "sq.wait.append"),
-            ("record", "sq.record"), ("tappend", "sq.times.append"), ("dappend", "sq.depths.append"))
+            ("late", "sq.late"), ("record", "sq.record"), ("times", "sq.times"), ("depths", "sq.depths"))
 
 
 def queue_function(template: str, name: str, namespace: Optional[dict] = None) -> Callable:
@@ -325,9 +323,9 @@ class SegmentQueue:
 
     def _deeper(self, q: int) -> None:
         """Extend the latency table past the slots (stragglers, a fluid's batches): saturated, ``L(Q) q / Q``."""
-        top = self.L[self.Q]
-        while len(self.L) <= q:
-            self.L.append(top * len(self.L) / self.Q)
+        L, Q = self.L, self.Q
+        top, n = L[Q], len(L)
+        L.extend([top * x / Q for x in range(n, max(q + 1, 2 * n))])  # doubling: a fluid's depth may keep growing
 
     advance = queue_function('''
         def advance(sq, now):
@@ -360,7 +358,6 @@ class SegmentQueue:
             batches that completed."""
             @load
             done = []
-            dappend_done = done.append
             @advance
             @complete
             @settle

@@ -189,18 +189,20 @@ class SharedDevice(SegmentQueue):
             """Advance to ``now`` (the time :attr:`tnext` announced); returns the owners of the batches finished."""
             @load
             done = []
-            dappend_done = done.append
             served = reads
             @advance
             @complete
             @settle
             reads = served  # counted as batches finish (the queue counts segments as they leave service)
-            area_b = sq.batch_area
-            for bt in done:
-                reads += bt[5]
-                area_b += bt[9] * (now - bt[4])
-            sq.batch_area = area_b
-            sq.batches += len(done)
+            owners = []
+            if done:
+                area_b = sq.batch_area
+                for bt in done:
+                    reads += bt[5]
+                    area_b += bt[9] * (now - bt[4])
+                    owners.append(bt[0])
+                sq.batch_area = area_b
+                sq.batches += len(done)
             @store
-            return [bt[0] for bt in done]
+            return owners
         ''', "SharedDevice.complete")
