@@ -12,7 +12,8 @@ session-steps a second.
 One session alone (no contention possible) skips the loop altogether: every
 step's time is its reads' duration alone plus its compute, in arrays.  The
 common case of many sessions (one drive, no overlap, no hash or batch
-overhead) runs the device's queue inline (:meth:`FastRun._run_lean`).
+overhead) runs the device's queue inline (:meth:`FastRun._run_lean`), its statements compiled in
+from the one text of the queue (:data:`sim.device.fluid.QUEUE`).
 
 Simultaneous events: at the same time to the last bit, the device's
 completions go before sessions' wake-ups.  The exact mode orders them as
@@ -37,7 +38,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..device import FastDevice, SegmentQueue
-from ..device.fluid import earliest
+from ..device.fluid import earliest, queue_function
 from sim.core.params import Policy
 
 __all__ = ["FastRun", "split_readers"]
@@ -56,6 +57,77 @@ def split_readers(k: int, parts: Sequence[int]) -> list:
     if k < len(idx):
         return [[(j, parts[j], min(k, parts[j]))] for j in idx]
     return [[(j, parts[j], max(1, min(parts[j], int(round(k * parts[j] / n))))) for j in idx]]
+
+
+#: The fast mode's common case (one drive, no overlap, no hash or batch overhead, :meth:`FastRun._run_lean`): the
+#: sessions' steps on a heap of wake-ups, the device's queue (:data:`sim.device.fluid.QUEUE`) run inline -- this
+#: loop is where hundreds of sessions spend their time -- and so is the sampler: its batch samples looked up by
+#: the batch's reads ``n`` (readers ``kof[n]``), its uniform draws taken from its buffer in the order
+#: :meth:`FastDevice.draw` takes them.  A session's step: its reads (if any) as one batch, then its compute.
+_lean_loop = queue_function('''
+    def lean(sq, sampler, wake, ns, comps, kof, lat_rows, step, t0, finish, tick):
+        @load
+        push, pop, inf = heapq.heappush, heapq.heappop, math.inf
+        steps, seq = len(comps[0]), len(wake)
+        cache, samples_of = sampler._cache, sampler.samples_of
+        ubuf, ui, urng = sampler._u, sampler._ui, sampler.rng
+        ulen = len(ubuf)
+        byn = [None] * len(kof)  # per batch size: (sigmas, their count, extras, ref, readers), as sizes appear
+        done = []
+        while True:
+            if wake and wake[0][0] < tnext:  # at a tie, the device first (see the module)
+                now, _, i = pop(wake)  # session i starts its step
+                t0[i] = now
+                n = ns[i][step[i]]
+                if n:
+                    @advance
+                    g = byn[n]
+                    if g is None:
+                        k = kof[n]
+                        got = cache.get((n, k))
+                        if got is None:
+                            got = samples_of(n, k)
+                        g = byn[n] = (got[1], len(got[1]), got[2], got[4], k)
+                    sig, nsig, ext, ref, k = g
+                    if nsig == 1:
+                        x = 0
+                    else:
+                        if ui >= ulen:
+                            ubuf = urng.random(65536).tolist()
+                            ui, ulen = 0, len(ubuf)
+                        x = int(ubuf[ui] * nsig)
+                        ui += 1
+                    c = k if k < n else n
+                    left, sigma, extra, owner = n - c, sig[x], ext[x], i
+                    @submit
+                    @settle
+                    continue
+                done.append((i,))  # nothing to read: the compute follows at once, the device untouched
+            elif tnext == inf:
+                break
+            else:  # the device's next completion
+                now = tnext
+                @advance
+                @complete
+                @settle
+            if done:  # sessions whose reads are done: their compute follows
+                for bt in done:
+                    i = bt[0]
+                    t = step[i]
+                    end = now + comps[i][t]
+                    lat_rows[i][t] = end - t0[i]
+                    step[i] = t + 1
+                    if t + 1 == steps:
+                        finish[i] = end
+                        if tick is not None:
+                            tick(1)
+                    else:
+                        seq += 1
+                        push(wake, (end, seq, i))
+                done.clear()
+        @store
+        sampler._u, sampler._ui = ubuf, ui
+    ''', "sim.decode.fast._lean_loop", {"heapq": heapq, "math": math})
 
 
 class FastRun:
@@ -90,10 +162,7 @@ class FastRun:
         self.sampler, self.drives, self.policy = sampler, drives, policy
         self.reads, self.by_drive, self.computes = reads, by_drive, computes
         self.hash_time, self.overlap = hash_time, overlap
-        dev = sampler.device
-        self.queues = [sampler.queue] + [SegmentQueue(dev.saturation_depth(), dev.mean_latency, dev.straggler,
-                                                      bucket=dev.bucket(), tail=dev.gate_tail())
-                                         for _ in range(drives - 1)]
+        self.queues = [sampler.queue] + [SegmentQueue.of(sampler.device) for _ in range(drives - 1)]
         S = len(reads)
         steps = len(computes[0])
         if drives == 1:
@@ -221,27 +290,14 @@ class FastRun:
             c = comp[t]
             if h:
                 now = yield (WAIT, h)
-            if not overlap:
-                if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
-                    now = yield (JOIN, pending)
-                    pending = None
-                for ph in phases(s, t, every):
-                    if ovh and any(k > 1 for _, _, k in ph):
-                        now = yield (WAIT, ovh)
-                    now = yield (IO, ph)
-                cmd = prefetch(t + 1)
-                if cmd is not None:
-                    now = yield cmd
-                    pending = self._handle
-                now = yield (WAIT, c)
-            else:
-                if pending is not None:
-                    now = yield (JOIN, pending)
-                    pending = None
-                for ph in phases(s, t, first):
-                    if ovh and any(k > 1 for _, _, k in ph):
-                        now = yield (WAIT, ovh)
-                    now = yield (IO, ph)
+            if pending is not None:  # the prefetched rows first, then the rest (engram.Session.step_many)
+                now = yield (JOIN, pending)
+                pending = None
+            for ph in phases(s, t, first if overlap else every):
+                if ovh and any(k > 1 for _, _, k in ph):
+                    now = yield (WAIT, ovh)
+                now = yield (IO, ph)
+            if overlap:  # the second table's reads in the background, under the first part of the compute
                 later = phases(s, t, rest)
                 handle = None
                 if later:
@@ -251,11 +307,11 @@ class FastRun:
                 now = yield (WAIT, c * frac)
                 if handle is not None:
                     now = yield (JOIN, handle)
-                cmd = prefetch(t + 1)
-                if cmd is not None:
-                    now = yield cmd
-                    pending = self._handle
-                now = yield (WAIT, c * (1 - frac))
+            cmd = prefetch(t + 1)
+            if cmd is not None:
+                now = yield cmd
+                pending = self._handle
+            now = yield (WAIT, c * (1 - frac) if overlap else c)
             lat[t] = now - t0
             stl[t] = now - t0 - c - h
 
@@ -266,220 +322,21 @@ class FastRun:
                 and not (self.overlap > 0 and self.reads[0].shape[1] > 1))
 
     def _run_lean(self, begin: Sequence[float], tick) -> None:
-        """Every session as a state (its step and when it began), no generators: wake, read, compute.
-
-        The device's :class:`~sim.device.fluid.SegmentQueue` is run inline here -- its ``submit`` and
-        ``complete``, statement for statement, on local variables (the advance of its clock they begin with
-        and the admission of waiting segments they end with written once for both) -- because this loop is
-        where hundreds of sessions spend their time; its figures are written back to the queue at the end.  So are the
-        sampler's: its batch samples are looked up by the batch's reads (the readers follow from them) and
-        its uniform draws taken from its buffer here, in the order :meth:`FastDevice.draw` takes them; a
-        step's stall is its latency less its compute, computed once at the end (the same subtraction).
-        (``tests/sim/test_decode.py`` checks that this loop and the general one give the same run.)
-        """
+        """Every session as a state (its step and when it began), no generators: :func:`_lean_loop`, the readers
+        of each batch size looked up once; a step's stall is its latency less its compute, computed once at the
+        end (the same subtraction).  (``tests/sim/test_decode.py`` checks that this loop and the general one give
+        the same run.)"""
         S = len(self.reads)
-        sq = self.queues[0]
-        thr, width = self.policy.threshold, self.policy.readers
         ns = self._n["all"]
         comps = [c.tolist() for c in self.computes]
-        steps = len(comps[0])
-        lat_rows = [[0.0] * steps for _ in range(S)]
-        step = [0] * S
-        t0 = [0.0] * S
-        finish = self.finish
-        sampler = self.sampler
-        samples_of = sampler.samples_of
-        # per batch size n: its readers k and (sigmas, their count, extras, ref), filled as sizes first appear
+        lat_rows = [[0.0] * len(comps[0]) for _ in range(S)]
+        thr, width = self.policy.threshold, self.policy.readers
         top = max((max(r) for r in ns if r), default=0)
         kof = [1 if n < thr else (n if n < width else width) for n in range(top + 1)]
-        byn: list = [None] * (top + 1)
-        # the sampler's uniform draws (FastDevice._uniform, inline)
-        ubuf, ui = sampler._u, sampler._ui
-        ulen = len(ubuf)
-        urng = sampler.rng
         wake = [(float(b), i, i) for i, b in enumerate(begin)]
         heapq.heapify(wake)
-        push, pop = heapq.heappush, heapq.heappop
-        seq = S
-        # the queue's state
-        L, Q, slack, shared = sq.L, sq.Q, sq.slack, sq.shared
-        nL = len(L)
-        gate, gate_tail = sq.bucket, sq.tail
-        heap, wait, late = sq.heap, sq.wait, sq.late
-        popleft, wappend = wait.popleft, wait.append
-        V, tq, q, d, qseq = sq.V, sq.t, sq.q, sq.d, sq.seq
-        area = busy = 0.0
-        reads = 0
-        times, depths = sq.times, sq.depths
-        tappend, dappend = times.append, depths.append
-        record = sq.record
-        tnext = math.inf
-        inf = math.inf
-        done: list = []
-        dappend_done = done.append
-
-        while True:
-            if wake and wake[0][0] < tnext:  # at a tie, the device first (see the module)
-                now, _, i = pop(wake)   # session i starts its step
-                t = step[i]
-                t0[i] = now
-                n = ns[i][t]
-                if not n:  # nothing to read: the compute follows at once, the device untouched
-                    end = now + comps[i][t]
-                    lat_rows[i][t] = end - now
-                    step[i] = t + 1
-                    if t + 1 == steps:
-                        finish[i] = end
-                        if tick is not None:
-                            tick(1)
-                    else:
-                        seq += 1
-                        push(wake, (end, seq, i))
-                    continue
-            elif tnext == inf:
-                break
-            else:
-                now = tnext
-                n = 0  # the device's next completion
-            # the queue advanced to now (as SegmentQueue.submit and complete begin)
-            dt = now - tq
-            if dt > 0:
-                if q:
-                    V += dt / L[q]
-                if d:
-                    area += dt * d
-                    busy += dt
-                tq = now
-            if n:
-                g = byn[n]
-                if g is None:
-                    k = kof[n]
-                    got = sampler._cache.get((n, k))
-                    if got is None:
-                        got = samples_of(n, k)
-                    g = byn[n] = (got[1], len(got[1]), got[2], got[4], k)
-                sig, nsig, ext, ref, k = g
-                if nsig == 1:
-                    x = 0
-                else:
-                    if ui >= ulen:
-                        ubuf = urng.random(65536).tolist()
-                        ui, ulen = 0, len(ubuf)
-                    x = int(ubuf[ui] * nsig)
-                    ui += 1
-                # submit (SegmentQueue.submit)
-                c = k if k < n else n
-                if gate is None:
-                    nb = 0.0
-                else:  # the device's not_before, inlined
-                    nb = gate.take(now, n)
-                    nb = nb + gate_tail if nb > now else 0.0
-                sx = sig[x]
-                bt = [i, n - c, c, sx, now, n, ext[x], ref, nb]
-                d += c
-                if not wait and q < Q and q + c <= Q + slack:
-                    qseq += 1
-                    push(heap, (V + sx, qseq, bt, c))
-                    q += c
-                else:
-                    wappend([bt, c])  # admitted below
-            else:
-                # complete (SegmentQueue.complete)
-                Ve = V + 1e-12 * (1.0 + (V if V > 0 else -V))  # V + eps: V holds while the segments finish
-                while late and late[0][0] <= now:
-                    dappend_done(pop(late)[2])
-                first = not done
-                while heap and (first or heap[0][0] <= Ve):
-                    first = False
-                    _, _, bt, c = pop(heap)
-                    if c < 0:
-                        q -= 1
-                        d -= 1
-                        if bt[8] > now:
-                            qseq += 1
-                            push(late, (bt[8], qseq, bt))
-                        else:
-                            dappend_done(bt)
-                        continue
-                    left = bt[1]
-                    if not left and bt[6] > 0 and bt[2] == c:
-                        qseq += 1
-                        if shared:
-                            push(heap, (V + bt[6] / L[1], qseq, bt, -1))
-                            q += 1
-                            d += 1
-                            if q >= nL:
-                                sq._deeper(q)
-                                nL = len(L)
-                        else:
-                            tl = now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q)
-                            push(late, (tl if tl > bt[8] else bt[8], qseq, bt))
-                        bt[6] = -1.0
-                    q -= c
-                    d -= c
-                    reads += c
-                    if left:
-                        x = c if c < left else left
-                        bt[1] = left - x
-                        bt[2] += x - c
-                        d += x
-                        wappend([bt, x])
-                    else:
-                        bt[2] -= c
-                        if bt[2] == 0 and bt[6] >= 0:
-                            if bt[8] > now:  # not before its last token (a rate-limited device)
-                                qseq += 1
-                                push(late, (bt[8], qseq, bt))
-                            else:
-                                dappend_done(bt)
-                if done:  # sessions whose reads are done: their compute follows
-                    for bt in done:
-                        i = bt[0]
-                        t = step[i]
-                        end = now + comps[i][t]
-                        lat_rows[i][t] = end - t0[i]
-                        step[i] = t + 1
-                        if t + 1 == steps:
-                            finish[i] = end
-                            if tick is not None:
-                                tick(1)
-                        else:
-                            seq += 1
-                            push(wake, (end, seq, i))
-                    done.clear()
-            # after a submit or a completion: the waiting segments admitted (the device's _admit, inlined: hot
-            # loop; the sessions' wake-ups pushed above do not touch the queue), then the queue's next event
-            while wait and q < Q:
-                seg = wait[0]
-                b2, c2 = seg
-                take = Q - q
-                if take + slack >= c2:
-                    popleft()
-                    take = c2
-                else:
-                    seg[1] = c2 - take
-                qseq += 1
-                push(heap, (V + b2[3], qseq, b2, take))
-                q += take
-            if q >= nL:
-                sq._deeper(q)
-                nL = len(L)
-            if heap:
-                gap = heap[0][0] - V
-                tnext = tq + (gap if gap > 0 else 0.0) * L[q]
-            else:
-                tnext = inf
-            if late and late[0][0] < tnext:
-                tnext = late[0][0]
-            if record:
-                tappend(tq)
-                dappend(d)
-        sq.V, sq.t, sq.q, sq.d, sq.seq, sq.tnext = V, tq, q, d, qseq, tnext
-        sq.area += area
-        sq.busy += busy
-        sq.reads += reads
-        sq.max_depth = max(depths) if depths else 0
-        sampler._u, sampler._ui = ubuf, ui
+        _lean_loop(self.queues[0], self.sampler, wake, ns, comps, kof, lat_rows, [0] * S, [0.0] * S, self.finish,
+                   tick)
         self.lats = np.asarray(lat_rows)
         self.stalls = np.maximum(self.lats - np.asarray(comps), 0.0)
 

@@ -16,11 +16,10 @@ negative: ``level < 0`` is the debt of tokens granted ahead, paid back at
 (Turner 1986, "New directions in communications"; RFC 2697's single-rate
 bucket), read-counted.
 
-Every device service uses this one class: the fast mode's segment queue
-(:mod:`sim.device.fluid`), the serving model's fluid device
-(:mod:`sim.serve.device`), the exact per-read models
-(:mod:`sim.device.engines`), and the fast decode loop's inline queue
-(:mod:`sim.decode.fast`, through :meth:`TokenBucket.take`).
+Every device service uses this one class: the segment queue's statements
+(:data:`sim.device.fluid.QUEUE`, through :meth:`TokenBucket.take`: the fast
+mode's queue, the fast decode loop that runs it inline, the serving model's
+fluid device) and the exact per-read models (:mod:`sim.device.engines`).
 """
 
 from __future__ import annotations

@@ -67,8 +67,7 @@ class FastDevice(_Uniforms):
     def __init__(self, device, rng: np.random.Generator, recorder: Optional[Recorder] = None,
                  samples: Optional[int] = None, env=None):
         self.device, self.rng, self.rec, self.samples, self.env = device, rng, recorder, samples, env
-        self.queue = SegmentQueue(device.saturation_depth(), device.mean_latency, device.straggler,
-                                  bucket=device.bucket(), tail=device.gate_tail())
+        self.queue = SegmentQueue.of(device)
         self._cache: dict = {}
         self._u: list = []
         self._ui = 0

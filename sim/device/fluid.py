@@ -59,78 +59,193 @@ the bucket's rate is the tighter bound then.)
 So the sharing of the device between sessions is the exact model's -- slots,
 FIFO order, the next round of a batch behind the reads that came meanwhile --
 while the events are a few per batch instead of a few per read.
+
+The queue is written once, as the statements of :data:`QUEUE` (the clock's advance, a batch's entry, the
+completions, then the admission and the next event) over local names; :func:`queue_function` compiles them into
+:meth:`SegmentQueue.submit` and :meth:`SegmentQueue.complete`, into those of the serving model's device
+(:class:`sim.serve.device.SharedDevice`: room for every batch at once, each served whole) and into the loop that
+runs them inline on its hot path (the fast decode mode's common case, :mod:`sim.decode.fast`), each loading the
+queue's state into locals and storing it back.
 """
 
 from __future__ import annotations
 
+import ast
 import heapq
+import linecache
 import math
+import textwrap
 from collections import deque
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
-__all__ = ["SegmentQueue", "nominal_batch"]
+__all__ = ["QUEUE", "SegmentQueue", "nominal_batch", "queue_function"]
 
-# Fields of a batch (a list, for speed); NB: not before this time (its last token plus the raw latency; 0: none).
-OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF, NB = range(9)
+# Fields of a batch (a list, for speed); NB: not before this time (its last token plus the raw latency; 0: none);
+# FIRST: the reads of its first segment (a batch served whole: its reads in the device).
+OWNER, LEFT, INSYS, SIGMA, START, READS, EXTRA, REF, NB, FIRST = range(10)
 
-
-class FluidClock:
-    """What a device serving its reads as a fluid keeps (:class:`SegmentQueue`, the serving model's
-    :class:`sim.serve.device.SharedDevice`): the mean latency ``L[q]`` of a read at each depth ``q`` up to the
-    slots ``Q`` (``L[0]`` unused), the virtual clock ``V`` at time ``t`` (``dV/dt = 1 / L(q)``), the reads in
-    service ``q``, the heap of what is in service by the ``V`` it finishes at and ``late`` (served, waiting for
-    its last token), and the counters of its timeline (``area``, ``busy``, ``reads``; ``times`` and ``depths``
-    when ``record``; ``tnext``, ``max_depth``), all starting at time 0 with the device empty."""
-
-    __slots__ = ("Q", "L", "V", "t", "q", "heap", "late", "seq", "area", "busy", "reads", "times", "depths",
-                 "record", "tnext", "max_depth")
-
-    def __init__(self, slots: int, mean_latency: Callable[[int], float], record: bool = True):
-        self.Q = int(slots)
-        self.L = [0.0] + [max(float(mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
-        self.V = 0.0
-        self.t = 0.0
-        self.q = 0
-        self.heap: list = []
-        self.late: list = []
-        self.seq = 0
-        self.area = 0.0
-        self.busy = 0.0
-        self.reads = 0
-        self.times: list = []
-        self.depths: list = []
-        self.record = record
-        self.tnext = math.inf
-        self.max_depth = 0
-
-    def _replan(self, lq: float, depth: int) -> None:
-        """After a change: when the next event comes (``lq``: the mean latency of a read at the depth in service
-        now) and, when ``record``, the timeline's point (``depth``: the reads in the device)."""
-        heap = self.heap
-        if heap:
-            gap = heap[0][0] - self.V
-            self.tnext = self.t + (gap if gap > 0 else 0.0) * lq
+#: The queue, written once: statements over its state as locals (``V``, ``tq`` its time, ``q`` reads in service,
+#: ``d`` reads in the device, ``qseq``, ``area``, ``busy``, ``reads``, ``tnext``, ``max_depth``: :data:`STATE`)
+#: and its parts (``L``, ``nL = len(L)``, ``room``, ``slack``, ``heap``, ``wait``, ...: :data:`BINDINGS`), ``sq``
+#: the queue.  ``advance``: the clock to ``now``.  ``submit``: a batch ``bt`` of ``n`` reads, ``c`` at a time
+#: (``left`` after its first segment), ``sigma`` the work of each, enters at the tail (``owner``, ``extra``,
+#: ``ref``: :meth:`SegmentQueue.submit`).
+#: ``complete``: the segments due at ``now`` finish, and the batches done go to the list ``done`` (empty before).  ``settle``: after either, the head of the queue takes the free slots and the next
+#: event is planned.
+QUEUE: Dict[str, str] = {
+    "advance": """
+dt = now - tq
+if dt > 0:
+    if q:
+        V += dt / L[q]
+    if d:
+        area += dt * d
+        busy += dt
+    tq = now
+""",
+    "submit": """
+if gate is None:
+    nb = 0.0
+else:  # its tokens: not before the last one plus the raw device's latency
+    nb = gate.take(now, n)
+    nb = nb + gate_tail if nb > now else 0.0
+bt = [owner, left, c, sigma, now, n, extra, ref, nb, c]
+d += c
+if not wait and q < room and q + c <= room + slack:
+    qseq += 1
+    push(heap, (V + sigma, qseq, bt, c))
+    q += c
+else:
+    wait.append([bt, c])
+""",
+    "complete": """
+Ve = V + 1e-12 * (1.0 + (V if V > 0 else -V))  # V holds while the segments finish
+while late and late[0][0] <= now:
+    done.append(pop(late)[2])
+first = not done
+while heap and (first or heap[0][0] <= Ve):
+    first = False
+    _, _, bt, c = pop(heap)
+    if c < 0:  # a straggler leaves
+        q -= 1
+        d -= 1
+        if bt[8] > now:  # not before its last token (a rate-limited device)
+            qseq += 1
+            push(late, (bt[8], qseq, bt))
         else:
-            self.tnext = math.inf
-        if self.late and self.late[0][0] < self.tnext:
-            self.tnext = self.late[0][0]
-        if self.record:
-            self.times.append(self.t)
-            self.depths.append(depth)
-        if depth > self.max_depth:
-            self.max_depth = depth
+            done.append(bt)
+        continue
+    left = bt[1]
+    if not left and bt[6] > 0 and bt[2] == c:  # its last segment: the straggler follows
+        qseq += 1
+        if shared:
+            push(heap, (V + bt[6] / L[1], qseq, bt, -1))
+            q += 1
+            d += 1
+            if q >= nL:
+                sq._deeper(q)
+                nL = len(L)
+        else:
+            tl = now + bt[6] * (bt[7] + (1.0 - bt[7]) * c / q)
+            push(late, (tl if tl > bt[8] else bt[8], qseq, bt))
+        bt[6] = -1.0
+    q -= c
+    d -= c
+    reads += c
+    if left:  # its readers issue the next segment at the tail
+        x = c if c < left else left
+        bt[1] = left - x
+        bt[2] += x - c
+        d += x
+        wait.append([bt, x])
+    else:
+        bt[2] -= c
+        if bt[2] == 0 and bt[6] >= 0:
+            if bt[8] > now:  # not before its last token (a rate-limited device)
+                qseq += 1
+                push(late, (bt[8], qseq, bt))
+            else:
+                done.append(bt)
+""",
+    "settle": """
+while wait and q < room:  # the head of the queue takes the free slots (whole within the slack)
+    seg = wait[0]
+    b2, c2 = seg
+    take = room - q
+    if take + slack >= c2:
+        wait.popleft()
+        take = c2
+    else:
+        seg[1] = c2 - take
+    qseq += 1
+    push(heap, (V + b2[3], qseq, b2, take))
+    q += take
+if q >= nL:
+    sq._deeper(q)
+    nL = len(L)
+if heap:
+    gap = heap[0][0] - V
+    tnext = tq + (gap if gap > 0 else 0.0) * L[q]
+else:
+    tnext = inf
+if late and late[0][0] < tnext:
+    tnext = late[0][0]
+if record:
+    times.append(tq)
+    depths.append(d)
+if d > max_depth:
+    max_depth = d
+""",
+}
+
+#: The queue's state in :data:`QUEUE`: local name and attribute, loaded where used and stored back where assigned.
+STATE = (("V", "V"), ("tq", "t"), ("q", "q"), ("d", "d"), ("qseq", "seq"), ("area", "area"), ("busy", "busy"),
+         ("reads", "reads"), ("tnext", "tnext"), ("max_depth", "max_depth"))
+
+#: The queue's parts in :data:`QUEUE`, loaded where used: local name and expression (``push``, ``pop`` and ``inf``
+#: are globals: ``heapq.heappush``, ``heapq.heappop``, ``math.inf``).
+BINDINGS = (("L", "sq.L"), ("nL", "len(sq.L)"), ("room", "sq.room"), ("slack", "sq.slack"), ("shared", "sq.shared"),
+            ("gate", "sq.bucket"), ("gate_tail", "sq.tail"), ("heap", "sq.heap"), ("wait", "sq.wait"),
+            ("late", "sq.late"), ("record", "sq.record"), ("times", "sq.times"), ("depths", "sq.depths"))
 
 
-def earliest(clocks: Sequence[FluidClock]) -> Tuple[float, int]:
-    """``(tnext, index)`` of the first of ``clocks`` whose next event comes soonest (``(inf, 0)``: none comes)."""
-    td, jd = math.inf, 0
-    for j, c in enumerate(clocks):
-        if c.tnext < td:
-            td, jd = c.tnext, j
-    return td, jd
+def queue_function(template: str, name: str, namespace: Optional[dict] = None) -> Callable:
+    """The function that ``template`` defines, the queue's statements in it: a line ``@advance`` (``@submit``,
+    ``@complete``, ``@settle``) stands for those of :data:`QUEUE` at its indentation, ``@load`` for the queue's
+    parts and state that the function uses (taken from its argument ``sq``), ``@store`` for the state it assigns,
+    written back.  ``namespace``: its globals beside ``push``, ``pop`` and ``inf``.  Its source is kept in
+    :mod:`linecache` (and as its attribute ``source``), so tracebacks and profiles show its lines."""
+    def expand(lines, marks):
+        out = []
+        for line in lines:
+            key = line.strip()[1:]
+            if line.strip().startswith("@") and key in marks:
+                pad = line[:len(line) - len(line.lstrip())]
+                out += [pad + x if x.strip() else "" for x in marks[key]]
+            else:
+                out.append(line)
+        return out
+
+    body = expand(textwrap.dedent(template).strip("\n").splitlines(),
+                  {k: v.strip("\n").splitlines() for k, v in QUEUE.items()})
+    fn = ast.parse("\n".join(x.replace("@", "pass  # ") if x.strip() in ("@load", "@store") else x
+                             for x in body)).body[0]
+    names = [x for x in ast.walk(fn) if isinstance(x, ast.Name)]
+    used, stored = {x.id for x in names}, {x.id for x in names if isinstance(x.ctx, ast.Store)}
+    params = {a.arg for a in fn.args.args}
+    load = [f"{k} = {e}" for k, e in BINDINGS if k in used and k not in params]
+    load += [f"{k} = sq.{a}" for k, a in STATE if k in used]
+    src = "\n".join(expand(body, {"load": load, "store": [f"sq.{a} = {k}" for k, a in STATE if k in stored]}))
+    filename = f"<sim.device.fluid: {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    ns = {"push": heapq.heappush, "pop": heapq.heappop, "inf": math.inf, **(namespace or {})}
+    exec(compile(src, filename, "exec"), ns)
+    got = ns[fn.name]
+    got.__qualname__, got.source = name, src
+    return got
 
 
-class SegmentQueue(FluidClock):
+class SegmentQueue:
     """One device in the fast mode (see the module docstring); times in seconds.
 
     Parameters
@@ -148,6 +263,18 @@ class SegmentQueue(FluidClock):
 
     Attributes
     ----------
+    Q, room : int
+        The slots, and the reads served at once before more wait (the slots; unbounded in a fluid that shares
+        the device at once, :class:`sim.serve.device.SharedDevice`).
+    L : list of float
+        The mean latency of a read at each depth ``q`` (``L[0]`` unused; past the slots saturated, ``L(Q) q / Q``).
+    V, t : float
+        The virtual clock (``dV/dt = 1 / L(q)``) at the time ``t``.
+    q, d : int
+        Reads in service, and in the device (in service or waiting).
+    heap, wait, late : list, deque, list
+        Segments in service by the ``V`` they finish at; segments waiting; batches served that wait for their
+        straggler (``straggler="own"``) or their last token, by time.
     area : float
         Integral of the reads in the device over time (read-seconds).
     busy : float
@@ -158,175 +285,94 @@ class SegmentQueue(FluidClock):
         Time and reads in the device after each change, when ``record``.
     max_depth : int
         Most reads in the device at once.
+    tnext : float
+        When the next event comes (inf: none).
     """
 
-    __slots__ = ("d", "wait", "shared", "slack", "bucket", "tail")
+    __slots__ = ("Q", "room", "L", "V", "t", "q", "d", "heap", "wait", "late", "seq", "area", "busy", "reads",
+                 "times", "depths", "record", "tnext", "max_depth", "shared", "slack", "bucket", "tail")
 
     def __init__(self, slots: int, mean_latency: Callable[[int], float], straggler: str = "shared",
                  record: bool = True, bucket=None, tail: float = 0.0):
         if straggler not in ("shared", "own"):
             raise ValueError(f"straggler must be 'shared' or 'own', got {straggler!r}")
-        super().__init__(slots, mean_latency, record)
+        self.Q = self.room = int(slots)
+        self.L = [0.0] + [max(float(mean_latency(q)), 1e-15) for q in range(1, self.Q + 1)]
+        self.V = self.t = self.area = self.busy = 0.0
+        self.q = self.d = self.seq = self.reads = self.max_depth = 0
+        self.heap: list = []
+        self.wait: deque = deque()
+        self.late: list = []
+        self.times: list = []
+        self.depths: list = []
+        self.record = record
+        self.tnext = math.inf
         self.shared = straggler == "shared"
         #: A segment that overflows the free slots by at most this many reads is served whole (at the
         #: saturated latency ``L(Q) q / Q``, the same throughput) rather than split: splitting at every
         #: completion would splinter segments into single reads.
         self.slack = max(0, self.Q // 8)
-        self.d = 0
-        self.wait: deque = deque()
         self.bucket, self.tail = bucket, float(tail)
 
-    def not_before(self, now: float, n: int) -> float:
-        """Take ``n`` tokens at ``now``: when a batch of ``n`` reads arriving now may complete at the earliest
-        (0: whenever its reads are done; always 0 without a bucket)."""
-        if self.bucket is None:
-            return 0.0
-        t = self.bucket.take(now, n)
-        return t + self.tail if t > now else 0.0
+    @classmethod
+    def of(cls, device, record: bool = True) -> "SegmentQueue":
+        """The queue of ``device`` (a :class:`~sim.device.models.Device`): slots of its saturation depth, its mean
+        latencies, its straggler and its token bucket."""
+        return cls(device.saturation_depth(), device.mean_latency, device.straggler, record, device.bucket(),
+                   device.gate_tail())
 
-    # --------------------------------------------------------------- internals
     def _deeper(self, q: int) -> None:
-        """Extend the latency table past the slots (stragglers in service): saturated, ``L(Q) q / Q``."""
-        top = self.L[self.Q]
-        while len(self.L) <= q:
-            self.L.append(top * len(self.L) / self.Q)
+        """Extend the latency table past the slots (stragglers, a fluid's batches): saturated, ``L(Q) q / Q``."""
+        L, Q = self.L, self.Q
+        top, n = L[Q], len(L)
+        L.extend([top * x / Q for x in range(n, max(q + 1, 2 * n))])  # doubling: a fluid's depth may keep growing
 
-    def _admit(self) -> None:
-        Q, q, wait, heap = self.Q, self.q, self.wait, self.heap
-        slack = self.slack
-        while wait and q < Q:
-            seg = wait[0]
-            b, c = seg
-            take = Q - q
-            if take + slack >= c:  # fits, or overflows by at most the slack: whole (no splinters)
-                wait.popleft()
-                take = c
-            else:
-                seg[1] = c - take
-            self.seq += 1
-            heapq.heappush(heap, (self.V + b[SIGMA], self.seq, b, take))
-            q += take
-        self.q = q
-        if q >= len(self.L):
-            self._deeper(q)
+    advance = queue_function('''
+        def advance(sq, now):
+            """The clock to ``now`` (not earlier than :attr:`t`), the reads in the device counted; nothing else."""
+            @load
+            @advance
+            @store
+        ''', "SegmentQueue.advance")
 
-    # ------------------------------------------------------------------ public
-    def submit(self, now: float, n: int, k: int, sigma: float, owner=None, extra: float = 0.0,
-               ref: float = 1.0) -> list:
-        """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; returns its record
-        (a list whose first item is ``owner``).  ``sigma``: work of each read in mean latencies;
-        ``extra``: the straggler's seconds alone; ``ref`` (``straggler="own"``): the share of it that
-        stays with the batch on a busy device (the rest shrinks with the batch's share of the reads in
-        service when its last segment finishes)."""
-        # the clock advanced inline (as complete): submit runs once a batch, on the fast mode's hot path
-        # (benchmarks/BENCHMARKS.md)
-        dt = now - self.t
-        if dt > 0:
-            if self.q:
-                self.V += dt / self.L[self.q]
-            if self.d:
-                self.area += dt * self.d
-                self.busy += dt
-            self.t = now
-        c = k if k < n else n
-        b = [owner, n - c, c, sigma, now, n, extra, ref, self.not_before(now, n) if self.bucket is not None else 0.0]
-        self.d += c
-        q = self.q
-        if not self.wait and q + c <= self.Q + (self.slack if q < self.Q else -1):
-            self.seq += 1
-            heapq.heappush(self.heap, (self.V + sigma, self.seq, b, c))
-            self.q = q + c
-            if self.q >= len(self.L):
-                self._deeper(self.q)
-        else:
-            self.wait.append([b, c])
-            self._admit()
-        self._replan(self.L[self.q], self.d)
-        return b
+    submit = queue_function('''
+        def submit(sq, now, n, k, sigma, owner=None, extra=0.0, ref=1.0):
+            """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; returns its record (a list whose
+            first item is ``owner``).  ``sigma``: work of each read in mean latencies; ``extra``: the straggler's
+            seconds alone; ``ref`` (``straggler="own"``): the share of it that stays with the batch on a busy
+            device (the rest shrinks with the batch's share of the reads in service when its last segment
+            finishes)."""
+            @load
+            c = k if k < n else n
+            left = n - c
+            @advance
+            @submit
+            @settle
+            @store
+            return bt
+        ''', "SegmentQueue.submit")
 
-    def complete(self, now: float) -> List[list]:
-        """Advance to ``now`` (the time :attr:`tnext` announced) and finish the segments due; returns the
-        batches that completed.  (The hot path of the fast mode: everything inline.)"""
-        q, d, L = self.q, self.d, self.L
-        dt = now - self.t
-        V = self.V
-        if dt > 0:
-            if q:
-                V += dt / L[q]
-                self.V = V
-            if d:
-                self.area += dt * d
-                self.busy += dt
-            self.t = now
-        heap, wait, late = self.heap, self.wait, self.late
-        eps = 1e-12 * (1.0 + (V if V > 0 else -V))
-        done = []
-        while late and late[0][0] <= now:
-            done.append(heapq.heappop(late)[2])
-        first = not done
-        pop, push = heapq.heappop, heapq.heappush
-        while heap and (first or heap[0][0] <= V + eps):
-            first = False
-            _, _, b, c = pop(heap)
-            if c < 0:  # a straggler leaves
-                q -= 1
-                d -= 1
-                if b[8] > now:  # not before its last token (a rate-limited device)
-                    self.seq += 1
-                    push(late, (b[8], self.seq, b))
-                else:
-                    done.append(b)
-                continue
-            left = b[1]
-            if not left and b[6] > 0 and b[2] == c:  # its last segment: the straggler follows
-                self.seq += 1
-                if self.shared:
-                    push(heap, (V + b[6] / L[1], self.seq, b, -1))
-                    q += 1
-                    d += 1
-                    if q >= len(L):
-                        self._deeper(q)
-                else:
-                    tl = now + b[6] * (b[7] + (1.0 - b[7]) * c / q)
-                    push(late, (tl if tl > b[8] else b[8], self.seq, b))
-                b[6] = -1.0
-            q -= c
-            d -= c
-            self.reads += c
-            if left:
-                x = c if c < left else left
-                b[1] = left - x
-                b[2] += x - c
-                d += x
-                wait.append([b, x])
-            else:
-                b[2] -= c
-                if b[2] == 0 and b[6] >= 0:
-                    if b[8] > now:  # not before its last token (a rate-limited device)
-                        self.seq += 1
-                        push(late, (b[8], self.seq, b))
-                    else:
-                        done.append(b)
-        if wait and q < self.Q:  # admit from the head of the queue
-            self.q = q
-            self._admit()
-            q = self.q
-        self.q, self.d = q, d
-        # the next event (as _replan)
-        if heap:
-            gap = heap[0][0] - V
-            tn = now + (gap if gap > 0 else 0.0) * L[q]
-        else:
-            tn = math.inf
-        if late and late[0][0] < tn:
-            tn = late[0][0]
-        self.tnext = tn
-        if self.record:
-            self.times.append(now)
-            self.depths.append(d)
-        if d > self.max_depth:
-            self.max_depth = d
-        return done
+    complete = queue_function('''
+        def complete(sq, now):
+            """Advance to ``now`` (the time :attr:`tnext` announced) and finish the segments due; returns the
+            batches that completed."""
+            @load
+            done = []
+            @advance
+            @complete
+            @settle
+            @store
+            return done
+        ''', "SegmentQueue.complete")
+
+
+def earliest(queues: Sequence[SegmentQueue]) -> Tuple[float, int]:
+    """``(tnext, index)`` of the first of ``queues`` whose next event comes soonest (``(inf, 0)``: none comes)."""
+    td, jd = math.inf, 0
+    for j, c in enumerate(queues):
+        if c.tnext < td:
+            td, jd = c.tnext, j
+    return td, jd
 
 
 def nominal_batch(slots: int, mean_latency: Callable[[int], float], n: int, k: int) -> tuple:

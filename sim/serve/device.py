@@ -25,7 +25,9 @@ A rate-limited device (:class:`~sim.device.RateLimitedDevice`) adds its token bu
 tokens when it arrives and completes when the fluid has served it and not before its last token plus the raw
 device's QD1 latency (held in a heap of its own until then).
 
-So a decode batch meeting a prefill chunk gets the share of the device its readers hold; the
+The queue is the decode model's own (:class:`~sim.device.fluid.SegmentQueue`, its statements written once in
+:data:`~sim.device.fluid.QUEUE`), with room for every batch at once and each batch one segment that leaves no
+reads behind.  So a decode batch meeting a prefill chunk gets the share of the device its readers hold; the
 batch-level events (a submit and a completion per batch) keep an hour of serving at 10 requests/s
 to a few hundred thousand device events.  Little's law holds by construction: the integral of the
 reads in the device is the sum over batches of ``c_i`` times their duration, which is the sum of
@@ -34,16 +36,15 @@ their reads' latencies.
 
 from __future__ import annotations
 
-import heapq
 import math
+import sys
 import weakref
-from typing import List
 
 import numpy as np
 
 from ..device import Device
 from ..device.alone import sample_size
-from ..device.fluid import FluidClock
+from ..device.fluid import SegmentQueue, queue_function
 
 __all__ = ["BatchTimes", "SharedDevice"]
 
@@ -135,8 +136,10 @@ class BatchTimes:
         return max(t, 0.0)
 
 
-class SharedDevice(FluidClock):
-    """One drive in the serving model (see the module docstring); times in seconds.
+class SharedDevice(SegmentQueue):
+    """One drive in the serving model (see the module docstring); times in seconds: the decode model's queue
+    (:class:`~sim.device.fluid.SegmentQueue`, its statements :data:`~sim.device.fluid.QUEUE`) with no slots to wait
+    for, each batch one segment of its readers' reads in the device.
 
     Attributes
     ----------
@@ -156,76 +159,50 @@ class SharedDevice(FluidClock):
         When the next batch finishes (inf: idle).
     """
 
-    __slots__ = ("top", "_mean", "batch_area", "batches", "gate", "tail")
+    __slots__ = ("batch_area", "batches")
 
     def __init__(self, device: Device, record: bool = True):
-        # late (FluidClock): batches served whose last token comes later: (not before, seq, reads in device, reads,
-        # owner, start)
-        super().__init__(device.saturation_depth(), device.mean_latency, record)
-        self._mean = device.mean_latency
-        self.top = self.L[self.Q]
+        super().__init__(device.saturation_depth(), device.mean_latency, "own", record, device.bucket(),
+                         device.gate_tail())
+        self.room, self.slack = sys.maxsize, 0  # every batch is served at once, whole
         self.batch_area = 0.0
         self.batches = 0
-        self.gate, self.tail = device.bucket(), float(device.gate_tail())
 
-    def latency(self, q: int) -> float:
-        """Mean latency of a read at depth ``q`` (saturated past ``Q``: ``L(Q) q / Q``)."""
-        return self.L[q] if q <= self.Q else self.top * q / self.Q
+    submit = queue_function('''
+        def submit(sq, now, n, k, alone, owner):
+            """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; it would take ``alone`` seconds
+            by itself.  ``owner`` comes back from :meth:`complete` when it finishes."""
+            @load
+            c = k if k < n else n
+            if c >= nL:
+                sq._deeper(c)
+                nL = len(L)
+            left, sigma, extra, ref = 0, alone / L[c], 0.0, 1.0
+            @advance
+            @submit
+            @settle
+            @store
+        ''', "SharedDevice.submit")
 
-    def _advance(self, now: float) -> None:
-        dt = now - self.t
-        if dt > 0:
-            q = self.q
-            if q:
-                self.V += dt / (self.L[q] if q <= self.Q else self.top * q / self.Q)
-                self.area += dt * q
-                self.busy += dt
-            self.t = now
-
-    def _plan(self) -> None:
-        q = self.q
-        self._replan(self.L[q] if q <= self.Q else self.top * q / self.Q, q)
-
-    def submit(self, now: float, n: int, k: int, alone: float, owner) -> None:
-        """A batch of ``n >= 1`` reads by ``k >= 1`` readers arrives at ``now``; it would take ``alone`` seconds by
-        itself.  ``owner`` comes back from :meth:`complete` when it finishes."""
-        self._advance(now)
-        c = k if k < n else n
-        sigma = alone / (self.L[c] if c <= self.Q else self.top * c / self.Q)
-        self.seq += 1
-        nb = 0.0
-        if self.gate is not None:
-            tok = self.gate.take(now, n)
-            nb = tok + self.tail if tok > now else 0.0
-        heapq.heappush(self.heap, (self.V + sigma, self.seq, c, n, owner, now, nb))
-        self.q += c
-        self._plan()
-
-    def complete(self, now: float) -> List:
-        """Advance to ``now`` (the time :attr:`tnext` announced); returns the owners of the batches finished."""
-        self._advance(now)
-        heap = self.heap
-        V = self.V
-        eps = 1e-12 * (1.0 + abs(V))
-        done = []
-        late = self.late
-        while late and late[0][0] <= now:  # served, and now their last token is there too
-            _, _, c, n, owner, t0 = heapq.heappop(late)
-            self.reads += n
-            self.batch_area += c * (now - t0)
-            self.batches += 1
-            done.append(owner)
-        first = not done
-        while heap and (first or heap[0][0] <= V + eps):
-            first = False
-            _, seq, c, n, owner, t0, nb = heapq.heappop(heap)
-            self.q -= c  # its reads leave the raw device's fluid
-            if nb > now:  # not before its last token (a rate-limited device)
-                heapq.heappush(late, (nb, seq, c, n, owner, t0))
-                continue
-            self.reads += n
-            self.batch_area += c * (now - t0)
-            self.batches += 1
-            done.append(owner)
-        self._plan()
-        return done
+    complete = queue_function('''
+        def complete(sq, now):
+            """Advance to ``now`` (the time :attr:`tnext` announced); returns the owners of the batches finished."""
+            @load
+            done = []
+            served = reads
+            @advance
+            @complete
+            @settle
+            reads = served  # counted as batches finish (the queue counts segments as they leave service)
+            owners = []
+            if done:
+                area_b = sq.batch_area
+                for bt in done:
+                    reads += bt[5]
+                    area_b += bt[9] * (now - bt[4])
+                    owners.append(bt[0])
+                sq.batch_area = area_b
+                sq.batches += len(done)
+            @store
+            return owners
+        ''', "SharedDevice.complete")

@@ -909,7 +909,7 @@ class Engine:
         capped = bool(np.isnan(self.finish_t).any())
         self.end = cap if capped and math.isfinite(cap) and not self.aborted else now
         for d in devs:
-            d._advance(self.end)
+            d.advance(self.end)
         steps = {k: np.asarray(v, dtype=np.float64) for k, v in self.rec.items()}
         tbt = np.concatenate(self.tbt_parts) if self.tbt_parts else np.zeros(0)
         shared = {"hits": self.shared.hits, "requests": self.shared.requests} if self.shared else {"hits": 0,

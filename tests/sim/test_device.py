@@ -451,3 +451,32 @@ def test_thinktime_jobs_are_left_out_of_the_latency_by_depth_and_said(tmp_path):
     with pytest.raises(FormatError, match=r"no read job with completed reads run back to back \(1 ran with a "
                                           r"thinktime"):
         device_from_fio(only)
+
+
+def test_the_device_queue_is_written_once():
+    """The queue's statements live in sim.device.fluid.QUEUE alone: the segment queue's methods, the serving model's
+    fluid device and the fast decode loop that runs the queue inline are compiled from them (each carries every
+    statement of the parts it names), and no module of sim/ spells them by hand."""
+    import linecache
+
+    from sim.decode.fast import _lean_loop
+    from sim.device.fluid import QUEUE, SegmentQueue
+    from sim.serve.device import SharedDevice
+
+    parts = {SegmentQueue.submit: ("advance", "submit", "settle"),
+             SegmentQueue.complete: ("advance", "complete", "settle"),
+             SharedDevice.submit: ("advance", "submit", "settle"),
+             SharedDevice.complete: ("advance", "complete", "settle"),
+             _lean_loop: ("advance", "submit", "complete", "settle")}
+    for fn, names in parts.items():
+        src = [x.strip() for x in fn.source.splitlines()]
+        assert linecache.getlines(fn.__code__.co_filename) == fn.source.splitlines(True), fn.__qualname__
+        for name in names:
+            body = [x.strip() for x in QUEUE[name].strip().splitlines()]
+            assert any(src[i:i + len(body)] == body for i in range(len(src))), (fn.__qualname__, name)
+    root = Path(__file__).resolve().parents[2] / "sim"
+    spelled = ["push(heap, (V + b2[3], qseq, b2, take))", "Ve = V + 1e-12", "self.V += dt /"]
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if path.name != "fluid.py":
+            assert not any(x in text for x in spelled), path
