@@ -78,6 +78,7 @@ study gives the same table locally and on any cluster.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -533,12 +534,19 @@ def check_host_axes(p: Mapping[str, Any], where: str) -> None:
     except ArgumentError as exc:
         raise ArgumentError(f"{where}: {exc}") from None
     if p.get("host_read_us") is None:  # the profile's (a fio device's own figure is known only once it loads)
-        prof = engine_profile()
-        us["host_read_us"] = float(prof["read_cpu_us"]) * float(prof.get("read_cpu_ratio") or 1.0)
+        us["host_read_us"] = _profile_read_us()
     step = us["host_step_us"] + ROWS_A_STEP * us["host_read_us"]
     if step > MAX_STEP_CPU_S * 1e6:
         raise ArgumentError(f"{where}: host_step_us + {ROWS_A_STEP} x host_read_us = {step:g} us: a step of "
                             f"{ROWS_A_STEP} reads would ask for more than {MAX_STEP_CPU_S:g} s of CPU")
+
+
+@functools.lru_cache(maxsize=1)
+def _profile_read_us() -> float:
+    """The shipped profile's CPU a read, us (:func:`sim.decode.host.engine_profile`: fio's x its ratio), read once
+    for every point's check."""
+    prof = engine_profile()
+    return float(prof["read_cpu_us"]) * float(prof.get("read_cpu_ratio") or 1.0)
 
 
 #: The rows a decode step reads at most (SPEC §2: 24 row ids in each of 2 layers), for the host axes' check.
