@@ -463,3 +463,46 @@ def test_a_saved_device_with_a_bad_derived_figure_is_refused(tmp_path, capsys):
     p.write_text(json.dumps(dict(d, derived={"knee_qd": 5})))
     line = cli(capsys, ["sim", "device", str(p)])
     assert line.endswith('derived.knee_qd = 5: expected a JSON object with a "value" and a "rule" string')
+
+
+THROTTLED_15000_NEAR_QD1 = DATA / "fio-throttled-15000-near-qd1-randread-512.json"
+
+
+def test_a_throttle_near_the_raw_qd1_rate_is_recognised_at_a_deeper_depth():
+    """fio (512-byte reads, io_uring) on a 15,000-IOPS blkio throttle of a disk whose own QD1 rate is about
+    19,000/s, on a quiet 2-core VM: IOPS 14,917-15,056 at depths 1-64, the QD1 median 40.7 us against a mean of
+    66.4 (0.61: few reads wait at depth 1), the QD2 median 29.7 us against 133.5 (0.22).  Before, the QD1 test
+    alone took it for a device of 66 us a read and predicted one session of 5 ms compute at 140.8 tokens/s
+    against 162.8 measured; now a bucket of the cap over the reads that did not wait."""
+    dev = device_from_fio(THROTTLED_15000_NEAR_QD1, assume_bs=512)
+    assert isinstance(dev, RateLimitedDevice)
+    assert dev.cap_iops == pytest.approx(14972.1, rel=1e-3)
+    assert "median at depth 16 0.05 of the mean" in dev.derived["rate_limited"]["rule"]
+    assert 30 * US < dev.raw.mean_latency(1) < 50 * US
+    r = simulate_decode(NO_REUSE, dev, Policy(threshold=8, readers=4), 5e-3, DecodeRun(sessions=1, steps=150))
+    assert 150 < r.tokens_per_s < 190  # the reads pass at the raw device's ~40 us (measured: 162.8)
+
+
+def test_flat_iops_with_medians_near_the_mean_is_a_saturated_device(tmp_path):
+    """Flat IOPS from depth 1 (a device already saturated at QD1) and every median near its mean: no throttle's
+    fast reads, so not a rate-limited volume (its peak as the bound).  The same IOPS with the QD1 median at 0.6
+    of the mean but the deeper ones far below: a throttle near the raw QD1 rate."""
+    def doc(medians_over_mean):
+        d = _synthetic_fio({1: 1000.0, 8: 1000.0, 32: 1000.0}, 1.0, 2_000.0)
+        for job, k in zip(d["jobs"], medians_over_mean):
+            mean = job["read"]["lat_ns"]["mean"]
+            job["read"]["lat_ns"]["percentile"] = {"1.000000": 0.5 * k * mean, "50.000000": k * mean,
+                                                   "90.000000": 1.1 * mean, "99.000000": 1.3 * mean,
+                                                   "99.500000": 1.4 * mean, "99.990000": 1.5 * mean}
+            job["read"]["lat_ns"]["min"] = 0.4 * k * mean
+            job["read"]["lat_ns"]["max"] = 1.5 * mean
+        return d
+    sat = tmp_path / "saturated.json"
+    sat.write_text(json.dumps(doc([0.95, 0.97, 0.98])))
+    dev = device_from_fio(sat)
+    assert isinstance(dev, EmpiricalDevice)
+    rule = dev.derived["peak_bound"]["rule"]
+    assert "not a rate-limited volume: at every depth the median latency is at least" in rule
+    near = tmp_path / "near.json"
+    near.write_text(json.dumps(doc([0.6, 0.1, 0.05])))
+    assert isinstance(device_from_fio(near), RateLimitedDevice)
