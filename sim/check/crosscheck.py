@@ -927,6 +927,8 @@ def _summary_lines(res: Mapping) -> List[str]:
     use = q if which == "quiet" else t
 
     def target(key: str) -> str:
+        if use and key not in use:
+            return "reported, not held"
         at = percent_text(summary_figure(use, key), "g", "not recorded")
         return f"target <= {at}" if which is not None else f"any-machine target <= {at}, not held under load"
 

@@ -27,6 +27,7 @@ reproducible: one ``seed`` feeds every random stream.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Union
@@ -435,7 +436,8 @@ def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
     free = float(np.mean(lat))
     base, extra, passes = plan.compute, 0.0, 0
     for passes in range(1, HOST_PASSES + 1):
-        new = max(0.0, run.host.step_time(run.sessions, free, rows) - free)
+        wait = _readers_wait(run.host, plan.device, plan.policy, rows)
+        new = max(0.0, run.host.step_time(run.sessions, free + wait, rows) - free)
         if passes > 1 and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
             break
         extra = new
@@ -449,8 +451,20 @@ def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
     demand = run.host.demand(rows)
     return plan, lat, st, finish, figures, {
         **run.host.to_dict(), "free_step_ms": free * 1e3, "added_ms": extra * 1e3, "rows_per_step": rows,
+        "readers_wait_us": _readers_wait(run.host, plan.device, plan.policy, rows) * 1e6,
         "demand_us": demand * 1e6, "busy_cpus": run.sessions * demand / step if step > 0 else 0.0,
         "passes": passes}
+
+
+def _readers_wait(host, device: Device, policy: Policy, rows: float) -> float:
+    """Seconds a step's reads take longer as its pread readers share the host's CPUs
+    (:meth:`HostCPU.readers_wait`), at the device's mean latency at the readers' depth.  None where the readers
+    do not contend so: io_uring (one thread submits) and a memory-backed device, whose model already serves as
+    many reads at once as the CPUs its readers have (:mod:`sim.device.fio`)."""
+    if policy.backend != "pread" or "memory_backed" in (getattr(device, "derived", None) or {}):
+        return 0.0
+    depth = max(1, min(policy.readers, math.ceil(rows)))
+    return host.readers_wait(policy.readers, rows, device.mean_latency(depth))
 
 
 @dataclass

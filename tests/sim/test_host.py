@@ -145,7 +145,8 @@ def code():
 
 def test_a_decode_run_on_a_host(code):
     """One channel of fixed service s and a constant compute C: one session on a host takes s x 48 + C + the
-    engine's CPU a step, exactly; 16 sessions on one CPU and a wide drive are held to the CPU's bound."""
+    engine's CPU a step + its 4 readers' wait for the one CPU (:meth:`HostCPU.readers_wait`), exactly; 16
+    sessions on one CPU and a wide drive are held to the CPU's bound."""
     s, C = 20 * US, 2e-3
     dev = ParametricSSD(s, 1 / s, 1, service_cv=0.0)
     host = HostCPU(1, 300 * US, 5 * US)
@@ -155,8 +156,10 @@ def test_a_decode_run_on_a_host(code):
     rows = r.reads / 300
     assert free.host == {} and "host" not in free.to_dict()
     assert r.host["rows_per_step"] == pytest.approx(rows)
-    assert r.host["added_ms"] == pytest.approx(0.3, rel=1e-9)
-    assert 1 / r.tokens_per_s == pytest.approx(1 / free.tokens_per_s + 300 * US, rel=1e-6)
+    wait = host.readers_wait(4, rows, dev.mean_latency(4))
+    assert r.host["readers_wait_us"] == pytest.approx(wait * 1e6, rel=1e-9) and 0 < wait < 20 * US
+    assert r.host["added_ms"] == pytest.approx(0.3 + wait * 1e3, rel=1e-9)
+    assert 1 / r.tokens_per_s == pytest.approx(1 / free.tokens_per_s + 300 * US + wait, rel=1e-6)
     assert r.host["demand_us"] == pytest.approx(300 + 5 * rows)
     assert "host      1 CPU, " in r.summary() and json.loads(json.dumps(r.to_dict()))["host"]["cpus"] == 1
     wide = ParametricSSD(s, 64 / s, 64, service_cv=0.0)   # 64 channels: the CPU binds, not the drive
@@ -264,3 +267,81 @@ def test_a_memory_backed_device_reads_with_the_profiles_pread_from_tmpfs(tmp_pat
     assert "memory_backed" not in drive.derived
     assert HostCPU.for_device(2, drive, profile=prof).read_cpu_s == pytest.approx(
         drive.derived["cpu_per_read_us"]["value"] * 1.1e-6)
+
+
+# ------------------------------------------------------------------ the readers' CPU within a step
+def _repairman_twin(readers: int, cpus: float, cpu_s: float, think_s: float) -> float:
+    """The machine-repairman throughput by linear algebra: the generator of the chain of ``k`` readers at the
+    CPUs solved for its stationary distribution with NumPy (not the recurrence of ``HostCPU.readers_wait``)."""
+    import numpy as np
+    n = readers + 1
+    q = np.zeros((n, n))
+    for k in range(n):
+        if k < readers:
+            q[k, k + 1] = (readers - k) / think_s
+        if k > 0:
+            q[k, k - 1] = min(k, cpus) / cpu_s
+        q[k, k] = -q[k].sum()
+    a = np.vstack([q.T, np.ones(n)])
+    pi = np.linalg.lstsq(a, np.concatenate([np.zeros(n), [1.0]]), rcond=None)[0]
+    return float(sum(pi[k] * min(k, cpus) / cpu_s for k in range(n)))
+
+
+@pytest.mark.parametrize("readers,cpus,cpu_us,read_us", [(4, 2, 27.5, 61.0), (16, 2, 27.5, 61.0),
+                                                         (4, 1, 5.0, 80.0), (8, 3, 10.0, 30.0), (64, 1.5, 2, 9)])
+def test_readers_wait_is_the_machine_repairman(readers, cpus, cpu_us, read_us):
+    """``readers`` pread threads, each read holding one of ``cpus`` CPUs for ``cpu_us`` of its ``read_us``: the
+    rows' time is ``rows / X`` (X the repairman's throughput, checked against the chain solved by NumPy), the
+    wait what exceeds ``rows x read_us / readers`` (at most one reader a row is busy: 48 of 64)."""
+    h = HostCPU(cpus, 100 * US, cpu_us * US)
+    busy = min(readers, 48)
+    x = _repairman_twin(busy, cpus, cpu_us * US, (read_us - cpu_us) * US)
+    want = 48 / x - 48 * read_us * US / busy
+    assert h.readers_wait(readers, 48, read_us * US) == pytest.approx(max(0.0, want), rel=1e-9, abs=1e-15)
+
+
+def test_readers_wait_known_answers():
+    """The 2-core VM's disk: 4 readers, 27.5 us of CPU in a 61 us read (fio's QD4 mean): about 100 us a step of
+    48 rows.  No wait with no more readers than CPUs, with no CPU a read, or no rows; all-CPU reads (a copy)
+    take ``rows x cpu / cpus`` against ``rows x cpu / readers``."""
+    h = HostCPU(2, 100 * US, 27.5 * US)
+    assert 80 * US < h.readers_wait(4, 48, 61 * US) < 120 * US
+    assert h.readers_wait(2, 48, 61 * US) == 0.0
+    assert HostCPU(4, 100 * US, 27.5 * US).readers_wait(4, 48, 61 * US) == 0.0
+    assert HostCPU(2, 100 * US, 0.0).readers_wait(4, 48, 61 * US) == 0.0
+    assert h.readers_wait(4, 0, 61 * US) == 0.0
+    assert h.readers_wait(4, 1, 61 * US) == 0.0  # one row: one reader busy
+    copy = HostCPU(2, 100 * US, 4 * US)
+    assert copy.readers_wait(4, 48, 4 * US) == pytest.approx(48 * 4 * US / 2 - 48 * 4 * US / 4, rel=1e-12)
+    many = HostCPU(1, 0.0, 30 * US).readers_wait(4096, 1e6, 31 * US)  # the recurrence rescales, no overflow
+    assert math.isfinite(many) and many == pytest.approx(1e6 * 30 * US - 1e6 * 31 * US / 4096, rel=1e-6)
+
+
+@pytest.mark.parametrize("args,words", [((0, 48, 1e-5), "readers"), ((True, 48, 1e-5), "readers"),
+                                        ((4.0, 48, 1e-5), "readers"), ((4, -1, 1e-5), "rows"),
+                                        ((4, float("nan"), 1e-5), "rows"), ((4, 48, -1e-6), "read_s"),
+                                        ((4, 48, float("inf")), "read_s")])
+def test_bad_readers_wait(args, words):
+    with pytest.raises(ArgumentError, match=words):
+        HostCPU(2, 1e-4, 2e-5).readers_wait(*args)
+
+
+def test_a_step_on_a_host_waits_for_its_readers_cpu(code):
+    """One session, 4 pread readers on 2 CPUs of 25 us a read over a 60 us drive: the step takes the host's
+    ``readers_wait`` more than with 64 CPUs; io_uring (one thread submits) and a memory-backed device (its model
+    already serves as many reads at once as its readers have CPUs) take none."""
+    dev = ParametricSSD(60 * US, 2e6, 64, service_cv=0.0)
+    pol = Policy(threshold=8, readers=4)
+    run = lambda cpus, p=pol, d=dev: simulate_decode(code, d, p, Compute(5e-3),  # noqa: E731
+                                                     DecodeRun(steps=200, host=HostCPU(cpus, 100 * US, 25 * US)))
+    two, wide = run(2), run(64)
+    assert wide.host["readers_wait_us"] == 0.0
+    w = two.host["readers_wait_us"]
+    assert w == pytest.approx(HostCPU(2, 100 * US, 25 * US).readers_wait(4, two.host["rows_per_step"],
+                                                                         dev.mean_latency(4)) * 1e6, rel=1e-9)
+    assert 20 < w < 200
+    assert 1 / two.tokens_per_s == pytest.approx(1 / wide.tokens_per_s + w * US, rel=0.01)
+    ring = run(2, Policy(threshold=8, readers=4, backend="io_uring"))
+    assert ring.host["readers_wait_us"] == 0.0
+    mem = device_from_fio(Path(__file__).parent / "data" / "fio-disk-randread-4k.json", cpus=2)
+    assert run(2, pol, mem).host["readers_wait_us"] == 0.0
