@@ -109,7 +109,11 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
     - ``own_cpu_per_step_us``: the same steps again through a row cache that holds every row (all hits: the
       hash, the cache's lookup and the decode, no read) -- the engine's own CPU a step;
     - ``reads_only_cpu_per_step_us``: the same batches read raw through the session's readers (no hash, no
-      decode) -- the read path alone; over the reads a step, the engine's CPU a read.
+      decode) -- the read path alone; over the reads a step, the engine's CPU a read;
+    - ``wake_us``: the even batches' mean wall after the sleep (``batch_after_sleep_us``) less the odd ones'
+      read back to back before (``batch_back_to_back_us``; each batch timed at its second read, after the
+      steps'): the engine's hand-offs to its readers and back waking idle CPUs, which a drive measured back to
+      back (fio) does not show.
     """
     model = engram.EngramModel.open(path)
     ids = model.encode(real_text(steps * 8))[:steps + 200]
@@ -122,9 +126,17 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
         cpu, wall, reads, kept = _steps(s, timed, pause)
         group = s._group                  # the same batches again, raw: the read path alone
         raw = np.empty((1, kept[0].shape[1], ROW_BYTES), np.uint8)
-        r0 = time.process_time()
-        for k in kept:
+        w = time.perf_counter()           # the odd batches back to back: the readers and the CPUs awake
+        for k in kept[1::2]:
             group.read_raw(k, out=raw)
+        back = (time.perf_counter() - w) / max(1, len(kept[1::2]))
+        r0 = time.process_time()
+        after = []                        # the even ones' wall after the step's sleep (each read a second time)
+        for i, k in enumerate(kept):
+            w = time.perf_counter()
+            group.read_raw(k, out=raw)
+            if i % 2 == 0:
+                after.append(time.perf_counter() - w)
             if pause:
                 time.sleep(pause)
         raw_cpu = time.process_time() - r0
@@ -140,6 +152,8 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
             "own_cpu_per_step_us": own / steps * 1e6, "own_wall_per_step_us": own_wall / steps * 1e6,
             "own_reads_per_step": own_reads / steps,
             "memory_reads_only_cpu_per_step_us": None if mem_cpu is None else mem_cpu / steps * 1e6,
+            "batch_after_sleep_us": float(np.mean(after)) * 1e6, "batch_back_to_back_us": back * 1e6,
+            "wake_us": max(0.0, float(np.mean(after)) - back) * 1e6,
             "readers": readers, "threshold": threshold, "sleep_ms": sleep_ms}
 
 
@@ -169,35 +183,42 @@ def main(argv=None) -> dict:
         mem = ses["memory_reads_only_cpu_per_step_us"]
         mem_read = None if mem is None else mem / ses["rows_per_step"]
         parts = ses["own_cpu_per_step_us"] + ses["rows_per_step"] * engine_read
+        wake = ses["wake_us"]
         rounds.append({"fio": fio, "session": ses, "engine_read_cpu_us": engine_read, "memory_read_cpu_us": mem_read,
                        "read_cpu_ratio": engine_read / fio["cpu_per_read_us"],
-                       "parts_over_step": parts / ses["cpu_per_step_us"]})
+                       "parts_over_step": parts / ses["cpu_per_step_us"], "wake_us": wake})
         print(f"   round {i + 1}: fio QD1 {fio['bs']} B {fio['cpu_per_read_us']:.2f} us CPU a read "
               f"({fio['qd1_mean_us']:.1f} us mean); a step {ses['cpu_per_step_us']:.1f} us CPU "
               f"({ses['rows_per_step']:.1f} reads); the engine's own (every row a cache hit) "
               f"{ses['own_cpu_per_step_us']:.1f} us; the reads alone {engine_read:.2f} us a read = "
               f"{engine_read / fio['cpu_per_read_us']:.2f}x fio's; own + reads = {parts / ses['cpu_per_step_us']:.2f} "
-              "of the step" + ("" if mem_read is None else f"; a read from tmpfs {mem_read:.2f} us"))
+              "of the step" + ("" if mem_read is None else f"; a read from tmpfs {mem_read:.2f} us")
+              + f"; a batch after the sleep {ses['batch_after_sleep_us']:.0f} us, back to back "
+              f"{ses['batch_back_to_back_us']:.0f} us: a wake-up of {wake:.0f} us")
     med = lambda f: float(np.median([f(r) for r in rounds]))  # noqa: E731
     own = med(lambda r: r["session"]["own_cpu_per_step_us"])
     ratio = med(lambda r: r["read_cpu_ratio"])
     fio_us = med(lambda r: r["fio"]["cpu_per_read_us"])
     mems = [r["memory_read_cpu_us"] for r in rounds if r["memory_read_cpu_us"] is not None]
     mem_us = float(np.median(mems)) if mems else None
-    rec = {"machine": machine(), "memory_read_cpu_us": mem_us, "date": now_iso(), "rounds": rounds, "step_cpu_us": own, "read_cpu_us": fio_us,
-           "read_cpu_ratio": ratio, "parts_over_step": med(lambda r: r["parts_over_step"])}
+    wake = med(lambda r: r["wake_us"])
+    rec = {"machine": machine(), "memory_read_cpu_us": mem_us, "date": now_iso(), "rounds": rounds,
+           "step_cpu_us": own, "read_cpu_us": fio_us, "read_cpu_ratio": ratio, "wake_us": wake,
+           "parts_over_step": med(lambda r: r["parts_over_step"])}
     print(f"   medians: the engine's own {own:.1f} us CPU a step; a read {ratio:.3f}x fio's {fio_us:.2f} us; own + "
-          f"reads {rec['parts_over_step']:.2f} of a step's CPU")
+          f"reads {rec['parts_over_step']:.2f} of a step's CPU; a step's wake-up {wake:.0f} us")
     if a.write_profile:
         cmd = "python -m benchmarks.run host " + " ".join(argv or [])
         prof = {"step_cpu_us": round(own, 1), "read_cpu_us": round(fio_us, 2), "read_cpu_ratio": round(ratio, 3),
                 "machine": rec["machine"], "date": rec["date"], "command": cmd.strip(),
                 **({"memory_read_cpu_us": round(mem_us, 2)} if mem_us is not None else {}),
+                "wake_us": round(wake, 1),
                 "rounds": a.rounds, "steps": a.steps, "sleep_ms": a.sleep_ms,
                 "what": "medians over the rounds: the engine's own CPU a decode step with every row a row-cache "
                         "hit (hash, the lookup, decode, the session's Python), fio's CPU per read at QD1 on the "
-                        "same file, the engine's pread CPU a read over fio's, and the engine's pread CPU a read from a "
-                        "copy on tmpfs (a memory copy, no drive): sim.decode.host reads them"}
+                        "same file, the engine's pread CPU a read over fio's, the engine's pread CPU a read from a "
+                        "copy on tmpfs (a memory copy, no drive), and a 48-row batch's wall after the step's sleep "
+                        "over back to back (wake_us): sim.decode.host reads them"}
         out = packaged_data_path(ENGINE_PROFILE)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")

@@ -85,9 +85,10 @@ from sim.core.progress import progress as progress_bar
 from sim.core.schema import ComputeSpec, check_runs
 from sim.decode.host import HostCPU, engine_profile
 
-__all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS", "THROTTLE_SLICE_S",
-           "PlannerModels", "DEVICE_CLASSES", "host_cpu", "check_devices", "check_fio", "datasheet_spec", "fio_figures",
-           "host_notes", "is_memory", "markdown_table", "planner_compute", "planner_crosscheck"]
+__all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS",
+           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "host_cpu", "check_devices", "check_fio",
+           "datasheet_spec", "fio_figures", "host_notes", "is_memory", "markdown_table", "planner_compute",
+           "planner_crosscheck"]
 
 #: Schema name of ``planner.json``.
 PLANNER_SCHEMA = "engram.planner-crosscheck/1"
@@ -629,7 +630,7 @@ class _Planner:
         the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode) or the profile's (a
         datasheet says none), scaled by the profile's engine-to-fio ratio of CPU per read; on a memory-backed
         device (:meth:`memory`) the profile's pread from tmpfs, in both modes (none where the profile has
-        none)."""
+        none); on a drive, a step's wake-up (the profile's ``wake_us``: :class:`sim.decode.host.HostCPU`)."""
         if self.profile is None:
             return None
         p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
@@ -649,9 +650,12 @@ class _Planner:
                            "its drive's does not hold")
         read_us, said = (fio_us, "fio's QD1 CPU per read") if fio_us else (p["read_cpu_us"], "the profile's")
         ratio = float(p.get("read_cpu_ratio") or 1.0)
+        wake = float(p.get("wake_us") or 0.0)
         return HostCPU(cores, p["step_cpu_us"] * 1e-6, read_us * ratio * 1e-6,
                        source=f"{base}; {read_us:.1f} us a read ({said}) x {ratio:.2f} (the engine's pread over "
-                              "fio's, from the profile)")
+                              "fio's, from the profile)" + (f"; a step's wake-up {wake:.0f} us x the CPUs' idle "
+                                                             "share (the profile's)" if wake else ""),
+                       wake_s=wake * 1e-6)
 
     def memory(self, d: Mapping) -> bool:
         """Whether device ``d`` is described as memory-backed: fio's figures say so (:func:`is_memory`), or the

@@ -45,6 +45,9 @@ __all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "HostCPU"
 ENGINE_PROFILE = "hosts/engine-cpu.json"
 
 
+#: Fixed-point passes of a step and its CPUs' idle share where a step has a wake-up (:meth:`HostCPU.step_time`).
+WAKE_PASSES = 4
+
 #: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
 #: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
@@ -74,6 +77,10 @@ class HostCPU:
         accelerator's time takes none).
     source : str
         Where the figures came from (said in outputs).
+    wake_s : float
+        Seconds a step's reads take longer after the step's idle spell than back to back, with the CPUs idle
+        (the engine's hand-offs to its readers, and theirs back, waking idle CPUs: the profile's ``wake_us``);
+        a step pays it times the share of the CPUs idle (:meth:`step_time`).
 
     Raises
     ------
@@ -86,10 +93,11 @@ class HostCPU:
     read_cpu_s: float
     spin_s: float = 0.0
     source: str = ""
+    wake_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpus", _nonneg("cpus", self.cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS))
-        for name in ("step_cpu_s", "read_cpu_s", "spin_s"):
+        for name in ("step_cpu_s", "read_cpu_s", "spin_s", "wake_s"):
             object.__setattr__(self, name, _nonneg(name, getattr(self, name), high=MAX_STEP_CPU_S))
         if not isinstance(self.source, str):
             raise ArgumentError(f"HostCPU.source = {self.source!r:.40}: expected a string")
@@ -120,7 +128,9 @@ class HostCPU:
         Returns
         -------
         float
-            ``free_step_s + step_cpu_s`` for one session; more as the CPUs saturate.
+            ``free_step_s + step_cpu_s`` for one session (+ ``wake_s`` times the CPUs' idle share, with a
+            wake-up); more as the CPUs saturate.  The idle share ``1 - sessions x demand / (step x cpus)`` and
+            the step it sets are solved together (a few fixed-point passes).
 
         Raises
         ------
@@ -131,6 +141,15 @@ class HostCPU:
             raise ArgumentError(f"HostCPU.step_time: sessions = {sessions!r:.40}: expected a whole number >= 1")
         free = _nonneg("free_step_s", free_step_s)
         d = self.demand(rows_per_step)
+        step = self._queued(sessions, free, d)
+        if self.wake_s > 0 and rows_per_step > 0:
+            for _ in range(WAKE_PASSES):  # the wake-up shrinks as the CPUs get busy; busier CPUs, a longer step
+                idle = max(0.0, 1.0 - sessions * d / (step * self.cpus)) if step > 0 else 1.0
+                step = self._queued(sessions, free + self.wake_s * idle, d)
+        return step
+
+    def _queued(self, sessions: int, free: float, d: float) -> float:
+        """The mean step of :meth:`step_time` for a step of ``free`` seconds with the CPUs free and ``d`` of CPU."""
         z = max(0.0, free + self.step_cpu_s - d)  # the part of the step that holds no CPU
         dq, dd = d / self.cpus, d * max(0.0, self.cpus - 1.0) / self.cpus
         if self.cpus < 1.0:  # a fraction of one CPU: one slow server
@@ -203,14 +222,16 @@ class HostCPU:
     @classmethod
     def for_device(cls, cpus: float, device=None, *, step_cpu_us: Optional[float] = None,
                    read_cpu_us: Optional[float] = None, spin_s: float = 0.0,
-                   profile: Optional[Mapping] = None) -> "HostCPU":
+                   profile: Optional[Mapping] = None, wake_us: Optional[float] = None) -> "HostCPU":
         """A host of ``cpus`` CPUs reading from ``device`` (a :class:`sim.device.Device` or None), its figures as
         a planner has them: the engine's CPU a step ``step_cpu_us`` (default the shipped profile's,
         :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: for a memory-backed device,
         ``derived["memory_backed"]``, the profile's ``memory_read_cpu_us``, the engine's pread from tmpfs -- fio's
         own CPU a read there is mostly fio's and its engine's, not a copy's; else the device's fio CPU per read,
         ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own,
-        or 0 for a memory-backed device without either figure: the profile's is a drive's read path).
+        or 0 for a memory-backed device without either figure: the profile's is a drive's read path); a step's
+        wake-up ``wake_us`` (default the profile's ``wake_us``, measured on a drive; none on a memory-backed
+        device, whose readers copy without sleeping on a device, and none where the profile has no figure).
         ``source`` says which.
 
         Raises
@@ -243,12 +264,21 @@ class HostCPU:
         else:
             read = float(p["read_cpu_us"]) * ratio
             said.append(f"{read:.1f} us a read (the profile's fio {float(p['read_cpu_us']):.1f} x {ratio:.2f})")
-        return cls(cpus, step * 1e-6, read * 1e-6, spin_s, "; ".join(said))
+        if wake_us is not None:
+            wake = _nonneg("wake_us", wake_us)
+            said.append(f"a step's wake-up {wake:.0f} us x the CPUs' idle share (given)")
+        elif "memory_backed" in derived or p.get("wake_us") is None:
+            wake = 0.0
+        else:
+            wake = float(p["wake_us"])
+            said.append(f"a step's wake-up {wake:.0f} us x the CPUs' idle share (the profile's: its readers' batch "
+                        "after the step's sleep over back to back)")
+        return cls(cpus, step * 1e-6, read * 1e-6, spin_s, "; ".join(said), wake * 1e-6)
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``source``."""
+        """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``wake_us``, ``source``."""
         return {"cpus": self.cpus, "step_cpu_us": self.step_cpu_s * 1e6, "read_cpu_us": self.read_cpu_s * 1e6,
-                "spin_us": self.spin_s * 1e6, "source": self.source}
+                "spin_us": self.spin_s * 1e6, "wake_us": self.wake_s * 1e6, "source": self.source}
 
 
 def engine_profile(path: Optional[str] = None) -> Mapping:
@@ -277,11 +307,12 @@ def engine_profile(path: Optional[str] = None) -> Mapping:
 def check_profile(doc, where: str) -> Mapping:
     """``doc`` if it is an engine CPU profile (:func:`engine_profile`), else FormatError naming ``where`` and the
     key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` (optional) one
-    > 0, ``memory_read_cpu_us`` (optional) one in [0, 60 s], ``machine`` (optional) an object."""
+    > 0, ``memory_read_cpu_us`` and ``wake_us`` (optional) ones in [0, 60 s], ``machine`` (optional) an object."""
     if not isinstance(doc, Mapping):
         raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
     for k, need, positive in (("step_cpu_us", True, False), ("read_cpu_us", True, False),
-                              ("read_cpu_ratio", False, True), ("memory_read_cpu_us", False, False)):
+                              ("read_cpu_ratio", False, True), ("memory_read_cpu_us", False, False),
+                              ("wake_us", False, False)):
         if k in doc or need:
             try:
                 setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)

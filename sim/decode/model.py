@@ -205,7 +205,10 @@ class DecodeResult:
                 f"{h['step_cpu_us']:.0f} + {h['rows_per_step']:.1f} reads x {h['read_cpu_us']:.1f} us"
                 + (f" + spin {h['spin_us']:.0f}" if h.get("spin_us") else "") + f"): "
                 f"{h['busy_cpus']:.2f} CPUs busy, each step {h['added_ms']:.3f} ms longer than with the CPUs free "
-                f"({h['free_step_ms']:.3f} ms)" + (f"\n          from: {h['source']}" if h.get("source") else ""))
+                f"({h['free_step_ms']:.3f} ms" + (f"; its readers wait {h['readers_wait_us']:.0f} us for the CPUs"
+                                                   if h.get("readers_wait_us") else "")
+                + (f"; a wake-up of up to {h['wake_us']:.0f} us" if h.get("wake_us") else "") + ")"
+                + (f"\n          from: {h['source']}" if h.get("source") else ""))
 
     def _speculative_line(self) -> str:
         sp = self.speculative

@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 import pytest
+
+from sim.decode.host import engine_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -533,11 +535,13 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
     flags = capacity_json(capsys, [*base, *host, "--out", str(tmp_path / "host.csv")])
     (c,) = flags["configurations"]
     assert 3 <= c["capacity"] <= 5 and not c["lower_bound"]
+    wake = engine_profile()["wake_us"]  # the profile's: the drive's step wakes its readers on idle CPUs
+    said = (f"1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read (given); a step's wake-up {wake:.0f} us x "
+            "the CPUs' idle share (the profile's: its readers' batch after the step's sleep over back to back)")
     assert c["host"] == {"cpus": 1.0, "step_cpu_us": 10000.0, "read_cpu_us": 0.0, "spin_us": 0.0,
-                         "source": "1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read (given)"}
+                         "wake_us": pytest.approx(wake), "source": said}
     assert alone["configurations"][0]["host"] is None
-    assert ("the host modelled (sim.decode.host): 1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read "
-            "(given)") in c["assumptions"]
+    assert f"the host modelled (sim.decode.host): {said}" in c["assumptions"]
     study = _study(tmp_path / "host.toml", 'compute = ""\ncompute_ms = 5.0\ntrace_limit = 1000\nhost_cpus = 1.0\n'
                    'host_step_us = 10000.0\nhost_read_us = 0.0', f'device = ["{FAST}"]')
     toml = capacity_json(capsys, [str(study), "--out", str(tmp_path / "toml.csv")])
