@@ -110,10 +110,10 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
       hash, the cache's lookup and the decode, no read) -- the engine's own CPU a step;
     - ``reads_only_cpu_per_step_us``: the same batches read raw through the session's readers (no hash, no
       decode) -- the read path alone; over the reads a step, the engine's CPU a read;
-    - ``wake_us``: the even batches' mean wall after the sleep (``batch_after_sleep_us``) less the odd ones'
-      read back to back before (``batch_back_to_back_us``; each batch timed at its second read, after the
-      steps'): the engine's hand-offs to its readers and back waking idle CPUs, which a drive measured back to
-      back (fio) does not show.
+    - ``wake_us``: the batches read again in pairs, one after a ``sleep_ms`` sleep and the next right after it
+      (pairs keep a drive's drift out): the first's mean wall
+      (``batch_after_sleep_us``) less the second's (``batch_back_to_back_us``) -- the engine's hand-offs to its
+      readers and back waking idle CPUs, which a drive measured back to back (fio) does not show.
     """
     model = engram.EngramModel.open(path)
     ids = model.encode(real_text(steps * 8))[:steps + 200]
@@ -126,20 +126,20 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
         cpu, wall, reads, kept = _steps(s, timed, pause)
         group = s._group                  # the same batches again, raw: the read path alone
         raw = np.empty((1, kept[0].shape[1], ROW_BYTES), np.uint8)
-        w = time.perf_counter()           # the odd batches back to back: the readers and the CPUs awake
-        for k in kept[1::2]:
-            group.read_raw(k, out=raw)
-        back = (time.perf_counter() - w) / max(1, len(kept[1::2]))
         r0 = time.process_time()
-        after = []                        # the even ones' wall after the step's sleep (each read a second time)
-        for i, k in enumerate(kept):
-            w = time.perf_counter()
+        for k in kept:
             group.read_raw(k, out=raw)
-            if i % 2 == 0:
-                after.append(time.perf_counter() - w)
             if pause:
                 time.sleep(pause)
         raw_cpu = time.process_time() - r0
+        after, back = [], []              # in pairs: a batch after the step's sleep, the next one right after it
+        for i, k in enumerate(kept):
+            if pause and i % 2 == 0:
+                time.sleep(pause)
+            w = time.perf_counter()
+            group.read_raw(k, out=raw)
+            (after if i % 2 == 0 else back).append(time.perf_counter() - w)
+        back = float(np.mean(back)) if back else float(np.mean(after))
     mem_cpu = _memory_reads(path, kept, 0.0, readers, threshold)
     cache = engram.RowCache(max(1, 2 * 48 * (steps + 200)) * ROW_BYTES, "lru")
     with model.session(backend="pread", readers=readers, threshold=threshold, cache=cache) as s:
