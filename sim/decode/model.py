@@ -296,6 +296,11 @@ class DecodeRun:
         Older form of ``phases="spread:MS"``, in seconds (>= 0; not with ``phases``).
     bins : int
         Bins of the queue-depth timeline (>= 1).
+    timeline : bool
+        Keep the queue-depth timeline (default).  False, for a caller that reads only the device's totals (a
+        sweep's or a capacity search's point): the fast mode's queue of one drive records no changes, so
+        :attr:`DecodeResult.timeline` is empty and ``max_queue_depth`` is the queue's own count; every other
+        figure is the same, bit for bit.
     progress : bool or str
         Show progress when the run takes more than a couple of seconds: a bar on a terminal, plain lines
         elsewhere (:func:`sim.core.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
@@ -313,7 +318,7 @@ class DecodeRun:
     Raises
     ------
     ArgumentError
-        Bad sessions, steps, mode, hash_time, bins, start_spread, phases or host, both ``phases`` and
+        Bad sessions, steps, mode, hash_time, bins, timeline, start_spread, phases or host, both ``phases`` and
         ``start_spread``, or a negative seed; each message names the field.
     """
 
@@ -325,6 +330,7 @@ class DecodeRun:
     phases: Union[Phases, str, None] = None
     start_spread: Optional[float] = None
     bins: int = 100
+    timeline: bool = True
     progress: Union[bool, str] = False
     replay: Optional[str] = None
     host: Optional[HostCPU] = None
@@ -340,6 +346,8 @@ class DecodeRun:
             object.__setattr__(self, "steps", check_count(self.steps, "steps"))
         object.__setattr__(self, "hash_time", check_amount(self.hash_time, "hash_time", "seconds"))
         object.__setattr__(self, "bins", check_count(self.bins, "bins", high=MAX_BINS))
+        if not isinstance(self.timeline, bool):
+            raise ArgumentError(f"DecodeRun.timeline = {self.timeline!r:.40}: expected True or False")
         progress_mode(self.progress)
         if self.start_spread is not None:
             if self.phases is not None:
@@ -555,6 +563,8 @@ def _simulate(plan: _Plan) -> tuple:
     if run.mode == "fast":
         fr = FastRun(plan.device.fast(dev_rng), plan.storage.drives, plan.policy, plan.rd.reads, plan.rd.by_drive,
                      plan.comp, run.hash_time, plan.overlap, plan.prefetch)
+        if not run.timeline and plan.storage.drives == 1:  # the totals alone: the queue's count is its maximum
+            fr.queues[0].record = False
         if run.sessions == 1:
             fr.run_alone(plan.begin[0])
         else:
@@ -583,7 +593,10 @@ def _fast_figures(fr: FastRun, t0: float, makespan: float, bins: int) -> tuple:
         s, e, lv = fr.boxes
         summ = summarize_boxes(s - t0, e - t0, lv, makespan, bins)
         return summ, fr.reads_done, fr.area_done, summ["busy_fraction"]
-    summ = summarize_counter(_merge([(q.times, q.depths) for q in fr.queues], t0), makespan, bins)
+    if not fr.queues[0].record:  # one drive, no timeline (DecodeRun.timeline)
+        summ = {"max_queue_depth": float(fr.queues[0].max_depth), "timeline": {}}
+    else:
+        summ = summarize_counter(_merge([(q.times, q.depths) for q in fr.queues], t0), makespan, bins)
     busy = float(np.mean([q.busy for q in fr.queues])) / makespan if makespan > 0 else 0.0
     return summ, sum(q.reads for q in fr.queues), sum(q.area for q in fr.queues), busy
 

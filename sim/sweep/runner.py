@@ -230,7 +230,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     with held_warnings() if extras.get(HOLD_WARNINGS) else contextlib.nullcontext():
         r = simulate_decode(trace, device, policy, compute,
                             DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
-                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4,
+                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4, timeline=False,
                                       host=point_host(p, device)),
                             storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
                                             tail=extras.get(f"tail:{p['tail']}")))

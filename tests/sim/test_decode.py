@@ -189,6 +189,7 @@ def test_compute_distributions():
     (lambda: DecodeRun(sessions=0), "sessions"), (lambda: DecodeRun(steps=0), "steps"),
     (lambda: DecodeRun(mode="slow"), "mode"), (lambda: DecodeRun(seed=-1), "seed"),
     (lambda: DecodeRun(hash_time=-1e-6), "hash_time"), (lambda: DecodeRun(bins=0), "bins"),
+    (lambda: DecodeRun(timeline=1), "DecodeRun.timeline = 1"),
     (lambda: DecodeRun(start_spread=-1.0), "start_spread"), (lambda: DecodeRun(phases="sometimes"), "phases"),
     (lambda: DecodeRun(phases="lockstep", start_spread=1e-3), "start_spread"),
     (lambda: Storage(drives=0), "drives"), (lambda: Storage(drives="two"), "drives"),
@@ -562,6 +563,20 @@ def test_the_lean_loop_is_the_general_loop(code, device):
     qa, qb = a.queues[0], b.queues[0]
     assert (qa.reads, qa.times, qa.depths) == (qb.reads, qb.times, qb.depths)
     assert qa.area == pytest.approx(qb.area, rel=1e-12) and qa.busy == pytest.approx(qb.busy, rel=1e-12)
+
+
+@pytest.mark.parametrize("device", ["ssd:qd1_us=80,iops=400000,cv=0.4",
+                                    "ssd:qd1_us=60,iops=200000,cap_iops=20000,burst_ios=50"])
+def test_a_run_without_its_timeline_has_the_same_figures(code, device):
+    """DecodeRun(timeline=False) (a sweep's point reads only the totals): the queue records no changes, and every
+    figure but the timeline is the run's with it, bit for bit -- the deepest queue from the queue's own count."""
+    run = DecodeRun(sessions=40, steps=150, seed=3, bins=4)
+    with_it = simulate_decode(code, dev := load_device(device), Policy(readers=8), Compute(5e-3), run)
+    without = simulate_decode(code, dev, Policy(readers=8), Compute(5e-3), DecodeRun(**{**run.__dict__,
+                                                                                        "timeline": False}))
+    assert without.timeline == {} and len(with_it.timeline["t_s"]) == 4
+    assert without.device == with_it.device and without.tokens_per_s_per_session == with_it.tokens_per_s_per_session
+    assert np.array_equal(without.step_latencies, with_it.step_latencies) and without.stall_ms == with_it.stall_ms
 
 
 @pytest.mark.parametrize("sessions, steps", [(1, 40), (7, 300), (24, 3500)])
