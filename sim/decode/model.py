@@ -306,9 +306,10 @@ class DecodeRun:
         elsewhere (:func:`sim.core.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
         counted without a time-left estimate.
     host : HostCPU, optional
-        The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run is simulated once with the
-        CPUs free, then again with each step longer by what the host's CPU queue adds at that step and read
-        rate (mean-value analysis; ``DecodeResult.host`` says it).  None (default): the host is left out.
+        The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run's first steps are simulated
+        with the CPUs free, then the whole run with each step longer by what the host's CPU queue adds at that
+        step and read rate (mean-value analysis; ``DecodeResult.host`` says it), again until that settles.  None
+        (default): the host is left out.
     replay : str, optional
         For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
@@ -414,11 +415,11 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     if speculation is not None:
         check_settings(speculation, Speculation, "speculation")
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
-    lat, st, finish, figures = _simulate(plan)
     host, first = {}, plan
     if run.host is not None:
-        plan, lat, st, finish, figures, host = _on_host(plan, (lat, st, finish, figures), device, run, storage,
-                                                        speculation, served)
+        plan, lat, st, finish, figures, host = _on_host(plan, device, run, storage, speculation, served)
+    else:
+        lat, st, finish, figures = _simulate(plan)
     res = _result(plan, lat, st, finish, figures, t_wall)
     if host:  # the compute as given, the host's part apart
         res.host = host
@@ -430,35 +431,69 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
 #: Runs of a decode on a host (:func:`_on_host`) after the one with the CPUs free, at most, and the change of the
 #: added step below which they stop (relative).
 HOST_PASSES, HOST_SETTLED = 3, 0.01
+#: The run with the CPUs free gives only the mean step with the CPUs free, the first guess of the fixed point
+#: (:func:`_on_host`).  Where the whole run would simulate more than ``HOST_FREE_WORK`` session-steps (a capacity
+#: probe of thousands of sessions) it simulates only each session's first steps, at least ``HOST_FREE_STEPS`` and
+#: ``HOST_FREE_WORK`` in all: the mean of every step of the whole run is taken as theirs, the steps after them
+#: at the mean of their later half (past the sessions' start), the last ``HOST_FREE_TAIL`` left out (the run
+#: draining).
+HOST_FREE_STEPS, HOST_FREE_WORK, HOST_FREE_TAIL = 50, 100_000, 5
 
 
-def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
-             speculation: Optional[Speculation], served) -> tuple:
-    """A run on ``run.host``: from the run with the CPUs free (``done``), the step the host's CPU queue adds at
-    that step and read rate (:meth:`HostCPU.step_time`), then the run again with each step's compute that much
-    longer, until the added step settles (the drive sees the slower steps, so its wait shrinks): ``(plan, lat,
-    st, finish, figures, host figures)``."""
-    lat, st, finish, figures = done
-    rows = float(figures[1]) / max(1, np.size(lat))
-    free = float(np.mean(lat))
-    base, extra, passes = plan.compute, 0.0, 0
-    for passes in range(1, HOST_PASSES + 1):
+def _on_host(plan: _Plan, device, run: DecodeRun, storage: Storage, speculation: Optional[Speculation],
+             served) -> tuple:
+    """A run on ``run.host``: from the mean step with the CPUs free (a run of the first steps where the whole run
+    is long: :data:`HOST_FREE_WORK`) and the reads a step of the whole run, the step the host's CPU queue adds at
+    that step and read rate (:meth:`HostCPU.step_time`), then the run with each step's compute that much longer,
+    again while the added step moves (the drive sees the slower steps, so its wait shrinks): ``(plan, lat, st,
+    finish, figures, host figures)``."""
+    steps = plan.run.steps
+    first = max(HOST_FREE_STEPS, -(-HOST_FREE_WORK // run.sessions))
+    done = None  # the whole run with the CPUs free, where it ran
+    if first < steps:
+        free = _free_step(_simulate(_plan(plan.trace, device, plan.policy, plan.compute,
+                                          replace(plan.run, steps=first), storage, speculation, served))[0], steps)
+    else:
+        done = _simulate(plan)
+        free = float(np.mean(done[0]))
+    rows = _device_reads(plan) / max(1, run.sessions * steps)
+    base, extra, passes = plan.compute, None, 0
+    while passes < HOST_PASSES:
         new = max(0.0, run.host.step_time(run.sessions, free, rows) - free)
-        if passes > 1 and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
+        if extra is not None and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
             break
         extra = new
-        if extra == 0:
+        if extra == 0 and done is not None:  # no CPU asked: the run with the CPUs free is the run
             break
+        passes += 1
         plan = _plan(plan.trace, device, plan.policy, base.shifted(extra), run, storage, speculation, served)
-        lat, st, finish, figures = _simulate(plan)
-        rows = float(figures[1]) / max(1, np.size(lat))
-        free = max(0.0, float(np.mean(lat)) - extra)  # the step with the CPUs free, the drive at the new pace
+        done = _simulate(plan)
+        rows = float(done[3][1]) / max(1, np.size(done[0]))
+        free = max(0.0, float(np.mean(done[0])) - extra)  # the step with the CPUs free, the drive at the new pace
+    lat, st, finish, figures = done
     step = float(np.mean(lat))
     demand = run.host.demand(rows)
     return plan, lat, st, finish, figures, {
         **run.host.to_dict(), "free_step_ms": free * 1e3, "added_ms": extra * 1e3, "rows_per_step": rows,
         "demand_us": demand * 1e6, "busy_cpus": run.sessions * demand / step if step > 0 else 0.0,
         "passes": passes}
+
+
+def _free_step(lat: np.ndarray, steps: int) -> float:
+    """The mean step of a whole run of ``steps`` steps from ``lat`` (seconds ``[sessions, first steps]``) of a run
+    of its first steps (:data:`HOST_FREE_WORK`): theirs, less the last :data:`HOST_FREE_TAIL`, and the steps
+    after at the mean of their later half."""
+    m = lat.mean(axis=0)
+    head = m[:max(1, m.size - HOST_FREE_TAIL)]
+    later = float(head[head.size // 2:].mean())
+    return (float(head.sum()) + (steps - head.size) * later) / steps
+
+
+def _device_reads(plan: _Plan) -> int:
+    """The reads a run of ``plan`` takes from its device(s): its steps' (after caches and DRAM) and, in a
+    speculative run, the drafts' rows prefetched."""
+    return (sum(int(r.sum()) for r in plan.rd.reads)
+            + (sum(int(p.sum()) for p in plan.prefetch) if plan.prefetch is not None else 0))
 
 
 @dataclass

@@ -264,3 +264,22 @@ def test_a_memory_backed_device_reads_with_the_profiles_pread_from_tmpfs(tmp_pat
     assert "memory_backed" not in drive.derived
     assert HostCPU.for_device(2, drive, profile=prof).read_cpu_s == pytest.approx(
         drive.derived["cpu_per_read_us"]["value"] * 1.1e-6)
+
+
+@pytest.mark.parametrize("device, cpus, busy", [("ssd:qd1_us=80,iops=400000", 2.0, (1.8, 2.01)),  # the host binds
+                                               ("ssd:qd1_us=80,iops=120000", 8.0, (2.0, 4.0))])  # the drive does
+def test_a_long_run_takes_its_free_step_from_its_first_steps(code, device, cpus, busy, monkeypatch):
+    """A run too long to simulate twice (sim.decode.model.HOST_FREE_WORK session-steps) takes the step with the CPUs
+    free from its first steps: the fixed point it settles at is the one from the whole run within the tolerance
+    of its settling (HOST_SETTLED), and its figures are those of whole runs with the host's step added."""
+    import sim.decode.model as model
+
+    host, pol, comp = HostCPU(cpus, 150 * US, 20 * US), Policy(threshold=8, readers=16), Compute(5e-3)
+    run = DecodeRun(sessions=64, steps=240, seed=4, timeline=False, host=host)
+    whole = simulate_decode(code, device, pol, comp, run)
+    monkeypatch.setattr(model, "HOST_FREE_WORK", 1000)  # 64 x 50 steps where 64 x 240 would run
+    first = simulate_decode(code, device, pol, comp, run)
+    assert first.host["passes"] >= 1 and first.host["rows_per_step"] == whole.host["rows_per_step"]
+    assert first.host["added_ms"] == pytest.approx(whole.host["added_ms"], rel=2 * model.HOST_SETTLED)
+    assert first.mean_session_tokens_per_s == pytest.approx(whole.mean_session_tokens_per_s, rel=1e-3)
+    assert busy[0] < first.host["busy_cpus"] < busy[1]
