@@ -129,20 +129,49 @@ class HostCPU:
         """
         if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
             raise ArgumentError(f"HostCPU.step_time: sessions = {sessions!r:.40}: expected a whole number >= 1")
+        for n, step in self._steps(free_step_s, rows_per_step):
+            if n == sessions:
+                return step
+        raise AssertionError("unreachable")  # pragma: no cover - the steps go on for ever
+
+    def sessions_within(self, step_s: float, free_step_s: float, rows_per_step: float, most: int) -> int:
+        """The most sessions, up to ``most``, whose mean step on this host (:meth:`step_time`, each step ``free_step_s``
+        with the CPUs free and ``rows_per_step`` reads) is at most ``step_s`` seconds: 0 where one session's is
+        longer.  A capacity search's first guess where the host binds (:func:`sim.sweep.capacity.bracket_opening`).
+
+        Raises
+        ------
+        ArgumentError
+            As :meth:`step_time`.
+        """
+        fit = 0
+        for n, step in self._steps(free_step_s, rows_per_step):
+            if n > most or step > step_s:
+                return fit
+            fit = n
+        return fit  # pragma: no cover - the steps go on for ever
+
+    def _steps(self, free_step_s: float, rows_per_step: float):
+        """``(n, the mean step of n sessions)`` for n = 1, 2, ... (without end): exact mean-value analysis of the
+        closed network of :meth:`step_time`."""
         free = _nonneg("free_step_s", free_step_s)
         d = self.demand(rows_per_step)
         z = max(0.0, free + self.step_cpu_s - d)  # the part of the step that holds no CPU
         dq, dd = d / self.cpus, d * max(0.0, self.cpus - 1.0) / self.cpus
         if self.cpus < 1.0:  # a fraction of one CPU: one slow server
             dq, dd = d / self.cpus, 0.0
+        n = 0
         if z + dd + dq <= 0:  # nothing to wait for and no CPU asked
-            return free + self.step_cpu_s
-        q, x = 0.0, 0.0
-        for n in range(1, sessions + 1):
+            while True:
+                n += 1
+                yield n, free + self.step_cpu_s
+        q = 0.0
+        while True:
+            n += 1
             r = dq * (1.0 + q)
             x = n / (z + dd + r)
             q = x * r
-        return sessions / x
+            yield n, n / x
 
     @classmethod
     def for_device(cls, cpus: float, device=None, *, step_cpu_us: Optional[float] = None,

@@ -126,11 +126,12 @@ from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
 from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
+from sim.decode.host import HostCPU
 from sim.core.params import Phases, Storage
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
-from sim.sweep.runner import HOLD_WARNINGS, point_host, point_policy
+from sim.sweep.runner import HOLD_WARNINGS, device_key, point_host, point_policy
 from sim.sweep.study import varying_axes
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
@@ -138,7 +139,7 @@ __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIO
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
            "CapacitySpec", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
            "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "configuration_names",
-           "find_capacity", "gallop", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "find_capacity", "gallop", "grid_capacities", "host_sessions", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -1001,11 +1002,12 @@ def session_bounds(row: Mapping[str, Any], target: float, metric: str = CAPACITY
     return lower, min(est, upper), upper
 
 
-def bracket_opening(max_sessions: int, resolution: int, target: float,
-                    metric: str) -> Generator[int, Mapping[str, Any], Tuple[bool, Any]]:
+def bracket_opening(max_sessions: int, resolution: int, target: float, metric: str,
+                    host: Optional[HostCPU] = None) -> Generator[int, Mapping[str, Any], Tuple[bool, Any]]:
     """The opening of a bracketed search (``yield from`` it): the 1-session probe, then galloping's answer
     below :data:`SMALL_CAPACITY`; returns ``(True, (capacity, passed at max_sessions))`` when that is the
-    answer, else ``(False, e)`` with ``e`` the queueing estimate to probe next (:func:`session_bounds`)."""
+    answer, else ``(False, e)`` with ``e`` the queueing estimate to probe next (:func:`session_bounds`; on a
+    ``host``, where its CPUs bind first, :func:`host_sessions`)."""
     row = yield 1
     if not row[metric] >= target:
         return True, (0, False)
@@ -1016,14 +1018,27 @@ def bracket_opening(max_sessions: int, resolution: int, target: float,
         g = _search(max_sessions, resolution)
         next(g)
         return True, (yield from _by_rows(g, lambda r: r[metric] >= target, g.send(True)))
-    return False, max(2, min(max_sessions, est if upper is not None else max_sessions))
+    e = est if upper is not None else max_sessions
+    if host is not None:
+        e = min(e, host_sessions(row, host, target, max_sessions))
+    return False, max(2, min(max_sessions, e))
 
 
-def _bracketed(max_sessions: int, resolution: int, target: float,
-               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+def host_sessions(row: Mapping[str, Any], host: HostCPU, target: float, max_sessions: int) -> int:
+    """The most sessions (up to ``max_sessions``) whose mean step on ``host`` (:meth:`HostCPU.sessions_within`, the
+    mean-value analysis every probe on a host runs) is at most ``1 / target``, each step taking what the 1-session
+    probe's row took with the CPUs free -- its ``step_mean_ms`` less the engine's CPU the host added to it (one
+    session queues for no CPU) -- and its ``reads_per_step``: where the host's CPUs bind before the drive, the
+    search's first guess (the drive's queue at that count is not in it)."""
+    free = max(0.0, float(row["step_mean_ms"]) * 1e-3 - host.step_cpu_s)
+    return host.sessions_within(1.0 / target, free, float(row.get("reads_per_step") or 0.0), max_sessions)
+
+
+def _bracketed(max_sessions: int, resolution: int, target: float, metric: str,
+               host: Optional[HostCPU] = None) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
     """The bracketed search (see the module): yields the count to probe, receives its row; returns ``(capacity,
-    passed at max_sessions)``."""
-    done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
+    passed at max_sessions)``.  ``host``: the host every probe runs on (:func:`bracket_opening`)."""
+    done, e = yield from bracket_opening(max_sessions, resolution, target, metric, host)
     if done:
         return e
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
@@ -1340,9 +1355,13 @@ class _SessionRounds(ProbeRounds):
 
     def __init__(self, ctx: Context, caps: List["Capacity"], run: SearchRun, spec: CapacitySpec, study_seed: int):
         self.spec, self.study_seed = spec, study_seed
-        kind = _bracketed if spec.search == "bracket" else _galloping
-        super().__init__(ctx, caps, run, spec.seeds,
-                         lambda i: kind(spec.max_sessions, spec.resolution, spec.target, spec.metric))
+        args = (spec.max_sessions, spec.resolution, spec.target, spec.metric)
+        if spec.search == "bracket":  # on a host, its CPUs' bound guides the first probe of many sessions
+            hosts = [point_host(c.config, ctx.devices[device_key(c.config)]) for c in caps]
+            search = lambda i: _bracketed(*args, hosts[i])  # noqa: E731
+        else:
+            search = lambda i: _galloping(*args)  # noqa: E731
+        super().__init__(ctx, caps, run, spec.seeds, search)
 
     def task(self, i, r, x):
         return _session_probe(self.study_seed, self.caps[i].config, x, r)

@@ -85,7 +85,7 @@ from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phase
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["HOLD_WARNINGS", "MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
-           "SweepResult", "check_points", "point_host", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
+           "SweepResult", "check_points", "device_key", "point_host", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
@@ -105,7 +105,7 @@ class SweepError(EngramError, RuntimeError):
     """Points could not be run: their worker died :data:`MAX_ATTEMPTS` times (the message names them)."""
 
 
-def _device_key(p: Mapping[str, Any]) -> tuple:
+def device_key(p: Mapping[str, Any]) -> tuple:
     """Which resolved device a point uses: calibrated devices depend on the backend and the compute."""
     spec = p["device"]
     if spec == "calibrated" or spec.startswith("calibrated:"):
@@ -149,7 +149,7 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     devices: Dict[tuple, Any] = {}
     loaded: Dict[str, Any] = {}
     for p in points:
-        key = _device_key(p)
+        key = device_key(p)
         if key in devices:
             continue
         spec = p["device"]
@@ -218,7 +218,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
-    device = ctx.devices[_device_key(p)]
+    device = ctx.devices[device_key(p)]
     policy = point_policy(p)
     if p["compute"]:
         base = ctx.computes[p["compute"]]

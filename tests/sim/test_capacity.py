@@ -436,3 +436,22 @@ def test_a_run_stops_when_nothing_more_is_wanted():
         runner.run([(0, {"x": 5}, 0), (1, {"x": 6}, 0)], rows.append, more=more)
     # the third row ends the run: the task still waiting (x = 2) never runs
     assert [r["x"] for r in rows] == [25, 36, 1] and asked == [0, 0, 0] and set(runner.seconds) == {0, 1, 11}
+
+
+def test_on_a_host_the_bracket_starts_where_its_cpus_bind():
+    """A host whose CPUs bind before the drive: the first probe of many sessions is the mean-value analysis that
+    every probe on the host runs (the 1-session step with the CPUs free, its reads), at the CPUs' bound, not the
+    drive's estimate; the search still finds every capacity exactly."""
+    from sim.decode.host import HostCPU
+    from sim.sweep.capacity import host_sessions
+
+    host = HostCPU(4, 100 * 1e-6, 20 * 1e-6)  # 1.06 ms of CPU a 48-read step: 4 CPUs bound 188.7 sessions at 20/s
+    first = {**FIRST, "step_mean_ms": 1e3 / 21.0}
+    n = host_sessions(first, host, 20.0, 4096)
+    free = 1 / 21.0 - 100e-6
+    assert host.step_time(n, free, 48.0) <= 0.05 < host.step_time(n + 1, free, 48.0) and 150 < n <= 188
+    assert host_sessions(first, host, 20.0, 100) == 100 and host_sessions(first, HostCPU(0.02, 0.06, 0), 20.0, 9) == 0
+    g = _bracketed(4096, 1, 20.0, CAPACITY_METRIC, host)
+    assert next(g) == 1 and g.send(first) == n < session_bounds(FIRST, 20.0)[1]
+    for true in (1, 150, n, n + 3, 600):
+        assert drive_rows(_bracketed(4096, 1, 20.0, CAPACITY_METRIC, host), true, first)[0] == (true, False)
