@@ -112,8 +112,10 @@ class FastRun:
         S = len(reads)
         steps = len(computes[0])
         if drives == 1:
-            self._n = {"all": [r.sum(axis=1).tolist() for r in reads], "first": [r[:, 0].tolist() for r in reads],
-                       "rest": [r[:, 1:].sum(axis=1).tolist() for r in reads]}
+            self._n = {"all": [r.sum(axis=1).tolist() for r in reads]}
+            if overlap > 0:  # the first table apart from the rest: the second table read under the compute
+                self._n.update(first=[r[:, 0].tolist() for r in reads],
+                               rest=[r[:, 1:].sum(axis=1).tolist() for r in reads])
         self.lats = np.zeros((S, steps))
         self.stalls = np.zeros((S, steps))
         self.finish = [0.0] * S
@@ -283,7 +285,7 @@ class FastRun:
         heapq.heapify(wake)
         LEAN(self.queues[0], self.sampler, wake, ns, comps, kof, lat_rows, [0] * S, [0.0] * S, self.finish, tick)
         self.lats = np.asarray(lat_rows)
-        self.stalls = np.maximum(self.lats - np.asarray(comps), 0.0)
+        self.stalls = np.maximum(self.lats - np.asarray(self.computes, dtype=np.float64), 0.0)
 
     def run(self, begin: Sequence[float], tick: Optional[Callable[[int], None]] = None,
             lean: bool = True) -> None:
