@@ -65,7 +65,7 @@ LEAN_TEMPLATE = '''
                     @submit
                     @settle
                     continue
-                done.append((i,))  # nothing to read: the compute follows at once, the device untouched
+                done.append([i])  # nothing to read: the compute follows at once, the device untouched
             elif tnext == inf:
                 break
             else:  # the device's next completion
@@ -95,12 +95,14 @@ LEAN_TEMPLATE = '''
 #: The modules the loop's text names (its globals beside ``push``, ``pop`` and ``inf``).
 _MODULES = ("heapq", "math")
 
-#: C types of the loop's locals in the build (those the function assigns; a parameter is never typed): every
-#: value such a name holds is of that type.
+#: C types of the loop's names in the build, its locals (those the function assigns) and its parameters: every
+#: value such a name holds is of that type (a list or a tuple may also be None; indices are checked as Python's).
 C_TYPES: Dict[str, str] = {
     "double": "V tq area busy tnext now dt Ve gap end sigma extra nb tl gate_tail",
     "Py_ssize_t": "q d qseq reads max_depth nL room slack c left n k x i t take c2 ui ulen nsig steps seq",
     "bint": "first shared record",
+    "list": "L heap late times depths done byn ubuf bt b2 seg sig ext wake ns comps kof lat_rows step t0 finish",
+    "tuple": "g",
 }
 
 
@@ -116,10 +118,14 @@ def built_text(source: str) -> str:
     fn = ast.parse(source).body[0]
     if not isinstance(fn, ast.FunctionDef):
         raise ValueError("built_text: the source is not one function")
-    params = {a.arg for a in fn.args.args}
-    assigned = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - params
+    params = [a.arg for a in fn.args.args]
+    assigned = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - set(params)
+    of = {name: ctype for ctype, names in C_TYPES.items() for name in names.split()}
     lines = source.splitlines()
     body = fn.body[0].lineno - 1  # the def line(s)
+    if body != 1 or not lines[0].startswith(f"def {fn.name}("):
+        raise ValueError("built_text: the function's parameters are not on its first line")
+    lines[0] = f"def {fn.name}({', '.join(f'{of[p]} {p}' if p in of else p for p in params)}):"
     pad = " " * fn.body[0].col_offset
     typed = [f"{pad}cdef {ctype} {', '.join(sorted(set(names.split()) & assigned))}"
              for ctype, names in C_TYPES.items() if set(names.split()) & assigned]
