@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NATIVE := $(wildcard engram/_native/*.pyx engram/_native/*.pxd engram/_native/*.h)
+# the engine's kernels, and the text of the simulator's fast loop that the build compiles (setup.py)
+NATIVE := $(wildcard engram/_native/*.pyx engram/_native/*.pxd engram/_native/*.h) sim/decode/lean_loop.py \
+          sim/device/fluid.py
 
 .PHONY: setup demo test test-heavy bench clean
 
@@ -31,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 clean:
-	rm -rf build $(VENV) engram/_native/*.c engram/_native/*.so *.egg-info
+	rm -rf build $(VENV) engram/_native/*.c engram/_native/*.so sim/decode/_native/*.so *.egg-info

@@ -1,4 +1,4 @@
-"""Build script: only cythonizes engram/_native/*.pyx (metadata lives in setup.cfg).
+"""Build script: cythonizes engram/_native/*.pyx and the fast decode loop's text (metadata lives in setup.cfg).
 
 The io_uring read backend needs no extra package: on Linux it is compiled
 whenever the kernel's uapi header <linux/io_uring.h> is there (it comes with
@@ -7,8 +7,14 @@ engram/_native/io_ring.h) and talks to the kernel through the raw
 io_uring_setup / io_uring_enter system calls.  liburing is neither looked for
 nor linked: one ring code path, the same on every Linux box.  Set
 ENGRAM_NO_URING=1 at build time to leave the ring out (the pread pool remains).
+
+sim.decode._native.lean is the simulator's fast decode loop compiled: its text comes from
+sim/decode/lean_loop.py with the device queue's statements of sim/device/fluid.py (both loaded from
+their files: they need the standard library alone), written to build/generated/ and cythonized there;
+sim.decode.fast runs it only where its text is the text of now.
 """
 import glob
+import importlib.util
 import os
 import sys
 
@@ -39,6 +45,27 @@ def extension(path: str) -> Extension:
     )
 
 
-extensions = [extension(p) for p in sorted(glob.glob("engram/_native/*.pyx"))]
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("_build_" + os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lean_loop() -> Extension:
+    """sim.decode._native.lean: the fast decode loop's text (sim.decode.lean_loop.built_text), cythonized.
+    Each float operation rounds on its own (no fused multiply-add), as Python's do."""
+    fluid, text = _load("sim/device/fluid.py"), _load("sim/decode/lean_loop.py")
+    source = fluid.queue_function(text.LEAN_TEMPLATE, text.LEAN_NAME, text.lean_namespace()).source
+    path = os.path.join("build", "generated", "lean.pyx")
+    code = text.built_text(source)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.isfile(path) or open(path, encoding="utf-8").read() != code:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(code)
+    return Extension("sim.decode._native.lean", [path], extra_compile_args=["-O3", "-ffp-contract=off"])
+
+
+extensions = [extension(p) for p in sorted(glob.glob("engram/_native/*.pyx"))] + [lean_loop()]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}))

@@ -16,6 +16,16 @@ one that failed), and whether the probe rows before and after are the same (ever
 (:func:`time.process_time`) are the search's work whatever else loads the machine; wall seconds are shown beside.
 
 ``python -m benchmarks.run capacity [--max-sessions N] [--steps N] [--jobs N] [--devices A;B]``
+
+``--planner REV``: the planner's command itself, ``engram sim capacity --device ... --max-sessions 4096``, as a
+user runs it (:data:`PLANNER`: five seeds on both cores; one seed with the drive alone and on a host of 64 CPUs),
+from the code of git revision ``REV`` (exported to a temporary folder, the engine's built kernels copied in: its
+``engram/_native`` must be this tree's) and from this tree, in turn, ``--rounds`` times: wall seconds, the CPU
+seconds of the command and its workers, the load average before each, and the answers (every seed's capacity),
+which must agree within one session.  ``--answers`` adds, once each, the configurations of :data:`ANSWERS` (four
+devices, the drive alone and on hosts of 2 and 64 CPUs).
+
+``python -m benchmarks.run capacity --planner REV [--rounds N] [--answers]``
 """
 
 from __future__ import annotations
@@ -23,9 +33,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import json
 import math
 import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Generator, Mapping, Sequence, Tuple
 from unittest import mock
 
@@ -33,6 +50,7 @@ import numpy as np
 
 import sim.decode.model
 import sim.decode.reads
+from benchmarks.common import ROOT
 from sim.sweep.capacity import SearchRun, bracket_opening
 from sim.decode.fast import FastRun
 
@@ -40,11 +58,11 @@ DEVICES = ("ssd:qd1_us=500,iops=20000,parallelism=8;ssd:qd1_us=80,iops=600000,pa
            "ssd:qd1_us=64,iops=3400000,parallelism=200")
 
 
-def _stepping(max_sessions: int, resolution: int, target: float,
-               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+def _stepping(max_sessions: int, resolution: int, target: float, metric: str,
+              host=None) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
     """The bracketed search as it was before the secant steps (``sim.sweep.capacity._bracketed`` of 2026-12-02): from
     the queueing estimate, steps of 1/512 of it, doubling, then bisection; kept here to measure against."""
-    done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
+    done, e = yield from bracket_opening(max_sessions, resolution, target, metric, host)
     if done:
         return e
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
@@ -316,6 +334,80 @@ def _before():
             mock.patch.object(sim.decode.reads, "BY_POSITION", False)]
 
 
+_D1, _D2 = "ssd:qd1_us=64,iops=3400000,parallelism=200", "ssd:qd1_us=80,iops=3000000"
+_D3, _D4 = "ssd:qd1_us=500,iops=20000,parallelism=8", "ssd:qd1_us=51.9,iops=123460,cap_iops=15004,burst_ios=1500"
+#: The planner's commands of issue 23 (``engram sim capacity`` options), named.
+PLANNER = {"five seeds, both cores": ["--device", _D1, "--max-sessions", "4096", "--jobs", "2"],
+           "one seed": ["--device", _D2, "--seeds", "1", "--max-sessions", "4096"],
+           "one seed, 64 CPUs": ["--device", _D2, "--seeds", "1", "--max-sessions", "4096", "--host-cpus", "64"]}
+#: The configurations whose answers ``--answers`` compares: the devices of :data:`PLANNER` (one seed on a host,
+#: whose probes take longest before), a slow SSD and a throttled volume (five seeds), the drive alone and on hosts
+#: of 2 and 64 CPUs.
+ANSWERS = {f"{name}{'' if h is None else f', {h} CPUs'}": ["--device", dev, "--max-sessions", "4096", *seeds,
+                                                            *([] if h is None else ["--host-cpus", str(h)])]
+           for name, dev, seeds, hosts in (("3.4 M IOPS, 1 seed", _D1, ["--seeds", "1"], (None, 2, 64)),
+                                           ("3 M IOPS, 5 seeds", _D2, [], (None,)),
+                                           ("3 M IOPS, 1 seed", _D2, ["--seeds", "1"], (2,)),
+                                           ("20 k IOPS, 5 seeds", _D3, [], (None, 2, 64)),
+                                           ("throttled 15 k IOPS, 5 seeds", _D4, [], (None, 2, 64)))
+           for h in hosts}
+
+
+def _tree(rev: str, into: Path) -> Path:
+    """The code of git revision ``rev`` in ``into``, with this tree's built engine kernels (refused where the
+    revision's engine kernels differ from this tree's)."""
+    if subprocess.run(["git", "diff", "--quiet", rev, "--", "engram/_native"], cwd=ROOT).returncode:
+        raise SystemExit(f"bench_capacity: {rev}'s engram/_native differs from this tree's: build it apart")
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    for so in (ROOT / "engram" / "_native").glob("*.so"):
+        shutil.copy(so, into / "engram" / "_native" / so.name)
+    return into
+
+
+def _command(tree: Path, args: list, out: Path) -> dict:
+    """One ``engram sim capacity`` run from ``tree``: wall and CPU seconds (the command and its workers), the load
+    average before it, and every configuration's seeds' capacities."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    code = "import sys; from engram.cli import main; sys.exit(main(sys.argv[1:]))"
+    load, before = os.getloadavg()[0], resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, "sim", "capacity", *args, "--quiet", "--json", "--out",
+                           str(out)], cwd=tree, env=env, check=True, capture_output=True, text=True)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    doc = json.loads(done.stdout)
+    return {"wall_s": wall, "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "load_average": load, "per_seed": [c["per_seed"] for c in doc["configurations"]],
+            "capacity": [c["capacity"] for c in doc["configurations"]]}
+
+
+def planner(rev: str, rounds: int, answers: bool) -> dict:
+    """The planner's commands before (``rev``) and after (this tree), in turn (see the module)."""
+    rec: dict = {"before": rev, "after": "this tree", "rounds": rounds, "commands": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+        Path(tmp, "before").mkdir()
+        trees = {"before": _tree(rev, Path(tmp) / "before"), "after": ROOT}
+        todo = [(name, args, rounds) for name, args in PLANNER.items()]
+        todo += [(name, args, 1) for name, args in ANSWERS.items()] if answers else []
+        print(f"   {'command':<34} {'round':>5} {'before: wall s / CPU s / load':>30} {'after':>22} {'wall ratio':>10}"
+              f"  answers")
+        for name, args, n in todo:
+            runs = {"before": [], "after": []}
+            for r in range(n):
+                for side in ("before", "after"):
+                    runs[side].append(_command(trees[side], args, Path(tmp) / f"{side}.csv"))
+                b, a = runs["before"][-1], runs["after"][-1]
+                same = all(abs(x - y) <= 1 for pb, pa in zip(b["per_seed"], a["per_seed"]) for x, y in zip(pb, pa))
+                print(f"   {name:<34} {r + 1:>5} {b['wall_s']:>10.1f} / {b['cpu_s']:>6.1f} / {b['load_average']:>5.1f} "
+                      f"{a['wall_s']:>8.1f} / {a['cpu_s']:>6.1f} / {a['load_average']:>4.1f} "
+                      f"{b['wall_s'] / a['wall_s']:>9.2f}x  {b['per_seed']} / {a['per_seed']}"
+                      f"{'' if same else '  MORE THAN ONE SESSION APART'}", flush=True)
+            rec["commands"][name] = {"args": args, **runs, "within_one_session": all(
+                abs(x - y) <= 1 for b, a in zip(runs["before"], runs["after"])
+                for pb, pa in zip(b["per_seed"], a["per_seed"]) for x, y in zip(pb, pa))}
+    return rec
+
+
 def main(argv=None) -> dict:
     import sim.sweep.capacity
     from sim.sweep.capacity import CapacitySpec, find_capacity
@@ -326,7 +418,12 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--jobs", type=int, default=1, help="processes (default 1: probes of one search are serial)")
     p.add_argument("--devices", default=DEVICES, help="device specs separated by ';'")
+    p.add_argument("--planner", metavar="REV", help="the planner's commands from git revision REV and from this tree")
+    p.add_argument("--rounds", type=int, default=1, help="with --planner: runs of each command on each side")
+    p.add_argument("--answers", action="store_true", help="with --planner: also compare the answers of ANSWERS")
     args = p.parse_args(argv)
+    if args.planner:
+        return planner(args.planner, args.rounds, args.answers)
     base = {k: v[1] for k, v in AXES.items()}
     base.update(trace="stdlib:asyncio/base_events.py", trace_limit=1000, steps=args.steps, compute="reference",
                 threshold=8, readers=16, phases="random")

@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
                         "hit (hash, the lookup, decode, the session's Python), fio's CPU per read at QD1 on the "
                         "same file, the engine's pread CPU a read over fio's, the engine's pread CPU a read from a "
                         "copy on tmpfs (a memory copy, no drive), and a 48-row batch's wall after the step's sleep "
-                        "over back to back (wake_us): sim.decode.host reads them"}
+                        "over the next one right after it (wake_us): sim.decode.host reads them"}
         out = packaged_data_path(ENGINE_PROFILE)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")

@@ -45,9 +45,6 @@ __all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "HostCPU"
 ENGINE_PROFILE = "hosts/engine-cpu.json"
 
 
-#: Fixed-point passes of a step and its CPUs' idle share where a step has a wake-up (:meth:`HostCPU.step_time`).
-WAKE_PASSES = 4
-
 #: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
 #: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
@@ -128,9 +125,9 @@ class HostCPU:
         Returns
         -------
         float
-            ``free_step_s + step_cpu_s`` for one session (+ ``wake_s`` times the CPUs' idle share, with a
-            wake-up); more as the CPUs saturate.  The idle share ``1 - sessions x demand / (step x cpus)`` and
-            the step it sets are solved together (a few fixed-point passes).
+            ``free_step_s + step_cpu_s`` for one session (+ ``wake_s`` times the CPUs' idle share
+            ``1 - sessions x demand / (step x cpus)`` at the queued step, where there are rows to read); more as
+            the CPUs saturate.
 
         Raises
         ------
@@ -139,29 +136,59 @@ class HostCPU:
         """
         if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
             raise ArgumentError(f"HostCPU.step_time: sessions = {sessions!r:.40}: expected a whole number >= 1")
+        for n, step in self._steps(free_step_s, rows_per_step):
+            if n == sessions:
+                return step
+        raise AssertionError("unreachable")  # pragma: no cover - the steps go on for ever
+
+    def sessions_within(self, step_s: float, free_step_s: float, rows_per_step: float, most: int) -> int:
+        """The most sessions, up to ``most``, whose mean step on this host (:meth:`step_time`, each step ``free_step_s``
+        with the CPUs free and ``rows_per_step`` reads) is at most ``step_s`` seconds: 0 where one session's is
+        longer.  A capacity search's first guess where the host binds (:func:`sim.sweep.capacity.bracket_opening`).
+
+        Raises
+        ------
+        ArgumentError
+            As :meth:`step_time`.
+        """
+        fit = 0
+        for n, step in self._steps(free_step_s, rows_per_step):
+            if n > most or step > step_s:
+                return fit
+            fit = n
+        return fit  # pragma: no cover - the steps go on for ever
+
+    def _steps(self, free_step_s: float, rows_per_step: float):
+        """``(n, the mean step of n sessions)`` for n = 1, 2, ... (without end): exact mean-value analysis of the
+        closed network of :meth:`step_time`, plus the wake-up times the CPUs' idle share at that step (none with
+        no rows: no reader to wake)."""
         free = _nonneg("free_step_s", free_step_s)
         d = self.demand(rows_per_step)
-        step = self._queued(sessions, free, d)
-        if self.wake_s > 0 and rows_per_step > 0:
-            for _ in range(WAKE_PASSES):  # the wake-up shrinks as the CPUs get busy; busier CPUs, a longer step
-                idle = max(0.0, 1.0 - sessions * d / (step * self.cpus)) if step > 0 else 1.0
-                step = self._queued(sessions, free + self.wake_s * idle, d)
-        return step
+        wake = self.wake_s if rows_per_step > 0 else 0.0
+        for n, step in self._queued(free, d):
+            if wake > 0:  # fades as the CPUs get busy: many sessions queue, and no CPU is left idle to wake
+                step += wake * (max(0.0, 1.0 - n * d / (step * self.cpus)) if step > 0 else 1.0)
+            yield n, step
 
-    def _queued(self, sessions: int, free: float, d: float) -> float:
-        """The mean step of :meth:`step_time` for a step of ``free`` seconds with the CPUs free and ``d`` of CPU."""
+    def _queued(self, free: float, d: float):
+        """``(n, the mean step of n sessions)`` of a step of ``free`` seconds with the CPUs free and ``d`` of CPU:
+        the mean-value analysis (:meth:`step_time`), n = 1, 2, ... without end."""
         z = max(0.0, free + self.step_cpu_s - d)  # the part of the step that holds no CPU
         dq, dd = d / self.cpus, d * max(0.0, self.cpus - 1.0) / self.cpus
         if self.cpus < 1.0:  # a fraction of one CPU: one slow server
             dq, dd = d / self.cpus, 0.0
+        n = 0
         if z + dd + dq <= 0:  # nothing to wait for and no CPU asked
-            return free + self.step_cpu_s
-        q, x = 0.0, 0.0
-        for n in range(1, sessions + 1):
+            while True:
+                n += 1
+                yield n, free + self.step_cpu_s
+        q = 0.0
+        while True:
+            n += 1
             r = dq * (1.0 + q)
             x = n / (z + dd + r)
             q = x * r
-        return sessions / x
+            yield n, n / x
 
     def readers_wait(self, readers: int, rows: float, read_s: float) -> float:
         """Seconds a step's ``rows`` reads take longer when its ``readers`` pread threads share the host's CPUs.

@@ -300,14 +300,20 @@ class DecodeRun:
         Older form of ``phases="spread:MS"``, in seconds (>= 0; not with ``phases``).
     bins : int
         Bins of the queue-depth timeline (>= 1).
+    timeline : bool
+        Keep the queue-depth timeline (default).  False, for a caller that reads only the device's totals (a
+        sweep's or a capacity search's point): the fast mode's queue of one drive records no changes, so
+        :attr:`DecodeResult.timeline` is empty and ``max_queue_depth`` is the queue's own count; every other
+        figure is the same, bit for bit.
     progress : bool or str
         Show progress when the run takes more than a couple of seconds: a bar on a terminal, plain lines
         elsewhere (:func:`sim.core.progress.progress`; a mode such as ``"lines"`` forces one), finished sessions
         counted without a time-left estimate.
     host : HostCPU, optional
-        The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run is simulated once with the
-        CPUs free, then again with each step longer by what the host's CPU queue adds at that step and read
-        rate (mean-value analysis; ``DecodeResult.host`` says it).  None (default): the host is left out.
+        The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run's first steps are simulated
+        with the CPUs free, then the whole run with each step longer by what the host's CPU queue adds at that
+        step and read rate (mean-value analysis; ``DecodeResult.host`` says it), again until that settles.  None
+        (default): the host is left out.
     replay : str, optional
         For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
@@ -317,7 +323,7 @@ class DecodeRun:
     Raises
     ------
     ArgumentError
-        Bad sessions, steps, mode, hash_time, bins, start_spread, phases or host, both ``phases`` and
+        Bad sessions, steps, mode, hash_time, bins, timeline, start_spread, phases or host, both ``phases`` and
         ``start_spread``, or a negative seed; each message names the field.
     """
 
@@ -329,6 +335,7 @@ class DecodeRun:
     phases: Union[Phases, str, None] = None
     start_spread: Optional[float] = None
     bins: int = 100
+    timeline: bool = True
     progress: Union[bool, str] = False
     replay: Optional[str] = None
     host: Optional[HostCPU] = None
@@ -344,6 +351,8 @@ class DecodeRun:
             object.__setattr__(self, "steps", check_count(self.steps, "steps"))
         object.__setattr__(self, "hash_time", check_amount(self.hash_time, "hash_time", "seconds"))
         object.__setattr__(self, "bins", check_count(self.bins, "bins", high=MAX_BINS))
+        if not isinstance(self.timeline, bool):
+            raise ArgumentError(f"DecodeRun.timeline = {self.timeline!r:.40}: expected True or False")
         progress_mode(self.progress)
         if self.start_spread is not None:
             if self.phases is not None:
@@ -410,11 +419,11 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     if speculation is not None:
         check_settings(speculation, Speculation, "speculation")
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
-    lat, st, finish, figures = _simulate(plan)
     host, first = {}, plan
     if run.host is not None:
-        plan, lat, st, finish, figures, host = _on_host(plan, (lat, st, finish, figures), device, run, storage,
-                                                        speculation, served)
+        plan, lat, st, finish, figures, host = _on_host(plan, device, run, storage, speculation, served)
+    else:
+        lat, st, finish, figures = _simulate(plan)
     res = _result(plan, lat, st, finish, figures, t_wall)
     if host:  # the compute as given, the host's part apart
         res.host = host
@@ -426,30 +435,47 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
 #: Runs of a decode on a host (:func:`_on_host`) after the one with the CPUs free, at most, and the change of the
 #: added step below which they stop (relative).
 HOST_PASSES, HOST_SETTLED = 3, 0.01
+#: The run with the CPUs free gives only the mean step with the CPUs free, the first guess of the fixed point
+#: (:func:`_on_host`).  Where the whole run would simulate more than ``HOST_FREE_WORK`` session-steps (a capacity
+#: probe of thousands of sessions) it simulates only each session's first steps, at least ``HOST_FREE_STEPS`` and
+#: ``HOST_FREE_WORK`` in all: the mean of every step of the whole run is taken as theirs, the steps after them
+#: at the mean of their later half (past the sessions' start), the last ``HOST_FREE_TAIL`` left out (the run
+#: draining).
+HOST_FREE_STEPS, HOST_FREE_WORK, HOST_FREE_TAIL = 50, 100_000, 5
 
 
-def _on_host(plan: _Plan, done: tuple, device, run: DecodeRun, storage: Storage,
-             speculation: Optional[Speculation], served) -> tuple:
-    """A run on ``run.host``: from the run with the CPUs free (``done``), the step the host's CPU queue adds at
-    that step and read rate (:meth:`HostCPU.step_time`), then the run again with each step's compute that much
-    longer, until the added step settles (the drive sees the slower steps, so its wait shrinks): ``(plan, lat,
-    st, finish, figures, host figures)``."""
-    lat, st, finish, figures = done
-    rows = float(figures[1]) / max(1, np.size(lat))
-    free = float(np.mean(lat))
-    base, extra, passes = plan.compute, 0.0, 0
-    for passes in range(1, HOST_PASSES + 1):
+def _on_host(plan: _Plan, device, run: DecodeRun, storage: Storage, speculation: Optional[Speculation],
+             served) -> tuple:
+    """A run on ``run.host``: from the mean step with the CPUs free (a run of the first steps where the whole run
+    is long: :data:`HOST_FREE_WORK`) and the reads a step of the whole run, the step the host's CPU queue adds at
+    that step and read rate (:meth:`HostCPU.step_time`), then the run with each step's compute that much longer,
+    again while the added step moves (the drive sees the slower steps, so its wait shrinks): ``(plan, lat, st,
+    finish, figures, host figures)``."""
+    steps = plan.run.steps
+    first = max(HOST_FREE_STEPS, -(-HOST_FREE_WORK // run.sessions))
+    done = None  # the whole run with the CPUs free, where it ran
+    if first < steps:
+        free = _free_step(_simulate(_plan(plan.trace, device, plan.policy, plan.compute,
+                                          replace(plan.run, steps=first), storage, speculation, served))[0], steps)
+    else:
+        done = _simulate(plan)
+        free = float(np.mean(done[0]))
+    rows = _device_reads(plan) / max(1, run.sessions * steps)
+    base, extra, passes = plan.compute, None, 0
+    while passes < HOST_PASSES:
         wait = _readers_wait(run.host, plan.device, plan.policy, rows)
         new = max(0.0, run.host.step_time(run.sessions, free + wait, rows) - free)
-        if passes > 1 and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
+        if extra is not None and abs(new - extra) <= HOST_SETTLED * max(extra, 1e-12):
             break
         extra = new
-        if extra == 0:
+        if extra == 0 and done is not None:  # no CPU asked: the run with the CPUs free is the run
             break
+        passes += 1
         plan = _plan(plan.trace, device, plan.policy, base.shifted(extra), run, storage, speculation, served)
-        lat, st, finish, figures = _simulate(plan)
-        rows = float(figures[1]) / max(1, np.size(lat))
-        free = max(0.0, float(np.mean(lat)) - extra)  # the step with the CPUs free, the drive at the new pace
+        done = _simulate(plan)
+        rows = float(done[3][1]) / max(1, np.size(done[0]))
+        free = max(0.0, float(np.mean(done[0])) - extra)  # the step with the CPUs free, the drive at the new pace
+    lat, st, finish, figures = done
     step = float(np.mean(lat))
     demand = run.host.demand(rows)
     return plan, lat, st, finish, figures, {
@@ -468,6 +494,23 @@ def _readers_wait(host, device: Device, policy: Policy, rows: float) -> float:
         return 0.0
     depth = max(1, min(policy.readers, math.ceil(rows)))
     return host.readers_wait(policy.readers, rows, device.mean_latency(depth))
+
+
+def _free_step(lat: np.ndarray, steps: int) -> float:
+    """The mean step of a whole run of ``steps`` steps from ``lat`` (seconds ``[sessions, first steps]``) of a run
+    of its first steps (:data:`HOST_FREE_WORK`): theirs, less the last :data:`HOST_FREE_TAIL`, and the steps
+    after at the mean of their later half."""
+    m = lat.mean(axis=0)
+    head = m[:max(1, m.size - HOST_FREE_TAIL)]
+    later = float(head[head.size // 2:].mean())
+    return (float(head.sum()) + (steps - head.size) * later) / steps
+
+
+def _device_reads(plan: _Plan) -> int:
+    """The reads a run of ``plan`` takes from its device(s): its steps' (after caches and DRAM) and, in a
+    speculative run, the drafts' rows prefetched."""
+    return (sum(int(r.sum()) for r in plan.rd.reads)
+            + (sum(int(p.sum()) for p in plan.prefetch) if plan.prefetch is not None else 0))
 
 
 @dataclass
@@ -572,6 +615,8 @@ def _simulate(plan: _Plan) -> tuple:
     if run.mode == "fast":
         fr = FastRun(plan.device.fast(dev_rng), plan.storage.drives, plan.policy, plan.rd.reads, plan.rd.by_drive,
                      plan.comp, run.hash_time, plan.overlap, plan.prefetch)
+        if not run.timeline and plan.storage.drives == 1:  # the totals alone: the queue's count is its maximum
+            fr.queues[0].record = False
         if run.sessions == 1:
             fr.run_alone(plan.begin[0])
         else:
@@ -600,7 +645,10 @@ def _fast_figures(fr: FastRun, t0: float, makespan: float, bins: int) -> tuple:
         s, e, lv = fr.boxes
         summ = summarize_boxes(s - t0, e - t0, lv, makespan, bins)
         return summ, fr.reads_done, fr.area_done, summ["busy_fraction"]
-    summ = summarize_counter(_merge([(q.times, q.depths) for q in fr.queues], t0), makespan, bins)
+    if not fr.queues[0].record:  # one drive, no timeline (DecodeRun.timeline)
+        summ = {"max_queue_depth": float(fr.queues[0].max_depth), "timeline": {}}
+    else:
+        summ = summarize_counter(_merge([(q.times, q.depths) for q in fr.queues], t0), makespan, bins)
     busy = float(np.mean([q.busy for q in fr.queues])) / makespan if makespan > 0 else 0.0
     return summ, sum(q.reads for q in fr.queues), sum(q.area for q in fr.queues), busy
 

@@ -227,7 +227,7 @@ class _RateRounds(ProbeRounds):
 
     def __init__(self, ctx, caps: List[ServeCapacity], run: SearchRun, search: RateSearch, study_seed: int):
         self.search, self.study_seed = search, study_seed
-        super().__init__(ctx, caps, run, search.seeds, lambda: _rate_search(search))
+        super().__init__(ctx, caps, run, search.seeds, lambda i: _rate_search(search))
 
     def task(self, i, r, x):
         cfg = self.caps[i].config

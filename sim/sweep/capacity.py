@@ -47,9 +47,11 @@ slowest one's rate does not fall with their count and the probes taken decide
 which of two adjacent counts is found).
 
 A configuration that passes at ``max_sessions`` has a capacity of at least
-that (a lower bound).  The searches of every configuration and seed advance
-together, one round of probes at a time, so the probes of a round run in
-parallel (local processes or a Dask cluster, :class:`sim.sweep.PointRunner`).
+that (a lower bound).  The searches of every configuration and seed run side
+by side (local processes or a Dask cluster, :class:`sim.sweep.PointRunner`),
+each taking its probe's row as soon as it is in; a worker that would idle
+probes ahead, next to a search's probe, a count it may ask next
+(:class:`ProbeRounds`: the probes taken, and so the answers, are the same).
 The search assumes that the slowest session's tokens/s does not rise with
 more sessions; where noise breaks that, it returns a count that passed next
 to one that failed.
@@ -124,11 +126,12 @@ from sim.core.schema import CAPACITY_SCHEMA
 from sim.device import load_device
 from sim.device.fio import HOST_BOUND_SHARE
 from sim.device.models import RateLimitedDevice
+from sim.decode.host import HostCPU
 from sim.core.params import Phases, Storage
 from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study, TableWriter, check_points,
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
-from sim.sweep.runner import HOLD_WARNINGS, point_host, point_policy
+from sim.sweep.runner import HOLD_WARNINGS, device_key, point_host, point_policy
 from sim.sweep.study import varying_axes
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
@@ -136,7 +139,7 @@ __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIO
            "CAPACITY_SEEDS", "MAX_CAPACITY_SESSIONS", "CAPACITY_TARGET", "PROBE_COLUMNS", "Capacity", "CapacityResult",
            "CapacitySpec", "ProbeRounds", "SEARCHES", "SearchBound", "SearchProgress", "SearchRun",
            "SeedBand", "WorkProgress", "sustained_context", "capacity_of", "compute_text", "configuration_names",
-           "find_capacity", "gallop", "grid_capacities", "is_capacity_table", "phases_short", "phases_text",
+           "find_capacity", "gallop", "grid_capacities", "host_sessions", "is_capacity_table", "phases_short", "phases_text",
            "pooled_compute", "probes_path", "read_capacity", "run_capacity", "session_bounds"]
 
 #: How a capacity is taken from its seeds' searches, in the words every output uses (reports, README, the
@@ -826,10 +829,10 @@ class SearchProgress:
         self.state[key]["asked"] = value
 
     def ran(self, work: int, seconds: float, probes: int = 1) -> None:
-        """A round of probes ran (the bound counts probes, not their work)."""
+        """A probe ran (the bound counts probes, not their work)."""
 
     def retotal(self) -> None:
-        """After a round: the total is the probes answered plus the most the open searches still ask."""
+        """After probes were answered: the total is those plus the most the open searches still ask."""
         self.bar.set_total(self.bar.n + sum(self.bound.left(st["lo"], st["hi"], st["n"])
                                             for st in self.state.values()))
 
@@ -843,12 +846,12 @@ class SearchProgress:
         self.bar.close()
 
 
-#: Session-steps a second a probe is taken to simulate until a round of probes of many sessions has run (the
-#: fast decode loop, probes of thousands of sessions, on one core of the 2-core development VM: about 150,000 a
-#: CPU second on a quiet machine, fewer with other jobs running: benchmarks/BENCHMARKS.md); only the time left
-#: before the first such round rests on it, and the line says so.
+#: Session-steps a second a probe is taken to simulate until a probe of many sessions has run (the fast decode
+#: loop, probes of thousands of sessions, on one core of the 2-core development VM: about 150,000 a CPU second on
+#: a quiet machine, fewer with other jobs running: benchmarks/BENCHMARKS.md); only the time left before the first
+#: such probe rests on it, and the line says so.
 ASSUMED_SESSION_STEPS_PER_S = 100_000.0
-#: A round of probes simulating fewer session-steps than this says little of the simulator's rate (its fixed
+#: A probe simulating fewer session-steps than this says little of the simulator's rate (its fixed
 #: costs -- the device's batch samples, the sessions' reads -- dominate): the time left goes by the others.
 RATE_MIN_WORK = 50_000
 
@@ -862,10 +865,10 @@ class WorkProgress(SearchProgress):
     each one's probe asked now, and one more of about its size unless the answer to this one can close its
     bracket (a pass next to a failure, ``resolution`` apart, or a pass at ``max_sessions``) -- so the work to go
     is a lower bound, exact when the search closes in as few probes as it can; a search that misses the knee
-    adds a probe at a time.  The time left is that work at the session-steps a second of a probe the rounds of
-    probes measured (:meth:`ran`, rounds of at least :data:`RATE_MIN_WORK`; a round of ``p`` probes ran
-    ``min(p, workers)`` side by side), or before any such round at :data:`ASSUMED_SESSION_STEPS_PER_S`, which the
-    line says, times the probes the open searches run side by side.
+    adds a probe at a time.  The time left is that work at the session-steps a second of a probe that the probes
+    measured (:meth:`ran`: each probe of at least :data:`RATE_MIN_WORK` over its own seconds), or before any such
+    probe at :data:`ASSUMED_SESSION_STEPS_PER_S`, which the line says, times the probes the open searches run side
+    by side.
     The bar (on a terminal) counts session-steps.
 
     ``keys`` name the searches, ``steps`` their probes' steps and ``asked`` their first probes' sessions
@@ -904,9 +907,9 @@ class WorkProgress(SearchProgress):
         return probes, work
 
     def rate(self) -> Tuple[float, bool]:
-        """``(session-steps a second, measured)``: a probe's rate -- the rounds' own, per probe running side by
-        side, or the assumed one before any round of :data:`RATE_MIN_WORK` has run -- times the probes the open
-        searches run side by side (at most ``workers``)."""
+        """``(session-steps a second, measured)``: a probe's rate -- the probes' own, or the assumed one before any
+        probe of :data:`RATE_MIN_WORK` has run -- times the probes the open searches run side by side (at most
+        ``workers``)."""
         open_ = sum(1 for st in self.state.values() if st["asked"] is not None)
         side = max(1, min(self.workers, open_))
         if self.measured_work >= RATE_MIN_WORK and self.measured_s > 0:
@@ -933,7 +936,7 @@ class WorkProgress(SearchProgress):
 
     # ------------------------------------------------------------ the searches' news
     def answered(self, key: Any, value: int, passed: bool, note: str = "") -> None:
-        """The probe of search ``key`` at ``value`` sessions answered (shown after the round)."""
+        """The probe of search ``key`` at ``value`` sessions answered (shown with the next line)."""
         self._answer(key, value, passed)
         self.probes += 1
         work = int(value) * self.steps[key]
@@ -942,8 +945,8 @@ class WorkProgress(SearchProgress):
         self._note = note or self._note
 
     def ran(self, work: int, seconds: float, probes: int = 1) -> None:
-        """A round of ``probes`` probes simulated ``work`` session-steps in ``seconds`` (wall), at most
-        ``workers`` of them side by side."""
+        """``probes`` probes (one: a probe on its own) simulated ``work`` session-steps in ``seconds`` (wall), at
+        most ``workers`` of them side by side."""
         if work >= RATE_MIN_WORK and seconds > 0:
             self.measured_work += int(work)
             self.measured_s += float(seconds) * max(1, min(self.workers, int(probes)))
@@ -954,15 +957,15 @@ class WorkProgress(SearchProgress):
         self._note = note or self._note
 
     def retotal(self) -> None:
-        """After a round, once every search has asked its next probe or returned (so that a line's work to go is
-        the searches' own): the bar's total is the session-steps done plus the fewest to go; the answered work
+        """After probes were answered, once their searches have asked their next probe or returned (so that a
+        line's work to go is the searches' own): the bar's total is the session-steps done plus the fewest to go; the answered work
         and the last news to the bar (a line when its interval has passed)."""
         work, self._pending = self._pending, 0
         self.bar.set_total(self.bar.n + work + self.to_go()[1])
         self.bar.update(work, self._note)
 
     def note(self, text: str) -> None:
-        """News (a probe finished): shown with the next line, after the round."""
+        """News (a probe finished): shown with the next line."""
         self._note = text
 
 
@@ -999,11 +1002,12 @@ def session_bounds(row: Mapping[str, Any], target: float, metric: str = CAPACITY
     return lower, min(est, upper), upper
 
 
-def bracket_opening(max_sessions: int, resolution: int, target: float,
-                    metric: str) -> Generator[int, Mapping[str, Any], Tuple[bool, Any]]:
+def bracket_opening(max_sessions: int, resolution: int, target: float, metric: str,
+                    host: Optional[HostCPU] = None) -> Generator[int, Mapping[str, Any], Tuple[bool, Any]]:
     """The opening of a bracketed search (``yield from`` it): the 1-session probe, then galloping's answer
     below :data:`SMALL_CAPACITY`; returns ``(True, (capacity, passed at max_sessions))`` when that is the
-    answer, else ``(False, e)`` with ``e`` the queueing estimate to probe next (:func:`session_bounds`)."""
+    answer, else ``(False, e)`` with ``e`` the queueing estimate to probe next (:func:`session_bounds`; on a
+    ``host``, where its CPUs bind first, :func:`host_sessions`)."""
     row = yield 1
     if not row[metric] >= target:
         return True, (0, False)
@@ -1014,14 +1018,27 @@ def bracket_opening(max_sessions: int, resolution: int, target: float,
         g = _search(max_sessions, resolution)
         next(g)
         return True, (yield from _by_rows(g, lambda r: r[metric] >= target, g.send(True)))
-    return False, max(2, min(max_sessions, est if upper is not None else max_sessions))
+    e = est if upper is not None else max_sessions
+    if host is not None:
+        e = min(e, host_sessions(row, host, target, max_sessions))
+    return False, max(2, min(max_sessions, e))
 
 
-def _bracketed(max_sessions: int, resolution: int, target: float,
-               metric: str) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
+def host_sessions(row: Mapping[str, Any], host: HostCPU, target: float, max_sessions: int) -> int:
+    """The most sessions (up to ``max_sessions``) whose mean step on ``host`` (:meth:`HostCPU.sessions_within`, the
+    mean-value analysis every probe on a host runs) is at most ``1 / target``, each step taking what the 1-session
+    probe's row took with the CPUs free -- its ``step_mean_ms`` less the engine's CPU the host added to it (one
+    session queues for no CPU) -- and its ``reads_per_step``: where the host's CPUs bind before the drive, the
+    search's first guess (the drive's queue at that count is not in it)."""
+    free = max(0.0, float(row["step_mean_ms"]) * 1e-3 - host.step_cpu_s)
+    return host.sessions_within(1.0 / target, free, float(row.get("reads_per_step") or 0.0), max_sessions)
+
+
+def _bracketed(max_sessions: int, resolution: int, target: float, metric: str,
+               host: Optional[HostCPU] = None) -> Generator[int, Mapping[str, Any], Tuple[int, bool]]:
     """The bracketed search (see the module): yields the count to probe, receives its row; returns ``(capacity,
-    passed at max_sessions)``."""
-    done, e = yield from bracket_opening(max_sessions, resolution, target, metric)
+    passed at max_sessions)``.  ``host``: the host every probe runs on (:func:`bracket_opening`)."""
+    done, e = yield from bracket_opening(max_sessions, resolution, target, metric, host)
     if done:
         return e
     lo, hi = 1, max_sessions + 1  # the largest count known to pass, the smallest known to fail
@@ -1162,41 +1179,58 @@ class SearchRun:
 
 
 class ProbeRounds:
-    """The searches of every configuration and seed, advanced together one round of probes at a time: each
-    round runs every probe the open searches ask (those not in ``run.done``) in parallel, then answers each
-    search its probe's row; a search that returns is done.  One for session counts and arrival rates.
+    """The searches of every configuration and seed, each advanced as soon as its probe's row is in: every probe
+    an open search asks (those not in ``run.done``) runs as soon as a worker is free, and the search gets its row
+    when it finishes and asks its next one, without waiting for the other searches' probes; a search that
+    returns is done.  A worker that would idle (the last searches' probes running) probes ahead: a count the
+    search is likely to ask next (:meth:`ahead`), whose row waits until its search asks it and is dropped if
+    it never does, so the searches, their probes and their answers are the same whatever ran ahead and on
+    every runner.  The rows the searches took are kept, numbered (``point``) and written in rounds -- every
+    search's first probe, then every one's second, ..., the seeds in order -- as if the searches had advanced
+    together.  One for session counts and arrival rates.
 
     A subclass says what a probe is: the axis it sets (:attr:`axis`, of type :attr:`value`); ``task(i, r, x)``,
     the ``(point, seed)`` of configuration ``i``'s seed ``r`` probing ``x``; ``passed(row)``; :meth:`answer`; the
     words of ``note(row)`` (a probe done) and ``finished(i, r, value)`` (a search returned); ``progress()``, the
-    searches' line (a :class:`SearchProgress`); :meth:`work`; and :attr:`runner`, which runs the points.
+    searches' line (a :class:`SearchProgress`); :meth:`work`; :meth:`ahead`; and :attr:`runner`, which runs the
+    points.
 
     Parameters
     ----------
     ctx : Context
         What the runner's points need resolved.
     caps : list
-        Per configuration (``index`` 0, 1, ...), the result that gets every probe row in the order answered
-        (``probes``) and, once its searches returned, each seed's capacity and whether it passed at the top
-        (``per_seed``, ``bound``).
+        Per configuration (``index`` 0, 1, ...), the result that gets every probe row in rounds (``probes``)
+        and, once its searches returned, each seed's capacity and whether it passed at the top (``per_seed``,
+        ``bound``).
     run : SearchRun
     seeds : int
         Searches per configuration (``repeat`` 0, 1, ...).
     search : callable
-        A new search generator each call (yielding the value to probe, receiving :meth:`answer` of its row,
-        returning ``(capacity, passed at the top, ...)``); its first value is asked here.
+        ``search(i)``: a new search generator of configuration ``i`` (yielding the value to probe, receiving
+        :meth:`answer` of its row, returning ``(capacity, passed at the top, ...)``); its first value is asked
+        here.
     """
 
     runner = PointRunner
     axis, value = "sessions", int
 
-    def __init__(self, ctx: Any, caps: Sequence[Any], run: SearchRun, seeds: int, search: Callable[[], Generator]):
+    def __init__(self, ctx: Any, caps: Sequence[Any], run: SearchRun, seeds: int,
+                 search: Callable[[int], Generator]):
         self.ctx, self.caps, self.settings, self.seeds = ctx, caps, run, seeds
-        self.searches: Dict[Tuple[int, int], Generator] = {(c.index, r): search() for c in caps for r in range(seeds)}
+        self.searches: Dict[Tuple[int, int], Generator] = {(c.index, r): search(c.index) for c in caps
+                                                           for r in range(seeds)}
         self.asked: Dict[Tuple[int, int], Any] = {k: next(g) for k, g in self.searches.items()}
         self.cache: Dict[tuple, Dict[str, Any]] = {self.row_key(r): dict(r) for r in run.done}
         self.counter = max((int(r["point"]) for r in run.done), default=-1) + 1
         self.results: Dict[Tuple[int, int], Any] = {}
+        self.fresh: Dict[tuple, Dict[str, Any]] = {}  # rows run here that their search has not taken (yet)
+        self.flight: Dict[int, tuple] = {}  # task index -> the probe it runs (running or waiting for a worker)
+        self.tasks = self.kept = 0
+        self.taken: List[tuple] = []  # (the search's probe number, config, seed, row, run here) as taken
+        self.count: Dict[Tuple[int, int], int] = dict.fromkeys(self.searches, 0)
+        self.bar: Any = None
+        self.pool: Any = None
 
     # ------------------------------------------------------------ what a probe is
     def key(self, i: int, r: int, x: Any) -> tuple:
@@ -1212,12 +1246,17 @@ class ProbeRounds:
         return row
 
     def work(self, tasks: Sequence[tuple]) -> int:
-        """The work of a round's tasks, for the progress line."""
+        """The work of tasks ``(index, point, seed)``, for the progress line."""
         return 0
 
-    # ------------------------------------------------------------ the rounds
+    def ahead(self, i: int, r: int, x: Any) -> List[Any]:
+        """Values configuration ``i``'s seed ``r``, now asking ``x``, may ask next, the likeliest first: probed
+        ahead by workers that would idle (none here)."""
+        return []
+
+    # ------------------------------------------------------------ the searches
     def run(self) -> str:
-        """Every round until every search returned (``results``: each one's value, set on ``caps``); the runner's
+        """Every probe until every search returned (``results``: each one's value, set on ``caps``); the runner's
         name.
 
         Raises
@@ -1228,43 +1267,87 @@ class ProbeRounds:
         run = self.settings
         with self.progress() as bar, self.runner(self.ctx, jobs=run.jobs, scheduler=run.scheduler,
                                                  connect_timeout=run.connect_timeout) as runner:
-            while self.searches:
-                self._round(runner, bar)
-                bar.retotal()
+            self.bar, self.pool = bar, runner
+            runner.run(self._more(0) or [], self._got, more=self._more)
+        self._in_rounds()
         for cap in self.caps:
             found = [self.results[(cap.index, r)] for r in range(self.seeds)]
             cap.per_seed, cap.bound = [f[0] for f in found], [f[1] for f in found]
         return runner.name
 
-    def _keep(self, row: Dict[str, Any], bar: Any) -> None:
-        self.cache[self.row_key(row)] = row
+    def _got(self, row: Dict[str, Any]) -> None:
+        """A probe's row is in (its search takes it in :meth:`_more`)."""
+        key = self.flight.pop(row["point"])
+        self.fresh[key] = {**row, "config": key[0]}
+        self.bar.ran(self.work([(row["point"], row, row["seed"])]), self.pool.seconds.pop(row["point"], 0.0))
+
+    def _more(self, free: int) -> Optional[List[tuple]]:
+        """The searches whose probes' rows are in take them, until none can; returns the tasks of the probes
+        they ask that are neither in nor running, then, for ``free`` workers left idle, probes ahead; None once
+        every search returned (the probes still running ahead are not wanted)."""
+        moved = True
+        while moved:
+            moved = False
+            for (i, r), x in list(self.asked.items()):
+                k = self.key(i, r, x)
+                here = k in self.fresh
+                if here:
+                    self.cache[k] = self._keep(self.fresh.pop(k))
+                if k in self.cache:
+                    self._take(i, r, x, self.cache[k], here)
+                    moved = True
+        running = set(self.flight.values())
+        tasks = [self._task(i, r, x) for (i, r), x in self.asked.items() if self.key(i, r, x) not in running]
+        spare = free - len(tasks)
+        for (i, r), x in list(self.asked.items()) if spare > 0 else ():
+            for y in self.ahead(i, r, x):
+                k = self.key(i, r, y)
+                if spare > 0 and k not in self.cache and k not in self.fresh and k not in running:
+                    tasks.append(self._task(i, r, y))
+                    running.add(k)
+                    spare -= 1
+        self.bar.retotal()
+        return tasks if self.searches else None
+
+    def _task(self, i: int, r: int, x: Any) -> tuple:
+        p, seed = self.task(i, r, x)
+        self.flight[self.tasks] = self.key(i, r, x)
+        self.tasks += 1
+        return self.tasks - 1, p, seed
+
+    def _keep(self, row: Dict[str, Any]) -> Dict[str, Any]:
+        """A row run here, taken by its search: numbered (for now: :meth:`_in_rounds` numbers the rows in rounds
+        at the end) and written."""
+        row["point"] = self.counter + self.kept
+        self.kept += 1
         if self.settings.on_probe is not None:
             self.settings.on_probe(row)
         # a search takes many probes: each one is news for the plain progress lines
-        bar.note(self.note(row))
+        self.bar.note(self.note(row))
+        return row
 
-    def _round(self, runner: Any, bar: Any) -> None:
-        tasks, config_of = [], {}
-        for (i, r), x in self.asked.items():
-            if self.key(i, r, x) not in self.cache:
-                p, seed = self.task(i, r, x)
-                tasks.append((self.counter, p, seed))
-                config_of[self.counter] = i
-                self.counter += 1
-        t_round = time.perf_counter()
-        runner.run(tasks, lambda row: self._keep({**row, "config": config_of[row["point"]]}, bar))
-        bar.ran(self.work(tasks), time.perf_counter() - t_round, len(tasks))
-        for (i, r), x in list(self.asked.items()):
-            row = self.cache[self.key(i, r, x)]
-            self.caps[i].probes.append(row)
-            bar.answered((i, r), x, self.passed(row))
-            try:
-                self.asked[(i, r)] = self.searches[(i, r)].send(self.answer(row))
-                bar.asked((i, r), self.asked[(i, r)])
-            except StopIteration as stop:
-                self.results[(i, r)] = stop.value
-                del self.searches[(i, r)], self.asked[(i, r)]
-                bar.finished((i, r), self.finished(i, r, stop.value))
+    def _take(self, i: int, r: int, x: Any, row: Dict[str, Any], here: bool) -> None:
+        """Search ``(i, r)`` takes the row of its probe at ``x`` and asks its next probe (or returns)."""
+        self.taken.append((self.count[(i, r)], i, r, row, here))
+        self.count[(i, r)] += 1
+        self.caps[i].probes.append(row)
+        self.bar.answered((i, r), x, self.passed(row))
+        try:
+            self.asked[(i, r)] = self.searches[(i, r)].send(self.answer(row))
+            self.bar.asked((i, r), self.asked[(i, r)])
+        except StopIteration as stop:
+            self.results[(i, r)] = stop.value
+            del self.searches[(i, r)], self.asked[(i, r)]
+            self.bar.finished((i, r), self.finished(i, r, stop.value))
+
+    def _in_rounds(self) -> None:
+        """The rows in rounds: each configuration's by the searches' probe number, then seed; the rows run here
+        numbered in that order (configurations in order within a round) after those of an earlier run."""
+        order = sorted(range(len(self.taken)), key=lambda n: self.taken[n][:3])
+        for cap in self.caps:
+            cap.probes = [self.taken[n][3] for n in order if self.taken[n][1] == cap.index]
+        for point, n in enumerate(n for n in order if self.taken[n][4]):
+            self.taken[n][3]["point"] = self.counter + point
 
 
 class _SessionRounds(ProbeRounds):
@@ -1272,9 +1355,13 @@ class _SessionRounds(ProbeRounds):
 
     def __init__(self, ctx: Context, caps: List["Capacity"], run: SearchRun, spec: CapacitySpec, study_seed: int):
         self.spec, self.study_seed = spec, study_seed
-        kind = _bracketed if spec.search == "bracket" else _galloping
-        super().__init__(ctx, caps, run, spec.seeds,
-                         lambda: kind(spec.max_sessions, spec.resolution, spec.target, spec.metric))
+        args = (spec.max_sessions, spec.resolution, spec.target, spec.metric)
+        if spec.search == "bracket":  # on a host, its CPUs' bound guides the first probe of many sessions
+            hosts = [point_host(c.config, ctx.devices[device_key(c.config)]) for c in caps]
+            search = lambda i: _bracketed(*args, hosts[i])  # noqa: E731
+        else:
+            search = lambda i: _galloping(*args)  # noqa: E731
+        super().__init__(ctx, caps, run, spec.seeds, search)
 
     def task(self, i, r, x):
         return _session_probe(self.study_seed, self.caps[i].config, x, r)
@@ -1292,6 +1379,24 @@ class _SessionRounds(ProbeRounds):
 
     def work(self, tasks):
         return sum(int(p["sessions"]) * int(p["steps"]) for _, p, _ in tasks)
+
+    def ahead(self, i, r, x):
+        """For a bracketed search: the counts next to ``x`` (``resolution`` away) inside its bracket, first the
+        one that its configuration's last probe of many sessions points at (its aggregate ``N x rate /
+        target``, its own seed's first: above ``x``, where ``x`` should pass, below where it should fail) -- a
+        secant step ends the search next to where it lands.  None for galloping (its next count is twice or
+        half away)."""
+        spec = self.spec
+        if spec.search != "bracket":
+            return []
+        probes = self.caps[i].probes
+        mine = [p for p in probes if p["repeat"] == r]
+        lo = max((p["sessions"] for p in mine if self.passed(p)), default=0)
+        hi = min((p["sessions"] for p in mine if not self.passed(p)), default=spec.max_sessions + 1)
+        many = [p for p in mine if p["sessions"] > 1] or [p for p in probes if p["sessions"] > 1]
+        guess = many[-1]["sessions"] * many[-1][spec.metric] / spec.target if many else x
+        step = spec.resolution
+        return [y for y in ((x + step, x - step) if x <= guess else (x - step, x + step)) if lo < y < hi]
 
     def progress(self) -> SearchProgress:
         """In session-steps for bracketed searches (:class:`WorkProgress`), in probes for galloping."""

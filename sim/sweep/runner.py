@@ -85,7 +85,7 @@ from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phase
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["HOLD_WARNINGS", "MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
-           "SweepResult", "check_points", "point_host", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
+           "SweepResult", "check_points", "device_key", "point_host", "point_policy", "resolve_context", "resume_rows", "run_points", "run_study"]
 
 #: Runs of one point whose worker died, before the sweep gives up on it.
 MAX_ATTEMPTS = 3
@@ -105,7 +105,7 @@ class SweepError(EngramError, RuntimeError):
     """Points could not be run: their worker died :data:`MAX_ATTEMPTS` times (the message names them)."""
 
 
-def _device_key(p: Mapping[str, Any]) -> tuple:
+def device_key(p: Mapping[str, Any]) -> tuple:
     """Which resolved device a point uses: calibrated devices depend on the backend and the compute."""
     spec = p["device"]
     if spec == "calibrated" or spec.startswith("calibrated:"):
@@ -149,7 +149,7 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     devices: Dict[tuple, Any] = {}
     loaded: Dict[str, Any] = {}
     for p in points:
-        key = _device_key(p)
+        key = device_key(p)
         if key in devices:
             continue
         spec = p["device"]
@@ -218,7 +218,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     """Simulate one point; returns the result row (axes, seed, metrics)."""
     p = params
     trace = ctx.traces[(point_trace(p), p["trace_limit"])]
-    device = ctx.devices[_device_key(p)]
+    device = ctx.devices[device_key(p)]
     policy = point_policy(p)
     if p["compute"]:
         base = ctx.computes[p["compute"]]
@@ -230,7 +230,7 @@ def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> D
     with held_warnings() if extras.get(HOLD_WARNINGS) else contextlib.nullcontext():
         r = simulate_decode(trace, device, policy, compute,
                             DecodeRun(sessions=p["sessions"], steps=p["steps"], mode=p["mode"], seed=seed,
-                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4,
+                                      hash_time=p["hash_us"] * 1e-6, phases=phases, bins=4, timeline=False,
                                       host=point_host(p, device)),
                             storage=Storage(drives=p["drives"], hot=extras.get(f"hot:{p['dram_rows']}"),
                                             tail=extras.get(f"tail:{p['tail']}")))
@@ -415,6 +415,8 @@ class PointRunner:
             raise ArgumentError(f"jobs must be >= 1, got {jobs}")
         self.jobs = jobs if size is None else max(1, min(jobs, int(size)))
         self.lost = 0
+        #: Seconds each task ran, by task index (:meth:`run`).
+        self.seconds: Dict[int, float] = {}
         self._pool: Optional[cf.ProcessPoolExecutor] = None
         self._shared: Optional[_SharedContext] = None
         self._client = None
@@ -478,8 +480,16 @@ class PointRunner:
         pool.shutdown(wait=True, cancel_futures=True)  # its workers are gone: the manager thread ends at once
 
     # ------------------------------------------------------------ running
-    def run(self, tasks: Sequence[Task], on_row: Callable[[Dict[str, Any]], None]) -> None:
+    def run(self, tasks: Sequence[Task], on_row: Callable[[Dict[str, Any]], None],
+            more: Optional[Callable[[int], Sequence[Task]]] = None) -> None:
         """Run ``tasks``, calling ``on_row`` with each row as its point finishes (in completion order).
+
+        ``more(free)``, called after the rows of each completion: tasks to run next (the next probes of searches
+        that got their row), queued behind those waiting; ``free`` is the workers that would idle if no task
+        came (local processes less the tasks running and waiting; 0 on a Dask cluster, whose size is not
+        known); None when nothing more is wanted: the tasks still running or waiting are dropped (local
+        workers running one are stopped).  The run ends then, or when no task runs, waits or comes.  The seconds each task ran (from its start to
+        its row) are in :attr:`seconds`, by task index, before ``on_row`` gets its row.
 
         Raises
         ------
@@ -492,12 +502,21 @@ class PointRunner:
         if not tasks:
             return
         if self.scheduler:
-            self._run_dask(tasks, on_row)
+            self._run_dask(tasks, on_row, more)
         elif self.jobs == 1:
-            for t in tasks:
-                on_row(self.point_fn(*t, self.ctx))
+            pending = collections.deque(tasks)
+            while pending:
+                t = pending.popleft()
+                t0 = time.perf_counter()
+                row = self.point_fn(*t, self.ctx)
+                self.seconds[t[0]] = time.perf_counter() - t0
+                on_row(row)
+                extra = more(1 - len(pending)) if more is not None else ()
+                if extra is None:
+                    return
+                pending.extend(extra)
         else:
-            self._run_local(tasks, on_row)
+            self._run_local(tasks, on_row, more)
 
     def _charge(self, attempts: collections.Counter, lost: Sequence[Task], why: str) -> None:
         """Count one more lost run of each task; give up on those that ran out of attempts."""
@@ -509,12 +528,13 @@ class PointRunner:
             raise SweepError(f"point{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))}: {why} "
                              f"{self.attempts} times (killed by the system? out of memory?); not retried again")
 
-    def _run_local(self, tasks: List[Task], on_row) -> None:
+    def _run_local(self, tasks: List[Task], on_row, more=None) -> None:
         """At most one task a worker in flight, so the tasks lost with a broken pool are the ones it was running;
         a task lost once then runs alone, so that a task that kills its worker is the only one charged."""
         pending = collections.deque(tasks)
         attempts: collections.Counter = collections.Counter()
         inflight: Dict[cf.Future, Task] = {}
+        started: Dict[cf.Future, float] = {}
         while pending or inflight:
             if self._pool is None:
                 if self._shared is None:
@@ -527,15 +547,18 @@ class PointRunner:
                     break
                 t = pending.popleft()
                 with _sigint_blocked():  # submit starts the workers
-                    inflight[self._pool.submit(_local_task, self.point_fn, *t)] = t
+                    f = self._pool.submit(_local_task, self.point_fn, *t)
+                inflight[f], started[f] = t, time.perf_counter()
             done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
             broken = [f for f in done if isinstance(f.exception(), cf.process.BrokenProcessPool)]
             if broken:  # the others fail with the pool: collect what finished before it broke
                 cf.wait(inflight)
                 done = set(inflight)
             lost = []
+            now = time.perf_counter()
             for f in sorted(done, key=lambda f: inflight[f][0]):
                 t = inflight.pop(f)
+                self.seconds[t[0]] = now - started.pop(f)
                 exc = f.exception()
                 if exc is None:
                     on_row(f.result())
@@ -547,6 +570,12 @@ class PointRunner:
                 self._stop_pool(abort=True)
                 self._charge(attempts, lost, "its worker process died")
                 pending.extendleft(reversed(lost))
+            extra = more(self.jobs - len(inflight) - len(pending)) if more is not None else ()
+            if extra is None:  # nothing more is wanted: the workers still running a task are stopped
+                if inflight:
+                    self._stop_pool(abort=True)
+                return
+            pending.extend(extra)
 
     def _context(self):
         """The context's future on the cluster, submitted again when it was cancelled or lost."""
@@ -554,7 +583,7 @@ class PointRunner:
             self._ctx_future = self._client.submit(_context_task, self.ctx, pure=False)
         return self._ctx_future
 
-    def _run_dask(self, tasks: List[Task], on_row) -> None:
+    def _run_dask(self, tasks: List[Task], on_row, more=None) -> None:
         from dask.distributed import KilledWorker, as_completed
 
         if self._client is None:
@@ -562,11 +591,12 @@ class PointRunner:
         client = self._client
         attempts: collections.Counter = collections.Counter()
         owner: Dict[Any, Task] = {}
+        started: Dict[Any, float] = {}
         ac = as_completed()
 
         def submit(t: Task) -> None:
             f = client.submit(_dask_task, self.point_fn, *t, self._context(), pure=False)
-            owner[f] = t
+            owner[f], started[f] = t, time.perf_counter()
             ac.add(f)
 
         for t in tasks:
@@ -574,6 +604,7 @@ class PointRunner:
         try:
             for f in ac:
                 t = owner.pop(f)
+                self.seconds[t[0]] = time.perf_counter() - started.pop(f)
                 try:
                     row = f.result()
                 except (asyncio.CancelledError, cf.CancelledError, KilledWorker) as exc:
@@ -583,6 +614,12 @@ class PointRunner:
                     submit(t)
                     continue
                 on_row(row)
+                extra = more(0) if more is not None else ()
+                if extra is None:
+                    client.cancel(list(owner))
+                    return
+                for t in extra:
+                    submit(t)
         except BaseException:
             client.cancel(list(owner))
             raise

@@ -207,7 +207,9 @@ class TableWriter:
             self.write_meta(False, **extra)
 
     def finish(self, **extra: Any) -> Path:
-        """Every point is in: write the table in point order and ``"complete": true``; return its path.
+        """Every point is in: write the table in point order and ``"complete": true``; return its path.  The
+        order and the indices are the rows' own now (a capacity search numbers its probes in rounds once they
+        are all in: :class:`sim.sweep.capacity.ProbeRounds`).
 
         Raises
         ------
@@ -215,6 +217,7 @@ class TableWriter:
         """
         with contextlib.suppress(OSError):
             self._f.close()
+        self.rows = {int(r[self.key]): r for r in self.rows.values()}
         rows = [self.rows[i] for i in sorted(self.rows)]
         write_table(rows, self.path, self.columns)
         if self.partial != self.path:

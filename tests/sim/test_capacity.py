@@ -402,3 +402,56 @@ def test_capacity_overrides_name_an_unknown_field():
     assert "CapacitySpec has no field 'max_session'" in msg and "max_sessions" in msg and "target" in msg, msg
     assert not isinstance(exc.value, TypeError)
     assert CapacitySpec.from_study(study, max_sessions=64, seeds=None) == CapacitySpec(19.0, CapacitySpec().seeds, 64)
+
+
+def test_searches_advance_alone_and_probe_ahead_without_changing_their_probes(tmp_path):
+    """Each search takes its probe's row as soon as it is in, and idle workers probe counts it may ask next: the
+    answers, the probes taken and the probes table (numbered in rounds) are those of the searches run one probe
+    at a time in this process; a probe run ahead that no search asked is not in them."""
+    configs = capacity_configs(device="ssd:qd1_us=80,iops=600000,parallelism=32", steps=40, trace_limit=200)
+    spec = CapacitySpec(seeds=1, max_sessions=1024)
+    seen = []
+    (two,), _ = find_capacity(configs, spec, 3, run=SearchRun(jobs=2, progress=False, on_probe=seen.append))
+    (one,), _ = find_capacity(configs, spec, 3, run=SearchRun(jobs=1, progress=False))
+    assert two.per_seed == one.per_seed and len(two.probes) >= 3
+    key = lambda p: (p["point"], p["sessions"], p["seed"], p["session_tokens_per_s_min"])  # noqa: E731
+    assert [key(p) for p in two.probes] == [key(p) for p in one.probes]
+    assert sorted(p["point"] for p in seen) == list(range(len(two.probes)))  # only the probes the search took
+
+
+def test_a_run_stops_when_nothing_more_is_wanted():
+    """PointRunner.run: tasks come as rows go (``more``), and a None from it drops what still waits."""
+    from sim.sweep.runner import PointRunner
+
+    class Squares(PointRunner):
+        point_fn = staticmethod(lambda i, p, s, ctx: {"point": i, "x": p["x"] ** 2})
+
+    rows, asked = [], []
+
+    def more(free):
+        asked.append(free)
+        return None if len(rows) == 3 else [(10 + len(rows), {"x": len(rows)}, 0)]
+
+    with Squares(None, jobs=1) as runner:
+        runner.run([(0, {"x": 5}, 0), (1, {"x": 6}, 0)], rows.append, more=more)
+    # the third row ends the run: the task still waiting (x = 2) never runs
+    assert [r["x"] for r in rows] == [25, 36, 1] and asked == [0, 0, 0] and set(runner.seconds) == {0, 1, 11}
+
+
+def test_on_a_host_the_bracket_starts_where_its_cpus_bind():
+    """A host whose CPUs bind before the drive: the first probe of many sessions is the mean-value analysis that
+    every probe on the host runs (the 1-session step with the CPUs free, its reads), at the CPUs' bound, not the
+    drive's estimate; the search still finds every capacity exactly."""
+    from sim.decode.host import HostCPU
+    from sim.sweep.capacity import host_sessions
+
+    host = HostCPU(4, 100 * 1e-6, 20 * 1e-6)  # 1.06 ms of CPU a 48-read step: 4 CPUs bound 188.7 sessions at 20/s
+    first = {**FIRST, "step_mean_ms": 1e3 / 21.0}
+    n = host_sessions(first, host, 20.0, 4096)
+    free = 1 / 21.0 - 100e-6
+    assert host.step_time(n, free, 48.0) <= 0.05 < host.step_time(n + 1, free, 48.0) and 150 < n <= 188
+    assert host_sessions(first, host, 20.0, 100) == 100 and host_sessions(first, HostCPU(0.02, 0.06, 0), 20.0, 9) == 0
+    g = _bracketed(4096, 1, 20.0, CAPACITY_METRIC, host)
+    assert next(g) == 1 and g.send(first) == n < session_bounds(FIRST, 20.0)[1]
+    for true in (1, 150, n, n + 3, 600):
+        assert drive_rows(_bracketed(4096, 1, 20.0, CAPACITY_METRIC, host), true, first)[0] == (true, False)

@@ -189,6 +189,7 @@ def test_compute_distributions():
     (lambda: DecodeRun(sessions=0), "sessions"), (lambda: DecodeRun(steps=0), "steps"),
     (lambda: DecodeRun(mode="slow"), "mode"), (lambda: DecodeRun(seed=-1), "seed"),
     (lambda: DecodeRun(hash_time=-1e-6), "hash_time"), (lambda: DecodeRun(bins=0), "bins"),
+    (lambda: DecodeRun(timeline=1), "DecodeRun.timeline = 1"),
     (lambda: DecodeRun(start_spread=-1.0), "start_spread"), (lambda: DecodeRun(phases="sometimes"), "phases"),
     (lambda: DecodeRun(phases="lockstep", start_spread=1e-3), "start_spread"),
     (lambda: Storage(drives=0), "drives"), (lambda: Storage(drives="two"), "drives"),
@@ -562,6 +563,50 @@ def test_the_lean_loop_is_the_general_loop(code, device):
     qa, qb = a.queues[0], b.queues[0]
     assert (qa.reads, qa.times, qa.depths) == (qb.reads, qb.times, qb.depths)
     assert qa.area == pytest.approx(qb.area, rel=1e-12) and qa.busy == pytest.approx(qb.busy, rel=1e-12)
+
+
+@pytest.mark.parametrize("device", ["seed-apple-m3-ultra", "ssd:qd1_us=500,iops=20000,parallelism=8",
+                                    "ssd:qd1_us=64,iops=3400000,parallelism=200",
+                                    "ssd:qd1_us=60,iops=200000,cap_iops=20000,burst_ios=50",
+                                    str(Path(__file__).parent / "data" / "fio-throttled-4000-randread-4k.json"),
+                                    str(FIO_JSON)])
+def test_the_built_loop_is_the_loop(code, device):
+    """The fast loop as the build compiled it (sim.decode._native.lean, from sim.decode.lean_loop) is the loop of
+    now and runs as the text compiled at import does, read for read and bit for bit; without a build (or with
+    one of another text) the text runs."""
+    import sim.decode.fast as fast
+    from sim.decode.lean_loop import built_text
+
+    try:
+        import sim.decode._native.lean as built
+    except ImportError:
+        assert fast.LEAN is fast._lean_loop
+        pytest.skip("the extensions are not built here")
+    assert built.SOURCE == fast._lean_loop.source and fast.LEAN is built.lean
+    assert "SOURCE = " + repr(fast._lean_loop.source) in built_text(fast._lean_loop.source)
+    dev, pol = load_device(device), Policy(readers=8, cache_rows=3000)
+    for comp in (Compute(5e-3), Compute(5e-3, "gamma", 0.3)):
+        runs = []
+        for loop in (fast._lean_loop, built.lean):
+            with mock.patch.object(fast, "LEAN", loop):
+                runs.append(simulate_decode(code, dev, pol, comp, DecodeRun(sessions=48, steps=200, seed=2)))
+        a, b = runs
+        assert np.array_equal(a.step_latencies, b.step_latencies)
+        assert a.to_dict() == {**b.to_dict(), "wall_seconds": a.wall_seconds}
+
+
+@pytest.mark.parametrize("device", ["ssd:qd1_us=80,iops=400000,cv=0.4",
+                                    "ssd:qd1_us=60,iops=200000,cap_iops=20000,burst_ios=50"])
+def test_a_run_without_its_timeline_has_the_same_figures(code, device):
+    """DecodeRun(timeline=False) (a sweep's point reads only the totals): the queue records no changes, and every
+    figure but the timeline is the run's with it, bit for bit -- the deepest queue from the queue's own count."""
+    run = DecodeRun(sessions=40, steps=150, seed=3, bins=4)
+    with_it = simulate_decode(code, dev := load_device(device), Policy(readers=8), Compute(5e-3), run)
+    without = simulate_decode(code, dev, Policy(readers=8), Compute(5e-3), DecodeRun(**{**run.__dict__,
+                                                                                        "timeline": False}))
+    assert without.timeline == {} and len(with_it.timeline["t_s"]) == 4
+    assert without.device == with_it.device and without.tokens_per_s_per_session == with_it.tokens_per_s_per_session
+    assert np.array_equal(without.step_latencies, with_it.step_latencies) and without.stall_ms == with_it.stall_ms
 
 
 @pytest.mark.parametrize("sessions, steps", [(1, 40), (7, 300), (24, 3500)])

@@ -351,14 +351,12 @@ def test_a_step_on_a_host_waits_for_its_readers_cpu(code):
 # ------------------------------------------------------------------ a step's wake-up on idle CPUs
 def test_a_wake_up_times_the_idle_share():
     """One session on 2 CPUs: the step is the free step + the engine's CPU + the wake-up times the CPUs' idle
-    share, solved with the step it sets (checked against the fixed point by hand); none without rows."""
+    share at that step (by hand: one session does not queue); none without rows."""
     h = HostCPU(2, 100 * US, 20 * US, wake_s=230 * US)
     free, rows = 5.5e-3, 48
     d = h.demand(rows)
-    step = free + 100 * US
-    for _ in range(50):  # the fixed point by hand: one session does not queue
-        step = free + 100 * US + 230 * US * (1 - d / (step * 2))
-    assert h.step_time(1, free, rows) == pytest.approx(step, rel=1e-6)
+    base = free + 100 * US
+    assert h.step_time(1, free, rows) == pytest.approx(base + 230 * US * (1 - d / (base * 2)), rel=1e-12)
     assert HostCPU(2, 100 * US, 20 * US).step_time(1, free, rows) == pytest.approx(free + 100 * US, rel=1e-12)
     assert h.step_time(1, free, 0) == pytest.approx(free + 100 * US, rel=1e-12)
     assert h.to_dict()["wake_us"] == pytest.approx(230)
@@ -390,3 +388,21 @@ def test_the_shipped_profile_has_a_wake_up():
     """The profile's wake-up is the engine's batch after the step's sleep over back to back, on a drive: some
     tens to some hundreds of microseconds on a VM (measured by benchmarks/bench_host.py)."""
     assert 10 <= engine_profile()["wake_us"] <= 2000
+
+@pytest.mark.parametrize("device, cpus, busy", [("ssd:qd1_us=80,iops=400000", 2.0, (1.8, 2.01)),  # the host binds
+                                               ("ssd:qd1_us=80,iops=120000", 8.0, (2.0, 4.0))])  # the drive does
+def test_a_long_run_takes_its_free_step_from_its_first_steps(code, device, cpus, busy, monkeypatch):
+    """A run too long to simulate twice (sim.decode.model.HOST_FREE_WORK session-steps) takes the step with the CPUs
+    free from its first steps: the fixed point it settles at is the one from the whole run within the tolerance
+    of its settling (HOST_SETTLED), and its figures are those of whole runs with the host's step added."""
+    import sim.decode.model as model
+
+    host, pol, comp = HostCPU(cpus, 150 * US, 20 * US), Policy(threshold=8, readers=16), Compute(5e-3)
+    run = DecodeRun(sessions=64, steps=240, seed=4, timeline=False, host=host)
+    whole = simulate_decode(code, device, pol, comp, run)
+    monkeypatch.setattr(model, "HOST_FREE_WORK", 1000)  # 64 x 50 steps where 64 x 240 would run
+    first = simulate_decode(code, device, pol, comp, run)
+    assert first.host["passes"] >= 1 and first.host["rows_per_step"] == whole.host["rows_per_step"]
+    assert first.host["added_ms"] == pytest.approx(whole.host["added_ms"], rel=2 * model.HOST_SETTLED)
+    assert first.mean_session_tokens_per_s == pytest.approx(whole.mean_session_tokens_per_s, rel=1e-3)
+    assert busy[0] < first.host["busy_cpus"] < busy[1]
