@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -44,6 +45,9 @@ __all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "HostCPU"
 #: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
 ENGINE_PROFILE = "hosts/engine-cpu.json"
 
+
+#: The most sessions :meth:`HostCPU.sessions_within` looks through (a capacity search's bound, sim.core.limits).
+MAX_SESSIONS_WITHIN = 1 << 20
 
 #: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
 #: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
@@ -151,6 +155,10 @@ class HostCPU:
         ArgumentError
             As :meth:`step_time`.
         """
+        step_s = _nonneg("step_s", step_s)
+        if isinstance(most, bool) or not isinstance(most, numbers.Integral) or not 1 <= most <= MAX_SESSIONS_WITHIN:
+            raise ArgumentError(f"HostCPU.sessions_within: most = {most!r:.40}: expected a whole number in "
+                                f"[1, {MAX_SESSIONS_WITHIN}]")
         fit = 0
         for n, step in self._steps(free_step_s, rows_per_step):
             if n > most or step > step_s:
@@ -228,22 +236,26 @@ class HostCPU:
         read = _nonneg("read_s", read_s, high=MAX_STEP_CPU_S)
         busy = min(readers, max(1, math.ceil(rows)))
         c = min(self.read_cpu_s, read) if read > 0 else self.read_cpu_s
-        if rows == 0 or c == 0 or busy <= self.cpus:
+        # whole CPUs: a fraction of one is a slow server in the sessions' queue (step_time), counted there
+        servers = max(1.0, self.cpus)
+        if rows == 0 or c == 0 or busy <= servers:
             return 0.0
         think = max(0.0, read - c)
         # p[k]: the chance k readers are at the CPUs (birth rate (busy - k) / think, death min(k, cpus) / c)
         p, total, x = 1.0, 1.0, 0.0
         if think == 0.0:  # all CPU: every reader waits for a CPU
-            x = min(busy, self.cpus) / c
+            x = min(busy, servers) / c
         else:
             for k in range(1, busy + 1):
-                p *= (busy - k + 1) / think * c / min(k, self.cpus)
+                p *= (busy - k + 1) / think * c / min(k, servers)
                 total += p
-                x += p * min(k, self.cpus) / c
+                x += p * min(k, servers) / c
                 if p > 1e200:  # rescale: only the ratio x / total counts
                     p, total, x = p * 1e-200, total * 1e-200, x * 1e-200
             x /= total
         free = rows * max(read, c) / busy
+        if not x > 0 or not math.isfinite(x):  # the chain's weights underflowed (a vanishing CPU a read)
+            return 0.0
         return max(0.0, rows / x - free)
 
     @classmethod

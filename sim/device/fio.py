@@ -295,6 +295,10 @@ def _job_figures(job, glob: dict, where: str) -> dict:
         src = "read.clat_ns + mean submission latency"
         pct = _obj(clat, "percentile", f"{where}.read.clat_ns.percentile")
         cmean = _latency(clat["mean"], rd, "clat_ns.mean") * _NS if "mean" in clat else mean
+        if cmean > mean * (1 + 1e-6):
+            raise FormatError(f"{rd}.clat_ns.mean = {clat['mean']:g} ns is above the mean latency the job's IOPS give "
+                              f"at depth {depth} ({mean * 1e9:.0f} ns, Little's law: read.lat_ns has no mean): a "
+                              "completion cannot take longer than the whole read")
         shift, ends, at = mean - cmean, clat, "clat_ns"
     lo = _latency(ends["min"], rd, f"{at}.min") * _NS + shift if "min" in ends else None
     hi = _latency(ends["max"], rd, f"{at}.max") * _NS + shift if "max" in ends else None
@@ -479,11 +483,15 @@ def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict
                                   f"({', '.join(f'{iops[q]:.0f} at {q}' for q in qs)})")
     # the median far below the mean at depth 1 or any depth of the flat run: where the cap is near the raw QD1
     # rate, few reads wait at depth 1, but at the next depths most pass fast while the mean is qd / cap
-    ratios = {q: table[q].percentile(50) / table[q].mean for q in sorted({qs[0], *flat})}
+    # -- only where the flat run starts at the first depth measured: a device that saturates (an SSD) reaches its
+    # peak only deep, where a slow tail (garbage collection) may put its median below half its mean too
+    looked = sorted({qs[0], *flat}) if flat_from == qs[0] else [qs[0]]
+    ratios = {q: (table[q].percentile(50) / table[q].mean if table[q].mean > 0 else 1.0) for q in looked}
     at = min(ratios, key=lambda q: (ratios[q], q))
     ratio = ratios[at]
     if ratio >= MEDIAN_OVER_MEAN:
-        return None, None, None, (f"not a rate-limited volume: at every depth the median latency is at least "
+        where = f"depths {', '.join(map(str, looked))}" if len(looked) > 1 else f"depth {looked[0]}"
+        return None, None, None, (f"not a rate-limited volume: at {where} the median latency is at least "
                                   f"{ratio:.2f} of the mean (a throttle makes it far below, < {MEDIAN_OVER_MEAN})")
     cap = float(np.median([iops[q] for q in flat]))
     raw, cuts = {}, {}
@@ -495,6 +503,8 @@ def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict
         cut = float(ok.max()) if ok.size else 0.5
         cuts[q] = cut
         raw[q] = _truncated(d, cut)
+    if any(raw[q].mean <= 0 for q in qs):
+        return None, None, None, "not a rate-limited volume: the reads that did not wait take no time at some depth"
     raw_rate = {q: q / raw[q].mean for q in qs}
     derived = {
         "rate_limited": {"value": 1.0, "rule": (f"fio's IOPS flat within {FLAT_IOPS:.0%} from depth {flat_from} "
@@ -506,10 +516,11 @@ def rate_limit_of(table: Dict[int, LatencyDist], recs_by_qd: Dict[int, List[dict
                                f"{WAIT_FACTOR:g}x of each depth's median; the slowest "
                                f"{', '.join(f'{100 * (1 - cuts[q]):.1f}% at {q}' for q in qs)} cut)"},
     }
-    over = [q for q in qs if raw_rate[q] > cap * (1 + FLAT_IOPS) and recs_by_qd[q][0]["hi"] is not None]
+    over = [q for q in qs if raw_rate[q] > cap * (1 + FLAT_IOPS)
+            and any(r["hi"] is not None for r in recs_by_qd[q])]
     if over:
         q = over[0]
-        wait = float(np.median([r["hi"] for r in recs_by_qd[q]]))
+        wait = float(np.median([r["hi"] for r in recs_by_qd[q] if r["hi"] is not None]))
         burst = max(1.0, wait / (1.0 / cap - 1.0 / raw_rate[q]))
         derived["burst_ios"] = {"value": burst, "rule": (f"W / (1/cap - 1/R) at depth {q}: fio's longest wait W = "
                                                          f"{wait * 1e6:.0f} us, the raw rate R = {raw_rate[q]:.0f}/s "

@@ -406,3 +406,19 @@ def test_a_long_run_takes_its_free_step_from_its_first_steps(code, device, cpus,
     assert first.host["added_ms"] == pytest.approx(whole.host["added_ms"], rel=2 * model.HOST_SETTLED)
     assert first.mean_session_tokens_per_s == pytest.approx(whole.mean_session_tokens_per_s, rel=1e-3)
     assert busy[0] < first.host["busy_cpus"] < busy[1]
+
+
+def test_host_edge_cases_from_an_attack():
+    """A vanishing CPU a read (its chain's weights underflow) waits nothing instead of dividing by zero; a
+    fraction of a CPU is one slow server in the sessions' queue, so one reader does not also wait within the step
+    (it was counted twice); ``sessions_within`` checks its step and its bound."""
+    assert HostCPU(1, 98e-6, 5e-324).readers_wait(4, 10, 60e-6) == 0.0
+    half = HostCPU(0.5, 1e-4, 2e-5)
+    assert half.readers_wait(1, 48, 6e-5) == 0.0 and half.readers_wait(4, 48, 6e-5) > 0
+    h = HostCPU(2, 1e-4, 2e-5)
+    for args, words in (((float("nan"), 5e-3, 48, 64), "step_s"), (("1", 5e-3, 48, 4), "step_s"),
+                        ((1.0, 5e-3, 48, None), "most"), ((1.0, 5e-3, 48, True), "most"),
+                        ((1.0, 5e-3, 48, 10 ** 9), "most")):
+        with pytest.raises(ArgumentError, match=words):
+            h.sessions_within(*args)
+    assert h.sessions_within(1.0, 5e-3, 48, 64) == 64
