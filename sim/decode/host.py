@@ -150,10 +150,24 @@ class HostCPU:
         with the CPUs free and ``rows_per_step`` reads) is at most ``step_s`` seconds: 0 where one session's is
         longer.  A capacity search's first guess where the host binds (:func:`sim.sweep.capacity.bracket_opening`).
 
+        Parameters
+        ----------
+        step_s : float
+            The longest mean step allowed, seconds (>= 0).
+        free_step_s, rows_per_step : float
+            As :meth:`step_time`.
+        most : int
+            The most sessions looked through (1 to :data:`MAX_SESSIONS_WITHIN`).
+
+        Returns
+        -------
+        int
+            Sessions, 0 to ``most``.
+
         Raises
         ------
         ArgumentError
-            As :meth:`step_time`.
+            ``step_s`` negative or not finite, ``most`` not a whole number in range, else as :meth:`step_time`.
         """
         step_s = _nonneg("step_s", step_s)
         if isinstance(most, bool) or not isinstance(most, numbers.Integral) or not 1 <= most <= MAX_SESSIONS_WITHIN:
