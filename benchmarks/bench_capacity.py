@@ -20,7 +20,7 @@ one that failed), and whether the probe rows before and after are the same (ever
 ``--planner REV``: the planner's command itself, ``engram sim capacity --device ... --max-sessions 4096``, as a
 user runs it (:data:`PLANNER`: five seeds on both cores; one seed with the drive alone and on a host of 64 CPUs),
 from the code of git revision ``REV`` (exported to a temporary folder, the engine's built kernels copied in: its
-``engram/_native`` must be this tree's) and from this tree, in turn, ``--rounds`` times: wall seconds, the CPU
+``engram/_native`` must be this tree's; its own fast loop built there) and from this tree, in turn, ``--rounds`` times: wall seconds, the CPU
 seconds of the command and its workers, the load average before each, and the answers (every seed's capacity),
 which must agree within one session.  ``--answers`` adds, once each, the configurations of :data:`ANSWERS` (four
 devices, the drive alone and on hosts of 2 and 64 CPUs).
@@ -362,7 +362,32 @@ def _tree(rev: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     for so in (ROOT / "engram" / "_native").glob("*.so"):
         shutil.copy(so, into / "engram" / "_native" / so.name)
+    if (into / "sim" / "decode" / "lean_loop.py").is_file():  # its fast loop compiled as its own build does
+        subprocess.run([sys.executable, "-c", _BUILD_LEAN, "build_ext", "--inplace"], cwd=into, check=True,
+                       capture_output=True)
     return into
+
+
+#: A revision's ``sim.decode._native.lean`` built in its tree, from its own loop and queue text, as its ``setup.py``
+#: builds it (that extension alone: the engine's kernels are this tree's, copied in).
+_BUILD_LEAN = """
+import importlib.util, os
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+def load(path):
+    spec = importlib.util.spec_from_file_location("_rev_" + os.path.basename(path)[:-3], path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+fluid, text = load("sim/device/fluid.py"), load("sim/decode/lean_loop.py")
+source = fluid.queue_function(text.LEAN_TEMPLATE, text.LEAN_NAME, text.lean_namespace()).source
+os.makedirs("build/generated", exist_ok=True)
+with open("build/generated/lean.pyx", "w", encoding="utf-8") as f:
+    f.write(text.built_text(source))
+setup(ext_modules=cythonize([Extension("sim.decode._native.lean", ["build/generated/lean.pyx"],
+                                       extra_compile_args=["-O3", "-ffp-contract=off"])],
+                            compiler_directives={"language_level": "3"}))
+"""
 
 
 def _command(tree: Path, args: list, out: Path) -> dict:
