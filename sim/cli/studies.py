@@ -22,7 +22,8 @@ from ..serve.study import RateSearch, is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from ..sweep.runner import point_policy
 from ..trace import CODE_SOURCE
-from .decode import CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, HOST_OPTIONS, SHARED_CACHE_BYTES_OPTION, cache_warmup
+from .decode import (CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, HOST_OPTIONS, SHARED_CACHE_BYTES_OPTION, cache_warmup,
+                     check_host_flags)
 from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
                       device_option, drives_option, run_options, trace_source_options)
 
@@ -147,7 +148,8 @@ def planner_study(args) -> Study:
         warm = cache_warmup(args)
         fixed.update(shared_cache_bytes=str(args.shared_cache_bytes), cache_policy=args.cache_policy or DEFAULT_POLICY,
                      cache_warmup_steps=fixed["steps"] if warm is None else warm)
-    for key in ("host_cpus", "host_step_us", "host_read_us"):  # the study's axes check them (check_host_axes)
+    check_host_flags(args)  # each flag's range, naming it; the study's axes check the rest (check_host_axes)
+    for key in ("host_cpus", "host_step_us", "host_read_us"):
         if getattr(args, key) is not None:
             fixed[key] = getattr(args, key)
     grid = {"device": list(args.device or [_DEFAULT_DEVICE])}

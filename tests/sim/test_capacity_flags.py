@@ -551,15 +551,27 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--host-step-us", "100"], "--host-step-us takes effect only with --host-cpus N"),
     (["--host-read-us", "5"], "--host-read-us takes effect only with --host-cpus N"),
-    (["--host-cpus", "0"], "the command line: host_cpus = 0.0: expected a finite number in [0.01, 65536]"),
-    (["--host-cpus", "nan"], "host_cpus = nan must be finite"),
-    (["--host-cpus", "2", "--host-step-us", "-1"], "host_step_us = -1.0: expected a finite number in [0, 6e+07]"),
+    (["--host-cpus", "0"], "--host-cpus = 0.0: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "0.001"], "--host-cpus = 0.001: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "nan"], "--host-cpus = nan: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "2", "--host-step-us", "-1"], "--host-step-us = -1.0: expected a finite number in [0, 6e+07]"),
+    (["--host-cpus", "2", "--host-read-us", "1e300"],
+     "--host-read-us = 1e+300: expected a finite number in [0, 6e+07]"),
     (["--host-cpus", "4", "--host-read-us", "6e7"], "host_step_us + 48 x host_read_us = 2.88e+09 us"),
 ])
 def test_bad_host_flags_of_a_capacity_are_refused(capsys, tmp_path, argv, msg):
     out = tmp_path / "c.csv"
     assert msg in cli(capsys, ["sim", "capacity", *argv, "--out", str(out), "--max-sessions", "4", "--seeds", "1"])
     assert not list(tmp_path.iterdir())
+
+
+def test_the_fewest_host_cpus_are_searched(capsys, tmp_path):
+    """--host-cpus 0.01 (MIN_CPUS, the fewest the flag's range allows) is searched, not refused by the host's own
+    check (which excluded 0.01 and named HostCPU.cpus) after the probes' table was opened."""
+    doc = capacity_json(capsys, ["--device", FAST, "--compute-ms", "5", "--steps", "20", "--host-cpus", "0.01",
+                                 "--out", str(tmp_path / "c.csv")])
+    (c,) = doc["configurations"]
+    assert c["host"]["cpus"] == 0.01 and c["capacity"] >= 0 and "error" not in c
 
 
 @pytest.mark.parametrize("fixed, msg", [
