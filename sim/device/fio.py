@@ -104,7 +104,8 @@ from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR",
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MAX_READ_CPU_S", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50",
+           "WAIT_FACTOR",
            "cpu_per_read", "device_from_fio", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
            "rate_limit_of",
            "read_fio_output"]
@@ -253,6 +254,11 @@ def idle_jobs(docs: Sequence[dict]) -> List[str]:
 #: The most CPUs a job's ``usr_cpu + sys_cpu`` may say it kept busy (as ``device_from_fio``'s ``cpus``): past it
 #: the shares are not fio's.
 MAX_JOB_CPUS = 4096
+#: The most CPU one read may take by fio's figures, seconds (:func:`cpu_per_read`): a read's system call and
+#: completion take microseconds, a memory copy of the largest block fio is taken at (1 GiB) well under a second;
+#: past it the figures are off (a run time or a share mistyped), and the host model would be handed a read
+#: longer than any step it takes (:class:`sim.decode.host.HostCPU`).
+MAX_READ_CPU_S = 1.0
 
 
 def _job_figures(job, glob: dict, where: str) -> dict:
@@ -264,7 +270,8 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     ------
     FormatError
         A field of the wrong type, a negative or non-finite figure, a percentile that is not a number, CPU shares
-        past :data:`MAX_JOB_CPUS` CPUs (names the JSON path and the value).
+        past :data:`MAX_JOB_CPUS` CPUs (names the JSON path and the value), CPU a read past :data:`MAX_READ_CPU_S`
+        (names the JSON path, the job, its depth and the figure).
     """
     if not isinstance(job, dict):
         raise FormatError(f"{where}: expected a JSON object, got {_shown(job)}")
@@ -328,6 +335,10 @@ def _job_figures(job, glob: dict, where: str) -> dict:
         cpu_s = share / 100 * runtime * 1e-3
         if cpu_s == 0:
             cpu_s = None  # no run time (fio leaves the shares at 0 then) or no CPU time: no CPU figure
+        elif cpu_s / ios > MAX_READ_CPU_S:
+            raise FormatError(f"{where} (job {str(job.get('jobname', '?'))!r}, depth {depth}): (usr_cpu + sys_cpu) x "
+                              f"job_runtime / read.total_ios = {cpu_s / ios:.3g} s of CPU a read: more than "
+                              f"{MAX_READ_CPU_S:g} s (fio's CPU figures are off)")
     return {"qd": depth, "jobs": jobs, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
             "ios": ios, "cpu_s": cpu_s,
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,

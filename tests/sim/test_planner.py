@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from sim.report.document import Doc
 from sim.report.inputs import Inputs
 from sim.core.schema import RunConfig
 from sim.decode.host import engine_profile
-from sim.device.fio import idle_jobs
+from sim.device.fio import idle_jobs, read_fio_output
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
@@ -419,3 +420,19 @@ def test_the_planners_host_says_an_assumed_cpu_count():
     assert h.cpus == 2 and "2 CPUs (the runs' machine)" in h.source
     assert h.read_cpu_s == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"] * 1e-6)
     assert _Planner(None, {}, figs, None, None, 0, False, None, None).host({"name": "disk"}, "fio", {}) is None
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_fio_cpu_figure_past_a_second_a_read_names_the_file_and_the_job(tmp_path):
+    """The disk's QD1 job with a run time of 1,000,000 s: 21.5% of it over its 28,393 reads is 7.58 s of CPU a read.
+    The planner's check of the fio file refuses it naming the file, the job, its depth and the figure (the host it
+    models from fio's CPU per read raised naming ``HostCPU.read_cpu_s`` or a step's CPU, without the file)."""
+    docs = read_fio_output(DATA / "fio-disk-randread-4k.json")
+    docs[0]["jobs"][0]["job_runtime"] = 10 ** 9
+    p = tmp_path / "fio-4096.json"
+    p.write_text("\n".join(json.dumps(d) for d in docs))
+    with pytest.raises(FormatError, match=r"fio-4096\.json: jobs\[0\] \(job 'qd1', depth 1\): \(usr_cpu \+ sys_cpu\) "
+                                          r"x job_runtime / read\.total_ios = 7\.58 s of CPU a read: more than 1 s"):
+        check_fio(p, 4096)

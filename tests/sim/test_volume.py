@@ -424,6 +424,31 @@ def test_fio_cpu_figures_bad_or_empty(tmp_path, capsys):
                          "(fio's shares are percent of one CPU)")
 
 
+def test_a_cpu_figure_past_a_second_a_read_names_the_file_and_the_job(tmp_path, capsys):
+    """15% of 1,000,000 s over 10,000 reads is 15 s of CPU a read: refused where fio's JSON is read, naming the file,
+    the job and its depth and the figure (the host's check named ``HostCPU.read_cpu_s`` or a step's CPU instead, and
+    a capacity search had opened its probes' table by then); a figure within the bound is taken."""
+    p = _fio_with_cpu(tmp_path, job_runtime=10 ** 9)
+    want = (r"cpu\.json: jobs\[0\] \(job 'qd1', depth 1\): \(usr_cpu \+ sys_cpu\) x job_runtime / "
+            r"read\.total_ios = 15 s of CPU a read: more than 1 s \(fio's CPU figures are off\)$")
+    with pytest.raises(FormatError, match=want):
+        device_from_fio(p)
+    with pytest.raises(FormatError, match=want):
+        fio_records(read_fio_output(p), str(p))
+    out = tmp_path / "out"
+    out.mkdir()
+    for argv in (["sim", "capacity", "--device", str(p), "--host-cpus", "4", "--compute-ms", "5", "--steps", "20",
+                  "--max-sessions", "4", "--seeds", "1", "--out", str(out / "c.csv")],
+                 ["sim", "decode", "--device", str(p), "--host-cpus", "4", "--compute-ms", "5", "--steps", "20",
+                  "--limit", "600"]):
+        line = cli(capsys, argv)
+        assert "cpu.json: jobs[0] (job 'qd1', depth 1)" in line and "15 s of CPU a read" in line
+        assert "HostCPU" not in line
+    assert not list(out.iterdir())
+    ok = device_from_fio(_fio_with_cpu(tmp_path, job_runtime=6 * 10 ** 7))  # 15% of 60,000 s / 10,000: 0.9 s
+    assert ok.derived["cpu_per_read_us"]["value"] == pytest.approx(0.9e6)
+
+
 def test_a_saved_fio_device_keeps_what_was_derived(tmp_path):
     """An unthrottled drive's fio device (an EmpiricalDevice) saved and loaded keeps its ``derived`` -- its CPU
     per read, hence the decode result's ``host_read_cpus``, and its peak bound's rule (both were dropped) -- and
