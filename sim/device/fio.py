@@ -4,9 +4,10 @@ Each read job of the output is a closed loop of ``iodepth`` outstanding
 reads -- what :class:`~sim.device.models.EmpiricalDevice` tabulates by queue
 depth.  Per job: the queue depth is ``iodepth`` (job option, else global
 option, else 1) times ``numjobs`` when ``group_reporting`` merged the clones
-(clones reported one by one, under one job name of one run, ran together:
-their depths and IOPS add up); the mean latency is ``read.lat_ns.mean``
-(submission + completion; ``depth / iops`` by Little's law when absent); the
+(clones reported one by one, under one job name and one depth of one run, ran
+together: their depths and IOPS add up; :func:`fio_records`); the mean latency
+is ``read.lat_ns.mean`` (submission + completion; ``depth / iops`` by Little's
+law when absent); the
 distribution runs from fio's minimum through every percentile it printed to
 its maximum -- ``read.lat_ns``'s when fio ran with ``lat_percentiles=1``, else
 ``read.clat_ns``'s shifted by the mean submission latency -- and is scaled to
@@ -351,6 +352,16 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
     """Per read job (clones of one run merged): ``{"qd", "iops", "mean", "pct", "rw", "bs", "ioengine"}``;
     jobs that ran with a ``thinktime`` are left out (:func:`idle_jobs`).
 
+    Clones are the jobs of one name *and one depth* in one run (one document): fio reports the ``numjobs``
+    clones of a job one by one (without ``group_reporting``) under the job's name, each with the job's options,
+    its ``iodepth`` too; they ran together, so their depths, IOPS, reads and CPU add up.  Jobs of one name at
+    different depths in one run are different jobs (sections of one name: ``fio --name=rr --iodepth=1
+    --name=rr --iodepth=4``), each a record at its own depth -- merged by name alone they became one job at the
+    depths' sum, a depth never run.  Jobs of different runs never merge: fio's output of one run a depth names
+    its job the same in each, and two runs at one depth are two measurements of it, combined by their medians
+    (:func:`device_from_fio`).  Jobs of one name and one depth in one run are taken as clones: run a repeat
+    of a depth as its own run, or name it apart.
+
     Raises
     ------
     FormatError
@@ -364,15 +375,15 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
             raise FormatError(f"{where}: run {di} has no 'jobs' list")
         run = f"{where}: " + (f"run {di}: " if len(docs) > 1 else "")
         glob = _obj(doc, "global options", f'{run}"global options"')
-        by_name: Dict[str, List[dict]] = {}
+        clones: Dict[tuple, List[dict]] = {}  # (job name, depth) -> the jobs of this run (see above)
         for ji, job in enumerate(jobs):
             if isinstance(job, dict) and _thinktime(job, glob):
                 idle += 1
                 continue  # an idle pattern, not latency by depth (idle_jobs)
             f = _job_figures(job, glob, f"{run}jobs[{ji}]")
             if f:
-                by_name.setdefault(f["name"], []).append(f)
-        for group in by_name.values():
+                clones.setdefault((f["name"], f["qd"]), []).append(f)
+        for group in clones.values():
             if len(group) == 1:
                 out.append(group[0])
                 continue

@@ -391,6 +391,35 @@ def test_cpu_per_read_from_fio_known_answer(tmp_path):
         fio_records([bad])
 
 
+def test_one_job_name_at_two_depths_in_one_run_stays_two_depths(tmp_path):
+    """fio's own output names a job the same at every depth: one document a depth (the near-QD1 fixture,
+    ``engram-randread`` in each) or, in one run, sections of one name (``fio --name=rr --iodepth=1 --name=rr
+    --iodepth=4 --stonewall``).  Jobs of one name were merged within a run as clones of ``numjobs``, their depths
+    and IOPS added up: the two sections became one job at depth 5 of 4,000 IOPS, a depth never run.  Clones share
+    their options, so only jobs of one name *and* one depth in one run are clones; across runs nothing merges
+    (one depth's runs are combined by their medians)."""
+    doc = _synthetic_fio({1: 1000.0, 4: 3000.0}, 50.0, 900.0)
+    for job in doc["jobs"]:
+        job["jobname"] = "rr"
+    recs = fio_records([doc])
+    assert sorted((r["qd"], r["iops"]) for r in recs) == [(1, 1000.0), (4, 3000.0)]
+    p = tmp_path / "rr.json"
+    p.write_text(json.dumps(doc))
+    dev = device_from_fio(p)
+    assert dev.depths() == [1, 4] and dev.peak_iops() == pytest.approx(3000.0)
+    # one document a depth, one name in each: as before, each document its own depth
+    runs = [dict(doc, jobs=[j]) for j in doc["jobs"]]
+    assert sorted(r["qd"] for r in fio_records(runs)) == [1, 4]
+    near = fio_records(read_fio_output(DATA / "fio-throttled-15000-near-qd1-randread-512.json"))
+    assert {r["name"] for r in near} == {"engram-randread"}
+    assert sorted(r["qd"] for r in near) == [1, 2, 4, 8, 16, 32, 64]
+    # the same depth in two runs: two measurements of it, not clones
+    assert sorted(r["qd"] for r in fio_records([runs[0], runs[0]])) == [1, 1]
+    # clones of one job (one name, one depth, one run) still run as one at their depths' sum
+    twin = dict(doc, jobs=[doc["jobs"][0], copy.deepcopy(doc["jobs"][0]), doc["jobs"][1]])
+    assert sorted((r["qd"], r["iops"]) for r in fio_records([twin])) == [(2, 2000.0), (4, 3000.0)]
+
+
 def _fio_with_cpu(tmp_path, **qd1) -> Path:
     """:func:`_synthetic_fio` at depths 1 and 8 with CPU figures on every job, ``qd1`` replacing the QD1 job's."""
     doc = _synthetic_fio({1: 1000.0, 8: 8000.0}, 50.0, 150_000.0)
