@@ -585,3 +585,35 @@ def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
     err = cli(capsys, ["sim", "capacity", str(study), "--out", str(tmp_path / "c.csv")])
     assert msg in err and "bad.toml" in err
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_a_coarse_resolution_says_the_bracket_the_search_ended_with(capsys, tmp_path):
+    """At --resolution R the search stops once the count that passed and the one that failed are R apart or
+    less: the capacity is only known to lie between them.  The answer said the count that passed alone ("1
+    session" at --resolution 1000, where nothing above 1 was probed); it says the bracket, in the text and in
+    --json (``bracket``: [passed, failed - 1], or up to --max-sessions where none failed; [N, null] for a pass
+    at --max-sessions), and an exact search (--resolution 1) reads as before."""
+    slow = ["--device", SLOW, "--compute-ms", "5", "--steps", "40"]
+    exact = capacity_json(capsys, [*slow, "--out", str(tmp_path / "r1.csv")])["configurations"][0]
+    assert exact["capacity"] == 20 and exact["bracket"] == [20, 20]
+    coarse = capacity_json(capsys, [*slow, "--resolution", "4", "--out", str(tmp_path / "r4.csv")])
+    (c,) = coarse["configurations"]
+    assert c["capacity"] == 20 and c["bracket"] == [20, 23] and coarse["capacity"]["resolution"] == 4
+    fast = ["--device", FAST, "--compute-ms", "5", "--steps", "40"]
+    top = capacity_json(capsys, [*fast, "--out", str(tmp_path / "top.csv")])["configurations"][0]
+    assert top["capacity"] == 24 and top["lower_bound"] and top["bracket"] == [24, None]
+    wide = capacity_json(capsys, [*fast, "--resolution", "1000", "--out", str(tmp_path / "w.csv")])
+    assert wide["configurations"][0]["capacity"] == 1 and wide["configurations"][0]["bracket"] == [1, 24]
+    text = [a for a in SEARCH if a != "--json"]
+    for argv, line in (
+            ([*slow, "--resolution", "4"], "capacity  the configuration: between 20 and 23 sessions (1 seed; "
+                                           "resolution 4: 20 passed, 24 failed); random phases"),
+            ([*fast, "--resolution", "1000"], "capacity  the configuration: between 1 and 24 sessions (1 seed; "
+                                              "resolution 1000: 1 passed, none probed above it up to 24); "
+                                              "random phases"),
+            (slow, "capacity  the configuration: 20 sessions (1 seed); random phases")):
+        assert main(["sim", "capacity", *argv, *text, "--out", str(tmp_path / "t.csv")]) == 0
+        out = capsys.readouterr().out
+        assert line in out.splitlines(), out
+        for f in tmp_path.glob("t.csv*"):
+            f.unlink()
