@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from pathlib import Path
@@ -461,20 +462,48 @@ def _cores(runs_doc: Mapping) -> int:
 DEVICE_CLASSES = ("disk", "throttled", "tmpfs")
 
 
+def _control(text: str) -> bool:
+    """Whether ``text`` holds a control character (a newline, a tab, an escape: Unicode category Cc)."""
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+def _inside(rel) -> bool:
+    """Whether ``rel`` is a path inside the measurement folder as written: a non-empty relative path without a
+    ``..`` part or a control character (symbolic links are the measurement's own)."""
+    return (isinstance(rel, str) and bool(rel) and not _control(rel) and not Path(rel).is_absolute()
+            and ".." not in Path(rel).parts)
+
+
+def _good_read_size(rs) -> bool:
+    return not isinstance(rs, bool) and isinstance(rs, int) and 512 <= rs <= 1 << 20
+
+
 def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
-    """The ``devices`` of a ``devices.json`` document, checked field by field before anything is read.
+    """The ``devices`` of a ``devices.json`` document, checked field by field before anything is read: each a
+    copy with its ``read_size`` the one the planner uses everywhere -- its own, else (absent or null) the
+    document's top-level ``read_size``, else absent (the engine's 4096 bytes) -- the document left as it is.
+
+    Names: a device's name is a cell of ``planner.md``'s tables (one line a row) and a word of one-line errors,
+    so a name with a control character (a newline, a tab, an escape) is refused here; a ``|`` in it, which
+    Markdown reads as a column's end, is escaped where the tables are written (:func:`markdown_table`).
 
     Raises
     ------
     FormatError
         Not an object, no ``devices`` list, an entry that is not an object, a ``name`` that is not a non-empty
-        string or repeats, a ``class`` other than disk/throttled/tmpfs, ``built``/``measured`` not true or
-        false, a ``folder`` that is not a relative path inside the measurement, a ``read_size`` that is not a
-        whole number of bytes in [512, 1 MiB], ``fio`` not an object of size -> file (names the entry and key).
+        string, holds a control character or repeats, a ``class`` other than disk/throttled/tmpfs,
+        ``built``/``measured`` not true or false, a ``folder`` that is not a relative path inside the
+        measurement, a ``read_size`` (a device's or the top-level one) that is not a whole number of bytes in
+        [512, 1 MiB], ``fio`` not an object of size -> file, or a file of it that is not a relative path inside
+        the measurement, as ``folder`` (absolute, with a ``..`` part or a control character) (names the entry
+        and key).
     """
     if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
         raise FormatError(f"{where}: no 'devices' list (a device list of engram measure --throttle-iops/--tmpfs)")
-    seen = set()
+    top = doc.get("read_size")
+    if top is not None and not _good_read_size(top):
+        raise FormatError(f"{where}: read_size = {top!r} is not a whole number of bytes in [512, 1048576]")
+    seen, out = set(), []
     for i, d in enumerate(doc["devices"]):
         at = f"{where}: devices[{i}]"
         if not isinstance(d, Mapping):
@@ -482,6 +511,9 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
         name = d.get("name")
         if not isinstance(name, str) or not name.strip():
             raise FormatError(f"{at}.name = {name!r} is not a device name")
+        if _control(name):
+            raise FormatError(f"{at}.name = {name!r} holds a control character (a newline, a tab, an escape): not "
+                              "a device name")
         if name in seen:
             raise FormatError(f"{at}.name = {name!r} is given twice")
         seen.add(name)
@@ -492,16 +524,24 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
                 raise FormatError(f"{at} ({name}).{key} = {d[key]!r} is not true or false")
         if d.get("built") and d.get("measured"):
             folder = d.get("folder")
-            if not isinstance(folder, str) or not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
+            if not _inside(folder):
                 raise FormatError(f"{at} ({name}).folder = {folder!r} is not a folder inside the measurement")
-        rs = d.get("read_size", doc.get("read_size"))
-        if rs is not None and (isinstance(rs, bool) or not isinstance(rs, int) or not 512 <= rs <= 1 << 20):
+        rs = d.get("read_size")
+        if rs is not None and not _good_read_size(rs):
             raise FormatError(f"{at} ({name}).read_size = {rs!r} is not a whole number of bytes in [512, 1048576]")
         fio = d.get("fio")
         if fio is not None and (not isinstance(fio, Mapping) or
                                 not all(isinstance(k, str) and isinstance(v, str) and v for k, v in fio.items())):
             raise FormatError(f"{at} ({name}).fio = {fio!r:.80} is not an object of block size -> fio JSON file")
-    return list(doc["devices"])
+        for k, rel in (fio or {}).items():
+            if not _inside(rel):
+                raise FormatError(f"{at} ({name}).fio[{k!r}] = {rel!r} is not a file inside the measurement (a "
+                                  "relative path without '..', as folder)")
+        d = dict(d)
+        if rs is None and top is not None:
+            d["read_size"] = top
+        out.append(d)
+    return out
 
 
 def _fio_overrides(items: Sequence[str]) -> Dict[str, Path]:
@@ -559,7 +599,7 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         if n not in names:
             raise ArgumentError(f"--fio {n}=...: no device {n!r} in {dpath} (devices: {', '.join(map(str, names))})")
     built = [d for d in devices if d.get("built") and d.get("measured")]
-    figs, files = _fio_files(work, ddoc, built, overrides)
+    figs, files = _fio_files(work, built, overrides)
     raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
     total = sum(len(MODES) for d in built if d["name"] in files)
     with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
@@ -589,12 +629,18 @@ def _device_list(work: Path) -> tuple:
     return dpath, ddoc, check_devices(ddoc, dpath)
 
 
-def _fio_files(work: Path, ddoc: Mapping, built: Sequence[Mapping], overrides: Mapping[str, Path]) -> tuple:
+def _read_size(d: Mapping) -> int:
+    """The engine's read size on device ``d`` of :func:`check_devices` (its own or the document's), bytes: 4096
+    where devices.json gives none."""
+    return int(d.get("read_size") or 4096)
+
+
+def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Path]) -> tuple:
     """``(fio figures by device, fio file by device)`` of the built devices that have one, every file checked
     (:func:`check_fio`) before anything is simulated."""
     figs, files = {}, {}
     for d in built:
-        size = int(d.get("read_size") or ddoc.get("read_size") or 4096)
+        size = _read_size(d)
         rel = (d.get("fio") or {}).get(str(size))
         path = overrides.get(d["name"]) or (work / rel if rel else None)
         if path is None:
@@ -744,7 +790,7 @@ class _Planner:
         the datasheet string's fallback where the simulator refuses it; None (the refusal put into ``entry``)
         where it refuses every description."""
         described = str(self.files[d["name"]]) if mode == "fio" else spec
-        rsize = int(d.get("read_size") or 4096)
+        rsize = _read_size(d)
         if mode == "fio" and (rsize != 4096 or cores is not None):
             # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
             # copy runs on: the planner states them
@@ -829,9 +875,19 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
+def _cell(x) -> str:
+    """``x`` as a cell of a Markdown table: ``|`` escaped (``\\|``, which GitHub's tables read as the character,
+    within code spans too) and a control character shown as a space, so the row keeps its columns and its line."""
+    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in str(x)).replace("|", "\\|")
+
+
 def markdown_table(res: Mapping) -> str:
     """The planner cross-check as Markdown: a row per device and description (fio, datasheet, and today's
-    windowed cross-check beside them), the capacity, and which devices were built and skipped."""
+    windowed cross-check beside them), the capacity, and which devices were built and skipped.
+
+    Every cell's text goes through :func:`_cell`: a ``|`` (a device name may hold one, as a fio file's name or a
+    refusal) is escaped; devices.json's names cannot hold a control character (:func:`check_devices`), and
+    any other text's is shown as a space."""
     lines = ["| device | class | predicted from | configurations | tokens/s median abs error | max | capacity "
              "measured / predicted | regime | verdict |", "|" + "---|" * 9]
     for e in res["devices"]:
@@ -841,9 +897,10 @@ def markdown_table(res: Mapping) -> str:
         for mode, m in shown:
             if not isinstance(m, Mapping):
                 continue
+            name, cls = _cell(e["name"]), _cell(e["class"])
             if m.get("refused"):
-                lines.append(f"| {e['name']} | {e['class']} | {mode}: `{m['device']}` | - | refused: "
-                             f"{m['refused']} | | | | |")
+                lines.append(f"| {name} | {cls} | {_cell(mode)}: `{_cell(m['device'])}` | - | refused: "
+                             f"{_cell(m['refused'])} | | | | |")
                 continue
             s = m["summary"]
             t = s.get("tokens_per_s") or {}
@@ -853,15 +910,15 @@ def markdown_table(res: Mapping) -> str:
                 or "-"
             rg = (s.get("regime") or {}).get("name", "?")
             what = m["device"] if mode != "fio" else Path(m["device"]).name
-            lines.append(f"| {e['name']} | {e['class']} | {mode}: `{what}` | {s.get('configurations', 0)} | "
-                         f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {caps} | {rg} | "
-                         f"{verdict_text(s)} |")
+            lines.append(f"| {name} | {cls} | {_cell(mode)}: `{_cell(what)}` | {_cell(s.get('configurations', 0))} | "
+                         f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {_cell(caps)} | "
+                         f"{_cell(rg)} | {_cell(verdict_text(s))} |")
     lines += ["", "| class | predicted from | devices | configurations | median abs error | max |",
               "|" + "---|" * 6]
     for cls, modes in res["classes"].items():
         for mode, c in modes.items():
-            lines.append(f"| {cls} | {mode} | {', '.join(c['devices'])} | {c['configurations']} | "
-                         f"{_pct(c['median_abs_error'])} | {_pct(c['max_abs_error'])} |")
+            lines.append(f"| {_cell(cls)} | {_cell(mode)} | {_cell(', '.join(c['devices']))} | "
+                         f"{_cell(c['configurations'])} | {_pct(c['median_abs_error'])} | {_pct(c['max_abs_error'])} |")
     lines.append("")
     lines.append("Devices built: " + (", ".join(res["built"]) or "none") + ".")
     if res["skipped"]:

@@ -6,6 +6,7 @@ import math
 from typing import Optional
 
 from engram.cli import JSON_OPTION, PROGRESS_OPTIONS, print_json
+from engram._checks import setting_number
 from engram.errors import ArgumentError
 from engram.options import Command, Exclusive, Option, replaced
 from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
@@ -14,7 +15,7 @@ from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
-from sim.decode.host import HostCPU
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, HostCPU
 from sim.decode.prefill import PrefillRun, simulate_prefill
 from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
                       _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
@@ -57,12 +58,25 @@ def _host(args, dev) -> Optional[HostCPU]:
         if args.host_step_us is not None or args.host_read_us is not None:
             raise ArgumentError("--host-step-us and --host-read-us go with --host-cpus N")
         return None
-    if not (math.isfinite(args.host_cpus) and args.host_cpus > 0):
-        raise ArgumentError(f"--host-cpus must be a finite number > 0, got {args.host_cpus}")
-    for flag, v in (("--host-step-us", args.host_step_us), ("--host-read-us", args.host_read_us)):
-        if v is not None and not (math.isfinite(v) and v >= 0):
-            raise ArgumentError(f"{flag} must be a finite number >= 0 (microseconds), got {v}")
+    check_host_flags(args)
     return HostCPU.for_device(args.host_cpus, dev, step_cpu_us=args.host_step_us, read_cpu_us=args.host_read_us)
+
+
+def check_host_flags(args) -> None:
+    """``--host-cpus`` in [:data:`~sim.decode.host.MIN_CPUS`, :data:`~sim.decode.host.MAX_CPUS`] (both allowed),
+    ``--host-step-us`` and ``--host-read-us`` in [0, 60 s] (microseconds), each where given: the host's own ranges
+    (:class:`sim.decode.host.HostCPU`), checked here so that a refusal names the flag, not the dataclass's field.
+
+    Raises
+    ------
+    ArgumentError
+        ``"--host-cpus = 0.001: expected a finite number in [0.01, 65536]"``.
+    """
+    for flag, dest, lo, hi in (("--host-cpus", "host_cpus", MIN_CPUS, MAX_CPUS),
+                               ("--host-step-us", "host_step_us", 0.0, MAX_STEP_CPU_S * 1e6),
+                               ("--host-read-us", "host_read_us", 0.0, MAX_STEP_CPU_S * 1e6)):
+        if getattr(args, dest, None) is not None:
+            setting_number(flag, getattr(args, dest), lo, hi)
 
 
 def _serves_text(dev, info: dict) -> str:

@@ -22,7 +22,8 @@ from ..serve.study import RateSearch, is_serve_study
 from ..sweep import PHASES_COLUMN, Study, meta_path, partial_path, run_study
 from ..sweep.runner import point_policy
 from ..trace import CODE_SOURCE
-from .decode import CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, HOST_OPTIONS, SHARED_CACHE_BYTES_OPTION, cache_warmup
+from .decode import (CACHE_POLICY_OPTION, CACHE_WARMUP_OPTION, HOST_OPTIONS, SHARED_CACHE_BYTES_OPTION, cache_warmup,
+                     check_host_flags)
 from .options import (_DEFAULT_DEVICE, _floats, _out_path, _progress_mode, _typed_os_errors, compute_ms_option,
                       device_option, drives_option, run_options, trace_source_options)
 
@@ -147,7 +148,8 @@ def planner_study(args) -> Study:
         warm = cache_warmup(args)
         fixed.update(shared_cache_bytes=str(args.shared_cache_bytes), cache_policy=args.cache_policy or DEFAULT_POLICY,
                      cache_warmup_steps=fixed["steps"] if warm is None else warm)
-    for key in ("host_cpus", "host_step_us", "host_read_us"):  # the study's axes check them (check_host_axes)
+    check_host_flags(args)  # each flag's range, naming it; the study's axes check the rest (check_host_axes)
+    for key in ("host_cpus", "host_step_us", "host_read_us"):
         if getattr(args, key) is not None:
             fixed[key] = getattr(args, key)
     grid = {"device": list(args.device or [_DEFAULT_DEVICE])}
@@ -205,6 +207,13 @@ def _row_cache(c) -> Optional[dict]:
             "note": c.cache_note()}
 
 
+def _bracket(c) -> Optional[list]:
+    """``[low, high]`` of a capacity's bracket (:meth:`sim.sweep.capacity.Capacity.bracket`: the session counts the
+    median seed's search left it between; ``high`` None for a pass at the largest count), None where unknown."""
+    b = c.bracket()
+    return None if b is None else list(b)
+
+
 def _cmd_capacity(args) -> int:
     given = [flag for dest, flag in _PLANNER_FLAGS.items() if getattr(args, dest) is not None]
     if args.study is not None and given:
@@ -234,7 +243,8 @@ def _cmd_capacity(args) -> int:
                     "probes": str(probes_path(res.table)), "capacity": spec.to_dict(), "seconds": res.seconds,
                     "runner": res.runner, "resumed_probes": res.resumed,
                     "configurations": [{**{a: c.config[a] for a in axes}, "capacity": c.capacity, "low": c.low,
-                                        "high": c.high, "per_seed": c.per_seed, "lower_bound": c.lower_bound,
+                                        "high": c.high, "bracket": _bracket(c), "per_seed": c.per_seed,
+                                        "lower_bound": c.lower_bound,
                                         "probes": len(c.probes), "phases": c.row()[PHASES_COLUMN],
                                         "compute_mean_ms": c.compute_ms,
                                         "compute_realised_mean_ms": c.compute_realised[0],
@@ -247,7 +257,8 @@ def _cmd_capacity(args) -> int:
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
           f"slowest session reaches {spec.target:g} tokens/s, searched with {spec.seeds} "
           f"seed{'' if spec.seeds == 1 else 's'} up to "
-          f"{spec.max_sessions} sessions")
+          f"{spec.max_sessions} sessions" + (f" to within {spec.resolution} sessions (--resolution)"
+                                            if spec.resolution > 1 else ""))
     print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     shared = {c.assumptions() for c in res.capacities}

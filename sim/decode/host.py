@@ -54,10 +54,10 @@ MAX_SESSIONS_WITHIN = 1 << 20
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
 
 
-def _nonneg(name: str, v, strict: bool = False, high: Optional[float] = None, low: float = 0.0) -> float:
-    """``v`` as a float in ``[low, high]`` (``> low`` with ``strict``), else ArgumentError naming ``HostCPU.name``
-    (:func:`engram._checks.setting_number`; -0.0 as 0.0)."""
-    return setting_number(f"HostCPU.{name}", v, low, high, above=strict) + 0.0
+def _nonneg(name: str, v, high: Optional[float] = None, low: float = 0.0) -> float:
+    """``v`` as a float in ``[low, high]`` (both ends allowed), else ArgumentError naming ``HostCPU.name`` and that
+    range (:func:`engram._checks.setting_number`; -0.0 as 0.0)."""
+    return setting_number(f"HostCPU.{name}", v, low, high) + 0.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class HostCPU:
     Attributes
     ----------
     cpus : float
-        CPUs the sessions and their readers run on (:data:`MIN_CPUS` to :data:`MAX_CPUS`).
+        CPUs the sessions and their readers run on (:data:`MIN_CPUS` to :data:`MAX_CPUS`, both allowed).
     step_cpu_s : float
         The engine's own CPU a step, seconds (0 to :data:`MAX_STEP_CPU_S`, as the other times): hash, decode,
         hand-offs to the readers.
@@ -97,7 +97,7 @@ class HostCPU:
     wake_s: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cpus", _nonneg("cpus", self.cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS))
+        object.__setattr__(self, "cpus", _nonneg("cpus", self.cpus, low=MIN_CPUS, high=MAX_CPUS))
         for name in ("step_cpu_s", "read_cpu_s", "spin_s", "wake_s"):
             object.__setattr__(self, name, _nonneg(name, getattr(self, name), high=MAX_STEP_CPU_S))
         if not isinstance(self.source, str):
@@ -294,7 +294,7 @@ class HostCPU:
         FormatError
             The profile cannot be read or is not one (:func:`engine_profile`, :func:`check_profile`).
         """
-        cpus = _nonneg("cpus", cpus, strict=True, low=MIN_CPUS, high=MAX_CPUS)
+        cpus = _nonneg("cpus", cpus, low=MIN_CPUS, high=MAX_CPUS)
         p = engine_profile() if profile is None else check_profile(profile, "profile")
         step = float(p["step_cpu_us"]) if step_cpu_us is None else _nonneg("step_cpu_us", step_cpu_us)
         said = [f"{cpus:g} CPU{'' if cpus == 1 else 's'}", f"the engine's {step:.4g} us a step" +

@@ -4,9 +4,10 @@ Each read job of the output is a closed loop of ``iodepth`` outstanding
 reads -- what :class:`~sim.device.models.EmpiricalDevice` tabulates by queue
 depth.  Per job: the queue depth is ``iodepth`` (job option, else global
 option, else 1) times ``numjobs`` when ``group_reporting`` merged the clones
-(clones reported one by one, under one job name of one run, ran together:
-their depths and IOPS add up); the mean latency is ``read.lat_ns.mean``
-(submission + completion; ``depth / iops`` by Little's law when absent); the
+(clones reported one by one, under one job name and one depth of one run, ran
+together: their depths and IOPS add up; :func:`fio_records`); the mean latency
+is ``read.lat_ns.mean`` (submission + completion; ``depth / iops`` by Little's
+law when absent); the
 distribution runs from fio's minimum through every percentile it printed to
 its maximum -- ``read.lat_ns``'s when fio ran with ``lat_percentiles=1``, else
 ``read.clat_ns``'s shifted by the mean submission latency -- and is scaled to
@@ -104,7 +105,8 @@ from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR",
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MAX_READ_CPU_S", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50",
+           "WAIT_FACTOR",
            "cpu_per_read", "device_from_fio", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
            "rate_limit_of",
            "read_fio_output"]
@@ -253,6 +255,11 @@ def idle_jobs(docs: Sequence[dict]) -> List[str]:
 #: The most CPUs a job's ``usr_cpu + sys_cpu`` may say it kept busy (as ``device_from_fio``'s ``cpus``): past it
 #: the shares are not fio's.
 MAX_JOB_CPUS = 4096
+#: The most CPU one read may take by fio's figures, seconds (:func:`cpu_per_read`): a read's system call and
+#: completion take microseconds, a memory copy of the largest block fio is taken at (1 GiB) well under a second;
+#: past it the figures are off (a run time or a share mistyped), and the host model would be handed a read
+#: longer than any step it takes (:class:`sim.decode.host.HostCPU`).
+MAX_READ_CPU_S = 1.0
 
 
 def _job_figures(job, glob: dict, where: str) -> dict:
@@ -264,7 +271,8 @@ def _job_figures(job, glob: dict, where: str) -> dict:
     ------
     FormatError
         A field of the wrong type, a negative or non-finite figure, a percentile that is not a number, CPU shares
-        past :data:`MAX_JOB_CPUS` CPUs (names the JSON path and the value).
+        past :data:`MAX_JOB_CPUS` CPUs (names the JSON path and the value), CPU a read past :data:`MAX_READ_CPU_S`
+        (names the JSON path, the job, its depth and the figure).
     """
     if not isinstance(job, dict):
         raise FormatError(f"{where}: expected a JSON object, got {_shown(job)}")
@@ -328,6 +336,10 @@ def _job_figures(job, glob: dict, where: str) -> dict:
         cpu_s = share / 100 * runtime * 1e-3
         if cpu_s == 0:
             cpu_s = None  # no run time (fio leaves the shares at 0 then) or no CPU time: no CPU figure
+        elif cpu_s / ios > MAX_READ_CPU_S:
+            raise FormatError(f"{where} (job {str(job.get('jobname', '?'))!r}, depth {depth}): (usr_cpu + sys_cpu) x "
+                              f"job_runtime / read.total_ios = {cpu_s / ios:.3g} s of CPU a read: more than "
+                              f"{MAX_READ_CPU_S:g} s (fio's CPU figures are off)")
     return {"qd": depth, "jobs": jobs, "iops": iops, "mean": mean, "pct": pcts, "lo": lo, "hi": hi, "writes": writes,
             "ios": ios, "cpu_s": cpu_s,
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,
@@ -339,6 +351,16 @@ def _job_figures(job, glob: dict, where: str) -> dict:
 def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
     """Per read job (clones of one run merged): ``{"qd", "iops", "mean", "pct", "rw", "bs", "ioengine"}``;
     jobs that ran with a ``thinktime`` are left out (:func:`idle_jobs`).
+
+    Clones are the jobs of one name *and one depth* in one run (one document): fio reports the ``numjobs``
+    clones of a job one by one (without ``group_reporting``) under the job's name, each with the job's options,
+    its ``iodepth`` too; they ran together, so their depths, IOPS, reads and CPU add up.  Jobs of one name at
+    different depths in one run are different jobs (sections of one name: ``fio --name=rr --iodepth=1
+    --name=rr --iodepth=4``), each a record at its own depth -- merged by name alone they became one job at the
+    depths' sum, a depth never run.  Jobs of different runs never merge: fio's output of one run a depth names
+    its job the same in each, and two runs at one depth are two measurements of it, combined by their medians
+    (:func:`device_from_fio`).  Jobs of one name and one depth in one run are taken as clones: run a repeat
+    of a depth as its own run, or name it apart.
 
     Raises
     ------
@@ -353,15 +375,15 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
             raise FormatError(f"{where}: run {di} has no 'jobs' list")
         run = f"{where}: " + (f"run {di}: " if len(docs) > 1 else "")
         glob = _obj(doc, "global options", f'{run}"global options"')
-        by_name: Dict[str, List[dict]] = {}
+        clones: Dict[tuple, List[dict]] = {}  # (job name, depth) -> the jobs of this run (see above)
         for ji, job in enumerate(jobs):
             if isinstance(job, dict) and _thinktime(job, glob):
                 idle += 1
                 continue  # an idle pattern, not latency by depth (idle_jobs)
             f = _job_figures(job, glob, f"{run}jobs[{ji}]")
             if f:
-                by_name.setdefault(f["name"], []).append(f)
-        for group in by_name.values():
+                clones.setdefault((f["name"], f["qd"]), []).append(f)
+        for group in clones.values():
             if len(group) == 1:
                 out.append(group[0])
                 continue

@@ -74,6 +74,9 @@ class Entry:
         if self.checked is not None:
             return f"{'>= ' if self.checked['bound'] else ''}{self.checked['value']}"
         if self.cap is not None:
+            words = self.cap.bracket_words()  # a coarse search's bracket (--resolution), as engram sim capacity says
+            if words is not None:
+                return words[0]
             return f"{'>= ' if self.cap.lower_bound else ''}{self.cap.capacity}"
         cap, bound, top, _ = self.grid
         return f"{'>= ' if bound else ''}{cap}"

@@ -481,8 +481,44 @@ class Capacity(SeedBand):
         """Milliseconds a step may spend waiting for its rows at the target: ``1000 / target - compute - hash``."""
         return 1e3 / self.spec.target - self.compute_ms - self.hash_ms
 
+    def bracket(self, seed_index: Optional[int] = None) -> Optional[Tuple[int, Optional[int]]]:
+        """``(low, high)``: the session counts the search of seed ``seed_index`` (default: the median seed's, whose
+        capacity is :attr:`capacity`) ended with the capacity between, both included.  ``low`` is the capacity it
+        found (the largest count that passed); ``high`` one below the smallest count that failed, or
+        ``max_sessions`` where none failed (the search's ``resolution`` stopped it first); ``high`` is None for a
+        pass at ``max_sessions`` (a lower bound); ``(0, 0)`` where one session failed.  ``low == high`` where the
+        search was exact (``resolution`` 1).  None where the probes are not at hand (a table whose probes table is
+        gone)."""
+        r = self.median_seed() if seed_index is None else seed_index
+        c = self.per_seed[r]
+        if c >= self.top:
+            return c, None
+        mine = [p for p in self.probes if int(p.get("repeat") or 0) == r and int(p.get("sessions") or 0) > 0]
+        if not mine or (c and not any(int(p["sessions"]) == c for p in mine)):
+            return None
+        failed = [int(p["sessions"]) for p in mine
+                  if int(p["sessions"]) > c and not p[self.spec.metric] >= self.spec.target]
+        return c, (min(failed) - 1 if failed else self.top)
+
+    def bracket_words(self) -> Optional[Tuple[str, str]]:
+        """The bracket (:meth:`bracket`) in words where it is wider than one count: ``("between 20 and 23",
+        "resolution 4: 20 passed, 24 failed")`` (sessions); None where the capacity is exact, a lower bound or the
+        probes are not at hand."""
+        b = self.bracket()
+        if b is None or b[1] is None or b[1] <= b[0]:
+            return None
+        low, high = b
+        why = (f"{low} passed, {high + 1} failed" if high < self.top else
+               f"{low} passed, none probed above it up to {self.top}")
+        return f"between {low} and {high}", f"resolution {self.spec.resolution}: {why}"
+
     def label(self) -> str:
-        """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``."""
+        """The capacity as a reader sees it: ``64 sessions (56-64 over 5 seeds)``; where the search's resolution
+        left it within a bracket (:meth:`bracket`), that: ``between 20 and 23 sessions (1 seed; resolution 4: 20
+        passed, 24 failed)``."""
+        words = self.bracket_words()
+        if words is not None:
+            return f"{words[0]} sessions ({self.band()}; {words[1]})"
         cap = f"{'>= ' if self.lower_bound else ''}{self.capacity}"
         return f"{cap} session{'' if cap == '1' else 's'} ({self.band()})"
 

@@ -551,15 +551,27 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--host-step-us", "100"], "--host-step-us takes effect only with --host-cpus N"),
     (["--host-read-us", "5"], "--host-read-us takes effect only with --host-cpus N"),
-    (["--host-cpus", "0"], "the command line: host_cpus = 0.0: expected a finite number in [0.01, 65536]"),
-    (["--host-cpus", "nan"], "host_cpus = nan must be finite"),
-    (["--host-cpus", "2", "--host-step-us", "-1"], "host_step_us = -1.0: expected a finite number in [0, 6e+07]"),
+    (["--host-cpus", "0"], "--host-cpus = 0.0: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "0.001"], "--host-cpus = 0.001: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "nan"], "--host-cpus = nan: expected a finite number in [0.01, 65536]"),
+    (["--host-cpus", "2", "--host-step-us", "-1"], "--host-step-us = -1.0: expected a finite number in [0, 6e+07]"),
+    (["--host-cpus", "2", "--host-read-us", "1e300"],
+     "--host-read-us = 1e+300: expected a finite number in [0, 6e+07]"),
     (["--host-cpus", "4", "--host-read-us", "6e7"], "host_step_us + 48 x host_read_us = 2.88e+09 us"),
 ])
 def test_bad_host_flags_of_a_capacity_are_refused(capsys, tmp_path, argv, msg):
     out = tmp_path / "c.csv"
     assert msg in cli(capsys, ["sim", "capacity", *argv, "--out", str(out), "--max-sessions", "4", "--seeds", "1"])
     assert not list(tmp_path.iterdir())
+
+
+def test_the_fewest_host_cpus_are_searched(capsys, tmp_path):
+    """--host-cpus 0.01 (MIN_CPUS, the fewest the flag's range allows) is searched, not refused by the host's own
+    check (which excluded 0.01 and named HostCPU.cpus) after the probes' table was opened."""
+    doc = capacity_json(capsys, ["--device", FAST, "--compute-ms", "5", "--steps", "20", "--host-cpus", "0.01",
+                                 "--out", str(tmp_path / "c.csv")])
+    (c,) = doc["configurations"]
+    assert c["host"]["cpus"] == 0.01 and c["capacity"] >= 0 and "error" not in c
 
 
 @pytest.mark.parametrize("fixed, msg", [
@@ -573,3 +585,35 @@ def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
     err = cli(capsys, ["sim", "capacity", str(study), "--out", str(tmp_path / "c.csv")])
     assert msg in err and "bad.toml" in err
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_a_coarse_resolution_says_the_bracket_the_search_ended_with(capsys, tmp_path):
+    """At --resolution R the search stops once the count that passed and the one that failed are R apart or
+    less: the capacity is only known to lie between them.  The answer said the count that passed alone ("1
+    session" at --resolution 1000, where nothing above 1 was probed); it says the bracket, in the text and in
+    --json (``bracket``: [passed, failed - 1], or up to --max-sessions where none failed; [N, null] for a pass
+    at --max-sessions), and an exact search (--resolution 1) reads as before."""
+    slow = ["--device", SLOW, "--compute-ms", "5", "--steps", "40"]
+    exact = capacity_json(capsys, [*slow, "--out", str(tmp_path / "r1.csv")])["configurations"][0]
+    assert exact["capacity"] == 20 and exact["bracket"] == [20, 20]
+    coarse = capacity_json(capsys, [*slow, "--resolution", "4", "--out", str(tmp_path / "r4.csv")])
+    (c,) = coarse["configurations"]
+    assert c["capacity"] == 20 and c["bracket"] == [20, 23] and coarse["capacity"]["resolution"] == 4
+    fast = ["--device", FAST, "--compute-ms", "5", "--steps", "40"]
+    top = capacity_json(capsys, [*fast, "--out", str(tmp_path / "top.csv")])["configurations"][0]
+    assert top["capacity"] == 24 and top["lower_bound"] and top["bracket"] == [24, None]
+    wide = capacity_json(capsys, [*fast, "--resolution", "1000", "--out", str(tmp_path / "w.csv")])
+    assert wide["configurations"][0]["capacity"] == 1 and wide["configurations"][0]["bracket"] == [1, 24]
+    text = [a for a in SEARCH if a != "--json"]
+    for argv, line in (
+            ([*slow, "--resolution", "4"], "capacity  the configuration: between 20 and 23 sessions (1 seed; "
+                                           "resolution 4: 20 passed, 24 failed); random phases"),
+            ([*fast, "--resolution", "1000"], "capacity  the configuration: between 1 and 24 sessions (1 seed; "
+                                              "resolution 1000: 1 passed, none probed above it up to 24); "
+                                              "random phases"),
+            (slow, "capacity  the configuration: 20 sessions (1 seed); random phases")):
+        assert main(["sim", "capacity", *argv, *text, "--out", str(tmp_path / "t.csv")]) == 0
+        out = capsys.readouterr().out
+        assert line in out.splitlines(), out
+        for f in tmp_path.glob("t.csv*"):
+            f.unlink()

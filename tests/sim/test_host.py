@@ -422,3 +422,25 @@ def test_host_edge_cases_from_an_attack():
         with pytest.raises(ArgumentError, match=words):
             h.sessions_within(*args)
     assert h.sessions_within(1.0, 5e-3, 48, 64) == 64
+
+
+def test_the_fewest_cpus_are_allowed_and_the_bound_says_so(capsys):
+    """MIN_CPUS (a hundredth of one) is a host's fewest CPUs: allowed, and the refusal of fewer gives the range as
+    it is applied (it said ``(0.01, 65536]`` and refused 0.01 itself).  engram sim decode names its flag
+    ``--host-cpus`` (not the dataclass's ``HostCPU.cpus``) and the range."""
+    from sim.decode.host import MAX_CPUS, MIN_CPUS
+    assert HostCPU(MIN_CPUS, 1e-4, 1e-5).cpus == MIN_CPUS == 0.01
+    assert HostCPU.for_device(MIN_CPUS).cpus == MIN_CPUS
+    with pytest.raises(ArgumentError, match=r"^HostCPU\.cpus = 0\.009: expected a finite number in \[0\.01, 65536\]$"):
+        HostCPU(0.009, 1e-4, 1e-5)
+    assert HostCPU(MAX_CPUS, 0, 0).cpus == MAX_CPUS
+    base = ["sim", "decode", "--device", "ssd:qd1_us=24.3,iops=226658,routing=random", "--compute-ms", "5",
+            "--steps", "20", "--sessions", "2", "--limit", "600"]
+    assert main(base + ["--host-cpus", "0.01", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["host"]["cpus"] == 0.01
+    for extra, words in ((["--host-cpus", "0.001"], "--host-cpus = 0.001: expected a finite number in [0.01, 65536]"),
+                         (["--host-cpus", "1e6"], "--host-cpus = 1000000.0: expected a finite number in [0.01, 65536]"),
+                         (["--host-cpus", "2", "--host-step-us", "1e9"],
+                          "--host-step-us = 1000000000.0: expected a finite number in [0, 6e+07]")):
+        line = cli(capsys, base + extra)
+        assert words in line and "HostCPU" not in line

@@ -4,7 +4,9 @@ its refusals."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,9 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
-from sim.check.planner import _Planner
-from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_fio, datasheet_spec,
+from sim.check.planner import _Planner, _fio_files
+from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_devices, check_fio,
+                               datasheet_spec,
                                fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
                                planner_crosscheck)
 from sim.report.devices import devices_section
@@ -21,7 +24,7 @@ from sim.report.document import Doc
 from sim.report.inputs import Inputs
 from sim.core.schema import RunConfig
 from sim.decode.host import engine_profile
-from sim.device.fio import idle_jobs
+from sim.device.fio import idle_jobs, read_fio_output
 from sim.trace import CODE_SOURCE
 from tests.clirun import cli
 from tests.modelfiles import SCALE, token_map as _token_map
@@ -298,6 +301,20 @@ def test_refusals(fio_only, tmp_path, capsys):
      "(d).folder = '../x' is not a folder inside"),
     ({"devices": [{"name": "d", "class": "disk", "read_size": 12.5}]}, "(d).read_size = 12.5 is not a whole number"),
     ({"devices": [{"name": "d", "class": "disk", "fio": ["x.json"]}]}, "(d).fio = ['x.json'] is not an object"),
+    # a name that would break planner.md's table (its rows are lines) or any one-line message
+    ({"devices": [{"name": "disk\n| x | y |", "class": "disk"}]},
+     "devices[0].name = 'disk\\n| x | y |' holds a control character"),
+    ({"devices": [{"name": "d\x1b[2J", "class": "disk"}]}, "devices[0].name = 'd\\x1b[2J' holds a control character"),
+    # a fio file outside the measurement, as its folder
+    ({"devices": [{"name": "d", "class": "disk", "fio": {"4096": "../../etc/x"}}]},
+     "devices[0] (d).fio['4096'] = '../../etc/x' is not a file inside the measurement"),
+    ({"devices": [{"name": "d", "class": "disk", "fio": {"4096": "/etc/passwd"}}]},
+     "devices[0] (d).fio['4096'] = '/etc/passwd' is not a file inside the measurement"),
+    ({"devices": [{"name": "d", "class": "disk", "fio": {"4096": "runs/../../x.json"}}]},
+     "(d).fio['4096'] = 'runs/../../x.json' is not a file inside the measurement"),
+    ({"devices": [{"name": "d", "class": "disk", "fio": {"4096": "fio\n.json"}}]},
+     "(d).fio['4096'] = 'fio\\n.json' is not a file inside the measurement"),
+    ({"read_size": 100, "devices": [{"name": "d", "class": "disk"}]}, "read_size = 100 is not a whole number"),
 ])
 def test_a_malformed_device_list_gets_one_line(tmp_path, capsys, change, why):
     (tmp_path / "devices.json").write_text(json.dumps({"schema": "engram.devices/1", "kind": "devices", **change}))
@@ -419,3 +436,62 @@ def test_the_planners_host_says_an_assumed_cpu_count():
     assert h.cpus == 2 and "2 CPUs (the runs' machine)" in h.source
     assert h.read_cpu_s == pytest.approx(prof["read_cpu_us"] * prof["read_cpu_ratio"] * 1e-6)
     assert _Planner(None, {}, figs, None, None, 0, False, None, None).host({"name": "disk"}, "fio", {}) is None
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_fio_cpu_figure_past_a_second_a_read_names_the_file_and_the_job(tmp_path):
+    """The disk's QD1 job with a run time of 1,000,000 s: 21.5% of it over its 28,393 reads is 7.58 s of CPU a read.
+    The planner's check of the fio file refuses it naming the file, the job, its depth and the figure (the host it
+    models from fio's CPU per read raised naming ``HostCPU.read_cpu_s`` or a step's CPU, without the file)."""
+    docs = read_fio_output(DATA / "fio-disk-randread-4k.json")
+    docs[0]["jobs"][0]["job_runtime"] = 10 ** 9
+    p = tmp_path / "fio-4096.json"
+    p.write_text("\n".join(json.dumps(d) for d in docs))
+    with pytest.raises(FormatError, match=r"fio-4096\.json: jobs\[0\] \(job 'qd1', depth 1\): \(usr_cpu \+ sys_cpu\) "
+                                          r"x job_runtime / read\.total_ios = 7\.58 s of CPU a read: more than 1 s"):
+        check_fio(p, 4096)
+
+
+def test_a_name_with_a_pipe_stays_in_its_cell():
+    """A ``|`` in a device name (or a fio file's) is escaped in planner.md's tables (``\\|``, as GitHub's tables
+    read it), so every row keeps its columns; a control character in a name is refused when devices.json is read
+    (test_a_malformed_device_list_gets_one_line)."""
+    mode = {"refused": None, "device": "/x/fio|512.json", "capacity": [],
+            "summary": {"configurations": 2, "regime": {"name": "quiet"}, "passed": True}}
+    res = {"devices": [{"name": "nvme|0", "class": "disk", "built": True, "modes": {
+        "fio": mode, "datasheet": {"refused": "a | b", "device": "ssd:x", "capacity": [], "summary": {}}}}],
+        "classes": {"disk": {"fio": {"devices": ["nvme|0"], "configurations": 2, "median_abs_error": 0.01,
+                                     "max_abs_error": 0.02}}}, "built": ["nvme|0"], "skipped": {}}
+    text = markdown_table(res)
+    rows = [x for x in text.splitlines() if x.startswith("| ")]
+    assert len(rows) == 5
+    cells = [len(re.split(r"(?<!\\)\|", x)) - 2 for x in rows]
+    assert cells == [9, 9, 9, 6, 6]
+    assert "| nvme\\|0 | disk | fio: `fio\\|512.json` |" in text and "refused: a \\| b |" in text
+    assert "| disk | fio | nvme\\|0 | 2 |" in text
+
+
+def test_a_read_size_given_once_for_every_device(tmp_path):
+    """devices.json's top-level ``read_size`` serves every device without its own, in the check, in the fio file
+    chosen and checked and in the fio device the planner loads (which took 4096 bytes, refusing fio of the
+    512-byte reads the check had just taken, and stopped the run)."""
+    fio = tmp_path / "fio-512.json"
+    fio.write_text((DATA / "fio-throttled-15000-near-qd1-randread-512.json").read_text())
+    doc = {"schema": "engram.devices/1", "kind": "devices", "read_size": 512, "devices": [
+        {"name": "vol", "class": "disk", "built": True, "measured": True, "folder": ".", "fio": {"512": fio.name}},
+        {"name": "own", "class": "disk", "built": True, "measured": True, "folder": ".", "read_size": 4096,
+         "fio": {"4096": "fio-4096.json"}},
+        {"name": "null", "class": "disk", "read_size": None}]}
+    (tmp_path / "devices.json").write_text(json.dumps(doc))
+    devices = check_devices(doc, tmp_path / "devices.json")
+    assert [d.get("read_size") for d in devices] == [512, 4096, 512]
+    assert "read_size" not in doc["devices"][0]  # the document read is left as it was
+    figs, files = _fio_files(tmp_path, devices[:1], {})
+    assert files == {"vol": fio} and figs["vol"]["depths"] == [1, 2, 4, 8, 16, 32, 64]
+    pl = _Planner(tmp_path, files, figs, None, None, 0, False, None, None)
+    entry = {"modes": {}}
+    dev, described = pl._device(entry, devices[0], "fio", "ssd:qd1_us=60,iops=15000", None, None)
+    assert described == f"fio:{fio},assume_bs=512" and entry["modes"] == {}
+    assert dev.derived["block_size"]["value"] == 512.0

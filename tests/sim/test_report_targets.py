@@ -73,3 +73,22 @@ def test_each_answer_table_has_one_target_and_its_reason(tmp_path, grid_rows, ta
     assert len(figures) == len(targets)  # one axis a target
     intro = next(b[1] for b in doc.blocks if b[0] == "p")
     assert ("its target tokens/s" in intro) == (len(targets) > 1)
+
+
+def test_a_capacity_table_of_a_coarse_search_reads_as_its_bracket(tmp_path, capsys):
+    """A capacity table searched at --resolution 4 (20 passed, 24 failed): the answer's capacity reads "between 20
+    and 23", as engram sim capacity says it, not "20"; an exact search's reads as its count; without the probes
+    table the bracket is not known and the count is what is said."""
+    from engram.cli import main
+    from sim.report.answer import entries_from_capacity_table
+    base = ["sim", "capacity", "--device", "ssd:qd1_us=500,iops=20000,parallelism=8", "--compute-ms", "5",
+            "--steps", "40", "--target", "20", "--seeds", "1", "--max-sessions", "24", "--jobs", "1", "--quiet"]
+    for res, shown in (("4", "between 20 and 23"), ("1", "20")):
+        out = tmp_path / f"r{res}.csv"
+        assert main([*base, "--resolution", res, "--out", str(out)]) == 0
+        capsys.readouterr()
+        (e,) = entries_from_capacity_table(out)
+        assert e.shown() == shown and e.value() == 20
+    (tmp_path / "r4.csv.probes.csv").unlink()
+    (e,) = entries_from_capacity_table(tmp_path / "r4.csv")
+    assert e.shown() == "20"

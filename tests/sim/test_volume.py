@@ -391,6 +391,35 @@ def test_cpu_per_read_from_fio_known_answer(tmp_path):
         fio_records([bad])
 
 
+def test_one_job_name_at_two_depths_in_one_run_stays_two_depths(tmp_path):
+    """fio's own output names a job the same at every depth: one document a depth (the near-QD1 fixture,
+    ``engram-randread`` in each) or, in one run, sections of one name (``fio --name=rr --iodepth=1 --name=rr
+    --iodepth=4 --stonewall``).  Jobs of one name were merged within a run as clones of ``numjobs``, their depths
+    and IOPS added up: the two sections became one job at depth 5 of 4,000 IOPS, a depth never run.  Clones share
+    their options, so only jobs of one name *and* one depth in one run are clones; across runs nothing merges
+    (one depth's runs are combined by their medians)."""
+    doc = _synthetic_fio({1: 1000.0, 4: 3000.0}, 50.0, 900.0)
+    for job in doc["jobs"]:
+        job["jobname"] = "rr"
+    recs = fio_records([doc])
+    assert sorted((r["qd"], r["iops"]) for r in recs) == [(1, 1000.0), (4, 3000.0)]
+    p = tmp_path / "rr.json"
+    p.write_text(json.dumps(doc))
+    dev = device_from_fio(p)
+    assert dev.depths() == [1, 4] and dev.peak_iops() == pytest.approx(3000.0)
+    # one document a depth, one name in each: as before, each document its own depth
+    runs = [dict(doc, jobs=[j]) for j in doc["jobs"]]
+    assert sorted(r["qd"] for r in fio_records(runs)) == [1, 4]
+    near = fio_records(read_fio_output(DATA / "fio-throttled-15000-near-qd1-randread-512.json"))
+    assert {r["name"] for r in near} == {"engram-randread"}
+    assert sorted(r["qd"] for r in near) == [1, 2, 4, 8, 16, 32, 64]
+    # the same depth in two runs: two measurements of it, not clones
+    assert sorted(r["qd"] for r in fio_records([runs[0], runs[0]])) == [1, 1]
+    # clones of one job (one name, one depth, one run) still run as one at their depths' sum
+    twin = dict(doc, jobs=[doc["jobs"][0], copy.deepcopy(doc["jobs"][0]), doc["jobs"][1]])
+    assert sorted((r["qd"], r["iops"]) for r in fio_records([twin])) == [(2, 2000.0), (4, 3000.0)]
+
+
 def _fio_with_cpu(tmp_path, **qd1) -> Path:
     """:func:`_synthetic_fio` at depths 1 and 8 with CPU figures on every job, ``qd1`` replacing the QD1 job's."""
     doc = _synthetic_fio({1: 1000.0, 8: 8000.0}, 50.0, 150_000.0)
@@ -422,6 +451,31 @@ def test_fio_cpu_figures_bad_or_empty(tmp_path, capsys):
     line = cli(capsys, ["sim", "device", f"fio:{_fio_with_cpu(tmp_path, sys_cpu=5e5)}"])
     assert line.endswith("jobs[0]: usr_cpu + sys_cpu = 500005%: more than 4096 CPUs busy all the job's run time "
                          "(fio's shares are percent of one CPU)")
+
+
+def test_a_cpu_figure_past_a_second_a_read_names_the_file_and_the_job(tmp_path, capsys):
+    """15% of 1,000,000 s over 10,000 reads is 15 s of CPU a read: refused where fio's JSON is read, naming the file,
+    the job and its depth and the figure (the host's check named ``HostCPU.read_cpu_s`` or a step's CPU instead, and
+    a capacity search had opened its probes' table by then); a figure within the bound is taken."""
+    p = _fio_with_cpu(tmp_path, job_runtime=10 ** 9)
+    want = (r"cpu\.json: jobs\[0\] \(job 'qd1', depth 1\): \(usr_cpu \+ sys_cpu\) x job_runtime / "
+            r"read\.total_ios = 15 s of CPU a read: more than 1 s \(fio's CPU figures are off\)$")
+    with pytest.raises(FormatError, match=want):
+        device_from_fio(p)
+    with pytest.raises(FormatError, match=want):
+        fio_records(read_fio_output(p), str(p))
+    out = tmp_path / "out"
+    out.mkdir()
+    for argv in (["sim", "capacity", "--device", str(p), "--host-cpus", "4", "--compute-ms", "5", "--steps", "20",
+                  "--max-sessions", "4", "--seeds", "1", "--out", str(out / "c.csv")],
+                 ["sim", "decode", "--device", str(p), "--host-cpus", "4", "--compute-ms", "5", "--steps", "20",
+                  "--limit", "600"]):
+        line = cli(capsys, argv)
+        assert "cpu.json: jobs[0] (job 'qd1', depth 1)" in line and "15 s of CPU a read" in line
+        assert "HostCPU" not in line
+    assert not list(out.iterdir())
+    ok = device_from_fio(_fio_with_cpu(tmp_path, job_runtime=6 * 10 ** 7))  # 15% of 60,000 s / 10,000: 0.9 s
+    assert ok.derived["cpu_per_read_us"]["value"] == pytest.approx(0.9e6)
 
 
 def test_a_saved_fio_device_keeps_what_was_derived(tmp_path):
