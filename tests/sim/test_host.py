@@ -444,3 +444,20 @@ def test_the_fewest_cpus_are_allowed_and_the_bound_says_so(capsys):
                           "--host-step-us = 1000000000.0: expected a finite number in [0, 6e+07]")):
         line = cli(capsys, base + extra)
         assert words in line and "HostCPU" not in line
+
+
+def test_a_sliver_of_host_on_a_long_step_settles_in_one_run(code, monkeypatch):
+    """Where the host adds a sliver to a long step, the drive's wait takes up a change of it: the run stops once
+    the next could move the step by at most HOST_STEP_SETTLED of itself (HOST_SETTLED of the sliver alone asked
+    for another whole run), and its tokens/s are those of the run settled by the sliver alone within that share."""
+    import sim.decode.model as model
+
+    host, pol, comp = HostCPU(9.0, 98 * US, 17.5 * US), Policy(threshold=8, readers=16), Compute(47e-3)
+    run = DecodeRun(sessions=400, steps=100, seed=2, timeline=False, host=host)  # the drive near its knee
+    device = "ssd:qd1_us=80,iops=400000"
+    now, share = simulate_decode(code, device, pol, comp, run), model.HOST_STEP_SETTLED
+    monkeypatch.setattr(model, "HOST_STEP_SETTLED", 0.0)
+    tight = simulate_decode(code, device, pol, comp, run)
+    assert now.host["passes"] == 1 < tight.host["passes"]
+    assert 0 < now.host["added_ms"] < 0.05 * now.step_ms["mean"]
+    assert now.mean_session_tokens_per_s == pytest.approx(tight.mean_session_tokens_per_s, rel=share)
