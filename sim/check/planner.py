@@ -724,7 +724,11 @@ class _Planner:
         folder = self.work / d["folder"]
         entry["today"] = _today(folder, self.today, self.sim_steps, self.seed)
         if d["name"] not in self.files:
-            entry["reason"] = "no fio beside its runs: " + (d.get("fio_skipped") or "not recorded")
+            others = sorted(k for k in (d.get("fio") or {}) if k != str(_read_size(d)))
+            entry["reason"] = "no fio beside its runs: " + (
+                d.get("fio_skipped") or (f"fio recorded at {', '.join(f'fio[{k!r}]' for k in others)}, not at the "
+                                         f"engine's read size {_read_size(d)} B ({d['name']}.read_size)"
+                                         if others else "not recorded"))
             return entry
         runs_path = folder / "runs.json"
         runs_doc, entry["left_out"] = _planner_runs(load_json(runs_path, "decode_runs"))
@@ -878,7 +882,7 @@ def _pct(x) -> str:
 def _cell(x) -> str:
     """``x`` as a cell of a Markdown table: ``|`` escaped (``\\|``, which GitHub's tables read as the character,
     within code spans too) and a control character shown as a space, so the row keeps its columns and its line."""
-    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in str(x)).replace("|", "\\|")
+    return _plain(str(x)).replace("|", "\\|")
 
 
 def markdown_table(res: Mapping) -> str:
@@ -887,7 +891,7 @@ def markdown_table(res: Mapping) -> str:
 
     Every cell's text goes through :func:`_cell`: a ``|`` (a device name may hold one, as a fio file's name or a
     refusal) is escaped; devices.json's names cannot hold a control character (:func:`check_devices`), and
-    any other text's is shown as a space."""
+    any other text's is shown as a space, in the cells and in the lines after the tables (:func:`_plain`)."""
     lines = ["| device | class | predicted from | configurations | tokens/s median abs error | max | capacity "
              "measured / predicted | regime | verdict |", "|" + "---|" * 9]
     for e in res["devices"]:
@@ -920,6 +924,7 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"| {_cell(cls)} | {_cell(mode)} | {_cell(', '.join(c['devices']))} | "
                          f"{_cell(c['configurations'])} | {_pct(c['median_abs_error'])} | {_pct(c['max_abs_error'])} |")
     lines.append("")
+    tables = len(lines)
     lines.append("Devices built: " + (", ".join(res["built"]) or "none") + ".")
     if res["skipped"]:
         lines.append("Skipped: " + "; ".join(f"{n} ({why})" for n, why in res["skipped"].items()) + ".")
@@ -938,4 +943,10 @@ def markdown_table(res: Mapping) -> str:
         lines += host_notes(e)
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")
-    return "\n".join(lines)
+    return "\n".join(lines[:tables] + [_plain(x) for x in lines[tables:]])
+
+
+def _plain(text: str) -> str:
+    """``text`` on one line: a control character (a newline, an escape) shown as a space -- a reason or a fio
+    message of devices.json is the measurement's free text."""
+    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple, Union
@@ -106,6 +107,9 @@ def read_text(path: Union[str, os.PathLike], what: str = "") -> str:
     """
     label = f" {what}" if what else ""
     try:
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a device (/dev/zero), a pipe: it may have no end
+            raise FormatError(f"{path}: cannot read{label} (not a regular file)")
         data = Path(path).read_bytes()
     except OSError as exc:
         raise FormatError(f"{path}: cannot read{label} ({exc.strerror or exc.__class__.__name__})") from None
@@ -137,6 +141,8 @@ def _json_object(text: str, where: str, why) -> dict:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{where}: not JSON ({why(exc)})") from None
+    except RecursionError:
+        raise FormatError(f"{where}: JSON nested too deep to read") from None
     if not isinstance(d, dict):
         raise FormatError(f"{where}: expected a JSON object")
     return d

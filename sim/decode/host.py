@@ -108,8 +108,11 @@ class HostCPU:
         compute's spin."""
         d = self.step_cpu_s + _nonneg("rows_per_step", rows_per_step) * self.read_cpu_s + self.spin_s
         if not d <= MAX_STEP_CPU_S:
-            raise ArgumentError(f"HostCPU: a step of {rows_per_step:g} reads asks for {d:g} s of CPU, more than "
-                                f"{MAX_STEP_CPU_S:g} s: a figure is off")
+            raise ArgumentError(f"the host ({self.source or 'as given'}): a step of {rows_per_step:g} reads asks "
+                                f"for {d:g} s of CPU ({self.step_cpu_s:g} s a step + {self.read_cpu_s:g} s a read"
+                                f"{f' + {self.spin_s:g} s of spin' if self.spin_s else ''}), more than "
+                                f"{MAX_STEP_CPU_S:g} s: a figure is off (--host-step-us, --host-read-us or fio's "
+                                "CPU a read)")
         return d
 
     def step_time(self, sessions: int, free_step_s: float, rows_per_step: float) -> float:

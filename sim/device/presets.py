@@ -19,7 +19,7 @@ from engram.errors import ArgumentError, FormatError
 from sim.core.io import load_json, packaged_data_path, read_text
 from sim.core.schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec, volume_from_spec
-from .fio import device_from_fio, is_fio_output
+from .fio import device_from_fio, is_fio_output, parse_block_size
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice
 
@@ -167,8 +167,10 @@ def _fio_spec(spec: str) -> Device:
     for part in filter(None, (x.strip() for x in rest.split(","))):
         k, _, v = part.partition("=")
         k = k.strip()
-        if k not in ("assume_bs", "cpus") or not v.strip():
+        if k not in ("assume_bs", "cpus"):
             raise ArgumentError(f"device spec {spec!r}: unknown key {part!r} ({form})")
+        if not v.strip():
+            raise ArgumentError(f"device spec {spec!r}: {k} has no value ({form})")
         if k in kv:
             raise ArgumentError(f"device spec {spec!r}: key {k!r} given twice ({form})")
         kv[k] = v.strip()
@@ -182,6 +184,11 @@ def _fio_spec(spec: str) -> Device:
             raise ArgumentError(f"device spec {spec!r}: cpus={kv['cpus']!r} is not a whole number of CPUs") from None
         if not 1 <= cpus <= 4096:
             raise ArgumentError(f"device spec {spec!r}: cpus={cpus} is outside [1, 4096]")
+    if "assume_bs" in kv:
+        try:
+            parse_block_size(kv["assume_bs"])
+        except ArgumentError as exc:
+            raise ArgumentError(f"device spec {spec!r}: assume_bs={kv['assume_bs']!r}: {exc}") from None
     return device_from_fio(path, assume_bs=kv.get("assume_bs"), cpus=cpus)
 
 

@@ -132,7 +132,7 @@ from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
 from sim.sweep.runner import HOLD_WARNINGS, device_key, point_host, point_policy
-from sim.sweep.study import varying_axes
+from sim.sweep.study import ROWS_A_STEP, varying_axes
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
@@ -655,7 +655,7 @@ class Capacity(SeedBand):
         read path alone; the host's CPUs are not modelled, so with fewer than that over
         :data:`sim.device.fio.HOST_BOUND_SHARE` the host binds first and the capacity is an upper bound.
         With the host modelled (a ``host_cpus`` axis, :func:`sim.sweep.runner.point_host`): what it was taken
-        to be.  ``""`` otherwise."""
+        to be.  Without fio's CPU figure (a datasheet): that the drive was taken alone.  ``""`` without probes."""
         host = self.host()
         if host is not None:
             return f"; the host modelled (sim.decode.host): {host.source}"
@@ -663,7 +663,8 @@ class Capacity(SeedBand):
         cpu = ((getattr(dev, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
         rps = float(at.get("reads_per_s") or 0.0) if at else 0.0
         if cpu is None or not rps > 0:
-            return ""
+            return ("; the host's CPUs not modelled (the drive alone: --host-cpus N adds them, the engine's CPU from "
+                    "its shipped profile)") if at else ""
         busy = rps * float(cpu) * 1e-6
         return (f"; at {self.capacity} session{'' if self.capacity == 1 else 's'} the probes read {rps:,.0f} reads/s, "
                 f"which keep {busy:.2f} CPUs busy "
@@ -1768,6 +1769,10 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
         # devices, traces and calibration resolved before a file is opened: a bad one leaves nothing behind
         ctx = resolve_context(check_points([{**c, "sessions": 1, "repeat": r} for c in study.points()
                                             for r in range(spec.seeds)]), cal)
+        for c in study.points():  # a host whose step asks too much CPU (fio's CPU a read is known only now)
+            host = point_host(c, ctx.devices[device_key(c)])
+            if host is not None:
+                host.demand(ROWS_A_STEP)
         return lambda run: find_capacity(study.points(), spec, study.seed, calibration=cal, context=ctx, run=run)
 
     return CapacityResult(study, spec, [], 0.0, "").run(start, out=out, resume=resume, calibration=calibration,

@@ -495,3 +495,28 @@ def test_a_read_size_given_once_for_every_device(tmp_path):
     dev, described = pl._device(entry, devices[0], "fio", "ssd:qd1_us=60,iops=15000", None, None)
     assert described == f"fio:{fio},assume_bs=512" and entry["modes"] == {}
     assert dev.derived["block_size"]["value"] == 512.0
+
+
+def test_free_text_of_devices_json_stays_on_its_line():
+    """A reason or a fio message of devices.json (the measurement's free text) with a newline or an escape is shown
+    on its line, a control character as a space: no line of its own, no table row, no terminal sequence."""
+    from sim.check.planner import markdown_table
+
+    res = {"devices": [{"name": "disk", "class": "disk", "built": True, "modes": {}, "left_out": {},
+                        "reason": "no fio beside its runs: y\x1b[2J\n| a | b |"}],
+           "classes": {}, "built": ["disk"], "skipped": {"vol": "x\x1b[31m\nsaved /etc/passwd"}}
+    text = markdown_table(res)
+    assert "\x1b" not in text and "\nsaved /etc/passwd" not in text and "\n| a | b |" not in text
+    assert "Skipped: vol (x [31m saved /etc/passwd)." in text.splitlines()
+    assert "disk: no fio beside its runs: y [2J | a | b |." in text.splitlines()
+
+
+def test_a_fio_file_of_another_read_size_is_said():
+    """A device whose fio was recorded only at another block size than its read size is left out saying so, naming
+    the fio entry and the read size (it said "not recorded")."""
+    d = {"name": "disk", "class": "disk", "built": True, "measured": True, "folder": ".", "read_size": 512,
+         "fio": {"4096": "fio-4096.json"}}
+    pl = _Planner(Path("."), {}, {}, None, None, 0, False, None, None)
+    assert pl.entry(d)["reason"] == ("no fio beside its runs: fio recorded at fio['4096'], not at the engine's read "
+                                     "size 512 B (disk.read_size)")
+    assert pl.entry({**d, "fio": {}})["reason"] == "no fio beside its runs: not recorded"

@@ -218,11 +218,12 @@ def test_fio_of_writes_or_another_block_size_is_refused(tmp_path, capsys):
     with pytest.raises(FormatError, match=r"jobs\[1\] \(job 'qd8', rw=randrw\) wrote or trimmed 500 blocks"):
         device_from_fio(p)
     line = cli(capsys, ["sim", "device", str(DISK_16K)])
-    assert "fio read blocks of 16384 B, the engine reads 4096 B" in line and "assume_bs=16384" in line
+    assert "fio read blocks of 16384 B, the model's read is 4096 B" in line and "assume_bs=16384" in line
     dev = load_device(f"fio:{DISK_16K},assume_bs=16k")
     assert dev.derived["block_size"]["rule"].startswith("assumed")
     for bad, why in ((f"fio:{DISK_16K},assume_bs=8k", "not the assumed 8k"), (f"fio:{DISK_16K},bs=16k", "unknown key"),
-                     ("fio:", "no fio output file")):
+                     ("fio:", "no fio output file"), (f"fio:{DISK_16K},assume_bs=", "assume_bs has no value"),
+                     (f"fio:{DISK_16K},assume_bs=0", "assume_bs='0': block size '0' is outside")):
         assert why in cli(capsys, ["sim", "device", bad])
 
 
@@ -476,6 +477,23 @@ def test_a_cpu_figure_past_a_second_a_read_names_the_file_and_the_job(tmp_path, 
     assert not list(out.iterdir())
     ok = device_from_fio(_fio_with_cpu(tmp_path, job_runtime=6 * 10 ** 7))  # 15% of 60,000 s / 10,000: 0.9 s
     assert ok.derived["cpu_per_read_us"]["value"] == pytest.approx(0.9e6)
+
+
+def test_a_host_step_past_its_bound_from_fio_is_refused_before_a_file_opens(tmp_path, capsys):
+    """fio's 0.99 s of CPU a read is within its bound, but with --host-step-us 20 s a step of 48 reads asks for
+    20 + 48 x 0.99 x 0.86 s, more than 60 s: refused before the capacity search opens its tables (they were left,
+    and blocked the next run), naming the host's figures and the flags, not an internal class."""
+    p = _fio_with_cpu(tmp_path, job_runtime=66 * 10 ** 6)
+    out = tmp_path / "out"
+    out.mkdir()
+    for argv in (["sim", "capacity", "--device", str(p), "--host-cpus", "4", "--host-step-us", "20000000",
+                  "--steps", "10", "--max-sessions", "4", "--seeds", "1", "--out", str(out / "c.csv")],
+                 ["sim", "decode", "--device", str(p), "--host-cpus", "4", "--host-step-us", "20000000",
+                  "--steps", "10", "--limit", "600"]):
+        line = cli(capsys, argv)
+        assert "a step of 48 reads asks for" in line and "(--host-step-us, --host-read-us or fio's CPU a read)" in line
+        assert "HostCPU" not in line and "(given)" in line
+    assert not list(out.iterdir())
 
 
 def test_a_saved_fio_device_keeps_what_was_derived(tmp_path):
