@@ -72,7 +72,8 @@ except ImportError:  # not built (a checkout without its extensions built): the 
     _BUILT_SOURCE = _lean_built = None
 #: The loop :meth:`FastRun._run_lean` runs: :func:`_lean_loop` as the build compiled it (``sim.decode._native.lean``,
 #: :mod:`sim.decode.lean_loop`) where the build's text is the text of now, else :func:`_lean_loop` itself -- the
-#: same statements, the same runs bit for bit, the build's about 1.6x faster.
+#: same statements (its heaps of wake-ups and of segments on C arrays), the same runs bit for bit, the build's about
+#: 2.3x faster (a capacity probe of 3,541 sessions).
 LEAN = _lean_built if _BUILT_SOURCE == _lean_loop.source else _lean_loop
 
 

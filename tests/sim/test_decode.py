@@ -595,6 +595,24 @@ def test_the_built_loop_is_the_loop(code, device):
         assert a.to_dict() == {**b.to_dict(), "wall_seconds": a.wall_seconds}
 
 
+def test_the_build_edits_every_line_of_the_segment_heap():
+    """The build's text (sim.decode.lean_loop.built_text) runs the device's segments on its heap of C arrays: every
+    line of the loop that reads the queue's heap as a list is edited (none is left to index it), and a text
+    without a line an edit names is refused, not built half edited."""
+    import sim.decode.fast as fast
+    from sim.decode.lean_loop import BUILT_EDITS, built_text
+
+    text = built_text(fast._lean_loop.source)
+    body = text[text.index("\ndef lean("):]
+    assert "heap = segment_heap(sq.heap)" in body and "sq.heap[:] = heap.entries()" in body
+    assert "heap[0]" not in body and "heapq.heappush, heapq.heappop" not in body
+    assert body.count("heap.v[0]") == 3 and "cdef SegmentHeap heap" in body and "cdef WakeQueue wq" in body
+    for old, _ in BUILT_EDITS:
+        with pytest.raises(ValueError, match="BUILT_EDITS must follow the text"):
+            built_text("\n".join(x + ("  # moved" if x.strip() == old else "")
+                                  for x in fast._lean_loop.source.splitlines()))
+
+
 @pytest.mark.parametrize("device", ["ssd:qd1_us=80,iops=400000,cv=0.4",
                                     "ssd:qd1_us=60,iops=200000,cap_iops=20000,burst_ios=50"])
 def test_a_run_without_its_timeline_has_the_same_figures(code, device):
