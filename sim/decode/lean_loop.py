@@ -107,10 +107,10 @@ C_TYPES: Dict[str, str] = {
     "double": "V tq area busy tnext now dt Ve gap end sigma extra nb tl gate_tail",
     "Py_ssize_t": "q d qseq reads max_depth nL room slack c left n k x i t take c2 ui ulen nsig steps seq",
     "bint": "first shared record",
-    "list": "L late times depths done byn ubuf bt b2 seg sig ext wake ns comps kof lat_rows step t0 finish",
+    "list": "L times depths done byn ubuf bt b2 seg sig ext wake ns comps kof lat_rows step t0 finish",
     "tuple": "g",
     "WakeQueue": "wq",
-    "SegmentHeap": "heap",
+    "SegmentHeap": "heap late",
 }
 
 #: The sessions' wake-ups in the build: the queue :func:`wake_queue` makes, on C structs -- the same order, the
@@ -194,11 +194,12 @@ cdef (double, Py_ssize_t) wake_next(WakeQueue w):
 """
 
 
-#: The device's segments in service in the build (the queue's ``heap``, :data:`sim.device.fluid.QUEUE`): the text's
-#: ``push``/``pop`` on it, its ``heap[0][0]``, over C arrays of each entry's ``(V, seq)`` beside the entries
-#: themselves -- the same order (``seq`` is unique: no two entries compare equal, and an entry's ``bt`` is never
-#: compared), without a comparison of tuples; ``push``/``pop`` on another heap (``late``) are :mod:`heapq`'s.
-#: :data:`BUILT_EDITS` puts it in.  Tuple comparisons on this heap took a quarter of a capacity probe's time.
+#: The device's heaps in the build (the queue's ``heap`` of segments in service and ``late`` of batches waiting for
+#: their straggler or their token, :data:`sim.device.fluid.QUEUE`): the text's ``push``/``pop`` on them, their
+#: ``[0][0]``, over C arrays of each entry's ``(V or time, seq)`` beside the entries themselves -- the same order
+#: (``seq`` is unique: no two entries compare equal, and an entry's batch is never compared), without a comparison
+#: of tuples.  :data:`BUILT_EDITS` puts them in.  Tuple comparisons on these heaps took a quarter of a capacity
+#: probe's time.
 SEGMENT_HEAP_BUILT = """\
 cdef class SegmentHeap:
     cdef double* v
@@ -294,9 +295,9 @@ cdef inline pop(h):
     return heapq.heappop(h)
 """
 
-#: The build's edits of the loop's text, each a line of it (stripped) and what stands for it there: the segment
-#: heap (:data:`SEGMENT_HEAP_BUILT`) made of the queue's list at the start, its top read from its array, and the
-#: list given back its entries at the end (none: the loop ends with the device idle); ``push`` and ``pop`` are the
+#: The build's edits of the loop's text, each a line of it (stripped) and what stands for it there: the heaps
+#: (:data:`SEGMENT_HEAP_BUILT`) made of the queue's lists at the start, their tops read from their arrays, and the
+#: lists given back their entries at the end (none: the loop ends with the device idle); ``push`` and ``pop`` are the
 #: built module's.  Each edit is made wherever its line is; a line found nowhere is an error of the build.
 BUILT_EDITS = (
     ("heap = sq.heap", "heap = segment_heap(sq.heap)"),
@@ -304,7 +305,12 @@ BUILT_EDITS = (
     ("gap = heap[0][0] - V", "gap = heap.v[0] - V"),
     ("if heap:", "if heap.n:"),
     ("while heap and (first or heap[0][0] <= Ve):", "while heap.n and (first or heap.v[0] <= Ve):"),
-    ("sampler._u, sampler._ui = ubuf, ui", "sampler._u, sampler._ui = ubuf, ui\nsq.heap[:] = heap.entries()"),
+    ("late = sq.late", "late = segment_heap(sq.late)"),
+    ("if late and late[0][0] < tnext:", "if late.n and late.v[0] < tnext:"),
+    ("tnext = late[0][0]", "tnext = late.v[0]"),
+    ("while late and late[0][0] <= now:", "while late.n and late.v[0] <= now:"),
+    ("sampler._u, sampler._ui = ubuf, ui", "sampler._u, sampler._ui = ubuf, ui\nsq.heap[:] = heap.entries()\n"
+                                           "sq.late[:] = late.entries()"),
 )
 
 
