@@ -592,13 +592,14 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    name = getattr(args, "command_prog", None) or f"engram {args.command}"  # the (sub)command run, for its errors
     try:
         return int(args.func(args) or 0)
     except EngramError as exc:
-        print(f"engram {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # writers remove what they had begun (engram.gguf.atomic_outputs)
-        print(f"engram {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # output piped into a reader that stopped early (e.g. `| head`): not an error
@@ -611,7 +612,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if exc.filename is None and not exc.strerror:
             raise
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        print(f"engram {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"{name}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
 
 

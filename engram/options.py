@@ -181,6 +181,7 @@ def add_command(subparsers, cmd: Command) -> argparse.ArgumentParser:
     defaults = dict(cmd.defaults)
     if cmd.func is not None:
         defaults["func"] = cmd.func
+        defaults["command_prog"] = p.prog  # "engram sim capacity": the command an error names
     if defaults:
         p.set_defaults(**defaults)
     if cmd.subcommands:

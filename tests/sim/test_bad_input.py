@@ -43,7 +43,7 @@ def test_a_decode_run_too_large_for_memory_is_refused_before_allocating(eight_gb
         simulate_decode(tr, "seed-apple-m3-ultra", run=DecodeRun(sessions=64, steps=2000000), compute=0.01)
     assert str(e.value) == want
     assert cli(capsys, ["sim", "decode", "--limit", "200", "--steps", "2000000", "--sessions", "64",
-                        "--compute-ms", "10"]) == f"engram sim: error: {want}"
+                        "--compute-ms", "10"]) == f"engram sim decode: error: {want}"
 
 
 def test_a_serving_run_with_too_many_requests_is_refused(eight_gb, capsys):
@@ -54,7 +54,7 @@ def test_a_serving_run_with_too_many_requests_is_refused(eight_gb, capsys):
         make_requests(Workload(1e9, 5.0), 0)
     assert str(e.value) == want
     assert cli(capsys, ["sim", "serve", "--duration-s", "5", "--trace-limit", "20000", "--rate", "1e9"]) == \
-        f"engram sim: error: {want}"
+        f"engram sim serve: error: {want}"
 
 
 @pytest.mark.parametrize("qd", ["99999999999", "0", "1.5", "x"])
@@ -66,7 +66,7 @@ def test_device_table_queue_depths_are_bounded(tmp_path, capsys, qd):
     with pytest.raises(FormatError) as e:
         load_device(path)
     assert str(e.value) == f"{path}: empirical device: table: {why}"
-    assert cli(capsys, ["sim", "device", str(path)]) == f"engram sim: error: {path}: empirical device: table: {why}"
+    assert cli(capsys, ["sim", "device", str(path)]) == f"engram sim device: error: {path}: empirical device: table: {why}"
 
 
 # ------------------------------------------------------------------ 2. seeds
@@ -78,7 +78,7 @@ def test_negative_seeds_are_refused(capsys):
         make_requests(Workload(1.0, 5.0), -1)
     for args in (["sim", "decode", "--limit", "50", "--steps", "5", "--compute-ms", "10", "--seed", "-1"],
                  ["sim", "serve", "--duration-s", "5", "--seed", "-1"]):
-        assert cli(capsys, args) == "engram sim: error: seed must be >= 0, got -1"
+        assert cli(capsys, args) == f"engram sim {args[1]}: error: seed must be >= 0, got -1"
 
 
 # ------------------------------------------------------------------ 3. ssd: device strings
@@ -104,7 +104,7 @@ def test_ssd_spec_fields_are_checked(capsys, extra, why):
     with pytest.raises(ArgumentError) as e:
         load_device(spec)
     assert str(e.value) == f"device spec {spec!r}: {why}"
-    assert cli(capsys, ["sim", "device", spec]) == f"engram sim: error: device spec {spec!r}: {why}"
+    assert cli(capsys, ["sim", "device", spec]) == f"engram sim device: error: device spec {spec!r}: {why}"
 
 
 @pytest.mark.parametrize("spec, why", [
@@ -161,7 +161,7 @@ def test_fio_output_fields_are_typed_and_ranged(tmp_path, capsys, path, value, w
     with pytest.raises(FormatError) as e:
         load_device(f)
     assert str(e.value) == f"{f}: {why}"
-    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim device: error: {f}: {why}"
 
 
 # ------------------------------------------------------------------ 5. saved devices, microbenchmarks, calibrations
@@ -193,7 +193,7 @@ def test_saved_device_fields_are_typed(tmp_path, capsys, doc, why):
     with pytest.raises(FormatError) as e:
         load_device(f)
     assert str(e.value) == f"{f}: {why}"
-    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim device: error: {f}: {why}"
 
 
 @pytest.mark.parametrize("lines, why", [
@@ -212,7 +212,7 @@ def test_microbenchmark_records_are_typed(tmp_path, capsys, lines, why):
         load_device(f)
     why = why.replace("record 0", "line 1").replace("record 1", "line 2")
     assert str(e.value) == f"{f}: {why}"
-    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim: error: {f}: {why}"
+    assert cli(capsys, ["sim", "device", str(f)]) == f"engram sim device: error: {f}: {why}"
 
 
 # ------------------------------------------------------------------ 6. text files that are not UTF-8
@@ -285,7 +285,7 @@ def test_corrupt_trace_files_are_refused(tmp_path, capsys, trace100, kind, why):
         load_trace(str(f))
     assert str(e.value) == f"{f}: {why}"
     assert cli(capsys, ["sim", "decode", "--trace", str(f), "--steps", "5", "--compute-ms", "10"]) == \
-        f"engram sim: error: {f}: {why}"
+        f"engram sim decode: error: {f}: {why}"
 
 
 def test_an_empty_trace_says_so(capsys):
@@ -293,7 +293,7 @@ def test_an_empty_trace_says_so(capsys):
         load_trace("text:")
     assert str(e.value) == "the trace 'text:' is empty: its source has no tokens"
     assert cli(capsys, ["sim", "decode", "--trace", "text:", "--steps", "50", "--compute-ms", "10"]) == \
-        "engram sim: error: the trace 'text:' is empty: its source has no tokens"
+        "engram sim decode: error: the trace 'text:' is empty: its source has no tokens"
 
 
 # ------------------------------------------------------------------ 8. sweep tables given to the report
@@ -397,7 +397,7 @@ def test_capacity_output_is_checked_before_the_search(tmp_path, capsys, monkeypa
     if out == "folder":
         target.mkdir()
     line = cli(capsys, ["sim", "capacity", str(study), "--out", str(target), "--quiet"])
-    assert line == f"engram sim: error: {target}: cannot write a table over it (not a regular file)"
+    assert line == f"engram sim capacity: error: {target}: cannot write a table over it (not a regular file)"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.toml"] + (["folder"] if out == "folder" else []))
 
 

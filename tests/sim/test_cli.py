@@ -107,7 +107,7 @@ def test_a_fit_target_that_is_not_a_positive_rate_is_refused(capsys, value):
     """--fit-tokens-per-s 0 once fitted the default 19.16 tokens/s instead; NaN and inf reached the fit."""
     assert main(["sim", "decode", "--limit", "50", "--no-progress", "--fit-tokens-per-s", value]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"engram sim: error: --fit-tokens-per-s must be a finite number > 0, got {float(value)}"
+    assert err == f"engram sim decode: error: --fit-tokens-per-s must be a finite number > 0, got {float(value)}"
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
@@ -115,7 +115,7 @@ def test_a_prefill_compute_rate_that_is_not_a_positive_rate_is_refused(capsys, v
     """--compute-tokens-per-s inf once gave a prefill of no compute; NaN reached the model."""
     assert main(["sim", "prefill", "--limit", "50", "--no-progress", "--compute-tokens-per-s", value]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"engram sim: error: --compute-tokens-per-s must be a finite number > 0, got {float(value)}"
+    assert err == f"engram sim prefill: error: --compute-tokens-per-s must be a finite number > 0, got {float(value)}"
 
 # ----------------------------------------------------------- compute kept (issue 14.1)
 def test_decode_keeps_the_reference_compute_for_every_device(capsys):

@@ -413,7 +413,7 @@ def test_every_error_of_a_tail_names_the_tail_and_its_value(spec, kind, rest, ca
     assert str(exc.value).startswith(f"tail {spec!r}: {rest}"), str(exc.value)
     for argv in (["sim", "decode", "--limit", "50", "--compute-ms", "1"], ["sim", "serve", "--duration-s", "5"]):
         assert main([*argv, "--no-progress", "--tail", spec]) == 2
-        assert capsys.readouterr().err.startswith(f"engram sim: error: tail {spec!r}: {rest}")
+        assert capsys.readouterr().err.startswith(f"engram sim {argv[1]}: error: tail {spec!r}: {rest}")
     assert load_tail(str(FIO_JSON)).name == load_device(str(FIO_JSON)).name
 
 def test_a_datasheet_drive_follows_a_measured_one_between_qd1_and_its_peak():

@@ -82,12 +82,12 @@ def test_sim_serve_bad_input(capsys, argv, match):
 
 
 def test_errors_and_progress_labels_say_no_word_twice(capsys):
-    """`engram sim: error: serve: rate ...`, not `engram sim: error: engram sim serve: ...`; a study named like
+    """`engram sim serve: error: serve: rate ...`, not `engram sim serve: error: engram sim serve: ...`; a study named like
     its kind gives `capacity: 2/15 searches`, not `capacity capacity: ...`."""
     from sim.core.progress import progress_label
     assert main(["sim", "serve", "--rate", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == "engram sim: error: serve: rate = 0.0 must be > 0"
+    assert err == "engram sim serve: error: serve: rate = 0.0 must be > 0"
     assert progress_label("capacity", "capacity") == "capacity"
     assert progress_label("serve capacity", "serve") == "capacity serve"
     assert progress_label("sweep", "threshold_readers") == "sweep threshold_readers"
@@ -103,7 +103,7 @@ def test_an_arrival_cv_outside_its_range_is_refused_naming_it(capsys, tmp_path, 
     rule = "the inter-arrival gaps' coefficient of variation: 1 is Poisson, larger is burstier"
     assert main(["sim", "serve", "--arrivals", "gamma", "--cv", value, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"engram sim: error: --cv must be a finite number > 0 ({rule}), got {float(value)}"
+    assert err == f"engram sim serve: error: --cv must be a finite number > 0 ({rule}), got {float(value)}"
     point = {**{k: d for k, (_, d, _) in SERVE_AXES.items()}, "arrivals": "gamma", "cv": float(value)}
     with pytest.raises(ArgumentError) as exc:
         check_serve_point(point, "serve")
@@ -112,8 +112,8 @@ def test_an_arrival_cv_outside_its_range_is_refused_naming_it(capsys, tmp_path, 
     study.write_text(f'[study]\nname = "s"\n[serve]\narrivals = "gamma"\ncv = {value}\n')
     assert main(["sim", "serve", str(study), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"engram sim: error: {study}: [serve]: cv = {value} must be finite" if value in ("inf", "nan")
-                   else f"engram sim: error: {study}: cv = {float(value)} must be a finite number > 0 ({rule})")
+    assert err == (f"engram sim serve: error: {study}: [serve]: cv = {value} must be finite" if value in ("inf", "nan")
+                   else f"engram sim serve: error: {study}: cv = {float(value)} must be a finite number > 0 ({rule})")
 
 
 def test_the_arrival_cv_help_gives_its_range(capsys):
