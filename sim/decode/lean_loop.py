@@ -7,9 +7,9 @@ The loop is where a capacity probe of thousands of sessions spends its time (:me
 same text once more with Cython, from :func:`built_text`: the function :func:`~sim.device.fluid.queue_function`
 returns, word for word, its locals given C types (:data:`C_TYPES`: the floats as C doubles -- IEEE 754 binary64, the
 arithmetic of Python's floats, each operation rounded on its own: the build compiles with ``-ffp-contract=off`` --
-and the counts as machine integers, far from their bounds), its two heaps on C arrays (the sessions' wake-ups, which
-the text takes through :func:`wake_queue` and its kin, :data:`WAKE_QUEUE_BUILT`; the device's segments, through
-the lines :data:`BUILT_EDITS` names, :data:`SEGMENT_HEAP_BUILT`), and the text it came from as ``SOURCE``.  The
+and the counts as machine integers, far from their bounds), its heaps on C arrays (:data:`HEAP_BUILT`: the
+sessions' wake-ups, which the text takes through :func:`wake_queue` and its kin, and the device queue's, through the
+lines :data:`BUILT_EDITS` names), and the text it came from as ``SOURCE``.  The
 simulator runs the build only where ``SOURCE`` is the text of now (a build older than an edit of the queue or the
 loop is passed over), so there is still one text of the queue, and the runs are the same either way, bit for bit
 (``tests/sim/test_decode.py``).
@@ -25,7 +25,7 @@ import importlib
 import math
 from typing import Dict
 
-__all__ = ["C_TYPES", "LEAN_NAME", "LEAN_TEMPLATE", "WAKE_QUEUE_BUILT", "SEGMENT_HEAP_BUILT", "BUILT_EDITS", "built_text", "lean_namespace", "wake_add",
+__all__ = ["C_TYPES", "LEAN_NAME", "LEAN_TEMPLATE", "HEAP_BUILT", "BUILT_EDITS", "built_text", "lean_namespace", "wake_add",
            "wake_first", "wake_next", "wake_queue"]
 
 LEAN_NAME = "sim.decode.fast._lean_loop"
@@ -109,99 +109,21 @@ C_TYPES: Dict[str, str] = {
     "bint": "first shared record",
     "list": "L times depths done byn ubuf bt b2 seg sig ext wake ns comps kof lat_rows step t0 finish",
     "tuple": "g",
-    "WakeQueue": "wq",
-    "SegmentHeap": "heap late",
+    "Heap": "wq heap late",
 }
 
-#: The sessions' wake-ups in the build: the queue :func:`wake_queue` makes, on C structs -- the same order, the
-#: earliest ``(time, seq)`` first (``seq`` is unique, so no two compare equal), without a tuple a wake-up.  The
-#: heap of tuples took a fifth of a capacity probe's time (3,541 sessions).
-WAKE_QUEUE_BUILT = """\
-from libc.stdlib cimport malloc, realloc, free
+#: The loop's three heaps in the build: the sessions' wake-ups (the queue :func:`wake_queue` makes) and the device's
+#: ``heap`` of segments in service and ``late`` of batches waiting for their straggler or their token
+#: (:data:`sim.device.fluid.QUEUE`: the text's ``push``/``pop`` on them and their ``[0][0]``, put in by
+#: :data:`BUILT_EDITS`).  One heap: each entry's key ``(time or V, seq)`` on C arrays beside its payload (a
+#: session, or the queue's entry itself) -- the same order (``seq`` is unique: no two keys compare equal, and a
+#: payload is never compared), without a comparison of tuples, which took about two fifths of a capacity probe's
+#: time (3,541 sessions).
+HEAP_BUILT = """\
+from libc.stdlib cimport realloc, free
 
 
-cdef struct Wake:
-    double t
-    Py_ssize_t seq, i
-
-
-cdef class WakeQueue:
-    cdef Wake* h
-    cdef Py_ssize_t n, size
-
-    def __dealloc__(self):
-        free(self.h)
-
-
-cdef inline bint _before(Wake a, Wake b):
-    return a.t < b.t or (a.t == b.t and a.seq < b.seq)
-
-
-cdef int wake_add(WakeQueue w, double t, Py_ssize_t seq, Py_ssize_t i) except -1:
-    cdef Py_ssize_t j = w.n, up
-    cdef Wake e
-    cdef Wake* grown
-    if w.n == w.size:
-        grown = <Wake*>realloc(w.h, 2 * w.size * sizeof(Wake))
-        if grown == NULL:
-            raise MemoryError()
-        w.h, w.size = grown, 2 * w.size
-    e.t, e.seq, e.i = t, seq, i
-    w.n += 1
-    while j > 0:
-        up = (j - 1) >> 1
-        if not _before(e, w.h[up]):
-            break
-        w.h[j] = w.h[up]
-        j = up
-    w.h[j] = e
-    return 0
-
-
-cdef WakeQueue wake_queue(list wake):
-    cdef WakeQueue w = WakeQueue()
-    w.size = len(wake) if wake else 1
-    w.h = <Wake*>malloc(w.size * sizeof(Wake))
-    if w.h == NULL:
-        raise MemoryError()
-    for t, seq, i in wake:
-        wake_add(w, t, seq, i)
-    return w
-
-
-cdef inline double wake_first(WakeQueue w):
-    return w.h[0].t if w.n else inf
-
-
-cdef (double, Py_ssize_t) wake_next(WakeQueue w):
-    cdef Wake top = w.h[0], last
-    cdef Py_ssize_t j = 0, c
-    w.n -= 1
-    if w.n:
-        last = w.h[w.n]
-        while True:
-            c = 2 * j + 1
-            if c >= w.n:
-                break
-            if c + 1 < w.n and _before(w.h[c + 1], w.h[c]):
-                c += 1
-            if not _before(w.h[c], last):
-                break
-            w.h[j] = w.h[c]
-            j = c
-        w.h[j] = last
-    return top.t, top.i
-"""
-
-
-#: The device's heaps in the build (the queue's ``heap`` of segments in service and ``late`` of batches waiting for
-#: their straggler or their token, :data:`sim.device.fluid.QUEUE`): the text's ``push``/``pop`` on them, their
-#: ``[0][0]``, over C arrays of each entry's ``(V or time, seq)`` beside the entries themselves -- the same order
-#: (``seq`` is unique: no two entries compare equal, and an entry's batch is never compared), without a comparison
-#: of tuples.  :data:`BUILT_EDITS` puts them in.  Tuple comparisons on these heaps took a quarter of a capacity
-#: probe's time.
-SEGMENT_HEAP_BUILT = """\
-cdef class SegmentHeap:
+cdef class Heap:
     cdef double* v
     cdef Py_ssize_t* s
     cdef list e
@@ -211,33 +133,26 @@ cdef class SegmentHeap:
         free(self.v)
         free(self.s)
 
-    def __len__(self):
-        return self.n
-
     def entries(self):
         return self.e[:self.n]
 
 
-cdef int _grow(SegmentHeap h) except -1:
-    cdef Py_ssize_t size = 2 * h.size if h.size else 64
-    cdef double* v = <double*>realloc(h.v, size * sizeof(double))
-    if v == NULL:
-        raise MemoryError()
-    h.v = v
-    cdef Py_ssize_t* s = <Py_ssize_t*>realloc(h.s, size * sizeof(Py_ssize_t))
-    if s == NULL:
-        raise MemoryError()
-    h.s = s
-    h.e.extend([None] * (size - h.size))
-    h.size = size
-    return 0
-
-
-cdef int _segment_push(SegmentHeap h, tuple entry) except -1:
-    cdef double v = entry[0]
-    cdef Py_ssize_t s = entry[1], j = h.n, up
+cdef int _heap_add(Heap h, double v, Py_ssize_t s, object payload) except -1:
+    cdef Py_ssize_t j = h.n, up, size
+    cdef double* vv
+    cdef Py_ssize_t* ss
     if h.n == h.size:
-        _grow(h)
+        size = 2 * h.size if h.size else 64
+        vv = <double*>realloc(h.v, size * sizeof(double))
+        if vv == NULL:
+            raise MemoryError()
+        h.v = vv
+        ss = <Py_ssize_t*>realloc(h.s, size * sizeof(Py_ssize_t))
+        if ss == NULL:
+            raise MemoryError()
+        h.s = ss
+        h.e.extend([None] * (size - h.size))
+        h.size = size
     h.n += 1
     while j > 0:
         up = (j - 1) >> 1
@@ -245,14 +160,14 @@ cdef int _segment_push(SegmentHeap h, tuple entry) except -1:
             break
         h.v[j], h.s[j], h.e[j] = h.v[up], h.s[up], h.e[up]
         j = up
-    h.v[j], h.s[j], h.e[j] = v, s, entry
+    h.v[j], h.s[j], h.e[j] = v, s, payload
     return 0
 
 
-cdef tuple _segment_pop(SegmentHeap h):
+cdef object _heap_take(Heap h):
     if h.n == 0:
         raise IndexError("pop from an empty heap")
-    cdef tuple top = h.e[0], last
+    cdef object top = h.e[0], last
     cdef Py_ssize_t m, j = 0, k, ls
     cdef double lv
     h.n -= 1
@@ -274,29 +189,50 @@ cdef tuple _segment_pop(SegmentHeap h):
     return top
 
 
-cdef SegmentHeap segment_heap(list entries):
-    cdef SegmentHeap h = SegmentHeap()
+cdef Heap segment_heap(list entries):
+    cdef Heap h = Heap()
     h.e = []
     for entry in entries:
-        _segment_push(h, entry)
+        _heap_add(h, entry[0], entry[1], entry)
     return h
 
 
 cdef inline push(h, tuple entry):
-    if type(h) is SegmentHeap:
-        _segment_push(<SegmentHeap>h, entry)
+    if type(h) is Heap:
+        _heap_add(<Heap>h, entry[0], entry[1], entry)
     else:
         heapq.heappush(h, entry)
 
 
 cdef inline pop(h):
-    if type(h) is SegmentHeap:
-        return _segment_pop(<SegmentHeap>h)
+    if type(h) is Heap:
+        return _heap_take(<Heap>h)
     return heapq.heappop(h)
+
+
+cdef Heap wake_queue(list wake):
+    cdef Heap h = Heap()
+    h.e = []
+    for t, seq, i in wake:
+        _heap_add(h, t, seq, i)
+    return h
+
+
+cdef inline double wake_first(Heap h):
+    return h.v[0] if h.n else inf
+
+
+cdef (double, Py_ssize_t) wake_next(Heap h):
+    cdef double t = h.v[0]
+    return t, _heap_take(h)
+
+
+cdef inline int wake_add(Heap h, double t, Py_ssize_t seq, Py_ssize_t i) except -1:
+    return _heap_add(h, t, seq, i)
 """
 
 #: The build's edits of the loop's text, each a line of it (stripped) and what stands for it there: the heaps
-#: (:data:`SEGMENT_HEAP_BUILT`) made of the queue's lists at the start, their tops read from their arrays, and the
+#: (:data:`HEAP_BUILT`) made of the queue's lists at the start, their tops read from their arrays, and the
 #: lists given back their entries at the end (none: the loop ends with the device idle); ``push`` and ``pop`` are the
 #: built module's.  Each edit is made wherever its line is; a line found nowhere is an error of the build.
 BUILT_EDITS = (
@@ -316,7 +252,7 @@ BUILT_EDITS = (
 
 def wake_queue(wake: list) -> list:
     """The sessions' wake-ups, ``[(time, seq, session)]`` in :mod:`heapq`'s order, as the queue the loop takes them
-    from (the list itself; the build's is :data:`WAKE_QUEUE_BUILT`)."""
+    from (the list itself; the build's is a heap of :data:`HEAP_BUILT`)."""
     return wake
 
 
@@ -363,7 +299,7 @@ def built_text(source: str) -> str:
              for ctype, names in C_TYPES.items() if set(names.split()) & assigned]
     head = ["# cython: language_level=3",
             "# Generated by the build from sim/decode/lean_loop.py and sim/device/fluid.py: edit those, not this.",
-            *(f"import {m}" for m in _MODULES), "from math import inf", "", WAKE_QUEUE_BUILT, "", SEGMENT_HEAP_BUILT, "", f"SOURCE = {source!r}", "", ""]
+            *(f"import {m}" for m in _MODULES), "from math import inf", "", HEAP_BUILT, "", f"SOURCE = {source!r}", "", ""]
     return "\n".join(head + lines[:body] + typed + lines[body:]) + "\n"
 
 

@@ -606,7 +606,7 @@ def test_the_build_edits_every_line_of_the_segment_heap():
     body = text[text.index("\ndef lean("):]
     assert "heap = segment_heap(sq.heap)" in body and "sq.late[:] = late.entries()" in body
     assert "heap[0]" not in body and "late[0]" not in body and "heapq.heappush, heapq.heappop" not in body
-    assert body.count("heap.v[0]") == 3 and body.count("late.v[0]") == 5 and "cdef SegmentHeap heap, late" in body and "cdef WakeQueue wq" in body
+    assert body.count("heap.v[0]") == 3 and body.count("late.v[0]") == 5 and "cdef Heap heap, late, wq" in body
     for old, _ in BUILT_EDITS:
         with pytest.raises(ValueError, match="BUILT_EDITS must follow the text"):
             built_text("\n".join(x + ("  # moved" if x.strip() == old else "")
