@@ -132,7 +132,7 @@ from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study
                        check_table_target, meta_path, point_phases, point_seed, point_trace, read_table,
                        resolve_context, same_axis_value)
 from sim.sweep.runner import HOLD_WARNINGS, device_key, point_host, point_policy
-from sim.sweep.study import ROWS_A_STEP, varying_axes
+from sim.sweep.study import varying_axes
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
@@ -1769,10 +1769,6 @@ def run_capacity(study: Union[Study, str, os.PathLike], *, jobs: Optional[int] =
         # devices, traces and calibration resolved before a file is opened: a bad one leaves nothing behind
         ctx = resolve_context(check_points([{**c, "sessions": 1, "repeat": r} for c in study.points()
                                             for r in range(spec.seeds)]), cal)
-        for c in study.points():  # a host whose step asks too much CPU (fio's CPU a read is known only now)
-            host = point_host(c, ctx.devices[device_key(c)])
-            if host is not None:
-                host.demand(ROWS_A_STEP)
         return lambda run: find_capacity(study.points(), spec, study.seed, calibration=cal, context=ctx, run=run)
 
     return CapacityResult(study, spec, [], 0.0, "").run(start, out=out, resume=resume, calibration=calibration,

@@ -81,7 +81,8 @@ from sim.core.progress import progress as progress_bar
 from sim.core.progress import progress_label
 from sim.core.schema import SWEEP_SCHEMA
 from ..trace import load_trace
-from .study import AXES, METRICS, PHASES_COLUMN, Study, check_point, point_phases, point_seed, point_trace
+from .study import (AXES, METRICS, PHASES_COLUMN, ROWS_A_STEP, Study, check_point, point_phases, point_seed,
+                    point_trace)
 from .table import TableWriter, partial_path, read_table, same_axis_value
 
 __all__ = ["HOLD_WARNINGS", "MAX_ATTEMPTS", "PARENT_POLL_S", "STOP_GRACE_S", "Context", "PointRunner", "SweepError",
@@ -133,7 +134,8 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
     Raises
     ------
     ArgumentError, FormatError
-        A device, trace or calibration that cannot be loaded; a calibrated device without a calibration.
+        A device, trace or calibration that cannot be loaded; a calibrated device without a calibration; a host
+        whose step of 48 reads asks more CPU than :data:`sim.decode.host.MAX_STEP_CPU_S`.
     """
     cal = None
 
@@ -162,6 +164,9 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
             if spec not in loaded:
                 loaded[spec] = load_device(spec)
             devices[key] = loaded[spec]
+        host = point_host(p, devices[key])  # fio's CPU a read is known only once its device loads
+        if host is not None:
+            host.demand(ROWS_A_STEP)  # a step that asks too much CPU: refused before a file is opened
     computes: Dict[str, Any] = {}
     for spec in dict.fromkeys(p["compute"] for p in points):
         if spec == "reference":
