@@ -40,6 +40,12 @@ Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read siz
   ``ssd:qd1_us=<QD1 mean>,iops=<cap_iops>`` (the QD1 mean raised to ``1 / cap_iops`` where it lies below: a
   volume at its rate reads at QD1 at about that) and the result says so (``datasheet_fallback``).
 
+A device that moved while its runs ran cannot be predicted from one fio run (a shared cloud disk's QD1 latency
+can move fourfold within minutes).  Where the measurement took fio again after a device's runs
+(``fio_after`` of ``devices.json``), each mode predicts the runs a second time from it and judges each run
+against the span between the two predictions as well (:func:`between`): the verdict cell gives both, and
+how far the two predictions lie apart; the first prediction's verdict is the planner's.
+
 Refused, each with a one-line error: fio JSON of writes, or at a block size other than the engine's read
 size on that device (``--fio DEVICE=FILE`` gives a planner's own file), a measurement without a device list,
 a device list malformed field by field (:func:`check_devices`).
@@ -55,6 +61,8 @@ a device list malformed field by field (:func:`check_devices`).
       "rows": [{"config", "sessions", "measured", "predicted", "error", "error_low", "error_high"}],
       "host_cpu": {...} (:func:`host_cpu`: the configurations where the host binds; absent where fio wrote no CPU
       figures)}},
+      "fio_after": {"file", "qd1_mean_us": [before, after], "peak_iops": [before, after], "datasheet", "modes":
+      {mode: :func:`between`'s}} (only where fio ran again after the runs),
       "today": {...} or null}], "classes": {class: {mode: {"configurations", "median_abs_error",
       "max_abs_error", "capacity": [...]}}}, "built": [names], "skipped": {name: reason}}
 """
@@ -65,7 +73,7 @@ import math
 import os
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -87,7 +95,8 @@ from sim.core.schema import ComputeSpec, check_runs
 from sim.decode.host import HostCPU, engine_profile
 
 __all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS",
-           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "host_cpu", "check_devices", "check_fio",
+           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "after_notes", "after_text", "between", "host_cpu", "check_devices",
+           "check_fio",
            "datasheet_spec", "fio_figures", "host_notes", "is_memory", "markdown_table", "planner_compute",
            "planner_crosscheck"]
 
@@ -494,7 +503,7 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
         string, holds a control character or repeats, a ``class`` other than disk/throttled/tmpfs,
         ``built``/``measured`` not true or false, a ``folder`` that is not a relative path inside the
         measurement, a ``read_size`` (a device's or the top-level one) that is not a whole number of bytes in
-        [512, 1 MiB], ``fio`` not an object of size -> file, or a file of it that is not a relative path inside
+        [512, 1 MiB], ``fio`` or ``fio_after`` not an object of size -> file, or a file of it that is not a relative path inside
         the measurement, as ``folder`` (absolute, with a ``..`` part or a control character) (names the entry
         and key).
     """
@@ -529,14 +538,16 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
         rs = d.get("read_size")
         if rs is not None and not _good_read_size(rs):
             raise FormatError(f"{at} ({name}).read_size = {rs!r} is not a whole number of bytes in [512, 1048576]")
-        fio = d.get("fio")
-        if fio is not None and (not isinstance(fio, Mapping) or
-                                not all(isinstance(k, str) and isinstance(v, str) and v for k, v in fio.items())):
-            raise FormatError(f"{at} ({name}).fio = {fio!r:.80} is not an object of block size -> fio JSON file")
-        for k, rel in (fio or {}).items():
-            if not _inside(rel):
-                raise FormatError(f"{at} ({name}).fio[{k!r}] = {rel!r} is not a file inside the measurement (a "
-                                  "relative path without '..', as folder)")
+        for key in ("fio", "fio_after"):
+            fio = d.get(key)
+            if fio is not None and (not isinstance(fio, Mapping) or
+                                    not all(isinstance(k, str) and isinstance(v, str) and v for k, v in fio.items())):
+                raise FormatError(f"{at} ({name}).{key} = {fio!r:.80} is not an object of block size -> fio JSON "
+                                  "file")
+            for k, rel in (fio or {}).items():
+                if not _inside(rel):
+                    raise FormatError(f"{at} ({name}).{key}[{k!r}] = {rel!r} is not a file inside the measurement "
+                                      "(a relative path without '..', as folder)")
         d = dict(d)
         if rs is None and top is not None:
             d["read_size"] = top
@@ -600,10 +611,13 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
             raise ArgumentError(f"--fio {n}=...: no device {n!r} in {dpath} (devices: {', '.join(map(str, names))})")
     built = [d for d in devices if d.get("built") and d.get("measured")]
     figs, files = _fio_files(work, built, overrides)
+    after_figs, after_files = _fio_files(work, built, overrides, "fio_after")
     raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
-    total = sum(len(MODES) for d in built if d["name"] in files)
+    raw_after = next((after_figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in after_figs), raw)
+    total = sum(len(MODES) * (2 if d["name"] in after_files else 1) for d in built if d["name"] in files)
     with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
-        planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar, engine_profile() if host else None)
+        planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar, engine_profile() if host else None,
+                           after_files, after_figs, raw_after)
         result = [planner.entry(d) for d in devices]
     res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
            "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
@@ -635,15 +649,16 @@ def _read_size(d: Mapping) -> int:
     return int(d.get("read_size") or 4096)
 
 
-def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Path]) -> tuple:
+def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Path], key: str = "fio") -> tuple:
     """``(fio figures by device, fio file by device)`` of the built devices that have one, every file checked
-    (:func:`check_fio`) before anything is simulated."""
+    (:func:`check_fio`) before anything is simulated.  ``key="fio_after"``: the fio taken after each device's
+    runs instead (none for a device whose fio a planner's own file overrides)."""
     figs, files = {}, {}
     for d in built:
         size = _read_size(d)
-        rel = (d.get("fio") or {}).get(str(size))
-        path = overrides.get(d["name"]) or (work / rel if rel else None)
-        if path is None:
+        rel = (d.get(key) or {}).get(str(size))
+        path = (overrides.get(d["name"]) if key == "fio" else None) or (work / rel if rel else None)
+        if path is None or (key != "fio" and d["name"] in overrides):
             continue
         files[d["name"]] = path
         figs[d["name"]] = fio_figures(check_fio(path, size))
@@ -670,6 +685,9 @@ class _Planner:
     today: bool
     bar: object
     profile: Optional[Mapping] = None
+    after_files: Mapping[str, Path] = field(default_factory=dict)
+    after_figs: Mapping[str, Mapping] = field(default_factory=dict)
+    raw_after: Optional[Mapping] = None
 
     def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
         """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
@@ -764,7 +782,52 @@ class _Planner:
             if host is not None:
                 entry["modes"][mode]["host_cpu"] = host
             self.bar.update(1, note=f"{d['name']} {mode}")
+        if d["name"] in self.after_files:
+            entry["fio_after"] = self._after(entry, d, runs_doc, runs_path, cores)
         return entry
+
+    def _after(self, entry: Mapping, d: Mapping, runs_doc: Mapping, runs_path: Path, cores: Optional[int]) -> dict:
+        """The runs of device ``d`` predicted again from the fio taken after them (its file, and the datasheet
+        string derived from it as from the first), on the same host, and set beside each mode's first prediction
+        (:func:`between`): how far the device moved while its runs ran, and where the runs lie between the two."""
+        name, throttled = d["name"], d["class"] == "throttled"
+        before, after = self.figs[name], self.after_figs[name]
+        spec, fallback, _ = datasheet_spec(after, self.raw_after if throttled else None, throttled, cpus=cores,
+                                           memory=cores is not None)
+        out = {"file": str(self.after_files[name]), "qd1_mean_us": [before["qd1_mean_us"], after["qd1_mean_us"]],
+               "peak_iops": [before["peak_iops"], after["peak_iops"]], "datasheet": spec, "modes": {}}
+        for mode, m in entry["modes"].items():
+            if m.get("refused") or not m.get("rows"):
+                self.bar.update(1, note=f"{name} {mode} (fio after): not predicted before")
+                continue
+            tries = [self._fio_text(d, str(self.after_files[name]), cores)] if mode == "fio" else \
+                [spec] + ([fallback] if fallback else [])
+            dev, why = None, ""
+            for described in tries:
+                try:
+                    dev = load_device(described)
+                    break
+                except ArgumentError as exc:
+                    why = f"{why}; then {exc}" if why else str(exc)
+            if dev is None:
+                out["modes"][mode] = _refused(tries[-1], why)
+            else:
+                doc = crosscheck(PlannerModels.of(dev, described, self.host(d, mode, runs_doc)), runs_doc,
+                                 runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed, baseline=False,
+                                 targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
+                out["modes"][mode] = between(m, _mode_result(doc, described))
+            self.bar.update(1, note=f"{name} {mode} (fio after)")
+        return out
+
+    def _fio_text(self, d: Mapping, path: str, cores: Optional[int]) -> str:
+        """The device description of fio file ``path`` on device ``d``: ``fio:PATH`` with the engine's read size
+        where it is not 4 KiB (a 512-byte sector disk) and the CPUs a memory copy runs on (``cores``), as the
+        planner states them; the bare path otherwise."""
+        rsize = _read_size(d)
+        if rsize == 4096 and cores is None:
+            return path
+        return (f"fio:{path}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
+                (f",cpus={cores}" if cores is not None else ""))
 
     def _describe(self, entry: dict, d: Mapping, runs_doc: Mapping) -> tuple:
         """``(datasheet string, its fallback, the CPUs a memory copy runs on or None)`` of a device, with what
@@ -793,13 +856,7 @@ class _Planner:
         """``(device, its description)`` of ``mode`` (``spec``, ``fallback``, ``cores``: :meth:`_describe`'s),
         the datasheet string's fallback where the simulator refuses it; None (the refusal put into ``entry``)
         where it refuses every description."""
-        described = str(self.files[d["name"]]) if mode == "fio" else spec
-        rsize = _read_size(d)
-        if mode == "fio" and (rsize != 4096 or cores is not None):
-            # fio at the engine's own read on this device (a 512-byte sector disk), or the CPUs a memory
-            # copy runs on: the planner states them
-            described = (f"fio:{described}" + (f",assume_bs={rsize}" if rsize != 4096 else "") +
-                         (f",cpus={cores}" if cores is not None else ""))
+        described = self._fio_text(d, str(self.files[d["name"]]), cores) if mode == "fio" else spec
         try:
             return load_device(described), described
         except ArgumentError as exc:
@@ -814,6 +871,89 @@ class _Planner:
         except ArgumentError as exc2:
             entry["modes"][mode] = _refused(fallback, f"{why}; then {exc2}")
             return None
+
+
+def between(before: Mapping, after: Mapping) -> dict:
+    """A mode's runs predicted from fio before them (``before``: a mode's result, :func:`_mode_result`) and from
+    fio after them (``after``): how far apart the two predictions lie, and each run's error against the span
+    between them.
+
+    A run measured between the two predictions (its errors of opposite signs, or one of them 0) has an error of 0
+    against the span; else the smaller of its two errors, with its sign.  Runs predicted in one and not the
+    other, or without a finite error or prediction, are left out.  ``passed``: the span's errors within
+    :data:`PLANNER_TARGETS` -- the runs are where a device that moved between the two fio runs could have put
+    them; the first prediction's own verdict stands beside it.
+
+    Returns
+    -------
+    dict
+        ``{"device", "tokens_per_s": {"median_abs_error", "max_abs_error"} (the second prediction's own),
+        "apart": {"median", "max"} (|second / first - 1| of the predicted tokens/s), "span": {"configurations",
+        "median_abs_error", "max_abs_error", "passed"}, "rows": [{"config", "predicted", "error", "span_error"}]}``;
+        the figures None where no run is left.
+    """
+    second = {r["config"]: r for r in after.get("rows") or []}
+    rows, apart = [], []
+    for r in before.get("rows") or []:
+        a = second.get(r["config"])
+        vals = [r.get("predicted"), r.get("error")] + ([a.get("predicted"), a.get("error")] if a else [])
+        if a is None or not all(_real(v) is not None and math.isfinite(v) for v in vals) or r["predicted"] <= 0:
+            continue
+        eb, ea = float(r["error"]), float(a["error"])
+        span = 0.0 if eb * ea <= 0 else (eb if abs(eb) <= abs(ea) else ea)
+        apart.append(abs(float(a["predicted"]) / float(r["predicted"]) - 1.0))
+        rows.append({"config": r["config"], "predicted": float(a["predicted"]), "error": ea, "span_error": span})
+
+    def stats(xs: Sequence[float]) -> tuple:
+        return (float(np.median(np.abs(xs))), float(np.max(np.abs(xs)))) if len(xs) else (None, None)
+
+    own, span = stats([r["error"] for r in rows]), stats([r["span_error"] for r in rows])
+    gap = stats(apart)
+    passed = (span[0] is not None and span[0] <= PLANNER_TARGETS["tokens_per_s_median_abs"]
+              and span[1] <= PLANNER_TARGETS["tokens_per_s_max_abs"])
+    return {"device": after.get("device"), "refused": after.get("refused", ""),
+            "tokens_per_s": {"median_abs_error": own[0], "max_abs_error": own[1]},
+            "apart": {"median": gap[0], "max": gap[1]},
+            "span": {"configurations": len(rows), "median_abs_error": span[0], "max_abs_error": span[1],
+                     "passed": passed},
+            "rows": rows}
+
+
+def after_text(entry: Mapping, mode: str) -> str:
+    """The verdict cell's addition for ``mode`` of a device predicted again from fio after its runs (``entry``'s
+    ``fio_after``, :meth:`_Planner._after`): the span's verdict and figures and how far the two predictions lie
+    apart; "" where there is none.  Never raises on a partial document."""
+    fa = entry.get("fio_after") if isinstance(entry, Mapping) else None
+    m = (fa.get("modes") or {}).get(mode) if isinstance(fa, Mapping) else None
+    if not isinstance(m, Mapping):
+        return ""
+    if m.get("refused"):
+        return f"; fio after the runs refused: {m['refused']}"
+    sp, ap = m.get("span") or {}, m.get("apart") or {}
+    return (f"; between fio before and after: {'PASS' if sp.get('passed') else 'FAIL'} (median "
+            f"{_pct(_real(sp.get('median_abs_error')))}, max {_pct(_real(sp.get('max_abs_error')))}; the two "
+            f"predictions {_pct(_real(ap.get('median')))} apart, max {_pct(_real(ap.get('max')))})")
+
+
+def after_notes(entry: Mapping) -> List[str]:
+    """Lines on a device predicted again from the fio taken after its runs (``entry["fio_after"]``): how far fio's
+    figures moved, then a line per mode (its own errors, the span's verdict: :func:`after_text`); none without
+    it.  Never raises on a partial document (a missing figure reads ``?``)."""
+    fa = entry.get("fio_after") if isinstance(entry, Mapping) else None
+    if not isinstance(fa, Mapping):
+        return []
+    q = fa.get("qd1_mean_us") if isinstance(fa.get("qd1_mean_us"), list) and len(fa["qd1_mean_us"]) == 2 else [0, 0]
+    p = fa.get("peak_iops") if isinstance(fa.get("peak_iops"), list) and len(fa["peak_iops"]) == 2 else [0, 0]
+    out = [f"{entry.get('name')}: fio again after its runs ({Path(str(fa.get('file'))).name}): QD1 mean "
+           f"{_fig(q[0], '.1f')} -> {_fig(q[1], '.1f')} us, peak {_fig(p[0], ',.0f')} -> {_fig(p[1], ',.0f')} IOPS; "
+           "each run is also judged against the span between the predictions from the two."]
+    for mode, m in (fa.get("modes") or {}).items() if isinstance(fa.get("modes"), Mapping) else ():
+        t = (m.get("tokens_per_s") or {}) if isinstance(m, Mapping) else {}
+        own = ("" if not isinstance(m, Mapping) or m.get("refused") else
+               f" predicted from it: median abs error {_pct(_real(t.get('median_abs_error')))}, max "
+               f"{_pct(_real(t.get('max_abs_error')))};")
+        out.append(f"{entry.get('name')} {mode} (fio after the runs):{own}{after_text(entry, mode)[1:]}.")
+    return out
 
 
 def _classes(entries: Sequence[Mapping]) -> dict:
@@ -916,7 +1056,7 @@ def markdown_table(res: Mapping) -> str:
             what = m["device"] if mode != "fio" else Path(m["device"]).name
             lines.append(f"| {name} | {cls} | {_cell(mode)}: `{_cell(what)}` | {_cell(s.get('configurations', 0))} | "
                          f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {_cell(caps)} | "
-                         f"{_cell(rg)} | {_cell(verdict_text(s))} |")
+                         f"{_cell(rg)} | {_cell(verdict_text(s) + after_text(e, mode))} |")
     lines += ["", "| class | predicted from | devices | configurations | median abs error | max |",
               "|" + "---|" * 6]
     for cls, modes in res["classes"].items():
@@ -940,6 +1080,7 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"{e['name']}: {e['memory_backed']}.")
         if e.get("assumed"):
             lines.append(f"{e['name']}: {e['assumed']}.")
+        lines += after_notes(e)
         lines += host_notes(e)
         if e["built"] and e.get("reason"):
             lines.append(f"{e['name']}: {e['reason']}.")

@@ -19,7 +19,10 @@ measures the same grid on each (:func:`sim.measure.measure`), with fio beside th
 Each device gets fio random reads (``--direct=1``) of the first table's extent at the engine's read size
 (its read unit on that file, :attr:`engram.Table.alignment`: 512 B on a disk of 512-byte logical blocks) and
 at 4 KiB, at queue depths 1 to 64, saved as fio wrote them (one JSON document a depth) in the device's
-folder: ``fio-<bytes>.json``.  A device that cannot be made here is skipped with the reason (not root, no
+folder: ``fio-<bytes>.json``.  After its runs the device gets fio again at the engine's read size,
+``fio-<bytes>-after.json`` (``fio_after``): a drive whose figures moved while the runs ran (a shared cloud
+disk's can move fourfold within minutes) cannot be predicted from either file alone, and the planner's
+cross-check (:mod:`sim.check.planner`) says how far the two apart.  A device that cannot be made here is skipped with the reason (not root, no
 blkio or io controller, the file on no block device, no room on tmpfs, ``O_DIRECT`` refused there), fio
 with the reason when it is not installed.  ``WORKDIR/devices.json`` says which devices were built and which
 skipped, and why (layout: :data:`DEVICES_SCHEMA`, below); each device's documents carry their ``device``.
@@ -30,6 +33,7 @@ skipped, and why (layout: :data:`DEVICES_SCHEMA`, below); each device's document
      "devices": [{"name", "class": "disk"|"throttled"|"tmpfs", "built": bool, "reason": str (skipped),
                   "folder": relative path, "iops": throttle (throttled), "throttle": {...} (throttled),
                   "read_size": bytes, "fio": {"<bytes>": relative path} , "fio_skipped": reason or "",
+                  "fio_after": {"<bytes>": relative path}, "fio_after_skipped": reason or "",
                   "measured": bool, "complete": bool}]}
 """
 
@@ -403,8 +407,23 @@ class _DeviceMeasurement:
                 d["fio_skipped"] = str(exc)
                 break
 
+    def _fio_after(self, d: dict, model: Path, folder: Path) -> None:
+        """fio on device ``d`` again after its runs, at the engine's read size only (``d["fio_after"]``), or why
+        not (``d["fio_after_skipped"]``); none where fio did not run before them."""
+        d["fio_after"], d["fio_after_skipped"] = {}, ""
+        if d["fio_skipped"] or str(d["read_size"]) not in d["fio"]:
+            d["fio_after_skipped"] = d["fio_skipped"] or "no fio at the engine's read size before the runs"
+            return
+        bs = d["read_size"]
+        try:
+            p = fio_json(model, folder / f"fio-{bs}-after.json", bs, self.plan.fio_depths, self.plan.fio_seconds)
+            d["fio_after"][str(bs)] = str(p.relative_to(self.out_dir))
+        except TableIOError as exc:
+            d["fio_after_skipped"] = str(exc)
+
     def device(self, d: dict, progress: Union[bool, str], measure_disk: bool, say: Callable[[str], None]) -> None:
-        """Make device ``d``, run fio on it, then the measurement (the disk's only with ``measure_disk``)."""
+        """Make device ``d``, run fio on it, then the measurement (the disk's only with ``measure_disk``), then
+        fio again (:meth:`_fio_after`)."""
         folder = self.out_dir / d["folder"]
         folder.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
@@ -426,6 +445,9 @@ class _DeviceMeasurement:
             res = measure(model, self.configs, folder, self.settings, progress=progress, device=_device_head(d))
             d.update(measured=True, complete=bool(res.get("complete")), seconds=time.perf_counter() - t0)
             self.results[d["name"]] = res
+            self._fio_after(d, model, folder)
+            if d["fio_after_skipped"] and not d["fio_skipped"]:
+                say(f"fio after {d['name']}: skipped: {d['fio_after_skipped']}")
             say(f"measured  {d['name']}: {res['runs_done']} runs in {res['seconds']:.1f} s")
 
 

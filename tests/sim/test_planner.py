@@ -15,8 +15,8 @@ from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
 from sim.check.planner import _Planner, _fio_files
-from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, THROTTLE_SLICE_S, check_devices, check_fio,
-                               datasheet_spec,
+from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, PLANNER_TARGETS, THROTTLE_SLICE_S, after_notes,
+                               after_text, between, check_devices, check_fio, datasheet_spec,
                                fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
                                planner_crosscheck)
 from sim.report.devices import devices_section
@@ -125,6 +125,30 @@ def test_planner_document(measured):
             assert set(h["shares"]) == {r["config"] for r in rows}
             assert h["bound"] == [k for k, v in h["shares"].items() if v >= HOST_BOUND_SHARE]
             assert (f"{e['name']} {mode}: host-bound" in text) == bool(h["bound"])
+    # fio again after each device's runs (sim.measure.devices), and every mode predicted from it too: each run
+    # judged against the span between the two predictions, in the verdict cell beside the first's
+    for e, d in zip(res["devices"], devices):
+        if not e["built"]:
+            continue
+        size = d["read_size"]
+        assert d["fio_after"] == {str(size): str(Path(d["folder"]) / f"fio-{size}-after.json")}
+        assert d["fio_after_skipped"] == ""
+        fb = fio_figures(check_fio(measured / d["fio"][str(size)], size))
+        fa = fio_figures(check_fio(measured / d["fio_after"][str(size)], size))
+        assert e["fio_after"]["qd1_mean_us"] == [pytest.approx(fb["qd1_mean_us"]), pytest.approx(fa["qd1_mean_us"])]
+        assert e["fio_after"]["peak_iops"] == [pytest.approx(fb["peak_iops"]), pytest.approx(fa["peak_iops"])]
+        assert f"{e['name']}: fio again after its runs (fio-{size}-after.json): QD1 mean" in text
+        for mode, m in e["modes"].items():
+            if m["refused"]:
+                continue
+            b = e["fio_after"]["modes"][mode]
+            assert after_text(e, mode) in text and after_text(e, mode)
+            if b["refused"]:
+                continue
+            assert [r["config"] for r in b["rows"]] == [r["config"] for r in m["rows"]]
+            for r, ra in zip(m["rows"], b["rows"]):
+                lo, hi = sorted([r["error"], ra["error"]])
+                assert ra["span_error"] == (0.0 if lo <= 0 <= hi else lo if lo > 0 else hi)
     # the report's section: a row per built device and description, the devices built and skipped
     doc = Doc("t")
     devices_section(doc, Inputs(planner=res))
@@ -134,7 +158,7 @@ def test_planner_document(measured):
         if e["built"]:
             for label in ("| fio |", "| datasheet |"):
                 assert f"| {e['name']} | {e['class']} {label}" in md
-            for line in host_notes(e):
+            for line in host_notes(e) + after_notes(e):
                 assert line in md
         else:
             assert f"Skipped {e['name']}: {e['reason']}" in md
@@ -315,6 +339,10 @@ def test_refusals(fio_only, tmp_path, capsys):
     ({"devices": [{"name": "d", "class": "disk", "fio": {"4096": "fio\n.json"}}]},
      "(d).fio['4096'] = 'fio\\n.json' is not a file inside the measurement"),
     ({"read_size": 100, "devices": [{"name": "d", "class": "disk"}]}, "read_size = 100 is not a whole number"),
+    # the fio taken after the runs: checked as the fio before them
+    ({"devices": [{"name": "d", "class": "disk", "fio_after": "x.json"}]}, "(d).fio_after = 'x.json' is not an object"),
+    ({"devices": [{"name": "d", "class": "disk", "fio_after": {"4096": "../x.json"}}]},
+     "devices[0] (d).fio_after['4096'] = '../x.json' is not a file inside the measurement"),
 ])
 def test_a_malformed_device_list_gets_one_line(tmp_path, capsys, change, why):
     (tmp_path / "devices.json").write_text(json.dumps({"schema": "engram.devices/1", "kind": "devices", **change}))
@@ -520,3 +548,49 @@ def test_a_fio_file_of_another_read_size_is_said():
     assert pl.entry(d)["reason"] == ("no fio beside its runs: fio recorded at fio['4096'], not at the engine's read "
                                      "size 512 B (disk.read_size)")
     assert pl.entry({**d, "fio": {}})["reason"] == "no fio beside its runs: not recorded"
+
+
+def _rows(*pairs):
+    return {"device": "x", "rows": [{"config": f"c{i}", "predicted": p, "error": e} for i, (p, e) in enumerate(pairs)]}
+
+
+def test_between_fio_before_and_after_known_answers():
+    # c0: measured between the two predictions (errors of opposite signs): 0 against the span; c1: both too fast,
+    # the nearer (+0.04) counts; c2: both too slow, the nearer (-0.02); c3: after's prediction missing: left out
+    before = _rows((110.0, 0.10), (104.0, 0.04), (98.0, -0.02), (100.0, 0.01))
+    after = {"device": "y", "rows": [{"config": "c0", "predicted": 95.0, "error": -0.05},
+                                     {"config": "c1", "predicted": 120.0, "error": 0.20},
+                                     {"config": "c2", "predicted": 90.0, "error": -0.10}]}
+    b = between(before, after)
+    assert [r["span_error"] for r in b["rows"]] == [0.0, 0.04, -0.02]
+    assert [r["config"] for r in b["rows"]] == ["c0", "c1", "c2"]
+    assert b["span"] == {"configurations": 3, "median_abs_error": pytest.approx(0.02),
+                         "max_abs_error": pytest.approx(0.04), "passed": True}
+    assert b["tokens_per_s"] == {"median_abs_error": pytest.approx(0.10), "max_abs_error": pytest.approx(0.20)}
+    # apart: |95/110 - 1|, |120/104 - 1|, |90/98 - 1|
+    apart = sorted([abs(95 / 110 - 1), abs(120 / 104 - 1), abs(90 / 98 - 1)])
+    assert b["apart"] == {"median": pytest.approx(apart[1]), "max": pytest.approx(apart[2])}
+    assert b["device"] == "y"
+    # a span past the planner's max fails; one past its median fails
+    far = between(_rows((100.0, 0.12)), _rows((100.0, 0.15)))
+    assert far["span"]["max_abs_error"] == pytest.approx(0.12) and not far["span"]["passed"]
+    mid = between(_rows((100.0, 0.06), (100.0, 0.06)), _rows((100.0, 0.07), (100.0, 0.07)))
+    assert mid["span"]["median_abs_error"] == pytest.approx(0.06)
+    assert mid["span"]["median_abs_error"] > PLANNER_TARGETS["tokens_per_s_median_abs"]
+    assert not mid["span"]["passed"]
+    # nothing left: no figures, not passed; NaN, None and a zero prediction are left out
+    none = between(_rows((float("nan"), 0.1), (None, 0.1), (0.0, 0.1)), _rows((1.0, 0.1), (1.0, 0.1), (1.0, 0.1)))
+    assert none["span"] == {"configurations": 0, "median_abs_error": None, "max_abs_error": None, "passed": False}
+    # the verdict cell's addition, and none on a partial document
+    entry = {"fio_after": {"modes": {"fio": b, "datasheet": {"device": "s", "refused": "no"}}}}
+    assert after_text(entry, "fio") == ("; between fio before and after: PASS (median 2.0%, max 4.0%; the two "
+                                        f"predictions {apart[1] * 100:.1f}% apart, max {apart[2] * 100:.1f}%)")
+    assert after_text(entry, "datasheet") == "; fio after the runs refused: no"
+    assert after_notes({"name": "disk", **entry})[1:] == [
+        "disk fio (fio after the runs): predicted from it: median abs error 10.0%, max 20.0%; between fio before and "
+        f"after: PASS (median 2.0%, max 4.0%; the two predictions {apart[1] * 100:.1f}% apart, max "
+        f"{apart[2] * 100:.1f}%).", "disk datasheet (fio after the runs): fio after the runs refused: no."]
+    for partial in ({}, {"fio_after": 3}, {"fio_after": {"modes": {"fio": {}}}}, None):
+        assert isinstance(after_notes(partial), list)
+        assert after_text(partial, "fio") in ("", "; between fio before and after: FAIL (median -, max -; the two "
+                                                  "predictions - apart, max -)")
