@@ -10,7 +10,16 @@ batches read raw through the session's readers (the read path alone).  The engin
 fio's is the ratio the model scales a planner's fio figure by; own + reads over a step's CPU says how far
 the parts add up.
 
-``python -m benchmarks.run host [--steps 2000] [--scale 0.005] [--sleep-ms 5] [--write-profile]``;
+``--modes-only`` measures instead ``--sessions`` sessions at once, as threads of one process and as processes
+(forked), in alternating order: the CPU a step of the processes over the threads' (each process has its own
+engine and pool of readers, woken and switched to across address spaces, where the threads share one engine
+whose busy readers take the next read without sleeping).  With the CPUs busy (32 sessions on 2 CPUs), where
+the host binds; with them mostly idle the two differ less.  ``--write-profile`` then writes only the
+profile's ``process_cpu_ratio``: the host model scales the CPU a step and a read of sessions as processes by it
+(:mod:`sim.decode.host`).
+
+``python -m benchmarks.run host [--steps 2000] [--scale 0.005] [--sleep-ms 5] [--write-profile]``,
+``python -m benchmarks.run host --modes-only --steps 200 --rounds 5``;
 ``--write-profile`` writes the package's profile (the figures, this machine, the date, the command).
 """
 
@@ -18,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import resource
+import threading
 import shutil
 import tempfile
 import time
@@ -157,6 +169,88 @@ def session_cpu(path: Path, steps: int, sleep_ms: float, readers: int = 4, thres
             "readers": readers, "threshold": threshold, "sleep_ms": sleep_ms}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (every thread; user + system)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def _mode_worker(path: str, ids: list, pause: float, readers: int, threshold: int, start, out) -> None:
+    """One session of :func:`mode_cpu`: open the model, wake its readers, wait at ``start``, step over ``ids``
+    with a ``pause`` sleep after each step; put ``(CPU s of its process, reads)`` into ``out``.  In a thread the
+    CPU is the whole process's (the caller takes it); in a process its own, readers included."""
+    model = engram.EngramModel.open(path)
+    with model.session(backend="pread", readers=readers, threshold=threshold, cache=None) as s:
+        for t in ids[:50]:
+            s.step(t)
+        start.wait()
+        c0, reads = _cpu_s(), 0
+        for t in ids[50:]:
+            s.step(t)
+            reads += s.last_stats.reads
+            time.sleep(pause)
+        out.put((_cpu_s() - c0, reads))
+
+
+def mode_cpu(path: Path, sessions: int, steps: int, sleep_ms: float, readers: int = 4, threshold: int = 8,
+             processes_first: bool = False) -> dict:
+    """CPU a step of ``sessions`` sessions at once, each on its own stretch of the real text (``steps`` steps, a
+    ``sleep_ms`` sleep after each), as threads of this process and as forked processes, one after the other
+    (``processes_first``: that order): ``{"threads_cpu_per_step_us", "processes_cpu_per_step_us", "ratio"}``."""
+    ids = engram.EngramModel.open(path).encode(real_text((steps + 50) * sessions * 8))
+    need = (steps + 50) * sessions
+    if len(ids) < need:
+        raise SystemExit(f"the text gives {len(ids)} tokens, fewer than {need}")
+    stretches = [ids[i * (steps + 50):(i + 1) * (steps + 50)].tolist() for i in range(sessions)]
+    got = {}
+    for mode in (("processes", "threads") if processes_first else ("threads", "processes")):
+        if mode == "threads":
+            import queue
+            out, start = queue.Queue(), threading.Barrier(sessions + 1)
+            ws = [threading.Thread(target=_mode_worker, args=(str(path), st, sleep_ms * 1e-3, readers, threshold,
+                                                               start, out)) for st in stretches]
+        else:
+            ctx = mp.get_context("fork")
+            out, start = ctx.Queue(), ctx.Barrier(sessions + 1)
+            ws = [ctx.Process(target=_mode_worker, args=(str(path), st, sleep_ms * 1e-3, readers, threshold,
+                                                         start, out)) for st in stretches]
+        for w in ws:
+            w.start()
+        start.wait()
+        c0 = _cpu_s()
+        res = [out.get() for _ in ws]
+        for w in ws:
+            w.join()
+        cpu = _cpu_s() - c0 if mode == "threads" else sum(c for c, _ in res)
+        got[mode] = cpu / (sessions * steps) * 1e6
+    return {"sessions": sessions, "threads_cpu_per_step_us": got["threads"],
+            "processes_cpu_per_step_us": got["processes"], "ratio": got["processes"] / got["threads"]}
+
+
+def _modes_only(a, path: Path, argv) -> dict:
+    """``--modes-only``: :func:`mode_cpu` over ``a.rounds`` rounds (alternating which mode goes first), and their
+    median ratio; with ``--write-profile`` the package profile's ``process_cpu_ratio`` (that median),
+    ``process_sessions`` and their own ``process_command`` and ``process_date``, its other figures left."""
+    rounds = []
+    for i in range(a.rounds):
+        m = mode_cpu(path, a.sessions, a.steps, a.sleep_ms, processes_first=bool(i % 2))
+        rounds.append(m)
+        print(f"   round {i + 1}: {a.sessions} sessions as processes {m['processes_cpu_per_step_us']:.0f} us CPU a "
+              f"step, as threads {m['threads_cpu_per_step_us']:.0f} us: {m['ratio']:.3f}x")
+    ratio = float(np.median([m["ratio"] for m in rounds]))
+    print(f"   median: sessions as processes {ratio:.3f}x the CPU a step of threads")
+    rec = {"machine": machine(), "date": now_iso(), "rounds": rounds, "process_cpu_ratio": ratio,
+           "sessions": a.sessions, "steps": a.steps}
+    if a.write_profile:
+        out = packaged_data_path(ENGINE_PROFILE)
+        prof = json.loads(out.read_text(encoding="utf-8"))
+        prof.update(process_cpu_ratio=round(ratio, 3), process_sessions=a.sessions, process_date=rec["date"],
+                    process_command=("python -m benchmarks.run host " + " ".join(argv or [])).strip())
+        out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")
+        print(f"   wrote process_cpu_ratio to {out}")
+    return rec
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run host", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,10 +263,17 @@ def main(argv=None) -> dict:
                    help=f"write the figures to the package's sim/data/{ENGINE_PROFILE}")
     p.add_argument("--rounds", type=int, default=3, help="rounds of fio and the session; the profile takes the "
                    "medians (default 3)")
+    p.add_argument("--sessions", type=int, default=32, help="sessions at once of the threads-or-processes pass, "
+                   "enough to keep the CPUs busy, where the host binds (default 32)")
+    p.add_argument("--modes-only", action="store_true",
+                   help="only the threads-or-processes pass (--steps steps a session, --sessions at once); with "
+                        "--write-profile, only the profile's process_cpu_ratio is rewritten")
     a = p.parse_args(argv)
-    if a.rounds < 1 or a.steps < 1:
-        p.error("--rounds and --steps must be >= 1")
+    if a.rounds < 1 or a.steps < 1 or a.sessions < 1:
+        p.error("--rounds, --steps and --sessions must be >= 1")
     path = _model(a.scale)
+    if a.modes_only:
+        return _modes_only(a, path, argv)
     rounds = []
     for i in range(a.rounds):
         fio = fio_read_cpu(path, a.fio_seconds)
@@ -218,9 +319,13 @@ def main(argv=None) -> dict:
                         "hit (hash, the lookup, decode, the session's Python), fio's CPU per read at QD1 on the "
                         "same file, the engine's pread CPU a read over fio's, the engine's pread CPU a read from a "
                         "copy on tmpfs (a memory copy, no drive), and a 48-row batch's wall after the step's sleep "
-                        "over the next one right after it (wake_us): sim.decode.host reads them"}
+                        "over the next one right after it (wake_us); process_cpu_ratio (--modes-only): the CPU a step "
+                        "of sessions as processes over threads of one process: sim.decode.host reads them"}
         out = packaged_data_path(ENGINE_PROFILE)
         out.parent.mkdir(parents=True, exist_ok=True)
+        if out.is_file():  # the --modes-only figures are measured on their own: kept
+            old = json.loads(out.read_text(encoding="utf-8"))
+            prof.update({k: v for k, v in old.items() if k.startswith("process_")})
         out.write_text(json.dumps(prof, indent=1) + "\n", encoding="utf-8")
         print(f"   wrote {out}")
     return rec

@@ -206,10 +206,11 @@ class Calibration:
         self.device(backend)
         return Policy(threshold=int(threshold), backend=backend, readers=int(readers), ring_depth=int(readers))
 
-    def host(self, compute: str) -> Optional[HostCPU]:
+    def host(self, compute: str, mode: str = "threads") -> Optional[HostCPU]:
         """The host's CPUs for steps whose compute is ``compute`` (:class:`sim.decode.host.HostCPU`, its
-        ``spin_s`` that compute's), or None: the host is not modelled apart.  None here: the calibrated device
-        and compute were measured on the host, under its load, and hold its CPUs' share."""
+        ``spin_s`` that compute's) of sessions run as ``mode`` (threads of one process or processes), or None: the
+        host is not modelled apart.  None here: the calibrated device and compute were measured on the host,
+        under its load, and hold its CPUs' share."""
         return None
 
     def compute_model(self, spec: str) -> Compute:

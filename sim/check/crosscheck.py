@@ -135,7 +135,8 @@ def predict(cal: Calibration, config: RunConfig, trace: Trace, *, starts: Option
     dev = cal.device(config.backend, config.compute)
     r = simulate_decode(tr, dev, pol, comp,
                         DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
-                                  replay=f"cross-check prediction of {config.key}", host=cal.host(config.compute)))
+                                  replay=f"cross-check prediction of {config.key}",
+                                  host=cal.host(config.compute, config.mode)))
     lat = r.step_latencies.reshape(-1)
     return {"tokens_per_s": r.tokens_per_s, "step_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "step_p95_ms": float(np.percentile(lat, 95)) * 1e3, "step_mean_ms": float(lat.mean()) * 1e3,
@@ -334,7 +335,7 @@ class _Replay:
         r = simulate_decode(tr, dev, pol, comp,
                             DecodeRun(sessions=1, steps=steps, mode="fast", seed=seed, hash_time=cal.hash_s,
                                       replay=f"cross-check prediction of {config.key}",
-                                      host=cal.host(config.compute)), speculation=spec,
+                                      host=cal.host(config.compute, config.mode)), speculation=spec,
                             served=None if hits is None else hits[:, 0])
         lat = r.step_latencies.reshape(-1)
         sim_se = float(lat.std() / lat.mean() / np.sqrt(lat.size)) if lat.size > 1 and lat.mean() > 0 else 0.0
@@ -374,7 +375,7 @@ class _Replay:
             r = simulate_decode(tr, dev, pol, comp,
                                 DecodeRun(sessions=k, steps=mask.size, mode="fast", seed=seed + j, hash_time=cal.hash_s,
                                           phases=phases, replay=f"cross-check prediction of {config.key}",
-                                          host=cal.host(config.compute)),
+                                          host=cal.host(config.compute, config.mode)),
                                 served=served)
             own = r.step_latencies[:, mask]
             lats.append(own.reshape(-1))

@@ -92,11 +92,11 @@ from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.params import Compute, Policy
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import ComputeSpec, check_runs
-from sim.decode.host import HostCPU, engine_profile
+from sim.decode.host import SESSIONS, HostCPU, engine_profile, process_scale
 
 __all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS",
-           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "after_notes", "after_text", "between", "host_cpu", "check_devices",
-           "check_fio",
+           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "after_notes", "after_text", "between", "host_cpu",
+           "check_devices", "check_fio",
            "datasheet_spec", "fio_figures", "host_notes", "is_memory", "markdown_table", "planner_compute",
            "planner_crosscheck"]
 
@@ -274,13 +274,24 @@ class PlannerModels(Calibration):
     :mod:`sim.decode.host`; None: the host is left out)."""
 
     host_cpu: Optional[HostCPU] = None
+    profile: Optional[Mapping] = None
+    memory: bool = False
 
-    def host(self, compute: str) -> Optional[HostCPU]:
-        """``host_cpu`` with the spin of ``compute`` (its ``spin:MS`` parts); None without a host."""
+    def host(self, compute: str, mode: str = "threads") -> Optional[HostCPU]:
+        """``host_cpu`` with the spin of ``compute`` (its ``spin:MS`` parts), its CPU a step and a read scaled for
+        sessions run as ``mode`` (:func:`sim.decode.host.process_scale`: the profile's ``process_cpu_ratio`` for
+        processes, none on a memory-backed device: ``memory``); None without a host."""
         if self.host_cpu is None:
             return None
         spin = sum(float(a) for k, a in ComputeSpec.parse(compute).extra if k == "spin") * 1e-3
-        return replace(self.host_cpu, spin_s=spin)
+        h = replace(self.host_cpu, spin_s=spin)
+        scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads")
+        if note and self.memory:  # a copy in the reader: no reader sleeps on a device (sim.decode.host)
+            scale, note = 1.0, ""
+        if note:
+            h = replace(h, step_cpu_s=h.step_cpu_s * scale, read_cpu_s=h.read_cpu_s * scale,
+                        source=f"{h.source}; {note}")
+        return h
 
     def device(self, backend: str, compute: str = "none") -> Device:
         return self.devices[backend if backend in self.devices else next(iter(self.devices))]
@@ -292,11 +303,13 @@ class PlannerModels(Calibration):
         return planner_compute(spec)
 
     @classmethod
-    def of(cls, device: Device, description: str, host: Optional[HostCPU] = None) -> "PlannerModels":
+    def of(cls, device: Device, description: str, host: Optional[HostCPU] = None,
+           profile: Optional[Mapping] = None, memory: bool = False) -> "PlannerModels":
         """The planner's models of one device described by ``description`` (a path or a spec string), on
-        ``host`` (None: the host left out)."""
+        ``host`` (None: the host left out) as sessions of threads, scaled for processes by ``profile`` (the
+        engine's CPU profile, :func:`sim.decode.host.engine_profile`) unless the device is ``memory``-backed."""
         return cls(devices={"pread": device, "io_uring": device}, compute={}, hash_s=0.0,
-                   source={"planner": description}, date="", host_cpu=host)
+                   source={"planner": description}, date="", host_cpu=host, profile=profile, memory=memory)
 
 
 def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
@@ -503,8 +516,8 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
         string, holds a control character or repeats, a ``class`` other than disk/throttled/tmpfs,
         ``built``/``measured`` not true or false, a ``folder`` that is not a relative path inside the
         measurement, a ``read_size`` (a device's or the top-level one) that is not a whole number of bytes in
-        [512, 1 MiB], ``fio`` or ``fio_after`` not an object of size -> file, or a file of it that is not a relative path inside
-        the measurement, as ``folder`` (absolute, with a ``..`` part or a control character) (names the entry
+        [512, 1 MiB], ``fio`` or ``fio_after`` not an object of size -> file, or a file of it that is not a
+        relative path inside the measurement, as ``folder`` (absolute, with a ``..`` part or a control character) (names the entry
         and key).
     """
     if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
@@ -768,12 +781,15 @@ class _Planner:
             if mode == "datasheet":
                 entry["datasheet_used"] = described
             host = self.host(d, mode, runs_doc)
-            doc = crosscheck(PlannerModels.of(dev, described, host), runs_doc, runs_path=runs_path,
-                             sim_steps=self.sim_steps, seed=self.seed, baseline=False, targets=PLANNER_TARGETS,
-                             quiet_targets=PLANNER_TARGETS)
+            models = PlannerModels.of(dev, described, host, self.profile, self.memory(d))
+            doc = crosscheck(models, runs_doc, runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed,
+                             baseline=False, targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
             entry["modes"][mode] = _mode_result(doc, described, "")
             if host is not None:
-                entry["modes"][mode]["host_model"] = host.to_dict()
+                note = ("sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
+                        if self.memory(d) else process_scale(self.profile, "processes")[1])
+                entry["modes"][mode]["host_model"] = dict(host.to_dict(), processes=note,
+                                                          source=f"{host.source}; {note}")
             mem = (self.profile or engine_profile()).get("memory_read_cpu_us") if self.memory(d) else None
             try:
                 host = host_cpu(self.figs[d["name"]], runs_doc, entry["modes"][mode]["rows"], mem)
@@ -812,7 +828,8 @@ class _Planner:
             if dev is None:
                 out["modes"][mode] = _refused(tries[-1], why)
             else:
-                doc = crosscheck(PlannerModels.of(dev, described, self.host(d, mode, runs_doc)), runs_doc,
+                doc = crosscheck(PlannerModels.of(dev, described, self.host(d, mode, runs_doc), self.profile,
+                                                  self.memory(d)), runs_doc,
                                  runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed, baseline=False,
                                  targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
                 out["modes"][mode] = between(m, _mode_result(doc, described))

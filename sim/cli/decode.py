@@ -15,7 +15,7 @@ from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
-from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, HostCPU
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, HostCPU
 from sim.decode.prefill import PrefillRun, simulate_prefill
 from .options import (COMMON_OPTIONS, POLICY_OPTIONS, SPECULATION_OPTIONS, _compute, _device, _ints, _output_files,
                       _phases, _policy, _progress_mode, _speculation, _trace, _typed_os_errors, compute_ms_option,
@@ -52,14 +52,15 @@ def _decode_compute(args, tr, dev, policy) -> tuple:
 
 
 def _host(args, dev) -> Optional[HostCPU]:
-    """The host of ``--host-cpus`` (None without it); ``--host-step-us`` / ``--host-read-us`` without it are
-    refused."""
+    """The host of ``--host-cpus`` (None without it); ``--host-step-us`` / ``--host-read-us`` / ``--host-sessions``
+    without it are refused."""
     if args.host_cpus is None:
-        if args.host_step_us is not None or args.host_read_us is not None:
-            raise ArgumentError("--host-step-us and --host-read-us go with --host-cpus N")
+        if args.host_step_us is not None or args.host_read_us is not None or args.host_sessions is not None:
+            raise ArgumentError("--host-step-us, --host-read-us and --host-sessions go with --host-cpus N")
         return None
     check_host_flags(args)
-    return HostCPU.for_device(args.host_cpus, dev, step_cpu_us=args.host_step_us, read_cpu_us=args.host_read_us)
+    return HostCPU.for_device(args.host_cpus, dev, step_cpu_us=args.host_step_us, read_cpu_us=args.host_read_us,
+                              sessions=args.host_sessions or "threads")
 
 
 def check_host_flags(args) -> None:
@@ -144,8 +145,9 @@ CACHE_WARMUP_OPTION = Option(
          "they start empty, as a fresh engine's; a measured run's cache starts empty too)")
 
 
-#: ``--host-cpus``, ``--host-step-us``, ``--host-read-us``: the host's CPUs (:mod:`sim.decode.host`; decode;
-#: capacity, as the study axes ``host_cpus``, ``host_step_us``, ``host_read_us``).
+#: ``--host-cpus``, ``--host-step-us``, ``--host-read-us``, ``--host-sessions``: the host's CPUs
+#: (:mod:`sim.decode.host`; decode; capacity, as the study axes ``host_cpus``, ``host_step_us``, ``host_read_us``,
+#: ``host_sessions``).
 HOST_OPTIONS = (
     Option("--host-cpus", type=float, metavar="N", group=_DECODE,
            help="model the host: N CPUs shared by every session's steps (sim.decode.host, mean-value analysis) -- "
@@ -156,6 +158,10 @@ HOST_OPTIONS = (
     Option("--host-read-us", type=float, metavar="US", group=_DECODE,
            help="with --host-cpus: the CPU one read takes, microseconds (default: from the device's fio JSON, "
                 "else the profile's)"),
+    Option("--host-sessions", choices=SESSIONS, group=_DECODE,
+           help="with --host-cpus: the sessions as threads of one process (one engine a device: the default) or "
+                "as processes, each its own engine, whose step and reads take the profile's process_cpu_ratio "
+                "times the CPU (1.28 on the 2-core VM with its CPUs busy; not on a memory-backed device)"),
 )
 
 

@@ -38,7 +38,8 @@ _PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse"
                   "trace": "--trace", "limit": "--limit", "steps": "--steps",
                   "shared_cache_bytes": "--shared-cache-bytes", "cache_policy": "--cache-policy",
                   "cache_warmup_steps": "--cache-warmup-steps", "host_cpus": "--host-cpus",
-                  "host_step_us": "--host-step-us", "host_read_us": "--host-read-us"}
+                  "host_step_us": "--host-step-us", "host_read_us": "--host-read-us",
+                  "host_sessions": "--host-sessions"}
 
 
 def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
@@ -149,7 +150,7 @@ def planner_study(args) -> Study:
         fixed.update(shared_cache_bytes=str(args.shared_cache_bytes), cache_policy=args.cache_policy or DEFAULT_POLICY,
                      cache_warmup_steps=fixed["steps"] if warm is None else warm)
     check_host_flags(args)  # each flag's range, naming it; the study's axes check the rest (check_host_axes)
-    for key in ("host_cpus", "host_step_us", "host_read_us"):
+    for key in ("host_cpus", "host_step_us", "host_read_us", "host_sessions"):
         if getattr(args, key) is not None:
             fixed[key] = getattr(args, key)
     grid = {"device": list(args.device or [_DEFAULT_DEVICE])}

@@ -22,6 +22,13 @@ busy (as where the host binds), not fio's figure there, which is mostly fio's ow
 hands each read to a worker thread on tmpfs: 13.5 us a read on an idle 2-core VM where the engine's pread
 takes about 4).
 
+Sessions as processes (``sessions="processes"``: each its own engine and pool of readers) take more CPU a
+step than the same sessions as threads of one process, which share one engine whose busy readers take the
+next read without sleeping: the profile's ``process_cpu_ratio`` (``benchmarks/bench_host.py --modes-only``,
+with the CPUs busy, where the host binds) scales the step's and each read's CPU.  With the CPUs mostly idle the
+two differ less, and the CPU does not set the step there.  Not on a memory-backed device, whose readers copy
+without sleeping.
+
 The engine's own CPU a step is not in a device's description: the figure shipped in
 ``sim/data/hosts/engine-cpu.json`` (:func:`engine_profile`) was measured by ``benchmarks/bench_host.py`` on
 the machine it names, and a planner's host differs from it by its CPU's speed.
@@ -40,7 +47,8 @@ from engram._checks import setting_number
 from engram.errors import ArgumentError, FormatError
 from sim.core.io import packaged_data_path, read_text
 
-__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "HostCPU", "check_profile", "engine_profile"]
+__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "SESSIONS", "HostCPU", "check_profile",
+           "engine_profile", "process_scale"]
 
 #: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
 ENGINE_PROFILE = "hosts/engine-cpu.json"
@@ -52,6 +60,31 @@ MAX_SESSIONS_WITHIN = 1 << 20
 #: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
 #: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
+
+
+#: How the sessions run on the host: threads of one process (one engine a device) or processes (one each).
+SESSIONS = ("threads", "processes")
+
+
+def process_scale(profile: Mapping, sessions: str) -> tuple:
+    """``(factor, what it says)``: the CPU a step and a read of ``sessions`` (:data:`SESSIONS`) over the profile's
+    figures, which are threads' -- the profile's ``process_cpu_ratio`` for processes (1 where the profile has
+    none, said so), 1 and "" for threads.
+
+    Raises
+    ------
+    ArgumentError
+        ``sessions`` not one of :data:`SESSIONS`.
+    """
+    if sessions not in SESSIONS:
+        raise ArgumentError(f"sessions = {sessions!r:.40}: expected one of {', '.join(SESSIONS)}")
+    if sessions == "threads":
+        return 1.0, ""
+    r = profile.get("process_cpu_ratio")
+    if r is None:
+        return 1.0, "sessions as processes, taken as threads (the profile has no process_cpu_ratio)"
+    return float(r), (f"sessions as processes: x {float(r):.2f} the CPU a step and a read (the profile's, "
+                      f"{profile.get('process_sessions', '?')} sessions as processes over threads)")
 
 
 def _nonneg(name: str, v, high: Optional[float] = None, low: float = 0.0) -> float:
@@ -278,7 +311,8 @@ class HostCPU:
     @classmethod
     def for_device(cls, cpus: float, device=None, *, step_cpu_us: Optional[float] = None,
                    read_cpu_us: Optional[float] = None, spin_s: float = 0.0,
-                   profile: Optional[Mapping] = None, wake_us: Optional[float] = None) -> "HostCPU":
+                   profile: Optional[Mapping] = None, wake_us: Optional[float] = None,
+                   sessions: str = "threads") -> "HostCPU":
         """A host of ``cpus`` CPUs reading from ``device`` (a :class:`sim.device.Device` or None), its figures as
         a planner has them: the engine's CPU a step ``step_cpu_us`` (default the shipped profile's,
         :func:`engine_profile`), a read's CPU ``read_cpu_us`` (default: for a memory-backed device,
@@ -287,13 +321,15 @@ class HostCPU:
         ``derived["cpu_per_read_us"]``, scaled by the profile's engine-to-fio ratio; else the profile's own,
         or 0 for a memory-backed device without either figure: the profile's is a drive's read path); a step's
         wake-up ``wake_us`` (default the profile's ``wake_us``, measured on a drive; none on a memory-backed
-        device, whose readers copy without sleeping on a device, and none where the profile has no figure).
-        ``source`` says which.
+        device, whose readers copy without sleeping on a device, and none where the profile has no figure);
+        ``sessions="processes"``: the step's and each read's CPU (given or not) times the profile's
+        ``process_cpu_ratio`` (:func:`process_scale`), except on a memory-backed device, where no reader sleeps
+        on a device between reads (measured on tmpfs: 1.07-1.13x, within the scatter).  ``source`` says which.
 
         Raises
         ------
         ArgumentError
-            A figure out of range (as :class:`HostCPU`), ``cpus`` first.
+            A figure out of range (as :class:`HostCPU`), ``cpus`` first; ``sessions`` not one of :data:`SESSIONS`.
         FormatError
             The profile cannot be read or is not one (:func:`engine_profile`, :func:`check_profile`).
         """
@@ -329,7 +365,12 @@ class HostCPU:
             wake = float(p["wake_us"])
             said.append(f"a step's wake-up {wake:.0f} us x the CPUs' idle share (the profile's: its readers' batch "
                         "after the step's sleep over back to back)")
-        return cls(cpus, step * 1e-6, read * 1e-6, spin_s, "; ".join(said), wake * 1e-6)
+        scale, note = process_scale(p, sessions)
+        if note and "memory_backed" in derived:  # a copy in the reader: no reader sleeps on the device
+            scale, note = 1.0, "sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
+        if note:
+            said.append(note)
+        return cls(cpus, step * scale * 1e-6, read * scale * 1e-6, spin_s, "; ".join(said), wake * 1e-6)
 
     def to_dict(self) -> dict:
         """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``wake_us``, ``source``."""
@@ -362,13 +403,14 @@ def engine_profile(path: Optional[str] = None) -> Mapping:
 
 def check_profile(doc, where: str) -> Mapping:
     """``doc`` if it is an engine CPU profile (:func:`engine_profile`), else FormatError naming ``where`` and the
-    key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` (optional) one
-    > 0, ``memory_read_cpu_us`` and ``wake_us`` (optional) ones in [0, 60 s], ``machine`` (optional) an object."""
+    key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` and
+    ``process_cpu_ratio`` (optional) ones > 0, ``memory_read_cpu_us`` and ``wake_us`` (optional) ones in [0, 60 s],
+    ``machine`` (optional) an object."""
     if not isinstance(doc, Mapping):
         raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
     for k, need, positive in (("step_cpu_us", True, False), ("read_cpu_us", True, False),
                               ("read_cpu_ratio", False, True), ("memory_read_cpu_us", False, False),
-                              ("wake_us", False, False)):
+                              ("wake_us", False, False), ("process_cpu_ratio", False, True)):
         if k in doc or need:
             try:
                 setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)

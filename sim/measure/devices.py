@@ -22,9 +22,9 @@ at 4 KiB, at queue depths 1 to 64, saved as fio wrote them (one JSON document a 
 folder: ``fio-<bytes>.json``.  After its runs the device gets fio again at the engine's read size,
 ``fio-<bytes>-after.json`` (``fio_after``): a drive whose figures moved while the runs ran (a shared cloud
 disk's can move fourfold within minutes) cannot be predicted from either file alone, and the planner's
-cross-check (:mod:`sim.check.planner`) says how far the two apart.  A device that cannot be made here is skipped with the reason (not root, no
-blkio or io controller, the file on no block device, no room on tmpfs, ``O_DIRECT`` refused there), fio
-with the reason when it is not installed.  ``WORKDIR/devices.json`` says which devices were built and which
+cross-check (:mod:`sim.check.planner`) says how far the two lie apart.  A device that cannot be made here
+is skipped with the reason (not root, no blkio or io controller, the file on no block device, no room on
+tmpfs, ``O_DIRECT`` refused there), fio with the reason when it is not installed.  ``WORKDIR/devices.json`` says which devices were built and which
 skipped, and why (layout: :data:`DEVICES_SCHEMA`, below); each device's documents carry their ``device``.
 
 ``devices.json``::

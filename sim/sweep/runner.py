@@ -205,8 +205,8 @@ def point_policy(p: Mapping[str, Any]) -> Policy:
 
 
 def point_host(p: Mapping[str, Any], device) -> Optional[HostCPU]:
-    """The host of a complete point (its ``host_cpus``, ``host_step_us`` and ``host_read_us`` axes, the reads'
-    CPU from ``device``'s fio figures where they are none: :meth:`sim.decode.host.HostCPU.for_device`); None
+    """The host of a complete point (its ``host_cpus``, ``host_step_us``, ``host_read_us`` and ``host_sessions``
+    axes, the reads' CPU from ``device``'s fio figures where they are none: :meth:`sim.decode.host.HostCPU.for_device`); None
     when ``host_cpus`` is unset (the drive alone).  A study's compute is taken off the host's CPUs (an
     accelerator's time, no spin)."""
     def axis(name: str):  # unset: None, or an empty cell of a table read back
@@ -216,7 +216,7 @@ def point_host(p: Mapping[str, Any], device) -> Optional[HostCPU]:
     if axis("host_cpus") is None:
         return None
     return HostCPU.for_device(axis("host_cpus"), device, step_cpu_us=axis("host_step_us"),
-                              read_cpu_us=axis("host_read_us"))
+                              read_cpu_us=axis("host_read_us"), sessions=p.get("host_sessions") or "threads")
 
 
 def _run_point(index: int, params: Dict[str, Any], seed: int, ctx: Context) -> Dict[str, Any]:

@@ -63,7 +63,8 @@ threshold 256 gives 19.16 tokens/s on the reference device;
 ``compute_dist``, ``compute_cv``, ``layers``, ``hash_us``, ``host_cpus`` (the host's CPUs shared by
 every session's steps, :class:`sim.decode.host.HostCPU`; unset: the drive alone), ``host_step_us`` and
 ``host_read_us`` (the engine's CPU a step and a read's, with ``host_cpus``; unset: the shipped profile's and the
-device's fio figure), ``mode``,
+device's fio figure), ``host_sessions`` (``threads`` or ``processes``, with ``host_cpus``; unset: threads),
+``mode``,
 ``repeat`` (a replicate index: it only changes the seeds), ``reuse`` (a target
 reuse rate: the point's trace becomes the synthetic trace of that rate,
 :func:`point_trace`) and ``zipf`` (its Zipf skew).
@@ -93,7 +94,7 @@ from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
 from sim.core.io import read_text
-from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, engine_profile
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, engine_profile
 from sim.core.params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
@@ -143,6 +144,7 @@ AXES: Dict[str, Tuple[type, Any, str]] = {
     "host_cpus": (float, None, "host CPUs shared by the sessions (unset: the drive alone)"),
     "host_step_us": (float, None, "the engine's own CPU a step (us; unset: its shipped profile)"),
     "host_read_us": (float, None, "CPU a row read takes (us; unset: the device's fio figure, else the profile's)"),
+    "host_sessions": (str, None, "sessions as threads of one process or processes (with host_cpus; unset: threads)"),
     "mode": (str, "fast", "simulation mode"),
     "repeat": (int, 0, "replicate"),
     "reuse": (float, None, "reuse rate (synthetic trace)"),
@@ -520,13 +522,17 @@ def check_cache_axes(p: Mapping[str, Any], where: str) -> None:
 def check_host_axes(p: Mapping[str, Any], where: str) -> None:
     """``ArgumentError`` (naming ``where`` and the axis) unless the host axes describe one
     (:class:`sim.decode.host.HostCPU`): ``host_cpus`` unset or in [:data:`~sim.decode.host.MIN_CPUS`,
-    :data:`~sim.decode.host.MAX_CPUS`], ``host_step_us`` and ``host_read_us`` only with it, each in [0, 60 s]."""
+    :data:`~sim.decode.host.MAX_CPUS`], ``host_step_us`` and ``host_read_us`` only with it, each in [0, 60 s],
+    ``host_sessions`` only with it, one of :data:`~sim.decode.host.SESSIONS`."""
     cpus = p.get("host_cpus")
     if cpus is None:
-        given = [k for k in ("host_step_us", "host_read_us") if p.get(k) is not None]
+        given = [k for k in ("host_step_us", "host_read_us", "host_sessions") if p.get(k) is not None]
         if given:
             raise ArgumentError(f"{where}: {' and '.join(given)} go with host_cpus = N (the host's CPUs)")
         return
+    if p.get("host_sessions") is not None and p["host_sessions"] not in SESSIONS:
+        raise ArgumentError(f"{where}: host_sessions = {p['host_sessions']!r:.40}: expected one of "
+                            f"{', '.join(SESSIONS)}")
     try:
         setting_number("host_cpus", cpus, MIN_CPUS, MAX_CPUS)
         us = {k: setting_number(k, p[k], 0.0, MAX_STEP_CPU_S * 1e6) if p.get(k) is not None else 0.0

@@ -575,11 +575,25 @@ def test_the_fewest_host_cpus_are_searched(capsys, tmp_path):
     assert c["host"]["cpus"] == 0.01 and c["capacity"] >= 0 and "error" not in c
 
 
+def test_sessions_as_processes_carry_fewer_sessions_where_the_host_binds(capsys, tmp_path):
+    """--host-sessions processes: each session's step and reads take the profile's process_cpu_ratio times the
+    CPU; where the host's CPUs bind first the capacity is smaller, and the host says so in --json."""
+    base = ["--device", FAST, "--compute-ms", "5", "--steps", "40", "--host-cpus", "0.25"]
+    threads = capacity_json(capsys, [*base, "--out", str(tmp_path / "t.csv")])["configurations"][0]
+    procs = capacity_json(capsys, [*base, "--host-sessions", "processes", "--out", str(tmp_path / "p.csv")])
+    (p,) = procs["configurations"]
+    assert "sessions as processes" in p["host"]["source"] and "processes" not in threads["host"]["source"]
+    assert p["host"]["step_cpu_us"] > threads["host"]["step_cpu_us"]
+    assert 0 < p["capacity"] < threads["capacity"]
+
+
 @pytest.mark.parametrize("fixed, msg", [
     ("host_step_us = 100.0", "host_step_us go with host_cpus = N"),
     ("host_cpus = 100000.0", "host_cpus = 100000.0: expected a finite number in [0.01, 65536]"),
     ("host_cpus = 2.0\nhost_read_us = -3.0", "host_read_us = -3.0: expected a finite number in [0, 6e+07]"),
     ("host_cpus = 4.0\nhost_read_us = 5e6", "host_step_us + 48 x host_read_us = 2.4e+08 us: a step of 48 reads"),
+    ('host_sessions = "processes"', "host_sessions go with host_cpus = N"),
+    ('host_cpus = 2.0\nhost_sessions = "forks"', "host_sessions = 'forks': expected one of threads, processes"),
 ])
 def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
     study = _study(tmp_path / "bad.toml", fixed, f'device = ["{FAST}"]')
