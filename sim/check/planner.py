@@ -1069,6 +1069,9 @@ def markdown_table(res: Mapping) -> str:
                              f"{'>= ' if c['all_met']['predicted'] else ''}{c['predicted_capacity']}"
                              f"{'' if c['within_one_step'] else ' (NOT within one step)'}" for c in m["capacity"]) \
                 or "-"
+            targets = sorted({c.get("target_tokens_per_s") for c in m["capacity"]} - {None})
+            if targets:
+                caps += f" (at {', '.join(f'{t:g}' for t in targets)} tokens/s)"
             rg = (s.get("regime") or {}).get("name", "?")
             what = m["device"] if mode != "fio" else Path(m["device"]).name
             lines.append(f"| {name} | {cls} | {_cell(mode)}: `{_cell(what)}` | {_cell(s.get('configurations', 0))} | "

@@ -33,6 +33,9 @@ def _figures(m: Optional[Mapping]) -> tuple:
     caps = "; ".join(f"{c['mode']} {'>= ' if c['all_met']['measured'] else ''}{c['measured_capacity']} / "
                      f"{'>= ' if c['all_met']['predicted'] else ''}{c['predicted_capacity']}"
                      + ("" if c["within_one_step"] else " (not within one step)") for c in m.get("capacity") or [])
+    targets = sorted({c.get("target_tokens_per_s") for c in m.get("capacity") or []} - {None})
+    if caps and targets:
+        caps += f" (at {', '.join(f'{t:g}' for t in targets)} tokens/s)"
     return (_pct(t.get("median_abs_error")), _pct(t.get("max_abs_error")), caps or "-",
             (s.get("regime") or {}).get("name", "-"))
 

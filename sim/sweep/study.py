@@ -186,16 +186,23 @@ _SECTIONS = ("study", "fixed", "grid", "plot", "capacity")
 _PLOT_KEYS = {"x", "y", "series", "facet", "where", "logx", "logy", "title", "kind", "target", "ylabel"}
 
 
+#: Axes that do not enter a point's seed (:func:`point_seed`): sessions as threads or as processes change the
+#: host's CPU a step, not the trace, the phases or the device's draws.
+UNSEEDED_AXES = frozenset({"host_sessions"})
+
+
 def point_seed(study_seed: int, params: Mapping[str, Any]) -> int:
     """The seed of one grid point: a hash of the study seed and the point's values.
 
     ``params`` maps axis names to values; the seed is the first 63 bits of the
     SHA-256 of their canonical JSON (sorted keys), so it depends on nothing but
     the study and the point.  Axes left unset (``None``) do not enter the hash,
-    so adding an axis with an unset default keeps the seeds of existing studies.
+    so adding an axis with an unset default keeps the seeds of existing studies.  Nor do the axes of
+    :data:`UNSEEDED_AXES`: points that differ only there draw the same numbers (common random numbers), so that
+    the difference between them is the model's, not the draws'.
     """
     blob = json.dumps({"study_seed": int(study_seed),
-                       **{k: params[k] for k in sorted(params) if params[k] is not None}},
+                       **{k: params[k] for k in sorted(params) if params[k] is not None and k not in UNSEEDED_AXES}},
                       sort_keys=True, separators=(",", ":"), default=str)
     return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "little") >> 1
 

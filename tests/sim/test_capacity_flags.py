@@ -17,6 +17,7 @@ from engram.cli import main
 from sim.sweep.capacity import (ASSUMED_SESSION_STEPS_PER_S, MAX_CAPACITY_SESSIONS, CapacitySpec, SearchBound,
                                 SearchProgress, SearchRun, WorkProgress, _search, find_capacity, read_capacity)
 from sim.sweep import AXES
+from sim.sweep.study import point_seed
 from sim.serve.search import MAX_HALVINGS, _rate_search
 from sim.serve.study import RateSearch
 from sim.core.progress import ProgressOutput
@@ -585,6 +586,11 @@ def test_sessions_as_processes_carry_fewer_sessions_where_the_host_binds(capsys,
     assert "sessions as processes" in p["host"]["source"] and "processes" not in threads["host"]["source"]
     assert p["host"]["step_cpu_us"] > threads["host"]["step_cpu_us"]
     assert 0 < p["capacity"] < threads["capacity"]
+    # the same draws for both (sim.sweep.study.UNSEEDED_AXES): threads named or not, the same answer and probes
+    named = capacity_json(capsys, [*base, "--host-sessions", "threads", "--out", str(tmp_path / "n.csv")])
+    keep = ("capacity", "per_seed", "probes")
+    assert {k: named["configurations"][0][k] for k in keep} == {k: threads[k] for k in keep}
+    assert point_seed(3, {"a": 1, "host_sessions": "processes"}) == point_seed(3, {"a": 1}) != point_seed(3, {"a": 2})
 
 
 @pytest.mark.parametrize("fixed, msg", [
