@@ -288,9 +288,9 @@ class PlannerModels(Calibration):
         scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads")
         if note and self.memory:  # a copy in the reader: no reader sleeps on a device (sim.decode.host)
             scale, note = 1.0, ""
-        if note:
-            h = replace(h, step_cpu_s=h.step_cpu_s * scale, read_cpu_s=h.read_cpu_s * scale,
-                        source=f"{h.source}; {note}")
+        if mode == "processes":
+            h = replace(h, step_cpu_s=h.step_cpu_s * scale, read_cpu_s=h.read_cpu_s * scale, sessions="processes",
+                        source=f"{h.source}; {note}" if note else h.source)
         return h
 
     def device(self, backend: str, compute: str = "none") -> Device:
@@ -623,14 +623,19 @@ def planner_crosscheck(workdir: Union[str, os.PathLike], out: Optional[Union[str
         if n not in names:
             raise ArgumentError(f"--fio {n}=...: no device {n!r} in {dpath} (devices: {', '.join(map(str, names))})")
     built = [d for d in devices if d.get("built") and d.get("measured")]
-    figs, files = _fio_files(work, built, overrides)
-    after_figs, after_files = _fio_files(work, built, overrides, "fio_after")
+    depths = ddoc.get("fio_depths") if isinstance(ddoc.get("fio_depths"), list) else []
+    depths = [k for k in depths if isinstance(k, int) and not isinstance(k, bool)]
+    figs, files = _fio_files(work, built, overrides, depths=depths)
+    after_figs, after_files = _fio_files(work, built, overrides, "fio_after", depths)
     raw = next((figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in figs), None)
-    raw_after = next((after_figs[d["name"]] for d in built if d["class"] == "disk" and d["name"] in after_figs), raw)
+    # the raw disk behind a throttled volume, after the runs: only where the first prediction had the disk's own
+    raw_after = None if raw is None else next(
+        (after_figs[d["name"]] for d in built
+         if d["class"] == "disk" and d["name"] in after_figs and d["name"] in figs), raw)
     total = sum(len(MODES) * (2 if d["name"] in after_files else 1) for d in built if d["name"] in files)
     with progress_bar(max(total, 1), "planner", "device x mode", mode=progress) as bar:
         planner = _Planner(work, files, figs, raw, sim_steps, seed, today, bar, engine_profile() if host else None,
-                           after_files, after_figs, raw_after)
+                           after_files, after_figs, raw_after, overrides)
         result = [planner.entry(d) for d in devices]
     res = {"schema": PLANNER_SCHEMA, "kind": "planner_crosscheck", "date": now_iso(), "workdir": str(work),
            "read_size": ddoc.get("read_size"), "devices": result, "classes": _classes(result),
@@ -662,10 +667,13 @@ def _read_size(d: Mapping) -> int:
     return int(d.get("read_size") or 4096)
 
 
-def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Path], key: str = "fio") -> tuple:
+def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Path], key: str = "fio",
+               depths: Sequence[int] = ()) -> tuple:
     """``(fio figures by device, fio file by device)`` of the built devices that have one, every file checked
-    (:func:`check_fio`) before anything is simulated.  ``key="fio_after"``: the fio taken after each device's
-    runs instead (none for a device whose fio a planner's own file overrides)."""
+    (:func:`check_fio`) before anything is simulated: a file of the measurement must hold every depth it ran
+    fio at (``depths``: ``devices.json``'s ``fio_depths``; a planner's own file need not).  ``key="fio_after"``:
+    the fio taken after each device's runs instead (none for a device whose fio a planner's own file
+    overrides)."""
     figs, files = {}, {}
     for d in built:
         size = _read_size(d)
@@ -674,7 +682,15 @@ def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Pat
         if path is None or (key != "fio" and d["name"] in overrides):
             continue
         files[d["name"]] = path
-        figs[d["name"]] = fio_figures(check_fio(path, size))
+        try:
+            figs[d["name"]] = fio_figures(check_fio(path, size))
+        except FormatError as exc:
+            raise FormatError(exc if str(path) in str(exc) else f"{path}: {exc}") from None
+        missing = sorted(set(depths or ()) - set(figs[d["name"]]["depths"])) if path != overrides.get(d["name"]) else []
+        if missing:
+            raise FormatError(f"{path}: fio at depths {figs[d['name']]['depths']}, but the measurement ran it at "
+                              f"{sorted(depths)} ({DEVICES_NAME} fio_depths): depth(s) {missing} missing, the file "
+                              "cut short?")
     return figs, files
 
 
@@ -701,6 +717,7 @@ class _Planner:
     after_files: Mapping[str, Path] = field(default_factory=dict)
     after_figs: Mapping[str, Mapping] = field(default_factory=dict)
     raw_after: Optional[Mapping] = None
+    overrides: Mapping[str, Path] = field(default_factory=dict)
 
     def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
         """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
@@ -800,6 +817,13 @@ class _Planner:
             self.bar.update(1, note=f"{d['name']} {mode}")
         if d["name"] in self.after_files:
             entry["fio_after"] = self._after(entry, d, runs_doc, runs_path, cores)
+        elif d.get("fio_after") or d.get("fio_after_skipped"):
+            size = str(_read_size(d))
+            entry["fio_after_unused"] = (
+                d.get("fio_after_skipped") or
+                ("--fio gives the planner's own file for the first prediction" if d["name"] in self.overrides
+                 else f"recorded at {', '.join(f'fio_after[{k!r}]' for k in d['fio_after'])}, not at the engine's "
+                      f"read size {size} B"))
         return entry
 
     def _after(self, entry: Mapping, d: Mapping, runs_doc: Mapping, runs_path: Path, cores: Optional[int]) -> dict:
@@ -941,12 +965,14 @@ def after_text(entry: Mapping, mode: str) -> str:
     ``fio_after``, :meth:`_Planner._after`): the span's verdict and figures and how far the two predictions lie
     apart; "" where there is none.  Never raises on a partial document."""
     fa = entry.get("fio_after") if isinstance(entry, Mapping) else None
-    m = (fa.get("modes") or {}).get(mode) if isinstance(fa, Mapping) else None
+    modes = fa.get("modes") if isinstance(fa, Mapping) else None
+    m = modes.get(mode) if isinstance(modes, Mapping) else None
     if not isinstance(m, Mapping):
         return ""
     if m.get("refused"):
         return f"; fio after the runs refused: {m['refused']}"
-    sp, ap = m.get("span") or {}, m.get("apart") or {}
+    sp = m.get("span") if isinstance(m.get("span"), Mapping) else {}
+    ap = m.get("apart") if isinstance(m.get("apart"), Mapping) else {}
     return (f"; between fio before and after: {'PASS' if sp.get('passed') else 'FAIL'} (median "
             f"{_pct(_real(sp.get('median_abs_error')))}, max {_pct(_real(sp.get('max_abs_error')))}; the two "
             f"predictions {_pct(_real(ap.get('median')))} apart, max {_pct(_real(ap.get('max')))})")
@@ -956,20 +982,28 @@ def after_notes(entry: Mapping) -> List[str]:
     """Lines on a device predicted again from the fio taken after its runs (``entry["fio_after"]``): how far fio's
     figures moved, then a line per mode (its own errors, the span's verdict: :func:`after_text`); none without
     it.  Never raises on a partial document (a missing figure reads ``?``)."""
-    fa = entry.get("fio_after") if isinstance(entry, Mapping) else None
-    if not isinstance(fa, Mapping):
+    if not isinstance(entry, Mapping):
         return []
-    q = fa.get("qd1_mean_us") if isinstance(fa.get("qd1_mean_us"), list) and len(fa["qd1_mean_us"]) == 2 else [0, 0]
-    p = fa.get("peak_iops") if isinstance(fa.get("peak_iops"), list) and len(fa["peak_iops"]) == 2 else [0, 0]
+    fa = entry.get("fio_after")
+    if not isinstance(fa, Mapping):
+        why = entry.get("fio_after_unused")
+        return [f"{entry.get('name')}: fio after its runs not used: {why}."] if isinstance(why, str) and why else []
+    q = fa.get("qd1_mean_us") if isinstance(fa.get("qd1_mean_us"), list) and len(fa["qd1_mean_us"]) == 2 else [None] * 2
+    p = fa.get("peak_iops") if isinstance(fa.get("peak_iops"), list) and len(fa["peak_iops"]) == 2 else [None] * 2
     out = [f"{entry.get('name')}: fio again after its runs ({Path(str(fa.get('file'))).name}): QD1 mean "
            f"{_fig(q[0], '.1f')} -> {_fig(q[1], '.1f')} us, peak {_fig(p[0], ',.0f')} -> {_fig(p[1], ',.0f')} IOPS; "
            "each run is also judged against the span between the predictions from the two."]
-    for mode, m in (fa.get("modes") or {}).items() if isinstance(fa.get("modes"), Mapping) else ():
-        t = (m.get("tokens_per_s") or {}) if isinstance(m, Mapping) else {}
-        own = ("" if not isinstance(m, Mapping) or m.get("refused") else
-               f" predicted from it: median abs error {_pct(_real(t.get('median_abs_error')))}, max "
-               f"{_pct(_real(t.get('max_abs_error')))};")
-        out.append(f"{entry.get('name')} {mode} (fio after the runs):{own}{after_text(entry, mode)[1:]}.")
+    modes = fa.get("modes") if isinstance(fa.get("modes"), Mapping) else {}
+    for mode, m in modes.items():
+        if not isinstance(m, Mapping):
+            continue
+        if m.get("refused"):
+            out.append(f"{entry.get('name')} {mode} (fio after the runs): refused: {m['refused']}.")
+            continue
+        t = m.get("tokens_per_s") if isinstance(m.get("tokens_per_s"), Mapping) else {}
+        out.append(f"{entry.get('name')} {mode} (fio after the runs): predicted from it: median abs error "
+                   f"{_pct(_real(t.get('median_abs_error')))}, max {_pct(_real(t.get('max_abs_error')))};"
+                   f"{after_text(entry, mode)[1:]}.")
     return out
 
 

@@ -47,8 +47,8 @@ from engram._checks import setting_number
 from engram.errors import ArgumentError, FormatError
 from sim.core.io import packaged_data_path, read_text
 
-__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "SESSIONS", "HostCPU", "check_profile",
-           "engine_profile", "process_scale"]
+__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "PROCESS_RATIO_RANGE", "SESSIONS", "HostCPU",
+           "check_profile", "engine_profile", "process_scale"]
 
 #: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
 ENGINE_PROFILE = "hosts/engine-cpu.json"
@@ -64,6 +64,8 @@ MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
 
 #: How the sessions run on the host: threads of one process (one engine a device) or processes (one each).
 SESSIONS = ("threads", "processes")
+#: The range a profile's ``process_cpu_ratio`` may take (both ends allowed): beyond it a figure is a typing error.
+PROCESS_RATIO_RANGE = (0.1, 10.0)
 
 
 def process_scale(profile: Mapping, sessions: str) -> tuple:
@@ -74,17 +76,21 @@ def process_scale(profile: Mapping, sessions: str) -> tuple:
     Raises
     ------
     ArgumentError
-        ``sessions`` not one of :data:`SESSIONS`.
+        ``sessions`` not one of :data:`SESSIONS`; the profile not a mapping, or its ratio not a number in
+        :data:`PROCESS_RATIO_RANGE` (names ``process_cpu_ratio``).
     """
     if sessions not in SESSIONS:
         raise ArgumentError(f"sessions = {sessions!r:.40}: expected one of {', '.join(SESSIONS)}")
     if sessions == "threads":
         return 1.0, ""
+    if not isinstance(profile, Mapping):
+        raise ArgumentError(f"the engine's CPU profile = {profile!r:.40}: expected a mapping")
     r = profile.get("process_cpu_ratio")
     if r is None:
         return 1.0, "sessions as processes, taken as threads (the profile has no process_cpu_ratio)"
-    return float(r), (f"sessions as processes: x {float(r):.2f} the CPU a step and a read (the profile's, "
-                      f"{profile.get('process_sessions', '?')} sessions as processes over threads)")
+    r = setting_number("process_cpu_ratio", r, *PROCESS_RATIO_RANGE)
+    return r, (f"sessions as processes: x {r:.2f} the CPU a step and a read (the profile's, "
+               f"{profile.get('process_sessions', '?')} sessions as processes over threads)")
 
 
 def _nonneg(name: str, v, high: Optional[float] = None, low: float = 0.0) -> float:
@@ -115,6 +121,9 @@ class HostCPU:
         Seconds a step's reads take longer after the step's idle spell than back to back, with the CPUs idle
         (the engine's hand-offs to its readers, and theirs back, waking idle CPUs: the profile's ``wake_us``);
         a step pays it times the share of the CPUs idle (:meth:`step_time`).
+    sessions : str
+        How the sessions run, one of :data:`SESSIONS` (said in outputs; the figures above are already those of
+        that way: :meth:`for_device`).
 
     Raises
     ------
@@ -128,6 +137,7 @@ class HostCPU:
     spin_s: float = 0.0
     source: str = ""
     wake_s: float = 0.0
+    sessions: str = "threads"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cpus", _nonneg("cpus", self.cpus, low=MIN_CPUS, high=MAX_CPUS))
@@ -135,6 +145,8 @@ class HostCPU:
             object.__setattr__(self, name, _nonneg(name, getattr(self, name), high=MAX_STEP_CPU_S))
         if not isinstance(self.source, str):
             raise ArgumentError(f"HostCPU.source = {self.source!r:.40}: expected a string")
+        if self.sessions not in SESSIONS:
+            raise ArgumentError(f"HostCPU.sessions = {self.sessions!r:.40}: expected one of {', '.join(SESSIONS)}")
 
     def demand(self, rows_per_step: float) -> float:
         """CPU seconds one step asks of the host: the engine's own, its ``rows_per_step`` reads' and the
@@ -370,12 +382,19 @@ class HostCPU:
             scale, note = 1.0, "sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
         if note:
             said.append(note)
-        return cls(cpus, step * scale * 1e-6, read * scale * 1e-6, spin_s, "; ".join(said), wake * 1e-6)
+        for what, us in (("the engine's CPU a step", step), ("a read's CPU", read)):
+            if us * scale > MAX_STEP_CPU_S * 1e6:
+                raise ArgumentError(f"the host: {what} {us:g} us x {scale:.3g} (sessions as processes: the profile's "
+                                    f"process_cpu_ratio) = {us * scale:g} us, more than {MAX_STEP_CPU_S:g} s: a "
+                                    "figure is off (--host-step-us, --host-read-us or fio's CPU a read)")
+        return cls(cpus, step * scale * 1e-6, read * scale * 1e-6, spin_s, "; ".join(said), wake * 1e-6, sessions)
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``wake_us``, ``source``."""
+        """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``wake_us``, ``sessions``,
+        ``source``."""
         return {"cpus": self.cpus, "step_cpu_us": self.step_cpu_s * 1e6, "read_cpu_us": self.read_cpu_s * 1e6,
-                "spin_us": self.spin_s * 1e6, "wake_us": self.wake_s * 1e6, "source": self.source}
+                "spin_us": self.spin_s * 1e6, "wake_us": self.wake_s * 1e6, "sessions": self.sessions,
+                "source": self.source}
 
 
 def engine_profile(path: Optional[str] = None) -> Mapping:
@@ -403,8 +422,9 @@ def engine_profile(path: Optional[str] = None) -> Mapping:
 
 def check_profile(doc, where: str) -> Mapping:
     """``doc`` if it is an engine CPU profile (:func:`engine_profile`), else FormatError naming ``where`` and the
-    key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` and
-    ``process_cpu_ratio`` (optional) ones > 0, ``memory_read_cpu_us`` and ``wake_us`` (optional) ones in [0, 60 s],
+    key: ``step_cpu_us`` and ``read_cpu_us`` finite numbers in [0, 60 s], ``read_cpu_ratio`` (optional) one > 0,
+    ``process_cpu_ratio`` (optional) one in :data:`PROCESS_RATIO_RANGE`, ``memory_read_cpu_us`` and ``wake_us``
+    (optional) ones in [0, 60 s],
     ``machine`` (optional) an object."""
     if not isinstance(doc, Mapping):
         raise FormatError(f"{where}: the engine's CPU profile must be a JSON object, got {type(doc).__name__}")
@@ -413,7 +433,10 @@ def check_profile(doc, where: str) -> Mapping:
                               ("wake_us", False, False), ("process_cpu_ratio", False, True)):
         if k in doc or need:
             try:
-                setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)
+                if k == "process_cpu_ratio":
+                    setting_number(k, doc.get(k), *PROCESS_RATIO_RANGE)
+                else:
+                    setting_number(k, doc.get(k), 0.0, MAX_STEP_CPU_S * 1e6, above=positive)
             except ArgumentError as exc:
                 raise FormatError(f"{where}: {exc}" + ("" if positive else " (microseconds)")) from None
     if "machine" in doc and not isinstance(doc["machine"], Mapping):

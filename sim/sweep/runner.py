@@ -150,9 +150,15 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
 
     devices: Dict[tuple, Any] = {}
     loaded: Dict[str, Any] = {}
+    hosts = set()
     for p in points:
         key = device_key(p)
+        hk = (key,) + tuple(str(p.get(k)) for k in ("host_cpus", "host_step_us", "host_read_us", "host_sessions"))
+        if hk in hosts:
+            continue
+        hosts.add(hk)
         if key in devices:
+            _check_host(p, devices[key])
             continue
         spec = p["device"]
         if spec == "calibrated" or spec.startswith("calibrated:"):
@@ -164,9 +170,7 @@ def resolve_context(points: Sequence[Mapping[str, Any]], calibration: Optional[P
             if spec not in loaded:
                 loaded[spec] = load_device(spec)
             devices[key] = loaded[spec]
-        host = point_host(p, devices[key])  # fio's CPU a read is known only once its device loads
-        if host is not None:
-            host.demand(ROWS_A_STEP)  # a step that asks too much CPU: refused before a file is opened
+        _check_host(p, devices[key])
     computes: Dict[str, Any] = {}
     for spec in dict.fromkeys(p["compute"] for p in points):
         if spec == "reference":
@@ -202,6 +206,20 @@ def point_policy(p: Mapping[str, Any]) -> Policy:
                   dram_fraction=p["dram_fraction"], shared_cache_bytes=p.get("shared_cache_bytes") or 0,
                   cache_policy=p.get("cache_policy") or DEFAULT_POLICY,
                   cache_warmup_steps=p.get("cache_warmup_steps") or 0)
+
+
+def _check_host(p: Mapping[str, Any], device) -> None:
+    """Refuse a point whose host (:func:`point_host`) asks more CPU a step of 48 reads than
+    :data:`sim.decode.host.MAX_STEP_CPU_S` -- fio's CPU a read is known only once its device loads -- before a
+    file is opened; the message names the point's host axes."""
+    try:
+        host = point_host(p, device)
+        if host is not None:
+            host.demand(ROWS_A_STEP)
+    except ArgumentError as exc:
+        axes = ", ".join(f"{k} = {p[k]!r}" for k in ("host_cpus", "host_step_us", "host_read_us", "host_sessions")
+                         if p.get(k) is not None)
+        raise ArgumentError(f"the point of device {p.get('device')!r} ({axes}): {exc}") from None
 
 
 def point_host(p: Mapping[str, Any], device) -> Optional[HostCPU]:

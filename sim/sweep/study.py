@@ -94,7 +94,7 @@ from engram.errors import ArgumentError, FormatError
 from engram.rowcache import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_size
 
 from sim.core.io import read_text
-from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, engine_profile
+from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, engine_profile, process_scale
 from sim.core.params import BACKENDS, COMPUTE_DISTS, DEFAULT_LAYERS, DEFAULT_PHASES, DEFAULT_READERS, DEFAULT_THRESHOLD, Phases
 from ..trace import SYNTH_PREFIX, SynthSpec
 
@@ -548,10 +548,14 @@ def check_host_axes(p: Mapping[str, Any], where: str) -> None:
         raise ArgumentError(f"{where}: {exc}") from None
     if p.get("host_read_us") is None:  # the profile's (a fio device's own figure is known only once it loads)
         us["host_read_us"] = _profile_read_us()
-    step = us["host_step_us"] + ROWS_A_STEP * us["host_read_us"]
+    scale = process_scale(engine_profile(), p.get("host_sessions") or "threads")[0]
+    step = (us["host_step_us"] + ROWS_A_STEP * us["host_read_us"]) * scale
     if step > MAX_STEP_CPU_S * 1e6:
-        raise ArgumentError(f"{where}: host_step_us + {ROWS_A_STEP} x host_read_us = {step:g} us: a step of "
-                            f"{ROWS_A_STEP} reads would ask for more than {MAX_STEP_CPU_S:g} s of CPU")
+        what = f"host_step_us + {ROWS_A_STEP} x host_read_us"
+        if scale != 1:
+            what = f"({what}) x {scale:.3g} (host_sessions = processes: the profile's process_cpu_ratio)"
+        raise ArgumentError(f"{where}: {what} = {step:g} us: a step of {ROWS_A_STEP} reads would ask for more than "
+                            f"{MAX_STEP_CPU_S:g} s of CPU")
 
 
 @functools.lru_cache(maxsize=1)

@@ -541,7 +541,7 @@ def test_the_host_of_the_command_line_binds_the_capacity(capsys, tmp_path):
     said = (f"1 CPU; the engine's 1e+04 us a step (given); 0.0 us a read (given); a step's wake-up {wake:.0f} us x "
             "the CPUs' idle share (the profile's: its readers' batch after the step's sleep over back to back)")
     assert c["host"] == {"cpus": 1.0, "step_cpu_us": 10000.0, "read_cpu_us": 0.0, "spin_us": 0.0,
-                         "wake_us": pytest.approx(wake), "source": said}
+                         "wake_us": pytest.approx(wake), "sessions": "threads", "source": said}
     assert alone["configurations"][0]["host"] is None
     assert f"the host modelled (sim.decode.host): {said}" in c["assumptions"]
     study = _study(tmp_path / "host.toml", 'compute = ""\ncompute_ms = 5.0\ntrace_limit = 1000\nhost_cpus = 1.0\n'
@@ -600,6 +600,9 @@ def test_sessions_as_processes_carry_fewer_sessions_where_the_host_binds(capsys,
     ("host_cpus = 4.0\nhost_read_us = 5e6", "host_step_us + 48 x host_read_us = 2.4e+08 us: a step of 48 reads"),
     ('host_sessions = "processes"', "host_sessions go with host_cpus = N"),
     ('host_cpus = 2.0\nhost_sessions = "forks"', "host_sessions = 'forks': expected one of threads, processes"),
+    # within the bound as threads, past it as processes (the profile's ratio)
+    ('host_cpus = 2.0\nhost_read_us = 1000000.0\nhost_sessions = "processes"',
+     "(host_step_us + 48 x host_read_us) x 1.28 (host_sessions = processes: the profile's process_cpu_ratio)"),
 ])
 def test_bad_host_axes_of_a_study_are_refused(capsys, tmp_path, fixed, msg):
     study = _study(tmp_path / "bad.toml", fixed, f'device = ["{FAST}"]')

@@ -15,7 +15,7 @@ from engram.errors import ArgumentError, FormatError
 from sim.core.params import Compute, Policy
 from sim.decode import DecodeRun, simulate_decode
 from sim.device.fio import device_from_fio
-from sim.decode.host import HostCPU, engine_profile
+from sim.decode.host import HostCPU, engine_profile, process_scale
 from sim.device import ParametricSSD
 from sim.trace import CODE_SOURCE, load_trace
 from tests.clirun import cli
@@ -499,12 +499,43 @@ def test_the_shipped_profile_has_a_process_ratio():
     assert p["process_command"].startswith("python -m benchmarks.run host --modes-only") and p["process_date"]
 
 
-@pytest.mark.parametrize("value", [0, -1.5, "x", None])
+@pytest.mark.parametrize("value", [0, -1.5, "x", None, 0.05, 11, 1e6, True])
 def test_a_bad_process_ratio_is_refused(tmp_path, value):
     p = tmp_path / "p.json"
     p.write_text(json.dumps({"step_cpu_us": 1, "read_cpu_us": 2, "process_cpu_ratio": value}))
     with pytest.raises(FormatError, match="process_cpu_ratio"):
         engine_profile(str(p))
+    # a profile handed over as a mapping: the same range, named, where the ratio is used (None there: no ratio)
+    if value is None:
+        assert process_scale({"process_cpu_ratio": value}, "processes")[0] == 1.0
+        return
+    with pytest.raises(ArgumentError, match="process_cpu_ratio"):
+        process_scale({"process_cpu_ratio": value}, "processes")
+
+
+def test_process_scale_edges():
+    assert process_scale({"process_cpu_ratio": 0.1}, "processes")[0] == 0.1
+    assert process_scale({"process_cpu_ratio": 10}, "processes")[0] == 10.0
+    assert process_scale({"process_cpu_ratio": 1e6}, "threads") == (1.0, "")  # threads never read it
+    with pytest.raises(ArgumentError, match="expected a mapping"):
+        process_scale(None, "processes")
+    with pytest.raises(ArgumentError, match="sessions = 'thread'"):
+        process_scale({}, "thread")
+
+
+def test_the_host_says_how_its_sessions_run_and_refuses_a_step_past_the_bound():
+    disk = Path(__file__).parent / "data" / "fio-disk-randread-4k.json"
+    prof = {"step_cpu_us": 100.0, "read_cpu_us": 20.0, "process_cpu_ratio": 1.25}
+    h = HostCPU.for_device(2, device_from_fio(disk), profile=prof, sessions="processes")
+    assert h.sessions == "processes" and h.to_dict()["sessions"] == "processes"
+    assert HostCPU(2, 1e-4, 1e-5).to_dict()["sessions"] == "threads"
+    with pytest.raises(ArgumentError, match="HostCPU.sessions = 'forks'"):
+        HostCPU(2, 1e-4, 1e-5, sessions="forks")
+    # within the bound as threads, past it as processes: the message names the figure and the ratio
+    with pytest.raises(ArgumentError, match=r"the engine's CPU a step 5e\+07 us x 1.25 \(sessions as processes: the "
+                                            r"profile's process_cpu_ratio\) = 6.25e\+07 us, more than 60 s"):
+        HostCPU.for_device(2, None, profile=prof, sessions="processes", step_cpu_us=5e7)
+    assert HostCPU.for_device(2, None, profile=prof, step_cpu_us=5e7).step_cpu_s == pytest.approx(50.0)
 
 
 def test_host_sessions_on_the_command_line(capsys):

@@ -589,11 +589,20 @@ def test_between_fio_before_and_after_known_answers():
     assert after_notes({"name": "disk", **entry})[1:] == [
         "disk fio (fio after the runs): predicted from it: median abs error 10.0%, max 20.0%; between fio before and "
         f"after: PASS (median 2.0%, max 4.0%; the two predictions {apart[1] * 100:.1f}% apart, max "
-        f"{apart[2] * 100:.1f}%).", "disk datasheet (fio after the runs): fio after the runs refused: no."]
-    for partial in ({}, {"fio_after": 3}, {"fio_after": {"modes": {"fio": {}}}}, None):
+        f"{apart[2] * 100:.1f}%).", "disk datasheet (fio after the runs): refused: no."]
+    # a partial or older document: never raises, a missing figure reads "?"
+    for partial in ({}, {"fio_after": 3}, {"fio_after": {"modes": {"fio": {}}}}, None,
+                    {"fio_after": {"modes": {"fio": {"apart": "x", "span": 3}}}}, {"fio_after": {"modes": ["fio"]}},
+                    {"fio_after": {"modes": {"fio": 7}}}):
         assert isinstance(after_notes(partial), list)
         assert after_text(partial, "fio") in ("", "; between fio before and after: FAIL (median -, max -; the two "
                                                   "predictions - apart, max -)")
+    assert after_notes({"name": "d", "fio_after": {"file": "f.json"}})[0] == (
+        "d: fio again after its runs (f.json): QD1 mean ? -> ? us, peak ? -> ? IOPS; each run is also judged against "
+        "the span between the predictions from the two.")
+    # fio after the runs that the planner did not use, and why
+    assert after_notes({"name": "d", "fio_after_unused": "fio is not installed"}) == [
+        "d: fio after its runs not used: fio is not installed."]
 
 
 def test_the_planners_host_scales_sessions_as_processes():
@@ -610,5 +619,31 @@ def test_the_planners_host_scales_sessions_as_processes():
     assert p.step_cpu_s == pytest.approx(130e-6) and p.read_cpu_s == pytest.approx(17e-6 * 1.3)
     assert p.spin_s == pytest.approx(1e-3) and p.wake_s == host.wake_s and "x 1.30" in p.source
     mem = PlannerModels.of(ParametricSSD(80e-6, 100000, 8), "ssd", host, prof, memory=True).host("none", "processes")
-    assert mem == host
+    assert mem.sessions == "processes" and (mem.step_cpu_s, mem.read_cpu_s, mem.source) == (100e-6, 17e-6, "h")
+    assert p.sessions == "processes" and t.sessions == "threads"
     assert PlannerModels.of(ParametricSSD(80e-6, 100000, 8), "ssd", None, prof).host("none", "processes") is None
+
+
+def test_a_measured_fio_file_cut_short_is_refused(fio_only, tmp_path, capsys):
+    """A fio file of the measurement must hold every depth devices.json says fio ran at: a file cut short (its
+    last depths lost) is refused naming it and the depths missing; a planner's own file (--fio) need not."""
+    work = tmp_path / "w"
+    shutil.copytree(fio_only, work)
+    doc = json.loads((work / "devices.json").read_text())
+    disk = doc["devices"][0]
+    size = disk["read_size"]
+    lines = (work / f"fio-{size}.json").read_text().splitlines()
+    (work / "cut.json").write_text(lines[0] + "\n")  # QD1 only
+    doc["fio_depths"] = [1, 4]
+    disk["fio_after"] = {str(size): "cut.json"}
+    (work / "devices.json").write_text(json.dumps(doc))
+    line = cli(capsys, ["crosscheck", str(work), "--planner", "--no-progress"])
+    assert "cut.json: fio at depths [1], but the measurement ran it at [1, 4]" in line and "[4] missing" in line
+    assert not (work / "planner.json").exists()
+    # a fio file without a QD1 run names the file
+    (work / "noqd1.json").write_text(lines[1] + "\n")
+    disk["fio_after"] = {str(size): "noqd1.json"}
+    doc["fio_depths"] = [4]
+    (work / "devices.json").write_text(json.dumps(doc))
+    line = cli(capsys, ["crosscheck", str(work), "--planner", "--no-progress"])
+    assert "noqd1.json: fio output without a run at queue depth 1" in line

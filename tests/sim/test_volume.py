@@ -615,3 +615,21 @@ def test_fio_edge_cases_from_an_attack(tmp_path):
     for files in ([a, b], [b, a]):
         dev = device_from_fio(files)
         assert isinstance(dev, RateLimitedDevice) and "W / (1/cap - 1/R)" in dev.derived["burst_ios"]["rule"]
+
+
+def test_each_host_of_a_study_on_one_device_is_checked_before_a_file_opens(tmp_path, capsys):
+    """A study grid of threads and processes on one fio device: fio's 0.99 s of CPU a read x 0.86 and 10 s of the
+    engine's keep a step of 48 reads under 60 s as threads (51 s), past it as processes (x the profile's
+    process_cpu_ratio): the second point is refused too, before the sweep writes a row, naming the point's host
+    axes (only the first point of each device was checked)."""
+    p = _fio_with_cpu(tmp_path, job_runtime=66 * 10 ** 6)
+    study = tmp_path / "h.toml"
+    study.write_text(f'[study]\nname = "h"\n[fixed]\nhost_cpus = 2.0\nhost_step_us = 1e7\ncompute_ms = 5.0\n'
+                     f'compute = ""\nsteps = 10\ntrace_limit = 600\n[grid]\ndevice = ["{p}"]\n'
+                     'host_sessions = ["threads", "processes"]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    line = cli(capsys, ["sim", "sweep", str(study), "--out", str(out / "h.csv"), "--jobs", "1"])
+    assert "host_sessions = 'processes'" in line and "a step of 48 reads asks for" in line
+    assert "sessions as processes: x" in line
+    assert not list(out.iterdir())
