@@ -42,6 +42,13 @@ _PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse"
                   "host_sessions": "--host-sessions"}
 
 
+def _runner_text(name: str) -> str:
+    """Where the simulations ran, in words: ``processes:N`` (the runner's name) is the simulator's own N local
+    worker processes, not the sessions' (``--host-sessions``)."""
+    kind, _, n = str(name).partition(":")
+    return f"{n} local worker processes of the simulator" if kind == "processes" and n else str(name)
+
+
 def _interrupted(out: Path, what: str, rows: Optional[Path] = None) -> int:
     """Ctrl-C during a run: say where the finished rows (``rows``, default the table ``out``) are and how to
     go on."""
@@ -82,7 +89,7 @@ def _cmd_sweep(args) -> int:
                     "lost_runs": res.lost, "complete": res.complete})
         return 0
     print(f"study     {res.study.name}: {len(res.rows)} points over {', '.join(axes) or 'no varying axis'}")
-    print(f"ran       {res.seconds:.1f} s on {res.runner}"
+    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}"
           + (f"; {res.resumed} points taken from the earlier run" if res.resumed else "")
           + (f"; {res.lost} point runs lost with their worker and run again" if res.lost else ""))
     for line in _sweep_findings(res.rows, axes):
@@ -260,7 +267,7 @@ def _cmd_capacity(args) -> int:
           f"seed{'' if spec.seeds == 1 else 's'} up to "
           f"{spec.max_sessions} sessions" + (f" to within {spec.resolution} sessions (--resolution)"
                                             if spec.resolution > 1 else ""))
-    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     shared = {c.assumptions() for c in res.capacities}
     if len(shared) == 1:
@@ -385,7 +392,7 @@ def _cmd_serve_capacity(args) -> int:
           f"{study.slo.text()}, searched with {sr.seeds} seed{'' if sr.seeds == 1 else 's'} from {sr.min_rate:g} up "
           f"to {sr.max_rate:g} requests/s (to {sr.resolution:.0%}), each probe measuring at least "
           f"{sr.min_requests} requests")
-    print(f"ran       {res.seconds:.1f} s on {res.runner}; {sum(len(c.probes) for c in res.capacities)} probes"
+    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; {sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
