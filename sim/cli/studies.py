@@ -15,6 +15,7 @@ from engram.rowcache import DEFAULT_POLICY
 from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
                                 phases_text, probes_path, run_capacity)
 from sim.core.io import load_json
+from sim.device.presets import load_device
 from ..serve import ServeStudy
 from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity
@@ -40,6 +41,24 @@ _PLANNER_FLAGS = {"device": "--device", "drives": "--drives", "reuse": "--reuse"
                   "cache_warmup_steps": "--cache-warmup-steps", "host_cpus": "--host-cpus",
                   "host_step_us": "--host-step-us", "host_read_us": "--host-read-us",
                   "host_sessions": "--host-sessions"}
+
+
+def device_assumed(specs) -> dict:
+    """``{device spec: ["NAME = VALUE: RULE", ...]}``: the figures each device's model assumed, not measured nor
+    given (its ``derived`` entries whose rule says "assumed"; :func:`sim.device.presets.load_device`), for every
+    spec of ``specs`` that loads and has any -- a capacity on a datasheet rests on them (a latency spread of cv
+    0.5 where no cv or p99 is given), and a fio file's measured spread does not."""
+    out = {}
+    for spec in dict.fromkeys(str(x) for x in specs):
+        try:
+            derived = getattr(load_device(spec), "derived", None) or {}
+        except EngramError:
+            continue  # a calibrated device, or one the run already refused
+        said = [f"{k} = {v.get('value')} {str(v.get('rule'))[len('assumed'):].strip(' :')}"
+                for k, v in derived.items() if isinstance(v, dict) and str(v.get("rule", "")).startswith("assumed")]
+        if said:
+            out[spec] = said
+    return out
 
 
 def _runner_text(name: str) -> str:
@@ -246,6 +265,7 @@ def _cmd_capacity(args) -> int:
         return _interrupted(out, "capacity", probes_path(out))
     axes = [a for a in study.axes()]
     spec = res.spec
+    assumed = device_assumed(c.config.get("device") for c in res.capacities if c.config.get("device"))
     if args.json:
         print_json({"table": str(res.table), "meta": str(meta_path(res.table)),
                     "probes": str(probes_path(res.table)), "capacity": spec.to_dict(), "seconds": res.seconds,
@@ -259,7 +279,8 @@ def _cmd_capacity(args) -> int:
                                         "compute_realised_cv": c.compute_realised[1],
                                         "row_cache": _row_cache(c), "host": _host(c),
                                         "zero_capacity_reason": c.zero_note() or None,
-                                        "warnings": c.warnings, "assumptions": c.assumptions()}
+                                        "warnings": c.warnings, "assumptions": c.assumptions(),
+                                        "device_assumed": assumed.get(str(c.config.get("device")), [])}
                                        for c in res.capacities]})
         return 0
     print(f"study     {study.name}: {len(res.capacities)} configuration(s); the largest session count whose "
@@ -267,11 +288,14 @@ def _cmd_capacity(args) -> int:
           f"seed{'' if spec.seeds == 1 else 's'} up to "
           f"{spec.max_sessions} sessions" + (f" to within {spec.resolution} sessions (--resolution)"
                                             if spec.resolution > 1 else ""))
-    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; {sum(len(c.probes) for c in res.capacities)} probes"
+    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; "
+          f"{sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     shared = {c.assumptions() for c in res.capacities}
     if len(shared) == 1:
         print(f"assumes   {shared.pop()}")
+    for spec, said in assumed.items():
+        print(f"device    {spec}: assumed, not measured: " + "; ".join(said))
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"
         print(f"capacity  {what}: {c.label()}; {phases_short(c.phases)}")
@@ -392,7 +416,8 @@ def _cmd_serve_capacity(args) -> int:
           f"{study.slo.text()}, searched with {sr.seeds} seed{'' if sr.seeds == 1 else 's'} from {sr.min_rate:g} up "
           f"to {sr.max_rate:g} requests/s (to {sr.resolution:.0%}), each probe measuring at least "
           f"{sr.min_requests} requests")
-    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; {sum(len(c.probes) for c in res.capacities)} probes"
+    print(f"ran       {res.seconds:.1f} s on {_runner_text(res.runner)}; "
+          f"{sum(len(c.probes) for c in res.capacities)} probes"
           + (f" ({res.resumed} taken from the earlier run)" if res.resumed else ""))
     for c in res.capacities:
         what = ", ".join(f"{a}={c.config[a]}" for a in axes) or "the configuration"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -641,3 +642,19 @@ def test_a_coarse_resolution_says_the_bracket_the_search_ended_with(capsys, tmp_
         assert line in out.splitlines(), out
         for f in tmp_path.glob("t.csv*"):
             f.unlink()
+
+
+def test_a_capacity_says_what_its_device_assumed(capsys, tmp_path):
+    """A datasheet device's assumed figures (a cv of 0.5 where no cv or p99_us is given) are said beside its
+    capacity, in the text and in --json; a fio device, whose spread is measured, assumes none."""
+    fio = str(Path(__file__).parent / "data" / "fio-disk-randread-4k.json")
+    doc = capacity_json(capsys, ["--device", FAST, "--device", fio, "--compute-ms", "5", "--steps", "20",
+                                 "--out", str(tmp_path / "c.csv")])
+    by = {c["device"]: c for c in doc["configurations"]}
+    assert by[FAST]["device_assumed"] == ["cv = 0.5 (no cv or p99_us given): not a measurement"]
+    assert by[fio]["device_assumed"] == []
+    text = [a for a in SEARCH if a != "--json"]
+    assert main(["sim", "capacity", "--device", FAST, "--compute-ms", "5", "--steps", "20",
+                 "--out", str(tmp_path / "t.csv"), *text]) == 0
+    out = capsys.readouterr().out
+    assert f"device    {FAST}: assumed, not measured: cv = 0.5 (no cv or p99_us given): not a measurement" in out
