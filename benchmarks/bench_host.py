@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import resource
 import threading
 import shutil
@@ -205,7 +206,6 @@ def mode_cpu(path: Path, sessions: int, steps: int, sleep_ms: float, readers: in
     got = {}
     for mode in (("processes", "threads") if processes_first else ("threads", "processes")):
         if mode == "threads":
-            import queue
             out, start = queue.Queue(), threading.Barrier(sessions + 1)
             ws = [threading.Thread(target=_mode_worker, args=(str(path), st, sleep_ms * 1e-3, readers, threshold,
                                                                start, out)) for st in stretches]

@@ -285,9 +285,7 @@ class PlannerModels(Calibration):
             return None
         spin = sum(float(a) for k, a in ComputeSpec.parse(compute).extra if k == "spin") * 1e-3
         h = replace(self.host_cpu, spin_s=spin)
-        scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads")
-        if note and self.memory:  # a copy in the reader: no reader sleeps on a device (sim.decode.host)
-            scale, note = 1.0, ""
+        scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads", self.memory)
         if mode == "processes":
             h = replace(h, step_cpu_s=h.step_cpu_s * scale, read_cpu_s=h.read_cpu_s * scale, sessions="processes",
                         source=f"{h.source}; {note}" if note else h.source)
@@ -517,8 +515,8 @@ def check_devices(doc: Mapping, where: Union[str, os.PathLike]) -> List[dict]:
         ``built``/``measured`` not true or false, a ``folder`` that is not a relative path inside the
         measurement, a ``read_size`` (a device's or the top-level one) that is not a whole number of bytes in
         [512, 1 MiB], ``fio`` or ``fio_after`` not an object of size -> file, or a file of it that is not a
-        relative path inside the measurement, as ``folder`` (absolute, with a ``..`` part or a control character) (names the entry
-        and key).
+        relative path inside the measurement, as ``folder`` (absolute, with a ``..`` part or a control
+        character) (names the entry and key).
     """
     if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
         raise FormatError(f"{where}: no 'devices' list (a device list of engram measure --throttle-iops/--tmpfs)")
@@ -686,7 +684,8 @@ def _fio_files(work: Path, built: Sequence[Mapping], overrides: Mapping[str, Pat
             figs[d["name"]] = fio_figures(check_fio(path, size))
         except FormatError as exc:
             raise FormatError(exc if str(path) in str(exc) else f"{path}: {exc}") from None
-        missing = sorted(set(depths or ()) - set(figs[d["name"]]["depths"])) if path != overrides.get(d["name"]) else []
+        own = path == overrides.get(d["name"])  # a planner's own file: its depths are the planner's
+        missing = [] if own else sorted(set(depths or ()) - set(figs[d["name"]]["depths"]))
         if missing:
             raise FormatError(f"{path}: fio at depths {figs[d['name']]['depths']}, but the measurement ran it at "
                               f"{sorted(depths)} ({DEVICES_NAME} fio_depths): depth(s) {missing} missing, the file "
@@ -798,13 +797,9 @@ class _Planner:
             if mode == "datasheet":
                 entry["datasheet_used"] = described
             host = self.host(d, mode, runs_doc)
-            models = PlannerModels.of(dev, described, host, self.profile, self.memory(d))
-            doc = crosscheck(models, runs_doc, runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed,
-                             baseline=False, targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
-            entry["modes"][mode] = _mode_result(doc, described, "")
+            entry["modes"][mode] = self._predict(d, dev, described, host, runs_doc, runs_path)
             if host is not None:
-                note = ("sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
-                        if self.memory(d) else process_scale(self.profile, "processes")[1])
+                note = process_scale(self.profile, "processes", self.memory(d))[1]
                 entry["modes"][mode]["host_model"] = dict(host.to_dict(), processes=note,
                                                           source=f"{host.source}; {note}")
             mem = (self.profile or engine_profile()).get("memory_read_cpu_us") if self.memory(d) else None
@@ -852,13 +847,19 @@ class _Planner:
             if dev is None:
                 out["modes"][mode] = _refused(tries[-1], why)
             else:
-                doc = crosscheck(PlannerModels.of(dev, described, self.host(d, mode, runs_doc), self.profile,
-                                                  self.memory(d)), runs_doc,
-                                 runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed, baseline=False,
-                                 targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
-                out["modes"][mode] = between(m, _mode_result(doc, described))
+                out["modes"][mode] = between(m, self._predict(d, dev, described, self.host(d, mode, runs_doc),
+                                                              runs_doc, runs_path))
             self.bar.update(1, note=f"{name} {mode} (fio after)")
         return out
+
+    def _predict(self, d: Mapping, dev: Device, described: str, host: Optional[HostCPU], runs_doc: Mapping,
+                 runs_path: Path) -> dict:
+        """A mode's result (:func:`_mode_result`): the runs of device ``d`` predicted from ``dev`` (described by
+        ``described``) on ``host``, sessions as processes scaled by the profile, with the planner's goals."""
+        doc = crosscheck(PlannerModels.of(dev, described, host, self.profile, self.memory(d)), runs_doc,
+                         runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed, baseline=False,
+                         targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
+        return _mode_result(doc, described)
 
     def _fio_text(self, d: Mapping, path: str, cores: Optional[int]) -> str:
         """The device description of fio file ``path`` on device ``d``: ``fio:PATH`` with the engine's read size
@@ -988,8 +989,11 @@ def after_notes(entry: Mapping) -> List[str]:
     if not isinstance(fa, Mapping):
         why = entry.get("fio_after_unused")
         return [f"{entry.get('name')}: fio after its runs not used: {why}."] if isinstance(why, str) and why else []
-    q = fa.get("qd1_mean_us") if isinstance(fa.get("qd1_mean_us"), list) and len(fa["qd1_mean_us"]) == 2 else [None] * 2
-    p = fa.get("peak_iops") if isinstance(fa.get("peak_iops"), list) and len(fa["peak_iops"]) == 2 else [None] * 2
+    def pair(key: str) -> list:
+        v = fa.get(key)
+        return v if isinstance(v, list) and len(v) == 2 else [None, None]
+
+    q, p = pair("qd1_mean_us"), pair("peak_iops")
     out = [f"{entry.get('name')}: fio again after its runs ({Path(str(fa.get('file'))).name}): QD1 mean "
            f"{_fig(q[0], '.1f')} -> {_fig(q[1], '.1f')} us, peak {_fig(p[0], ',.0f')} -> {_fig(p[1], ',.0f')} IOPS; "
            "each run is also judged against the span between the predictions from the two."]

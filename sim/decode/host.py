@@ -68,10 +68,11 @@ SESSIONS = ("threads", "processes")
 PROCESS_RATIO_RANGE = (0.1, 10.0)
 
 
-def process_scale(profile: Mapping, sessions: str) -> tuple:
+def process_scale(profile: Mapping, sessions: str, memory: bool = False) -> tuple:
     """``(factor, what it says)``: the CPU a step and a read of ``sessions`` (:data:`SESSIONS`) over the profile's
     figures, which are threads' -- the profile's ``process_cpu_ratio`` for processes (1 where the profile has
-    none, said so), 1 and "" for threads.
+    none, or on a ``memory``-backed device, whose readers copy without sleeping on a device: said so), 1 and ""
+    for threads.
 
     Raises
     ------
@@ -83,6 +84,8 @@ def process_scale(profile: Mapping, sessions: str) -> tuple:
         raise ArgumentError(f"sessions = {sessions!r:.40}: expected one of {', '.join(SESSIONS)}")
     if sessions == "threads":
         return 1.0, ""
+    if memory:
+        return 1.0, "sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
     if not isinstance(profile, Mapping):
         raise ArgumentError(f"the engine's CPU profile = {profile!r:.40}: expected a mapping")
     r = profile.get("process_cpu_ratio")
@@ -377,9 +380,7 @@ class HostCPU:
             wake = float(p["wake_us"])
             said.append(f"a step's wake-up {wake:.0f} us x the CPUs' idle share (the profile's: its readers' batch "
                         "after the step's sleep over back to back)")
-        scale, note = process_scale(p, sessions)
-        if note and "memory_backed" in derived:  # a copy in the reader: no reader sleeps on the device
-            scale, note = 1.0, "sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
+        scale, note = process_scale(p, sessions, memory="memory_backed" in derived)
         if note:
             said.append(note)
         for what, us in (("the engine's CPU a step", step), ("a read's CPU", read)):
