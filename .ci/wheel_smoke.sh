@@ -61,6 +61,17 @@ run sim decode --steps 300 --no-progress
 run sim decode --device ssd:qd1_us=80,iops=500000 --sessions 64 --steps 100 --no-progress  # README
 run sim decode --tail vm-virtio-16core-4k --steps 200 --quiet
 run sim decode --device ssd:qd1_us=80,iops=500000 --sessions 16 --steps 100 --host-cpus 2 --quiet  # the engine's CPU profile
+# sessions as processes: the packaged profile's process_cpu_ratio scales the CPU a step and a read
+"$E" sim decode --device ssd:qd1_us=80,iops=500000 --sessions 16 --steps 100 --host-cpus 2 --host-sessions processes \
+    --json > "$tmp/proc.json"
+"$tmp/venv/bin/python" - "$tmp/proc.json" <<'PY'
+import json, sys
+from sim.decode.host import engine_profile
+h, p = json.load(open(sys.argv[1]))["host"], engine_profile()
+assert h["sessions"] == "processes", h
+assert abs(h["step_cpu_us"] - p["step_cpu_us"] * p["process_cpu_ratio"]) < 1e-6, (h, p)
+print("    sessions as processes: x", p["process_cpu_ratio"], "the CPU a step from the installed profile")
+PY
 run sim serve --no-progress                                                 # its defaults: 300 s simulated
 run sim serve --rate 3 --duration-s 60 --device ssd:qd1_us=80,iops=600000 --compute-scale 10 --quiet  # README
 run sim prefill --compute-tokens-per-s 2000 --limit 8192 --no-progress      # default: shared:agent_prompt_long.txt

@@ -86,7 +86,8 @@ from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from .regimes import verdict_text
 from sim.device import Device
-from sim.device.fio import HOST_BOUND_SHARE, MEMORY_QD1_P50, cpu_per_read, fio_records, idle_jobs, read_fio_output
+from sim.device.fio import (HOST_BOUND_SHARE, MEMORY_QD1_P50, cpu_held_off, cpu_per_read, fio_records, held_off_text,
+                            idle_jobs, read_fio_output)
 from sim.device.presets import load_device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.params import Compute, Policy
@@ -171,9 +172,10 @@ def check_fio(path: Union[str, os.PathLike], read_size: int) -> List[dict]:
 
 
 def fio_figures(recs: Sequence[Mapping]) -> dict:
-    """``{"qd1_cpu_per_read_us", "qd1_mean_us", "qd1_p50_us", "peak_iops", "peak_qd", "depths"}`` of checked fio
-    records (medians where a depth ran more than once; the CPU a read took at QD1, :func:`sim.device.fio.cpu_per_read`,
-    None when fio's JSON has no CPU figures).
+    """``{"qd1_cpu_per_read_us", "qd1_held_off", "qd1_mean_us", "qd1_p50_us", "peak_iops", "peak_qd", "depths"}`` of
+    checked fio records (medians where a depth ran more than once; the CPU a read took at QD1,
+    :func:`sim.device.fio.cpu_per_read`, None when fio's JSON has no CPU figures; ``qd1_held_off``: the QD1 runs'
+    in-flight share where they waited for their CPU, :func:`sim.device.fio.cpu_held_off`, else None).
 
     Raises
     ------
@@ -190,7 +192,7 @@ def fio_figures(recs: Sequence[Mapping]) -> dict:
     peak_qd = max(iops, key=lambda k: iops[k])
     p50 = [r["pct"].get(50.0) for r in by[1] if r["pct"].get(50.0) is not None]
     cpu = cpu_per_read(by[1])
-    return {"qd1_cpu_per_read_us": cpu * 1e6 if cpu is not None else None,
+    return {"qd1_cpu_per_read_us": cpu * 1e6 if cpu is not None else None, "qd1_held_off": cpu_held_off(by[1]),
             "qd1_mean_us": float(np.median([r["mean"] for r in by[1]])) * 1e6,
             "qd1_p50_us": float(np.median(p50)) * 1e6 if p50 else None,
             "peak_iops": iops[peak_qd], "peak_qd": int(peak_qd), "depths": sorted(by),
@@ -329,6 +331,19 @@ def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, see
         return None
     doc = load_json(p)
     return _mode_result(doc, "calibration + windows")
+
+
+def _worst(m: Mapping) -> str:
+    """The sign and the run of a mode's largest tokens/s error, for the table's max cell: `` (too fast: 8 sessions
+    as threads)`` where the prediction ran above the measurement; "" where no row has a finite error."""
+    rows = [r for r in m.get("rows") or [] if isinstance(r, Mapping) and _real(r.get("error")) is not None
+            and math.isfinite(r["error"])]
+    if not rows:
+        return ""
+    r = max(rows, key=lambda x: abs(x["error"]))
+    n, mode = r.get("sessions"), r.get("mode")
+    who = f"{n} session{'' if n == 1 else 's'}" + (f" as {mode}" if mode else "")
+    return f" ({'too fast' if r['error'] > 0 else 'too slow'}: {_cell(who)})"
 
 
 def _mode_result(doc: Mapping, device: str, refused: str = "") -> dict:
@@ -718,15 +733,17 @@ class _Planner:
     raw_after: Optional[Mapping] = None
     overrides: Mapping[str, Path] = field(default_factory=dict)
 
-    def host(self, d: Mapping, mode: str, runs_doc: Mapping) -> Optional[HostCPU]:
+    def host(self, d: Mapping, mode: str, runs_doc: Mapping, fig: Optional[Mapping] = None) -> Optional[HostCPU]:
         """The host of ``mode``'s prediction of device ``d`` (None without a profile): the runs' machine's CPUs,
-        the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode) or the profile's (a
-        datasheet says none), scaled by the profile's engine-to-fio ratio of CPU per read; on a memory-backed
-        device (:meth:`memory`) the profile's pread from tmpfs, in both modes (none where the profile has
-        none); on a drive, a step's wake-up (the profile's ``wake_us``: :class:`sim.decode.host.HostCPU`)."""
+        the profile's engine CPU a step, a read's CPU from fio's own figures (fio mode: ``fig``, the figures the
+        device is described by, else those before its runs) or the profile's (a datasheet says none), scaled by
+        the profile's engine-to-fio ratio of CPU per read; on a memory-backed device (:meth:`memory`) the
+        profile's pread from tmpfs, in both modes (none where the profile has none); on a drive, a step's
+        wake-up (the profile's ``wake_us``: :class:`sim.decode.host.HostCPU`)."""
         if self.profile is None:
             return None
-        p, fig, cores = self.profile, self.figs[d["name"]], _cores(runs_doc)
+        p, cores = self.profile, _cores(runs_doc)
+        fig = self.figs[d["name"]] if fig is None else fig
         recorded = (runs_doc.get("machine") or {}).get("cores") is not None
         base = (f"{cores} CPUs ({'the runs' + chr(39) + ' machine' if recorded else 'assumed: the runs did not record machine.cores'}); "
                 f"the engine's {p['step_cpu_us']:.0f} us a step (its shipped profile, "
@@ -742,6 +759,8 @@ class _Planner:
                            "memory-backed device's own service (cpus=N): the profile has no memory read and "
                            "its drive's does not hold")
         read_us, said = (fio_us, "fio's QD1 CPU per read") if fio_us else (p["read_cpu_us"], "the profile's")
+        if fio_us and fig.get("qd1_held_off") is not None:
+            said += f"; {held_off_text(fig['qd1_held_off'])}"
         ratio = float(p.get("read_cpu_ratio") or 1.0)
         wake = float(p.get("wake_us") or 0.0)
         return HostCPU(cores, p["step_cpu_us"] * 1e-6, read_us * ratio * 1e-6,
@@ -823,7 +842,8 @@ class _Planner:
 
     def _after(self, entry: Mapping, d: Mapping, runs_doc: Mapping, runs_path: Path, cores: Optional[int]) -> dict:
         """The runs of device ``d`` predicted again from the fio taken after them (its file, and the datasheet
-        string derived from it as from the first), on the same host, and set beside each mode's first prediction
+        string derived from it as from the first), on the same host but for fio's CPU a read, taken from the
+        file after the runs in fio mode (``host_model``: :meth:`host`), and set beside each mode's first prediction
         (:func:`between`): how far the device moved while its runs ran, and where the runs lie between the two."""
         name, throttled = d["name"], d["class"] == "throttled"
         before, after = self.figs[name], self.after_figs[name]
@@ -847,8 +867,14 @@ class _Planner:
             if dev is None:
                 out["modes"][mode] = _refused(tries[-1], why)
             else:
-                out["modes"][mode] = between(m, self._predict(d, dev, described, self.host(d, mode, runs_doc),
-                                                              runs_doc, runs_path))
+                host = self.host(d, mode, runs_doc, after)
+                out["modes"][mode] = between(m, self._predict(d, dev, described, host, runs_doc, runs_path))
+                if host is not None:
+                    out["modes"][mode]["host_model"] = host.to_dict()
+                if described != tries[0]:
+                    out["modes"][mode]["datasheet_fallback"] = (
+                        f"{tries[0]!r} refused by this simulator ({why.split('; keys:')[0]}); predicted from "
+                        f"{described!r}, without the volume's rate limit")
             self.bar.update(1, note=f"{name} {mode} (fio after)")
         return out
 
@@ -1005,9 +1031,10 @@ def after_notes(entry: Mapping) -> List[str]:
             out.append(f"{entry.get('name')} {mode} (fio after the runs): refused: {m['refused']}.")
             continue
         t = m.get("tokens_per_s") if isinstance(m.get("tokens_per_s"), Mapping) else {}
+        fell = m.get("datasheet_fallback")
         out.append(f"{entry.get('name')} {mode} (fio after the runs): predicted from it: median abs error "
                    f"{_pct(_real(t.get('median_abs_error')))}, max {_pct(_real(t.get('max_abs_error')))};"
-                   f"{after_text(entry, mode)[1:]}.")
+                   f"{after_text(entry, mode)[1:]}" + (f"; {fell}" if isinstance(fell, str) and fell else "") + ".")
     return out
 
 
@@ -1113,7 +1140,8 @@ def markdown_table(res: Mapping) -> str:
             rg = (s.get("regime") or {}).get("name", "?")
             what = m["device"] if mode != "fio" else Path(m["device"]).name
             lines.append(f"| {name} | {cls} | {_cell(mode)}: `{_cell(what)}` | {_cell(s.get('configurations', 0))} | "
-                         f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))} | {_cell(caps)} | "
+                         f"{_pct(t.get('median_abs_error'))} | {_pct(t.get('max_abs_error'))}{_worst(m)} | "
+                         f"{_cell(caps)} | "
                          f"{_cell(rg)} | {_cell(verdict_text(s) + after_text(e, mode))} |")
     lines += ["", "| class | predicted from | devices | configurations | median abs error | max |",
               "|" + "---|" * 6]

@@ -94,7 +94,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -105,9 +105,9 @@ from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
 
-__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HOST_BOUND_SHARE", "MAX_READ_CPU_S", "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50",
-           "WAIT_FACTOR",
-           "cpu_per_read", "device_from_fio", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
+__all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HELD_OFF_SHARE", "HOST_BOUND_SHARE", "MAX_READ_CPU_S",
+           "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR",
+           "cpu_held_off", "cpu_per_read", "device_from_fio", "held_off_text", "in_flight_share", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
            "rate_limit_of",
            "read_fio_output"]
 
@@ -410,17 +410,58 @@ def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
 HOST_BOUND_SHARE = 0.5
 
 
+#: The share of a job's run time that each of its slots held a read in flight (:func:`in_flight_share`) below
+#: which the job was held off its CPU: a closed loop of reads keeps a read in flight all but fio's own few
+#: microseconds a read (0.97-1.00 in every fio run of BENCHMARKS.md's measurements, disk, throttles and tmpfs, at
+#: every depth), so a lower share is time the job waited to run -- other load on its CPUs.  One QD1 run of a
+#: quiet 2-core VM's disk read 0.49, and its CPU a read was 26.0 us where the runs before and after it gave
+#: 19.6-21.9 us.
+HELD_OFF_SHARE = 0.9
+
+
+def in_flight_share(rec: Mapping) -> float:
+    """The share of a job's run time that each of its ``qd`` slots held a read in flight, by Little's law: IOPS x
+    mean latency / depth (a :func:`fio_records` record); about 1 for a closed loop that ran undisturbed, below
+    :data:`HELD_OFF_SHARE` where the job waited for its CPU."""
+    return float(rec["iops"]) * float(rec["mean"]) / max(1, int(rec["qd"]))
+
+
+def _cpu_runs(recs: Sequence[dict]) -> tuple:
+    """``(runs at the lowest depth with CPU figures, those of them not held off their CPU)``."""
+    if not recs:
+        return [], []
+    low = min(r["qd"] for r in recs)
+    runs = [r for r in recs if r["qd"] == low and r.get("cpu_s") is not None and r.get("ios")]
+    return runs, [r for r in runs if in_flight_share(r) >= HELD_OFF_SHARE]
+
+
 def cpu_per_read(recs: Sequence[dict]) -> Optional[float]:
     """The CPU one read took in fio's jobs at their lowest queue depth, seconds: ``(usr_cpu + sys_cpu) / 100 x
     job_runtime / read.total_ios`` (the median over that depth's runs; :func:`fio_records`' records), None when
     fio's JSON has no CPU figures.  At the lowest depth (QD1) each read waits for its completion, as each of the
     engine's pread readers does, so the figure holds the kernel's read path and a sleep and a wake-up; it leaves
-    out the engine's own work on the host (hash, decode, its threads)."""
-    if not recs:
-        return None
-    low = min(r["qd"] for r in recs)
-    per = [r["cpu_s"] / r["ios"] for r in recs if r["qd"] == low and r.get("cpu_s") is not None and r.get("ios")]
+    out the engine's own work on the host (hash, decode, its threads).  Runs held off their CPU
+    (:func:`cpu_held_off`) are left out where a run at that depth was not; where all were, they are taken."""
+    runs, clean = _cpu_runs(recs)
+    per = [r["cpu_s"] / r["ios"] for r in (clean or runs)]
     return float(np.median(per)) if per else None
+
+
+def cpu_held_off(recs: Sequence[dict]) -> Optional[float]:
+    """The median in-flight share (:func:`in_flight_share`) of the runs :func:`cpu_per_read` took, where it is
+    below :data:`HELD_OFF_SHARE` -- every run at the lowest depth waited for its CPU, so the CPU a read was
+    measured under other load on the host (its caches and run queue), not the read path's own; None otherwise."""
+    runs, clean = _cpu_runs(recs)
+    if clean or not runs:
+        return None
+    return float(np.median([in_flight_share(r) for r in runs]))
+
+
+def held_off_text(share: float, depth: int = 1) -> str:
+    """What a held-off share (:func:`cpu_held_off`) says, for a figure's rule."""
+    return (f"fio's QD{depth} job had a read in flight {share:.0%} of its run time (IOPS x mean latency; an "
+            f"undisturbed run has {HELD_OFF_SHARE:.0%} or more): it waited for its CPU, so its CPU a read was taken "
+            "under other load and is likely high; run fio on a quiet host")
 
 
 def _dist(rs: Sequence[dict], where: str) -> LatencyDist:
@@ -646,11 +687,12 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     table = {}
     for qd, rs in sorted(by_qd.items()):
         table[qd] = _dist(rs, f"{paths[0]}: queue depth {qd}")
-    cpu = cpu_per_read(recs)
+    cpu, held = cpu_per_read(recs), cpu_held_off(recs)
     if cpu is not None:
         derived["cpu_per_read_us"] = {"value": cpu * 1e6, "rule": (
             f"fio's usr_cpu + sys_cpu x job_runtime / read.total_ios at queue depth {min(by_qd)}: the host's CPU a "
-            "read takes in the kernel and fio (not the device's; the engine's own work is not in it)")}
+            "read takes in the kernel and fio (not the device's; the engine's own work is not in it)" +
+            (f"; {held_off_text(held, min(by_qd))}" if held is not None else ""))}
     first = recs[0]
     src = (f"fio {first['rw']} {first['bs']} ({first['ioengine']}), {len(recs)} job(s) at queue depths "
            f"{', '.join(str(q) for q in table)}: mean latency = read.lat_ns.mean, percentiles of "

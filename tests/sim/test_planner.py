@@ -3,6 +3,7 @@ its refusals."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -193,6 +194,13 @@ def test_planner_document(measured):
             else:
                 assert hm["read_cpu_us"] == pytest.approx(figs["qd1_cpu_per_read_us"] * prof["read_cpu_ratio"])
             assert "host_model" not in b["modes"][mode]
+            # predicted again from fio after the runs: fio's CPU a read from that file, in fio mode
+            ha = (e["fio_after"]["modes"][mode].get("host_model") or {}).get("read_cpu_us")
+            fa = fio_figures(check_fio(measured / d["fio_after"][str(d["read_size"])], d["read_size"]))
+            if not (is_memory(figs) or e["class"] == "tmpfs") and mode == "fio" and fa["qd1_cpu_per_read_us"]:
+                assert ha == pytest.approx(fa["qd1_cpu_per_read_us"] * prof["read_cpu_ratio"])
+            elif not e["fio_after"]["modes"][mode].get("refused"):
+                assert ha == pytest.approx(hm["read_cpu_us"])
             # the host only ever slows a prediction down
             for r, rb in zip(m["rows"], b["modes"][mode]["rows"]):
                 assert r["config"] == rb["config"] and r["predicted"] <= rb["predicted"] * 1.02
@@ -605,6 +613,10 @@ def test_between_fio_before_and_after_known_answers():
     # fio after the runs that the planner did not use, and why
     assert after_notes({"name": "d", "fio_after_unused": "fio is not installed"}) == [
         "d: fio after its runs not used: fio is not installed."]
+    # the datasheet after the runs predicted from its fallback: said, as the first prediction's is
+    fell = copy.deepcopy(entry)
+    fell["fio_after"]["modes"]["datasheet"] = dict(b, datasheet_fallback="'ssd:cap' refused (x); predicted from 's'")
+    assert after_notes({"name": "disk", **fell})[-1].endswith("; 'ssd:cap' refused (x); predicted from 's'.")
 
 
 def test_the_planners_host_scales_sessions_as_processes():
@@ -647,3 +659,22 @@ def test_a_measured_fio_file_cut_short_is_refused(fio_only, tmp_path, capsys):
     (work / "devices.json").write_text(json.dumps(doc))
     line = cli(capsys, ["crosscheck", str(work), "--planner", "--no-progress"])
     assert "noqd1.json: fio output without a run at queue depth 1" in line
+
+
+def test_the_table_says_the_sign_and_run_of_the_largest_error():
+    """The max cell names which way the largest error ran and at which run: -25% at 32 sessions as threads is a
+    prediction too slow; +14% at one session too fast; rows without a finite error are passed over."""
+    rows = [{"config": "a", "sessions": 1, "mode": "threads", "error": 0.14},
+            {"config": "b", "sessions": 32, "mode": "threads", "error": -0.25},
+            {"config": "c", "sessions": 64, "mode": "processes", "error": float("nan")},
+            {"config": "d", "sessions": 8, "mode": None, "error": None}]
+    mode = {"refused": None, "device": "/x/fio.json", "capacity": [], "rows": rows,
+            "summary": {"configurations": 2, "regime": {"name": "quiet"}, "passed": False,
+                        "tokens_per_s": {"median_abs_error": 0.195, "max_abs_error": 0.25}}}
+    res = {"devices": [{"name": "d", "class": "disk", "built": True, "modes": {"fio": mode}}],
+           "classes": {}, "built": ["d"], "skipped": {}}
+    assert "| 19.5% | 25.0% (too slow: 32 sessions as threads) |" in markdown_table(res)
+    rows[1]["error"] = 0.01
+    assert "| 25.0% (too fast: 1 session as threads) |" in markdown_table(res)
+    mode["rows"] = rows[2:]
+    assert "| 25.0% | -" in markdown_table(res)

@@ -267,3 +267,26 @@ def test_measure_devices_documents(tmp_path, model):
             assert d["fio_skipped"]
         if d["class"] == "throttled":
             assert d["throttle"]["read_back"].endswith(" 6000") and not Path(d["throttle"]["cgroup"]).exists()
+
+
+def test_fio_runs_a_held_off_depth_again(tmp_path, model, monkeypatch):
+    """A depth whose fio job waited for its CPU (its in-flight share below HELD_OFF_SHARE) is run again, up to
+    FIO_TRIES runs, and the least held-off run is kept with the others' shares recorded.  Every real run is made
+    to count as held off by raising the bar past 1; at the real bar a run of this quiet table keeps one run."""
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    import sim.measure.devices as devices
+
+    f = fio_json(model, tmp_path / "once.json", 4096, depths=(1,), seconds=0.2)
+    docs = read_fio_output(f)
+    assert len(docs) == 1
+    rec = fio_records(docs)[0]
+    if "held_off" not in docs[0]["engram"]:
+        assert rec["iops"] * rec["mean"] >= devices.HELD_OFF_SHARE
+    monkeypatch.setattr(devices, "HELD_OFF_SHARE", 1.5)
+    f = fio_json(model, tmp_path / "again.json", 4096, depths=(1, 4), seconds=0.2, tries=3)
+    docs = read_fio_output(f)
+    assert len(docs) == 2 and [fio_records([d])[0]["qd"] for d in docs] == [1, 4]
+    for d in docs:
+        kept = min(devices.in_flight_share(r) for r in fio_records([d]))
+        assert len(d["engram"]["held_off"]) == 2 and all(0 < s <= round(kept, 3) for s in d["engram"]["held_off"])

@@ -22,7 +22,7 @@ from sim.device import (Device, EmpiricalDevice, ParametricSSD, RateLimitedDevic
 from sim.core.params import Policy
 from sim.serve.device import SharedDevice
 from tests.clirun import cli
-from sim.device.fio import cpu_per_read, fio_records, read_fio_output
+from sim.device.fio import cpu_held_off, cpu_per_read, fio_records, in_flight_share, read_fio_output
 
 DATA = Path(__file__).parent / "data"
 THROTTLED_4000 = DATA / "fio-throttled-4000-randread-4k.json"
@@ -633,3 +633,28 @@ def test_each_host_of_a_study_on_one_device_is_checked_before_a_file_opens(tmp_p
     assert "host_sessions = 'processes'" in line and "a step of 48 reads asks for" in line
     assert "sessions as processes: x" in line
     assert not list(out.iterdir())
+
+
+def test_a_held_off_qd1_run_is_said_and_left_out_beside_a_clean_one(tmp_path):
+    """fio's QD1 job of 1,000 IOPS at a 1 ms mean had a read in flight all its run time; at 500 IOPS it was held off
+    its CPU half of it (Little's law: 500 x 1 ms = 0.5).  The CPU a read is the clean run's where there is one, the
+    held-off run's (said, with its share) where there is none."""
+    def doc(iops, usr, sys_):
+        d = _synthetic_fio({1: 1000.0, 8: 8000.0}, 50.0, 900.0)
+        d["jobs"][0]["read"].update(iops=iops)
+        for j in d["jobs"]:
+            j.update(usr_cpu=usr, sys_cpu=sys_, job_runtime=1000)
+        return d
+
+    clean, held = fio_records([doc(1000.0, 1.0, 9.0)]), fio_records([doc(500.0, 2.0, 18.0)])
+    assert in_flight_share(clean[0]) == pytest.approx(1.0) and in_flight_share(held[0]) == pytest.approx(0.5)
+    # 10% of 1 s over 10,000 reads = 10 us; 20% = 20 us
+    assert cpu_per_read(clean) == pytest.approx(10e-6) and cpu_held_off(clean) is None
+    assert cpu_per_read(held) == pytest.approx(20e-6) and cpu_held_off(held) == pytest.approx(0.5)
+    assert cpu_per_read(clean + held) == pytest.approx(10e-6) and cpu_held_off(clean + held) is None
+    p = tmp_path / "held.json"
+    p.write_text(json.dumps(doc(500.0, 2.0, 18.0)))
+    rule = device_from_fio(p).derived["cpu_per_read_us"]["rule"]
+    assert "a read in flight 50% of its run time" in rule and "waited for its CPU" in rule
+    p.write_text(json.dumps(doc(1000.0, 1.0, 9.0)))
+    assert "in flight" not in device_from_fio(p).derived["cpu_per_read_us"]["rule"]
