@@ -13,6 +13,7 @@ from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 
 from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
+from sim.device.presets import assumed_figures
 from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
 from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, HostCPU
@@ -109,11 +110,15 @@ def _cmd_decode(args) -> int:
                                   host=_host(args, dev)),
                         storage=Storage(drives=args.drives, hot=args.dram_rows, tail=args.tail,
                                         calibration=args.calibration), speculation=spec)
+    assumed = assumed_figures(dev)
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted
+        d["device_assumed"] = assumed
         print_json(d)
         return 0
+    if assumed:
+        print(f"device    {args.device}: assumed, not measured: " + "; ".join(assumed))
     if fitted:
         kept = "" if fitted["refit"] or fitted["fitted_on"] == r.device["name"] else \
             f", kept for {r.device['name']} (compute belongs to the model, not the disk; --refit fits it here)"

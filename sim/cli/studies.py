@@ -15,7 +15,7 @@ from engram.rowcache import DEFAULT_POLICY
 from sim.sweep.capacity import (CAPACITY_MAX_SESSIONS, CAPACITY_SEEDS, CAPACITY_TARGET, grid_capacities, phases_short,
                                 phases_text, probes_path, run_capacity)
 from sim.core.io import load_json
-from sim.device.presets import load_device
+from sim.device.presets import assumed_figures, load_device
 from ..serve import ServeStudy
 from ..serve.search import probes_path as serve_probes_path
 from ..serve.search import knee_words, run_serve_capacity
@@ -51,11 +51,9 @@ def device_assumed(specs) -> dict:
     out = {}
     for spec in dict.fromkeys(str(x) for x in specs):
         try:
-            derived = getattr(load_device(spec), "derived", None) or {}
+            said = assumed_figures(load_device(spec))
         except EngramError:
             continue  # a calibrated device, or one the run already refused
-        said = [f"{k} = {v.get('value')} {str(v.get('rule'))[len('assumed'):].strip(' :')}"
-                for k, v in derived.items() if isinstance(v, dict) and str(v.get("rule", "")).startswith("assumed")]
         if said:
             out[spec] = said
     return out

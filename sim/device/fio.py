@@ -239,6 +239,17 @@ def _thinktime(job: dict, glob: dict) -> bool:
     return re.sub(r"[^0-9.]", "", tt) not in ("", "0", "0.0")
 
 
+def _paced(job: dict, glob: dict) -> bool:
+    """The job ran at a set rate (``rate``, ``rate_iops`` or ``rate_min``, its own option or the global one): an open
+    loop that leaves its slots empty between reads on purpose."""
+    opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
+    for key in ("rate", "rate_iops", "rate_min"):
+        v = str(opts.get(key, glob.get(key, "0"))).strip()
+        if re.sub(r"[^0-9.]", "", v) not in ("", "0", "0.0"):
+            return True
+    return False
+
+
 def idle_jobs(docs: Sequence[dict]) -> List[str]:
     """Names of the jobs in fio JSON ``docs`` (:func:`read_fio_output`) that ran with a nonzero ``thinktime``
     (job or global option): an idle pattern, not back-to-back reads.  They are left out of a device's
@@ -347,7 +358,7 @@ def _job_figures(job, glob: dict, where: str) -> dict:
             "read_bytes": io_bytes / ios if io_bytes else None, "where": where,
             "rw": _opt(job, glob, "rw", "?", where), "bs": _opt(job, glob, "bs", "4k", where),
             "ioengine": _opt(job, glob, "ioengine", "?", where), "name": str(job.get("jobname", "?")),
-            "pct_from": src}
+            "pct_from": src, "paced": _paced(job, glob)}
 
 
 def fio_records(docs: Sequence[dict], where: str = "fio output") -> List[dict]:
@@ -422,7 +433,8 @@ HELD_OFF_SHARE = 0.9
 def in_flight_share(rec: Mapping) -> float:
     """The share of a job's run time that each of its ``qd`` slots held a read in flight, by Little's law: IOPS x
     mean latency / depth (a :func:`fio_records` record); about 1 for a closed loop that ran undisturbed, below
-    :data:`HELD_OFF_SHARE` where the job waited for its CPU."""
+    :data:`HELD_OFF_SHARE` where the job waited for its CPU (a job run at a set rate, ``paced`` in its record,
+    leaves its slots empty on purpose: :func:`cpu_held_off` does not count it held off)."""
     return float(rec["iops"]) * float(rec["mean"]) / max(1, int(rec["qd"]))
 
 
@@ -432,7 +444,7 @@ def _cpu_runs(recs: Sequence[dict]) -> tuple:
         return [], []
     low = min(r["qd"] for r in recs)
     runs = [r for r in recs if r["qd"] == low and r.get("cpu_s") is not None and r.get("ios")]
-    return runs, [r for r in runs if in_flight_share(r) >= HELD_OFF_SHARE]
+    return runs, [r for r in runs if r.get("paced") or in_flight_share(r) >= HELD_OFF_SHARE]
 
 
 def cpu_per_read(recs: Sequence[dict]) -> Optional[float]:
@@ -613,8 +625,11 @@ def _memory_backed(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], 
     if p50 >= MEMORY_QD1_P50:
         if cpus is None:
             return table, {}
-        return _scaled_cpus(table, by_qd, cpus, f"cpus={cpus} stated (fio's QD{q1} median {p50 * 1e6:.1f} us is "
-                                                f"a drive's, not a memory copy's)")
+        return _scaled_cpus(table, by_qd, cpus, f"cpus={cpus} stated: a memory copy, as the planner says, though "
+                                                f"fio's QD{q1} median {p50 * 1e6:.1f} us is above a copy's "
+                                                f"{MEMORY_QD1_P50 * 1e6:g} us (fio's engine handing each read to a "
+                                                "worker thread, as io_uring does on tmpfs, or a drive); its "
+                                                "latencies are taken as fio measured them")
     why = (f"fio's QD{q1} median latency {p50 * 1e6:.1f} us is below {MEMORY_QD1_P50 * 1e6:g} us: a memory copy "
            "in the reading thread (tmpfs, page cache), not a drive: its IOPS are the copy rate of the CPUs fio's "
            "jobs ran on")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Union
+from typing import List, Mapping, Union
 
 from engram.errors import ArgumentError, FormatError
 
@@ -24,7 +24,7 @@ from .latency import LatencyDist
 from .models import Device, EmpiricalDevice
 
 __all__ = ["DEVICE_FORMS", "PRESET_FILES", "VM_VIRTIO_FILE", "SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE",
-           "SEED_SERIAL_US_PER_ROW", "load_device", "preset", "preset_names"]
+           "SEED_SERIAL_US_PER_ROW", "assumed_figures", "load_device", "preset", "preset_names"]
 
 
 #: The SPEC §8 reference run: the reference engine decoding on an Apple M3 Ultra SSD, 48 random rows a step,
@@ -255,3 +255,13 @@ def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, back
     if path.suffix == ".json":
         return _from_json(path, backend, compute)
     raise ArgumentError(f"unknown device {s!r}: give {DEVICE_FORMS}")
+
+
+def assumed_figures(device) -> List[str]:
+    """``["NAME = VALUE RULE", ...]``: the figures ``device``'s model assumed, not measured nor given (its
+    ``derived`` entries whose rule begins "assumed"), in their order; empty where it has none -- a prediction
+    on a datasheet rests on them (a latency spread of cv 0.5 where no cv or p99 is given), one on a fio file's
+    measured spread does not."""
+    derived = getattr(device, "derived", None) or {}
+    return [f"{k} = {v.get('value')} {str(v.get('rule'))[len('assumed'):].strip(' :')}"
+            for k, v in derived.items() if isinstance(v, dict) and str(v.get("rule", "")).startswith("assumed")]

@@ -54,7 +54,7 @@ import numpy as np
 
 from engram import Table, read_model
 from engram.codec import ROW_BYTES
-from engram.errors import ArgumentError, OutputError, TableIOError
+from engram.errors import ArgumentError, FormatError, OutputError, TableIOError
 
 from sim.core.io import now_iso, write_json
 from sim.core.schema import RunConfig
@@ -109,9 +109,14 @@ def fio_json(model_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
 
     Raises
     ------
+    ArgumentError
+        ``tries`` not a whole number >= 1.
     TableIOError
-        fio is not installed, or fails at a depth (its message kept); nothing is left at ``out``.
+        fio is not installed, fails at a depth (its message kept) or completes no reads there (names the file, the
+        block size and the depth); nothing is left at ``out``.
     """
+    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+        raise ArgumentError(f"fio_json: tries = {tries!r:.40}: expected a whole number >= 1 (runs a depth)")
     exe = shutil.which("fio")
     if exe is None:
         raise TableIOError("fio is not installed (apt-get install fio)")
@@ -137,7 +142,10 @@ def fio_json(model_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
                 raise TableIOError(f"fio failed on {loc.path} at bs {bs}, qd {qd} (exit {res.returncode}): {said}")
             doc = json.loads(res.stdout[res.stdout.index("{"):])
             doc["engram"] = {"cmd": " ".join(cmd), "read_size": int(bs)}
-            share = min((in_flight_share(r) for r in fio_records([doc])), default=1.0)
+            try:
+                share = min((in_flight_share(r) for r in fio_records([doc]) if not r.get("paced")), default=1.0)
+            except FormatError as exc:
+                raise TableIOError(f"fio on {loc.path} at bs {bs}, qd {qd}: its output is unusable: {exc}") from None
             runs.append((share, doc))
             if share >= HELD_OFF_SHARE:
                 break

@@ -15,7 +15,7 @@ import pytest
 from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
-from sim.check.planner import _Planner, _fio_files
+from sim.check.planner import _Planner, _fio_files, _worst
 from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, PLANNER_TARGETS, THROTTLE_SLICE_S, after_notes,
                                after_text, between, check_devices, check_fio, datasheet_spec,
                                fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
@@ -561,7 +561,8 @@ def test_a_fio_file_of_another_read_size_is_said():
 
 
 def _rows(*pairs):
-    return {"device": "x", "rows": [{"config": f"c{i}", "predicted": p, "error": e} for i, (p, e) in enumerate(pairs)]}
+    return {"device": "x", "rows": [{"config": f"c{i}", "sessions": i + 1, "mode": "threads", "predicted": p, "error": e}
+                                    for i, (p, e) in enumerate(pairs)]}
 
 
 def test_between_fio_before_and_after_known_answers():
@@ -597,7 +598,8 @@ def test_between_fio_before_and_after_known_answers():
                                         f"predictions {apart[1] * 100:.1f}% apart, max {apart[2] * 100:.1f}%)")
     assert after_text(entry, "datasheet") == "; fio after the runs refused: no"
     assert after_notes({"name": "disk", **entry})[1:] == [
-        "disk fio (fio after the runs): predicted from it: median abs error 10.0%, max 20.0%; between fio before and "
+        "disk fio (fio after the runs): predicted from it: median abs error 10.0%, max 20.0% (too fast: 2 sessions "
+        "as threads); between fio before and "
         f"after: PASS (median 2.0%, max 4.0%; the two predictions {apart[1] * 100:.1f}% apart, max "
         f"{apart[2] * 100:.1f}%).", "disk datasheet (fio after the runs): refused: no."]
     # a partial or older document: never raises, a missing figure reads "?"
@@ -613,10 +615,26 @@ def test_between_fio_before_and_after_known_answers():
     # fio after the runs that the planner did not use, and why
     assert after_notes({"name": "d", "fio_after_unused": "fio is not installed"}) == [
         "d: fio after its runs not used: fio is not installed."]
-    # the datasheet after the runs predicted from its fallback: said, as the first prediction's is
+    # the datasheet after the runs predicted from its fallback: said, as the first prediction's is, on one line
     fell = copy.deepcopy(entry)
-    fell["fio_after"]["modes"]["datasheet"] = dict(b, datasheet_fallback="'ssd:cap' refused (x); predicted from 's'")
+    fell["fio_after"]["modes"]["datasheet"] = dict(b, datasheet_fallback="'ssd:cap' refused\n(x); predicted from 's'")
     assert after_notes({"name": "disk", **fell})[-1].endswith("; 'ssd:cap' refused (x); predicted from 's'.")
+    # the span's missed goal is named; the run of the second prediction's largest error and its sign are given
+    far_entry = {"name": "disk", "fio_after": {"modes": {"fio": far}}}
+    assert after_text(far_entry, "fio").startswith("; between fio before and after: FAIL (missed: median 12.0% > "
+                                                   "5.0%, max 12.0% > 10.0%; median 12.0%, max 12.0%;")
+    assert [r["sessions"] for r in b["rows"]] == [r["sessions"] for r in before["rows"][:3]]
+    # a device that moved between the two fio runs is said to have moved
+    moved = {"name": "d", "fio_after": {"file": "f.json", "qd1_mean_us": [128.6, 42.5], "peak_iops": [14573, 145931]}}
+    assert "; the device moved 10.0-fold between them: a prediction from either file holds only while" in \
+        after_notes(moved)[0]
+    moved["fio_after"].update(qd1_mean_us=[40.0, 44.0], peak_iops=[130000, 160000])
+    assert "moved" not in after_notes(moved)[0]
+    # a QD1 fio job held off its CPU, before or after the runs, is said; a number past a float's range reads "?"
+    fell["fio_after"].update(qd1_held_off=[None, 0.49], qd1_mean_us=[10 ** 400, 1.0])
+    first = after_notes({"name": "disk", **fell})[0]
+    assert "QD1 mean ? -> 1.0 us" in first and "; fio after the runs: fio's QD1 job had a read in flight 49%" in first
+    assert "fio before the runs" not in first
 
 
 def test_the_planners_host_scales_sessions_as_processes():
@@ -678,3 +696,14 @@ def test_the_table_says_the_sign_and_run_of_the_largest_error():
     assert "| 25.0% (too fast: 1 session as threads) |" in markdown_table(res)
     mode["rows"] = rows[2:]
     assert "| 25.0% | -" in markdown_table(res)
+    # the goals, the sign of an error and what each run is predicted at, under the tables
+    assert ("Goals a device and description: tokens/s median |error| <= 5.0%, max <= 10.0%, the measured capacity "
+            "within one step of the session grid of the predicted one; an error is predicted / measured - 1 (too "
+            "fast: above the measurement).") in markdown_table(res)
+    # a largest error of 0 has no sign; an infinite one names its run; odd documents never raise
+    assert _worst({"rows": [{"error": 0.0, "sessions": 8, "mode": "threads"}]}) == ""
+    assert _worst({"rows": [{"error": 0.2, "sessions": 8}, {"error": float("inf"), "sessions": 99}]}) == \
+        " (too fast: 99 sessions)"
+    for odd in ({"rows": 5}, "x", None, {"rows": [{"error": 10 ** 400}]}, {"rows": [{"error": "0.3"}]}):
+        assert _worst(odd) == ""
+    assert _worst({"rows": [{"error": -0.1, "sessions": True, "mode": 3}]}) == " (too slow: ? sessions)"

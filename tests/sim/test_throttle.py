@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engram import ArgumentError, OutputError, Table, TableGroup, read_model, synth
+from engram import ArgumentError, OutputError, Table, TableGroup, TableIOError, read_model, synth
 from sim.device.fio import fio_records, read_fio_output
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices, on_tmpfs, plan_devices
 from sim.measure.throttle import CGROUP_PREFIX, IopsThrottle, ThrottleSupport, block_device_of, throttle_support
@@ -290,3 +290,23 @@ def test_fio_runs_a_held_off_depth_again(tmp_path, model, monkeypatch):
     for d in docs:
         kept = min(devices.in_flight_share(r) for r in fio_records([d]))
         assert len(d["engram"]["held_off"]) == 2 and all(0 < s <= round(kept, 3) for s in d["engram"]["held_off"])
+
+
+def test_fio_json_refuses_bad_tries_and_names_a_run_without_reads(tmp_path, model, monkeypatch):
+    """``tries`` is a whole number >= 1, checked before fio runs; fio output with no completed read (a run whose
+    jobs read nothing) is a TableIOError naming the file, the block size and the depth, which the measurement
+    records as fio skipped on that device, and nothing is written."""
+    import sim.measure.devices as devices
+
+    for bad in (0, -1, True, "3", None, 2.0):
+        with pytest.raises(ArgumentError, match="tries = .*expected a whole number >= 1"):
+            fio_json(model, tmp_path / "x.json", 4096, depths=(1,), tries=bad)
+    empty = {"fio version": "fio-3.33", "global options": {}, "jobs": [
+        {"jobname": "engram-randread", "job options": {"iodepth": "1"}, "read": {"total_ios": 0, "iops": 0},
+         "write": {"total_ios": 0}}]}
+    monkeypatch.setattr(devices.shutil, "which", lambda name: "/usr/bin/fio")
+    monkeypatch.setattr(devices.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 0, stdout=json.dumps(empty), stderr=""))
+    with pytest.raises(TableIOError, match=r"fio on .* at bs 4096, qd 1: its output is unusable: .*no read job"):
+        fio_json(model, tmp_path / "none.json", 4096, depths=(1,))
+    assert not (tmp_path / "none.json").exists()

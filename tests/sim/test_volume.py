@@ -658,3 +658,54 @@ def test_a_held_off_qd1_run_is_said_and_left_out_beside_a_clean_one(tmp_path):
     assert "a read in flight 50% of its run time" in rule and "waited for its CPU" in rule
     p.write_text(json.dumps(doc(1000.0, 1.0, 9.0)))
     assert "in flight" not in device_from_fio(p).derived["cpu_per_read_us"]["rule"]
+
+
+def test_a_paced_fio_job_is_not_held_off():
+    """A QD1 job run at a set rate (``rate_iops``) leaves its slot empty between reads on purpose: 500 IOPS at a
+    1 ms mean is a share of 0.5, and not said to have waited for its CPU."""
+    d = _synthetic_fio({1: 1000.0}, 50.0, 900.0)  # a 1 ms mean
+    d["jobs"][0]["read"].update(iops=500.0)
+    d["jobs"][0]["job options"]["rate_iops"] = "500"
+    d["jobs"][0].update(usr_cpu=1.0, sys_cpu=9.0, job_runtime=1000)
+    recs = fio_records([d])
+    assert recs[0]["paced"] and in_flight_share(recs[0]) == pytest.approx(0.5)
+    assert cpu_held_off(recs) is None and cpu_per_read(recs) == pytest.approx(10e-6)
+    d["global options"]["rate_iops"] = "500"
+    del d["jobs"][0]["job options"]["rate_iops"]
+    assert fio_records([d])[0]["paced"]
+
+
+def test_decode_says_what_its_device_assumed_and_where_a_read_waits(capsys):
+    """``engram sim decode`` names what its device's model assumed (a datasheet's cv 0.5; none for a fio file's
+    measured spread), in text and ``--json``.  A fast run of a device with a token bucket (fio's peak bound, a
+    rate limit) says its mean read leaves out a read's wait for its token, which the fast queue does not count
+    and the exact mode does (``bucket_wait_counted``)."""
+    from engram.cli import main
+
+    base = ["sim", "decode", "--sessions", "4", "--steps", "40", "--quiet"]
+    assert main(base + ["--device", "ssd:qd1_us=80,iops=500000"]) == 0
+    out = capsys.readouterr().out
+    assert "device    ssd:qd1_us=80,iops=500000: assumed, not measured: cv = 0.5 (no cv or p99_us given)" in out
+    assert "is not in mean qd or mean read" not in out
+    assert main(base + ["--device", "ssd:qd1_us=80,iops=500000", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["device_assumed"] == ["cv = 0.5 (no cv or p99_us given): not a measurement"]
+    assert d["device"]["bucket_wait_counted"] is True
+    assert main(base + ["--device", str(DISK), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["device_assumed"] == [] and d["device"]["bucket_wait_counted"] is False
+    assert main(base + ["--device", str(DISK)]) == 0
+    out = capsys.readouterr().out
+    assert "assumed, not measured" not in out
+    assert "(in the raw device: a read's wait for its token of the device's peak or rate bound is not in" in out
+    assert main(base + ["--device", str(DISK), "--mode", "exact", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device"]["bucket_wait_counted"] is True
+
+
+def test_a_stated_memory_copy_above_a_copys_latency_is_said_as_it_is():
+    """``cpus=N`` on fio of tmpfs through io_uring (a 40 us QD1 median: fio's hand-off to a worker thread) takes it
+    as a memory copy, as the planner states, and says the median is above a copy's -- not that it is a drive's."""
+    dev = load_device(f"fio:{DISK},cpus=2")
+    rule = dev.derived["memory_backed"]["rule"]
+    assert rule.startswith("cpus=2 stated: a memory copy, as the planner says, though fio's QD1 median")
+    assert "worker thread" in rule and "a drive's, not a memory copy's" not in rule
