@@ -246,9 +246,11 @@ class _Derivation:
         self.cap_iops, self.capped_by_iops = sheet.cap_iops, False
         self.derived: dict = {}
         if sheet.iops_row is None:
-            self.derived["iops_row"] = {"value": self.rate, "rule": "the 4 KiB IOPS: a row is read as one aligned "
-                                                                    "4 KiB block (8 KiB for the 6.4% that straddle "
-                                                                    "a boundary)"}
+            self.derived["iops_row"] = {"value": self.rate, "rule": "iops as given: a row is one read, of one "
+                                                                    "aligned block of the device's read size (4 KiB, "
+                                                                    "or 512 bytes on a 512-byte-sector disk) or two "
+                                                                    "where it straddles a boundary (6.4% of rows at "
+                                                                    "4 KiB), rated alike below the bandwidth limit"}
         self.knee = self.rate * self.qd1
 
     def below_knee(self) -> None:
