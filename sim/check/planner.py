@@ -96,7 +96,8 @@ from sim.core.schema import ComputeSpec, check_runs
 from sim.decode.host import SESSIONS, HostCPU, engine_profile, process_scale
 
 __all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS",
-           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "after_notes", "after_text", "between", "host_cpu",
+           "THROTTLE_SLICE_S", "PlannerModels", "DEVICE_CLASSES", "after_notes", "after_text", "between",
+           "datasheet_gap", "datasheet_notes", "host_cpu",
            "check_devices", "check_fio",
            "datasheet_spec", "fio_figures", "host_notes", "is_memory", "markdown_table", "planner_compute",
            "planner_crosscheck"]
@@ -118,6 +119,9 @@ THROTTLE_SLICE_S = 0.1
 #: held -- a throttled volume's steps are bimodal (a step finds the bucket's tokens or waits for its next grant),
 #: so their median jumps between the modes with a shift of a few steps, which tokens/s does not.
 PLANNER_TARGETS = {"tokens_per_s_median_abs": 0.05, "tokens_per_s_max_abs": 0.10}
+#: How far a datasheet string's IOPS at a depth may run from fio's, either way, before the planner says so
+#: (:func:`datasheet_notes`): fio's own depths repeat within a few percent.
+DATASHEET_GAP = 1.2
 #: How far fio's QD1 mean latency or peak IOPS may move between the runs before and after a device's decode runs
 #: before the planner says the device moved (:func:`after_notes`): a shared VM's disk moved 0.8-1.3-fold in most
 #: measurements and tenfold in one (BENCHMARKS.md, issue 23).
@@ -816,12 +820,14 @@ class _Planner:
         except FormatError as exc:
             raise FormatError(f"{runs_path}: {exc}") from None
         spec, fallback, cores = self._describe(entry, d, runs_doc)
+        devs = {}
         for mode in MODES:
             got = self._device(entry, d, mode, spec, fallback, cores)
             if got is None:
                 self.bar.update(1, note=f"{d['name']} {mode}: refused")
                 continue
             dev, described = got
+            devs[mode] = dev
             if mode == "datasheet":
                 entry["datasheet_used"] = described
             host = self.host(d, mode, runs_doc)
@@ -838,6 +844,8 @@ class _Planner:
             if host is not None:
                 entry["modes"][mode]["host_cpu"] = host
             self.bar.update(1, note=f"{d['name']} {mode}")
+        if "fio" in devs and "datasheet" in devs:
+            entry["datasheet_gap"] = datasheet_gap(devs["fio"], devs["datasheet"])
         if d["name"] in self.after_files:
             entry["fio_after"] = self._after(entry, d, runs_doc, runs_path, cores)
         elif d.get("fio_after") or d.get("fio_after_skipped"):
@@ -950,6 +958,56 @@ class _Planner:
         except ArgumentError as exc2:
             entry["modes"][mode] = _refused(fallback, f"{why}; then {exc2}")
             return None
+
+
+def datasheet_gap(fio: Device, sheet: Device) -> Optional[dict]:
+    """How far a datasheet string's device (``sheet``) runs from the fio file's it was derived from (``fio``): the
+    IOPS of each at every depth fio measured (Little's law, :meth:`sim.device.Device.iops`), and the depth where
+    they differ most.  Two figures (a QD1 latency, a peak) put a drive's knee at ``IOPS x QD1 latency``; a drive
+    whose IOPS climb to their peak over many depths (fio's curve) is not that, and a prediction where the runs
+    queue at those depths differs by as much.  None where a device gives no finite IOPS.
+
+    Returns
+    -------
+    dict or None
+        ``{"ratio", "qd", "sheet_iops", "fio_iops", "peak_qd", "knee_qd"}``: the largest of ``sheet / fio`` and
+        ``fio / sheet`` over the depths, as ``sheet / fio`` at its depth ``qd``; ``peak_qd`` the depth of fio's peak;
+        ``knee_qd`` the datasheet's knee (its ``derived``; None where it has none).
+    """
+    worst = None
+    for q in fio.depths():
+        try:
+            a, b = float(sheet.iops(q)), float(fio.iops(q))
+        except (ArithmeticError, ValueError):
+            continue
+        if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
+            continue
+        if worst is None or max(a / b, b / a) > max(worst[0], 1 / worst[0]):
+            worst = (a / b, q, a, b)
+    if worst is None:
+        return None
+    peak_qd = max(fio.depths(), key=fio.iops)
+    knee = ((getattr(sheet, "derived", None) or {}).get("knee_qd") or {}).get("value")
+    return {"ratio": worst[0], "qd": int(worst[1]), "sheet_iops": worst[2], "fio_iops": worst[3],
+            "peak_qd": int(peak_qd), "knee_qd": _real(knee)}
+
+
+def datasheet_notes(entry: Mapping) -> List[str]:
+    """A line where a drive's datasheet string runs at least :data:`DATASHEET_GAP` times (or under its inverse)
+    fio's IOPS at some depth (``entry["datasheet_gap"]``, :func:`datasheet_gap`); none otherwise, for a
+    memory-backed device (its reads are a copy in the reading thread: they do not queue at the device's depths)
+    or on a partial document."""
+    g = entry.get("datasheet_gap") if isinstance(entry, Mapping) else None
+    if not isinstance(g, Mapping) or entry.get("memory_backed"):
+        return []
+    r, q, a, b, peak = (_real(g.get(k)) for k in ("ratio", "qd", "sheet_iops", "fio_iops", "peak_qd"))
+    if None in (r, q, a, b, peak) or r <= 0 or max(r, 1 / r) < DATASHEET_GAP:
+        return []
+    knee = _real(g.get("knee_qd"))
+    return [f"{entry.get('name')}: the datasheet string runs {r:.2f}x fio's IOPS at QD{q:.0f} ({a:,.0f} against "
+            f"{b:,.0f}): its two figures (QD1 latency, peak IOPS" + (f": a knee at QD {knee:.1f}" if knee else "") +
+            f") do not follow fio's curve, which peaks at QD{peak:.0f}; where the runs queue at such depths its "
+            "predictions differ from fio's as much."]
 
 
 def between(before: Mapping, after: Mapping) -> dict:
@@ -1203,6 +1261,7 @@ def markdown_table(res: Mapping) -> str:
             lines.append(f"{e['name']}: {e['memory_backed']}.")
         if e.get("assumed"):
             lines.append(f"{e['name']}: {e['assumed']}.")
+        lines += datasheet_notes(e)
         lines += after_notes(e)
         lines += host_notes(e)
         if e["built"] and e.get("reason"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Optional
 
-from sim.check.planner import after_notes, host_notes
+from sim.check.planner import after_notes, datasheet_notes, host_notes
 
 from .document import Doc
 from .inputs import Inputs
@@ -75,5 +75,6 @@ def devices_section(doc: Doc, inp: Inputs) -> None:
     notes = ["Devices built: " + (", ".join(res.get("built") or []) or "none") + "."]
     notes += [f"Skipped {n}: {why}." for n, why in (res.get("skipped") or {}).items()]
     notes += [f"{e['name']}: {e['datasheet_fallback']}." for e in res.get("devices") or [] if e.get("datasheet_fallback")]
-    notes += [line for e in res.get("devices") or [] if e.get("built") for line in host_notes(e) + after_notes(e)]
+    notes += [line for e in res.get("devices") or [] if e.get("built") for line in
+              datasheet_notes(e) + host_notes(e) + after_notes(e)]
     doc.ul(notes)

@@ -16,7 +16,9 @@ from engram import ArgumentError, FormatError, synth
 from sim.measure import Settings
 from sim.measure.devices import DevicePlan, engine_read_size, fio_json, measure_devices
 from sim.check.planner import _Planner, _fio_files, _worst
+from sim.check.planner import _plain as _plain_line
 from sim.check.planner import (HOST_BOUND_SHARE, PLANNER_SCHEMA, PLANNER_TARGETS, THROTTLE_SLICE_S, after_notes,
+                               datasheet_notes,
                                after_text, between, check_devices, check_fio, datasheet_spec,
                                fio_figures, host_cpu, host_notes, is_memory, markdown_table, planner_compute,
                                planner_crosscheck)
@@ -161,8 +163,8 @@ def test_planner_document(measured):
         if e["built"]:
             for label in ("| fio |", "| datasheet |"):
                 assert f"| {e['name']} | {e['class']} {label}" in md
-            for line in host_notes(e) + after_notes(e):
-                assert line in md
+            for line in datasheet_notes(e) + host_notes(e) + after_notes(e):
+                assert line in md and _plain_line(line) in text
         else:
             assert f"Skipped {e['name']}: {e['reason']}" in md
     # per class: the errors of its devices' configurations pooled
@@ -707,3 +709,34 @@ def test_the_table_says_the_sign_and_run_of_the_largest_error():
     for odd in ({"rows": 5}, "x", None, {"rows": [{"error": 10 ** 400}]}, {"rows": [{"error": "0.3"}]}):
         assert _worst(odd) == ""
     assert _worst({"rows": [{"error": -0.1, "sessions": True, "mode": 3}]}) == " (too slow: ? sessions)"
+
+
+def test_datasheet_gap_known_answers():
+    """fio's drive at 1,000 / 6,000 / 9,000 IOPS at QD 1 / 8 / 32; a datasheet string's device at 1,000 / 8,000 /
+    9,000: it runs 8,000 / 6,000 = 1.33x fio's at QD8, said with fio's peak depth and the datasheet's knee; within
+    1.2x nothing is said, nor for a memory-backed device or a partial document."""
+    from sim.check.planner import DATASHEET_GAP, datasheet_gap, datasheet_notes
+    from sim.device import EmpiricalDevice, LatencyDist
+
+    def dev(iops):
+        return EmpiricalDevice({q: LatencyDist.point(q / x) for q, x in iops.items()}, "d", "test")
+
+    fio = dev({1: 1000.0, 8: 6000.0, 32: 9000.0})
+    sheet = dev({1: 1000.0, 8: 8000.0, 32: 9000.0})
+    sheet.derived = {"knee_qd": {"value": 8.0, "rule": "r"}}
+    g = datasheet_gap(fio, sheet)
+    assert g["qd"] == 8 and g["ratio"] == pytest.approx(8000 / 6000) and g["peak_qd"] == 32 and g["knee_qd"] == 8.0
+    assert g["sheet_iops"] == pytest.approx(8000.0) and g["fio_iops"] == pytest.approx(6000.0)
+    assert datasheet_notes({"name": "disk", "datasheet_gap": g}) == [
+        "disk: the datasheet string runs 1.33x fio's IOPS at QD8 (8,000 against 6,000): its two figures (QD1 "
+        "latency, peak IOPS: a knee at QD 8.0) do not follow fio's curve, which peaks at QD32; where the runs queue "
+        "at such depths its predictions differ from fio's as much."]
+    # slower by as much is said too; within the bound, memory-backed or partial: nothing
+    slow = datasheet_gap(sheet, fio)
+    assert slow["ratio"] == pytest.approx(6000 / 8000) and datasheet_notes({"name": "d", "datasheet_gap": slow})
+    near = datasheet_gap(fio, dev({1: 1000.0, 8: 6000.0 * (DATASHEET_GAP - 0.01), 32: 9000.0}))
+    assert datasheet_notes({"name": "d", "datasheet_gap": near}) == []
+    assert datasheet_notes({"name": "d", "datasheet_gap": g, "memory_backed": "a copy"}) == []
+    for partial in (None, {}, {"datasheet_gap": 3}, {"datasheet_gap": {"ratio": "x"}},
+                    {"datasheet_gap": dict(g, ratio=0.0)}, {"datasheet_gap": dict(g, qd=10 ** 400)}):
+        assert datasheet_notes(partial) == []
