@@ -86,10 +86,11 @@ from .calibrate import Calibration, calibrate_file
 from .crosscheck import crosscheck, crosscheck_files
 from .regimes import verdict_text
 from sim.device import Device
-from sim.device.fio import (HOST_BOUND_SHARE, MEMORY_QD1_P50, cpu_held_off, cpu_per_read, fio_records, held_off_text,
-                            idle_jobs, read_fio_output)
+from sim.device.fio import (HELD_OFF_SHARE, HOST_BOUND_SHARE, MEMORY_QD1_P50, cpu_held_off, cpu_per_read, fio_records,
+                            held_off_text, idle_jobs, read_fio_output)
 from sim.device.presets import load_device
 from sim.core.io import load_json, now_iso, sha256_file, write_json
+from sim.core.limits import MAX_QUEUE_DEPTH
 from sim.core.params import Compute, Policy
 from sim.core.progress import progress as progress_bar
 from sim.core.schema import ComputeSpec, check_runs
@@ -965,31 +966,36 @@ def datasheet_gap(fio: Device, sheet: Device) -> Optional[dict]:
     IOPS of each at every depth fio measured (Little's law, :meth:`sim.device.Device.iops`), and the depth where
     they differ most.  Two figures (a QD1 latency, a peak) put a drive's knee at ``IOPS x QD1 latency``; a drive
     whose IOPS climb to their peak over many depths (fio's curve) is not that, and a prediction where the runs
-    queue at those depths differs by as much.  None where a device gives no finite IOPS.
+    queue at those depths differs by as much.  A depth where either gives no finite IOPS > 0 is passed over; None
+    where none is left.
 
     Returns
     -------
     dict or None
         ``{"ratio", "qd", "sheet_iops", "fio_iops", "peak_qd", "knee_qd"}``: the largest of ``sheet / fio`` and
-        ``fio / sheet`` over the depths, as ``sheet / fio`` at its depth ``qd``; ``peak_qd`` the depth of fio's peak;
-        ``knee_qd`` the datasheet's knee (its ``derived``; None where it has none).
+        ``fio / sheet`` over the depths, as ``sheet / fio`` at its depth ``qd``; ``peak_qd`` the depth of fio's
+        peak among them; ``knee_qd`` the datasheet's knee (its ``derived``; None where it has none).
     """
-    worst = None
-    for q in fio.depths():
-        try:
-            a, b = float(sheet.iops(q)), float(fio.iops(q))
-        except (ArithmeticError, ValueError):
-            continue
-        if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
-            continue
-        if worst is None or max(a / b, b / a) > max(worst[0], 1 / worst[0]):
-            worst = (a / b, q, a, b)
-    if worst is None:
+    pairs = []
+    try:
+        depths = [int(q) for q in fio.depths() if int(q) >= 1]
+    except (ArithmeticError, ValueError, TypeError):
         return None
-    peak_qd = max(fio.depths(), key=fio.iops)
-    knee = ((getattr(sheet, "derived", None) or {}).get("knee_qd") or {}).get("value")
-    return {"ratio": worst[0], "qd": int(worst[1]), "sheet_iops": worst[2], "fio_iops": worst[3],
-            "peak_qd": int(peak_qd), "knee_qd": _real(knee)}
+    for q in depths:
+        try:
+            a, b = _real(sheet.iops(q)), _real(fio.iops(q))
+        except (ArithmeticError, ValueError, TypeError, KeyError):
+            continue
+        if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0:
+            pairs.append((q, a, b))
+    if not pairs:
+        return None
+    q, a, b = max(pairs, key=lambda p: max(p[1] / p[2], p[2] / p[1]))
+    derived = getattr(sheet, "derived", None)
+    knee = derived.get("knee_qd") if isinstance(derived, Mapping) else None
+    knee = _real(knee.get("value")) if isinstance(knee, Mapping) else None
+    return {"ratio": a / b, "qd": q, "sheet_iops": a, "fio_iops": b, "peak_qd": max(pairs, key=lambda p: p[2])[0],
+            "knee_qd": knee if knee is not None and math.isfinite(knee) and knee > 0 else None}
 
 
 def datasheet_notes(entry: Mapping) -> List[str]:
@@ -1001,9 +1007,12 @@ def datasheet_notes(entry: Mapping) -> List[str]:
     if not isinstance(g, Mapping) or entry.get("memory_backed"):
         return []
     r, q, a, b, peak = (_real(g.get(k)) for k in ("ratio", "qd", "sheet_iops", "fio_iops", "peak_qd"))
-    if None in (r, q, a, b, peak) or r <= 0 or max(r, 1 / r) < DATASHEET_GAP:
-        return []
+    if any(x is None or not (math.isfinite(x) and 0 < x < 1e12) for x in (r, q, a, b, peak)) or \
+            q > MAX_QUEUE_DEPTH or peak > MAX_QUEUE_DEPTH or abs(a / b - r) > 1e-6 * r or \
+            not DATASHEET_GAP <= max(r, 1 / r) < 1e6:
+        return []  # missing, not a number, or not the figures it says it is: nothing said
     knee = _real(g.get("knee_qd"))
+    knee = knee if knee is not None and math.isfinite(knee) and 0 < knee <= MAX_QUEUE_DEPTH else None
     return [f"{entry.get('name')}: the datasheet string runs {r:.2f}x fio's IOPS at QD{q:.0f} ({a:,.0f} against "
             f"{b:,.0f}): its two figures (QD1 latency, peak IOPS" + (f": a knee at QD {knee:.1f}" if knee else "") +
             f") do not follow fio's curve, which peaks at QD{peak:.0f}; where the runs queue at such depths its "
@@ -1072,11 +1081,12 @@ def after_text(entry: Mapping, mode: str) -> str:
     sp = m.get("span") if isinstance(m.get("span"), Mapping) else {}
     ap = m.get("apart") if isinstance(m.get("apart"), Mapping) else {}
     med, mx = _real(sp.get("median_abs_error")), _real(sp.get("max_abs_error"))
-    missed = [f"{what} {_pct(v)} > {_pct(PLANNER_TARGETS[key])}" for what, v, key in
+    passed = sp.get("passed") is True
+    missed = [f"{what} {v * 100:.2f}% > {PLANNER_TARGETS[key] * 100:g}%" for what, v, key in
               (("median", med, "tokens_per_s_median_abs"), ("max", mx, "tokens_per_s_max_abs"))
               if v is not None and v > PLANNER_TARGETS[key]]
-    return (f"; between fio before and after: {'PASS' if sp.get('passed') else 'FAIL'} ("
-            + (f"missed: {', '.join(missed)}; " if missed and not sp.get("passed") else "") +
+    return (f"; between fio before and after: {'PASS' if passed else 'FAIL'} ("
+            + (f"missed: {', '.join(missed)}; " if missed and not passed else "") +
             f"median {_pct(med)}, max {_pct(mx)}; the two predictions {_pct(_real(ap.get('median')))} apart, max "
             f"{_pct(_real(ap.get('max')))})")
 
@@ -1096,7 +1106,7 @@ def after_notes(entry: Mapping) -> List[str]:
         return v if isinstance(v, list) and len(v) == 2 else [None, None]
 
     q, p = pair("qd1_mean_us"), pair("peak_iops")
-    held = [_real(x) for x in pair("qd1_held_off")]
+    held = [h if h is not None and 0 <= h < HELD_OFF_SHARE else None for h in map(_real, pair("qd1_held_off"))]
     moved = [max(a / b, b / a) for a, b in (map(_real, q), map(_real, p)) if a and b and a > 0 and b > 0]
     moved = max(moved) if moved else None
     out = [f"{entry.get('name')}: fio again after its runs ({Path(str(fa.get('file'))).name}): QD1 mean "

@@ -14,6 +14,7 @@ from engram.rowcache import DEFAULT_POLICY, POLICIES, SIZE_RULE, size_arg
 from ..decode import DecodeRun, fit_compute, reference_compute, simulate_decode
 from ..device import DEVICE_FORMS, SEED_REFERENCE, load_device, preset_names
 from sim.device.presets import assumed_figures
+from sim.device.tail import load_tail
 from sim.core.params import BACKENDS, Policy, Storage
 from sim.core.limits import check_queue_depth
 from sim.decode.host import MAX_CPUS, MAX_STEP_CPU_S, MIN_CPUS, SESSIONS, HostCPU
@@ -110,7 +111,8 @@ def _cmd_decode(args) -> int:
                                   host=_host(args, dev)),
                         storage=Storage(drives=args.drives, hot=args.dram_rows, tail=args.tail,
                                         calibration=args.calibration), speculation=spec)
-    assumed = assumed_figures(dev)
+    assumed = assumed_figures(dev, load_tail(args.tail, args.calibration, backend=policy.backend)
+                              if args.tail is not None else None)
     if args.json:
         d = r.to_dict()
         d["fitted_compute"] = fitted

@@ -91,9 +91,9 @@ class DecodeResult:
         ``mean_queue_depth`` (all drives), ``max_queue_depth``, ``reads_per_s``,
         ``mean_read_latency_us``, ``iops_utilization`` (reads/s over the
         drives' peak IOPS); ``bucket_wait_counted``: False where the fast mode ran a device with a token bucket
-        (a rate limit or fio's peak bound), whose queue leaves a batch's wait for its tokens out of the mean
-        queue depth and mean read; ``host_read_cpus`` where the device came from fio JSON with CPU figures: the
-        host's CPUs the reads/s keep busy at fio's CPU per read (``derived["cpu_per_read_us"]``,
+        (a rate limit or fio's peak bound), whose queue leaves a batch's wait for its tokens out of the busy
+        fraction, the mean queue depth and mean read (the raw device's); ``host_read_cpus`` where the device
+        came from fio JSON with CPU figures: the host's CPUs the reads/s keep busy at fio's CPU per read (``derived["cpu_per_read_us"]``,
         :func:`sim.device.fio.cpu_per_read`), the kernel's read path alone -- the simulator does not model the
         host's CPUs, so a figure near the host's CPU count says the host, not the drive, binds there.
     timeline : dict
@@ -191,8 +191,8 @@ class DecodeResult:
             f"{self.device['reads_per_s']:.0f} reads/s ({self.device['iops_utilization']:.3f} of peak), "
             f"mean read {self.device['mean_read_latency_us']:.1f} us" + (
                 "" if self.device.get("bucket_wait_counted", True) else
-                " (in the raw device: a read's wait for its token of the device's peak or rate bound is not in mean "
-                "qd or mean read; the steps' wait for rows is stall ms)"),
+                " (busy, mean qd and mean read are the raw device's: a read's wait for its token of the device's "
+                "peak or rate bound is not in them; the steps' wait for rows is stall ms)"),
             *([f"host      {self.device['host_read_cpus']:.2f} CPUs busy in the read path alone at fio's "
                f"{self.config['device']['derived']['cpu_per_read_us']['value']:.1f} us of CPU a read (the host's "
                f"CPUs are not modelled: with fewer than {self.device['host_read_cpus'] / HOST_BOUND_SHARE:.2f} "

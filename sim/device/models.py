@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import re
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -61,7 +62,7 @@ from .latency import LatencyDist, list_schedule
 from .recorder import Recorder
 
 __all__ = ["Device", "EmpiricalDevice", "MAX_IOPS", "MIN_IOPS", "MeasuredBatchDevice", "ParametricSSD",
-           "RateLimitedDevice"]
+           "RateLimitedDevice", "is_assumed"]
 
 
 class Device:
@@ -278,8 +279,14 @@ class Device:
         derived = getattr(self, "derived", None)
         if derived:
             d["derived"] = derived
-            d["assumed"] = [k for k, v in derived.items() if str(v.get("rule", "")).startswith("assumed")]
+            d["assumed"] = [k for k, v in derived.items() if isinstance(v, Mapping) and is_assumed(v.get("rule"))]
         return d
+
+
+def is_assumed(rule) -> bool:
+    """Whether a ``derived`` entry's rule says its figure was assumed, not measured nor given: the word "assumed"
+    in it (at its start, or after what was derived: "...; assumed: the readers copy on 2 CPUs")."""
+    return re.search(r"\bassumed\b", str(rule or "")) is not None
 
 
 def _derived(d: Mapping, where: str) -> Optional[dict]:

@@ -21,7 +21,7 @@ from sim.core.schema import CALIBRATION_SCHEMA, US, ComputeSpec
 from .datasheet import ssd_from_spec, volume_from_spec
 from .fio import device_from_fio, is_fio_output, parse_block_size
 from .latency import LatencyDist
-from .models import Device, EmpiricalDevice
+from .models import Device, EmpiricalDevice, is_assumed
 
 __all__ = ["DEVICE_FORMS", "PRESET_FILES", "VM_VIRTIO_FILE", "SEED_CONCURRENT_US_PER_ROW", "SEED_READERS", "SEED_REFERENCE",
            "SEED_SERIAL_US_PER_ROW", "assumed_figures", "load_device", "preset", "preset_names"]
@@ -257,11 +257,24 @@ def load_device(spec: Union[str, os.PathLike, Device], calibration=None, *, back
     raise ArgumentError(f"unknown device {s!r}: give {DEVICE_FORMS}")
 
 
-def assumed_figures(device) -> List[str]:
+def assumed_figures(device, tail=None) -> List[str]:
     """``["NAME = VALUE RULE", ...]``: the figures ``device``'s model assumed, not measured nor given (its
-    ``derived`` entries whose rule begins "assumed"), in their order; empty where it has none -- a prediction
-    on a datasheet rests on them (a latency spread of cv 0.5 where no cv or p99 is given), one on a fio file's
-    measured spread does not."""
-    derived = getattr(device, "derived", None) or {}
-    return [f"{k} = {v.get('value')} {str(v.get('rule'))[len('assumed'):].strip(' :')}"
-            for k, v in derived.items() if isinstance(v, dict) and str(v.get("rule", "")).startswith("assumed")]
+    ``derived`` entries whose rule says "assumed": :func:`sim.device.models.is_assumed`), in their order; with
+    ``tail`` (a device whose latency distribution the run takes, ``--tail``) the device's own spread (``cv``) is
+    left out and the tail's assumed figures follow, as ``tail NAME = ...``; empty where there are none -- a
+    prediction on a datasheet rests on them (a latency spread of cv 0.5 where no cv or p99 is given), one on a fio
+    file's measured spread does not."""
+    def said(dev, skip=()) -> List[str]:
+        derived = getattr(dev, "derived", None) or {}
+        out = []
+        for k, v in (derived.items() if isinstance(derived, Mapping) else ()):
+            if k in skip or not isinstance(v, Mapping) or not is_assumed(v.get("rule")):
+                continue
+            rule = str(v.get("rule"))
+            rule = rule[len("assumed"):].strip(" :") if rule.startswith("assumed") else rule
+            out.append(f"{k} = {v.get('value')} {rule}")
+        return out
+
+    if tail is None:
+        return said(device)
+    return said(device, skip=("cv",)) + [f"tail {x}" for x in said(tail)]

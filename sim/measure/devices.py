@@ -47,6 +47,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -110,13 +111,17 @@ def fio_json(model_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     Raises
     ------
     ArgumentError
-        ``tries`` not a whole number >= 1.
+        ``tries`` not a whole number >= 1, ``bs`` not one, no depth.
     TableIOError
         fio is not installed, fails at a depth (its message kept) or completes no reads there (names the file, the
         block size and the depth); nothing is left at ``out``.
     """
-    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+    if isinstance(tries, bool) or not isinstance(tries, Integral) or tries < 1:
         raise ArgumentError(f"fio_json: tries = {tries!r:.40}: expected a whole number >= 1 (runs a depth)")
+    if isinstance(bs, bool) or not isinstance(bs, Integral) or bs < 1:
+        raise ArgumentError(f"fio_json: bs = {bs!r:.40}: expected a block size in bytes >= 1")
+    if not depths:
+        raise ArgumentError("fio_json: no queue depth given")
     exe = shutil.which("fio")
     if exe is None:
         raise TableIOError("fio is not installed (apt-get install fio)")

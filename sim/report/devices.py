@@ -75,6 +75,6 @@ def devices_section(doc: Doc, inp: Inputs) -> None:
     notes = ["Devices built: " + (", ".join(res.get("built") or []) or "none") + "."]
     notes += [f"Skipped {n}: {why}." for n, why in (res.get("skipped") or {}).items()]
     notes += [f"{e['name']}: {e['datasheet_fallback']}." for e in res.get("devices") or [] if e.get("datasheet_fallback")]
-    notes += [line for e in res.get("devices") or [] if e.get("built") for line in
+    notes += [" ".join(line.split()) for e in res.get("devices") or [] if e.get("built") for line in
               datasheet_notes(e) + host_notes(e) + after_notes(e)]
     doc.ul(notes)

@@ -623,8 +623,12 @@ def test_between_fio_before_and_after_known_answers():
     assert after_notes({"name": "disk", **fell})[-1].endswith("; 'ssd:cap' refused (x); predicted from 's'.")
     # the span's missed goal is named; the run of the second prediction's largest error and its sign are given
     far_entry = {"name": "disk", "fio_after": {"modes": {"fio": far}}}
-    assert after_text(far_entry, "fio").startswith("; between fio before and after: FAIL (missed: median 12.0% > "
-                                                   "5.0%, max 12.0% > 10.0%; median 12.0%, max 12.0%;")
+    assert after_text(far_entry, "fio").startswith("; between fio before and after: FAIL (missed: median 12.00% > "
+                                                   "5%, max 12.00% > 10%; median 12.0%, max 12.0%;")
+    # just past a goal reads past it; "passed" other than true is a FAIL
+    edge = copy.deepcopy(far)
+    edge["span"].update(median_abs_error=0.0500004, max_abs_error=0.05, passed="false")
+    assert "FAIL (missed: median 5.00% > 5%; median 5.0%" in after_text({"fio_after": {"modes": {"fio": edge}}}, "fio")
     assert [r["sessions"] for r in b["rows"]] == [r["sessions"] for r in before["rows"][:3]]
     # a device that moved between the two fio runs is said to have moved
     moved = {"name": "d", "fio_after": {"file": "f.json", "qd1_mean_us": [128.6, 42.5], "peak_iops": [14573, 145931]}}
@@ -637,6 +641,9 @@ def test_between_fio_before_and_after_known_answers():
     first = after_notes({"name": "disk", **fell})[0]
     assert "QD1 mean ? -> 1.0 us" in first and "; fio after the runs: fio's QD1 job had a read in flight 49%" in first
     assert "fio before the runs" not in first
+    for odd in (1.5, 5, -0.2, float("nan"), float("inf"), 0.95, "0.4", True):
+        fell["fio_after"]["qd1_held_off"] = [odd, odd]
+        assert "in flight" not in after_notes({"name": "disk", **fell})[0]
 
 
 def test_the_planners_host_scales_sessions_as_processes():
@@ -740,3 +747,25 @@ def test_datasheet_gap_known_answers():
     for partial in (None, {}, {"datasheet_gap": 3}, {"datasheet_gap": {"ratio": "x"}},
                     {"datasheet_gap": dict(g, ratio=0.0)}, {"datasheet_gap": dict(g, qd=10 ** 400)}):
         assert datasheet_notes(partial) == []
+    nan, inf = float("nan"), float("inf")
+    for bad in (dict(ratio=nan), dict(ratio=inf), dict(ratio=1e308), dict(qd=nan), dict(qd=0), dict(qd=-1),
+                dict(qd=1e308), dict(peak_qd=0), dict(sheet_iops=-1.0), dict(fio_iops=0.0), dict(fio_iops=nan),
+                dict(sheet_iops=1.0)):  # the last: its IOPS do not give its ratio
+        assert datasheet_notes({"name": "d", "datasheet_gap": dict(g, **bad)}) == [], bad
+    assert "knee" not in datasheet_notes({"name": "d", "datasheet_gap": dict(g, knee_qd=-1.0)})[0]
+
+    class Odd(EmpiricalDevice):
+        """A device whose IOPS fail at some depths (NaN at QD1, a division by zero at QD8)."""
+
+        def iops(self, qd):
+            if qd == 8:
+                raise ZeroDivisionError("at 8")
+            return float("nan") if qd == 1 else super().iops(qd)
+
+    odd = Odd({q: LatencyDist.point(q / x) for q, x in {1: 1000.0, 8: 6000.0, 32: 9000.0}.items()}, "o", "test")
+    got = datasheet_gap(odd, sheet)
+    assert got["qd"] == 32 and got["peak_qd"] == 32 and got["ratio"] == pytest.approx(1.0)
+    assert datasheet_gap(sheet, odd)["qd"] == 32
+    for derived in ({"knee_qd": 3.0}, ["x"], {"knee_qd": {"value": "x"}}, None):
+        sheet.derived = derived
+        assert datasheet_gap(fio, sheet)["knee_qd"] is None

@@ -301,6 +301,10 @@ def test_fio_json_refuses_bad_tries_and_names_a_run_without_reads(tmp_path, mode
     for bad in (0, -1, True, "3", None, 2.0):
         with pytest.raises(ArgumentError, match="tries = .*expected a whole number >= 1"):
             fio_json(model, tmp_path / "x.json", 4096, depths=(1,), tries=bad)
+    for kw, why in ((dict(bs=0), "bs = 0: expected a block size"), (dict(bs=4096, depths=()), "no queue depth")):
+        with pytest.raises(ArgumentError, match=why):
+            fio_json(model, tmp_path / "x.json", **{"depths": (1,), **kw})
+    assert not (tmp_path / "x.json").exists()
     empty = {"fio version": "fio-3.33", "global options": {}, "jobs": [
         {"jobname": "engram-randread", "job options": {"iodepth": "1"}, "read": {"total_ios": 0, "iops": 0},
          "write": {"total_ios": 0}}]}

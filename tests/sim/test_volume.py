@@ -697,9 +697,20 @@ def test_decode_says_what_its_device_assumed_and_where_a_read_waits(capsys):
     assert main(base + ["--device", str(DISK)]) == 0
     out = capsys.readouterr().out
     assert "assumed, not measured" not in out
-    assert "(in the raw device: a read's wait for its token of the device's peak or rate bound is not in" in out
+    assert ("(busy, mean qd and mean read are the raw device's: a read's wait for its token of the device's peak "
+            "or rate bound is not in them") in out
     assert main(base + ["--device", str(DISK), "--mode", "exact", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["device"]["bucket_wait_counted"] is True
+    # an assumption said after what was derived (cpus=N: the readers copy on N CPUs) is named too
+    assert main(base + ["--device", f"fio:{DISK},cpus=2", "--json"]) == 0
+    assert [x.split(" = ")[0] for x in json.loads(capsys.readouterr().out)["device_assumed"]] == ["memory_backed"]
+    # with --tail the tail's spread replaces the device's own: its assumed cv is not said, the tail's figures are
+    assert main(base + ["--device", "ssd:qd1_us=80,iops=100000", "--tail", "vm-virtio-16core-4k", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device_assumed"] == []
+    assert main(base + ["--device", "ssd:qd1_us=80,iops=100000,cv=0.3", "--tail", "ssd:qd1_us=80,iops=100000",
+                        "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device_assumed"] == [
+        "tail cv = 0.5 (no cv or p99_us given): not a measurement"]
 
 
 def test_a_stated_memory_copy_above_a_copys_latency_is_said_as_it_is():
