@@ -16,6 +16,7 @@ from engram.errors import ArgumentError
 
 from sim.check.calibrate import Calibration
 from sim.check.crosscheck import crosscheck
+from sim.check.planner import check_planner
 from sim.core.io import load_json
 from ..trace import CODE_SOURCE, Trace, load_trace, resolve_source
 
@@ -137,7 +138,8 @@ def load_inputs(workdir: Optional[Path], traces: Optional[Sequence[str]], quick:
         if demo_p.exists():  # a folder in its place is refused when read
             inp.demo = load_json(demo_p)
         if (workdir / "planner.json").exists():  # a folder in its place is refused when read
-            inp.planner = load_json(workdir / "planner.json", "planner_crosscheck")
+            inp.planner = check_planner(load_json(workdir / "planner.json", "planner_crosscheck"),
+                                        workdir / "planner.json")
         if xc_p.exists():  # a folder in its place is refused when read
             inp.xc = load_json(xc_p, "crosscheck")
         elif inp.cal is not None and inp.runs is not None:

@@ -769,3 +769,38 @@ def test_datasheet_gap_known_answers():
     for derived in ({"knee_qd": 3.0}, ["x"], {"knee_qd": {"value": "x"}}, None):
         sheet.derived = derived
         assert datasheet_gap(fio, sheet)["knee_qd"] is None
+
+
+def test_a_malformed_planner_document_is_named_by_field(tmp_path):
+    """``engram report`` reads planner.json back: each field its tables read is checked first, and the first one
+    amiss is a FormatError naming the file and the field -- not a traceback from the table."""
+    from sim.check.planner import check_planner
+
+    mode = {"summary": {"tokens_per_s": {"median_abs_error": 0.01, "max_abs_error": 0.02}},
+            "capacity": [{"mode": "threads", "all_met": {"measured": False, "predicted": False},
+                          "measured_capacity": 4, "predicted_capacity": 4, "within_one_step": True}]}
+    good = {"devices": [{"name": "disk", "built": True, "modes": {"fio": mode, "datasheet": {"refused": "no"}},
+                         "today": copy.deepcopy(mode)}],
+            "classes": {"disk": {"fio": {"median_abs_error": 0.01, "max_abs_error": 0.02}}}, "built": ["disk"],
+            "skipped": {}}
+    assert check_planner(good, "p.json") is good
+    cases = [
+        (lambda d: d.update(devices=["x"]), r"devices\[0\] = 'x': expected a JSON object"),
+        (lambda d: d["devices"][0].pop("name"), r"devices\[0\]\.name = None: expected a string"),
+        (lambda d: d["devices"][0].update(modes=[]), r"devices\[0\]\.modes = \[\]: expected a JSON object"),
+        (lambda d: d["devices"][0]["modes"]["fio"].update(capacity=[None]), r"modes\.fio\.capacity\[0\] = None"),
+        (lambda d: d["devices"][0]["modes"]["fio"].update(summary="x"), r"modes\.fio\.summary = 'x'"),
+        (lambda d: d["devices"][0]["modes"]["datasheet"].update(refused=5), r"modes\.datasheet\.refused = 5"),
+        (lambda d: d["devices"][0]["today"]["capacity"][0].pop("mode"),
+         r"devices\[0\]\.today\.capacity\[0\] has no mode"),
+        (lambda d: d["devices"][0]["modes"]["fio"]["summary"]["tokens_per_s"].update(max_abs_error="x"),
+         r"tokens_per_s\.max_abs_error = 'x': expected a finite number or null"),
+        (lambda d: d.update(skipped=["a"]), r"skipped = \['a'\]: expected a JSON object"),
+        (lambda d: d["classes"]["disk"].update(fio=3), r"classes\.disk\.fio = 3"),
+        (lambda d: d["devices"][0].update(fio_file=7), r"devices\[0\]\.fio_file = 7: expected a string"),
+    ]
+    for change, why in cases:
+        bad = copy.deepcopy(good)
+        change(bad)
+        with pytest.raises(FormatError, match=r"^p\.json: \S*" + why):
+            check_planner(bad, "p.json")
