@@ -93,7 +93,7 @@ from sim.core.io import load_json, now_iso, sha256_file, write_json
 from sim.core.limits import MAX_QUEUE_DEPTH
 from sim.core.params import Compute, Policy
 from sim.core.progress import progress as progress_bar
-from sim.core.schema import ComputeSpec, check_runs
+from sim.core.schema import ComputeSpec, check_list, check_mapping, check_number, check_runs, check_str
 from sim.decode.host import SESSIONS, HostCPU, engine_profile, process_scale
 
 __all__ = ["DEVICES_NAME", "HOST_BOUND_SHARE", "MODES", "PLANNER_NAME", "PLANNER_SCHEMA", "PLANNER_TARGETS",
@@ -529,68 +529,54 @@ def _good_read_size(rs) -> bool:
 
 def check_planner(doc: Mapping, where: Union[str, os.PathLike]) -> Mapping:
     """A ``planner.json`` document read back (by ``engram report``), checked where its tables and notes read it:
-    ``devices`` a list of objects, each with a ``name`` string; a device's ``modes`` an object of objects, each
-    with a ``summary`` object unless ``refused`` (a string) and ``capacity`` a list of objects with ``mode``,
-    ``all_met`` (``measured``, ``predicted``), ``measured_capacity``, ``predicted_capacity`` and
+    ``devices`` a list of objects, each with a ``name`` string; a device's ``modes`` (and ``today``) objects, each
+    with a ``summary`` object unless ``refused`` (a string), its ``tokens_per_s`` errors numbers or null, and
+    ``capacity`` a list of objects with ``mode``, ``all_met``, ``measured_capacity``, ``predicted_capacity`` and
     ``within_one_step``; ``classes`` an object of objects of objects, ``built`` a list, ``skipped`` an object.
     Returns the document as it is.
 
     Raises
     ------
     FormatError
-        The first field that is not so, named with ``where`` (``planner.json: devices[0].modes.fio.capacity[1]:
-        ...``).
+        The first field that is not so, named with ``where`` (``planner.json: devices[0].modes.fio: capacity[1]:
+        ...``; :mod:`sim.core.schema`'s checks).
     """
-    def obj(x, at: str) -> Mapping:
-        if not isinstance(x, Mapping):
-            raise FormatError(f"{where}: {at} = {x!r:.40}: expected a JSON object")
-        return x
-
-    def lst(x, at: str) -> list:
-        if not isinstance(x, list):
-            raise FormatError(f"{where}: {at} = {x!r:.40}: expected a list")
-        return x
-
-    def figures(t: Mapping, at: str) -> None:
+    def errors(t: Mapping, at: str) -> None:
         for k in ("median_abs_error", "max_abs_error"):
-            v = t.get(k)
-            if v is not None and (_real(v) is None or not math.isfinite(_real(v))):
-                raise FormatError(f"{where}: {at}.{k} = {v!r:.40}: expected a finite number or null")
+            check_number(at, k, t.get(k), low=None, none=True)
 
-    obj(doc, "the document")
-    for i, e in enumerate(lst(doc.get("devices", []), "devices")):
-        at = f"devices[{i}]"
-        obj(e, at)
-        if not isinstance(e.get("name"), str):
-            raise FormatError(f"{where}: {at}.name = {e.get('name')!r:.40}: expected a string")
+    check_mapping(str(where), "the document", doc)
+    for i, e in enumerate(check_list(str(where), "devices", doc.get("devices", []))):
+        at = f"{where}: devices[{i}]"
+        check_mapping(str(where), f"devices[{i}]", e)
+        check_str(at, "name", e.get("name"))
         for k in ("fio_file", "datasheet_used", "class"):
-            if e.get(k) is not None and not isinstance(e[k], str):
-                raise FormatError(f"{where}: {at}.{k} = {e[k]!r:.40}: expected a string")
-        modes = dict(obj(e.get("modes", {}), f"{at}.modes"))
+            if e.get(k) is not None:
+                check_str(at, k, e[k])
+        modes = dict(check_mapping(at, "modes", e.get("modes", {})))
         if e.get("today") is not None:
             modes["today"] = e["today"]
         for mode, m in modes.items():
             mode_at = f"{at}.{mode}" if mode == "today" else f"{at}.modes.{mode}"
-            m = obj(m, mode_at)
+            check_mapping(at, mode if mode == "today" else f"modes.{mode}", m)
             if m.get("refused"):
-                if not isinstance(m["refused"], str):
-                    raise FormatError(f"{where}: {mode_at}.refused = {m['refused']!r:.40}: expected a string")
+                check_str(mode_at, "refused", m["refused"])
                 continue
-            t = obj(obj(m.get("summary"), f"{mode_at}.summary").get("tokens_per_s", {}),
-                    f"{mode_at}.summary.tokens_per_s")
-            figures(t, f"{mode_at}.summary.tokens_per_s")
-            for j, c in enumerate(lst(m.get("capacity", []), f"{mode_at}.capacity")):
-                c = obj(c, f"{mode_at}.capacity[{j}]")
-                obj(c.get("all_met"), f"{mode_at}.capacity[{j}].all_met")
+            summary = check_mapping(mode_at, "summary", m.get("summary"))
+            errors(check_mapping(mode_at, "summary.tokens_per_s", summary.get("tokens_per_s", {})),
+                   f"{mode_at}.summary.tokens_per_s")
+            for j, c in enumerate(check_list(mode_at, "capacity", m.get("capacity", []))):
+                check_mapping(mode_at, f"capacity[{j}]", c)
+                check_mapping(mode_at, f"capacity[{j}].all_met", c.get("all_met"))
                 missing = [k for k in ("mode", "measured_capacity", "predicted_capacity", "within_one_step")
                            if k not in c]
                 if missing:
-                    raise FormatError(f"{where}: {mode_at}.capacity[{j}] has no {', '.join(missing)}")
-    for cls, modes in obj(doc.get("classes", {}), "classes").items():
-        for mode, c in obj(modes, f"classes.{cls}").items():
-            figures(obj(c, f"classes.{cls}.{mode}"), f"classes.{cls}.{mode}")
-    lst(doc.get("built", []), "built")
-    obj(doc.get("skipped", {}), "skipped")
+                    raise FormatError(f"{mode_at}: capacity[{j}] has no {', '.join(missing)}")
+    for cls, modes in check_mapping(str(where), "classes", doc.get("classes", {})).items():
+        for mode, c in check_mapping(str(where), f"classes.{cls}", modes).items():
+            errors(check_mapping(str(where), f"classes.{cls}.{mode}", c), f"{where}: classes.{cls}.{mode}")
+    check_list(str(where), "built", doc.get("built", []))
+    check_mapping(str(where), "skipped", doc.get("skipped", {}))
     return doc
 
 

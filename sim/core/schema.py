@@ -173,6 +173,8 @@ __all__ = [
     "ComputeSpec",
     "RunConfig",
     "check_int",
+    "check_list",
+    "check_mapping",
     "check_microbench",
     "LATENCY",
     "check_number",
@@ -555,8 +557,7 @@ def check_numbers(where: str, key: str, value, low: Union[float, None, str] = 0.
     FormatError
         Names ``where``, ``key``, the first bad value and its index, or the two lengths.
     """
-    if not isinstance(value, (list, tuple, np.ndarray)):
-        raise FormatError(f"{where}: {key}: expected a list, got {_show(value)}")
+    check_list(where, key, value)
     if length is not None and len(value) != length:
         raise FormatError(f"{where}: {key} has {len(value)} values, {of} has {length}")
     kinds = (int,) if whole else (int, float)
@@ -576,11 +577,31 @@ def check_numbers(where: str, key: str, value, low: Union[float, None, str] = 0.
     return list(value)
 
 
-def _mapping(where: str, key: str, value, none: bool = False) -> Optional[Mapping]:
+def check_mapping(where: str, key: str, value, none: bool = False) -> Optional[Mapping]:
+    """``value`` when it is a JSON object (a mapping); None passes when ``none``.
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key`` and the value.
+    """
     if value is None and none:
         return None
     if not isinstance(value, Mapping):
         raise FormatError(f"{where}: {key}: expected a JSON object, got {_show(value)}")
+    return value
+
+
+def check_list(where: str, key: str, value) -> list:
+    """``value`` when it is a list (a tuple or an array too).
+
+    Raises
+    ------
+    FormatError
+        Names ``where``, ``key`` and the value.
+    """
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        raise FormatError(f"{where}: {key}: expected a list, got {_show(value)}")
     return value
 
 
@@ -685,7 +706,7 @@ def check_windows(windows) -> Dict[str, dict]:
     out = {}
     for wid, w in windows.items():
         where = f"window {wid!r}"
-        _mapping(where, "state", w)
+        check_mapping(where, "state", w)
         check_number(where, "device", _field(where, w, "device"), LATENCY)
         check_number(where, "compute", w.get("compute"), LATENCY, none=True)
         for key in ("read_se", "compute_se", "step_cv"):
@@ -735,9 +756,9 @@ def check_runs(doc: Mapping, file: Optional[Union[str, os.PathLike]] = None) -> 
             raise FormatError(f"runs: expected a list, got {_show(runs)}")
         for i, r in enumerate(runs):
             check_run(i, r)
-        params = _mapping("document", "params", doc.get("params"), none=True) or {}
+        params = check_mapping("document", "params", doc.get("params"), none=True) or {}
         check_number("params", "capacity_target", params.get("capacity_target"), 0.0, above=True, none=True)
-        traces = _mapping("document", "traces", doc.get("traces"), none=True) or {}
+        traces = check_mapping("document", "traces", doc.get("traces"), none=True) or {}
         for spec, rel in traces.items():
             check_str("traces", repr(spec), rel)
     except FormatError as exc:
@@ -771,12 +792,12 @@ def check_run(i: int, r: Mapping) -> None:
         if key in r:
             check_number(where, key, r[key], 0.0, above=True)
     for name, used in RUN_SUMMARIES.items():
-        summary = _mapping(where, name, _field(where, r, name))
+        summary = check_mapping(where, name, _field(where, r, name))
         for key in used:
             _field(f"{where}: {name}", summary, key)
         for key, x in summary.items():
             check_number(where, f"{name}.{key}", x, 0.0)
-    bg = _mapping(where, "background", r.get("background"), none=True) or {}
+    bg = check_mapping(where, "background", r.get("background"), none=True) or {}
     for key in ("cpu", "steal"):
         check_number(where, f"background.{key}", bg.get(key), 0.0, high=1.0, none=True)
     if r.get("window") is not None:

@@ -93,9 +93,10 @@ class DecodeResult:
         drives' peak IOPS); ``bucket_wait_counted``: False where the fast mode ran a device with a token bucket
         (a rate limit or fio's peak bound), whose queue leaves a batch's wait for its tokens out of the busy
         fraction, the mean queue depth and mean read (the raw device's); ``host_read_cpus`` where the device
-        came from fio JSON with CPU figures: the host's CPUs the reads/s keep busy at fio's CPU per read (``derived["cpu_per_read_us"]``,
-        :func:`sim.device.fio.cpu_per_read`), the kernel's read path alone -- the simulator does not model the
-        host's CPUs, so a figure near the host's CPU count says the host, not the drive, binds there.
+        came from fio JSON with CPU figures: the host's CPUs the reads/s keep busy at fio's CPU per read
+        (``derived["cpu_per_read_us"]``, :func:`sim.device.fio.cpu_per_read`), the kernel's read path alone --
+        the simulator does not model the host's CPUs, so a figure near the host's CPU count says the host, not
+        the drive, binds there.
     timeline : dict
         ``t_s``, ``queue_depth``, ``busy``: per-bin means over the run.
     compute_realised : dict

@@ -107,9 +107,8 @@ from .models import Device, EmpiricalDevice, RateLimitedDevice
 
 __all__ = ["ENGINE_READ_BYTES", "FLAT_IOPS", "HELD_OFF_SHARE", "HOST_BOUND_SHARE", "MAX_READ_CPU_S",
            "MEDIAN_OVER_MEAN", "MEMORY_QD1_P50", "WAIT_FACTOR",
-           "cpu_held_off", "cpu_per_read", "device_from_fio", "held_off_text", "in_flight_share", "fio_records", "idle_jobs", "is_fio_output", "parse_block_size",
-           "rate_limit_of",
-           "read_fio_output"]
+           "cpu_held_off", "cpu_per_read", "device_from_fio", "fio_records", "held_off_text", "idle_jobs",
+           "in_flight_share", "is_fio_output", "parse_block_size", "rate_limit_of", "read_fio_output"]
 
 _NS = 1e-9
 #: The engine's read: one aligned 4 KiB block a row (SPEC §8), bytes.
@@ -232,22 +231,21 @@ def _opt(job: dict, glob: dict, key: str, default: str, where: str) -> str:
     return str(_obj(job, "job options", f"{where}[\"job options\"]").get(key, glob.get(key, default)))
 
 
+def _set(job: dict, glob: dict, key: str) -> bool:
+    """The job ran with option ``key`` set to a nonzero value (its own option, else the global one)."""
+    opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
+    return re.sub(r"[^0-9.]", "", str(opts.get(key, glob.get(key, "0"))).strip()) not in ("", "0", "0.0")
+
+
 def _thinktime(job: dict, glob: dict) -> bool:
     """The job ran with a nonzero ``thinktime`` (its own option, else the global one): an idle pattern."""
-    opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
-    tt = str(opts.get("thinktime", glob.get("thinktime", "0"))).strip()
-    return re.sub(r"[^0-9.]", "", tt) not in ("", "0", "0.0")
+    return _set(job, glob, "thinktime")
 
 
 def _paced(job: dict, glob: dict) -> bool:
     """The job ran at a set rate (``rate``, ``rate_iops`` or ``rate_min``, its own option or the global one): an open
     loop that leaves its slots empty between reads on purpose."""
-    opts = job.get("job options") if isinstance(job.get("job options"), dict) else {}
-    for key in ("rate", "rate_iops", "rate_min"):
-        v = str(opts.get(key, glob.get(key, "0"))).strip()
-        if re.sub(r"[^0-9.]", "", v) not in ("", "0", "0.0"):
-            return True
-    return False
+    return any(_set(job, glob, key) for key in ("rate", "rate_iops", "rate_min"))
 
 
 def idle_jobs(docs: Sequence[dict]) -> List[str]:
@@ -470,7 +468,8 @@ def cpu_held_off(recs: Sequence[dict]) -> Optional[float]:
 
 
 def held_off_text(share: float, depth: int = 1) -> str:
-    """What a held-off share (:func:`cpu_held_off`) says, for a figure's rule."""
+    """What a held-off ``share`` (:func:`cpu_held_off`: a fraction in [0, 1) of the job's run time) says of fio's
+    CPU a read at queue depth ``depth``, as a clause of a figure's rule (a string; raises nothing)."""
     return (f"fio's QD{depth} job had a read in flight {share:.0%} of its run time (IOPS x mean latency; an "
             f"undisturbed run has {HELD_OFF_SHARE:.0%} or more): it waited for its CPU, so its CPU a read was taken "
             "under other load and is likely high; run fio on a quiet host")

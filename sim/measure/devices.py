@@ -64,7 +64,8 @@ from .run import measure
 from .settings import Settings
 from .throttle import MAX_THROTTLE_IOPS, IopsThrottle, throttle_support
 
-__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "DevicePlan", "FIO_DEPTHS", "FIO_TRIES", "FIO_SIZE_4K", "check_rates", "device_classes", "engine_read_size",
+__all__ = ["DEVICES_NAME", "DEVICES_SCHEMA", "DevicePlan", "FIO_DEPTHS", "FIO_SIZE_4K", "FIO_TRIES", "check_rates",
+           "device_classes", "engine_read_size",
            "fio_json", "measure_devices", "on_tmpfs", "plan_devices"]
 
 #: Schema name of ``devices.json``.
@@ -132,7 +133,7 @@ def fio_json(model_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     docs, engine = [], "io_uring"
     for qd in depths:
         runs: List[tuple] = []
-        while len(runs) < max(1, int(tries)):
+        while len(runs) < tries:
             for attempt in ("io_uring", "libaio") if engine == "io_uring" else (engine,):
                 cmd = [exe, "--name=engram-randread", f"--filename={loc.path}", "--rw=randread", f"--bs={int(bs)}",
                        "--direct=1", f"--ioengine={attempt}", f"--iodepth={int(qd)}", f"--offset={off}",
