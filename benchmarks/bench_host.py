@@ -16,7 +16,8 @@ engine and pool of readers, woken and switched to across address spaces, where t
 whose busy readers take the next read without sleeping).  With the CPUs busy (32 sessions on 2 CPUs), where
 the host binds; with them mostly idle the two differ less.  ``--write-profile`` then writes only the
 profile's ``process_cpu_ratio``: the host model scales the CPU a step and a read of sessions as processes by it
-(:mod:`sim.decode.host`).
+(:mod:`sim.decode.host`).  ``--tmpfs`` runs that pass on a copy of the model in ``/dev/shm`` instead (a memory
+copy in each reader), reported only.
 
 ``python -m benchmarks.run host [--steps 2000] [--scale 0.005] [--sleep-ms 5] [--write-profile]``,
 ``python -m benchmarks.run host --modes-only --steps 200 --rounds 5``;
@@ -268,10 +269,22 @@ def main(argv=None) -> dict:
     p.add_argument("--modes-only", action="store_true",
                    help="only the threads-or-processes pass (--steps steps a session, --sessions at once); with "
                         "--write-profile, only the profile's process_cpu_ratio is rewritten")
+    p.add_argument("--tmpfs", action="store_true",
+                   help="with --modes-only: the pass on a copy of the model in /dev/shm (a memory copy in each "
+                        "reader, no drive); not with --write-profile (the profile's ratio is a drive's)")
     a = p.parse_args(argv)
     if a.rounds < 1 or a.steps < 1 or a.sessions < 1:
         p.error("--rounds, --steps and --sessions must be >= 1")
+    if a.tmpfs and (not a.modes_only or a.write_profile):
+        p.error("--tmpfs goes with --modes-only, without --write-profile")
     path = _model(a.scale)
+    if a.modes_only and a.tmpfs:
+        if not Path("/dev/shm").is_dir():
+            raise SystemExit("--tmpfs: no /dev/shm here")
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+            copy = Path(d) / path.name
+            shutil.copyfile(path, copy)
+            return dict(_modes_only(a, copy, argv), device="tmpfs")
     if a.modes_only:
         return _modes_only(a, path, argv)
     rounds = []

@@ -29,7 +29,8 @@ Datasheet strings (:func:`datasheet_spec`, every figure at the engine's read siz
 - a memory-backed device (fio's QD1 median below :data:`sim.device.fio.MEMORY_QD1_P50`: tmpfs, a memory
   copy in the reading thread): ``iops`` = fio's highest IOPS x the CPUs of the runs' machine / fio's jobs,
   and its fio JSON as ``fio:FILE,cpus=<those CPUs>`` -- fio's figures are the copy rate of its jobs' CPUs,
-  the engine's readers copy on all the machine's (assumed; said in the result's ``memory_backed``);
+  the engine's readers copy on all the machine's (assumed; said in the result's ``memory_backed``); on the
+  host its reads are the profile's copies in both modes (:meth:`sim.decode.host.HostCPU.copy_reads`);
 - a throttled volume, as a cloud volume's datasheet gives it: ``qd1_us`` = the raw disk's fio QD1 mean
   latency (the drive behind the volume: without the disk's fio, the volume's QD1 median, the reads that
   did not wait), ``iops`` = the raw disk's highest fio IOPS
@@ -69,6 +70,7 @@ a device list malformed field by field (:func:`check_devices`).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -286,17 +288,16 @@ class PlannerModels(Calibration):
 
     host_cpu: Optional[HostCPU] = None
     profile: Optional[Mapping] = None
-    memory: bool = False
 
     def host(self, compute: str, mode: str = "threads") -> Optional[HostCPU]:
         """``host_cpu`` with the spin of ``compute`` (its ``spin:MS`` parts), its CPU a step and a read scaled for
         sessions run as ``mode`` (:func:`sim.decode.host.process_scale`: the profile's ``process_cpu_ratio`` for
-        processes, none on a memory-backed device: ``memory``); None without a host."""
+        processes); None without a host."""
         if self.host_cpu is None:
             return None
         spin = sum(float(a) for k, a in ComputeSpec.parse(compute).extra if k == "spin") * 1e-3
         h = replace(self.host_cpu, spin_s=spin)
-        scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads", self.memory)
+        scale, note = process_scale(self.profile or {}, mode if mode in SESSIONS else "threads")
         if mode == "processes":
             h = replace(h, step_cpu_s=h.step_cpu_s * scale, read_cpu_s=h.read_cpu_s * scale, sessions="processes",
                         source=f"{h.source}; {note}" if note else h.source)
@@ -313,12 +314,12 @@ class PlannerModels(Calibration):
 
     @classmethod
     def of(cls, device: Device, description: str, host: Optional[HostCPU] = None,
-           profile: Optional[Mapping] = None, memory: bool = False) -> "PlannerModels":
+           profile: Optional[Mapping] = None) -> "PlannerModels":
         """The planner's models of one device described by ``description`` (a path or a spec string), on
         ``host`` (None: the host left out) as sessions of threads, scaled for processes by ``profile`` (the
-        engine's CPU profile, :func:`sim.decode.host.engine_profile`) unless the device is ``memory``-backed."""
+        engine's CPU profile, :func:`sim.decode.host.engine_profile`)."""
         return cls(devices={"pread": device, "io_uring": device}, compute={}, hash_s=0.0,
-                   source={"planner": description}, date="", host_cpu=host, profile=profile, memory=memory)
+                   source={"planner": description}, date="", host_cpu=host, profile=profile)
 
 
 def _today(folder: Path, run: bool = False, sim_steps: Optional[int] = None, seed: int = 0) -> Optional[dict]:
@@ -887,7 +888,7 @@ class _Planner:
             host = self.host(d, mode, runs_doc)
             entry["modes"][mode] = self._predict(d, dev, described, host, runs_doc, runs_path)
             if host is not None:
-                note = process_scale(self.profile, "processes", self.memory(d))[1]
+                note = process_scale(self.profile, "processes")[1]
                 entry["modes"][mode]["host_model"] = dict(host.to_dict(), processes=note,
                                                           source=f"{host.source}; {note}")
             mem = (self.profile or engine_profile()).get("memory_read_cpu_us") if self.memory(d) else None
@@ -954,8 +955,15 @@ class _Planner:
     def _predict(self, d: Mapping, dev: Device, described: str, host: Optional[HostCPU], runs_doc: Mapping,
                  runs_path: Path) -> dict:
         """A mode's result (:func:`_mode_result`): the runs of device ``d`` predicted from ``dev`` (described by
-        ``described``) on ``host``, sessions as processes scaled by the profile, with the planner's goals."""
-        doc = crosscheck(PlannerModels.of(dev, described, host, self.profile, self.memory(d)), runs_doc,
+        ``described``) on ``host``, sessions as processes scaled by the profile, with the planner's goals.  A device
+        the planner states memory-backed (:meth:`memory`) is so in either mode: on a host its reads are copies
+        (:meth:`sim.decode.host.HostCPU.copy_reads`), whichever figures describe it."""
+        derived = getattr(dev, "derived", None)
+        if self.memory(d) and isinstance(derived, dict) and "memory_backed" not in derived:
+            dev = copy.copy(dev)  # the caller's device keeps its own figures
+            dev.derived = {**derived, "memory_backed": {"value": float(_cores(runs_doc)), "rule": "stated by the "
+                           "planner: a memory copy in the reading thread, on the runs' machine's CPUs"}}
+        doc = crosscheck(PlannerModels.of(dev, described, host, self.profile), runs_doc,
                          runs_path=runs_path, sim_steps=self.sim_steps, seed=self.seed, baseline=False,
                          targets=PLANNER_TARGETS, quiet_targets=PLANNER_TARGETS)
         return _mode_result(doc, described)
@@ -985,6 +993,11 @@ class _Planner:
                                       f"reading thread, not a drive, as {why}; fio's IOPS are its {fig['jobs']} "
                                       f"job(s)' CPU(s), the runs' readers had {cores} (assumed: the reads scale to "
                                       "them)")
+            mem = (self.profile or {}).get("memory_read_cpu_us")
+            if mem is not None:
+                entry["memory_backed"] += (f"; on the host its reads are copies, {float(mem):.2f} us a read (the "
+                                           f"profile's pread from tmpfs), {cores} at once, in both modes: the "
+                                           "latencies fio and the datasheet give are not a copy's")
         idle = idle_jobs(read_fio_output(self.files[d["name"]]))
         entry["assumed"] = (f"fio's thinktime job(s) {', '.join(sorted(set(idle)))} left out" if idle else
                             "device measured back-to-back only: no fio job with thinktime") + \

@@ -168,7 +168,7 @@ HOST_OPTIONS = (
     Option("--host-sessions", choices=SESSIONS, group=_DECODE,
            help="with --host-cpus: the sessions as threads of one process (one engine a device: the default) or "
                 "as processes, each its own engine, whose step and reads take the profile's process_cpu_ratio "
-                "times the CPU (1.28 on the 2-core VM with its CPUs busy; not on a memory-backed device)"),
+                "times the CPU (1.28 on the 2-core VM with its CPUs busy, on any device)"),
 )
 
 

@@ -20,14 +20,15 @@ A read from a memory-backed device (tmpfs, the page cache) is a copy in the read
 profile's ``memory_read_cpu_us``, the engine's pread from a copy of the model on tmpfs with its readers kept
 busy (as where the host binds), not fio's figure there, which is mostly fio's own and its engine's (io_uring
 hands each read to a worker thread on tmpfs: 13.5 us a read on an idle 2-core VM where the engine's pread
-takes about 4).
+takes about 4).  On a host, such a device's reads are those copies (:meth:`HostCPU.copy_reads`), not the
+latencies fio or a datasheet describe it by.
 
 Sessions as processes (``sessions="processes"``: each its own engine and pool of readers) take more CPU a
 step than the same sessions as threads of one process, which share one engine whose busy readers take the
 next read without sleeping: the profile's ``process_cpu_ratio`` (``benchmarks/bench_host.py --modes-only``,
 with the CPUs busy, where the host binds) scales the step's and each read's CPU.  With the CPUs mostly idle the
-two differ less, and the CPU does not set the step there.  Not on a memory-backed device, whose readers copy
-without sleeping.
+two differ less, and the CPU does not set the step there.  On a memory-backed device too: 32 sessions on tmpfs
+took 1.19x (the median of 22 rounds, 0.83-1.60), the disk's 1.28 within their scatter.
 
 The engine's own CPU a step is not in a device's description: the figure shipped in
 ``sim/data/hosts/engine-cpu.json`` (:func:`engine_profile`) was measured by ``benchmarks/bench_host.py`` on
@@ -46,9 +47,11 @@ from typing import Mapping, Optional
 from engram._checks import setting_number
 from engram.errors import ArgumentError, FormatError
 from sim.core.io import packaged_data_path, read_text
+from sim.core.limits import MAX_QUEUE_DEPTH
+from sim.device.models import ParametricSSD
 
-__all__ = ["ENGINE_PROFILE", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "PROCESS_RATIO_RANGE", "SESSIONS", "HostCPU",
-           "check_profile", "engine_profile", "process_scale"]
+__all__ = ["ENGINE_PROFILE", "MAX_COPY_LANES", "MAX_CPUS", "MAX_STEP_CPU_S", "MIN_CPUS", "PROCESS_RATIO_RANGE",
+           "SESSIONS", "HostCPU", "check_profile", "engine_profile", "memory_lanes", "process_scale"]
 
 #: The engine's CPU profile in the package data (``sim/data/``): written by ``benchmarks/bench_host.py``.
 ENGINE_PROFILE = "hosts/engine-cpu.json"
@@ -60,6 +63,9 @@ MAX_SESSIONS_WITHIN = 1 << 20
 #: The CPUs a host may have (a hundredth of one to 65,536) and the longest CPU time a step may ask for, seconds:
 #: beyond them the figures are typing errors, and the queue's arithmetic would overflow.
 MIN_CPUS, MAX_CPUS, MAX_STEP_CPU_S = 0.01, 65536.0, 60.0
+#: The most copies a memory-backed device serves at once (:meth:`HostCPU.copy_reads`): the deepest queue a device
+#: model takes (:data:`sim.core.limits.MAX_QUEUE_DEPTH`).
+MAX_COPY_LANES = MAX_QUEUE_DEPTH
 
 
 #: How the sessions run on the host: threads of one process (one engine a device) or processes (one each).
@@ -68,11 +74,11 @@ SESSIONS = ("threads", "processes")
 PROCESS_RATIO_RANGE = (0.1, 10.0)
 
 
-def process_scale(profile: Mapping, sessions: str, memory: bool = False) -> tuple:
+def process_scale(profile: Mapping, sessions: str) -> tuple:
     """``(factor, what it says)``: the CPU a step and a read of ``sessions`` (:data:`SESSIONS`) over the profile's
     figures, which are threads' -- the profile's ``process_cpu_ratio`` for processes (1 where the profile has
-    none, or on a ``memory``-backed device, whose readers copy without sleeping on a device: said so), 1 and ""
-    for threads.
+    none: said so), 1 and "" for threads; on any device (32 sessions on the 2-core VM, the CPUs busy: 1.28 on
+    its disk, the profile's; 1.19 on tmpfs, the median of 22 rounds from 0.83 to 1.60).
 
     Raises
     ------
@@ -84,8 +90,6 @@ def process_scale(profile: Mapping, sessions: str, memory: bool = False) -> tupl
         raise ArgumentError(f"sessions = {sessions!r:.40}: expected one of {', '.join(SESSIONS)}")
     if sessions == "threads":
         return 1.0, ""
-    if memory:
-        return 1.0, "sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
     if not isinstance(profile, Mapping):
         raise ArgumentError(f"the engine's CPU profile = {profile!r:.40}: expected a mapping")
     r = profile.get("process_cpu_ratio")
@@ -338,8 +342,7 @@ class HostCPU:
         wake-up ``wake_us`` (default the profile's ``wake_us``, measured on a drive; none on a memory-backed
         device, whose readers copy without sleeping on a device, and none where the profile has no figure);
         ``sessions="processes"``: the step's and each read's CPU (given or not) times the profile's
-        ``process_cpu_ratio`` (:func:`process_scale`), except on a memory-backed device, where no reader sleeps
-        on a device between reads (measured on tmpfs: 1.07-1.13x, within the scatter).  ``source`` says which.
+        ``process_cpu_ratio`` (:func:`process_scale`), on any device.  ``source`` says which.
 
         Raises
         ------
@@ -380,7 +383,7 @@ class HostCPU:
             wake = float(p["wake_us"])
             said.append(f"a step's wake-up {wake:.0f} us x the CPUs' idle share (the profile's: its readers' batch "
                         "after the step's sleep over back to back)")
-        scale, note = process_scale(p, sessions, memory="memory_backed" in derived)
+        scale, note = process_scale(p, sessions)
         if note:
             said.append(note)
         for what, us in (("the engine's CPU a step", step), ("a read's CPU", read)):
@@ -390,12 +393,91 @@ class HostCPU:
                                     "figure is off (--host-step-us, --host-read-us or fio's CPU a read)")
         return cls(cpus, step * scale * 1e-6, read * scale * 1e-6, spin_s, "; ".join(said), wake * 1e-6, sessions)
 
+    def copy_reads(self, device):
+        """``device`` where its reads are a drive's; where it is memory-backed (a ``memory_backed`` entry in its
+        ``derived``: tmpfs, a page-cache hit) and this host states a read's CPU above 0, the device whose each
+        read is that copy: a :class:`~sim.device.models.ParametricSSD` of ``read_cpu_s`` a read, fixed, on as many
+        channels as the CPUs the copies run on (``memory_backed``'s value, rounded), its ``derived`` the
+        ``memory_backed`` entry and a ``read_s`` rule.  A read's CPU of 0 says the device's own service holds it
+        (:meth:`for_device` without a figure): the device is kept (:meth:`copies_text` says so).
+
+        A copy in the reader's thread takes its CPU and nothing else.  fio's latency on tmpfs is its engine's
+        hand-off to a worker thread (io_uring: 34-42 us at QD1 on a 2-core VM), where the engine's pread
+        readers copy a 512-byte row in about 4 us: taken as the device's, it made every tmpfs run 5-8% too slow,
+        one session to 32 (benchmarks/BENCHMARKS.md, "Reads from memory as copies").
+
+        Raises
+        ------
+        ArgumentError
+            ``memory_backed`` not an entry whose value is a finite number in [1, :data:`MAX_COPY_LANES`]
+            (names it); the copies past a device's ranges (over 1e9 reads a second, a read over 1 s: names the
+            host's CPU a read and the lanes).
+        """
+        lanes = memory_lanes(device)
+        if lanes is None or self.read_cpu_s <= 0 or _is_copies(device, self.read_cpu_s):
+            return device  # a drive, no CPU a read stated, or these copies already
+        rule = (f"a memory copy in the reader's thread: {self.read_cpu_s * 1e6:.2f} us a read (the host's CPU a "
+                f"read), fixed, {lanes} at once (the CPUs the copies run on); the latencies the device was described "
+                "by are not a copy's")
+        name = str(getattr(device, "name", "device")).removesuffix(" (copies)")
+        try:
+            return ParametricSSD(self.read_cpu_s, lanes / self.read_cpu_s, lanes, service_cv=0.0,
+                                 name=f"{name} (copies)", source=rule,
+                                 derived={"memory_backed": dict(device.derived["memory_backed"]),
+                                          "read_s": {"value": self.read_cpu_s, "rule": rule}})
+        except ArgumentError as exc:
+            raise ArgumentError(f"the host's CPU a read, {self.read_cpu_s * 1e6:g} us (--host-read-us, or the "
+                                f"profile's memory_read_cpu_us), as the copies of memory-backed {name}, {lanes} at "
+                                f"once: {exc}") from None
+
+    def copies_text(self, device) -> str:
+        """What :meth:`copy_reads` does with ``device``'s reads, in words ("" for a drive): the copies' rule, or
+        that a read's CPU of 0 leaves the device's own latencies."""
+        if memory_lanes(device) is None:
+            return ""
+        if self.read_cpu_s <= 0:
+            return ("the device's own latencies: the host states no CPU a read (0), so the memory-backed device's "
+                    "own service holds it")
+        return self.copy_reads(device).source
+
     def to_dict(self) -> dict:
         """JSON-ready: ``cpus``, ``step_cpu_us``, ``read_cpu_us``, ``spin_us``, ``wake_us``, ``sessions``,
         ``source``."""
         return {"cpus": self.cpus, "step_cpu_us": self.step_cpu_s * 1e6, "read_cpu_us": self.read_cpu_s * 1e6,
                 "spin_us": self.spin_s * 1e6, "wake_us": self.wake_s * 1e6, "sessions": self.sessions,
                 "source": self.source}
+
+
+def memory_lanes(device) -> Optional[int]:
+    """The CPUs a memory-backed device's copies run on (its ``derived["memory_backed"]`` value, rounded); None for
+    a drive (no such entry, or no ``derived`` mapping).
+
+    Raises
+    ------
+    ArgumentError
+        The entry not a mapping whose ``value`` is a finite number in [1, :data:`MAX_COPY_LANES`] (names it).
+    """
+    derived = getattr(device, "derived", None)
+    if not isinstance(derived, Mapping) or "memory_backed" not in derived:
+        return None
+    entry = derived["memory_backed"]
+    v = entry.get("value") if isinstance(entry, Mapping) else None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        v = None
+    try:
+        lanes = int(round(float(v))) if v is not None and 1 <= float(v) <= MAX_COPY_LANES else None
+    except (OverflowError, ValueError):  # past a float's range; NaN
+        lanes = None
+    if lanes is None:
+        raise ArgumentError(f"{getattr(device, 'name', 'device')}: derived.memory_backed = {entry!r:.60}: expected "
+                            f'{{"value": the CPUs its copies run on, a number in [1, {MAX_COPY_LANES}], "rule": ...}}')
+    return lanes
+
+
+def _is_copies(device, read_s: float) -> bool:
+    """Whether ``device`` is already :meth:`HostCPU.copy_reads`'s copies of ``read_s`` seconds a read."""
+    return isinstance(device, ParametricSSD) and device.service_cv == 0 and device.qd1_latency == read_s and \
+        isinstance(getattr(device, "derived", None), Mapping) and "read_s" in device.derived
 
 
 def engine_profile(path: Optional[str] = None) -> Mapping:

@@ -114,6 +114,10 @@ class DecodeResult:
         Simulated duration and the simulator's own run time.
     step_latencies : numpy.ndarray
         float64 ``[sessions, steps]`` seconds (not in :meth:`to_dict`).
+    host : dict
+        On a host (``DecodeRun.host``): its figures (:meth:`HostCPU.to_dict`), ``free_step_ms``, ``added_ms``,
+        ``rows_per_step``, ``readers_wait_us``, ``demand_us``, ``busy_cpus``, ``passes``, and on a memory-backed
+        device ``copies``: how its reads were served (:meth:`HostCPU.copies_text`); else empty.
     speculative : dict
         Speculative runs only (``draft_tokens > 0``; empty otherwise and left out of :meth:`to_dict`):
         the settings (:meth:`sim.decode.speculative.Speculation.to_dict`), ``tokens`` emitted,
@@ -214,7 +218,8 @@ class DecodeResult:
                 f"({h['free_step_ms']:.3f} ms" + (f"; its readers wait {h['readers_wait_us']:.0f} us for the CPUs"
                                                    if h.get("readers_wait_us") else "")
                 + (f"; a wake-up of up to {h['wake_us']:.0f} us" if h.get("wake_us") else "") + ")"
-                + (f"\n          from: {h['source']}" if h.get("source") else ""))
+                + (f"\n          from: {h['source']}" if h.get("source") else "")
+                + (f"\n          reads: {h['copies']}" if h.get("copies") else ""))
 
     def _speculative_line(self) -> str:
         sp = self.speculative
@@ -318,8 +323,9 @@ class DecodeRun:
     host : HostCPU, optional
         The host's CPUs shared by the sessions (:mod:`sim.decode.host`): the run's first steps are simulated
         with the CPUs free, then the whole run with each step longer by what the host's CPU queue adds at that
-        step and read rate (mean-value analysis; ``DecodeResult.host`` says it), again until that settles.  None
-        (default): the host is left out.
+        step and read rate (mean-value analysis; ``DecodeResult.host`` says it), again until that settles.  A
+        memory-backed device's reads are then the host's copies (:meth:`HostCPU.copy_reads`).  None (default):
+        the host is left out.
     replay : str, optional
         For an internal run that replays its trace on purpose (a cross-check prediction or a report's what-if
         stretching a measured stretch to more steps to reduce simulation noise): the run's name.  Its trace
@@ -424,10 +430,16 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     check_settings(storage, Storage, "storage")
     if speculation is not None:
         check_settings(speculation, Speculation, "speculation")
+    copies = ""
+    if run.host is not None:  # a memory-backed device's reads are copies on the host's CPUs
+        loaded = load_device(device, storage.calibration, backend=policy.backend)
+        device, copies = run.host.copy_reads(loaded), run.host.copies_text(loaded)
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
     host, first = {}, plan
     if run.host is not None:
         plan, lat, st, finish, figures, host = _on_host(plan, device, run, storage, speculation, served)
+        if copies:
+            host["copies"] = copies
     else:
         lat, st, finish, figures = _simulate(plan)
     res = _result(plan, lat, st, finish, figures, t_wall)

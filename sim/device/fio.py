@@ -69,7 +69,9 @@ A memory-backed device, recognised
     jobs`` takes what one took at ``q``; up to ``N / jobs`` reads at once take
     the QD1 latency), so the peak scales by ``N / jobs`` -- an assumption,
     said in ``derived``.  Without ``cpus`` the figures are taken as they are
-    (``derived`` says that they are one CPU's a job).
+    (``derived`` says that they are one CPU's a job).  On a host the decode
+    model takes its reads as the host's copies instead
+    (:meth:`sim.decode.host.HostCPU.copy_reads`).
 
     Every figure derived, and the rule, is in the device's ``derived``.
 
@@ -627,8 +629,8 @@ def _memory_backed(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], 
         return _scaled_cpus(table, by_qd, cpus, f"cpus={cpus} stated: a memory copy, as the planner says, though "
                                                 f"fio's QD{q1} median {p50 * 1e6:.1f} us is above a copy's "
                                                 f"{MEMORY_QD1_P50 * 1e6:g} us (fio's engine handing each read to a "
-                                                "worker thread, as io_uring does on tmpfs, or a drive); its "
-                                                "latencies are taken as fio measured them")
+                                                "worker thread, as io_uring does on tmpfs, or a drive); without "
+                                                "a host its latencies are taken as fio measured them")
     why = (f"fio's QD{q1} median latency {p50 * 1e6:.1f} us is below {MEMORY_QD1_P50 * 1e6:g} us: a memory copy "
            "in the reading thread (tmpfs, page cache), not a drive: its IOPS are the copy rate of the CPUs fio's "
            "jobs ran on")

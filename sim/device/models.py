@@ -278,7 +278,7 @@ class Device:
              "peak_iops": self.peak_iops(), "saturation_depth": self.saturation_depth(), "table": self.table()}
         derived = getattr(self, "derived", None)
         if derived:
-            d["derived"] = derived
+            d["derived"] = _derived_copy(derived)
             d["assumed"] = [k for k, v in derived.items() if isinstance(v, Mapping) and is_assumed(v.get("rule"))]
         return d
 
@@ -287,6 +287,12 @@ def is_assumed(rule) -> bool:
     """Whether a ``derived`` entry's rule says its figure was assumed, not measured nor given: the word "assumed"
     in it (at its start, or after what was derived: "...; assumed: the readers copy on 2 CPUs")."""
     return re.search(r"\bassumed\b", str(rule or "")) is not None
+
+
+def _derived_copy(derived: Mapping) -> dict:
+    """A device's ``derived`` for a document: its entries copied, so that a change to the document leaves the
+    device's own figures as they are."""
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in derived.items()}
 
 
 def _derived(d: Mapping, where: str) -> Optional[dict]:
@@ -310,10 +316,16 @@ def _derived(d: Mapping, where: str) -> Optional[dict]:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("rule"), str) or "value" not in entry:
             raise FormatError(f"{at} = {entry!r:.40}: expected a JSON object with a \"value\" and a \"rule\" string")
         v = entry["value"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or \
-                (key == "cpu_per_read_us" and not (math.isfinite(v) and v >= 0)):
-            want = "a finite number >= 0 (microseconds)" if key == "cpu_per_read_us" else "a number"
-            raise FormatError(f"{at}.value = {v!r:.40}: expected {want}")
+        try:
+            bad = isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or \
+                (key == "cpu_per_read_us" and not (math.isfinite(v) and v >= 0)) or \
+                (key == "memory_backed" and not 1 <= v <= MAX_QUEUE_DEPTH)
+        except OverflowError:  # an integer past a float's range
+            bad = True
+        if bad:
+            want = {"cpu_per_read_us": "a finite number >= 0 (microseconds)",
+                    "memory_backed": f"a number in [1, {MAX_QUEUE_DEPTH}] (the CPUs its copies run on)"}
+            raise FormatError(f"{at}.value = {v!r:.40}: expected {want.get(key, 'a number')}")
     return dict(derived)
 
 
@@ -487,7 +499,7 @@ class EmpiricalDevice(Device):
         if self.peak_bound:
             d["peak_bound"] = True
         if self.derived:  # a saved fio device keeps what was derived (its CPU per read: the host's share)
-            d["derived"] = self.derived
+            d["derived"] = _derived_copy(self.derived)
         return d
 
     @classmethod
@@ -849,7 +861,7 @@ class ParametricSSD(Device):
         if self.routing != "shared":
             d["routing"] = self.routing
         if self.derived:
-            d["derived"] = self.derived
+            d["derived"] = _derived_copy(self.derived)
         return d
 
     def __repr__(self) -> str:
@@ -1003,7 +1015,7 @@ class RateLimitedDevice(Device):
         d = {"kind": "rate_limited", "name": self.name, "source": self.source, "cap_iops": self.cap_iops,
              "burst_ios": self.burst_ios, "raw": self.raw.to_dict()}
         if self.derived:
-            d["derived"] = self.derived
+            d["derived"] = _derived_copy(self.derived)
         if self.drained:
             d["drained"] = True
         return d

@@ -46,7 +46,8 @@ def load_tail(spec: Union[str, os.PathLike, Device], calibration=None, *, backen
 
 def with_tail(base: Device, shape: Device) -> Device:
     """``base``'s mean latency at every depth with ``shape``'s latency distribution (see the module); a
-    rate-limited ``base`` keeps its bucket in front of its raw device with the tail, a peak-bounded one its bound.
+    rate-limited ``base`` keeps its bucket in front of its raw device with the tail, a peak-bounded one its bound,
+    every one what was derived of it (``derived``: its CPU a read, memory-backed).
 
     Raises
     ------
@@ -72,4 +73,4 @@ def with_tail(base: Device, shape: Device) -> Device:
     src = (f"{base.name} mean latency by queue depth ({base.source}); latency distribution (tail) of "
            f"{shape.name} at each depth, scaled to those means")
     return EmpiricalDevice(table, f"{base.name}+tail:{shape.name}", src,
-                           peak_bound=bool(getattr(base, "peak_bound", False)))
+                           peak_bound=bool(getattr(base, "peak_bound", False)), derived=getattr(base, "derived", None))

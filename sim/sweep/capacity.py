@@ -658,7 +658,12 @@ class Capacity(SeedBand):
         to be.  Without fio's CPU figure (a datasheet): that the drive was taken alone.  ``""`` without probes."""
         host = self.host()
         if host is not None:
-            return f"; the host modelled (sim.decode.host): {host.source}"
+            dev = self.device()
+            try:
+                copies = host.copies_text(dev) if dev is not None else ""
+            except ArgumentError:  # the probes refused it already; a note says nothing more
+                copies = ""
+            return f"; the host modelled (sim.decode.host): {host.source}" + (f"; reads: {copies}" if copies else "")
         at, dev = self._device_at_capacity()
         cpu = ((getattr(dev, "derived", None) or {}).get("cpu_per_read_us") or {}).get("value")
         rps = float(at.get("reads_per_s") or 0.0) if at else 0.0

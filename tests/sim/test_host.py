@@ -3,19 +3,22 @@ on a host."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from engram.cli import main
 from engram.errors import ArgumentError, FormatError
-from sim.core.params import Compute, Policy
+from sim.core.params import Compute, Policy, Storage
 from sim.decode import DecodeRun, simulate_decode
 from sim.device.fio import device_from_fio
-from sim.decode.host import HostCPU, engine_profile, process_scale
+from sim.decode.host import MAX_COPY_LANES, HostCPU, engine_profile, memory_lanes, process_scale
 from sim.device import ParametricSSD
 from sim.trace import CODE_SOURCE, load_trace
 from tests.clirun import cli
@@ -270,6 +273,64 @@ def test_a_memory_backed_device_reads_with_the_profiles_pread_from_tmpfs(tmp_pat
         drive.derived["cpu_per_read_us"]["value"] * 1.1e-6)
 
 
+def test_a_memory_backed_devices_reads_are_the_hosts_copies():
+    """On a host, a memory-backed device's reads are copies of the host's CPU a read (``HostCPU.copy_reads``):
+    that time, fixed, on as many lanes as the CPUs stated (``cpus=N``), not fio's latencies (its engine's hand-off
+    on tmpfs); a drive, or a host that knows no CPU a read, keeps its device; simulate_decode on a host takes
+    the copies: one session's step is the compute, the engine's CPU and 48 copies over two lanes."""
+    disk = Path(__file__).parent / "data" / "fio-disk-randread-4k.json"
+    mem, drive = device_from_fio(disk, cpus=2), device_from_fio(disk)
+    h = HostCPU(2, 100 * US, 4 * US, source="h")
+    c = h.copy_reads(mem)
+    assert c.parallel_reads() == 2 and c.peak_iops() == pytest.approx(2 / (4 * US))
+    assert [c.latency(q).mean for q in (1, 2)] == pytest.approx([4 * US, 4 * US])
+    assert c.latency(4).mean == pytest.approx(8 * US, rel=1e-6)  # two reads queue behind the two lanes
+    assert c.derived["memory_backed"] == mem.derived["memory_backed"] and c.derived["read_s"]["value"] == 4 * US
+    assert "4.00 us a read" in c.source and c.name.endswith(" (copies)") and h.copy_reads(c) is c
+    assert h.copy_reads(drive) is drive and HostCPU(2, 100 * US, 0.0).copy_reads(mem) is mem
+    assert c.derived["memory_backed"] is not mem.derived["memory_backed"]  # the caller's entry is its own
+    with pytest.raises(ArgumentError, match=r"the host's CPU a read, 1e-06 us \(--host-read-us, or the profile's "
+                                            r"memory_read_cpu_us\), as the copies of memory-backed .*, 2 at once"):
+        HostCPU(2, 100 * US, 1e-12).copy_reads(mem)
+    # a read's CPU of 0: the device's own service holds it, and that is said
+    assert HostCPU(2, 100 * US, 0.0).copies_text(mem).startswith("the device's own latencies: the host states no")
+    assert h.copies_text(mem) == c.source and h.copies_text(drive) == ""
+    # the CPUs the copies run on: a number in [1, MAX_COPY_LANES], numpy's and fractions' too; else named
+    for value, lanes in ((np.int64(4), 4), (np.float32(4), 4), (Fraction(9, 2), 4), (1, 1), (MAX_COPY_LANES, None)):
+        odd = copy.copy(mem)
+        odd.derived = {"memory_backed": {"value": value, "rule": "r"}}
+        if lanes is None:
+            assert memory_lanes(odd) == MAX_COPY_LANES
+        else:
+            assert h.copy_reads(odd).parallel_reads() == lanes
+    for value in (None, float("nan"), float("inf"), -4, 0, 0.4, "4", True, [4], 10 ** 400, MAX_COPY_LANES + 1):
+        odd = copy.copy(mem)
+        odd.derived = {"memory_backed": {"value": value, "rule": "r"}}
+        with pytest.raises(ArgumentError, match=r"derived.memory_backed = .*: expected .*the CPUs its copies run on"):
+            h.copy_reads(odd)
+    for entry in (None, 4.0, "yes", [1]):
+        odd = copy.copy(mem)
+        odd.derived = {"memory_backed": entry}
+        with pytest.raises(ArgumentError, match="derived.memory_backed"):
+            h.copy_reads(odd)
+    for derived in ([("memory_backed", 1)], "memory_backed", None):  # no mapping: a drive
+        odd = copy.copy(mem)
+        odd.derived = derived
+        assert h.copy_reads(odd) is odd
+    code = load_trace(CODE_SOURCE)
+    pol = Policy(threshold=8, backend="pread", readers=4)
+    on = simulate_decode(code, mem, pol, Compute(5e-3), DecodeRun(steps=50, host=h))
+    assert on.host["rows_per_step"] == 48 and on.config["device"]["name"].endswith(" (copies)")
+    assert 1 / on.tokens_per_s == pytest.approx(5e-3 + 100 * US + 48 * 4 * US / 2, rel=1e-6)
+    assert on.host["copies"] == c.source and "reads: a memory copy" in on.summary()
+    free = simulate_decode(code, mem, pol, Compute(5e-3), DecodeRun(steps=50))  # no host: fio's latencies
+    assert 1 / free.tokens_per_s > 5e-3 + 48 * 30 * US / 4
+    # with a tail the copies stay memory-backed: their readers do not wait for the CPUs again
+    tailed = simulate_decode(code, mem, Policy(threshold=8, backend="pread", readers=16), Compute(5e-3),
+                             DecodeRun(steps=40, sessions=2, host=h), storage=Storage(tail=str(disk)))
+    assert tailed.host["readers_wait_us"] == 0.0 and "memory_backed" in tailed.config["device"]["derived"]
+
+
 # ------------------------------------------------------------------ the readers' CPU within a step
 def _repairman_twin(readers: int, cpus: float, cpu_s: float, think_s: float) -> float:
     """The machine-repairman throughput by linear algebra: the generator of the chain of ``k`` readers at the
@@ -464,10 +525,10 @@ def test_a_sliver_of_host_on_a_long_step_settles_in_one_run(code, monkeypatch):
 
 
 # ------------------------------------------------------------------ sessions as processes
-def test_sessions_as_processes_take_the_profiles_ratio_on_a_drive_not_on_memory():
+def test_sessions_as_processes_take_the_profiles_ratio_on_any_device():
     """Sessions as processes (each its own engine) take the profile's ``process_cpu_ratio`` times the CPU a step
-    and a read of threads, given figures included; a memory-backed device keeps the threads' (no reader sleeps on
-    a device); a profile without the ratio takes them as threads and says so; a bad name is refused."""
+    and a read of threads, given figures included, on a drive and a memory-backed device alike (32 sessions on
+    tmpfs took 1.19x); a profile without the ratio takes them as threads and says so; a bad name is refused."""
     disk = Path(__file__).parent / "data" / "fio-disk-randread-4k.json"
     prof = {"step_cpu_us": 100.0, "read_cpu_us": 20.0, "read_cpu_ratio": 1.1, "memory_read_cpu_us": 4.25,
             "process_cpu_ratio": 1.25, "process_sessions": 32}
@@ -480,8 +541,8 @@ def test_sessions_as_processes_take_the_profiles_ratio_on_a_drive_not_on_memory(
     given = HostCPU.for_device(2, drive, profile=prof, sessions="processes", step_cpu_us=80, read_cpu_us=10)
     assert given.step_cpu_s == pytest.approx(100e-6) and given.read_cpu_s == pytest.approx(12.5e-6)
     mem = HostCPU.for_device(2, device_from_fio(disk, cpus=2), profile=prof, sessions="processes")
-    assert mem.read_cpu_s == pytest.approx(4.25e-6) and mem.step_cpu_s == pytest.approx(100e-6)
-    assert "taken as threads (a memory copy" in mem.source
+    assert mem.read_cpu_s == pytest.approx(4.25e-6 * 1.25) and mem.step_cpu_s == pytest.approx(125e-6)
+    assert "sessions as processes: x 1.25" in mem.source and mem.wake_s == 0
     old = {k: v for k, v in prof.items() if not k.startswith("process_")}
     o = HostCPU.for_device(2, drive, profile=old, sessions="processes")
     assert (o.step_cpu_s, o.read_cpu_s) == (t.step_cpu_s, t.read_cpu_s) and "no process_cpu_ratio" in o.source

@@ -648,7 +648,7 @@ def test_between_fio_before_and_after_known_answers():
 
 def test_the_planners_host_scales_sessions_as_processes():
     """A run of sessions as processes is predicted on the host with the profile's process_cpu_ratio times the CPU
-    a step and a read; threads, and any run on a memory-backed device, as the host is."""
+    a step and a read; threads as the host is."""
     prof = {"step_cpu_us": 100.0, "read_cpu_us": 20.0, "process_cpu_ratio": 1.3, "process_sessions": 32}
     host = HostCPU(2, 100e-6, 17e-6, source="h", wake_s=45e-6)
     m = PlannerModels.of(ParametricSSD(80e-6, 100000, 8), "ssd", host, prof)
@@ -656,9 +656,6 @@ def test_the_planners_host_scales_sessions_as_processes():
     assert t == host
     assert p.step_cpu_s == pytest.approx(130e-6) and p.read_cpu_s == pytest.approx(17e-6 * 1.3)
     assert p.spin_s == pytest.approx(1e-3) and p.wake_s == host.wake_s and "x 1.30" in p.source
-    mem = PlannerModels.of(ParametricSSD(80e-6, 100000, 8), "ssd", host, prof, memory=True).host("none", "processes")
-    assert mem.sessions == "processes" and (mem.step_cpu_s, mem.read_cpu_s) == (100e-6, 17e-6)
-    assert mem.source == "h; sessions as processes, taken as threads (a memory copy: no reader sleeps on a device)"
     assert p.sessions == "processes" and t.sessions == "threads"
     assert PlannerModels.of(ParametricSSD(80e-6, 100000, 8), "ssd", None, prof).host("none", "processes") is None
 

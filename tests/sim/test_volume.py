@@ -514,6 +514,17 @@ def test_a_saved_fio_device_keeps_what_was_derived(tmp_path):
     with pytest.raises(FormatError, match=r"^empirical device: derived\.cpu_per_read_us\.value = 'x'"):
         Device.from_dict(d)
     assert "derived" not in EmpiricalDevice({1: dev.measured[min(dev.measured)]}).to_dict()
+    # a saved memory-backed device: the CPUs its copies run on in [1, 65536]; an integer past a float's range too
+    for value in (-3, 0, 0.3, float("inf"), 70000, 10 ** 400):
+        mem = dev.to_dict()
+        mem["derived"]["memory_backed"] = {"value": value, "rule": "stated"}
+        with pytest.raises(FormatError, match=r"^empirical device: derived\.memory_backed\.value = .*: expected a "
+                                              r"number in \[1, 65536\] \(the CPUs its copies run on\)$"):
+            Device.from_dict(mem)
+    big = dev.to_dict()
+    big["derived"]["peak_bound"]["value"] = 10 ** 400
+    with pytest.raises(FormatError, match=r"derived\.peak_bound\.value = 1000.*: expected a number$"):
+        Device.from_dict(big)
 
 
 def test_a_saved_device_with_a_bad_derived_figure_is_refused(tmp_path, capsys):
