@@ -686,10 +686,11 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
         raise ArgumentError("device_from_fio: no fio output file given")
-    recs, derived, idle = [], {}, []
+    recs, derived, idle, disks = [], {}, [], False
     for p in paths:
         docs = read_fio_output(p)
         idle += idle_jobs(docs)
+        disks = disks or any(isinstance(d, dict) and d.get("disk_util") for d in docs)
         got = fio_records(docs, str(p))
         derived.update(_check_reads(got, assume_bs, str(p)))
         recs += got
@@ -716,6 +717,11 @@ def device_from_fio(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLi
     label = name or Path(paths[0]).stem
     table, mem = _memory_backed(table, by_qd, cpus)
     derived.update(mem)
+    if not mem and not disks:
+        derived["no_block_device"] = {"value": 1.0, "rule": (
+            "assumed: a drive, though fio saw no block device under the file (no disk_util in its output): tmpfs, "
+            "ramfs, a network or FUSE file system; for memory (tmpfs, the page cache) give fio:FILE,cpus=N, the "
+            "CPUs the engine's readers copy on: on a host its reads are then copies of the host's CPU a read")}
     raw, cap, burst, why = rate_limit_of(table, by_qd) if len(table) > 1 and not mem else \
         (None, None, None, "not checked for a rate limit: " + ("a memory copy" if mem else "one depth measured"))
     if raw is None:

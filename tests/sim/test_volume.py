@@ -731,3 +731,22 @@ def test_a_stated_memory_copy_above_a_copys_latency_is_said_as_it_is():
     rule = dev.derived["memory_backed"]["rule"]
     assert rule.startswith("cpus=2 stated: a memory copy, as the planner says, though fio's QD1 median")
     assert "worker thread" in rule and "a drive's, not a memory copy's" not in rule
+
+
+def test_fio_without_a_block_device_says_so_and_names_cpus(tmp_path):
+    """fio of a file on no block device (no ``disk_util`` in any document: tmpfs, ramfs, a network or FUSE file
+    system) whose QD1 median is a drive's is taken as a drive, and the assumption says so and points a memory
+    device to ``cpus=N``; a drive's own fio (``disk_util`` of its disk), and a stated or recognised memory copy,
+    say nothing of it."""
+    p = tmp_path / "tmpfs.json"
+    p.write_text(json.dumps(_synthetic_fio({1: 25000.0, 4: 60000.0}, 40.0, 3000.0)))
+    dev = load_device(f"fio:{p}")
+    rule = dev.derived["no_block_device"]["rule"]
+    assert rule.startswith("assumed: a drive, though fio saw no block device") and "fio:FILE,cpus=N" in rule
+    assert "no_block_device" in dev.describe()["assumed"]
+    assert "no_block_device" not in load_device(f"fio:{p},cpus=2").derived
+    assert "no_block_device" not in load_device(str(DISK)).derived
+    assert "no_block_device" not in load_device(str(THROTTLED_15000)).derived
+    copy_ = tmp_path / "copy.json"
+    copy_.write_text(json.dumps(_synthetic_fio({1: 40000.0, 4: 50000.0}, 6.0, 3000.0)))
+    assert "no_block_device" not in load_device(f"fio:{copy_}").derived  # a copy's median: memory, said so
