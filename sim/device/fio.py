@@ -103,6 +103,7 @@ import numpy as np
 from engram.errors import ArgumentError, FormatError
 
 from sim.core.io import read_text
+from sim.core.limits import MAX_QUEUE_DEPTH
 from sim.core.schema import LATENCY, check_number
 from .latency import LatencyDist
 from .models import Device, EmpiricalDevice, RateLimitedDevice
@@ -534,8 +535,11 @@ def _check_reads(recs: Sequence[dict], assume_bs, where: str) -> dict:
         want = parse_block_size(assume_bs)
         if want not in sizes or len(sizes) > 1:
             raise FormatError(f"{where}: fio read blocks of {shown}, not the assumed {assume_bs}")
-        derived["block_size"] = {"value": float(want), "rule": f"assumed: fio's {want}-byte reads taken as the "
-                                                               f"engine's {ENGINE_READ_BYTES}-byte ones, as they are"}
+        derived["block_size"] = {"value": float(want), "rule": f"assumed: a {want}-byte read of fio is one read of "
+                                                               "the engine, as fio timed it (on a drive of 512-byte "
+                                                               "sectors the engine reads a row in one or two 512-byte "
+                                                               f"blocks; elsewhere one aligned {ENGINE_READ_BYTES}-byte "
+                                                               "block)"}
     return derived
 
 
@@ -643,6 +647,10 @@ def _memory_backed(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], 
 def _scaled_cpus(table: Dict[int, LatencyDist], by_qd: Dict[int, List[dict]], cpus: int, why: str) -> tuple:
     jobs = max(1, int(np.median([r.get("jobs", 1) for rs in by_qd.values() for r in rs])))
     f = cpus / jobs
+    if max(table) * f > MAX_QUEUE_DEPTH:
+        raise ArgumentError(f"cpus={cpus}: fio's deepest depth {max(table)} x {f:g} (the CPUs over fio's {jobs} "
+                            f"job(s)) is past the deepest queue a device model takes ({MAX_QUEUE_DEPTH}, "
+                            "sim.core.limits.MAX_QUEUE_DEPTH): state fewer CPUs")
     out = {1: table[min(table)]}
     if f > 1:
         out[max(1, int(round(f)))] = table[min(table)]

@@ -133,6 +133,7 @@ from sim.sweep import (AXES, METRICS, PHASES_COLUMN, Context, PointRunner, Study
                        resolve_context, same_axis_value)
 from sim.sweep.runner import HOLD_WARNINGS, device_key, point_host, point_policy
 from sim.sweep.study import varying_axes
+from ..decode.model import lockstep_warning
 from ..decode.reads import held_warnings, step_reads, wrap_info
 
 __all__ = ["BATCHING", "CAPACITY_COLUMNS", "CAPACITY_RULE", "CAPACITY_MAX_SESSIONS", "CAPACITY_METRIC",
@@ -1499,7 +1500,7 @@ def find_capacity(configs: Sequence[Mapping[str, Any]], spec: CapacitySpec = Cap
     names = configuration_names(cfgs)
     for cap in caps:
         cap.cache_other = _other_start(cap, ctx)
-        cap.warnings = _trace_warnings(cap, ctx)
+        cap.warnings = _trace_warnings(cap, ctx) + _lockstep_warnings(cap)
         for w in cap.warnings:
             log.warning("%s", f"{names[cap.index]}: {w}")
     return caps, name
@@ -1548,6 +1549,24 @@ def _trace_warnings(cap: Capacity, ctx: Context) -> List[str]:
     with held_warnings():
         found = wrap_info(trace, n, int(p["steps"]), point_policy(p))["warnings"]
     return [f"at {n} session{'s' if n != 1 else ''}: {w}" for w in found]
+
+
+def _lockstep_warnings(cap: Capacity) -> List[str]:
+    """The median seed's probes at the capacity and one past it, where their sessions read in lockstep
+    (:func:`sim.decode.model.lockstep_warning`): a convoy under a constant compute can set the capacity where a
+    real compute's spread would not.  Each says the count it was taken at."""
+    out = []
+    for n in (cap.capacity, cap.capacity + 1):
+        r = cap.at(n, cap.median_seed()) if n >= 2 else None
+        if r is None or cap.axis != "sessions":
+            continue
+        w = lockstep_warning(sessions=r.get("sessions"), readers=r.get("readers"), drives=r.get("drives", 1),
+                             busy=r.get("device_busy"), mean_qd=r.get("mean_queue_depth"),
+                             stall_ms=r.get("stall_mean_ms"), step_ms=r.get("step_mean_ms"),
+                             rows=r.get("reads_per_step"), compute_cv=r.get("compute_realised_cv"))
+        if w:
+            out.append(f"at {n} sessions: {w}")
+    return out
 
 
 def _at_capacity(cap: Capacity, ctx: Context) -> Tuple[Dict[str, Any], Any]:

@@ -260,6 +260,41 @@ drives = [1, 2]
     assert said == want
 
 
+def test_a_capacity_set_by_sessions_in_lockstep_says_so(capfd, tmp_path):
+    """fio of this VM's disk (512-byte reads), 16 readers, 47 ms of compute: constant, the probes at the capacity
+    and one past it read in lockstep (sim.decode.model.lockstep_warning) and the configuration's warnings say so
+    with the count; with a cv of 0.02 nothing is said of it, and the capacity is higher."""
+    fio = Path(__file__).parent / "data" / "fio-disk-randread-512.json"
+    got = {}
+    for cv in (0.0, 0.02):
+        study = tmp_path / f"lock-{cv}.toml"
+        study.write_text(f'''
+[study]
+name = "lock"
+seed = 0
+
+[capacity]
+seeds = 1
+max_sessions = 24
+
+[fixed]
+device = "fio:{fio},assume_bs=512"
+readers = 16
+compute_ms = 47.0
+compute_dist = "normal"
+compute_cv = {cv}
+steps = 200
+''', encoding="utf-8")
+        assert main(["sim", "capacity", str(study), "--jobs", "1", "--quiet", "--json",
+                     "--out", str(tmp_path / f"c-{cv}.csv")]) == 0
+        got[cv] = json.loads(capfd.readouterr().out)["configurations"][0]
+    c, d = got[0.0], got[0.02]
+    locked = [w for w in c["warnings"] if "read in lockstep" in w]
+    assert locked and all(re.match(r"at \d+ sessions: the sessions read in lockstep", w) for w in locked)
+    assert {int(w.split()[1]) for w in locked} <= {c["capacity"], c["capacity"] + 1}
+    assert not any("lockstep" in w for w in d["warnings"]) and d["capacity"] > c["capacity"]
+
+
 # ---------------------------------------------------------------- the bound of a search's length
 def _run(gen, passes) -> list:
     """The probes a search asks with the oracle ``passes``."""

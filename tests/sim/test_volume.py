@@ -330,6 +330,8 @@ def test_a_memory_copy_is_recognised_and_scaled_to_the_readers_cpus(tmp_path):
     (f"fio:{DISK},cpus=2,cpus=4", "key 'cpus' given twice"),
     (f"fio:{DISK},cpus=0", "cpus=0 is outside [1, 4096]"),
     (f"fio:{DISK},cpus=1.5", "not a whole number of CPUs"),
+    (f"fio:{DISK},cpus=4096", "cpus=4096: fio's deepest depth 64 x 4096 (the CPUs over fio's 1 job(s)) is past the "
+                              "deepest queue a device model takes (65536"),
     ("ssd:qd1_us=80,iops=1e-30", "iops = 1e-30 is outside its physical range [1,"),
     ("ssd:qd1_us=80,iops=100000,cap_iops=1e-30", "cap_iops = 1e-30 is outside its physical range [1,"),
     ("ssd:qd1_us=80,iops=100000,iops_row=0.5", "iops_row = 0.5 is outside"),
