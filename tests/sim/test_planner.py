@@ -110,7 +110,13 @@ def test_planner_document(measured):
             t = m["summary"]["tokens_per_s"]
             assert t["median_abs_error"] == pytest.approx(np.median(err)) and t["max_abs_error"] == pytest.approx(err.max())
             for r in rows:
-                assert r["error_low"] < 0 < r["error_high"] and r["measured"] > 0 and r["predicted"] > 0
+                assert r["measured"] > 0 and r["predicted"] > 0
+                if e.get("memory_backed"):  # copies on the host are fixed: with two runs (no model spread) and a
+                    # compute without one, the band may be 0 wide, never one-sided
+                    assert r["error_low"] <= 0 <= r["error_high"]
+                    assert (1 + r["error_low"]) * (1 + r["error_high"]) == pytest.approx(1.0)
+                else:
+                    assert r["error_low"] < 0 < r["error_high"]
             assert m["summary"]["regime"]["name"] in ("quiet", "busy", "loaded", "unmeasured")
             assert set(m["summary"]["pass"]) >= {"inside_interval"} or m["summary"]["regime"]["name"] == "quiet"
             (cap,) = m["capacity"]
@@ -203,9 +209,12 @@ def test_planner_document(measured):
                 assert ha == pytest.approx(fa["qd1_cpu_per_read_us"] * prof["read_cpu_ratio"])
             elif not e["fio_after"]["modes"][mode].get("refused"):
                 assert ha == pytest.approx(hm["read_cpu_us"])
-            # the host only ever slows a prediction down
+            # the host only ever slows a drive's prediction down; a memory copy's reads are the host's copies on it
+            # (HostCPU.copy_reads), not fio's hand-off latency, and it says so
+            memory = is_memory(figs) or e["class"] == "tmpfs"
             for r, rb in zip(m["rows"], b["modes"][mode]["rows"]):
-                assert r["config"] == rb["config"] and r["predicted"] <= rb["predicted"] * 1.02
+                assert r["config"] == rb["config"] and (memory or r["predicted"] <= rb["predicted"] * 1.02)
+            assert not memory or "on the host its reads are copies" in e["memory_backed"]
 
 
 def test_datasheet_strings_known_answers():
