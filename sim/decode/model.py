@@ -436,7 +436,8 @@ def simulate_decode(trace: Union[Trace, str], device: Union[Device, str], policy
     copies = ""
     if run.host is not None:  # a memory-backed device's reads are copies on the host's CPUs
         loaded = load_device(device, storage.calibration, backend=policy.backend)
-        device, copies = run.host.copy_reads(loaded), run.host.copies_text(loaded)
+        device = run.host.copy_reads(loaded)
+        copies = device.source if device is not loaded else run.host.copies_text(loaded)
     plan = _plan(trace, device, policy, compute, run, storage, speculation, served)
     host, first = {}, plan
     if run.host is not None:
